@@ -1,0 +1,135 @@
+/* rlx bench: prefill and decode throughput (median over repetitions, after one warm-up run
+ * that faults the mapped weights in) and the process's peak RSS. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "common.h"
+
+static const char help[] =
+    "usage: rlx bench --model DIR [-p 128] [-n 64] [-r 3] [--json] [options]\n\n"
+    "Measures prefill of a P-token prompt and N decode steps, R times after a warm-up run, and\n"
+    "reports median tokens/s and the peak resident memory of the process.\n\n"
+    "  -p P     prompt tokens (default 128)\n"
+    "  -n N     decode steps (default 64)\n"
+    "  -r R     repetitions (default 3)\n"
+    "  --json   print one JSON object: pp_tps, tg_tps, peak_rss_mb, ...\n\noptions:\n";
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, uint32_t n) {
+    qsort(v, n, sizeof *v, by_value);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* One repetition: prefill `prompt`, then decode n_decode tokens (greedy, so the work is the
+ * same as a real decode). */
+static int run_once(rlx_session *s, const int32_t *prompt, uint32_t p, uint32_t n_decode, int64_t vocab,
+                    double *pp_seconds, double *tg_seconds) {
+    const float *logits;
+    rlx_session_truncate(s, 0);
+    double t0 = now_seconds();
+    if (rlx_session_forward(s, prompt, p, 0, &logits) != RLX_OK)
+        return -1;
+    double t1 = now_seconds();
+    for (uint32_t i = 0; i < n_decode; i++) {
+        int32_t best = 0;
+        for (int64_t v = 1; v < vocab; v++)
+            if (logits[v] > logits[best])
+                best = (int32_t)v;
+        if (rlx_session_forward(s, &best, 1, 0, &logits) != RLX_OK)
+            return -1;
+    }
+    *pp_seconds = t1 - t0;
+    *tg_seconds = now_seconds() - t1;
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv, app_options *o) {
+    uint32_t p = 128, n = 64, reps = 3;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (strcmp(a, "--help") == 0) {
+            printf("%s%s", help, app_common_help);
+            return 0;
+        }
+        int rc = app_parse_common(o, argc, argv, &i);
+        if (rc < 0)
+            return 1;
+        if (rc)
+            continue;
+        if (strcmp(a, "--json") == 0) {
+            json = 1;
+        } else if (strcmp(a, "-p") == 0 || strcmp(a, "-n") == 0 || strcmp(a, "-r") == 0) {
+            uint32_t *dst = a[1] == 'p' ? &p : a[1] == 'n' ? &n : &reps;
+            if (!(v = app_value(argc, argv, &i)) || app_parse_u32(a, v, dst) < 0)
+                return 1;
+        } else {
+            return app_fail("bench: unknown option '%s' (see rlx bench --help)", a);
+        }
+    }
+    if (p == 0 || reps == 0)
+        return app_fail("bench: -p and -r must be at least 1");
+    if (o->ctx == 0)
+        o->ctx = p + n;
+    app_runtime rt;
+    if (app_runtime_open(&rt, o))
+        return 1;
+    const rlx_model_config *c = rlx_model_config_of(rt.model);
+    int32_t *prompt = malloc(p * sizeof *prompt);
+    double *pp = calloc(reps, sizeof *pp), *tg = calloc(reps, sizeof *tg);
+    int status = 0;
+    if (!prompt || !pp || !tg) {
+        status = app_fail("bench: out of memory");
+        goto done;
+    }
+    for (uint32_t i = 0; i < p; i++) /* arbitrary ids spread over the vocabulary */
+        prompt[i] = (int32_t)((i * 2654435761u) % (uint32_t)c->vocab_size);
+    double warm_pp, warm_tg;
+    if (run_once(rt.session, prompt, p, n < 2 ? n : 2, c->vocab_size, &warm_pp, &warm_tg) < 0) {
+        status = app_fail_rlx("bench");
+        goto done;
+    }
+    for (uint32_t r = 0; r < reps; r++)
+        if (run_once(rt.session, prompt, p, n, c->vocab_size, &pp[r], &tg[r]) < 0) {
+            status = app_fail_rlx("bench");
+            goto done;
+        }
+    for (uint32_t r = 0; r < reps; r++) {
+        pp[r] = p / pp[r];
+        tg[r] = n ? n / tg[r] : 0;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double rss_mb = (double)ru.ru_maxrss / 1024.0, weights_mb = rlx_weights_total_bytes(rlx_model_weights(rt.model)) / 1048576.0;
+    double pp_tps = median(pp, reps), tg_tps = median(tg, reps);
+    const char *backend = rt.backend ? rlx_backend_name(rt.backend) : "ref";
+    if (json)
+        printf("{\"backend\": \"%s\", \"threads\": %u, \"prompt\": %u, \"decode\": %u, \"repetitions\": %u, "
+               "\"pp_tps\": %.3f, \"tg_tps\": %.3f, \"peak_rss_mb\": %.1f, \"weights_mb\": %.1f}\n",
+               backend, o->threads, p, n, reps, pp_tps, tg_tps, rss_mb, weights_mb);
+    else
+        printf("backend %s, threads %u: pp%u %.2f tokens/s, tg%u %.2f tokens/s (median of %u), peak RSS %.1f MiB "
+               "(weights %.1f MiB)\n",
+               backend, o->threads, p, pp_tps, n, tg_tps, reps, rss_mb, weights_mb);
+    if (fflush(stdout) != 0)
+        status = app_fail("bench: cannot write to stdout");
+done:
+    free(prompt);
+    free(pp);
+    free(tg);
+    app_runtime_close(&rt);
+    return status;
+}

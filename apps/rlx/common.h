@@ -1,0 +1,55 @@
+/* Shared pieces of the rlx commands: option parsing, model and backend setup, reporting. */
+#ifndef RLX_APP_COMMON_H
+#define RLX_APP_COMMON_H
+
+#include <stdint.h>
+
+#include "rlx/rlx.h"
+
+typedef struct app_options {
+    const char *model;
+    const char *plugin;     /* backend plugin name, "ref" for the reference kernels only */
+    const char *plugin_dir;
+    uint32_t threads;
+    uint32_t ctx;
+    int verbose;
+} app_options;
+
+/* Everything a command needs to run a whole model in this process. */
+typedef struct app_runtime {
+    rlx_registry *registry;
+    rlx_plugin_handle *plugin;
+    rlx_backend *backend;
+    rlx_model *model;
+    rlx_session *session;
+} app_runtime;
+
+/* Prints "rlx: <message>" on stderr and returns 1 (the exit status for failures). */
+int app_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Reports the last rlx error with a prefix and returns 1. */
+int app_fail_rlx(const char *what);
+
+/* Tries the options every model command shares; returns 1 if argv[*i] (and its value) was one,
+ * 0 if not, -1 after reporting a bad value. */
+int app_parse_common(app_options *o, int argc, char **argv, int *i);
+/* The value of option argv[*i], advancing *i; NULL after reporting a missing value. */
+const char *app_value(int argc, char **argv, int *i);
+int app_parse_u32(const char *opt, const char *text, uint32_t *out);
+int app_parse_float(const char *opt, const char *text, float *out);
+/* Parses "1,5,3" into a malloc'd array; returns the count or -1 after reporting. */
+int app_parse_tokens(const char *text, int32_t **out);
+
+/* Loads the backend, opens the model and creates a whole-model session. */
+int app_runtime_open(app_runtime *rt, const app_options *o);
+void app_runtime_close(app_runtime *rt);
+
+/* Help text shared by the model commands. */
+extern const char app_common_help[];
+
+int cmd_plugins(int argc, char **argv, app_options *o);
+int cmd_logits(int argc, char **argv, app_options *o);
+int cmd_generate(int argc, char **argv, app_options *o);
+int cmd_bench(int argc, char **argv, app_options *o);
+int cmd_graph(int argc, char **argv, app_options *o);
+
+#endif

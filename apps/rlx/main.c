@@ -1,0 +1,53 @@
+/* rlx: run Qwen3 models on CPU through backend plugins. Dispatches to one command per verb;
+ * options that every command shares may also come before the verb. */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common.h"
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv, app_options *o);
+    const char *summary;
+} commands[] = {
+    {"generate", cmd_generate, "generate tokens from a prompt of token ids"},
+    {"logits", cmd_logits, "write the logits of a prompt as raw float32"},
+    {"bench", cmd_bench, "measure prefill and decode speed and peak memory"},
+    {"graph", cmd_graph, "print the graph of a model and the backend of each node"},
+    {"plugins", cmd_plugins, "list the plugins found"},
+};
+
+static void usage(FILE *f) {
+    fputs("usage: rlx [options] <command> [command options]\n\ncommands:\n", f);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\noptions (before or after the command):\n%s\n`rlx <command> --help` describes a command.\n",
+            app_common_help);
+}
+
+int main(int argc, char **argv) {
+    /* a closed stdout must end the program with an error, not kill it */
+    signal(SIGPIPE, SIG_IGN);
+    app_options o = {0};
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        int rc = app_parse_common(&o, argc, argv, &i);
+        if (rc < 0)
+            return 1;
+        if (rc == 0)
+            return app_fail("unknown option '%s' (see rlx --help)", argv[i]);
+    }
+    if (i >= argc) {
+        usage(stderr);
+        return 1;
+    }
+    for (size_t c = 0; c < sizeof commands / sizeof commands[0]; c++)
+        if (strcmp(argv[i], commands[c].name) == 0)
+            return commands[c].run(argc - i, argv + i, &o);
+    return app_fail("unknown command '%s' (see rlx --help)", argv[i]);
+}

@@ -1,0 +1,101 @@
+/* Generation: a session owns one sequence's KV cache for the layers of its block and runs the
+ * block over new positions; a sampler turns logits into token ids; rlx_session_generate ties
+ * them together with the stop rules.
+ *
+ * The cache holds `length` positions. A forward call over n new inputs writes positions
+ * [length, length + n) in one graph execution (a whole prompt, one decode token, or k draft
+ * tokens to verify) and advances length by n. rlx_session_truncate moves length back, after
+ * which the discarded positions are recomputed as if never seen: attention only reads cache
+ * rows at or before each query's position. */
+#ifndef RLX_GEN_H
+#define RLX_GEN_H
+
+#include <stdint.h>
+
+#include "rlx/backend.h"
+#include "rlx/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct rlx_session_options {
+    uint32_t kv_capacity;          /* positions; 0 = min(max_position_embeddings, 4096) */
+    rlx_backend *const *backends;  /* preference order, borrowed; the reference kernels run the rest */
+    size_t n_backends;
+} rlx_session_options;
+
+typedef struct rlx_session rlx_session;
+
+/* Creates a session running block `spec` of model m (borrowed, with the backends, for the
+ * session's lifetime). The block is checked against the safetensors first. */
+RLX_API rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec,
+                                      const rlx_session_options *opts, rlx_session **out);
+RLX_API void rlx_session_destroy(rlx_session *s);
+
+RLX_API uint32_t rlx_session_length(const rlx_session *s);
+RLX_API uint32_t rlx_session_capacity(const rlx_session *s);
+
+/* Runs n new positions. `input` is n token ids (int32) for a block that embeds, otherwise
+ * n * hidden_size floats. With all_rows the output has a row per position, otherwise only the
+ * last position's row (rows of vocab logits for a logits block, of hidden_size otherwise).
+ * *out points into the session and stays valid until the next call on it. Token ids are
+ * checked against the vocabulary and positions against the capacity before anything runs. */
+RLX_API rlx_status rlx_session_forward(rlx_session *s, const void *input, uint32_t n, int all_rows,
+                                       const float **out);
+
+/* Forgets every position from `length` on; length must not exceed the current length. */
+RLX_API rlx_status rlx_session_truncate(rlx_session *s, uint32_t length);
+
+/* Activation arena bytes of the most recent plan (after liveness reuse). */
+RLX_API size_t rlx_session_peak_activation_bytes(const rlx_session *s);
+/* Writes the plan for n positions as text, each node with the backend that runs it. */
+RLX_API rlx_status rlx_session_dump_plan(rlx_session *s, uint32_t n, FILE *f);
+
+// ---- sampling ----
+
+typedef struct rlx_sampler_params {
+    int greedy;          /* 1: argmax, the rest is ignored */
+    float temperature;   /* > 0 */
+    int32_t top_k;       /* 0 = off */
+    float top_p;         /* 1 = off; in (0, 1] */
+    uint64_t seed;
+} rlx_sampler_params;
+
+typedef struct rlx_sampler rlx_sampler;
+
+/* Greedy off, temperature 1, top_k 0, top_p 1, seed 0. */
+RLX_API rlx_sampler_params rlx_sampler_params_default(void);
+RLX_API rlx_status rlx_sampler_create(const rlx_sampler_params *p, int64_t vocab, rlx_sampler **out);
+RLX_API void rlx_sampler_destroy(rlx_sampler *s);
+/* Draws one token from logits[vocab]. The same seed and logits give the same tokens. */
+RLX_API int32_t rlx_sampler_sample(rlx_sampler *s, const float *logits);
+/* The distribution the sampler draws from (after temperature, top-k and top-p), written to
+ * probs[vocab]; greedy puts 1 on the argmax. Speculative decoding needs it. */
+RLX_API void rlx_sampler_probs(rlx_sampler *s, const float *logits, float *probs);
+
+// ---- generation loop ----
+
+typedef struct rlx_gen_stats {
+    uint32_t n_prompt;
+    uint32_t n_generated;
+    double prompt_seconds;
+    double generate_seconds; /* from the first to the last generated token's forward */
+    int stopped_on_eos;
+} rlx_gen_stats;
+
+/* Called with every generated token; return non-zero to stop early. */
+typedef int (*rlx_token_fn)(void *ctx, int32_t token);
+
+/* Prefills prompt (n_prompt >= 1 ids, appended to what the session holds) in one forward, then
+ * samples up to max_new tokens, stopping after an EOS id of the model config (which is
+ * reported to fn) or when fn returns non-zero. s must run a block that embeds and produces
+ * logits. */
+RLX_API rlx_status rlx_session_generate(rlx_session *s, rlx_sampler *sampler, const int32_t *prompt,
+                                        uint32_t n_prompt, uint32_t max_new, rlx_token_fn fn, void *ctx,
+                                        rlx_gen_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,143 @@
+/* Qwen3 models in Hugging Face layout: config.json, safetensors weights (mapped, never copied)
+ * and the graph of one block, a contiguous layer range [layer_start, layer_end).
+ *
+ * A block built with embed_input takes token ids, otherwise the previous block's hidden states
+ * F32[T, hidden]. A block built with produce_logits applies the final norm and the LM head,
+ * otherwise it returns hidden states. A block of all layers with both flags is the whole model;
+ * pipeline stages are blocks. */
+#ifndef RLX_MODEL_H
+#define RLX_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rlx/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RLX_MAX_EOS 8
+#define RLX_MAX_LAYERS 1024
+
+typedef struct rlx_model_config {
+    char model_type[32]; /* "qwen3" or "qwen3_moe" */
+    int64_t vocab_size;
+    int64_t hidden_size;
+    int64_t intermediate_size;
+    int64_t num_hidden_layers;
+    int64_t num_attention_heads;
+    int64_t num_key_value_heads;
+    int64_t head_dim; /* defaults to hidden_size / num_attention_heads */
+    int64_t max_position_embeddings;
+    double rms_norm_eps;
+    double rope_theta;
+    int tie_word_embeddings;
+    int attention_bias;
+    /* Sliding window: layer i uses a window of `sliding_window` positions when
+     * layer_sliding[i] is set (from `layer_types`, or use_sliding_window with
+     * i >= max_window_layers as Hugging Face derives it). */
+    int use_sliding_window;
+    int64_t sliding_window;
+    int64_t max_window_layers;
+    uint8_t layer_sliding[RLX_MAX_LAYERS];
+    /* Mixture of experts (qwen3_moe): layer i is sparse when num_experts > 0, i is not in
+     * mlp_only_layers and (i + 1) % decoder_sparse_step == 0. */
+    int64_t num_experts;
+    int64_t num_experts_per_tok;
+    int64_t moe_intermediate_size;
+    int64_t decoder_sparse_step;
+    int norm_topk_prob;
+    uint8_t layer_dense_mlp[RLX_MAX_LAYERS]; /* 1 = layer listed in mlp_only_layers */
+    /* End-of-sequence ids from config.json and generation_config.json (merged, unique). */
+    int32_t eos_ids[RLX_MAX_EOS];
+    uint32_t n_eos;
+    int32_t bos_id; /* -1 when absent */
+} rlx_model_config;
+
+/* Parses a Qwen3 or Qwen3-MoE config.json. Unknown fields are ignored; a missing required
+ * field, a wrong JSON type or an impossible value (head counts that do not divide, more than
+ * RLX_MAX_LAYERS layers) is RLX_E_FORMAT with a message naming the file and the field. */
+RLX_API rlx_status rlx_model_config_load(const char *config_path, rlx_model_config *out);
+
+/* Adds the EOS ids of a generation_config.json (integer or list) to cfg; a missing file is
+ * not an error, a malformed one is. */
+RLX_API rlx_status rlx_model_config_load_generation(const char *path, rlx_model_config *cfg);
+
+/* True when layer i of cfg uses a mixture-of-experts MLP. */
+RLX_API int rlx_model_config_layer_is_moe(const rlx_model_config *cfg, int64_t layer);
+
+/* ---- safetensors ---- */
+
+typedef struct rlx_weight {
+    const char *name;
+    uint32_t dtype; /* rlx_dtype */
+    uint32_t n_dims;
+    int64_t shape[RLX_MAX_DIMS];
+    const void *data; /* inside the read-only mapping of `file` */
+    size_t nbytes;
+    const char *file; /* path of the safetensors file holding it */
+} rlx_weight;
+
+typedef struct rlx_weights rlx_weights;
+
+/* Maps the safetensors of a model directory: `model.safetensors`, or the shards listed by
+ * `model.safetensors.index.json`. Headers are validated (JSON, dtypes, shapes that match the
+ * byte ranges, ranges inside the file and not overlapping); any problem is RLX_E_FORMAT naming
+ * the file and tensor. Mappings are lazy: only the pages of tensors actually read count in RSS. */
+RLX_API rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out);
+RLX_API void rlx_weights_close(rlx_weights *w);
+RLX_API size_t rlx_weights_count(const rlx_weights *w);
+RLX_API const rlx_weight *rlx_weights_at(const rlx_weights *w, size_t i);
+/* The tensor called name, or NULL (no error recorded). */
+RLX_API const rlx_weight *rlx_weights_find(const rlx_weights *w, const char *name);
+/* Total bytes of all tensor data. */
+RLX_API size_t rlx_weights_total_bytes(const rlx_weights *w);
+
+/* ---- model and blocks ---- */
+
+typedef struct rlx_model rlx_model;
+
+/* Opens a model directory: config.json (+ generation_config.json) and its safetensors. */
+RLX_API rlx_status rlx_model_open(const char *model_dir, rlx_model **out);
+RLX_API void rlx_model_close(rlx_model *m);
+RLX_API const rlx_model_config *rlx_model_config_of(const rlx_model *m);
+RLX_API const rlx_weights *rlx_model_weights(const rlx_model *m);
+RLX_API const char *rlx_model_dir(const rlx_model *m);
+
+typedef struct rlx_block_spec {
+    uint32_t layer_start;  /* first layer */
+    uint32_t layer_end;    /* one past the last layer */
+    uint32_t embed_input;  /* 1: input is token ids and the block embeds them */
+    uint32_t produce_logits; /* 1: final norm and LM head */
+    uint32_t all_logits;   /* with produce_logits: logits for every position, else the last */
+} rlx_block_spec;
+
+/* Tensor ids of a built block graph. */
+typedef struct rlx_block_io {
+    int input;     /* I32[T] token ids or F32[T, hidden] hidden states */
+    int positions; /* I32[T] */
+    int output;    /* F32[rows, vocab] logits or F32[T, hidden] hidden states */
+    uint32_t n_layers;    /* layer_end - layer_start */
+    int k_cache[RLX_MAX_LAYERS]; /* STATE tensors F32[capacity, kv_heads * head_dim] */
+    int v_cache[RLX_MAX_LAYERS];
+} rlx_block_io;
+
+/* Checks a block spec against the model (range inside [0, num_hidden_layers), non-empty) and
+ * that every weight the block needs exists with the dtype family and shape the config implies. */
+RLX_API rlx_status rlx_model_check_block(const rlx_model *m, const rlx_block_spec *spec);
+
+/* Calls fn with the name of every safetensors tensor the block reads (tied embeddings pull
+ * model.embed_tokens.weight into a logits block). */
+RLX_API rlx_status rlx_model_block_weights(const rlx_model *m, const rlx_block_spec *spec,
+                                           int (*fn)(void *ctx, const char *name), void *ctx);
+
+/* Builds the graph of a block for n_tokens positions per run and a KV cache of kv_capacity
+ * positions. The caller owns *graph; io receives the ids to bind. */
+RLX_API rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec, uint32_t n_tokens,
+                                         uint32_t kv_capacity, rlx_graph **graph, rlx_block_io *io);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

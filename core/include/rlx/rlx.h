@@ -1,0 +1,13 @@
+/* Umbrella header: the whole public API of librlx. */
+#ifndef RLX_RLX_H
+#define RLX_RLX_H
+
+#include "rlx/backend.h"
+#include "rlx/gen.h"
+#include "rlx/graph.h"
+#include "rlx/model.h"
+#include "rlx/plugin.h"
+#include "rlx/sched.h"
+#include "rlx/status.h"
+
+#endif

@@ -1,0 +1,46 @@
+/* The scheduler turns a graph into an executable plan: nodes run in graph order (which is a
+ * topological order, since nodes only read earlier tensors), activations share one arena by
+ * liveness, and each node runs on the first backend of the caller's list that supports it,
+ * with the core's reference kernels as the fallback for nodes no backend claims. All backends
+ * run on host memory, so no copies are needed between nodes placed on different backends. */
+#ifndef RLX_SCHED_H
+#define RLX_SCHED_H
+
+#include "rlx/backend.h"
+#include "rlx/graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct rlx_plan rlx_plan;
+
+/* Plans g over backends (in order of preference, borrowed: they must outlive the plan; may be
+ * empty). The graph is borrowed too and must outlive the plan. */
+RLX_API rlx_status rlx_plan_create(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends,
+                                   rlx_plan **out);
+RLX_API void rlx_plan_destroy(rlx_plan *p);
+
+/* Bytes of the activation arena after liveness-based reuse, and what the activations would
+ * take without reuse. */
+RLX_API size_t rlx_plan_peak_bytes(const rlx_plan *p);
+RLX_API size_t rlx_plan_total_activation_bytes(const rlx_plan *p);
+
+/* Binds an INPUT or STATE tensor to caller memory (borrowed until rebound or the plan dies). */
+RLX_API rlx_status rlx_plan_bind(rlx_plan *p, int tensor_id, void *data);
+
+/* Runs every node. Fails if an input or state is unbound, or a backend fails; the message
+ * names the node and the backend. */
+RLX_API rlx_status rlx_plan_run(rlx_plan *p);
+
+/* Data of a tensor after a run (outputs are kept to the end of the run; other activations
+ * may have been overwritten). Valid until the next run or rlx_plan_destroy. */
+RLX_API const void *rlx_plan_data(const rlx_plan *p, int tensor_id);
+
+/* Name of the backend that runs node i. */
+RLX_API const char *rlx_plan_node_backend(const rlx_plan *p, uint32_t node);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

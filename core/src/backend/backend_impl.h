@@ -1,0 +1,21 @@
+/* Private parts of the backend layer: the wrapper struct and dtype helpers shared with the
+ * reference kernels. */
+#ifndef RLX_BACKEND_IMPL_H
+#define RLX_BACKEND_IMPL_H
+
+#include "rlx/backend.h"
+
+struct rlx_backend {
+    const rlx_backend_iface *iface;
+    void *self;
+    char name[64];
+};
+
+extern const rlx_backend_iface rlx__ref_backend_iface;
+
+float rlx__half_to_float(uint16_t h);
+float rlx__bf16_to_float(uint16_t h);
+/* Element i of data stored as dtype (F32, BF16 or F16), as float. */
+float rlx__load(const void *data, uint32_t dtype, size_t i);
+
+#endif

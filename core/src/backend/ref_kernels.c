@@ -1,0 +1,295 @@
+/* The reference backend: the plainest correct C for every op. It runs nodes no backend claims
+ * and is the oracle the backends are tested against, so it favours clarity over speed and
+ * accumulates in double where a sum is long. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend_impl.h"
+
+float rlx__half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalise */
+            int e = -1;
+            do {
+                e++;
+                mant <<= 1;
+            } while (!(mant & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ff) << 13);
+        }
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+float rlx__bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+float rlx__load(const void *data, uint32_t dtype, size_t i) {
+    switch (dtype) {
+    case RLX_DTYPE_BF16: {
+        uint16_t h;
+        memcpy(&h, (const char *)data + 2 * i, 2);
+        return rlx__bf16_to_float(h);
+    }
+    case RLX_DTYPE_F16: {
+        uint16_t h;
+        memcpy(&h, (const char *)data + 2 * i, 2);
+        return rlx__half_to_float(h);
+    }
+    default: {
+        float f;
+        memcpy(&f, (const char *)data + 4 * i, 4);
+        return f;
+    }
+    }
+}
+
+static float *f32(const rlx_tensor *t) { return (float *)t->data; }
+static const int32_t *i32(const rlx_tensor *t) { return (const int32_t *)t->data; }
+
+static int ref_embed(const rlx_node_view *n) {
+    const rlx_tensor *ids = &n->inputs[0], *table = &n->inputs[1];
+    int64_t t_len = ids->shape[0], vocab = table->shape[0], h = table->shape[1];
+    for (int64_t t = 0; t < t_len; t++) {
+        int32_t id = i32(ids)[t];
+        if (id < 0 || id >= vocab)
+            return rlx_error(RLX_E_RANGE, "token id %d at position %lld is outside the vocabulary [0, %lld)", id,
+                             (long long)t, (long long)vocab);
+        for (int64_t j = 0; j < h; j++)
+            f32(n->output)[t * h + j] = rlx__load(table->data, table->dtype, (size_t)(id * h + j));
+    }
+    return RLX_OK;
+}
+
+/* y[t, o] = sum_k x[t, k] * w[o, k] (+ bias[o]) */
+static void matvec_rows(const float *x, const rlx_tensor *w, const rlx_tensor *bias, float *y, int64_t rows,
+                        int64_t k_len, int64_t n_out) {
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t o = 0; o < n_out; o++) {
+            double acc = bias ? rlx__load(bias->data, bias->dtype, (size_t)o) : 0.0;
+            for (int64_t k = 0; k < k_len; k++)
+                acc += (double)x[t * k_len + k] * rlx__load(w->data, w->dtype, (size_t)(o * k_len + k));
+            y[t * n_out + o] = (float)acc;
+        }
+}
+
+static int ref_matmul(const rlx_node_view *n) {
+    const rlx_tensor *x = &n->inputs[0], *w = &n->inputs[1];
+    matvec_rows(f32(x), w, n->n_inputs > 2 ? &n->inputs[2] : NULL, f32(n->output), x->shape[0], x->shape[1],
+                w->shape[0]);
+    return RLX_OK;
+}
+
+static int ref_rms_norm(const rlx_node_view *n) {
+    const rlx_tensor *x = &n->inputs[0], *w = &n->inputs[1];
+    int64_t groups = rlx_tensor_numel(x) / w->shape[0], g_len = w->shape[0];
+    for (int64_t g = 0; g < groups; g++) {
+        const float *in = f32(x) + g * g_len;
+        float *out = f32(n->output) + g * g_len;
+        double ss = 0;
+        for (int64_t j = 0; j < g_len; j++)
+            ss += (double)in[j] * in[j];
+        double inv = 1.0 / sqrt(ss / (double)g_len + n->params->eps);
+        for (int64_t j = 0; j < g_len; j++)
+            out[j] = (float)(in[j] * inv * rlx__load(w->data, w->dtype, (size_t)j));
+    }
+    return RLX_OK;
+}
+
+static int ref_rope(const rlx_node_view *n) {
+    const rlx_tensor *x = &n->inputs[0];
+    int64_t t_len = x->shape[0], cols = x->shape[1], d = n->params->head_dim, half = d / 2;
+    for (int64_t t = 0; t < t_len; t++) {
+        double pos = i32(&n->inputs[1])[t];
+        for (int64_t h = 0; h < cols / d; h++) {
+            const float *in = f32(x) + t * cols + h * d;
+            float *out = f32(n->output) + t * cols + h * d;
+            for (int64_t i = 0; i < half; i++) {
+                double angle = pos * pow((double)n->params->rope_theta, -2.0 * (double)i / (double)d);
+                double c = cos(angle), s = sin(angle), x1 = in[i], x2 = in[i + half];
+                out[i] = (float)(x1 * c - x2 * s);
+                out[i + half] = (float)(x2 * c + x1 * s);
+            }
+        }
+    }
+    return RLX_OK;
+}
+
+static int ref_attention(const rlx_node_view *n) {
+    const rlx_op_params *p = n->params;
+    const rlx_tensor *q = &n->inputs[0], *k = &n->inputs[1], *v = &n->inputs[2], *pos = &n->inputs[3];
+    const rlx_tensor *kc = &n->inputs[4], *vc = &n->inputs[5];
+    int64_t t_len = q->shape[0], d = p->head_dim, kv_cols = (int64_t)p->n_kv_heads * d, cap = kc->shape[0];
+    int64_t group = p->n_heads / p->n_kv_heads;
+    for (int64_t t = 0; t < t_len; t++) {
+        int32_t at = i32(pos)[t];
+        if (at < 0 || at >= cap)
+            return rlx_error(RLX_E_RANGE, "position %d is outside the KV cache of %lld positions", at, (long long)cap);
+        memcpy(f32(kc) + at * kv_cols, f32(k) + t * kv_cols, (size_t)kv_cols * sizeof(float));
+        memcpy(f32(vc) + at * kv_cols, f32(v) + t * kv_cols, (size_t)kv_cols * sizeof(float));
+    }
+    double *scores = malloc((size_t)cap * sizeof *scores);
+    if (!scores)
+        return rlx_error(RLX_E_NOMEM, "attention: out of memory");
+    for (int64_t t = 0; t < t_len; t++) {
+        int64_t at = i32(pos)[t], first = p->window && at + 1 > p->window ? at + 1 - p->window : 0;
+        for (int64_t h = 0; h < p->n_heads; h++) {
+            const float *qh = f32(q) + t * p->n_heads * d + h * d;
+            int64_t kvh = h / group;
+            double max = -INFINITY, sum = 0;
+            for (int64_t j = first; j <= at; j++) {
+                const float *kj = f32(kc) + j * kv_cols + kvh * d;
+                double dot = 0;
+                for (int64_t i = 0; i < d; i++)
+                    dot += (double)qh[i] * kj[i];
+                scores[j] = dot * p->scale;
+                if (scores[j] > max)
+                    max = scores[j];
+            }
+            for (int64_t j = first; j <= at; j++) {
+                scores[j] = exp(scores[j] - max);
+                sum += scores[j];
+            }
+            float *out = f32(n->output) + t * p->n_heads * d + h * d;
+            for (int64_t i = 0; i < d; i++) {
+                double acc = 0;
+                for (int64_t j = first; j <= at; j++)
+                    acc += scores[j] * f32(vc)[j * kv_cols + kvh * d + i];
+                out[i] = (float)(acc / sum);
+            }
+        }
+    }
+    free(scores);
+    return RLX_OK;
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static int ref_swiglu(const rlx_node_view *n) {
+    int64_t len = rlx_tensor_numel(n->output);
+    for (int64_t i = 0; i < len; i++)
+        f32(n->output)[i] = silu(f32(&n->inputs[0])[i]) * f32(&n->inputs[1])[i];
+    return RLX_OK;
+}
+
+static int ref_add(const rlx_node_view *n) {
+    int64_t len = rlx_tensor_numel(n->output);
+    for (int64_t i = 0; i < len; i++)
+        f32(n->output)[i] = f32(&n->inputs[0])[i] + f32(&n->inputs[1])[i];
+    return RLX_OK;
+}
+
+static int ref_gather_last(const rlx_node_view *n) {
+    const rlx_tensor *x = &n->inputs[0];
+    memcpy(n->output->data, f32(x) + (x->shape[0] - 1) * x->shape[1], (size_t)x->shape[1] * sizeof(float));
+    return RLX_OK;
+}
+
+static int ref_moe(const rlx_node_view *n) {
+    const rlx_op_params *p = n->params;
+    const rlx_tensor *x = &n->inputs[0];
+    int64_t t_len = x->shape[0], h = x->shape[1], f = n->inputs[2].shape[0], e_len = p->n_experts;
+    float *logits = malloc((size_t)e_len * sizeof *logits), *gate = malloc((size_t)f * 2 * sizeof *gate),
+          *down = malloc((size_t)h * sizeof *down);
+    int64_t *chosen = malloc(p->top_k * sizeof *chosen);
+    double *prob = malloc(p->top_k * sizeof *prob);
+    if (!logits || !gate || !down || !chosen || !prob) {
+        free(logits), free(gate), free(down), free(chosen), free(prob);
+        return rlx_error(RLX_E_NOMEM, "moe: out of memory");
+    }
+    float *up = gate + f;
+    for (int64_t t = 0; t < t_len; t++) {
+        const float *xt = f32(x) + t * h;
+        matvec_rows(xt, &n->inputs[1], NULL, logits, 1, h, e_len);
+        double max = -INFINITY, sum = 0;
+        for (int64_t e = 0; e < e_len; e++)
+            max = logits[e] > max ? logits[e] : max;
+        for (int64_t e = 0; e < e_len; e++)
+            sum += exp(logits[e] - max);
+        /* top-k by repeated selection; ties go to the lower expert index, as torch.topk does */
+        double picked_sum = 0;
+        for (uint32_t k = 0; k < p->top_k; k++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < e_len; e++) {
+                int taken = 0;
+                for (uint32_t j = 0; j < k; j++)
+                    taken |= chosen[j] == e;
+                if (!taken && (best < 0 || logits[e] > logits[best]))
+                    best = e;
+            }
+            chosen[k] = best;
+            prob[k] = exp(logits[best] - max) / sum;
+            picked_sum += prob[k];
+        }
+        float *out = f32(n->output) + t * h;
+        memset(out, 0, (size_t)h * sizeof *out);
+        for (uint32_t k = 0; k < p->top_k; k++) {
+            const rlx_tensor *w = &n->inputs[2 + 3 * chosen[k]];
+            double weight = p->norm_topk ? prob[k] / picked_sum : prob[k];
+            matvec_rows(xt, &w[0], NULL, gate, 1, h, f);
+            matvec_rows(xt, &w[1], NULL, up, 1, h, f);
+            for (int64_t i = 0; i < f; i++)
+                gate[i] = silu(gate[i]) * up[i];
+            matvec_rows(gate, &w[2], NULL, down, 1, f, h);
+            for (int64_t i = 0; i < h; i++)
+                out[i] += (float)(weight * down[i]);
+        }
+    }
+    free(logits), free(gate), free(down), free(chosen), free(prob);
+    return RLX_OK;
+}
+
+static int ref_open(const rlx_host *host, const rlx_backend_options *opts, void **self) {
+    *self = NULL;
+    return RLX_OK;
+}
+
+static void ref_close(void *self) {}
+
+static int ref_supports(void *self, const rlx_node_view *node) { return node->op > 0 && node->op < RLX_OP_COUNT; }
+
+static int ref_compute(void *self, const rlx_node_view *n) {
+    switch (n->op) {
+    case RLX_OP_EMBED:
+        return ref_embed(n);
+    case RLX_OP_MATMUL:
+        return ref_matmul(n);
+    case RLX_OP_RMS_NORM:
+        return ref_rms_norm(n);
+    case RLX_OP_ROPE:
+        return ref_rope(n);
+    case RLX_OP_ATTENTION:
+        return ref_attention(n);
+    case RLX_OP_SWIGLU:
+        return ref_swiglu(n);
+    case RLX_OP_ADD:
+        return ref_add(n);
+    case RLX_OP_GATHER_LAST:
+        return ref_gather_last(n);
+    case RLX_OP_MOE:
+        return ref_moe(n);
+    default:
+        return rlx_error(RLX_E_UNSUPPORTED, "op %u", n->op);
+    }
+}
+
+const rlx_backend_iface rlx__ref_backend_iface = {
+    .size = sizeof(rlx_backend_iface),
+    .open = ref_open,
+    .close = ref_close,
+    .supports = ref_supports,
+    .compute = ref_compute,
+};

@@ -1,0 +1,250 @@
+/* Sessions: the KV cache of one sequence and a small cache of plans, one per run width (the
+ * prompt, one decode token, k + 1 verified tokens), so a steady decode builds nothing. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "rlx/gen.h"
+#include "rlx/sched.h"
+
+#define PLAN_SLOTS 4
+
+typedef struct plan_slot {
+    uint32_t n;
+    int all_rows;
+    uint64_t last_used;
+    rlx_graph *graph;
+    rlx_plan *plan;
+    rlx_block_io io;
+} plan_slot;
+
+struct rlx_session {
+    const rlx_model *m;
+    rlx_block_spec spec;
+    rlx_backend **backends;
+    size_t n_backends;
+    uint32_t capacity, length;
+    size_t cache_bytes;   /* per layer and per k or v */
+    float **k_cache, **v_cache; /* per layer of the block: [capacity, kv_heads * head_dim] */
+    int32_t *positions;   /* [capacity] */
+    plan_slot slots[PLAN_SLOTS];
+    uint64_t clock;
+    size_t last_peak;
+};
+
+/* Anonymous mappings: untouched cache pages cost no memory, so a long capacity is cheap. */
+static float *map_zeroed(size_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, const rlx_session_options *opts,
+                              rlx_session **out) {
+    if (!m || !spec || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_session_create: NULL argument");
+    *out = NULL;
+    rlx_status rc = rlx_model_check_block(m, spec);
+    if (rc != RLX_OK)
+        return rc;
+    const rlx_model_config *c = rlx_model_config_of(m);
+    rlx_session_options o = opts ? *opts : (rlx_session_options){0};
+    uint32_t max_pos = c->max_position_embeddings > 0 && c->max_position_embeddings < UINT32_MAX
+                           ? (uint32_t)c->max_position_embeddings
+                           : UINT32_MAX;
+    uint32_t capacity = o.kv_capacity ? o.kv_capacity : (max_pos < 4096 ? max_pos : 4096);
+    if (capacity > max_pos)
+        return rlx_error(RLX_E_RANGE, "context of %u positions exceeds the model's max_position_embeddings %u",
+                         capacity, max_pos);
+    rlx_session *s = calloc(1, sizeof *s);
+    if (!s)
+        return rlx_error(RLX_E_NOMEM, "session: out of memory");
+    s->m = m;
+    s->spec = *spec;
+    s->capacity = capacity;
+    uint32_t n_layers = spec->layer_end - spec->layer_start;
+    s->cache_bytes = (size_t)capacity * (size_t)(c->num_key_value_heads * c->head_dim) * sizeof(float);
+    s->k_cache = calloc(n_layers, sizeof *s->k_cache);
+    s->v_cache = calloc(n_layers, sizeof *s->v_cache);
+    s->positions = malloc(capacity * sizeof *s->positions);
+    s->n_backends = o.n_backends;
+    s->backends = calloc(o.n_backends + 1, sizeof *s->backends);
+    if (!s->k_cache || !s->v_cache || !s->positions || !s->backends)
+        goto nomem;
+    for (size_t i = 0; i < o.n_backends; i++)
+        s->backends[i] = o.backends[i];
+    for (uint32_t i = 0; i < capacity; i++)
+        s->positions[i] = (int32_t)i;
+    for (uint32_t l = 0; l < n_layers; l++)
+        if (!(s->k_cache[l] = map_zeroed(s->cache_bytes)) || !(s->v_cache[l] = map_zeroed(s->cache_bytes)))
+            goto nomem;
+    *out = s;
+    return RLX_OK;
+nomem:
+    rlx_session_destroy(s);
+    return rlx_error(RLX_E_NOMEM, "session: out of memory for a KV cache of %u positions", capacity);
+}
+
+static void slot_clear(plan_slot *slot) {
+    rlx_plan_destroy(slot->plan);
+    rlx_graph_destroy(slot->graph);
+    memset(slot, 0, sizeof *slot);
+}
+
+void rlx_session_destroy(rlx_session *s) {
+    if (!s)
+        return;
+    for (int i = 0; i < PLAN_SLOTS; i++)
+        slot_clear(&s->slots[i]);
+    uint32_t n_layers = s->spec.layer_end - s->spec.layer_start;
+    for (uint32_t l = 0; l < n_layers && s->k_cache && s->v_cache; l++) {
+        if (s->k_cache[l])
+            munmap(s->k_cache[l], s->cache_bytes);
+        if (s->v_cache[l])
+            munmap(s->v_cache[l], s->cache_bytes);
+    }
+    free(s->k_cache);
+    free(s->v_cache);
+    free(s->positions);
+    free(s->backends);
+    free(s);
+}
+
+uint32_t rlx_session_length(const rlx_session *s) { return s->length; }
+uint32_t rlx_session_capacity(const rlx_session *s) { return s->capacity; }
+size_t rlx_session_peak_activation_bytes(const rlx_session *s) { return s->last_peak; }
+
+static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot **out) {
+    plan_slot *victim = &s->slots[0];
+    for (int i = 0; i < PLAN_SLOTS; i++) {
+        plan_slot *slot = &s->slots[i];
+        if (slot->plan && slot->n == n && slot->all_rows == all_rows) {
+            slot->last_used = ++s->clock;
+            *out = slot;
+            return RLX_OK;
+        }
+        if (!slot->plan || (victim->plan && slot->last_used < victim->last_used))
+            victim = slot;
+    }
+    slot_clear(victim);
+    rlx_block_spec spec = s->spec;
+    spec.all_logits = (uint32_t)all_rows;
+    rlx_status rc = rlx_model_build_block(s->m, &spec, n, s->capacity, &victim->graph, &victim->io);
+    if (rc == RLX_OK)
+        rc = rlx_plan_create(victim->graph, s->backends, s->n_backends, &victim->plan);
+    for (uint32_t l = 0; rc == RLX_OK && l < victim->io.n_layers; l++) {
+        rc = rlx_plan_bind(victim->plan, victim->io.k_cache[l], s->k_cache[l]);
+        if (rc == RLX_OK)
+            rc = rlx_plan_bind(victim->plan, victim->io.v_cache[l], s->v_cache[l]);
+    }
+    if (rc != RLX_OK) {
+        slot_clear(victim);
+        return rc;
+    }
+    victim->n = n;
+    victim->all_rows = all_rows;
+    victim->last_used = ++s->clock;
+    *out = victim;
+    return RLX_OK;
+}
+
+rlx_status rlx_session_forward(rlx_session *s, const void *input, uint32_t n, int all_rows, const float **out) {
+    if (!s || !input || !out || n == 0)
+        return rlx_error(RLX_E_INVALID, "rlx_session_forward: NULL input or no positions");
+    *out = NULL;
+    if (n > s->capacity - s->length)
+        return rlx_error(RLX_E_RANGE, "%u new positions after %u exceed the context of %u positions", n, s->length,
+                         s->capacity);
+    if (s->spec.embed_input) {
+        int64_t vocab = rlx_model_config_of(s->m)->vocab_size;
+        const int32_t *ids = input;
+        for (uint32_t i = 0; i < n; i++)
+            if (ids[i] < 0 || ids[i] >= vocab)
+                return rlx_error(RLX_E_RANGE, "token id %d (input %u) is outside the vocabulary [0, %lld)", ids[i], i,
+                                 (long long)vocab);
+    }
+    plan_slot *slot;
+    rlx_status rc = get_plan(s, n, all_rows ? 1 : 0, &slot);
+    if (rc != RLX_OK)
+        return rc;
+    if ((rc = rlx_plan_bind(slot->plan, slot->io.input, (void *)input)) != RLX_OK ||
+        (rc = rlx_plan_bind(slot->plan, slot->io.positions, s->positions + s->length)) != RLX_OK ||
+        (rc = rlx_plan_run(slot->plan)) != RLX_OK)
+        return rc;
+    s->length += n;
+    s->last_peak = rlx_plan_peak_bytes(slot->plan);
+    *out = rlx_plan_data(slot->plan, slot->io.output);
+    return RLX_OK;
+}
+
+rlx_status rlx_session_truncate(rlx_session *s, uint32_t length) {
+    if (!s)
+        return rlx_error(RLX_E_INVALID, "rlx_session_truncate: session is NULL");
+    if (length > s->length)
+        return rlx_error(RLX_E_RANGE, "cannot truncate a session of %u positions to %u", s->length, length);
+    s->length = length;
+    return RLX_OK;
+}
+
+typedef struct dump_ctx {
+    rlx_plan *plan;
+} dump_ctx;
+
+static const char *node_backend(void *ctx, uint32_t node) { return rlx_plan_node_backend(((dump_ctx *)ctx)->plan, node); }
+
+rlx_status rlx_session_dump_plan(rlx_session *s, uint32_t n, FILE *f) {
+    plan_slot *slot;
+    rlx_status rc = get_plan(s, n, 0, &slot);
+    if (rc != RLX_OK)
+        return rc;
+    dump_ctx ctx = {slot->plan};
+    rc = rlx_graph_dump(slot->graph, f, node_backend, &ctx);
+    if (rc == RLX_OK)
+        fprintf(f, "activation arena: %zu bytes (%zu without reuse)\n", rlx_plan_peak_bytes(slot->plan),
+                rlx_plan_total_activation_bytes(slot->plan));
+    return rc;
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int is_eos(const rlx_model_config *c, int32_t token) {
+    for (uint32_t i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == token)
+            return 1;
+    return 0;
+}
+
+rlx_status rlx_session_generate(rlx_session *s, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
+                                uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats) {
+    if (!s || !sampler || !prompt || n_prompt == 0)
+        return rlx_error(RLX_E_INVALID, "rlx_session_generate: NULL argument or empty prompt");
+    if (!s->spec.embed_input || !s->spec.produce_logits)
+        return rlx_error(RLX_E_INVALID, "generation needs a block that embeds tokens and produces logits");
+    rlx_gen_stats st = {.n_prompt = n_prompt};
+    const rlx_model_config *c = rlx_model_config_of(s->m);
+    const float *logits;
+    double t0 = now_seconds();
+    rlx_status rc = rlx_session_forward(s, prompt, n_prompt, 0, &logits);
+    double t1 = now_seconds();
+    st.prompt_seconds = t1 - t0;
+    while (rc == RLX_OK && st.n_generated < max_new) {
+        int32_t token = rlx_sampler_sample(sampler, logits);
+        st.n_generated++;
+        int stop = fn ? fn(ctx, token) : 0;
+        if (is_eos(c, token)) {
+            st.stopped_on_eos = 1;
+            break;
+        }
+        if (stop || st.n_generated == max_new)
+            break;
+        rc = rlx_session_forward(s, &token, 1, 0, &logits);
+    }
+    st.generate_seconds = now_seconds() - t1;
+    if (stats)
+        *stats = st;
+    return rc;
+}

@@ -1,0 +1,401 @@
+/* The graph IR: tensor declarations, node construction with shape inference, and the text dump.
+ * Shape inference is where malformed models are caught, so every rejection names the node and
+ * the input at fault. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph/graph_impl.h"
+
+size_t rlx_dtype_size(int dtype) {
+    switch (dtype) {
+    case RLX_DTYPE_F32:
+    case RLX_DTYPE_I32:
+        return 4;
+    case RLX_DTYPE_BF16:
+    case RLX_DTYPE_F16:
+        return 2;
+    default:
+        return 0;
+    }
+}
+
+const char *rlx_dtype_name(int dtype) {
+    static const char *const names[] = {"f32", "bf16", "f16", "i32"};
+    return dtype >= 0 && dtype < RLX_DTYPE_COUNT ? names[dtype] : "?";
+}
+
+const char *rlx_op_name(int op) {
+    static const char *const names[] = {"?",    "embed",  "matmul", "rms_norm",    "rope",
+                                        "attention", "swiglu", "add",    "gather_last", "moe"};
+    return op > 0 && op < RLX_OP_COUNT ? names[op] : "?";
+}
+
+int64_t rlx_tensor_numel(const rlx_tensor *t) {
+    int64_t n = 1;
+    for (uint32_t i = 0; i < t->n_dims; i++)
+        n *= t->shape[i];
+    return n;
+}
+
+size_t rlx__tensor_nbytes(const rlx_tensor *t) { return (size_t)rlx_tensor_numel(t) * rlx_dtype_size((int)t->dtype); }
+
+rlx_status rlx_graph_create(rlx_graph **out) {
+    if (!out)
+        return rlx_error(RLX_E_INVALID, "rlx_graph_create: out is NULL");
+    *out = calloc(1, sizeof **out);
+    return *out ? RLX_OK : rlx_error(RLX_E_NOMEM, "rlx_graph_create: out of memory");
+}
+
+void rlx_graph_destroy(rlx_graph *g) {
+    if (!g)
+        return;
+    for (uint32_t i = 0; i < g->n_tensors; i++)
+        free(g->tensors[i].name);
+    for (uint32_t i = 0; i < g->n_nodes; i++) {
+        free(g->nodes[i].name);
+        free(g->nodes[i].inputs);
+    }
+    free(g->tensors);
+    free(g->nodes);
+    free(g);
+}
+
+static int push_tensor(rlx_graph *g, rlx_tensor_role role, const char *name, rlx_dtype dtype, uint32_t n_dims,
+                       const int64_t *shape, const void *data) {
+    if (g->n_tensors == g->cap_tensors) {
+        uint32_t cap = g->cap_tensors ? g->cap_tensors * 2 : 64;
+        rlx__tensor_info *t = realloc(g->tensors, cap * sizeof *t);
+        if (!t)
+            return rlx_error(RLX_E_NOMEM, "graph: out of memory adding tensor '%s'", name);
+        g->tensors = t;
+        g->cap_tensors = cap;
+    }
+    char *copy = strdup(name);
+    if (!copy)
+        return rlx_error(RLX_E_NOMEM, "graph: out of memory adding tensor '%s'", name);
+    rlx__tensor_info *ti = &g->tensors[g->n_tensors];
+    memset(ti, 0, sizeof *ti);
+    ti->t.dtype = (uint32_t)dtype;
+    ti->t.n_dims = n_dims;
+    for (uint32_t i = 0; i < RLX_MAX_DIMS; i++)
+        ti->t.shape[i] = i < n_dims ? shape[i] : 1;
+    ti->t.data = (void *)data;
+    ti->role = role;
+    ti->name = copy;
+    ti->producer = -1;
+    return (int)g->n_tensors++;
+}
+
+int rlx_graph_add_tensor(rlx_graph *g, rlx_tensor_role role, const char *name, rlx_dtype dtype, uint32_t n_dims,
+                         const int64_t *shape, const void *data) {
+    if (!g || !name || !shape)
+        return rlx_error(RLX_E_INVALID, "rlx_graph_add_tensor: NULL argument");
+    if (role == RLX_ROLE_ACTIVATION)
+        return rlx_error(RLX_E_INVALID, "tensor '%s': activations are created by nodes", name);
+    if (rlx_dtype_size(dtype) == 0)
+        return rlx_error(RLX_E_INVALID, "tensor '%s': unknown dtype %d", name, (int)dtype);
+    if (n_dims < 1 || n_dims > RLX_MAX_DIMS)
+        return rlx_error(RLX_E_SHAPE, "tensor '%s': %u dimensions (1..%d allowed)", name, n_dims, RLX_MAX_DIMS);
+    for (uint32_t i = 0; i < n_dims; i++)
+        if (shape[i] <= 0)
+            return rlx_error(RLX_E_SHAPE, "tensor '%s': dimension %u is %lld", name, i, (long long)shape[i]);
+    if (role == RLX_ROLE_WEIGHT && !data)
+        return rlx_error(RLX_E_INVALID, "weight '%s' has no data", name);
+    return push_tensor(g, role, name, dtype, n_dims, shape, data);
+}
+
+// ---- shape inference ----
+
+typedef struct infer_ctx {
+    const rlx_graph *g;
+    const char *node;
+    const int *in;
+    const char *op;
+} infer_ctx;
+
+static const rlx_tensor *input(const infer_ctx *c, uint32_t i) { return &c->g->tensors[c->in[i]].t; }
+static const char *input_name(const infer_ctx *c, uint32_t i) { return c->g->tensors[c->in[i]].name; }
+
+static int shape_str(const rlx_tensor *t, char *buf, size_t n) {
+    int len = snprintf(buf, n, "%s[", rlx_dtype_name((int)t->dtype));
+    for (uint32_t i = 0; i < t->n_dims && (size_t)len < n; i++)
+        len += snprintf(buf + len, n - (size_t)len, i ? ",%lld" : "%lld", (long long)t->shape[i]);
+    if ((size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, "]");
+    return len;
+}
+
+static int bad_input(const infer_ctx *c, uint32_t i, const char *want) {
+    char have[96];
+    shape_str(input(c, i), have, sizeof have);
+    return rlx_error(RLX_E_SHAPE, "node '%s' (%s): input %u '%s' is %s, expected %s", c->node, c->op, i,
+                     input_name(c, i), have, want);
+}
+
+static int is_weight_dtype(uint32_t dt) {
+    return dt == RLX_DTYPE_F32 || dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16;
+}
+
+/* x must be a 2-D F32 activation; returns its rows via *rows and columns via *cols. */
+static int want_rows(const infer_ctx *c, uint32_t i, int64_t cols, int64_t rows) {
+    const rlx_tensor *t = input(c, i);
+    if (t->dtype != RLX_DTYPE_F32 || t->n_dims != 2 || (cols > 0 && t->shape[1] != cols) ||
+        (rows > 0 && t->shape[0] != rows)) {
+        char want[64];
+        if (cols > 0 && rows > 0)
+            snprintf(want, sizeof want, "f32[%lld,%lld]", (long long)rows, (long long)cols);
+        else if (cols > 0)
+            snprintf(want, sizeof want, "f32[T,%lld]", (long long)cols);
+        else
+            snprintf(want, sizeof want, "a 2-D f32 tensor");
+        return bad_input(c, i, want);
+    }
+    return 0;
+}
+
+static int want_matrix(const infer_ctx *c, uint32_t i, int64_t rows, int64_t cols) {
+    const rlx_tensor *t = input(c, i);
+    if (!is_weight_dtype(t->dtype) || t->n_dims != 2 || (rows > 0 && t->shape[0] != rows) ||
+        (cols > 0 && t->shape[1] != cols)) {
+        char want[64];
+        snprintf(want, sizeof want, "a f32/bf16/f16 matrix [%lld,%lld]", (long long)rows, (long long)cols);
+        return bad_input(c, i, want);
+    }
+    return 0;
+}
+
+static int want_vector(const infer_ctx *c, uint32_t i, int64_t n, rlx_dtype dtype_or_weight) {
+    const rlx_tensor *t = input(c, i);
+    int dtype_ok = dtype_or_weight == RLX_DTYPE_I32 ? t->dtype == RLX_DTYPE_I32 : is_weight_dtype(t->dtype);
+    if (!dtype_ok || t->n_dims != 1 || (n > 0 && t->shape[0] != n)) {
+        char want[64];
+        snprintf(want, sizeof want, "%s[%lld]", dtype_or_weight == RLX_DTYPE_I32 ? "i32" : "f32/bf16/f16",
+                 (long long)n);
+        return bad_input(c, i, want);
+    }
+    return 0;
+}
+
+#define CHECK(expr)          \
+    do {                     \
+        int rc_ = (expr);    \
+        if (rc_ < 0)         \
+            return rc_;      \
+    } while (0)
+
+static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_params *p, rlx_tensor *out) {
+    static const uint32_t min_inputs[RLX_OP_COUNT] = {0, 2, 2, 2, 2, 6, 2, 2, 1, 2};
+    if (n < min_inputs[op])
+        return rlx_error(RLX_E_INVALID, "node '%s' (%s): %u inputs, needs %u", c->node, c->op, n, min_inputs[op]);
+    out->dtype = RLX_DTYPE_F32;
+    out->n_dims = 2;
+    out->shape[2] = out->shape[3] = 1;
+    const rlx_tensor *x = input(c, 0);
+    switch (op) {
+    case RLX_OP_EMBED: {
+        if (x->dtype != RLX_DTYPE_I32 || x->n_dims != 1)
+            return bad_input(c, 0, "i32[T] token ids");
+        CHECK(want_matrix(c, 1, -1, -1));
+        out->shape[0] = x->shape[0];
+        out->shape[1] = input(c, 1)->shape[1];
+        return n == 2 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (embed): takes 2 inputs", c->node);
+    }
+    case RLX_OP_MATMUL: {
+        CHECK(want_rows(c, 0, -1, -1));
+        CHECK(want_matrix(c, 1, -1, x->shape[1]));
+        int64_t n_out = input(c, 1)->shape[0];
+        if (n == 3)
+            CHECK(want_vector(c, 2, n_out, RLX_DTYPE_F32));
+        else if (n != 2)
+            return rlx_error(RLX_E_INVALID, "node '%s' (matmul): takes 2 or 3 inputs", c->node);
+        out->shape[0] = x->shape[0];
+        out->shape[1] = n_out;
+        return 0;
+    }
+    case RLX_OP_RMS_NORM: {
+        CHECK(want_rows(c, 0, -1, -1));
+        CHECK(want_vector(c, 1, -1, RLX_DTYPE_F32));
+        if (x->shape[1] % input(c, 1)->shape[0] != 0)
+            return rlx_error(RLX_E_SHAPE, "node '%s' (rms_norm): row of %lld values is not a multiple of weight '%s' [%lld]",
+                             c->node, (long long)x->shape[1], input_name(c, 1), (long long)input(c, 1)->shape[0]);
+        if (!(p->eps > 0))
+            return rlx_error(RLX_E_INVALID, "node '%s' (rms_norm): eps must be > 0", c->node);
+        out->shape[0] = x->shape[0];
+        out->shape[1] = x->shape[1];
+        return n == 2 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (rms_norm): takes 2 inputs", c->node);
+    }
+    case RLX_OP_ROPE: {
+        CHECK(want_rows(c, 0, -1, -1));
+        CHECK(want_vector(c, 1, x->shape[0], RLX_DTYPE_I32));
+        if (p->head_dim == 0 || p->head_dim % 2 || x->shape[1] % p->head_dim)
+            return rlx_error(RLX_E_SHAPE, "node '%s' (rope): head_dim %u must be even and divide %lld", c->node,
+                             p->head_dim, (long long)x->shape[1]);
+        if (!(p->rope_theta > 0))
+            return rlx_error(RLX_E_INVALID, "node '%s' (rope): rope_theta must be > 0", c->node);
+        out->shape[0] = x->shape[0];
+        out->shape[1] = x->shape[1];
+        return n == 2 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (rope): takes 2 inputs", c->node);
+    }
+    case RLX_OP_ATTENTION: {
+        if (p->head_dim == 0 || p->n_heads == 0 || p->n_kv_heads == 0 || p->n_heads % p->n_kv_heads)
+            return rlx_error(RLX_E_INVALID, "node '%s' (attention): %u query heads, %u kv heads, head_dim %u",
+                             c->node, p->n_heads, p->n_kv_heads, p->head_dim);
+        int64_t t = x->shape[0], q_cols = (int64_t)p->n_heads * p->head_dim,
+                kv_cols = (int64_t)p->n_kv_heads * p->head_dim;
+        CHECK(want_rows(c, 0, q_cols, -1));
+        CHECK(want_rows(c, 1, kv_cols, t));
+        CHECK(want_rows(c, 2, kv_cols, t));
+        CHECK(want_vector(c, 3, t, RLX_DTYPE_I32));
+        CHECK(want_rows(c, 4, kv_cols, -1));
+        CHECK(want_rows(c, 5, kv_cols, input(c, 4)->shape[0]));
+        out->shape[0] = t;
+        out->shape[1] = q_cols;
+        return n == 6 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (attention): takes 6 inputs", c->node);
+    }
+    case RLX_OP_SWIGLU:
+    case RLX_OP_ADD: {
+        CHECK(want_rows(c, 0, -1, -1));
+        CHECK(want_rows(c, 1, x->shape[1], x->shape[0]));
+        out->shape[0] = x->shape[0];
+        out->shape[1] = x->shape[1];
+        return n == 2 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (%s): takes 2 inputs", c->node, c->op);
+    }
+    case RLX_OP_GATHER_LAST: {
+        CHECK(want_rows(c, 0, -1, -1));
+        out->shape[0] = 1;
+        out->shape[1] = x->shape[1];
+        return n == 1 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (gather_last): takes 1 input", c->node);
+    }
+    case RLX_OP_MOE: {
+        CHECK(want_rows(c, 0, -1, -1));
+        int64_t h = x->shape[1];
+        if (p->n_experts == 0 || p->top_k == 0 || p->top_k > p->n_experts)
+            return rlx_error(RLX_E_INVALID, "node '%s' (moe): top_k %u of %u experts", c->node, p->top_k,
+                             p->n_experts);
+        if (n != 2 + 3 * p->n_experts)
+            return rlx_error(RLX_E_INVALID, "node '%s' (moe): %u inputs, %u experts need %u", c->node, n,
+                             p->n_experts, 2 + 3 * p->n_experts);
+        CHECK(want_matrix(c, 1, p->n_experts, h));
+        int64_t f = input(c, 2)->shape[0];
+        for (uint32_t e = 0; e < p->n_experts; e++) {
+            CHECK(want_matrix(c, 2 + 3 * e, f, h));
+            CHECK(want_matrix(c, 3 + 3 * e, f, h));
+            CHECK(want_matrix(c, 4 + 3 * e, h, f));
+        }
+        out->shape[0] = x->shape[0];
+        out->shape[1] = h;
+        return 0;
+    }
+    default:
+        return rlx_error(RLX_E_INVALID, "node '%s': unknown op %u", c->node, op);
+    }
+}
+
+int rlx_graph_add_node(rlx_graph *g, rlx_op op, const char *name, const int *inputs, uint32_t n_inputs,
+                       const rlx_op_params *params) {
+    if (!g || !name || (n_inputs && !inputs))
+        return rlx_error(RLX_E_INVALID, "rlx_graph_add_node: NULL argument");
+    if (op <= 0 || op >= RLX_OP_COUNT)
+        return rlx_error(RLX_E_INVALID, "node '%s': unknown op %d", name, (int)op);
+    for (uint32_t i = 0; i < n_inputs; i++)
+        if (inputs[i] < 0 || (uint32_t)inputs[i] >= g->n_tensors)
+            return rlx_error(RLX_E_INVALID, "node '%s' (%s): input %u refers to tensor %d of %u", name,
+                             rlx_op_name(op), i, inputs[i], g->n_tensors);
+    rlx_op_params p = params ? *params : (rlx_op_params){0};
+    infer_ctx c = {g, name, inputs, rlx_op_name(op)};
+    rlx_tensor out = {0};
+    CHECK(infer(&c, (uint32_t)op, n_inputs, &p, &out));
+
+    if (g->n_nodes == g->cap_nodes) {
+        uint32_t cap = g->cap_nodes ? g->cap_nodes * 2 : 64;
+        rlx__node *nodes = realloc(g->nodes, cap * sizeof *nodes);
+        if (!nodes)
+            return rlx_error(RLX_E_NOMEM, "graph: out of memory adding node '%s'", name);
+        g->nodes = nodes;
+        g->cap_nodes = cap;
+    }
+    rlx__node *nd = &g->nodes[g->n_nodes];
+    memset(nd, 0, sizeof *nd);
+    nd->name = strdup(name);
+    nd->inputs = malloc((n_inputs ? n_inputs : 1) * sizeof *nd->inputs);
+    if (!nd->name || !nd->inputs)
+        goto nomem;
+    memcpy(nd->inputs, inputs, n_inputs * sizeof *inputs);
+    nd->n_inputs = n_inputs;
+    nd->op = (uint32_t)op;
+    nd->params = p;
+    int id = push_tensor(g, RLX_ROLE_ACTIVATION, name, (rlx_dtype)out.dtype, out.n_dims, out.shape, NULL);
+    if (id < 0)
+        goto nomem;
+    g->tensors[id].producer = (int)g->n_nodes;
+    nd->output = id;
+    g->n_nodes++;
+    return id;
+nomem:
+    free(nd->name);
+    free(nd->inputs);
+    return rlx_error(RLX_E_NOMEM, "graph: out of memory adding node '%s'", name);
+}
+
+rlx_status rlx_graph_mark_output(rlx_graph *g, int id) {
+    if (!g || id < 0 || (uint32_t)id >= g->n_tensors)
+        return rlx_error(RLX_E_INVALID, "rlx_graph_mark_output: no tensor %d", id);
+    g->tensors[id].is_output = 1;
+    return RLX_OK;
+}
+
+uint32_t rlx_graph_n_nodes(const rlx_graph *g) { return g ? g->n_nodes : 0; }
+uint32_t rlx_graph_n_tensors(const rlx_graph *g) { return g ? g->n_tensors : 0; }
+
+int rlx_graph_find_tensor(const rlx_graph *g, const char *name) {
+    for (uint32_t i = 0; g && name && i < g->n_tensors; i++)
+        if (strcmp(g->tensors[i].name, name) == 0)
+            return (int)i;
+    return RLX_E_NOT_FOUND;
+}
+
+const rlx_tensor *rlx_graph_tensor(const rlx_graph *g, int id) {
+    return g && id >= 0 && (uint32_t)id < g->n_tensors ? &g->tensors[id].t : NULL;
+}
+
+const char *rlx_graph_tensor_name(const rlx_graph *g, int id) {
+    return g && id >= 0 && (uint32_t)id < g->n_tensors ? g->tensors[id].name : NULL;
+}
+
+rlx_tensor_role rlx_graph_tensor_role(const rlx_graph *g, int id) {
+    return g && id >= 0 && (uint32_t)id < g->n_tensors ? g->tensors[id].role : RLX_ROLE_INPUT;
+}
+
+rlx_status rlx_graph_dump(const rlx_graph *g, FILE *f, const char *(*annotate)(void *ctx, uint32_t node), void *ctx) {
+    static const char *const roles[] = {"input", "weight", "state", "activation"};
+    if (!g || !f)
+        return rlx_error(RLX_E_INVALID, "rlx_graph_dump: NULL argument");
+    char shape[96];
+    fprintf(f, "graph: %u tensors, %u nodes\n", g->n_tensors, g->n_nodes);
+    for (uint32_t i = 0; i < g->n_tensors; i++) {
+        const rlx__tensor_info *ti = &g->tensors[i];
+        if (ti->role == RLX_ROLE_ACTIVATION)
+            continue;
+        shape_str(&ti->t, shape, sizeof shape);
+        fprintf(f, "  %%%u = %s %s %s\n", i, roles[ti->role], shape, ti->name);
+    }
+    for (uint32_t i = 0; i < g->n_nodes; i++) {
+        const rlx__node *nd = &g->nodes[i];
+        shape_str(&g->tensors[nd->output].t, shape, sizeof shape);
+        fprintf(f, "  %%%d = %s(", nd->output, rlx_op_name((int)nd->op));
+        for (uint32_t k = 0; k < nd->n_inputs; k++) {
+            if (nd->op == RLX_OP_MOE && k == 5) {
+                fprintf(f, ", ... %u more", nd->n_inputs - k);
+                break;
+            }
+            fprintf(f, k ? ", %%%d" : "%%%d", nd->inputs[k]);
+        }
+        fprintf(f, ") -> %s %s", shape, nd->name);
+        if (g->tensors[nd->output].is_output)
+            fputs(" [output]", f);
+        if (annotate)
+            fprintf(f, "  @%s", annotate(ctx, i));
+        fputc('\n', f);
+    }
+    return ferror(f) ? rlx_error(RLX_E_IO, "graph dump: write failed") : RLX_OK;
+}

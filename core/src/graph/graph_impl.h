@@ -1,0 +1,34 @@
+/* Private layout of rlx_graph, shared by the graph builder and the scheduler. */
+#ifndef RLX_GRAPH_IMPL_H
+#define RLX_GRAPH_IMPL_H
+
+#include "rlx/graph.h"
+
+typedef struct rlx__tensor_info {
+    rlx_tensor t;
+    rlx_tensor_role role;
+    char *name;
+    int producer; /* node index defining it, -1 for non-activations */
+    int is_output;
+} rlx__tensor_info;
+
+typedef struct rlx__node {
+    uint32_t op;
+    char *name;
+    int *inputs;
+    uint32_t n_inputs;
+    rlx_op_params params;
+    int output;
+} rlx__node;
+
+struct rlx_graph {
+    rlx__tensor_info *tensors;
+    uint32_t n_tensors, cap_tensors;
+    rlx__node *nodes;
+    uint32_t n_nodes, cap_nodes;
+};
+
+/* Bytes of tensor data (numel * dtype size). */
+size_t rlx__tensor_nbytes(const rlx_tensor *t);
+
+#endif

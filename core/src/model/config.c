@@ -1,0 +1,428 @@
+/* config.json and generation_config.json of Qwen3 and Qwen3-MoE checkpoints.
+ *
+ * Field names, defaults and the per-layer flags derived from them follow the Hugging Face
+ * Qwen3Config and Qwen3MoeConfig classes, so a checkpoint means the same here as in transformers.
+ * Types are checked strictly (a count must be a JSON integer, a flag a JSON boolean): a 3.5 or a
+ * "28" in a config is a broken file, not a value to guess at. JSON null in an optional field means
+ * "use the default", as Python's None does in transformers. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "model_internal.h"
+#include "rlx/model.h"
+
+/* Far above any config or safetensors index (a 20000-tensor index is ~2 MB); more is a wrong file. */
+#define JSON_MAX_BYTES (64 << 20)
+/* 2^53: beyond it a JSON number parsed into a double no longer holds every integer. */
+#define JSON_EXACT_INT 9007199254740992.0
+/* Marks a get_int() field without a default. */
+#define REQUIRED INT64_MIN
+
+#define TRY(expr)                           \
+    do {                                    \
+        rlx_status try_st_ = (expr);        \
+        if (try_st_ != RLX_OK)              \
+            return try_st_;                 \
+    } while (0)
+
+// ---- JSON files
+
+int rlx__json_int(const cJSON *item, int64_t *out) {
+    if (!cJSON_IsNumber(item))
+        return 0;
+    double v = item->valuedouble;
+    if (!(v >= -JSON_EXACT_INT && v <= JSON_EXACT_INT)) /* also rejects NaN and infinities */
+        return 0;
+    int64_t i = (int64_t)v;
+    if ((double)i != v)
+        return 0;
+    *out = i;
+    return 1;
+}
+
+/* A parse error's byte offset as "line L, column C (byte B)", which is what an editor can jump to. */
+static rlx_status malformed(const char *path, const char *text, size_t offset) {
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < offset; i++) {
+        if (text[i] == '\n') {
+            line++;
+            col = 1;
+        } else {
+            col++;
+        }
+    }
+    return rlx_error(RLX_E_FORMAT, "%s: malformed JSON at line %zu, column %zu (byte %zu)", path, line, col, offset);
+}
+
+rlx_status rlx__json_load(const char *path, int missing_ok, cJSON **out) {
+    *out = NULL;
+    rlx_status st = RLX_OK;
+    char *text = NULL;
+    size_t len = 0;
+    struct stat sb;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (missing_ok && errno == ENOENT)
+            return RLX_OK;
+        return rlx_error(RLX_E_IO, "%s: %s", path, strerror(errno));
+    }
+    if (fstat(fd, &sb) != 0) {
+        st = rlx_error(RLX_E_IO, "%s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        st = rlx_error(RLX_E_IO, "%s: not a regular file", path);
+        goto fail;
+    }
+    if (sb.st_size > JSON_MAX_BYTES) {
+        st = rlx_error(RLX_E_FORMAT, "%s: %lld bytes is too large for a JSON config (limit %d)", path,
+                       (long long)sb.st_size, JSON_MAX_BYTES);
+        goto fail;
+    }
+    text = malloc((size_t)sb.st_size + 1);
+    if (!text) {
+        st = rlx_error(RLX_E_NOMEM, "%s: cannot allocate %lld bytes", path, (long long)sb.st_size + 1);
+        goto fail;
+    }
+    while (len < (size_t)sb.st_size) {
+        ssize_t got = read(fd, text + len, (size_t)sb.st_size - len);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            st = rlx_error(RLX_E_IO, "%s: %s", path, strerror(errno));
+            goto fail;
+        }
+        if (got == 0) /* the file shrank since fstat: parse what is there */
+            break;
+        len += (size_t)got;
+    }
+    text[len] = '\0';
+    /* The terminator is part of the buffer so cJSON checks that nothing but whitespace follows. */
+    const char *end = NULL;
+    *out = cJSON_ParseWithLengthOpts(text, len + 1, &end, 1);
+    if (!*out)
+        st = malformed(path, text, end ? (size_t)(end - text) : 0);
+fail:
+    free(text);
+    close(fd);
+    return st;
+}
+
+// ---- typed fields
+
+/* item as it appears in a "got ..." message. */
+static void describe(const cJSON *item, char *buf, size_t size) {
+    if (cJSON_IsNumber(item))
+        snprintf(buf, size, "%g", item->valuedouble);
+    else if (cJSON_IsString(item))
+        snprintf(buf, size, "the string \"%.40s\"", item->valuestring);
+    else if (cJSON_IsBool(item))
+        snprintf(buf, size, "%s", cJSON_IsTrue(item) ? "true" : "false");
+    else if (cJSON_IsNull(item))
+        snprintf(buf, size, "null");
+    else
+        snprintf(buf, size, "%s", cJSON_IsArray(item) ? "an array" : "an object");
+}
+
+static rlx_status wrong_type(const char *path, const char *field, const char *expected, const cJSON *item) {
+    char got[64];
+    describe(item, got, sizeof got);
+    return rlx_error(RLX_E_FORMAT, "%s: field '%s' must be %s, got %s", path, field, expected, got);
+}
+
+/* An integer field in [min, max]; absent or null takes dflt, unless dflt is REQUIRED. */
+static rlx_status get_int(const char *path, const cJSON *obj, const char *key, int64_t dflt, int64_t min,
+                          int64_t max, int64_t *out) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!item || (cJSON_IsNull(item) && dflt != REQUIRED)) {
+        if (dflt == REQUIRED)
+            return rlx_error(RLX_E_FORMAT, "%s: missing required field '%s'", path, key);
+        *out = dflt;
+        return RLX_OK;
+    }
+    int64_t v;
+    if (!rlx__json_int(item, &v))
+        return wrong_type(path, key, "an integer", item);
+    if (v < min || v > max)
+        return rlx_error(RLX_E_FORMAT, "%s: field '%s' is %" PRId64 ", must be in [%" PRId64 ", %" PRId64 "]", path,
+                         key, v, min, max);
+    *out = v;
+    return RLX_OK;
+}
+
+/* A finite number > 0; absent or null takes dflt unless required. */
+static rlx_status get_positive(const char *path, const cJSON *obj, const char *key, int required, double dflt,
+                               double *out) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!item || (cJSON_IsNull(item) && !required)) {
+        if (required)
+            return rlx_error(RLX_E_FORMAT, "%s: missing required field '%s'", path, key);
+        *out = dflt;
+        return RLX_OK;
+    }
+    if (!cJSON_IsNumber(item))
+        return wrong_type(path, key, "a number", item);
+    double v = item->valuedouble;
+    if (!(v > 0 && v <= 1e300)) /* 1e300 keeps out the infinity a literal like 1e999 parses to */
+        return wrong_type(path, key, "a positive number", item);
+    *out = v;
+    return RLX_OK;
+}
+
+static rlx_status get_bool(const char *path, const cJSON *obj, const char *key, int dflt, int *out) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!item || cJSON_IsNull(item)) {
+        *out = dflt;
+        return RLX_OK;
+    }
+    if (!cJSON_IsBool(item))
+        return wrong_type(path, key, "true or false", item);
+    *out = cJSON_IsTrue(item);
+    return RLX_OK;
+}
+
+/* Adds the token ids of item (an integer, a list of integers or null) to ids[*n], skipping ids
+ * already there, as Hugging Face accepts eos_token_id in both forms. */
+static rlx_status add_token_ids(const char *path, const char *key, const cJSON *item, int32_t *ids, uint32_t *n) {
+    if (!item || cJSON_IsNull(item))
+        return RLX_OK;
+    if (!cJSON_IsNumber(item) && !cJSON_IsArray(item))
+        return wrong_type(path, key, "an integer or a list of integers", item);
+    int is_list = cJSON_IsArray(item);
+    const cJSON *e = is_list ? item->child : item;
+    for (int index = 0; e; index++, e = is_list ? e->next : NULL) {
+        int64_t id;
+        if (!rlx__json_int(e, &id) || id < 0 || id > INT32_MAX) {
+            char field[64];
+            if (is_list)
+                snprintf(field, sizeof field, "%s[%d]", key, index);
+            else
+                snprintf(field, sizeof field, "%s", key);
+            return wrong_type(path, field, "a token id (an integer >= 0)", e);
+        }
+        uint32_t k = 0;
+        while (k < *n && ids[k] != (int32_t)id)
+            k++;
+        if (k < *n)
+            continue;
+        if (*n == RLX_MAX_EOS)
+            return rlx_error(RLX_E_FORMAT, "%s: field '%s' makes more than %d distinct end-of-sequence ids", path, key,
+                             RLX_MAX_EOS);
+        ids[(*n)++] = (int32_t)id;
+    }
+    return RLX_OK;
+}
+
+// ---- config.json
+
+static rlx_status get_model_type(const char *path, const cJSON *root, rlx_model_config *c) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (!item)
+        return rlx_error(RLX_E_FORMAT, "%s: missing required field 'model_type'", path);
+    if (!cJSON_IsString(item))
+        return wrong_type(path, "model_type", "a string", item);
+    if (strcmp(item->valuestring, "qwen3") != 0 && strcmp(item->valuestring, "qwen3_moe") != 0)
+        return rlx_error(RLX_E_FORMAT, "%s: field 'model_type' is \"%.64s\"; rlx runs \"qwen3\" and \"qwen3_moe\"",
+                         path, item->valuestring);
+    snprintf(c->model_type, sizeof c->model_type, "%s", item->valuestring);
+    return RLX_OK;
+}
+
+/* layer_sliding[]: an explicit layer_types list wins; otherwise Hugging Face slides layers
+ * i >= max_window_layers when use_sliding_window is set and sliding_window is not null. */
+static rlx_status get_layer_types(const char *path, const cJSON *root, int window_null, rlx_model_config *c) {
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
+    if (!types || cJSON_IsNull(types)) {
+        for (int64_t i = 0; i < c->num_hidden_layers; i++)
+            c->layer_sliding[i] = c->use_sliding_window && !window_null && i >= c->max_window_layers;
+        return RLX_OK;
+    }
+    if (!cJSON_IsArray(types))
+        return wrong_type(path, "layer_types", "a list of strings", types);
+    int n = cJSON_GetArraySize(types);
+    if (n != c->num_hidden_layers)
+        return rlx_error(RLX_E_FORMAT, "%s: field 'layer_types' has %d entries, num_hidden_layers is %" PRId64, path, n,
+                         c->num_hidden_layers);
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, types) {
+        if (cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0) {
+            c->layer_sliding[i] = 0;
+        } else if (cJSON_IsString(e) && strcmp(e->valuestring, "sliding_attention") == 0) {
+            c->layer_sliding[i] = 1;
+        } else {
+            char field[32];
+            snprintf(field, sizeof field, "layer_types[%d]", i);
+            return wrong_type(path, field, "\"full_attention\" or \"sliding_attention\"", e);
+        }
+        i++;
+    }
+    return RLX_OK;
+}
+
+static rlx_status get_sliding(const char *path, const cJSON *root, rlx_model_config *c) {
+    TRY(get_bool(path, root, "use_sliding_window", 0, &c->use_sliding_window));
+    /* Unlike the other optional fields, null here is meaningful: no window at all. */
+    const cJSON *window = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+    int window_null = cJSON_IsNull(window);
+    if (window_null)
+        c->sliding_window = 0;
+    else
+        TRY(get_int(path, root, "sliding_window", 4096, 1, INT32_MAX, &c->sliding_window));
+    TRY(get_int(path, root, "max_window_layers", c->num_hidden_layers, 0, INT32_MAX, &c->max_window_layers));
+    TRY(get_layer_types(path, root, window_null, c));
+    for (int64_t i = 0; i < c->num_hidden_layers; i++)
+        if (c->layer_sliding[i] && c->sliding_window == 0)
+            return rlx_error(RLX_E_FORMAT, "%s: field 'sliding_window' is null but layer %" PRId64
+                             " uses sliding attention", path, i);
+    return RLX_OK;
+}
+
+static rlx_status get_moe(const char *path, const cJSON *root, rlx_model_config *c) {
+    TRY(get_int(path, root, "num_experts", 0, 0, INT32_MAX, &c->num_experts));
+    TRY(get_int(path, root, "decoder_sparse_step", 1, 1, INT32_MAX, &c->decoder_sparse_step));
+    TRY(get_bool(path, root, "norm_topk_prob", 0, &c->norm_topk_prob));
+    if (c->num_experts > 0) {
+        TRY(get_int(path, root, "num_experts_per_tok", REQUIRED, 1, INT32_MAX, &c->num_experts_per_tok));
+        if (c->num_experts_per_tok > c->num_experts)
+            return rlx_error(RLX_E_FORMAT, "%s: field 'num_experts_per_tok' (%" PRId64 ") exceeds num_experts (%" PRId64
+                             ")", path, c->num_experts_per_tok, c->num_experts);
+        TRY(get_int(path, root, "moe_intermediate_size", REQUIRED, 1, INT32_MAX, &c->moe_intermediate_size));
+    }
+    const cJSON *only = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers");
+    if (only && !cJSON_IsNull(only)) {
+        if (!cJSON_IsArray(only))
+            return wrong_type(path, "mlp_only_layers", "a list of layer indices", only);
+        int i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, only) {
+            int64_t layer;
+            if (!rlx__json_int(e, &layer) || layer < 0 || layer >= c->num_hidden_layers) {
+                char field[40], expected[64];
+                snprintf(field, sizeof field, "mlp_only_layers[%d]", i);
+                snprintf(expected, sizeof expected, "a layer index in [0, %" PRId64 ")", c->num_hidden_layers);
+                return wrong_type(path, field, expected, e);
+            }
+            c->layer_dense_mlp[layer] = 1;
+            i++;
+        }
+    }
+    /* Qwen3-MoE needs intermediate_size only if some layer keeps a dense MLP. */
+    for (int64_t i = 0; i < c->num_hidden_layers; i++)
+        if (c->intermediate_size == 0 && !rlx_model_config_layer_is_moe(c, i))
+            return rlx_error(RLX_E_FORMAT, "%s: missing field 'intermediate_size', needed by the dense MLP of layer %"
+                             PRId64, path, i);
+    return RLX_OK;
+}
+
+/* Scaled RoPE (YaRN, linear, dynamic) changes every position's angles; running such a model
+ * with plain RoPE would give wrong results without any error, so refuse it. */
+static rlx_status check_rope_scaling(const char *path, const cJSON *root) {
+    const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
+    if (!scaling || cJSON_IsNull(scaling))
+        return RLX_OK;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(scaling, "rope_type");
+    if (!type)
+        type = cJSON_GetObjectItemCaseSensitive(scaling, "type");
+    if (cJSON_IsString(type) && strcmp(type->valuestring, "default") == 0)
+        return RLX_OK;
+    return rlx_error(RLX_E_FORMAT, "%s: field 'rope_scaling' (type %s) is not supported; only plain RoPE is",
+                     path, cJSON_IsString(type) ? type->valuestring : "unknown");
+}
+
+static rlx_status parse_config(const char *path, const cJSON *root, rlx_model_config *c) {
+    if (!cJSON_IsObject(root))
+        return rlx_error(RLX_E_FORMAT, "%s: the top level is not a JSON object", path);
+    TRY(get_model_type(path, root, c));
+    int moe = strcmp(c->model_type, "qwen3_moe") == 0;
+    TRY(get_int(path, root, "vocab_size", REQUIRED, 1, INT32_MAX, &c->vocab_size));
+    TRY(get_int(path, root, "hidden_size", REQUIRED, 1, INT32_MAX, &c->hidden_size));
+    TRY(get_int(path, root, "intermediate_size", moe ? 0 : REQUIRED, 1, INT32_MAX, &c->intermediate_size));
+    TRY(get_int(path, root, "num_hidden_layers", REQUIRED, 1, RLX_MAX_LAYERS, &c->num_hidden_layers));
+    TRY(get_int(path, root, "num_attention_heads", REQUIRED, 1, INT32_MAX, &c->num_attention_heads));
+    TRY(get_positive(path, root, "rms_norm_eps", 1, 0, &c->rms_norm_eps));
+
+    TRY(get_int(path, root, "num_key_value_heads", c->num_attention_heads, 1, INT32_MAX, &c->num_key_value_heads));
+    if (c->num_attention_heads % c->num_key_value_heads != 0)
+        return rlx_error(RLX_E_FORMAT, "%s: field 'num_key_value_heads' (%" PRId64
+                         ") does not divide num_attention_heads (%" PRId64 ")", path, c->num_key_value_heads,
+                         c->num_attention_heads);
+    const cJSON *head_dim = cJSON_GetObjectItemCaseSensitive(root, "head_dim");
+    if ((!head_dim || cJSON_IsNull(head_dim)) && c->hidden_size % c->num_attention_heads != 0)
+        return rlx_error(RLX_E_FORMAT, "%s: field 'head_dim' is missing and hidden_size (%" PRId64
+                         ") is not a multiple of num_attention_heads (%" PRId64 ")", path, c->hidden_size,
+                         c->num_attention_heads);
+    TRY(get_int(path, root, "head_dim", c->hidden_size / c->num_attention_heads, 1, INT32_MAX, &c->head_dim));
+    if (c->head_dim % 2 != 0) /* rotate-half RoPE pairs dimension i with i + head_dim / 2 */
+        return rlx_error(RLX_E_FORMAT, "%s: field 'head_dim' is %" PRId64 "; rotary embeddings need an even size",
+                         path, c->head_dim);
+    TRY(get_int(path, root, "max_position_embeddings", 32768, 1, INT32_MAX, &c->max_position_embeddings));
+    TRY(get_positive(path, root, "rope_theta", 0, 10000.0, &c->rope_theta));
+    TRY(check_rope_scaling(path, root));
+    TRY(get_bool(path, root, "tie_word_embeddings", 0, &c->tie_word_embeddings));
+    TRY(get_bool(path, root, "attention_bias", 0, &c->attention_bias));
+    TRY(get_sliding(path, root, c));
+
+    c->decoder_sparse_step = 1;
+    if (moe) /* a dense qwen3 ignores MoE fields, as transformers' Qwen3Config does */
+        TRY(get_moe(path, root, c));
+
+    int64_t bos;
+    TRY(get_int(path, root, "bos_token_id", -1, 0, INT32_MAX, &bos));
+    c->bos_id = (int32_t)bos;
+    return add_token_ids(path, "eos_token_id", cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), c->eos_ids,
+                         &c->n_eos);
+}
+
+rlx_status rlx_model_config_load(const char *config_path, rlx_model_config *out) {
+    if (!config_path || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_model_config_load: config_path and out must not be NULL");
+    cJSON *root;
+    rlx_status st = rlx__json_load(config_path, 0, &root);
+    if (st != RLX_OK)
+        return st;
+    /* Parsed aside so that *out is written only on success. */
+    rlx_model_config c;
+    memset(&c, 0, sizeof c);
+    st = parse_config(config_path, root, &c);
+    cJSON_Delete(root);
+    if (st == RLX_OK)
+        *out = c;
+    return st;
+}
+
+rlx_status rlx_model_config_load_generation(const char *path, rlx_model_config *cfg) {
+    if (!path || !cfg || cfg->n_eos > RLX_MAX_EOS)
+        return rlx_error(RLX_E_INVALID, "rlx_model_config_load_generation: path and a loaded cfg are required");
+    cJSON *root;
+    rlx_status st = rlx__json_load(path, 1, &root);
+    if (st != RLX_OK || !root)
+        return st;
+    /* Merged into a copy so that cfg is unchanged on failure. */
+    int32_t ids[RLX_MAX_EOS];
+    uint32_t n = cfg->n_eos;
+    memcpy(ids, cfg->eos_ids, sizeof ids);
+    if (!cJSON_IsObject(root))
+        st = rlx_error(RLX_E_FORMAT, "%s: the top level is not a JSON object", path);
+    else
+        st = add_token_ids(path, "eos_token_id", cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), ids, &n);
+    cJSON_Delete(root);
+    if (st == RLX_OK) {
+        memcpy(cfg->eos_ids, ids, sizeof ids);
+        cfg->n_eos = n;
+    }
+    return st;
+}
+
+int rlx_model_config_layer_is_moe(const rlx_model_config *cfg, int64_t layer) {
+    if (!cfg || layer < 0 || layer >= cfg->num_hidden_layers || layer >= RLX_MAX_LAYERS ||
+        cfg->num_experts <= 0 || cfg->decoder_sparse_step <= 0)
+        return 0;
+    return !cfg->layer_dense_mlp[layer] && (layer + 1) % cfg->decoder_sparse_step == 0;
+}

@@ -1,0 +1,378 @@
+/* Qwen3 model directories and the block builder. The list of weights a block needs, with the
+ * shapes its config implies, is computed in one place (block_needs) and serves the weight
+ * filter, the pre-build check and the builder alike. */
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rlx/model.h"
+
+struct rlx_model {
+    char *dir;
+    rlx_model_config cfg;
+    rlx_weights *weights;
+};
+
+rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
+    if (!model_dir || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_model_open: NULL argument");
+    *out = NULL;
+    rlx_model *m = calloc(1, sizeof *m);
+    if (!m || !(m->dir = strdup(model_dir))) {
+        free(m);
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", model_dir);
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", model_dir);
+    rlx_status rc = rlx_model_config_load(path, &m->cfg);
+    if (rc == RLX_OK) {
+        snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+        rc = rlx_model_config_load_generation(path, &m->cfg);
+    }
+    if (rc == RLX_OK)
+        rc = rlx_weights_open(model_dir, &m->weights);
+    if (rc != RLX_OK) {
+        rlx_model_close(m);
+        return rc;
+    }
+    *out = m;
+    return RLX_OK;
+}
+
+void rlx_model_close(rlx_model *m) {
+    if (!m)
+        return;
+    rlx_weights_close(m->weights);
+    free(m->dir);
+    free(m);
+}
+
+const rlx_model_config *rlx_model_config_of(const rlx_model *m) { return &m->cfg; }
+const rlx_weights *rlx_model_weights(const rlx_model *m) { return m->weights; }
+const char *rlx_model_dir(const rlx_model *m) { return m->dir; }
+
+// ---- what a block reads ----
+
+typedef struct need {
+    char name[128];
+    uint32_t n_dims;
+    int64_t shape[2];
+} need;
+
+typedef struct needs {
+    need *items;
+    size_t n, cap;
+} needs;
+
+static rlx_status add_need(needs *ns, int64_t rows, int64_t cols, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static rlx_status add_need(needs *ns, int64_t rows, int64_t cols, const char *fmt, ...) {
+    if (ns->n == ns->cap) {
+        size_t cap = ns->cap ? ns->cap * 2 : 64;
+        need *items = realloc(ns->items, cap * sizeof *items);
+        if (!items)
+            return rlx_error(RLX_E_NOMEM, "model: out of memory");
+        ns->items = items;
+        ns->cap = cap;
+    }
+    need *n = &ns->items[ns->n++];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(n->name, sizeof n->name, fmt, ap);
+    va_end(ap);
+    n->n_dims = cols ? 2 : 1;
+    n->shape[0] = rows;
+    n->shape[1] = cols;
+    return RLX_OK;
+}
+
+static rlx_status check_spec(const rlx_model_config *c, const rlx_block_spec *s) {
+    if (s->layer_start >= s->layer_end || s->layer_end > (uint64_t)c->num_hidden_layers)
+        return rlx_error(RLX_E_RANGE, "block layers [%u, %u) are not a non-empty range inside the model's %lld layers",
+                         s->layer_start, s->layer_end, (long long)c->num_hidden_layers);
+    return RLX_OK;
+}
+
+#define TRY(expr)                \
+    do {                         \
+        rlx_status rc_ = (expr); \
+        if (rc_ != RLX_OK)       \
+            return rc_;          \
+    } while (0)
+
+/* Appends, in the order the builder binds them, every weight of layer l. */
+static rlx_status layer_needs(const rlx_model_config *c, uint32_t l, needs *ns) {
+    int64_t h = c->hidden_size, d = c->head_dim, q = c->num_attention_heads * d, kv = c->num_key_value_heads * d;
+    /* o_proj comes after the norms because that is when the builder uses it */
+    const char *proj[4] = {"q", "k", "v", "o"};
+    int64_t rows[4] = {q, kv, kv, h}, cols[4] = {h, h, h, q};
+    TRY(add_need(ns, h, 0, "model.layers.%u.input_layernorm.weight", l));
+    for (int i = 0; i < 4; i++) {
+        if (i == 3) {
+            TRY(add_need(ns, d, 0, "model.layers.%u.self_attn.q_norm.weight", l));
+            TRY(add_need(ns, d, 0, "model.layers.%u.self_attn.k_norm.weight", l));
+        }
+        TRY(add_need(ns, rows[i], cols[i], "model.layers.%u.self_attn.%s_proj.weight", l, proj[i]));
+        if (c->attention_bias)
+            TRY(add_need(ns, rows[i], 0, "model.layers.%u.self_attn.%s_proj.bias", l, proj[i]));
+    }
+    TRY(add_need(ns, h, 0, "model.layers.%u.post_attention_layernorm.weight", l));
+    if (rlx_model_config_layer_is_moe(c, l)) {
+        int64_t f = c->moe_intermediate_size;
+        TRY(add_need(ns, c->num_experts, h, "model.layers.%u.mlp.gate.weight", l));
+        for (int64_t e = 0; e < c->num_experts; e++) {
+            TRY(add_need(ns, f, h, "model.layers.%u.mlp.experts.%lld.gate_proj.weight", l, (long long)e));
+            TRY(add_need(ns, f, h, "model.layers.%u.mlp.experts.%lld.up_proj.weight", l, (long long)e));
+            TRY(add_need(ns, h, f, "model.layers.%u.mlp.experts.%lld.down_proj.weight", l, (long long)e));
+        }
+    } else {
+        int64_t f = c->intermediate_size;
+        TRY(add_need(ns, f, h, "model.layers.%u.mlp.gate_proj.weight", l));
+        TRY(add_need(ns, f, h, "model.layers.%u.mlp.up_proj.weight", l));
+        TRY(add_need(ns, h, f, "model.layers.%u.mlp.down_proj.weight", l));
+    }
+    return RLX_OK;
+}
+
+static rlx_status block_needs(const rlx_model_config *c, const rlx_block_spec *s, needs *ns) {
+    TRY(check_spec(c, s));
+    if (s->embed_input)
+        TRY(add_need(ns, c->vocab_size, c->hidden_size, "model.embed_tokens.weight"));
+    for (uint32_t l = s->layer_start; l < s->layer_end; l++)
+        TRY(layer_needs(c, l, ns));
+    if (s->produce_logits) {
+        TRY(add_need(ns, c->hidden_size, 0, "model.norm.weight"));
+        /* with tied embeddings the LM head is the embedding table; a block that also embeds
+         * lists it twice, and consumers skip the repeat */
+        TRY(add_need(ns, c->vocab_size, c->hidden_size,
+                     c->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"));
+    }
+    return RLX_OK;
+}
+
+static const rlx_weight *find_checked(const rlx_model *m, const need *n, rlx_status *rc) {
+    const rlx_weight *w = rlx_weights_find(m->weights, n->name);
+    if (!w) {
+        *rc = rlx_error(RLX_E_NOT_FOUND, "%s: tensor '%s' is missing from the safetensors", m->dir, n->name);
+        return NULL;
+    }
+    int ok = w->n_dims == n->n_dims && w->shape[0] == n->shape[0] && (n->n_dims == 1 || w->shape[1] == n->shape[1]);
+    if (!ok) {
+        char have[64] = "", want[64];
+        size_t len = 0;
+        for (uint32_t i = 0; i < w->n_dims; i++)
+            len += (size_t)snprintf(have + len, sizeof have - len, i ? ",%lld" : "%lld", (long long)w->shape[i]);
+        if (n->n_dims == 1)
+            snprintf(want, sizeof want, "%lld", (long long)n->shape[0]);
+        else
+            snprintf(want, sizeof want, "%lld,%lld", (long long)n->shape[0], (long long)n->shape[1]);
+        *rc = rlx_error(RLX_E_SHAPE, "%s: tensor '%s' has shape [%s], config.json implies [%s]", w->file, n->name, have,
+                        want);
+        return NULL;
+    }
+    if (w->dtype != RLX_DTYPE_F32 && w->dtype != RLX_DTYPE_BF16 && w->dtype != RLX_DTYPE_F16) {
+        *rc = rlx_error(RLX_E_FORMAT, "%s: tensor '%s' has dtype %s; weights must be f32, bf16 or f16", w->file,
+                        n->name, rlx_dtype_name((int)w->dtype));
+        return NULL;
+    }
+    return w;
+}
+
+rlx_status rlx_model_check_block(const rlx_model *m, const rlx_block_spec *spec) {
+    if (!m || !spec)
+        return rlx_error(RLX_E_INVALID, "rlx_model_check_block: NULL argument");
+    needs ns = {0};
+    rlx_status rc = block_needs(&m->cfg, spec, &ns);
+    for (size_t i = 0; rc == RLX_OK && i < ns.n; i++)
+        find_checked(m, &ns.items[i], &rc);
+    free(ns.items);
+    return rc;
+}
+
+rlx_status rlx_model_block_weights(const rlx_model *m, const rlx_block_spec *spec,
+                                   int (*fn)(void *ctx, const char *name), void *ctx) {
+    if (!m || !spec || !fn)
+        return rlx_error(RLX_E_INVALID, "rlx_model_block_weights: NULL argument");
+    needs ns = {0};
+    rlx_status rc = block_needs(&m->cfg, spec, &ns);
+    for (size_t i = 0; rc == RLX_OK && i < ns.n; i++) {
+        int repeat = i > 0 && spec->embed_input && strcmp(ns.items[i].name, ns.items[0].name) == 0;
+        if (!repeat && fn(ctx, ns.items[i].name))
+            break;
+    }
+    free(ns.items);
+    return rc;
+}
+
+// ---- graph construction ----
+
+typedef struct builder {
+    const rlx_model *m;
+    rlx_graph *g;
+    const need *next; /* block_needs order: the builder consumes weights in the same order */
+    const need *end;
+    rlx_status rc;
+} builder;
+
+/* The next weight in block_needs order, declared in the graph (once per name). */
+static int weight(builder *b) {
+    if (b->rc != RLX_OK)
+        return -1;
+    if (b->next == b->end) {
+        b->rc = rlx_error(RLX_E_INTERNAL, "model builder: weight list exhausted");
+        return -1;
+    }
+    const need *n = b->next++;
+    int id = rlx_graph_find_tensor(b->g, n->name);
+    if (id >= 0)
+        return id;
+    const rlx_weight *w = find_checked(b->m, n, &b->rc);
+    if (!w)
+        return -1;
+    id = rlx_graph_add_tensor(b->g, RLX_ROLE_WEIGHT, n->name, (rlx_dtype)w->dtype, w->n_dims, w->shape, w->data);
+    if (id < 0)
+        b->rc = id;
+    return id;
+}
+
+static int node(builder *b, rlx_op op, const char *name, const int *in, uint32_t n, const rlx_op_params *p) {
+    if (b->rc != RLX_OK)
+        return -1;
+    int id = rlx_graph_add_node(b->g, op, name, in, n, p);
+    if (id < 0)
+        b->rc = id;
+    return id;
+}
+
+static int node2(builder *b, rlx_op op, const char *name, int x, int y, const rlx_op_params *p) {
+    return node(b, op, name, (int[]){x, y}, 2, p);
+}
+
+static int linear(builder *b, const rlx_model_config *c, const char *name, int x) {
+    int w = weight(b);
+    if (!c->attention_bias)
+        return node2(b, RLX_OP_MATMUL, name, x, w, NULL);
+    int bias = weight(b);
+    return node(b, RLX_OP_MATMUL, name, (int[]){x, w, bias}, 3, NULL);
+}
+
+static int build_layer(builder *b, uint32_t l, int x, int pos, int kc, int vc) {
+    const rlx_model_config *c = &b->m->cfg;
+    char name[96];
+    rlx_op_params norm = {.eps = (float)c->rms_norm_eps, .layer = l};
+    rlx_op_params rope = {.rope_theta = (float)c->rope_theta, .head_dim = (uint32_t)c->head_dim, .layer = l};
+    rlx_op_params attn = {.scale = (float)(1.0 / sqrt((double)c->head_dim)),
+                          .head_dim = (uint32_t)c->head_dim,
+                          .n_heads = (uint32_t)c->num_attention_heads,
+                          .n_kv_heads = (uint32_t)c->num_key_value_heads,
+                          .window = c->layer_sliding[l] ? (uint32_t)c->sliding_window : 0,
+                          .layer = l};
+#define NAME(suffix) (snprintf(name, sizeof name, "layers.%u.%s", l, suffix), name)
+    int h = node2(b, RLX_OP_RMS_NORM, NAME("input_norm"), x, weight(b), &norm);
+    int q = linear(b, c, NAME("attn.q_proj"), h);
+    int k = linear(b, c, NAME("attn.k_proj"), h);
+    int v = linear(b, c, NAME("attn.v_proj"), h);
+    q = node2(b, RLX_OP_RMS_NORM, NAME("attn.q_norm"), q, weight(b), &norm);
+    k = node2(b, RLX_OP_RMS_NORM, NAME("attn.k_norm"), k, weight(b), &norm);
+    q = node2(b, RLX_OP_ROPE, NAME("attn.q_rope"), q, pos, &rope);
+    k = node2(b, RLX_OP_ROPE, NAME("attn.k_rope"), k, pos, &rope);
+    int a = node(b, RLX_OP_ATTENTION, NAME("attn.attention"), (int[]){q, k, v, pos, kc, vc}, 6, &attn);
+    int o = linear(b, c, NAME("attn.o_proj"), a);
+    x = node2(b, RLX_OP_ADD, NAME("attn.residual"), x, o, NULL);
+    h = node2(b, RLX_OP_RMS_NORM, NAME("post_attn_norm"), x, weight(b), &norm);
+    int mlp;
+    if (rlx_model_config_layer_is_moe(c, l)) {
+        uint32_t n_in = 2 + 3 * (uint32_t)c->num_experts;
+        int *in = malloc(n_in * sizeof *in);
+        if (!in) {
+            b->rc = rlx_error(RLX_E_NOMEM, "model builder: out of memory");
+            return -1;
+        }
+        in[0] = h;
+        for (uint32_t i = 1; i < n_in; i++)
+            in[i] = weight(b);
+        rlx_op_params moe = {.n_experts = (uint32_t)c->num_experts,
+                             .top_k = (uint32_t)c->num_experts_per_tok,
+                             .norm_topk = (uint32_t)c->norm_topk_prob,
+                             .layer = l};
+        mlp = node(b, RLX_OP_MOE, NAME("mlp.moe"), in, n_in, &moe);
+        free(in);
+    } else {
+        int gate = node2(b, RLX_OP_MATMUL, NAME("mlp.gate_proj"), h, weight(b), NULL);
+        int up = node2(b, RLX_OP_MATMUL, NAME("mlp.up_proj"), h, weight(b), NULL);
+        int act = node2(b, RLX_OP_SWIGLU, NAME("mlp.swiglu"), gate, up, NULL);
+        mlp = node2(b, RLX_OP_MATMUL, NAME("mlp.down_proj"), act, weight(b), NULL);
+    }
+    return node2(b, RLX_OP_ADD, NAME("mlp.residual"), x, mlp, NULL);
+#undef NAME
+}
+
+rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec, uint32_t n_tokens,
+                                 uint32_t kv_capacity, rlx_graph **graph, rlx_block_io *io) {
+    if (!m || !spec || !graph || !io)
+        return rlx_error(RLX_E_INVALID, "rlx_model_build_block: NULL argument");
+    *graph = NULL;
+    if (n_tokens == 0 || kv_capacity == 0 || n_tokens > kv_capacity)
+        return rlx_error(RLX_E_INVALID, "block of %u tokens with a KV cache of %u positions", n_tokens, kv_capacity);
+    const rlx_model_config *c = &m->cfg;
+    needs ns = {0};
+    builder b = {.m = m};
+    b.rc = block_needs(c, spec, &ns);
+    if (b.rc == RLX_OK)
+        b.rc = rlx_graph_create(&b.g);
+    if (b.rc != RLX_OK) {
+        free(ns.items);
+        return b.rc;
+    }
+    b.next = ns.items;
+    b.end = ns.items + ns.n;
+    memset(io, 0, sizeof *io);
+    io->n_layers = spec->layer_end - spec->layer_start;
+    int64_t t = n_tokens, hidden = c->hidden_size;
+    int64_t kv_shape[2] = {kv_capacity, c->num_key_value_heads * c->head_dim};
+    int x;
+    if (spec->embed_input) {
+        io->input = rlx_graph_add_tensor(b.g, RLX_ROLE_INPUT, "tokens", RLX_DTYPE_I32, 1, &t, NULL);
+        x = node2(&b, RLX_OP_EMBED, "embed", io->input, weight(&b), NULL);
+    } else {
+        io->input = rlx_graph_add_tensor(b.g, RLX_ROLE_INPUT, "hidden_in", RLX_DTYPE_F32, 2, (int64_t[]){t, hidden},
+                                         NULL);
+        x = io->input;
+    }
+    io->positions = rlx_graph_add_tensor(b.g, RLX_ROLE_INPUT, "positions", RLX_DTYPE_I32, 1, &t, NULL);
+    for (uint32_t l = spec->layer_start; b.rc == RLX_OK && l < spec->layer_end; l++) {
+        char kname[64], vname[64];
+        snprintf(kname, sizeof kname, "layers.%u.k_cache", l);
+        snprintf(vname, sizeof vname, "layers.%u.v_cache", l);
+        int kc = rlx_graph_add_tensor(b.g, RLX_ROLE_STATE, kname, RLX_DTYPE_F32, 2, kv_shape, NULL);
+        int vc = rlx_graph_add_tensor(b.g, RLX_ROLE_STATE, vname, RLX_DTYPE_F32, 2, kv_shape, NULL);
+        if (kc < 0 || vc < 0) {
+            b.rc = kc < 0 ? kc : vc;
+            break;
+        }
+        io->k_cache[l - spec->layer_start] = kc;
+        io->v_cache[l - spec->layer_start] = vc;
+        x = build_layer(&b, l, x, io->positions, kc, vc);
+    }
+    if (spec->produce_logits) {
+        if (!spec->all_logits)
+            x = node(&b, RLX_OP_GATHER_LAST, "last_position", &x, 1, NULL);
+        rlx_op_params norm = {.eps = (float)c->rms_norm_eps, .layer = UINT32_MAX};
+        x = node2(&b, RLX_OP_RMS_NORM, "final_norm", x, weight(&b), &norm);
+        x = node2(&b, RLX_OP_MATMUL, "lm_head", x, weight(&b), NULL);
+    }
+    io->output = x;
+    if (b.rc == RLX_OK)
+        b.rc = rlx_graph_mark_output(b.g, x);
+    free(ns.items);
+    if (b.rc != RLX_OK) {
+        rlx_graph_destroy(b.g);
+        return b.rc;
+    }
+    *graph = b.g;
+    return RLX_OK;
+}

@@ -1,0 +1,1203 @@
+/* cpu-blas: the CPU backend plugin of rlx. Every op of graph.h runs here on a persistent
+ * thread pool owned by the instance (the calling thread works too). Matmuls split the output
+ * features (rows of the [N, K] weight) across the pool, each thread calling single-threaded
+ * OpenBLAS or a SIMD kernel on its slice:
+ *   - F32 weights: cblas_sgemv for one token, the GEMV kernels for a few, cblas_sgemm above;
+ *   - BF16/F16 weights are used as stored: the GEMV kernels widen them on the fly for a few
+ *     tokens, and above that each thread widens a tile of rows that stays in L2 and runs
+ *     cblas_sgemm on it, so no whole-model F32 copy ever exists.
+ * Attention, norms, RoPE, SwiGLU and MoE are vectorised with AVX-512, AVX2+FMA+F16C or
+ * portable C, chosen at open() from the CPU (option isa=...); cpu_blas_simd.inc holds those
+ * kernels once, written against a small vector macro layer. */
+#include <immintrin.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
+
+#include "rlx/backend.h"
+
+/* Activation rows up to which a matmul streams weights through the GEMV kernels. */
+#define CPU_BLAS_GEMV_MAX_M 8
+/* Output features handed to a thread come in multiples of this (whole cache lines of y). */
+#define CPU_BLAS_ROW_ALIGN 16
+/* Queries per attention task; a task covers one KV head and all its query heads. */
+#define CPU_BLAS_ATT_TQ 32
+/* Below this many multiply-adds (or elements) a job runs on the calling thread alone. */
+#define CPU_BLAS_PAR_MIN 32768
+#define CPU_BLAS_ALIGN 64
+
+// ---------------------------------------------------------------------------------------------
+// Scalar element access
+
+static inline float cpu_blas_bf16_to_f32(uint16_t h)
+{
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float cpu_blas_f16_to_f32(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t ex = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t bits;
+    if (ex == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (ex == 0) {
+        const float f = (float)man * 0x1p-24f; /* zero or subnormal: exact in F32 */
+        return sign ? -f : f;
+    } else {
+        bits = sign | ((ex + 112u) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Element i of a weight array of dtype dt (F32, BF16 or F16) as F32. */
+static inline float cpu_blas_wscalar(int dt, const void *w, int64_t i)
+{
+    switch (dt) {
+    case RLX_DTYPE_BF16:
+        return cpu_blas_bf16_to_f32(((const uint16_t *)w)[i]);
+    case RLX_DTYPE_F16:
+        return cpu_blas_f16_to_f32(((const uint16_t *)w)[i]);
+    default:
+        return ((const float *)w)[i];
+    }
+}
+
+static size_t cpu_blas_dtype_size(uint32_t dt)
+{
+    return dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16 ? 2 : 4;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel tables, one per instruction set
+
+/* y[m * ldy + n] = x[m * ldx] . w[n] (K values each) for the M rows of x and n in [n0, n1). */
+typedef void (*cpu_blas_gemv_fn)(const float *x, int64_t ldx, const void *w, int64_t k, int64_t n0, int64_t n1,
+                                 float *y, int64_t ldy);
+
+typedef struct cpu_blas_kernels {
+    const char *isa;
+    void (*cvt)(int dt, const void *src, float *dst, int64_t n);
+    cpu_blas_gemv_fn gemv[3][CPU_BLAS_GEMV_MAX_M]; /* [weight dtype][M - 1] */
+    void (*rms_norm)(const float *x, const float *w, float *y, int64_t n, int64_t g, float eps);
+    void (*rope)(const float *x, const float *cs, float *y, int64_t n_heads, int64_t half);
+    void (*swiglu)(const float *g, const float *u, float *y, int64_t n);
+    void (*add)(const float *a, const float *b, float *y, int64_t n);
+    void (*axpy)(float a, const float *x, float *y, int64_t n);
+    void (*scal)(float a, float *y, int64_t n);
+    float (*softmax)(float *s, int64_t n, int64_t lo, int64_t hi);
+} cpu_blas_kernels;
+
+/* Portable C: VW = 1 and plain float arithmetic. */
+static inline float cpu_blas_pow2i(int n)
+{
+    const uint32_t bits = (uint32_t)(n + 127) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+#define SFX(name) cpu_blas_##name##_c
+#define CB_TARGET
+#define CB_ISA_NAME "c"
+#define CB_GEMV_R(m) ((m) == 1 ? 4 : (m) == 2 ? 2 : 1)
+#define VW 1
+#define VF float
+#define VZERO() 0.0f
+#define VSET1(s) (s)
+#define VLD(p) (*(p))
+#define VST(p, v) (*(p) = (v))
+#define VADD(a, b) ((a) + (b))
+#define VSUB(a, b) ((a) - (b))
+#define VMUL(a, b) ((a) * (b))
+#define VDIV(a, b) ((a) / (b))
+#define VMAX(a, b) fmaxf(a, b)
+#define VMIN(a, b) fminf(a, b)
+#define VFMA(a, b, c) ((a) * (b) + (c))
+#define VHSUM(v) (v)
+#define VHMAX(v) (v)
+#define VLD_BF16(p) cpu_blas_bf16_to_f32(*(p))
+#define VLD_F16(p) cpu_blas_f16_to_f32(*(p))
+#define VROUND(v) rintf(v)
+#define VPOW2I(n) cpu_blas_pow2i((int)(n))
+#include "cpu_blas_simd.inc"
+
+/* AVX2 + FMA + F16C: 8 floats per vector, 16 registers. */
+#define CB_TARGET __attribute__((target("avx2,fma,f16c")))
+
+static inline __attribute__((always_inline)) CB_TARGET float cpu_blas_hsum_avx2(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __attribute__((always_inline)) CB_TARGET float cpu_blas_hmax_avx2(__m256 v)
+{
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#define SFX(name) cpu_blas_##name##_avx2
+#define CB_ISA_NAME "avx2"
+#define CB_GEMV_R(m) ((m) == 1 ? 8 : (m) == 2 ? 4 : (m) <= 4 ? 2 : 1)
+#define VW 8
+#define VF __m256
+#define VZERO() _mm256_setzero_ps()
+#define VSET1(s) _mm256_set1_ps(s)
+#define VLD(p) _mm256_loadu_ps(p)
+#define VST(p, v) _mm256_storeu_ps(p, v)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VSUB(a, b) _mm256_sub_ps(a, b)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VDIV(a, b) _mm256_div_ps(a, b)
+#define VMAX(a, b) _mm256_max_ps(a, b)
+#define VMIN(a, b) _mm256_min_ps(a, b)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VHSUM(v) cpu_blas_hsum_avx2(v)
+#define VHMAX(v) cpu_blas_hmax_avx2(v)
+#define VLD_BF16(p)                                                                                         \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#define VLD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VROUND(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VPOW2I(n)                                                                                           \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+#include "cpu_blas_simd.inc"
+
+/* AVX-512 (F, BW, VL): 16 floats per vector, 32 registers. */
+#define SFX(name) cpu_blas_##name##_avx512
+#define CB_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+#define CB_ISA_NAME "avx512"
+#define CB_GEMV_R(m) ((m) == 1 ? 8 : (m) <= 4 ? 4 : 2)
+#define VW 16
+#define VF __m512
+#define VZERO() _mm512_setzero_ps()
+#define VSET1(s) _mm512_set1_ps(s)
+#define VLD(p) _mm512_loadu_ps(p)
+#define VST(p, v) _mm512_storeu_ps(p, v)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VSUB(a, b) _mm512_sub_ps(a, b)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VDIV(a, b) _mm512_div_ps(a, b)
+#define VMAX(a, b) _mm512_max_ps(a, b)
+#define VMIN(a, b) _mm512_min_ps(a, b)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VHSUM(v) _mm512_reduce_add_ps(v)
+#define VHMAX(v) _mm512_reduce_max_ps(v)
+#define VLD_BF16(p)                                                                                         \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#define VLD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VROUND(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VPOW2I(n)                                                                                           \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+#include "cpu_blas_simd.inc"
+
+// ---------------------------------------------------------------------------------------------
+// Thread pool: n_threads - 1 workers plus the calling thread. A job is posted by bumping `gen`;
+// workers spin on it for spin_ns, then sleep on it as a futex. Every worker acknowledges every
+// job through n_done (running it only if its index is below the job's nth), so the next job
+// can only be posted once all workers have seen the previous one.
+
+typedef void (*cpu_blas_task_fn)(void *ctx, int ith, int nth);
+
+typedef struct cpu_blas_pool cpu_blas_pool;
+
+typedef struct cpu_blas_worker {
+    cpu_blas_pool *pool;
+    int ith;
+    pthread_t tid;
+} cpu_blas_worker;
+
+struct cpu_blas_pool {
+    int n_threads; /* including the caller */
+    int n_started; /* workers running */
+    int64_t spin_ns;
+    cpu_blas_worker *workers;
+    cpu_blas_task_fn fn;
+    void *ctx;
+    int nth;
+    _Alignas(64) _Atomic uint32_t gen; /* futex word */
+    _Atomic int n_sleeping;
+    _Atomic int quit;
+    _Alignas(64) _Atomic int n_done;
+};
+
+static int64_t cpu_blas_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Waits until p->gen differs from seen and returns the new value. */
+static uint32_t cpu_blas_pool_await(cpu_blas_pool *p, uint32_t seen)
+{
+    uint32_t g;
+    const int64_t t0 = cpu_blas_now_ns();
+    for (unsigned i = 1;; i++) {
+        if ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) != seen)
+            return g;
+        _mm_pause();
+        if (i % 64 == 0 && cpu_blas_now_ns() - t0 > p->spin_ns)
+            break;
+    }
+    /* seq_cst pairs with cpu_blas_pool_run: either it sees n_sleeping > 0 and wakes us, or we
+     * see its new gen here and never sleep. */
+    atomic_fetch_add(&p->n_sleeping, 1);
+    while ((g = atomic_load(&p->gen)) == seen)
+        syscall(SYS_futex, (uint32_t *)&p->gen, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+    atomic_fetch_sub(&p->n_sleeping, 1);
+    return g;
+}
+
+static void *cpu_blas_worker_main(void *arg)
+{
+    cpu_blas_worker *w = arg;
+    cpu_blas_pool *p = w->pool;
+    uint32_t seen = 0;
+    for (;;) {
+        seen = cpu_blas_pool_await(p, seen);
+        if (atomic_load_explicit(&p->quit, memory_order_acquire))
+            break;
+        if (w->ith < p->nth)
+            p->fn(p->ctx, w->ith, p->nth);
+        atomic_fetch_add_explicit(&p->n_done, 1, memory_order_release);
+    }
+    return NULL;
+}
+
+/* Runs fn(ctx, ith, nth) for ith in [0, nth) and returns when all calls have returned. */
+static void cpu_blas_pool_run(cpu_blas_pool *p, cpu_blas_task_fn fn, void *ctx, int nth)
+{
+    if (nth > p->n_threads)
+        nth = p->n_threads;
+    if (nth <= 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    p->nth = nth;
+    atomic_store_explicit(&p->n_done, 0, memory_order_relaxed);
+    atomic_fetch_add(&p->gen, 1);
+    if (atomic_load(&p->n_sleeping) > 0)
+        syscall(SYS_futex, (uint32_t *)&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    fn(ctx, 0, nth);
+    const int n_workers = p->n_threads - 1;
+    for (unsigned i = 0; atomic_load_explicit(&p->n_done, memory_order_acquire) < n_workers; i++) {
+        if (i < (1u << 16))
+            _mm_pause();
+        else
+            sched_yield(); /* a worker lost its core: let it run */
+    }
+}
+
+static void cpu_blas_pool_stop(cpu_blas_pool *p)
+{
+    atomic_store_explicit(&p->quit, 1, memory_order_release);
+    atomic_fetch_add(&p->gen, 1);
+    syscall(SYS_futex, (uint32_t *)&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    for (int i = 0; i < p->n_started; i++)
+        pthread_join(p->workers[i].tid, NULL);
+    p->n_started = 0;
+}
+
+/* [*a, *b): the share of thread ith of n items, cut at multiples of align. */
+static void cpu_blas_split(int64_t n, int ith, int nth, int64_t align, int64_t *a, int64_t *b)
+{
+    int64_t chunk = (n + nth - 1) / nth;
+    chunk = (chunk + align - 1) / align * align;
+    *a = chunk * ith < n ? chunk * ith : n;
+    *b = *a + chunk < n ? *a + chunk : n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Instance
+
+typedef struct cpu_blas_buf {
+    void *p;
+    size_t cap; /* bytes */
+} cpu_blas_buf;
+
+typedef struct cpu_blas {
+    const rlx_host *host;
+    const cpu_blas_kernels *k;
+    cpu_blas_pool pool;
+    int n_threads;
+    int gemv_max_m;     /* matmuls with at most this many rows of x use the GEMV kernels */
+    size_t tile_bytes;  /* per-thread F32 tile of widened weight rows */
+    cpu_blas_buf *tile; /* [n_threads] */
+    cpu_blas_buf *att;  /* [n_threads] attention scores */
+    cpu_blas_buf main;  /* calling thread: converted small weights, MoE buffers */
+    /* ROPE cos/sin rows cached for the latest (theta, head_dim, positions): every layer's q
+     * and k rotations of one run share them. */
+    cpu_blas_buf rope_cs;  /* [T, head_dim]: cos of head_dim/2 angles, then their sin */
+    cpu_blas_buf rope_pos; /* [T] int32 */
+    int64_t rope_t;
+    uint32_t rope_d;
+    float rope_theta;
+} cpu_blas;
+
+/* Makes b hold at least `bytes`; the old contents are not kept. */
+static int cpu_blas_reserve(const cpu_blas *s, cpu_blas_buf *b, size_t bytes)
+{
+    if (b->cap >= bytes)
+        return RLX_OK;
+    s->host->free(b->p);
+    b->cap = 0;
+    const size_t cap = bytes + bytes / 2;
+    b->p = s->host->alloc(cap, CPU_BLAS_ALIGN);
+    if (!b->p)
+        return s->host->error(RLX_E_NOMEM, "cpu-blas: cannot allocate %zu bytes of scratch", cap);
+    b->cap = cap;
+    return RLX_OK;
+}
+
+/* Threads worth using for a job of `work` multiply-adds (or elements) over `items` units. */
+static int cpu_blas_nth(const cpu_blas *s, int64_t work, int64_t items)
+{
+    if (work < CPU_BLAS_PAR_MIN)
+        return 1;
+    return items < s->n_threads ? (int)(items > 0 ? items : 1) : s->n_threads;
+}
+
+static const cpu_blas_kernels *cpu_blas_pick_isa(const char *want)
+{
+    __builtin_cpu_init();
+    const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
+                        __builtin_cpu_supports("f16c");
+    const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                      __builtin_cpu_supports("f16c");
+    if (!want || !strcmp(want, "auto"))
+        return has512 ? &cpu_blas_kernels_avx512 : has2 ? &cpu_blas_kernels_avx2 : &cpu_blas_kernels_c;
+    if (!strcmp(want, "avx512"))
+        return has512 ? &cpu_blas_kernels_avx512 : NULL;
+    if (!strcmp(want, "avx2"))
+        return has2 ? &cpu_blas_kernels_avx2 : NULL;
+    if (!strcmp(want, "c"))
+        return &cpu_blas_kernels_c;
+    return NULL;
+}
+
+/* Parses opts->extra, "key=value" pairs separated by commas:
+ *   isa=auto|avx512|avx2|c   kernels to use (default auto: the best the CPU has)
+ *   tile_kb=N                per-thread F32 weight tile for BF16/F16 prefill (default 384)
+ *   spin_us=N                how long idle workers spin before sleeping (default 200)
+ *   gemv_m=N                 largest token count using the GEMV kernels, 0..8 (default 4) */
+static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_t isa_len)
+{
+    const rlx_host *h = s->host;
+    for (const char *p = extra; p && *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        if (!eq)
+            return h->error(RLX_E_INVALID, "cpu-blas: option '%.*s' is not key=value", (int)len, p);
+        const size_t klen = (size_t)(eq - p), vlen = len - klen - 1;
+        char val[32];
+        if (vlen == 0 || vlen >= sizeof val)
+            return h->error(RLX_E_INVALID, "cpu-blas: bad value in option '%.*s'", (int)len, p);
+        memcpy(val, eq + 1, vlen);
+        val[vlen] = '\0';
+        char *vend;
+        const long num = strtol(val, &vend, 10);
+        const bool is_num = *vend == '\0';
+        if (klen == 3 && !memcmp(p, "isa", 3) && vlen < isa_len) {
+            memcpy(isa, val, vlen + 1);
+        } else if (klen == 7 && !memcmp(p, "tile_kb", 7) && is_num && num >= 16 && num <= 65536) {
+            s->tile_bytes = (size_t)num * 1024;
+        } else if (klen == 7 && !memcmp(p, "spin_us", 7) && is_num && num >= 0 && num <= 1000000) {
+            s->pool.spin_ns = num * 1000;
+        } else if (klen == 6 && !memcmp(p, "gemv_m", 6) && is_num && num >= 0 && num <= CPU_BLAS_GEMV_MAX_M) {
+            s->gemv_max_m = (int)num;
+        } else {
+            return h->error(RLX_E_INVALID, "cpu-blas: unknown or out-of-range option '%.*s'", (int)len, p);
+        }
+        p = end ? end + 1 : NULL;
+    }
+    return RLX_OK;
+}
+
+static void cpu_blas_close(void *self)
+{
+    cpu_blas *s = self;
+    if (!s)
+        return;
+    const rlx_host *h = s->host;
+    cpu_blas_pool_stop(&s->pool);
+    h->free(s->pool.workers);
+    for (int i = 0; s->tile && i < s->n_threads; i++)
+        h->free(s->tile[i].p);
+    for (int i = 0; s->att && i < s->n_threads; i++)
+        h->free(s->att[i].p);
+    h->free(s->tile);
+    h->free(s->att);
+    h->free(s->main.p);
+    h->free(s->rope_cs.p);
+    h->free(s->rope_pos.p);
+    h->free(s);
+}
+
+static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, void **self)
+{
+    *self = NULL;
+    cpu_blas *s = host->alloc(sizeof *s, CPU_BLAS_ALIGN);
+    if (!s)
+        return host->error(RLX_E_NOMEM, "cpu-blas: out of memory");
+    memset(s, 0, sizeof *s);
+    s->host = host;
+    s->tile_bytes = 384 * 1024;
+    s->gemv_max_m = 4;
+    s->pool.spin_ns = 200 * 1000;
+    long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+    s->n_threads = n_cpu > 0 ? (int)(n_cpu < 256 ? n_cpu : 256) : 1;
+    char isa[16] = "auto";
+    int rc;
+    if (opts && RLX_HAS(rlx_backend_options, opts, n_threads) && opts->n_threads > 0)
+        s->n_threads = opts->n_threads < 256 ? (int)opts->n_threads : 256;
+    if (opts && RLX_HAS(rlx_backend_options, opts, extra) &&
+        (rc = cpu_blas_parse_extra(s, opts->extra, isa, sizeof isa)) < 0)
+        goto fail;
+    s->k = cpu_blas_pick_isa(isa);
+    if (!s->k) {
+        rc = host->error(RLX_E_UNSUPPORTED, "cpu-blas: isa '%s' is unknown or not supported by this CPU", isa);
+        goto fail;
+    }
+    /* The pool parallelises every matmul itself; OpenBLAS threads would only compete with it. */
+    openblas_set_num_threads(1);
+
+    const size_t nt = (size_t)s->n_threads;
+    s->tile = host->alloc(nt * sizeof *s->tile, CPU_BLAS_ALIGN);
+    s->att = host->alloc(nt * sizeof *s->att, CPU_BLAS_ALIGN);
+    s->pool.workers = host->alloc(nt * sizeof *s->pool.workers, CPU_BLAS_ALIGN);
+    if (!s->tile || !s->att || !s->pool.workers) {
+        rc = host->error(RLX_E_NOMEM, "cpu-blas: out of memory");
+        goto fail;
+    }
+    memset(s->tile, 0, nt * sizeof *s->tile);
+    memset(s->att, 0, nt * sizeof *s->att);
+    s->pool.n_threads = s->n_threads;
+    for (int i = 1; i < s->n_threads; i++) {
+        cpu_blas_worker *w = &s->pool.workers[i - 1];
+        w->pool = &s->pool;
+        w->ith = i;
+        if (pthread_create(&w->tid, NULL, cpu_blas_worker_main, w) != 0) {
+            rc = host->error(RLX_E_INTERNAL, "cpu-blas: cannot start worker thread %d of %d", i, s->n_threads);
+            goto fail;
+        }
+        s->pool.n_started++;
+    }
+    host->log(RLX_LOG_DEBUG, "cpu-blas: %d threads, %s kernels, %zu KiB tiles, %s", s->n_threads, s->k->isa,
+              s->tile_bytes / 1024, openblas_get_config());
+    *self = s;
+    return RLX_OK;
+fail:
+    cpu_blas_close(s);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Node validation, shared by supports() (silent) and compute() (reporting)
+
+static int64_t cpu_blas_rows(const rlx_tensor *t)
+{
+    int64_t r = 1;
+    for (uint32_t i = 0; i + 1 < t->n_dims; i++)
+        r *= t->shape[i];
+    return r;
+}
+
+static int64_t cpu_blas_cols(const rlx_tensor *t)
+{
+    return t->shape[t->n_dims - 1];
+}
+
+static int64_t cpu_blas_numel(const rlx_tensor *t)
+{
+    return cpu_blas_rows(t) * cpu_blas_cols(t);
+}
+
+static bool cpu_blas_is_weight_dt(uint32_t dt)
+{
+    return dt == RLX_DTYPE_F32 || dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16;
+}
+
+/* An F32 activation of `rows` rows of `cols` values (rows < 0: any). */
+static bool cpu_blas_is_act(const rlx_tensor *t, int64_t rows, int64_t cols)
+{
+    return t->dtype == RLX_DTYPE_F32 && (rows < 0 || cpu_blas_rows(t) == rows) && cpu_blas_cols(t) == cols;
+}
+
+/* A weight matrix [n, k] of a weight dtype. */
+static bool cpu_blas_is_mat(const rlx_tensor *t, int64_t n, int64_t k)
+{
+    return cpu_blas_is_weight_dt(t->dtype) && t->n_dims == 2 && t->shape[0] == n && t->shape[1] == k;
+}
+
+static bool cpu_blas_is_vec(const rlx_tensor *t, uint32_t dt, int64_t n)
+{
+    return t->dtype == dt && cpu_blas_numel(t) == n;
+}
+
+static int cpu_blas_bad(const cpu_blas *s, bool report, int status, const rlx_node_view *n, const char *why)
+{
+    if (report)
+        s->host->error(status, "cpu-blas: node '%s' (op %u): %s", n->name ? n->name : "?", n->op, why);
+    return status;
+}
+
+/* RLX_OK when node is one this backend computes, else a status (and a message when report). */
+static int cpu_blas_check(const cpu_blas *s, const rlx_node_view *n, bool report)
+{
+    const uint32_t ni = n->n_inputs;
+    const rlx_tensor *in = n->inputs, *out = n->output;
+    const rlx_op_params *p = n->params;
+    if (!out || (ni && !in))
+        return cpu_blas_bad(s, report, RLX_E_INVALID, n, "missing tensors");
+    for (uint32_t i = 0; i < ni; i++)
+        if (in[i].n_dims < 1 || in[i].n_dims > RLX_MAX_DIMS)
+            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "bad input rank");
+    for (uint32_t i = 0; i < ni; i++)
+        for (uint32_t d = 0; d < in[i].n_dims; d++)
+            if (in[i].shape[d] < 0 || in[i].shape[d] > INT_MAX)
+                return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "dimension outside [0, INT_MAX]");
+    if (out->n_dims < 1 || out->n_dims > RLX_MAX_DIMS || out->dtype != RLX_DTYPE_F32)
+        return cpu_blas_bad(s, report, RLX_E_UNSUPPORTED, n, "output must be F32 of rank 1..4");
+    const int64_t T = cpu_blas_rows(out), C = cpu_blas_cols(out);
+    switch (n->op) {
+    case RLX_OP_EMBED:
+        if (ni != 2 || !cpu_blas_is_vec(&in[0], RLX_DTYPE_I32, T) || !cpu_blas_is_mat(&in[1], in[1].shape[0], C))
+            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want ids I32[T], table[V,H] -> F32[T,H]");
+        return RLX_OK;
+    case RLX_OP_MATMUL: {
+        if (ni != 2 && ni != 3)
+            return cpu_blas_bad(s, report, RLX_E_INVALID, n, "want 2 or 3 inputs");
+        const int64_t K = cpu_blas_cols(&in[0]);
+        if (!cpu_blas_is_act(&in[0], T, K) || !cpu_blas_is_mat(&in[1], C, K) ||
+            (ni == 3 && (!cpu_blas_is_weight_dt(in[2].dtype) || cpu_blas_numel(&in[2]) != C)))
+            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,K], w[N,K], bias[N] -> F32[T,N]");
+        return RLX_OK;
+    }
+    case RLX_OP_RMS_NORM: {
+        if (ni != 2 || !p)
+            return cpu_blas_bad(s, report, RLX_E_INVALID, n, "want 2 inputs and params");
+        const int64_t G = cpu_blas_numel(&in[1]);
+        if (!cpu_blas_is_act(&in[0], T, C) || !cpu_blas_is_weight_dt(in[1].dtype) || G < 1 || C % G)
+            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,C], w[G] with C % G == 0");
+        return RLX_OK;
+    }
+    case RLX_OP_ROPE:
+        if (ni != 2 || !p)
+            return cpu_blas_bad(s, report, RLX_E_INVALID, n, "want 2 inputs and params");
+        if (p->head_dim < 2 || p->head_dim % 2 || !cpu_blas_is_act(&in[0], T, C) || C % p->head_dim ||
+            !cpu_blas_is_vec(&in[1], RLX_DTYPE_I32, T))
+            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,n*D] (D even), pos I32[T]");
+        return RLX_OK;
+    case RLX_OP_ATTENTION: {
+        if (ni != 6 || !p)
+            return cpu_blas_bad(s, report, RLX_E_INVALID, n, "want 6 inputs and params");
+        const int64_t D = p->head_dim, Hq = p->n_heads, Hkv = p->n_kv_heads;
+        if (D < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv || C != Hq * D)
+            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want n_heads % n_kv_heads == 0, out F32[T,Hq*D]");
+        if (!cpu_blas_is_act(&in[0], T, Hq * D) || !cpu_blas_is_act(&in[1], T, Hkv * D) ||
+            !cpu_blas_is_act(&in[2], T, Hkv * D) || !cpu_blas_is_vec(&in[3], RLX_DTYPE_I32, T) ||
+            !cpu_blas_is_act(&in[4], -1, Hkv * D) || !cpu_blas_is_act(&in[5], cpu_blas_rows(&in[4]), Hkv * D))
+            return cpu_blas_bad(s, report, RLX_E_SHAPE, n,
+                                "want q F32[T,Hq*D], k, v F32[T,Hkv*D], pos I32[T], caches F32[C,Hkv*D]");
+        return RLX_OK;
+    }
+    case RLX_OP_SWIGLU:
+    case RLX_OP_ADD:
+        if (ni != 2 || !cpu_blas_is_act(&in[0], T, C) || !cpu_blas_is_act(&in[1], T, C))
+            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want two F32[T,C] -> F32[T,C]");
+        return RLX_OK;
+    case RLX_OP_GATHER_LAST:
+        if (ni != 1 || T != 1 || !cpu_blas_is_act(&in[0], -1, C))
+            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,C] -> F32[1,C]");
+        return RLX_OK;
+    case RLX_OP_MOE: {
+        if (!p || p->n_experts < 1 || p->top_k < 1 || p->top_k > p->n_experts || ni != 2 + 3 * p->n_experts)
+            return cpu_blas_bad(s, report, RLX_E_INVALID, n, "want 1 <= top_k <= n_experts, 2 + 3 E inputs");
+        const int64_t E = p->n_experts;
+        if (!cpu_blas_is_act(&in[0], T, C) || !cpu_blas_is_mat(&in[1], E, C))
+            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,H], router[E,H] -> F32[T,H]");
+        for (int64_t e = 0; e < E; e++) {
+            const rlx_tensor *g = &in[2 + 3 * e];
+            const int64_t F = g->shape[0];
+            if (!cpu_blas_is_mat(g, F, C) || !cpu_blas_is_mat(g + 1, F, C) || !cpu_blas_is_mat(g + 2, C, F))
+                return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want gate, up [F,H] and down [H,F] per expert");
+        }
+        return RLX_OK;
+    }
+    default:
+        return cpu_blas_bad(s, report, RLX_E_UNSUPPORTED, n, "unknown op");
+    }
+}
+
+static int cpu_blas_supports(void *self, const rlx_node_view *node)
+{
+    return cpu_blas_check(self, node, false) == RLX_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row-wise ops: EMBED, RMS_NORM, ROPE (and its cos/sin table), SWIGLU, ADD
+
+typedef struct cpu_blas_rows_job {
+    const cpu_blas *s;
+    int op;            /* rlx_op, or 0 for the ROPE cos/sin table */
+    int64_t n;         /* rows; flat elements for SWIGLU and ADD */
+    int64_t cols;      /* values per row */
+    const float *a;    /* x, gate or first addend */
+    const float *b;    /* up, second addend, F32 norm weight or ROPE table */
+    float *y;
+    const void *table; /* EMBED: [V, cols] of dtype dt */
+    int dt;
+    const int32_t *idx; /* EMBED ids, ROPE positions */
+    const float *inv_freq;
+    int64_t g;          /* RMS_NORM group size; ROPE head_dim / 2 */
+    float eps;
+} cpu_blas_rows_job;
+
+static void cpu_blas_rows_task(void *arg, int ith, int nth)
+{
+    const cpu_blas_rows_job *j = arg;
+    const cpu_blas_kernels *k = j->s->k;
+    int64_t r0, r1;
+    const bool flat = j->op == RLX_OP_SWIGLU || j->op == RLX_OP_ADD;
+    cpu_blas_split(j->n, ith, nth, flat ? CPU_BLAS_ROW_ALIGN : 1, &r0, &r1);
+    switch (j->op) {
+    case RLX_OP_EMBED: {
+        const size_t row_bytes = (size_t)j->cols * cpu_blas_dtype_size((uint32_t)j->dt);
+        for (int64_t r = r0; r < r1; r++)
+            k->cvt(j->dt, (const char *)j->table + (size_t)j->idx[r] * row_bytes, j->y + r * j->cols, j->cols);
+        break;
+    }
+    case RLX_OP_RMS_NORM:
+        for (int64_t r = r0; r < r1; r++)
+            k->rms_norm(j->a + r * j->cols, j->b, j->y + r * j->cols, j->cols, j->g, j->eps);
+        break;
+    case RLX_OP_ROPE:
+        for (int64_t r = r0; r < r1; r++)
+            k->rope(j->a + r * j->cols, j->b + r * 2 * j->g, j->y + r * j->cols, j->cols / (2 * j->g), j->g);
+        break;
+    case RLX_OP_SWIGLU:
+        k->swiglu(j->a + r0, j->b + r0, j->y + r0, r1 - r0);
+        break;
+    case RLX_OP_ADD:
+        k->add(j->a + r0, j->b + r0, j->y + r0, r1 - r0);
+        break;
+    default: /* ROPE table, matching Hugging Face: F32 angle = F32 pos * F32 inv_freq */
+        for (int64_t r = r0; r < r1; r++) {
+            float *cs = j->y + r * 2 * j->g;
+            for (int64_t i = 0; i < j->g; i++) {
+                const float ang = (float)j->idx[r] * j->inv_freq[i];
+                double sn, cn;
+                sincos((double)ang, &sn, &cn);
+                cs[i] = (float)cn;
+                cs[j->g + i] = (float)sn;
+            }
+        }
+        break;
+    }
+}
+
+static void cpu_blas_run_rows(cpu_blas *s, cpu_blas_rows_job *j, int64_t work_per_row)
+{
+    cpu_blas_pool_run(&s->pool, cpu_blas_rows_task, j, cpu_blas_nth(s, j->n * work_per_row, j->n));
+}
+
+/* A small weight vector (norm weight, bias) as F32: the weight itself or a copy in s->main. */
+static int cpu_blas_f32_vec(cpu_blas *s, const rlx_tensor *t, const float **out)
+{
+    if (t->dtype == RLX_DTYPE_F32) {
+        *out = t->data;
+        return RLX_OK;
+    }
+    const int64_t n = cpu_blas_numel(t);
+    const int rc = cpu_blas_reserve(s, &s->main, (size_t)n * sizeof(float));
+    if (rc < 0)
+        return rc;
+    s->k->cvt((int)t->dtype, t->data, s->main.p, n);
+    *out = s->main.p;
+    return RLX_OK;
+}
+
+static int cpu_blas_embed(cpu_blas *s, const rlx_node_view *n)
+{
+    const rlx_tensor *ids = &n->inputs[0], *tab = &n->inputs[1];
+    const int32_t *id = ids->data;
+    const int64_t T = cpu_blas_numel(ids), V = tab->shape[0];
+    for (int64_t t = 0; t < T; t++)
+        if (id[t] < 0 || id[t] >= V)
+            return s->host->error(RLX_E_RANGE, "cpu-blas: node '%s': token id %d at %lld outside [0, %lld)",
+                                  n->name ? n->name : "?", id[t], (long long)t, (long long)V);
+    cpu_blas_rows_job j = {.s = s, .op = RLX_OP_EMBED, .n = T, .cols = tab->shape[1], .y = n->output->data,
+                           .table = tab->data, .dt = (int)tab->dtype, .idx = id};
+    cpu_blas_run_rows(s, &j, j.cols);
+    return RLX_OK;
+}
+
+static int cpu_blas_rms_norm(cpu_blas *s, const rlx_node_view *n)
+{
+    const rlx_tensor *x = &n->inputs[0];
+    const float *w;
+    const int rc = cpu_blas_f32_vec(s, &n->inputs[1], &w);
+    if (rc < 0)
+        return rc;
+    cpu_blas_rows_job j = {.s = s, .op = RLX_OP_RMS_NORM, .n = cpu_blas_rows(x), .cols = cpu_blas_cols(x),
+                           .a = x->data, .b = w, .y = n->output->data, .g = cpu_blas_numel(&n->inputs[1]),
+                           .eps = n->params->eps};
+    cpu_blas_run_rows(s, &j, 2 * j.cols);
+    return RLX_OK;
+}
+
+/* Makes s->rope_cs hold the cos/sin rows for these positions, head_dim and theta. */
+static int cpu_blas_rope_table(cpu_blas *s, const int32_t *pos, int64_t T, uint32_t D, float theta)
+{
+    if (s->rope_t == T && s->rope_d == D && s->rope_theta == theta &&
+        !memcmp(s->rope_pos.p, pos, (size_t)T * sizeof *pos))
+        return RLX_OK;
+    const int64_t half = D / 2;
+    int rc;
+    s->rope_t = -1;
+    if ((rc = cpu_blas_reserve(s, &s->rope_cs, (size_t)(T * D + half) * sizeof(float))) < 0 ||
+        (rc = cpu_blas_reserve(s, &s->rope_pos, (size_t)T * sizeof *pos)) < 0)
+        return rc;
+    /* inv_freq as Hugging Face computes it in F32: 1 / theta^(2i / D). */
+    float *inv = (float *)s->rope_cs.p + T * D;
+    for (int64_t i = 0; i < half; i++)
+        inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)D);
+    cpu_blas_rows_job j = {.s = s, .op = 0, .n = T, .y = s->rope_cs.p, .idx = pos, .inv_freq = inv, .g = half};
+    cpu_blas_run_rows(s, &j, 16 * half);
+    memcpy(s->rope_pos.p, pos, (size_t)T * sizeof *pos);
+    s->rope_t = T;
+    s->rope_d = D;
+    s->rope_theta = theta;
+    return RLX_OK;
+}
+
+static int cpu_blas_rope(cpu_blas *s, const rlx_node_view *n)
+{
+    const rlx_tensor *x = &n->inputs[0];
+    const int64_t T = cpu_blas_rows(x);
+    const uint32_t D = n->params->head_dim;
+    if (T == 0)
+        return RLX_OK;
+    const int rc = cpu_blas_rope_table(s, n->inputs[1].data, T, D, n->params->rope_theta);
+    if (rc < 0)
+        return rc;
+    cpu_blas_rows_job j = {.s = s, .op = RLX_OP_ROPE, .n = T, .cols = cpu_blas_cols(x), .a = x->data,
+                           .b = s->rope_cs.p, .y = n->output->data, .g = D / 2};
+    cpu_blas_run_rows(s, &j, j.cols);
+    return RLX_OK;
+}
+
+static int cpu_blas_eltwise(cpu_blas *s, const rlx_node_view *n)
+{
+    cpu_blas_rows_job j = {.s = s, .op = (int)n->op, .n = cpu_blas_numel(n->output), .a = n->inputs[0].data,
+                           .b = n->inputs[1].data, .y = n->output->data};
+    cpu_blas_run_rows(s, &j, n->op == RLX_OP_SWIGLU ? 8 : 1);
+    return RLX_OK;
+}
+
+static int cpu_blas_gather_last(const rlx_node_view *n)
+{
+    const rlx_tensor *x = &n->inputs[0];
+    const int64_t T = cpu_blas_rows(x), C = cpu_blas_cols(x);
+    if (T > 0)
+        memcpy(n->output->data, (const float *)x->data + (T - 1) * C, (size_t)C * sizeof(float));
+    else
+        memset(n->output->data, 0, (size_t)C * sizeof(float));
+    return RLX_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// MATMUL: y[M, N] = x[M, K] w[N, K]^T (+ bias), output features split across the pool
+
+typedef struct cpu_blas_mm {
+    const cpu_blas *s;
+    const float *x; /* [M, K] */
+    const void *w;  /* [N, K] of dtype wdt */
+    const float *bias; /* [N] or NULL */
+    float *y;          /* [M, N] */
+    int64_t M, K, N;
+    int wdt;
+} cpu_blas_mm;
+
+static void cpu_blas_mm_task(void *arg, int ith, int nth)
+{
+    const cpu_blas_mm *mm = arg;
+    const cpu_blas *s = mm->s;
+    const int64_t M = mm->M, K = mm->K, N = mm->N;
+    int64_t n0, n1;
+    cpu_blas_split(N, ith, nth, CPU_BLAS_ROW_ALIGN, &n0, &n1);
+    if (n0 >= n1)
+        return;
+    const size_t row_bytes = (size_t)K * cpu_blas_dtype_size((uint32_t)mm->wdt);
+    const char *w = (const char *)mm->w;
+    if (mm->wdt == RLX_DTYPE_F32 && M == 1) {
+        /* OpenBLAS 0.3.21 does not route M = 1 sgemm to its much faster sgemv. */
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)(n1 - n0), (int)K, 1.0f, (const float *)w + n0 * K, (int)K,
+                    mm->x, 1, 0.0f, mm->y + n0, 1);
+    } else if (M <= s->gemv_max_m) {
+        s->k->gemv[mm->wdt][M - 1](mm->x, K, w, K, n0, n1, mm->y, N);
+    } else if (mm->wdt == RLX_DTYPE_F32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)(n1 - n0), (int)K, 1.0f, mm->x, (int)K,
+                    (const float *)w + n0 * K, (int)K, 0.0f, mm->y + n0, (int)N);
+    } else {
+        /* Widen a tile of weight rows that stays in L2 and multiply it while it is hot. */
+        float *tile = s->tile[ith].p;
+        int64_t rows = (int64_t)(s->tile_bytes / sizeof(float)) / K;
+        rows = rows < CPU_BLAS_ROW_ALIGN ? CPU_BLAS_ROW_ALIGN : rows / CPU_BLAS_ROW_ALIGN * CPU_BLAS_ROW_ALIGN;
+        for (int64_t n = n0; n < n1; n += rows) {
+            const int64_t cnt = n1 - n < rows ? n1 - n : rows;
+            s->k->cvt(mm->wdt, w + (size_t)n * row_bytes, tile, cnt * K);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)cnt, (int)K, 1.0f, mm->x, (int)K, tile,
+                        (int)K, 0.0f, mm->y + n, (int)N);
+        }
+    }
+    if (mm->bias)
+        for (int64_t m = 0; m < M; m++)
+            s->k->add(mm->y + m * N + n0, mm->bias + n0, mm->y + m * N + n0, n1 - n0);
+}
+
+/* Makes sure every thread has a weight tile when a matmul with M rows of x will need one. */
+static int cpu_blas_mm_prepare(cpu_blas *s, int64_t M, int64_t K, int wdt)
+{
+    if (M <= s->gemv_max_m || wdt == RLX_DTYPE_F32)
+        return RLX_OK;
+    const size_t rows = s->tile_bytes / sizeof(float) / (size_t)K;
+    const size_t bytes = (rows < CPU_BLAS_ROW_ALIGN ? CPU_BLAS_ROW_ALIGN : rows) * (size_t)K * sizeof(float);
+    for (int i = 0; i < s->n_threads; i++) {
+        const int rc = cpu_blas_reserve(s, &s->tile[i], bytes);
+        if (rc < 0)
+            return rc;
+    }
+    return RLX_OK;
+}
+
+static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, const void *w, int wdt, int64_t N,
+                           const float *bias, float *y)
+{
+    if (M == 0 || N == 0)
+        return RLX_OK;
+    if (K == 0) {
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t i = 0; i < N; i++)
+                y[m * N + i] = bias ? bias[i] : 0.0f;
+        return RLX_OK;
+    }
+    const int rc = cpu_blas_mm_prepare(s, M, K, wdt);
+    if (rc < 0)
+        return rc;
+    cpu_blas_mm mm = {.s = s, .x = x, .w = w, .bias = bias, .y = y, .M = M, .K = K, .N = N, .wdt = wdt};
+    const int64_t blocks = (N + CPU_BLAS_ROW_ALIGN - 1) / CPU_BLAS_ROW_ALIGN;
+    cpu_blas_pool_run(&s->pool, cpu_blas_mm_task, &mm, cpu_blas_nth(s, M * N * K, blocks));
+    return RLX_OK;
+}
+
+static int cpu_blas_matmul(cpu_blas *s, const rlx_node_view *n)
+{
+    const rlx_tensor *x = &n->inputs[0], *w = &n->inputs[1];
+    const float *bias = NULL;
+    if (n->n_inputs == 3) {
+        const int rc = cpu_blas_f32_vec(s, &n->inputs[2], &bias);
+        if (rc < 0)
+            return rc;
+    }
+    return cpu_blas_mm_run(s, x->data, cpu_blas_rows(x), cpu_blas_cols(x), w->data, (int)w->dtype, w->shape[0],
+                           bias, n->output->data);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ATTENTION: one task per (KV head, block of CPU_BLAS_ATT_TQ queries), taken dynamically, late
+// (longer) blocks first. Scores come from sgemv/sgemm over the cache slice the block can see.
+
+typedef struct cpu_blas_att {
+    const cpu_blas *s;
+    const float *q;       /* [T, Hq*D] */
+    const int32_t *pos;   /* [T] */
+    const float *kc, *vc; /* [C, Hkv*D] */
+    float *out;           /* [T, Hq*D] */
+    int64_t T, D, Hq, Hkv, window;
+    float scale;
+    int64_t n_blocks;
+    _Atomic int64_t next; /* next task index */
+} cpu_blas_att;
+
+/* First cache row query t may see. */
+static int64_t cpu_blas_att_lo(const cpu_blas_att *a, int64_t t)
+{
+    const int64_t lo = a->window > 0 ? (int64_t)a->pos[t] - a->window + 1 : 0;
+    return lo > 0 ? lo : 0;
+}
+
+static void cpu_blas_att_block(const cpu_blas_att *a, float *sc, int64_t kvh, int64_t blk)
+{
+    const cpu_blas_kernels *k = a->s->k;
+    const int64_t D = a->D, t0 = blk * CPU_BLAS_ATT_TQ;
+    const int64_t nq = a->T - t0 < CPU_BLAS_ATT_TQ ? a->T - t0 : CPU_BLAS_ATT_TQ;
+    const int64_t ldq = a->Hq * D, ldk = a->Hkv * D, group = a->Hq / a->Hkv;
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int64_t t = t0; t < t0 + nq; t++) {
+        const int64_t l = cpu_blas_att_lo(a, t);
+        lo = l < lo ? l : lo;
+        hi = a->pos[t] + 1 > hi ? a->pos[t] + 1 : hi;
+    }
+    const int64_t nk = hi - lo;
+    const float *kb = a->kc + lo * ldk + kvh * D, *vb = a->vc + lo * ldk + kvh * D;
+    float *inv = sc + nq * nk; /* [nq] 1 / softmax sums */
+    for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
+        const float *qh = a->q + t0 * ldq + h * D;
+        float *oh = a->out + t0 * ldq + h * D;
+        if (nq == 1)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)nk, (int)D, a->scale, kb, (int)ldk, qh, 1, 0.0f, sc, 1);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, qh, (int)ldq, kb,
+                        (int)ldk, 0.0f, sc, (int)nk);
+        for (int64_t r = 0; r < nq; r++)
+            inv[r] = 1.0f / k->softmax(sc + r * nk, nk, cpu_blas_att_lo(a, t0 + r) - lo, a->pos[t0 + r] + 1 - lo);
+        if (nq == 1)
+            cblas_sgemv(CblasRowMajor, CblasTrans, (int)nk, (int)D, inv[0], vb, (int)ldk, sc, 1, 0.0f, oh, 1);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, 1.0f, sc, (int)nk, vb,
+                        (int)ldk, 0.0f, oh, (int)ldq);
+        if (nq > 1)
+            for (int64_t r = 0; r < nq; r++)
+                k->scal(inv[r], oh + r * ldq, D);
+    }
+}
+
+static void cpu_blas_att_task(void *arg, int ith, int nth)
+{
+    cpu_blas_att *a = arg;
+    float *sc = a->s->att[ith].p;
+    const int64_t n_tasks = a->n_blocks * a->Hkv;
+    (void)nth;
+    for (int64_t i; (i = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed)) < n_tasks;)
+        cpu_blas_att_block(a, sc, i % a->Hkv, a->n_blocks - 1 - i / a->Hkv);
+}
+
+static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n)
+{
+    const rlx_tensor *in = n->inputs;
+    const rlx_op_params *p = n->params;
+    const int64_t T = cpu_blas_rows(&in[0]), C = cpu_blas_rows(&in[4]);
+    const int64_t D = p->head_dim, Hkv = p->n_kv_heads, kv = Hkv * D;
+    const int32_t *pos = in[3].data;
+    if (T == 0)
+        return RLX_OK;
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int64_t t = 0; t < T; t++) {
+        if (pos[t] < 0 || pos[t] >= C)
+            return s->host->error(RLX_E_RANGE, "cpu-blas: node '%s': position %d of token %lld outside the cache [0, %lld)",
+                                  n->name ? n->name : "?", pos[t], (long long)t, (long long)C);
+        lo = pos[t] < lo ? pos[t] : lo;
+        hi = pos[t] + 1 > hi ? pos[t] + 1 : hi;
+    }
+    float *kc = in[4].data, *vc = in[5].data;
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(kc + pos[t] * kv, (const float *)in[1].data + t * kv, (size_t)kv * sizeof(float));
+        memcpy(vc + pos[t] * kv, (const float *)in[2].data + t * kv, (size_t)kv * sizeof(float));
+    }
+    /* A block sees at most rows [min lo, max pos] of the cache: bound its score matrix by that. */
+    const int64_t first = p->window > 0 ? lo - (int64_t)p->window + 1 : 0;
+    const int64_t max_nk = hi - (first > 0 ? first : 0);
+    const int64_t tq = T < CPU_BLAS_ATT_TQ ? T : CPU_BLAS_ATT_TQ;
+    for (int i = 0; i < s->n_threads; i++) {
+        const int rc = cpu_blas_reserve(s, &s->att[i], (size_t)(tq * max_nk + tq) * sizeof(float));
+        if (rc < 0)
+            return rc;
+    }
+    cpu_blas_att a = {.s = s, .q = in[0].data, .pos = pos, .kc = kc, .vc = vc, .out = n->output->data, .T = T,
+                      .D = D, .Hq = p->n_heads, .Hkv = Hkv, .window = p->window, .scale = p->scale,
+                      .n_blocks = (T + CPU_BLAS_ATT_TQ - 1) / CPU_BLAS_ATT_TQ};
+    atomic_init(&a.next, 0);
+    cpu_blas_pool_run(&s->pool, cpu_blas_att_task, &a,
+                      cpu_blas_nth(s, T * max_nk * p->n_heads * D, a.n_blocks * Hkv));
+    return RLX_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// MOE: route every token, then run each selected expert once over all of its tokens
+
+static int cpu_blas_moe(cpu_blas *s, const rlx_node_view *n)
+{
+    const rlx_tensor *in = n->inputs;
+    const rlx_op_params *p = n->params;
+    const int64_t T = cpu_blas_rows(&in[0]), H = cpu_blas_cols(&in[0]), E = p->n_experts, K = p->top_k;
+    const float *x = in[0].data;
+    float *out = n->output->data;
+    int64_t F = 0;
+    for (int64_t e = 0; e < E; e++)
+        F = in[2 + 3 * e].shape[0] > F ? in[2 + 3 * e].shape[0] : F;
+    memset(out, 0, (size_t)(T * H) * sizeof(float));
+    if (T == 0)
+        return RLX_OK;
+
+    /* s->main holds, each 64-byte aligned: router probabilities [T, E]; per (token, slot) pair
+     * its expert and weight [T*K]; the pairs' tokens and weights sorted by expert [T*K]; each
+     * expert's first sorted slot [E+1] and fill cursor [E]; then xe [T, H], g and u [T, F]
+     * and ye [T, H] for one expert's tokens. */
+    enum { L_PROB, L_PEXP, L_PWT, L_STOK, L_SWT, L_START, L_FILL, L_XE, L_G, L_U, L_YE, L_N };
+    const size_t pairs = (size_t)(T * K);
+    const size_t len[L_N] = {
+        [L_PROB] = (size_t)(T * E) * sizeof(float), [L_PEXP] = pairs * sizeof(int64_t),
+        [L_PWT] = pairs * sizeof(float),            [L_STOK] = pairs * sizeof(int64_t),
+        [L_SWT] = pairs * sizeof(float),            [L_START] = (size_t)(E + 1) * sizeof(int64_t),
+        [L_FILL] = (size_t)E * sizeof(int64_t),     [L_XE] = (size_t)(T * H) * sizeof(float),
+        [L_G] = (size_t)(T * F) * sizeof(float),    [L_U] = (size_t)(T * F) * sizeof(float),
+        [L_YE] = (size_t)(T * H) * sizeof(float),
+    };
+    size_t off[L_N + 1] = {0};
+    for (int i = 0; i < L_N; i++)
+        off[i + 1] = off[i] + (len[i] + CPU_BLAS_ALIGN - 1) / CPU_BLAS_ALIGN * CPU_BLAS_ALIGN;
+    int rc = cpu_blas_reserve(s, &s->main, off[L_N]);
+    if (rc < 0)
+        return rc;
+    char *base = s->main.p;
+    float *prob = (float *)(base + off[L_PROB]), *pwt = (float *)(base + off[L_PWT]);
+    float *swt = (float *)(base + off[L_SWT]);
+    int64_t *pexp = (int64_t *)(base + off[L_PEXP]), *stok = (int64_t *)(base + off[L_STOK]);
+    int64_t *start = (int64_t *)(base + off[L_START]), *fill = (int64_t *)(base + off[L_FILL]);
+    float *xe = (float *)(base + off[L_XE]), *g = (float *)(base + off[L_G]), *u = (float *)(base + off[L_U]);
+    float *ye = (float *)(base + off[L_YE]);
+
+    if ((rc = cpu_blas_mm_run(s, x, T, H, in[1].data, (int)in[1].dtype, E, NULL, prob)) < 0)
+        return rc;
+    /* Softmax over the router logits, then top-k; ties go to the lower expert index and a
+     * taken expert is marked with -1 (probabilities are >= 0). */
+    for (int64_t t = 0; t < T; t++) {
+        float *l = prob + t * E, mx = l[0], sum = 0.0f, ksum = 0.0f;
+        for (int64_t e = 1; e < E; e++)
+            mx = l[e] > mx ? l[e] : mx;
+        for (int64_t e = 0; e < E; e++)
+            sum += l[e] = expf(l[e] - mx);
+        for (int64_t i = 0; i < K; i++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++)
+                if (l[e] != -1.0f && (best < 0 || l[e] > l[best]))
+                    best = e;
+            pexp[t * K + i] = best;
+            pwt[t * K + i] = l[best] / sum;
+            ksum += pwt[t * K + i];
+            l[best] = -1.0f;
+        }
+        if (p->norm_topk)
+            for (int64_t i = 0; i < K; i++)
+                pwt[t * K + i] /= ksum;
+    }
+    /* Counting sort of the pairs by expert, so each expert's weights are read once per call. */
+    memset(start, 0, (size_t)(E + 1) * sizeof *start);
+    for (size_t i = 0; i < pairs; i++)
+        start[pexp[i] + 1]++;
+    for (int64_t e = 0; e < E; e++)
+        start[e + 1] += start[e];
+    memcpy(fill, start, (size_t)E * sizeof *fill);
+    for (size_t i = 0; i < pairs; i++) {
+        const int64_t slot = fill[pexp[i]]++;
+        stok[slot] = (int64_t)i / K;
+        swt[slot] = pwt[i];
+    }
+
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t cnt = start[e + 1] - start[e];
+        if (cnt == 0)
+            continue;
+        const rlx_tensor *wg = &in[2 + 3 * e], *wu = wg + 1, *wd = wg + 2;
+        const int64_t Fe = wg->shape[0];
+        const int64_t *tk = stok + start[e];
+        for (int64_t r = 0; r < cnt; r++)
+            memcpy(xe + r * H, x + tk[r] * H, (size_t)H * sizeof(float));
+        if ((rc = cpu_blas_mm_run(s, xe, cnt, H, wg->data, (int)wg->dtype, Fe, NULL, g)) < 0 ||
+            (rc = cpu_blas_mm_run(s, xe, cnt, H, wu->data, (int)wu->dtype, Fe, NULL, u)) < 0)
+            return rc;
+        cpu_blas_rows_job j = {.s = s, .op = RLX_OP_SWIGLU, .n = cnt * Fe, .a = g, .b = u, .y = g};
+        cpu_blas_run_rows(s, &j, 8);
+        if ((rc = cpu_blas_mm_run(s, g, cnt, Fe, wd->data, (int)wd->dtype, H, NULL, ye)) < 0)
+            return rc;
+        for (int64_t r = 0; r < cnt; r++)
+            s->k->axpy(swt[start[e] + r], ye + r * H, out + tk[r] * H, H);
+    }
+    return RLX_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry
+
+static int cpu_blas_compute(void *self, const rlx_node_view *node)
+{
+    cpu_blas *s = self;
+    const int rc = cpu_blas_check(s, node, true);
+    if (rc < 0)
+        return rc;
+    switch (node->op) {
+    case RLX_OP_EMBED:
+        return cpu_blas_embed(s, node);
+    case RLX_OP_MATMUL:
+        return cpu_blas_matmul(s, node);
+    case RLX_OP_RMS_NORM:
+        return cpu_blas_rms_norm(s, node);
+    case RLX_OP_ROPE:
+        return cpu_blas_rope(s, node);
+    case RLX_OP_ATTENTION:
+        return cpu_blas_attention(s, node);
+    case RLX_OP_SWIGLU:
+    case RLX_OP_ADD:
+        return cpu_blas_eltwise(s, node);
+    case RLX_OP_GATHER_LAST:
+        return cpu_blas_gather_last(node);
+    default:
+        return cpu_blas_moe(s, node);
+    }
+}
+
+static const rlx_backend_iface cpu_blas_iface = {
+    .size = sizeof(rlx_backend_iface),
+    .open = cpu_blas_open,
+    .close = cpu_blas_close,
+    .supports = cpu_blas_supports,
+    .compute = cpu_blas_compute,
+};
+
+static const rlx_plugin cpu_blas_plugin = {
+    .size = sizeof(rlx_plugin),
+    .abi_major = RLX_ABI_MAJOR,
+    .abi_minor = RLX_ABI_MINOR,
+    .kind = RLX_PLUGIN_BACKEND,
+    .name = "cpu-blas",
+    .version = "0.1.0",
+    .summary = "CPU backend: OpenBLAS plus AVX-512/AVX2 kernels on its own thread pool; F32/BF16/F16 weights",
+    .iface = &cpu_blas_iface,
+};
+
+RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host)
+{
+    if (!host || host->abi_major != RLX_ABI_MAJOR) {
+        if (host && host->error)
+            host->error(RLX_E_ABI, "cpu-blas: built for ABI %d, host has %u", RLX_ABI_MAJOR, host->abi_major);
+        return NULL;
+    }
+    return &cpu_blas_plugin;
+}

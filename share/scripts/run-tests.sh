@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Installs what rlx needs, builds it with AddressSanitizer and UndefinedBehaviorSanitizer, and
+# runs every test (unit, plugin, conformance, golden against the NumPy reference, bad input).
+# Usage: share/scripts/run-tests.sh [build-dir]   (default: build-asan)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$root/build-asan}
+"$root/share/scripts/install-deps"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRLX_SANITIZE=ON >/dev/null
+cmake --build "$build" -j"$(nproc)"
+# OpenBLAS and libgomp are not instrumented; their allocations at exit are not ours to report.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+cd "$build" && ctest --output-on-failure -j2 2>&1

@@ -1,0 +1,269 @@
+#!/usr/bin/python3
+"""Independent NumPy reference of the Hugging Face Qwen3 / Qwen3-MoE forward pass.
+
+Follows transformers' Qwen3ForCausalLM and Qwen3MoeForCausalLM (eager attention, no KV cache:
+every call recomputes the whole sequence), computing in float64 by default from the stored
+weights widened exactly. It shares no code with rlx, so rlx is checked against it and never
+against itself.
+
+  qwen3_ref.py logits --model DIR --tokens 1,5,3 --out FILE.npy   # float64 [T, vocab]
+  qwen3_ref.py greedy --model DIR --tokens 1,5,3 -n 8 [--eos 7,9]  # prints generated ids
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st  # noqa: E402
+
+# Weights are kept as float32 copies (exact) when the model is at most this big; larger
+# models (the 0.6B benchmark shape) are re-read from the mapped files on every use instead.
+CACHE_BYTES = 256 << 20
+# The LM head is applied this many vocabulary rows at a time to bound memory (vocab 151936).
+LM_HEAD_ROWS = 16384
+
+
+class Model:
+    """A checkpoint directory: config.json plus safetensors, with the derived layer plan."""
+
+    def __init__(self, directory):
+        with open(os.path.join(directory, "config.json")) as f:
+            c = json.load(f)
+        if c["model_type"] not in ("qwen3", "qwen3_moe"):
+            raise ValueError(f"model_type {c['model_type']!r} is not qwen3 or qwen3_moe")
+        self.config = c
+        self.directory = directory
+        self.moe = c["model_type"] == "qwen3_moe"
+        if c.get("rope_scaling") or c.get("hidden_act", "silu") != "silu":
+            raise ValueError("only plain RoPE (rope_scaling null) and silu are implemented")
+        self.layers = c["num_hidden_layers"]
+        self.hidden = c["hidden_size"]
+        self.heads = c["num_attention_heads"]
+        self.kv_heads = c["num_key_value_heads"]
+        # Qwen3Config defaults head_dim to 128; Qwen3MoeConfig has no default and attention
+        # falls back to hidden/heads. Released checkpoints always state it.
+        self.head_dim = c.get("head_dim") or (self.hidden // self.heads if self.moe else 128)
+        self.eps = c["rms_norm_eps"]
+        theta = c.get("rope_theta")  # newer transformers write rope_parameters instead
+        self.rope_theta = theta if theta is not None else c["rope_parameters"]["rope_theta"]
+        self.bias = c.get("attention_bias", False)
+        self.tied = c.get("tie_word_embeddings", False)
+        self.window = self._sliding_windows(c)
+        self.sparse = [self.moe and i not in (c.get("mlp_only_layers") or [])
+                       and c["num_experts"] > 0 and (i + 1) % c.get("decoder_sparse_step", 1) == 0
+                       for i in range(self.layers)]
+        self.ckpt = st.Checkpoint(directory)
+        total = sum(4 * math.prod(self.ckpt.shape(n)) for n in self.ckpt)
+        self._cache = {} if total <= CACHE_BYTES else None
+
+    def _sliding_windows(self, c):
+        """Per layer: the sliding window size, or None for full causal attention.
+
+        Qwen3Config drops sliding_window unless use_sliding_window, then layer_types (when the
+        config does not list it) is sliding for layers i >= max_window_layers.
+        """
+        window = c.get("sliding_window") if c.get("use_sliding_window") else None
+        if self.moe:
+            # Qwen3-MoE's rule differs between transformers versions (all layers vs. from
+            # max_window_layers on); no released MoE checkpoint slides, so refuse to guess.
+            if window is not None:
+                raise ValueError("qwen3_moe with use_sliding_window is not implemented")
+            return [None] * self.layers
+        types = c.get("layer_types") or [  # max_window_layers defaults to 28 in Qwen3Config
+            "sliding_attention" if window is not None and i >= c.get("max_window_layers", 28)
+            else "full_attention" for i in range(self.layers)]
+        if len(types) != self.layers:
+            raise ValueError(f"layer_types has {len(types)} entries for {self.layers} layers")
+        # Like transformers: a layer_types entry only slides when a window survived above.
+        return [window if t == "sliding_attention" else None for t in types]
+
+    def w(self, name, dtype):
+        """Weight `name` in the compute dtype (from the exact float32 widening of the file)."""
+        if self._cache is None:
+            return self.ckpt[name].astype(dtype)
+        if name not in self._cache:
+            self._cache[name] = self.ckpt[name]
+        return self._cache[name].astype(dtype)
+
+
+def load(directory):
+    return Model(directory)
+
+
+def rms_norm(x, weight, eps):
+    """HF Qwen3RMSNorm over the last axis: x * rsqrt(mean(x^2) + eps) * weight."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def linear(model, x, prefix, dtype, bias=False):
+    """nn.Linear with an HF [out, in] weight (and `prefix.bias` if bias)."""
+    y = x @ model.w(prefix + ".weight", dtype).T
+    return y + model.w(prefix + ".bias", dtype) if bias else y
+
+
+def rope_tables(positions, head_dim, theta, dtype):
+    """cos/sin [T, head_dim] for NeoX rotate-half RoPE; each half repeats the D/2 frequencies."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def apply_rope(x, cos, sin):
+    """x: [T, heads, D]; cos/sin: [T, D]."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+def attention_mask(T, window):
+    """allowed[i, j]: query i sees key j (causal; within the window when sliding)."""
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    allowed = j <= i
+    if window is not None:
+        allowed &= i - j < window
+    return allowed
+
+
+def attention(model, layer, h, cos, sin, dtype):
+    p = f"model.layers.{layer}.self_attn."
+    T, D = h.shape[0], model.head_dim
+    # q_norm / k_norm are RMSNorms over each head's D values, applied before RoPE.
+    # In HF Qwen3 all four projections, o_proj included, have a bias iff attention_bias.
+    q = rms_norm(linear(model, h, p + "q_proj", dtype, model.bias).reshape(T, model.heads, D),
+                 model.w(p + "q_norm.weight", dtype), model.eps)
+    k = rms_norm(linear(model, h, p + "k_proj", dtype, model.bias).reshape(T, model.kv_heads, D),
+                 model.w(p + "k_norm.weight", dtype), model.eps)
+    v = linear(model, h, p + "v_proj", dtype, model.bias).reshape(T, model.kv_heads, D)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    # GQA as HF repeat_kv: query head h reads kv head h // (heads / kv_heads).
+    group = model.heads // model.kv_heads
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+    scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(np.asarray(D, dtype=dtype))
+    scores = np.where(attention_mask(T, model.window[layer])[None], scores, -np.inf)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = np.einsum("hts,shd->thd", probs, v).reshape(T, model.heads * D)
+    return linear(model, out, p + "o_proj", dtype, model.bias)
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def swiglu(model, x, prefix, dtype):
+    """down(silu(gate(x)) * up(x)), the Qwen3 MLP and each MoE expert."""
+    gate = linear(model, x, prefix + "gate_proj", dtype)
+    return linear(model, silu(gate) * linear(model, x, prefix + "up_proj", dtype),
+                  prefix + "down_proj", dtype)
+
+
+def moe(model, layer, x, dtype, trace):
+    """Qwen3MoeSparseMoeBlock: softmax router, top-k experts, optional renormalisation."""
+    c, p = model.config, f"model.layers.{layer}.mlp."
+    logits = x @ model.w(p + "gate.weight", dtype).T  # [T, E]
+    if trace is not None:
+        trace.setdefault("router", {})[layer] = logits
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    # Highest probability first; a stable sort breaks exact ties toward the lower expert id.
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, :c["num_experts_per_tok"]]
+    weights = np.take_along_axis(probs, top, axis=-1)
+    if c.get("norm_topk_prob", False):
+        weights /= weights.sum(axis=-1, keepdims=True)
+    out = np.zeros_like(x)
+    for e in np.unique(top):
+        rows, slot = np.nonzero(top == e)
+        out[rows] += weights[rows, slot][:, None] * swiglu(model, x[rows], f"{p}experts.{e}.", dtype)
+    return out
+
+
+def forward(model, ids, dtype=np.float64, trace=None):
+    """Logits [T, vocab] for token ids at positions 0..T-1.
+
+    dtype is the compute precision: float64 for the reference; float32 lets the self-check
+    measure how far an f32 implementation may drift. If `trace` is a dict, it receives
+    trace["router"][layer] = router logits [T, E] of each MoE layer.
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    T, vocab = len(ids), model.ckpt.shape("model.embed_tokens.weight")[0]
+    if T == 0 or ids.min() < 0 or ids.max() >= vocab:
+        raise ValueError(f"need at least one token id, all in [0, {vocab})")
+    x = model.ckpt.rows("model.embed_tokens.weight", ids).astype(dtype)
+    cos, sin = rope_tables(np.arange(T), model.head_dim, model.rope_theta, dtype)
+    for i in range(model.layers):
+        p = f"model.layers.{i}."
+        h = rms_norm(x, model.w(p + "input_layernorm.weight", dtype), model.eps)
+        x = x + attention(model, i, h, cos, sin, dtype)
+        h = rms_norm(x, model.w(p + "post_attention_layernorm.weight", dtype), model.eps)
+        x = x + (moe(model, i, h, dtype, trace) if model.sparse[i] else swiglu(model, h, p + "mlp.", dtype))
+    x = rms_norm(x, model.w("model.norm.weight", dtype), model.eps)
+    head = "model.embed_tokens.weight" if model.tied else "lm_head.weight"
+    return np.concatenate([x @ model.ckpt.rows(head, slice(r, r + LM_HEAD_ROWS)).astype(dtype).T
+                           for r in range(0, vocab, LM_HEAD_ROWS)], axis=-1)
+
+
+def greedy(model, ids, n, eos=(), dtype=np.float64):
+    """Generate up to n ids by argmax, recomputing the full forward each step.
+
+    Stops after emitting an id in `eos` (which is included in the result); no stop by default.
+    """
+    seq, out = list(ids), []
+    for _ in range(n):
+        nxt = int(np.argmax(forward(model, seq, dtype)[-1]))
+        seq.append(nxt)
+        out.append(nxt)
+        if nxt in eos:
+            break
+    return out
+
+
+def eos_ids(directory):
+    """EOS ids as HF generate() uses them: generation_config.json, else config.json."""
+    for name in ("generation_config.json", "config.json"):
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                eos = json.load(f).get("eos_token_id")
+            if eos is not None:
+                return eos if isinstance(eos, list) else [eos]
+    return []
+
+
+def _ids(text):
+    return [int(t) for t in text.split(",") if t.strip()]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    lg = sub.add_parser("logits", help="save float64 logits [T, vocab] as .npy")
+    gr = sub.add_parser("greedy", help="print greedily generated ids")
+    for p in (lg, gr):
+        p.add_argument("--model", required=True, help="model directory")
+        p.add_argument("--tokens", required=True, type=_ids, help="comma-separated prompt ids")
+    lg.add_argument("--out", required=True, help="output .npy file")
+    gr.add_argument("-n", type=int, required=True, help="number of ids to generate")
+    gr.add_argument("--eos", type=_ids, default=[], help="comma-separated ids that stop generation")
+    args = ap.parse_args(argv)
+    try:
+        model = load(args.model)
+        if args.cmd == "logits":
+            np.save(args.out, forward(model, args.tokens))
+        else:
+            print(" ".join(map(str, greedy(model, args.tokens, args.n, args.eos))))
+    except (OSError, ValueError, KeyError) as e:
+        print(f"qwen3_ref.py: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+/* The scheduler: liveness-based arena reuse, correct results through reused buffers, placement
+ * by capability with the reference kernels as fallback, and unbound inputs refused. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "testutil.h"
+
+#define ROWS 3
+#define COLS 5
+#define CHAIN 10
+
+/* x -> d1 = x + x -> d2 = d1 + d1 -> ... -> last row of d10 */
+static rlx_graph *chain_graph(int *x, int *out) {
+    rlx_graph *g;
+    assert_ok(rlx_graph_create(&g));
+    *x = rlx_graph_add_tensor(g, RLX_ROLE_INPUT, "x", RLX_DTYPE_F32, 2, (int64_t[]){ROWS, COLS}, NULL);
+    int prev = *x;
+    for (int i = 0; i < CHAIN; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "d%d", i + 1);
+        prev = rlx_graph_add_node(g, RLX_OP_ADD, name, (int[]){prev, prev}, 2, NULL);
+        assert_true(prev >= 0);
+    }
+    *out = rlx_graph_add_node(g, RLX_OP_GATHER_LAST, "last", &prev, 1, NULL);
+    assert_ok(rlx_graph_mark_output(g, *out));
+    return g;
+}
+
+static void test_arena_reuses_dead_buffers(void **state) {
+    (void)state;
+    int x, out;
+    rlx_graph *g = chain_graph(&x, &out);
+    rlx_plan *p;
+    assert_ok(rlx_plan_create(g, NULL, 0, &p));
+    size_t one = 64; /* 15 floats rounded up to the 64-byte alignment */
+    assert_int_equal(rlx_plan_total_activation_bytes(p), (CHAIN + 1) * one);
+    /* never more than a node's input and its output alive at once */
+    assert_int_equal(rlx_plan_peak_bytes(p), 2 * one);
+    float data[ROWS * COLS];
+    for (int i = 0; i < ROWS * COLS; i++)
+        data[i] = (float)i;
+    assert_ok(rlx_plan_bind(p, x, data));
+    assert_ok(rlx_plan_run(p));
+    const float *y = rlx_plan_data(p, out);
+    for (int j = 0; j < COLS; j++)
+        assert_float_equal(y[j], data[(ROWS - 1) * COLS + j] * (1 << CHAIN), 0);
+    rlx_plan_destroy(p);
+    rlx_graph_destroy(g);
+}
+
+static void test_unbound_input_is_refused(void **state) {
+    (void)state;
+    int x, out;
+    rlx_graph *g = chain_graph(&x, &out);
+    rlx_plan *p;
+    assert_ok(rlx_plan_create(g, NULL, 0, &p));
+    assert_int_equal(rlx_plan_run(p), RLX_E_INVALID);
+    assert_error_mentions("'x' is not bound");
+    assert_int_equal(rlx_plan_bind(p, out, NULL), RLX_E_INVALID);
+    rlx_plan_destroy(p);
+    rlx_graph_destroy(g);
+}
+
+static void test_nodes_go_to_the_backend_that_supports_them(void **state) {
+    (void)state;
+    rlx_plugin_handle *h;
+    assert_ok(rlx_plugin_load(RLX_TEST_PLUGIN_DIR "/rlx-test-add-only.so", &h));
+    rlx_backend *b;
+    assert_ok(rlx_backend_create(h, NULL, &b));
+    int x, out;
+    rlx_graph *g = chain_graph(&x, &out);
+    rlx_plan *p;
+    assert_ok(rlx_plan_create(g, &b, 1, &p));
+    for (uint32_t i = 0; i < CHAIN; i++)
+        assert_string_equal(rlx_plan_node_backend(p, i), "Add-Only");
+    assert_string_equal(rlx_plan_node_backend(p, CHAIN), "ref");
+    float data[ROWS * COLS] = {[COLS * (ROWS - 1)] = 1.5f};
+    assert_ok(rlx_plan_bind(p, x, data));
+    assert_ok(rlx_plan_run(p));
+    assert_float_equal(((const float *)rlx_plan_data(p, out))[0], 1.5f * (1 << CHAIN), 0);
+    rlx_plan_destroy(p);
+    rlx_graph_destroy(g);
+    rlx_backend_destroy(b);
+    rlx_plugin_unload(h);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_arena_reuses_dead_buffers),
+        cmocka_unit_test(test_unbound_input_is_refused),
+        cmocka_unit_test(test_nodes_go_to_the_backend_that_supports_them),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

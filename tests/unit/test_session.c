@@ -1,0 +1,198 @@
+/* Sessions on a real (small, random) model: KV-cached decode equals full recomputation,
+ * truncating and re-decoding equals never having decoded, bad token ids and context overflow
+ * are refused, and the sampler is reproducible and honours its filters. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "testutil.h"
+
+#define MODEL RLX_TEST_DATA "/dense-tied-f32-s1"
+
+static rlx_model *model;
+static rlx_backend *backend;
+static rlx_plugin_handle *plugin;
+static int64_t vocab;
+
+static rlx_session *new_session(uint32_t capacity) {
+    const rlx_model_config *c = rlx_model_config_of(model);
+    rlx_block_spec spec = {0, (uint32_t)c->num_hidden_layers, 1, 1, 0};
+    rlx_session_options o = {.kv_capacity = capacity, .backends = &backend, .n_backends = 1};
+    rlx_session *s;
+    assert_ok(rlx_session_create(model, &spec, &o, &s));
+    return s;
+}
+
+static double max_diff(const float *a, const float *b, int64_t n) {
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++)
+        worst = fmax(worst, fabs((double)a[i] - b[i]));
+    return worst;
+}
+
+static const int32_t prompt[] = {17, 3, 250, 99, 4, 301, 77, 12};
+#define N_PROMPT (uint32_t)(sizeof prompt / sizeof prompt[0])
+
+static void test_cached_decode_equals_recomputation(void **state) {
+    (void)state;
+    rlx_session *full = new_session(64), *step = new_session(64);
+    const float *all, *row;
+    assert_ok(rlx_session_forward(full, prompt, N_PROMPT, 1, &all));
+    float *expect = malloc((size_t)(N_PROMPT * vocab) * sizeof *expect);
+    memcpy(expect, all, (size_t)(N_PROMPT * vocab) * sizeof *expect);
+    /* a 3-token prefill, then one token at a time, then a 2-token step */
+    assert_ok(rlx_session_forward(step, prompt, 3, 1, &row));
+    assert_true(max_diff(row, expect, 3 * vocab) < 1e-4);
+    for (uint32_t i = 3; i < N_PROMPT - 2; i++) {
+        assert_ok(rlx_session_forward(step, &prompt[i], 1, 0, &row));
+        assert_true(max_diff(row, expect + i * vocab, vocab) < 1e-4);
+    }
+    assert_ok(rlx_session_forward(step, &prompt[N_PROMPT - 2], 2, 0, &row));
+    assert_true(max_diff(row, expect + (N_PROMPT - 1) * vocab, vocab) < 1e-4);
+    assert_int_equal(rlx_session_length(step), N_PROMPT);
+    free(expect);
+    rlx_session_destroy(full);
+    rlx_session_destroy(step);
+}
+
+static void test_truncate_then_decode_equals_never_decoded(void **state) {
+    (void)state;
+    rlx_session *a = new_session(64), *b = new_session(64);
+    const float *la, *lb;
+    const int32_t rejected[] = {5, 6, 7}, accepted[] = {200, 201};
+    assert_ok(rlx_session_forward(a, prompt, N_PROMPT, 0, &la));
+    assert_ok(rlx_session_forward(a, rejected, 3, 1, &la));
+    assert_ok(rlx_session_truncate(a, N_PROMPT));
+    assert_int_equal(rlx_session_length(a), N_PROMPT);
+    assert_ok(rlx_session_forward(a, accepted, 2, 1, &la));
+    assert_ok(rlx_session_forward(b, prompt, N_PROMPT, 0, &lb));
+    assert_ok(rlx_session_forward(b, accepted, 2, 1, &lb));
+    assert_true(max_diff(la, lb, 2 * vocab) == 0); /* same kernels, same inputs: bit-identical */
+    assert_int_equal(rlx_session_truncate(a, 100), RLX_E_RANGE);
+    rlx_session_destroy(a);
+    rlx_session_destroy(b);
+}
+
+static void test_bad_tokens_and_overflow_are_refused(void **state) {
+    (void)state;
+    rlx_session *s = new_session(8);
+    const float *out;
+    int32_t bad[2] = {1, (int32_t)vocab};
+    assert_int_equal(rlx_session_forward(s, bad, 2, 0, &out), RLX_E_RANGE);
+    assert_error_mentions("outside the vocabulary");
+    assert_int_equal(rlx_session_length(s), 0);
+    assert_int_equal(rlx_session_forward(s, prompt, N_PROMPT, 0, &out), RLX_OK);
+    assert_int_equal(rlx_session_forward(s, prompt, 1, 0, &out), RLX_E_RANGE);
+    assert_error_mentions("exceed the context of 8");
+    rlx_session_destroy(s);
+}
+
+static void test_generate_stops_at_limit_and_is_greedy(void **state) {
+    (void)state;
+    rlx_session *s = new_session(64), *check = new_session(64);
+    rlx_sampler_params sp = rlx_sampler_params_default();
+    sp.greedy = 1;
+    rlx_sampler *greedy;
+    assert_ok(rlx_sampler_create(&sp, vocab, &greedy));
+    rlx_gen_stats st;
+    assert_ok(rlx_session_generate(s, greedy, prompt, N_PROMPT, 4, NULL, NULL, &st));
+    assert_int_equal(st.n_prompt, N_PROMPT);
+    assert_true(st.n_generated >= 1 && st.n_generated <= 4);
+    assert_int_equal(rlx_session_length(s), N_PROMPT + st.n_generated - 1);
+    /* the first generated token is the argmax of the prompt's last logits */
+    const float *l;
+    assert_ok(rlx_session_forward(check, prompt, N_PROMPT, 0, &l));
+    int32_t best = 0;
+    for (int64_t v = 1; v < vocab; v++)
+        best = l[v] > l[best] ? (int32_t)v : best;
+    assert_int_equal(rlx_sampler_sample(greedy, l), best);
+    rlx_sampler_destroy(greedy);
+    rlx_session_destroy(s);
+    rlx_session_destroy(check);
+}
+
+static void test_sampler_reproducible_and_filtered(void **state) {
+    (void)state;
+    enum { V = 50, DRAWS = 2000 };
+    float logits[V], probs[V];
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)((i * 37) % V) / 10.0f;
+    rlx_sampler_params p = rlx_sampler_params_default();
+    p.seed = 42;
+    rlx_sampler *a, *b;
+    assert_ok(rlx_sampler_create(&p, V, &a));
+    assert_ok(rlx_sampler_create(&p, V, &b));
+    int differ = 0, counts[V] = {0};
+    for (int i = 0; i < DRAWS; i++) {
+        int32_t x = rlx_sampler_sample(a, logits), y = rlx_sampler_sample(b, logits);
+        assert_int_equal(x, y);
+        counts[x]++;
+    }
+    rlx_sampler_probs(a, logits, probs);
+    double total = 0;
+    for (int i = 0; i < V; i++) {
+        total += probs[i];
+        /* empirical frequency within 5 standard deviations of the softmax probability */
+        double sd = sqrt(probs[i] * (1 - probs[i]) / DRAWS);
+        differ += fabs(counts[i] / (double)DRAWS - probs[i]) > 5 * sd + 1e-3;
+    }
+    assert_int_equal(differ, 0);
+    assert_true(fabs(total - 1) < 1e-5);
+    rlx_sampler_destroy(a);
+    rlx_sampler_destroy(b);
+
+    /* top-k 3 only ever yields the three largest logits; top-p keeps the smallest prefix */
+    p.top_k = 3;
+    assert_ok(rlx_sampler_create(&p, V, &a));
+    for (int i = 0; i < 500; i++) {
+        int32_t x = rlx_sampler_sample(a, logits);
+        assert_true(logits[x] >= 4.7f);
+    }
+    rlx_sampler_destroy(a);
+    p.top_k = 0;
+    p.top_p = 1e-4f;
+    assert_ok(rlx_sampler_create(&p, V, &a));
+    rlx_sampler_probs(a, logits, probs);
+    for (int i = 0; i < V; i++)
+        assert_true(probs[i] == (logits[i] >= 4.9f ? 1.0f : 0.0f));
+    rlx_sampler_destroy(a);
+    p.top_p = 0;
+    assert_int_equal(rlx_sampler_create(&p, V, &a), RLX_E_INVALID);
+    p.top_p = 1;
+    p.temperature = 0;
+    assert_int_equal(rlx_sampler_create(&p, V, &a), RLX_E_INVALID);
+    assert_error_mentions("temperature");
+}
+
+static int setup(void **state) {
+    (void)state;
+    const char *name = getenv("RLX_BACKEND") ? getenv("RLX_BACKEND") : "cpu-blas";
+    rlx_registry *r;
+    if (rlx_registry_create(NULL, &r) != RLX_OK || rlx_registry_load(r, RLX_PLUGIN_BACKEND, name, &plugin) != RLX_OK ||
+        rlx_backend_create(plugin, NULL, &backend) != RLX_OK || rlx_model_open(MODEL, &model) != RLX_OK) {
+        fprintf(stderr, "setup: %s\n", rlx_last_error());
+        return -1;
+    }
+    rlx_registry_destroy(r);
+    vocab = rlx_model_config_of(model)->vocab_size;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    rlx_model_close(model);
+    rlx_backend_destroy(backend);
+    rlx_plugin_unload(plugin);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cached_decode_equals_recomputation),
+        cmocka_unit_test(test_truncate_then_decode_equals_never_decoded),
+        cmocka_unit_test(test_bad_tokens_and_overflow_are_refused),
+        cmocka_unit_test(test_generate_stops_at_limit_and_is_greedy),
+        cmocka_unit_test(test_sampler_reproducible_and_filtered),
+    };
+    return cmocka_run_group_tests_name("session", tests, setup, teardown);
+}
