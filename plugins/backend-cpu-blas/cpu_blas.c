@@ -213,12 +213,14 @@ static inline __attribute__((always_inline)) CB_TARGET float cpu_blas_hmax_avx2(
 #include "cpu_blas_simd.inc"
 
 // ---------------------------------------------------------------------------------------------
-// Thread pool: n_threads - 1 workers plus the calling thread. A job is posted by bumping `gen`;
-// workers spin on it for spin_ns, then sleep on it as a futex. Every worker acknowledges every
-// job through n_done (running it only if its index is below the job's nth), so the next job
-// can only be posted once all workers have seen the previous one.
+// Thread pool: n_threads - 1 workers plus the calling thread. A job is a function over chunks
+// 0..n_chunks-1. Posting it bumps `gen`; workers spin on gen for spin_ns, then sleep on it as a
+// futex. Every thread, the caller included, claims chunks by compare-and-swap on `claim`, which
+// holds (gen << 32 | next chunk), so a worker that wakes up late can never take a chunk of a
+// newer job. The caller returns once every chunk has finished: it never waits for a worker
+// that has not started (on a busy machine it simply does the work itself).
 
-typedef void (*cpu_blas_task_fn)(void *ctx, int ith, int nth);
+typedef void (*cpu_blas_chunk_fn)(void *ctx, int ith, int64_t chunk);
 
 typedef struct cpu_blas_pool cpu_blas_pool;
 
@@ -233,13 +235,16 @@ struct cpu_blas_pool {
     int n_started; /* workers running */
     int64_t spin_ns;
     cpu_blas_worker *workers;
-    cpu_blas_task_fn fn;
-    void *ctx;
-    int nth;
+    /* The current job; atomic because a late worker may read them while the next job is being
+     * posted (its claim then fails, so it never uses what it read). */
+    _Atomic(cpu_blas_chunk_fn) fn;
+    _Atomic(void *) ctx;
+    _Atomic uint32_t n_chunks;
     _Alignas(64) _Atomic uint32_t gen; /* futex word */
     _Atomic int n_sleeping;
     _Atomic int quit;
-    _Alignas(64) _Atomic int n_done;
+    _Alignas(64) _Atomic uint64_t claim;
+    _Alignas(64) _Atomic uint32_t n_done; /* chunks of the current job finished */
 };
 
 static int64_t cpu_blas_now_ns(void)
@@ -270,6 +275,25 @@ static uint32_t cpu_blas_pool_await(cpu_blas_pool *p, uint32_t seen)
     return g;
 }
 
+/* Runs chunks of job g until none is left (or the job is no longer g). */
+static void cpu_blas_pool_work(cpu_blas_pool *p, uint32_t g, int ith)
+{
+    uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
+    while ((uint32_t)(c >> 32) == g) {
+        const cpu_blas_chunk_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+        void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+        if ((uint32_t)c >= atomic_load_explicit(&p->n_chunks, memory_order_relaxed))
+            break;
+        /* Success proves the job was still g when fn, ctx and n_chunks were read. */
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        fn(ctx, ith, (int64_t)(uint32_t)c);
+        atomic_fetch_add_explicit(&p->n_done, 1, memory_order_release);
+        c = atomic_load_explicit(&p->claim, memory_order_acquire);
+    }
+}
+
 static void *cpu_blas_worker_main(void *arg)
 {
     cpu_blas_worker *w = arg;
@@ -279,36 +303,35 @@ static void *cpu_blas_worker_main(void *arg)
         seen = cpu_blas_pool_await(p, seen);
         if (atomic_load_explicit(&p->quit, memory_order_acquire))
             break;
-        if (w->ith < p->nth)
-            p->fn(p->ctx, w->ith, p->nth);
-        atomic_fetch_add_explicit(&p->n_done, 1, memory_order_release);
+        cpu_blas_pool_work(p, seen, w->ith);
     }
     return NULL;
 }
 
-/* Runs fn(ctx, ith, nth) for ith in [0, nth) and returns when all calls have returned. */
-static void cpu_blas_pool_run(cpu_blas_pool *p, cpu_blas_task_fn fn, void *ctx, int nth)
+/* Runs fn(ctx, ith, i) for every i in [0, n_chunks), on the pool when parallel, and returns
+ * when all have returned. ith identifies the calling thread (0 = caller) for scratch buffers. */
+static void cpu_blas_pool_run(cpu_blas_pool *p, cpu_blas_chunk_fn fn, void *ctx, int64_t n_chunks, bool parallel)
 {
-    if (nth > p->n_threads)
-        nth = p->n_threads;
-    if (nth <= 1) {
-        fn(ctx, 0, 1);
+    if (!parallel || p->n_threads == 1 || n_chunks <= 1) {
+        for (int64_t i = 0; i < n_chunks; i++)
+            fn(ctx, 0, i);
         return;
     }
-    p->fn = fn;
-    p->ctx = ctx;
-    p->nth = nth;
+    const uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->n_chunks, (uint32_t)n_chunks, memory_order_relaxed);
     atomic_store_explicit(&p->n_done, 0, memory_order_relaxed);
-    atomic_fetch_add(&p->gen, 1);
+    atomic_store_explicit(&p->claim, (uint64_t)g << 32, memory_order_release);
+    atomic_store(&p->gen, g);
     if (atomic_load(&p->n_sleeping) > 0)
         syscall(SYS_futex, (uint32_t *)&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-    fn(ctx, 0, nth);
-    const int n_workers = p->n_threads - 1;
-    for (unsigned i = 0; atomic_load_explicit(&p->n_done, memory_order_acquire) < n_workers; i++) {
-        if (i < (1u << 16))
+    cpu_blas_pool_work(p, g, 0);
+    for (unsigned i = 0; atomic_load_explicit(&p->n_done, memory_order_acquire) < (uint32_t)n_chunks; i++) {
+        if (i < (1u << 12))
             _mm_pause();
         else
-            sched_yield(); /* a worker lost its core: let it run */
+            sched_yield(); /* a worker holding a chunk lost its core: let it run */
     }
 }
 
@@ -320,15 +343,6 @@ static void cpu_blas_pool_stop(cpu_blas_pool *p)
     for (int i = 0; i < p->n_started; i++)
         pthread_join(p->workers[i].tid, NULL);
     p->n_started = 0;
-}
-
-/* [*a, *b): the share of thread ith of n items, cut at multiples of align. */
-static void cpu_blas_split(int64_t n, int ith, int nth, int64_t align, int64_t *a, int64_t *b)
-{
-    int64_t chunk = (n + nth - 1) / nth;
-    chunk = (chunk + align - 1) / align * align;
-    *a = chunk * ith < n ? chunk * ith : n;
-    *b = *a + chunk < n ? *a + chunk : n;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -373,12 +387,13 @@ static int cpu_blas_reserve(const cpu_blas *s, cpu_blas_buf *b, size_t bytes)
     return RLX_OK;
 }
 
-/* Threads worth using for a job of `work` multiply-adds (or elements) over `items` units. */
-static int cpu_blas_nth(const cpu_blas *s, int64_t work, int64_t items)
+/* Items per chunk when n items are cut into about four chunks per thread (so a slow thread
+ * delays little), at least min_items and a multiple of align. */
+static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64_t min_items)
 {
-    if (work < CPU_BLAS_PAR_MIN)
-        return 1;
-    return items < s->n_threads ? (int)(items > 0 ? items : 1) : s->n_threads;
+    int64_t c = (n + 4 * s->n_threads - 1) / (4 * s->n_threads);
+    c = c < min_items ? min_items : c;
+    return (c + align - 1) / align * align;
 }
 
 static const cpu_blas_kernels *cpu_blas_pick_isa(const char *want)
@@ -667,6 +682,7 @@ typedef struct cpu_blas_rows_job {
     const cpu_blas *s;
     int op;            /* rlx_op, or 0 for the ROPE cos/sin table */
     int64_t n;         /* rows; flat elements for SWIGLU and ADD */
+    int64_t chunk;     /* rows (elements) per pool chunk */
     int64_t cols;      /* values per row */
     const float *a;    /* x, gate or first addend */
     const float *b;    /* up, second addend, F32 norm weight or ROPE table */
@@ -679,13 +695,12 @@ typedef struct cpu_blas_rows_job {
     float eps;
 } cpu_blas_rows_job;
 
-static void cpu_blas_rows_task(void *arg, int ith, int nth)
+static void cpu_blas_rows_task(void *arg, int ith, int64_t chunk)
 {
     const cpu_blas_rows_job *j = arg;
     const cpu_blas_kernels *k = j->s->k;
-    int64_t r0, r1;
-    const bool flat = j->op == RLX_OP_SWIGLU || j->op == RLX_OP_ADD;
-    cpu_blas_split(j->n, ith, nth, flat ? CPU_BLAS_ROW_ALIGN : 1, &r0, &r1);
+    const int64_t r0 = chunk * j->chunk, r1 = r0 + j->chunk < j->n ? r0 + j->chunk : j->n;
+    (void)ith;
     switch (j->op) {
     case RLX_OP_EMBED: {
         const size_t row_bytes = (size_t)j->cols * cpu_blas_dtype_size((uint32_t)j->dt);
@@ -724,7 +739,10 @@ static void cpu_blas_rows_task(void *arg, int ith, int nth)
 
 static void cpu_blas_run_rows(cpu_blas *s, cpu_blas_rows_job *j, int64_t work_per_row)
 {
-    cpu_blas_pool_run(&s->pool, cpu_blas_rows_task, j, cpu_blas_nth(s, j->n * work_per_row, j->n));
+    const bool flat = j->op == RLX_OP_SWIGLU || j->op == RLX_OP_ADD;
+    j->chunk = cpu_blas_chunk(s, j->n, flat ? CPU_BLAS_ROW_ALIGN : 1, 1);
+    cpu_blas_pool_run(&s->pool, cpu_blas_rows_task, j, (j->n + j->chunk - 1) / j->chunk,
+                      j->n * work_per_row >= CPU_BLAS_PAR_MIN);
 }
 
 /* A small weight vector (norm weight, bias) as F32: the weight itself or a copy in s->main. */
@@ -842,18 +860,28 @@ typedef struct cpu_blas_mm {
     const float *bias; /* [N] or NULL */
     float *y;          /* [M, N] */
     int64_t M, K, N;
+    int64_t chunk; /* output features per pool chunk; one weight tile on the tile path */
     int wdt;
 } cpu_blas_mm;
 
-static void cpu_blas_mm_task(void *arg, int ith, int nth)
+/* The rows of one widened weight tile: tile_bytes of F32, a multiple of CPU_BLAS_ROW_ALIGN. */
+static int64_t cpu_blas_tile_rows(const cpu_blas *s, int64_t K)
+{
+    const int64_t rows = (int64_t)(s->tile_bytes / sizeof(float)) / K;
+    return rows < CPU_BLAS_ROW_ALIGN ? CPU_BLAS_ROW_ALIGN : rows / CPU_BLAS_ROW_ALIGN * CPU_BLAS_ROW_ALIGN;
+}
+
+static bool cpu_blas_mm_tiled(const cpu_blas *s, int64_t M, int wdt)
+{
+    return M > s->gemv_max_m && wdt != RLX_DTYPE_F32;
+}
+
+static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk)
 {
     const cpu_blas_mm *mm = arg;
     const cpu_blas *s = mm->s;
     const int64_t M = mm->M, K = mm->K, N = mm->N;
-    int64_t n0, n1;
-    cpu_blas_split(N, ith, nth, CPU_BLAS_ROW_ALIGN, &n0, &n1);
-    if (n0 >= n1)
-        return;
+    const int64_t n0 = chunk * mm->chunk, n1 = n0 + mm->chunk < N ? n0 + mm->chunk : N;
     const size_t row_bytes = (size_t)K * cpu_blas_dtype_size((uint32_t)mm->wdt);
     const char *w = (const char *)mm->w;
     if (mm->wdt == RLX_DTYPE_F32 && M == 1) {
@@ -866,35 +894,15 @@ static void cpu_blas_mm_task(void *arg, int ith, int nth)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)(n1 - n0), (int)K, 1.0f, mm->x, (int)K,
                     (const float *)w + n0 * K, (int)K, 0.0f, mm->y + n0, (int)N);
     } else {
-        /* Widen a tile of weight rows that stays in L2 and multiply it while it is hot. */
+        /* Widen one tile of weight rows, sized to stay in L2, and multiply it while it is hot. */
         float *tile = s->tile[ith].p;
-        int64_t rows = (int64_t)(s->tile_bytes / sizeof(float)) / K;
-        rows = rows < CPU_BLAS_ROW_ALIGN ? CPU_BLAS_ROW_ALIGN : rows / CPU_BLAS_ROW_ALIGN * CPU_BLAS_ROW_ALIGN;
-        for (int64_t n = n0; n < n1; n += rows) {
-            const int64_t cnt = n1 - n < rows ? n1 - n : rows;
-            s->k->cvt(mm->wdt, w + (size_t)n * row_bytes, tile, cnt * K);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)cnt, (int)K, 1.0f, mm->x, (int)K, tile,
-                        (int)K, 0.0f, mm->y + n, (int)N);
-        }
+        s->k->cvt(mm->wdt, w + (size_t)n0 * row_bytes, tile, (n1 - n0) * K);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)(n1 - n0), (int)K, 1.0f, mm->x, (int)K, tile,
+                    (int)K, 0.0f, mm->y + n0, (int)N);
     }
     if (mm->bias)
         for (int64_t m = 0; m < M; m++)
             s->k->add(mm->y + m * N + n0, mm->bias + n0, mm->y + m * N + n0, n1 - n0);
-}
-
-/* Makes sure every thread has a weight tile when a matmul with M rows of x will need one. */
-static int cpu_blas_mm_prepare(cpu_blas *s, int64_t M, int64_t K, int wdt)
-{
-    if (M <= s->gemv_max_m || wdt == RLX_DTYPE_F32)
-        return RLX_OK;
-    const size_t rows = s->tile_bytes / sizeof(float) / (size_t)K;
-    const size_t bytes = (rows < CPU_BLAS_ROW_ALIGN ? CPU_BLAS_ROW_ALIGN : rows) * (size_t)K * sizeof(float);
-    for (int i = 0; i < s->n_threads; i++) {
-        const int rc = cpu_blas_reserve(s, &s->tile[i], bytes);
-        if (rc < 0)
-            return rc;
-    }
-    return RLX_OK;
 }
 
 static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, const void *w, int wdt, int64_t N,
@@ -908,12 +916,18 @@ static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, co
                 y[m * N + i] = bias ? bias[i] : 0.0f;
         return RLX_OK;
     }
-    const int rc = cpu_blas_mm_prepare(s, M, K, wdt);
-    if (rc < 0)
-        return rc;
     cpu_blas_mm mm = {.s = s, .x = x, .w = w, .bias = bias, .y = y, .M = M, .K = K, .N = N, .wdt = wdt};
-    const int64_t blocks = (N + CPU_BLAS_ROW_ALIGN - 1) / CPU_BLAS_ROW_ALIGN;
-    cpu_blas_pool_run(&s->pool, cpu_blas_mm_task, &mm, cpu_blas_nth(s, M * N * K, blocks));
+    if (cpu_blas_mm_tiled(s, M, wdt)) {
+        mm.chunk = cpu_blas_tile_rows(s, K);
+        for (int i = 0; i < s->n_threads; i++) {
+            const int rc = cpu_blas_reserve(s, &s->tile[i], (size_t)(mm.chunk * K) * sizeof(float));
+            if (rc < 0)
+                return rc;
+        }
+    } else {
+        mm.chunk = cpu_blas_chunk(s, N, CPU_BLAS_ROW_ALIGN, 64);
+    }
+    cpu_blas_pool_run(&s->pool, cpu_blas_mm_task, &mm, (N + mm.chunk - 1) / mm.chunk, M * N * K >= CPU_BLAS_PAR_MIN);
     return RLX_OK;
 }
 
@@ -931,8 +945,8 @@ static int cpu_blas_matmul(cpu_blas *s, const rlx_node_view *n)
 }
 
 // ---------------------------------------------------------------------------------------------
-// ATTENTION: one task per (KV head, block of CPU_BLAS_ATT_TQ queries), taken dynamically, late
-// (longer) blocks first. Scores come from sgemv/sgemm over the cache slice the block can see.
+// ATTENTION: one pool chunk per (KV head, block of CPU_BLAS_ATT_TQ queries), late (longer)
+// blocks first. Scores come from sgemv/sgemm over the cache slice the block can see.
 
 typedef struct cpu_blas_att {
     const cpu_blas *s;
@@ -943,7 +957,6 @@ typedef struct cpu_blas_att {
     int64_t T, D, Hq, Hkv, window;
     float scale;
     int64_t n_blocks;
-    _Atomic int64_t next; /* next task index */
 } cpu_blas_att;
 
 /* First cache row query t may see. */
@@ -989,14 +1002,10 @@ static void cpu_blas_att_block(const cpu_blas_att *a, float *sc, int64_t kvh, in
     }
 }
 
-static void cpu_blas_att_task(void *arg, int ith, int nth)
+static void cpu_blas_att_task(void *arg, int ith, int64_t chunk)
 {
-    cpu_blas_att *a = arg;
-    float *sc = a->s->att[ith].p;
-    const int64_t n_tasks = a->n_blocks * a->Hkv;
-    (void)nth;
-    for (int64_t i; (i = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed)) < n_tasks;)
-        cpu_blas_att_block(a, sc, i % a->Hkv, a->n_blocks - 1 - i / a->Hkv);
+    const cpu_blas_att *a = arg;
+    cpu_blas_att_block(a, a->s->att[ith].p, chunk % a->Hkv, a->n_blocks - 1 - chunk / a->Hkv);
 }
 
 static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n)
@@ -1033,9 +1042,8 @@ static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n)
     cpu_blas_att a = {.s = s, .q = in[0].data, .pos = pos, .kc = kc, .vc = vc, .out = n->output->data, .T = T,
                       .D = D, .Hq = p->n_heads, .Hkv = Hkv, .window = p->window, .scale = p->scale,
                       .n_blocks = (T + CPU_BLAS_ATT_TQ - 1) / CPU_BLAS_ATT_TQ};
-    atomic_init(&a.next, 0);
-    cpu_blas_pool_run(&s->pool, cpu_blas_att_task, &a,
-                      cpu_blas_nth(s, T * max_nk * p->n_heads * D, a.n_blocks * Hkv));
+    cpu_blas_pool_run(&s->pool, cpu_blas_att_task, &a, a.n_blocks * Hkv,
+                      T * max_nk * p->n_heads * D >= CPU_BLAS_PAR_MIN);
     return RLX_OK;
 }
 

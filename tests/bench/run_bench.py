@@ -47,6 +47,10 @@ TARGETS = [
 ]
 
 
+# Above this share of the CPUs used by other processes during a step, the run is flagged noisy.
+NOISY_SHARE = 0.10
+
+
 class BenchError(Exception):
     """A failure of the measurement itself (as opposed to a missed target)."""
 
@@ -196,15 +200,31 @@ def ensure_model(build_dir):
 
 # ------------------------------------------------------------------------------------ runs
 
+def cpu_busy_seconds():
+    """CPU seconds spent busy by the whole machine so far (all CPUs, from /proc/stat), or None."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice: already in user]
+    busy = sum(fields[:8]) - fields[3] - fields[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 def run(cmd, timeout):
-    """Run cmd; returns (stdout, wall seconds, peak RSS in MiB from wait4). Raises BenchError."""
+    """Run cmd. Returns (stdout, wall seconds, child's peak RSS in MiB from wait4, others' share):
+    others' share = CPU time the rest of the machine (other processes, the hypervisor's steal)
+    used during the run, as a fraction of all CPUs x wall time; a contention indicator.
+    Raises BenchError."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        busy0 = cpu_busy_seconds()
         t0 = time.monotonic()
         try:
             proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         except OSError as e:
             raise BenchError(f"cannot run {cmd[0]}: {e}") from e
-        # Reap with wait4 ourselves: it also gives the child's own ru_maxrss.
+        # Reap with wait4 ourselves: it also gives the child's own rusage.
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
@@ -216,6 +236,7 @@ def run(cmd, timeout):
                 raise BenchError(f"timed out after {timeout} s: {' '.join(cmd)}")
             time.sleep(0.02)
         wall = time.monotonic() - t0
+        busy1 = cpu_busy_seconds()
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
@@ -223,7 +244,15 @@ def run(cmd, timeout):
     if proc.returncode != 0:
         tail = "\n".join(stderr.strip().splitlines()[-15:])
         raise BenchError(f"exit status {proc.returncode}: {' '.join(cmd)}\n{tail}")
-    return stdout, wall, usage.ru_maxrss / 1024.0
+    others = None
+    if busy0 is not None and busy1 is not None and wall > 0:
+        own = usage.ru_utime + usage.ru_stime
+        others = max(0.0, min(1.0, (busy1 - busy0 - own) / (wall * (os.cpu_count() or 1))))
+    return stdout, wall, usage.ru_maxrss / 1024.0, others
+
+
+def busy_note(others):
+    return "" if others is None else f", others {100 * others:.0f}% CPU"
 
 
 def last_json_object(text, what):
@@ -239,29 +268,31 @@ def last_json_object(text, what):
 
 def run_probe(probe, threads, timeout, log):
     cmd = [probe, "--threads", str(threads), "--json"]
-    stdout, wall, _ = run(cmd, timeout)
+    stdout, wall, _, others = run(cmd, timeout)
     res = last_json_object(stdout, "rlx_probe")
     for key in ("read_gbps", "sgemm_gflops"):
         if not isinstance(res.get(key), (int, float)) or res[key] <= 0:
             raise BenchError(f"rlx_probe: bad or missing {key} in {res}")
     res["wall_s"] = round(wall, 2)
+    res["others_cpu"] = None if others is None else round(others, 3)
     log(f"  probe: read {res['read_gbps']:.2f} GB/s, sgemm {res['sgemm_gflops']:.1f} GFLOP/s "
-        f"(1024^3 {res.get('sgemm_1024_gflops', 0):.1f}) [{wall:.1f} s]")
+        f"(1024^3 {res.get('sgemm_1024_gflops', 0):.1f}) [{wall:.1f} s{busy_note(others)}]")
     return res
 
 
 def run_rlx(rlx, model, args, log):
     cmd = [rlx, "bench", "--model", model, "-p", str(args.prompt), "-n", str(args.decode),
            "-r", str(args.reps), "--threads", str(args.threads), "--plugin", args.plugin, "--json"]
-    stdout, wall, wait4_rss = run(cmd, args.timeout)
+    stdout, wall, wait4_rss, others = run(cmd, args.timeout)
     res = last_json_object(stdout, "rlx bench")
     for key in ("pp_tps", "tg_tps", "peak_rss_mb"):
         if not isinstance(res.get(key), (int, float)) or res[key] < 0:
             raise BenchError(f"rlx bench: bad or missing {key} in {res}")
     res["wait4_peak_rss_mb"] = round(wait4_rss, 1)
     res["wall_s"] = round(wall, 2)
-    log(f"  rlx bench: pp{args.prompt} {res['pp_tps']:.2f} tok/s, tg{args.decode} {res['tg_tps']:.2f} tok/s, "
-        f"peak RSS {res['peak_rss_mb']:.1f} MiB (wait4 {wait4_rss:.1f}) [{wall:.1f} s]")
+    res["others_cpu"] = None if others is None else round(others, 3)
+    log(f"  rlx bench ({res.get('backend', '?')}): pp{args.prompt} {res['pp_tps']:.2f} tok/s, tg{args.decode} {res['tg_tps']:.2f} tok/s, "
+        f"peak RSS {res['peak_rss_mb']:.1f} MiB (wait4 {wait4_rss:.1f}) [{wall:.1f} s{busy_note(others)}]")
     return res, cmd
 
 
@@ -326,14 +357,15 @@ def print_report(model, probes, benches, rows, ceilings, args, log):
     log(f"  probe runs: read GB/s {reads} -> median {ceilings['read_gbps']:.2f}; "
         f"sgemm GFLOP/s {gemms} -> median {ceilings['sgemm_gflops']:.1f}")
     log("")
-    head = f"{'metric':<16}{'measured':>16}{'reference':>18}  {'':<18}{'ratio':>8}  {'target':<8}{'status':<6}"
+    head = f"{'metric':<16}{'measured':>16}  {'reference':>16}  {'':<18}{'ratio':>7}   {'target':<8}status"
     log(head)
     log("-" * len(head))
     names = {"rss": "peak RSS", "tg": f"decode tg{args.decode}", "pp": f"prefill pp{args.prompt}"}
     for key, _, _, _ in TARGETS:
         r = rows[key]
-        log(f"{names[key]:<16}{r['measured']:>10.2f} {r['unit']:<5}{r['reference']:>12.2f} {r['unit']:<5}"
-            f"({r['reference_what']:<17}){r['ratio']:>8.3f}  {r['target']:<8}{r['status']:<6}")
+        measured, reference = f"{r['measured']:.2f} {r['unit']}", f"{r['reference']:.2f} {r['unit']}"
+        log(f"{names[key]:<16}{measured:>16}  {reference:>16}  {r['reference_what']:<18}{r['ratio']:>7.3f}   "
+            f"{r['target']:<8}{r['status']}")
 
 
 def main(argv=None):
@@ -387,6 +419,10 @@ def main(argv=None):
         rows, ceilings = evaluate(model, probes, benches)
         print_report(model, probes, benches, rows, ceilings, args, log)
         log(f"\n(measured in {elapsed:.0f} s; ratios use the median of the probe runs around rlx bench)")
+        busiest = max((r["others_cpu"] or 0) for r in probes + benches)
+        if busiest > NOISY_SHARE:
+            log(f"warning: other processes used up to {100 * busiest:.0f}% of the CPUs during a step: "
+                f"the machine was shared, consider --rounds 3 or a quieter moment")
 
         result = {
             "date": started.isoformat(timespec="seconds"), "host": host,

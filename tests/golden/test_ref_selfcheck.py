@@ -10,6 +10,7 @@ trip, and that every golden case is well conditioned for a float32 implementatio
 
   test_ref_selfcheck.py        # exits 1 if any check fails
 """
+import itertools
 import json
 import os
 import sys
@@ -21,6 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_golden  # noqa: E402
 import make_model  # noqa: E402
+import make_models  # noqa: E402
 import qwen3_ref as ref  # noqa: E402
 import st  # noqa: E402
 
@@ -211,15 +213,16 @@ def test_identical_experts_equal_dense_mlp(tmp):
 
 
 def test_golden_cases_conditioned_for_f32(tmp):
-    # Every golden case: a prompt qualifies, and the reference run in float32 (a stand-in for
-    # rlx) stays 10x inside the logits tolerance and reproduces the greedy ids.
-    for kind in SMALL_KINDS:
-        for dtype in make_model.DTYPES:
-            model = ref.load(build(tmp, kind, dtype, check_golden.GOLDEN_SEED))
-            case = check_golden.golden_case(model, check_golden.GOLDEN_SEED)
-            f32 = check_golden.condition(model, case.prompt, dtype=np.float32)
-            assert f32.generated == case.generated, (kind, dtype, f32.generated, case.generated)
-            assert_close(f32.logits, case.logits, check_golden.LOGITS_TOL / 10, f"{kind} {dtype} f32")
+    # Every golden model (the seeds of ctest's make_models.py and of check_golden.py): a
+    # prompt qualifies, and the reference run in float32 (a stand-in for rlx) stays 10x
+    # inside the logits tolerance and reproduces the greedy ids.
+    for kind, dtype, seed in itertools.product(SMALL_KINDS, make_model.DTYPES,
+                                               {make_models.SEED, check_golden.DEFAULT_SEED}):
+        model = ref.load(build(tmp, kind, dtype, seed))
+        case = check_golden.golden_case(model)
+        f32 = check_golden.condition(model, case.prompt, dtype=np.float32)
+        assert f32.generated == case.generated, (kind, dtype, seed, f32.generated, case.generated)
+        assert_close(f32.logits, case.logits, check_golden.LOGITS_TOL / 10, f"{kind} {dtype} {seed}")
 
 
 TESTS = [test_safetensors_round_trip, test_bf16_rounding, test_causal_prefix,

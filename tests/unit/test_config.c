@@ -197,7 +197,7 @@ static void test_defaults(void **state) {
     rlx_model_config c;
     load_ok(*state, MINIMAL, &c);
     assert_int_equal(c.num_key_value_heads, 4);
-    assert_int_equal(c.head_dim, 16);
+    assert_int_equal(c.head_dim, 128); /* Qwen3Config's default, not hidden / heads */
     assert_int_equal(c.max_position_embeddings, 32768);
     assert_true(c.rope_theta == 10000.0);
     assert_int_equal(c.tie_word_embeddings, 0);
@@ -408,12 +408,13 @@ static void test_wrong_types_and_values(void **state) {
     for (size_t i = 0; i < sizeof moe_cases / sizeof moe_cases[0]; i++)
         variant_fails(*state, QWEN3_30B_A3B, moe_cases[i].field, moe_cases[i].value, moe_cases[i].needle);
 
-    /* Without head_dim, hidden_size must split evenly into heads. */
-    cJSON *root = cJSON_Parse(MINIMAL);
+    /* Without head_dim, a Qwen3-MoE hidden_size must split evenly into heads. */
+    cJSON *root = cJSON_Parse(QWEN3_30B_A3B);
     cJSON_ReplaceItemInObjectCaseSensitive(root, "num_attention_heads", cJSON_CreateNumber(3));
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "head_dim");
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    variant_fails(*state, text, "num_key_value_heads", NULL, "field 'head_dim' is missing and hidden_size (64)");
+    variant_fails(*state, text, "num_key_value_heads", NULL, "field 'head_dim' is missing and hidden_size (2048)");
     cJSON_free(text);
 
     variant_fails(*state, MINIMAL, "layer_types",

@@ -86,8 +86,9 @@ RLX_API const char *rlx_plugin_kind_name(uint32_t kind); /* "backend", ...; "?" 
 RLX_API const rlx_host *rlx_host_table(void);
 
 /* Directories searched for plugins, in order: `dir` (from --plugin-dir, may be NULL), each
- * entry of RLX_PLUGIN_PATH (colon-separated), the build tree's plugin folder, then the
- * installed plugin folder. Files named rlx-*.so are candidates. */
+ * entry of RLX_PLUGIN_PATH (colon-separated), the build tree's plugin folder (only when this
+ * librlx is the build tree's), then `rlx/plugins` beside librlx (the installed layout, so an
+ * installed tree can be moved). Files named rlx-*.so are candidates. */
 typedef struct rlx_registry rlx_registry;
 
 RLX_API rlx_status rlx_registry_create(const char *dir, rlx_registry **out);

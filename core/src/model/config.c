@@ -353,12 +353,15 @@ static rlx_status parse_config(const char *path, const cJSON *root, rlx_model_co
         return rlx_error(RLX_E_FORMAT, "%s: field 'num_key_value_heads' (%" PRId64
                          ") does not divide num_attention_heads (%" PRId64 ")", path, c->num_key_value_heads,
                          c->num_attention_heads);
+    /* Hugging Face's Qwen3Config defaults head_dim to 128; Qwen3-MoE falls back to
+     * hidden_size / num_attention_heads. */
     const cJSON *head_dim = cJSON_GetObjectItemCaseSensitive(root, "head_dim");
-    if ((!head_dim || cJSON_IsNull(head_dim)) && c->hidden_size % c->num_attention_heads != 0)
+    if ((!head_dim || cJSON_IsNull(head_dim)) && moe && c->hidden_size % c->num_attention_heads != 0)
         return rlx_error(RLX_E_FORMAT, "%s: field 'head_dim' is missing and hidden_size (%" PRId64
                          ") is not a multiple of num_attention_heads (%" PRId64 ")", path, c->hidden_size,
                          c->num_attention_heads);
-    TRY(get_int(path, root, "head_dim", c->hidden_size / c->num_attention_heads, 1, INT32_MAX, &c->head_dim));
+    TRY(get_int(path, root, "head_dim", moe ? c->hidden_size / c->num_attention_heads : 128, 1, INT32_MAX,
+                &c->head_dim));
     if (c->head_dim % 2 != 0) /* rotate-half RoPE pairs dimension i with i + head_dim / 2 */
         return rlx_error(RLX_E_FORMAT, "%s: field 'head_dim' is %" PRId64 "; rotary embeddings need an even size",
                          path, c->head_dim);

@@ -193,10 +193,26 @@ rlx_status rlx_registry_create(const char *dir, rlx_registry **out) {
         rc = add_dir(r, env, len);
         env = colon ? colon + 1 : NULL;
     }
-    if (rc == RLX_OK)
+    /* Where librlx itself lives decides the rest, so an installed tree can be moved: the
+     * build tree's plugin folder only for the build tree's library, and <libdir>/rlx/plugins. */
+    Dl_info self;
+    char lib_dir[4096] = "";
+    if (dladdr((void *)rlx_registry_create, &self) && self.dli_fname && strrchr(self.dli_fname, '/')) {
+        snprintf(lib_dir, sizeof lib_dir, "%.*s", (int)(strrchr(self.dli_fname, '/') - self.dli_fname),
+                 self.dli_fname);
+        char *real = realpath(lib_dir, NULL);
+        if (real) {
+            snprintf(lib_dir, sizeof lib_dir, "%s", real);
+            free(real);
+        }
+    }
+    if (rc == RLX_OK && strcmp(lib_dir, RLX_BUILD_LIB_DIR) == 0)
         rc = add_dir(r, RLX_BUILD_PLUGIN_DIR, strlen(RLX_BUILD_PLUGIN_DIR));
-    if (rc == RLX_OK)
-        rc = add_dir(r, RLX_INSTALL_PLUGIN_DIR, strlen(RLX_INSTALL_PLUGIN_DIR));
+    if (rc == RLX_OK && lib_dir[0]) {
+        char installed[4200];
+        snprintf(installed, sizeof installed, "%s/rlx/plugins", lib_dir);
+        rc = add_dir(r, installed, strlen(installed));
+    }
     if (rc != RLX_OK) {
         rlx_registry_destroy(r);
         return rc;

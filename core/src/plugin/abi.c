@@ -1,0 +1,61 @@
+/* Pins the layout of every struct that crosses the plugin boundary (LP64). A failing assertion
+ * here means a change would break plugins built against RLX_ABI_MAJOR: append members
+ * instead, or bump the major. */
+#include <stddef.h>
+
+#include "rlx/backend.h"
+
+#define PIN(type, member, offset) _Static_assert(offsetof(type, member) == (offset), #type "." #member " moved")
+
+PIN(rlx_tensor, dtype, 0);
+PIN(rlx_tensor, n_dims, 4);
+PIN(rlx_tensor, shape, 8);
+PIN(rlx_tensor, data, 40);
+_Static_assert(sizeof(rlx_tensor) == 48, "rlx_tensor size changed");
+
+PIN(rlx_op_params, eps, 0);
+PIN(rlx_op_params, rope_theta, 4);
+PIN(rlx_op_params, scale, 8);
+PIN(rlx_op_params, head_dim, 12);
+PIN(rlx_op_params, n_heads, 16);
+PIN(rlx_op_params, n_kv_heads, 20);
+PIN(rlx_op_params, window, 24);
+PIN(rlx_op_params, n_experts, 28);
+PIN(rlx_op_params, top_k, 32);
+PIN(rlx_op_params, norm_topk, 36);
+PIN(rlx_op_params, layer, 40);
+_Static_assert(sizeof(rlx_op_params) == 64, "rlx_op_params size changed");
+
+PIN(rlx_node_view, op, 0);
+PIN(rlx_node_view, n_inputs, 4);
+PIN(rlx_node_view, inputs, 8);
+PIN(rlx_node_view, output, 16);
+PIN(rlx_node_view, params, 24);
+PIN(rlx_node_view, name, 32);
+
+PIN(rlx_host, size, 0);
+PIN(rlx_host, abi_major, 4);
+PIN(rlx_host, abi_minor, 8);
+PIN(rlx_host, log, 16);
+PIN(rlx_host, error, 24);
+PIN(rlx_host, alloc, 32);
+PIN(rlx_host, free, 40);
+
+PIN(rlx_plugin, size, 0);
+PIN(rlx_plugin, abi_major, 4);
+PIN(rlx_plugin, abi_minor, 8);
+PIN(rlx_plugin, kind, 12);
+PIN(rlx_plugin, name, 16);
+PIN(rlx_plugin, version, 24);
+PIN(rlx_plugin, summary, 32);
+PIN(rlx_plugin, iface, 40);
+
+PIN(rlx_backend_options, size, 0);
+PIN(rlx_backend_options, n_threads, 4);
+PIN(rlx_backend_options, extra, 8);
+
+PIN(rlx_backend_iface, size, 0);
+PIN(rlx_backend_iface, open, 8);
+PIN(rlx_backend_iface, close, 16);
+PIN(rlx_backend_iface, supports, 24);
+PIN(rlx_backend_iface, compute, 32);
