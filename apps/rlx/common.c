@@ -12,6 +12,7 @@ const char app_common_help[] =
     "  --model DIR        Hugging Face model directory (config.json, *.safetensors)\n"
     "  --plugin NAME      backend plugin (default cpu-blas; 'ref' = portable reference kernels)\n"
     "  --plugin-dir DIR   search DIR for plugins first (also RLX_PLUGIN_PATH)\n"
+    "  --place OP=NAME,.. run every node of OP (matmul, attention, ...) on backend NAME\n"
     "  --threads N        threads for the backend (default: all cores)\n"
     "  --ctx N            KV cache positions (default: min(max_position_embeddings, 4096))\n";
 
@@ -111,6 +112,10 @@ int app_parse_common(app_options *o, int argc, char **argv, int *i) {
         if (!(v = app_value(argc, argv, i)))
             return -1;
         o->plugin_dir = v;
+    } else if (strcmp(a, "--place") == 0) {
+        if (!(v = app_value(argc, argv, i)))
+            return -1;
+        o->place = v;
     } else if (strcmp(a, "--threads") == 0) {
         if (!(v = app_value(argc, argv, i)) || app_parse_u32(a, v, &o->threads) < 0)
             return -1;
@@ -123,20 +128,72 @@ int app_parse_common(app_options *o, int argc, char **argv, int *i) {
     return 1;
 }
 
+/* The backend instance of plugin `name`, opened once per runtime ("ref" gives NULL). */
+static int backend_named(app_runtime *rt, const app_options *o, const char *name, rlx_backend **out) {
+    *out = NULL;
+    if (strcasecmp(name, "ref") == 0)
+        return 0;
+    for (size_t i = 0; i < rt->n_backends; i++)
+        if (strcasecmp(rlx_plugin_desc(rt->plugins[i])->name, name) == 0) {
+            *out = rt->backends[i];
+            return 0;
+        }
+    if (rt->n_backends == APP_MAX_BACKENDS)
+        return app_fail("too many backends (at most %d)", APP_MAX_BACKENDS);
+    if (!rt->registry && rlx_registry_create(o->plugin_dir, &rt->registry) != RLX_OK)
+        return app_fail_rlx("cannot search for plugins");
+    rlx_plugin_handle **h = &rt->plugins[rt->n_backends];
+    if (rlx_registry_load(rt->registry, RLX_PLUGIN_BACKEND, name, h) != RLX_OK)
+        return app_fail_rlx("cannot load backend");
+    rlx_backend_options bo = rlx_backend_options_default();
+    bo.n_threads = o->threads;
+    if (rlx_backend_create(*h, &bo, &rt->backends[rt->n_backends]) != RLX_OK) {
+        rlx_plugin_unload(*h);
+        *h = NULL;
+        return app_fail_rlx("cannot start backend");
+    }
+    *out = rt->backends[rt->n_backends++];
+    return 0;
+}
+
+/* --place matmul=onednn,attention=cpu-blas */
+static int parse_place(app_runtime *rt, const app_options *o) {
+    char spec[1024];
+    if (snprintf(spec, sizeof spec, "%s", o->place) >= (int)sizeof spec)
+        return app_fail("--place: specification too long");
+    for (char *save = NULL, *item = strtok_r(spec, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        int op = 0;
+        if (eq) {
+            *eq = '\0';
+            for (int k = 1; k < RLX_OP_COUNT; k++)
+                if (strcasecmp(item, rlx_op_name(k)) == 0)
+                    op = k;
+        }
+        if (!eq || !op || !eq[1])
+            return app_fail("--place: '%s' is not OP=BACKEND with OP one of embed, matmul, rms_norm, rope, "
+                            "attention, swiglu, add, gather_last, moe", item);
+        rlx_backend *b;
+        if (backend_named(rt, o, eq + 1, &b))
+            return 1;
+        if (!b)
+            return app_fail("--place: the reference kernels are the fallback already; name a plugin");
+        size_t r = 0; /* one rule per op: a later one for the same op replaces it */
+        while (r < rt->n_rules && rt->rules[r].op != (uint32_t)op)
+            r++;
+        rt->rules[r] = (rlx_place_rule){.op = (uint32_t)op, .backend = b};
+        rt->n_rules += r == rt->n_rules;
+    }
+    return 0;
+}
+
 int app_runtime_open(app_runtime *rt, const app_options *o) {
     memset(rt, 0, sizeof *rt);
     if (!o->model)
         return app_fail("--model DIR is required");
-    const char *plugin = o->plugin ? o->plugin : "cpu-blas";
-    if (strcasecmp(plugin, "ref") != 0) {
-        if (rlx_registry_create(o->plugin_dir, &rt->registry) != RLX_OK ||
-            rlx_registry_load(rt->registry, RLX_PLUGIN_BACKEND, plugin, &rt->plugin) != RLX_OK)
-            return app_fail_rlx("cannot load backend"), app_runtime_close(rt), 1;
-        rlx_backend_options bo = rlx_backend_options_default();
-        bo.n_threads = o->threads;
-        if (rlx_backend_create(rt->plugin, &bo, &rt->backend) != RLX_OK)
-            return app_fail_rlx("cannot start backend"), app_runtime_close(rt), 1;
-    }
+    if (backend_named(rt, o, o->plugin ? o->plugin : "cpu-blas", &rt->backend) ||
+        (o->place && parse_place(rt, o)))
+        return app_runtime_close(rt), 1;
     if (rlx_model_open(o->model, &rt->model) != RLX_OK)
         return app_fail_rlx("cannot open model"), app_runtime_close(rt), 1;
     const rlx_model_config *c = rlx_model_config_of(rt->model);
@@ -144,7 +201,12 @@ int app_runtime_open(app_runtime *rt, const app_options *o) {
                            .layer_end = (uint32_t)c->num_hidden_layers,
                            .embed_input = 1,
                            .produce_logits = 1};
-    rlx_session_options so = {.kv_capacity = o->ctx, .backends = &rt->backend, .n_backends = rt->backend ? 1 : 0};
+    /* the main backend first; --place backends only run the ops they were given */
+    rlx_session_options so = {.kv_capacity = o->ctx,
+                              .backends = &rt->backend,
+                              .n_backends = rt->backend ? 1 : 0,
+                              .rules = rt->rules,
+                              .n_rules = rt->n_rules};
     if (rlx_session_create(rt->model, &spec, &so, &rt->session) != RLX_OK)
         return app_fail_rlx("cannot create session"), app_runtime_close(rt), 1;
     return 0;
@@ -153,8 +215,10 @@ int app_runtime_open(app_runtime *rt, const app_options *o) {
 void app_runtime_close(app_runtime *rt) {
     rlx_session_destroy(rt->session);
     rlx_model_close(rt->model);
-    rlx_backend_destroy(rt->backend);
-    rlx_plugin_unload(rt->plugin);
+    for (size_t i = 0; i < rt->n_backends; i++) {
+        rlx_backend_destroy(rt->backends[i]);
+        rlx_plugin_unload(rt->plugins[i]);
+    }
     rlx_registry_destroy(rt->registry);
     memset(rt, 0, sizeof *rt);
 }

@@ -10,16 +10,23 @@ typedef struct app_options {
     const char *model;
     const char *plugin;     /* backend plugin name, "ref" for the reference kernels only */
     const char *plugin_dir;
+    const char *place;      /* "op=plugin,op=plugin": per-op placement, NULL for none */
     uint32_t threads;
     uint32_t ctx;
     int verbose;
 } app_options;
 
 /* Everything a command needs to run a whole model in this process. */
+#define APP_MAX_BACKENDS 8
+
 typedef struct app_runtime {
     rlx_registry *registry;
-    rlx_plugin_handle *plugin;
-    rlx_backend *backend;
+    rlx_plugin_handle *plugins[APP_MAX_BACKENDS];
+    rlx_backend *backends[APP_MAX_BACKENDS]; /* [0] is --plugin's, the rest come from --place */
+    size_t n_backends;
+    rlx_place_rule rules[RLX_OP_COUNT];
+    size_t n_rules;
+    rlx_backend *backend; /* the main backend (backends[0]), NULL for the reference kernels */
     rlx_model *model;
     rlx_session *session;
 } app_runtime;

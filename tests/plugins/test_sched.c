@@ -84,11 +84,40 @@ static void test_nodes_go_to_the_backend_that_supports_them(void **state) {
     rlx_plugin_unload(h);
 }
 
+static void test_placement_rules_pin_ops(void **state) {
+    (void)state;
+    rlx_plugin_handle *h;
+    assert_ok(rlx_plugin_load(RLX_TEST_PLUGIN_DIR "/rlx-test-add-only.so", &h));
+    rlx_backend *b, *ref;
+    assert_ok(rlx_backend_create(h, NULL, &b));
+    assert_ok(rlx_backend_create_ref(&ref));
+    int x, out;
+    rlx_graph *g = chain_graph(&x, &out);
+    /* preference says ref for everything, the rule moves the additions */
+    rlx_place_rule rule = {.op = RLX_OP_ADD, .backend = b};
+    rlx_plan *p;
+    assert_ok(rlx_plan_create_placed(g, &ref, 1, &rule, 1, &p));
+    assert_string_equal(rlx_plan_node_backend(p, 0), "Add-Only");
+    assert_string_equal(rlx_plan_node_backend(p, CHAIN), "ref");
+    assert_int_equal(rlx_plan_backend_switches(p), 1);
+    rlx_plan_destroy(p);
+    /* a rule for an op the backend cannot run is refused, naming both */
+    rule.op = RLX_OP_GATHER_LAST;
+    assert_int_equal(rlx_plan_create_placed(g, &ref, 1, &rule, 1, &p), RLX_E_UNSUPPORTED);
+    assert_error_mentions("'Add-Only'");
+    assert_error_mentions("'last'");
+    rlx_graph_destroy(g);
+    rlx_backend_destroy(ref);
+    rlx_backend_destroy(b);
+    rlx_plugin_unload(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arena_reuses_dead_buffers),
         cmocka_unit_test(test_unbound_input_is_refused),
         cmocka_unit_test(test_nodes_go_to_the_backend_that_supports_them),
+        cmocka_unit_test(test_placement_rules_pin_ops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 
 #include "rlx/backend.h"
 #include "rlx/model.h"
+#include "rlx/sched.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,6 +24,8 @@ typedef struct rlx_session_options {
     uint32_t kv_capacity;          /* positions; 0 = min(max_position_embeddings, 4096) */
     rlx_backend *const *backends;  /* preference order, borrowed; the reference kernels run the rest */
     size_t n_backends;
+    const rlx_place_rule *rules;   /* per-op placement overriding the order, borrowed; may be NULL */
+    size_t n_rules;
 } rlx_session_options;
 
 typedef struct rlx_session rlx_session;

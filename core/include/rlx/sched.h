@@ -15,10 +15,22 @@ extern "C" {
 
 typedef struct rlx_plan rlx_plan;
 
+/* Pins every node of one op to a backend, overriding the preference order (for example the
+ * matmuls on oneDNN and the rest on cpu-blas). The backend must support each such node. */
+typedef struct rlx_place_rule {
+    uint32_t op; /* rlx_op */
+    rlx_backend *backend;
+} rlx_place_rule;
+
 /* Plans g over backends (in order of preference, borrowed: they must outlive the plan; may be
  * empty). The graph is borrowed too and must outlive the plan. */
 RLX_API rlx_status rlx_plan_create(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends,
                                    rlx_plan **out);
+
+/* rlx_plan_create with placement rules (borrowed for the call). A rule whose backend does not
+ * support one of its nodes fails the planning with a message naming the node and backend. */
+RLX_API rlx_status rlx_plan_create_placed(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends,
+                                          const rlx_place_rule *rules, size_t n_rules, rlx_plan **out);
 RLX_API void rlx_plan_destroy(rlx_plan *p);
 
 /* Bytes of the activation arena after liveness-based reuse, and what the activations would
@@ -39,6 +51,10 @@ RLX_API const void *rlx_plan_data(const rlx_plan *p, int tensor_id);
 
 /* Name of the backend that runs node i. */
 RLX_API const char *rlx_plan_node_backend(const rlx_plan *p, uint32_t node);
+
+/* Number of places where consecutive nodes run on different backends. Every backend computes
+ * on host memory, so a switch needs no copy: the next backend reads the arena directly. */
+RLX_API uint32_t rlx_plan_backend_switches(const rlx_plan *p);
 
 #ifdef __cplusplus
 }

@@ -24,6 +24,8 @@ struct rlx_session {
     rlx_block_spec spec;
     rlx_backend **backends;
     size_t n_backends;
+    rlx_place_rule *rules;
+    size_t n_rules;
     uint32_t capacity, length;
     size_t cache_bytes;   /* per layer and per k or v */
     float **k_cache, **v_cache; /* per layer of the block: [capacity, kv_heads * head_dim] */
@@ -69,8 +71,12 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
     s->positions = malloc(capacity * sizeof *s->positions);
     s->n_backends = o.n_backends;
     s->backends = calloc(o.n_backends + 1, sizeof *s->backends);
-    if (!s->k_cache || !s->v_cache || !s->positions || !s->backends)
+    s->n_rules = o.n_rules;
+    s->rules = calloc(o.n_rules + 1, sizeof *s->rules);
+    if (!s->k_cache || !s->v_cache || !s->positions || !s->backends || !s->rules)
         goto nomem;
+    for (size_t i = 0; i < o.n_rules; i++)
+        s->rules[i] = o.rules[i];
     for (size_t i = 0; i < o.n_backends; i++)
         s->backends[i] = o.backends[i];
     for (uint32_t i = 0; i < capacity; i++)
@@ -107,6 +113,7 @@ void rlx_session_destroy(rlx_session *s) {
     free(s->v_cache);
     free(s->positions);
     free(s->backends);
+    free(s->rules);
     free(s);
 }
 
@@ -131,7 +138,8 @@ static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot *
     spec.all_logits = (uint32_t)all_rows;
     rlx_status rc = rlx_model_build_block(s->m, &spec, n, s->capacity, &victim->graph, &victim->io);
     if (rc == RLX_OK)
-        rc = rlx_plan_create(victim->graph, s->backends, s->n_backends, &victim->plan);
+        rc = rlx_plan_create_placed(victim->graph, s->backends, s->n_backends, s->rules, s->n_rules,
+                                    &victim->plan);
     for (uint32_t l = 0; rc == RLX_OK && l < victim->io.n_layers; l++) {
         rc = rlx_plan_bind(victim->plan, victim->io.k_cache[l], s->k_cache[l]);
         if (rc == RLX_OK)
@@ -200,8 +208,9 @@ rlx_status rlx_session_dump_plan(rlx_session *s, uint32_t n, FILE *f) {
     dump_ctx ctx = {slot->plan};
     rc = rlx_graph_dump(slot->graph, f, node_backend, &ctx);
     if (rc == RLX_OK)
-        fprintf(f, "activation arena: %zu bytes (%zu without reuse)\n", rlx_plan_peak_bytes(slot->plan),
-                rlx_plan_total_activation_bytes(slot->plan));
+        fprintf(f, "activation arena: %zu bytes (%zu without reuse); %u backend switches, no copies (host memory)\n",
+                rlx_plan_peak_bytes(slot->plan), rlx_plan_total_activation_bytes(slot->plan),
+                rlx_plan_backend_switches(slot->plan));
     return rc;
 }
 

@@ -101,7 +101,32 @@ static void fill_view(rlx_plan *p, uint32_t i, rlx_node_view *v) {
 }
 
 rlx_status rlx_plan_create(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends, rlx_plan **out) {
-    if (!g || !out || (n_backends && !backends))
+    return rlx_plan_create_placed(g, backends, n_backends, NULL, 0, out);
+}
+
+/* The backend for node v: its op's rule if there is one, else the first that supports it. */
+static rlx_status assign(rlx_plan *p, const rlx_node_view *v, rlx_backend *const *backends, size_t n_backends,
+                         const rlx_place_rule *rules, size_t n_rules, rlx_backend **out) {
+    for (size_t r = 0; r < n_rules; r++)
+        if (rules[r].op == v->op) {
+            if (!rlx_backend_supports(rules[r].backend, v))
+                return rlx_error(RLX_E_UNSUPPORTED, "backend '%s' was asked to run %s nodes but does not support '%s'",
+                                 rlx_backend_name(rules[r].backend), rlx_op_name((int)v->op), v->name);
+            *out = rules[r].backend;
+            return RLX_OK;
+        }
+    *out = p->ref;
+    for (size_t b = 0; b < n_backends; b++)
+        if (rlx_backend_supports(backends[b], v)) {
+            *out = backends[b];
+            break;
+        }
+    return RLX_OK;
+}
+
+rlx_status rlx_plan_create_placed(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends,
+                                  const rlx_place_rule *rules, size_t n_rules, rlx_plan **out) {
+    if (!g || !out || (n_backends && !backends) || (n_rules && !rules))
         return rlx_error(RLX_E_INVALID, "rlx_plan_create: NULL argument");
     *out = NULL;
     rlx_plan *p = calloc(1, sizeof *p);
@@ -140,12 +165,8 @@ rlx_status rlx_plan_create(const rlx_graph *g, rlx_backend *const *backends, siz
         rlx_tensor out_shape = *v.output;
         out_shape.data = NULL;
         v.output = &out_shape;
-        p->assigned[i] = p->ref;
-        for (size_t b = 0; b < n_backends; b++)
-            if (rlx_backend_supports(backends[b], &v)) {
-                p->assigned[i] = backends[b];
-                break;
-            }
+        if ((rc = assign(p, &v, backends, n_backends, rules, n_rules, &p->assigned[i])) < 0)
+            goto fail;
     }
     *out = p;
     return RLX_OK;
@@ -201,4 +222,11 @@ const void *rlx_plan_data(const rlx_plan *p, int id) {
 
 const char *rlx_plan_node_backend(const rlx_plan *p, uint32_t node) {
     return p && node < p->g->n_nodes ? rlx_backend_name(p->assigned[node]) : "?";
+}
+
+uint32_t rlx_plan_backend_switches(const rlx_plan *p) {
+    uint32_t n = 0;
+    for (uint32_t i = 1; p && i < p->g->n_nodes; i++)
+        n += p->assigned[i] != p->assigned[i - 1];
+    return n;
 }

@@ -1,0 +1,142 @@
+/* Text: the byte-level BPE tokenizer of a Hugging Face `tokenizer.json` and the Qwen3 chat
+ * template, so that token ids are bit-identical to the Hugging Face `tokenizers` library.
+ *
+ * Supported tokenizer.json (the Qwen2/Qwen3 family, also GPT-2-style byte-level BPE):
+ *   normalizer     null or NFC (also inside a Sequence);
+ *   pre_tokenizer  Sequence[Split(Regex, behavior Isolated, invert false), ByteLevel(use_regex
+ *                  false, add_prefix_space false)], or a ByteLevel with use_regex true (the GPT-2
+ *                  regex), add_prefix_space false;
+ *   model          BPE with merges as "a b" strings or [a, b] pairs, no dropout, no byte fallback,
+ *                  no continuing_subword_prefix or end_of_word_suffix, ignore_merges either way;
+ *   decoder        ByteLevel (or null); post_processor null or ByteLevel (no ids are added).
+ * Anything else is RLX_E_UNSUPPORTED naming the file and the component, rather than ids that
+ * quietly differ from Hugging Face's.
+ *
+ * Encoding follows tokenizers' TokenizerImpl: added tokens are split off first (leftmost-longest
+ * match; tokens with normalized=false on the raw text, then normalized=true ones on the
+ * normalized text; lstrip, rstrip and single_word as Hugging Face applies them), the remaining
+ * text is NFC-normalised if the normalizer says so, cut by the pre-tokenizer regex (compiled with
+ * PCRE2 in UTF + UCP mode, with `\s` widened to U+0085 as Oniguruma's is), mapped to the
+ * ByteLevel alphabet and merged by rank. Characters assigned after Unicode 14 (the tables of
+ * Debian 12's PCRE2) may pre-tokenize differently from a Hugging Face build with newer tables.
+ *
+ * A tokenizer is immutable after loading except for an internal word cache guarded by a mutex,
+ * so one tokenizer may be used from several threads at once. */
+#ifndef RLX_TEXT_H
+#define RLX_TEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rlx/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct rlx_tokenizer rlx_tokenizer;
+
+/* Loads model_dir/tokenizer.json and, when present, model_dir/tokenizer_config.json (chat
+ * template, eos/pad/bos token names, added tokens missing from tokenizer.json) or
+ * model_dir/chat_template.jinja. A missing or unreadable tokenizer.json is RLX_E_IO, text that
+ * is not JSON or lacks a required part is RLX_E_FORMAT, an unsupported component is
+ * RLX_E_UNSUPPORTED; each message names the file. On failure *out is NULL and nothing leaks. */
+RLX_API rlx_status rlx_tokenizer_load(const char *model_dir, rlx_tokenizer **out);
+RLX_API void rlx_tokenizer_destroy(rlx_tokenizer *tok); /* NULL is a no-op */
+
+/* One more than the largest token id (vocabulary plus added tokens), as Hugging Face's
+ * get_vocab_size(with_added_tokens=True). The model's embedding may have more rows. */
+RLX_API int32_t rlx_tokenizer_vocab_size(const rlx_tokenizer *tok);
+
+/* Encodes len bytes of UTF-8 text (which may contain NUL bytes). With parse_special, the added
+ * tokens marked special (<|im_start|>, <|endoftext|> ...) are recognised in the text; without
+ * it they are encoded as plain text, as Hugging Face's split_special_tokens=True does (added
+ * tokens that are not special, like <think>, are still recognised, as there). No BOS/EOS is
+ * added. On success *ids is a malloc'd array of *n_ids ids (NULL when the text is empty) that
+ * the caller frees with free(). Text that is not valid UTF-8 is RLX_E_INVALID naming the byte
+ * offset of the first invalid sequence. */
+RLX_API rlx_status rlx_tokenizer_encode(const rlx_tokenizer *tok, const char *text, size_t len, int parse_special,
+                                        int32_t **ids, size_t *n_ids);
+
+/* Flags of rlx_tokenizer_decode and rlx_detok_create. */
+enum rlx_decode_flags {
+    RLX_DECODE_SKIP_SPECIAL = 1, /* drop special tokens, as skip_special_tokens=True */
+    RLX_DECODE_STRICT = 2,       /* an id without a token is RLX_E_RANGE instead of being skipped */
+};
+
+/* Decodes n ids to UTF-8 as Hugging Face's decode does: the bytes of the tokens, with every
+ * maximal invalid UTF-8 subsequence replaced by U+FFFD (String::from_utf8_lossy), added tokens
+ * copied as they are, ids that have no token (negative, past the vocabulary, or a gap) skipped
+ * unless RLX_DECODE_STRICT. On success *text is a malloc'd NUL-terminated string of *len bytes
+ * that the caller frees with free(). */
+RLX_API rlx_status rlx_tokenizer_decode(const rlx_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags,
+                                        char **text, size_t *len);
+
+/* The id of a token given by its exact vocabulary string (an added token such as "<|im_end|>",
+ * or a byte-level vocabulary entry such as "Ġthe"). An unknown string is RLX_E_NOT_FOUND with a
+ * message naming it; on success the id is returned (ids are non-negative). */
+RLX_API int32_t rlx_tokenizer_token_id(const rlx_tokenizer *tok, const char *token);
+
+/* The vocabulary string of id (byte-level form, e.g. "Ġthe"), borrowed from tok; NULL when id has
+ * no token. */
+RLX_API const char *rlx_tokenizer_token_text(const rlx_tokenizer *tok, int32_t id);
+
+/* 1 when id is an added token marked special, 0 otherwise. */
+RLX_API int rlx_tokenizer_is_special(const rlx_tokenizer *tok, int32_t id);
+
+/* Ids of tokenizer_config.json's eos_token, pad_token and bos_token; -1 when not set. */
+RLX_API int32_t rlx_tokenizer_eos_id(const rlx_tokenizer *tok);
+RLX_API int32_t rlx_tokenizer_pad_id(const rlx_tokenizer *tok);
+RLX_API int32_t rlx_tokenizer_bos_id(const rlx_tokenizer *tok);
+
+// ---- streaming decoder ----
+
+/* Turns ids arriving one at a time into UTF-8 text without ever splitting a character: the
+ * bytes of an incomplete UTF-8 sequence are held back until a later token completes it. Bytes
+ * that can no longer become a valid character are emitted as U+FFFD at once (one per maximal
+ * invalid subsequence), so nothing is held for longer than a character, and the concatenated
+ * output of push and flush equals rlx_tokenizer_decode of the same ids with the same flags. */
+typedef struct rlx_detok rlx_detok;
+
+/* tok is borrowed for the decoder's lifetime. */
+RLX_API rlx_status rlx_detok_create(const rlx_tokenizer *tok, unsigned flags, rlx_detok **out);
+RLX_API void rlx_detok_destroy(rlx_detok *d); /* NULL is a no-op */
+/* Adds one id. *text points to the text that became complete (often empty, then *len is 0);
+ * it is owned by d, NUL-terminated, and valid until the next call on d. An id without a token is
+ * skipped, or RLX_E_RANGE under RLX_DECODE_STRICT. */
+RLX_API rlx_status rlx_detok_push(rlx_detok *d, int32_t id, const char **text, size_t *len);
+/* Emits what is held back (an incomplete sequence becomes U+FFFD) and resets d for new text. */
+RLX_API rlx_status rlx_detok_flush(rlx_detok *d, const char **text, size_t *len);
+
+// ---- chat template ----
+
+typedef struct rlx_chat_message {
+    const char *role;              /* "system", "user", "assistant" or "tool"; others are skipped */
+    const char *content;           /* NULL counts as "" */
+    const char *reasoning_content; /* assistant only, optional: NULL = absent */
+} rlx_chat_message;
+
+typedef enum rlx_chat_template_kind {
+    RLX_CHAT_TEMPLATE_NONE = 0,    /* the model has no chat template */
+    RLX_CHAT_TEMPLATE_UNKNOWN = 1, /* a template this library does not implement */
+    RLX_CHAT_TEMPLATE_QWEN3 = 2,   /* the standard Qwen3 template (thinking and non-thinking) */
+} rlx_chat_template_kind;
+
+/* Which template the model's tokenizer_config.json (or chat_template.jinja) holds, recognised by
+ * its exact text (line endings and surrounding whitespace aside). */
+RLX_API rlx_chat_template_kind rlx_chat_template_of(const rlx_tokenizer *tok);
+
+/* Renders n >= 1 messages exactly as the standard Qwen3 Jinja template does with
+ * add_generation_prompt and enable_thinking (0 renders the template's enable_thinking=false: an
+ * empty <think>\n\n</think>\n\n after the generation prompt). Reasoning in <think>...</think> of
+ * assistant turns before the last user query is stripped, later ones keep it, as the template
+ * does. Tool definitions and tool_calls are not supported ("tool" messages are). A model whose
+ * template is not the standard Qwen3 one is RLX_E_UNSUPPORTED, one without a template
+ * RLX_E_NOT_FOUND. On success *out is a malloc'd NUL-terminated string the caller frees. */
+RLX_API rlx_status rlx_chat_render(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n,
+                                   int add_generation_prompt, int enable_thinking, char **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
