@@ -1,118 +1,170 @@
-/* rlx generate: samples a continuation of a prompt given as token ids and prints the ids. */
+/* rlx generate: continues a prompt given as token ids (printing ids) or as text (streaming
+ * text as it is produced). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
+#include "rlx/text.h"
 
 static const char help[] =
-    "usage: rlx generate --model DIR --tokens 1,5,3 -n N [--greedy | --temp T --top-k K --top-p P]\n"
-    "                    [--seed S] [--stats] [options]\n\n"
-    "Prints the generated token ids, space-separated, on one line. Stops after N tokens or an\n"
-    "end-of-sequence id from config.json / generation_config.json (which is printed).\n\n"
-    "  -n N          tokens to generate (default 16)\n"
-    "  --greedy      always take the most likely token (default when no sampling option is given)\n"
-    "  --temp T      sampling temperature (> 0)\n"
-    "  --top-k K     keep the K most likely tokens (0 = all)\n"
-    "  --top-p P     keep the smallest set of tokens whose probability reaches P\n"
-    "  --seed S      random seed; the same seed gives the same output\n"
-    "  --stats       print prompt and generation speed on stderr\n\noptions:\n";
+    "usage: rlx generate [--model DIR] (--tokens 1,5,3 | --prompt TEXT [--chat [--no-think]]) -n N\n"
+    "                    [--greedy | --temp T --top-k K --top-p P] [--seed S] [--stats] [options]\n\n"
+    "With --tokens, prints the generated token ids, space-separated, on one line. With --prompt,\n"
+    "encodes TEXT with the model's tokenizer.json and streams the generated text to stdout.\n"
+    "Stops after N tokens or an end-of-sequence id of config.json / generation_config.json.\n\n"
+    "  -n N               tokens to generate (default 16)\n"
+    "  --tokens LIST      the prompt as comma-separated token ids\n"
+    "  --prompt TEXT      the prompt as text\n"
+    "  --chat             wrap TEXT as a user turn with the model's chat template\n"
+    "  --no-think         with --chat: Qwen3's enable_thinking=false\n"
+    "  --truncate         keep the end of a prompt longer than the context instead of failing\n"
+    "  --stats            print prompt and generation speed on stderr\n";
 
-typedef struct printer {
+typedef struct output {
+    rlx_detok *detok; /* NULL: print ids */
     int n;
     int failed;
-} printer;
+} output;
 
-static int print_token(void *ctx, int32_t token) {
-    printer *p = ctx;
-    if (printf(p->n++ ? " %d" : "%d", token) < 0 || fflush(stdout) != 0) {
-        p->failed = 1;
+static int emit(void *ctx, int32_t token) {
+    output *out = ctx;
+    int ok;
+    if (out->detok) {
+        const char *text;
+        size_t len;
+        ok = rlx_detok_push(out->detok, token, &text, &len) == RLX_OK && fwrite(text, 1, len, stdout) == len;
+    } else {
+        ok = printf(out->n ? " %d" : "%d", token) > 0;
+    }
+    out->n++;
+    if (!ok || fflush(stdout) != 0) {
+        out->failed = 1;
         return 1;
     }
     return 0;
 }
 
+/* The prompt's ids: parsed from --tokens, or the tokenizer's encoding of --prompt. */
+static int prompt_ids(const app_runtime *rt, const char *tokens, const char *prompt, int chat, int think,
+                      rlx_tokenizer **tok, int32_t **ids, size_t *n) {
+    if (tokens) {
+        int count = app_parse_tokens(tokens, ids);
+        if (count < 0)
+            return 1;
+        *n = (size_t)count;
+        return 0;
+    }
+    if (rlx_tokenizer_load(rlx_model_dir(rt->model), tok) != RLX_OK)
+        return app_fail_rlx("generate: cannot load the tokenizer");
+    char *rendered = NULL;
+    if (chat) {
+        rlx_chat_message m = {.role = "user", .content = prompt};
+        if (rlx_chat_render(*tok, &m, 1, 1, think, &rendered) != RLX_OK)
+            return app_fail_rlx("generate: cannot apply the chat template");
+        prompt = rendered;
+    }
+    /* special tokens in the text are parsed, as Hugging Face's tokenizer(text) does by default */
+    rlx_status rc = rlx_tokenizer_encode(*tok, prompt, strlen(prompt), 1, ids, n);
+    free(rendered);
+    if (rc != RLX_OK)
+        return app_fail_rlx("generate: cannot encode the prompt");
+    if (*n == 0)
+        return app_fail("generate: the prompt encodes to no tokens");
+    return 0;
+}
+
 int cmd_generate(int argc, char **argv, app_options *o) {
-    const char *tokens = NULL;
+    const char *tokens = NULL, *prompt = NULL;
     uint32_t n_new = 16;
-    int sampling = 0, greedy = 0, stats = 0;
-    rlx_sampler_params sp = rlx_sampler_params_default();
+    int stats = 0, chat = 0, think = 1, truncate = 0;
+    app_sampling sampling = {.params = rlx_sampler_params_default()};
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
+        const char *a = argv[i];
         if (strcmp(a, "--help") == 0) {
-            printf("%s%s", help, app_common_help);
+            printf("%s%s%s", help, app_sampling_help, app_common_help);
             return 0;
         }
         int rc = app_parse_common(o, argc, argv, &i);
+        if (rc == 0)
+            rc = app_parse_sampling(&sampling, argc, argv, &i);
         if (rc < 0)
             return 1;
         if (rc)
             continue;
-        if (strcmp(a, "--greedy") == 0) {
-            greedy = 1;
-        } else if (strcmp(a, "--stats") == 0) {
+        if (strcmp(a, "--stats") == 0) {
             stats = 1;
-        } else if (strcmp(a, "--tokens") == 0 || strcmp(a, "-n") == 0 || strcmp(a, "--temp") == 0 ||
-                   strcmp(a, "--top-k") == 0 || strcmp(a, "--top-p") == 0 || strcmp(a, "--seed") == 0) {
-            if (!(v = app_value(argc, argv, &i)))
+        } else if (strcmp(a, "--chat") == 0) {
+            chat = 1;
+        } else if (strcmp(a, "--no-think") == 0) {
+            think = 0;
+        } else if (strcmp(a, "--truncate") == 0) {
+            truncate = 1;
+        } else if (strcmp(a, "--tokens") == 0 || strcmp(a, "--prompt") == 0) {
+            const char **dst = a[2] == 't' ? &tokens : &prompt;
+            if (!(*dst = app_value(argc, argv, &i)))
                 return 1;
-            uint32_t u;
-            if (strcmp(a, "--tokens") == 0)
-                tokens = v;
-            else if (strcmp(a, "-n") == 0 && app_parse_u32(a, v, &n_new) < 0)
+        } else if (strcmp(a, "-n") == 0) {
+            const char *v = app_value(argc, argv, &i);
+            if (!v || app_parse_u32(a, v, &n_new) < 0)
                 return 1;
-            else if (strcmp(a, "--temp") == 0 && (sampling = 1, app_parse_float(a, v, &sp.temperature) < 0))
-                return 1;
-            else if (strcmp(a, "--top-p") == 0 && (sampling = 1, app_parse_float(a, v, &sp.top_p) < 0))
-                return 1;
-            else if (strcmp(a, "--top-k") == 0) {
-                if (app_parse_u32(a, v, &u) < 0 || u > INT32_MAX)
-                    return 1;
-                sampling = 1;
-                sp.top_k = (int32_t)u;
-            } else if (strcmp(a, "--seed") == 0) {
-                unsigned long long seed;
-                char *end;
-                seed = strtoull(v, &end, 10);
-                if (end == v || *end)
-                    return app_fail("--seed: '%s' is not an integer", v);
-                sp.seed = seed;
-            }
         } else {
             return app_fail("generate: unknown option '%s' (see rlx generate --help)", a);
         }
     }
-    if (greedy && sampling)
-        return app_fail("generate: --greedy cannot be combined with --temp, --top-k or --top-p");
-    if (!tokens)
-        return app_fail("generate: --tokens is required (see rlx generate --help)");
-    sp.greedy = !sampling;
-    int32_t *ids;
-    int n = app_parse_tokens(tokens, &ids);
-    if (n < 0)
+    if (app_sampling_finish(&sampling))
         return 1;
+    if (!tokens == !prompt)
+        return app_fail("generate: give exactly one of --tokens and --prompt (see rlx generate --help)");
+    if ((chat || !think) && !prompt)
+        return app_fail("generate: --chat and --no-think need --prompt");
     app_runtime rt;
-    if (app_runtime_open(&rt, o)) {
-        free(ids);
+    if (app_runtime_open(&rt, o))
         return 1;
+    rlx_tokenizer *tok = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int status = prompt_ids(&rt, tokens, prompt, chat, think, &tok, &ids, &n);
+    uint32_t capacity = rlx_session_capacity(rt.session);
+    if (!status && (n > capacity || n_new > capacity - n)) {
+        if (!truncate || n_new >= capacity)
+            status = app_fail("generate: prompt of %zu tokens plus %u new ones exceeds the context of %u positions "
+                              "(raise --ctx, or --truncate to keep the prompt's end)",
+                              n, n_new, capacity);
+        else
+            fprintf(stderr, "rlx: prompt truncated to its last %u of %zu tokens\n", capacity - n_new, n);
     }
-    int status = 0;
+    size_t skip = !status && n > capacity - n_new ? n - (capacity - n_new) : 0;
     rlx_sampler *sampler = NULL;
-    printer pr = {0};
-    rlx_gen_stats st;
-    if (rlx_sampler_create(&sp, rlx_model_config_of(rt.model)->vocab_size, &sampler) != RLX_OK)
+    output out = {0};
+    rlx_gen_stats st = {0};
+    if (!status && rlx_sampler_create(&sampling.params, rlx_model_config_of(rt.model)->vocab_size, &sampler) != RLX_OK)
         status = app_fail_rlx("generate");
-    else if (rlx_session_generate(rt.session, sampler, ids, (uint32_t)n, n_new, print_token, &pr, &st) != RLX_OK)
+    if (!status && tok && rlx_detok_create(tok, RLX_DECODE_SKIP_SPECIAL, &out.detok) != RLX_OK)
         status = app_fail_rlx("generate");
-    if (!status && (pr.failed || printf("\n") < 0 || fflush(stdout) != 0))
+    if (!status &&
+        rlx_session_generate(rt.session, sampler, ids + skip, (uint32_t)(n - skip), n_new, emit, &out, &st) != RLX_OK)
+        status = app_fail_rlx("generate");
+    if (!status && !out.failed) {
+        const char *rest = "";
+        size_t len = 0;
+        if (out.detok)
+            rlx_detok_flush(out.detok, &rest, &len);
+        if (fwrite(rest, 1, len, stdout) != len || fputc('\n', stdout) == EOF || fflush(stdout) != 0)
+            out.failed = 1;
+    }
+    if (!status && out.failed)
         status = app_fail("generate: cannot write to stdout");
     if (!status && stats) {
         double decode = st.n_generated > 1 ? (st.n_generated - 1) / st.generate_seconds : 0;
-        fprintf(stderr, "prompt: %u tokens, %.1f tokens/s; generated: %u tokens, %.1f tokens/s%s\n", st.n_prompt,
-                st.n_prompt / st.prompt_seconds, st.n_generated, decode, st.stopped_on_eos ? " (stopped on EOS)" : "");
+        fprintf(stderr, "rlx: prompt %u tokens at %.1f tokens/s; generated %u tokens at %.1f tokens/s%s\n",
+                st.n_prompt, st.n_prompt / st.prompt_seconds, st.n_generated, decode,
+                st.stopped_on_eos ? " (stopped on EOS)" : "");
     }
+    rlx_detok_destroy(out.detok);
     rlx_sampler_destroy(sampler);
-    app_runtime_close(&rt);
+    rlx_tokenizer_destroy(tok);
     free(ids);
+    app_runtime_close(&rt);
     return status;
 }

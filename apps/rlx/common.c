@@ -5,11 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "common.h"
 
 const char app_common_help[] =
-    "  --model DIR        Hugging Face model directory (config.json, *.safetensors)\n"
+    "  --model DIR        Hugging Face model directory (config.json, *.safetensors); default: the\n"
+    "                     demo model (random weights) or $RLX_MODEL\n"
     "  --plugin NAME      backend plugin (default cpu-blas; 'ref' = portable reference kernels)\n"
     "  --plugin-dir DIR   search DIR for plugins first (also RLX_PLUGIN_PATH)\n"
     "  --place OP=NAME,.. run every node of OP (matmul, attention, ...) on backend NAME\n"
@@ -156,6 +158,16 @@ static int backend_named(app_runtime *rt, const app_options *o, const char *name
     return 0;
 }
 
+#define PROGRESS_MIN_BYTES ((size_t)256 << 20)
+
+static void show_progress(void *ctx, size_t done, size_t total) {
+    (void)ctx;
+    int width = 40, filled = total ? (int)((double)done / (double)total * width) : width;
+    fprintf(stderr, "\rloading [%.*s%*s] %5.1f%% of %.0f MiB", filled, "========================================",
+            width - filled, "", total ? 100.0 * (double)done / (double)total : 100.0, (double)total / 1048576.0);
+    fflush(stderr);
+}
+
 /* --place matmul=onednn,attention=cpu-blas */
 static int parse_place(app_runtime *rt, const app_options *o) {
     char spec[1024];
@@ -187,10 +199,10 @@ static int parse_place(app_runtime *rt, const app_options *o) {
     return 0;
 }
 
-int app_runtime_open(app_runtime *rt, const app_options *o) {
+int app_runtime_open(app_runtime *rt, app_options *o) {
     memset(rt, 0, sizeof *rt);
-    if (!o->model)
-        return app_fail("--model DIR is required");
+    if (app_resolve_model(o))
+        return 1;
     if (backend_named(rt, o, o->plugin ? o->plugin : "cpu-blas", &rt->backend) ||
         (o->place && parse_place(rt, o)))
         return app_runtime_close(rt), 1;
@@ -201,6 +213,13 @@ int app_runtime_open(app_runtime *rt, const app_options *o) {
                            .layer_end = (uint32_t)c->num_hidden_layers,
                            .embed_input = 1,
                            .produce_logits = 1};
+    /* a terminal gets a progress bar while a large model is read in; elsewhere pages fault in lazily */
+    if (isatty(STDERR_FILENO) && rlx_weights_total_bytes(rlx_model_weights(rt->model)) >= PROGRESS_MIN_BYTES) {
+        rlx_status rc = rlx_model_prefetch(rt->model, &spec, show_progress, NULL);
+        fputs("\r\033[K", stderr);
+        if (rc != RLX_OK)
+            return app_fail_rlx("cannot read the model"), app_runtime_close(rt), 1;
+    }
     /* the main backend first; --place backends only run the ops they were given */
     rlx_session_options so = {.kv_capacity = o->ctx,
                               .backends = &rt->backend,
@@ -221,4 +240,82 @@ void app_runtime_close(app_runtime *rt) {
     }
     rlx_registry_destroy(rt->registry);
     memset(rt, 0, sizeof *rt);
+}
+
+const char app_sampling_help[] =
+    "  --greedy           always take the most likely token (the default without sampling options)\n"
+    "  --temp T           sampling temperature (> 0)\n"
+    "  --top-k K          keep the K most likely tokens (0 = all)\n"
+    "  --top-p P          keep the smallest set of tokens whose probability reaches P\n"
+    "  --seed S           random seed; the same seed gives the same output\n";
+
+int app_parse_sampling(app_sampling *s, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *v;
+    if (strcmp(a, "--greedy") == 0) {
+        s->greedy = 1;
+        return 1;
+    }
+    if (strcmp(a, "--temp") && strcmp(a, "--top-k") && strcmp(a, "--top-p") && strcmp(a, "--seed"))
+        return 0;
+    if (!(v = app_value(argc, argv, i)))
+        return -1;
+    if (strcmp(a, "--seed") == 0) {
+        char *end;
+        errno = 0;
+        unsigned long long seed = strtoull(v, &end, 10);
+        if (errno || end == v || *end || v[0] == '-')
+            return app_fail("--seed: '%s' is not a non-negative integer", v), -1;
+        s->params.seed = seed;
+        return 1;
+    }
+    s->sampling = 1;
+    if (strcmp(a, "--top-k") == 0) {
+        uint32_t k;
+        if (app_parse_u32(a, v, &k) < 0 || k > INT32_MAX)
+            return -1;
+        s->params.top_k = (int32_t)k;
+        return 1;
+    }
+    return app_parse_float(a, v, strcmp(a, "--temp") == 0 ? &s->params.temperature : &s->params.top_p) < 0 ? -1 : 1;
+}
+
+int app_sampling_finish(app_sampling *s) {
+    if (s->greedy && s->sampling)
+        return app_fail("--greedy cannot be combined with --temp, --top-k or --top-p");
+    s->params.greedy = !s->sampling;
+    return 0;
+}
+
+static int is_model_dir(const char *dir) {
+    char path[4200];
+    return snprintf(path, sizeof path, "%s/config.json", dir) < (int)sizeof path && access(path, R_OK) == 0;
+}
+
+int app_resolve_model(app_options *o) {
+    static char found[4096];
+    if (o->model)
+        return 0;
+    const char *env = getenv("RLX_MODEL");
+    if (env && *env) {
+        o->model = env;
+        return 0;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash)
+            *slash = '\0';
+        const char *candidates[] = {"%s/../demo-model", "%s/../share/rlx/demo-model"};
+        for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++) {
+            snprintf(found, sizeof found, candidates[i], exe);
+            if (is_model_dir(found)) {
+                o->model = found;
+                fprintf(stderr, "rlx: no --model given, using the demo model %s (its weights are random)\n", found);
+                return 0;
+            }
+        }
+    }
+    return app_fail("no --model given and no demo model found (share/scripts/demo.sh builds one; or set RLX_MODEL)");
 }

@@ -47,8 +47,26 @@ int app_parse_float(const char *opt, const char *text, float *out);
 int app_parse_tokens(const char *text, int32_t **out);
 
 /* Loads the backend, opens the model and creates a whole-model session. */
-int app_runtime_open(app_runtime *rt, const app_options *o);
+int app_runtime_open(app_runtime *rt, app_options *o);
 void app_runtime_close(app_runtime *rt);
+
+/* Sampling options shared by generate and chat. */
+typedef struct app_sampling {
+    rlx_sampler_params params;
+    int sampling; /* a sampling option was given */
+    int greedy;   /* --greedy was given */
+} app_sampling;
+
+extern const char app_sampling_help[];
+/* Tries the sampling options (--greedy, --temp, --top-k, --top-p, --seed): 1 consumed, 0 not one,
+ * -1 after reporting a bad value. */
+int app_parse_sampling(app_sampling *s, int argc, char **argv, int *i);
+/* Checks the combination and fills s->params.greedy; 1 after reporting a conflict. */
+int app_sampling_finish(app_sampling *s);
+
+/* Sets o->model to the demo model when no --model was given: $RLX_MODEL, else demo-model in
+ * the build tree or share/rlx/demo-model of the installed tree. 1 after reporting none found. */
+int app_resolve_model(app_options *o);
 
 /* Help text shared by the model commands. */
 extern const char app_common_help[];
@@ -58,5 +76,8 @@ int cmd_logits(int argc, char **argv, app_options *o);
 int cmd_generate(int argc, char **argv, app_options *o);
 int cmd_bench(int argc, char **argv, app_options *o);
 int cmd_graph(int argc, char **argv, app_options *o);
+int cmd_chat(int argc, char **argv, app_options *o);
+int cmd_tokenize(int argc, char **argv, app_options *o);
+int cmd_detokenize(int argc, char **argv, app_options *o);
 
 #endif

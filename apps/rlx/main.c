@@ -11,7 +11,10 @@ static const struct {
     int (*run)(int argc, char **argv, app_options *o);
     const char *summary;
 } commands[] = {
-    {"generate", cmd_generate, "generate tokens from a prompt of token ids"},
+    {"generate", cmd_generate, "continue a prompt given as text or token ids"},
+    {"chat", cmd_chat, "talk with a model in the terminal"},
+    {"tokenize", cmd_tokenize, "print the token ids of a text"},
+    {"detokenize", cmd_detokenize, "print the text of token ids"},
     {"logits", cmd_logits, "write the logits of a prompt as raw float32"},
     {"bench", cmd_bench, "measure prefill and decode speed and peak memory"},
     {"graph", cmd_graph, "print the graph of a model and the backend of each node"},

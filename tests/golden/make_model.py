@@ -69,6 +69,14 @@ KINDS = {
                     num_key_value_heads=2, head_dim=16, rope_theta=10000,
                     tie_word_embeddings=False, attention_bias=False, use_sliding_window=True,
                     sliding_window=4, max_window_layers=1),
+    # The demo model: the real Qwen3 vocabulary and special ids (it ships with the real
+    # tokenizer.json), a small body: ~40 MB in BF16.
+    "demo": dict(model_type="qwen3", vocab_size=151936, hidden_size=128, intermediate_size=384,
+                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                 max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000,
+                 tie_word_embeddings=True, attention_bias=False, use_sliding_window=False,
+                 sliding_window=None, max_window_layers=4, bos_token_id=151643,
+                 eos_token_id=151645),
     # The shape of Qwen3-0.6B (config.json as released), for benchmarks: ~1.2 GB in BF16.
     "bench": dict(model_type="qwen3", vocab_size=151936, hidden_size=1024,
                   intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -77,7 +85,7 @@ KINDS = {
                   attention_bias=False, use_sliding_window=False, sliding_window=None,
                   max_window_layers=28, bos_token_id=151643, eos_token_id=151645),
 }
-DEFAULT_DTYPE = {"bench": "bf16"}  # the rest default to f32
+DEFAULT_DTYPE = {"bench": "bf16", "demo": "bf16"}  # the rest default to f32
 
 
 def make_config(kind, dtype):

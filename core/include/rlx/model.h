@@ -132,6 +132,12 @@ RLX_API rlx_status rlx_model_check_block(const rlx_model *m, const rlx_block_spe
 RLX_API rlx_status rlx_model_block_weights(const rlx_model *m, const rlx_block_spec *spec,
                                            int (*fn)(void *ctx, const char *name), void *ctx);
 
+/* Reads every page of the weights the block needs into memory (they are mapped lazily
+ * otherwise, so the first forward pass would fault them in), calling progress (may be NULL)
+ * with bytes done and total as it goes. For a progress bar while a large model loads. */
+RLX_API rlx_status rlx_model_prefetch(const rlx_model *m, const rlx_block_spec *spec,
+                                      void (*progress)(void *ctx, size_t done, size_t total), void *ctx);
+
 /* Builds the graph of a block for n_tokens positions per run and a KV cache of kv_capacity
  * positions. The caller owns *graph; io receives the ids to bind. */
 RLX_API rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec, uint32_t n_tokens,

@@ -8,17 +8,19 @@
  *                  regex), add_prefix_space false;
  *   model          BPE with merges as "a b" strings or [a, b] pairs, no dropout, no byte fallback,
  *                  no continuing_subword_prefix or end_of_word_suffix, ignore_merges either way;
- *   decoder        ByteLevel (or null); post_processor null or ByteLevel (no ids are added).
+ *   decoder        ByteLevel (or null).
  * Anything else is RLX_E_UNSUPPORTED naming the file and the component, rather than ids that
- * quietly differ from Hugging Face's.
+ * quietly differ from Hugging Face's. The post_processor is not applied: encoding gives what
+ * Hugging Face's encode(text, add_special_tokens=False) gives (no BOS/EOS is ever added).
  *
  * Encoding follows tokenizers' TokenizerImpl: added tokens are split off first (leftmost-longest
  * match; tokens with normalized=false on the raw text, then normalized=true ones on the
  * normalized text; lstrip, rstrip and single_word as Hugging Face applies them), the remaining
- * text is NFC-normalised if the normalizer says so, cut by the pre-tokenizer regex (compiled with
- * PCRE2 in UTF + UCP mode, with `\s` widened to U+0085 as Oniguruma's is), mapped to the
- * ByteLevel alphabet and merged by rank. Characters assigned after Unicode 14 (the tables of
- * Debian 12's PCRE2) may pre-tokenize differently from a Hugging Face build with newer tables.
+ * text is NFC-normalised (utf8proc) if the normalizer says so, cut by the pre-tokenizer regex
+ * (PCRE2 in UTF + UCP mode, with \s spelled out as Unicode White_Space as Oniguruma has it),
+ * mapped to the ByteLevel alphabet and merged by rank. Letters and digits assigned after
+ * Unicode 14 (the tables of Debian 12's PCRE2) may pre-tokenize differently from a Hugging Face
+ * build with newer tables; NFC uses utf8proc's Unicode 15 tables.
  *
  * A tokenizer is immutable after loading except for an internal word cache guarded by a mutex,
  * so one tokenizer may be used from several threads at once. */

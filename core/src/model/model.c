@@ -208,6 +208,47 @@ rlx_status rlx_model_block_weights(const rlx_model *m, const rlx_block_spec *spe
     return rc;
 }
 
+typedef struct prefetch {
+    const rlx_model *m;
+    size_t done, total;
+    int counting;
+    void (*progress)(void *ctx, size_t done, size_t total);
+    void *ctx;
+    unsigned char sink;
+} prefetch;
+
+static int prefetch_one(void *ctx, const char *name) {
+    prefetch *p = ctx;
+    const rlx_weight *w = rlx_weights_find(p->m->weights, name);
+    if (!w)
+        return 0; /* rlx_model_check_block reports missing tensors */
+    if (p->counting) {
+        p->total += w->nbytes;
+        return 0;
+    }
+    const volatile unsigned char *bytes = w->data;
+    const size_t page = 4096, step = 64 << 20;
+    for (size_t at = 0; at < w->nbytes; at += step) {
+        size_t end = at + step < w->nbytes ? at + step : w->nbytes;
+        for (size_t i = at; i < end; i += page)
+            p->sink ^= bytes[i];
+        p->done += end - at;
+        if (p->progress)
+            p->progress(p->ctx, p->done, p->total);
+    }
+    return 0;
+}
+
+rlx_status rlx_model_prefetch(const rlx_model *m, const rlx_block_spec *spec,
+                              void (*progress)(void *ctx, size_t done, size_t total), void *ctx) {
+    prefetch p = {.m = m, .counting = 1, .progress = progress, .ctx = ctx};
+    rlx_status rc = rlx_model_block_weights(m, spec, prefetch_one, &p);
+    p.counting = 0;
+    if (rc == RLX_OK)
+        rc = rlx_model_block_weights(m, spec, prefetch_one, &p);
+    return rc;
+}
+
 // ---- graph construction ----
 
 typedef struct builder {

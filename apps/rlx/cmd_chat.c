@@ -1,0 +1,274 @@
+/* rlx chat: a multi-turn conversation in the terminal. The KV cache is kept across turns: each
+ * turn renders the whole conversation with the chat template, and only the tokens after the
+ * longest prefix the cache already holds are run (the template rewrites earlier assistant turns
+ * when it drops their reasoning, so the cache is truncated back to where the text diverges). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "rlx/text.h"
+
+static const char help[] =
+    "usage: rlx chat [--model DIR] [--system TEXT] [--no-think] [-n N] [sampling options] [options]\n\n"
+    "Reads your messages line by line from stdin and streams the model's replies. Commands:\n"
+    "/reset forgets the conversation, /quit (or Ctrl-D) ends it; Ctrl-C stops a reply.\n\n"
+    "  --system TEXT      a system message opening the conversation\n"
+    "  --no-think         Qwen3's enable_thinking=false\n"
+    "  -n N               at most N tokens per reply (default 512)\n";
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+}
+
+typedef struct conversation {
+    rlx_chat_message *msgs;
+    size_t n, cap;
+    int32_t *cached; /* the ids the KV cache holds, in order */
+    size_t n_cached, cap_cached;
+} conversation;
+
+static int add_message(conversation *c, const char *role, const char *content) {
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 8;
+        rlx_chat_message *m = realloc(c->msgs, cap * sizeof *m);
+        if (!m)
+            return app_fail("chat: out of memory");
+        c->msgs = m;
+        c->cap = cap;
+    }
+    char *copy = strdup(content);
+    if (!copy)
+        return app_fail("chat: out of memory");
+    c->msgs[c->n++] = (rlx_chat_message){.role = role, .content = copy};
+    return 0;
+}
+
+static void clear_messages(conversation *c, size_t keep) {
+    while (c->n > keep)
+        free((char *)c->msgs[--c->n].content);
+}
+
+static int remember(conversation *c, const int32_t *ids, size_t n) {
+    if (c->n_cached + n > c->cap_cached) {
+        size_t cap = (c->n_cached + n) * 2;
+        int32_t *grown = realloc(c->cached, cap * sizeof *grown);
+        if (!grown)
+            return app_fail("chat: out of memory");
+        c->cached = grown;
+        c->cap_cached = cap;
+    }
+    memcpy(c->cached + c->n_cached, ids, n * sizeof *ids);
+    c->n_cached += n;
+    return 0;
+}
+
+typedef struct reply {
+    rlx_detok *detok;
+    char *text;
+    size_t len, cap;
+    int32_t *ids;
+    size_t n_ids, cap_ids;
+    int failed;
+} reply;
+
+static int append(reply *r, const char *text, size_t len) {
+    if (r->len + len + 1 > r->cap) {
+        size_t cap = (r->len + len + 1) * 2;
+        char *grown = realloc(r->text, cap);
+        if (!grown)
+            return -1;
+        r->text = grown;
+        r->cap = cap;
+    }
+    memcpy(r->text + r->len, text, len);
+    r->len += len;
+    r->text[r->len] = '\0';
+    return 0;
+}
+
+static int on_token(void *ctx, int32_t token) {
+    reply *r = ctx;
+    if (r->n_ids == r->cap_ids) {
+        size_t cap = r->cap_ids ? 2 * r->cap_ids : 64;
+        int32_t *grown = realloc(r->ids, cap * sizeof *grown);
+        if (!grown)
+            return r->failed = 1;
+        r->ids = grown;
+        r->cap_ids = cap;
+    }
+    r->ids[r->n_ids++] = token;
+    const char *text;
+    size_t len;
+    if (rlx_detok_push(r->detok, token, &text, &len) != RLX_OK || append(r, text, len) < 0 ||
+        fwrite(text, 1, len, stdout) != len || fflush(stdout) != 0)
+        return r->failed = 1;
+    return interrupted;
+}
+
+/* One assistant turn for the conversation so far; the reply is added to it. */
+static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conversation *c, int think,
+                uint32_t max_new) {
+    char *rendered;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (rlx_chat_render(tok, c->msgs, c->n, 1, think, &rendered) != RLX_OK)
+        return app_fail_rlx("chat: cannot apply the chat template");
+    rlx_status rc = rlx_tokenizer_encode(tok, rendered, strlen(rendered), 1, &ids, &n);
+    free(rendered);
+    if (rc != RLX_OK)
+        return app_fail_rlx("chat: cannot encode the conversation");
+    size_t keep = 0;
+    while (keep < n && keep < c->n_cached && ids[keep] == c->cached[keep])
+        keep++;
+    if (keep == n) /* the model must see at least one new token to answer */
+        keep--;
+    uint32_t capacity = rlx_session_capacity(rt->session);
+    if (n + max_new > capacity) {
+        free(ids);
+        return app_fail("chat: the conversation (%zu tokens) and a reply of %u would exceed the context of %u "
+                        "positions; /reset to start over",
+                        n, max_new, capacity);
+    }
+    rlx_session_truncate(rt->session, (uint32_t)keep);
+    c->n_cached = keep;
+    reply r = {0};
+    int status = 0;
+    if (rlx_detok_create(tok, RLX_DECODE_SKIP_SPECIAL, &r.detok) != RLX_OK)
+        status = app_fail_rlx("chat");
+    interrupted = 0;
+    rlx_gen_stats st;
+    if (!status && rlx_session_generate(rt->session, sampler, ids + keep, (uint32_t)(n - keep), max_new, on_token, &r,
+                                        &st) != RLX_OK)
+        status = app_fail_rlx("chat");
+    if (!status && !r.failed) {
+        const char *rest;
+        size_t len;
+        rlx_detok_flush(r.detok, &rest, &len);
+        if (append(&r, rest, len) < 0 || fwrite(rest, 1, len, stdout) != len || fputs("\n", stdout) == EOF ||
+            fflush(stdout) != 0)
+            r.failed = 1;
+    }
+    if (!status && r.failed)
+        status = app_fail("chat: cannot write the reply");
+    /* the cache holds the prompt and every reply token but the last, which was only sampled */
+    if (!status)
+        status = remember(c, ids + keep, n - keep) || remember(c, r.ids, r.n_ids ? r.n_ids - 1 : 0) ||
+                 add_message(c, "assistant", r.text ? r.text : "");
+    if (status) /* the cache no longer matches what we know: start the next turn from scratch */
+        c->n_cached = 0;
+    rlx_detok_destroy(r.detok);
+    free(r.text);
+    free(r.ids);
+    free(ids);
+    return status;
+}
+
+int cmd_chat(int argc, char **argv, app_options *o) {
+    const char *system = NULL;
+    int think = 1;
+    uint32_t max_new = 512;
+    app_sampling sampling = {.params = rlx_sampler_params_default()};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0) {
+            printf("%s%s%s", help, app_sampling_help, app_common_help);
+            return 0;
+        }
+        int rc = app_parse_common(o, argc, argv, &i);
+        if (rc == 0)
+            rc = app_parse_sampling(&sampling, argc, argv, &i);
+        if (rc < 0)
+            return 1;
+        if (rc)
+            continue;
+        if (strcmp(a, "--no-think") == 0) {
+            think = 0;
+        } else if (strcmp(a, "--system") == 0) {
+            if (!(system = app_value(argc, argv, &i)))
+                return 1;
+        } else if (strcmp(a, "-n") == 0) {
+            const char *v = app_value(argc, argv, &i);
+            if (!v || app_parse_u32(a, v, &max_new) < 0)
+                return 1;
+        } else {
+            return app_fail("chat: unknown option '%s' (see rlx chat --help)", a);
+        }
+    }
+    if (app_sampling_finish(&sampling))
+        return 1;
+    app_runtime rt;
+    if (app_runtime_open(&rt, o))
+        return 1;
+    rlx_tokenizer *tok = NULL;
+    rlx_sampler *sampler = NULL;
+    conversation c = {0};
+    int status = 0;
+    if (rlx_tokenizer_load(rlx_model_dir(rt.model), &tok) != RLX_OK)
+        status = app_fail_rlx("chat: cannot load the tokenizer");
+    else if (rlx_chat_template_of(tok) != RLX_CHAT_TEMPLATE_QWEN3)
+        status = app_fail("chat: %s has no standard Qwen3 chat template", rlx_model_dir(rt.model));
+    else if (rlx_sampler_create(&sampling.params, rlx_model_config_of(rt.model)->vocab_size, &sampler) != RLX_OK)
+        status = app_fail_rlx("chat");
+    else if (system)
+        status = add_message(&c, "system", system);
+    size_t n_fixed = c.n;
+    int tty = isatty(STDIN_FILENO);
+    if (!status && tty)
+        fprintf(stderr, "rlx chat: /reset forgets the conversation, /quit or Ctrl-D ends it, Ctrl-C stops a reply\n");
+    struct sigaction sa = {.sa_handler = on_sigint}, old;
+    sigaction(SIGINT, &sa, &old);
+    char *line = NULL;
+    size_t cap = 0;
+    while (!status) {
+        if (tty) {
+            fputs("> ", stderr);
+            fflush(stderr);
+        }
+        interrupted = 0;
+        ssize_t len = getline(&line, &cap, stdin);
+        if (len < 0) {
+            if (interrupted && !feof(stdin)) { /* Ctrl-C at the prompt: clear it and ask again */
+                clearerr(stdin);
+                fputc('\n', stderr);
+                continue;
+            }
+            break;
+        }
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = '\0';
+        if (len == 0)
+            continue;
+        if (strcmp(line, "/quit") == 0 || strcmp(line, "/exit") == 0)
+            break;
+        if (strcmp(line, "/reset") == 0) {
+            clear_messages(&c, n_fixed);
+            c.n_cached = 0;
+            rlx_session_truncate(rt.session, 0);
+            fprintf(stderr, "rlx chat: conversation cleared\n");
+            continue;
+        }
+        if ((status = add_message(&c, "user", line)))
+            break;
+        if (turn(&rt, tok, sampler, &c, think, max_new)) {
+            /* a failed turn leaves the conversation as it was before the message */
+            clear_messages(&c, c.n - 1);
+            if (ferror(stdout)) /* nobody is reading the replies any more */
+                status = 1;
+        }
+    }
+    sigaction(SIGINT, &old, NULL);
+    free(line);
+    clear_messages(&c, 0);
+    free(c.msgs);
+    free(c.cached);
+    rlx_sampler_destroy(sampler);
+    rlx_tokenizer_destroy(tok);
+    app_runtime_close(&rt);
+    return status;
+}

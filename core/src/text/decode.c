@@ -1,0 +1,209 @@
+/* Decoding ids to UTF-8, whole or one token at a time.
+ *
+ * tokenizers' decode concatenates the bytes of the ByteLevel tokens between added tokens and
+ * turns them into a string with String::from_utf8_lossy, which replaces each maximal invalid
+ * subsequence by one U+FFFD; added tokens are appended as they are. A byte-at-a-time UTF-8
+ * decoder with the same replacement rule (the WHATWG one) gives the same text whether the bytes
+ * arrive at once or token by token, which is what the streaming decoder relies on. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "text_internal.h"
+
+typedef struct strbuf {
+    char *v;
+    size_t n, cap;
+} strbuf;
+
+static rlx_status sb_reserve(strbuf *b, size_t more) {
+    if (b->n + more + 1 <= b->cap)
+        return RLX_OK;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < b->n + more + 1)
+        cap *= 2;
+    char *grown = realloc(b->v, cap);
+    if (!grown)
+        return rlx_error(RLX_E_NOMEM, "cannot allocate %zu bytes of decoded text", cap);
+    b->v = grown;
+    b->cap = cap;
+    return RLX_OK;
+}
+
+static rlx_status sb_add(strbuf *b, const void *p, size_t n) {
+    rlx_status st = sb_reserve(b, n);
+    if (st == RLX_OK) {
+        memcpy(b->v + b->n, p, n);
+        b->n += n;
+        b->v[b->n] = '\0';
+    }
+    return st;
+}
+
+static const char replacement[3] = {(char)0xEF, (char)0xBF, (char)0xBD}; /* U+FFFD */
+
+// ---- UTF-8 assembly
+
+typedef struct utf8_state {
+    uint8_t pending[4];
+    uint8_t n_pending; /* bytes of the current sequence seen so far */
+    uint8_t needed;    /* continuation bytes still expected */
+    uint8_t lo, hi;    /* bounds of the next continuation byte */
+} utf8_state;
+
+static rlx_status utf8_feed(utf8_state *u, uint8_t b, strbuf *out) {
+    if (u->needed) {
+        if (b >= u->lo && b <= u->hi) {
+            u->pending[u->n_pending++] = b;
+            u->lo = 0x80;
+            u->hi = 0xBF;
+            if (--u->needed == 0) {
+                rlx_status st = sb_add(out, u->pending, u->n_pending);
+                u->n_pending = 0;
+                return st;
+            }
+            return RLX_OK;
+        }
+        /* the sequence so far is a maximal invalid subpart; b starts afresh */
+        u->needed = 0;
+        u->n_pending = 0;
+        rlx_status st = sb_add(out, replacement, 3);
+        if (st != RLX_OK)
+            return st;
+    }
+    if (b < 0x80)
+        return sb_add(out, &b, 1);
+    u->lo = 0x80;
+    u->hi = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) {
+        u->needed = 1;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+        u->needed = 2;
+        if (b == 0xE0)
+            u->lo = 0xA0;
+        else if (b == 0xED)
+            u->hi = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+        u->needed = 3;
+        if (b == 0xF0)
+            u->lo = 0x90;
+        else if (b == 0xF4)
+            u->hi = 0x8F;
+    } else {
+        return sb_add(out, replacement, 3);
+    }
+    u->pending[0] = b;
+    u->n_pending = 1;
+    return RLX_OK;
+}
+
+static rlx_status utf8_finish(utf8_state *u, strbuf *out) {
+    if (!u->needed)
+        return RLX_OK;
+    u->needed = 0;
+    u->n_pending = 0;
+    return sb_add(out, replacement, 3);
+}
+
+/* Appends what id adds to the text. */
+static rlx_status decode_one(const rlx_tokenizer *tok, unsigned flags, utf8_state *u, int32_t id, strbuf *out) {
+    if (id < 0 || id >= tok->n_tokens || !tok->tokens[id].present) {
+        if (flags & RLX_DECODE_STRICT)
+            return rlx_error(RLX_E_RANGE, "token id %d is not in the vocabulary (%d ids)", id, tok->n_tokens);
+        return RLX_OK;
+    }
+    const text_token *t = &tok->tokens[id];
+    if (t->added) {
+        if (t->special && (flags & RLX_DECODE_SKIP_SPECIAL))
+            return RLX_OK;
+        rlx_status st = utf8_finish(u, out);
+        return st == RLX_OK ? sb_add(out, tok->strings + t->bytes, t->bytes_len) : st;
+    }
+    const uint8_t *p = (const uint8_t *)tok->strings + t->bytes;
+    rlx_status st = sb_reserve(out, t->bytes_len + 3);
+    for (uint32_t i = 0; i < t->bytes_len && st == RLX_OK; i++)
+        st = utf8_feed(u, p[i], out);
+    return st;
+}
+
+rlx_status rlx_tokenizer_decode(const rlx_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags, char **text,
+                                size_t *len) {
+    if (text)
+        *text = NULL;
+    if (len)
+        *len = 0;
+    if (!tok || !text || (!ids && n))
+        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_decode: NULL argument");
+    strbuf out = {0};
+    utf8_state u = {0};
+    rlx_status st = sb_reserve(&out, n * 4);
+    for (size_t i = 0; i < n && st == RLX_OK; i++)
+        st = decode_one(tok, flags, &u, ids[i], &out);
+    if (st == RLX_OK)
+        st = utf8_finish(&u, &out);
+    if (st != RLX_OK) {
+        free(out.v);
+        return st;
+    }
+    out.v[out.n] = '\0';
+    *text = out.v;
+    if (len)
+        *len = out.n;
+    return RLX_OK;
+}
+
+// ---- streaming
+
+struct rlx_detok {
+    const rlx_tokenizer *tok;
+    unsigned flags;
+    utf8_state u;
+    strbuf out;
+};
+
+rlx_status rlx_detok_create(const rlx_tokenizer *tok, unsigned flags, rlx_detok **out) {
+    if (!out)
+        return rlx_error(RLX_E_INVALID, "rlx_detok_create: out is NULL");
+    *out = NULL;
+    if (!tok)
+        return rlx_error(RLX_E_INVALID, "rlx_detok_create: tokenizer is NULL");
+    rlx_detok *d = calloc(1, sizeof *d);
+    if (!d || sb_reserve(&d->out, 64) != RLX_OK) {
+        free(d);
+        return rlx_error(RLX_E_NOMEM, "cannot allocate a streaming decoder");
+    }
+    d->tok = tok;
+    d->flags = flags;
+    *out = d;
+    return RLX_OK;
+}
+
+void rlx_detok_destroy(rlx_detok *d) {
+    if (!d)
+        return;
+    free(d->out.v);
+    free(d);
+}
+
+rlx_status rlx_detok_push(rlx_detok *d, int32_t id, const char **text, size_t *len) {
+    if (!d || !text || !len)
+        return rlx_error(RLX_E_INVALID, "rlx_detok_push: NULL argument");
+    d->out.n = 0;
+    d->out.v[0] = '\0';
+    rlx_status st = decode_one(d->tok, d->flags, &d->u, id, &d->out);
+    *text = d->out.v;
+    *len = st == RLX_OK ? d->out.n : 0;
+    if (st != RLX_OK)
+        d->out.v[0] = '\0';
+    return st;
+}
+
+rlx_status rlx_detok_flush(rlx_detok *d, const char **text, size_t *len) {
+    if (!d || !text || !len)
+        return rlx_error(RLX_E_INVALID, "rlx_detok_flush: NULL argument");
+    d->out.n = 0;
+    d->out.v[0] = '\0';
+    rlx_status st = utf8_finish(&d->u, &d->out);
+    *text = d->out.v;
+    *len = st == RLX_OK ? d->out.n : 0;
+    return st;
+}

@@ -1,0 +1,535 @@
+/* Encoding: added-token splitting, NFC, the pre-tokenizer regex and byte-level BPE.
+ *
+ * The order of steps and every tie-break follow tokenizers' TokenizerImpl::encode_single_sequence:
+ * AddedVocabulary::extract_and_normalize, then the Split pre-tokenizer, then BPE::merge_word with
+ * its priority queue (lowest rank first, then leftmost; stale entries dropped when the pair at
+ * their position no longer yields the same token). Words are BPE'd from their raw bytes: the
+ * ByteLevel alphabet is a bijection, so byte i of a word is the symbol "bytes_to_unicode(i)". */
+#include <stdlib.h>
+#include <string.h>
+
+#include <utf8proc.h>
+
+#include "text_internal.h"
+
+// ---- output ids
+
+typedef struct ids_buf {
+    int32_t *v;
+    size_t n, cap;
+} ids_buf;
+
+static rlx_status ids_reserve(ids_buf *b, size_t more) {
+    if (b->n + more <= b->cap)
+        return RLX_OK;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + more)
+        cap *= 2;
+    int32_t *grown = realloc(b->v, cap * sizeof *grown);
+    if (!grown)
+        return rlx_error(RLX_E_NOMEM, "cannot allocate %zu token ids", cap);
+    b->v = grown;
+    b->cap = cap;
+    return RLX_OK;
+}
+
+static rlx_status ids_push(ids_buf *b, int32_t id) {
+    rlx_status st = ids_reserve(b, 1);
+    if (st == RLX_OK)
+        b->v[b->n++] = id;
+    return st;
+}
+
+// ---- word cache
+
+static uint64_t hash_word(const uint8_t *s, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ULL ^ n;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ s[i]) * 0x100000001b3ULL;
+    return h ^ (h >> 32);
+}
+
+rlx_status rlx__cache_init(text_cache *c) {
+    memset(c, 0, sizeof *c);
+    if (pthread_mutex_init(&c->lock, NULL) != 0)
+        return rlx_error(RLX_E_INTERNAL, "cannot create the word cache lock");
+    c->cap = TEXT_CACHE_MAX_ENTRIES * 2;
+    c->hashes = calloc(c->cap, sizeof *c->hashes);
+    c->entries = calloc(c->cap, sizeof *c->entries);
+    if (!c->hashes || !c->entries) {
+        rlx__cache_deinit(c);
+        return rlx_error(RLX_E_NOMEM, "cannot allocate the word cache");
+    }
+    return RLX_OK;
+}
+
+void rlx__cache_deinit(text_cache *c) {
+    if (c->cap)
+        pthread_mutex_destroy(&c->lock);
+    free(c->hashes);
+    free(c->entries);
+    free(c->key_off);
+    free(c->key_len);
+    free(c->n_ids);
+    free(c->data);
+    memset(c, 0, sizeof *c);
+}
+
+/* Appends the cached ids of word w to out; returns 1 on a hit. */
+static int cache_get(text_cache *c, uint64_t h, const uint8_t *w, size_t n, ids_buf *out, rlx_status *st) {
+    int hit = 0;
+    pthread_mutex_lock(&c->lock);
+    size_t mask = c->cap - 1;
+    for (size_t i = h & mask; c->entries[i]; i = (i + 1) & mask) {
+        uint32_t e = c->entries[i] - 1;
+        if (c->hashes[i] == h && c->key_len[e] == n && memcmp(c->data + c->key_off[e], w, n) == 0) {
+            uint32_t k = c->n_ids[e];
+            if ((*st = ids_reserve(out, k)) == RLX_OK) {
+                memcpy(out->v + out->n, c->data + c->key_off[e] + ((n + 3) & ~(size_t)3), k * sizeof(int32_t));
+                out->n += k;
+            }
+            hit = 1;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return hit;
+}
+
+/* Remembers ids[0, k) for word w; a full cache or a failed allocation just skips it. */
+static void cache_put(text_cache *c, uint64_t h, const uint8_t *w, size_t n, const int32_t *ids, size_t k) {
+    pthread_mutex_lock(&c->lock);
+    if (c->n >= TEXT_CACHE_MAX_ENTRIES)
+        goto out;
+    size_t mask = c->cap - 1, i = h & mask;
+    for (; c->entries[i]; i = (i + 1) & mask) {
+        uint32_t e = c->entries[i] - 1;
+        if (c->hashes[i] == h && c->key_len[e] == n && memcmp(c->data + c->key_off[e], w, n) == 0)
+            goto out; /* another thread was first */
+    }
+    size_t key_padded = (n + 3) & ~(size_t)3, need = key_padded + k * sizeof(int32_t);
+    if (c->data_len + need > c->data_cap) {
+        size_t cap = c->data_cap ? c->data_cap * 2 : 1 << 16;
+        while (cap < c->data_len + need)
+            cap *= 2;
+        uint8_t *grown = realloc(c->data, cap);
+        if (!grown)
+            goto out;
+        c->data = grown;
+        c->data_cap = cap;
+    }
+    if (c->n == c->n_alloc) {
+        size_t na = c->n_alloc ? c->n_alloc * 2 : 1024;
+        uint32_t *ko = realloc(c->key_off, na * sizeof *ko);
+        if (ko)
+            c->key_off = ko;
+        uint32_t *kl = realloc(c->key_len, na * sizeof *kl);
+        if (kl)
+            c->key_len = kl;
+        uint32_t *ni = realloc(c->n_ids, na * sizeof *ni);
+        if (ni)
+            c->n_ids = ni;
+        if (!ko || !kl || !ni)
+            goto out;
+        c->n_alloc = na;
+    }
+    uint32_t e = (uint32_t)c->n++;
+    c->key_off[e] = (uint32_t)c->data_len;
+    c->key_len[e] = (uint32_t)n;
+    c->n_ids[e] = (uint32_t)k;
+    memcpy(c->data + c->data_len, w, n);
+    memcpy(c->data + c->data_len + key_padded, ids, k * sizeof(int32_t));
+    c->data_len += need;
+    c->hashes[i] = h;
+    c->entries[i] = e + 1;
+out:
+    pthread_mutex_unlock(&c->lock);
+}
+
+// ---- BPE
+
+typedef struct bpe_symbol {
+    int32_t c;
+    int32_t prev, next; /* -1 at the ends */
+    uint32_t len;       /* 0 once merged into its left neighbour */
+} bpe_symbol;
+
+typedef struct bpe_merge {
+    uint32_t rank;
+    uint32_t pos;
+    int32_t new_id;
+} bpe_merge;
+
+typedef struct encoder {
+    const rlx_tokenizer *tok;
+    ids_buf out;
+    int parse_special;
+    pcre2_match_data *md;
+    pcre2_match_context *mctx;
+    pcre2_jit_stack *jit_stack;
+    bpe_symbol *syms;
+    size_t syms_cap;
+    bpe_merge *heap;
+    size_t heap_n, heap_cap;
+    char *buf; /* byte-level spelling of a word for ignore_merges */
+    size_t buf_cap;
+} encoder;
+
+static int merge_find(const rlx_tokenizer *tok, int32_t a, int32_t b, uint32_t *rank, int32_t *id) {
+    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+    uint64_t h = key * 0x9E3779B97F4A7C15ULL;
+    h ^= h >> 31;
+    size_t mask = tok->merge_cap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        uint64_t k = tok->merge_keys[i];
+        if (k == key) {
+            *rank = tok->merge_rank[i];
+            *id = tok->merge_id[i];
+            return 1;
+        }
+        if (k == UINT64_MAX)
+            return 0;
+    }
+}
+
+static int merge_less(const bpe_merge *a, const bpe_merge *b) {
+    return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
+}
+
+static void heap_push(encoder *e, bpe_merge m) {
+    size_t i = e->heap_n++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!merge_less(&m, &e->heap[parent]))
+            break;
+        e->heap[i] = e->heap[parent];
+        i = parent;
+    }
+    e->heap[i] = m;
+}
+
+static bpe_merge heap_pop(encoder *e) {
+    bpe_merge top = e->heap[0], last = e->heap[--e->heap_n];
+    size_t i = 0, n = e->heap_n;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        const bpe_merge *best = &last;
+        if (l < n && merge_less(&e->heap[l], best)) {
+            m = l;
+            best = &e->heap[l];
+        }
+        if (r < n && merge_less(&e->heap[r], best))
+            m = r;
+        if (m == i)
+            break;
+        e->heap[i] = e->heap[m];
+        i = m;
+    }
+    if (n > 0)
+        e->heap[i] = last;
+    return top;
+}
+
+static void push_pair(encoder *e, int32_t pos) {
+    uint32_t rank;
+    int32_t id;
+    const bpe_symbol *s = &e->syms[pos];
+    if (s->next >= 0 && merge_find(e->tok, s->c, e->syms[s->next].c, &rank, &id))
+        heap_push(e, (bpe_merge){.rank = rank, .pos = (uint32_t)pos, .new_id = id});
+}
+
+static rlx_status grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap)
+        return RLX_OK;
+    size_t c = *cap ? *cap : 64;
+    while (c < need)
+        c *= 2;
+    void *grown = realloc(*p, c * elem);
+    if (!grown)
+        return rlx_error(RLX_E_NOMEM, "cannot allocate BPE scratch space for a %zu-byte word", need);
+    *p = grown;
+    *cap = c;
+    return RLX_OK;
+}
+
+/* Appends the BPE ids of one pre-tokenized word (raw bytes) to e->out. */
+static rlx_status bpe_word(encoder *e, const uint8_t *w, size_t n) {
+    const rlx_tokenizer *tok = e->tok;
+    if (tok->ignore_merges) { /* a word that is a whole vocabulary token is taken as it is */
+        rlx_status st = grow((void **)&e->buf, &e->buf_cap, n * 2 + 1, 1);
+        if (st != RLX_OK)
+            return st;
+        size_t k = 0, i = 0;
+        for (; i < n && tok->byte_token[w[i]] >= 0; i++) {
+            const text_token *t = &tok->tokens[tok->byte_token[w[i]]];
+            memcpy(e->buf + k, tok->strings + t->str, t->str_len);
+            k += t->str_len;
+        }
+        int32_t id = i == n ? rlx__vocab_find(tok, e->buf, k) : -1;
+        if (id >= 0 && tok->tokens[id].in_model)
+            return ids_push(&e->out, id);
+    }
+    if (n == 1)
+        return tok->byte_token[w[0]] >= 0 ? ids_push(&e->out, tok->byte_token[w[0]]) : RLX_OK;
+    rlx_status st = grow((void **)&e->syms, &e->syms_cap, n, sizeof *e->syms);
+    if (st == RLX_OK)
+        st = grow((void **)&e->heap, &e->heap_cap, 3 * n + 4, sizeof *e->heap); /* n-1 pairs + 2 per merge */
+    if (st != RLX_OK)
+        return st;
+    int32_t ns = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t c = tok->byte_token[w[i]];
+        if (c < 0) /* no token for this byte and no unk: tokenizers drops it */
+            continue;
+        e->syms[ns] = (bpe_symbol){.c = c, .prev = ns - 1, .next = ns + 1, .len = 1};
+        ns++;
+    }
+    if (ns == 0)
+        return RLX_OK;
+    e->syms[ns - 1].next = -1;
+    e->heap_n = 0;
+    for (int32_t i = 0; i + 1 < ns; i++)
+        push_pair(e, i);
+    while (e->heap_n > 0) {
+        bpe_merge top = heap_pop(e);
+        bpe_symbol *cur = &e->syms[top.pos];
+        if (cur->len == 0 || cur->next < 0)
+            continue;
+        int32_t next_pos = cur->next;
+        bpe_symbol right = e->syms[next_pos];
+        uint32_t rank;
+        int32_t id;
+        if (!merge_find(tok, cur->c, right.c, &rank, &id) || id != top.new_id)
+            continue; /* stale: the pair at this position has changed */
+        cur->c = top.new_id;
+        cur->len += right.len;
+        cur->next = right.next;
+        e->syms[next_pos].len = 0;
+        if (right.next >= 0)
+            e->syms[right.next].prev = (int32_t)top.pos;
+        if (cur->prev >= 0)
+            push_pair(e, cur->prev);
+        push_pair(e, (int32_t)top.pos);
+    }
+    if ((st = ids_reserve(&e->out, (size_t)ns)) != RLX_OK)
+        return st;
+    for (int32_t i = 0; i < ns; i++)
+        if (e->syms[i].len)
+            e->out.v[e->out.n++] = e->syms[i].c;
+    return RLX_OK;
+}
+
+static rlx_status encode_word(encoder *e, const uint8_t *w, size_t n) {
+    if (n == 0)
+        return RLX_OK;
+    if (n > TEXT_CACHE_MAX_WORD)
+        return bpe_word(e, w, n);
+    text_cache *cache = (text_cache *)&e->tok->cache; /* the cache is the one mutable part, under its lock */
+    uint64_t h = hash_word(w, n);
+    rlx_status st = RLX_OK;
+    if (cache_get(cache, h, w, n, &e->out, &st))
+        return st;
+    size_t before = e->out.n;
+    if ((st = bpe_word(e, w, n)) != RLX_OK)
+        return st;
+    cache_put(cache, h, w, n, e->out.v + before, e->out.n - before);
+    return RLX_OK;
+}
+
+// ---- pre-tokenizer
+
+static size_t char_len(uint8_t b) {
+    return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+}
+
+static int regex_match(encoder *e, const char *s, size_t len, size_t at) {
+    const rlx_tokenizer *tok = e->tok;
+    int rc = pcre2_match(tok->re, (PCRE2_SPTR)s, len, at, PCRE2_NO_UTF_CHECK, e->md, e->mctx);
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !e->jit_stack) {
+        /* very long runs of one class can outgrow the default 32 KiB JIT stack */
+        if (!e->mctx && !(e->mctx = pcre2_match_context_create(NULL)))
+            return PCRE2_ERROR_NOMEMORY;
+        if (!(e->jit_stack = pcre2_jit_stack_create(32 * 1024, 256 * 1024 * 1024, NULL)))
+            return PCRE2_ERROR_NOMEMORY;
+        pcre2_jit_stack_assign(e->mctx, NULL, e->jit_stack);
+        rc = pcre2_match(tok->re, (PCRE2_SPTR)s, len, at, PCRE2_NO_UTF_CHECK, e->md, e->mctx);
+    }
+    return rc;
+}
+
+/* Split(Isolated): every match and every gap between matches is a word; empty matches are
+ * skipped (the search resumes a character later), as onig's find_iter does. */
+static rlx_status pre_tokenize(encoder *e, const char *s, size_t len) {
+    size_t prev = 0, at = 0;
+    rlx_status st;
+    while (at < len) {
+        int rc = regex_match(e, s, len, at);
+        if (rc == PCRE2_ERROR_NOMATCH)
+            break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return rlx_error(rc == PCRE2_ERROR_NOMEMORY ? RLX_E_NOMEM : RLX_E_INTERNAL,
+                             "pre-tokenizer regex failed at byte %zu: %s", at, (const char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->md);
+        size_t ms = ov[0], me = ov[1];
+        if (me <= ms) {
+            at = ms + char_len((uint8_t)s[ms]);
+            continue;
+        }
+        if (ms > prev && (st = encode_word(e, (const uint8_t *)s + prev, ms - prev)) != RLX_OK)
+            return st;
+        if ((st = encode_word(e, (const uint8_t *)s + ms, me - ms)) != RLX_OK)
+            return st;
+        prev = at = me;
+    }
+    return prev < len ? encode_word(e, (const uint8_t *)s + prev, len - prev) : RLX_OK;
+}
+
+// ---- added tokens
+
+static int is_alnum(uint32_t c) {
+    utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)c);
+    return (cat >= UTF8PROC_CATEGORY_LU && cat <= UTF8PROC_CATEGORY_LO) ||
+           (cat >= UTF8PROC_CATEGORY_ND && cat <= UTF8PROC_CATEGORY_NO);
+}
+
+/* Start of the character that ends s[0, end). */
+static size_t char_start_before(const char *s, size_t end) {
+    size_t i = end - 1;
+    while (i > 0 && ((uint8_t)s[i] & 0xC0) == 0x80)
+        i--;
+    return i;
+}
+
+typedef rlx_status (*text_fn)(encoder *e, const char *s, size_t len);
+
+/* AddedVocabulary::split_with_indices over s with one matcher: matched tokens go to the output,
+ * the text around them to on_text. */
+static rlx_status split_added(encoder *e, const text_matcher *m, const char *s, size_t len, text_fn on_text) {
+    const rlx_tokenizer *tok = e->tok;
+    size_t start_offset = 0, i = 0;
+    rlx_status st;
+    while (i < len && m->n) {
+        uint8_t b = (uint8_t)s[i];
+        const text_added *found = NULL;
+        for (uint32_t k = m->first[b]; k < m->first[b + 1]; k++) {
+            const text_added *a = &tok->added[m->items[k]];
+            if (a->len <= len - i && memcmp(s + i, tok->strings + a->off, a->len) == 0) {
+                found = a; /* candidates are sorted longest first: leftmost-longest */
+                break;
+            }
+        }
+        if (!found) {
+            i++;
+            continue;
+        }
+        size_t start = i, stop = i + found->len;
+        i = stop;
+        if (!e->parse_special && found->special)
+            continue;
+        if (found->single_word) {
+            size_t cl;
+            int word_before = start > 0 && is_alnum(rlx__utf8_decode((const uint8_t *)s + char_start_before(s, start), &cl));
+            int word_after = stop < len && is_alnum(rlx__utf8_decode((const uint8_t *)s + stop, &cl));
+            if (word_before || word_after)
+                continue;
+        }
+        if (found->lstrip) {
+            size_t ns = start;
+            while (ns > 0) {
+                size_t cs = char_start_before(s, ns), cl;
+                if (!rlx__unicode_is_space(rlx__utf8_decode((const uint8_t *)s + cs, &cl)))
+                    break;
+                ns = cs;
+            }
+            start = ns > start_offset ? ns : start_offset;
+        }
+        if (found->rstrip) {
+            while (stop < len) {
+                size_t cl;
+                if (!rlx__unicode_is_space(rlx__utf8_decode((const uint8_t *)s + stop, &cl)))
+                    break;
+                stop += cl;
+            }
+            if (i < stop)
+                i = stop;
+        }
+        if (start > start_offset && (st = on_text(e, s + start_offset, start - start_offset)) != RLX_OK)
+            return st;
+        if ((st = ids_push(&e->out, found->id)) != RLX_OK)
+            return st;
+        start_offset = stop;
+    }
+    return start_offset < len ? on_text(e, s + start_offset, len - start_offset) : RLX_OK;
+}
+
+static rlx_status on_normalized_text(encoder *e, const char *s, size_t len) {
+    return pre_tokenize(e, s, len);
+}
+
+/* A piece of raw text between non-normalized added tokens: normalize it, then split off the
+ * normalized added tokens. */
+static rlx_status on_raw_text(encoder *e, const char *s, size_t len) {
+    const rlx_tokenizer *tok = e->tok;
+    if (!tok->nfc)
+        return split_added(e, &tok->norm_matcher, s, len, on_normalized_text);
+    /* Code points below U+0300 (lead bytes below 0xCC) are NFC-stable and never compose with a
+     * preceding character, so text made only of them needs no normalisation. */
+    size_t i = 0;
+    while (i < len && (uint8_t)s[i] < 0xCC)
+        i++;
+    if (i == len)
+        return split_added(e, &tok->norm_matcher, s, len, on_normalized_text);
+    char *norm;
+    size_t norm_len;
+    rlx_status st = rlx__nfc(s, len, &norm, &norm_len);
+    if (st != RLX_OK)
+        return st;
+    st = split_added(e, &tok->norm_matcher, norm, norm_len, on_normalized_text);
+    free(norm);
+    return st;
+}
+
+rlx_status rlx_tokenizer_encode(const rlx_tokenizer *tok, const char *text, size_t len, int parse_special,
+                                int32_t **ids, size_t *n_ids) {
+    if (ids)
+        *ids = NULL;
+    if (n_ids)
+        *n_ids = 0;
+    if (!tok || !ids || !n_ids || (!text && len))
+        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_encode: NULL argument");
+    size_t bad = rlx__utf8_check((const uint8_t *)text, len);
+    if (bad < len)
+        return rlx_error(RLX_E_INVALID, "text is not valid UTF-8: byte 0x%02X at offset %zu", (uint8_t)text[bad], bad);
+    if (len == 0)
+        return RLX_OK;
+    encoder e = {.tok = tok, .parse_special = parse_special};
+    rlx_status st = RLX_OK;
+    if (!(e.md = pcre2_match_data_create_from_pattern(tok->re, NULL))) {
+        st = rlx_error(RLX_E_NOMEM, "cannot allocate regex match data");
+        goto done;
+    }
+    if ((st = ids_reserve(&e.out, len / 3 + 16)) != RLX_OK)
+        goto done;
+    st = split_added(&e, &tok->raw_matcher, text, len, on_raw_text);
+done:
+    pcre2_match_data_free(e.md);
+    pcre2_match_context_free(e.mctx);
+    pcre2_jit_stack_free(e.jit_stack);
+    free(e.syms);
+    free(e.heap);
+    free(e.buf);
+    if (st != RLX_OK) {
+        free(e.out.v);
+        return st;
+    }
+    if (e.out.n == 0) {
+        free(e.out.v);
+        e.out.v = NULL;
+    }
+    *ids = e.out.v;
+    *n_ids = e.out.n;
+    return RLX_OK;
+}

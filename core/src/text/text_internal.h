@@ -1,0 +1,115 @@
+/* The tokenizer's layout, shared by the sources of core/src/text. */
+#ifndef RLX_TEXT_INTERNAL_H
+#define RLX_TEXT_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "rlx/text.h"
+
+/* Words longer than this (in bytes) skip the word cache; the cache stops growing at its cap. */
+#define TEXT_CACHE_MAX_WORD 256
+#define TEXT_CACHE_MAX_ENTRIES 65536
+
+typedef struct text_token {
+    uint32_t str;       /* offset of the vocabulary string (NUL-terminated) in strings */
+    uint32_t str_len;
+    uint32_t bytes;     /* offset of the bytes it decodes to in strings */
+    uint32_t bytes_len;
+    uint8_t present;    /* 0 for a gap in the id space */
+    uint8_t in_model;   /* in the BPE model's vocab (not only an added token) */
+    uint8_t added;
+    uint8_t special;
+} text_token;
+
+typedef struct text_added {
+    int32_t id;
+    uint32_t off, len;  /* content in strings; NFC'd for a normalized token when the normalizer is NFC */
+    uint8_t special, lstrip, rstrip, single_word, normalized;
+} text_added;
+
+/* Leftmost-longest matcher over a set of added tokens (Hugging Face uses an Aho-Corasick
+ * automaton in LeftmostLongest mode; a first-byte filter plus candidates sorted longest first
+ * finds the same matches for the few dozen tokens models have). */
+typedef struct text_matcher {
+    uint32_t *items;          /* indexes into tok->added, by first byte, then length descending */
+    size_t n;
+    uint32_t first[257];      /* items[first[b] .. first[b+1]) start with byte b */
+} text_matcher;
+
+typedef struct text_cache {
+    pthread_mutex_t lock;
+    uint64_t *hashes;   /* per slot */
+    uint32_t *entries;  /* per slot: 0 = empty, else entry index + 1 */
+    size_t cap;
+    /* entry i: key bytes at data[key_off[i] ...] of key_len[i], ids after it */
+    uint32_t *key_off, *key_len, *n_ids;
+    size_t n, n_alloc;
+    uint8_t *data;
+    size_t data_len, data_cap;
+} text_cache;
+
+struct rlx_tokenizer {
+    text_token *tokens; /* [n_tokens] indexed by id */
+    int32_t n_tokens;
+    char *strings;
+    size_t strings_len, strings_cap;
+
+    /* vocabulary string -> id (over tokens[]): hash high half << 32 | id + 1 */
+    uint64_t *vocab_slots;
+    size_t vocab_cap;
+
+    /* merge (left id, right id) -> rank and merged id */
+    uint64_t *merge_keys; /* UINT64_MAX = empty */
+    uint32_t *merge_rank;
+    int32_t *merge_id;
+    size_t merge_cap;
+
+    int32_t byte_token[256]; /* id of the single-byte token of each byte */
+    int ignore_merges;
+    int nfc;
+
+    pcre2_code *re;
+    int re_jit;
+
+    text_added *added;
+    size_t n_added;
+    text_matcher raw_matcher, norm_matcher;
+
+    int32_t eos_id, pad_id, bos_id;
+    char *chat_template;
+    rlx_chat_template_kind chat_kind;
+
+    text_cache cache;
+};
+
+/* ---- shared helpers ---- */
+
+/* Byte offset of the first invalid UTF-8 sequence in s[0, len), or len when s is valid
+ * (overlong forms, surrogates and code points above U+10FFFF are invalid). */
+size_t rlx__utf8_check(const uint8_t *s, size_t len);
+
+/* Decodes the code point at s (valid UTF-8 of at least one character); stores its length. */
+uint32_t rlx__utf8_decode(const uint8_t *s, size_t *n);
+
+/* White_Space (Rust's char::is_whitespace, Oniguruma's \s). */
+int rlx__unicode_is_space(uint32_t c);
+
+/* NFC of s[0, len) into a malloc'd buffer; RLX_E_NOMEM or RLX_E_INTERNAL on failure. */
+rlx_status rlx__nfc(const char *s, size_t len, char **out, size_t *out_len);
+
+/* Looks a vocabulary string up; -1 when absent. */
+int32_t rlx__vocab_find(const rlx_tokenizer *tok, const char *s, size_t len);
+
+/* The encoder's word cache. */
+rlx_status rlx__cache_init(text_cache *c);
+void rlx__cache_deinit(text_cache *c);
+
+/* Recognises a chat template's text. */
+rlx_chat_template_kind rlx__chat_template_kind(const char *tmpl);
+
+#endif

@@ -1,0 +1,972 @@
+/* Loading a Hugging Face tokenizer.json (byte-level BPE) and tokenizer_config.json.
+ *
+ * What is accepted, and how added tokens get their ids, follows the Rust `tokenizers` library
+ * (TokenizerImpl deserialisation, AddedVocabulary::add_tokens) and transformers'
+ * PreTrainedTokenizerFast, which adds the tokens of tokenizer_config.json that tokenizer.json
+ * lacks. Anything that would change ids and is not implemented is refused by name. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "model/model_internal.h"
+#include "text_internal.h"
+
+/* Far above any tokenizer's vocabulary and merges (Qwen3: 151669 tokens, 151387 merges). */
+#define MAX_TOKENS (1 << 24)
+#define CHAT_TEMPLATE_MAX_BYTES (1 << 20)
+
+#define TRY(expr)                           \
+    do {                                    \
+        rlx_status try_st_ = (expr);        \
+        if (try_st_ != RLX_OK)              \
+            return try_st_;                 \
+    } while (0)
+
+// ---- byte-level alphabet
+
+/* GPT-2's bytes_to_unicode(): printable Latin-1 bytes map to themselves, the other 68 bytes to
+ * U+0100 onwards, so every byte is a visible character. */
+static void byte_level_tables(uint32_t byte_to_cp[256], int16_t cp_to_byte[324]) {
+    int n = 0;
+    for (int i = 0; i < 324; i++)
+        cp_to_byte[i] = -1;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        byte_to_cp[b] = printable ? (uint32_t)b : (uint32_t)(256 + n++);
+        cp_to_byte[byte_to_cp[b]] = (int16_t)b;
+    }
+}
+
+static size_t utf8_put(uint32_t cp, char *out) {
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    out[0] = (char)(0xC0 | (cp >> 6));
+    out[1] = (char)(0x80 | (cp & 0x3F));
+    return 2; /* the byte-level alphabet stays below U+0800 */
+}
+
+// ---- hashing
+
+static uint64_t hash_bytes(const void *p, size_t n) {
+    const uint8_t *s = p;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ s[i]) * 0x100000001b3ULL;
+    return h ^ (h >> 29);
+}
+
+static uint64_t hash_pair(uint64_t key) {
+    key *= 0x9E3779B97F4A7C15ULL;
+    return key ^ (key >> 31);
+}
+
+static size_t pow2_at_least(size_t n) {
+    size_t c = 16;
+    while (c < n)
+        c <<= 1;
+    return c;
+}
+
+// ---- string arena
+
+static rlx_status arena_add(rlx_tokenizer *tok, const char *s, size_t len, uint32_t *off) {
+    if (tok->strings_len + len + 1 > UINT32_MAX)
+        return rlx_error(RLX_E_FORMAT, "tokenizer strings exceed 4 GiB");
+    if (tok->strings_len + len + 1 > tok->strings_cap) {
+        size_t cap = tok->strings_cap ? tok->strings_cap : 1 << 20;
+        while (cap < tok->strings_len + len + 1)
+            cap *= 2;
+        char *grown = realloc(tok->strings, cap);
+        if (!grown)
+            return rlx_error(RLX_E_NOMEM, "cannot allocate %zu bytes for token strings", cap);
+        tok->strings = grown;
+        tok->strings_cap = cap;
+    }
+    memcpy(tok->strings + tok->strings_len, s, len);
+    tok->strings[tok->strings_len + len] = '\0';
+    *off = (uint32_t)tok->strings_len;
+    tok->strings_len += len + 1;
+    return RLX_OK;
+}
+
+// ---- vocabulary map (string -> id)
+
+/* A slot holds the high half of the string's hash beside id + 1 (0 = empty), so most probes that
+ * miss are settled without touching the strings. */
+static rlx_status vocab_insert(rlx_tokenizer *tok, int32_t id) {
+    const text_token *t = &tok->tokens[id];
+    uint64_t h = hash_bytes(tok->strings + t->str, t->str_len);
+    size_t mask = tok->vocab_cap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        if (tok->vocab_slots[i] == 0) {
+            tok->vocab_slots[i] = (h & 0xFFFFFFFF00000000ULL) | ((uint64_t)id + 1);
+            return RLX_OK;
+        }
+    }
+}
+
+int32_t rlx__vocab_find(const rlx_tokenizer *tok, const char *s, size_t len) {
+    uint64_t h = hash_bytes(s, len), tag = h & 0xFFFFFFFF00000000ULL;
+    size_t mask = tok->vocab_cap - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+        uint64_t slot = tok->vocab_slots[i];
+        if (slot == 0)
+            return -1;
+        if ((slot & 0xFFFFFFFF00000000ULL) != tag)
+            continue;
+        uint32_t id = (uint32_t)slot - 1;
+        const text_token *t = &tok->tokens[id];
+        if (t->str_len == len && memcmp(tok->strings + t->str, s, len) == 0)
+            return (int32_t)id;
+    }
+}
+
+// ---- JSON helpers
+
+static const cJSON *get(const cJSON *obj, const char *key) {
+    return cJSON_GetObjectItemCaseSensitive(obj, key);
+}
+
+/* A string field or null/absent (NULL). */
+static rlx_status opt_string(const char *path, const char *where, const cJSON *obj, const char *key,
+                             const char **out) {
+    const cJSON *item = get(obj, key);
+    *out = NULL;
+    if (!item || cJSON_IsNull(item))
+        return RLX_OK;
+    if (!cJSON_IsString(item))
+        return rlx_error(RLX_E_FORMAT, "%s: %s.%s must be a string", path, where, key);
+    *out = item->valuestring;
+    return RLX_OK;
+}
+
+static rlx_status opt_bool(const char *path, const char *where, const cJSON *obj, const char *key, int dflt,
+                           int *out) {
+    const cJSON *item = get(obj, key);
+    *out = dflt;
+    if (!item || cJSON_IsNull(item))
+        return RLX_OK;
+    if (!cJSON_IsBool(item))
+        return rlx_error(RLX_E_FORMAT, "%s: %s.%s must be true or false", path, where, key);
+    *out = cJSON_IsTrue(item);
+    return RLX_OK;
+}
+
+static const char *type_of(const cJSON *obj) {
+    const cJSON *t = cJSON_IsObject(obj) ? get(obj, "type") : NULL;
+    return cJSON_IsString(t) ? t->valuestring : NULL;
+}
+
+// ---- components
+
+static rlx_status load_normalizer(rlx_tokenizer *tok, const char *path, const cJSON *norm) {
+    if (!norm || cJSON_IsNull(norm))
+        return RLX_OK;
+    const char *type = type_of(norm);
+    if (!type)
+        return rlx_error(RLX_E_FORMAT, "%s: normalizer must be null or an object with a type", path);
+    if (strcmp(type, "NFC") == 0) {
+        tok->nfc = 1;
+        return RLX_OK;
+    }
+    if (strcmp(type, "Sequence") == 0) {
+        const cJSON *list = get(norm, "normalizers");
+        if (!cJSON_IsArray(list))
+            return rlx_error(RLX_E_FORMAT, "%s: normalizer Sequence needs a 'normalizers' list", path);
+        for (const cJSON *e = list->child; e; e = e->next)
+            TRY(load_normalizer(tok, path, e));
+        return RLX_OK;
+    }
+    return rlx_error(RLX_E_UNSUPPORTED, "%s: normalizer '%s' is not supported (only NFC)", path, type);
+}
+
+/* Oniguruma, which Hugging Face compiles these patterns with, matches Unicode White_Space with
+ * \s. PCRE2's \s (with UCP) differs: it lacks U+0085 (NEL) and has U+180E (MONGOLIAN VOWEL
+ * SEPARATOR). So \s and \S are spelled out as White_Space: outside a class as [...] and [^...],
+ * inside one as its ranges. A \S inside a class cannot be spelled out that way and is left as it is. */
+#define WHITE_SPACE "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+
+static char *spell_out_space(const char *re) {
+    size_t n = strlen(re);
+    char *out = malloc(n * (sizeof WHITE_SPACE + 3) + 1);
+    if (!out)
+        return NULL;
+    size_t o = 0;
+    int in_class = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = re[i];
+        if (c == '\\' && i + 1 < n) {
+            char e = re[++i];
+            const char *rep = e == 's' ? (in_class ? WHITE_SPACE : "[" WHITE_SPACE "]")
+                              : e == 'S' && !in_class ? "[^" WHITE_SPACE "]"
+                                                      : NULL;
+            if (rep) {
+                memcpy(out + o, rep, strlen(rep));
+                o += strlen(rep);
+            } else {
+                out[o++] = '\\';
+                out[o++] = e;
+            }
+            continue;
+        }
+        if (!in_class && c == '[') {
+            in_class = 1;
+            out[o++] = c;
+            /* a ']' right after '[' or '[^' is a literal */
+            if (i + 1 < n && re[i + 1] == '^')
+                out[o++] = re[++i];
+            if (i + 1 < n && re[i + 1] == ']')
+                out[o++] = re[++i];
+            continue;
+        }
+        if (in_class && c == '[' && i + 1 < n && re[i + 1] == ':') { /* [:alpha:] inside a class */
+            const char *end = strstr(re + i + 2, ":]");
+            if (end) {
+                size_t len = (size_t)(end + 2 - (re + i));
+                memcpy(out + o, re + i, len);
+                o += len;
+                i += len - 1;
+                continue;
+            }
+        }
+        if (in_class && c == ']')
+            in_class = 0;
+        out[o++] = c;
+    }
+    out[o] = '\0';
+    return out;
+}
+
+static rlx_status compile_regex(rlx_tokenizer *tok, const char *path, const char *pattern, int literal) {
+    char *widened = literal ? strdup(pattern) : spell_out_space(pattern);
+    if (!widened)
+        return rlx_error(RLX_E_NOMEM, "cannot copy the pre-tokenizer regex");
+    int err;
+    PCRE2_SIZE err_off;
+    uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+    tok->re = pcre2_compile((PCRE2_SPTR)widened, PCRE2_ZERO_TERMINATED, opts, &err, &err_off, NULL);
+    free(widened);
+    if (!tok->re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        return rlx_error(RLX_E_FORMAT, "%s: pre-tokenizer regex does not compile: %s (near offset %zu of \"%s\")",
+                         path, (const char *)msg, (size_t)err_off, pattern);
+    }
+    tok->re_jit = pcre2_jit_compile(tok->re, PCRE2_JIT_COMPLETE) == 0;
+    return RLX_OK;
+}
+
+static rlx_status check_byte_level(const char *path, const cJSON *bl, int want_regex) {
+    int prefix, use_regex;
+    TRY(opt_bool(path, "pre_tokenizer ByteLevel", bl, "add_prefix_space", 1, &prefix));
+    TRY(opt_bool(path, "pre_tokenizer ByteLevel", bl, "use_regex", 1, &use_regex));
+    if (prefix)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: ByteLevel pre-tokenizer with add_prefix_space is not supported", path);
+    if (use_regex != want_regex)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: ByteLevel pre-tokenizer with use_regex %s is not supported here",
+                         path, use_regex ? "true after a Split" : "false without a Split");
+    return RLX_OK;
+}
+
+/* GPT-2's pattern, which a ByteLevel pre-tokenizer with use_regex applies. */
+static const char gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+static rlx_status load_pre_tokenizer(rlx_tokenizer *tok, const char *path, const cJSON *pre) {
+    const char *type = type_of(pre);
+    if (!type)
+        return rlx_error(RLX_E_FORMAT, "%s: pre_tokenizer must be an object with a type", path);
+    if (strcmp(type, "ByteLevel") == 0) {
+        TRY(check_byte_level(path, pre, 1));
+        return compile_regex(tok, path, gpt2_pattern, 0);
+    }
+    const cJSON *list = get(pre, "pretokenizers");
+    if (strcmp(type, "Sequence") != 0 || !cJSON_IsArray(list) || cJSON_GetArraySize(list) != 2 ||
+        !type_of(list->child) || strcmp(type_of(list->child), "Split") != 0 || !type_of(list->child->next) ||
+        strcmp(type_of(list->child->next), "ByteLevel") != 0)
+        return rlx_error(RLX_E_UNSUPPORTED,
+                         "%s: pre_tokenizer '%s' is not supported (only ByteLevel, or a Sequence of Split and ByteLevel)",
+                         path, type);
+    const cJSON *split = list->child;
+    TRY(check_byte_level(path, list->child->next, 0));
+    const char *behavior;
+    int invert;
+    TRY(opt_string(path, "pre_tokenizer Split", split, "behavior", &behavior));
+    TRY(opt_bool(path, "pre_tokenizer Split", split, "invert", 0, &invert));
+    if (!behavior || strcmp(behavior, "Isolated") != 0 || invert)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: Split pre-tokenizer with behavior '%s'%s is not supported (only Isolated)",
+                         path, behavior ? behavior : "(none)", invert ? " and invert" : "");
+    const cJSON *pattern = get(split, "pattern");
+    const cJSON *regex = cJSON_IsObject(pattern) ? get(pattern, "Regex") : NULL;
+    const cJSON *string = cJSON_IsObject(pattern) ? get(pattern, "String") : NULL;
+    if (cJSON_IsString(regex))
+        return compile_regex(tok, path, regex->valuestring, 0);
+    if (cJSON_IsString(string))
+        return compile_regex(tok, path, string->valuestring, 1);
+    return rlx_error(RLX_E_FORMAT, "%s: Split pre-tokenizer needs a pattern {\"Regex\": ...} or {\"String\": ...}", path);
+}
+
+static rlx_status check_model_options(const char *path, const cJSON *model) {
+    const char *type = type_of(model);
+    if (type && strcmp(type, "BPE") != 0)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE)", path, type);
+    const cJSON *dropout = get(model, "dropout");
+    if (dropout && !cJSON_IsNull(dropout))
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: BPE dropout is not supported", path);
+    int byte_fallback;
+    TRY(opt_bool(path, "model", model, "byte_fallback", 0, &byte_fallback));
+    if (byte_fallback)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: BPE byte_fallback is not supported", path);
+    const char *s;
+    TRY(opt_string(path, "model", model, "continuing_subword_prefix", &s));
+    if (s && *s)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: BPE continuing_subword_prefix is not supported", path);
+    TRY(opt_string(path, "model", model, "end_of_word_suffix", &s));
+    if (s && *s)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: BPE end_of_word_suffix is not supported", path);
+    return RLX_OK;
+}
+
+static rlx_status check_decoder(const char *path, const cJSON *dec) {
+    if (!dec || cJSON_IsNull(dec))
+        return RLX_OK;
+    const char *type = type_of(dec);
+    if (!type || strcmp(type, "ByteLevel") != 0)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: decoder '%s' is not supported (only ByteLevel)", path,
+                         type ? type : "(no type)");
+    return RLX_OK;
+}
+
+// ---- vocabulary, added tokens, merges
+
+/* tokens[] grows to hold id. */
+static rlx_status ensure_id(rlx_tokenizer *tok, int32_t id, size_t *cap) {
+    if (id < tok->n_tokens)
+        return RLX_OK;
+    if ((size_t)id >= *cap) {
+        size_t grown_cap = *cap ? *cap : 1024;
+        while (grown_cap <= (size_t)id)
+            grown_cap *= 2;
+        text_token *grown = realloc(tok->tokens, grown_cap * sizeof *grown);
+        if (!grown)
+            return rlx_error(RLX_E_NOMEM, "cannot allocate %zu tokens", grown_cap);
+        memset(grown + *cap, 0, (grown_cap - *cap) * sizeof *grown);
+        tok->tokens = grown;
+        *cap = grown_cap;
+    }
+    tok->n_tokens = id + 1;
+    return RLX_OK;
+}
+
+static rlx_status load_vocab(rlx_tokenizer *tok, const char *path, const cJSON *vocab, size_t *cap,
+                             const int16_t cp_to_byte[324], int32_t *n_model) {
+    if (!cJSON_IsObject(vocab))
+        return rlx_error(RLX_E_FORMAT, "%s: model.vocab must be an object of token -> id", path);
+    int32_t count = 0;
+    char *bytes = NULL;
+    size_t bytes_cap = 0;
+    rlx_status st = RLX_OK;
+    for (const cJSON *e = vocab->child; e; e = e->next) {
+        int64_t id;
+        if (!rlx__json_int(e, &id) || id < 0 || id >= MAX_TOKENS) {
+            st = rlx_error(RLX_E_FORMAT, "%s: model.vocab[\"%.60s\"] must be an id in [0, %d)", path, e->string,
+                           MAX_TOKENS);
+            goto done;
+        }
+        if ((st = ensure_id(tok, (int32_t)id, cap)) != RLX_OK)
+            goto done;
+        text_token *t = &tok->tokens[id];
+        if (t->present) {
+            st = rlx_error(RLX_E_FORMAT, "%s: model.vocab gives id %lld to both \"%.60s\" and \"%.60s\"", path,
+                           (long long)id, tok->strings + t->str, e->string);
+            goto done;
+        }
+        size_t len = strlen(e->string);
+        if ((st = arena_add(tok, e->string, len, &t->str)) != RLX_OK)
+            goto done;
+        t->str_len = (uint32_t)len;
+        t->present = 1;
+        t->in_model = 1;
+        /* What ByteLevel decoding makes of it: each character's byte, or the raw UTF-8 when a
+         * character is outside the byte-level alphabet (as tokenizers' ByteLevel decoder does). */
+        if (bytes_cap < len + 1) {
+            free(bytes);
+            bytes_cap = len + 64;
+            if (!(bytes = malloc(bytes_cap))) {
+                st = rlx_error(RLX_E_NOMEM, "out of memory");
+                goto done;
+            }
+        }
+        size_t nb = 0, i = 0;
+        int mapped = 1;
+        while (i < len) {
+            size_t cl;
+            size_t window = len - i < 4 ? len - i : 4; /* checks the character at i only */
+            if (rlx__utf8_check((const uint8_t *)e->string + i, window) == 0) {
+                mapped = 0;
+                break;
+            }
+            uint32_t cp = rlx__utf8_decode((const uint8_t *)e->string + i, &cl);
+            if (cp >= 324 || cp_to_byte[cp] < 0) {
+                mapped = 0;
+                break;
+            }
+            bytes[nb++] = (char)cp_to_byte[cp];
+            i += cl;
+        }
+        if (mapped) {
+            if ((st = arena_add(tok, bytes, nb, &t->bytes)) != RLX_OK)
+                goto done;
+            t->bytes_len = (uint32_t)nb;
+        } else {
+            t->bytes = t->str;
+            t->bytes_len = t->str_len;
+        }
+        count++;
+    }
+    *n_model = count;
+done:
+    free(bytes);
+    return st;
+}
+
+static rlx_status build_vocab_map(rlx_tokenizer *tok) {
+    free(tok->vocab_slots);
+    tok->vocab_cap = pow2_at_least((size_t)tok->n_tokens * 2 + 16);
+    tok->vocab_slots = calloc(tok->vocab_cap, sizeof *tok->vocab_slots);
+    if (!tok->vocab_slots)
+        return rlx_error(RLX_E_NOMEM, "cannot allocate the vocabulary map");
+    for (int32_t id = 0; id < tok->n_tokens; id++)
+        if (tok->tokens[id].present)
+            TRY(vocab_insert(tok, id));
+    return RLX_OK;
+}
+
+static rlx_status merge_insert(rlx_tokenizer *tok, int32_t a, int32_t b, uint32_t rank, int32_t id) {
+    uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+    size_t mask = tok->merge_cap - 1;
+    for (size_t i = hash_pair(key) & mask;; i = (i + 1) & mask) {
+        if (tok->merge_keys[i] == UINT64_MAX) {
+            tok->merge_keys[i] = key;
+            tok->merge_rank[i] = rank;
+            tok->merge_id[i] = id;
+            return RLX_OK;
+        }
+        if (tok->merge_keys[i] == key) /* a repeated pair keeps its later rank, as a HashMap insert does */
+        {
+            tok->merge_rank[i] = rank;
+            tok->merge_id[i] = id;
+            return RLX_OK;
+        }
+    }
+}
+
+static rlx_status load_merges(rlx_tokenizer *tok, const char *path, const cJSON *merges) {
+    if (!cJSON_IsArray(merges))
+        return rlx_error(RLX_E_FORMAT, "%s: model.merges must be a list", path);
+    size_t n = (size_t)cJSON_GetArraySize(merges);
+    tok->merge_cap = pow2_at_least(n * 2 + 16);
+    tok->merge_keys = malloc(tok->merge_cap * sizeof *tok->merge_keys);
+    tok->merge_rank = malloc(tok->merge_cap * sizeof *tok->merge_rank);
+    tok->merge_id = malloc(tok->merge_cap * sizeof *tok->merge_id);
+    if (!tok->merge_keys || !tok->merge_rank || !tok->merge_id)
+        return rlx_error(RLX_E_NOMEM, "cannot allocate the merge table for %zu merges", n);
+    memset(tok->merge_keys, 0xFF, tok->merge_cap * sizeof *tok->merge_keys);
+    char *joined = NULL;
+    size_t joined_cap = 0;
+    uint32_t rank = 0;
+    rlx_status st = RLX_OK;
+    for (const cJSON *e = merges->child; e; e = e->next, rank++) {
+        const char *left, *right;
+        size_t left_len, right_len;
+        if (cJSON_IsString(e)) {
+            /* "a b": exactly one space, as the Rust reader splits it */
+            const char *s = e->valuestring, *space = strchr(s, ' ');
+            if (!space || strchr(space + 1, ' ')) {
+                st = rlx_error(RLX_E_FORMAT, "%s: merge %u \"%.60s\" is not two tokens separated by one space", path,
+                               rank, s);
+                goto done;
+            }
+            left = s;
+            left_len = (size_t)(space - s);
+            right = space + 1;
+            right_len = strlen(right);
+        } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(e->child) &&
+                   cJSON_IsString(e->child->next)) {
+            left = e->child->valuestring;
+            left_len = strlen(left);
+            right = e->child->next->valuestring;
+            right_len = strlen(right);
+        } else {
+            st = rlx_error(RLX_E_FORMAT, "%s: merge %u must be a string \"a b\" or a pair [\"a\", \"b\"]", path, rank);
+            goto done;
+        }
+        int32_t a = rlx__vocab_find(tok, left, left_len), b = rlx__vocab_find(tok, right, right_len);
+        if (a < 0 || b < 0) {
+            st = rlx_error(RLX_E_FORMAT, "%s: merge %u: token \"%.*s\" is not in the vocabulary", path, rank,
+                           (int)(a < 0 ? left_len : right_len), a < 0 ? left : right);
+            goto done;
+        }
+        if (joined_cap < left_len + right_len + 1) {
+            free(joined);
+            joined_cap = (left_len + right_len) * 2 + 16;
+            if (!(joined = malloc(joined_cap))) {
+                st = rlx_error(RLX_E_NOMEM, "out of memory");
+                goto done;
+            }
+        }
+        memcpy(joined, left, left_len);
+        memcpy(joined + left_len, right, right_len);
+        int32_t merged = rlx__vocab_find(tok, joined, left_len + right_len);
+        if (merged < 0) {
+            st = rlx_error(RLX_E_FORMAT, "%s: merge %u: the merged token \"%.*s\" is not in the vocabulary", path, rank,
+                           (int)(left_len + right_len), joined);
+            goto done;
+        }
+        if ((st = merge_insert(tok, a, b, rank, merged)) != RLX_OK)
+            goto done;
+    }
+done:
+    free(joined);
+    return st;
+}
+
+typedef struct added_spec {
+    const char *content;
+    int special, lstrip, rstrip, single_word, normalized;
+} added_spec;
+
+/* AddedVocabulary::add_tokens for one token: a content already added is kept as it is; otherwise
+ * the token takes its id from the model vocabulary if there, or the next id after both the
+ * vocabulary and the added tokens. */
+static rlx_status add_token(rlx_tokenizer *tok, const added_spec *spec, int32_t n_model, size_t *cap,
+                            size_t *added_cap) {
+    size_t len = strlen(spec->content);
+    if (len == 0)
+        return RLX_OK; /* tokenizers ignores empty added tokens */
+    for (size_t i = 0; i < tok->n_added; i++)
+        if (tok->added[i].len == len && memcmp(tok->strings + tok->added[i].off, spec->content, len) == 0)
+            return RLX_OK;
+    int32_t id = rlx__vocab_find(tok, spec->content, len);
+    if (id < 0) {
+        int32_t max = -1;
+        for (size_t i = 0; i < tok->n_added; i++)
+            if (tok->added[i].id > max)
+                max = tok->added[i].id;
+        id = max < 0 ? n_model : (max >= n_model || n_model == 0 ? max + 1 : n_model);
+        while (id < tok->n_tokens && tok->tokens[id].present) /* a gap-free vocabulary never gets here */
+            id++;
+        if (id >= MAX_TOKENS)
+            return rlx_error(RLX_E_FORMAT, "too many tokens");
+        TRY(ensure_id(tok, id, cap));
+    }
+    if (tok->n_added == *added_cap) {
+        size_t grown_cap = *added_cap ? *added_cap * 2 : 64;
+        text_added *grown = realloc(tok->added, grown_cap * sizeof *grown);
+        if (!grown)
+            return rlx_error(RLX_E_NOMEM, "out of memory");
+        tok->added = grown;
+        *added_cap = grown_cap;
+    }
+    text_token *t = &tok->tokens[id];
+    uint32_t off;
+    TRY(arena_add(tok, spec->content, len, &off));
+    if (!t->present) {
+        t->str = off;
+        t->str_len = (uint32_t)len;
+        t->present = 1;
+        TRY(vocab_insert(tok, id));
+    }
+    /* added tokens decode to their content, bypassing the ByteLevel decoder */
+    t->bytes = off;
+    t->bytes_len = (uint32_t)len;
+    t->added = 1;
+    t->special = (uint8_t)spec->special;
+    text_added *a = &tok->added[tok->n_added++];
+    *a = (text_added){.id = id,
+                      .off = off,
+                      .len = (uint32_t)len,
+                      .special = (uint8_t)spec->special,
+                      .lstrip = (uint8_t)spec->lstrip,
+                      .rstrip = (uint8_t)spec->rstrip,
+                      .single_word = (uint8_t)spec->single_word,
+                      .normalized = (uint8_t)spec->normalized};
+    return RLX_OK;
+}
+
+static rlx_status parse_added(const char *path, const char *where, const cJSON *obj, added_spec *spec) {
+    const char *content;
+    TRY(opt_string(path, where, obj, "content", &content));
+    if (!content)
+        return rlx_error(RLX_E_FORMAT, "%s: %s needs a 'content' string", path, where);
+    spec->content = content;
+    TRY(opt_bool(path, where, obj, "special", 0, &spec->special));
+    TRY(opt_bool(path, where, obj, "lstrip", 0, &spec->lstrip));
+    TRY(opt_bool(path, where, obj, "rstrip", 0, &spec->rstrip));
+    TRY(opt_bool(path, where, obj, "single_word", 0, &spec->single_word));
+    TRY(opt_bool(path, where, obj, "normalized", !spec->special, &spec->normalized));
+    return RLX_OK;
+}
+
+// ---- added-token matchers
+
+static rlx_status build_matcher(rlx_tokenizer *tok, text_matcher *m, int normalized) {
+    m->n = 0;
+    m->items = malloc((tok->n_added + 1) * sizeof *m->items);
+    if (!m->items)
+        return rlx_error(RLX_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < tok->n_added; i++)
+        if (tok->added[i].normalized == normalized)
+            m->items[m->n++] = (uint32_t)i;
+    /* insertion sort: qsort has no context argument, and there are few added tokens */
+    for (size_t i = 1; i < m->n; i++) {
+        uint32_t v = m->items[i];
+        size_t j = i;
+        while (j > 0) {
+            const text_added *a = &tok->added[m->items[j - 1]], *b = &tok->added[v];
+            uint8_t fa = (uint8_t)tok->strings[a->off], fb = (uint8_t)tok->strings[b->off];
+            int after = fa > fb || (fa == fb && (a->len < b->len || (a->len == b->len && a->id > b->id)));
+            if (!after)
+                break;
+            m->items[j] = m->items[j - 1];
+            j--;
+        }
+        m->items[j] = v;
+    }
+    size_t k = 0;
+    for (int b = 0; b <= 256; b++) {
+        while (k < m->n && (uint8_t)tok->strings[tok->added[m->items[k]].off] < b)
+            k++;
+        m->first[b] = (uint32_t)k;
+    }
+    m->first[256] = (uint32_t)m->n;
+    return RLX_OK;
+}
+
+// ---- tokenizer_config.json
+
+/* A token given as "text" or {"content": "text", ...}; NULL when absent or null. */
+static rlx_status config_token(const char *path, const cJSON *cfg, const char *key, const char **out) {
+    const cJSON *item = get(cfg, key);
+    *out = NULL;
+    if (!item || cJSON_IsNull(item))
+        return RLX_OK;
+    if (cJSON_IsString(item)) {
+        *out = item->valuestring;
+        return RLX_OK;
+    }
+    const cJSON *content = cJSON_IsObject(item) ? get(item, "content") : NULL;
+    if (!cJSON_IsString(content))
+        return rlx_error(RLX_E_FORMAT, "%s: '%s' must be a string or an object with a 'content' string", path, key);
+    *out = content->valuestring;
+    return RLX_OK;
+}
+
+static rlx_status read_text_file(const char *path, char **out) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (errno == ENOENT)
+            return RLX_OK;
+        return rlx_error(RLX_E_IO, "%s: %s", path, strerror(errno));
+    }
+    char *buf = malloc(CHAT_TEMPLATE_MAX_BYTES + 1);
+    if (!buf) {
+        fclose(f);
+        return rlx_error(RLX_E_NOMEM, "out of memory");
+    }
+    size_t n = fread(buf, 1, CHAT_TEMPLATE_MAX_BYTES + 1, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || n > CHAT_TEMPLATE_MAX_BYTES) {
+        free(buf);
+        return rlx_error(bad ? RLX_E_IO : RLX_E_FORMAT, "%s: %s", path,
+                         bad ? "read error" : "larger than 1 MiB, not a chat template");
+    }
+    buf[n] = '\0';
+    *out = buf;
+    return RLX_OK;
+}
+
+static rlx_status load_config(rlx_tokenizer *tok, const char *dir, int32_t n_model, size_t *cap, size_t *added_cap) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    cJSON *cfg = NULL;
+    TRY(rlx__json_load(path, 1, &cfg));
+    rlx_status st = RLX_OK;
+    const char *tmpl = NULL;
+    if (cfg) {
+        if (!cJSON_IsObject(cfg)) {
+            st = rlx_error(RLX_E_FORMAT, "%s: must be a JSON object", path);
+            goto done;
+        }
+        /* Tokens tokenizer.json lacks, in id order, then special tokens named only here. */
+        const cJSON *dec = get(cfg, "added_tokens_decoder");
+        if (cJSON_IsObject(dec)) {
+            int n = cJSON_GetArraySize(dec);
+            const cJSON **order = calloc((size_t)n + 1, sizeof *order);
+            long *keys = calloc((size_t)n + 1, sizeof *keys);
+            if (!order || !keys) {
+                free(order);
+                free(keys);
+                st = rlx_error(RLX_E_NOMEM, "out of memory");
+                goto done;
+            }
+            int k = 0;
+            for (const cJSON *e = dec->child; e; e = e->next, k++) {
+                char *end;
+                keys[k] = strtol(e->string, &end, 10);
+                order[k] = e;
+                for (int j = k; j > 0 && keys[j - 1] > keys[j]; j--) {
+                    long tk = keys[j];
+                    keys[j] = keys[j - 1];
+                    keys[j - 1] = tk;
+                    const cJSON *te = order[j];
+                    order[j] = order[j - 1];
+                    order[j - 1] = te;
+                }
+            }
+            for (int i = 0; i < n && st == RLX_OK; i++) {
+                added_spec spec;
+                if (!cJSON_IsObject(order[i]))
+                    st = rlx_error(RLX_E_FORMAT, "%s: added_tokens_decoder[\"%s\"] must be an object", path,
+                                   order[i]->string);
+                else if ((st = parse_added(path, "added_tokens_decoder entry", order[i], &spec)) == RLX_OK)
+                    st = add_token(tok, &spec, n_model, cap, added_cap);
+            }
+            free(order);
+            free(keys);
+            if (st != RLX_OK)
+                goto done;
+        }
+        static const char *const special_keys[] = {"bos_token", "eos_token",  "unk_token", "sep_token",
+                                                   "pad_token", "cls_token", "mask_token"};
+        for (size_t i = 0; i < sizeof special_keys / sizeof special_keys[0]; i++) {
+            const char *content;
+            if ((st = config_token(path, cfg, special_keys[i], &content)) != RLX_OK)
+                goto done;
+            if (content) {
+                added_spec spec = {.content = content, .special = 1};
+                if ((st = add_token(tok, &spec, n_model, cap, added_cap)) != RLX_OK)
+                    goto done;
+            }
+        }
+        const cJSON *extra = get(cfg, "additional_special_tokens");
+        if (cJSON_IsArray(extra)) {
+            for (const cJSON *e = extra->child; e; e = e->next) {
+                added_spec spec = {.special = 1};
+                if (cJSON_IsString(e))
+                    spec.content = e->valuestring;
+                else if (cJSON_IsObject(e) && (st = parse_added(path, "additional_special_tokens entry", e, &spec)) != RLX_OK)
+                    goto done;
+                if (spec.content && (st = add_token(tok, &spec, n_model, cap, added_cap)) != RLX_OK)
+                    goto done;
+            }
+        }
+        const char *names[3];
+        if ((st = config_token(path, cfg, "eos_token", &names[0])) != RLX_OK ||
+            (st = config_token(path, cfg, "pad_token", &names[1])) != RLX_OK ||
+            (st = config_token(path, cfg, "bos_token", &names[2])) != RLX_OK)
+            goto done;
+        int32_t *ids[3] = {&tok->eos_id, &tok->pad_id, &tok->bos_id};
+        for (int i = 0; i < 3; i++)
+            *ids[i] = names[i] ? rlx__vocab_find(tok, names[i], strlen(names[i])) : -1;
+
+        const cJSON *ct = get(cfg, "chat_template");
+        if (cJSON_IsString(ct)) {
+            tmpl = ct->valuestring;
+        } else if (cJSON_IsArray(ct)) { /* [{"name": "default", "template": ...}, ...] */
+            for (const cJSON *e = ct->child; e; e = e->next) {
+                const cJSON *name = get(e, "name"), *t = get(e, "template");
+                if (cJSON_IsString(name) && strcmp(name->valuestring, "default") == 0 && cJSON_IsString(t))
+                    tmpl = t->valuestring;
+            }
+        } else if (ct && !cJSON_IsNull(ct)) {
+            st = rlx_error(RLX_E_FORMAT, "%s: chat_template must be a string or a list of named templates", path);
+            goto done;
+        }
+    }
+    if (tmpl) {
+        if (!(tok->chat_template = strdup(tmpl))) {
+            st = rlx_error(RLX_E_NOMEM, "out of memory");
+            goto done;
+        }
+    } else {
+        snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+        if ((st = read_text_file(path, &tok->chat_template)) != RLX_OK)
+            goto done;
+    }
+    tok->chat_kind = tok->chat_template ? rlx__chat_template_kind(tok->chat_template) : RLX_CHAT_TEMPLATE_NONE;
+done:
+    cJSON_Delete(cfg);
+    return st;
+}
+
+// ---- load
+
+static rlx_status load_tokenizer_json(rlx_tokenizer *tok, const char *path, const cJSON *root, size_t *cap,
+                                      size_t *added_cap, int32_t *n_model) {
+    if (!cJSON_IsObject(root))
+        return rlx_error(RLX_E_FORMAT, "%s: must be a JSON object", path);
+    const cJSON *model = get(root, "model");
+    if (!cJSON_IsObject(model))
+        return rlx_error(RLX_E_FORMAT, "%s: missing the 'model' object", path);
+    TRY(check_model_options(path, model));
+    int ignore_merges;
+    TRY(opt_bool(path, "model", model, "ignore_merges", 0, &ignore_merges));
+    tok->ignore_merges = ignore_merges;
+    TRY(load_normalizer(tok, path, get(root, "normalizer")));
+    const cJSON *pre = get(root, "pre_tokenizer");
+    if (!pre || cJSON_IsNull(pre))
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: a tokenizer without a pre_tokenizer is not supported", path);
+    TRY(load_pre_tokenizer(tok, path, pre));
+    TRY(check_decoder(path, get(root, "decoder")));
+
+    uint32_t byte_to_cp[256];
+    int16_t cp_to_byte[324];
+    byte_level_tables(byte_to_cp, cp_to_byte);
+    TRY(load_vocab(tok, path, get(model, "vocab"), cap, cp_to_byte, n_model));
+    TRY(build_vocab_map(tok));
+    TRY(load_merges(tok, path, get(model, "merges")));
+    for (int b = 0; b < 256; b++) {
+        char s[2];
+        size_t n = utf8_put(byte_to_cp[b], s);
+        tok->byte_token[b] = rlx__vocab_find(tok, s, n);
+    }
+
+    const cJSON *added = get(root, "added_tokens");
+    if (added && !cJSON_IsNull(added)) {
+        if (!cJSON_IsArray(added))
+            return rlx_error(RLX_E_FORMAT, "%s: added_tokens must be a list", path);
+        int index = 0;
+        for (const cJSON *e = added->child; e; e = e->next, index++) {
+            char where[48];
+            snprintf(where, sizeof where, "added_tokens[%d]", index);
+            if (!cJSON_IsObject(e))
+                return rlx_error(RLX_E_FORMAT, "%s: %s must be an object", path, where);
+            added_spec spec;
+            TRY(parse_added(path, where, e, &spec));
+            TRY(add_token(tok, &spec, *n_model, cap, added_cap));
+        }
+    }
+    return RLX_OK;
+}
+
+rlx_status rlx_tokenizer_load(const char *model_dir, rlx_tokenizer **out) {
+    if (!out)
+        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_load: out is NULL");
+    *out = NULL;
+    if (!model_dir)
+        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_load: model_dir is NULL");
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/tokenizer.json", model_dir) >= sizeof path)
+        return rlx_error(RLX_E_INVALID, "model directory path too long");
+    rlx_tokenizer *tok = calloc(1, sizeof *tok);
+    if (!tok)
+        return rlx_error(RLX_E_NOMEM, "cannot allocate a tokenizer");
+    tok->eos_id = tok->pad_id = tok->bos_id = -1;
+    rlx_status st = rlx__cache_init(&tok->cache);
+    if (st != RLX_OK) {
+        free(tok);
+        return st;
+    }
+    cJSON *root = NULL;
+    size_t cap = 0, added_cap = 0;
+    int32_t n_model = 0;
+    if ((st = rlx__json_load(path, 0, &root)) != RLX_OK)
+        goto fail;
+    st = load_tokenizer_json(tok, path, root, &cap, &added_cap, &n_model);
+    cJSON_Delete(root);
+    if (st != RLX_OK)
+        goto fail;
+    if ((st = load_config(tok, model_dir, n_model, &cap, &added_cap)) != RLX_OK)
+        goto fail;
+    /* Normalized added tokens are matched against normalized text, so their content is NFC'd. */
+    for (size_t i = 0; i < tok->n_added && tok->nfc; i++) {
+        text_added *a = &tok->added[i];
+        if (!a->normalized)
+            continue;
+        char *norm;
+        size_t norm_len;
+        if ((st = rlx__nfc(tok->strings + a->off, a->len, &norm, &norm_len)) != RLX_OK)
+            goto fail;
+        st = arena_add(tok, norm, norm_len, &a->off);
+        a->len = (uint32_t)norm_len;
+        free(norm);
+        if (st != RLX_OK)
+            goto fail;
+    }
+    if ((st = build_matcher(tok, &tok->raw_matcher, 0)) != RLX_OK ||
+        (st = build_matcher(tok, &tok->norm_matcher, 1)) != RLX_OK)
+        goto fail;
+    *out = tok;
+    return RLX_OK;
+fail:
+    rlx_tokenizer_destroy(tok);
+    return st;
+}
+
+void rlx_tokenizer_destroy(rlx_tokenizer *tok) {
+    if (!tok)
+        return;
+    free(tok->tokens);
+    free(tok->strings);
+    free(tok->vocab_slots);
+    free(tok->merge_keys);
+    free(tok->merge_rank);
+    free(tok->merge_id);
+    pcre2_code_free(tok->re);
+    free(tok->added);
+    free(tok->raw_matcher.items);
+    free(tok->norm_matcher.items);
+    free(tok->chat_template);
+    rlx__cache_deinit(&tok->cache);
+    free(tok);
+}
+
+// ---- accessors
+
+int32_t rlx_tokenizer_vocab_size(const rlx_tokenizer *tok) {
+    return tok ? tok->n_tokens : 0;
+}
+
+int32_t rlx_tokenizer_token_id(const rlx_tokenizer *tok, const char *token) {
+    if (!tok || !token)
+        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_token_id: NULL argument");
+    int32_t id = rlx__vocab_find(tok, token, strlen(token));
+    if (id < 0)
+        return rlx_error(RLX_E_NOT_FOUND, "token \"%.80s\" is not in the vocabulary", token);
+    return id;
+}
+
+const char *rlx_tokenizer_token_text(const rlx_tokenizer *tok, int32_t id) {
+    if (!tok || id < 0 || id >= tok->n_tokens || !tok->tokens[id].present)
+        return NULL;
+    return tok->strings + tok->tokens[id].str;
+}
+
+int rlx_tokenizer_is_special(const rlx_tokenizer *tok, int32_t id) {
+    if (!tok || id < 0 || id >= tok->n_tokens)
+        return 0;
+    return tok->tokens[id].special;
+}
+
+int32_t rlx_tokenizer_eos_id(const rlx_tokenizer *tok) {
+    return tok ? tok->eos_id : -1;
+}
+
+int32_t rlx_tokenizer_pad_id(const rlx_tokenizer *tok) {
+    return tok ? tok->pad_id : -1;
+}
+
+int32_t rlx_tokenizer_bos_id(const rlx_tokenizer *tok) {
+    return tok ? tok->bos_id : -1;
+}
+
+rlx_chat_template_kind rlx_chat_template_of(const rlx_tokenizer *tok) {
+    return tok ? tok->chat_kind : RLX_CHAT_TEMPLATE_NONE;
+}
