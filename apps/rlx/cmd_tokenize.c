@@ -62,9 +62,9 @@ static int read_all(const char *path, char **out, size_t *len) {
     return 0;
 }
 
-static int load(const app_options *o, const char *cmd, rlx_tokenizer **tok) {
-    if (!o->model)
-        return app_fail("%s: --model DIR is required (see rlx %s --help)", cmd, cmd);
+static int load(app_options *o, const char *cmd, rlx_tokenizer **tok) {
+    if (app_resolve_model(o))
+        return 1;
     if (rlx_tokenizer_load(o->model, tok) != RLX_OK) {
         char what[64];
         snprintf(what, sizeof what, "%s: cannot load the tokenizer", cmd);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command from a fresh Debian 12 machine to a running rlx: installs the Debian packages,
-# builds in Release, writes a small demo model with RANDOM weights in Hugging Face layout, and
-# generates from it through the cpu-blas backend plugin.
+# builds in Release, writes the demo model (a small Qwen3 with RANDOM weights and the real Qwen3
+# tokenizer) and runs it through the cpu-blas backend plugin: text in, streamed text out.
 # Usage: share/scripts/demo.sh [build-dir]   (default: build)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -9,13 +9,14 @@ build=${1:-$root/build}
 "$root/share/scripts/install-deps"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build "$build" -j"$(nproc)"
-model=$build/demo-model
-if [ ! -f "$model/config.json" ]; then
-    /usr/bin/python3 "$root/tests/golden/make_model.py" --kind dense-tied --dtype bf16 --seed 1 --out "$model"
-fi
-echo "== plugins"
-"$build/bin/rlx" plugins
-echo "== greedy continuation of token ids 1,2,3 (the demo model's weights are random)"
-"$build/bin/rlx" generate --model "$model" --tokens 1,2,3 -n 16 --greedy --stats
-echo "== speed"
-"$build/bin/rlx" bench --model "$model" -p 64 -n 32 -r 3
+"$root/share/scripts/make-demo-model.sh" "$build/demo-model"
+rlx=$build/bin/rlx
+echo "== rlx plugins"
+"$rlx" plugins
+echo "== rlx generate --prompt (the demo model's weights are random: expect gibberish, not language)"
+"$rlx" generate --prompt "The capital of France is" -n 24 --temp 0.8 --top-p 0.95 --seed 1 --stats
+echo "== rlx generate --tokens (token ids in, ids out)"
+"$rlx" generate --tokens 785,6722,315,9625,374 -n 12 --greedy
+echo "== rlx bench"
+"$rlx" bench -p 64 -n 32 -r 3
+echo "== next: $rlx chat   (or --model DIR for a real Qwen3 checkpoint; see README.md)"

@@ -9,5 +9,6 @@
 #include "rlx/plugin.h"
 #include "rlx/sched.h"
 #include "rlx/status.h"
+#include "rlx/text.h"
 
 #endif

@@ -177,10 +177,8 @@ typedef struct encoder {
 
 static int merge_find(const rlx_tokenizer *tok, int32_t a, int32_t b, uint32_t *rank, int32_t *id) {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
-    uint64_t h = key * 0x9E3779B97F4A7C15ULL;
-    h ^= h >> 31;
     size_t mask = tok->merge_cap - 1;
-    for (size_t i = h & mask;; i = (i + 1) & mask) {
+    for (size_t i = rlx__merge_hash(key) & mask;; i = (i + 1) & mask) {
         uint64_t k = tok->merge_keys[i];
         if (k == key) {
             *rank = tok->merge_rank[i];
@@ -347,8 +345,6 @@ static int regex_match(encoder *e, const char *s, size_t len, size_t at) {
     int rc = pcre2_match(tok->re, (PCRE2_SPTR)s, len, at, PCRE2_NO_UTF_CHECK, e->md, e->mctx);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !e->jit_stack) {
         /* very long runs of one class can outgrow the default 32 KiB JIT stack */
-        if (!e->mctx && !(e->mctx = pcre2_match_context_create(NULL)))
-            return PCRE2_ERROR_NOMEMORY;
         if (!(e->jit_stack = pcre2_jit_stack_create(32 * 1024, 256 * 1024 * 1024, NULL)))
             return PCRE2_ERROR_NOMEMORY;
         pcre2_jit_stack_assign(e->mctx, NULL, e->jit_stack);
@@ -507,10 +503,15 @@ rlx_status rlx_tokenizer_encode(const rlx_tokenizer *tok, const char *text, size
         return RLX_OK;
     encoder e = {.tok = tok, .parse_special = parse_special};
     rlx_status st = RLX_OK;
-    if (!(e.md = pcre2_match_data_create_from_pattern(tok->re, NULL))) {
+    if (!(e.md = pcre2_match_data_create_from_pattern(tok->re, NULL)) || !(e.mctx = pcre2_match_context_create(NULL))) {
         st = rlx_error(RLX_E_NOMEM, "cannot allocate regex match data");
         goto done;
     }
+    /* PCRE2's default limits stop `\s*[\r\n]+` on a run of 10^7 spaces (Oniguruma's retry limit
+     * makes Hugging Face panic there); backtracking here is linear in the run, so lift them. */
+    pcre2_set_match_limit(e.mctx, UINT32_MAX);
+    pcre2_set_depth_limit(e.mctx, UINT32_MAX);
+    pcre2_set_heap_limit(e.mctx, 4u << 20); /* KiB: 4 GiB, only the interpreter without JIT uses it */
     if ((st = ids_reserve(&e.out, len / 3 + 16)) != RLX_OK)
         goto done;
     st = split_added(&e, &tok->raw_matcher, text, len, on_raw_text);

@@ -89,6 +89,12 @@ struct rlx_tokenizer {
 
 /* ---- shared helpers ---- */
 
+/* Hash of a merge's key (left id << 32 | right id), used by the loader and the encoder alike. */
+static inline uint64_t rlx__merge_hash(uint64_t key) {
+    key *= 0x9E3779B97F4A7C15ULL;
+    return key ^ (key >> 31);
+}
+
 /* Byte offset of the first invalid UTF-8 sequence in s[0, len), or len when s is valid
  * (overlong forms, surrogates and code points above U+10FFFF are invalid). */
 size_t rlx__utf8_check(const uint8_t *s, size_t len);

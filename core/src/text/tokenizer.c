@@ -60,11 +60,6 @@ static uint64_t hash_bytes(const void *p, size_t n) {
     return h ^ (h >> 29);
 }
 
-static uint64_t hash_pair(uint64_t key) {
-    key *= 0x9E3779B97F4A7C15ULL;
-    return key ^ (key >> 31);
-}
-
 static size_t pow2_at_least(size_t n) {
     size_t c = 16;
     while (c < n)
@@ -449,15 +444,14 @@ static rlx_status build_vocab_map(rlx_tokenizer *tok) {
 static rlx_status merge_insert(rlx_tokenizer *tok, int32_t a, int32_t b, uint32_t rank, int32_t id) {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
     size_t mask = tok->merge_cap - 1;
-    for (size_t i = hash_pair(key) & mask;; i = (i + 1) & mask) {
+    for (size_t i = rlx__merge_hash(key) & mask;; i = (i + 1) & mask) {
         if (tok->merge_keys[i] == UINT64_MAX) {
             tok->merge_keys[i] = key;
             tok->merge_rank[i] = rank;
             tok->merge_id[i] = id;
             return RLX_OK;
         }
-        if (tok->merge_keys[i] == key) /* a repeated pair keeps its later rank, as a HashMap insert does */
-        {
+        if (tok->merge_keys[i] == key) { /* a repeated pair takes its later rank, as a HashMap insert does */
             tok->merge_rank[i] = rank;
             tok->merge_id[i] = id;
             return RLX_OK;

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# `rlx tokenize` and `rlx detokenize` against Hugging Face's ids, and their errors.
+# usage: check_cli.sh RLX MODEL_DIR CASES_DIR WORK_DIR   (CASES_DIR as make_cases.js writes it)
+set -u
+rlx=$1 model=$2 cases=$3 work=$4
+mkdir -p "$work"
+passed=0 failed=0
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*"; }
+
+# expect_out NAME WANT CMD...: stdout must be WANT and the exit status 0
+expect_out() {
+    local name=$1 want=$2
+    shift 2
+    local got
+    got=$("$@" 2>"$work/err") || { bad "$name: exit $? ($(cat "$work/err"))"; return; }
+    [ "$got" = "$want" ] && ok || bad "$name: got '${got:0:200}', want '${want:0:200}'"
+}
+
+# expect_fail NAME PATTERN CMD...: exit 1 with one stderr line "rlx: ..." matching PATTERN
+expect_fail() {
+    local name=$1 pattern=$2
+    shift 2
+    "$@" >/dev/null 2>"$work/err"
+    local rc=$?
+    local lines
+    lines=$(wc -l <"$work/err")
+    if [ "$rc" -ne 1 ]; then bad "$name: exit $rc, want 1"; return; fi
+    if [ "$lines" -ne 1 ] || ! grep -q "^rlx: .*$pattern" "$work/err"; then
+        bad "$name: stderr '$(cat "$work/err")' is not one 'rlx: ...$pattern...' line"
+        return
+    fi
+    ok
+}
+
+# The whole corpus through --file, and back through detokenize.
+expect_out "tokenize --file corpus" "$(cat "$cases/corpus_all.ids")" "$rlx" tokenize --model "$model" --file "$cases/corpus_all.txt"
+ids=$(tr ' ' ',' <"$cases/corpus_all.ids")
+"$rlx" detokenize --model "$model" --ids "$ids" >"$work/roundtrip.txt" 2>"$work/err" &&
+    cmp -s "$work/roundtrip.txt" "$cases/corpus_all.txt" && ok || bad "detokenize corpus: text differs ($(cat "$work/err"))"
+# stdin, special tokens, --no-special, --skip-special (ids checked with Hugging Face's tokenizers)
+expect_out "tokenize stdin" "14990 1879" sh -c "printf 'hello world' | '$rlx' tokenize --model '$model' --file -"
+expect_out "tokenize special" "6023 151645 18532" "$rlx" tokenize --model "$model" --text "hi<|im_end|>there"
+expect_out "tokenize --no-special" "6023 27 91 318 6213 91 29 18532" "$rlx" tokenize --model "$model" --no-special --text "hi<|im_end|>there"
+expect_out "tokenize think" "151667 198 151668" "$rlx" tokenize --model "$model" --no-special --text $'<think>\n</think>'
+expect_out "tokenize empty" "" "$rlx" tokenize --model "$model" --text ""
+expect_out "detokenize" "hi<|im_end|>there" "$rlx" detokenize --model "$model" --ids 6023,151645,18532
+expect_out "detokenize --skip-special" "hithere" "$rlx" detokenize --model "$model" --skip-special --ids 6023,151645,18532
+expect_out "options before the verb" "6023" "$rlx" --model "$model" tokenize --text hi
+expect_out "tokenize --help" "usage: rlx tokenize --model DIR (--text TEXT | --file FILE) [--no-special]" sh -c "'$rlx' tokenize --help | head -1"
+expect_out "detokenize --help" "usage: rlx detokenize --model DIR --ids 1,2,3 [--skip-special]" sh -c "'$rlx' detokenize --help | head -1"
+
+# Errors: one clear line, exit status 1.
+mkdir -p "$work/empty-model" "$work/broken-model"
+echo '{"model": ' >"$work/broken-model/tokenizer.json"
+printf 'ab\xffcd' >"$work/invalid.txt"
+expect_fail "no tokenizer.json" "empty-model/tokenizer.json: No such file" "$rlx" tokenize --model "$work/empty-model" --text hi
+expect_fail "malformed tokenizer.json" "broken-model/tokenizer.json: malformed JSON" "$rlx" tokenize --model "$work/broken-model" --text hi
+expect_fail "invalid UTF-8" "offset 2" "$rlx" tokenize --model "$model" --file "$work/invalid.txt"
+expect_fail "missing file" "cannot open" "$rlx" tokenize --model "$model" --file "$work/nope.txt"
+expect_fail "\$RLX_MODEL without a tokenizer" "/nonexistent-model" env RLX_MODEL=/nonexistent-model "$rlx" tokenize --text hi
+expect_fail "no text" "exactly one of --text and --file" "$rlx" tokenize --model "$model"
+expect_fail "both text and file" "exactly one of --text and --file" "$rlx" tokenize --model "$model" --text a --file b
+expect_fail "unknown option" "unknown option '--bogus'" "$rlx" tokenize --model "$model" --bogus
+expect_fail "unknown id" "token id 999999 is not in the vocabulary" "$rlx" detokenize --model "$model" --ids 1,999999
+expect_fail "bad id list" "not a comma-separated list" "$rlx" detokenize --model "$model" --ids 1,x
+expect_fail "no ids" "--ids is required" "$rlx" detokenize --model "$model"
+
+echo "text cli: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,335 @@
+/* Compares rlx's tokenizer with Hugging Face's on the cases make_cases.js wrote.
+ *
+ * usage: text_parity MODEL_DIR CASES_DIR
+ *
+ * cases.bin: "RLXTCAS1", then cases until a kind of 0xFFFFFFFF. A case is
+ *   u32 kind (0 encode, 1 decode only), u32 flags (1 parse special, 2 skip special when decoding,
+ *   4 Hugging Face's decode gives back the text), name, text (u32 length + bytes each),
+ *   u32 n, n int32 ids, decoded text (u32 length + bytes); all little-endian.
+ * For an encode case the ids must match, decoding them must give Hugging Face's text, and the
+ * streaming decoder fed one id at a time must emit only whole UTF-8 characters adding up to the
+ * same text. chat.json holds conversations with the Jinja rendering and its ids. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "rlx/text.h"
+
+static int failures, passes;
+
+static void fail(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(const char *name, const char *fmt, ...) {
+    if (++failures <= 40) {
+        va_list ap;
+        va_start(ap, fmt);
+        printf("FAIL %s: ", name);
+        vprintf(fmt, ap);
+        putchar('\n');
+        va_end(ap);
+    }
+}
+
+/* 1 when s[0, n) is valid UTF-8 (written out again here: librlx's helper is not exported). */
+static int utf8_valid(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        unsigned b = s[i], need, lo = 0x80, hi = 0xBF;
+        if (b < 0x80) {
+            i++;
+            continue;
+        }
+        if (b >= 0xC2 && b <= 0xDF)
+            need = 1;
+        else if (b >= 0xE0 && b <= 0xEF)
+            need = 2, lo = b == 0xE0 ? 0xA0 : 0x80, hi = b == 0xED ? 0x9F : 0xBF;
+        else if (b >= 0xF0 && b <= 0xF4)
+            need = 3, lo = b == 0xF0 ? 0x90 : 0x80, hi = b == 0xF4 ? 0x8F : 0xBF;
+        else
+            return 0;
+        if (n - i <= need || s[i + 1] < lo || s[i + 1] > hi)
+            return 0;
+        for (unsigned k = 2; k <= need; k++)
+            if ((s[i + k] & 0xC0) != 0x80)
+                return 0;
+        i += need + 1;
+    }
+    return 1;
+}
+
+static unsigned char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)n + 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = 0;
+        *len = (size_t)n;
+    }
+    return buf;
+}
+
+typedef struct reader {
+    const unsigned char *p, *end;
+    int bad;
+} reader;
+
+static uint32_t rd_u32(reader *r) {
+    if (r->end - r->p < 4) {
+        r->bad = 1;
+        return 0xFFFFFFFF;
+    }
+    uint32_t v = (uint32_t)r->p[0] | (uint32_t)r->p[1] << 8 | (uint32_t)r->p[2] << 16 | (uint32_t)r->p[3] << 24;
+    r->p += 4;
+    return v;
+}
+
+static const char *rd_bytes(reader *r, size_t *len) {
+    *len = rd_u32(r);
+    if (r->bad || (size_t)(r->end - r->p) < *len) {
+        r->bad = 1;
+        return "";
+    }
+    const char *s = (const char *)r->p;
+    r->p += *len;
+    return s;
+}
+
+static void show_ids(const char *label, const int32_t *ids, size_t n, size_t at) {
+    size_t lo = at > 4 ? at - 4 : 0, hi = at + 5 < n ? at + 5 : n;
+    printf("    %s[%zu..%zu):", label, lo, hi);
+    for (size_t i = lo; i < hi; i++)
+        printf(" %d", ids[i]);
+    printf("%s\n", hi < n ? " ..." : "");
+}
+
+/* Streams ids through a detokenizer; every chunk must be whole characters and the chunks must add
+ * up to want. */
+static int check_stream(const rlx_tokenizer *tok, const char *name, const int32_t *ids, size_t n, unsigned flags,
+                        const char *want, size_t want_len) {
+    rlx_detok *d;
+    if (rlx_detok_create(tok, flags, &d) != RLX_OK) {
+        fail(name, "rlx_detok_create: %s", rlx_last_error());
+        return 0;
+    }
+    char *acc = malloc(want_len + 64);
+    size_t acc_len = 0, cap = want_len + 64;
+    int ok = 1;
+    for (size_t i = 0; i <= n && ok; i++) {
+        const char *t;
+        size_t len;
+        rlx_status st = i < n ? rlx_detok_push(d, ids[i], &t, &len) : rlx_detok_flush(d, &t, &len);
+        if (st != RLX_OK) {
+            fail(name, "streaming decoder: %s", rlx_last_error());
+            ok = 0;
+            break;
+        }
+        if (!utf8_valid((const unsigned char *)t, len)) {
+            fail(name, "streaming decoder emitted a partial UTF-8 character after id %zu", i);
+            ok = 0;
+        }
+        if (acc_len + len > cap) {
+            cap = (acc_len + len) * 2;
+            acc = realloc(acc, cap);
+        }
+        memcpy(acc + acc_len, t, len);
+        acc_len += len;
+    }
+    if (ok && (acc_len != want_len || memcmp(acc, want, want_len) != 0)) {
+        fail(name, "streamed text (%zu bytes) differs from the decoded text (%zu bytes)", acc_len, want_len);
+        ok = 0;
+    }
+    free(acc);
+    rlx_detok_destroy(d);
+    return ok;
+}
+
+static int run_cases(const rlx_tokenizer *tok, const char *path, size_t *n_texts, size_t *n_bytes, size_t *roundtrips) {
+    size_t len;
+    unsigned char *data = read_file(path, &len);
+    if (!data || len < 8 || memcmp(data, "RLXTCAS1", 8) != 0) {
+        printf("cannot read %s\n", path);
+        free(data);
+        return -1;
+    }
+    reader r = {data + 8, data + len, 0};
+    for (;;) {
+        uint32_t kind = rd_u32(&r);
+        if (kind == 0xFFFFFFFF || r.bad)
+            break;
+        uint32_t flags = rd_u32(&r);
+        size_t name_len, text_len, dec_len;
+        const char *name_raw = rd_bytes(&r, &name_len);
+        const char *text = rd_bytes(&r, &text_len);
+        size_t n_ids = rd_u32(&r);
+        if (r.bad || (size_t)(r.end - r.p) / 4 < n_ids)
+            break;
+        int32_t *want = malloc(n_ids * sizeof *want + 4);
+        memcpy(want, r.p, n_ids * 4);
+        r.p += n_ids * 4;
+        const char *dec = rd_bytes(&r, &dec_len);
+        if (r.bad) {
+            free(want);
+            break;
+        }
+        char name[160];
+        snprintf(name, sizeof name, "%.*s", (int)(name_len < 150 ? name_len : 150), name_raw);
+        unsigned dflags = (flags & 2) ? RLX_DECODE_SKIP_SPECIAL : 0;
+        int ok = 1;
+        if (kind == 0) {
+            int32_t *ids = NULL;
+            size_t n = 0;
+            (*n_texts)++;
+            *n_bytes += text_len;
+            if (rlx_tokenizer_encode(tok, text, text_len, flags & 1, &ids, &n) != RLX_OK) {
+                fail(name, "encode: %s", rlx_last_error());
+                ok = 0;
+            } else {
+                size_t at = 0;
+                while (at < n && at < n_ids && ids[at] == want[at])
+                    at++;
+                if (at < n || at < n_ids) {
+                    fail(name, "ids differ at %zu (rlx %zu ids, Hugging Face %zu)", at, n, n_ids);
+                    if (failures <= 40) {
+                        show_ids("rlx ", ids, n, at);
+                        show_ids("hf  ", want, n_ids, at);
+                    }
+                    ok = 0;
+                }
+            }
+            free(ids);
+        }
+        char *text_out = NULL;
+        size_t out_len = 0;
+        if (ok && rlx_tokenizer_decode(tok, want, n_ids, dflags, &text_out, &out_len) != RLX_OK) {
+            fail(name, "decode: %s", rlx_last_error());
+            ok = 0;
+        } else if (ok && (out_len != dec_len || memcmp(text_out, dec, dec_len) != 0)) {
+            fail(name, "decoded text differs from Hugging Face's (%zu vs %zu bytes)", out_len, dec_len);
+            ok = 0;
+        } else if (ok && kind == 0 && (flags & 4)) {
+            if (out_len != text_len || memcmp(text_out, text, text_len) != 0) {
+                fail(name, "decoding does not give the text back");
+                ok = 0;
+            } else {
+                (*roundtrips)++;
+            }
+        }
+        if (ok)
+            ok = check_stream(tok, name, want, n_ids, dflags, dec, dec_len);
+        free(text_out);
+        free(want);
+        if (ok)
+            passes++;
+    }
+    int bad = r.bad;
+    free(data);
+    if (bad) {
+        printf("%s is truncated\n", path);
+        return -1;
+    }
+    return 0;
+}
+
+static int run_chat(const rlx_tokenizer *tok, const char *path) {
+    size_t len;
+    char *data = (char *)read_file(path, &len);
+    cJSON *root = data ? cJSON_Parse(data) : NULL;
+    free(data);
+    if (!cJSON_IsArray(root)) {
+        printf("cannot read %s\n", path);
+        cJSON_Delete(root);
+        return -1;
+    }
+    if (rlx_chat_template_of(tok) != RLX_CHAT_TEMPLATE_QWEN3)
+        fail("chat", "the template was not recognised as the standard Qwen3 one");
+    int index = 0;
+    for (const cJSON *c = root->child; c; c = c->next, index++) {
+        char name[32];
+        snprintf(name, sizeof name, "chat %d", index);
+        const cJSON *msgs = cJSON_GetObjectItem(c, "messages");
+        size_t n = (size_t)cJSON_GetArraySize(msgs);
+        rlx_chat_message *m = calloc(n + 1, sizeof *m);
+        size_t k = 0;
+        for (const cJSON *e = msgs->child; e; e = e->next, k++) {
+            const cJSON *rc = cJSON_GetObjectItem(e, "reasoning_content");
+            m[k].role = cJSON_GetObjectItem(e, "role")->valuestring;
+            m[k].content = cJSON_GetObjectItem(e, "content")->valuestring;
+            m[k].reasoning_content = cJSON_IsString(rc) ? rc->valuestring : NULL;
+        }
+        const cJSON *think = cJSON_GetObjectItem(c, "enable_thinking");
+        int add_gen = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
+        int enable_thinking = !cJSON_IsFalse(think);
+        const char *expected = cJSON_GetObjectItem(c, "expected")->valuestring;
+        char *out = NULL;
+        int ok = 1;
+        if (rlx_chat_render(tok, m, n, add_gen, enable_thinking, &out) != RLX_OK) {
+            fail(name, "render: %s", rlx_last_error());
+            ok = 0;
+        } else if (strcmp(out, expected) != 0) {
+            fail(name, "rendering differs from Jinja's");
+            printf("    rlx:   %s\n    jinja: %s\n", out, expected);
+            ok = 0;
+        } else {
+            int32_t *ids = NULL;
+            size_t n_ids = 0;
+            const cJSON *want = cJSON_GetObjectItem(c, "ids");
+            if (rlx_tokenizer_encode(tok, out, strlen(out), 1, &ids, &n_ids) != RLX_OK ||
+                n_ids != (size_t)cJSON_GetArraySize(want)) {
+                fail(name, "ids of the rendering differ in number");
+                ok = 0;
+            } else {
+                size_t i = 0;
+                for (const cJSON *w = want->child; w; w = w->next, i++)
+                    if (ids[i] != w->valueint) {
+                        fail(name, "ids of the rendering differ at %zu", i);
+                        ok = 0;
+                        break;
+                    }
+            }
+            free(ids);
+        }
+        free(out);
+        free(m);
+        if (ok)
+            passes++;
+    }
+    cJSON_Delete(root);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: text_parity MODEL_DIR CASES_DIR\n");
+        return 2;
+    }
+    rlx_tokenizer *tok;
+    if (rlx_tokenizer_load(argv[1], &tok) != RLX_OK) {
+        printf("cannot load the tokenizer: %s\n", rlx_last_error());
+        return 1;
+    }
+    char path[4096];
+    size_t n_texts = 0, n_bytes = 0, roundtrips = 0;
+    snprintf(path, sizeof path, "%s/cases.bin", argv[2]);
+    int rc = run_cases(tok, path, &n_texts, &n_bytes, &roundtrips);
+    snprintf(path, sizeof path, "%s/chat.json", argv[2]);
+    if (rc == 0)
+        rc = run_chat(tok, path);
+    rlx_tokenizer_destroy(tok);
+    if (rc != 0)
+        return 1;
+    if (failures > 40)
+        printf("... and %d more failures\n", failures - 40);
+    printf("encoded %zu texts (%zu bytes); %zu decode back to their text exactly\n", n_texts, n_bytes, roundtrips);
+    printf("text parity: %d passed, %d failed\n", passes, failures);
+    return failures ? 1 : 0;
+}
