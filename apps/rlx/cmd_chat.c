@@ -17,7 +17,9 @@ static const char help[] =
     "/reset forgets the conversation, /quit (or Ctrl-D) ends it; Ctrl-C stops a reply.\n\n"
     "  --system TEXT      a system message opening the conversation\n"
     "  --no-think         Qwen3's enable_thinking=false\n"
-    "  -n N               at most N tokens per reply (default 512)\n";
+    "  -n N               at most N tokens per reply (default 512)\n"
+    "  --stats            after each reply, print on stderr how many prompt tokens were reused from\n"
+    "                     the KV cache and how many were run, and the speeds\n";
 
 static volatile sig_atomic_t interrupted;
 
@@ -113,7 +115,7 @@ static int on_token(void *ctx, int32_t token) {
 
 /* One assistant turn for the conversation so far; the reply is added to it. */
 static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conversation *c, int think,
-                uint32_t max_new) {
+                uint32_t max_new, int stats) {
     char *rendered;
     int32_t *ids = NULL;
     size_t n = 0;
@@ -156,6 +158,11 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conve
     }
     if (!status && r.failed)
         status = app_fail("chat: cannot write the reply");
+    if (!status && stats)
+        fprintf(stderr, "rlx chat: %zu prompt tokens reused from the cache, %u run at %.1f tokens/s; %u generated at "
+                        "%.1f tokens/s\n",
+                keep, st.n_prompt, st.n_prompt / st.prompt_seconds, st.n_generated,
+                st.n_generated > 1 ? (st.n_generated - 1) / st.generate_seconds : 0.0);
     /* the cache holds the prompt and every reply token but the last, which was only sampled */
     if (!status)
         status = remember(c, ids + keep, n - keep) || remember(c, r.ids, r.n_ids ? r.n_ids - 1 : 0) ||
@@ -171,7 +178,7 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conve
 
 int cmd_chat(int argc, char **argv, app_options *o) {
     const char *system = NULL;
-    int think = 1;
+    int think = 1, stats = 0;
     uint32_t max_new = 512;
     app_sampling sampling = {.params = rlx_sampler_params_default()};
     for (int i = 1; i < argc; i++) {
@@ -189,6 +196,8 @@ int cmd_chat(int argc, char **argv, app_options *o) {
             continue;
         if (strcmp(a, "--no-think") == 0) {
             think = 0;
+        } else if (strcmp(a, "--stats") == 0) {
+            stats = 1;
         } else if (strcmp(a, "--system") == 0) {
             if (!(system = app_value(argc, argv, &i)))
                 return 1;
@@ -255,7 +264,7 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         }
         if ((status = add_message(&c, "user", line)))
             break;
-        if (turn(&rt, tok, sampler, &c, think, max_new)) {
+        if (turn(&rt, tok, sampler, &c, think, max_new, stats)) {
             /* a failed turn leaves the conversation as it was before the message */
             clear_messages(&c, c.n - 1);
             if (ferror(stdout)) /* nobody is reading the replies any more */
