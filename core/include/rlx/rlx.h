@@ -10,5 +10,6 @@
 #include "rlx/sched.h"
 #include "rlx/status.h"
 #include "rlx/text.h"
+#include "rlx/transport.h"
 
 #endif

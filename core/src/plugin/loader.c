@@ -12,6 +12,7 @@
 
 #include "rlx/backend.h"
 #include "rlx/plugin.h"
+#include "rlx/transport.h"
 #include "util/log.h"
 
 struct rlx_plugin_handle {
@@ -81,6 +82,16 @@ static rlx_status check_iface(const char *path, const rlx_plugin *d) {
         if (!b->open || !b->close || !b->supports || !b->compute)
             return rlx_error(RLX_E_ABI, "%s: backend table lacks a required function (open, close, supports, compute)",
                              path);
+        return RLX_OK;
+    }
+    if (d->kind == RLX_PLUGIN_TRANSPORT) {
+        const rlx_transport_iface *t = d->iface;
+        if (!RLX_HAS(rlx_transport_iface, t, conn_close))
+            return rlx_error(RLX_E_ABI, "%s: transport table is %u bytes, too short for ABI %d (needs %zu)", path,
+                             t->size, RLX_ABI_MAJOR, offsetof(rlx_transport_iface, conn_close) + sizeof t->conn_close);
+        if (!t->open || !t->close || !t->listen || !t->accept || !t->bound_address || !t->listener_close ||
+            !t->connect || !t->send || !t->recv || !t->conn_close)
+            return rlx_error(RLX_E_ABI, "%s: transport table lacks a required function", path);
         return RLX_OK;
     }
     return rlx_error(RLX_E_UNSUPPORTED, "%s: plugin kind %s (%u) is not supported by this rlx", path,
