@@ -35,12 +35,13 @@ static double median(double *v, uint32_t n) {
 
 /* One repetition: prefill `prompt`, then decode n_decode tokens (greedy, so the work is the
  * same as a real decode). */
-static int run_once(rlx_session *s, const int32_t *prompt, uint32_t p, uint32_t n_decode, int64_t vocab,
-                    double *pp_seconds, double *tg_seconds) {
+static int run_once(const rlx_lm *lm, const int32_t *prompt, uint32_t p, uint32_t n_decode, double *pp_seconds,
+                    double *tg_seconds) {
     const float *logits;
-    rlx_session_truncate(s, 0);
+    int64_t vocab = lm->vocab;
+    lm->truncate(lm->self, 0);
     double t0 = now_seconds();
-    if (rlx_session_forward(s, prompt, p, 0, &logits) != RLX_OK)
+    if (lm->forward(lm->self, prompt, p, 0, &logits) != RLX_OK)
         return -1;
     double t1 = now_seconds();
     for (uint32_t i = 0; i < n_decode; i++) {
@@ -48,7 +49,7 @@ static int run_once(rlx_session *s, const int32_t *prompt, uint32_t p, uint32_t 
         for (int64_t v = 1; v < vocab; v++)
             if (logits[v] > logits[best])
                 best = (int32_t)v;
-        if (rlx_session_forward(s, &best, 1, 0, &logits) != RLX_OK)
+        if (lm->forward(lm->self, &best, 1, 0, &logits) != RLX_OK)
             return -1;
     }
     *pp_seconds = t1 - t0;
@@ -87,7 +88,6 @@ int cmd_bench(int argc, char **argv, app_options *o) {
     app_runtime rt;
     if (app_runtime_open(&rt, o))
         return 1;
-    const rlx_model_config *c = rlx_model_config_of(rt.model);
     int32_t *prompt = malloc(p * sizeof *prompt);
     double *pp = calloc(reps, sizeof *pp), *tg = calloc(reps, sizeof *tg);
     int status = 0;
@@ -96,14 +96,14 @@ int cmd_bench(int argc, char **argv, app_options *o) {
         goto done;
     }
     for (uint32_t i = 0; i < p; i++) /* arbitrary ids spread over the vocabulary */
-        prompt[i] = (int32_t)((i * 2654435761u) % (uint32_t)c->vocab_size);
+        prompt[i] = (int32_t)((i * 2654435761u) % (uint32_t)rt.lm.vocab);
     double warm_pp, warm_tg;
-    if (run_once(rt.session, prompt, p, n < 2 ? n : 2, c->vocab_size, &warm_pp, &warm_tg) < 0) {
+    if (run_once(&rt.lm, prompt, p, n < 2 ? n : 2, &warm_pp, &warm_tg) < 0) {
         status = app_fail_rlx("bench");
         goto done;
     }
     for (uint32_t r = 0; r < reps; r++)
-        if (run_once(rt.session, prompt, p, n, c->vocab_size, &pp[r], &tg[r]) < 0) {
+        if (run_once(&rt.lm, prompt, p, n, &pp[r], &tg[r]) < 0) {
             status = app_fail_rlx("bench");
             goto done;
         }
@@ -113,7 +113,8 @@ int cmd_bench(int argc, char **argv, app_options *o) {
     }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    double rss_mb = (double)ru.ru_maxrss / 1024.0, weights_mb = rlx_weights_total_bytes(rlx_model_weights(rt.model)) / 1048576.0;
+    double rss_mb = (double)ru.ru_maxrss / 1024.0;
+    double weights_mb = rt.model ? (double)rlx_weights_total_bytes(rlx_model_weights(rt.model)) / 1048576.0 : 0;
     double pp_tps = median(pp, reps), tg_tps = median(tg, reps);
     const char *backend = rt.backend ? rlx_backend_name(rt.backend) : "ref";
     if (json)

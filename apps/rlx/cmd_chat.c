@@ -130,14 +130,14 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conve
         keep++;
     if (keep == n) /* the model must see at least one new token to answer */
         keep--;
-    uint32_t capacity = rlx_session_capacity(rt->session);
+    uint32_t capacity = rt->lm.capacity(rt->lm.self);
     if (n + max_new > capacity) {
         free(ids);
         return app_fail("chat: the conversation (%zu tokens) and a reply of %u would exceed the context of %u "
                         "positions; /reset to start over",
                         n, max_new, capacity);
     }
-    rlx_session_truncate(rt->session, (uint32_t)keep);
+    rt->lm.truncate(rt->lm.self, (uint32_t)keep);
     c->n_cached = keep;
     reply r = {0};
     int status = 0;
@@ -145,7 +145,7 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conve
         status = app_fail_rlx("chat");
     interrupted = 0;
     rlx_gen_stats st;
-    if (!status && rlx_session_generate(rt->session, sampler, ids + keep, (uint32_t)(n - keep), max_new, on_token, &r,
+    if (!status && rlx_generate(&rt->lm, sampler, ids + keep, (uint32_t)(n - keep), max_new, on_token, &r,
                                         &st) != RLX_OK)
         status = app_fail_rlx("chat");
     if (!status && !r.failed) {
@@ -218,11 +218,11 @@ int cmd_chat(int argc, char **argv, app_options *o) {
     rlx_sampler *sampler = NULL;
     conversation c = {0};
     int status = 0;
-    if (rlx_tokenizer_load(rlx_model_dir(rt.model), &tok) != RLX_OK)
+    if (rlx_tokenizer_load(rt.model_dir, &tok) != RLX_OK)
         status = app_fail_rlx("chat: cannot load the tokenizer");
     else if (rlx_chat_template_of(tok) != RLX_CHAT_TEMPLATE_QWEN3)
-        status = app_fail("chat: %s has no standard Qwen3 chat template", rlx_model_dir(rt.model));
-    else if (rlx_sampler_create(&sampling.params, rlx_model_config_of(rt.model)->vocab_size, &sampler) != RLX_OK)
+        status = app_fail("chat: %s has no standard Qwen3 chat template", rt.model_dir);
+    else if (rlx_sampler_create(&sampling.params, rt.lm.vocab, &sampler) != RLX_OK)
         status = app_fail_rlx("chat");
     else if (system)
         status = add_message(&c, "system", system);
@@ -258,7 +258,7 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         if (strcmp(line, "/reset") == 0) {
             clear_messages(&c, n_fixed);
             c.n_cached = 0;
-            rlx_session_truncate(rt.session, 0);
+            rt.lm.truncate(rt.lm.self, 0);
             fprintf(stderr, "rlx chat: conversation cleared\n");
             continue;
         }

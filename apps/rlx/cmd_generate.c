@@ -55,7 +55,7 @@ static int prompt_ids(const app_runtime *rt, const char *tokens, const char *pro
         *n = (size_t)count;
         return 0;
     }
-    if (rlx_tokenizer_load(rlx_model_dir(rt->model), tok) != RLX_OK)
+    if (rlx_tokenizer_load(rt->model_dir, tok) != RLX_OK)
         return app_fail_rlx("generate: cannot load the tokenizer");
     char *rendered = NULL;
     if (chat) {
@@ -125,7 +125,7 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     int32_t *ids = NULL;
     size_t n = 0;
     int status = prompt_ids(&rt, tokens, prompt, chat, think, &tok, &ids, &n);
-    uint32_t capacity = rlx_session_capacity(rt.session);
+    uint32_t capacity = rt.lm.capacity(rt.lm.self);
     if (!status && (n > capacity || n_new > capacity - n)) {
         if (!truncate || n_new >= capacity)
             status = app_fail("generate: prompt of %zu tokens plus %u new ones exceeds the context of %u positions "
@@ -138,12 +138,12 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     rlx_sampler *sampler = NULL;
     output out = {0};
     rlx_gen_stats st = {0};
-    if (!status && rlx_sampler_create(&sampling.params, rlx_model_config_of(rt.model)->vocab_size, &sampler) != RLX_OK)
+    if (!status && rlx_sampler_create(&sampling.params, rt.lm.vocab, &sampler) != RLX_OK)
         status = app_fail_rlx("generate");
     if (!status && tok && rlx_detok_create(tok, RLX_DECODE_SKIP_SPECIAL, &out.detok) != RLX_OK)
         status = app_fail_rlx("generate");
     if (!status &&
-        rlx_session_generate(rt.session, sampler, ids + skip, (uint32_t)(n - skip), n_new, emit, &out, &st) != RLX_OK)
+        rlx_generate(&rt.lm, sampler, ids + skip, (uint32_t)(n - skip), n_new, emit, &out, &st) != RLX_OK)
         status = app_fail_rlx("generate");
     if (!status && !out.failed) {
         const char *rest = "";

@@ -49,10 +49,10 @@ int cmd_logits(int argc, char **argv, app_options *o) {
     }
     int status = 0;
     const float *logits;
-    if (rlx_session_forward(rt.session, ids, (uint32_t)n, all, &logits) != RLX_OK) {
+    if (rt.lm.forward(rt.lm.self, ids, (uint32_t)n, all, &logits) != RLX_OK) {
         status = app_fail_rlx("logits");
     } else {
-        size_t count = (size_t)(all ? n : 1) * (size_t)rlx_model_config_of(rt.model)->vocab_size;
+        size_t count = (size_t)(all ? n : 1) * (size_t)rt.lm.vocab;
         FILE *f = fopen(out_path, "wb");
         if (!f) {
             status = app_fail("logits: cannot create %s: %s", out_path, strerror(errno));

@@ -226,8 +226,10 @@ int app_runtime_open(app_runtime *rt, app_options *o) {
                               .n_backends = rt->backend ? 1 : 0,
                               .rules = rt->rules,
                               .n_rules = rt->n_rules};
-    if (rlx_session_create(rt->model, &spec, &so, &rt->session) != RLX_OK)
+    if (rlx_session_create(rt->model, &spec, &so, &rt->session) != RLX_OK ||
+        rlx_session_lm(rt->session, &rt->lm) != RLX_OK)
         return app_fail_rlx("cannot create session"), app_runtime_close(rt), 1;
+    rt->model_dir = o->model;
     return 0;
 }
 

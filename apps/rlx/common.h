@@ -29,6 +29,8 @@ typedef struct app_runtime {
     rlx_backend *backend; /* the main backend (backends[0]), NULL for the reference kernels */
     rlx_model *model;
     rlx_session *session;
+    rlx_lm lm;              /* what commands run: the local session (or a pipeline driver) */
+    const char *model_dir;
 } app_runtime;
 
 /* Prints "rlx: <message>" on stderr and returns 1 (the exit status for failures). */

@@ -55,6 +55,26 @@ RLX_API size_t rlx_session_peak_activation_bytes(const rlx_session *s);
 /* Writes the plan for n positions as text, each node with the backend that runs it. */
 RLX_API rlx_status rlx_session_dump_plan(rlx_session *s, uint32_t n, FILE *f);
 
+// ---- language models ----
+
+/* Whatever turns token ids into logits with a truncatable cache: a local session over a block
+ * that embeds and produces logits, or a pipeline driver whose stages hold the cache. The
+ * generation loop and speculative decoding run on this, so they work the same over both. */
+typedef struct rlx_lm {
+    void *self;
+    /* As rlx_session_forward with token ids; the logits rows are vocab wide. */
+    rlx_status (*forward)(void *self, const int32_t *ids, uint32_t n, int all_rows, const float **logits);
+    rlx_status (*truncate)(void *self, uint32_t length);
+    uint32_t (*length)(const void *self);
+    uint32_t (*capacity)(const void *self);
+    int64_t vocab;
+    const int32_t *eos_ids; /* stop tokens */
+    uint32_t n_eos;
+} rlx_lm;
+
+/* The rlx_lm view of a session (which must embed and produce logits); borrows s. */
+RLX_API rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out);
+
 // ---- sampling ----
 
 typedef struct rlx_sampler_params {
@@ -90,10 +110,13 @@ typedef struct rlx_gen_stats {
 /* Called with every generated token; return non-zero to stop early. */
 typedef int (*rlx_token_fn)(void *ctx, int32_t token);
 
-/* Prefills prompt (n_prompt >= 1 ids, appended to what the session holds) in one forward, then
- * samples up to max_new tokens, stopping after an EOS id of the model config (which is
- * reported to fn) or when fn returns non-zero. s must run a block that embeds and produces
- * logits. */
+/* Prefills prompt (n_prompt >= 1 ids, appended to what the model holds) in one forward, then
+ * samples up to max_new tokens, stopping after an EOS id (which is reported to fn) or when fn
+ * returns non-zero. */
+RLX_API rlx_status rlx_generate(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
+                                uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats);
+
+/* rlx_generate on rlx_session_lm(s). */
 RLX_API rlx_status rlx_session_generate(rlx_session *s, rlx_sampler *sampler, const int32_t *prompt,
                                         uint32_t n_prompt, uint32_t max_new, rlx_token_fn fn, void *ctx,
                                         rlx_gen_stats *stats);

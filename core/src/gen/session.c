@@ -220,40 +220,69 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int is_eos(const rlx_model_config *c, int32_t token) {
-    for (uint32_t i = 0; i < c->n_eos; i++)
-        if (c->eos_ids[i] == token)
+static int is_eos(const rlx_lm *lm, int32_t token) {
+    for (uint32_t i = 0; i < lm->n_eos; i++)
+        if (lm->eos_ids[i] == token)
             return 1;
     return 0;
 }
 
-rlx_status rlx_session_generate(rlx_session *s, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
-                                uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats) {
-    if (!s || !sampler || !prompt || n_prompt == 0)
-        return rlx_error(RLX_E_INVALID, "rlx_session_generate: NULL argument or empty prompt");
+static rlx_status lm_forward(void *self, const int32_t *ids, uint32_t n, int all_rows, const float **logits) {
+    return rlx_session_forward(self, ids, n, all_rows, logits);
+}
+
+static rlx_status lm_truncate(void *self, uint32_t length) { return rlx_session_truncate(self, length); }
+static uint32_t lm_length(const void *self) { return rlx_session_length(self); }
+static uint32_t lm_capacity(const void *self) { return rlx_session_capacity(self); }
+
+rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out) {
+    if (!s || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_session_lm: NULL argument");
     if (!s->spec.embed_input || !s->spec.produce_logits)
-        return rlx_error(RLX_E_INVALID, "generation needs a block that embeds tokens and produces logits");
-    rlx_gen_stats st = {.n_prompt = n_prompt};
+        return rlx_error(RLX_E_INVALID, "a language model needs a block that embeds tokens and produces logits");
     const rlx_model_config *c = rlx_model_config_of(s->m);
+    *out = (rlx_lm){.self = s,
+                    .forward = lm_forward,
+                    .truncate = lm_truncate,
+                    .length = lm_length,
+                    .capacity = lm_capacity,
+                    .vocab = c->vocab_size,
+                    .eos_ids = c->eos_ids,
+                    .n_eos = c->n_eos};
+    return RLX_OK;
+}
+
+rlx_status rlx_generate(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
+                        uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats) {
+    if (!lm || !sampler || !prompt || n_prompt == 0)
+        return rlx_error(RLX_E_INVALID, "rlx_generate: NULL argument or empty prompt");
+    rlx_gen_stats st = {.n_prompt = n_prompt};
     const float *logits;
     double t0 = now_seconds();
-    rlx_status rc = rlx_session_forward(s, prompt, n_prompt, 0, &logits);
+    rlx_status rc = lm->forward(lm->self, prompt, n_prompt, 0, &logits);
     double t1 = now_seconds();
     st.prompt_seconds = t1 - t0;
     while (rc == RLX_OK && st.n_generated < max_new) {
         int32_t token = rlx_sampler_sample(sampler, logits);
         st.n_generated++;
         int stop = fn ? fn(ctx, token) : 0;
-        if (is_eos(c, token)) {
+        if (is_eos(lm, token)) {
             st.stopped_on_eos = 1;
             break;
         }
         if (stop || st.n_generated == max_new)
             break;
-        rc = rlx_session_forward(s, &token, 1, 0, &logits);
+        rc = lm->forward(lm->self, &token, 1, 0, &logits);
     }
     st.generate_seconds = now_seconds() - t1;
     if (stats)
         *stats = st;
     return rc;
+}
+
+rlx_status rlx_session_generate(rlx_session *s, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
+                                uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats) {
+    rlx_lm lm;
+    rlx_status rc = rlx_session_lm(s, &lm);
+    return rc == RLX_OK ? rlx_generate(&lm, sampler, prompt, n_prompt, max_new, fn, ctx, stats) : rc;
 }
