@@ -1,14 +1,16 @@
 /* cpu-blas: the CPU backend plugin of rlx. Every op of graph.h runs here on a persistent
- * thread pool owned by the instance (the calling thread works too). Matmuls split the output
- * features (rows of the [N, K] weight) across the pool, each thread calling single-threaded
- * OpenBLAS or a SIMD kernel on its slice:
- *   - F32 weights: cblas_sgemv for one token, the GEMV kernels for a few, cblas_sgemm above;
- *   - BF16/F16 weights are used as stored: the GEMV kernels widen them on the fly for a few
- *     tokens, and above that each thread widens a tile of rows that stays in L2 and runs
- *     cblas_sgemm on it, so no whole-model F32 copy ever exists.
- * Attention, norms, RoPE, SwiGLU and MoE are vectorised with AVX-512, AVX2+FMA+F16C or
- * portable C, chosen at open() from the CPU (option isa=...); cpu_blas_simd.inc holds those
- * kernels once, written against a small vector macro layer. */
+ * thread pool owned by the instance (the calling thread works too). Matmuls cut the output
+ * features (rows of the [N, K] weight) into chunks that the pool's threads take in turn, each
+ * calling single-threaded OpenBLAS or a SIMD kernel on its rows:
+ *   - F32 weights: cblas_sgemv for one token, the GEMV kernels up to gemv_m tokens (12),
+ *     cblas_sgemm above;
+ *   - BF16/F16 weights are used as stored: the GEMV kernels widen them on the fly up to
+ *     gemv_m tokens, and above that a thread widens a tile of rows (1.5 MiB of F32) into its
+ *     scratch and runs cblas_sgemm on it, so no whole-model F32 copy ever exists.
+ * Decode attention splits the cache rows across threads (flash-decoding), prefill attention
+ * runs sgemm per (KV head, block of queries). Attention, norms, RoPE, SwiGLU and MoE are
+ * vectorised with AVX-512, AVX2+FMA+F16C or portable C, chosen at open() from the CPU (option
+ * isa=...); cpu_blas_simd.inc holds those kernels once, over a small vector macro layer. */
 #include <immintrin.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -28,11 +30,13 @@
 
 #include "rlx/backend.h"
 
-/* Activation rows up to which a matmul streams weights through the GEMV kernels. */
+/* Activation rows one GEMV kernel call handles; more rows are done in blocks of this many. */
 #define CPU_BLAS_GEMV_MAX_M 8
-/* Output features handed to a thread come in multiples of this (whole cache lines of y). */
+/* Weight bytes per pool chunk when the GEMV kernels make several passes over it (L2-sized). */
+#define CPU_BLAS_GEMV_CHUNK_BYTES (256 * 1024)
+/* Output features of a matmul chunk come in multiples of this (whole cache lines of y). */
 #define CPU_BLAS_ROW_ALIGN 16
-/* Queries per attention task; a task covers one KV head and all its query heads. */
+/* Queries per prefill attention chunk; a chunk covers one KV head and all its query heads. */
 #define CPU_BLAS_ATT_TQ 32
 /* Below this many multiply-adds (or elements) a job runs on the calling thread alone. */
 #define CPU_BLAS_PAR_MIN 32768
@@ -102,7 +106,8 @@ typedef struct cpu_blas_kernels {
     void (*add)(const float *a, const float *b, float *y, int64_t n);
     void (*axpy)(float a, const float *x, float *y, int64_t n);
     void (*scal)(float a, float *y, int64_t n);
-    float (*softmax)(float *s, int64_t n, int64_t lo, int64_t hi);
+    float (*softmax)(float *s, int64_t n, int64_t lo, int64_t hi, float *max_out);
+    float (*dot)(const float *a, const float *b, int64_t n);
 } cpu_blas_kernels;
 
 /* Portable C: VW = 1 and plain float arithmetic. */
@@ -118,6 +123,7 @@ static inline float cpu_blas_pow2i(int n)
 #define CB_TARGET
 #define CB_ISA_NAME "c"
 #define CB_GEMV_R(m) ((m) == 1 ? 4 : (m) == 2 ? 2 : 1)
+#define CB_NREGS 16
 #define VW 1
 #define VF float
 #define VZERO() 0.0f
@@ -161,6 +167,7 @@ static inline __attribute__((always_inline)) CB_TARGET float cpu_blas_hmax_avx2(
 #define SFX(name) cpu_blas_##name##_avx2
 #define CB_ISA_NAME "avx2"
 #define CB_GEMV_R(m) ((m) == 1 ? 8 : (m) == 2 ? 4 : (m) <= 4 ? 2 : 1)
+#define CB_NREGS 16
 #define VW 8
 #define VF __m256
 #define VZERO() _mm256_setzero_ps()
@@ -189,6 +196,7 @@ static inline __attribute__((always_inline)) CB_TARGET float cpu_blas_hmax_avx2(
 #define CB_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 #define CB_ISA_NAME "avx512"
 #define CB_GEMV_R(m) ((m) == 1 ? 8 : (m) <= 4 ? 4 : 2)
+#define CB_NREGS 32
 #define VW 16
 #define VF __m512
 #define VZERO() _mm512_setzero_ps()
@@ -365,7 +373,7 @@ typedef struct cpu_blas {
     cpu_blas_buf main;  /* calling thread: converted small weights, MoE buffers */
     /* ROPE cos/sin rows cached for the latest (theta, head_dim, positions): every layer's q
      * and k rotations of one run share them. */
-    cpu_blas_buf rope_cs;  /* [T, head_dim]: cos of head_dim/2 angles, then their sin */
+    cpu_blas_buf rope_cs;  /* [T, head_dim] F32: cos of head_dim/2 angles, then their sin; F64 inv_freq */
     cpu_blas_buf rope_pos; /* [T] int32 */
     int64_t rope_t;
     uint32_t rope_d;
@@ -417,9 +425,9 @@ static const cpu_blas_kernels *cpu_blas_pick_isa(const char *want)
 
 /* Parses opts->extra, "key=value" pairs separated by commas:
  *   isa=auto|avx512|avx2|c   kernels to use (default auto: the best the CPU has)
- *   tile_kb=N                per-thread F32 weight tile for BF16/F16 prefill (default 384)
+ *   tile_kb=N                per-thread F32 weight tile for BF16/F16 prefill (default 1536)
  *   spin_us=N                how long idle workers spin before sleeping (default 200)
- *   gemv_m=N                 largest token count using the GEMV kernels, 0..8 (default 4) */
+ *   gemv_m=N                 largest token count using the GEMV kernels (default 12) */
 static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_t isa_len)
 {
     const rlx_host *h = s->host;
@@ -444,7 +452,7 @@ static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_
             s->tile_bytes = (size_t)num * 1024;
         } else if (klen == 7 && !memcmp(p, "spin_us", 7) && is_num && num >= 0 && num <= 1000000) {
             s->pool.spin_ns = num * 1000;
-        } else if (klen == 6 && !memcmp(p, "gemv_m", 6) && is_num && num >= 0 && num <= CPU_BLAS_GEMV_MAX_M) {
+        } else if (klen == 6 && !memcmp(p, "gemv_m", 6) && is_num && num >= 0 && num <= 4096) {
             s->gemv_max_m = (int)num;
         } else {
             return h->error(RLX_E_INVALID, "cpu-blas: unknown or out-of-range option '%.*s'", (int)len, p);
@@ -482,8 +490,8 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
         return host->error(RLX_E_NOMEM, "cpu-blas: out of memory");
     memset(s, 0, sizeof *s);
     s->host = host;
-    s->tile_bytes = 384 * 1024;
-    s->gemv_max_m = 4;
+    s->tile_bytes = 1536 * 1024;
+    s->gemv_max_m = 12;
     s->pool.spin_ns = 200 * 1000;
     long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
     s->n_threads = n_cpu > 0 ? (int)(n_cpu < 256 ? n_cpu : 256) : 1;
@@ -652,7 +660,8 @@ static int cpu_blas_check(const cpu_blas *s, const rlx_node_view *n, bool report
             return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,C] -> F32[1,C]");
         return RLX_OK;
     case RLX_OP_MOE: {
-        if (!p || p->n_experts < 1 || p->top_k < 1 || p->top_k > p->n_experts || ni != 2 + 3 * p->n_experts)
+        if (!p || p->n_experts < 1 || p->top_k < 1 || p->top_k > p->n_experts ||
+            ni != 2 + 3 * (uint64_t)p->n_experts)
             return cpu_blas_bad(s, report, RLX_E_INVALID, n, "want 1 <= top_k <= n_experts, 2 + 3 E inputs");
         const int64_t E = p->n_experts;
         if (!cpu_blas_is_act(&in[0], T, C) || !cpu_blas_is_mat(&in[1], E, C))
@@ -690,7 +699,7 @@ typedef struct cpu_blas_rows_job {
     const void *table; /* EMBED: [V, cols] of dtype dt */
     int dt;
     const int32_t *idx; /* EMBED ids, ROPE positions */
-    const float *inv_freq;
+    const double *inv_freq;
     int64_t g;          /* RMS_NORM group size; ROPE head_dim / 2 */
     float eps;
 } cpu_blas_rows_job;
@@ -722,13 +731,12 @@ static void cpu_blas_rows_task(void *arg, int ith, int64_t chunk)
     case RLX_OP_ADD:
         k->add(j->a + r0, j->b + r0, j->y + r0, r1 - r0);
         break;
-    default: /* ROPE table, matching Hugging Face: F32 angle = F32 pos * F32 inv_freq */
+    default: /* ROPE table: angles in F64, as the core's reference and the NumPy goldens */
         for (int64_t r = r0; r < r1; r++) {
             float *cs = j->y + r * 2 * j->g;
             for (int64_t i = 0; i < j->g; i++) {
-                const float ang = (float)j->idx[r] * j->inv_freq[i];
                 double sn, cn;
-                sincos((double)ang, &sn, &cn);
+                sincos((double)j->idx[r] * j->inv_freq[i], &sn, &cn);
                 cs[i] = (float)cn;
                 cs[j->g + i] = (float)sn;
             }
@@ -799,13 +807,12 @@ static int cpu_blas_rope_table(cpu_blas *s, const int32_t *pos, int64_t T, uint3
     const int64_t half = D / 2;
     int rc;
     s->rope_t = -1;
-    if ((rc = cpu_blas_reserve(s, &s->rope_cs, (size_t)(T * D + half) * sizeof(float))) < 0 ||
+    if ((rc = cpu_blas_reserve(s, &s->rope_cs, (size_t)(T * D) * sizeof(float) + (size_t)half * sizeof(double))) < 0 ||
         (rc = cpu_blas_reserve(s, &s->rope_pos, (size_t)T * sizeof *pos)) < 0)
         return rc;
-    /* inv_freq as Hugging Face computes it in F32: 1 / theta^(2i / D). */
-    float *inv = (float *)s->rope_cs.p + T * D;
+    double *inv = (double *)((float *)s->rope_cs.p + T * D); /* D even: 8-byte aligned */
     for (int64_t i = 0; i < half; i++)
-        inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)D);
+        inv[i] = pow((double)theta, -2.0 * (double)i / (double)D);
     cpu_blas_rows_job j = {.s = s, .op = 0, .n = T, .y = s->rope_cs.p, .idx = pos, .inv_freq = inv, .g = half};
     cpu_blas_run_rows(s, &j, 16 * half);
     memcpy(s->rope_pos.p, pos, (size_t)T * sizeof *pos);
@@ -864,7 +871,8 @@ typedef struct cpu_blas_mm {
     int wdt;
 } cpu_blas_mm;
 
-/* The rows of one widened weight tile: tile_bytes of F32, a multiple of CPU_BLAS_ROW_ALIGN. */
+/* The most rows of one widened weight tile: tile_bytes of F32, a multiple of CPU_BLAS_ROW_ALIGN.
+ * Large tiles pay off although they spill from L2: OpenBLAS packs x again for every tile. */
 static int64_t cpu_blas_tile_rows(const cpu_blas *s, int64_t K)
 {
     const int64_t rows = (int64_t)(s->tile_bytes / sizeof(float)) / K;
@@ -889,12 +897,15 @@ static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk)
         cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)(n1 - n0), (int)K, 1.0f, (const float *)w + n0 * K, (int)K,
                     mm->x, 1, 0.0f, mm->y + n0, 1);
     } else if (M <= s->gemv_max_m) {
-        s->k->gemv[mm->wdt][M - 1](mm->x, K, w, K, n0, n1, mm->y, N);
+        for (int64_t m0 = 0; m0 < M; m0 += CPU_BLAS_GEMV_MAX_M) {
+            const int64_t mb = M - m0 < CPU_BLAS_GEMV_MAX_M ? M - m0 : CPU_BLAS_GEMV_MAX_M;
+            s->k->gemv[mm->wdt][mb - 1](mm->x + m0 * K, K, w, K, n0, n1, mm->y + m0 * N, N);
+        }
     } else if (mm->wdt == RLX_DTYPE_F32) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)(n1 - n0), (int)K, 1.0f, mm->x, (int)K,
                     (const float *)w + n0 * K, (int)K, 0.0f, mm->y + n0, (int)N);
     } else {
-        /* Widen one tile of weight rows, sized to stay in L2, and multiply it while it is hot. */
+        /* Widen one tile of weight rows and multiply it while it is still in cache. */
         float *tile = s->tile[ith].p;
         s->k->cvt(mm->wdt, w + (size_t)n0 * row_bytes, tile, (n1 - n0) * K);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)(n1 - n0), (int)K, 1.0f, mm->x, (int)K, tile,
@@ -918,7 +929,11 @@ static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, co
     }
     cpu_blas_mm mm = {.s = s, .x = x, .w = w, .bias = bias, .y = y, .M = M, .K = K, .N = N, .wdt = wdt};
     if (cpu_blas_mm_tiled(s, M, wdt)) {
-        mm.chunk = cpu_blas_tile_rows(s, K);
+        /* Whole rounds of tiles for the pool, each as large as tile_bytes allows. */
+        const int64_t max_rows = cpu_blas_tile_rows(s, K);
+        int64_t n_tiles = (N + max_rows - 1) / max_rows;
+        n_tiles = (n_tiles + s->n_threads - 1) / s->n_threads * s->n_threads;
+        mm.chunk = ((N + n_tiles - 1) / n_tiles + CPU_BLAS_ROW_ALIGN - 1) / CPU_BLAS_ROW_ALIGN * CPU_BLAS_ROW_ALIGN;
         for (int i = 0; i < s->n_threads; i++) {
             const int rc = cpu_blas_reserve(s, &s->tile[i], (size_t)(mm.chunk * K) * sizeof(float));
             if (rc < 0)
@@ -926,6 +941,12 @@ static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, co
         }
     } else {
         mm.chunk = cpu_blas_chunk(s, N, CPU_BLAS_ROW_ALIGN, 64);
+        if (M > CPU_BLAS_GEMV_MAX_M && M <= s->gemv_max_m) {
+            /* Later passes over a chunk should find it in L2. */
+            int64_t cap = CPU_BLAS_GEMV_CHUNK_BYTES / (K * (int64_t)cpu_blas_dtype_size((uint32_t)wdt));
+            cap = cap < CPU_BLAS_ROW_ALIGN ? CPU_BLAS_ROW_ALIGN : cap / CPU_BLAS_ROW_ALIGN * CPU_BLAS_ROW_ALIGN;
+            mm.chunk = mm.chunk < cap ? mm.chunk : cap;
+        }
     }
     cpu_blas_pool_run(&s->pool, cpu_blas_mm_task, &mm, (N + mm.chunk - 1) / mm.chunk, M * N * K >= CPU_BLAS_PAR_MIN);
     return RLX_OK;
@@ -966,6 +987,16 @@ static int64_t cpu_blas_att_lo(const cpu_blas_att *a, int64_t t)
     return lo > 0 ? lo : 0;
 }
 
+/* Cache rows ahead of use to prefetch: a head's rows are Hkv*D floats apart (4 KiB for Qwen3),
+ * so each starts a new page, where hardware prefetchers stop. */
+#define CPU_BLAS_ATT_AHEAD 6
+
+static inline void cpu_blas_prefetch(const float *p, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += 16)
+        _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
+}
+
 static void cpu_blas_att_block(const cpu_blas_att *a, float *sc, int64_t kvh, int64_t blk)
 {
     const cpu_blas_kernels *k = a->s->k;
@@ -984,21 +1015,76 @@ static void cpu_blas_att_block(const cpu_blas_att *a, float *sc, int64_t kvh, in
     for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
         const float *qh = a->q + t0 * ldq + h * D;
         float *oh = a->out + t0 * ldq + h * D;
-        if (nq == 1)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)nk, (int)D, a->scale, kb, (int)ldk, qh, 1, 0.0f, sc, 1);
-        else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, qh, (int)ldq, kb,
-                        (int)ldk, 0.0f, sc, (int)nk);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, qh, (int)ldq, kb,
+                    (int)ldk, 0.0f, sc, (int)nk);
         for (int64_t r = 0; r < nq; r++)
-            inv[r] = 1.0f / k->softmax(sc + r * nk, nk, cpu_blas_att_lo(a, t0 + r) - lo, a->pos[t0 + r] + 1 - lo);
-        if (nq == 1)
-            cblas_sgemv(CblasRowMajor, CblasTrans, (int)nk, (int)D, inv[0], vb, (int)ldk, sc, 1, 0.0f, oh, 1);
-        else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, 1.0f, sc, (int)nk, vb,
-                        (int)ldk, 0.0f, oh, (int)ldq);
-        if (nq > 1)
-            for (int64_t r = 0; r < nq; r++)
-                k->scal(inv[r], oh + r * ldq, D);
+            inv[r] = 1.0f / k->softmax(sc + r * nk, nk, cpu_blas_att_lo(a, t0 + r) - lo, a->pos[t0 + r] + 1 - lo, NULL);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, 1.0f, sc, (int)nk, vb,
+                    (int)ldk, 0.0f, oh, (int)ldq);
+        for (int64_t r = 0; r < nq; r++)
+            k->scal(inv[r], oh + r * ldq, D);
+    }
+}
+
+/* Decode (T = 1) splits the visible cache rows [lo, lo + nk) into chunks instead: a chunk reads
+ * its rows whole and in order for all heads, and leaves per head its score maximum, its sum of
+ * exponentials and its unnormalised output in part[chunk] = {max[Hq], sum[Hq], out[Hq, D]}. */
+typedef struct cpu_blas_dec {
+    const cpu_blas_att *a;
+    int64_t lo, nk, rows; /* rows per chunk */
+    float *part;
+} cpu_blas_dec;
+
+static void cpu_blas_dec_task(void *arg, int ith, int64_t chunk)
+{
+    const cpu_blas_dec *d = arg;
+    const cpu_blas_att *a = d->a;
+    const cpu_blas_kernels *k = a->s->k;
+    const int64_t D = a->D, Hq = a->Hq, ldk = a->Hkv * D, group = Hq / a->Hkv;
+    const int64_t j0 = d->lo + chunk * d->rows, n = d->lo + d->nk - j0 < d->rows ? d->lo + d->nk - j0 : d->rows;
+    float *sc = a->s->att[ith].p; /* [Hq, n] */
+    float *mx = d->part + chunk * Hq * (D + 2), *sum = mx + Hq, *out = sum + Hq;
+    for (int64_t j = 0; j < n; j++) {
+        const float *kr = a->kc + (j0 + j) * ldk;
+        if (j + CPU_BLAS_ATT_AHEAD < n)
+            cpu_blas_prefetch(kr + CPU_BLAS_ATT_AHEAD * ldk, ldk);
+        for (int64_t h = 0; h < Hq; h++)
+            sc[h * n + j] = k->dot(a->q + h * D, kr + h / group * D, D) * a->scale;
+    }
+    for (int64_t h = 0; h < Hq; h++)
+        sum[h] = k->softmax(sc + h * n, n, 0, n, &mx[h]);
+    memset(out, 0, (size_t)(Hq * D) * sizeof(float));
+    for (int64_t j = 0; j < n; j++) {
+        const float *vr = a->vc + (j0 + j) * ldk;
+        if (j + CPU_BLAS_ATT_AHEAD < n)
+            cpu_blas_prefetch(vr + CPU_BLAS_ATT_AHEAD * ldk, ldk);
+        for (int64_t h = 0; h < Hq; h++)
+            k->axpy(sc[h * n + j], vr + h / group * D, out + h * D, D);
+    }
+}
+
+/* Attention of the single query of a T = 1 run; part is scratch of n_chunks * Hq * (D + 2). */
+static void cpu_blas_decode(cpu_blas *s, const cpu_blas_att *a, float *part, int64_t rows, int64_t n_chunks)
+{
+    const cpu_blas_kernels *k = s->k;
+    const int64_t D = a->D, Hq = a->Hq;
+    const int64_t lo = cpu_blas_att_lo(a, 0), nk = a->pos[0] + 1 - lo;
+    cpu_blas_dec d = {.a = a, .lo = lo, .nk = nk, .rows = rows, .part = part};
+    cpu_blas_pool_run(&s->pool, cpu_blas_dec_task, &d, n_chunks, nk * Hq * D >= CPU_BLAS_PAR_MIN);
+    /* out = sum_c e^(max_c - max) out_c / sum_c e^(max_c - max) sum_c */
+    for (int64_t h = 0; h < Hq; h++) {
+        float m = part[h];
+        for (int64_t c = 1; c < n_chunks; c++)
+            m = part[c * Hq * (D + 2) + h] > m ? part[c * Hq * (D + 2) + h] : m;
+        float *oh = a->out + h * D, total = 0.0f;
+        memset(oh, 0, (size_t)D * sizeof(float));
+        for (int64_t c = 0; c < n_chunks; c++) {
+            const float *pc = part + c * Hq * (D + 2);
+            const float f = expf(pc[h] - m);
+            total += f * pc[Hq + h];
+            k->axpy(f, pc + 2 * Hq + h * D, oh, D);
+        }
+        k->scal(1.0f / total, oh, D);
     }
 }
 
@@ -1020,8 +1106,8 @@ static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n)
     int64_t lo = INT64_MAX, hi = 0;
     for (int64_t t = 0; t < T; t++) {
         if (pos[t] < 0 || pos[t] >= C)
-            return s->host->error(RLX_E_RANGE, "cpu-blas: node '%s': position %d of token %lld outside the cache [0, %lld)",
-                                  n->name ? n->name : "?", pos[t], (long long)t, (long long)C);
+            return s->host->error(RLX_E_RANGE, "cpu-blas: node '%s': position %d of token %lld outside the cache "
+                                  "[0, %lld)", n->name ? n->name : "?", pos[t], (long long)t, (long long)C);
         lo = pos[t] < lo ? pos[t] : lo;
         hi = pos[t] + 1 > hi ? pos[t] + 1 : hi;
     }
@@ -1033,15 +1119,25 @@ static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n)
     /* A block sees at most rows [min lo, max pos] of the cache: bound its score matrix by that. */
     const int64_t first = p->window > 0 ? lo - (int64_t)p->window + 1 : 0;
     const int64_t max_nk = hi - (first > 0 ? first : 0);
-    const int64_t tq = T < CPU_BLAS_ATT_TQ ? T : CPU_BLAS_ATT_TQ;
-    for (int i = 0; i < s->n_threads; i++) {
-        const int rc = cpu_blas_reserve(s, &s->att[i], (size_t)(tq * max_nk + tq) * sizeof(float));
-        if (rc < 0)
-            return rc;
-    }
     cpu_blas_att a = {.s = s, .q = in[0].data, .pos = pos, .kc = kc, .vc = vc, .out = n->output->data, .T = T,
                       .D = D, .Hq = p->n_heads, .Hkv = Hkv, .window = p->window, .scale = p->scale,
                       .n_blocks = (T + CPU_BLAS_ATT_TQ - 1) / CPU_BLAS_ATT_TQ};
+    int rc;
+    if (T == 1) {
+        const int64_t rows = cpu_blas_chunk(s, max_nk, 1, 32), n_chunks = (max_nk + rows - 1) / rows;
+        if ((rc = cpu_blas_reserve(s, &s->main, (size_t)(n_chunks * a.Hq * (D + 2)) * sizeof(float))) < 0)
+            return rc;
+        for (int i = 0; i < s->n_threads; i++)
+            if ((rc = cpu_blas_reserve(s, &s->att[i], (size_t)(a.Hq * rows) * sizeof(float))) < 0)
+                return rc;
+        cpu_blas_decode(s, &a, s->main.p, rows, n_chunks);
+        return RLX_OK;
+    }
+    /* Scores of a block: tq queries of one head, plus their 1 / sums. */
+    const int64_t tq = T < CPU_BLAS_ATT_TQ ? T : CPU_BLAS_ATT_TQ;
+    for (int i = 0; i < s->n_threads; i++)
+        if ((rc = cpu_blas_reserve(s, &s->att[i], (size_t)(tq * (max_nk + 1)) * sizeof(float))) < 0)
+            return rc;
     cpu_blas_pool_run(&s->pool, cpu_blas_att_task, &a, a.n_blocks * Hkv,
                       T * max_nk * p->n_heads * D >= CPU_BLAS_PAR_MIN);
     return RLX_OK;
@@ -1160,6 +1256,10 @@ static int cpu_blas_compute(void *self, const rlx_node_view *node)
     const int rc = cpu_blas_check(s, node, true);
     if (rc < 0)
         return rc;
+    /* The setting is process-wide: if anything raised it since open(), every pool thread's
+     * OpenBLAS call would start threads of its own. */
+    if (openblas_get_num_threads() != 1)
+        openblas_set_num_threads(1);
     switch (node->op) {
     case RLX_OP_EMBED:
         return cpu_blas_embed(s, node);

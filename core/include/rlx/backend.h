@@ -7,7 +7,8 @@
  *   not fail, only answer. The scheduler gives a node to the first backend of the caller's list
  *   that supports it, and the core's reference kernels run what no backend claims.
  * - compute() runs one node whose inputs and output are bound to host memory: row-major,
- *   contiguous, aligned to 64 bytes for activations. It must write the whole output and may not
+ *   contiguous, aligned to 64 bytes for activations. The scheduler never lets a node's output
+ *   share memory with its inputs. It must write the whole output and may not
  *   keep pointers to the tensors after it returns, except to WEIGHT data, which stays valid and
  *   unchanged until close() (so a backend may cache repacked weights keyed by pointer).
  * - Calls on one instance come from one thread at a time; a backend may use its own threads

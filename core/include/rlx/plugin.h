@@ -48,7 +48,8 @@ typedef struct rlx_host {
     /* Records the calling thread's error detail and returns status, like rlx_error(). */
     int (*error)(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
     /* Aligned allocation (align a power of two >= sizeof(void *)); NULL on failure.
-     * Memory from alloc is released with free, by whichever side holds it last. */
+     * Memory from alloc is released with free, by whichever side holds it last; free(NULL) is
+     * a no-op. */
     void *(*alloc)(size_t size, size_t align);
     void (*free)(void *p);
 } rlx_host;
