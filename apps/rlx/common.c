@@ -235,11 +235,12 @@ int app_runtime_open(app_runtime *rt, app_options *o) {
 
 void app_runtime_close(app_runtime *rt) {
     rlx_session_destroy(rt->session);
-    rlx_model_close(rt->model);
+    /* backends may hold on to weight pointers until they close, so the model is unmapped last */
     for (size_t i = 0; i < rt->n_backends; i++) {
         rlx_backend_destroy(rt->backends[i]);
         rlx_plugin_unload(rt->plugins[i]);
     }
+    rlx_model_close(rt->model);
     rlx_registry_destroy(rt->registry);
     memset(rt, 0, sizeof *rt);
 }

@@ -1,0 +1,632 @@
+/* The checks of the kit, in report order: for each op the cases with random inputs (compared
+ * with the core's reference kernels), then the NumPy fixtures, then the whole-model checks.
+ * Case tables cover the edges backends get wrong: one token, odd sizes, long sequences, GQA
+ * ratios 1/2/4/8, sliding windows, positions far from 0, MoE with several experts and top-k,
+ * and every weight dtype. Inputs are drawn from a generator seeded by the case name, so a
+ * worker restarted after a crash rebuilds exactly the same case. */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kit.h"
+
+// ---------------------------------------------------------------------------------------------
+// Tolerances and helpers
+
+double kit_default_tol(int slot) {
+    switch (slot) {
+    case RLX_OP_EMBED:
+    case RLX_OP_ADD:
+    case RLX_OP_GATHER_LAST:
+        return 0; /* copies and one rounding: exact */
+    case RLX_OP_SWIGLU:
+        return 1e-6;
+    case RLX_OP_RMS_NORM:
+        return 1e-5;
+    case RLX_OP_MATMUL:
+    case RLX_OP_ROPE:
+    case RLX_OP_ATTENTION:
+    case RLX_OP_MOE:
+        return 2e-5;
+    case KIT_TOL_MODEL:
+        return 1e-4; /* as tests/golden/check_golden.py */
+    default:
+        return 0;
+    }
+}
+
+double kit_node_tol(const kit_options *o, const kit_node *node) { return o->tol[node->op]; }
+
+void *kit_alloc(size_t bytes) {
+    void *p = NULL;
+    bytes = (bytes + 63) / 64 * 64;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        return NULL;
+    memset(p, 0, bytes ? bytes : 64);
+    return p;
+}
+
+uint16_t kit_f32_to_bf16(float f) { /* round to nearest even; inputs are finite */
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    return (uint16_t)((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+}
+
+uint16_t kit_f32_to_f16(float f) { /* inputs are small normal numbers or zero */
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    uint32_t sign = (bits >> 16) & 0x8000, mant = bits & 0x7fffff;
+    int32_t exp = (int32_t)((bits >> 23) & 0xff) - 127 + 15;
+    if (exp <= 0)
+        return (uint16_t)sign;
+    uint32_t half = sign | ((uint32_t)exp << 10) | (mant >> 13);
+    if ((mant & 0x1fff) > 0x1000 || ((mant & 0x1fff) == 0x1000 && (half & 1)))
+        half++;
+    return (uint16_t)half;
+}
+
+float kit_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+float kit_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else {
+            int e = -1;
+            do {
+                e++;
+                mant <<= 1;
+            } while (!(mant & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ff) << 13);
+        }
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+float kit_load(const void *data, uint32_t dtype, size_t i) {
+    if (dtype == RLX_DTYPE_BF16)
+        return kit_bf16_to_f32(((const uint16_t *)data)[i]);
+    if (dtype == RLX_DTYPE_F16)
+        return kit_f16_to_f32(((const uint16_t *)data)[i]);
+    return ((const float *)data)[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random inputs
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static float uniform(rng *r) { /* in [-1, 1) */
+    r->s = r->s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((r->s >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+}
+
+static uint64_t seed_of(const char *name) { /* FNV-1a */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *name; name++)
+        h = (h ^ (uint8_t)*name) * 0x100000001b3ull;
+    return h;
+}
+
+static rlx_tensor shape2(uint32_t dtype, int64_t rows, int64_t cols) {
+    return (rlx_tensor){.dtype = dtype, .n_dims = 2, .shape = {rows, cols, 1, 1}};
+}
+
+static rlx_tensor shape1(uint32_t dtype, int64_t n) {
+    return (rlx_tensor){.dtype = dtype, .n_dims = 1, .shape = {n, 1, 1, 1}};
+}
+
+static void fill(rng *r, rlx_tensor *t, float scale) {
+    int64_t n = rlx_tensor_numel(t);
+    for (int64_t i = 0; i < n; i++) {
+        float v = uniform(r) * scale;
+        if (t->dtype == RLX_DTYPE_F32)
+            ((float *)t->data)[i] = v;
+        else if (t->dtype == RLX_DTYPE_BF16)
+            ((uint16_t *)t->data)[i] = kit_f32_to_bf16(v);
+        else
+            ((uint16_t *)t->data)[i] = kit_f32_to_f16(v);
+    }
+}
+
+static const uint32_t dtypes[] = {RLX_DTYPE_F32, RLX_DTYPE_BF16, RLX_DTYPE_F16};
+
+// ---------------------------------------------------------------------------------------------
+// Case tables (KIT_SRC_REF)
+
+static const struct {
+    int64_t t, k, n;
+} matmul_cases[] = {{1, 64, 96},    {1, 33, 17},    {3, 1024, 256}, {7, 130, 65},
+                    {64, 256, 300}, {130, 96, 64},  {1, 3072, 1024}, {512, 64, 48}, {2, 1, 5}};
+
+static const struct {
+    int64_t t, v, h;
+} embed_cases[] = {{1, 37, 19}, {5, 37, 19}, {9, 37, 19}, {512, 1000, 64}};
+
+static const struct {
+    int64_t t, c, g;
+    float eps;
+} norm_cases[] = {{1, 1024, 1024, 1e-6f}, {5, 64, 16, 1e-6f}, {3, 2048, 128, 1e-6f}, {2, 7, 7, 1e-5f},
+                  {4, 33, 11, 1e-6f},     {512, 256, 128, 1e-6f}, {1, 1, 1, 1e-6f}};
+
+static const struct {
+    int64_t t, heads, d;
+    int32_t first;
+    float theta;
+} rope_cases[] = {{1, 2, 16, 0, 10000},     {6, 4, 128, 0, 1000000},   {3, 3, 64, 1000, 1000000},
+                  {2, 1, 8, 5000, 10000},    {512, 8, 64, 0, 1000000},  {1, 16, 128, 30000, 1000000},
+                  {7, 5, 2, 11, 10000}};
+
+static const struct {
+    int64_t t, hq, hkv, d, cap;
+    int32_t first;
+    uint32_t window;
+} att_cases[] = {
+    {1, 4, 4, 16, 8, 0, 0},        /* one token at position 0, GQA 1 */
+    {5, 8, 4, 16, 32, 0, 0},       /* GQA 2 */
+    {5, 8, 2, 16, 32, 0, 0},       /* GQA 4 */
+    {17, 8, 1, 32, 40, 3, 0},      /* GQA 8, odd T */
+    {1, 16, 8, 128, 64, 40, 0},    /* decode */
+    {7, 3, 3, 12, 16, 2, 0},       /* odd head count and head_dim */
+    {6, 4, 2, 16, 32, 9, 3},       /* sliding window */
+    {12, 6, 3, 8, 16, 0, 5},       /* window inside the prefill */
+    {1, 4, 2, 64, 600, 555, 0},    /* far decode */
+    {1, 8, 1, 64, 4200, 4100, 0},  /* very far decode, GQA 8 */
+    {3, 8, 2, 64, 4200, 4000, 128}, /* far, windowed */
+    {130, 16, 8, 128, 160, 0, 0},  /* prefill */
+    {512, 8, 2, 64, 512, 0, 0},    /* long prefill, cache exactly full */
+    {512, 16, 2, 64, 1024, 300, 256}, /* long prefill after a prefix, GQA 8, window */
+};
+
+static const struct {
+    int64_t t, c;
+} ew_cases[] = {{1, 3072}, {5, 17}, {64, 1024}, {512, 96}, {1, 1}, {3, 1}};
+
+static const struct {
+    int64_t t, h, f;
+    uint32_t experts, top_k, norm;
+} moe_cases[] = {{1, 32, 16, 4, 2, 1}, {6, 48, 24, 8, 2, 0}, {13, 64, 40, 8, 3, 1}, {3, 16, 8, 2, 2, 1},
+                 {5, 32, 16, 16, 8, 1}, {4, 16, 8, 4, 1, 0}, {64, 32, 16, 8, 2, 1}};
+
+#define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* Cases per op (op order is report order). */
+static int n_cases(uint32_t op) {
+    switch (op) {
+    case RLX_OP_EMBED:
+        return COUNT(embed_cases) * 3;
+    case RLX_OP_MATMUL:
+        return COUNT(matmul_cases) * 3 * 2;
+    case RLX_OP_RMS_NORM:
+        return COUNT(norm_cases) * 3;
+    case RLX_OP_ROPE:
+        return COUNT(rope_cases);
+    case RLX_OP_ATTENTION:
+        return COUNT(att_cases);
+    case RLX_OP_SWIGLU:
+    case RLX_OP_ADD:
+    case RLX_OP_GATHER_LAST:
+        return COUNT(ew_cases);
+    case RLX_OP_MOE:
+        return COUNT(moe_cases) * 3;
+    default:
+        return 0;
+    }
+}
+
+static void case_name(uint32_t op, int i, char *name, size_t len) {
+    switch (op) {
+    case RLX_OP_EMBED: {
+        int r = i / 3;
+        snprintf(name, len, "embed T=%lld V=%lld H=%lld table=%s", (long long)embed_cases[r].t,
+                 (long long)embed_cases[r].v, (long long)embed_cases[r].h, rlx_dtype_name((int)dtypes[i % 3]));
+        break;
+    }
+    case RLX_OP_MATMUL: {
+        int r = i / 6;
+        snprintf(name, len, "matmul T=%lld K=%lld N=%lld w=%s%s", (long long)matmul_cases[r].t,
+                 (long long)matmul_cases[r].k, (long long)matmul_cases[r].n, rlx_dtype_name((int)dtypes[(i / 2) % 3]),
+                 i % 2 ? " +bias" : "");
+        break;
+    }
+    case RLX_OP_RMS_NORM: {
+        int r = i / 3;
+        snprintf(name, len, "rms_norm T=%lld C=%lld G=%lld eps=%g w=%s", (long long)norm_cases[r].t,
+                 (long long)norm_cases[r].c, (long long)norm_cases[r].g, (double)norm_cases[r].eps,
+                 rlx_dtype_name((int)dtypes[i % 3]));
+        break;
+    }
+    case RLX_OP_ROPE:
+        snprintf(name, len, "rope T=%lld heads=%lld D=%lld pos0=%d theta=%g", (long long)rope_cases[i].t,
+                 (long long)rope_cases[i].heads, (long long)rope_cases[i].d, rope_cases[i].first,
+                 (double)rope_cases[i].theta);
+        break;
+    case RLX_OP_ATTENTION:
+        snprintf(name, len, "attention T=%lld Hq=%lld Hkv=%lld D=%lld cache=%lld pos0=%d window=%u",
+                 (long long)att_cases[i].t, (long long)att_cases[i].hq, (long long)att_cases[i].hkv,
+                 (long long)att_cases[i].d, (long long)att_cases[i].cap, att_cases[i].first, att_cases[i].window);
+        break;
+    case RLX_OP_SWIGLU:
+    case RLX_OP_ADD:
+    case RLX_OP_GATHER_LAST:
+        snprintf(name, len, "%s T=%lld C=%lld", rlx_op_name((int)op), (long long)ew_cases[i].t,
+                 (long long)ew_cases[i].c);
+        break;
+    case RLX_OP_MOE: {
+        int r = i / 3;
+        snprintf(name, len, "moe T=%lld H=%lld F=%lld E=%u k=%u norm=%u w=%s", (long long)moe_cases[r].t,
+                 (long long)moe_cases[r].h, (long long)moe_cases[r].f, moe_cases[r].experts, moe_cases[r].top_k,
+                 moe_cases[r].norm, rlx_dtype_name((int)dtypes[i % 3]));
+        break;
+    }
+    default:
+        snprintf(name, len, "?");
+    }
+}
+
+static int node_alloc(kit_node *n, uint32_t op, uint32_t n_inputs) {
+    memset(n, 0, sizeof *n);
+    n->op = op;
+    n->n_inputs = n_inputs;
+    n->in = calloc(n_inputs, sizeof *n->in);
+    n->is_weight = calloc(n_inputs, 1);
+    return n->in && n->is_weight ? 0 : -1;
+}
+
+void kit_node_free(kit_node *n) {
+    if (n->in)
+        for (uint32_t i = 0; i < n->n_inputs; i++)
+            free(n->in[i].data);
+    free(n->in);
+    free(n->is_weight);
+    free(n->out.data);
+    free(n->want);
+    free(n->want_cache[0]);
+    free(n->want_cache[1]);
+    memset(n, 0, sizeof *n);
+}
+
+/* Router logits of MoE token t must separate the k-th and (k+1)-th expert clearly, or float32
+ * rounding could pick other experts than the float64 reference: redraws such tokens. */
+static void moe_condition(rng *r, kit_node *n) {
+    const rlx_tensor *x = &n->in[0], *router = &n->in[1];
+    int64_t t_len = x->shape[0], h = x->shape[1], e_len = n->p.n_experts;
+    double *logits = malloc((size_t)e_len * sizeof *logits);
+    if (!logits)
+        return;
+    for (int64_t t = 0; t < t_len; t++)
+        for (int attempt = 0; attempt < 100; attempt++) {
+            float *xt = (float *)x->data + t * h;
+            for (int64_t e = 0; e < e_len; e++) {
+                double acc = 0;
+                for (int64_t k = 0; k < h; k++)
+                    acc += (double)xt[k] * kit_load(router->data, router->dtype, (size_t)(e * h + k));
+                logits[e] = acc;
+            }
+            /* the gap at rank top_k, by partial selection */
+            double margin = INFINITY;
+            if (n->p.top_k < e_len) {
+                double kth = 0, next = 0;
+                for (uint32_t k = 0; k <= n->p.top_k; k++) {
+                    int64_t best = -1;
+                    for (int64_t e = 0; e < e_len; e++)
+                        if (logits[e] > -INFINITY && (best < 0 || logits[e] > logits[best]))
+                            best = e;
+                    if (k + 1 == n->p.top_k)
+                        kth = logits[best];
+                    if (k == n->p.top_k)
+                        next = logits[best];
+                    logits[best] = -INFINITY;
+                }
+                margin = kth - next;
+            }
+            if (margin >= 1e-3)
+                break;
+            for (int64_t k = 0; k < h; k++)
+                xt[k] = uniform(r);
+        }
+    free(logits);
+}
+
+int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
+    int i = c->spec;
+    rng r = {seed_of(c->name)};
+    switch (c->op) {
+    case RLX_OP_EMBED: {
+        int64_t t = embed_cases[i / 3].t, v = embed_cases[i / 3].v, h = embed_cases[i / 3].h;
+        if (node_alloc(n, c->op, 2))
+            return -1;
+        n->in[0] = shape1(RLX_DTYPE_I32, t);
+        n->in[1] = shape2(dtypes[i % 3], v, h);
+        n->is_weight[1] = 1;
+        n->out = shape2(RLX_DTYPE_F32, t, h);
+        break;
+    }
+    case RLX_OP_MATMUL: {
+        int64_t t = matmul_cases[i / 6].t, k = matmul_cases[i / 6].k, nn = matmul_cases[i / 6].n;
+        uint32_t dt = dtypes[(i / 2) % 3];
+        if (node_alloc(n, c->op, i % 2 ? 3 : 2))
+            return -1;
+        n->in[0] = shape2(RLX_DTYPE_F32, t, k);
+        n->in[1] = shape2(dt, nn, k);
+        n->is_weight[1] = 1;
+        if (i % 2) {
+            n->in[2] = shape1(dt, nn);
+            n->is_weight[2] = 1;
+        }
+        n->out = shape2(RLX_DTYPE_F32, t, nn);
+        break;
+    }
+    case RLX_OP_RMS_NORM: {
+        int64_t t = norm_cases[i / 3].t, cc = norm_cases[i / 3].c, g = norm_cases[i / 3].g;
+        if (node_alloc(n, c->op, 2))
+            return -1;
+        n->in[0] = shape2(RLX_DTYPE_F32, t, cc);
+        n->in[1] = shape1(dtypes[i % 3], g);
+        n->is_weight[1] = 1;
+        n->out = shape2(RLX_DTYPE_F32, t, cc);
+        n->p.eps = norm_cases[i / 3].eps;
+        break;
+    }
+    case RLX_OP_ROPE: {
+        int64_t t = rope_cases[i].t, cols = rope_cases[i].heads * rope_cases[i].d;
+        if (node_alloc(n, c->op, 2))
+            return -1;
+        n->in[0] = shape2(RLX_DTYPE_F32, t, cols);
+        n->in[1] = shape1(RLX_DTYPE_I32, t);
+        n->out = shape2(RLX_DTYPE_F32, t, cols);
+        n->p.head_dim = (uint32_t)rope_cases[i].d;
+        n->p.rope_theta = rope_cases[i].theta;
+        n->max_pos = (double)(rope_cases[i].first + t - 1);
+        break;
+    }
+    case RLX_OP_ATTENTION: {
+        int64_t t = att_cases[i].t, d = att_cases[i].d, q = att_cases[i].hq * d, kv = att_cases[i].hkv * d;
+        if (node_alloc(n, c->op, 6))
+            return -1;
+        n->in[0] = shape2(RLX_DTYPE_F32, t, q);
+        n->in[1] = shape2(RLX_DTYPE_F32, t, kv);
+        n->in[2] = shape2(RLX_DTYPE_F32, t, kv);
+        n->in[3] = shape1(RLX_DTYPE_I32, t);
+        n->in[4] = shape2(RLX_DTYPE_F32, att_cases[i].cap, kv);
+        n->in[5] = shape2(RLX_DTYPE_F32, att_cases[i].cap, kv);
+        n->out = shape2(RLX_DTYPE_F32, t, q);
+        n->p.head_dim = (uint32_t)d;
+        n->p.n_heads = (uint32_t)att_cases[i].hq;
+        n->p.n_kv_heads = (uint32_t)att_cases[i].hkv;
+        n->p.window = att_cases[i].window;
+        n->p.scale = 1.0f / sqrtf((float)d);
+        n->max_pos = (double)(att_cases[i].first + t - 1);
+        break;
+    }
+    case RLX_OP_SWIGLU:
+    case RLX_OP_ADD:
+    case RLX_OP_GATHER_LAST: {
+        int64_t t = ew_cases[i].t, cc = ew_cases[i].c;
+        uint32_t ni = c->op == RLX_OP_GATHER_LAST ? 1 : 2;
+        if (node_alloc(n, c->op, ni))
+            return -1;
+        for (uint32_t k = 0; k < ni; k++)
+            n->in[k] = shape2(RLX_DTYPE_F32, t, cc);
+        n->out = shape2(RLX_DTYPE_F32, c->op == RLX_OP_GATHER_LAST ? 1 : t, cc);
+        break;
+    }
+    case RLX_OP_MOE: {
+        int r0 = i / 3;
+        int64_t t = moe_cases[r0].t, h = moe_cases[r0].h, f = moe_cases[r0].f;
+        uint32_t e_len = moe_cases[r0].experts, dt = dtypes[i % 3];
+        if (node_alloc(n, c->op, 2 + 3 * e_len))
+            return -1;
+        n->in[0] = shape2(RLX_DTYPE_F32, t, h);
+        n->in[1] = shape2(dt, e_len, h);
+        for (uint32_t e = 0; e < e_len; e++) {
+            n->in[2 + 3 * e] = shape2(dt, f, h);
+            n->in[3 + 3 * e] = shape2(dt, f, h);
+            n->in[4 + 3 * e] = shape2(dt, h, f);
+        }
+        for (uint32_t k = 1; k < n->n_inputs; k++)
+            n->is_weight[k] = 1;
+        n->out = shape2(RLX_DTYPE_F32, t, h);
+        n->p.n_experts = e_len;
+        n->p.top_k = moe_cases[r0].top_k;
+        n->p.norm_topk = moe_cases[r0].norm;
+        break;
+    }
+    default:
+        return -1;
+    }
+    if (!with_data)
+        return 0;
+    for (uint32_t k = 0; k < n->n_inputs; k++) {
+        rlx_tensor *t = &n->in[k];
+        if (!(t->data = kit_alloc((size_t)rlx_tensor_numel(t) * rlx_dtype_size((int)t->dtype))))
+            return -1;
+    }
+    /* scales keep every op's values O(1) */
+    switch (c->op) {
+    case RLX_OP_EMBED: {
+        int32_t *ids = n->in[0].data;
+        int64_t t = n->in[0].shape[0], v = n->in[1].shape[0];
+        for (int64_t k = 0; k < t; k++)
+            ids[k] = (int32_t)((uniform(&r) * 0.5f + 0.5f) * (float)v) % (int32_t)v;
+        ids[0] = (int32_t)v - 1; /* the table's edges */
+        ids[t - 1] = 0;
+        fill(&r, &n->in[1], 1);
+        break;
+    }
+    case RLX_OP_MATMUL:
+        fill(&r, &n->in[0], 1);
+        fill(&r, &n->in[1], 0.1f);
+        if (n->n_inputs > 2)
+            fill(&r, &n->in[2], 1);
+        break;
+    case RLX_OP_RMS_NORM:
+        fill(&r, &n->in[0], 3);
+        fill(&r, &n->in[1], 1);
+        break;
+    case RLX_OP_ROPE:
+        fill(&r, &n->in[0], 1);
+        for (int64_t k = 0; k < n->in[1].shape[0]; k++)
+            ((int32_t *)n->in[1].data)[k] = rope_cases[i].first + (int32_t)k;
+        break;
+    case RLX_OP_ATTENTION:
+        fill(&r, &n->in[0], 2);
+        fill(&r, &n->in[1], 2);
+        fill(&r, &n->in[2], 1);
+        for (int64_t k = 0; k < n->in[3].shape[0]; k++)
+            ((int32_t *)n->in[3].data)[k] = att_cases[i].first + (int32_t)k;
+        fill(&r, &n->in[4], 2); /* earlier positions */
+        fill(&r, &n->in[5], 1);
+        break;
+    case RLX_OP_SWIGLU:
+    case RLX_OP_ADD:
+    case RLX_OP_GATHER_LAST:
+        for (uint32_t k = 0; k < n->n_inputs; k++)
+            fill(&r, &n->in[k], 4);
+        break;
+    case RLX_OP_MOE:
+        fill(&r, &n->in[0], 1);
+        fill(&r, &n->in[1], 1);
+        for (uint32_t k = 2; k < n->n_inputs; k++)
+            fill(&r, &n->in[k], 0.3f);
+        moe_condition(&r, n);
+        break;
+    default:
+        break;
+    }
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Enumeration
+
+static int push(kit_check **list, size_t *n, size_t *cap, const kit_check *c) {
+    if (*n == *cap) {
+        size_t grown = *cap ? *cap * 2 : 256;
+        kit_check *l = realloc(*list, grown * sizeof *l);
+        if (!l) {
+            fprintf(stderr, "rlx-conformance: out of memory\n");
+            return -1;
+        }
+        *list = l;
+        *cap = grown;
+    }
+    (*list)[(*n)++] = *c;
+    return 0;
+}
+
+static int wanted(const kit_options *o, const char *name) { return !o->filter || strstr(name, o->filter); }
+
+static int by_name(const struct dirent **a, const struct dirent **b) { return strcmp((*a)->d_name, (*b)->d_name); }
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && strcmp(s + a - b, suffix) == 0;
+}
+
+int kit_enumerate(const kit_options *o, kit_check **list, size_t *n) {
+    size_t cap = 0;
+    *list = NULL;
+    *n = 0;
+    kit_check c;
+    if (!o->is_ref && !o->no_ref)
+        for (uint32_t op = 1; op < RLX_OP_COUNT; op++)
+            for (int i = 0; i < n_cases(op); i++) {
+                memset(&c, 0, sizeof c);
+                c.source = KIT_SRC_REF;
+                c.op = op;
+                c.spec = i;
+                case_name(op, i, c.name, sizeof c.name);
+                if (wanted(o, c.name) && push(list, n, &cap, &c))
+                    return -1;
+            }
+    if (o->data_dir) {
+        struct dirent **entries;
+        int count = scandir(o->data_dir, &entries, NULL, by_name);
+        int found = 0;
+        for (int k = 0; k < count; k++) {
+            if (ends_with(entries[k]->d_name, ".rlxcase")) {
+                memset(&c, 0, sizeof c);
+                c.source = KIT_SRC_NUMPY;
+                size_t len = strlen(o->data_dir) + strlen(entries[k]->d_name) + 2;
+                if (!(c.path = malloc(len)))
+                    return -1;
+                snprintf(c.path, len, "%s/%s", o->data_dir, entries[k]->d_name);
+                kit_node node;
+                char why[256];
+                if (kit_fixture_read(c.path, &node, c.name, sizeof c.name, 0, why, sizeof why) < 0) {
+                    snprintf(c.name, sizeof c.name, "fixture %.160s", entries[k]->d_name);
+                } else {
+                    c.op = node.op;
+                    kit_node_free(&node);
+                }
+                found++;
+                if (wanted(o, c.name)) {
+                    if (push(list, n, &cap, &c))
+                        return -1;
+                } else {
+                    free(c.path);
+                }
+            }
+            free(entries[k]);
+        }
+        if (count >= 0)
+            free(entries);
+        if (!found) { /* reported as a failure by the runner: a kit without its data checks less */
+            memset(&c, 0, sizeof c);
+            c.source = KIT_SRC_NUMPY;
+            snprintf(c.name, sizeof c.name, "NumPy expectations in %s", o->data_dir);
+            if (push(list, n, &cap, &c))
+                return -1;
+        }
+    }
+    for (size_t m = 0; m < o->n_model_dirs; m++) {
+        const char *dir = o->model_dirs[m];
+        const char *base = strrchr(dir, '/') && strrchr(dir, '/')[1] ? strrchr(dir, '/') + 1 : dir;
+        char golden[4200];
+        snprintf(golden, sizeof golden, "%s/rlx-golden.txt", dir);
+        int has_golden = access(golden, R_OK) == 0;
+        static const char *what[] = {"logits (prefill, then decode) vs reference kernels",
+                                     "logits vs NumPy golden (rlx-golden.f32)", "greedy ids vs NumPy golden"};
+        for (int kind = 0; kind < 3; kind++) {
+            memset(&c, 0, sizeof c);
+            c.source = KIT_SRC_MODEL;
+            c.spec = kind;
+            if (!(c.path = strdup(dir)))
+                return -1;
+            snprintf(c.name, sizeof c.name, "model %s: %s", base, what[kind]);
+            if (kind == KIT_MODEL_VS_REF && o->is_ref) {
+                free(c.path);
+                continue;
+            }
+            if (kind == KIT_MODEL_GREEDY && !has_golden) {
+                free(c.path);
+                continue;
+            }
+            if (wanted(o, c.name)) {
+                if (push(list, n, &cap, &c))
+                    return -1;
+            } else {
+                free(c.path);
+            }
+        }
+    }
+    return 0;
+}

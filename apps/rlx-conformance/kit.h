@@ -1,0 +1,108 @@
+/* rlx-conformance: the backend conformance kit. Shared types of its parts:
+ *   main.c      options, the isolated worker process and the report
+ *   checks.c    the list of checks: op cases with random inputs (compared with the reference
+ *               kernels), NumPy fixtures, whole-model checks
+ *   fixtures.c  reader of the NumPy expectation files (written by gen_expectations.py)
+ *   run.c       runs one check against the backend under test (worker side)
+ * A check is one line of the report. Checks run in a worker process, so a backend that crashes
+ * or hangs fails its check and the kit carries on with the next one in a new worker. */
+#ifndef RLX_CONFORMANCE_KIT_H
+#define RLX_CONFORMANCE_KIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rlx/rlx.h"
+
+enum { KIT_SRC_REF = 0, KIT_SRC_NUMPY = 1, KIT_SRC_MODEL = 2 };
+enum { KIT_PASS = 0, KIT_FAIL = 1, KIT_NOT_CLAIMED = 2, KIT_SKIPPED = 3 };
+/* What a model check compares. */
+enum { KIT_MODEL_VS_REF = 0, KIT_MODEL_VS_GOLDEN = 1, KIT_MODEL_GREEDY = 2 };
+
+/* Tolerance slots: one per op (indexed by rlx_op) plus whole-model logits. */
+#define KIT_TOL_MODEL RLX_OP_COUNT
+#define KIT_N_TOL (RLX_OP_COUNT + 1)
+
+typedef struct kit_check {
+    int source;       /* KIT_SRC_* */
+    uint32_t op;      /* rlx_op of an op check, 0 for a model check */
+    int spec;         /* KIT_SRC_REF: index of the case in its op's table; model: KIT_MODEL_* */
+    char *path;       /* KIT_SRC_NUMPY: fixture file; KIT_SRC_MODEL: model directory */
+    char name[192];   /* also the node name the backend sees */
+} kit_check;
+
+typedef struct kit_result {
+    int status;     /* KIT_* */
+    double err;     /* max |got - want| (INFINITY for NaN), < 0 when not measured */
+    double limit;   /* tol * max(1, max |want|) */
+    char detail[1024];
+} kit_result;
+
+/* One node ready to run: tensors with data, params, and what the output should be. */
+typedef struct kit_node {
+    uint32_t op;
+    uint32_t n_inputs;
+    rlx_tensor *in;          /* n_inputs */
+    uint8_t *is_weight;      /* n_inputs flags: WEIGHT role (the backend may keep the pointer) */
+    rlx_tensor out;          /* F32; data NULL until run */
+    rlx_op_params p;
+    float *want;             /* expected output (NumPy), NULL: compare with the reference kernels */
+    float *want_cache[2];    /* ATTENTION: expected k_cache and v_cache after the call (NumPy) */
+    double max_pos;          /* largest position the node reads (informational) */
+} kit_node;
+
+typedef struct kit_options {
+    const char *plugin;
+    const char *plugin_dir;
+    const char *backend_opts; /* rlx_backend_options.extra */
+    const char *data_dir;     /* NumPy fixtures */
+    const char *filter;       /* run checks whose name contains this */
+    const char **model_dirs;
+    size_t n_model_dirs;
+    uint32_t threads;
+    double timeout;           /* seconds per check */
+    double tol[KIT_N_TOL];    /* in effect: defaults with the overrides applied */
+    int tol_set[KIT_N_TOL];   /* overridden on the command line */
+    int is_ref;               /* --plugin ref: the reference kernels against NumPy only */
+    int no_ref;               /* skip the comparisons with the reference kernels */
+    int verbose;
+} kit_options;
+
+/* ---- checks.c ---- */
+/* Default tolerance of op (relative to max(1, max |want|)). */
+double kit_default_tol(int slot);
+/* Appends every check to *list (grown with realloc). Returns 0, or -1 after printing why. */
+int kit_enumerate(const kit_options *o, kit_check **list, size_t *n);
+/* Fills node with the random inputs of a KIT_SRC_REF check; shapes only when with_data is 0. */
+int kit_ref_node(const kit_check *c, kit_node *node, int with_data);
+/* Frees the buffers of node except weights listed in keep (see run.c), and the node arrays. */
+void kit_node_free(kit_node *node);
+/* Tolerance for the node's op in effect (default or --tolerance / --precision). */
+double kit_node_tol(const kit_options *o, const kit_node *node);
+
+/* ---- fixtures.c ---- */
+/* Reads a NumPy fixture: name (may be NULL) and, with with_data, inputs and expectations. */
+int kit_fixture_read(const char *path, kit_node *node, char *name, size_t name_len, int with_data, char *why,
+                     size_t why_len);
+
+/* ---- run.c ---- */
+typedef struct kit_runner kit_runner;
+/* Loads the plugin and opens the backend (and the reference backend). On failure *out is NULL
+ * and why says what happened. */
+int kit_runner_open(const kit_options *o, kit_runner **out, char *why, size_t why_len);
+void kit_runner_close(kit_runner *r);
+/* One line describing the backend under test. */
+const char *kit_runner_describe(const kit_runner *r);
+void kit_run_check(kit_runner *r, const kit_check *c, kit_result *res);
+/* Called with "supports", "compute", ... as a check moves on, so a crash can be placed. */
+void kit_runner_on_phase(kit_runner *r, void (*fn)(void *ctx, const char *phase), void *ctx);
+
+/* ---- helpers ---- */
+uint16_t kit_f32_to_bf16(float f);
+uint16_t kit_f32_to_f16(float f);
+float kit_bf16_to_f32(uint16_t h);
+float kit_f16_to_f32(uint16_t h);
+float kit_load(const void *data, uint32_t dtype, size_t i);
+void *kit_alloc(size_t bytes); /* 64-byte aligned, zeroed; NULL on failure */
+
+#endif

@@ -1,0 +1,617 @@
+/* The worker side of the kit: loads the backend, runs one check and judges it. An op check
+ * asks supports() at planning time (data pointers NULL, as the scheduler does), then runs the
+ * node and checks, in order: the returned status, that nothing was written past the output or
+ * into an input, that the whole output was written, that it is finite, that ATTENTION wrote
+ * the cache rows, and the largest difference from the expectation. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kit.h"
+
+#define GUARD_BYTES 256
+#define MARKER_BITS 0x7fc5a5a5u  /* a quiet NaN no arithmetic produces: "never written" */
+#define KEEP_BUDGET ((size_t)512 << 20)
+
+struct kit_runner {
+    const kit_options *o;
+    rlx_registry *registry;
+    rlx_plugin_handle *plugin;
+    rlx_backend *tested; /* the reference backend itself with --plugin ref */
+    rlx_backend *ref;
+    /* Weights the tested instance has seen: it may keep their pointers until close() (repacked
+     * copies keyed by pointer), so they are freed only after the instance is closed. */
+    void **kept;
+    size_t n_kept, cap_kept, kept_bytes;
+    char describe[1200];
+    void (*phase)(void *ctx, const char *phase);
+    void *phase_ctx;
+};
+
+void kit_runner_on_phase(kit_runner *r, void (*fn)(void *ctx, const char *phase), void *ctx) {
+    r->phase = fn;
+    r->phase_ctx = ctx;
+}
+
+static void phase(kit_runner *r, const char *what) {
+    if (r->phase)
+        r->phase(r->phase_ctx, what);
+}
+
+static int open_tested(kit_runner *r, rlx_backend **out) {
+    if (r->o->is_ref)
+        return rlx_backend_create_ref(out);
+    rlx_backend_options bo = rlx_backend_options_default();
+    bo.n_threads = r->o->threads;
+    bo.extra = r->o->backend_opts;
+    return rlx_backend_create(r->plugin, &bo, out);
+}
+
+typedef struct failed_files {
+    char text[2048];
+    size_t len;
+} failed_files;
+
+static int collect_failures(void *ctx, const char *path, const rlx_plugin_handle *h, const char *error) {
+    failed_files *f = ctx;
+    if (!h && f->len < sizeof f->text)
+        f->len += (size_t)snprintf(f->text + f->len, sizeof f->text - f->len, "\n    %s", error);
+    return 0;
+}
+
+int kit_runner_open(const kit_options *o, kit_runner **out, char *why, size_t why_len) {
+    *out = NULL;
+    kit_runner *r = calloc(1, sizeof *r);
+    if (!r) {
+        snprintf(why, why_len, "out of memory");
+        return -1;
+    }
+    r->o = o;
+    if (!o->is_ref) {
+        if (rlx_registry_create(o->plugin_dir, &r->registry) != RLX_OK) {
+            snprintf(why, why_len, "cannot search for plugins: %s", rlx_last_error());
+            goto fail;
+        }
+        if (rlx_registry_load(r->registry, RLX_PLUGIN_BACKEND, o->plugin, &r->plugin) != RLX_OK) {
+            char first[1024];
+            snprintf(first, sizeof first, "%s", rlx_last_error());
+            /* A plugin built for another ABI is skipped by the name search; say so. */
+            failed_files f = {.len = 0};
+            if (!strchr(o->plugin, '/'))
+                rlx_registry_each(r->registry, collect_failures, &f);
+            snprintf(why, why_len, "cannot load backend plugin '%s': %s%s%s", o->plugin, first,
+                     f.len ? "\n  plugin files that failed to load:" : "", f.text);
+            goto fail;
+        }
+    }
+    if (open_tested(r, &r->tested) != RLX_OK) {
+        snprintf(why, why_len, "backend plugin '%s' (%s) failed to open: %s", o->plugin,
+                 r->plugin ? rlx_plugin_path(r->plugin) : "built in", rlx_last_error());
+        goto fail;
+    }
+    if (rlx_backend_create_ref(&r->ref) != RLX_OK) {
+        snprintf(why, why_len, "cannot open the reference kernels: %s", rlx_last_error());
+        goto fail;
+    }
+    if (r->plugin) {
+        const rlx_plugin *d = rlx_plugin_desc(r->plugin);
+        snprintf(r->describe, sizeof r->describe, "backend '%s' %s (%s), built for ABI %u.%u; this rlx has ABI %d.%d",
+                 d->name, d->version, rlx_plugin_path(r->plugin), d->abi_major, d->abi_minor, RLX_ABI_MAJOR,
+                 RLX_ABI_MINOR);
+    } else {
+        snprintf(r->describe, sizeof r->describe, "the reference kernels built into librlx (ABI %d.%d)", RLX_ABI_MAJOR,
+                 RLX_ABI_MINOR);
+    }
+    *out = r;
+    return 0;
+fail:
+    kit_runner_close(r);
+    return -1;
+}
+
+static void free_kept(kit_runner *r) {
+    for (size_t i = 0; i < r->n_kept; i++)
+        free(r->kept[i]);
+    r->n_kept = 0;
+    r->kept_bytes = 0;
+}
+
+void kit_runner_close(kit_runner *r) {
+    if (!r)
+        return;
+    rlx_backend_destroy(r->tested);
+    rlx_backend_destroy(r->ref);
+    free_kept(r);
+    free(r->kept);
+    rlx_plugin_unload(r->plugin);
+    rlx_registry_destroy(r->registry);
+    free(r);
+}
+
+const char *kit_runner_describe(const kit_runner *r) { return r->describe; }
+
+/* Takes the weights of node into the kept list; past the budget, reopens the tested backend
+ * so they can be freed. */
+static void keep_weights(kit_runner *r, kit_node *n) {
+    for (uint32_t i = 0; i < n->n_inputs; i++) {
+        if (!n->is_weight[i] || !n->in[i].data)
+            continue;
+        if (r->n_kept == r->cap_kept) {
+            size_t cap = r->cap_kept ? r->cap_kept * 2 : 64;
+            void **k = realloc(r->kept, cap * sizeof *k);
+            if (!k)
+                continue; /* freed with the node: harmless unless the backend caches by pointer */
+            r->kept = k;
+            r->cap_kept = cap;
+        }
+        r->kept[r->n_kept++] = n->in[i].data;
+        r->kept_bytes += (size_t)rlx_tensor_numel(&n->in[i]) * rlx_dtype_size((int)n->in[i].dtype);
+        n->in[i].data = NULL;
+    }
+    if (r->kept_bytes > KEEP_BUDGET && !r->o->is_ref) {
+        rlx_backend_destroy(r->tested);
+        r->tested = NULL;
+        free_kept(r);
+        if (open_tested(r, &r->tested) != RLX_OK)
+            r->tested = NULL; /* the next check reports it */
+    }
+}
+
+static uint64_t hash_bytes(const void *p, size_t n) {
+    const uint8_t *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static size_t bytes_of(const rlx_tensor *t) { return (size_t)rlx_tensor_numel(t) * rlx_dtype_size((int)t->dtype); }
+
+static int is_state(const kit_node *n, uint32_t i) { return n->op == RLX_OP_ATTENTION && (i == 4 || i == 5); }
+
+static void result(kit_result *res, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void result(kit_result *res, int status, const char *fmt, ...) {
+    res->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(res->detail, sizeof res->detail, fmt, ap);
+    va_end(ap);
+}
+
+static void where(const rlx_tensor *t, int64_t i, char *buf, size_t len) {
+    int64_t cols = t->shape[t->n_dims - 1];
+    snprintf(buf, len, "[%lld,%lld]", (long long)(i / cols), (long long)(i % cols));
+}
+
+/* Runs node (inputs filled) on the tested backend and judges it. */
+static void judge(kit_runner *r, const kit_check *c, kit_node *n, kit_result *res) {
+    const char *bname = rlx_backend_name(r->tested);
+    int64_t numel = rlx_tensor_numel(&n->out);
+    size_t out_bytes = (size_t)numel * 4;
+    float *want = n->want, *want_cache[2] = {n->want_cache[0], n->want_cache[1]};
+    float *ref_out = NULL, *ref_cache[2] = {NULL, NULL}, *cache[2] = {NULL, NULL};
+    uint64_t *hashes = calloc(n->n_inputs, sizeof *hashes);
+    rlx_tensor *in = calloc(n->n_inputs, sizeof *in);
+    uint8_t *out = kit_alloc(out_bytes + GUARD_BYTES);
+    if (!hashes || !in || !out) {
+        result(res, KIT_FAIL, "kit: out of memory");
+        goto done;
+    }
+    /* the expectation: the reference kernels on private copies of the state */
+    if (!want) {
+        memcpy(in, n->in, n->n_inputs * sizeof *in);
+        for (uint32_t s = 0; s < 2 && n->op == RLX_OP_ATTENTION; s++) {
+            if (!(ref_cache[s] = kit_alloc(bytes_of(&n->in[4 + s])))) {
+                result(res, KIT_FAIL, "kit: out of memory");
+                goto done;
+            }
+            memcpy(ref_cache[s], n->in[4 + s].data, bytes_of(&n->in[4 + s]));
+            in[4 + s].data = ref_cache[s];
+        }
+        rlx_tensor o = n->out;
+        if (!(o.data = ref_out = kit_alloc(out_bytes))) {
+            result(res, KIT_FAIL, "kit: out of memory");
+            goto done;
+        }
+        rlx_node_view v = {.op = n->op, .n_inputs = n->n_inputs, .inputs = in, .output = &o, .params = &n->p,
+                           .name = c->name};
+        phase(r, "the reference kernels");
+        if (rlx_backend_compute(r->ref, &v) != RLX_OK) {
+            result(res, KIT_FAIL, "the reference kernels failed (a bad case in the kit?): %s", rlx_last_error());
+            goto done;
+        }
+        want = ref_out;
+        want_cache[0] = ref_cache[0];
+        want_cache[1] = ref_cache[1];
+    }
+    /* the tested backend: shared read-only inputs, its own copies of the state */
+    memcpy(in, n->in, n->n_inputs * sizeof *in);
+    for (uint32_t i = 0; i < n->n_inputs; i++) {
+        if (is_state(n, i)) {
+            if (!(cache[i - 4] = kit_alloc(bytes_of(&n->in[i])))) {
+                result(res, KIT_FAIL, "kit: out of memory");
+                goto done;
+            }
+            memcpy(cache[i - 4], n->in[i].data, bytes_of(&n->in[i]));
+            in[i].data = cache[i - 4];
+        } else {
+            hashes[i] = hash_bytes(in[i].data, bytes_of(&in[i]));
+        }
+    }
+    uint32_t marker = MARKER_BITS;
+    for (int64_t i = 0; i < numel; i++)
+        memcpy(out + 4 * i, &marker, 4);
+    memset(out + out_bytes, 0xa5, GUARD_BYTES);
+    rlx_tensor o = n->out;
+    o.data = out;
+    rlx_node_view v = {.op = n->op, .n_inputs = n->n_inputs, .inputs = in, .output = &o, .params = &n->p,
+                       .name = c->name};
+    phase(r, "compute()");
+    if (rlx_backend_compute(r->tested, &v) != RLX_OK) {
+        result(res, KIT_FAIL, "claimed the node, then failed it: %s", rlx_last_error());
+        goto done;
+    }
+    for (size_t i = 0; i < GUARD_BYTES; i++)
+        if (out[out_bytes + i] != 0xa5) {
+            result(res, KIT_FAIL, "backend '%s' wrote past the end of the output of node '%s' (byte %zu after it)",
+                   bname, c->name, i);
+            goto done;
+        }
+    for (uint32_t i = 0; i < n->n_inputs; i++)
+        if (!is_state(n, i) && hash_bytes(in[i].data, bytes_of(&in[i])) != hashes[i]) {
+            result(res, KIT_FAIL, "backend '%s' modified input %u of node '%s' (inputs are read-only)", bname, i,
+                   c->name);
+            goto done;
+        }
+    const float *got = (const float *)out;
+    double worst = 0, scale = 1;
+    int64_t at = -1;
+    for (int64_t i = 0; i < numel; i++)
+        scale = fmax(scale, fabs(want[i]));
+    for (int64_t i = 0; i < numel; i++) {
+        char pos[64];
+        uint32_t bits;
+        memcpy(&bits, &got[i], 4);
+        if (bits == MARKER_BITS) {
+            where(&n->out, i, pos, sizeof pos);
+            result(res, KIT_FAIL, "backend '%s' left output%s of node '%s' unwritten (it must write the whole output)",
+                   bname, pos, c->name);
+            res->err = INFINITY;
+            goto done;
+        }
+        if (!isfinite(got[i])) {
+            where(&n->out, i, pos, sizeof pos);
+            result(res, KIT_FAIL, "backend '%s' returned %g at output%s of node '%s' (expected %.6g)", bname,
+                   (double)got[i], pos, c->name, (double)want[i]);
+            res->err = INFINITY;
+            goto done;
+        }
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (d > worst) {
+            worst = d;
+            at = i;
+        }
+    }
+    for (uint32_t s = 0; s < 2 && n->op == RLX_OP_ATTENTION; s++) {
+        const rlx_tensor *t = &n->in[4 + s];
+        int64_t cols = t->shape[1];
+        for (int64_t row = 0; row < t->shape[0]; row++)
+            if (memcmp(cache[s] + row * cols, want_cache[s] + row * cols, (size_t)cols * 4) != 0) {
+                result(res, KIT_FAIL, "backend '%s': %s row %lld after node '%s' differs from the expected cache",
+                       bname, s ? "v_cache" : "k_cache", (long long)row, c->name);
+                goto done;
+            }
+    }
+    double tol = kit_node_tol(r->o, n);
+    res->err = worst;
+    res->limit = tol * scale;
+    if (worst <= res->limit) {
+        result(res, KIT_PASS, "%s", "");
+    } else {
+        char pos[64];
+        where(&n->out, at, pos, sizeof pos);
+        result(res, KIT_FAIL, "backend '%s', node '%s': output%s = %.7g, expected %.7g", bname, c->name, pos,
+               (double)got[at], (double)want[at]);
+    }
+done:
+    free(hashes);
+    free(in);
+    free(out);
+    free(ref_out);
+    free(ref_cache[0]);
+    free(ref_cache[1]);
+    free(cache[0]);
+    free(cache[1]);
+}
+
+static void run_op(kit_runner *r, const kit_check *c, kit_result *res) {
+    kit_node n;
+    char why[512];
+    int rc = c->source == KIT_SRC_REF ? kit_ref_node(c, &n, 0)
+                                      : kit_fixture_read(c->path, &n, NULL, 0, 1, why, sizeof why);
+    if (rc < 0) {
+        result(res, KIT_FAIL, "kit: cannot build the case: %s", c->source == KIT_SRC_REF ? "out of memory" : why);
+        return;
+    }
+    /* planning time: shapes and params only, data pointers NULL */
+    rlx_tensor *plan = calloc(n.n_inputs, sizeof *plan);
+    if (!plan) {
+        kit_node_free(&n);
+        result(res, KIT_FAIL, "kit: out of memory");
+        return;
+    }
+    for (uint32_t i = 0; i < n.n_inputs; i++) {
+        plan[i] = n.in[i];
+        plan[i].data = NULL;
+    }
+    rlx_tensor plan_out = n.out;
+    plan_out.data = NULL;
+    rlx_node_view v = {.op = n.op, .n_inputs = n.n_inputs, .inputs = plan, .output = &plan_out, .params = &n.p,
+                       .name = c->name};
+    phase(r, "supports()");
+    int claimed = rlx_backend_supports(r->tested, &v);
+    free(plan);
+    if (!claimed) {
+        kit_node_free(&n);
+        result(res, KIT_NOT_CLAIMED, "%s", "");
+        return;
+    }
+    if (c->source == KIT_SRC_REF) {
+        kit_node_free(&n);
+        if (kit_ref_node(c, &n, 1) < 0) {
+            kit_node_free(&n);
+            result(res, KIT_FAIL, "kit: out of memory");
+            return;
+        }
+    }
+    judge(r, c, &n, res);
+    phase(r, "close() and open(), to release the weights it has seen");
+    keep_weights(r, &n);
+    kit_node_free(&n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole-model checks
+
+typedef struct golden {
+    int32_t *tokens;
+    uint32_t n_tokens, n_prompt;
+    double tol;
+    float *logits; /* [n_tokens, vocab] */
+} golden;
+
+static void golden_free(golden *g) {
+    free(g->tokens);
+    free(g->logits);
+    memset(g, 0, sizeof *g);
+}
+
+/* <dir>/rlx-golden.txt ("tokens 1,2,3", "prompt N", "tol X" lines) and rlx-golden.f32. */
+static int golden_read(const char *dir, int64_t vocab, golden *g, char *why, size_t why_len) {
+    memset(g, 0, sizeof *g);
+    char path[4200], line[65536];
+    snprintf(path, sizeof path, "%s/rlx-golden.txt", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(why, why_len, "no %.900s (tests/conformance/write_golden.py writes one)", path);
+        return 1;
+    }
+    g->tol = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "tokens ", 7) == 0) {
+            for (char *p = line + 7, *end; *p && *p != '\n'; p = *end == ',' ? end + 1 : end) {
+                long v = strtol(p, &end, 10);
+                if (end == p)
+                    break;
+                int32_t *grown = realloc(g->tokens, (g->n_tokens + 1) * sizeof *grown);
+                if (!grown)
+                    break;
+                g->tokens = grown;
+                g->tokens[g->n_tokens++] = (int32_t)v;
+            }
+        } else if (strncmp(line, "prompt ", 7) == 0) {
+            g->n_prompt = (uint32_t)strtoul(line + 7, NULL, 10);
+        } else if (strncmp(line, "tol ", 4) == 0) {
+            g->tol = strtod(line + 4, NULL);
+        }
+    }
+    fclose(f);
+    if (!g->n_tokens || !g->n_prompt || g->n_prompt > g->n_tokens) {
+        snprintf(why, why_len, "%.900s: needs 'tokens' and 'prompt' lines", path);
+        golden_free(g);
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/rlx-golden.f32", dir);
+    size_t count = (size_t)g->n_tokens * (size_t)vocab;
+    if (!(f = fopen(path, "rb")) || !(g->logits = malloc(count * 4)) || fread(g->logits, 4, count, f) != count ||
+        fgetc(f) != EOF) {
+        snprintf(why, why_len, "%.900s: missing or not %u x %lld float32 logits", path, g->n_tokens, (long long)vocab);
+        if (f)
+            fclose(f);
+        golden_free(g);
+        return -1;
+    }
+    fclose(f);
+    return 0;
+}
+
+static int64_t argmax(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* Largest |got - want| over rows x vocab, NaN as infinity; scale collects max(1, |want|). */
+static double compare_rows(const float *got, const float *want, size_t count, double *scale, size_t *bad) {
+    double worst = 0;
+    for (size_t i = 0; i < count; i++) {
+        *scale = fmax(*scale, fabs(want[i]));
+        double d = isfinite(got[i]) ? fabs((double)got[i] - want[i]) : INFINITY;
+        if (d > worst) {
+            worst = d;
+            *bad = i;
+        }
+    }
+    return worst;
+}
+
+static void run_model(kit_runner *r, const kit_check *c, kit_result *res) {
+    rlx_model *m = NULL;
+    rlx_backend *b = NULL;
+    rlx_session *st = NULL, *sr = NULL;
+    golden g = {0};
+    float *keep = NULL;
+    char why[1024];
+    phase(r, "a whole-model run");
+    if (rlx_model_open(c->path, &m) != RLX_OK) {
+        result(res, KIT_FAIL, "cannot open the model: %s", rlx_last_error());
+        return;
+    }
+    const rlx_model_config *cfg = rlx_model_config_of(m);
+    int64_t vocab = cfg->vocab_size;
+    int grc = golden_read(c->path, vocab, &g, why, sizeof why);
+    if (grc != 0 && c->spec != KIT_MODEL_VS_REF) {
+        if (grc > 0)
+            result(res, KIT_SKIPPED, "%s", why);
+        else
+            result(res, KIT_FAIL, "%s", why);
+        goto done;
+    }
+    /* default prompt: fixed ids below any special token */
+    int32_t prompt_ids[12];
+    uint32_t n_prompt = grc == 0 ? g.n_prompt : 12;
+    const int32_t *prompt = grc == 0 ? g.tokens : prompt_ids;
+    for (int i = 0; i < 12; i++)
+        prompt_ids[i] = (int32_t)((i * 131 + 7) % (vocab > 8 ? vocab - 8 : vocab));
+    const uint32_t decode_steps = 8;
+    rlx_block_spec spec = {.layer_start = 0, .layer_end = (uint32_t)cfg->num_hidden_layers, .embed_input = 1,
+                           .produce_logits = 1};
+    /* a fresh instance: the model's weights are unmapped when it closes, before the runner's instance would */
+    if (!r->o->is_ref && open_tested(r, &b) != RLX_OK) {
+        result(res, KIT_FAIL, "backend failed to open: %s", rlx_last_error());
+        goto done;
+    }
+    rlx_session_options so = {.kv_capacity = (grc == 0 ? g.n_tokens : n_prompt) + decode_steps + 8,
+                              .backends = &b, .n_backends = b ? 1 : 0};
+    if (rlx_session_create(m, &spec, &so, &st) != RLX_OK) {
+        result(res, KIT_FAIL, "cannot create a session on the backend: %s", rlx_last_error());
+        goto done;
+    }
+    const float *got, *want;
+    double worst = 0, scale = 1, tol = r->o->tol[KIT_TOL_MODEL];
+    size_t bad = 0;
+    if (c->spec == KIT_MODEL_VS_REF) {
+        rlx_session_options ro = so;
+        ro.n_backends = 0;
+        if (rlx_session_create(m, &spec, &ro, &sr) != RLX_OK) {
+            result(res, KIT_FAIL, "cannot create a session on the reference kernels: %s", rlx_last_error());
+            goto done;
+        }
+        size_t rows = n_prompt * (size_t)vocab;
+        if (!(keep = malloc(rows * 4))) {
+            result(res, KIT_FAIL, "kit: out of memory");
+            goto done;
+        }
+        if (rlx_session_forward(sr, prompt, n_prompt, 1, &want) != RLX_OK) {
+            result(res, KIT_FAIL, "reference kernels: %s", rlx_last_error());
+            goto done;
+        }
+        memcpy(keep, want, rows * 4);
+        if (rlx_session_forward(st, prompt, n_prompt, 1, &got) != RLX_OK) {
+            result(res, KIT_FAIL, "prefill of %u tokens: %s", n_prompt, rlx_last_error());
+            goto done;
+        }
+        worst = compare_rows(got, keep, rows, &scale, &bad);
+        const char *phase = "prefill";
+        size_t bad_row = bad / (size_t)vocab;
+        int32_t next = (int32_t)argmax(keep + rows - vocab, vocab);
+        for (uint32_t step = 0; step < decode_steps && isfinite(worst); step++) {
+            if (rlx_session_forward(sr, &next, 1, 0, &want) != RLX_OK) {
+                result(res, KIT_FAIL, "reference kernels: %s", rlx_last_error());
+                goto done;
+            }
+            memcpy(keep, want, (size_t)vocab * 4);
+            if (rlx_session_forward(st, &next, 1, 0, &got) != RLX_OK) {
+                result(res, KIT_FAIL, "decode step %u: %s", step, rlx_last_error());
+                goto done;
+            }
+            double w = compare_rows(got, keep, (size_t)vocab, &scale, &bad);
+            if (w > worst) {
+                worst = w;
+                phase = "decode";
+                bad_row = step;
+            }
+            next = (int32_t)argmax(keep, vocab);
+        }
+        res->err = worst;
+        res->limit = tol * scale;
+        if (worst <= res->limit)
+            result(res, KIT_PASS, "%u prompt tokens, %u decode steps", n_prompt, decode_steps);
+        else
+            result(res, KIT_FAIL, "backend '%s': %s logits differ from the reference kernels (%s %zu, token %zu)%s",
+                   rlx_backend_name(r->tested), phase, phase[0] == 'p' ? "position" : "step", bad_row,
+                   bad % (size_t)vocab, isfinite(worst) ? "" : ": NaN or Inf");
+    } else if (c->spec == KIT_MODEL_VS_GOLDEN) {
+        if (!r->o->tol_set[KIT_TOL_MODEL] && g.tol > 0)
+            tol = g.tol;
+        if (rlx_session_forward(st, g.tokens, g.n_tokens, 1, &got) != RLX_OK) {
+            result(res, KIT_FAIL, "forward of %u tokens: %s", g.n_tokens, rlx_last_error());
+            goto done;
+        }
+        worst = compare_rows(got, g.logits, (size_t)g.n_tokens * (size_t)vocab, &scale, &bad);
+        res->err = worst;
+        res->limit = tol * scale;
+        if (worst <= res->limit)
+            result(res, KIT_PASS, "%u positions", g.n_tokens);
+        else
+            result(res, KIT_FAIL, "logits differ from NumPy's at position %zu, token %zu: %.7g, expected %.7g",
+                   bad / (size_t)vocab, bad % (size_t)vocab, (double)got[bad], (double)g.logits[bad]);
+    } else {
+        if (rlx_session_forward(st, g.tokens, g.n_prompt, 0, &got) != RLX_OK) {
+            result(res, KIT_FAIL, "prefill: %s", rlx_last_error());
+            goto done;
+        }
+        for (uint32_t i = g.n_prompt; i < g.n_tokens; i++) {
+            int32_t id = (int32_t)argmax(got, vocab);
+            if (id != g.tokens[i]) {
+                result(res, KIT_FAIL, "greedy step %u: id %d, NumPy's greedy path has %d", i - g.n_prompt, id,
+                       g.tokens[i]);
+                goto done;
+            }
+            if (rlx_session_forward(st, &id, 1, 0, &got) != RLX_OK) {
+                result(res, KIT_FAIL, "decode step %u: %s", i - g.n_prompt, rlx_last_error());
+                goto done;
+            }
+        }
+        result(res, KIT_PASS, "%u of %u ids match", g.n_tokens - g.n_prompt, g.n_tokens - g.n_prompt);
+    }
+done:
+    free(keep);
+    golden_free(&g);
+    rlx_session_destroy(sr);
+    rlx_session_destroy(st);
+    rlx_backend_destroy(b);
+    rlx_model_close(m);
+}
+
+void kit_run_check(kit_runner *r, const kit_check *c, kit_result *res) {
+    memset(res, 0, sizeof *res);
+    res->err = -1;
+    if (!r->tested) {
+        result(res, KIT_FAIL, "backend failed to reopen: %s", rlx_last_error());
+        return;
+    }
+    if (c->source == KIT_SRC_MODEL) {
+        run_model(r, c, res);
+    } else if (c->source == KIT_SRC_NUMPY && !c->path) {
+        result(res, KIT_FAIL,
+               "no NumPy expectation files (*.rlxcase) found; build rlx with python3-numpy installed, "
+               "pass --data DIR, or skip this part with --no-numpy");
+    } else {
+        run_op(r, c, res);
+    }
+}

@@ -1,0 +1,137 @@
+/* Backends broken on purpose, to show that rlx-conformance reports each fault clearly (naming
+ * the plugin and the node), exits non-zero and does not crash itself. Built once per mode:
+ *   BROKEN_ERROR      claims ATTENTION, then returns an error from compute
+ *   BROKEN_NAN        claims F32 MATMUL, computes it, then puts a NaN in the output
+ *   BROKEN_WRONG      claims ADD and computes a - b
+ *   BROKEN_CRASH      claims RMS_NORM and segfaults in it; ADD is claimed and correct, so the
+ *                     report must go on after the crash
+ *   BROKEN_UNWRITTEN  claims SWIGLU and writes only the first half of the output
+ *   BROKEN_OVERRUN    claims ADD and writes one value past the end of the output
+ *   BROKEN_MUTATE     claims F32 MATMUL and scribbles on its input x
+ *   BROKEN_HANG       claims GATHER_LAST and never returns
+ *   BROKEN_REFUSE     open() fails
+ *   BROKEN_ABI        built for the next ABI major: refused at load time */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rlx/backend.h"
+
+static const rlx_host *host;
+
+static int64_t numel(const rlx_tensor *t) {
+    int64_t n = 1;
+    for (uint32_t i = 0; i < t->n_dims; i++)
+        n *= t->shape[i];
+    return n;
+}
+
+static int b_open(const rlx_host *h, const rlx_backend_options *opts, void **self) {
+    host = h;
+    *self = NULL;
+#ifdef BROKEN_REFUSE
+    return h->error(RLX_E_UNSUPPORTED, "broken-refuse: refusing to open, on purpose");
+#else
+    return RLX_OK;
+#endif
+}
+
+static void b_close(void *self) {}
+
+__attribute__((unused)) static int f32_matmul(const rlx_node_view *n) {
+    return n->op == RLX_OP_MATMUL && n->n_inputs == 2 && n->inputs[1].dtype == RLX_DTYPE_F32;
+}
+
+static int b_supports(void *self, const rlx_node_view *n) {
+#if defined(BROKEN_ERROR)
+    return n->op == RLX_OP_ATTENTION;
+#elif defined(BROKEN_NAN) || defined(BROKEN_MUTATE)
+    return f32_matmul(n);
+#elif defined(BROKEN_WRONG) || defined(BROKEN_OVERRUN)
+    return n->op == RLX_OP_ADD;
+#elif defined(BROKEN_CRASH)
+    return n->op == RLX_OP_RMS_NORM || n->op == RLX_OP_ADD;
+#elif defined(BROKEN_UNWRITTEN)
+    return n->op == RLX_OP_SWIGLU;
+#elif defined(BROKEN_HANG)
+    return n->op == RLX_OP_GATHER_LAST;
+#else
+    return 0;
+#endif
+}
+
+__attribute__((unused)) static void matmul(const rlx_node_view *n) {
+    const float *x = n->inputs[0].data, *w = n->inputs[1].data;
+    float *y = n->output->data;
+    int64_t t_len = n->inputs[0].shape[0], k_len = n->inputs[0].shape[1], n_out = n->inputs[1].shape[0];
+    for (int64_t t = 0; t < t_len; t++)
+        for (int64_t o = 0; o < n_out; o++) {
+            double acc = 0;
+            for (int64_t k = 0; k < k_len; k++)
+                acc += (double)x[t * k_len + k] * w[o * k_len + k];
+            y[t * n_out + o] = (float)acc;
+        }
+}
+
+static int b_compute(void *self, const rlx_node_view *n) {
+    const float *a = n->inputs[0].data, *b = n->n_inputs > 1 ? n->inputs[1].data : NULL;
+    float *y = n->output->data;
+    int64_t len = numel(n->output);
+    (void)a, (void)b, (void)y, (void)len;
+#if defined(BROKEN_ERROR)
+    return host->error(RLX_E_INTERNAL, "broken-error: node '%s': deliberate failure", n->name);
+#elif defined(BROKEN_NAN)
+    matmul(n);
+    y[len - 1] = NAN;
+#elif defined(BROKEN_MUTATE)
+    ((float *)n->inputs[0].data)[0] += 1.0f;
+    matmul(n);
+#elif defined(BROKEN_WRONG)
+    for (int64_t i = 0; i < len; i++)
+        y[i] = a[i] - b[i];
+#elif defined(BROKEN_OVERRUN)
+    for (int64_t i = 0; i < len; i++)
+        y[i] = a[i] + b[i];
+    y[len] = 0.0f; /* one past the end */
+#elif defined(BROKEN_CRASH)
+    if (n->op == RLX_OP_RMS_NORM) {
+        volatile uintptr_t nowhere = 16; /* opaque to the compiler: a plain wild pointer */
+        *(volatile float *)nowhere = 1.0f;
+    }
+    for (int64_t i = 0; i < len; i++)
+        y[i] = a[i] + b[i];
+#elif defined(BROKEN_UNWRITTEN)
+    for (int64_t i = 0; i < len / 2; i++)
+        y[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+#elif defined(BROKEN_HANG)
+    for (;;)
+        pause();
+#endif
+    return RLX_OK;
+}
+
+static const rlx_backend_iface iface = {
+    .size = sizeof(rlx_backend_iface),
+    .open = b_open,
+    .close = b_close,
+    .supports = b_supports,
+    .compute = b_compute,
+};
+
+static const rlx_plugin desc = {
+    .size = sizeof(rlx_plugin),
+#ifdef BROKEN_ABI
+    .abi_major = RLX_ABI_MAJOR + 1,
+#else
+    .abi_major = RLX_ABI_MAJOR,
+#endif
+    .abi_minor = RLX_ABI_MINOR,
+    .kind = RLX_PLUGIN_BACKEND,
+    .name = BROKEN_NAME,
+    .version = "0.0.1",
+    .summary = "conformance test backend, broken on purpose",
+    .iface = &iface,
+};
+
+RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *h) { return &desc; }
