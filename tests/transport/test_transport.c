@@ -1,0 +1,1339 @@
+/* Transport plugins through the core loader: the same cases run against each plugin (this file
+ * is built once per plugin, TRANSPORT_PLUGIN naming it), plus wire-level cases for tcp that
+ * write broken frames from a raw socket. Peers that must die abruptly are child processes
+ * started with posix_spawn of this same executable (see child_main), so no gRPC state is ever
+ * forked. cmocka assertions are only made on the main thread; helper threads record results. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#include "rlx/transport.h"
+
+#ifndef TRANSPORT_PLUGIN
+#error "build with -DTRANSPORT_PLUGIN=\"tcp\" or \"grpc\""
+#endif
+#define PLUGIN_PATH RLX_BUILD_PLUGIN_DIR "/rlx-transport-" TRANSPORT_PLUGIN ".so"
+#define IS_TCP (strcmp(TRANSPORT_PLUGIN, "tcp") == 0)
+#define LONG_MS 20000 /* waits that must succeed: generous for ASan on a busy machine */
+
+extern char **environ;
+
+typedef struct tr {
+    rlx_plugin_handle *h;
+    const rlx_transport_iface *it;
+    void *self;
+} tr;
+
+static tr g_tr; /* the plugin under test, loaded and opened by group_setup */
+
+/* RLX_TEST_VERBOSE=1 prints the error messages the cases provoke, to read them. */
+static void show_error(const char *what)
+{
+    if (getenv("RLX_TEST_VERBOSE"))
+        printf("  [%s] %s: %s\n", TRANSPORT_PLUGIN, what, rlx_last_error());
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms)
+{
+    const struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+static int load(tr *t, const char *options)
+{
+    memset(t, 0, sizeof *t);
+    int rc = rlx_plugin_load(PLUGIN_PATH, &t->h);
+    if (rc < 0)
+        return rc;
+    t->it = rlx_plugin_desc(t->h)->iface;
+    rc = t->it->open(rlx_host_table(), options, &t->self);
+    if (rc < 0) {
+        rlx_plugin_unload(t->h);
+        t->h = NULL;
+    }
+    return rc;
+}
+
+static void unload(tr *t)
+{
+    if (t->self)
+        t->it->close(t->self);
+    rlx_plugin_unload(t->h);
+    memset(t, 0, sizeof *t);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (load(&g_tr, NULL) < 0) {
+        fprintf(stderr, "cannot load %s: %s\n", PLUGIN_PATH, rlx_last_error());
+        return -1;
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    unload(&g_tr);
+    return 0;
+}
+
+/* Deterministic bytes for message i (xorshift), so the receiver can check them. */
+static void fill(uint8_t *p, size_t n, uint64_t seed)
+{
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(p + i, &x, 8);
+    }
+    for (; i < n; i++)
+        p[i] = (uint8_t)(i * 31 + seed);
+}
+
+static int listen_local(tr *t, void **l, char *addr, size_t size)
+{
+    int rc = t->it->listen(t->self, "127.0.0.1:0", l);
+    if (rc < 0)
+        return rc;
+    return t->it->bound_address(t->self, *l, addr, size);
+}
+
+/* A listener on 127.0.0.1, a client connection to it and the accepted server side. */
+static void make_pair(tr *t, void **l, void **cli, void **srv, char *addr, size_t size)
+{
+    assert_ok(listen_local(t, l, addr, size));
+    assert_ok(t->it->connect(t->self, addr, LONG_MS, cli));
+    assert_ok(t->it->accept(t->self, *l, LONG_MS, srv));
+}
+
+/* A port nobody listens on (just released by the kernel; nothing else here binds ports). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        return -1;
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+// ---- an echo server on its own thread ----
+
+typedef struct echo {
+    tr *t;
+    void *conn;
+    int n;      /* messages echoed */
+    int rc;     /* how it ended */
+    char error[512];
+    pthread_t tid;
+} echo;
+
+static void *echo_main(void *arg)
+{
+    echo *e = arg;
+    for (;;) {
+        void *d;
+        size_t n;
+        int rc = e->t->it->recv(e->t->self, e->conn, &d, &n, LONG_MS);
+        if (rc == RLX_OK) {
+            rc = e->t->it->send(e->t->self, e->conn, d, n, LONG_MS);
+            free(d);
+        }
+        if (rc < 0) {
+            e->rc = rc;
+            snprintf(e->error, sizeof e->error, "%s", rlx_last_error());
+            break;
+        }
+        e->n++;
+    }
+    e->t->it->conn_close(e->t->self, e->conn);
+    return NULL;
+}
+
+static void echo_start(echo *e, tr *t, void *conn)
+{
+    memset(e, 0, sizeof *e);
+    e->t = t;
+    e->conn = conn;
+    assert_int_equal(pthread_create(&e->tid, NULL, echo_main, e), 0);
+}
+
+/* Joins the echo thread, which must have ended because the client closed its side. */
+static void echo_join(echo *e, int want_n)
+{
+    pthread_join(e->tid, NULL);
+    if (e->rc != RLX_E_PEER)
+        fail_msg("echo server ended with %d: %s", e->rc, e->error);
+    assert_int_equal(e->n, want_n);
+}
+
+static void roundtrip(tr *t, void *conn, size_t size, uint64_t seed)
+{
+    uint8_t *msg = malloc(size ? size : 1);
+    assert_non_null(msg);
+    fill(msg, size, seed);
+    assert_ok(t->it->send(t->self, conn, msg, size, LONG_MS));
+    void *back;
+    size_t n;
+    assert_ok(t->it->recv(t->self, conn, &back, &n, 60000));
+    assert_int_equal(n, size);
+    assert_true(size == 0 || memcmp(back, msg, size) == 0);
+    assert_true(((uintptr_t)back & 15) == 0);
+    free(back);
+    free(msg);
+}
+
+// ---- cases for every transport ----
+
+static void test_echo_small_and_odd_sizes(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    void *l, *cli, *srv;
+    char addr[128];
+    make_pair(t, &l, &cli, &srv, addr, sizeof addr);
+    echo e;
+    echo_start(&e, t, srv);
+    static const size_t sizes[] = {0, 1, 7, 23, 24, 25, 100, 4096, 65535, 65536, 65537, 1000003};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        roundtrip(t, cli, sizes[i], i);
+    t->it->conn_close(t->self, cli);
+    echo_join(&e, sizeof sizes / sizeof sizes[0]);
+    t->it->listener_close(t->self, l);
+}
+
+static void test_echo_64mib(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    void *l, *cli, *srv;
+    char addr[128];
+    make_pair(t, &l, &cli, &srv, addr, sizeof addr);
+    echo e;
+    echo_start(&e, t, srv);
+    roundtrip(t, cli, 64u << 20, 42);
+    roundtrip(t, cli, 5, 43); /* the stream is still in step afterwards */
+    t->it->conn_close(t->self, cli);
+    echo_join(&e, 2);
+    t->it->listener_close(t->self, l);
+}
+
+enum { ORDER_N = 1000 };
+
+typedef struct order_peer {
+    tr *t;
+    void *conn;
+    int bad_at; /* index of the first message out of order, -1 if none */
+    int rc;
+    char error[512];
+} order_peer;
+
+static void *order_server(void *arg)
+{
+    order_peer *p = arg;
+    p->bad_at = -1;
+    for (int i = 0; i < ORDER_N && p->rc == 0; i++) {
+        void *d;
+        size_t n;
+        if ((p->rc = p->t->it->recv(p->t->self, p->conn, &d, &n, LONG_MS)) < 0) {
+            snprintf(p->error, sizeof p->error, "recv %d: %s", i, rlx_last_error());
+            break;
+        }
+        uint32_t seq;
+        if (p->bad_at < 0 && (n != 8 + (size_t)(i % 97) || (memcpy(&seq, d, 4), seq != (uint32_t)i)))
+            p->bad_at = i;
+        free(d);
+    }
+    /* then the other direction, while the client reads */
+    for (uint32_t i = 0; i < ORDER_N && p->rc == 0; i++) {
+        uint8_t msg[8];
+        memcpy(msg, &i, 4);
+        memcpy(msg + 4, &i, 4);
+        if ((p->rc = p->t->it->send(p->t->self, p->conn, msg, sizeof msg, LONG_MS)) < 0)
+            snprintf(p->error, sizeof p->error, "send %u: %s", i, rlx_last_error());
+    }
+    return NULL;
+}
+
+static void test_message_order(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    void *l, *cli, *srv;
+    char addr[128];
+    make_pair(t, &l, &cli, &srv, addr, sizeof addr);
+    order_peer p = {.t = t, .conn = srv};
+    pthread_t tid;
+    assert_int_equal(pthread_create(&tid, NULL, order_server, &p), 0);
+    uint8_t msg[8 + 97];
+    for (uint32_t i = 0; i < ORDER_N; i++) {
+        fill(msg, sizeof msg, i);
+        memcpy(msg, &i, 4);
+        assert_ok(t->it->send(t->self, cli, msg, 8 + i % 97, LONG_MS));
+    }
+    for (uint32_t i = 0; i < ORDER_N; i++) {
+        void *d;
+        size_t n;
+        assert_ok(t->it->recv(t->self, cli, &d, &n, LONG_MS));
+        uint32_t seq;
+        memcpy(&seq, d, 4);
+        free(d);
+        assert_int_equal(n, 8);
+        assert_int_equal(seq, i);
+    }
+    pthread_join(tid, NULL);
+    if (p.rc < 0)
+        fail_msg("server: %s", p.error);
+    assert_int_equal(p.bad_at, -1);
+    t->it->conn_close(t->self, cli);
+    t->it->conn_close(t->self, srv);
+    t->it->listener_close(t->self, l);
+}
+
+enum { CONC_CONNS = 4, CONC_ROUNDS = 50 };
+
+typedef struct conc_client {
+    tr *t;
+    const char *addr;
+    int id, ok_rounds, rc;
+    char error[512];
+} conc_client;
+
+static void *conc_client_main(void *arg)
+{
+    conc_client *c = arg;
+    void *conn;
+    if ((c->rc = c->t->it->connect(c->t->self, c->addr, LONG_MS, &conn)) < 0) {
+        snprintf(c->error, sizeof c->error, "connect: %s", rlx_last_error());
+        return NULL;
+    }
+    uint8_t msg[3000];
+    for (int r = 0; r < CONC_ROUNDS; r++) {
+        const size_t size = 16 + (size_t)(r * 53 + c->id * 7) % (sizeof msg - 16);
+        fill(msg, size, (uint64_t)c->id * 1000 + (uint64_t)r);
+        void *d = NULL;
+        size_t n;
+        if ((c->rc = c->t->it->send(c->t->self, conn, msg, size, LONG_MS)) < 0 ||
+            (c->rc = c->t->it->recv(c->t->self, conn, &d, &n, LONG_MS)) < 0) {
+            snprintf(c->error, sizeof c->error, "round %d: %s", r, rlx_last_error());
+            break;
+        }
+        c->ok_rounds += n == size && memcmp(d, msg, size) == 0;
+        free(d);
+    }
+    c->t->it->conn_close(c->t->self, conn);
+    return NULL;
+}
+
+static void test_concurrent_connections(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    void *l;
+    char addr[128];
+    assert_ok(listen_local(t, &l, addr, sizeof addr));
+    conc_client clients[CONC_CONNS];
+    pthread_t tids[CONC_CONNS];
+    for (int i = 0; i < CONC_CONNS; i++) {
+        clients[i] = (conc_client){.t = t, .addr = addr, .id = i};
+        assert_int_equal(pthread_create(&tids[i], NULL, conc_client_main, &clients[i]), 0);
+    }
+    echo servers[CONC_CONNS];
+    for (int i = 0; i < CONC_CONNS; i++) {
+        void *srv;
+        assert_ok(t->it->accept(t->self, l, LONG_MS, &srv));
+        echo_start(&servers[i], t, srv);
+    }
+    for (int i = 0; i < CONC_CONNS; i++) {
+        pthread_join(tids[i], NULL);
+        if (clients[i].rc < 0)
+            fail_msg("client %d: %s", i, clients[i].error);
+        assert_int_equal(clients[i].ok_rounds, CONC_ROUNDS);
+    }
+    for (int i = 0; i < CONC_CONNS; i++)
+        echo_join(&servers[i], CONC_ROUNDS);
+    t->it->listener_close(t->self, l);
+}
+
+static void test_accept_times_out(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    void *l, *conn = (void *)&conn;
+    char addr[128];
+    assert_ok(listen_local(t, &l, addr, sizeof addr));
+    const double t0 = now_ms();
+    assert_int_equal(t->it->accept(t->self, l, 200, &conn), RLX_E_TIMEOUT);
+    const double dt = now_ms() - t0;
+    assert_null(conn);
+    assert_true(dt >= 190 && dt < 2000);
+    show_error("accept timeout");
+    assert_error_mentions("127.0.0.1:0");
+    t->it->listener_close(t->self, l);
+}
+
+static void test_recv_times_out_and_conn_survives(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    void *l, *cli, *srv;
+    char addr[128];
+    make_pair(t, &l, &cli, &srv, addr, sizeof addr);
+    void *d;
+    size_t n;
+    for (int side = 0; side < 2; side++) {
+        void *me = side ? cli : srv, *other = side ? srv : cli;
+        double t0 = now_ms();
+        assert_int_equal(t->it->recv(t->self, me, &d, &n, 300), RLX_E_TIMEOUT);
+        double dt = now_ms() - t0;
+        assert_true(dt >= 290 && dt < 3000);
+        show_error("recv timeout");
+        assert_error_mentions("within 300 ms");
+        /* nothing was lost or left dangling: the connection still works both ways */
+        assert_ok(t->it->send(t->self, other, "after", 5, LONG_MS));
+        assert_ok(t->it->recv(t->self, me, &d, &n, LONG_MS));
+        assert_int_equal(n, 5);
+        assert_memory_equal(d, "after", 5);
+        free(d);
+    }
+    t->it->conn_close(t->self, cli);
+    t->it->conn_close(t->self, srv);
+    t->it->listener_close(t->self, l);
+}
+
+static void test_connect_to_nobody_fails_in_time(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    const int port = free_port();
+    assert_true(port > 0);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    void *conn = (void *)&conn;
+    const double t0 = now_ms();
+    assert_int_equal(t->it->connect(t->self, addr, 700, &conn), RLX_E_TIMEOUT);
+    const double dt = now_ms() - t0;
+    assert_null(conn);
+    if (dt < 650 || dt > 3000)
+        fail_msg("connect gave up after %.0f ms, want about 700", dt);
+    show_error("connect to nobody");
+    assert_error_mentions(addr);
+    if (!strcasestr(rlx_last_error(), "refused"))
+        fail_msg("the error should say the connection was refused: %s", rlx_last_error());
+}
+
+typedef struct late_listener {
+    tr *t;
+    char addr[64];
+    int delay_ms, rc;
+    void *l, *conn;
+} late_listener;
+
+static void *late_listener_main(void *arg)
+{
+    late_listener *ll = arg;
+    sleep_ms(ll->delay_ms);
+    if ((ll->rc = ll->t->it->listen(ll->t->self, ll->addr, &ll->l)) == RLX_OK)
+        ll->rc = ll->t->it->accept(ll->t->self, ll->l, LONG_MS, &ll->conn);
+    return NULL;
+}
+
+static void test_connect_retries_until_listener_appears(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    late_listener ll = {.t = t, .delay_ms = 600};
+    snprintf(ll.addr, sizeof ll.addr, "127.0.0.1:%d", free_port());
+    pthread_t tid;
+    assert_int_equal(pthread_create(&tid, NULL, late_listener_main, &ll), 0);
+    void *cli;
+    const double t0 = now_ms();
+    assert_ok(t->it->connect(t->self, ll.addr, LONG_MS, &cli));
+    const double dt = now_ms() - t0;
+    pthread_join(tid, NULL);
+    assert_ok(ll.rc);
+    assert_true(dt >= 500 && dt < 5000);
+    assert_ok(t->it->send(t->self, cli, "hi", 2, LONG_MS));
+    void *d;
+    size_t n;
+    assert_ok(t->it->recv(t->self, ll.conn, &d, &n, LONG_MS));
+    assert_int_equal(n, 2);
+    free(d);
+    t->it->conn_close(t->self, cli);
+    t->it->conn_close(t->self, ll.conn);
+    t->it->listener_close(t->self, ll.l);
+}
+
+static void test_send_times_out_when_peer_does_not_read(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    void *l, *cli, *srv;
+    char addr[128];
+    make_pair(t, &l, &cli, &srv, addr, sizeof addr);
+    const size_t size = 8u << 20;
+    uint8_t *msg = calloc(1, size);
+    int rc = RLX_OK, i = 0;
+    double dt = 0;
+    for (; i < 64 && rc == RLX_OK; i++) {
+        const double t0 = now_ms();
+        rc = t->it->send(t->self, cli, msg, size, 300);
+        dt = now_ms() - t0;
+    }
+    free(msg);
+    if (rc != RLX_E_TIMEOUT)
+        fail_msg("send never timed out (%d after %d sends): %s", rc, i, rlx_last_error());
+    show_error("send timeout");
+    assert_true(dt >= 290 && dt < 3000);
+    assert_error_mentions(addr);
+    t->it->conn_close(t->self, cli);
+    t->it->conn_close(t->self, srv);
+    t->it->listener_close(t->self, l);
+}
+
+typedef struct reader {
+    tr *t;
+    void *conn;
+    int n, rc;
+    char error[512];
+    pthread_t tid;
+} reader;
+
+static void *reader_main(void *arg)
+{
+    reader *r = arg;
+    for (;;) {
+        void *d;
+        size_t n;
+        if ((r->rc = r->t->it->recv(r->t->self, r->conn, &d, &n, LONG_MS)) < 0) {
+            snprintf(r->error, sizeof r->error, "%s", rlx_last_error());
+            break;
+        }
+        r->n += n == 3 && memcmp(d, "msg", 3) == 0;
+        free(d);
+    }
+    r->t->it->conn_close(r->t->self, r->conn);
+    return NULL;
+}
+
+/* One side sends and closes at once; the reader on the other side (already reading, or
+ * starting only after the close returned) still gets every message, then a clean end. */
+static void test_close_delivers_what_was_sent(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    for (int mode = 0; mode < 4; mode++) {
+        const bool late = mode & 1, from_server = mode & 2;
+        void *l, *cli, *srv;
+        char addr[128];
+        make_pair(t, &l, &cli, &srv, addr, sizeof addr);
+        void *writer = from_server ? srv : cli;
+        reader r = {.t = t, .conn = from_server ? cli : srv};
+        if (!late)
+            assert_int_equal(pthread_create(&r.tid, NULL, reader_main, &r), 0);
+        for (int i = 0; i < 3; i++)
+            assert_ok(t->it->send(t->self, writer, "msg", 3, LONG_MS));
+        t->it->conn_close(t->self, writer);
+        if (late) {
+            sleep_ms(200);
+            assert_int_equal(pthread_create(&r.tid, NULL, reader_main, &r), 0);
+        }
+        pthread_join(r.tid, NULL);
+        if (r.rc != RLX_E_PEER || r.n != 3)
+            fail_msg("%s reader of the %s got %d messages, then %d: %s", late ? "late" : "early",
+                     from_server ? "server" : "client", r.n, r.rc, r.error);
+        if (!strstr(r.error, "closed"))
+            fail_msg("the end of the stream should read as a close: %s", r.error);
+        if (getenv("RLX_TEST_VERBOSE"))
+            printf("  [%s] end of stream: %s\n", TRANSPORT_PLUGIN, r.error);
+        t->it->listener_close(t->self, l);
+    }
+}
+
+static void test_listen_twice_on_one_port_fails(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    void *l, *l2 = (void *)&l2;
+    char addr[128];
+    assert_ok(listen_local(t, &l, addr, sizeof addr));
+    assert_int_equal(t->it->listen(t->self, addr, &l2), RLX_E_IO);
+    show_error("port in use");
+    assert_null(l2);
+    assert_error_mentions(addr);
+    t->it->listener_close(t->self, l);
+}
+
+static void test_bad_addresses_and_options(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    static const char *const bad[] = {"nocolon", "127.0.0.1:99999", "127.0.0.1:", "[::1", "[::1]7101",
+                                      "::1:7101", "host:port", "127.0.0.1:-1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        void *x = (void *)&x;
+        assert_int_equal(t->it->listen(t->self, bad[i], &x), RLX_E_INVALID);
+        assert_null(x);
+        assert_error_mentions(bad[i]);
+        x = (void *)&x;
+        assert_int_equal(t->it->connect(t->self, bad[i], 100, &x), RLX_E_INVALID);
+        assert_null(x);
+        assert_error_mentions(bad[i]);
+        show_error("bad address");
+    }
+    void *x;
+    assert_int_equal(t->it->connect(t->self, "127.0.0.1:0", 100, &x), RLX_E_INVALID);
+    tr other;
+    assert_int_equal(load(&other, "bogus=1"), RLX_E_INVALID);
+    assert_error_mentions("bogus");
+    assert_int_equal(load(&other, "max_message"), RLX_E_INVALID);
+}
+
+static int ipv6_loopback_works(void)
+{
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    const int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+static void echo_once_at(tr *t, const char *listen_addr, const char *connect_host)
+{
+    void *l, *cli, *srv;
+    char bound[128], addr[160];
+    assert_ok(t->it->listen(t->self, listen_addr, &l));
+    assert_ok(t->it->bound_address(t->self, l, bound, sizeof bound));
+    const char *port = strrchr(bound, ':');
+    assert_non_null(port);
+    snprintf(addr, sizeof addr, "%s%s", connect_host, port);
+    assert_ok(t->it->connect(t->self, addr, LONG_MS, &cli));
+    assert_ok(t->it->accept(t->self, l, LONG_MS, &srv));
+    echo e;
+    echo_start(&e, t, srv);
+    roundtrip(t, cli, 1000, 1);
+    t->it->conn_close(t->self, cli);
+    echo_join(&e, 1);
+    t->it->listener_close(t->self, l);
+}
+
+static void test_ipv6_and_host_names(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    echo_once_at(t, "localhost:0", "localhost");
+    echo_once_at(t, "0.0.0.0:0", "127.0.0.1");
+    if (!ipv6_loopback_works()) {
+        skip();
+        return;
+    }
+    echo_once_at(t, "[::1]:0", "[::1]");
+    echo_once_at(t, "[::]:0", "127.0.0.1"); /* the IPv6 wildcard also takes IPv4 */
+    echo_once_at(t, "[::]:0", "[::1]");
+}
+
+static void test_open_close_many_instances(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        tr a, b;
+        assert_ok(load(&a, NULL));
+        assert_ok(load(&b, NULL));
+        void *l, *cli, *srv;
+        char addr[128];
+        make_pair(&a, &l, &cli, &srv, addr, sizeof addr);
+        void *cli_b;
+        assert_ok(b.it->connect(b.self, addr, LONG_MS, &cli_b));
+        unload(&b); /* close with a connection still open: the plugin releases it */
+        assert_ok(a.it->send(a.self, srv, "x", 1, LONG_MS));
+        a.it->conn_close(a.self, cli);
+        a.it->conn_close(a.self, srv);
+        a.it->listener_close(a.self, l);
+        unload(&a);
+    }
+}
+
+/* A receiver with max_message=1K: a bigger message fails the receiver (tcp: RLX_E_FORMAT,
+ * the frame is refused; grpc: the stream is cancelled) and no one hangs. */
+static void test_receiver_limit_max_message(void **state)
+{
+    (void)state;
+    tr small, *t = &g_tr;
+    assert_ok(load(&small, "max_message=1K"));
+    void *l, *srv, *cli;
+    char addr[128];
+    assert_ok(listen_local(&small, &l, addr, sizeof addr));
+    assert_ok(t->it->connect(t->self, addr, LONG_MS, &cli));
+    assert_ok(small.it->accept(small.self, l, LONG_MS, &srv));
+    static uint8_t msg[2048];
+    assert_ok(t->it->send(t->self, cli, msg, 1024, LONG_MS));
+    void *d;
+    size_t n;
+    assert_ok(small.it->recv(small.self, srv, &d, &n, LONG_MS));
+    assert_int_equal(n, 1024);
+    free(d);
+    assert_ok(t->it->send(t->self, cli, msg, 1025, LONG_MS));
+    const int rc = small.it->recv(small.self, srv, &d, &n, LONG_MS);
+    show_error("message over the receiver's max_message");
+    assert_int_equal(rc, IS_TCP ? RLX_E_FORMAT : RLX_E_PEER);
+    if (!IS_TCP) {
+        /* the sender learns it from the stream's status; a message over its own limit is refused */
+        assert_int_equal(t->it->recv(t->self, cli, &d, &n, LONG_MS), RLX_E_FORMAT);
+        show_error("sender of an oversized message");
+        assert_error_mentions("larger than max");
+        assert_int_equal(small.it->send(small.self, srv, msg, 1025, LONG_MS), RLX_E_INVALID);
+        assert_error_mentions("max_message");
+    }
+    t->it->conn_close(t->self, cli);
+    small.it->conn_close(small.self, srv);
+    small.it->listener_close(small.self, l);
+    unload(&small);
+}
+
+static void test_plugin_unload_and_reload(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 2; i++) {
+        unload(&g_tr);
+        assert_ok(load(&g_tr, NULL));
+        void *l, *cli, *srv;
+        char addr[128];
+        make_pair(&g_tr, &l, &cli, &srv, addr, sizeof addr);
+        assert_ok(g_tr.it->send(g_tr.self, srv, "x", 1, LONG_MS));
+        void *d;
+        size_t n;
+        assert_ok(g_tr.it->recv(g_tr.self, cli, &d, &n, LONG_MS));
+        free(d);
+        g_tr.it->conn_close(g_tr.self, cli);
+        g_tr.it->conn_close(g_tr.self, srv);
+        g_tr.it->listener_close(g_tr.self, l);
+    }
+}
+
+/* Each transport meets a peer of the other kind: a clear error within the timeout, no hang. */
+static void test_mismatched_transports_fail_cleanly(void **state)
+{
+    (void)state;
+    tr *t = &g_tr, other;
+    memset(&other, 0, sizeof other);
+    const char *other_path = IS_TCP ? RLX_BUILD_PLUGIN_DIR "/rlx-transport-grpc.so" : RLX_BUILD_PLUGIN_DIR "/rlx-transport-tcp.so";
+    assert_ok(rlx_plugin_load(other_path, &other.h));
+    other.it = rlx_plugin_desc(other.h)->iface;
+    assert_ok(other.it->open(rlx_host_table(), NULL, &other.self));
+    tr *tcp = IS_TCP ? t : &other, *grpc = IS_TCP ? &other : t;
+    void *l, *conn, *d;
+    size_t n;
+    char addr[128];
+    /* a tcp client at a grpc server: the HTTP/2 bytes are not an rlx frame */
+    assert_ok(listen_local(grpc, &l, addr, sizeof addr));
+    assert_ok(tcp->it->connect(tcp->self, addr, LONG_MS, &conn));
+    assert_ok(tcp->it->send(tcp->self, conn, "hello", 5, LONG_MS));
+    const int rc = tcp->it->recv(tcp->self, conn, &d, &n, LONG_MS);
+    if (rc != RLX_E_FORMAT && rc != RLX_E_PEER)
+        fail_msg("tcp client at a grpc server: %d %s", rc, rlx_last_error());
+    show_error("tcp client at a grpc server");
+    tcp->it->conn_close(tcp->self, conn);
+    grpc->it->listener_close(grpc->self, l);
+    /* a grpc client at a tcp server: the handshake never completes */
+    assert_ok(listen_local(tcp, &l, addr, sizeof addr));
+    const double t0 = now_ms();
+    assert_int_equal(grpc->it->connect(grpc->self, addr, 1000, &conn), RLX_E_TIMEOUT);
+    assert_true(now_ms() - t0 < 4000);
+    show_error("grpc client at a tcp server");
+    assert_error_mentions(addr);
+    tcp->it->listener_close(tcp->self, l);
+    unload(&other);
+}
+
+// ---- peers in another process ----
+
+static pid_t spawn_child(const char *mode, const char *addr, int *out_fd)
+{
+    int pfd[2] = {-1, -1};
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (out_fd) {
+        if (pipe(pfd) != 0)
+            return -1;
+        posix_spawn_file_actions_adddup2(&fa, pfd[1], STDOUT_FILENO);
+        posix_spawn_file_actions_addclose(&fa, pfd[0]);
+    }
+    char *argv[] = {"/proc/self/exe", "--child", (char *)mode, (char *)(addr ? addr : "-"), NULL};
+    pid_t pid;
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return -1;
+    self[n] = '\0';
+    argv[0] = self;
+    const int rc = posix_spawn(&pid, self, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (out_fd) {
+        close(pfd[1]);
+        *out_fd = pfd[0];
+    }
+    return rc == 0 ? pid : -1;
+}
+
+static pid_t spawn_server_child(const char *mode, char *addr, size_t size)
+{
+    int fd;
+    const pid_t pid = spawn_child(mode, NULL, &fd);
+    if (pid <= 0)
+        return -1;
+    FILE *f = fdopen(fd, "r");
+    if (!f || !fgets(addr, (int)size, f))
+        return -1;
+    fclose(f);
+    addr[strcspn(addr, "\n")] = '\0';
+    return pid;
+}
+
+/* The child connects, says hello, then streams 64 MiB messages until killed. */
+static void test_peer_killed_mid_message(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    void *l, *srv;
+    char addr[128];
+    assert_ok(listen_local(t, &l, addr, sizeof addr));
+    const pid_t pid = spawn_child("stream-forever", addr, NULL);
+    assert_true(pid > 0);
+    assert_ok(t->it->accept(t->self, l, LONG_MS, &srv));
+    void *d;
+    size_t n;
+    assert_ok(t->it->recv(t->self, srv, &d, &n, LONG_MS));
+    assert_int_equal(n, 5);
+    free(d);
+    sleep_ms(300); /* the child is now blocked mid-message: the buffers and windows are full */
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    assert_true(WIFSIGNALED(status));
+    /* Whole messages that arrived before the kill are delivered (gRPC may have read one while
+     * this thread slept); the one cut short is an error. */
+    const double t0 = now_ms();
+    int rc, n_whole = 0;
+    while ((rc = t->it->recv(t->self, srv, &d, &n, LONG_MS)) == RLX_OK) {
+        assert_int_equal(n, 64u << 20);
+        free(d);
+        assert_true(++n_whole < 3);
+    }
+    if (rc != RLX_E_PEER)
+        fail_msg("recv after the peer died: %d %s", rc, rlx_last_error());
+    show_error("peer killed mid-message");
+    assert_true(now_ms() - t0 < 5000);
+    assert_error_mentions("127.0.0.1:");
+    if (IS_TCP)
+        assert_error_mentions("mid-frame");
+    assert_int_equal(t->it->recv(t->self, srv, &d, &n, 1000), RLX_E_PEER); /* and stays failed */
+    t->it->conn_close(t->self, srv);
+    t->it->listener_close(t->self, l);
+}
+
+/* The child listens, then computes (sleeps) for 1.5 s before it accepts: connecting must not
+ * depend on the listener's process being inside a transport call. */
+static void test_connect_while_listener_process_is_busy(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    char addr[128];
+    const pid_t pid = spawn_server_child("busy-listener", addr, sizeof addr);
+    assert_true(pid > 0);
+    void *cli, *d;
+    size_t n;
+    const double t0 = now_ms();
+    assert_ok(t->it->connect(t->self, addr, 1000, &cli));
+    assert_true(now_ms() - t0 < 1000);
+    assert_ok(t->it->send(t->self, cli, "ping", 4, LONG_MS));
+    assert_ok(t->it->recv(t->self, cli, &d, &n, LONG_MS));
+    assert_int_equal(n, 4);
+    free(d);
+    t->it->conn_close(t->self, cli);
+    int status;
+    waitpid(pid, &status, 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* grpc only: a peer that freezes (SIGSTOP: its sockets stay open, nothing answers) is found
+ * by keepalive pings while this side waits in recv with a long timeout. */
+static void test_grpc_keepalive_detects_frozen_peer(void **state)
+{
+    (void)state;
+    tr t;
+    assert_ok(load(&t, "keepalive_ms=300,keepalive_timeout_ms=700"));
+    char addr[128];
+    const pid_t pid = spawn_server_child("serve-then-freeze", addr, sizeof addr);
+    assert_true(pid > 0);
+    void *cli, *d;
+    size_t n;
+    assert_ok(t.it->connect(t.self, addr, LONG_MS, &cli));
+    assert_ok(t.it->send(t.self, cli, "ping", 4, LONG_MS));
+    assert_ok(t.it->recv(t.self, cli, &d, &n, LONG_MS));
+    free(d);
+    kill(pid, SIGSTOP);
+    const double t0 = now_ms();
+    const int rc = t.it->recv(t.self, cli, &d, &n, LONG_MS);
+    const double dt = now_ms() - t0;
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    if (rc != RLX_E_PEER)
+        fail_msg("recv from a frozen peer: %d %s", rc, rlx_last_error());
+    show_error("frozen peer");
+    if (dt > 8000)
+        fail_msg("the frozen peer was noticed only after %.0f ms", dt);
+    t.it->conn_close(t.self, cli);
+    unload(&t);
+}
+
+/* The child listens, receives one message and exits without closing anything. */
+static void test_server_dies_client_sees_peer_error(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    char addr[128];
+    const pid_t pid = spawn_server_child("serve-once", addr, sizeof addr);
+    assert_true(pid > 0);
+    void *cli;
+    assert_ok(t->it->connect(t->self, addr, LONG_MS, &cli));
+    assert_ok(t->it->send(t->self, cli, "bye", 3, LONG_MS));
+    int status;
+    waitpid(pid, &status, 0);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    void *d;
+    size_t n;
+    const double t0 = now_ms();
+    int rc = t->it->recv(t->self, cli, &d, &n, LONG_MS);
+    if (rc != RLX_E_PEER)
+        fail_msg("recv after the server died: %d %s", rc, rlx_last_error());
+    show_error("server died");
+    assert_true(now_ms() - t0 < 5000);
+    assert_error_mentions(addr);
+    /* a send may still be taken by the kernel (tcp) until the peer's reset comes back */
+    for (int i = 0; i < 50 && (rc = t->it->send(t->self, cli, "more", 4, 2000)) == RLX_OK; i++)
+        sleep_ms(10);
+    assert_int_equal(rc, RLX_E_PEER);
+    t->it->conn_close(t->self, cli);
+}
+
+static int child_main(const char *mode, const char *addr)
+{
+    alarm(60);
+    tr t;
+    if (load(&t, NULL) < 0) {
+        fprintf(stderr, "child: %s\n", rlx_last_error());
+        return 2;
+    }
+    if (!strcmp(mode, "stream-forever")) {
+        void *conn;
+        if (t.it->connect(t.self, addr, LONG_MS, &conn) < 0 || t.it->send(t.self, conn, "hello", 5, LONG_MS) < 0) {
+            fprintf(stderr, "child: %s\n", rlx_last_error());
+            return 3;
+        }
+        const size_t size = 64u << 20;
+        uint8_t *msg = calloc(1, size);
+        for (;;)
+            if (t.it->send(t.self, conn, msg, size, LONG_MS) < 0) {
+                fprintf(stderr, "child: %s\n", rlx_last_error());
+                return 4;
+            }
+    }
+    if (!strcmp(mode, "serve-once")) {
+        void *l, *conn, *d;
+        size_t n;
+        char bound[128];
+        if (listen_local(&t, &l, bound, sizeof bound) < 0)
+            return 5;
+        printf("%s\n", bound);
+        fflush(stdout);
+        if (t.it->accept(t.self, l, LONG_MS, &conn) < 0 || t.it->recv(t.self, conn, &d, &n, LONG_MS) < 0) {
+            fprintf(stderr, "child: %s\n", rlx_last_error());
+            return 6;
+        }
+        _exit(0); /* no close, no cleanup: the process just vanishes */
+    }
+    if (!strcmp(mode, "serve-then-freeze")) {
+        void *l, *conn, *d;
+        size_t n;
+        char bound[128];
+        if (listen_local(&t, &l, bound, sizeof bound) < 0)
+            return 5;
+        printf("%s\n", bound);
+        fflush(stdout);
+        if (t.it->accept(t.self, l, LONG_MS, &conn) < 0 || t.it->recv(t.self, conn, &d, &n, LONG_MS) < 0 ||
+            t.it->send(t.self, conn, d, n, LONG_MS) < 0)
+            return 6;
+        free(d);
+        sleep_ms(60000); /* the parent stops, then kills this process */
+        return 7;
+    }
+    if (!strcmp(mode, "busy-listener")) {
+        void *l, *conn, *d;
+        size_t n;
+        char bound[128];
+        if (listen_local(&t, &l, bound, sizeof bound) < 0)
+            return 5;
+        printf("%s\n", bound);
+        fflush(stdout);
+        sleep_ms(1500);
+        if (t.it->accept(t.self, l, LONG_MS, &conn) < 0 || t.it->recv(t.self, conn, &d, &n, LONG_MS) < 0 ||
+            t.it->send(t.self, conn, d, n, LONG_MS) < 0) {
+            fprintf(stderr, "child: %s\n", rlx_last_error());
+            return 6;
+        }
+        free(d);
+        void *d2;
+        if (t.it->recv(t.self, conn, &d2, &n, LONG_MS) != RLX_E_PEER) /* the parent closes */
+            return 7;
+        t.it->conn_close(t.self, conn);
+        t.it->listener_close(t.self, l);
+        unload(&t);
+        return 0;
+    }
+    return 1;
+}
+
+// ---- tcp wire format, from a raw socket ----
+
+static int raw_connect(const char *addr)
+{
+    const char *colon = strrchr(addr, ':');
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1)),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+        return -1;
+    return fd;
+}
+
+static void raw_name(int fd, char *buf, size_t size)
+{
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &len);
+    snprintf(buf, size, "127.0.0.1:%u", ntohs(a.sin_port));
+}
+
+static uint32_t crc32c(const void *data, size_t n)
+{
+    const uint8_t *p = data;
+    uint32_t c = ~0u;
+    while (n--) {
+        c ^= *p++;
+        for (int k = 0; k < 8; k++)
+            c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    }
+    return ~c;
+}
+
+/* A frame header as the tcp plugin writes it (little-endian; this test runs on x86-64/aarch64). */
+static void make_header(uint8_t h[24], uint16_t version, uint16_t flags, uint64_t len, uint32_t pcrc)
+{
+    memcpy(h, "RLXT", 4);
+    memcpy(h + 4, &version, 2);
+    memcpy(h + 6, &flags, 2);
+    memcpy(h + 8, &len, 8);
+    memcpy(h + 16, &pcrc, 4);
+    const uint32_t hcrc = crc32c(h, 20);
+    memcpy(h + 20, &hcrc, 4);
+}
+
+/* Accepts a raw connection, writes bytes on it, and expects recv to fail with rc. */
+static void expect_bad_frame(tr *t, const void *bytes, size_t n, int rc, const char *cause)
+{
+    void *l, *srv;
+    char addr[128], peer[64];
+    assert_ok(listen_local(t, &l, addr, sizeof addr));
+    const int fd = raw_connect(addr);
+    assert_true(fd >= 0);
+    raw_name(fd, peer, sizeof peer);
+    assert_ok(t->it->accept(t->self, l, LONG_MS, &srv));
+    assert_int_equal(send(fd, bytes, n, MSG_NOSIGNAL), (ssize_t)n);
+    void *d = (void *)&d;
+    size_t len;
+    const int got = t->it->recv(t->self, srv, &d, &len, LONG_MS);
+    if (got != rc)
+        fail_msg("want %d, got %d: %s", rc, got, rlx_last_error());
+    show_error("bad frame");
+    assert_null(d);
+    assert_error_mentions(peer);
+    assert_error_mentions(cause);
+    assert_int_equal(t->it->recv(t->self, srv, &d, &len, 100), rc); /* the stream stays unusable */
+    close(fd);
+    t->it->conn_close(t->self, srv);
+    t->it->listener_close(t->self, l);
+}
+
+static void test_tcp_rejects_corrupt_frames(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    uint8_t f[24 + 4];
+    memcpy(f + 24, "data", 4);
+    const uint32_t good = crc32c("data", 4);
+
+    make_header(f, 1, 0, 4, good);
+    memcpy(f, "HTTP", 4);
+    expect_bad_frame(t, f, sizeof f, RLX_E_FORMAT, "magic");
+
+    make_header(f, 2, 0, 4, good);
+    expect_bad_frame(t, f, sizeof f, RLX_E_FORMAT, "version 2");
+
+    make_header(f, 1, 0, 4, good);
+    f[12] ^= 1; /* the length's high bytes change: only the header checksum catches it */
+    expect_bad_frame(t, f, sizeof f, RLX_E_FORMAT, "header checksum");
+
+    make_header(f, 1, 0, 4, good);
+    f[25] ^= 0x20;
+    expect_bad_frame(t, f, sizeof f, RLX_E_FORMAT, "payload checksum");
+    f[25] ^= 0x20;
+
+    make_header(f, 1, 0x8000, 4, good);
+    expect_bad_frame(t, f, sizeof f, RLX_E_FORMAT, "flags");
+
+    make_header(f, 1, 0, 1ull << 40, good);
+    expect_bad_frame(t, f, 24, RLX_E_FORMAT, "exceeds the limit of 4294967296");
+}
+
+static void test_tcp_max_message_option(void **state)
+{
+    (void)state;
+    tr small, *t = &g_tr;
+    assert_ok(load(&small, "max_message=1K,checksum=off"));
+    void *l, *srv, *cli;
+    char addr[128];
+    assert_ok(listen_local(&small, &l, addr, sizeof addr));
+    assert_ok(t->it->connect(t->self, addr, LONG_MS, &cli));
+    assert_ok(small.it->accept(small.self, l, LONG_MS, &srv));
+    uint8_t msg[2048] = {1};
+    assert_ok(t->it->send(t->self, cli, msg, 1024, LONG_MS));
+    assert_ok(t->it->send(t->self, cli, msg, 1025, LONG_MS));
+    void *d;
+    size_t n;
+    assert_ok(small.it->recv(small.self, srv, &d, &n, LONG_MS));
+    assert_int_equal(n, 1024);
+    free(d);
+    assert_int_equal(small.it->recv(small.self, srv, &d, &n, LONG_MS), RLX_E_FORMAT);
+    assert_error_mentions("1025 bytes exceeds the limit of 1024");
+    /* the other way: frames without a payload checksum are accepted */
+    assert_ok(small.it->send(small.self, srv, "nocrc", 5, LONG_MS));
+    assert_ok(t->it->recv(t->self, cli, &d, &n, LONG_MS));
+    assert_int_equal(n, 5);
+    free(d);
+    t->it->conn_close(t->self, cli);
+    small.it->conn_close(small.self, srv);
+    small.it->listener_close(small.self, l);
+    unload(&small);
+}
+
+static void test_tcp_peer_closes_mid_frame(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    void *l, *srv;
+    char addr[128], peer[64];
+    assert_ok(listen_local(t, &l, addr, sizeof addr));
+    const int fd = raw_connect(addr);
+    assert_true(fd >= 0);
+    raw_name(fd, peer, sizeof peer);
+    assert_ok(t->it->accept(t->self, l, LONG_MS, &srv));
+    uint8_t f[24 + 10] = {0};
+    make_header(f, 1, 0, 1000, 0);
+    assert_int_equal(send(fd, f, sizeof f, MSG_NOSIGNAL), (ssize_t)sizeof f);
+    /* the frame is incomplete: recv times out, keeps what it has, and the next recv resumes */
+    void *d;
+    size_t n;
+    assert_int_equal(t->it->recv(t->self, srv, &d, &n, 200), RLX_E_TIMEOUT);
+    assert_error_mentions("10 of 1000");
+    close(fd);
+    assert_int_equal(t->it->recv(t->self, srv, &d, &n, LONG_MS), RLX_E_PEER);
+    char want[128];
+    snprintf(want, sizeof want, "peer %s closed the connection mid-frame", peer);
+    assert_error_mentions(want);
+    show_error("closed mid-frame");
+    t->it->conn_close(t->self, srv);
+    t->it->listener_close(t->self, l);
+}
+
+static void test_tcp_frame_resumes_after_timeout(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    void *l, *srv;
+    char addr[128];
+    assert_ok(listen_local(t, &l, addr, sizeof addr));
+    const int fd = raw_connect(addr);
+    assert_true(fd >= 0);
+    assert_ok(t->it->accept(t->self, l, LONG_MS, &srv));
+    uint8_t payload[300000];
+    fill(payload, sizeof payload, 9);
+    uint8_t h[24];
+    make_header(h, 1, 0, sizeof payload, crc32c(payload, sizeof payload));
+    void *d;
+    size_t n;
+    /* header in two pieces, then the payload in three, with a timed-out recv between each */
+    const size_t cuts[] = {0, 11, 24, 24 + 70000, 24 + 200000, 24 + sizeof payload};
+    for (int i = 0; i + 1 < 6; i++) {
+        size_t from = cuts[i], to = cuts[i + 1];
+        while (from < to) {
+            const size_t k = from < 24 ? (to < 24 ? to : 24) - from : to - from;
+            const void *src = from < 24 ? (const void *)(h + from) : (const void *)(payload + from - 24);
+            assert_int_equal(send(fd, src, k, MSG_NOSIGNAL), (ssize_t)k);
+            from += k;
+        }
+        if (i + 2 < 6)
+            assert_int_equal(t->it->recv(t->self, srv, &d, &n, 100), RLX_E_TIMEOUT);
+    }
+    assert_ok(t->it->recv(t->self, srv, &d, &n, LONG_MS));
+    assert_int_equal(n, sizeof payload);
+    assert_memory_equal(d, payload, sizeof payload);
+    free(d);
+    close(fd);
+    t->it->conn_close(t->self, srv);
+    t->it->listener_close(t->self, l);
+}
+
+static void test_tcp_wire_format(void **state)
+{
+    (void)state;
+    tr *t = &g_tr;
+    void *l, *cli;
+    char addr[128];
+    assert_ok(listen_local(t, &l, addr, sizeof addr));
+    /* a raw server: accept with the plain socket API */
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof a;
+    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(lfd, 1), 0);
+    getsockname(lfd, (struct sockaddr *)&a, &alen);
+    char raddr[64];
+    snprintf(raddr, sizeof raddr, "127.0.0.1:%u", ntohs(a.sin_port));
+    assert_ok(t->it->connect(t->self, raddr, LONG_MS, &cli));
+    const int fd = accept(lfd, NULL, NULL);
+    assert_true(fd >= 0);
+    assert_ok(t->it->send(t->self, cli, "123456789", 9, LONG_MS));
+    uint8_t f[33];
+    size_t got = 0;
+    while (got < sizeof f) {
+        const ssize_t k = recv(fd, f + got, sizeof f - got, 0);
+        assert_true(k > 0);
+        got += (size_t)k;
+    }
+    uint16_t version, flags;
+    uint64_t len;
+    uint32_t pcrc, hcrc;
+    memcpy(&version, f + 4, 2);
+    memcpy(&flags, f + 6, 2);
+    memcpy(&len, f + 8, 8);
+    memcpy(&pcrc, f + 16, 4);
+    memcpy(&hcrc, f + 20, 4);
+    assert_memory_equal(f, "RLXT", 4);
+    assert_int_equal(version, 1);
+    assert_int_equal(flags, 0);
+    assert_int_equal(len, 9);
+    assert_int_equal(pcrc, 0xE3069283u); /* the CRC32C check value of "123456789" */
+    assert_int_equal(hcrc, crc32c(f, 20));
+    assert_memory_equal(f + 24, "123456789", 9);
+    /* a payload long enough for the multi-stream CRC, checked against the bitwise one here */
+    const size_t big = 300001;
+    uint8_t *msg = malloc(big), *in = malloc(24 + big);
+    fill(msg, big, 5);
+    assert_ok(t->it->send(t->self, cli, msg, big, LONG_MS));
+    for (got = 0; got < 24 + big;) {
+        const ssize_t k = recv(fd, in + got, 24 + big - got, 0);
+        assert_true(k > 0);
+        got += (size_t)k;
+    }
+    memcpy(&len, in + 8, 8);
+    memcpy(&pcrc, in + 16, 4);
+    assert_int_equal(len, big);
+    assert_int_equal(pcrc, crc32c(msg, big));
+    assert_memory_equal(in + 24, msg, big);
+    free(msg);
+    free(in);
+    close(fd);
+    close(lfd);
+    t->it->conn_close(t->self, cli);
+    t->it->listener_close(t->self, l);
+}
+
+/* Warnings and errors the plugins log (gRPC's own included) show in the test output. */
+static void log_to_stderr(void *ctx, int level, const char *message)
+{
+    (void)ctx;
+    if (level <= RLX_LOG_WARN || getenv("RLX_TEST_VERBOSE"))
+        fprintf(stderr, "  log[%d] %s\n", level, message);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && !strcmp(argv[1], "--child"))
+        return child_main(argv[2], argv[3]);
+    /* SIGPIPE keeps its default action: a plugin that let one through would kill the test. */
+    rlx_log_set_handler(log_to_stderr, NULL);
+    alarm(280); /* a hang ends the run (ctest's TIMEOUT is the outer guard) */
+    const struct CMUnitTest common[] = {
+        cmocka_unit_test(test_echo_small_and_odd_sizes),
+        cmocka_unit_test(test_echo_64mib),
+        cmocka_unit_test(test_message_order),
+        cmocka_unit_test(test_concurrent_connections),
+        cmocka_unit_test(test_accept_times_out),
+        cmocka_unit_test(test_recv_times_out_and_conn_survives),
+        cmocka_unit_test(test_connect_to_nobody_fails_in_time),
+        cmocka_unit_test(test_connect_retries_until_listener_appears),
+        cmocka_unit_test(test_send_times_out_when_peer_does_not_read),
+        cmocka_unit_test(test_close_delivers_what_was_sent),
+        cmocka_unit_test(test_listen_twice_on_one_port_fails),
+        cmocka_unit_test(test_bad_addresses_and_options),
+        cmocka_unit_test(test_ipv6_and_host_names),
+        cmocka_unit_test(test_open_close_many_instances),
+        cmocka_unit_test(test_receiver_limit_max_message),
+        cmocka_unit_test(test_plugin_unload_and_reload),
+        cmocka_unit_test(test_mismatched_transports_fail_cleanly),
+        cmocka_unit_test(test_peer_killed_mid_message),
+        cmocka_unit_test(test_connect_while_listener_process_is_busy),
+        cmocka_unit_test(test_server_dies_client_sees_peer_error),
+    };
+    const struct CMUnitTest tcp_only[] = {
+        cmocka_unit_test(test_tcp_rejects_corrupt_frames),
+        cmocka_unit_test(test_tcp_max_message_option),
+        cmocka_unit_test(test_tcp_peer_closes_mid_frame),
+        cmocka_unit_test(test_tcp_frame_resumes_after_timeout),
+        cmocka_unit_test(test_tcp_wire_format),
+    };
+    const struct CMUnitTest grpc_only[] = {
+        cmocka_unit_test(test_grpc_keepalive_detects_frozen_peer),
+    };
+    int failed = cmocka_run_group_tests_name(TRANSPORT_PLUGIN, common, group_setup, group_teardown);
+    if (IS_TCP)
+        failed += cmocka_run_group_tests_name("tcp wire format", tcp_only, group_setup, group_teardown);
+    else
+        failed += cmocka_run_group_tests_name("grpc keepalive", grpc_only, NULL, NULL);
+    return failed;
+}
