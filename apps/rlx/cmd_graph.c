@@ -31,6 +31,10 @@ int cmd_graph(int argc, char **argv, app_options *o) {
     app_runtime rt;
     if (app_runtime_open(&rt, o))
         return 1;
+    if (!rt.session) {
+        app_runtime_close(&rt);
+        return app_fail("graph: prints the plan of a model run in this process, not of a pipeline");
+    }
     int status = rlx_session_dump_plan(rt.session, tokens, stdout) == RLX_OK ? 0 : app_fail_rlx("graph");
     app_runtime_close(&rt);
     return status;

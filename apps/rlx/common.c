@@ -16,7 +16,8 @@ const char app_common_help[] =
     "  --plugin-dir DIR   search DIR for plugins first (also RLX_PLUGIN_PATH)\n"
     "  --place OP=NAME,.. run every node of OP (matmul, attention, ...) on backend NAME\n"
     "  --threads N        threads for the backend (default: all cores)\n"
-    "  --ctx N            KV cache positions (default: min(max_position_embeddings, 4096))\n";
+    "  --ctx N            KV cache positions (default: min(max_position_embeddings, 4096))\n"
+    "pipeline options (run the model over stage processes):\n" APP_PIPELINE_HELP;
 
 int app_fail(const char *fmt, ...) {
     va_list ap;
@@ -125,7 +126,7 @@ int app_parse_common(app_options *o, int argc, char **argv, int *i) {
         if (!(v = app_value(argc, argv, i)) || app_parse_u32(a, v, &o->ctx) < 0)
             return -1;
     } else {
-        return 0;
+        return app_pipeline_parse(&o->pipeline, argc, argv, i);
     }
     return 1;
 }
@@ -201,6 +202,8 @@ static int parse_place(app_runtime *rt, const app_options *o) {
 
 int app_runtime_open(app_runtime *rt, app_options *o) {
     memset(rt, 0, sizeof *rt);
+    if (app_pipeline_wanted(&o->pipeline))
+        return app_pipeline_open(rt, o, &o->pipeline);
     if (app_resolve_model(o))
         return 1;
     if (backend_named(rt, o, o->plugin ? o->plugin : "cpu-blas", &rt->backend) ||
@@ -234,6 +237,7 @@ int app_runtime_open(app_runtime *rt, app_options *o) {
 }
 
 void app_runtime_close(app_runtime *rt) {
+    app_pipeline_close(rt);
     rlx_session_destroy(rt->session);
     /* backends may hold on to weight pointers until they close, so the model is unmapped last */
     for (size_t i = 0; i < rt->n_backends; i++) {

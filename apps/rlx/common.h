@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "pipeline.h"
 #include "rlx/rlx.h"
 
 typedef struct app_options {
@@ -14,6 +15,7 @@ typedef struct app_options {
     uint32_t threads;
     uint32_t ctx;
     int verbose;
+    app_pipeline_options pipeline; /* --config, --stages, --launch, --transport, timeouts */
 } app_options;
 
 /* Everything a command needs to run a whole model in this process. */
@@ -31,6 +33,7 @@ typedef struct app_runtime {
     rlx_session *session;
     rlx_lm lm;              /* what commands run: the local session (or a pipeline driver) */
     const char *model_dir;
+    struct app_pipeline *pipeline; /* set when lm is a pipeline driver (pipeline.c) */
 } app_runtime;
 
 /* Prints "rlx: <message>" on stderr and returns 1 (the exit status for failures). */

@@ -19,6 +19,7 @@ static const struct {
     {"bench", cmd_bench, "measure prefill and decode speed and peak memory"},
     {"graph", cmd_graph, "print the graph of a model and the backend of each node"},
     {"plugins", cmd_plugins, "list the plugins found"},
+    {"stage", cmd_stage, "serve a layer range of a model to pipeline drivers"},
 };
 
 static void usage(FILE *f) {

@@ -3,6 +3,8 @@
 #define RLX_RLX_H
 
 #include "rlx/backend.h"
+#include "rlx/deploy.h"
+#include "rlx/dist.h"
 #include "rlx/gen.h"
 #include "rlx/graph.h"
 #include "rlx/model.h"

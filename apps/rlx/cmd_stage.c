@@ -1,0 +1,275 @@
+/* rlx stage: serves one layer range of a model to pipeline drivers until SIGINT or SIGTERM. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "rlx/deploy.h"
+#include "rlx/dist.h"
+
+static const char help[] =
+    "usage: rlx stage --config FILE --stage I [options]\n"
+    "       rlx stage --listen HOST:PORT --model DIR --layers A-B [--plugin P] [--transport T] [options]\n\n"
+    "Runs layers A-B (inclusive) of the model for pipeline drivers (rlx generate --config ...) and\n"
+    "keeps their KV caches, until interrupted (SIGINT/SIGTERM: a clean exit with status 0). The\n"
+    "stage that holds layer 0 embeds token ids; the one holding the last layer computes logits.\n"
+    "With --config, the stage's address, backend, threads and layers come from the deployment\n"
+    "file; options given here override them.\n\n"
+    "  --config FILE      deployment file (YAML)\n"
+    "  --stage I          which stage of the file to run (0 = first)\n"
+    "  --listen ADDR      address to listen on (port 0 picks a free one; it is logged)\n"
+    "  --layers A-B       the layer range, inclusive\n"
+    "  --transport NAME   transport plugin (tcp, grpc; default tcp or the file's)\n"
+    "  --first, --last    assert that the range starts at layer 0 / ends at the model's last layer\n"
+    "  --timeout MS       bound on sending an answer and on waiting for a handshake (default 5000)\n"
+    "  --no-prefetch      do not read the stage's weights in before listening\n"
+    "  --ready-fd N       write the bound address and a newline to descriptor N once listening\n"
+    "  -v, --verbose      log connections and sessions, not only problems\n\n"
+    "options:\n";
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig) {
+    (void)sig;
+    stop_requested = 1;
+}
+
+typedef struct stage_log {
+    char label[300];
+    int verbose;
+} stage_log;
+
+static void print_log(void *ctx, int level, const char *message) {
+    const stage_log *l = ctx;
+    if (level <= RLX_LOG_WARN || l->verbose)
+        fprintf(stderr, "rlx stage %s: %s\n", l->label, message);
+}
+
+static void report_ready(void *ctx, const char *address) {
+    int fd = *(int *)ctx;
+    if (fd < 0)
+        return;
+    char line[300];
+    int len = snprintf(line, sizeof line, "%s\n", address);
+    if (len > 0 && len < (int)sizeof line && write(fd, line, (size_t)len) != len)
+        fprintf(stderr, "rlx stage: cannot report readiness on descriptor %d: %s\n", fd, strerror(errno));
+    close(fd);
+    *(int *)ctx = -1;
+}
+
+typedef struct stage_args {
+    const char *config, *listen, *layers, *transport;
+    uint32_t index, timeout_ms;
+    int has_index, first, last, ready_fd, prefetch, verbose;
+} stage_args;
+
+static int parse_args(stage_args *a, app_options *o, int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i], *v;
+        uint32_t u;
+        if (strcmp(s, "--help") == 0) {
+            printf("%s%s", help, app_common_help);
+            return 2;
+        }
+        if (strcmp(s, "--config") == 0 || strcmp(s, "--listen") == 0 || strcmp(s, "--layers") == 0 ||
+            strcmp(s, "--transport") == 0) {
+            if (!(v = app_value(argc, argv, &i)))
+                return 1;
+            const char **dst = s[2] == 'c' ? &a->config : s[2] == 't' ? &a->transport : s[3] == 'i' ? &a->listen
+                                                                                                   : &a->layers;
+            *dst = v;
+        } else if (strcmp(s, "--stage") == 0 || strcmp(s, "--timeout") == 0 || strcmp(s, "--ready-fd") == 0) {
+            if (!(v = app_value(argc, argv, &i)) || app_parse_u32(s, v, &u) < 0)
+                return 1;
+            if (s[2] == 's')
+                a->index = u, a->has_index = 1;
+            else if (s[2] == 't')
+                a->timeout_ms = u;
+            else if (u > 1024)
+                return app_fail("--ready-fd: %u is not a descriptor", u);
+            else
+                a->ready_fd = (int)u;
+        } else if (strcmp(s, "--first") == 0) {
+            a->first = 1;
+        } else if (strcmp(s, "--last") == 0) {
+            a->last = 1;
+        } else if (strcmp(s, "--no-prefetch") == 0) {
+            a->prefetch = 0;
+        } else if (strcmp(s, "-v") == 0 || strcmp(s, "--verbose") == 0) {
+            a->verbose = 1;
+        } else {
+            int rc = app_parse_common(o, argc, argv, &i);
+            if (rc < 0)
+                return 1;
+            if (rc == 0)
+                return app_fail("stage: unknown option '%s' (see rlx stage --help)", s);
+        }
+    }
+    /* options given before the command land in the pipeline options */
+    if (!a->config)
+        a->config = o->pipeline.config;
+    if (!a->transport)
+        a->transport = o->pipeline.transport;
+    if (!a->timeout_ms)
+        a->timeout_ms = o->pipeline.timeout_ms;
+    if (o->pipeline.stages || o->pipeline.launch)
+        return app_fail("stage: --stages and --launch are for drivers (rlx generate ...), not for a stage");
+    if (o->place)
+        return app_fail("stage: --place is not supported for stages yet");
+    if (a->config && !a->has_index)
+        return app_fail("stage: --config needs --stage I (which stage of the file to run)");
+    if (!a->config && (a->has_index || !a->listen || !a->layers))
+        return app_fail("stage: give --config FILE --stage I, or --listen ADDR --layers A-B (see rlx stage --help)");
+    return 0;
+}
+
+int cmd_stage(int argc, char **argv, app_options *o) {
+    stage_args a = {.ready_fd = -1, .prefetch = 1};
+    int status = parse_args(&a, o, argc, argv);
+    if (status)
+        return status == 2 ? 0 : status;
+    rlx_deploy *dep = NULL;
+    rlx_model *model = NULL;
+    rlx_registry *reg = NULL;
+    rlx_plugin_handle *backend_plugin = NULL, *transport_plugin = NULL;
+    rlx_backend *backend = NULL;
+    const char *backend_name = o->plugin, *listen = a.listen, *transport = a.transport;
+    uint32_t threads = o->threads;
+    stage_log log = {.verbose = a.verbose};
+    rlx_layer_range range = {0, 0};
+    const rlx_deploy_stage *ds = NULL;
+    if (a.config) {
+        if (rlx_deploy_load(a.config, &dep) != RLX_OK)
+            return app_fail_rlx("stage");
+        if (a.index >= rlx_deploy_n_stages(dep)) {
+            status = app_fail("stage: %s has %u stages; --stage %u is not one of them (0-%u)", a.config,
+                              rlx_deploy_n_stages(dep), a.index, rlx_deploy_n_stages(dep) - 1);
+            goto done;
+        }
+        ds = rlx_deploy_stage_at(dep, a.index);
+        if (!o->model)
+            o->model = rlx_deploy_model(dep);
+        if (!o->model) {
+            status = app_fail("stage: %s names no model and no --model was given", a.config);
+            goto done;
+        }
+        if (!listen)
+            listen = ds->listen ? ds->listen : ds->address;
+        if (!backend_name)
+            backend_name = ds->backend;
+        if (!threads)
+            threads = ds->threads;
+        if (!transport)
+            transport = rlx_deploy_transport(dep);
+        if (!a.timeout_ms)
+            a.timeout_ms = rlx_deploy_timeouts_of(dep)->control_ms;
+    } else if (app_resolve_model(o)) {
+        return 1;
+    }
+    if (!backend_name)
+        backend_name = "cpu-blas";
+    if (!transport)
+        transport = "tcp";
+    if (rlx_deploy_check_address(listen, 1) != RLX_OK) {
+        status = app_fail_rlx("stage: --listen");
+        goto done;
+    }
+    if (a.config)
+        snprintf(log.label, sizeof log.label, "%u (%s)", a.index, listen);
+    else
+        snprintf(log.label, sizeof log.label, "%s", listen);
+    if (rlx_model_open(o->model, &model) != RLX_OK) {
+        status = app_fail_rlx("stage: cannot open model");
+        goto done;
+    }
+    uint32_t n_layers = (uint32_t)rlx_model_config_of(model)->num_hidden_layers;
+    if (dep) {
+        rlx_layer_range *ranges = calloc(rlx_deploy_n_stages(dep), sizeof *ranges);
+        if (!ranges || rlx_deploy_layers(dep, n_layers, ranges) != RLX_OK) {
+            status = ranges ? app_fail_rlx("stage") : app_fail("out of memory");
+            free(ranges);
+            goto done;
+        }
+        range = ranges[a.index];
+        free(ranges);
+        if (a.layers) {
+            rlx_layer_range given;
+            if (rlx_dist_parse_range(a.layers, &given) != RLX_OK) {
+                status = app_fail_rlx("stage: --layers");
+                goto done;
+            }
+            if (given.start != range.start || given.end != range.end) {
+                status = app_fail("stage: --layers %s contradicts %s, which gives stage %u layers %u-%u", a.layers,
+                                  a.config, a.index, range.start, range.end - 1);
+                goto done;
+            }
+        }
+    } else if (rlx_dist_parse_range(a.layers, &range) != RLX_OK) {
+        status = app_fail_rlx("stage: --layers");
+        goto done;
+    }
+    if (range.end > n_layers) {
+        status = app_fail("stage: layers %u-%u run past the model's %u layers (0-%u)", range.start, range.end - 1,
+                          n_layers, n_layers - 1);
+        goto done;
+    }
+    if (a.first && range.start != 0) {
+        status = app_fail("stage: --first, but layers %u-%u do not start at layer 0", range.start, range.end - 1);
+        goto done;
+    }
+    if (a.last && range.end != n_layers) {
+        status = app_fail("stage: --last, but layers %u-%u do not end at the model's last layer %u", range.start,
+                          range.end - 1, n_layers - 1);
+        goto done;
+    }
+    if (rlx_registry_create(o->plugin_dir, &reg) != RLX_OK) {
+        status = app_fail_rlx("stage: cannot search for plugins");
+        goto done;
+    }
+    if (strcasecmp(backend_name, "ref") != 0) {
+        rlx_backend_options bo = rlx_backend_options_default();
+        bo.n_threads = threads;
+        if (rlx_registry_load(reg, RLX_PLUGIN_BACKEND, backend_name, &backend_plugin) != RLX_OK ||
+            rlx_backend_create(backend_plugin, &bo, &backend) != RLX_OK) {
+            status = app_fail_rlx("stage: cannot load backend");
+            goto done;
+        }
+    }
+    if (rlx_registry_load(reg, RLX_PLUGIN_TRANSPORT, transport, &transport_plugin) != RLX_OK) {
+        status = app_fail_rlx("stage: cannot load transport");
+        goto done;
+    }
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    rlx_log_set_handler(print_log, &log);
+    rlx_stage_options so = rlx_stage_options_default();
+    so.address = listen;
+    so.transport = transport_plugin;
+    so.layers = range;
+    so.session = (rlx_session_options){.kv_capacity = o->ctx, .backends = &backend, .n_backends = backend ? 1 : 0};
+    so.backend_name = backend ? rlx_backend_name(backend) : "ref";
+    so.prefetch = a.prefetch;
+    so.timeout_ms = a.timeout_ms;
+    so.stop = &stop_requested;
+    so.on_listening = report_ready;
+    so.ctx = &a.ready_fd;
+    if (rlx_stage_serve(model, &so) != RLX_OK)
+        status = app_fail_rlx("stage");
+    rlx_log_set_handler(NULL, NULL);
+done:
+    if (a.ready_fd >= 0)
+        close(a.ready_fd);
+    rlx_plugin_unload(transport_plugin);
+    rlx_backend_destroy(backend);
+    rlx_plugin_unload(backend_plugin);
+    rlx_registry_destroy(reg);
+    rlx_model_close(model);
+    rlx_deploy_destroy(dep);
+    return status;
+}

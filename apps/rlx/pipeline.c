@@ -1,0 +1,381 @@
+/* Commands over a pipeline: reads a deployment (or --stages N), launches local stage processes
+ * when asked (fork/exec of this program's `stage` command, each reporting its bound address on
+ * a pipe once it listens), and puts a pipeline driver behind app_runtime's rlx_lm. Launched
+ * stages are stopped (SIGTERM, then SIGKILL after a grace period) and reaped on every path. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "pipeline.h"
+#include "rlx/deploy.h"
+#include "rlx/dist.h"
+
+#define LAUNCH_TIMEOUT_MS 300000 /* a stage reads its weights in before it listens */
+#define STOP_GRACE_MS 5000
+
+#define MAX_STAGES 64
+
+struct app_pipeline {
+    rlx_deploy *deploy;
+    rlx_registry *registry;
+    rlx_plugin_handle *transport;
+    rlx_driver *driver;
+    pid_t pids[MAX_STAGES];
+    uint32_t n_pids;
+    char *model_dir;
+    char addresses[MAX_STAGES][300]; /* what launched stages reported */
+};
+
+int app_pipeline_parse(app_pipeline_options *po, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *v;
+    if (strcmp(a, "--launch") == 0) {
+        po->launch = 1;
+        return 1;
+    }
+    if (strcmp(a, "--config") == 0 || strcmp(a, "--transport") == 0) {
+        if (!(v = app_value(argc, argv, i)))
+            return -1;
+        *(a[2] == 'c' ? &po->config : &po->transport) = v;
+        return 1;
+    }
+    uint32_t *dst = strcmp(a, "--stages") == 0            ? &po->stages
+                    : strcmp(a, "--timeout") == 0         ? &po->timeout_ms
+                    : strcmp(a, "--connect-timeout") == 0 ? &po->connect_timeout_ms
+                    : strcmp(a, "--compute-timeout") == 0 ? &po->per_position_ms
+                                                          : NULL;
+    if (!dst)
+        return 0;
+    if (!(v = app_value(argc, argv, i)) || app_parse_u32(a, v, dst) < 0)
+        return -1;
+    if (*dst == 0)
+        return app_fail("%s must be at least 1", a), -1;
+    if (dst == &po->stages && *dst > MAX_STAGES)
+        return app_fail("--stages: at most %d", MAX_STAGES), -1;
+    return 1;
+}
+
+int app_pipeline_wanted(const app_pipeline_options *po) {
+    return po->config || po->stages || po->launch || po->transport || po->timeout_ms || po->connect_timeout_ms ||
+           po->per_position_ms;
+}
+
+// ---- child processes ----
+
+static int elapsed_ms(const struct timespec *t0) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int)((t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000);
+}
+
+static void stop_children(struct app_pipeline *p) {
+    for (uint32_t i = 0; i < p->n_pids; i++)
+        if (p->pids[i] > 0)
+            kill(p->pids[i], SIGTERM);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        int alive = 0;
+        for (uint32_t i = 0; i < p->n_pids; i++) {
+            if (p->pids[i] <= 0)
+                continue;
+            pid_t r = waitpid(p->pids[i], NULL, WNOHANG);
+            if (r == p->pids[i] || (r < 0 && errno == ECHILD))
+                p->pids[i] = 0;
+            else
+                alive++;
+        }
+        if (!alive)
+            break;
+        if (elapsed_ms(&t0) > STOP_GRACE_MS) {
+            for (uint32_t i = 0; i < p->n_pids; i++)
+                if (p->pids[i] > 0) {
+                    fprintf(stderr, "rlx: stage process %d did not stop on SIGTERM; killing it\n", (int)p->pids[i]);
+                    kill(p->pids[i], SIGKILL);
+                    waitpid(p->pids[i], NULL, 0);
+                    p->pids[i] = 0;
+                }
+            break;
+        }
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    p->n_pids = 0;
+}
+
+/* Starts `rlx ... stage ARGS --ready-fd 3`; *ready_fd is the read end of its readiness pipe. */
+static int spawn_stage(struct app_pipeline *p, char **args, int *ready_fd) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        return app_fail("cannot create a pipe: %s", strerror(errno));
+    pid_t parent = getpid();
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return app_fail("cannot start a stage process: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        /* the stage must not outlive the driver that launched it */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)
+            _exit(1);
+        if (fds[1] == 3)
+            fcntl(3, F_SETFD, 0);
+        else if (dup2(fds[1], 3) < 0)
+            _exit(127);
+        signal(SIGPIPE, SIG_DFL);
+        execv("/proc/self/exe", args);
+        fprintf(stderr, "rlx: cannot run /proc/self/exe stage: %s\n", strerror(errno));
+        _exit(127);
+    }
+    close(fds[1]);
+    p->pids[p->n_pids++] = pid;
+    *ready_fd = fds[0];
+    return 0;
+}
+
+/* Waits for the stage's "address\n" line (copied to addr) or its exit. */
+static int wait_ready(struct app_pipeline *p, uint32_t child, uint32_t stage, int fd, char *addr, size_t size) {
+    size_t len = 0;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (len + 1 < size) {
+        int left = LAUNCH_TIMEOUT_MS - elapsed_ms(&t0);
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int r = left > 0 ? poll(&pfd, 1, left) : 0;
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r == 0)
+            return app_fail("stage %u (pid %d) did not start listening within %d s", stage, (int)p->pids[child],
+                            LAUNCH_TIMEOUT_MS / 1000);
+        ssize_t got = read(fd, addr + len, size - 1 - len);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            int st = 0;
+            pid_t pid = p->pids[child];
+            if (waitpid(pid, &st, 0) == pid)
+                p->pids[child] = 0;
+            if (WIFEXITED(st))
+                return app_fail("stage %u (pid %d) exited with status %d before listening (its error is above)", stage,
+                                (int)pid, WEXITSTATUS(st));
+            return app_fail("stage %u (pid %d) died of signal %d before listening", stage, (int)pid,
+                            WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+        }
+        len += (size_t)got;
+        addr[len] = '\0';
+        char *nl = strchr(addr, '\n');
+        if (nl) {
+            *nl = '\0';
+            return 0;
+        }
+    }
+    return app_fail("stage %u reported an address that is too long", stage);
+}
+
+/* Loopback and this-host names: the stages --launch starts itself. */
+static int is_local(const char *address) {
+    return strncmp(address, "127.", 4) == 0 || strncmp(address, "localhost:", 10) == 0 ||
+           strncmp(address, "[::1]:", 6) == 0 || strncmp(address, "0.0.0.0:", 8) == 0;
+}
+
+typedef struct argv_builder {
+    char *v[40];
+    int n;
+    char buf[8][32];
+    int nbuf;
+} argv_builder;
+
+static void arg(argv_builder *b, const char *s) { b->v[b->n++] = (char *)s; }
+
+static void arg_u32(argv_builder *b, const char *opt, uint32_t value) {
+    arg(b, opt);
+    snprintf(b->buf[b->nbuf], sizeof b->buf[0], "%u", value);
+    arg(b, b->buf[b->nbuf++]);
+}
+
+/* The options a launched stage inherits from this command line. */
+static void common_args(argv_builder *b, const app_options *o, const char *transport, const app_pipeline_options *po) {
+    arg(b, "rlx");
+    if (o->plugin_dir) {
+        arg(b, "--plugin-dir");
+        arg(b, o->plugin_dir);
+    }
+    arg(b, "stage");
+    if (o->plugin) {
+        arg(b, "--plugin");
+        arg(b, o->plugin);
+    }
+    if (o->threads)
+        arg_u32(b, "--threads", o->threads);
+    if (transport) {
+        arg(b, "--transport");
+        arg(b, transport);
+    }
+    if (po->timeout_ms)
+        arg_u32(b, "--timeout", po->timeout_ms);
+    arg(b, "--ready-fd");
+    arg(b, "3");
+}
+
+// ---- open and close ----
+
+int app_pipeline_open(app_runtime *rt, app_options *o, const app_pipeline_options *po) {
+    struct app_pipeline *p = calloc(1, sizeof *p);
+    if (!p)
+        return app_fail("out of memory");
+    rt->pipeline = p;
+    const char *model = o->model, *transport = po->transport;
+    rlx_deploy_timeouts timeouts = {0};
+    uint32_t n = po->stages;
+    if (po->config && po->stages)
+        return app_fail("give --config or --stages, not both"), app_pipeline_close(rt), 1;
+    if (po->launch && !po->config)
+        return app_fail("--launch starts the stages of a --config file (--stages N launches its own)"),
+               app_pipeline_close(rt), 1;
+    if (!po->config && !po->stages)
+        return app_fail("--transport and the timeouts apply to pipelines: add --config FILE or --stages N"),
+               app_pipeline_close(rt), 1;
+    if (po->config) {
+        if (rlx_deploy_load(po->config, &p->deploy) != RLX_OK)
+            return app_fail_rlx("pipeline"), app_pipeline_close(rt), 1;
+        if (!model)
+            model = rlx_deploy_model(p->deploy);
+        if (!transport)
+            transport = rlx_deploy_transport(p->deploy);
+        timeouts = *rlx_deploy_timeouts_of(p->deploy);
+        n = rlx_deploy_n_stages(p->deploy);
+        if (n > MAX_STAGES)
+            return app_fail("%s: at most %d stages", po->config, MAX_STAGES), app_pipeline_close(rt), 1;
+    }
+    if (!model) {
+        if (p->deploy)
+            return app_fail("%s names no model and no --model was given", po->config), app_pipeline_close(rt), 1;
+        if (app_resolve_model(o))
+            return app_pipeline_close(rt), 1;
+        model = o->model;
+    }
+    if (!transport)
+        transport = "tcp";
+    if (!(p->model_dir = strdup(model)))
+        return app_fail("out of memory"), app_pipeline_close(rt), 1;
+    rlx_model_config cfg;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", p->model_dir);
+    if (rlx_model_config_load(path, &cfg) != RLX_OK)
+        return app_fail_rlx("cannot open model"), app_pipeline_close(rt), 1;
+    uint32_t n_layers = (uint32_t)cfg.num_hidden_layers;
+    rlx_layer_range ranges[MAX_STAGES];
+    rlx_status rc = p->deploy ? rlx_deploy_layers(p->deploy, n_layers, ranges) : rlx_dist_split_even(n_layers, n, ranges);
+    if (rc != RLX_OK)
+        return app_fail_rlx("pipeline"), app_pipeline_close(rt), 1;
+    if (rlx_registry_create(o->plugin_dir, &p->registry) != RLX_OK)
+        return app_fail_rlx("cannot search for plugins"), app_pipeline_close(rt), 1;
+    if (rlx_registry_load(p->registry, RLX_PLUGIN_TRANSPORT, transport, &p->transport) != RLX_OK)
+        return app_fail_rlx("cannot load transport"), app_pipeline_close(rt), 1;
+
+    /* stage addresses: the file's, or those the launched stages report */
+    rlx_driver_stage stages[MAX_STAGES];
+    int ready[MAX_STAGES];
+    uint32_t child_of[MAX_STAGES];
+    for (uint32_t i = 0; i < n; i++) {
+        ready[i] = -1;
+        stages[i] = (rlx_driver_stage){.address = p->deploy ? rlx_deploy_stage_at(p->deploy, i)->address : NULL,
+                                       .layers = ranges[i]};
+    }
+    int failed = 0;
+    for (uint32_t i = 0; i < n && !failed; i++) {
+        argv_builder b = {.n = 0};
+        char range_text[32], index_text[16];
+        common_args(&b, o, po->transport || !p->deploy ? transport : NULL, po);
+        if (p->deploy) {
+            if (!po->launch || !is_local(stages[i].address))
+                continue;
+            snprintf(index_text, sizeof index_text, "%u", i);
+            arg(&b, "--config");
+            arg(&b, po->config);
+            arg(&b, "--stage");
+            arg(&b, index_text);
+        } else {
+            snprintf(range_text, sizeof range_text, "%u-%u", ranges[i].start, ranges[i].end - 1);
+            arg(&b, "--listen");
+            arg(&b, "127.0.0.1:0");
+            arg(&b, "--layers");
+            arg(&b, range_text);
+        }
+        if (o->model || !p->deploy) {
+            arg(&b, "--model");
+            arg(&b, p->model_dir);
+        }
+        b.v[b.n] = NULL;
+        child_of[i] = p->n_pids;
+        failed = spawn_stage(p, b.v, &ready[i]);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (ready[i] < 0)
+            continue;
+        if (!failed) {
+            if (wait_ready(p, child_of[i], i, ready[i], p->addresses[i], sizeof p->addresses[i]))
+                failed = 1;
+            else if (!p->deploy)
+                stages[i].address = p->addresses[i];
+        }
+        close(ready[i]);
+    }
+    if (failed)
+        return app_pipeline_close(rt), 1;
+
+    rlx_driver_options d = rlx_driver_options_default();
+    d.transport = p->transport;
+    d.stages = stages;
+    d.n_stages = n;
+    d.kv_capacity = o->ctx;
+    d.connect_timeout_ms = po->connect_timeout_ms ? po->connect_timeout_ms : timeouts.connect_ms;
+    d.timeout_ms = po->timeout_ms ? po->timeout_ms : timeouts.control_ms;
+    d.compute_ms_per_position = po->per_position_ms ? po->per_position_ms : timeouts.per_position_ms;
+    if (rlx_driver_create(p->model_dir, &d, &p->driver) != RLX_OK || rlx_driver_lm(p->driver, &rt->lm) != RLX_OK)
+        return app_fail_rlx("pipeline"), app_pipeline_close(rt), 1;
+    rt->model_dir = p->model_dir;
+    return 0;
+}
+
+void app_pipeline_close(app_runtime *rt) {
+    struct app_pipeline *p = rt->pipeline;
+    if (!p)
+        return;
+    rlx_driver_destroy(p->driver);
+    stop_children(p);
+    rlx_plugin_unload(p->transport);
+    rlx_registry_destroy(p->registry);
+    rlx_deploy_destroy(p->deploy);
+    free(p->model_dir);
+    free(p);
+    rt->pipeline = NULL;
+    rt->model_dir = NULL;
+    memset(&rt->lm, 0, sizeof rt->lm);
+}
+
+const rlx_deploy *app_pipeline_deploy(const app_runtime *rt) { return rt->pipeline ? rt->pipeline->deploy : NULL; }
+
+void app_pipeline_describe(const app_runtime *rt) {
+    if (!rt->pipeline || !rt->pipeline->driver)
+        return;
+    const rlx_driver *d = rt->pipeline->driver;
+    for (uint32_t i = 0; i < rlx_driver_n_stages(d); i++) {
+        rlx_driver_stage_info info;
+        if (rlx_driver_stage_info_get(d, i, &info) == RLX_OK)
+            fprintf(stderr, "rlx: stage %u at %s: layers %u-%u on %s, %.1f MiB resident, %u positions\n", i,
+                    info.address, info.layers.start, info.layers.end - 1, info.backend,
+                    (double)info.rss_bytes / 1048576.0, info.kv_capacity);
+    }
+}

@@ -1,0 +1,55 @@
+/* Running a command over a pipeline of stages instead of one local session: options, launching
+ * local stage processes, and the driver behind app_runtime's rlx_lm. */
+#ifndef RLX_APP_PIPELINE_H
+#define RLX_APP_PIPELINE_H
+
+#include <stdint.h>
+
+typedef struct app_pipeline_options {
+    const char *config;    /* --config FILE: a deployment file */
+    uint32_t stages;       /* --stages N: launch N local stages on free loopback ports */
+    int launch;            /* --launch: start the config's local stages as child processes */
+    const char *transport; /* --transport NAME (overrides the file; default tcp) */
+    uint32_t timeout_ms;   /* --timeout MS: control messages; 0 = the file's or the default */
+    uint32_t connect_timeout_ms; /* --connect-timeout MS */
+    uint32_t per_position_ms;    /* --compute-timeout MS: extra wait per position computed */
+} app_pipeline_options;
+
+struct app_runtime;
+struct app_options;
+
+/* Help lines for the options above, for app_common_help. */
+#define APP_PIPELINE_HELP                                                                               \
+    "  --config FILE      run over the stages of a deployment file (YAML; see rlx stage --help)\n"     \
+    "  --launch           with --config: start the file's local stages as child processes\n"           \
+    "  --stages N         split the model over N stage processes launched on loopback ports\n"         \
+    "  --transport NAME   transport plugin between driver and stages (tcp, grpc; default tcp)\n"       \
+    "  --timeout MS       how long to wait for a stage's control answers (default 5000)\n"             \
+    "  --connect-timeout MS  how long to wait for the stages to accept connections (default 10000)\n"  \
+    "  --compute-timeout MS  extra wait per position a stage computes (default 100)\n"
+
+/* Tries the pipeline options at argv[*i]: 1 consumed (with its value), 0 not one, -1 after
+ * reporting a bad value. */
+int app_pipeline_parse(app_pipeline_options *po, int argc, char **argv, int *i);
+
+/* True when any pipeline option was given (app_pipeline_open then reports incomplete ones). */
+int app_pipeline_wanted(const app_pipeline_options *po);
+
+/* Fills rt->lm with a pipeline driver (rt->model stays NULL, rt->model_dir is the model), after
+ * launching local stages if asked. 0 on success; 1 after reporting, with everything started
+ * already stopped. rt must be zeroed (app_runtime_open does that). */
+int app_pipeline_open(struct app_runtime *rt, struct app_options *o, const app_pipeline_options *po);
+
+/* Ends the session, disconnects and stops launched stages; safe on a runtime without a pipeline. */
+void app_pipeline_close(struct app_runtime *rt);
+
+/* The deployment file the pipeline runs (generation defaults, speculator), or NULL when there is
+ * no pipeline or it came from --stages. Borrowed from rt until app_pipeline_close. */
+const struct rlx_deploy *app_pipeline_deploy(const struct app_runtime *rt);
+
+/* One line per stage (address, layers, backend, resident memory) on stderr, for --verbose. */
+void app_pipeline_describe(const struct app_runtime *rt);
+
+int cmd_stage(int argc, char **argv, struct app_options *o);
+
+#endif

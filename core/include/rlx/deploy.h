@@ -1,0 +1,90 @@
+/* Deployment files: which model, which transport, and the pipeline's stages (YAML).
+ *
+ *   model: models/qwen3-0.6b      # relative paths are relative to the file's folder
+ *   transport: grpc               # transport plugin name; default tcp
+ *   stages:                       # in pipeline order: the first embeds tokens, the last makes logits
+ *     - address: 127.0.0.1:7101   # host:port the driver connects to
+ *       backend: onednn           # backend plugin of this stage (default: the command line's)
+ *       layers: 0-13              # optional, inclusive; all stages or none (then an even split)
+ *       threads: 2                # optional
+ *       listen: 0.0.0.0:7101      # optional: what the stage binds, if not address
+ *     - address: 127.0.0.1:7102
+ *       backend: cpu-blas
+ *   speculator: {plugin: mtp, draft_tokens: 4}                        # optional
+ *   generation: {max_tokens: 64, temperature: 0.7, top_k: 20, top_p: 0.8, seed: 1}  # optional
+ *   timeouts: {connect_ms: 10000, control_ms: 5000, per_position_ms: 100}          # optional
+ *
+ * Unknown or repeated keys, wrong types, a missing or empty stage list, malformed addresses and
+ * layer ranges that leave a gap or overlap are RLX_E_FORMAT with "FILE:LINE: " in the message.
+ * Command-line flags override the file; the application applies them. */
+#ifndef RLX_DEPLOY_H
+#define RLX_DEPLOY_H
+
+#include <stdint.h>
+
+#include "rlx/dist.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct rlx_deploy rlx_deploy;
+
+typedef struct rlx_deploy_stage {
+    const char *address;    /* "host:port" the driver connects to */
+    const char *listen;     /* what the stage binds; the address when not given */
+    const char *backend;    /* backend plugin name, NULL when not given */
+    int has_layers;         /* layers was given */
+    rlx_layer_range layers; /* [start, end) when has_layers */
+    uint32_t threads;       /* 0 when not given */
+    uint32_t line;          /* line of the stage's entry in the file (1-based) */
+} rlx_deploy_stage;
+
+typedef struct rlx_deploy_speculator {
+    const char *plugin;
+    uint32_t draft_tokens; /* 0 when not given */
+} rlx_deploy_speculator;
+
+/* Generation defaults; each has_ flag says whether the file gave the value. */
+typedef struct rlx_deploy_generation {
+    int has_max_tokens, has_temperature, has_top_k, has_top_p, has_seed;
+    uint32_t max_tokens;
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    uint64_t seed;
+} rlx_deploy_generation;
+
+/* Milliseconds; 0 when not given (the rlx_driver_options defaults then apply). */
+typedef struct rlx_deploy_timeouts {
+    uint32_t connect_ms, control_ms, per_position_ms;
+} rlx_deploy_timeouts;
+
+/* Parses and checks the file at path. On success the caller owns *out (rlx_deploy_destroy). */
+RLX_API rlx_status rlx_deploy_load(const char *path, rlx_deploy **out);
+RLX_API void rlx_deploy_destroy(rlx_deploy *d); /* NULL is a no-op */
+
+/* Every string returned below is borrowed from d. */
+RLX_API const char *rlx_deploy_path(const rlx_deploy *d);
+/* The model directory, resolved against the file's folder; NULL when the file names none. */
+RLX_API const char *rlx_deploy_model(const rlx_deploy *d);
+RLX_API const char *rlx_deploy_transport(const rlx_deploy *d); /* "tcp" when not given */
+RLX_API uint32_t rlx_deploy_n_stages(const rlx_deploy *d);
+RLX_API const rlx_deploy_stage *rlx_deploy_stage_at(const rlx_deploy *d, uint32_t i); /* NULL past the end */
+RLX_API const rlx_deploy_speculator *rlx_deploy_speculator_of(const rlx_deploy *d);   /* NULL when absent */
+RLX_API const rlx_deploy_generation *rlx_deploy_generation_of(const rlx_deploy *d);
+RLX_API const rlx_deploy_timeouts *rlx_deploy_timeouts_of(const rlx_deploy *d);
+
+/* The layer range of every stage (out[n_stages]) for a model of n_layers: the file's ranges,
+ * checked to cover the model exactly, or an even split when the file gives none. Failures
+ * name the file, the line and the stage. */
+RLX_API rlx_status rlx_deploy_layers(const rlx_deploy *d, uint32_t n_layers, rlx_layer_range *out);
+
+/* Checks "host:port": an IPv4 dotted quad, a host name or [IPv6], and a port in 1..65535
+ * (0 too with allow_port_0). */
+RLX_API rlx_status rlx_deploy_check_address(const char *address, int allow_port_0);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,183 @@
+/* Pipeline parallelism: a model's layers split into contiguous ranges, each run by a *stage*
+ * process, driven by one *driver* process that owns the session, sampling and output.
+ *
+ * Topology: a star. The driver holds one transport connection per stage and, for every forward
+ * pass, sends a request to stage 0, waits for its reply, sends that reply's rows to stage 1, and
+ * so on; the last stage replies with logits. Stages never talk to each other, so a stage needs
+ * only to listen, and the driver sees every failure first-hand and can name the stage.
+ *
+ * Each stage runs its layer range as an rlx_session over a block (rlx_block_spec: the first
+ * stage embeds token ids, the last applies the final norm and the LM head) and keeps the KV
+ * cache of its own layers per session id. So a prefill sends the prompt's rows through the
+ * stages once, and a decode step sends one position's hidden state per stage, never the whole
+ * sequence again. Hidden states travel as little-endian F32, the dtype the blocks compute in, so
+ * a pipeline's logits are bit-identical to a single process running the same backends.
+ *
+ * Wire protocol (proto/rlx.proto, protobuf-c encoded rlx.Envelope messages, one per transport
+ * message):
+ * - Handshake: the driver sends Hello (protocol version, model id, the layer range it expects,
+ *   stage index, KV capacity wanted) and the stage answers HelloReply (its version, model id,
+ *   layer range, backend, resident memory, the capacity its sessions get) or, on any mismatch,
+ *   an Error naming both sides' values, after which it closes the connection and logs why. The
+ *   driver checks the reply as well, so a mismatch is refused on both sides.
+ * - Activations: session id, step, start position, rows. A session begins with an Activations
+ *   at start position 0 for an id the stage does not hold; any other request for an unknown
+ *   id, a step not greater than the session's previous one, or a start position other than the
+ *   stage's cache length is answered with an Error and the stage keeps serving.
+ * - Truncate (speculative decoding rolls the caches back) and EndSession are answered with Ack.
+ * - A stage serves one driver connection at a time (another driver gets an Error saying so); its
+ *   sessions belong to the connection and are freed on EndSession or when the connection dies.
+ *
+ * Timeouts: every wait is bounded. Connecting (with retries while the stage is not yet
+ * listening) gives up after connect_timeout_ms; a control message (handshake, Truncate,
+ * EndSession) waits timeout_ms for its answer; an Activations request waits
+ * timeout_ms + n_positions * compute_ms_per_position, because a stage legitimately computes for
+ * a long time on a long prompt. A dead, stalled or babbling stage thus fails the call within a
+ * bounded time with a message naming the stage index and address; the driver then closes every
+ * connection (so the other stages free the session) and refuses further calls. */
+#ifndef RLX_DIST_H
+#define RLX_DIST_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rlx/gen.h"
+#include "rlx/model.h"
+#include "rlx/plugin.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped when the meaning of a message changes; peers of another version are refused. */
+#define RLX_DIST_PROTOCOL_VERSION 1
+
+/* Defaults used when an options field is 0. */
+#define RLX_DIST_CONNECT_TIMEOUT_MS 10000
+#define RLX_DIST_TIMEOUT_MS 5000
+#define RLX_DIST_COMPUTE_MS_PER_POSITION 100
+#define RLX_DIST_POLL_MS 200
+
+/* ---- model identity ---- */
+
+/* 64 lowercase hex digits and a NUL. */
+#define RLX_MODEL_ID_SIZE 65
+
+/* The identity of the model in model_dir: SHA-256 over the bytes of config.json and, for every
+ * safetensors file in name order, its size and header (the JSON that names every tensor with its
+ * dtype, shape and byte range). The same files give the same id wherever they are; tensor data
+ * is not read, so computing it costs no more than opening the model. */
+RLX_API rlx_status rlx_model_id(const char *model_dir, char out[RLX_MODEL_ID_SIZE]);
+
+/* ---- layer split ---- */
+
+typedef struct rlx_layer_range {
+    uint32_t start; /* first layer */
+    uint32_t end;   /* one past the last */
+} rlx_layer_range;
+
+/* Splits n_layers into n_stages contiguous ranges of sizes differing by at most one; earlier
+ * stages get the extra layers. RLX_E_RANGE when there are more stages than layers. */
+RLX_API rlx_status rlx_dist_split_even(uint32_t n_layers, uint32_t n_stages, rlx_layer_range *out);
+
+/* Checks that ranges, in pipeline order, cover [0, n_layers) exactly: each non-empty, the first
+ * starting at 0, each starting where the previous ended (no gap, no overlap) and the last ending
+ * at n_layers. The message names the stage and the layers concerned. */
+RLX_API rlx_status rlx_dist_check_ranges(uint32_t n_layers, const rlx_layer_range *ranges, uint32_t n_stages);
+
+/* Parses "A-B" (inclusive, as in deployment files and --layers) or a single layer "A" into the
+ * half-open range [A, B + 1). */
+RLX_API rlx_status rlx_dist_parse_range(const char *text, rlx_layer_range *out);
+
+/* ---- stage ---- */
+
+typedef struct rlx_stage_options {
+    const char *address;                /* "host:port" to listen on; port 0 picks a free one */
+    const rlx_plugin_handle *transport; /* a loaded transport plugin, borrowed */
+    const char *transport_options;      /* passed to the transport's open; may be NULL */
+    rlx_layer_range layers;             /* the block: embeds if start is 0, logits if end is the last */
+    rlx_session_options session;        /* backends and placement (borrowed), default KV capacity */
+    const char *backend_name;           /* reported to drivers; NULL = "ref" */
+    int prefetch;                       /* 1: read the block's weights in before listening */
+    uint32_t timeout_ms;                /* bound on a send or a handshake wait; 0 = RLX_DIST_TIMEOUT_MS */
+    uint32_t poll_ms;                   /* how often *stop is looked at; 0 = RLX_DIST_POLL_MS */
+    uint32_t max_sessions;              /* sessions held at once; 0 = 64 */
+    const volatile sig_atomic_t *stop;  /* serve until *stop != 0 (a signal handler sets it) */
+    /* Called once listening, with the bound address (for port 0); may be NULL. */
+    void (*on_listening)(void *ctx, const char *bound_address);
+    void *ctx;
+} rlx_stage_options;
+
+RLX_API rlx_stage_options rlx_stage_options_default(void);
+
+/* Serves the block of model m (borrowed) to drivers until *o->stop becomes non-zero, then frees
+ * every session, closes the listener and returns RLX_OK. Connections that fail, drivers that
+ * break the protocol or die are logged (rlx_log_set_handler) and dropped, and the stage goes
+ * back to accepting. Fails early only when the block, the transport or the listen address
+ * cannot be set up. Single-threaded: one forward at a time (the backends may use threads). */
+RLX_API rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *o);
+
+/* ---- driver ---- */
+
+typedef struct rlx_driver_stage {
+    const char *address;   /* "host:port" the stage listens on */
+    rlx_layer_range layers;
+} rlx_driver_stage;
+
+typedef struct rlx_driver_options {
+    const rlx_plugin_handle *transport; /* a loaded transport plugin, borrowed for the driver's life */
+    const char *transport_options;      /* may be NULL */
+    const rlx_driver_stage *stages;     /* in pipeline order; copied */
+    uint32_t n_stages;
+    uint32_t kv_capacity;               /* positions wanted; 0 = the stages' default */
+    uint32_t connect_timeout_ms;        /* 0 = RLX_DIST_CONNECT_TIMEOUT_MS */
+    uint32_t timeout_ms;                /* 0 = RLX_DIST_TIMEOUT_MS */
+    uint32_t compute_ms_per_position;   /* 0 = RLX_DIST_COMPUTE_MS_PER_POSITION */
+} rlx_driver_options;
+
+typedef struct rlx_driver rlx_driver;
+
+RLX_API rlx_driver_options rlx_driver_options_default(void);
+
+/* Reads the model's config.json (+ generation_config.json) and identity from model_dir, checks
+ * the ranges (rlx_dist_check_ranges), connects to every stage and shakes hands. Fails with the
+ * stage index and address in the message when a stage cannot be reached in time or refuses. */
+RLX_API rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o, rlx_driver **out);
+
+/* Ends the session on every stage still reachable (bounded by timeout_ms) and disconnects. */
+RLX_API void rlx_driver_destroy(rlx_driver *d);
+
+/* The rlx_lm of the pipeline (borrows d): one sequence whose KV cache lives in the stages.
+ * forward sends the ids through the stages; truncate rolls every stage back; capacity is the
+ * smallest the stages granted. The logits stay valid until the next call on d. */
+RLX_API rlx_status rlx_driver_lm(rlx_driver *d, rlx_lm *out);
+
+RLX_API const rlx_model_config *rlx_driver_config(const rlx_driver *d);
+RLX_API uint32_t rlx_driver_n_stages(const rlx_driver *d);
+
+typedef struct rlx_driver_stage_info {
+    const char *address;   /* borrowed from d */
+    rlx_layer_range layers;
+    const char *backend;   /* as the stage reported it */
+    uint64_t rss_bytes;    /* the stage's resident memory at the handshake */
+    uint32_t kv_capacity;
+} rlx_driver_stage_info;
+
+RLX_API rlx_status rlx_driver_stage_info_get(const rlx_driver *d, uint32_t i, rlx_driver_stage_info *out);
+
+/* Traffic since the driver was created: messages and bytes each way, and the wall time spent
+ * waiting for the stages (compute plus transport). */
+typedef struct rlx_driver_stats {
+    uint64_t messages;
+    uint64_t bytes_sent;
+    uint64_t bytes_received;
+    double wait_seconds;
+} rlx_driver_stats;
+
+RLX_API void rlx_driver_stats_get(const rlx_driver *d, rlx_driver_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,464 @@
+/* Deployment files (YAML, read with libyaml's document API so every node keeps its line) into
+ * an rlx_deploy. Every error is "FILE:LINE: what is wrong". */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <yaml.h>
+
+#include "rlx/deploy.h"
+
+struct rlx_deploy {
+    char *path;
+    char *model;
+    char *transport;
+    rlx_deploy_stage *stages;
+    uint32_t n_stages;
+    int has_speculator;
+    rlx_deploy_speculator speculator;
+    rlx_deploy_generation generation;
+    rlx_deploy_timeouts timeouts;
+    uint32_t layers_line; /* line of the first explicit layers, for coverage errors */
+};
+
+typedef struct parse {
+    rlx_deploy *d;
+    yaml_document_t *doc;
+} parse;
+
+static unsigned line_of(const yaml_node_t *n) { return (unsigned)n->start_mark.line + 1; }
+
+static rlx_status fail(const parse *p, const yaml_node_t *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static rlx_status fail(const parse *p, const yaml_node_t *n, const char *fmt, ...) {
+    char msg[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return rlx_error(RLX_E_FORMAT, "%s:%u: %s", p->d->path, n ? line_of(n) : 1, msg);
+}
+
+static const char *scalar(const yaml_node_t *n) {
+    return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
+}
+
+static rlx_status get_string(const parse *p, const char *key, const yaml_node_t *n, char **out) {
+    const char *s = scalar(n);
+    if (!s || !*s)
+        return fail(p, n, "'%s' must be a non-empty string", key);
+    if (*out)
+        free(*out);
+    if (!(*out = strdup(s)))
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", p->d->path);
+    return RLX_OK;
+}
+
+static rlx_status get_u64(const parse *p, const char *key, const yaml_node_t *n, uint64_t max, uint64_t *out) {
+    const char *s = scalar(n);
+    char *end;
+    if (!s || !isdigit((unsigned char)s[0]))
+        return fail(p, n, "'%s' must be a non-negative integer", key);
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v > max)
+        return fail(p, n, "'%s' must be an integer from 0 to %llu, not '%s'", key, (unsigned long long)max, s);
+    *out = v;
+    return RLX_OK;
+}
+
+static rlx_status get_u32(const parse *p, const char *key, const yaml_node_t *n, uint32_t min, uint32_t *out) {
+    uint64_t v = 0;
+    rlx_status rc = get_u64(p, key, n, UINT32_MAX, &v);
+    if (rc != RLX_OK)
+        return rc;
+    if (v < min)
+        return fail(p, n, "'%s' must be at least %u", key, min);
+    *out = (uint32_t)v;
+    return RLX_OK;
+}
+
+static rlx_status get_float(const parse *p, const char *key, const yaml_node_t *n, float *out) {
+    const char *s = scalar(n);
+    char *end;
+    if (!s || !*s)
+        return fail(p, n, "'%s' must be a number", key);
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || *end || !isfinite(v))
+        return fail(p, n, "'%s' must be a number, not '%s'", key, s);
+    *out = v;
+    return RLX_OK;
+}
+
+rlx_status rlx_deploy_check_address(const char *address, int allow_port_0) {
+    if (!address || !*address)
+        return rlx_error(RLX_E_INVALID, "empty address (expected host:port)");
+    const char *colon;
+    if (address[0] == '[') {
+        const char *close = strchr(address, ']');
+        if (!close || close == address + 1 || close[1] != ':')
+            return rlx_error(RLX_E_INVALID, "'%s' is not [IPv6]:port", address);
+        for (const char *c = address + 1; c < close; c++)
+            if (!isxdigit((unsigned char)*c) && *c != ':' && *c != '.')
+                return rlx_error(RLX_E_INVALID, "'%s': '%c' cannot appear in an IPv6 address", address, *c);
+        colon = close + 1;
+    } else {
+        colon = strrchr(address, ':');
+        if (!colon || colon == address)
+            return rlx_error(RLX_E_INVALID, "'%s' is not host:port", address);
+        for (const char *c = address; c < colon; c++)
+            if (!isalnum((unsigned char)*c) && *c != '.' && *c != '-' && *c != '_')
+                return rlx_error(RLX_E_INVALID, "'%s': '%c' cannot appear in a host name (IPv6 needs [brackets])",
+                                 address, *c);
+    }
+    const char *port = colon + 1;
+    char *end;
+    errno = 0;
+    unsigned long v = isdigit((unsigned char)*port) ? strtoul(port, &end, 10) : 0;
+    if (!isdigit((unsigned char)*port) || errno || *end || v > 65535 || (v == 0 && !allow_port_0))
+        return rlx_error(RLX_E_INVALID, "'%s': the port must be a number from %d to 65535", address,
+                         allow_port_0 ? 0 : 1);
+    return RLX_OK;
+}
+
+/* Calls fn for every key/value pair of a mapping node, refusing repeated keys and non-scalar keys. */
+typedef rlx_status (*pair_fn)(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v);
+
+static rlx_status each_pair(parse *p, const yaml_node_t *map, void *ctx, pair_fn fn) {
+    for (yaml_node_pair_t *a = map->data.mapping.pairs.start; a < map->data.mapping.pairs.top; a++) {
+        const yaml_node_t *k = yaml_document_get_node(p->doc, a->key);
+        const yaml_node_t *v = yaml_document_get_node(p->doc, a->value);
+        const char *key = scalar(k);
+        if (!key)
+            return fail(p, k, "keys must be plain names");
+        for (yaml_node_pair_t *b = map->data.mapping.pairs.start; b < a; b++) {
+            const char *other = scalar(yaml_document_get_node(p->doc, b->key));
+            if (other && strcmp(other, key) == 0)
+                return fail(p, k, "'%s' is given twice", key);
+        }
+        rlx_status rc = fn(p, ctx, key, k, v);
+        if (rc != RLX_OK)
+            return rc;
+    }
+    return RLX_OK;
+}
+
+static rlx_status need_mapping(const parse *p, const char *what, const yaml_node_t *n) {
+    if (!n || n->type != YAML_MAPPING_NODE)
+        return fail(p, n, "%s must be a mapping of keys to values", what);
+    return RLX_OK;
+}
+
+// ---- stages ----
+
+static rlx_status stage_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
+    rlx_deploy_stage *s = ctx;
+    rlx_status rc;
+    if (strcmp(key, "address") == 0 || strcmp(key, "listen") == 0) {
+        char *addr = NULL;
+        if ((rc = get_string(p, key, v, &addr)) != RLX_OK)
+            return rc;
+        if (key[0] == 'a')
+            s->address = addr;
+        else
+            s->listen = addr;
+        if (rlx_deploy_check_address(addr, key[0] == 'l') != RLX_OK)
+            return fail(p, v, "%s: %s", key, rlx_last_error());
+        return RLX_OK;
+    }
+    if (strcmp(key, "backend") == 0) {
+        char *b = NULL;
+        rc = get_string(p, key, v, &b);
+        s->backend = b;
+        return rc;
+    }
+    if (strcmp(key, "threads") == 0)
+        return get_u32(p, key, v, 1, &s->threads);
+    if (strcmp(key, "layers") == 0) {
+        const char *text = scalar(v);
+        if (!text || rlx_dist_parse_range(text, &s->layers) != RLX_OK)
+            return fail(p, v, "layers must look like 0-13 (first-last, inclusive)%s%s", text ? ": " : "",
+                        text ? rlx_last_error() : "");
+        s->has_layers = 1;
+        return RLX_OK;
+    }
+    return fail(p, k, "unknown key '%s' in a stage (known: address, backend, layers, threads, listen)", key);
+}
+
+static rlx_status parse_stages(parse *p, const yaml_node_t *v) {
+    if (!v || v->type != YAML_SEQUENCE_NODE)
+        return fail(p, v, "'stages' must be a list of stages, each with an address");
+    size_t n = (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n == 0)
+        return fail(p, v, "'stages' is empty: a pipeline needs at least one stage");
+    if (n > RLX_MAX_LAYERS)
+        return fail(p, v, "%zu stages is more than any model has layers", n);
+    rlx_deploy *d = p->d;
+    if (!(d->stages = calloc(n, sizeof *d->stages)))
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", d->path);
+    for (size_t i = 0; i < n; i++) {
+        const yaml_node_t *item = yaml_document_get_node(p->doc, v->data.sequence.items.start[i]);
+        rlx_deploy_stage *s = &d->stages[i];
+        d->n_stages = (uint32_t)i + 1;
+        s->line = line_of(item);
+        rlx_status rc = need_mapping(p, "a stage", item);
+        if (rc == RLX_OK)
+            rc = each_pair(p, item, s, stage_pair);
+        if (rc != RLX_OK)
+            return rc;
+        if (!s->address)
+            return fail(p, item, "stage %zu has no address", i);
+    }
+    /* layers: on every stage or on none; consecutive ranges must meet exactly */
+    for (uint32_t i = 0; i < d->n_stages; i++) {
+        const rlx_deploy_stage *s = &d->stages[i], *prev = i ? &d->stages[i - 1] : NULL;
+        if (s->has_layers != d->stages[0].has_layers)
+            return rlx_error(RLX_E_FORMAT, "%s:%u: stage %u %s layers but stage 0 %s: give layers for every stage or "
+                             "for none (an even split)", d->path, s->line, i, s->has_layers ? "gives" : "gives no",
+                             d->stages[0].has_layers ? "does" : "does not");
+        if (!s->has_layers)
+            continue;
+        if (!d->layers_line)
+            d->layers_line = s->line;
+        if (i == 0 && s->layers.start != 0)
+            return rlx_error(RLX_E_FORMAT, "%s:%u: stage 0 starts at layer %u: layers 0-%u are run by no stage",
+                             d->path, s->line, s->layers.start, s->layers.start - 1);
+        if (prev && s->layers.start > prev->layers.end)
+            return rlx_error(RLX_E_FORMAT, "%s:%u: gap: layers %u-%u are run by no stage (stage %u ends at layer %u, "
+                             "stage %u starts at %u)", d->path, s->line, prev->layers.end, s->layers.start - 1, i - 1,
+                             prev->layers.end - 1, i, s->layers.start);
+        if (prev && s->layers.start < prev->layers.end)
+            return rlx_error(RLX_E_FORMAT, "%s:%u: overlap: stage %u starts at layer %u but stage %u runs up to layer "
+                             "%u", d->path, s->line, i, s->layers.start, i - 1, prev->layers.end - 1);
+    }
+    return RLX_OK;
+}
+
+// ---- optional sections ----
+
+static rlx_status speculator_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
+    rlx_deploy_speculator *s = ctx;
+    if (strcmp(key, "plugin") == 0) {
+        char *name = NULL;
+        rlx_status rc = get_string(p, key, v, &name);
+        s->plugin = name;
+        return rc;
+    }
+    if (strcmp(key, "draft_tokens") == 0)
+        return get_u32(p, key, v, 1, &s->draft_tokens);
+    return fail(p, k, "unknown key '%s' in speculator (known: plugin, draft_tokens)", key);
+}
+
+static rlx_status generation_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
+    rlx_deploy_generation *g = ctx;
+    rlx_status rc;
+    if (strcmp(key, "max_tokens") == 0) {
+        g->has_max_tokens = 1;
+        return get_u32(p, key, v, 0, &g->max_tokens);
+    }
+    if (strcmp(key, "temperature") == 0) {
+        g->has_temperature = 1;
+        if ((rc = get_float(p, key, v, &g->temperature)) == RLX_OK && !(g->temperature > 0))
+            rc = fail(p, v, "temperature must be > 0");
+        return rc;
+    }
+    if (strcmp(key, "top_k") == 0) {
+        uint32_t k32 = 0;
+        g->has_top_k = 1;
+        if ((rc = get_u32(p, key, v, 0, &k32)) == RLX_OK && k32 > INT32_MAX)
+            rc = fail(p, v, "top_k is too large");
+        g->top_k = (int32_t)k32;
+        return rc;
+    }
+    if (strcmp(key, "top_p") == 0) {
+        g->has_top_p = 1;
+        if ((rc = get_float(p, key, v, &g->top_p)) == RLX_OK && !(g->top_p > 0 && g->top_p <= 1))
+            rc = fail(p, v, "top_p must be in (0, 1]");
+        return rc;
+    }
+    if (strcmp(key, "seed") == 0) {
+        g->has_seed = 1;
+        return get_u64(p, key, v, UINT64_MAX, &g->seed);
+    }
+    return fail(p, k, "unknown key '%s' in generation (known: max_tokens, temperature, top_k, top_p, seed)", key);
+}
+
+static rlx_status timeouts_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
+    rlx_deploy_timeouts *t = ctx;
+    if (strcmp(key, "connect_ms") == 0)
+        return get_u32(p, key, v, 1, &t->connect_ms);
+    if (strcmp(key, "control_ms") == 0)
+        return get_u32(p, key, v, 1, &t->control_ms);
+    if (strcmp(key, "per_position_ms") == 0)
+        return get_u32(p, key, v, 1, &t->per_position_ms);
+    return fail(p, k, "unknown key '%s' in timeouts (known: connect_ms, control_ms, per_position_ms)", key);
+}
+
+static rlx_status top_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
+    (void)ctx;
+    rlx_deploy *d = p->d;
+    rlx_status rc;
+    if (strcmp(key, "model") == 0)
+        return get_string(p, key, v, &d->model);
+    if (strcmp(key, "transport") == 0)
+        return get_string(p, key, v, &d->transport);
+    if (strcmp(key, "stages") == 0)
+        return parse_stages(p, v);
+    if (strcmp(key, "speculator") == 0) {
+        d->has_speculator = 1;
+        if ((rc = need_mapping(p, "'speculator'", v)) == RLX_OK)
+            rc = each_pair(p, v, &d->speculator, speculator_pair);
+        if (rc == RLX_OK && !d->speculator.plugin)
+            rc = fail(p, v, "speculator needs a plugin");
+        return rc;
+    }
+    if (strcmp(key, "generation") == 0) {
+        if ((rc = need_mapping(p, "'generation'", v)) == RLX_OK)
+            rc = each_pair(p, v, &d->generation, generation_pair);
+        return rc;
+    }
+    if (strcmp(key, "timeouts") == 0) {
+        if ((rc = need_mapping(p, "'timeouts'", v)) == RLX_OK)
+            rc = each_pair(p, v, &d->timeouts, timeouts_pair);
+        return rc;
+    }
+    return fail(p, k, "unknown key '%s' (known: model, transport, stages, speculator, generation, timeouts)", key);
+}
+
+/* Makes a relative model path relative to the deployment file's folder. */
+static rlx_status resolve_model(rlx_deploy *d) {
+    if (!d->model || d->model[0] == '/')
+        return RLX_OK;
+    const char *slash = strrchr(d->path, '/');
+    if (!slash)
+        return RLX_OK;
+    size_t dir = (size_t)(slash - d->path);
+    char *full = malloc(dir + 1 + strlen(d->model) + 1);
+    if (!full)
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", d->path);
+    sprintf(full, "%.*s/%s", (int)dir, d->path, d->model);
+    free(d->model);
+    d->model = full;
+    return RLX_OK;
+}
+
+rlx_status rlx_deploy_load(const char *path, rlx_deploy **out) {
+    if (!path || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_deploy_load: NULL argument");
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return rlx_error(RLX_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    rlx_deploy *d = calloc(1, sizeof *d);
+    if (!d || !(d->path = strdup(path))) {
+        free(d);
+        fclose(f);
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
+    }
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    int have_doc = 0;
+    rlx_status rc = RLX_OK;
+    if (!yaml_parser_initialize(&parser)) {
+        fclose(f);
+        rlx_deploy_destroy(d);
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
+    }
+    yaml_parser_set_input_file(&parser, f);
+    if (!yaml_parser_load(&parser, &doc)) {
+        rc = rlx_error(RLX_E_FORMAT, "%s:%zu: not valid YAML: %s%s%s", path, parser.problem_mark.line + 1,
+                       parser.problem ? parser.problem : "syntax error", parser.context ? " " : "",
+                       parser.context ? parser.context : "");
+        goto done;
+    }
+    have_doc = 1;
+    parse p = {.d = d, .doc = &doc};
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (!root) {
+        rc = rlx_error(RLX_E_FORMAT, "%s:1: the file is empty (a deployment needs at least 'stages')", path);
+        goto done;
+    }
+    if ((rc = need_mapping(&p, "the deployment", root)) != RLX_OK || (rc = each_pair(&p, root, NULL, top_pair)) != RLX_OK)
+        goto done;
+    if (!d->n_stages) {
+        rc = fail(&p, root, "no 'stages': a deployment lists its stages in pipeline order");
+        goto done;
+    }
+    if (!d->transport && !(d->transport = strdup("tcp"))) {
+        rc = rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    rc = resolve_model(d);
+done:
+    if (have_doc)
+        yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    fclose(f);
+    if (rc != RLX_OK) {
+        rlx_deploy_destroy(d);
+        return rc;
+    }
+    *out = d;
+    return RLX_OK;
+}
+
+void rlx_deploy_destroy(rlx_deploy *d) {
+    if (!d)
+        return;
+    for (uint32_t i = 0; i < d->n_stages; i++) {
+        free((char *)d->stages[i].address);
+        free((char *)d->stages[i].listen);
+        free((char *)d->stages[i].backend);
+    }
+    free(d->stages);
+    free((char *)d->speculator.plugin);
+    free(d->model);
+    free(d->transport);
+    free(d->path);
+    free(d);
+}
+
+const char *rlx_deploy_path(const rlx_deploy *d) { return d->path; }
+const char *rlx_deploy_model(const rlx_deploy *d) { return d->model; }
+const char *rlx_deploy_transport(const rlx_deploy *d) { return d->transport; }
+uint32_t rlx_deploy_n_stages(const rlx_deploy *d) { return d->n_stages; }
+
+const rlx_deploy_stage *rlx_deploy_stage_at(const rlx_deploy *d, uint32_t i) {
+    return i < d->n_stages ? &d->stages[i] : NULL;
+}
+
+const rlx_deploy_speculator *rlx_deploy_speculator_of(const rlx_deploy *d) {
+    return d->has_speculator ? &d->speculator : NULL;
+}
+
+const rlx_deploy_generation *rlx_deploy_generation_of(const rlx_deploy *d) { return &d->generation; }
+const rlx_deploy_timeouts *rlx_deploy_timeouts_of(const rlx_deploy *d) { return &d->timeouts; }
+
+rlx_status rlx_deploy_layers(const rlx_deploy *d, uint32_t n_layers, rlx_layer_range *out) {
+    if (!d || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_deploy_layers: NULL argument");
+    if (!d->stages[0].has_layers) {
+        if (rlx_dist_split_even(n_layers, d->n_stages, out) != RLX_OK)
+            return rlx_error(RLX_E_RANGE, "%s:%u: %s", d->path, d->stages[0].line, rlx_last_error());
+        return RLX_OK;
+    }
+    for (uint32_t i = 0; i < d->n_stages; i++) {
+        const rlx_deploy_stage *s = &d->stages[i];
+        if (s->layers.end > n_layers)
+            return rlx_error(RLX_E_RANGE, "%s:%u: stage %u: layers %u-%u run past the model's %u layers (0-%u)",
+                             d->path, s->line, i, s->layers.start, s->layers.end - 1, n_layers, n_layers - 1);
+        out[i] = s->layers;
+    }
+    const rlx_deploy_stage *last = &d->stages[d->n_stages - 1];
+    if (last->layers.end < n_layers)
+        return rlx_error(RLX_E_RANGE, "%s:%u: layers %u-%u are run by no stage (the last stage ends at layer %u of "
+                         "the model's %u)", d->path, last->line, last->layers.end, n_layers - 1, last->layers.end - 1,
+                         n_layers);
+    rlx_status rc = rlx_dist_check_ranges(n_layers, out, d->n_stages);
+    return rc == RLX_OK ? rc : rlx_error(rc, "%s:%u: %s", d->path, d->layers_line, rlx_last_error());
+}

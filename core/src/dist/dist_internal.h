@@ -1,0 +1,61 @@
+/* Helpers shared by the sources of core/src/dist: SHA-256 for the model id, and a transport
+ * instance that moves rlx.Envelope messages (encoded with protobuf-c) with bounded waits. */
+#ifndef RLX_DIST_INTERNAL_H
+#define RLX_DIST_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rlx.pb-c.h"
+#include "rlx/dist.h"
+#include "rlx/transport.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "rlx puts host-order numbers on the wire, which the protocol defines as little-endian"
+#endif
+
+// ---- SHA-256 ----
+
+typedef struct rlx__sha256 {
+    uint32_t h[8];
+    uint64_t n_bytes;
+    uint8_t block[64];
+    size_t fill;
+} rlx__sha256;
+
+void rlx__sha256_init(rlx__sha256 *s);
+void rlx__sha256_update(rlx__sha256 *s, const void *data, size_t len);
+void rlx__sha256_final(rlx__sha256 *s, uint8_t digest[32]);
+
+// ---- transport instances and messages ----
+
+typedef struct rlx__net {
+    const rlx_transport_iface *t;
+    void *self;
+    const char *name; /* the plugin's name */
+} rlx__net;
+
+/* Opens an instance of a loaded transport plugin. */
+rlx_status rlx__net_open(const rlx_plugin_handle *plugin, const char *options, rlx__net *out);
+void rlx__net_close(rlx__net *n);
+
+/* Packs and sends e; *bytes (may be NULL) receives the encoded size. */
+rlx_status rlx__net_send(rlx__net *n, void *conn, const Rlx__Envelope *e, int timeout_ms, size_t *bytes);
+
+/* Receives one message and decodes it. *out is the caller's (rlx__envelope_free). A message
+ * that is not an Envelope is RLX_E_FORMAT. *bytes (may be NULL) receives the encoded size. */
+rlx_status rlx__net_recv(rlx__net *n, void *conn, Rlx__Envelope **out, int timeout_ms, size_t *bytes);
+
+void rlx__envelope_free(Rlx__Envelope *e);
+
+/* Sends an Error envelope (best effort; the result is ignored by callers that are giving up). */
+rlx_status rlx__net_send_error(rlx__net *n, void *conn, uint64_t session, int code, const char *message,
+                               int timeout_ms);
+
+/* "Hello", "Activations", ...: the name of an envelope's body for messages. */
+const char *rlx__envelope_kind(const Rlx__Envelope *e);
+
+/* "F32", "I32", ... for a DType on the wire. */
+const char *rlx__dtype_name(int dtype);
+
+#endif

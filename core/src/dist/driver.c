@@ -1,0 +1,452 @@
+/* The pipeline driver: connections to the stages, the handshake, and an rlx_lm whose forward
+ * sends rows through the stages in order. Any transport failure or protocol violation makes the
+ * driver unusable (the stages no longer agree on the session) and closes every connection, so
+ * the surviving stages free the session at once. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dist/dist_internal.h"
+
+#define MESSAGE_LIMIT ((size_t)1 << 30) /* what every transport must carry */
+
+typedef struct drv_stage {
+    char *address;
+    rlx_layer_range layers;
+    void *conn;
+    int has_session; /* the stage holds our session (it answered an Activations) */
+    char backend[64];
+    uint64_t rss_bytes;
+    uint32_t kv_capacity;
+} drv_stage;
+
+struct rlx_driver {
+    rlx_model_config cfg;
+    char model_id[RLX_MODEL_ID_SIZE];
+    rlx__net net;
+    drv_stage *stages;
+    uint32_t n_stages;
+    uint32_t connect_ms, timeout_ms, per_position_ms, kv_capacity;
+    uint64_t session_id, step;
+    uint32_t length, capacity;
+    Rlx__Envelope *last; /* the last stage's reply: the logits handed out */
+    int broken;
+    char broken_msg[1024];
+    rlx_driver_stats stats;
+};
+
+rlx_driver_options rlx_driver_options_default(void) { return (rlx_driver_options){0}; }
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void close_all(rlx_driver *d) {
+    for (uint32_t i = 0; i < d->n_stages; i++)
+        if (d->stages[i].conn) {
+            d->net.t->conn_close(d->net.self, d->stages[i].conn);
+            d->stages[i].conn = NULL;
+            d->stages[i].has_session = 0;
+        }
+}
+
+/* Records "stage i (address): ..." as the error and returns code. With `fatal`, the driver
+ * becomes unusable and hangs up on every stage. */
+static rlx_status stage_fail(rlx_driver *d, uint32_t i, int fatal, rlx_status code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static rlx_status stage_fail(rlx_driver *d, uint32_t i, int fatal, rlx_status code, const char *fmt, ...) {
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    rlx_error(code, "stage %u (%s): %s", i, d->stages[i].address, msg);
+    if (fatal && !d->broken) {
+        d->broken = 1;
+        snprintf(d->broken_msg, sizeof d->broken_msg, "%s", rlx_last_error());
+        close_all(d);
+    }
+    return code;
+}
+
+static rlx_status check_usable(const rlx_driver *d) {
+    if (d->broken)
+        return rlx_error(RLX_E_PEER, "the pipeline is down after an earlier failure: %s", d->broken_msg);
+    return RLX_OK;
+}
+
+static rlx_status send_to(rlx_driver *d, uint32_t i, const Rlx__Envelope *e) {
+    size_t bytes = 0;
+    rlx_status rc = rlx__net_send(&d->net, d->stages[i].conn, e, (int)d->timeout_ms, &bytes);
+    if (rc != RLX_OK)
+        return stage_fail(d, i, 1, rc, "cannot send %s: %s", rlx__envelope_kind(e), rlx_last_error());
+    d->stats.messages++;
+    d->stats.bytes_sent += bytes;
+    return RLX_OK;
+}
+
+/* Waits up to wait_ms for stage i's answer to a `what` request. */
+static rlx_status recv_from(rlx_driver *d, uint32_t i, uint32_t wait_ms, const char *what, Rlx__Envelope **e) {
+    size_t bytes = 0;
+    double t0 = now_seconds();
+    rlx_status rc = rlx__net_recv(&d->net, d->stages[i].conn, e, (int)wait_ms, &bytes);
+    d->stats.wait_seconds += now_seconds() - t0;
+    if (rc == RLX_E_TIMEOUT)
+        return stage_fail(d, i, 1, rc, "no answer to %s within %u ms (the stage is stalled, overloaded or "
+                          "unreachable)", what, wait_ms);
+    if (rc == RLX_E_PEER)
+        return stage_fail(d, i, 1, rc, "connection lost waiting for the answer to %s: %s", what, rlx_last_error());
+    if (rc != RLX_OK)
+        return stage_fail(d, i, 1, rc, "bad answer to %s: %s", what, rlx_last_error());
+    d->stats.messages++;
+    d->stats.bytes_received += bytes;
+    return RLX_OK;
+}
+
+static rlx_status error_reply(rlx_driver *d, uint32_t i, int fatal, const char *what, const Rlx__Envelope *e) {
+    const Rlx__Error *err = e->error;
+    int code = err->code < 0 && err->code >= RLX_E_INTERNAL ? err->code : RLX_E_PEER;
+    return stage_fail(d, i, fatal, code, "refused %s: %s", what, err->message ? err->message : "(no message)");
+}
+
+// ---- handshake ----
+
+static rlx_status hello(rlx_driver *d, uint32_t i) {
+    drv_stage *s = &d->stages[i];
+    Rlx__Hello h = RLX__HELLO__INIT;
+    h.protocol_version = RLX_DIST_PROTOCOL_VERSION;
+    h.model_id = d->model_id;
+    h.layer_start = s->layers.start;
+    h.layer_end = s->layers.end;
+    h.stage_index = i;
+    h.n_stages = d->n_stages;
+    h.activation_dtype = RLX__DTYPE__DTYPE_F32;
+    h.kv_capacity = d->kv_capacity;
+    Rlx__Envelope e = RLX__ENVELOPE__INIT, *r;
+    e.body_case = RLX__ENVELOPE__BODY_HELLO;
+    e.hello = &h;
+    rlx_status rc = send_to(d, i, &e);
+    if (rc == RLX_OK)
+        rc = recv_from(d, i, d->timeout_ms, "the handshake", &r);
+    if (rc != RLX_OK)
+        return rc;
+    if (r->body_case == RLX__ENVELOPE__BODY_ERROR) {
+        rc = error_reply(d, i, 1, "the handshake", r);
+    } else if (r->body_case != RLX__ENVELOPE__BODY_HELLO_REPLY) {
+        rc = stage_fail(d, i, 1, RLX_E_FORMAT, "answered the handshake with %s, not HelloReply",
+                        rlx__envelope_kind(r));
+    } else {
+        const Rlx__HelloReply *hr = r->hello_reply;
+        if (hr->protocol_version != RLX_DIST_PROTOCOL_VERSION)
+            rc = stage_fail(d, i, 1, RLX_E_UNSUPPORTED, "speaks protocol version %u, this driver speaks version %d",
+                            hr->protocol_version, RLX_DIST_PROTOCOL_VERSION);
+        else if (!hr->model_id || strcmp(hr->model_id, d->model_id) != 0)
+            rc = stage_fail(d, i, 1, RLX_E_INVALID, "serves another model (id %.16s..., the driver's is %.16s...)",
+                            hr->model_id ? hr->model_id : "", d->model_id);
+        else if (hr->layer_start != s->layers.start || hr->layer_end != s->layers.end)
+            rc = stage_fail(d, i, 1, RLX_E_INVALID, "serves layers [%u, %u), the driver expects %u-%u",
+                            hr->layer_start, hr->layer_end, s->layers.start, s->layers.end - 1);
+        else if (hr->kv_capacity == 0)
+            rc = stage_fail(d, i, 1, RLX_E_FORMAT, "granted no KV cache capacity");
+        else {
+            snprintf(s->backend, sizeof s->backend, "%s", hr->backend ? hr->backend : "?");
+            s->rss_bytes = hr->rss_bytes;
+            s->kv_capacity = hr->kv_capacity;
+        }
+    }
+    rlx__envelope_free(r);
+    return rc;
+}
+
+rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o, rlx_driver **out) {
+    if (!model_dir || !o || !out || !o->stages || !o->n_stages || !o->transport)
+        return rlx_error(RLX_E_INVALID, "rlx_driver_create: NULL argument or no stages");
+    *out = NULL;
+    rlx_driver *d = calloc(1, sizeof *d);
+    if (!d || !(d->stages = calloc(o->n_stages, sizeof *d->stages))) {
+        free(d);
+        return rlx_error(RLX_E_NOMEM, "driver: out of memory");
+    }
+    d->n_stages = o->n_stages;
+    d->connect_ms = o->connect_timeout_ms ? o->connect_timeout_ms : RLX_DIST_CONNECT_TIMEOUT_MS;
+    d->timeout_ms = o->timeout_ms ? o->timeout_ms : RLX_DIST_TIMEOUT_MS;
+    d->per_position_ms = o->compute_ms_per_position ? o->compute_ms_per_position : RLX_DIST_COMPUTE_MS_PER_POSITION;
+    d->kv_capacity = o->kv_capacity;
+    rlx_status rc = RLX_OK;
+    for (uint32_t i = 0; i < o->n_stages && rc == RLX_OK; i++) {
+        d->stages[i].layers = o->stages[i].layers;
+        if (!o->stages[i].address || !(d->stages[i].address = strdup(o->stages[i].address)))
+            rc = rlx_error(o->stages[i].address ? RLX_E_NOMEM : RLX_E_INVALID, "stage %u: no address", i);
+    }
+    char path[4096];
+    if (rc == RLX_OK && snprintf(path, sizeof path, "%s/config.json", model_dir) >= (int)sizeof path)
+        rc = rlx_error(RLX_E_INVALID, "%s: path too long", model_dir);
+    if (rc == RLX_OK)
+        rc = rlx_model_config_load(path, &d->cfg);
+    if (rc == RLX_OK) {
+        snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+        rc = rlx_model_config_load_generation(path, &d->cfg);
+    }
+    if (rc == RLX_OK) {
+        rlx_layer_range *ranges = malloc(d->n_stages * sizeof *ranges);
+        if (!ranges) {
+            rc = rlx_error(RLX_E_NOMEM, "driver: out of memory");
+        } else {
+            for (uint32_t i = 0; i < d->n_stages; i++)
+                ranges[i] = d->stages[i].layers;
+            rc = rlx_dist_check_ranges((uint32_t)d->cfg.num_hidden_layers, ranges, d->n_stages);
+            free(ranges);
+        }
+    }
+    if (rc == RLX_OK)
+        rc = rlx_model_id(model_dir, d->model_id);
+    if (rc == RLX_OK)
+        rc = rlx__net_open(o->transport, o->transport_options, &d->net);
+    /* one deadline for connecting to all stages, which may still be starting */
+    double deadline = now_seconds() + d->connect_ms / 1000.0;
+    for (uint32_t i = 0; rc == RLX_OK && i < d->n_stages; i++) {
+        double left = deadline - now_seconds();
+        int wait = left > 0.001 ? (int)(left * 1000) : 1;
+        rlx_error_clear();
+        int crc = d->net.t->connect(d->net.self, d->stages[i].address, wait, &d->stages[i].conn);
+        if (crc < 0) {
+            d->stages[i].conn = NULL;
+            rc = stage_fail(d, i, 1, crc, "cannot connect within %u ms: %s", d->connect_ms,
+                            *rlx_last_error() ? rlx_last_error() : rlx_status_str(crc));
+        }
+    }
+    for (uint32_t i = 0; rc == RLX_OK && i < d->n_stages; i++)
+        rc = hello(d, i);
+    if (rc != RLX_OK) {
+        rlx_driver_destroy(d);
+        return rc;
+    }
+    d->capacity = UINT32_MAX;
+    for (uint32_t i = 0; i < d->n_stages; i++)
+        if (d->stages[i].kv_capacity < d->capacity)
+            d->capacity = d->stages[i].kv_capacity;
+    uint64_t id = 0;
+    if (getrandom(&id, sizeof id, GRND_NONBLOCK) != (ssize_t)sizeof id)
+        id = (uint64_t)time(NULL) * 6364136223846793005ull ^ (uint64_t)getpid();
+    d->session_id = id ? id : 1;
+    *out = d;
+    return RLX_OK;
+}
+
+// ---- the session ----
+
+/* Sends Truncate(length) to every stage holding the session and collects the Acks. */
+static rlx_status truncate_stages(rlx_driver *d, uint32_t n, uint32_t length) {
+    uint64_t step = ++d->step;
+    Rlx__Truncate t = RLX__TRUNCATE__INIT;
+    t.session_id = d->session_id;
+    t.step = step;
+    t.length = length;
+    Rlx__Envelope e = RLX__ENVELOPE__INIT;
+    e.body_case = RLX__ENVELOPE__BODY_TRUNCATE;
+    e.truncate = &t;
+    for (uint32_t i = 0; i < n; i++)
+        if (d->stages[i].has_session) {
+            rlx_status rc = send_to(d, i, &e);
+            if (rc != RLX_OK)
+                return rc;
+        }
+    for (uint32_t i = 0; i < n; i++) {
+        if (!d->stages[i].has_session)
+            continue;
+        Rlx__Envelope *r;
+        rlx_status rc = recv_from(d, i, d->timeout_ms, "Truncate", &r);
+        if (rc != RLX_OK)
+            return rc;
+        if (r->body_case == RLX__ENVELOPE__BODY_ERROR)
+            rc = error_reply(d, i, 1, "Truncate", r);
+        else if (r->body_case != RLX__ENVELOPE__BODY_ACK || r->ack->session_id != d->session_id ||
+                 r->ack->step != step)
+            rc = stage_fail(d, i, 1, RLX_E_FORMAT, "answered Truncate with %s for another session or step",
+                            rlx__envelope_kind(r));
+        rlx__envelope_free(r);
+        if (rc != RLX_OK)
+            return rc;
+    }
+    return RLX_OK;
+}
+
+static rlx_status check_rows(rlx_driver *d, uint32_t i, const Rlx__Envelope *r, uint64_t step, uint32_t rows,
+                             uint32_t width) {
+    if (r->body_case != RLX__ENVELOPE__BODY_ACTIVATIONS)
+        return stage_fail(d, i, 1, RLX_E_FORMAT, "answered Activations with %s", rlx__envelope_kind(r));
+    const Rlx__Activations *a = r->activations;
+    if (a->session_id != d->session_id || a->step != step)
+        return stage_fail(d, i, 1, RLX_E_FORMAT, "answered step %llu of session %016llx with step %llu of session "
+                          "%016llx", (unsigned long long)step, (unsigned long long)d->session_id,
+                          (unsigned long long)a->step, (unsigned long long)a->session_id);
+    if (a->n_positions != rows || a->width != width || a->dtype != RLX__DTYPE__DTYPE_F32 ||
+        a->data.len != (size_t)rows * width * sizeof(float))
+        return stage_fail(d, i, 1, RLX_E_FORMAT, "answered with %u rows of %u %s values in %zu bytes, expected %u rows "
+                          "of %u F32 values", a->n_positions, a->width, rlx__dtype_name(a->dtype), a->data.len, rows,
+                          width);
+    return RLX_OK;
+}
+
+static rlx_status drv_forward(void *self, const int32_t *ids, uint32_t n, int all_rows, const float **logits) {
+    rlx_driver *d = self;
+    if (!ids || !logits || n == 0)
+        return rlx_error(RLX_E_INVALID, "pipeline forward: NULL input or no positions");
+    *logits = NULL;
+    rlx_status rc = check_usable(d);
+    if (rc != RLX_OK)
+        return rc;
+    if (n > d->capacity - d->length)
+        return rlx_error(RLX_E_RANGE, "%u new positions after %u exceed the context of %u positions", n, d->length,
+                         d->capacity);
+    int64_t vocab = d->cfg.vocab_size, hidden = d->cfg.hidden_size;
+    uint32_t rows = all_rows ? n : 1;
+    if ((size_t)rows * (size_t)vocab * sizeof(float) > MESSAGE_LIMIT - 4096 ||
+        (size_t)n * (size_t)hidden * sizeof(float) > MESSAGE_LIMIT - 4096)
+        return rlx_error(RLX_E_RANGE, "%u positions make a message over the transports' 1 GiB limit; send fewer at "
+                         "a time", n);
+    for (uint32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            return rlx_error(RLX_E_RANGE, "token id %d (input %u) is outside the vocabulary [0, %lld)", ids[i], i,
+                             (long long)vocab);
+    rlx__envelope_free(d->last);
+    d->last = NULL;
+    uint64_t step = ++d->step;
+    uint32_t wait = d->timeout_ms + (uint32_t)((uint64_t)n * d->per_position_ms > UINT32_MAX / 2
+                                                   ? UINT32_MAX / 2
+                                                   : (uint64_t)n * d->per_position_ms);
+    Rlx__Activations a = RLX__ACTIVATIONS__INIT;
+    a.session_id = d->session_id;
+    a.step = step;
+    a.start_position = d->length;
+    a.n_positions = n;
+    a.width = 1;
+    a.dtype = RLX__DTYPE__DTYPE_I32;
+    a.all_rows = all_rows ? 1 : 0;
+    a.data.len = (size_t)n * sizeof(int32_t);
+    a.data.data = (uint8_t *)ids;
+    Rlx__Envelope req = RLX__ENVELOPE__INIT, *prev = NULL;
+    req.body_case = RLX__ENVELOPE__BODY_ACTIVATIONS;
+    req.activations = &a;
+    for (uint32_t i = 0; i < d->n_stages; i++) {
+        int last = i + 1 == d->n_stages;
+        Rlx__Envelope *r = NULL;
+        rc = send_to(d, i, &req);
+        if (rc == RLX_OK)
+            rc = recv_from(d, i, wait, "Activations", &r);
+        if (rc == RLX_OK && r->body_case == RLX__ENVELOPE__BODY_ERROR) {
+            /* the stage refused but is fine: roll the earlier stages back and stay usable */
+            uint32_t length = d->length;
+            char msg[1024];
+            rc = error_reply(d, i, 0, "Activations", r);
+            snprintf(msg, sizeof msg, "%s", rlx_last_error());
+            rlx__envelope_free(r);
+            r = NULL;
+            if (truncate_stages(d, i, length) == RLX_OK)
+                rlx_error(rc, "%s", msg);
+        } else if (rc == RLX_OK) {
+            rc = check_rows(d, i, r, step, last ? rows : n, (uint32_t)(last ? vocab : hidden));
+        }
+        rlx__envelope_free(prev);
+        prev = r;
+        if (rc != RLX_OK) {
+            rlx__envelope_free(prev);
+            return rc;
+        }
+        d->stages[i].has_session = 1;
+        a.width = (uint32_t)hidden;
+        a.dtype = RLX__DTYPE__DTYPE_F32;
+        a.data = r->activations->data;
+    }
+    d->last = prev;
+    d->length += n;
+    *logits = (const float *)prev->activations->data.data;
+    return RLX_OK;
+}
+
+static rlx_status drv_truncate(void *self, uint32_t length) {
+    rlx_driver *d = self;
+    rlx_status rc = check_usable(d);
+    if (rc != RLX_OK)
+        return rc;
+    if (length > d->length)
+        return rlx_error(RLX_E_RANGE, "cannot truncate a session of %u positions to %u", d->length, length);
+    if (length == d->length)
+        return RLX_OK;
+    if ((rc = truncate_stages(d, d->n_stages, length)) == RLX_OK)
+        d->length = length;
+    return rc;
+}
+
+static uint32_t drv_length(const void *self) { return ((const rlx_driver *)self)->length; }
+static uint32_t drv_capacity(const void *self) { return ((const rlx_driver *)self)->capacity; }
+
+rlx_status rlx_driver_lm(rlx_driver *d, rlx_lm *out) {
+    if (!d || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_driver_lm: NULL argument");
+    *out = (rlx_lm){.self = d,
+                    .forward = drv_forward,
+                    .truncate = drv_truncate,
+                    .length = drv_length,
+                    .capacity = drv_capacity,
+                    .vocab = d->cfg.vocab_size,
+                    .eos_ids = d->cfg.eos_ids,
+                    .n_eos = d->cfg.n_eos};
+    return RLX_OK;
+}
+
+void rlx_driver_destroy(rlx_driver *d) {
+    if (!d)
+        return;
+    if (!d->broken && d->net.t) {
+        Rlx__EndSession end = RLX__END_SESSION__INIT;
+        end.session_id = d->session_id;
+        Rlx__Envelope e = RLX__ENVELOPE__INIT;
+        e.body_case = RLX__ENVELOPE__BODY_END_SESSION;
+        e.end_session = &end;
+        int sent[d->n_stages ? d->n_stages : 1];
+        for (uint32_t i = 0; i < d->n_stages; i++)
+            sent[i] = d->stages[i].conn && d->stages[i].has_session &&
+                      rlx__net_send(&d->net, d->stages[i].conn, &e, (int)d->timeout_ms, NULL) == RLX_OK;
+        for (uint32_t i = 0; i < d->n_stages; i++) {
+            Rlx__Envelope *r = NULL;
+            if (sent[i] && rlx__net_recv(&d->net, d->stages[i].conn, &r, (int)d->timeout_ms, NULL) == RLX_OK)
+                rlx__envelope_free(r);
+        }
+    }
+    if (d->net.t)
+        close_all(d);
+    rlx__envelope_free(d->last);
+    rlx__net_close(&d->net);
+    for (uint32_t i = 0; i < d->n_stages; i++)
+        free(d->stages[i].address);
+    free(d->stages);
+    free(d);
+}
+
+const rlx_model_config *rlx_driver_config(const rlx_driver *d) { return &d->cfg; }
+uint32_t rlx_driver_n_stages(const rlx_driver *d) { return d->n_stages; }
+
+rlx_status rlx_driver_stage_info_get(const rlx_driver *d, uint32_t i, rlx_driver_stage_info *out) {
+    if (!d || !out || i >= d->n_stages)
+        return rlx_error(RLX_E_INVALID, "rlx_driver_stage_info_get: no stage %u", i);
+    const drv_stage *s = &d->stages[i];
+    *out = (rlx_driver_stage_info){.address = s->address,
+                                   .layers = s->layers,
+                                   .backend = s->backend,
+                                   .rss_bytes = s->rss_bytes,
+                                   .kv_capacity = s->kv_capacity};
+    return RLX_OK;
+}
+
+void rlx_driver_stats_get(const rlx_driver *d, rlx_driver_stats *out) {
+    if (d && out)
+        *out = d->stats;
+}

@@ -1,0 +1,111 @@
+/* rlx_model_id: SHA-256 over config.json and every safetensors file's size and header, so two
+ * processes can tell cheaply whether they hold the same model files. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dist/dist_internal.h"
+
+#define HEADER_MAX (100u << 20) /* safetensors' own limit on the header */
+
+static rlx_status hash_range(rlx__sha256 *h, int fd, const char *path, uint64_t offset, uint64_t len) {
+    char buf[65536];
+    while (len) {
+        size_t want = len < sizeof buf ? (size_t)len : sizeof buf;
+        ssize_t got = pread(fd, buf, want, (off_t)offset);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return rlx_error(RLX_E_IO, "%s: cannot read: %s", path, got < 0 ? strerror(errno) : "unexpected end of file");
+        rlx__sha256_update(h, buf, (size_t)got);
+        offset += (uint64_t)got;
+        len -= (uint64_t)got;
+    }
+    return RLX_OK;
+}
+
+/* Hashes the size, the 8-byte header length and the header of one safetensors file. */
+static rlx_status hash_safetensors(rlx__sha256 *h, const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return rlx_error(RLX_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    uint8_t prefix[8];
+    rlx_status rc = RLX_OK;
+    if (fstat(fd, &st) != 0 || st.st_size < 8 || pread(fd, prefix, 8, 0) != 8) {
+        rc = rlx_error(RLX_E_FORMAT, "%s: not a safetensors file", path);
+        goto done;
+    }
+    uint64_t header = 0, size = (uint64_t)st.st_size;
+    for (int i = 0; i < 8; i++)
+        header |= (uint64_t)prefix[i] << (8 * i);
+    if (header > HEADER_MAX || header > size - 8) {
+        rc = rlx_error(RLX_E_FORMAT, "%s: corrupt safetensors header length %llu", path, (unsigned long long)header);
+        goto done;
+    }
+    rlx__sha256_update(h, &size, sizeof size);
+    rc = hash_range(h, fd, path, 0, 8 + header);
+done:
+    close(fd);
+    return rc;
+}
+
+static int by_name(const void *a, const void *b) {
+    const char *x = *(char *const *)a, *y = *(char *const *)b;
+    const char *bx = strrchr(x, '/'), *by = strrchr(y, '/');
+    return strcmp(bx ? bx + 1 : x, by ? by + 1 : y);
+}
+
+rlx_status rlx_model_id(const char *model_dir, char out[RLX_MODEL_ID_SIZE]) {
+    if (!model_dir || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_model_id: NULL argument");
+    out[0] = '\0';
+    rlx__sha256 h;
+    rlx__sha256_init(&h);
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/config.json", model_dir) >= (int)sizeof path)
+        return rlx_error(RLX_E_INVALID, "%s: path too long", model_dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return rlx_error(RLX_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    rlx_status rc = fstat(fd, &st) == 0 ? hash_range(&h, fd, path, 0, (uint64_t)st.st_size)
+                                        : rlx_error(RLX_E_IO, "%s: %s", path, strerror(errno));
+    close(fd);
+    if (rc != RLX_OK)
+        return rc;
+    /* the weights loader knows the files (single or sharded) and validates them */
+    rlx_weights *w;
+    if ((rc = rlx_weights_open(model_dir, &w)) != RLX_OK)
+        return rc;
+    size_t n = rlx_weights_count(w), n_files = 0;
+    const char **files = malloc((n ? n : 1) * sizeof *files);
+    if (!files) {
+        rlx_weights_close(w);
+        return rlx_error(RLX_E_NOMEM, "model id: out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *f = rlx_weights_at(w, i)->file;
+        size_t j = 0;
+        while (j < n_files && strcmp(files[j], f) != 0)
+            j++;
+        if (j == n_files)
+            files[n_files++] = f;
+    }
+    qsort(files, n_files, sizeof *files, by_name);
+    for (size_t i = 0; rc == RLX_OK && i < n_files; i++)
+        rc = hash_safetensors(&h, files[i]);
+    free(files);
+    rlx_weights_close(w);
+    if (rc != RLX_OK)
+        return rc;
+    uint8_t digest[32];
+    rlx__sha256_final(&h, digest);
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", digest[i]);
+    return RLX_OK;
+}

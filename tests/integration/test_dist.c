@@ -1,0 +1,270 @@
+/* The network-free parts of pipelines: layer splits, range checks, deployment files (with
+ * their line-numbered errors) and model identities. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "rlx/deploy.h"
+#include "rlx/dist.h"
+
+static void test_split_even_gives_earlier_stages_the_extra_layers(void **state) {
+    (void)state;
+    rlx_layer_range r[4];
+    assert_int_equal(rlx_dist_split_even(10, 4, r), RLX_OK);
+    uint32_t want[4][2] = {{0, 3}, {3, 6}, {6, 8}, {8, 10}};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(r[i].start, want[i][0]);
+        assert_int_equal(r[i].end, want[i][1]);
+    }
+    assert_int_equal(rlx_dist_check_ranges(10, r, 4), RLX_OK);
+    assert_int_equal(rlx_dist_split_even(28, 1, r), RLX_OK);
+    assert_int_equal(r[0].end, 28);
+    assert_int_equal(rlx_dist_split_even(3, 4, r), RLX_E_RANGE);
+    assert_non_null(strstr(rlx_last_error(), "every stage needs a layer"));
+    assert_int_equal(rlx_dist_split_even(3, 0, r), RLX_E_INVALID);
+}
+
+static void test_check_ranges_names_gaps_and_overlaps(void **state) {
+    (void)state;
+    rlx_layer_range gap[2] = {{0, 3}, {4, 8}}, overlap[2] = {{0, 4}, {3, 8}}, short_[2] = {{0, 4}, {4, 7}},
+                    past[2] = {{0, 4}, {4, 9}}, late[1] = {{1, 8}}, empty[2] = {{0, 0}, {0, 8}};
+    assert_int_equal(rlx_dist_check_ranges(8, gap, 2), RLX_E_RANGE);
+    assert_non_null(strstr(rlx_last_error(), "layers 3-3 are run by no stage"));
+    assert_int_equal(rlx_dist_check_ranges(8, overlap, 2), RLX_E_RANGE);
+    assert_non_null(strstr(rlx_last_error(), "overlap"));
+    assert_int_equal(rlx_dist_check_ranges(8, short_, 2), RLX_E_RANGE);
+    assert_non_null(strstr(rlx_last_error(), "layers 7-7 are run by no stage"));
+    assert_int_equal(rlx_dist_check_ranges(8, past, 2), RLX_E_RANGE);
+    assert_non_null(strstr(rlx_last_error(), "past the model's 8 layers"));
+    assert_int_equal(rlx_dist_check_ranges(8, late, 1), RLX_E_RANGE);
+    assert_int_equal(rlx_dist_check_ranges(8, empty, 2), RLX_E_RANGE);
+    assert_non_null(strstr(rlx_last_error(), "empty"));
+}
+
+static void test_parse_range(void **state) {
+    (void)state;
+    rlx_layer_range r;
+    assert_int_equal(rlx_dist_parse_range("0-13", &r), RLX_OK);
+    assert_int_equal(r.start, 0);
+    assert_int_equal(r.end, 14);
+    assert_int_equal(rlx_dist_parse_range("5", &r), RLX_OK);
+    assert_int_equal(r.start, 5);
+    assert_int_equal(r.end, 6);
+    const char *bad[] = {"", "-", "3-", "-3", "a-b", "1-2-3", "1 - 2", "99999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(rlx_dist_parse_range(bad[i], &r), RLX_E_INVALID);
+    assert_int_equal(rlx_dist_parse_range("5-2", &r), RLX_E_RANGE);
+}
+
+// ---- deployment files ----
+
+static char tmpdir[256];
+
+static int make_tmpdir(void **state) {
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/rlx-test-dist-XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int remove_tmpdir(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const char *write_file(const char *name, const char *text) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static void test_deploy_full_file(void **state) {
+    (void)state;
+    const char *path = write_file("full.yaml", "# a comment\n"
+                                               "model: models/qwen3\n"
+                                               "transport: grpc\n"
+                                               "stages:\n"
+                                               "  - address: 127.0.0.1:7101\n"
+                                               "    backend: onednn\n"
+                                               "    layers: 0-13\n"
+                                               "    threads: 2\n"
+                                               "  - {address: '[::1]:7102', backend: cpu-blas, layers: 14-27,\n"
+                                               "     listen: '0.0.0.0:7102'}\n"
+                                               "speculator: {plugin: mtp, draft_tokens: 4}\n"
+                                               "generation: {max_tokens: 64, temperature: 0.7, top_k: 20,\n"
+                                               "             top_p: 0.8, seed: 18446744073709551615}\n"
+                                               "timeouts: {connect_ms: 1000, control_ms: 2000, per_position_ms: 3}\n");
+    rlx_deploy *d = NULL;
+    assert_int_equal(rlx_deploy_load(path, &d), RLX_OK);
+    char model[600];
+    snprintf(model, sizeof model, "%s/models/qwen3", tmpdir);
+    assert_string_equal(rlx_deploy_model(d), model);
+    assert_string_equal(rlx_deploy_transport(d), "grpc");
+    assert_int_equal(rlx_deploy_n_stages(d), 2);
+    const rlx_deploy_stage *s0 = rlx_deploy_stage_at(d, 0), *s1 = rlx_deploy_stage_at(d, 1);
+    assert_string_equal(s0->address, "127.0.0.1:7101");
+    assert_null(s0->listen);
+    assert_string_equal(s0->backend, "onednn");
+    assert_int_equal(s0->threads, 2);
+    assert_int_equal(s0->line, 5);
+    assert_string_equal(s1->address, "[::1]:7102");
+    assert_string_equal(s1->listen, "0.0.0.0:7102");
+    assert_int_equal(s1->layers.start, 14);
+    assert_int_equal(s1->layers.end, 28);
+    assert_null(rlx_deploy_stage_at(d, 2));
+    const rlx_deploy_speculator *sp = rlx_deploy_speculator_of(d);
+    assert_non_null(sp);
+    assert_string_equal(sp->plugin, "mtp");
+    assert_int_equal(sp->draft_tokens, 4);
+    const rlx_deploy_generation *g = rlx_deploy_generation_of(d);
+    assert_true(g->has_max_tokens && g->has_temperature && g->has_top_k && g->has_top_p && g->has_seed);
+    assert_int_equal(g->max_tokens, 64);
+    assert_true(g->temperature > 0.69f && g->temperature < 0.71f);
+    assert_int_equal(g->top_k, 20);
+    assert_true(g->seed == UINT64_MAX);
+    assert_int_equal(rlx_deploy_timeouts_of(d)->control_ms, 2000);
+    rlx_layer_range r[2];
+    assert_int_equal(rlx_deploy_layers(d, 28, r), RLX_OK);
+    assert_int_equal(r[0].end, 14);
+    assert_int_equal(rlx_deploy_layers(d, 30, r), RLX_E_RANGE); /* the model has more layers */
+    assert_non_null(strstr(rlx_last_error(), "layers 28-29 are run by no stage"));
+    assert_non_null(strstr(rlx_last_error(), ":9:"));
+    assert_int_equal(rlx_deploy_layers(d, 20, r), RLX_E_RANGE);
+    assert_non_null(strstr(rlx_last_error(), "past the model's 20 layers"));
+    rlx_deploy_destroy(d);
+}
+
+static void test_deploy_defaults_and_even_split(void **state) {
+    (void)state;
+    const char *path = write_file("min.yaml", "stages:\n  - address: host-a:1\n  - address: host-b.example:2\n"
+                                              "  - address: 10.0.0.3:3\n");
+    rlx_deploy *d = NULL;
+    assert_int_equal(rlx_deploy_load(path, &d), RLX_OK);
+    assert_null(rlx_deploy_model(d));
+    assert_string_equal(rlx_deploy_transport(d), "tcp");
+    assert_null(rlx_deploy_speculator_of(d));
+    assert_false(rlx_deploy_generation_of(d)->has_max_tokens);
+    rlx_layer_range r[3];
+    assert_int_equal(rlx_deploy_layers(d, 7, r), RLX_OK);
+    assert_int_equal(r[0].end, 3);
+    assert_int_equal(r[1].end, 5);
+    assert_int_equal(r[2].end, 7);
+    assert_int_equal(rlx_deploy_layers(d, 2, r), RLX_E_RANGE);
+    rlx_deploy_destroy(d);
+}
+
+/* Each bad file fails with "FILE:LINE:" and a message containing `needle`. */
+static void expect_bad(const char *text, unsigned line, const char *needle) {
+    const char *path = write_file("bad.yaml", text);
+    rlx_deploy *d = (rlx_deploy *)&d;
+    assert_int_not_equal(rlx_deploy_load(path, &d), RLX_OK);
+    assert_null(d);
+    char where[600];
+    snprintf(where, sizeof where, "%s:%u: ", path, line);
+    if (!strstr(rlx_last_error(), where) || !strstr(rlx_last_error(), needle))
+        fail_msg("for:\n%s\ngot: %s\nwanted %s...%s", text, rlx_last_error(), where, needle);
+}
+
+static void test_deploy_errors_name_file_and_line(void **state) {
+    (void)state;
+    expect_bad("model: m\nstagez:\n  - address: a:1\n", 2, "unknown key 'stagez'");
+    expect_bad("model: m\n", 1, "no 'stages'");
+    expect_bad("stages: []\n", 1, "'stages' is empty");
+    expect_bad("stages: 3\n", 1, "must be a list");
+    expect_bad("stages:\n  - backend: ref\n", 2, "has no address");
+    expect_bad("stages:\n  - address: nohost\n", 2, "not host:port");
+    expect_bad("stages:\n  - address: a:70000\n", 2, "port must be");
+    expect_bad("stages:\n  - address: a:0\n", 2, "port must be");
+    expect_bad("stages:\n  - address: a b:1\n", 2, "cannot appear in a host name");
+    expect_bad("stages:\n  - address: a:1\n    colour: red\n", 3, "unknown key 'colour' in a stage");
+    expect_bad("stages:\n  - address: a:1\n    threads: many\n", 3, "'threads' must be a non-negative integer");
+    expect_bad("stages:\n  - address: a:1\n    threads: 0\n", 3, "at least 1");
+    expect_bad("stages:\n  - address: a:1\n    layers: [0, 3]\n", 3, "layers must look like 0-13");
+    expect_bad("stages:\n  - address: a:1\n    layers: 0-3\n  - address: b:1\n    layers: 5-7\n", 4,
+               "gap: layers 4-4 are run by no stage");
+    expect_bad("stages:\n  - address: a:1\n    layers: 0-3\n  - address: b:1\n    layers: 3-7\n", 4, "overlap");
+    expect_bad("stages:\n  - address: a:1\n    layers: 1-3\n", 2, "layers 0-0 are run by no stage");
+    expect_bad("stages:\n  - address: a:1\n    layers: 0-3\n  - address: b:1\n", 4, "for every stage or for none");
+    expect_bad("stages:\n  - address: a:1\n    address: b:2\n", 3, "'address' is given twice");
+    expect_bad("model: [a]\nstages:\n  - address: a:1\n", 1, "'model' must be a non-empty string");
+    expect_bad("stages:\n  - address: a:1\ngeneration: {top_p: 2}\n", 3, "top_p must be in (0, 1]");
+    expect_bad("stages:\n  - address: a:1\ngeneration: {temperature: hot}\n", 3, "must be a number");
+    expect_bad("stages:\n  - address: a:1\nspeculator: {draft_tokens: 4}\n", 3, "needs a plugin");
+    expect_bad("stages:\n  - address: a:1\nspeculator: {plugin: mtp, k: 4}\n", 3, "unknown key 'k' in speculator");
+    expect_bad("stages:\n  - address: a:1\n  - address: [b\n", 4, "not valid YAML");
+    expect_bad("", 1, "empty");
+    expect_bad("- a\n- b\n", 1, "must be a mapping");
+}
+
+static void test_deploy_missing_file(void **state) {
+    (void)state;
+    rlx_deploy *d;
+    assert_int_equal(rlx_deploy_load("/nonexistent/deploy.yaml", &d), RLX_E_IO);
+    assert_non_null(strstr(rlx_last_error(), "/nonexistent/deploy.yaml"));
+}
+
+static void test_check_address(void **state) {
+    (void)state;
+    assert_int_equal(rlx_deploy_check_address("127.0.0.1:7101", 0), RLX_OK);
+    assert_int_equal(rlx_deploy_check_address("[fe80::1]:1", 0), RLX_OK);
+    assert_int_equal(rlx_deploy_check_address("0.0.0.0:0", 1), RLX_OK);
+    assert_int_equal(rlx_deploy_check_address("0.0.0.0:0", 0), RLX_E_INVALID);
+    assert_int_equal(rlx_deploy_check_address("::1:7", 0), RLX_E_INVALID);
+    assert_int_equal(rlx_deploy_check_address("[]:7", 0), RLX_E_INVALID);
+    assert_int_equal(rlx_deploy_check_address("host:", 0), RLX_E_INVALID);
+    assert_int_equal(rlx_deploy_check_address(":80", 0), RLX_E_INVALID);
+}
+
+// ---- model identity ----
+
+static void test_model_id_is_stable_and_discriminating(void **state) {
+    (void)state;
+    char a[RLX_MODEL_ID_SIZE], b[RLX_MODEL_ID_SIZE], c[RLX_MODEL_ID_SIZE], cmd[1200];
+    assert_int_equal(rlx_model_id(RLX_TEST_DATA "/dense-tied-f32-s1", a), RLX_OK);
+    assert_int_equal(strlen(a), 64);
+    /* the same files elsewhere: the same id */
+    snprintf(cmd, sizeof cmd, "cp -r %s %s/copy", RLX_TEST_DATA "/dense-tied-f32-s1", tmpdir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s/copy", tmpdir);
+    assert_int_equal(rlx_model_id(cmd, b), RLX_OK);
+    assert_string_equal(a, b);
+    /* another model, or the same weights sharded, or a changed config.json: another id */
+    assert_int_equal(rlx_model_id(RLX_TEST_DATA "/dense-untied-bias-f32-s1", c), RLX_OK);
+    assert_string_not_equal(a, c);
+    assert_int_equal(rlx_model_id(RLX_TEST_DATA "/dense-untied-bias-f32-s3", b), RLX_OK);
+    assert_string_not_equal(b, c);
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"rms_norm_eps\": 1e-06/\"rms_norm_eps\": 1e-05/' %s/copy/config.json",
+             tmpdir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s/copy", tmpdir);
+    assert_int_equal(rlx_model_id(cmd, b), RLX_OK);
+    assert_string_not_equal(a, b);
+    assert_int_equal(rlx_model_id("/nonexistent", b), RLX_E_IO);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_split_even_gives_earlier_stages_the_extra_layers),
+        cmocka_unit_test(test_check_ranges_names_gaps_and_overlaps),
+        cmocka_unit_test(test_parse_range),
+        cmocka_unit_test(test_deploy_full_file),
+        cmocka_unit_test(test_deploy_defaults_and_even_split),
+        cmocka_unit_test(test_deploy_errors_name_file_and_line),
+        cmocka_unit_test(test_deploy_missing_file),
+        cmocka_unit_test(test_check_address),
+        cmocka_unit_test(test_model_id_is_stable_and_discriminating),
+    };
+    return cmocka_run_group_tests(tests, make_tmpdir, remove_tmpdir);
+}
