@@ -11,7 +11,8 @@
 static const char help[] =
     "usage: rlx bench --model DIR [-p 128] [-n 64] [-r 3] [--json] [options]\n\n"
     "Measures prefill of a P-token prompt and N decode steps, R times after a warm-up run, and\n"
-    "reports median tokens/s and the peak resident memory of the process.\n\n"
+    "reports median tokens/s and the peak resident memory of the process. Over a pipeline\n"
+    "(--config, --stages) it prints each stage's backend and memory on stderr first.\n\n"
     "  -p P     prompt tokens (default 128)\n"
     "  -n N     decode steps (default 64)\n"
     "  -r R     repetitions (default 3)\n"
@@ -116,7 +117,9 @@ int cmd_bench(int argc, char **argv, app_options *o) {
     double rss_mb = (double)ru.ru_maxrss / 1024.0;
     double weights_mb = rt.model ? (double)rlx_weights_total_bytes(rlx_model_weights(rt.model)) / 1048576.0 : 0;
     double pp_tps = median(pp, reps), tg_tps = median(tg, reps);
-    const char *backend = rt.backend ? rlx_backend_name(rt.backend) : "ref";
+    const char *backend = rt.pipeline ? "pipeline" : rt.backend ? rlx_backend_name(rt.backend) : "ref";
+    if (rt.pipeline) /* the stages' own memory and backends; the RSS below is the driver's */
+        app_pipeline_describe(&rt);
     if (json)
         printf("{\"backend\": \"%s\", \"threads\": %u, \"prompt\": %u, \"decode\": %u, \"repetitions\": %u, "
                "\"pp_tps\": %.3f, \"tg_tps\": %.3f, \"peak_rss_mb\": %.1f, \"weights_mb\": %.1f}\n",

@@ -77,7 +77,7 @@ static int prompt_ids(const app_runtime *rt, const char *tokens, const char *pro
 int cmd_generate(int argc, char **argv, app_options *o) {
     const char *tokens = NULL, *prompt = NULL;
     uint32_t n_new = 16;
-    int stats = 0, chat = 0, think = 1, truncate = 0;
+    int stats = 0, chat = 0, think = 1, truncate = 0, n_given = 0;
     app_sampling sampling = {.params = rlx_sampler_params_default()};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -108,6 +108,7 @@ int cmd_generate(int argc, char **argv, app_options *o) {
             const char *v = app_value(argc, argv, &i);
             if (!v || app_parse_u32(a, v, &n_new) < 0)
                 return 1;
+            n_given = 1;
         } else {
             return app_fail("generate: unknown option '%s' (see rlx generate --help)", a);
         }
@@ -121,6 +122,7 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     app_runtime rt;
     if (app_runtime_open(&rt, o))
         return 1;
+    app_generation_defaults(&rt, &sampling, &n_new, n_given);
     rlx_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     size_t n = 0;

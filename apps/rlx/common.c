@@ -273,6 +273,7 @@ int app_parse_sampling(app_sampling *s, int argc, char **argv, int *i) {
         if (errno || end == v || *end || v[0] == '-')
             return app_fail("--seed: '%s' is not a non-negative integer", v), -1;
         s->params.seed = seed;
+        s->seeded = 1;
         return 1;
     }
     s->sampling = 1;
@@ -325,4 +326,24 @@ int app_resolve_model(app_options *o) {
         }
     }
     return app_fail("no --model given and no demo model found (share/scripts/demo.sh builds one; or set RLX_MODEL)");
+}
+
+void app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *max_new, int max_new_given) {
+    const rlx_deploy *d = app_pipeline_deploy(rt);
+    const rlx_deploy_generation *g = d ? rlx_deploy_generation_of(d) : NULL;
+    if (!g)
+        return;
+    if (!s->sampling && !s->greedy && (g->has_temperature || g->has_top_k || g->has_top_p)) {
+        s->params.greedy = 0;
+        if (g->has_temperature)
+            s->params.temperature = g->temperature;
+        if (g->has_top_k)
+            s->params.top_k = g->top_k;
+        if (g->has_top_p)
+            s->params.top_p = g->top_p;
+    }
+    if (!s->seeded && g->has_seed)
+        s->params.seed = g->seed;
+    if (!max_new_given && g->has_max_tokens)
+        *max_new = g->max_tokens;
 }

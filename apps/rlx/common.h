@@ -60,6 +60,7 @@ typedef struct app_sampling {
     rlx_sampler_params params;
     int sampling; /* a sampling option was given */
     int greedy;   /* --greedy was given */
+    int seeded;   /* --seed was given */
 } app_sampling;
 
 extern const char app_sampling_help[];
@@ -68,6 +69,11 @@ extern const char app_sampling_help[];
 int app_parse_sampling(app_sampling *s, int argc, char **argv, int *i);
 /* Checks the combination and fills s->params.greedy; 1 after reporting a conflict. */
 int app_sampling_finish(app_sampling *s);
+
+/* Fills what the command line left open from the deployment file's generation defaults (when
+ * rt runs a deployment file): sampling parameters unless --greedy or a sampling option was
+ * given, the seed unless --seed was, and *max_new unless max_new_given. */
+void app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *max_new, int max_new_given);
 
 /* Sets o->model to the demo model when no --model was given: $RLX_MODEL, else demo-model in
  * the build tree or share/rlx/demo-model of the installed tree. 1 after reporting none found. */
