@@ -27,6 +27,14 @@ TOKENS = "1,5,3,7,9,11,2"
 N_NEW = 12
 
 
+
+def lsan_tracer_crash_only(stderr):
+    """True when a process failed only because LeakSanitizer's own tracer crashed at exit (it
+    races with gRPC's internal threads winding down): no sanitizer report of ours is in it."""
+    return ("Tracer caught signal" in stderr and "LeakSanitizer has encountered a fatal error" in stderr
+            and "ERROR: AddressSanitizer" not in stderr and "runtime error" not in stderr
+            and "detected memory leaks" not in stderr)
+
 class Skip(Exception):
     pass
 
@@ -75,6 +83,10 @@ class Env:
         except subprocess.TimeoutExpired:
             raise Fail(f"timed out after {timeout} s: {' '.join(cmd)}")
         elapsed = time.monotonic() - t0
+        if p.returncode != 0 and lsan_tracer_crash_only(p.stderr):
+            log(f"note: LeakSanitizer's tracer crashed after `{cmd[1]}` finished (a known LSan/gRPC-threads "
+                "issue at exit); its output is complete")
+            p.returncode = 0
         if check and p.returncode != 0:
             raise Fail(f"exit {p.returncode}: {' '.join(cmd)}\n{p.stderr}")
         return p, elapsed
@@ -127,8 +139,7 @@ class Env:
             text = self.stage_log(p)
             # LeakSanitizer's own tracer sometimes crashes at exit while gRPC's internal threads
             # wind down; that is the sanitizer's failure, not the stage's (which stopped cleanly)
-            if "Tracer caught signal" in text and "LeakSanitizer has encountered a fatal error" in text \
-                    and "stopping" in text:
+            if lsan_tracer_crash_only(text) and "stopping" in text:
                 log(f"note: stage {p.pid}: LeakSanitizer's tracer crashed at exit (a known LSan/gRPC-threads "
                     "issue); the stage itself stopped cleanly")
                 return
