@@ -1,0 +1,1843 @@
+/* onednn: the oneDNN backend plugin of rlx. Matmuls are oneDNN matmul primitives; the other
+ * ops are ISA-dispatched kernels (AVX-512, AVX2 + FMA + F16C or portable C, picked at open())
+ * that run on the same OpenMP threads as oneDNN, so only one thread pool ever spins.
+ *
+ * A weight takes one of two paths, fixed by its dtype and by what oneDNN does on this CPU:
+ *   - packed: the first time a weight pointer is seen it is reordered once into the layout
+ *     oneDNN prefers (format_tag_any) and the copy is kept, keyed by pointer. BF16 weights go
+ *     this way where oneDNN runs bf16 x bf16 -> f32 matmuls (AVX-512 CPUs): activations are
+ *     rounded to BF16 on the way in, which makes those matmuls approximate (error at most
+ *     2^-8 sum |x w| per output). F32 weights go this way, as exact f32 primitives, when the
+ *     preferred layout is a blocked one (brgemm on AVX-512).
+ *   - widened (F16 weights; BF16 weights where oneDNN has no BF16 matmul or with bf16=0; F32
+ *     weights whose preferred layout is plain, as with gemm:jit on AVX2): exact F32 arithmetic
+ *     on the stored weights, with no copy of the model. A few activation rows stream the
+ *     weights through GEMV kernels that widen them in registers; more rows widen one L2-sized
+ *     tile of weight rows per thread at a time (F32 rows are used in place) and run a
+ *     single-threaded oneDNN f32 matmul on it while it is hot.
+ * Packing a weight that lies in a read-only file mapping (a mapped safetensors file) drops the
+ * mapped pages afterwards (option drop=1, the default): they are file-backed, so dropping
+ * them only lowers the resident size, and any later read faults them back from the file. */
+#include <immintrin.h>
+#include <limits.h>
+#include <math.h>
+#include <omp.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "rlx/backend.h"
+
+/* Activation rows up to which widened matmuls stream weights through the GEMV kernels. */
+#define ONEDNN_GEMV_MAX_M 8
+/* Bytes the GEMV kernels prefetch ahead of the weight row they read. */
+#define ONEDNN_PREFETCH 1024
+/* Output features handed to a thread come in multiples of this (whole cache lines of y). */
+#define ONEDNN_ROW_ALIGN 16
+/* Queries per attention task; a task covers one KV head and all its query heads. */
+#define ONEDNN_ATT_TQ 16
+/* Attention tasks with at most this many query rows score keys straight from the cache. */
+#define ONEDNN_ATT_DIRECT_ROWS 4
+/* Below this many multiply-adds (or elements) a job runs on the calling thread alone. */
+#define ONEDNN_PAR_MIN 32768
+/* Matmul primitives kept; the least recently used one is destroyed beyond that. */
+#define ONEDNN_PRIM_SLOTS 256
+#define ONEDNN_ALIGN 64
+
+// ---------------------------------------------------------------------------------------------
+// Scalar element access
+
+static inline float onednn_bf16_to_f32(uint16_t h)
+{
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float onednn_f16_to_f32(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t ex = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    uint32_t bits;
+    if (ex == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (ex == 0) {
+        const float f = (float)man * 0x1p-24f; /* zero or subnormal: exact in F32 */
+        return sign ? -f : f;
+    } else {
+        bits = sign | ((ex + 112u) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Round to nearest even; NaNs stay (quiet) NaNs instead of rounding into infinity. */
+static inline uint16_t onednn_f32_to_bf16(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if (f != f)
+        return (uint16_t)((bits >> 16) | 0x40u);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* Element i of a weight array of dtype dt (F32, BF16 or F16) as F32. */
+static inline float onednn_wscalar(int dt, const void *w, int64_t i)
+{
+    switch (dt) {
+    case RLX_DTYPE_BF16:
+        return onednn_bf16_to_f32(((const uint16_t *)w)[i]);
+    case RLX_DTYPE_F16:
+        return onednn_f16_to_f32(((const uint16_t *)w)[i]);
+    default:
+        return ((const float *)w)[i];
+    }
+}
+
+static size_t onednn_dtype_size(uint32_t dt)
+{
+    return dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16 ? 2 : 4;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel tables, one per instruction set
+
+/* Fully unrolls the loop that follows (all trip counts it is used on are at most 16). */
+#define OD_UNROLL_ALL _Pragma("GCC unroll 16")
+
+/* y[m * ldy + n] = x[m * ldx] . w[n] (K values each) for the M rows of x and n in [n0, n1). */
+typedef void (*onednn_gemv_fn)(const float *x, int64_t ldx, const void *w, int64_t k, int64_t n0, int64_t n1,
+                               float *y, int64_t ldy);
+
+typedef struct onednn_kernels {
+    const char *isa;
+    void (*widen)(int dt, const void *src, float *dst, int64_t n);
+    void (*to_bf16)(const float *src, uint16_t *dst, int64_t n);
+    onednn_gemv_fn gemv[3][ONEDNN_GEMV_MAX_M]; /* [weight dtype][M - 1] */
+    void (*rms_norm)(const float *x, const float *w, float *y, int64_t n, int64_t g, float eps);
+    void (*rope)(const float *x, const float *cs, float *y, int64_t n_heads, int64_t half);
+    void (*swiglu)(const float *g, const float *u, float *y, int64_t n);
+    void (*add)(const float *a, const float *b, float *y, int64_t n);
+    void (*axpy)(float a, const float *x, float *y, int64_t n);
+    int64_t att_pw; /* keys per attention panel */
+    void (*att_pack)(const float *k, int64_t ldk, int64_t nk, int64_t D, float *panel);
+    void (*att_qk)(const float *const *q, int64_t rows, const float *panel, int64_t nk, int64_t D, float scale,
+                   float *s, int64_t lds);
+    void (*att_qk_direct)(const float *const *q, int64_t rows, const float *k, int64_t ldk, int64_t nk, int64_t D,
+                          float scale, float *s, int64_t lds);
+    float (*softmax)(float *s, int64_t n, int64_t lo, int64_t hi);
+    void (*att_pv)(const float *p, int64_t ldp, int64_t rows, const float *v, int64_t ldv, int64_t nk, int64_t D,
+                   float *const *o, const float *inv);
+} onednn_kernels;
+
+/* Portable C: VW = 1 and plain float arithmetic. */
+static inline float onednn_pow2i(int n)
+{
+    const uint32_t bits = (uint32_t)(n + 127) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+#define SFX(name) onednn_##name##_c
+#define OD_TARGET
+#define OD_ISA_NAME "c"
+#define OD_GEMV_U(m) ((m) <= 2 ? 4 : (m) <= 4 ? 2 : 1)
+#define OD_ATT_PW 8
+#define OD_QK_R 4
+#define VW 1
+#define VF float
+#define VZERO() 0.0f
+#define VSET1(s) (s)
+#define VLD(p) (*(p))
+#define VST(p, v) (*(p) = (v))
+#define VADD(a, b) ((a) + (b))
+#define VSUB(a, b) ((a) - (b))
+#define VMUL(a, b) ((a) * (b))
+#define VDIV(a, b) ((a) / (b))
+#define VMAX(a, b) fmaxf(a, b)
+#define VMIN(a, b) fminf(a, b)
+#define VFMA(a, b, c) ((a) * (b) + (c))
+#define VHSUM(v) (v)
+#define VHMAX(v) (v)
+#define VLD_BF16(p) onednn_bf16_to_f32(*(p))
+#define VLD_F16(p) onednn_f16_to_f32(*(p))
+#define VST_BF16(p, v) (*(p) = onednn_f32_to_bf16(v))
+#define VROUND(v) rintf(v)
+#define VPOW2I(n) onednn_pow2i((int)(n))
+#include "onednn_simd.inc"
+
+/* AVX2 + FMA + F16C: 8 floats per vector, 16 registers. */
+#define OD_TARGET __attribute__((target("avx2,fma,f16c")))
+
+static inline __attribute__((always_inline)) OD_TARGET float onednn_hsum_avx2(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __attribute__((always_inline)) OD_TARGET float onednn_hmax_avx2(__m256 v)
+{
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 8 floats to BF16, as onednn_f32_to_bf16 does one. */
+static inline __attribute__((always_inline)) OD_TARGET void onednn_st_bf16_avx2(uint16_t *p, __m256 v)
+{
+    const __m256i b = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
+    r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    /* every lane is below 0x10000, so the unsigned saturating pack is exact */
+    const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128((__m128i *)p, h);
+}
+
+#define SFX(name) onednn_##name##_avx2
+#define OD_ISA_NAME "avx2"
+#define OD_GEMV_U(m) ((m) <= 2 ? 4 : (m) <= 4 ? 2 : 1)
+#define OD_ATT_PW 16
+#define OD_QK_R 6
+#define VW 8
+#define VF __m256
+#define VZERO() _mm256_setzero_ps()
+#define VSET1(s) _mm256_set1_ps(s)
+#define VLD(p) _mm256_loadu_ps(p)
+#define VST(p, v) _mm256_storeu_ps(p, v)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VSUB(a, b) _mm256_sub_ps(a, b)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VDIV(a, b) _mm256_div_ps(a, b)
+#define VMAX(a, b) _mm256_max_ps(a, b)
+#define VMIN(a, b) _mm256_min_ps(a, b)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VHSUM(v) onednn_hsum_avx2(v)
+#define VHMAX(v) onednn_hmax_avx2(v)
+#define VLD_BF16(p)                                                                                         \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
+#define VLD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VST_BF16(p, v) onednn_st_bf16_avx2(p, v)
+#define VROUND(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VPOW2I(n)                                                                                           \
+    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+#include "onednn_simd.inc"
+
+/* AVX-512 (F, BW, VL): 16 floats per vector, 32 registers. */
+#define OD_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+
+/* 16 floats to BF16, as onednn_f32_to_bf16 does one. */
+static inline __attribute__((always_inline)) OD_TARGET void onednn_st_bf16_avx512(uint16_t *p, __m512 v)
+{
+    const __m512i b = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    const __m512i qnan = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
+    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r)); /* lanes < 0x10000: exact */
+}
+
+#define SFX(name) onednn_##name##_avx512
+#define OD_ISA_NAME "avx512"
+#define OD_GEMV_U(m) ((m) <= 4 ? 4 : 2)
+#define OD_ATT_PW 32
+#define OD_QK_R 12
+#define VW 16
+#define VF __m512
+#define VZERO() _mm512_setzero_ps()
+#define VSET1(s) _mm512_set1_ps(s)
+#define VLD(p) _mm512_loadu_ps(p)
+#define VST(p, v) _mm512_storeu_ps(p, v)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VSUB(a, b) _mm512_sub_ps(a, b)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VDIV(a, b) _mm512_div_ps(a, b)
+#define VMAX(a, b) _mm512_max_ps(a, b)
+#define VMIN(a, b) _mm512_min_ps(a, b)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VHSUM(v) _mm512_reduce_add_ps(v)
+#define VHMAX(v) _mm512_reduce_max_ps(v)
+#define VLD_BF16(p)                                                                                         \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+#define VLD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VST_BF16(p, v) onednn_st_bf16_avx512(p, v)
+#define VROUND(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define VPOW2I(n)                                                                                           \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+#include "onednn_simd.inc"
+
+// ---------------------------------------------------------------------------------------------
+// Instance
+
+typedef struct onednn_buf {
+    void *p;
+    size_t cap; /* bytes */
+} onednn_buf;
+
+/* The packed layout oneDNN chose for weights of one shape and compute type; every weight of
+ * that shape is packed into it, so one primitive per M serves them all. */
+typedef struct onednn_layout {
+    int64_t N, K;
+    dnnl_data_type_t dt;
+    dnnl_memory_desc_t md;
+} onednn_layout;
+
+/* A packed weight, keyed by the weight's data pointer (NULL marks a free slot). */
+typedef struct onednn_weight {
+    const void *data;
+    uint64_t sig; /* hash of its first and last bytes: notices a pointer reused for other data */
+    int64_t N, K;
+    uint32_t dtype;
+    uint32_t layout;  /* index into onednn.layouts */
+    void *packed;     /* our copy in the layout, NULL when the original already is in it */
+    dnnl_memory_t mem;
+} onednn_weight;
+
+enum { ONEDNN_PRIM_PACKED = 1, ONEDNN_PRIM_TILE = 2 };
+
+/* A matmul primitive. PACKED: x[M, K] times a packed weight of `layout`, optional bias, into
+ * y[M, N]. TILE: single-threaded f32 x[M, K] times a plain tile w[N, K] into y rows ldy apart. */
+typedef struct onednn_prim {
+    uint32_t kind; /* 0 = free slot */
+    uint32_t layout;
+    int64_t M, K, N, ldy;
+    int bias;
+    uint64_t used; /* LRU clock */
+    dnnl_primitive_t p;
+    dnnl_memory_desc_t src_md, dst_md, bias_md;
+    size_t scratch; /* scratchpad bytes */
+} onednn_prim;
+
+/* A read-only file mapping of this process, from /proc/self/maps. */
+typedef struct onednn_map {
+    uintptr_t start, end;
+} onednn_map;
+
+typedef struct onednn {
+    const rlx_host *host;
+    const onednn_kernels *k;
+    int n_threads;
+    int bf16;          /* BF16 weights run as oneDNN bf16 matmuls (activations rounded to BF16) */
+    int drop;          /* drop the mapped pages of packed weights */
+    int pack_f32;      /* pack F32 weights even into a plain layout */
+    int gemv_max_m;    /* widened matmuls with at most this many rows use the GEMV kernels */
+    size_t tile_bytes; /* per-thread F32 tile of widened weight rows */
+    dnnl_engine_t engine;
+    dnnl_stream_t *streams; /* [n_threads]: a stream is not for concurrent use */
+    onednn_layout *layouts;
+    uint32_t n_layouts, cap_layouts;
+    onednn_weight *weights; /* open addressing, cap_weights a power of two */
+    size_t n_weights, cap_weights;
+    onednn_prim prims[ONEDNN_PRIM_SLOTS];
+    uint64_t clock;
+    onednn_map *maps;
+    size_t n_maps, cap_maps;
+    onednn_buf *scratch; /* [n_threads] oneDNN scratchpads */
+    onednn_buf *tile;    /* [n_threads] widened weight tiles */
+    onednn_buf *att;     /* [n_threads] attention scores, row pointers */
+    onednn_buf panels;   /* attention keys packed per KV head */
+    onednn_buf act;      /* BF16 activations of the current matmul */
+    onednn_buf vec;      /* F32 copy of a small weight vector (bias, norm weight) */
+    onednn_buf moe;      /* MoE routing and per-expert buffers */
+    /* ROPE cos/sin rows cached for the latest (theta, head_dim, positions): every layer's q
+     * and k rotations of one run share them. */
+    onednn_buf rope_cs;  /* [T, head_dim]: cos of head_dim/2 angles, then their sin */
+    onednn_buf rope_pos; /* [T] int32 */
+    int64_t rope_t;
+    uint32_t rope_d;
+    float rope_theta;
+} onednn;
+
+/* Makes b hold at least `bytes`; the old contents are not kept. */
+static int onednn_reserve(const onednn *s, onednn_buf *b, size_t bytes)
+{
+    if (b->cap >= bytes)
+        return RLX_OK;
+    s->host->free(b->p);
+    b->cap = 0;
+    const size_t cap = bytes + bytes / 2;
+    b->p = s->host->alloc(cap, ONEDNN_ALIGN);
+    if (!b->p)
+        return s->host->error(RLX_E_NOMEM, "onednn: cannot allocate %zu bytes of scratch", cap);
+    b->cap = cap;
+    return RLX_OK;
+}
+
+/* Reserves `bytes` in each of the n_threads buffers of an array. */
+static int onednn_reserve_all(const onednn *s, onednn_buf *bufs, size_t bytes)
+{
+    for (int i = 0; i < s->n_threads; i++) {
+        const int rc = onednn_reserve(s, &bufs[i], bytes);
+        if (rc < 0)
+            return rc;
+    }
+    return RLX_OK;
+}
+
+/* Threads worth using for a job of `work` multiply-adds (or elements) over `items` units. */
+static int onednn_nth(const onednn *s, int64_t work, int64_t items)
+{
+    if (work < ONEDNN_PAR_MIN || items < 2)
+        return 1;
+    return items < s->n_threads ? (int)items : s->n_threads;
+}
+
+/* [*a, *b): the share of thread ith of n items, cut at multiples of align. */
+static void onednn_split(int64_t n, int ith, int nth, int64_t align, int64_t *a, int64_t *b)
+{
+    int64_t chunk = (n + nth - 1) / nth;
+    chunk = (chunk + align - 1) / align * align;
+    *a = chunk * ith < n ? chunk * ith : n;
+    *b = *a + chunk < n ? *a + chunk : n;
+}
+
+static const char *onednn_status_str(dnnl_status_t st)
+{
+    switch (st) {
+    case dnnl_success:
+        return "success";
+    case dnnl_out_of_memory:
+        return "out of memory";
+    case dnnl_invalid_arguments:
+        return "invalid arguments";
+    case dnnl_unimplemented:
+        return "unimplemented";
+    case dnnl_iterator_ends:
+        return "iterator ends";
+    case dnnl_runtime_error:
+        return "runtime error";
+    case dnnl_not_required:
+        return "not required";
+    default:
+        return "unknown status";
+    }
+}
+
+/* Reports a failed oneDNN call: `what` names the call and the shapes involved. */
+static int onednn_fail(const onednn *s, dnnl_status_t st, const char *what)
+{
+    return s->host->error(st == dnnl_out_of_memory ? RLX_E_NOMEM : RLX_E_PLUGIN, "onednn: %s: oneDNN says %s", what,
+                          onednn_status_str(st));
+}
+
+static const onednn_kernels *onednn_pick_isa(const char *want)
+{
+    __builtin_cpu_init();
+    const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
+                        __builtin_cpu_supports("f16c");
+    const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                      __builtin_cpu_supports("f16c");
+    if (!strcmp(want, "auto"))
+        return has512 ? &onednn_kernels_avx512 : has2 ? &onednn_kernels_avx2 : &onednn_kernels_c;
+    if (!strcmp(want, "avx512"))
+        return has512 ? &onednn_kernels_avx512 : NULL;
+    if (!strcmp(want, "avx2"))
+        return has2 ? &onednn_kernels_avx2 : NULL;
+    if (!strcmp(want, "c"))
+        return &onednn_kernels_c;
+    return NULL;
+}
+
+/* Whether oneDNN implements bf16 x bf16 -> f32 matmuls on this CPU (2.6 does on AVX-512 only;
+ * elsewhere primitive creation says unimplemented). */
+static bool onednn_has_bf16(const onednn *s)
+{
+    dnnl_memory_desc_t src, wei, dst;
+    if (dnnl_memory_desc_init_by_tag(&src, 2, (dnnl_dims_t){1, 64}, dnnl_bf16, dnnl_ab) ||
+        dnnl_memory_desc_init_by_tag(&wei, 2, (dnnl_dims_t){64, 64}, dnnl_bf16, dnnl_format_tag_any) ||
+        dnnl_memory_desc_init_by_tag(&dst, 2, (dnnl_dims_t){1, 64}, dnnl_f32, dnnl_ab))
+        return false;
+    dnnl_matmul_desc_t d;
+    dnnl_primitive_desc_t pd = NULL;
+    if (dnnl_matmul_desc_init(&d, &src, &wei, NULL, &dst) || dnnl_primitive_desc_create(&pd, &d, NULL, s->engine, NULL))
+        return false;
+    dnnl_primitive_desc_destroy(pd);
+    return true;
+}
+
+/* Parses opts->extra, "key=value" pairs separated by commas:
+ *   isa=auto|avx512|avx2|c   kernels for the non-matmul ops (default auto: the best the CPU has)
+ *   bf16=auto|0              0: never round activations to BF16; BF16 weights are then widened
+ *                            and multiplied in F32, exact like the reference (default auto)
+ *   f32=auto|packed          packed: copy F32 weights into oneDNN's layout even where it is a
+ *                            plain one (default auto: only a blocked layout is worth a copy)
+ *   drop=1|0                 drop the mapped pages of packed weights (default 1)
+ *   gemv_m=N                 widened matmuls up to N rows use the GEMV kernels, 0..8 (default 8)
+ *   tile_kb=N                per-thread F32 tile of widened weights (default 384) */
+static int onednn_parse_extra(onednn *s, const char *extra, char *isa, size_t isa_len, bool *no_bf16)
+{
+    const rlx_host *h = s->host;
+    for (const char *p = extra; p && *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        if (!eq)
+            return h->error(RLX_E_INVALID, "onednn: option '%.*s' is not key=value", (int)len, p);
+        const size_t klen = (size_t)(eq - p), vlen = len - klen - 1;
+        char val[32];
+        if (vlen == 0 || vlen >= sizeof val)
+            return h->error(RLX_E_INVALID, "onednn: bad value in option '%.*s'", (int)len, p);
+        memcpy(val, eq + 1, vlen);
+        val[vlen] = '\0';
+        char *vend;
+        const long num = strtol(val, &vend, 10);
+        const bool is_num = *vend == '\0';
+        if (klen == 3 && !memcmp(p, "isa", 3) && vlen < isa_len) {
+            memcpy(isa, val, vlen + 1);
+        } else if (klen == 4 && !memcmp(p, "bf16", 4) && (!strcmp(val, "auto") || !strcmp(val, "0"))) {
+            *no_bf16 = !strcmp(val, "0");
+        } else if (klen == 3 && !memcmp(p, "f32", 3) && (!strcmp(val, "auto") || !strcmp(val, "packed"))) {
+            s->pack_f32 = !strcmp(val, "packed");
+        } else if (klen == 4 && !memcmp(p, "drop", 4) && is_num && (num == 0 || num == 1)) {
+            s->drop = (int)num;
+        } else if (klen == 6 && !memcmp(p, "gemv_m", 6) && is_num && num >= 0 && num <= ONEDNN_GEMV_MAX_M) {
+            s->gemv_max_m = (int)num;
+        } else if (klen == 7 && !memcmp(p, "tile_kb", 7) && is_num && num >= 16 && num <= 65536) {
+            s->tile_bytes = (size_t)num * 1024;
+        } else {
+            return h->error(RLX_E_INVALID, "onednn: unknown or out-of-range option '%.*s'", (int)len, p);
+        }
+        p = end ? end + 1 : NULL;
+    }
+    return RLX_OK;
+}
+
+static void onednn_free_bufs(const onednn *s, onednn_buf *bufs)
+{
+    for (int i = 0; bufs && i < s->n_threads; i++)
+        s->host->free(bufs[i].p);
+    s->host->free(bufs);
+}
+
+static void onednn_close(void *self)
+{
+    onednn *s = self;
+    if (!s)
+        return;
+    const rlx_host *h = s->host;
+    for (int i = 0; i < ONEDNN_PRIM_SLOTS; i++)
+        if (s->prims[i].kind)
+            dnnl_primitive_destroy(s->prims[i].p);
+    for (size_t i = 0; i < s->cap_weights; i++)
+        if (s->weights[i].data) {
+            dnnl_memory_destroy(s->weights[i].mem);
+            h->free(s->weights[i].packed);
+        }
+    h->free(s->weights);
+    h->free(s->layouts);
+    h->free(s->maps);
+    onednn_free_bufs(s, s->scratch);
+    onednn_free_bufs(s, s->tile);
+    onednn_free_bufs(s, s->att);
+    h->free(s->act.p);
+    h->free(s->vec.p);
+    h->free(s->moe.p);
+    h->free(s->panels.p);
+    h->free(s->rope_cs.p);
+    h->free(s->rope_pos.p);
+    for (int i = 0; s->streams && i < s->n_threads; i++)
+        if (s->streams[i])
+            dnnl_stream_destroy(s->streams[i]);
+    h->free(s->streams);
+    if (s->engine)
+        dnnl_engine_destroy(s->engine);
+    h->free(s);
+}
+
+static onednn_buf *onednn_alloc_bufs(const onednn *s)
+{
+    const size_t bytes = (size_t)s->n_threads * sizeof(onednn_buf);
+    onednn_buf *b = s->host->alloc(bytes, ONEDNN_ALIGN);
+    if (b)
+        memset(b, 0, bytes);
+    return b;
+}
+
+static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, void **self)
+{
+    *self = NULL;
+    onednn *s = host->alloc(sizeof *s, ONEDNN_ALIGN);
+    if (!s)
+        return host->error(RLX_E_NOMEM, "onednn: out of memory");
+    memset(s, 0, sizeof *s);
+    s->host = host;
+    s->drop = 1;
+    s->gemv_max_m = ONEDNN_GEMV_MAX_M;
+    s->tile_bytes = 384 * 1024;
+    const int n_cpu = omp_get_num_procs();
+    s->n_threads = n_cpu > 0 ? (n_cpu < 256 ? n_cpu : 256) : 1;
+    char isa[16] = "auto";
+    bool no_bf16 = false;
+    int rc;
+    if (opts && RLX_HAS(rlx_backend_options, opts, n_threads) && opts->n_threads > 0)
+        s->n_threads = opts->n_threads < 256 ? (int)opts->n_threads : 256;
+    /* oneDNN partitions work for the threads it asks OpenMP for and computes garbage if it
+     * gets fewer, so never ask for more than OMP_THREAD_LIMIT allows */
+    if (s->n_threads > omp_get_thread_limit())
+        s->n_threads = omp_get_thread_limit();
+    if (opts && RLX_HAS(rlx_backend_options, opts, extra) &&
+        (rc = onednn_parse_extra(s, opts->extra, isa, sizeof isa, &no_bf16)) < 0)
+        goto fail;
+    s->k = onednn_pick_isa(isa);
+    if (!s->k) {
+        rc = host->error(RLX_E_UNSUPPORTED, "onednn: isa '%s' is unknown or not supported by this CPU", isa);
+        goto fail;
+    }
+    s->scratch = onednn_alloc_bufs(s);
+    s->tile = onednn_alloc_bufs(s);
+    s->att = onednn_alloc_bufs(s);
+    s->streams = host->alloc((size_t)s->n_threads * sizeof *s->streams, ONEDNN_ALIGN);
+    if (!s->scratch || !s->tile || !s->att || !s->streams) {
+        rc = host->error(RLX_E_NOMEM, "onednn: out of memory");
+        goto fail;
+    }
+    memset(s->streams, 0, (size_t)s->n_threads * sizeof *s->streams);
+    dnnl_status_t st = dnnl_engine_create(&s->engine, dnnl_cpu, 0);
+    for (int i = 0; st == dnnl_success && i < s->n_threads; i++)
+        st = dnnl_stream_create(&s->streams[i], s->engine, dnnl_stream_default_flags);
+    if (st != dnnl_success) {
+        rc = onednn_fail(s, st, "creating the CPU engine");
+        goto fail;
+    }
+    s->bf16 = !no_bf16 && onednn_has_bf16(s);
+    const dnnl_version_t *v = dnnl_version();
+    host->log(RLX_LOG_DEBUG, "onednn: oneDNN %d.%d.%d, CPU ISA %#x, %d threads, %s kernels, BF16 weights %s",
+              v->major, v->minor, v->patch, (unsigned)dnnl_get_effective_cpu_isa(), s->n_threads, s->k->isa,
+              s->bf16 ? "packed, BF16 activations" : "widened to F32");
+    *self = s;
+    return RLX_OK;
+fail:
+    onednn_close(s);
+    return rc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Node validation, shared by supports() (silent) and compute() (reporting)
+
+static int64_t onednn_rows(const rlx_tensor *t)
+{
+    int64_t r = 1;
+    for (uint32_t i = 0; i + 1 < t->n_dims; i++)
+        r *= t->shape[i];
+    return r;
+}
+
+static int64_t onednn_cols(const rlx_tensor *t)
+{
+    return t->shape[t->n_dims - 1];
+}
+
+static int64_t onednn_numel(const rlx_tensor *t)
+{
+    return onednn_rows(t) * onednn_cols(t);
+}
+
+static bool onednn_is_weight_dt(uint32_t dt)
+{
+    return dt == RLX_DTYPE_F32 || dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16;
+}
+
+/* An F32 activation of `rows` rows of `cols` values (rows < 0: any). */
+static bool onednn_is_act(const rlx_tensor *t, int64_t rows, int64_t cols)
+{
+    return t->dtype == RLX_DTYPE_F32 && (rows < 0 || onednn_rows(t) == rows) && onednn_cols(t) == cols;
+}
+
+/* A weight matrix [n, k] of a weight dtype. */
+static bool onednn_is_mat(const rlx_tensor *t, int64_t n, int64_t k)
+{
+    return onednn_is_weight_dt(t->dtype) && t->n_dims == 2 && t->shape[0] == n && t->shape[1] == k;
+}
+
+static bool onednn_is_vec(const rlx_tensor *t, uint32_t dt, int64_t n)
+{
+    return t->dtype == dt && onednn_numel(t) == n;
+}
+
+static int onednn_bad(const onednn *s, bool report, int status, const rlx_node_view *n, const char *why)
+{
+    if (report)
+        s->host->error(status, "onednn: node '%s' (op %u): %s", n->name ? n->name : "?", n->op, why);
+    return status;
+}
+
+/* RLX_OK when node is one this backend computes, else a status (and a message when report). */
+static int onednn_check(const onednn *s, const rlx_node_view *n, bool report)
+{
+    const uint32_t ni = n->n_inputs;
+    const rlx_tensor *in = n->inputs, *out = n->output;
+    const rlx_op_params *p = n->params;
+    if (!out || (ni && !in))
+        return onednn_bad(s, report, RLX_E_INVALID, n, "missing tensors");
+    for (uint32_t i = 0; i < ni; i++)
+        if (in[i].n_dims < 1 || in[i].n_dims > RLX_MAX_DIMS)
+            return onednn_bad(s, report, RLX_E_SHAPE, n, "bad input rank");
+    for (uint32_t i = 0; i < ni; i++)
+        for (uint32_t d = 0; d < in[i].n_dims; d++)
+            if (in[i].shape[d] < 0 || in[i].shape[d] > INT_MAX)
+                return onednn_bad(s, report, RLX_E_SHAPE, n, "dimension outside [0, INT_MAX]");
+    if (out->n_dims < 1 || out->n_dims > RLX_MAX_DIMS || out->dtype != RLX_DTYPE_F32)
+        return onednn_bad(s, report, RLX_E_UNSUPPORTED, n, "output must be F32 of rank 1..4");
+    const int64_t T = onednn_rows(out), C = onednn_cols(out);
+    switch (n->op) {
+    case RLX_OP_EMBED:
+        if (ni != 2 || !onednn_is_vec(&in[0], RLX_DTYPE_I32, T) || !onednn_is_mat(&in[1], in[1].shape[0], C))
+            return onednn_bad(s, report, RLX_E_SHAPE, n, "want ids I32[T], table[V,H] -> F32[T,H]");
+        return RLX_OK;
+    case RLX_OP_MATMUL: {
+        if (ni != 2 && ni != 3)
+            return onednn_bad(s, report, RLX_E_INVALID, n, "want 2 or 3 inputs");
+        const int64_t K = onednn_cols(&in[0]);
+        if (!onednn_is_act(&in[0], T, K) || !onednn_is_mat(&in[1], C, K) ||
+            (ni == 3 && (!onednn_is_weight_dt(in[2].dtype) || onednn_numel(&in[2]) != C)))
+            return onednn_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,K], w[N,K], bias[N] -> F32[T,N]");
+        return RLX_OK;
+    }
+    case RLX_OP_RMS_NORM: {
+        if (ni != 2 || !p)
+            return onednn_bad(s, report, RLX_E_INVALID, n, "want 2 inputs and params");
+        const int64_t G = onednn_numel(&in[1]);
+        if (!onednn_is_act(&in[0], T, C) || !onednn_is_weight_dt(in[1].dtype) || G < 1 || C % G)
+            return onednn_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,C], w[G] with C % G == 0");
+        return RLX_OK;
+    }
+    case RLX_OP_ROPE:
+        if (ni != 2 || !p)
+            return onednn_bad(s, report, RLX_E_INVALID, n, "want 2 inputs and params");
+        if (p->head_dim < 2 || p->head_dim % 2 || !onednn_is_act(&in[0], T, C) || C % p->head_dim ||
+            !onednn_is_vec(&in[1], RLX_DTYPE_I32, T))
+            return onednn_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,n*D] (D even), pos I32[T]");
+        return RLX_OK;
+    case RLX_OP_ATTENTION: {
+        if (ni != 6 || !p)
+            return onednn_bad(s, report, RLX_E_INVALID, n, "want 6 inputs and params");
+        const int64_t D = p->head_dim, Hq = p->n_heads, Hkv = p->n_kv_heads;
+        if (D < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv || C != Hq * D)
+            return onednn_bad(s, report, RLX_E_SHAPE, n, "want n_heads % n_kv_heads == 0, out F32[T,Hq*D]");
+        if (!onednn_is_act(&in[0], T, Hq * D) || !onednn_is_act(&in[1], T, Hkv * D) ||
+            !onednn_is_act(&in[2], T, Hkv * D) || !onednn_is_vec(&in[3], RLX_DTYPE_I32, T) ||
+            !onednn_is_act(&in[4], -1, Hkv * D) || !onednn_is_act(&in[5], onednn_rows(&in[4]), Hkv * D))
+            return onednn_bad(s, report, RLX_E_SHAPE, n,
+                              "want q F32[T,Hq*D], k, v F32[T,Hkv*D], pos I32[T], caches F32[C,Hkv*D]");
+        return RLX_OK;
+    }
+    case RLX_OP_SWIGLU:
+    case RLX_OP_ADD:
+        if (ni != 2 || !onednn_is_act(&in[0], T, C) || !onednn_is_act(&in[1], T, C))
+            return onednn_bad(s, report, RLX_E_SHAPE, n, "want two F32[T,C] -> F32[T,C]");
+        return RLX_OK;
+    case RLX_OP_GATHER_LAST:
+        if (ni != 1 || T != 1 || !onednn_is_act(&in[0], -1, C))
+            return onednn_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,C] -> F32[1,C]");
+        return RLX_OK;
+    case RLX_OP_MOE: {
+        if (!p || p->n_experts < 1 || p->top_k < 1 || p->top_k > p->n_experts || ni != 2 + 3 * p->n_experts)
+            return onednn_bad(s, report, RLX_E_INVALID, n, "want 1 <= top_k <= n_experts, 2 + 3 E inputs");
+        const int64_t E = p->n_experts;
+        if (!onednn_is_act(&in[0], T, C) || !onednn_is_mat(&in[1], E, C))
+            return onednn_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,H], router[E,H] -> F32[T,H]");
+        for (int64_t e = 0; e < E; e++) {
+            const rlx_tensor *g = &in[2 + 3 * e];
+            const int64_t F = g->shape[0];
+            if (!onednn_is_mat(g, F, C) || !onednn_is_mat(g + 1, F, C) || !onednn_is_mat(g + 2, C, F))
+                return onednn_bad(s, report, RLX_E_SHAPE, n, "want gate, up [F,H] and down [H,F] per expert");
+        }
+        return RLX_OK;
+    }
+    default:
+        return onednn_bad(s, report, RLX_E_UNSUPPORTED, n, "unknown op");
+    }
+}
+
+static int onednn_supports(void *self, const rlx_node_view *node)
+{
+    return onednn_check(self, node, false) == RLX_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row-wise ops: EMBED, RMS_NORM, ROPE (and its cos/sin table), SWIGLU, ADD, GATHER_LAST
+
+typedef struct onednn_rows_job {
+    const onednn *s;
+    int op;            /* rlx_op, or 0 for the ROPE cos/sin table */
+    int64_t n;         /* rows; flat elements for SWIGLU and ADD */
+    int64_t cols;      /* values per row */
+    const float *a;    /* x, gate or first addend */
+    const float *b;    /* up, second addend, F32 norm weight or ROPE table */
+    float *y;
+    const void *table; /* EMBED: [V, cols] of dtype dt */
+    int dt;
+    const int32_t *idx; /* EMBED ids, ROPE positions */
+    int64_t g;          /* RMS_NORM group size; ROPE head_dim / 2 */
+    double theta;       /* ROPE table */
+    float eps;
+} onednn_rows_job;
+
+static void onednn_rows_part(const onednn_rows_job *j, int ith, int nth)
+{
+    const onednn_kernels *k = j->s->k;
+    int64_t r0, r1;
+    const bool flat = j->op == RLX_OP_SWIGLU || j->op == RLX_OP_ADD;
+    onednn_split(j->n, ith, nth, flat ? ONEDNN_ROW_ALIGN : 1, &r0, &r1);
+    switch (j->op) {
+    case RLX_OP_EMBED: {
+        const size_t row_bytes = (size_t)j->cols * onednn_dtype_size((uint32_t)j->dt);
+        for (int64_t r = r0; r < r1; r++)
+            k->widen(j->dt, (const char *)j->table + (size_t)j->idx[r] * row_bytes, j->y + r * j->cols, j->cols);
+        break;
+    }
+    case RLX_OP_RMS_NORM:
+        for (int64_t r = r0; r < r1; r++)
+            k->rms_norm(j->a + r * j->cols, j->b, j->y + r * j->cols, j->cols, j->g, j->eps);
+        break;
+    case RLX_OP_ROPE:
+        for (int64_t r = r0; r < r1; r++)
+            k->rope(j->a + r * j->cols, j->b + r * 2 * j->g, j->y + r * j->cols, j->cols / (2 * j->g), j->g);
+        break;
+    case RLX_OP_SWIGLU:
+        k->swiglu(j->a + r0, j->b + r0, j->y + r0, r1 - r0);
+        break;
+    case RLX_OP_ADD:
+        k->add(j->a + r0, j->b + r0, j->y + r0, r1 - r0);
+        break;
+    default: /* ROPE table in double, as the reference: angle = pos * theta^(-2i / D) */
+        for (int64_t r = r0; r < r1; r++) {
+            float *cs = j->y + r * 2 * j->g;
+            for (int64_t i = 0; i < j->g; i++) {
+                const double ang = (double)j->idx[r] * pow(j->theta, -(double)i / (double)j->g);
+                cs[i] = (float)cos(ang);
+                cs[j->g + i] = (float)sin(ang);
+            }
+        }
+        break;
+    }
+}
+
+static void onednn_run_rows(const onednn *s, const onednn_rows_job *j, int64_t work_per_row)
+{
+    const int nth = onednn_nth(s, j->n * work_per_row, j->n);
+    if (nth == 1) {
+        onednn_rows_part(j, 0, 1);
+        return;
+    }
+#pragma omp parallel num_threads(nth)
+    onednn_rows_part(j, omp_get_thread_num(), omp_get_num_threads());
+}
+
+/* A small weight vector (norm weight, bias) as F32: the weight itself or a copy in s->vec. */
+static int onednn_f32_vec(onednn *s, const rlx_tensor *t, const float **out)
+{
+    if (t->dtype == RLX_DTYPE_F32) {
+        *out = t->data;
+        return RLX_OK;
+    }
+    const int64_t n = onednn_numel(t);
+    const int rc = onednn_reserve(s, &s->vec, (size_t)n * sizeof(float));
+    if (rc < 0)
+        return rc;
+    s->k->widen((int)t->dtype, t->data, s->vec.p, n);
+    *out = s->vec.p;
+    return RLX_OK;
+}
+
+static int onednn_embed(onednn *s, const rlx_node_view *n)
+{
+    const rlx_tensor *ids = &n->inputs[0], *tab = &n->inputs[1];
+    const int32_t *id = ids->data;
+    const int64_t T = onednn_numel(ids), V = tab->shape[0];
+    for (int64_t t = 0; t < T; t++)
+        if (id[t] < 0 || id[t] >= V)
+            return s->host->error(RLX_E_RANGE, "onednn: node '%s': token id %d at %lld outside [0, %lld)",
+                                  n->name ? n->name : "?", id[t], (long long)t, (long long)V);
+    onednn_rows_job j = {.s = s, .op = RLX_OP_EMBED, .n = T, .cols = tab->shape[1], .y = n->output->data,
+                         .table = tab->data, .dt = (int)tab->dtype, .idx = id};
+    onednn_run_rows(s, &j, j.cols);
+    return RLX_OK;
+}
+
+static int onednn_rms_norm(onednn *s, const rlx_node_view *n)
+{
+    const rlx_tensor *x = &n->inputs[0];
+    const float *w;
+    const int rc = onednn_f32_vec(s, &n->inputs[1], &w);
+    if (rc < 0)
+        return rc;
+    onednn_rows_job j = {.s = s, .op = RLX_OP_RMS_NORM, .n = onednn_rows(x), .cols = onednn_cols(x), .a = x->data,
+                         .b = w, .y = n->output->data, .g = onednn_numel(&n->inputs[1]), .eps = n->params->eps};
+    onednn_run_rows(s, &j, 2 * j.cols);
+    return RLX_OK;
+}
+
+/* Makes s->rope_cs hold the cos/sin rows for these positions, head_dim and theta. */
+static int onednn_rope_table(onednn *s, const int32_t *pos, int64_t T, uint32_t D, float theta)
+{
+    if (s->rope_t == T && s->rope_d == D && s->rope_theta == theta &&
+        !memcmp(s->rope_pos.p, pos, (size_t)T * sizeof *pos))
+        return RLX_OK;
+    int rc;
+    s->rope_t = -1;
+    if ((rc = onednn_reserve(s, &s->rope_cs, (size_t)(T * D) * sizeof(float))) < 0 ||
+        (rc = onednn_reserve(s, &s->rope_pos, (size_t)T * sizeof *pos)) < 0)
+        return rc;
+    onednn_rows_job j = {.s = s, .op = 0, .n = T, .y = s->rope_cs.p, .idx = pos, .g = D / 2, .theta = theta};
+    onednn_run_rows(s, &j, 64 * (int64_t)D);
+    memcpy(s->rope_pos.p, pos, (size_t)T * sizeof *pos);
+    s->rope_t = T;
+    s->rope_d = D;
+    s->rope_theta = theta;
+    return RLX_OK;
+}
+
+static int onednn_rope(onednn *s, const rlx_node_view *n)
+{
+    const rlx_tensor *x = &n->inputs[0];
+    const int64_t T = onednn_rows(x);
+    const uint32_t D = n->params->head_dim;
+    if (T == 0)
+        return RLX_OK;
+    const int rc = onednn_rope_table(s, n->inputs[1].data, T, D, n->params->rope_theta);
+    if (rc < 0)
+        return rc;
+    onednn_rows_job j = {.s = s, .op = RLX_OP_ROPE, .n = T, .cols = onednn_cols(x), .a = x->data,
+                         .b = s->rope_cs.p, .y = n->output->data, .g = D / 2};
+    onednn_run_rows(s, &j, j.cols);
+    return RLX_OK;
+}
+
+static int onednn_eltwise(onednn *s, const rlx_node_view *n)
+{
+    onednn_rows_job j = {.s = s, .op = (int)n->op, .n = onednn_numel(n->output), .a = n->inputs[0].data,
+                         .b = n->inputs[1].data, .y = n->output->data};
+    onednn_run_rows(s, &j, n->op == RLX_OP_SWIGLU ? 8 : 1);
+    return RLX_OK;
+}
+
+static int onednn_gather_last(const rlx_node_view *n)
+{
+    const rlx_tensor *x = &n->inputs[0];
+    const int64_t T = onednn_rows(x), C = onednn_cols(x);
+    if (T > 0)
+        memcpy(n->output->data, (const float *)x->data + (T - 1) * C, (size_t)C * sizeof(float));
+    else
+        memset(n->output->data, 0, (size_t)C * sizeof(float));
+    return RLX_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul primitives, cached per shape with an LRU bound
+
+static dnnl_primitive_attr_t onednn_user_scratchpad_attr(void)
+{
+    dnnl_primitive_attr_t attr = NULL;
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success)
+        return NULL;
+    if (dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) != dnnl_success) {
+        dnnl_primitive_attr_destroy(attr);
+        return NULL;
+    }
+    return attr;
+}
+
+/* Creates the primitive of slot q (whose key fields are set) for the weights layout wmd. With
+ * user scratchpads one primitive can run on several threads at once, each with its own. */
+static dnnl_status_t onednn_prim_create(const onednn *s, onednn_prim *q, dnnl_data_type_t src_dt,
+                                        const dnnl_memory_desc_t *wmd)
+{
+    dnnl_status_t st;
+    if ((st = dnnl_memory_desc_init_by_tag(&q->src_md, 2, (dnnl_dims_t){q->M, q->K}, src_dt, dnnl_ab)) ||
+        (st = dnnl_memory_desc_init_by_strides(&q->dst_md, 2, (dnnl_dims_t){q->M, q->N}, dnnl_f32,
+                                               (dnnl_dims_t){q->ldy, 1})) ||
+        (st = dnnl_memory_desc_init_by_tag(&q->bias_md, 2, (dnnl_dims_t){1, q->N}, dnnl_f32, dnnl_ab)))
+        return st;
+    dnnl_matmul_desc_t d;
+    if ((st = dnnl_matmul_desc_init(&d, &q->src_md, wmd, q->bias ? &q->bias_md : NULL, &q->dst_md)))
+        return st;
+    dnnl_primitive_attr_t attr = onednn_user_scratchpad_attr();
+    if (!attr)
+        return dnnl_out_of_memory;
+    dnnl_primitive_desc_t pd = NULL;
+    st = dnnl_primitive_desc_create(&pd, &d, attr, s->engine, NULL);
+    dnnl_primitive_attr_destroy(attr);
+    if (st)
+        return st;
+    /* oneDNN falls back to its reference kernels for a weight layout its fast ones refuse:
+     * correct, but far slower, so say so (the layout was chosen for another M) */
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl &&
+        !strncmp(impl, "ref", 3))
+        s->host->log(RLX_LOG_WARN, "onednn: matmul M=%lld K=%lld N=%lld runs on oneDNN's reference implementation",
+                     (long long)q->M, (long long)q->K, (long long)q->N);
+    q->scratch = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+    st = dnnl_primitive_create(&q->p, pd);
+    dnnl_primitive_desc_destroy(pd);
+    return st;
+}
+
+/* The cached primitive for this key, created on first use. The returned slot stays valid
+ * until the next call. */
+static int onednn_prim_get(onednn *s, uint32_t kind, uint32_t layout, int64_t M, int64_t K, int64_t N, int64_t ldy,
+                           int bias, onednn_prim **out)
+{
+    onednn_prim *victim = &s->prims[0];
+    for (int i = 0; i < ONEDNN_PRIM_SLOTS; i++) {
+        onednn_prim *q = &s->prims[i];
+        if (q->kind == kind && q->layout == layout && q->M == M && q->K == K && q->N == N && q->ldy == ldy &&
+            q->bias == bias) {
+            q->used = ++s->clock;
+            *out = q;
+            return RLX_OK;
+        }
+        if (!q->kind || (victim->kind && q->used < victim->used))
+            victim = q;
+    }
+    if (victim->kind)
+        dnnl_primitive_destroy(victim->p);
+    memset(victim, 0, sizeof *victim);
+    onednn_prim q = {.kind = kind, .layout = layout, .M = M, .K = K, .N = N, .ldy = ldy, .bias = bias};
+    dnnl_status_t st;
+    if (kind == ONEDNN_PRIM_PACKED) {
+        const onednn_layout *l = &s->layouts[layout];
+        st = onednn_prim_create(s, &q, l->dt, &l->md);
+    } else {
+        dnnl_memory_desc_t wmd;
+        st = dnnl_memory_desc_init_by_tag(&wmd, 2, (dnnl_dims_t){K, N}, dnnl_f32, dnnl_ba);
+        if (st == dnnl_success)
+            st = onednn_prim_create(s, &q, dnnl_f32, &wmd);
+    }
+    if (st != dnnl_success) {
+        char what[128];
+        snprintf(what, sizeof what, "creating a matmul primitive for M=%lld K=%lld N=%lld", (long long)M,
+                 (long long)K, (long long)N);
+        return onednn_fail(s, st, what);
+    }
+    q.used = ++s->clock;
+    *victim = q;
+    *out = victim;
+    return RLX_OK;
+}
+
+/* Runs primitive q on thread ith's stream with the given buffers; scratch must hold
+ * q->scratch bytes. Memory objects are made per call: that costs well under a microsecond. */
+static dnnl_status_t onednn_prim_run(const onednn *s, int ith, const onednn_prim *q, const void *src,
+                                     dnnl_memory_t wei, const float *bias, float *dst, void *scratch)
+{
+    dnnl_memory_t m[4] = {NULL, NULL, NULL, NULL};
+    dnnl_exec_arg_t args[5] = {{DNNL_ARG_WEIGHTS, wei}};
+    int n_args = 1;
+    dnnl_memory_desc_t sp_md;
+    dnnl_status_t st;
+    if ((st = dnnl_memory_create(&m[0], &q->src_md, s->engine, (void *)src)) ||
+        (st = dnnl_memory_create(&m[1], &q->dst_md, s->engine, dst)))
+        goto done;
+    args[n_args++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, m[0]};
+    args[n_args++] = (dnnl_exec_arg_t){DNNL_ARG_DST, m[1]};
+    if (q->scratch) {
+        if ((st = dnnl_memory_desc_init_by_tag(&sp_md, 1, (dnnl_dims_t){(dnnl_dim_t)q->scratch}, dnnl_u8, dnnl_a)) ||
+            (st = dnnl_memory_create(&m[2], &sp_md, s->engine, scratch)))
+            goto done;
+        args[n_args++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, m[2]};
+    }
+    if (q->bias) {
+        if ((st = dnnl_memory_create(&m[3], &q->bias_md, s->engine, (void *)bias)))
+            goto done;
+        args[n_args++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, m[3]};
+    }
+    st = dnnl_primitive_execute(q->p, s->streams[ith], n_args, args);
+    if (st == dnnl_success)
+        st = dnnl_stream_wait(s->streams[ith]);
+done:
+    for (int i = 0; i < 4; i++)
+        if (m[i])
+            dnnl_memory_destroy(m[i]);
+    return st;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packed weights: one reorder per weight pointer, then oneDNN matmuls on the packed copy
+
+/* The layout for weights [N, K] computed in dt, chosen by oneDNN (format_tag_any) for a
+ * matmul with M rows the first time the shape is seen. */
+static int onednn_layout_get(onednn *s, int64_t N, int64_t K, dnnl_data_type_t dt, int64_t M, uint32_t *out)
+{
+    for (uint32_t i = 0; i < s->n_layouts; i++)
+        if (s->layouts[i].N == N && s->layouts[i].K == K && s->layouts[i].dt == dt) {
+            *out = i;
+            return RLX_OK;
+        }
+    if (s->n_layouts == s->cap_layouts) {
+        const uint32_t cap = s->cap_layouts ? 2 * s->cap_layouts : 16;
+        onednn_layout *l = s->host->alloc(cap * sizeof *l, ONEDNN_ALIGN);
+        if (!l)
+            return s->host->error(RLX_E_NOMEM, "onednn: out of memory");
+        if (s->n_layouts)
+            memcpy(l, s->layouts, s->n_layouts * sizeof *l);
+        s->host->free(s->layouts);
+        s->layouts = l;
+        s->cap_layouts = cap;
+    }
+    dnnl_memory_desc_t src, wei, dst;
+    dnnl_matmul_desc_t d;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_status_t st;
+    if ((st = dnnl_memory_desc_init_by_tag(&src, 2, (dnnl_dims_t){M, K}, dt, dnnl_ab)) ||
+        (st = dnnl_memory_desc_init_by_tag(&wei, 2, (dnnl_dims_t){K, N}, dt, dnnl_format_tag_any)) ||
+        (st = dnnl_memory_desc_init_by_tag(&dst, 2, (dnnl_dims_t){M, N}, dnnl_f32, dnnl_ab)) ||
+        (st = dnnl_matmul_desc_init(&d, &src, &wei, NULL, &dst)) ||
+        (st = dnnl_primitive_desc_create(&pd, &d, NULL, s->engine, NULL))) {
+        char what[128];
+        snprintf(what, sizeof what, "choosing the weight layout for K=%lld N=%lld", (long long)K, (long long)N);
+        return onednn_fail(s, st, what);
+    }
+    onednn_layout *l = &s->layouts[s->n_layouts];
+    *l = (onednn_layout){.N = N, .K = K, .dt = dt, .md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0)};
+    dnnl_primitive_desc_destroy(pd);
+    *out = s->n_layouts++;
+    return RLX_OK;
+}
+
+static size_t onednn_ptr_hash(const void *p)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+/* FNV-1a over the first and last 64 bytes of a weight. The pointer is the cache key, and a
+ * host that frees weights and reuses the memory for others (the contract forbids it, tests do
+ * it) would otherwise get results from the stale packed copy. */
+static uint64_t onednn_sig(const void *data, size_t bytes)
+{
+    const unsigned char *p = data;
+    const size_t n = bytes < 64 ? bytes : 64;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    for (size_t i = bytes - n; i < bytes; i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h ^ bytes;
+}
+
+/* Reads the read-only, private, file-backed mappings of this process into s->maps. */
+static int onednn_read_maps(onednn *s)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    s->n_maps = 0;
+    if (!f)
+        return RLX_OK; /* no procfs: nothing is dropped */
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        unsigned long start, end, inode;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s %*s %*s %lu", &start, &end, perms, &inode) != 4 || inode == 0 ||
+            strcmp(perms, "r--p") != 0)
+            continue;
+        if (s->n_maps == s->cap_maps) {
+            const size_t cap = s->cap_maps ? 2 * s->cap_maps : 64;
+            onednn_map *m = s->host->alloc(cap * sizeof *m, ONEDNN_ALIGN);
+            if (!m) {
+                fclose(f);
+                return s->host->error(RLX_E_NOMEM, "onednn: out of memory");
+            }
+            if (s->n_maps)
+                memcpy(m, s->maps, s->n_maps * sizeof *m);
+            s->host->free(s->maps);
+            s->maps = m;
+            s->cap_maps = cap;
+        }
+        s->maps[s->n_maps++] = (onednn_map){start, end};
+    }
+    fclose(f);
+    return RLX_OK;
+}
+
+static bool onednn_in_maps(const onednn *s, uintptr_t a, uintptr_t b)
+{
+    for (size_t i = 0; i < s->n_maps; i++)
+        if (s->maps[i].start <= a && b <= s->maps[i].end)
+            return true;
+    return false;
+}
+
+/* After packing: if [data, data + bytes) lies in one read-only private file mapping, its
+ * pages hold nothing but file contents and were never written, so MADV_DONTNEED only lowers
+ * the resident size; a later read (EMBED rows of a tied table, say) faults them back from the
+ * file. Any other memory (heap, anonymous, writable) is left alone. */
+static int onednn_drop_pages(onednn *s, const void *data, size_t bytes)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = (uintptr_t)data, b = a + bytes;
+    const uintptr_t lo = (a + page - 1) / page * page, hi = b / page * page;
+    if (!s->drop || hi <= lo)
+        return RLX_OK;
+    if (!onednn_in_maps(s, a, b)) {
+        const int rc = onednn_read_maps(s);
+        if (rc < 0 || !onednn_in_maps(s, a, b))
+            return rc < 0 ? rc : RLX_OK;
+    }
+    madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only: a failure changes nothing */
+    return RLX_OK;
+}
+
+/* Reorders w (plain [N, K] of its own dtype) into the layout of e and creates e->mem. */
+static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w)
+{
+    const onednn_layout *l = &s->layouts[e->layout];
+    const dnnl_data_type_t wdt = w->dtype == RLX_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
+    const int64_t N = w->shape[0], K = w->shape[1];
+    dnnl_memory_desc_t plain;
+    dnnl_memory_t from = NULL;
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_primitive_t r = NULL;
+    dnnl_status_t st = dnnl_memory_desc_init_by_tag(&plain, 2, (dnnl_dims_t){K, N}, wdt, dnnl_ba);
+    if (st == dnnl_success && wdt == l->dt && dnnl_memory_desc_equal(&plain, &l->md)) {
+        /* oneDNN wants the layout the weight already has: use it in place, read-only */
+        st = dnnl_memory_create(&e->mem, &l->md, s->engine, (void *)w->data);
+        return st == dnnl_success ? RLX_OK : onednn_fail(s, st, "wrapping a weight");
+    }
+    const size_t bytes = dnnl_memory_desc_get_size(&l->md);
+    e->packed = s->host->alloc(bytes, ONEDNN_ALIGN);
+    if (!e->packed)
+        return s->host->error(RLX_E_NOMEM, "onednn: cannot allocate %zu bytes for a packed %lldx%lld weight", bytes,
+                              (long long)N, (long long)K);
+    if (st == dnnl_success)
+        st = dnnl_memory_create(&e->mem, &l->md, s->engine, e->packed);
+    if (st == dnnl_success)
+        st = dnnl_memory_create(&from, &plain, s->engine, (void *)w->data);
+    if (st == dnnl_success)
+        st = dnnl_reorder_primitive_desc_create(&rpd, &plain, s->engine, &l->md, s->engine, NULL);
+    if (st == dnnl_success)
+        st = dnnl_primitive_create(&r, rpd);
+    if (st == dnnl_success)
+        st = dnnl_primitive_execute(r, s->streams[0], 2,
+                                    (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, e->mem}});
+    if (st == dnnl_success)
+        st = dnnl_stream_wait(s->streams[0]);
+    if (r)
+        dnnl_primitive_destroy(r);
+    if (rpd)
+        dnnl_primitive_desc_destroy(rpd);
+    if (from)
+        dnnl_memory_destroy(from);
+    if (st != dnnl_success) {
+        char what[96];
+        snprintf(what, sizeof what, "packing a %lldx%lld weight", (long long)N, (long long)K);
+        return onednn_fail(s, st, what);
+    }
+    return onednn_drop_pages(s, w->data, (size_t)(N * K) * onednn_dtype_size(w->dtype));
+}
+
+static void onednn_weight_clear(onednn *s, onednn_weight *e)
+{
+    if (e->mem)
+        dnnl_memory_destroy(e->mem);
+    s->host->free(e->packed);
+    memset(e, 0, sizeof *e);
+}
+
+static int onednn_weights_grow(onednn *s)
+{
+    const size_t cap = s->cap_weights ? 2 * s->cap_weights : 256;
+    onednn_weight *t = s->host->alloc(cap * sizeof *t, ONEDNN_ALIGN);
+    if (!t)
+        return s->host->error(RLX_E_NOMEM, "onednn: out of memory");
+    memset(t, 0, cap * sizeof *t);
+    for (size_t i = 0; i < s->cap_weights; i++) {
+        const onednn_weight *e = &s->weights[i];
+        if (!e->data)
+            continue;
+        size_t j = onednn_ptr_hash(e->data) & (cap - 1);
+        while (t[j].data)
+            j = (j + 1) & (cap - 1);
+        t[j] = *e;
+    }
+    s->host->free(s->weights);
+    s->weights = t;
+    s->cap_weights = cap;
+    return RLX_OK;
+}
+
+/* The packed form of weight w for a matmul with M rows, packed now if it is new (or its
+ * pointer now holds other data). */
+static int onednn_weight_get(onednn *s, const rlx_tensor *w, dnnl_data_type_t dt, int64_t M, onednn_weight **out)
+{
+    const int64_t N = w->shape[0], K = w->shape[1];
+    const uint64_t sig = onednn_sig(w->data, (size_t)(N * K) * onednn_dtype_size(w->dtype));
+    if (2 * (s->n_weights + 1) > s->cap_weights) {
+        const int rc = onednn_weights_grow(s);
+        if (rc < 0)
+            return rc;
+    }
+    size_t j = onednn_ptr_hash(w->data) & (s->cap_weights - 1);
+    while (s->weights[j].data && s->weights[j].data != w->data)
+        j = (j + 1) & (s->cap_weights - 1);
+    onednn_weight *e = &s->weights[j];
+    if (e->data && e->mem && e->sig == sig && e->N == N && e->K == K && e->dtype == w->dtype &&
+        s->layouts[e->layout].dt == dt) {
+        *out = e;
+        return RLX_OK;
+    }
+    if (e->data) {
+        onednn_weight_clear(s, e);
+        s->n_weights--;
+    }
+    *e = (onednn_weight){.data = w->data, .sig = sig, .N = N, .K = K, .dtype = w->dtype};
+    s->n_weights++;
+    int rc = onednn_layout_get(s, N, K, dt, M, &e->layout);
+    if (rc == RLX_OK)
+        rc = onednn_pack(s, e, w);
+    if (rc < 0) {
+        /* keep the key, so probe chains through this slot stay intact; without mem the next
+         * lookup tries again */
+        onednn_weight_clear(s, e);
+        e->data = w->data;
+        return rc;
+    }
+    *out = e;
+    return RLX_OK;
+}
+
+/* y[M, N] = x[M, K] w^T (+ bias) with w packed; oneDNN threads the primitive itself. */
+static int onednn_mm_packed(onednn *s, const float *x, int64_t M, const rlx_tensor *w, dnnl_data_type_t dt,
+                            const float *bias, float *y)
+{
+    const int64_t N = w->shape[0], K = w->shape[1];
+    onednn_weight *e;
+    onednn_prim *q;
+    int rc;
+    if ((rc = onednn_weight_get(s, w, dt, M, &e)) < 0 ||
+        (rc = onednn_prim_get(s, ONEDNN_PRIM_PACKED, e->layout, M, K, N, N, bias != NULL, &q)) < 0 ||
+        (rc = onednn_reserve(s, &s->scratch[0], q->scratch)) < 0)
+        return rc;
+    const void *src = x;
+    if (dt == dnnl_bf16) {
+        if ((rc = onednn_reserve(s, &s->act, (size_t)(M * K) * sizeof(uint16_t))) < 0)
+            return rc;
+        uint16_t *xb = s->act.p;
+        const int nth = onednn_nth(s, M * K, M);
+        if (nth == 1) {
+            s->k->to_bf16(x, xb, M * K);
+        } else {
+#pragma omp parallel num_threads(nth)
+            {
+                int64_t r0, r1;
+                onednn_split(M, omp_get_thread_num(), omp_get_num_threads(), 1, &r0, &r1);
+                s->k->to_bf16(x + r0 * K, xb + r0 * K, (r1 - r0) * K);
+            }
+        }
+        src = xb;
+    }
+    const dnnl_status_t st = onednn_prim_run(s, 0, q, src, e->mem, bias, y, s->scratch[0].p);
+    if (st != dnnl_success) {
+        char what[96];
+        snprintf(what, sizeof what, "matmul M=%lld K=%lld N=%lld", (long long)M, (long long)K, (long long)N);
+        return onednn_fail(s, st, what);
+    }
+    return RLX_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Widened weights: exact F32 arithmetic on the stored weights, no copy of the model
+
+typedef struct onednn_widen_job {
+    onednn *s;
+    const float *x; /* [M, K] */
+    const void *w;  /* [N, K] of dtype wdt */
+    const float *bias;
+    float *y;       /* [M, N] */
+    int64_t M, K, N, tile_rows;
+    int wdt;
+    const onednn_prim *full;    /* TILE primitive for tile_rows rows */
+    const onednn_prim *last[2]; /* TILE primitives for shorter last tiles of last_rows rows */
+    int64_t last_rows[2];
+    int n_last;
+    dnnl_status_t st[256];      /* per part */
+} onednn_widen_job;
+
+/* Weight rows per widened tile: what fits tile_bytes, in whole ONEDNN_ROW_ALIGN blocks. */
+static int64_t onednn_tile_rows(const onednn *s, int64_t K)
+{
+    const int64_t rows = (int64_t)(s->tile_bytes / sizeof(float)) / K;
+    return rows < ONEDNN_ROW_ALIGN ? ONEDNN_ROW_ALIGN : rows / ONEDNN_ROW_ALIGN * ONEDNN_ROW_ALIGN;
+}
+
+/* Part ith of nth (the split the primitives were made for), run by OpenMP thread tid. */
+static void onednn_widen_part(onednn_widen_job *j, int ith, int nth, int tid)
+{
+    onednn *s = j->s;
+    const int64_t M = j->M, K = j->K, N = j->N;
+    int64_t n0, n1;
+    onednn_split(N, ith, nth, ONEDNN_ROW_ALIGN, &n0, &n1);
+    if (n0 >= n1)
+        return;
+    if (M <= s->gemv_max_m) {
+        s->k->gemv[j->wdt][M - 1](j->x, K, j->w, K, n0, n1, j->y, N);
+    } else {
+        const size_t row_bytes = (size_t)K * onednn_dtype_size((uint32_t)j->wdt);
+        dnnl_memory_desc_t md;
+        for (int64_t n = n0; n < n1; n += j->tile_rows) {
+            const int64_t cnt = n1 - n < j->tile_rows ? n1 - n : j->tile_rows;
+            const onednn_prim *q = cnt == j->tile_rows ? j->full : j->last[j->last_rows[0] == cnt ? 0 : 1];
+            const void *rows = (const char *)j->w + (size_t)n * row_bytes;
+            float *tile = s->tile[tid].p;
+            dnnl_memory_t wm = NULL;
+            if (j->wdt == RLX_DTYPE_F32)
+                tile = (float *)rows; /* read-only: oneDNN never writes weights */
+            else
+                s->k->widen(j->wdt, rows, tile, cnt * K);
+            dnnl_status_t st = dnnl_memory_desc_init_by_tag(&md, 2, (dnnl_dims_t){K, cnt}, dnnl_f32, dnnl_ba);
+            if (st == dnnl_success)
+                st = dnnl_memory_create(&wm, &md, s->engine, tile);
+            if (st == dnnl_success)
+                st = onednn_prim_run(s, tid, q, j->x, wm, NULL, j->y + n, s->scratch[tid].p);
+            if (wm)
+                dnnl_memory_destroy(wm);
+            if (st != dnnl_success) {
+                j->st[ith] = st;
+                return;
+            }
+        }
+    }
+    if (j->bias)
+        for (int64_t m = 0; m < M; m++)
+            s->k->add(j->y + m * N + n0, j->bias + n0, j->y + m * N + n0, n1 - n0);
+}
+
+/* y[M, N] = x[M, K] w^T (+ bias) for BF16/F16 weights used as stored. The output features
+ * are split across the threads; each widens its own tiles and runs oneDNN on them inside the
+ * parallel region, where oneDNN stays single-threaded. */
+static int onednn_mm_widen(onednn *s, const float *x, int64_t M, const rlx_tensor *w, const float *bias, float *y)
+{
+    const int64_t N = w->shape[0], K = w->shape[1];
+    onednn_widen_job j = {.s = s, .x = x, .w = w->data, .bias = bias, .y = y, .M = M, .K = K, .N = N,
+                          .wdt = (int)w->dtype, .st = {dnnl_success}};
+    const int nth = onednn_nth(s, M * N * K, (N + ONEDNN_ROW_ALIGN - 1) / ONEDNN_ROW_ALIGN);
+    int rc;
+    if (M > s->gemv_max_m) {
+        /* every primitive a thread needs exists before the threads start */
+        onednn_prim *q;
+        int64_t n0, n1;
+        onednn_split(N, 0, nth, ONEDNN_ROW_ALIGN, &n0, &n1); /* thread 0 has the largest share */
+        j.tile_rows = onednn_tile_rows(s, K) < n1 - n0 ? onednn_tile_rows(s, K) : n1 - n0;
+        if ((j.wdt != RLX_DTYPE_F32 &&
+             (rc = onednn_reserve_all(s, s->tile, (size_t)(j.tile_rows * K) * sizeof(float))) < 0) ||
+            (rc = onednn_prim_get(s, ONEDNN_PRIM_TILE, 0, M, K, j.tile_rows, N, 0, &q)) < 0 ||
+            (rc = onednn_reserve_all(s, s->scratch, q->scratch)) < 0)
+            return rc;
+        j.full = q;
+        /* every non-empty share but the last has the same size, so at most two shorter last
+         * tiles exist; these three primitives are the most recently used, none evicts another */
+        for (int i = 0; i < nth; i++) {
+            onednn_split(N, i, nth, ONEDNN_ROW_ALIGN, &n0, &n1);
+            const int64_t rest = (n1 - n0) % j.tile_rows;
+            if (rest == 0 || (j.n_last && j.last_rows[0] == rest) || (j.n_last == 2 && j.last_rows[1] == rest))
+                continue;
+            if ((rc = onednn_prim_get(s, ONEDNN_PRIM_TILE, 0, M, K, rest, N, 0, &q)) < 0 ||
+                (rc = onednn_reserve_all(s, s->scratch, q->scratch)) < 0)
+                return rc;
+            j.last_rows[j.n_last] = rest;
+            j.last[j.n_last++] = q;
+        }
+    }
+    if (nth == 1) {
+        onednn_widen_part(&j, 0, 1, 0);
+    } else {
+        /* should OpenMP start fewer threads (nested in another region, a thread limit), the
+         * parts the primitives were made for are still all done */
+#pragma omp parallel num_threads(nth)
+        for (int i = omp_get_thread_num(); i < nth; i += omp_get_num_threads())
+            onednn_widen_part(&j, i, nth, omp_get_thread_num());
+    }
+    for (int i = 0; i < nth; i++)
+        if (j.st[i] != dnnl_success) {
+            char what[96];
+            snprintf(what, sizeof what, "matmul M=%lld K=%lld N=%lld", (long long)M, (long long)K, (long long)N);
+            return onednn_fail(s, j.st[i], what);
+        }
+    return RLX_OK;
+}
+
+/* y[M, N] = x[M, K] w[N, K]^T (+ bias[N], F32) for any weight dtype. `exact` keeps BF16
+ * weights off the BF16-activation path (the MoE router: rounding could flip an expert). */
+static int onednn_mm(onednn *s, const float *x, int64_t M, const rlx_tensor *w, const float *bias, float *y,
+                     bool exact)
+{
+    const int64_t N = w->shape[0], K = w->shape[1];
+    if (M == 0 || N == 0)
+        return RLX_OK;
+    if (K == 0) {
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t i = 0; i < N; i++)
+                y[m * N + i] = bias ? bias[i] : 0.0f;
+        return RLX_OK;
+    }
+    if (w->dtype == RLX_DTYPE_BF16 && s->bf16 && !exact)
+        return onednn_mm_packed(s, x, M, w, dnnl_bf16, bias, y);
+    if (w->dtype == RLX_DTYPE_F32) {
+        /* Copy F32 weights only into a blocked layout (brgemm on AVX-512): where oneDNN wants
+         * a plain one (gemm:jit on AVX2) the L2-sized tiles of the widened path, read in place,
+         * run about twice as fast as one big call. */
+        uint32_t l;
+        const int rc = onednn_layout_get(s, N, K, dnnl_f32, M, &l);
+        if (rc < 0)
+            return rc;
+        const dnnl_memory_desc_t *md = &s->layouts[l].md;
+        if (s->pack_f32 || (md->format_kind == dnnl_blocked && md->format_desc.blocking.inner_nblks > 0))
+            return onednn_mm_packed(s, x, M, w, dnnl_f32, bias, y);
+    }
+    return onednn_mm_widen(s, x, M, w, bias, y);
+}
+
+static int onednn_matmul(onednn *s, const rlx_node_view *n)
+{
+    const rlx_tensor *x = &n->inputs[0];
+    const float *bias = NULL;
+    if (n->n_inputs == 3) {
+        const int rc = onednn_f32_vec(s, &n->inputs[2], &bias);
+        if (rc < 0)
+            return rc;
+    }
+    return onednn_mm(s, x->data, onednn_rows(x), &n->inputs[1], bias, n->output->data, false);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ATTENTION: one task per (KV head, block of ONEDNN_ATT_TQ queries), taken dynamically, late
+// (longer) blocks first. A task scores all query heads of its KV head against the cache rows
+// the block can see, softmaxes each row and multiplies by V. Everything stays F32, like the
+// reference. Prefill tasks read keys from panels (att_pack) made once per KV head and call,
+// shared by all blocks; decode tasks, with a row or two per key, read the cache directly.
+
+typedef struct onednn_att {
+    const onednn *s;
+    const float *q;       /* [T, Hq*D] */
+    const int32_t *pos;   /* [T] */
+    const float *kc, *vc; /* [C, Hkv*D] */
+    float *out;           /* [T, Hq*D] */
+    const float *panels;  /* [Hkv][np, D] keys from cache row `first` on, or NULL (direct) */
+    int64_t T, D, Hq, Hkv, window;
+    int64_t first;    /* first cache row any query sees */
+    int64_t np;       /* keys per KV head in panels: the visible range, in whole panels */
+    int64_t rows_max; /* query rows of a task: query heads per KV head times queries per block */
+    int64_t lds;      /* score row stride: the widest key range of a block, in whole panels */
+    int64_t n_blocks;
+    float scale;
+} onednn_att;
+
+/* Byte offsets of a task's buffers in its thread's scratch: scores [rows_max, lds], 1 / softmax
+ * sums [rows_max], then query and output row pointers. */
+typedef struct onednn_att_layout {
+    size_t inv, qp, op, total;
+} onednn_att_layout;
+
+static size_t onednn_align_up(size_t n)
+{
+    return (n + ONEDNN_ALIGN - 1) / ONEDNN_ALIGN * ONEDNN_ALIGN;
+}
+
+static onednn_att_layout onednn_att_sizes(const onednn_att *a)
+{
+    onednn_att_layout l;
+    const size_t rows = (size_t)a->rows_max;
+    l.inv = onednn_align_up(rows * (size_t)a->lds * sizeof(float));
+    l.qp = l.inv + onednn_align_up(rows * sizeof(float));
+    l.op = l.qp + onednn_align_up(rows * sizeof(float *));
+    l.total = l.op + onednn_align_up(rows * sizeof(float *));
+    return l;
+}
+
+/* First cache row query t may see. */
+static int64_t onednn_att_lo(const onednn_att *a, int64_t t)
+{
+    const int64_t lo = a->window > 0 ? (int64_t)a->pos[t] - a->window + 1 : 0;
+    return lo > 0 ? lo : 0;
+}
+
+static void onednn_att_task(const onednn_att *a, char *buf, int64_t kvh, int64_t blk)
+{
+    const onednn_kernels *k = a->s->k;
+    const onednn_att_layout l = onednn_att_sizes(a);
+    const int64_t D = a->D, t0 = blk * ONEDNN_ATT_TQ;
+    const int64_t nq = a->T - t0 < ONEDNN_ATT_TQ ? a->T - t0 : ONEDNN_ATT_TQ;
+    const int64_t ldq = a->Hq * D, ldk = a->Hkv * D, group = a->Hq / a->Hkv, rows = group * nq;
+    float *sc = (float *)buf, *inv = (float *)(buf + l.inv);
+    const float **qp = (const float **)(buf + l.qp);
+    float **op = (float **)(buf + l.op);
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int64_t t = t0; t < t0 + nq; t++) {
+        const int64_t first = onednn_att_lo(a, t);
+        lo = first < lo ? first : lo;
+        hi = a->pos[t] + 1 > hi ? a->pos[t] + 1 : hi;
+    }
+    /* row r is query t0 + r % nq of query head kvh * group + r / nq */
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t h = kvh * group + r / nq, t = t0 + r % nq;
+        qp[r] = a->q + t * ldq + h * D;
+        op[r] = a->out + t * ldq + h * D;
+    }
+    if (a->panels) {
+        /* start at a panel boundary; the extra keys before lo are masked below */
+        lo = a->first + (lo - a->first) / k->att_pw * k->att_pw;
+        k->att_qk(qp, rows, a->panels + (kvh * a->np + lo - a->first) * D, hi - lo, D, a->scale, sc, a->lds);
+    } else {
+        for (int64_t r = 0; r < rows; r += 2)
+            k->att_qk_direct(qp + r, rows - r < 2 ? rows - r : 2, a->kc + lo * ldk + kvh * D, ldk, hi - lo, D,
+                             a->scale, sc + r * a->lds, a->lds);
+    }
+    const int64_t nk = hi - lo;
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t t = t0 + r % nq;
+        inv[r] = 1.0f / k->softmax(sc + r * a->lds, nk, onednn_att_lo(a, t) - lo, a->pos[t] + 1 - lo);
+    }
+    k->att_pv(sc, a->lds, rows, a->vc + lo * ldk + kvh * D, ldk, nk, D, op, inv);
+}
+
+static int onednn_attention(onednn *s, const rlx_node_view *n)
+{
+    const rlx_tensor *in = n->inputs;
+    const rlx_op_params *p = n->params;
+    const int64_t T = onednn_rows(&in[0]), C = onednn_rows(&in[4]);
+    const int64_t D = p->head_dim, Hq = p->n_heads, Hkv = p->n_kv_heads, kv = Hkv * D;
+    const int32_t *pos = in[3].data;
+    if (T == 0)
+        return RLX_OK;
+    int64_t lo = INT64_MAX, hi = 0;
+    for (int64_t t = 0; t < T; t++) {
+        if (pos[t] < 0 || pos[t] >= C)
+            return s->host->error(RLX_E_RANGE, "onednn: node '%s': position %d of token %lld outside the cache "
+                                  "[0, %lld)", n->name ? n->name : "?", pos[t], (long long)t, (long long)C);
+        lo = pos[t] < lo ? pos[t] : lo;
+        hi = pos[t] + 1 > hi ? pos[t] + 1 : hi;
+    }
+    float *kc = in[4].data, *vc = in[5].data;
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(kc + pos[t] * kv, (const float *)in[1].data + t * kv, (size_t)kv * sizeof(float));
+        memcpy(vc + pos[t] * kv, (const float *)in[2].data + t * kv, (size_t)kv * sizeof(float));
+    }
+    /* Every query sees at most cache rows [first, hi), which bounds a block's score rows (plus
+     * the alignment of its start to a panel boundary). */
+    const int64_t first = p->window > 0 && lo - (int64_t)p->window + 1 > 0 ? lo - (int64_t)p->window + 1 : 0;
+    const int64_t pw = s->k->att_pw, np = (hi - first + pw - 1) / pw * pw;
+    onednn_att a = {.s = s, .q = in[0].data, .pos = pos, .kc = kc, .vc = vc, .out = n->output->data, .T = T,
+                    .D = D, .Hq = Hq, .Hkv = Hkv, .window = p->window, .scale = p->scale, .first = first, .np = np,
+                    .rows_max = Hq / Hkv * (T < ONEDNN_ATT_TQ ? T : ONEDNN_ATT_TQ), .lds = np + pw,
+                    .n_blocks = (T + ONEDNN_ATT_TQ - 1) / ONEDNN_ATT_TQ};
+    int rc = onednn_reserve_all(s, s->att, onednn_att_sizes(&a).total);
+    if (rc < 0)
+        return rc;
+    const bool packed = a.rows_max > ONEDNN_ATT_DIRECT_ROWS;
+    if (packed && (rc = onednn_reserve(s, &s->panels, (size_t)(Hkv * np * D) * sizeof(float))) < 0)
+        return rc;
+    a.panels = packed ? s->panels.p : NULL;
+    const int64_t n_tasks = a.n_blocks * Hkv;
+    const int nth = onednn_nth(s, T * (hi - first) * Hq * D, n_tasks);
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+        char *buf = s->att[omp_get_thread_num()].p;
+        if (packed) {
+#pragma omp for schedule(static)
+            for (int64_t h = 0; h < Hkv; h++)
+                s->k->att_pack(kc + first * kv + h * D, kv, hi - first, D, (float *)s->panels.p + h * np * D);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < n_tasks; i++)
+            onednn_att_task(&a, buf, i % Hkv, a.n_blocks - 1 - i / Hkv);
+    }
+    return RLX_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// MOE: route every token, then run each selected expert once over all of its tokens
+
+/* Rows an expert's matmuls run with for cnt tokens: primitives exist per row count, so
+ * counts above 8 are padded to a multiple of 16 to keep the number of shapes small. */
+static int64_t onednn_moe_rows(int64_t cnt)
+{
+    return cnt <= 8 ? cnt : (cnt + 15) / 16 * 16;
+}
+
+static int onednn_moe(onednn *s, const rlx_node_view *n)
+{
+    const rlx_tensor *in = n->inputs;
+    const rlx_op_params *p = n->params;
+    const int64_t T = onednn_rows(&in[0]), H = onednn_cols(&in[0]), E = p->n_experts, K = p->top_k;
+    const int64_t R = onednn_moe_rows(T);
+    const float *x = in[0].data;
+    float *out = n->output->data;
+    int64_t F = 0;
+    for (int64_t e = 0; e < E; e++)
+        F = in[2 + 3 * e].shape[0] > F ? in[2 + 3 * e].shape[0] : F;
+    memset(out, 0, (size_t)(T * H) * sizeof(float));
+    if (T == 0)
+        return RLX_OK;
+
+    /* s->moe holds, each 64-byte aligned: router logits [T, E]; per (token, slot) pair its
+     * expert and weight [T*K]; the pairs' tokens and weights sorted by expert [T*K]; each
+     * expert's first sorted slot [E+1] and fill cursor [E]; then xe [R, H], g and u [R, F]
+     * and ye [R, H] for one expert's tokens, R rows being the padded token count. */
+    enum { L_LOGIT, L_PEXP, L_PWT, L_STOK, L_SWT, L_START, L_FILL, L_XE, L_G, L_U, L_YE, L_N };
+    const size_t pairs = (size_t)(T * K);
+    const size_t len[L_N] = {
+        [L_LOGIT] = (size_t)(T * E) * sizeof(float), [L_PEXP] = pairs * sizeof(int64_t),
+        [L_PWT] = pairs * sizeof(float),             [L_STOK] = pairs * sizeof(int64_t),
+        [L_SWT] = pairs * sizeof(float),             [L_START] = (size_t)(E + 1) * sizeof(int64_t),
+        [L_FILL] = (size_t)E * sizeof(int64_t),      [L_XE] = (size_t)(R * H) * sizeof(float),
+        [L_G] = (size_t)(R * F) * sizeof(float),     [L_U] = (size_t)(R * F) * sizeof(float),
+        [L_YE] = (size_t)(R * H) * sizeof(float),
+    };
+    size_t off[L_N + 1] = {0};
+    for (int i = 0; i < L_N; i++)
+        off[i + 1] = off[i] + onednn_align_up(len[i]);
+    int rc = onednn_reserve(s, &s->moe, off[L_N]);
+    if (rc < 0)
+        return rc;
+    char *base = s->moe.p;
+    float *logit = (float *)(base + off[L_LOGIT]), *pwt = (float *)(base + off[L_PWT]);
+    float *swt = (float *)(base + off[L_SWT]);
+    int64_t *pexp = (int64_t *)(base + off[L_PEXP]), *stok = (int64_t *)(base + off[L_STOK]);
+    int64_t *start = (int64_t *)(base + off[L_START]), *fill = (int64_t *)(base + off[L_FILL]);
+    float *xe = (float *)(base + off[L_XE]), *g = (float *)(base + off[L_G]), *u = (float *)(base + off[L_U]);
+    float *ye = (float *)(base + off[L_YE]);
+
+    if ((rc = onednn_mm(s, x, T, &in[1], NULL, logit, true)) < 0)
+        return rc;
+    /* Softmax and top-k as the reference does them: the largest logit first, ties to the lower
+     * expert index, probabilities in double. */
+    for (int64_t t = 0; t < T; t++) {
+        const float *l = logit + t * E;
+        int64_t *chosen = pexp + t * K;
+        float mx = l[0];
+        for (int64_t e = 1; e < E; e++)
+            mx = l[e] > mx ? l[e] : mx;
+        double sum = 0.0, picked = 0.0;
+        for (int64_t e = 0; e < E; e++)
+            sum += exp((double)l[e] - mx);
+        for (int64_t i = 0; i < K; i++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                bool taken = false;
+                for (int64_t j = 0; j < i; j++)
+                    taken |= chosen[j] == e;
+                if (!taken && (best < 0 || l[e] > l[best]))
+                    best = e;
+            }
+            chosen[i] = best;
+            const double prob = exp((double)l[best] - mx) / sum;
+            pwt[t * K + i] = (float)prob;
+            picked += prob;
+        }
+        if (p->norm_topk)
+            for (int64_t i = 0; i < K; i++)
+                pwt[t * K + i] = (float)((double)pwt[t * K + i] / picked);
+    }
+    /* Counting sort of the pairs by expert, so each expert's weights are read once per call. */
+    memset(start, 0, (size_t)(E + 1) * sizeof *start);
+    for (size_t i = 0; i < pairs; i++)
+        start[pexp[i] + 1]++;
+    for (int64_t e = 0; e < E; e++)
+        start[e + 1] += start[e];
+    memcpy(fill, start, (size_t)E * sizeof *fill);
+    for (size_t i = 0; i < pairs; i++) {
+        const int64_t slot = fill[pexp[i]]++;
+        stok[slot] = (int64_t)i / K;
+        swt[slot] = pwt[i];
+    }
+
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t cnt = start[e + 1] - start[e], rows = onednn_moe_rows(cnt);
+        if (cnt == 0)
+            continue;
+        const rlx_tensor *wg = &in[2 + 3 * e], *wu = wg + 1, *wd = wg + 2;
+        const int64_t Fe = wg->shape[0];
+        const int64_t *tk = stok + start[e];
+        for (int64_t r = 0; r < cnt; r++)
+            memcpy(xe + r * H, x + tk[r] * H, (size_t)H * sizeof(float));
+        memset(xe + cnt * H, 0, (size_t)((rows - cnt) * H) * sizeof(float));
+        if ((rc = onednn_mm(s, xe, rows, wg, NULL, g, false)) < 0 ||
+            (rc = onednn_mm(s, xe, rows, wu, NULL, u, false)) < 0)
+            return rc;
+        onednn_rows_job j = {.s = s, .op = RLX_OP_SWIGLU, .n = cnt * Fe, .a = g, .b = u, .y = g};
+        onednn_run_rows(s, &j, 8);
+        if ((rc = onednn_mm(s, g, rows, wd, NULL, ye, false)) < 0)
+            return rc;
+        for (int64_t r = 0; r < cnt; r++)
+            s->k->axpy(swt[start[e] + r], ye + r * H, out + tk[r] * H, H);
+    }
+    return RLX_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry
+
+static int onednn_compute(void *self, const rlx_node_view *node)
+{
+    onednn *s = self;
+    const int rc = onednn_check(s, node, true);
+    if (rc < 0)
+        return rc;
+    /* The thread-count ICV is per thread and calls may come from any thread: set it each time
+     * (oneDNN reads it when it starts its parallel regions). */
+    omp_set_num_threads(s->n_threads);
+    switch (node->op) {
+    case RLX_OP_EMBED:
+        return onednn_embed(s, node);
+    case RLX_OP_MATMUL:
+        return onednn_matmul(s, node);
+    case RLX_OP_RMS_NORM:
+        return onednn_rms_norm(s, node);
+    case RLX_OP_ROPE:
+        return onednn_rope(s, node);
+    case RLX_OP_ATTENTION:
+        return onednn_attention(s, node);
+    case RLX_OP_SWIGLU:
+    case RLX_OP_ADD:
+        return onednn_eltwise(s, node);
+    case RLX_OP_GATHER_LAST:
+        return onednn_gather_last(node);
+    default:
+        return onednn_moe(s, node);
+    }
+}
+
+static const rlx_backend_iface onednn_iface = {
+    .size = sizeof(rlx_backend_iface),
+    .open = onednn_open,
+    .close = onednn_close,
+    .supports = onednn_supports,
+    .compute = onednn_compute,
+};
+
+static const rlx_plugin onednn_plugin = {
+    .size = sizeof(rlx_plugin),
+    .abi_major = RLX_ABI_MAJOR,
+    .abi_minor = RLX_ABI_MINOR,
+    .kind = RLX_PLUGIN_BACKEND,
+    .name = "onednn",
+    .version = "0.1.0",
+    .summary = "CPU backend: oneDNN matmuls (packed BF16 weights on AVX-512) plus SIMD kernels on OpenMP threads",
+    .iface = &onednn_iface,
+};
+
+RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host)
+{
+    if (!host || host->abi_major != RLX_ABI_MAJOR) {
+        if (host && host->error)
+            host->error(RLX_E_ABI, "onednn: built for ABI %d, host has %u", RLX_ABI_MAJOR, host->abi_major);
+        return NULL;
+    }
+    return &onednn_plugin;
+}
