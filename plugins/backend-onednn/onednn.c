@@ -1418,9 +1418,9 @@ static void onednn_widen_part(onednn_widen_job *j, int ith, int nth, int tid)
             s->k->add(j->y + m * N + n0, j->bias + n0, j->y + m * N + n0, n1 - n0);
 }
 
-/* y[M, N] = x[M, K] w^T (+ bias) for BF16/F16 weights used as stored. The output features
- * are split across the threads; each widens its own tiles and runs oneDNN on them inside the
- * parallel region, where oneDNN stays single-threaded. */
+/* y[M, N] = x[M, K] w^T (+ bias) for weights used as stored. The output features are split
+ * across the threads; each widens its own tiles (F32 rows are used in place) and runs oneDNN
+ * on them inside the parallel region, where oneDNN stays single-threaded. */
 static int onednn_mm_widen(onednn *s, const float *x, int64_t M, const rlx_tensor *w, const float *bias, float *y)
 {
     const int64_t N = w->shape[0], K = w->shape[1];
