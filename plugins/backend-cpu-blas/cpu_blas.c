@@ -28,6 +28,7 @@
 
 #include <cblas.h>
 
+#include "node_check.h"
 #include "rlx/backend.h"
 
 /* Activation rows one GEMV kernel call handles; more rows are done in blocks of this many. */
@@ -541,147 +542,11 @@ fail:
 }
 
 // ---------------------------------------------------------------------------------------------
-// Node validation, shared by supports() (silent) and compute() (reporting)
-
-static int64_t cpu_blas_rows(const rlx_tensor *t)
-{
-    int64_t r = 1;
-    for (uint32_t i = 0; i + 1 < t->n_dims; i++)
-        r *= t->shape[i];
-    return r;
-}
-
-static int64_t cpu_blas_cols(const rlx_tensor *t)
-{
-    return t->shape[t->n_dims - 1];
-}
-
-static int64_t cpu_blas_numel(const rlx_tensor *t)
-{
-    return cpu_blas_rows(t) * cpu_blas_cols(t);
-}
-
-static bool cpu_blas_is_weight_dt(uint32_t dt)
-{
-    return dt == RLX_DTYPE_F32 || dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16;
-}
-
-/* An F32 activation of `rows` rows of `cols` values (rows < 0: any). */
-static bool cpu_blas_is_act(const rlx_tensor *t, int64_t rows, int64_t cols)
-{
-    return t->dtype == RLX_DTYPE_F32 && (rows < 0 || cpu_blas_rows(t) == rows) && cpu_blas_cols(t) == cols;
-}
-
-/* A weight matrix [n, k] of a weight dtype. */
-static bool cpu_blas_is_mat(const rlx_tensor *t, int64_t n, int64_t k)
-{
-    return cpu_blas_is_weight_dt(t->dtype) && t->n_dims == 2 && t->shape[0] == n && t->shape[1] == k;
-}
-
-static bool cpu_blas_is_vec(const rlx_tensor *t, uint32_t dt, int64_t n)
-{
-    return t->dtype == dt && cpu_blas_numel(t) == n;
-}
-
-static int cpu_blas_bad(const cpu_blas *s, bool report, int status, const rlx_node_view *n, const char *why)
-{
-    if (report)
-        s->host->error(status, "cpu-blas: node '%s' (op %u): %s", n->name ? n->name : "?", n->op, why);
-    return status;
-}
-
-/* RLX_OK when node is one this backend computes, else a status (and a message when report). */
-static int cpu_blas_check(const cpu_blas *s, const rlx_node_view *n, bool report)
-{
-    const uint32_t ni = n->n_inputs;
-    const rlx_tensor *in = n->inputs, *out = n->output;
-    const rlx_op_params *p = n->params;
-    if (!out || (ni && !in))
-        return cpu_blas_bad(s, report, RLX_E_INVALID, n, "missing tensors");
-    for (uint32_t i = 0; i < ni; i++)
-        if (in[i].n_dims < 1 || in[i].n_dims > RLX_MAX_DIMS)
-            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "bad input rank");
-    for (uint32_t i = 0; i < ni; i++)
-        for (uint32_t d = 0; d < in[i].n_dims; d++)
-            if (in[i].shape[d] < 0 || in[i].shape[d] > INT_MAX)
-                return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "dimension outside [0, INT_MAX]");
-    if (out->n_dims < 1 || out->n_dims > RLX_MAX_DIMS || out->dtype != RLX_DTYPE_F32)
-        return cpu_blas_bad(s, report, RLX_E_UNSUPPORTED, n, "output must be F32 of rank 1..4");
-    const int64_t T = cpu_blas_rows(out), C = cpu_blas_cols(out);
-    switch (n->op) {
-    case RLX_OP_EMBED:
-        if (ni != 2 || !cpu_blas_is_vec(&in[0], RLX_DTYPE_I32, T) || !cpu_blas_is_mat(&in[1], in[1].shape[0], C))
-            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want ids I32[T], table[V,H] -> F32[T,H]");
-        return RLX_OK;
-    case RLX_OP_MATMUL: {
-        if (ni != 2 && ni != 3)
-            return cpu_blas_bad(s, report, RLX_E_INVALID, n, "want 2 or 3 inputs");
-        const int64_t K = cpu_blas_cols(&in[0]);
-        if (!cpu_blas_is_act(&in[0], T, K) || !cpu_blas_is_mat(&in[1], C, K) ||
-            (ni == 3 && (!cpu_blas_is_weight_dt(in[2].dtype) || cpu_blas_numel(&in[2]) != C)))
-            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,K], w[N,K], bias[N] -> F32[T,N]");
-        return RLX_OK;
-    }
-    case RLX_OP_RMS_NORM: {
-        if (ni != 2 || !p)
-            return cpu_blas_bad(s, report, RLX_E_INVALID, n, "want 2 inputs and params");
-        const int64_t G = cpu_blas_numel(&in[1]);
-        if (!cpu_blas_is_act(&in[0], T, C) || !cpu_blas_is_weight_dt(in[1].dtype) || G < 1 || C % G)
-            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,C], w[G] with C % G == 0");
-        return RLX_OK;
-    }
-    case RLX_OP_ROPE:
-        if (ni != 2 || !p)
-            return cpu_blas_bad(s, report, RLX_E_INVALID, n, "want 2 inputs and params");
-        if (p->head_dim < 2 || p->head_dim % 2 || !cpu_blas_is_act(&in[0], T, C) || C % p->head_dim ||
-            !cpu_blas_is_vec(&in[1], RLX_DTYPE_I32, T))
-            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,n*D] (D even), pos I32[T]");
-        return RLX_OK;
-    case RLX_OP_ATTENTION: {
-        if (ni != 6 || !p)
-            return cpu_blas_bad(s, report, RLX_E_INVALID, n, "want 6 inputs and params");
-        const int64_t D = p->head_dim, Hq = p->n_heads, Hkv = p->n_kv_heads;
-        if (D < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv || C != Hq * D)
-            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want n_heads % n_kv_heads == 0, out F32[T,Hq*D]");
-        if (!cpu_blas_is_act(&in[0], T, Hq * D) || !cpu_blas_is_act(&in[1], T, Hkv * D) ||
-            !cpu_blas_is_act(&in[2], T, Hkv * D) || !cpu_blas_is_vec(&in[3], RLX_DTYPE_I32, T) ||
-            !cpu_blas_is_act(&in[4], -1, Hkv * D) || !cpu_blas_is_act(&in[5], cpu_blas_rows(&in[4]), Hkv * D))
-            return cpu_blas_bad(s, report, RLX_E_SHAPE, n,
-                                "want q F32[T,Hq*D], k, v F32[T,Hkv*D], pos I32[T], caches F32[C,Hkv*D]");
-        return RLX_OK;
-    }
-    case RLX_OP_SWIGLU:
-    case RLX_OP_ADD:
-        if (ni != 2 || !cpu_blas_is_act(&in[0], T, C) || !cpu_blas_is_act(&in[1], T, C))
-            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want two F32[T,C] -> F32[T,C]");
-        return RLX_OK;
-    case RLX_OP_GATHER_LAST:
-        if (ni != 1 || T != 1 || !cpu_blas_is_act(&in[0], -1, C))
-            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,C] -> F32[1,C]");
-        return RLX_OK;
-    case RLX_OP_MOE: {
-        if (!p || p->n_experts < 1 || p->top_k < 1 || p->top_k > p->n_experts ||
-            ni != 2 + 3 * (uint64_t)p->n_experts)
-            return cpu_blas_bad(s, report, RLX_E_INVALID, n, "want 1 <= top_k <= n_experts, 2 + 3 E inputs");
-        const int64_t E = p->n_experts;
-        if (!cpu_blas_is_act(&in[0], T, C) || !cpu_blas_is_mat(&in[1], E, C))
-            return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,H], router[E,H] -> F32[T,H]");
-        for (int64_t e = 0; e < E; e++) {
-            const rlx_tensor *g = &in[2 + 3 * e];
-            const int64_t F = g->shape[0];
-            if (!cpu_blas_is_mat(g, F, C) || !cpu_blas_is_mat(g + 1, F, C) || !cpu_blas_is_mat(g + 2, C, F))
-                return cpu_blas_bad(s, report, RLX_E_SHAPE, n, "want gate, up [F,H] and down [H,F] per expert");
-        }
-        return RLX_OK;
-    }
-    default:
-        return cpu_blas_bad(s, report, RLX_E_UNSUPPORTED, n, "unknown op");
-    }
-}
+// Node validation: plugins/common/node_check.c
 
 static int cpu_blas_supports(void *self, const rlx_node_view *node)
 {
-    return cpu_blas_check(self, node, false) == RLX_OK;
+    return node_check(((const cpu_blas *)self)->host, "cpu-blas", node, false) == RLX_OK;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -760,7 +625,7 @@ static int cpu_blas_f32_vec(cpu_blas *s, const rlx_tensor *t, const float **out)
         *out = t->data;
         return RLX_OK;
     }
-    const int64_t n = cpu_blas_numel(t);
+    const int64_t n = node_numel(t);
     const int rc = cpu_blas_reserve(s, &s->main, (size_t)n * sizeof(float));
     if (rc < 0)
         return rc;
@@ -773,7 +638,7 @@ static int cpu_blas_embed(cpu_blas *s, const rlx_node_view *n)
 {
     const rlx_tensor *ids = &n->inputs[0], *tab = &n->inputs[1];
     const int32_t *id = ids->data;
-    const int64_t T = cpu_blas_numel(ids), V = tab->shape[0];
+    const int64_t T = node_numel(ids), V = tab->shape[0];
     for (int64_t t = 0; t < T; t++)
         if (id[t] < 0 || id[t] >= V)
             return s->host->error(RLX_E_RANGE, "cpu-blas: node '%s': token id %d at %lld outside [0, %lld)",
@@ -791,8 +656,8 @@ static int cpu_blas_rms_norm(cpu_blas *s, const rlx_node_view *n)
     const int rc = cpu_blas_f32_vec(s, &n->inputs[1], &w);
     if (rc < 0)
         return rc;
-    cpu_blas_rows_job j = {.s = s, .op = RLX_OP_RMS_NORM, .n = cpu_blas_rows(x), .cols = cpu_blas_cols(x),
-                           .a = x->data, .b = w, .y = n->output->data, .g = cpu_blas_numel(&n->inputs[1]),
+    cpu_blas_rows_job j = {.s = s, .op = RLX_OP_RMS_NORM, .n = node_rows(x), .cols = node_cols(x),
+                           .a = x->data, .b = w, .y = n->output->data, .g = node_numel(&n->inputs[1]),
                            .eps = n->params->eps};
     cpu_blas_run_rows(s, &j, 2 * j.cols);
     return RLX_OK;
@@ -825,14 +690,14 @@ static int cpu_blas_rope_table(cpu_blas *s, const int32_t *pos, int64_t T, uint3
 static int cpu_blas_rope(cpu_blas *s, const rlx_node_view *n)
 {
     const rlx_tensor *x = &n->inputs[0];
-    const int64_t T = cpu_blas_rows(x);
+    const int64_t T = node_rows(x);
     const uint32_t D = n->params->head_dim;
     if (T == 0)
         return RLX_OK;
     const int rc = cpu_blas_rope_table(s, n->inputs[1].data, T, D, n->params->rope_theta);
     if (rc < 0)
         return rc;
-    cpu_blas_rows_job j = {.s = s, .op = RLX_OP_ROPE, .n = T, .cols = cpu_blas_cols(x), .a = x->data,
+    cpu_blas_rows_job j = {.s = s, .op = RLX_OP_ROPE, .n = T, .cols = node_cols(x), .a = x->data,
                            .b = s->rope_cs.p, .y = n->output->data, .g = D / 2};
     cpu_blas_run_rows(s, &j, j.cols);
     return RLX_OK;
@@ -840,7 +705,7 @@ static int cpu_blas_rope(cpu_blas *s, const rlx_node_view *n)
 
 static int cpu_blas_eltwise(cpu_blas *s, const rlx_node_view *n)
 {
-    cpu_blas_rows_job j = {.s = s, .op = (int)n->op, .n = cpu_blas_numel(n->output), .a = n->inputs[0].data,
+    cpu_blas_rows_job j = {.s = s, .op = (int)n->op, .n = node_numel(n->output), .a = n->inputs[0].data,
                            .b = n->inputs[1].data, .y = n->output->data};
     cpu_blas_run_rows(s, &j, n->op == RLX_OP_SWIGLU ? 8 : 1);
     return RLX_OK;
@@ -849,7 +714,7 @@ static int cpu_blas_eltwise(cpu_blas *s, const rlx_node_view *n)
 static int cpu_blas_gather_last(const rlx_node_view *n)
 {
     const rlx_tensor *x = &n->inputs[0];
-    const int64_t T = cpu_blas_rows(x), C = cpu_blas_cols(x);
+    const int64_t T = node_rows(x), C = node_cols(x);
     if (T > 0)
         memcpy(n->output->data, (const float *)x->data + (T - 1) * C, (size_t)C * sizeof(float));
     else
@@ -961,7 +826,7 @@ static int cpu_blas_matmul(cpu_blas *s, const rlx_node_view *n)
         if (rc < 0)
             return rc;
     }
-    return cpu_blas_mm_run(s, x->data, cpu_blas_rows(x), cpu_blas_cols(x), w->data, (int)w->dtype, w->shape[0],
+    return cpu_blas_mm_run(s, x->data, node_rows(x), node_cols(x), w->data, (int)w->dtype, w->shape[0],
                            bias, n->output->data);
 }
 
@@ -1098,7 +963,7 @@ static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n)
 {
     const rlx_tensor *in = n->inputs;
     const rlx_op_params *p = n->params;
-    const int64_t T = cpu_blas_rows(&in[0]), C = cpu_blas_rows(&in[4]);
+    const int64_t T = node_rows(&in[0]), C = node_rows(&in[4]);
     const int64_t D = p->head_dim, Hkv = p->n_kv_heads, kv = Hkv * D;
     const int32_t *pos = in[3].data;
     if (T == 0)
@@ -1150,7 +1015,7 @@ static int cpu_blas_moe(cpu_blas *s, const rlx_node_view *n)
 {
     const rlx_tensor *in = n->inputs;
     const rlx_op_params *p = n->params;
-    const int64_t T = cpu_blas_rows(&in[0]), H = cpu_blas_cols(&in[0]), E = p->n_experts, K = p->top_k;
+    const int64_t T = node_rows(&in[0]), H = node_cols(&in[0]), E = p->n_experts, K = p->top_k;
     const float *x = in[0].data;
     float *out = n->output->data;
     int64_t F = 0;
@@ -1253,7 +1118,7 @@ static int cpu_blas_moe(cpu_blas *s, const rlx_node_view *n)
 static int cpu_blas_compute(void *self, const rlx_node_view *node)
 {
     cpu_blas *s = self;
-    const int rc = cpu_blas_check(s, node, true);
+    const int rc = node_check(s->host, "cpu-blas", node, true);
     if (rc < 0)
         return rc;
     /* The setting is process-wide: if anything raised it since open(), every pool thread's

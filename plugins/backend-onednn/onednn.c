@@ -32,6 +32,7 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
+#include "node_check.h"
 #include "rlx/backend.h"
 
 /* Activation rows up to which widened matmuls stream weights through the GEMV kernels. */
@@ -626,146 +627,11 @@ fail:
 }
 
 // ---------------------------------------------------------------------------------------------
-// Node validation, shared by supports() (silent) and compute() (reporting)
-
-static int64_t onednn_rows(const rlx_tensor *t)
-{
-    int64_t r = 1;
-    for (uint32_t i = 0; i + 1 < t->n_dims; i++)
-        r *= t->shape[i];
-    return r;
-}
-
-static int64_t onednn_cols(const rlx_tensor *t)
-{
-    return t->shape[t->n_dims - 1];
-}
-
-static int64_t onednn_numel(const rlx_tensor *t)
-{
-    return onednn_rows(t) * onednn_cols(t);
-}
-
-static bool onednn_is_weight_dt(uint32_t dt)
-{
-    return dt == RLX_DTYPE_F32 || dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16;
-}
-
-/* An F32 activation of `rows` rows of `cols` values (rows < 0: any). */
-static bool onednn_is_act(const rlx_tensor *t, int64_t rows, int64_t cols)
-{
-    return t->dtype == RLX_DTYPE_F32 && (rows < 0 || onednn_rows(t) == rows) && onednn_cols(t) == cols;
-}
-
-/* A weight matrix [n, k] of a weight dtype. */
-static bool onednn_is_mat(const rlx_tensor *t, int64_t n, int64_t k)
-{
-    return onednn_is_weight_dt(t->dtype) && t->n_dims == 2 && t->shape[0] == n && t->shape[1] == k;
-}
-
-static bool onednn_is_vec(const rlx_tensor *t, uint32_t dt, int64_t n)
-{
-    return t->dtype == dt && onednn_numel(t) == n;
-}
-
-static int onednn_bad(const onednn *s, bool report, int status, const rlx_node_view *n, const char *why)
-{
-    if (report)
-        s->host->error(status, "onednn: node '%s' (op %u): %s", n->name ? n->name : "?", n->op, why);
-    return status;
-}
-
-/* RLX_OK when node is one this backend computes, else a status (and a message when report). */
-static int onednn_check(const onednn *s, const rlx_node_view *n, bool report)
-{
-    const uint32_t ni = n->n_inputs;
-    const rlx_tensor *in = n->inputs, *out = n->output;
-    const rlx_op_params *p = n->params;
-    if (!out || (ni && !in))
-        return onednn_bad(s, report, RLX_E_INVALID, n, "missing tensors");
-    for (uint32_t i = 0; i < ni; i++)
-        if (in[i].n_dims < 1 || in[i].n_dims > RLX_MAX_DIMS)
-            return onednn_bad(s, report, RLX_E_SHAPE, n, "bad input rank");
-    for (uint32_t i = 0; i < ni; i++)
-        for (uint32_t d = 0; d < in[i].n_dims; d++)
-            if (in[i].shape[d] < 0 || in[i].shape[d] > INT_MAX)
-                return onednn_bad(s, report, RLX_E_SHAPE, n, "dimension outside [0, INT_MAX]");
-    if (out->n_dims < 1 || out->n_dims > RLX_MAX_DIMS || out->dtype != RLX_DTYPE_F32)
-        return onednn_bad(s, report, RLX_E_UNSUPPORTED, n, "output must be F32 of rank 1..4");
-    const int64_t T = onednn_rows(out), C = onednn_cols(out);
-    switch (n->op) {
-    case RLX_OP_EMBED:
-        if (ni != 2 || !onednn_is_vec(&in[0], RLX_DTYPE_I32, T) || !onednn_is_mat(&in[1], in[1].shape[0], C))
-            return onednn_bad(s, report, RLX_E_SHAPE, n, "want ids I32[T], table[V,H] -> F32[T,H]");
-        return RLX_OK;
-    case RLX_OP_MATMUL: {
-        if (ni != 2 && ni != 3)
-            return onednn_bad(s, report, RLX_E_INVALID, n, "want 2 or 3 inputs");
-        const int64_t K = onednn_cols(&in[0]);
-        if (!onednn_is_act(&in[0], T, K) || !onednn_is_mat(&in[1], C, K) ||
-            (ni == 3 && (!onednn_is_weight_dt(in[2].dtype) || onednn_numel(&in[2]) != C)))
-            return onednn_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,K], w[N,K], bias[N] -> F32[T,N]");
-        return RLX_OK;
-    }
-    case RLX_OP_RMS_NORM: {
-        if (ni != 2 || !p)
-            return onednn_bad(s, report, RLX_E_INVALID, n, "want 2 inputs and params");
-        const int64_t G = onednn_numel(&in[1]);
-        if (!onednn_is_act(&in[0], T, C) || !onednn_is_weight_dt(in[1].dtype) || G < 1 || C % G)
-            return onednn_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,C], w[G] with C % G == 0");
-        return RLX_OK;
-    }
-    case RLX_OP_ROPE:
-        if (ni != 2 || !p)
-            return onednn_bad(s, report, RLX_E_INVALID, n, "want 2 inputs and params");
-        if (p->head_dim < 2 || p->head_dim % 2 || !onednn_is_act(&in[0], T, C) || C % p->head_dim ||
-            !onednn_is_vec(&in[1], RLX_DTYPE_I32, T))
-            return onednn_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,n*D] (D even), pos I32[T]");
-        return RLX_OK;
-    case RLX_OP_ATTENTION: {
-        if (ni != 6 || !p)
-            return onednn_bad(s, report, RLX_E_INVALID, n, "want 6 inputs and params");
-        const int64_t D = p->head_dim, Hq = p->n_heads, Hkv = p->n_kv_heads;
-        if (D < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv || C != Hq * D)
-            return onednn_bad(s, report, RLX_E_SHAPE, n, "want n_heads % n_kv_heads == 0, out F32[T,Hq*D]");
-        if (!onednn_is_act(&in[0], T, Hq * D) || !onednn_is_act(&in[1], T, Hkv * D) ||
-            !onednn_is_act(&in[2], T, Hkv * D) || !onednn_is_vec(&in[3], RLX_DTYPE_I32, T) ||
-            !onednn_is_act(&in[4], -1, Hkv * D) || !onednn_is_act(&in[5], onednn_rows(&in[4]), Hkv * D))
-            return onednn_bad(s, report, RLX_E_SHAPE, n,
-                              "want q F32[T,Hq*D], k, v F32[T,Hkv*D], pos I32[T], caches F32[C,Hkv*D]");
-        return RLX_OK;
-    }
-    case RLX_OP_SWIGLU:
-    case RLX_OP_ADD:
-        if (ni != 2 || !onednn_is_act(&in[0], T, C) || !onednn_is_act(&in[1], T, C))
-            return onednn_bad(s, report, RLX_E_SHAPE, n, "want two F32[T,C] -> F32[T,C]");
-        return RLX_OK;
-    case RLX_OP_GATHER_LAST:
-        if (ni != 1 || T != 1 || !onednn_is_act(&in[0], -1, C))
-            return onednn_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,C] -> F32[1,C]");
-        return RLX_OK;
-    case RLX_OP_MOE: {
-        if (!p || p->n_experts < 1 || p->top_k < 1 || p->top_k > p->n_experts || ni != 2 + 3 * p->n_experts)
-            return onednn_bad(s, report, RLX_E_INVALID, n, "want 1 <= top_k <= n_experts, 2 + 3 E inputs");
-        const int64_t E = p->n_experts;
-        if (!onednn_is_act(&in[0], T, C) || !onednn_is_mat(&in[1], E, C))
-            return onednn_bad(s, report, RLX_E_SHAPE, n, "want x F32[T,H], router[E,H] -> F32[T,H]");
-        for (int64_t e = 0; e < E; e++) {
-            const rlx_tensor *g = &in[2 + 3 * e];
-            const int64_t F = g->shape[0];
-            if (!onednn_is_mat(g, F, C) || !onednn_is_mat(g + 1, F, C) || !onednn_is_mat(g + 2, C, F))
-                return onednn_bad(s, report, RLX_E_SHAPE, n, "want gate, up [F,H] and down [H,F] per expert");
-        }
-        return RLX_OK;
-    }
-    default:
-        return onednn_bad(s, report, RLX_E_UNSUPPORTED, n, "unknown op");
-    }
-}
+// Node validation: plugins/common/node_check.c
 
 static int onednn_supports(void *self, const rlx_node_view *node)
 {
-    return onednn_check(self, node, false) == RLX_OK;
+    return node_check(((const onednn *)self)->host, "onednn", node, false) == RLX_OK;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -845,7 +711,7 @@ static int onednn_f32_vec(onednn *s, const rlx_tensor *t, const float **out)
         *out = t->data;
         return RLX_OK;
     }
-    const int64_t n = onednn_numel(t);
+    const int64_t n = node_numel(t);
     const int rc = onednn_reserve(s, &s->vec, (size_t)n * sizeof(float));
     if (rc < 0)
         return rc;
@@ -858,7 +724,7 @@ static int onednn_embed(onednn *s, const rlx_node_view *n)
 {
     const rlx_tensor *ids = &n->inputs[0], *tab = &n->inputs[1];
     const int32_t *id = ids->data;
-    const int64_t T = onednn_numel(ids), V = tab->shape[0];
+    const int64_t T = node_numel(ids), V = tab->shape[0];
     for (int64_t t = 0; t < T; t++)
         if (id[t] < 0 || id[t] >= V)
             return s->host->error(RLX_E_RANGE, "onednn: node '%s': token id %d at %lld outside [0, %lld)",
@@ -876,8 +742,8 @@ static int onednn_rms_norm(onednn *s, const rlx_node_view *n)
     const int rc = onednn_f32_vec(s, &n->inputs[1], &w);
     if (rc < 0)
         return rc;
-    onednn_rows_job j = {.s = s, .op = RLX_OP_RMS_NORM, .n = onednn_rows(x), .cols = onednn_cols(x), .a = x->data,
-                         .b = w, .y = n->output->data, .g = onednn_numel(&n->inputs[1]), .eps = n->params->eps};
+    onednn_rows_job j = {.s = s, .op = RLX_OP_RMS_NORM, .n = node_rows(x), .cols = node_cols(x), .a = x->data,
+                         .b = w, .y = n->output->data, .g = node_numel(&n->inputs[1]), .eps = n->params->eps};
     onednn_run_rows(s, &j, 2 * j.cols);
     return RLX_OK;
 }
@@ -905,14 +771,14 @@ static int onednn_rope_table(onednn *s, const int32_t *pos, int64_t T, uint32_t 
 static int onednn_rope(onednn *s, const rlx_node_view *n)
 {
     const rlx_tensor *x = &n->inputs[0];
-    const int64_t T = onednn_rows(x);
+    const int64_t T = node_rows(x);
     const uint32_t D = n->params->head_dim;
     if (T == 0)
         return RLX_OK;
     const int rc = onednn_rope_table(s, n->inputs[1].data, T, D, n->params->rope_theta);
     if (rc < 0)
         return rc;
-    onednn_rows_job j = {.s = s, .op = RLX_OP_ROPE, .n = T, .cols = onednn_cols(x), .a = x->data,
+    onednn_rows_job j = {.s = s, .op = RLX_OP_ROPE, .n = T, .cols = node_cols(x), .a = x->data,
                          .b = s->rope_cs.p, .y = n->output->data, .g = D / 2};
     onednn_run_rows(s, &j, j.cols);
     return RLX_OK;
@@ -920,7 +786,7 @@ static int onednn_rope(onednn *s, const rlx_node_view *n)
 
 static int onednn_eltwise(onednn *s, const rlx_node_view *n)
 {
-    onednn_rows_job j = {.s = s, .op = (int)n->op, .n = onednn_numel(n->output), .a = n->inputs[0].data,
+    onednn_rows_job j = {.s = s, .op = (int)n->op, .n = node_numel(n->output), .a = n->inputs[0].data,
                          .b = n->inputs[1].data, .y = n->output->data};
     onednn_run_rows(s, &j, n->op == RLX_OP_SWIGLU ? 8 : 1);
     return RLX_OK;
@@ -929,7 +795,7 @@ static int onednn_eltwise(onednn *s, const rlx_node_view *n)
 static int onednn_gather_last(const rlx_node_view *n)
 {
     const rlx_tensor *x = &n->inputs[0];
-    const int64_t T = onednn_rows(x), C = onednn_cols(x);
+    const int64_t T = node_rows(x), C = node_cols(x);
     if (T > 0)
         memcpy(n->output->data, (const float *)x->data + (T - 1) * C, (size_t)C * sizeof(float));
     else
@@ -1512,7 +1378,7 @@ static int onednn_matmul(onednn *s, const rlx_node_view *n)
         if (rc < 0)
             return rc;
     }
-    return onednn_mm(s, x->data, onednn_rows(x), &n->inputs[1], bias, n->output->data, false);
+    return onednn_mm(s, x->data, node_rows(x), &n->inputs[1], bias, n->output->data, false);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1610,7 +1476,7 @@ static int onednn_attention(onednn *s, const rlx_node_view *n)
 {
     const rlx_tensor *in = n->inputs;
     const rlx_op_params *p = n->params;
-    const int64_t T = onednn_rows(&in[0]), C = onednn_rows(&in[4]);
+    const int64_t T = node_rows(&in[0]), C = node_rows(&in[4]);
     const int64_t D = p->head_dim, Hq = p->n_heads, Hkv = p->n_kv_heads, kv = Hkv * D;
     const int32_t *pos = in[3].data;
     if (T == 0)
@@ -1674,7 +1540,7 @@ static int onednn_moe(onednn *s, const rlx_node_view *n)
 {
     const rlx_tensor *in = n->inputs;
     const rlx_op_params *p = n->params;
-    const int64_t T = onednn_rows(&in[0]), H = onednn_cols(&in[0]), E = p->n_experts, K = p->top_k;
+    const int64_t T = node_rows(&in[0]), H = node_cols(&in[0]), E = p->n_experts, K = p->top_k;
     const int64_t R = onednn_moe_rows(T);
     const float *x = in[0].data;
     float *out = n->output->data;
@@ -1786,7 +1652,7 @@ static int onednn_moe(onednn *s, const rlx_node_view *n)
 static int onednn_compute(void *self, const rlx_node_view *node)
 {
     onednn *s = self;
-    const int rc = onednn_check(s, node, true);
+    const int rc = node_check(s->host, "onednn", node, true);
     if (rc < 0)
         return rc;
     /* The thread-count ICV is per thread and calls may come from any thread: set it each time

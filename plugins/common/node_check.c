@@ -1,0 +1,121 @@
+/* See node_check.h. */
+#include "node_check.h"
+
+#include <limits.h>
+
+static bool is_weight_dt(uint32_t dt)
+{
+    return dt == RLX_DTYPE_F32 || dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16;
+}
+
+/* An F32 activation of `rows` rows of `cols` values (rows < 0: any). */
+static bool is_act(const rlx_tensor *t, int64_t rows, int64_t cols)
+{
+    return t->dtype == RLX_DTYPE_F32 && (rows < 0 || node_rows(t) == rows) && node_cols(t) == cols;
+}
+
+/* A weight matrix [n, k] of a weight dtype. */
+static bool is_mat(const rlx_tensor *t, int64_t n, int64_t k)
+{
+    return is_weight_dt(t->dtype) && t->n_dims == 2 && t->shape[0] == n && t->shape[1] == k;
+}
+
+static bool is_vec(const rlx_tensor *t, uint32_t dt, int64_t n)
+{
+    return t->dtype == dt && node_numel(t) == n;
+}
+
+static int bad(const rlx_host *host, const char *plugin, bool report, int status, const rlx_node_view *n, const char *why)
+{
+    if (report)
+        host->error(status, "%s: node '%s' (op %u): %s", plugin, n->name ? n->name : "?", n->op, why);
+    return status;
+}
+
+int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n, bool report)
+{
+    const uint32_t ni = n->n_inputs;
+    const rlx_tensor *in = n->inputs, *out = n->output;
+    const rlx_op_params *p = n->params;
+    if (!out || (ni && !in))
+        return bad(host, plugin, report, RLX_E_INVALID, n, "missing tensors");
+    for (uint32_t i = 0; i < ni; i++)
+        if (in[i].n_dims < 1 || in[i].n_dims > RLX_MAX_DIMS)
+            return bad(host, plugin, report, RLX_E_SHAPE, n, "bad input rank");
+    for (uint32_t i = 0; i < ni; i++)
+        for (uint32_t d = 0; d < in[i].n_dims; d++)
+            if (in[i].shape[d] < 0 || in[i].shape[d] > INT_MAX)
+                return bad(host, plugin, report, RLX_E_SHAPE, n, "dimension outside [0, INT_MAX]");
+    if (out->n_dims < 1 || out->n_dims > RLX_MAX_DIMS || out->dtype != RLX_DTYPE_F32)
+        return bad(host, plugin, report, RLX_E_UNSUPPORTED, n, "output must be F32 of rank 1..4");
+    const int64_t T = node_rows(out), C = node_cols(out);
+    switch (n->op) {
+    case RLX_OP_EMBED:
+        if (ni != 2 || !is_vec(&in[0], RLX_DTYPE_I32, T) || !is_mat(&in[1], in[1].shape[0], C))
+            return bad(host, plugin, report, RLX_E_SHAPE, n, "want ids I32[T], table[V,H] -> F32[T,H]");
+        return RLX_OK;
+    case RLX_OP_MATMUL: {
+        if (ni != 2 && ni != 3)
+            return bad(host, plugin, report, RLX_E_INVALID, n, "want 2 or 3 inputs");
+        const int64_t K = node_cols(&in[0]);
+        if (!is_act(&in[0], T, K) || !is_mat(&in[1], C, K) ||
+            (ni == 3 && (!is_weight_dt(in[2].dtype) || node_numel(&in[2]) != C)))
+            return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,K], w[N,K], bias[N] -> F32[T,N]");
+        return RLX_OK;
+    }
+    case RLX_OP_RMS_NORM: {
+        if (ni != 2 || !p)
+            return bad(host, plugin, report, RLX_E_INVALID, n, "want 2 inputs and params");
+        const int64_t G = node_numel(&in[1]);
+        if (!is_act(&in[0], T, C) || !is_weight_dt(in[1].dtype) || G < 1 || C % G)
+            return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,C], w[G] with C % G == 0");
+        return RLX_OK;
+    }
+    case RLX_OP_ROPE:
+        if (ni != 2 || !p)
+            return bad(host, plugin, report, RLX_E_INVALID, n, "want 2 inputs and params");
+        if (p->head_dim < 2 || p->head_dim % 2 || !is_act(&in[0], T, C) || C % p->head_dim ||
+            !is_vec(&in[1], RLX_DTYPE_I32, T))
+            return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,n*D] (D even), pos I32[T]");
+        return RLX_OK;
+    case RLX_OP_ATTENTION: {
+        if (ni != 6 || !p)
+            return bad(host, plugin, report, RLX_E_INVALID, n, "want 6 inputs and params");
+        const int64_t D = p->head_dim, Hq = p->n_heads, Hkv = p->n_kv_heads;
+        if (D < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv || C != Hq * D)
+            return bad(host, plugin, report, RLX_E_SHAPE, n, "want n_heads % n_kv_heads == 0, out F32[T,Hq*D]");
+        if (!is_act(&in[0], T, Hq * D) || !is_act(&in[1], T, Hkv * D) ||
+            !is_act(&in[2], T, Hkv * D) || !is_vec(&in[3], RLX_DTYPE_I32, T) ||
+            !is_act(&in[4], -1, Hkv * D) || !is_act(&in[5], node_rows(&in[4]), Hkv * D))
+            return bad(host, plugin, report, RLX_E_SHAPE, n,
+                                "want q F32[T,Hq*D], k, v F32[T,Hkv*D], pos I32[T], caches F32[C,Hkv*D]");
+        return RLX_OK;
+    }
+    case RLX_OP_SWIGLU:
+    case RLX_OP_ADD:
+        if (ni != 2 || !is_act(&in[0], T, C) || !is_act(&in[1], T, C))
+            return bad(host, plugin, report, RLX_E_SHAPE, n, "want two F32[T,C] -> F32[T,C]");
+        return RLX_OK;
+    case RLX_OP_GATHER_LAST:
+        if (ni != 1 || T != 1 || !is_act(&in[0], -1, C))
+            return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,C] -> F32[1,C]");
+        return RLX_OK;
+    case RLX_OP_MOE: {
+        if (!p || p->n_experts < 1 || p->top_k < 1 || p->top_k > p->n_experts ||
+            ni != 2 + 3 * (uint64_t)p->n_experts)
+            return bad(host, plugin, report, RLX_E_INVALID, n, "want 1 <= top_k <= n_experts, 2 + 3 E inputs");
+        const int64_t E = p->n_experts;
+        if (!is_act(&in[0], T, C) || !is_mat(&in[1], E, C))
+            return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,H], router[E,H] -> F32[T,H]");
+        for (int64_t e = 0; e < E; e++) {
+            const rlx_tensor *g = &in[2 + 3 * e];
+            const int64_t F = g->shape[0];
+            if (!is_mat(g, F, C) || !is_mat(g + 1, F, C) || !is_mat(g + 2, C, F))
+                return bad(host, plugin, report, RLX_E_SHAPE, n, "want gate, up [F,H] and down [H,F] per expert");
+        }
+        return RLX_OK;
+    }
+    default:
+        return bad(host, plugin, report, RLX_E_UNSUPPORTED, n, "unknown op");
+    }
+}
