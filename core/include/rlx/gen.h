@@ -47,6 +47,16 @@ RLX_API uint32_t rlx_session_capacity(const rlx_session *s);
 RLX_API rlx_status rlx_session_forward(rlx_session *s, const void *input, uint32_t n, int all_rows,
                                        const float **out);
 
+/* For a session whose block spec sets emit_hidden: the final hidden rows (after the final norm)
+ * of every position of the last forward, valid until the next call; NULL otherwise. */
+RLX_API const float *rlx_session_hidden(const rlx_session *s);
+
+/* Forward of a session over an MTP block (spec.mtp): n pairs, ids[i] the token and hidden the
+ * row of the target's final hidden state at the position before it (n * hidden_size floats);
+ * *logits as rlx_session_forward. */
+RLX_API rlx_status rlx_session_forward_mtp(rlx_session *s, const int32_t *ids, const float *hidden, uint32_t n,
+                                           int all_rows, const float **logits);
+
 /* Forgets every position from `length` on; length must not exceed the current length. */
 RLX_API rlx_status rlx_session_truncate(rlx_session *s, uint32_t length);
 
@@ -70,6 +80,11 @@ typedef struct rlx_lm {
     int64_t vocab;
     const int32_t *eos_ids; /* stop tokens */
     uint32_t n_eos;
+    /* The target's final hidden states (after the final norm) of every position of the last
+     * forward, n rows of hidden_size floats, valid until the next call; NULL as a member when
+     * the lm does not provide them (an MTP speculator needs them). */
+    const float *(*hidden)(void *self);
+    int64_t hidden_size;
 } rlx_lm;
 
 /* The rlx_lm view of a session (which must embed and produce logits); borrows s. */
@@ -96,6 +111,12 @@ RLX_API int32_t rlx_sampler_sample(rlx_sampler *s, const float *logits);
 /* The distribution the sampler draws from (after temperature, top-k and top-p), written to
  * probs[vocab]; greedy puts 1 on the argmax. Speculative decoding needs it. */
 RLX_API void rlx_sampler_probs(rlx_sampler *s, const float *logits, float *probs);
+RLX_API rlx_sampler_params rlx_sampler_params_of(const rlx_sampler *s);
+/* A uniform draw in [0, 1) from the sampler's generator. */
+RLX_API double rlx_sampler_uniform(rlx_sampler *s);
+/* Draws an id from probs[vocab] (non-negative, not necessarily normalised; a zero row is an
+ * RLX_E_INVALID error reported as -1). */
+RLX_API int32_t rlx_sampler_draw(rlx_sampler *s, const float *probs);
 
 // ---- generation loop ----
 

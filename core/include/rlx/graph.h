@@ -59,6 +59,8 @@ typedef struct rlx_tensor {
  *                down_e[H,F])                                   -> F32[T,H]
  *               softmax over router logits, top_k experts per token (renormalised to sum 1
  *               when norm_topk_prob), output = sum_k p_k * down_e(silu(gate_e x) * up_e x)
+ *   CONCAT      (a F32[T,A], b F32[T,B])                        -> F32[T,A+B]  rows side by side
+ *               (ABI 1.1; backends built for 1.0 do not claim it and the reference kernel runs it)
  * Weights (table, w, router, expert matrices) may be F32, BF16 or F16; bias and norm weights
  * likewise. */
 typedef enum rlx_op {
@@ -71,6 +73,7 @@ typedef enum rlx_op {
     RLX_OP_ADD = 7,
     RLX_OP_GATHER_LAST = 8,
     RLX_OP_MOE = 9,
+    RLX_OP_CONCAT = 10,
     RLX_OP_COUNT
 } rlx_op;
 

@@ -104,6 +104,11 @@ RLX_API void rlx_model_close(rlx_model *m);
 RLX_API const rlx_model_config *rlx_model_config_of(const rlx_model *m);
 RLX_API const rlx_weights *rlx_model_weights(const rlx_model *m);
 RLX_API const char *rlx_model_dir(const rlx_model *m);
+/* Adds a safetensors file whose tensors blocks may use besides the model's own (an MTP head
+ * shipped separately); a name in both is an RLX_E_FORMAT error. */
+RLX_API rlx_status rlx_model_add_weights(rlx_model *m, const char *safetensors_path);
+/* True when the model (with added files) holds MTP layer n's input_proj. */
+RLX_API int rlx_model_has_mtp(const rlx_model *m, uint32_t n);
 
 typedef struct rlx_block_spec {
     uint32_t layer_start;  /* first layer */
@@ -111,13 +116,33 @@ typedef struct rlx_block_spec {
     uint32_t embed_input;  /* 1: input is token ids and the block embeds them */
     uint32_t produce_logits; /* 1: final norm and LM head */
     uint32_t all_logits;   /* with produce_logits: logits for every position, else the last */
+    uint32_t emit_hidden;  /* with produce_logits: also output the final-normed hidden rows of
+                            * every position (rlx_block_io.hidden) */
+    uint32_t mtp;          /* 1: the block is multi-token-prediction layer layer_start (see below) */
 } rlx_block_spec;
+
+/* Multi-token prediction (DeepSeek-V3 / MiMo style). An MTP block (spec.mtp, one layer, with
+ * embed_input and produce_logits) takes pairs (token x[t+1], the target's final hidden state
+ * h[t]) and predicts x[t+2]:
+ *     e = token_layernorm(embed(x[t+1])),  g = hidden_layernorm(h[t])
+ *     y = decoder_layer(input_proj(concat(g, e)))          input_proj: [hidden, 2 * hidden]
+ *     out = final_layernorm(y) (the target's model.norm when the MTP has none), logits = lm_head(out)
+ * out is the block's hidden output, which chained drafting feeds back as the next h. Tensors,
+ * in the model's safetensors or in a file added with rlx_model_add_weights (MiMo's names):
+ *     model.mtp_layers.N.token_layernorm.weight      [hidden]
+ *     model.mtp_layers.N.hidden_layernorm.weight     [hidden]
+ *     model.mtp_layers.N.input_proj.weight           [hidden, 2 * hidden]
+ *     model.mtp_layers.N.mtp_block.<a Qwen3 decoder layer: input_layernorm, self_attn.*, post_attention_layernorm, mlp.*>
+ *     model.mtp_layers.N.final_layernorm.weight      [hidden] (optional)
+ * The embedding and LM head are the target's. */
 
 /* Tensor ids of a built block graph. */
 typedef struct rlx_block_io {
     int input;     /* I32[T] token ids or F32[T, hidden] hidden states */
     int positions; /* I32[T] */
     int output;    /* F32[rows, vocab] logits or F32[T, hidden] hidden states */
+    int hidden;    /* with emit_hidden: F32[T, hidden] final-normed hidden states, else -1 */
+    int hidden_input; /* MTP block: F32[T, hidden] the target's hidden states, else -1 */
     uint32_t n_layers;    /* layer_end - layer_start */
     int k_cache[RLX_MAX_LAYERS]; /* STATE tensors F32[capacity, kv_heads * head_dim] */
     int v_cache[RLX_MAX_LAYERS];

@@ -10,6 +10,7 @@
 #include "rlx/model.h"
 #include "rlx/plugin.h"
 #include "rlx/sched.h"
+#include "rlx/speculator.h"
 #include "rlx/status.h"
 #include "rlx/text.h"
 #include "rlx/transport.h"
