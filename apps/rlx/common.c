@@ -10,8 +10,8 @@
 #include "common.h"
 
 const char app_common_help[] =
-    "  --model DIR        Hugging Face model directory (config.json, *.safetensors); default: the\n"
-    "                     demo model (random weights) or $RLX_MODEL\n"
+    "  --model DIR        Hugging Face model directory (config.json, *.safetensors); default:\n"
+    "                     $RLX_MODEL, else the Brown target model shipped with rlx\n"
     "  --plugin NAME      backend plugin (default cpu-blas; 'ref' = portable reference kernels)\n"
     "  --plugin-dir DIR   search DIR for plugins first (also RLX_PLUGIN_PATH)\n"
     "  --place OP=NAME,.. run every node of OP (matmul, attention, ...) on backend NAME\n"
@@ -308,6 +308,11 @@ int app_resolve_model(app_options *o) {
         o->model = env;
         return 0;
     }
+    /* the source tree's copy serves a build tree; an installed rlx finds its own beside bin/ */
+    if (is_model_dir(RLX_SOURCE_DEFAULT_MODEL)) {
+        o->model = RLX_SOURCE_DEFAULT_MODEL;
+        return 0;
+    }
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
@@ -315,17 +320,14 @@ int app_resolve_model(app_options *o) {
         char *slash = strrchr(exe, '/');
         if (slash)
             *slash = '\0';
-        const char *candidates[] = {"%s/../demo-model", "%s/../share/rlx/demo-model"};
-        for (size_t i = 0; i < sizeof candidates / sizeof candidates[0]; i++) {
-            snprintf(found, sizeof found, candidates[i], exe);
-            if (is_model_dir(found)) {
-                o->model = found;
-                fprintf(stderr, "rlx: no --model given, using the demo model %s (its weights are random)\n", found);
-                return 0;
-            }
+        snprintf(found, sizeof found, "%s/../share/rlx/models/brown/target", exe);
+        if (is_model_dir(found)) {
+            o->model = found;
+            return 0;
         }
     }
-    return app_fail("no --model given and no demo model found (share/scripts/demo.sh builds one; or set RLX_MODEL)");
+    return app_fail("no --model given, $RLX_MODEL is unset and the Brown model that ships with rlx is missing "
+                    "(expected in %s)", RLX_SOURCE_DEFAULT_MODEL);
 }
 
 void app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *max_new, int max_new_given) {
