@@ -16,7 +16,6 @@
 #define TARGET DATA "/spec-target"
 #define DRAFT DATA "/spec-draft"
 #define TINY DATA "/spec-tiny"
-#define SKEWED RLX_TEST_PLUGIN_DIR "/rlx-test-skewed-speculator.so"
 
 static rlx_backend *backend;
 static rlx_plugin_handle *backend_plugin, *draft_plugin, *skewed_plugin;
@@ -473,7 +472,7 @@ static int setup(void **state) {
     if (rlx_registry_create(NULL, &r) != RLX_OK ||
         rlx_registry_load(r, RLX_PLUGIN_BACKEND, name, &backend_plugin) != RLX_OK ||
         rlx_registry_load(r, RLX_PLUGIN_SPECULATOR, "draft", &draft_plugin) != RLX_OK ||
-        rlx_plugin_load(SKEWED, &skewed_plugin) != RLX_OK || rlx_backend_create(backend_plugin, NULL, &backend) != RLX_OK ||
+        rlx_plugin_load(RLX_TEST_SKEWED_SPECULATOR, &skewed_plugin) != RLX_OK || rlx_backend_create(backend_plugin, NULL, &backend) != RLX_OK ||
         rlx_model_open(TARGET, &target) != RLX_OK || rlx_model_open(TINY, &tiny) != RLX_OK) {
         fprintf(stderr, "setup: %s\n", rlx_last_error());
         return -1;
