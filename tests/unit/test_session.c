@@ -16,7 +16,7 @@ static int64_t vocab;
 
 static rlx_session *new_session(uint32_t capacity) {
     const rlx_model_config *c = rlx_model_config_of(model);
-    rlx_block_spec spec = {0, (uint32_t)c->num_hidden_layers, 1, 1, 0};
+    rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
     rlx_session_options o = {.kv_capacity = capacity, .backends = &backend, .n_backends = 1};
     rlx_session *s;
     assert_ok(rlx_session_create(model, &spec, &o, &s));
