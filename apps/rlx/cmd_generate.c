@@ -9,7 +9,8 @@
 
 static const char help[] =
     "usage: rlx generate [--model DIR] (--tokens 1,5,3 | --prompt TEXT [--chat [--no-think]]) -n N\n"
-    "                    [--greedy | --temp T --top-k K --top-p P] [--seed S] [--stats] [options]\n\n"
+    "                    [--greedy | --temp T --top-k K --top-p P] [--seed S] [--stats]\n"
+    "                    [--spec NAME [--draft-tokens K] [--draft-model DIR] [--spec-opts OPTS]] [options]\n\n"
     "With --tokens, prints the generated token ids, space-separated, on one line. With --prompt,\n"
     "encodes TEXT with the model's tokenizer.json and streams the generated text to stdout.\n"
     "Stops after N tokens or an end-of-sequence id of config.json / generation_config.json.\n\n"
@@ -19,7 +20,8 @@ static const char help[] =
     "  --chat             wrap TEXT as a user turn with the model's chat template\n"
     "  --no-think         with --chat: Qwen3's enable_thinking=false\n"
     "  --truncate         keep the end of a prompt longer than the context instead of failing\n"
-    "  --stats            print prompt and generation speed on stderr\n";
+    "  --stats            print prompt and generation speed on stderr (with --spec also the\n"
+    "                     acceptance figures)\n";
 
 typedef struct output {
     rlx_detok *detok; /* NULL: print ids */
@@ -79,15 +81,18 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     uint32_t n_new = 16;
     int stats = 0, chat = 0, think = 1, truncate = 0, n_given = 0;
     app_sampling sampling = {.params = rlx_sampler_params_default()};
+    app_spec_options spec_options = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0) {
-            printf("%s%s%s", help, app_sampling_help, app_common_help);
+            printf("%s%s%s%s", help, app_sampling_help, app_spec_help, app_common_help);
             return 0;
         }
         int rc = app_parse_common(o, argc, argv, &i);
         if (rc == 0)
             rc = app_parse_sampling(&sampling, argc, argv, &i);
+        if (rc == 0)
+            rc = app_parse_spec(&spec_options, argc, argv, &i);
         if (rc < 0)
             return 1;
         if (rc)
@@ -123,6 +128,9 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     if (app_runtime_open(&rt, o))
         return 1;
     app_generation_defaults(&rt, &sampling, &n_new, n_given);
+    app_speculator spec = {0};
+    if (app_speculator_open(&rt, o, &spec_options, &spec))
+        return app_runtime_close(&rt), 1;
     rlx_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
@@ -139,14 +147,21 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     size_t skip = !status && n > capacity - n_new ? n - (capacity - n_new) : 0;
     rlx_sampler *sampler = NULL;
     output out = {0};
+    rlx_spec_stats sst = {0};
     rlx_gen_stats st = {0};
     if (!status && rlx_sampler_create(&sampling.params, rt.lm.vocab, &sampler) != RLX_OK)
         status = app_fail_rlx("generate");
     if (!status && tok && rlx_detok_create(tok, RLX_DECODE_SKIP_SPECIAL, &out.detok) != RLX_OK)
         status = app_fail_rlx("generate");
-    if (!status &&
-        rlx_generate(&rt.lm, sampler, ids + skip, (uint32_t)(n - skip), n_new, emit, &out, &st) != RLX_OK)
+    if (!status && spec.spec) {
+        if (rlx_spec_generate(&rt.lm, spec.spec, spec.k, sampler, ids + skip, (uint32_t)(n - skip), n_new, emit, &out,
+                              &sst) != RLX_OK)
+            status = app_fail_rlx("generate");
+        st = sst.gen;
+    } else if (!status &&
+               rlx_generate(&rt.lm, sampler, ids + skip, (uint32_t)(n - skip), n_new, emit, &out, &st) != RLX_OK) {
         status = app_fail_rlx("generate");
+    }
     if (!status && !out.failed) {
         const char *rest = "";
         size_t len = 0;
@@ -162,11 +177,20 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         fprintf(stderr, "rlx: prompt %u tokens at %.1f tokens/s; generated %u tokens at %.1f tokens/s%s\n",
                 st.n_prompt, st.n_prompt / st.prompt_seconds, st.n_generated, decode,
                 st.stopped_on_eos ? " (stopped on EOS)" : "");
+        if (spec.spec)
+            fprintf(stderr, "rlx: speculator %s, %u draft tokens: %llu proposed, %llu accepted (acceptance rate "
+                    "%.3f), mean accepted length %.2f per round, %.2f tokens per target pass over %llu passes; "
+                    "drafting %.3f s, verifying %.3f s\n",
+                    rlx_speculator_name(spec.spec), spec.k, (unsigned long long)sst.proposed,
+                    (unsigned long long)sst.accepted, rlx_spec_acceptance_rate(&sst), rlx_spec_mean_accepted(&sst),
+                    rlx_spec_tokens_per_pass(&sst), (unsigned long long)sst.target_passes, sst.draft_seconds,
+                    sst.verify_seconds);
     }
     rlx_detok_destroy(out.detok);
     rlx_sampler_destroy(sampler);
     rlx_tokenizer_destroy(tok);
     free(ids);
+    app_speculator_close(&spec);
     app_runtime_close(&rt);
     return status;
 }

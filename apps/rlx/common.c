@@ -200,6 +200,28 @@ static int parse_place(app_runtime *rt, const app_options *o) {
     return 0;
 }
 
+/* The whole-model session behind rt->lm (replacing any), emitting hidden states if asked. */
+static int create_session(app_runtime *rt, const app_options *o, int emit_hidden) {
+    const rlx_model_config *c = rlx_model_config_of(rt->model);
+    rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers,
+                           .embed_input = 1,
+                           .produce_logits = 1,
+                           .emit_hidden = (uint32_t)emit_hidden};
+    /* the main backend first; --place backends only run the ops they were given */
+    rlx_session_options so = {.kv_capacity = o->ctx,
+                              .backends = &rt->backend,
+                              .n_backends = rt->backend ? 1 : 0,
+                              .rules = rt->rules,
+                              .n_rules = rt->n_rules};
+    rlx_session_destroy(rt->session);
+    rt->session = NULL;
+    memset(&rt->lm, 0, sizeof rt->lm);
+    if (rlx_session_create(rt->model, &spec, &so, &rt->session) != RLX_OK ||
+        rlx_session_lm(rt->session, &rt->lm) != RLX_OK)
+        return app_fail_rlx("cannot create session");
+    return 0;
+}
+
 int app_runtime_open(app_runtime *rt, app_options *o) {
     memset(rt, 0, sizeof *rt);
     if (app_pipeline_wanted(&o->pipeline))
@@ -223,15 +245,8 @@ int app_runtime_open(app_runtime *rt, app_options *o) {
         if (rc != RLX_OK)
             return app_fail_rlx("cannot read the model"), app_runtime_close(rt), 1;
     }
-    /* the main backend first; --place backends only run the ops they were given */
-    rlx_session_options so = {.kv_capacity = o->ctx,
-                              .backends = &rt->backend,
-                              .n_backends = rt->backend ? 1 : 0,
-                              .rules = rt->rules,
-                              .n_rules = rt->n_rules};
-    if (rlx_session_create(rt->model, &spec, &so, &rt->session) != RLX_OK ||
-        rlx_session_lm(rt->session, &rt->lm) != RLX_OK)
-        return app_fail_rlx("cannot create session"), app_runtime_close(rt), 1;
+    if (create_session(rt, o, 0))
+        return app_runtime_close(rt), 1;
     rt->model_dir = o->model;
     return 0;
 }
@@ -346,4 +361,115 @@ void app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *m
         s->params.seed = g->seed;
     if (!max_new_given && g->has_max_tokens)
         *max_new = g->max_tokens;
+}
+
+// ---- speculative decoding ----
+
+const char app_spec_help[] =
+    "  --spec NAME        speculative decoding with speculator plugin NAME (draft, ...); the output\n"
+    "                     is the same as without it (token for token under greedy)\n"
+    "  --draft-tokens K   tokens the speculator proposes per round (default 4, at most 64)\n"
+    "  --draft-model DIR  the draft model of --spec draft (its option model=DIR)\n"
+    "  --spec-opts OPTS   the speculator's options, \"key=value,key=value\"\n";
+
+int app_parse_spec(app_spec_options *s, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *v;
+    const char **text = strcmp(a, "--spec") == 0          ? &s->name
+                        : strcmp(a, "--draft-model") == 0 ? &s->draft_model
+                        : strcmp(a, "--spec-opts") == 0   ? &s->options
+                                                          : NULL;
+    if (!text && strcmp(a, "--draft-tokens") != 0)
+        return 0;
+    if (!(v = app_value(argc, argv, i)))
+        return -1;
+    if (text) {
+        *text = v;
+        return 1;
+    }
+    if (app_parse_u32(a, v, &s->draft_tokens) < 0)
+        return -1;
+    if (s->draft_tokens < 1 || s->draft_tokens > RLX_SPEC_MAX_DRAFT)
+        return app_fail("--draft-tokens must be from 1 to %d (got %u)", RLX_SPEC_MAX_DRAFT, s->draft_tokens), -1;
+    return 1;
+}
+
+typedef struct spec_names {
+    char list[1024];
+    size_t len;
+} spec_names;
+
+static int add_spec_name(void *ctx, const char *path, const rlx_plugin_handle *h, const char *error) {
+    spec_names *n = ctx;
+    if (h && rlx_plugin_desc(h)->kind == RLX_PLUGIN_SPECULATOR && n->len < sizeof n->list)
+        n->len += (size_t)snprintf(n->list + n->len, sizeof n->list - n->len, "%s%s", n->len ? ", " : "",
+                                   rlx_plugin_desc(h)->name);
+    return 0;
+}
+
+int app_speculator_open(app_runtime *rt, const app_options *o, const app_spec_options *so, app_speculator *out) {
+    memset(out, 0, sizeof *out);
+    const rlx_deploy *d = app_pipeline_deploy(rt);
+    const rlx_deploy_speculator *file = d ? rlx_deploy_speculator_of(d) : NULL;
+    const char *name = so->name ? so->name : file ? file->plugin : NULL;
+    if (!name) {
+        if (so->draft_tokens || so->draft_model || so->options)
+            return app_fail("--draft-tokens, --draft-model and --spec-opts need --spec NAME");
+        return 0;
+    }
+    /* the command line overrides the file key by key, as for generation defaults */
+    const char *draft_model = so->draft_model ? so->draft_model : file ? file->draft_model : NULL;
+    const char *options = so->options ? so->options : file ? file->options : NULL;
+    out->k = so->draft_tokens              ? so->draft_tokens
+             : file && file->draft_tokens ? file->draft_tokens
+                                          : APP_DEFAULT_DRAFT_TOKENS;
+    if (out->k > RLX_SPEC_MAX_DRAFT)
+        return app_fail("%s: draft_tokens must be from 1 to %d (got %u)", rlx_deploy_path(d), RLX_SPEC_MAX_DRAFT,
+                        out->k);
+    size_t len = (draft_model ? strlen(draft_model) + 7 : 0) + (options ? strlen(options) + 1 : 0) + 1;
+    if (!(out->options = malloc(len)))
+        return app_fail("out of memory");
+    snprintf(out->options, len, "%s%s%s%s", draft_model ? "model=" : "", draft_model ? draft_model : "",
+             draft_model && options && *options ? "," : "", options ? options : "");
+    if (!rt->registry && rlx_registry_create(o->plugin_dir, &rt->registry) != RLX_OK)
+        return app_fail_rlx("cannot search for plugins"), app_speculator_close(out), 1;
+    if (rlx_registry_load(rt->registry, RLX_PLUGIN_SPECULATOR, name, &out->plugin) != RLX_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", rlx_last_error());
+        spec_names names = {.len = 0};
+        rlx_registry_each(rt->registry, add_spec_name, &names);
+        app_speculator_close(out);
+        return app_fail("unknown speculator '%s' (available: %s): %s", name, names.len ? names.list : "none", why);
+    }
+    /* a pipeline driver drafts in this process, on --plugin's backend */
+    if (rt->pipeline && !rt->backend && backend_named(rt, o, o->plugin ? o->plugin : "cpu-blas", &rt->backend))
+        return app_speculator_close(out), 1;
+    const rlx_speculator_iface *iface = rlx_plugin_desc(out->plugin)->iface;
+    if ((iface->flags & RLX_SPEC_NEEDS_HIDDEN) && !rt->lm.hidden) {
+        if (rt->session && create_session(rt, o, 1))
+            return app_speculator_close(out), 1;
+        if (!rt->lm.hidden)
+            return app_fail("speculator '%s' needs the target's hidden states, which %s does not provide", name,
+                            rt->pipeline ? "the pipeline" : "this model's session"),
+                   app_speculator_close(out), 1;
+    }
+    rlx_spec_target target = {.size = sizeof target,
+                              .kv_capacity = rt->lm.capacity(rt->lm.self),
+                              .model_dir = rt->model_dir,
+                              .vocab = rt->lm.vocab,
+                              .hidden_size = rt->lm.hidden_size,
+                              .backends = &rt->backend,
+                              .n_backends = rt->backend ? 1 : 0,
+                              .rules = rt->rules,
+                              .n_rules = rt->n_rules,
+                              .options = out->options};
+    if (rlx_speculator_create(out->plugin, &target, &out->spec) != RLX_OK)
+        return app_fail_rlx("cannot start the speculator"), app_speculator_close(out), 1;
+    return 0;
+}
+
+void app_speculator_close(app_speculator *s) {
+    rlx_speculator_destroy(s->spec);
+    rlx_plugin_unload(s->plugin);
+    free(s->options);
+    memset(s, 0, sizeof *s);
 }

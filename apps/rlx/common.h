@@ -70,6 +70,34 @@ int app_parse_sampling(app_sampling *s, int argc, char **argv, int *i);
 /* Checks the combination and fills s->params.greedy; 1 after reporting a conflict. */
 int app_sampling_finish(app_sampling *s);
 
+/* Speculative decoding options shared by generate and bench. */
+typedef struct app_spec_options {
+    const char *name;        /* --spec NAME: speculator plugin; NULL = the deployment file's, if any */
+    uint32_t draft_tokens;   /* --draft-tokens K; 0 = not given */
+    const char *draft_model; /* --draft-model DIR: adds the option model=DIR */
+    const char *options;     /* --spec-opts "key=value,...": the plugin's options */
+} app_spec_options;
+
+/* A speculator opened for a runtime's model; spec is NULL when none was asked for. */
+typedef struct app_speculator {
+    rlx_plugin_handle *plugin;
+    rlx_speculator *spec;
+    char *options;
+    uint32_t k; /* draft tokens per round */
+} app_speculator;
+
+#define APP_DEFAULT_DRAFT_TOKENS 4
+
+extern const char app_spec_help[];
+/* Tries the speculative decoding options: 1 consumed, 0 not one, -1 after reporting a bad value. */
+int app_parse_spec(app_spec_options *s, int argc, char **argv, int *i);
+/* Opens the speculator the command line names, or else the deployment file's, for rt's model
+ * (on rt's backends; a pipeline driver gets --plugin's backend for it). A speculator that
+ * needs the target's hidden states gets a session that emits them, or an error naming what
+ * lacks them. 1 after reporting a failure; on success the caller closes *out before rt. */
+int app_speculator_open(app_runtime *rt, const app_options *o, const app_spec_options *so, app_speculator *out);
+void app_speculator_close(app_speculator *s);
+
 /* Fills what the command line left open from the deployment file's generation defaults (when
  * rt runs a deployment file): sampling parameters unless --greedy or a sampling option was
  * given, the seed unless --seed was, and *max_new unless max_new_given. */

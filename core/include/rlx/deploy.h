@@ -10,7 +10,8 @@
  *       listen: 0.0.0.0:7101      # optional: what the stage binds, if not address
  *     - address: 127.0.0.1:7102
  *       backend: cpu-blas
- *   speculator: {plugin: mtp, draft_tokens: 4}                        # optional
+ *   speculator: {plugin: draft, draft_tokens: 4, draft_model: models/qwen3-draft}   # optional;
+ *                                 # also options: "key=value,..." for the plugin
  *   generation: {max_tokens: 64, temperature: 0.7, top_k: 20, top_p: 0.8, seed: 1}  # optional
  *   timeouts: {connect_ms: 10000, control_ms: 5000, per_position_ms: 100}          # optional
  *
@@ -42,7 +43,9 @@ typedef struct rlx_deploy_stage {
 
 typedef struct rlx_deploy_speculator {
     const char *plugin;
-    uint32_t draft_tokens; /* 0 when not given */
+    uint32_t draft_tokens;   /* 0 when not given */
+    const char *draft_model; /* the draft's model directory, resolved like model; NULL when not given */
+    const char *options;     /* the plugin's "key=value,..." options; NULL when not given */
 } rlx_deploy_speculator;
 
 /* Generation defaults; each has_ flag says whether the file gave the value. */

@@ -59,6 +59,9 @@ typedef struct rlx_spec_update {
 
 enum { RLX_SPEC_NEEDS_HIDDEN = 1u << 0 };
 
+/* The most draft tokens rlx_spec_generate asks for per round. */
+#define RLX_SPEC_MAX_DRAFT 64
+
 typedef struct rlx_speculator_iface {
     uint32_t size;  /* sizeof(rlx_speculator_iface) the plugin was built with */
     uint32_t flags; /* RLX_SPEC_* */
@@ -112,7 +115,10 @@ RLX_API double rlx_spec_tokens_per_pass(const rlx_spec_stats *st);
  * match), sample the correction or bonus token from the target, and truncate the lm past
  * rejected positions. The emitted tokens follow the target's distribution exactly; under greedy
  * they equal rlx_generate's. Stops as rlx_generate does. A speculator with
- * RLX_SPEC_NEEDS_HIDDEN needs an lm whose hidden() is not NULL. */
+ * RLX_SPEC_NEEDS_HIDDEN needs an lm whose hidden() is not NULL. k is from 1 to
+ * RLX_SPEC_MAX_DRAFT; a round drafts fewer when the context or max_new leaves less room. The
+ * speculator is reset first and told the prompt as its context. Afterwards the lm holds what
+ * rlx_generate would leave: the prompt and every generated token but the last. */
 RLX_API rlx_status rlx_spec_generate(const rlx_lm *lm, rlx_speculator *spec, uint32_t k, rlx_sampler *sampler,
                                      const int32_t *prompt, uint32_t n_prompt, uint32_t max_new, rlx_token_fn fn,
                                      void *ctx, rlx_spec_stats *stats);

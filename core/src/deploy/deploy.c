@@ -251,7 +251,13 @@ static rlx_status speculator_pair(parse *p, void *ctx, const char *key, const ya
     }
     if (strcmp(key, "draft_tokens") == 0)
         return get_u32(p, key, v, 1, &s->draft_tokens);
-    return fail(p, k, "unknown key '%s' in speculator (known: plugin, draft_tokens)", key);
+    if (strcmp(key, "draft_model") == 0 || strcmp(key, "options") == 0) {
+        char *text = NULL;
+        rlx_status rc = get_string(p, key, v, &text);
+        *(key[0] == 'd' ? &s->draft_model : &s->options) = text;
+        return rc;
+    }
+    return fail(p, k, "unknown key '%s' in speculator (known: plugin, draft_tokens, draft_model, options)", key);
 }
 
 static rlx_status generation_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
@@ -330,20 +336,20 @@ static rlx_status top_pair(parse *p, void *ctx, const char *key, const yaml_node
     return fail(p, k, "unknown key '%s' (known: model, transport, stages, speculator, generation, timeouts)", key);
 }
 
-/* Makes a relative model path relative to the deployment file's folder. */
-static rlx_status resolve_model(rlx_deploy *d) {
-    if (!d->model || d->model[0] == '/')
+/* Makes a relative path (the model's, the draft model's) relative to the deployment file's folder. */
+static rlx_status resolve_path(rlx_deploy *d, char **path) {
+    if (!*path || (*path)[0] == '/')
         return RLX_OK;
     const char *slash = strrchr(d->path, '/');
     if (!slash)
         return RLX_OK;
     size_t dir = (size_t)(slash - d->path);
-    char *full = malloc(dir + 1 + strlen(d->model) + 1);
+    char *full = malloc(dir + 1 + strlen(*path) + 1);
     if (!full)
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", d->path);
-    sprintf(full, "%.*s/%s", (int)dir, d->path, d->model);
-    free(d->model);
-    d->model = full;
+    sprintf(full, "%.*s/%s", (int)dir, d->path, *path);
+    free(*path);
+    *path = full;
     return RLX_OK;
 }
 
@@ -393,7 +399,9 @@ rlx_status rlx_deploy_load(const char *path, rlx_deploy **out) {
         rc = rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
         goto done;
     }
-    rc = resolve_model(d);
+    char *draft_model = (char *)d->speculator.draft_model;
+    if ((rc = resolve_path(d, &d->model)) == RLX_OK && (rc = resolve_path(d, &draft_model)) == RLX_OK)
+        d->speculator.draft_model = draft_model;
 done:
     if (have_doc)
         yaml_document_delete(&doc);
@@ -417,6 +425,8 @@ void rlx_deploy_destroy(rlx_deploy *d) {
     }
     free(d->stages);
     free((char *)d->speculator.plugin);
+    free((char *)d->speculator.draft_model);
+    free((char *)d->speculator.options);
     free(d->model);
     free(d->transport);
     free(d->path);

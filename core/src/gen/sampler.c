@@ -177,3 +177,26 @@ void rlx_sampler_probs(rlx_sampler *s, const float *logits, float *probs) {
     for (int64_t i = 0; i < n; i++)
         probs[s->cand[i].id] = s->cand[i].logit;
 }
+
+rlx_sampler_params rlx_sampler_params_of(const rlx_sampler *s) { return s->p; }
+
+double rlx_sampler_uniform(rlx_sampler *s) { return next_unit(s->state); }
+
+int32_t rlx_sampler_draw(rlx_sampler *s, const float *probs) {
+    double total = 0;
+    for (int64_t i = 0; i < s->vocab; i++)
+        total += probs[i];
+    if (!(total > 0))
+        return rlx_error(RLX_E_INVALID, "cannot draw from a probability row with no mass"), -1;
+    double r = next_unit(s->state) * total, cum = 0;
+    int64_t last = -1;
+    for (int64_t i = 0; i < s->vocab; i++) {
+        if (probs[i] <= 0)
+            continue;
+        cum += probs[i];
+        last = i;
+        if (r < cum)
+            return (int32_t)i;
+    }
+    return (int32_t)last; /* rounding left r above the running total: the last token with mass */
+}

@@ -4,6 +4,7 @@
 #include <stddef.h>
 
 #include "rlx/backend.h"
+#include "rlx/speculator.h"
 
 #define PIN(type, member, offset) _Static_assert(offsetof(type, member) == (offset), #type "." #member " moved")
 
@@ -59,3 +60,34 @@ PIN(rlx_backend_iface, open, 8);
 PIN(rlx_backend_iface, close, 16);
 PIN(rlx_backend_iface, supports, 24);
 PIN(rlx_backend_iface, compute, 32);
+
+PIN(rlx_sampler_params, greedy, 0);
+PIN(rlx_sampler_params, temperature, 4);
+PIN(rlx_sampler_params, top_k, 8);
+PIN(rlx_sampler_params, top_p, 12);
+PIN(rlx_sampler_params, seed, 16);
+_Static_assert(sizeof(rlx_sampler_params) == 24, "rlx_sampler_params size changed");
+
+PIN(rlx_spec_target, size, 0);
+PIN(rlx_spec_target, kv_capacity, 4);
+PIN(rlx_spec_target, model_dir, 8);
+PIN(rlx_spec_target, vocab, 16);
+PIN(rlx_spec_target, hidden_size, 24);
+PIN(rlx_spec_target, backends, 32);
+PIN(rlx_spec_target, n_backends, 40);
+PIN(rlx_spec_target, rules, 48);
+PIN(rlx_spec_target, n_rules, 56);
+PIN(rlx_spec_target, options, 64);
+
+PIN(rlx_spec_update, tokens, 0);
+PIN(rlx_spec_update, n_tokens, 8);
+PIN(rlx_spec_update, n_accepted, 12);
+PIN(rlx_spec_update, hidden, 16);
+PIN(rlx_spec_update, n_hidden, 24);
+
+PIN(rlx_speculator_iface, size, 0);
+PIN(rlx_speculator_iface, flags, 4);
+PIN(rlx_speculator_iface, open, 8);
+PIN(rlx_speculator_iface, close, 16);
+PIN(rlx_speculator_iface, reset, 24);
+PIN(rlx_speculator_iface, propose, 32);

@@ -13,6 +13,7 @@
 #include "rlx/backend.h"
 #include "rlx/plugin.h"
 #include "rlx/transport.h"
+#include "spec/spec_internal.h"
 #include "util/log.h"
 
 struct rlx_plugin_handle {
@@ -94,6 +95,8 @@ static rlx_status check_iface(const char *path, const rlx_plugin *d) {
             return rlx_error(RLX_E_ABI, "%s: transport table lacks a required function", path);
         return RLX_OK;
     }
+    if (d->kind == RLX_PLUGIN_SPECULATOR)
+        return rlx__speculator_check_iface(path, d->iface);
     return rlx_error(RLX_E_UNSUPPORTED, "%s: plugin kind %s (%u) is not supported by this rlx", path,
                      rlx_plugin_kind_name(d->kind), d->kind);
 }
