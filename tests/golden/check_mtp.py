@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Golden test of the MTP head and of emitted hidden states: rlx against qwen3_ref.py.
 
-  check_mtp.py --probe PATH/rlx_mtp_probe --workdir DIR [--plugin NAME]
+  check_mtp.py --probe PATH/rlx_mtp_probe --rlx PATH/rlx --workdir DIR [--plugin NAME]
 
 Builds two random models with two MTP layers each (make_model.py; layer 0 has its own
 final_layernorm, layer 1 falls back to model.norm): dense-tied f32 with the MTP tensors in its
@@ -11,7 +11,10 @@ target's final-normed hidden rows and logits and the MTP layer's logits and hidd
 the pairs (tokens[t+1], hidden[t]); all must match NumPy within LOGITS_TOL relative, NumPy
 computing the pairs from its own float64 hidden states. Then the errors: MTP tensors missing
 (the error names the tensor and the weights option), a weights file that repeats the model's
-tensors, a missing weights file. Exits 0 on pass, 1 on failure, with one summary line.
+tensors, a missing weights file. Last, the speculator through the command line: `rlx generate
+--spec mtp` finds the weights in the model, by --spec-opts weights=FILE and as mtp.safetensors in
+the model directory (greedy output equal to plain greedy's), and on a model without them fails
+naming the tensor and the option. Exits 0 on pass, 1 on failure, with one summary line.
 """
 import argparse
 import os
@@ -89,9 +92,31 @@ def expect_error(args, what, model, weights, layer, *needles):
                       f"{r.stderr.strip()!r}")
 
 
+def rlx_generate(args, model, *extra):
+    cmd = [args.rlx, "generate", "--model", model, "--plugin", args.plugin, "--tokens", ",".join(map(str, TOKENS)),
+           "-n", "16", "--greedy", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def check_cli(args, inline_dir, separate_dir, separate_weights):
+    beside_dir = os.path.join(args.workdir, "beside")
+    make_model.build("dense-tied", "f32", 1, 2, beside_dir, 1, os.path.join(beside_dir, "mtp.safetensors"))
+    for what, model, extra in (("weights in the model", inline_dir, ["--spec-opts", "layer=1"]),
+                               ("--spec-opts weights=FILE", separate_dir, ["--spec-opts", f"weights={separate_weights}"]),
+                               ("mtp.safetensors beside the model", beside_dir, [])):
+        plain, spec = rlx_generate(args, model), rlx_generate(args, model, "--spec", "mtp", "--draft-tokens", "3", *extra)
+        if plain.returncode or spec.returncode or plain.stdout != spec.stdout:
+            raise Failure(f"rlx generate --spec mtp ({what}): exit {spec.returncode}, output {spec.stdout.strip()!r}, "
+                          f"plain greedy {plain.stdout.strip()!r}: {spec.stderr.strip()}")
+    r = rlx_generate(args, separate_dir, "--spec", "mtp")
+    if r.returncode != 1 or "'model.mtp_layers.0.token_layernorm.weight'" not in r.stderr or "weights=FILE" not in r.stderr:
+        raise Failure(f"rlx generate --spec mtp without MTP weights: exit {r.returncode}: {r.stderr.strip()!r}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--probe", required=True)
+    ap.add_argument("--rlx", required=True)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--plugin", default="cpu-blas")
     args = ap.parse_args(argv)
@@ -113,10 +138,12 @@ def main(argv=None):
                      os.path.join(inline_dir, "model.safetensors"), 0, "is in both")
         missing = os.path.join(args.workdir, "absent.safetensors")
         expect_error(args, "a missing weights file", separate_dir, missing, 0, missing)
+        check_cli(args, inline_dir, separate_dir, separate_weights)
     except Failure as e:
         print(f"FAIL {e}")
         return 1
-    print(f"PASS MTP logits and hidden rows, emitted hidden rows (max error {worst:.3g}); errors named")
+    print(f"PASS MTP logits and hidden rows, emitted hidden rows (max error {worst:.3g}); errors named; "
+          "rlx generate --spec mtp equals greedy with each weight location")
     return 0
 
 
