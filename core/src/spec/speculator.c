@@ -295,8 +295,6 @@ static rlx_status spec_round(spec_run *r, int32_t *token, uint32_t k) {
     if (emitted_next) {
         *token = next;
         emit(r, next);
-    } else {
-        *token = r->verify[kept]; /* the last emitted draft */
     }
     /* the lm keeps the last token and every emitted draft but the newest emitted token, as
      * rlx_generate leaves it; rejected and unreached drafts are forgotten */

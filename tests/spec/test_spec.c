@@ -1,0 +1,506 @@
+/* Speculative decoding on real (small, random) models: greedy output equals plain greedy token
+ * for token with the draft plugin for k = 1..6 (a draft that often disagrees and the target
+ * itself, which must have every draft accepted), stops land where plain decoding's do,
+ * rejected positions leave no trace in the target's or the draft's cache, sampled output
+ * follows the target's exact distribution (chi-square), and bad speculators and bad arguments
+ * are refused with errors naming them. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "model_fixture.h"
+
+#define DATA RLX_TEST_DATA
+#define TARGET DATA "/spec-target"
+#define DRAFT DATA "/spec-draft"
+#define TINY DATA "/spec-tiny"
+
+static rlx_backend *backend;
+static rlx_plugin_handle *backend_plugin, *draft_plugin, *skewed_plugin;
+static rlx_model *target, *tiny;
+
+static const int32_t prompt[] = {17, 3, 250, 99, 4, 301, 77, 12};
+#define N_PROMPT (uint32_t)(sizeof prompt / sizeof prompt[0])
+static const int32_t tiny_prompt[] = {1, 5, 3}; /* for the vocabulary of 16 */
+#define N_TINY_PROMPT 3
+
+static rlx_session *new_session(rlx_model *m, uint32_t capacity) {
+    const rlx_model_config *c = rlx_model_config_of(m);
+    rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
+    rlx_session_options o = {.kv_capacity = capacity, .backends = &backend, .n_backends = 1};
+    rlx_session *s;
+    assert_ok(rlx_session_create(m, &spec, &o, &s));
+    return s;
+}
+
+static rlx_status open_spec(rlx_plugin_handle *plugin, const rlx_lm *lm, const char *model_dir, const char *options,
+                            rlx_speculator **out) {
+    rlx_spec_target t = {.size = sizeof t,
+                         .kv_capacity = lm->capacity(lm->self),
+                         .model_dir = model_dir,
+                         .vocab = lm->vocab,
+                         .backends = &backend,
+                         .n_backends = 1,
+                         .options = options};
+    return rlx_speculator_create(plugin, &t, out);
+}
+
+typedef struct recorder {
+    int32_t tokens[256];
+    uint32_t n, stop_after; /* stop_after 0: never ask to stop */
+} recorder;
+
+static int record(void *ctx, int32_t token) {
+    recorder *r = ctx;
+    r->tokens[r->n++] = token;
+    return r->stop_after && r->n == r->stop_after;
+}
+
+static rlx_sampler *new_sampler(int greedy, float temperature, int32_t top_k, uint64_t seed, int64_t vocab) {
+    rlx_sampler_params p = rlx_sampler_params_default();
+    p.greedy = greedy;
+    p.temperature = temperature;
+    p.top_k = top_k;
+    p.seed = seed;
+    rlx_sampler *s;
+    assert_ok(rlx_sampler_create(&p, vocab, &s));
+    return s;
+}
+
+/* rlx_generate's tokens for lm (truncated to empty first). */
+static void plain_run(const rlx_lm *lm, uint32_t max_new, uint32_t stop_after, recorder *out) {
+    rlx_sampler *g = new_sampler(1, 1, 0, 0, lm->vocab);
+    *out = (recorder){.stop_after = stop_after};
+    assert_ok(lm->truncate(lm->self, 0));
+    assert_ok(rlx_generate(lm, g, prompt, N_PROMPT, max_new, record, out, NULL));
+    rlx_sampler_destroy(g);
+}
+
+static void spec_run(const rlx_lm *lm, rlx_speculator *spec, uint32_t k, uint32_t max_new, uint32_t stop_after,
+                     recorder *out, rlx_spec_stats *st) {
+    rlx_sampler *g = new_sampler(1, 1, 0, 0, lm->vocab);
+    *out = (recorder){.stop_after = stop_after};
+    assert_ok(lm->truncate(lm->self, 0));
+    assert_ok(rlx_spec_generate(lm, spec, k, g, prompt, N_PROMPT, max_new, record, out, st));
+    rlx_sampler_destroy(g);
+}
+
+static void assert_same_tokens(const recorder *a, const recorder *b, const char *what, uint32_t k) {
+    if (a->n != b->n)
+        fail_msg("%s, k=%u: %u tokens, plain decoding gave %u", what, k, b->n, a->n);
+    for (uint32_t i = 0; i < a->n; i++)
+        if (a->tokens[i] != b->tokens[i])
+            fail_msg("%s, k=%u: token %u is %d, plain decoding gave %d", what, k, i, b->tokens[i], a->tokens[i]);
+}
+
+static void test_greedy_equals_plain_with_draft_models(void **state) {
+    (void)state;
+    rlx_session *s = new_session(target, 128);
+    rlx_lm lm;
+    assert_ok(rlx_session_lm(s, &lm));
+    recorder plain, spec_out;
+    plain_run(&lm, 48, 0, &plain);
+    const char *drafts[] = {DRAFT, TARGET};
+    for (int d = 0; d < 2; d++) {
+        char options[512];
+        snprintf(options, sizeof options, "model=%s", drafts[d]);
+        rlx_speculator *spec;
+        assert_ok(open_spec(draft_plugin, &lm, TARGET, options, &spec));
+        for (uint32_t k = 1; k <= 6; k++) {
+            rlx_spec_stats st;
+            spec_run(&lm, spec, k, 48, 0, &spec_out, &st);
+            assert_same_tokens(&plain, &spec_out, drafts[d], k);
+            assert_int_equal(st.gen.n_generated, plain.n);
+            assert_true(st.accepted <= st.proposed && st.proposed <= (uint64_t)k * st.rounds);
+            assert_true(rlx_spec_tokens_per_pass(&st) >= 1.0);
+            if (d == 1) /* the target drafting for itself agrees with itself */
+                assert_int_equal(st.accepted, st.proposed);
+            else
+                assert_true(st.accepted < st.proposed);
+        }
+        rlx_speculator_destroy(spec);
+    }
+    rlx_session_destroy(s);
+}
+
+/* EOS, max_new and the callback's stop end speculative decoding on the same token as plain
+ * decoding, also when the stop falls inside a round of drafts. */
+static void test_greedy_stops_like_plain(void **state) {
+    (void)state;
+    rlx_session *s = new_session(target, 128);
+    rlx_lm lm;
+    assert_ok(rlx_session_lm(s, &lm));
+    rlx_speculator *spec;
+    assert_ok(open_spec(draft_plugin, &lm, TARGET, "model=" TARGET, &spec));
+    recorder plain, out;
+    rlx_spec_stats st;
+    plain_run(&lm, 48, 0, &plain);
+    /* an EOS id: a token of the plain output that first appears after a few tokens */
+    int32_t eos = -1;
+    for (uint32_t i = 3; i < plain.n && eos < 0; i++) {
+        int seen = 0;
+        for (uint32_t j = 0; j < i; j++)
+            seen |= plain.tokens[j] == plain.tokens[i];
+        if (!seen)
+            eos = plain.tokens[i];
+    }
+    assert_true(eos >= 0);
+    rlx_lm with_eos = lm;
+    with_eos.eos_ids = &eos;
+    with_eos.n_eos = 1;
+    recorder plain_eos;
+    plain_run(&with_eos, 48, 0, &plain_eos);
+    assert_true(plain_eos.n < plain.n && plain_eos.tokens[plain_eos.n - 1] == eos);
+    for (uint32_t k = 1; k <= 6; k++) {
+        spec_run(&with_eos, spec, k, 48, 0, &out, &st);
+        assert_same_tokens(&plain_eos, &out, "EOS", k);
+        assert_true(st.gen.stopped_on_eos);
+        /* the cache holds the prompt and every token but the last, as rlx_generate leaves it */
+        assert_int_equal(rlx_session_length(s), N_PROMPT + out.n - 1);
+        for (uint32_t limit = 1; limit <= 9; limit += 4) {
+            plain_run(&lm, limit, 0, &plain);
+            spec_run(&lm, spec, k, limit, 0, &out, &st);
+            assert_same_tokens(&plain, &out, "max_new", k);
+            plain_run(&lm, 48, limit, &plain);
+            spec_run(&lm, spec, k, 48, limit, &out, &st);
+            assert_same_tokens(&plain, &out, "callback stop", k);
+            assert_int_equal(rlx_session_length(s), N_PROMPT + out.n - 1);
+        }
+    }
+    rlx_speculator_destroy(spec);
+    rlx_session_destroy(s);
+}
+
+static double max_diff(const float *a, const float *b, int64_t n) {
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++)
+        worst = fmax(worst, fabs((double)a[i] - b[i]));
+    return worst;
+}
+
+/* After sampled speculative decoding (with many rejections), the target's cache answers a probe
+ * token as a cache built by plain forwards of the emitted tokens does. Positions computed in
+ * batches of another width differ by rounding only; a kept rejected draft would shift them. */
+static void test_rollback_leaves_target_cache_as_plain(void **state) {
+    (void)state;
+    rlx_session *s = new_session(target, 128), *ref = new_session(target, 128);
+    rlx_lm lm;
+    assert_ok(rlx_session_lm(s, &lm));
+    rlx_speculator *spec;
+    assert_ok(open_spec(draft_plugin, &lm, TARGET, "model=" DRAFT, &spec));
+    rlx_sampler *g = new_sampler(0, 1.0f, 0, 3, lm.vocab);
+    recorder out = {0};
+    rlx_spec_stats st;
+    assert_ok(rlx_spec_generate(&lm, spec, 4, g, prompt, N_PROMPT, 40, record, &out, &st));
+    assert_true(st.accepted < st.proposed); /* some drafts were rolled back */
+    assert_int_equal(rlx_session_length(s), N_PROMPT + out.n - 1);
+    const float *a, *b;
+    assert_ok(rlx_session_forward(ref, prompt, N_PROMPT, 0, &b));
+    if (out.n > 1)
+        assert_ok(rlx_session_forward(ref, out.tokens, out.n - 1, 0, &b));
+    int32_t probe = out.tokens[out.n - 1];
+    assert_ok(rlx_session_forward(s, &probe, 1, 0, &a));
+    assert_ok(rlx_session_forward(ref, &probe, 1, 0, &b));
+    assert_true(max_diff(a, b, lm.vocab) < 1e-4);
+    rlx_sampler_destroy(g);
+    rlx_speculator_destroy(spec);
+    rlx_session_destroy(s);
+    rlx_session_destroy(ref);
+}
+
+/* The draft plugin keeps accepted drafts and forgets rejected ones: after a partly accepted
+ * proposal, its next proposal is the one a fresh draft given the whole context makes. */
+static void test_rollback_leaves_draft_cache_as_fresh(void **state) {
+    (void)state;
+    rlx_session *s = new_session(target, 128);
+    rlx_lm lm;
+    assert_ok(rlx_session_lm(s, &lm));
+    int64_t vocab = lm.vocab;
+    rlx_speculator *kept, *fresh;
+    assert_ok(open_spec(draft_plugin, &lm, TARGET, "model=" DRAFT, &kept));
+    assert_ok(open_spec(draft_plugin, &lm, TARGET, "model=" DRAFT, &fresh));
+    float *q1 = malloc(4 * (size_t)vocab * sizeof *q1), *q2 = malloc(4 * (size_t)vocab * sizeof *q2);
+    for (int greedy = 0; greedy <= 1; greedy++) {
+        rlx_sampler_params p = rlx_sampler_params_default();
+        p.greedy = greedy;
+        p.seed = 9;
+        int32_t context[N_PROMPT + 4], d1[4], d2[4];
+        memcpy(context, prompt, sizeof prompt);
+        context[N_PROMPT] = 7;
+        uint32_t n1, n2;
+        assert_ok(rlx_speculator_reset(kept));
+        rlx_spec_update u = {.tokens = context, .n_tokens = N_PROMPT + 1};
+        assert_ok(rlx_speculator_propose(kept, &u, 4, &p, d1, q1, &n1));
+        assert_int_equal(n1, 4);
+        /* two drafts accepted, the third replaced by a token it did not propose */
+        int32_t correction = (d1[2] + 1) % (int32_t)vocab;
+        int32_t update2[3] = {d1[0], d1[1], correction};
+        u = (rlx_spec_update){.tokens = update2, .n_tokens = 3, .n_accepted = 2};
+        assert_ok(rlx_speculator_propose(kept, &u, 4, &p, d1, q1, &n1));
+        memcpy(context + N_PROMPT + 1, update2, sizeof update2);
+        assert_ok(rlx_speculator_reset(fresh));
+        u = (rlx_spec_update){.tokens = context, .n_tokens = N_PROMPT + 4};
+        assert_ok(rlx_speculator_propose(fresh, &u, 4, &p, d2, q2, &n2));
+        assert_int_equal(n1, n2);
+        /* the first row depends on the context alone (later ones on the drafts drawn) */
+        assert_true(max_diff(q1, q2, vocab) < 1e-5);
+        if (greedy)
+            assert_memory_equal(d1, d2, sizeof d1);
+    }
+    free(q1);
+    free(q2);
+    rlx_speculator_destroy(kept);
+    rlx_speculator_destroy(fresh);
+    rlx_session_destroy(s);
+}
+
+// ---- the sampled distribution ----
+
+#define SEEDS 4000
+#define TINY_VOCAB 16
+#define CHI2_Z_1E3 3.090232 /* standard normal quantile of 1 - 1e-3 */
+
+/* Chi-square test of counts against probabilities: cells expecting fewer than 5 are pooled
+ * (smallest first) until the pool expects 5. Fails when p < 1e-3, with the critical value from
+ * the Wilson-Hilferty approximation; a count on a token of probability 0 fails outright. */
+static void assert_chi_square(const char *what, const uint32_t *count, const double *prob, int n, uint32_t total) {
+    int order[TINY_VOCAB];
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    for (int i = 0; i < n; i++) /* ascending by probability */
+        for (int j = i + 1; j < n; j++)
+            if (prob[order[j]] < prob[order[i]]) {
+                int t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+    double chi2 = 0, pool_e = 0, pool_o = 0;
+    int cells = 0;
+    for (int r = 0; r < n; r++) {
+        int i = order[r];
+        if (prob[i] == 0) {
+            if (count[i])
+                fail_msg("%s: token %d has probability 0 but was emitted %u times", what, i, count[i]);
+            continue;
+        }
+        pool_e += prob[i] * total;
+        pool_o += count[i];
+        if (pool_e >= 5) {
+            chi2 += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
+            cells++;
+            pool_e = pool_o = 0;
+        }
+    }
+    if (pool_e > 0) { /* a pool still short of 5 at the end counts as a cell too */
+        chi2 += (pool_o - pool_e) * (pool_o - pool_e) / pool_e;
+        cells++;
+    }
+    double df = cells - 1, h = 2.0 / (9.0 * df);
+    double critical = df * pow(1 - h + CHI2_Z_1E3 * sqrt(h), 3);
+    print_message("%s: chi-square %.2f over %d cells, critical value %.2f at p = 1e-3\n", what, chi2, cells, critical);
+    if (chi2 > critical)
+        fail_msg("%s: chi-square %.2f > %.2f: the emitted tokens do not follow the target's distribution", what, chi2,
+                 critical);
+}
+
+/* probs of the token after prompt + ctx[0..n) under the sampler's filters */
+static void target_probs(rlx_session *s, rlx_sampler *g, const int32_t *ctx, uint32_t n, double *out) {
+    const float *logits;
+    float p[TINY_VOCAB];
+    assert_ok(rlx_session_truncate(s, 0));
+    assert_ok(rlx_session_forward(s, tiny_prompt, N_TINY_PROMPT, 0, &logits));
+    if (n)
+        assert_ok(rlx_session_forward(s, ctx, n, 0, &logits));
+    rlx_sampler_probs(g, logits, p);
+    for (int i = 0; i < TINY_VOCAB; i++)
+        out[i] = p[i];
+}
+
+/* The 2nd and 3rd tokens (the first ones through verification: accepted drafts, corrections
+ * from max(0, p - q) and bonus tokens) against their exact marginals under the target, with
+ * drafts from a context-free skewed q. Checked to fail when the rule is broken (always
+ * accepting, or drawing corrections from p instead of max(0, p - q)). */
+static void check_distribution(float temperature, int32_t top_k) {
+    rlx_session *s = new_session(tiny, 16), *ref = new_session(tiny, 16);
+    rlx_lm lm;
+    assert_ok(rlx_session_lm(s, &lm));
+    lm.n_eos = 0; /* count every token; an EOS would end the sequence before the tokens measured */
+    assert_int_equal(lm.vocab, TINY_VOCAB);
+    rlx_speculator *spec;
+    assert_ok(open_spec(skewed_plugin, &lm, TINY, NULL, &spec));
+    rlx_sampler *exact = new_sampler(0, temperature, top_k, 0, TINY_VOCAB);
+    double p1[TINY_VOCAB], p2[TINY_VOCAB] = {0}, p3[TINY_VOCAB] = {0}, cond[TINY_VOCAB], cond2[TINY_VOCAB];
+    target_probs(ref, exact, NULL, 0, p1);
+    for (int32_t a = 0; a < TINY_VOCAB; a++) {
+        if (p1[a] == 0)
+            continue;
+        target_probs(ref, exact, &a, 1, cond);
+        for (int32_t b = 0; b < TINY_VOCAB; b++) {
+            p2[b] += p1[a] * cond[b];
+            if (cond[b] == 0)
+                continue;
+            int32_t ab[2] = {a, b};
+            target_probs(ref, exact, ab, 2, cond2);
+            for (int c = 0; c < TINY_VOCAB; c++)
+                p3[c] += p1[a] * cond[b] * cond2[c];
+        }
+    }
+    uint32_t count2[TINY_VOCAB] = {0}, count3[TINY_VOCAB] = {0};
+    uint64_t proposed = 0, accepted = 0;
+    for (uint64_t seed = 0; seed < SEEDS; seed++) {
+        rlx_sampler *g = new_sampler(0, temperature, top_k, seed, TINY_VOCAB);
+        recorder out = {0};
+        rlx_spec_stats st;
+        assert_ok(rlx_session_truncate(s, 0));
+        assert_ok(rlx_spec_generate(&lm, spec, 1, g, tiny_prompt, N_TINY_PROMPT, 4, record, &out, &st));
+        assert_int_equal(out.n, 4);
+        count2[out.tokens[1]]++;
+        count3[out.tokens[2]]++;
+        proposed += st.proposed;
+        accepted += st.accepted;
+        rlx_sampler_destroy(g);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "T=%.1f top-k %d, 2nd token", (double)temperature, top_k);
+    assert_chi_square(what, count2, p2, TINY_VOCAB, SEEDS);
+    snprintf(what, sizeof what, "T=%.1f top-k %d, 3rd token", (double)temperature, top_k);
+    assert_chi_square(what, count3, p3, TINY_VOCAB, SEEDS);
+    /* both branches of the rule were exercised many times */
+    assert_true(accepted > SEEDS / 4 && proposed - accepted > SEEDS / 4);
+    rlx_sampler_destroy(exact);
+    rlx_speculator_destroy(spec);
+    rlx_session_destroy(s);
+    rlx_session_destroy(ref);
+}
+
+static void test_sampled_tokens_follow_target_distribution(void **state) {
+    (void)state;
+    check_distribution(1.0f, 0);
+}
+
+/* top-k leaves the target no mass where q has some: corrections come from p's support only */
+static void test_sampled_tokens_follow_filtered_distribution(void **state) {
+    (void)state;
+    check_distribution(1.0f, 5);
+}
+
+// ---- refusals ----
+
+static void test_bad_speculators_and_arguments_are_refused(void **state) {
+    (void)state;
+    rlx_session *s = new_session(tiny, 16);
+    rlx_lm lm;
+    assert_ok(rlx_session_lm(s, &lm));
+    rlx_speculator *spec = (rlx_speculator *)&spec;
+    rlx_sampler *g = new_sampler(0, 1, 0, 1, lm.vocab);
+    assert_ok(open_spec(skewed_plugin, &lm, TINY, NULL, &spec));
+    assert_int_equal(rlx_spec_generate(&lm, spec, 0, g, tiny_prompt, N_TINY_PROMPT, 4, NULL, NULL, NULL), RLX_E_RANGE);
+    assert_error_mentions("draft tokens must be from 1 to 64");
+    assert_int_equal(rlx_spec_generate(&lm, spec, RLX_SPEC_MAX_DRAFT + 1, g, tiny_prompt, N_TINY_PROMPT, 4, NULL, NULL, NULL),
+                     RLX_E_RANGE);
+    rlx_speculator_destroy(spec);
+    const char *modes[][2] = {{"mode=out_of_vocab", "outside the vocabulary"},
+                              {"mode=zero_prob", "probability 0"},
+                              {"mode=negative", "finite non-negative"},
+                              {"mode=too_many", "asked for at most"}};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        assert_ok(open_spec(skewed_plugin, &lm, TINY, modes[i][0], &spec));
+        assert_ok(rlx_session_truncate(s, 0));
+        assert_int_equal(rlx_spec_generate(&lm, spec, 2, g, tiny_prompt, N_TINY_PROMPT, 4, NULL, NULL, NULL), RLX_E_PLUGIN);
+        assert_error_mentions("speculator 'skewed'");
+        assert_error_mentions(modes[i][1]);
+        rlx_speculator_destroy(spec);
+    }
+    assert_int_equal(open_spec(skewed_plugin, &lm, TINY, "colour=red", &spec), RLX_E_INVALID);
+    assert_null(spec);
+    assert_error_mentions("speculator 'skewed': cannot open: unknown option");
+    /* the draft plugin: no model, another vocabulary, unknown options, another tokenizer */
+    rlx_session *t = new_session(target, 64);
+    rlx_lm tl;
+    assert_ok(rlx_session_lm(t, &tl));
+    assert_int_equal(open_spec(draft_plugin, &tl, TARGET, NULL, &spec), RLX_E_INVALID);
+    assert_error_mentions("model=DIR");
+    assert_int_equal(open_spec(draft_plugin, &tl, TARGET, "model=" DATA "/spec-vocab256", &spec), RLX_E_INVALID);
+    assert_error_mentions("vocabulary of 256 tokens");
+    assert_int_equal(open_spec(draft_plugin, &tl, TARGET, "model=" DRAFT ",depth=3", &spec), RLX_E_INVALID);
+    assert_error_mentions("unknown option 'depth'");
+    assert_true(open_spec(draft_plugin, &tl, TARGET, "model=/nonexistent/draft", &spec) < 0);
+    assert_error_mentions("/nonexistent/draft");
+    char *dir = fixture_dir_create(), *other = fixture_dir_create();
+    char link_from[PATH_MAX];
+    for (int f = 0; f < 2; f++) {
+        const char *name = f ? "model.safetensors" : "config.json";
+        snprintf(link_from, sizeof link_from, "%s/%s", DRAFT, name);
+        assert_int_equal(symlink(link_from, fixture_path(dir, name)), 0);
+    }
+    fixture_write_text(dir, "tokenizer.json", "{\"model\": \"one\"}");
+    fixture_write_text(other, "tokenizer.json", "{\"model\": \"two\"}");
+    char options[PATH_MAX + 8];
+    snprintf(options, sizeof options, "model=%s", dir);
+    assert_int_equal(open_spec(draft_plugin, &tl, other, options, &spec), RLX_E_INVALID);
+    assert_error_mentions("tokenizer.json differs");
+    fixture_write_text(other, "tokenizer.json", "{\"model\": \"one\"}");
+    assert_ok(open_spec(draft_plugin, &tl, other, options, &spec));
+    rlx_speculator_destroy(spec);
+    fixture_dir_remove(dir);
+    fixture_dir_remove(other);
+    free(dir);
+    free(other);
+    /* a speculator opened for another vocabulary, and a backend handle passed as a speculator */
+    assert_ok(open_spec(skewed_plugin, &lm, TINY, NULL, &spec));
+    assert_int_equal(rlx_spec_generate(&tl, spec, 2, g, tiny_prompt, N_TINY_PROMPT, 4, NULL, NULL, NULL), RLX_E_INVALID);
+    assert_error_mentions("vocabulary");
+    rlx_speculator_destroy(spec);
+    assert_int_equal(open_spec(backend_plugin, &lm, TINY, NULL, &spec), RLX_E_INVALID);
+    assert_error_mentions("not a speculator");
+    rlx_registry *r;
+    rlx_plugin_handle *h;
+    assert_ok(rlx_registry_create(NULL, &r));
+    assert_int_equal(rlx_registry_load(r, RLX_PLUGIN_SPECULATOR, "no-such-speculator", &h), RLX_E_NOT_FOUND);
+    rlx_registry_destroy(r);
+    rlx_sampler_destroy(g);
+    rlx_session_destroy(s);
+    rlx_session_destroy(t);
+}
+
+static int setup(void **state) {
+    (void)state;
+    const char *name = getenv("RLX_BACKEND") ? getenv("RLX_BACKEND") : "cpu-blas";
+    rlx_registry *r;
+    if (rlx_registry_create(NULL, &r) != RLX_OK ||
+        rlx_registry_load(r, RLX_PLUGIN_BACKEND, name, &backend_plugin) != RLX_OK ||
+        rlx_registry_load(r, RLX_PLUGIN_SPECULATOR, "draft", &draft_plugin) != RLX_OK ||
+        rlx_plugin_load(RLX_TEST_SKEWED_SPECULATOR, &skewed_plugin) != RLX_OK || rlx_backend_create(backend_plugin, NULL, &backend) != RLX_OK ||
+        rlx_model_open(TARGET, &target) != RLX_OK || rlx_model_open(TINY, &tiny) != RLX_OK) {
+        fprintf(stderr, "setup: %s\n", rlx_last_error());
+        return -1;
+    }
+    rlx_registry_destroy(r);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    rlx_model_close(target);
+    rlx_model_close(tiny);
+    rlx_backend_destroy(backend);
+    rlx_plugin_unload(backend_plugin);
+    rlx_plugin_unload(draft_plugin);
+    rlx_plugin_unload(skewed_plugin);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_greedy_equals_plain_with_draft_models),
+        cmocka_unit_test(test_greedy_stops_like_plain),
+        cmocka_unit_test(test_rollback_leaves_target_cache_as_plain),
+        cmocka_unit_test(test_rollback_leaves_draft_cache_as_fresh),
+        cmocka_unit_test(test_sampled_tokens_follow_target_distribution),
+        cmocka_unit_test(test_sampled_tokens_follow_filtered_distribution),
+        cmocka_unit_test(test_bad_speculators_and_arguments_are_refused),
+    };
+    return cmocka_run_group_tests_name("spec", tests, setup, teardown);
+}
