@@ -21,6 +21,7 @@ double kit_default_tol(int slot) {
     case RLX_OP_EMBED:
     case RLX_OP_ADD:
     case RLX_OP_GATHER_LAST:
+    case RLX_OP_CONCAT:
         return 0; /* copies and one rounding: exact */
     case RLX_OP_SWIGLU:
         return 1e-6;
@@ -199,6 +200,11 @@ static const struct {
     int64_t t, c;
 } ew_cases[] = {{1, 3072}, {5, 17}, {64, 1024}, {512, 96}, {1, 1}, {3, 1}};
 
+/* CONCAT widths: equal halves as the MTP head uses, uneven and one-column sides */
+static const struct {
+    int64_t t, a, b;
+} concat_cases[] = {{1, 64, 64}, {5, 17, 3}, {64, 256, 256}, {3, 1, 9}, {7, 33, 1}};
+
 static const struct {
     int64_t t, h, f;
     uint32_t experts, top_k, norm;
@@ -226,6 +232,8 @@ static int n_cases(uint32_t op) {
         return COUNT(ew_cases);
     case RLX_OP_MOE:
         return COUNT(moe_cases) * 3;
+    case RLX_OP_CONCAT:
+        return COUNT(concat_cases);
     default:
         return 0;
     }
@@ -276,6 +284,10 @@ static void case_name(uint32_t op, int i, char *name, size_t len) {
                  moe_cases[r].norm, rlx_dtype_name((int)dtypes[i % 3]));
         break;
     }
+    case RLX_OP_CONCAT:
+        snprintf(name, len, "concat T=%lld A=%lld B=%lld", (long long)concat_cases[i].t, (long long)concat_cases[i].a,
+                 (long long)concat_cases[i].b);
+        break;
     default:
         snprintf(name, len, "?");
     }
@@ -449,6 +461,15 @@ int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
         n->p.norm_topk = moe_cases[r0].norm;
         break;
     }
+    case RLX_OP_CONCAT: {
+        int64_t t = concat_cases[i].t, a = concat_cases[i].a, b = concat_cases[i].b;
+        if (node_alloc(n, c->op, 2))
+            return -1;
+        n->in[0] = shape2(RLX_DTYPE_F32, t, a);
+        n->in[1] = shape2(RLX_DTYPE_F32, t, b);
+        n->out = shape2(RLX_DTYPE_F32, t, a + b);
+        break;
+    }
     default:
         return -1;
     }
@@ -498,6 +519,7 @@ int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
     case RLX_OP_SWIGLU:
     case RLX_OP_ADD:
     case RLX_OP_GATHER_LAST:
+    case RLX_OP_CONCAT:
         for (uint32_t k = 0; k < n->n_inputs; k++)
             fill(&r, &n->in[k], 4);
         break;

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 OPS = {"embed": 1, "matmul": 2, "rms_norm": 3, "rope": 4, "attention": 5, "swiglu": 6, "add": 7,
-       "gather_last": 8, "moe": 9}
+       "gather_last": 8, "moe": 9, "concat": 10}
 DTYPE_CODE = {"f32": 0, "bf16": 1, "f16": 2, "i32": 3}
 DTYPES = ("f32", "bf16", "f16")
 SEED = 20240601
@@ -253,6 +253,11 @@ def cases():
             out.append(Case("moe", f"moe T={t} H={h} F={f} E={n_exp} k={top_k} norm={norm} w={dt}", ins,
                             op_moe(x.value, router.value, experts, top_k, norm),
                             {"n_experts": n_exp, "top_k": top_k, "norm_topk": norm}))
+
+    for t, wa, wb in [(1, 64, 64), (5, 17, 3), (64, 256, 256), (3, 1, 9)]:
+        a = Tensor(uniform(rng, (t, wa), 4.0), "f32")
+        b = Tensor(uniform(rng, (t, wb), 4.0), "f32")
+        out.append(Case("concat", f"concat T={t} A={wa} B={wb}", [a, b], np.concatenate([a.value, b.value], axis=1)))
     return out
 
 

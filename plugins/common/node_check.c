@@ -115,7 +115,7 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
         }
         return RLX_OK;
     }
-    default:
+    default: /* includes CONCAT (ABI 1.1): a row copy, left to the reference kernels */
         return bad(host, plugin, report, RLX_E_UNSUPPORTED, n, "unknown op");
     }
 }

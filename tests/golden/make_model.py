@@ -1,12 +1,18 @@
 #!/usr/bin/python3
 """Write random-weight Qwen3 / Qwen3-MoE models in the real Hugging Face layout.
 
-  make_model.py --kind KIND [--dtype f32|bf16|f16] [--shards N] [--seed S] --out DIR
+  make_model.py --kind KIND [--dtype f32|bf16|f16] [--shards N] [--seed S]
+                [--mtp-layers N [--mtp-file PATH]] --out DIR
 
 DIR (absent or empty) receives config.json, generation_config.json and model.safetensors,
 or N shards plus model.safetensors.index.json. Kinds are listed in KINDS. Weights depend
 only on (kind, seed, tensor name), so dtypes and shard counts of one seed hold the same
 values up to rounding. There is no tokenizer: tests pass token ids directly.
+
+--mtp-layers N adds N multi-token-prediction layers under MiMo's names (model.mtp_layers.i.*,
+see core/include/rlx/model.h) to the model's safetensors, or with --mtp-file to that separate
+safetensors file instead; config.json then states num_nextn_predict_layers. Even layers have
+their own final_layernorm and odd ones do not (they use model.norm), so both cases get tested.
 
 The scales are chosen so greedy decoding is well conditioned (a float32 implementation
 must pick the same argmax as the float64 reference): activations stay O(1), the final
@@ -106,11 +112,12 @@ def make_generation_config(config):
             "top_p": 0.95, "transformers_version": "4.51.0"}
 
 
-def tensor_specs(config, seed):
-    """(name, shape, produce) for every tensor, in HF state-dict order, for st.write."""
-    specs = []
+def tensor_specs(config, seed, mtp_layers=0):
+    """(name, shape, produce) for every tensor, in HF state-dict order, for st.write; then
+    (mtp_specs) those of the MTP layers, in MiMo's order."""
+    specs, mtp_specs = [], []
 
-    def normal(name, shape, std, mean=0.0):
+    def normal(name, shape, std, mean=0.0, into=specs):
         def produce():
             # One generator per tensor, keyed by name: values don't depend on write order.
             rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
@@ -118,15 +125,15 @@ def tensor_specs(config, seed):
             for r in range(0, shape[0], rows):
                 chunk = rng.standard_normal((min(rows, shape[0] - r), *shape[1:]), dtype=np.float32)
                 yield np.float32(mean) + np.float32(std) * chunk
-        specs.append((name, tuple(shape), produce))
+        into.append((name, tuple(shape), produce))
 
-    def linear(name, n_out, n_in, bias=False, gain=1.0):
-        normal(name + ".weight", (n_out, n_in), gain / math.sqrt(n_in))  # 1/sqrt(in): outputs O(1)
+    def linear(name, n_out, n_in, bias=False, gain=1.0, into=specs):
+        normal(name + ".weight", (n_out, n_in), gain / math.sqrt(n_in), into=into)  # 1/sqrt(in): outputs O(1)
         if bias:
-            normal(name + ".bias", (n_out,), BIAS_STD)
+            normal(name + ".bias", (n_out,), BIAS_STD, into=into)
 
-    def norm(name, n):
-        normal(name, (n,), NORM_STD, mean=1.0)
+    def norm(name, n, into=specs):
+        normal(name, (n,), NORM_STD, mean=1.0, into=into)
 
     c = config
     H, V, D = c["hidden_size"], c["vocab_size"], c["head_dim"]
@@ -134,41 +141,58 @@ def tensor_specs(config, seed):
     head_std = LOGIT_STD / math.sqrt(H)  # the final norm makes the hidden state RMS ~1
     # Tied: the embedding is the LM head and gets its scale; RMSNorm absorbs it on the way in.
     normal("model.embed_tokens.weight", (V, H), head_std if c["tie_word_embeddings"] else 1.0)
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        norm(p + "input_layernorm.weight", H)
+
+    def decoder_layer(p, sparse, into):
+        norm(p + "input_layernorm.weight", H, into)
         for proj, n_out in (("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim)):
-            linear(p + "self_attn." + proj, n_out, H, c["attention_bias"])
-        linear(p + "self_attn.o_proj", H, q_dim, c["attention_bias"], RESIDUAL_GAIN)
-        norm(p + "self_attn.q_norm.weight", D)
-        norm(p + "self_attn.k_norm.weight", D)
-        norm(p + "post_attention_layernorm.weight", H)
-        sparse = (c["model_type"] == "qwen3_moe" and i not in c["mlp_only_layers"]
-                  and c["num_experts"] > 0 and (i + 1) % c["decoder_sparse_step"] == 0)
+            linear(p + "self_attn." + proj, n_out, H, c["attention_bias"], into=into)
+        linear(p + "self_attn.o_proj", H, q_dim, c["attention_bias"], RESIDUAL_GAIN, into)
+        norm(p + "self_attn.q_norm.weight", D, into)
+        norm(p + "self_attn.k_norm.weight", D, into)
+        norm(p + "post_attention_layernorm.weight", H, into)
         if sparse:
-            normal(p + "mlp.gate.weight", (c["num_experts"], H), ROUTER_STD / math.sqrt(H))
+            normal(p + "mlp.gate.weight", (c["num_experts"], H), ROUTER_STD / math.sqrt(H), into=into)
             mlps = [(f"{p}mlp.experts.{e}.", c["moe_intermediate_size"])
                     for e in range(c["num_experts"])]
         else:
             mlps = [(p + "mlp.", c["intermediate_size"])]
         for prefix, inter in mlps:
-            linear(prefix + "gate_proj", inter, H)
-            linear(prefix + "up_proj", inter, H)
-            linear(prefix + "down_proj", H, inter, gain=RESIDUAL_GAIN)
+            linear(prefix + "gate_proj", inter, H, into=into)
+            linear(prefix + "up_proj", inter, H, into=into)
+            linear(prefix + "down_proj", H, inter, gain=RESIDUAL_GAIN, into=into)
+
+    for i in range(c["num_hidden_layers"]):
+        sparse = (c["model_type"] == "qwen3_moe" and i not in c["mlp_only_layers"]
+                  and c["num_experts"] > 0 and (i + 1) % c["decoder_sparse_step"] == 0)
+        decoder_layer(f"model.layers.{i}.", sparse, specs)
     norm("model.norm.weight", H)
     if not c["tie_word_embeddings"]:
         normal("lm_head.weight", (V, H), head_std)
-    return specs
+    for n in range(mtp_layers):
+        p = f"model.mtp_layers.{n}."
+        norm(p + "token_layernorm.weight", H, mtp_specs)
+        norm(p + "hidden_layernorm.weight", H, mtp_specs)
+        linear(p + "input_proj", H, 2 * H, into=mtp_specs)
+        decoder_layer(p + "mtp_block.", False, mtp_specs)  # rlx builds MTP layers dense
+        if n % 2 == 0:
+            norm(p + "final_layernorm.weight", H, mtp_specs)
+    return specs, mtp_specs
 
 
-def build(kind, dtype, shards, seed, out):
+def build(kind, dtype, shards, seed, out, mtp_layers=0, mtp_file=None):
     """Write the model; `out` must be absent or empty so no stale shard can be picked up."""
     if os.path.isdir(out) and os.listdir(out):
         raise FileExistsError(f"{out} is not empty")
     config = make_config(kind, dtype)
+    if mtp_layers:
+        config["num_nextn_predict_layers"] = mtp_layers
+    specs, mtp_specs = tensor_specs(config, seed, mtp_layers)
+    metadata = {"rlx_kind": kind, "rlx_seed": str(seed)}
     # Tensors first: st.write checks the shard split before it creates anything.
-    st.write(out, tensor_specs(config, seed), DTYPES[dtype][0], shards,
-             metadata={"rlx_kind": kind, "rlx_seed": str(seed)})
+    st.write(out, specs if mtp_file else specs + mtp_specs, DTYPES[dtype][0], shards, metadata=metadata)
+    if mtp_file:
+        st.write(os.path.dirname(os.path.abspath(mtp_file)), mtp_specs, DTYPES[dtype][0], 1, metadata=metadata,
+                 single_name=os.path.basename(mtp_file))
     for name, obj in (("config.json", config),
                       ("generation_config.json", make_generation_config(config))):
         with open(os.path.join(out, name), "w") as f:
@@ -184,17 +208,23 @@ def main(argv=None):
                     help="storage dtype (default: bf16 for bench, f32 otherwise)")
     ap.add_argument("--shards", type=int, default=1, help="number of safetensors files")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mtp-layers", type=int, default=0, help="MTP layers to add (MiMo's names)")
+    ap.add_argument("--mtp-file", help="write the MTP layers to this safetensors file, not the model's")
     ap.add_argument("--out", required=True, help="output directory (absent or empty)")
     args = ap.parse_args(argv)
     if args.shards < 1:
         ap.error("--shards must be >= 1")
+    if args.mtp_layers < 0 or (args.mtp_file and not args.mtp_layers):
+        ap.error("--mtp-layers must be >= 0, and >= 1 with --mtp-file")
     dtype = args.dtype or DEFAULT_DTYPE.get(args.kind, "f32")
     try:
-        build(args.kind, dtype, args.shards, args.seed, args.out)
+        build(args.kind, dtype, args.shards, args.seed, args.out, args.mtp_layers, args.mtp_file)
     except (OSError, ValueError) as e:
         print(f"make_model.py: error: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {args.kind} {dtype} shards={args.shards} seed={args.seed} to {args.out}")
+    mtp = (f" mtp_layers={args.mtp_layers}" + (f" in {args.mtp_file}" if args.mtp_file else "")
+           if args.mtp_layers else "")
+    print(f"wrote {args.kind} {dtype} shards={args.shards} seed={args.seed}{mtp} to {args.out}")
     return 0
 
 

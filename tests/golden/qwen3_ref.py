@@ -8,12 +8,16 @@ against itself.
 
   qwen3_ref.py logits --model DIR --tokens 1,5,3 --out FILE.npy   # float64 [T, vocab]
   qwen3_ref.py greedy --model DIR --tokens 1,5,3 -n 8 [--eos 7,9]  # prints generated ids
+
+mtp_forward() adds the multi-token-prediction head of MiMo / DeepSeek-V3 (the formula and
+tensor names of core/include/rlx/model.h), whose weights may sit in extra safetensors files.
 """
 import argparse
 import json
 import math
 import os
 import sys
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -27,10 +31,37 @@ CACHE_BYTES = 256 << 20
 LM_HEAD_ROWS = 16384
 
 
+class Checkpoints(Mapping):
+    """Several checkpoints read as one: the model's plus separately shipped MTP weights."""
+
+    def __init__(self, parts):
+        self._owner = {}
+        for part in parts:
+            for name in part:
+                if name in self._owner:
+                    raise ValueError(f"tensor {name} is in two weight files")
+                self._owner[name] = part
+
+    def shape(self, name):
+        return self._owner[name].shape(name)
+
+    def rows(self, name, index):
+        return self._owner[name].rows(name, index)
+
+    def __getitem__(self, name):
+        return self._owner[name][name]
+
+    def __iter__(self):
+        return iter(self._owner)
+
+    def __len__(self):
+        return len(self._owner)
+
+
 class Model:
     """A checkpoint directory: config.json plus safetensors, with the derived layer plan."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, extra_weights=()):
         with open(os.path.join(directory, "config.json")) as f:
             c = json.load(f)
         if c["model_type"] not in ("qwen3", "qwen3_moe"):
@@ -56,7 +87,7 @@ class Model:
         self.sparse = [self.moe and i not in (c.get("mlp_only_layers") or [])
                        and c["num_experts"] > 0 and (i + 1) % c.get("decoder_sparse_step", 1) == 0
                        for i in range(self.layers)]
-        self.ckpt = st.Checkpoint(directory)
+        self.ckpt = Checkpoints([st.Checkpoint(directory)] + [st.Checkpoint(p) for p in extra_weights])
         total = sum(4 * math.prod(self.ckpt.shape(n)) for n in self.ckpt)
         self._cache = {} if total <= CACHE_BYTES else None
 
@@ -90,8 +121,8 @@ class Model:
         return self._cache[name].astype(dtype)
 
 
-def load(directory):
-    return Model(directory)
+def load(directory, extra_weights=()):
+    return Model(directory, extra_weights)
 
 
 def rms_norm(x, weight, eps):
@@ -132,8 +163,8 @@ def attention_mask(T, window):
     return allowed
 
 
-def attention(model, layer, h, cos, sin, dtype):
-    p = f"model.layers.{layer}.self_attn."
+def attention(model, layer_prefix, window, h, cos, sin, dtype):
+    p = layer_prefix + "self_attn."
     T, D = h.shape[0], model.head_dim
     # q_norm / k_norm are RMSNorms over each head's D values, applied before RoPE.
     # In HF Qwen3 all four projections, o_proj included, have a bias iff attention_bias.
@@ -147,7 +178,7 @@ def attention(model, layer, h, cos, sin, dtype):
     group = model.heads // model.kv_heads
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
     scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(np.asarray(D, dtype=dtype))
-    scores = np.where(attention_mask(T, model.window[layer])[None], scores, -np.inf)
+    scores = np.where(attention_mask(T, window)[None], scores, -np.inf)
     probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
     out = np.einsum("hts,shd->thd", probs, v).reshape(T, model.heads * D)
@@ -185,6 +216,47 @@ def moe(model, layer, x, dtype, trace):
     return out
 
 
+def decoder_layer(model, p, x, cos, sin, window, mlp, dtype):
+    """Qwen3DecoderLayer: pre-norm attention and MLP (`mlp(h)`), each added to the residual."""
+    h = rms_norm(x, model.w(p + "input_layernorm.weight", dtype), model.eps)
+    x = x + attention(model, p, window, h, cos, sin, dtype)
+    h = rms_norm(x, model.w(p + "post_attention_layernorm.weight", dtype), model.eps)
+    return x + mlp(h)
+
+
+def embed(model, ids, dtype):
+    ids = np.asarray(ids, dtype=np.int64)
+    vocab = model.ckpt.shape("model.embed_tokens.weight")[0]
+    if len(ids) == 0 or ids.min() < 0 or ids.max() >= vocab:
+        raise ValueError(f"need at least one token id, all in [0, {vocab})")
+    return model.ckpt.rows("model.embed_tokens.weight", ids).astype(dtype)
+
+
+def lm_head(model, x, dtype):
+    """Logits of final-normed hidden rows x; the head is embed_tokens when tied."""
+    head = "model.embed_tokens.weight" if model.tied else "lm_head.weight"
+    vocab = model.ckpt.shape(head)[0]
+    return np.concatenate([x @ model.ckpt.rows(head, slice(r, r + LM_HEAD_ROWS)).astype(dtype).T
+                           for r in range(0, vocab, LM_HEAD_ROWS)], axis=-1)
+
+
+def final_hidden(model, ids, dtype=np.float64, trace=None):
+    """The hidden states after the final norm [T, hidden], which the LM head reads, for token
+    ids at positions 0..T-1 (see forward for dtype and trace)."""
+    x = embed(model, ids, dtype)
+    cos, sin = rope_tables(np.arange(len(x)), model.head_dim, model.rope_theta, dtype)
+    for i in range(model.layers):
+        p = f"model.layers.{i}."
+        if model.sparse[i]:
+            def mlp(h, i=i):
+                return moe(model, i, h, dtype, trace)
+        else:
+            def mlp(h, p=p):
+                return swiglu(model, h, p + "mlp.", dtype)
+        x = decoder_layer(model, p, x, cos, sin, model.window[i], mlp, dtype)
+    return rms_norm(x, model.w("model.norm.weight", dtype), model.eps)
+
+
 def forward(model, ids, dtype=np.float64, trace=None):
     """Logits [T, vocab] for token ids at positions 0..T-1.
 
@@ -192,22 +264,30 @@ def forward(model, ids, dtype=np.float64, trace=None):
     measure how far an f32 implementation may drift. If `trace` is a dict, it receives
     trace["router"][layer] = router logits [T, E] of each MoE layer.
     """
-    ids = np.asarray(ids, dtype=np.int64)
-    T, vocab = len(ids), model.ckpt.shape("model.embed_tokens.weight")[0]
-    if T == 0 or ids.min() < 0 or ids.max() >= vocab:
-        raise ValueError(f"need at least one token id, all in [0, {vocab})")
-    x = model.ckpt.rows("model.embed_tokens.weight", ids).astype(dtype)
-    cos, sin = rope_tables(np.arange(T), model.head_dim, model.rope_theta, dtype)
-    for i in range(model.layers):
-        p = f"model.layers.{i}."
-        h = rms_norm(x, model.w(p + "input_layernorm.weight", dtype), model.eps)
-        x = x + attention(model, i, h, cos, sin, dtype)
-        h = rms_norm(x, model.w(p + "post_attention_layernorm.weight", dtype), model.eps)
-        x = x + (moe(model, i, h, dtype, trace) if model.sparse[i] else swiglu(model, h, p + "mlp.", dtype))
-    x = rms_norm(x, model.w("model.norm.weight", dtype), model.eps)
-    head = "model.embed_tokens.weight" if model.tied else "lm_head.weight"
-    return np.concatenate([x @ model.ckpt.rows(head, slice(r, r + LM_HEAD_ROWS)).astype(dtype).T
-                           for r in range(0, vocab, LM_HEAD_ROWS)], axis=-1)
+    return lm_head(model, final_hidden(model, ids, dtype, trace), dtype)
+
+
+def mtp_forward(model, layer, ids, hidden, dtype=np.float64):
+    """MTP layer `layer` over pairs (token ids[i], the target's final hidden row hidden[i] of the
+    position before it), the pairs at positions 0..T-1, causal over the pairs:
+        e = token_layernorm(embed(id)), g = hidden_layernorm(h)
+        y = decoder_layer(input_proj(concat(g, e)))       (MiMo's order: hidden half first)
+        out = final_layernorm(y), or the target's model.norm when the layer has none
+    Returns (logits [T, vocab], out [T, hidden]); out is what chained drafting feeds back as
+    the next h. The decoder layer is dense with full attention.
+    """
+    p = f"model.mtp_layers.{layer}."
+    e = rms_norm(embed(model, ids, dtype), model.w(p + "token_layernorm.weight", dtype), model.eps)
+    g = rms_norm(np.asarray(hidden, dtype=dtype), model.w(p + "hidden_layernorm.weight", dtype), model.eps)
+    if g.shape != e.shape:
+        raise ValueError(f"{len(e)} ids need hidden rows of shape {e.shape}, got {g.shape}")
+    x = np.concatenate([g, e], axis=-1) @ model.w(p + "input_proj.weight", dtype).T
+    cos, sin = rope_tables(np.arange(len(x)), model.head_dim, model.rope_theta, dtype)
+    block = p + "mtp_block."
+    x = decoder_layer(model, block, x, cos, sin, None, lambda h: swiglu(model, h, block + "mlp.", dtype), dtype)
+    norm = p + "final_layernorm.weight" if p + "final_layernorm.weight" in model.ckpt else "model.norm.weight"
+    out = rms_norm(x, model.w(norm, dtype), model.eps)
+    return lm_head(model, out, dtype), out
 
 
 def greedy(model, ids, n, eos=(), dtype=np.float64):

@@ -152,8 +152,9 @@ def _assign_shards(sizes, shards):
     return owner
 
 
-def write(out_dir, specs, dtype, shards=1, metadata=None):
-    """Write tensors to out_dir as model.safetensors, or as `shards` files plus the index.
+def write(out_dir, specs, dtype, shards=1, metadata=None, single_name=SINGLE_NAME):
+    """Write tensors to out_dir as `single_name` (model.safetensors), or as `shards` files plus
+    the index.
 
     specs: list of (name, shape, produce) where produce() yields float32 arrays whose
     concatenated flat values, in C order, are the tensor (one array, or row chunks for big
@@ -163,7 +164,7 @@ def write(out_dir, specs, dtype, shards=1, metadata=None):
     item = STORAGE[dtype].itemsize
     sizes = [int(np.prod(shape, dtype=np.int64)) * item for _, shape, _ in specs]
     owner = _assign_shards(sizes, shards) if shards > 1 else [0] * len(specs)
-    names = ([SINGLE_NAME] if shards == 1 else
+    names = ([single_name] if shards == 1 else
              [f"model-{k + 1:05d}-of-{shards:05d}.safetensors" for k in range(shards)])
     os.makedirs(out_dir, exist_ok=True)
     for k, file in enumerate(names):

@@ -39,6 +39,24 @@ static void test_matmul_rejects_wrong_inner_dim(void **state) {
     rlx_graph_destroy(g);
 }
 
+static void test_concat_widens_rows_and_checks_row_count(void **state) {
+    (void)state;
+    rlx_graph *g;
+    assert_ok(rlx_graph_create(&g));
+    int a = rlx_graph_add_tensor(g, RLX_ROLE_INPUT, "a", RLX_DTYPE_F32, 2, (int64_t[]){3, 8}, NULL);
+    int b = rlx_graph_add_tensor(g, RLX_ROLE_INPUT, "b", RLX_DTYPE_F32, 2, (int64_t[]){3, 5}, NULL);
+    int short_b = rlx_graph_add_tensor(g, RLX_ROLE_INPUT, "short_b", RLX_DTYPE_F32, 2, (int64_t[]){2, 5}, NULL);
+    int y = rlx_graph_add_node(g, RLX_OP_CONCAT, "mtp.concat", (int[]){a, b}, 2, NULL);
+    assert_true(y >= 0);
+    assert_int_equal(rlx_graph_tensor(g, y)->shape[0], 3);
+    assert_int_equal(rlx_graph_tensor(g, y)->shape[1], 13);
+    assert_string_equal(rlx_op_name(RLX_OP_CONCAT), "concat");
+    assert_int_equal(rlx_graph_add_node(g, RLX_OP_CONCAT, "bad", (int[]){a, short_b}, 2, NULL), RLX_E_SHAPE);
+    assert_error_mentions("'short_b'");
+    assert_int_equal(rlx_graph_add_node(g, RLX_OP_CONCAT, "three", (int[]){a, b, b}, 3, NULL), RLX_E_INVALID);
+    rlx_graph_destroy(g);
+}
+
 static void test_attention_checks_heads_and_cache(void **state) {
     (void)state;
     rlx_graph *g;
@@ -124,6 +142,7 @@ static void test_dump_lists_nodes_and_annotations(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_add_node_infers_matmul_shape),  cmocka_unit_test(test_matmul_rejects_wrong_inner_dim),
+        cmocka_unit_test(test_concat_widens_rows_and_checks_row_count),
         cmocka_unit_test(test_attention_checks_heads_and_cache), cmocka_unit_test(test_rms_norm_group_must_divide_row),
         cmocka_unit_test(test_embed_needs_int_ids),           cmocka_unit_test(test_tensor_declaration_errors),
         cmocka_unit_test(test_dump_lists_nodes_and_annotations),

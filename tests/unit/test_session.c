@@ -164,6 +164,68 @@ static void test_sampler_reproducible_and_filtered(void **state) {
     assert_error_mentions("temperature");
 }
 
+/* emit_hidden: a hidden row per position of the last forward, the logits unchanged, and the
+ * rlx_lm view offers them; without it neither the session nor the lm has hidden rows. */
+static void test_emit_hidden_rows_and_lm_view(void **state) {
+    (void)state;
+    const rlx_model_config *c = rlx_model_config_of(model);
+    rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1,
+                           .emit_hidden = 1};
+    rlx_session_options o = {.kv_capacity = 64, .backends = &backend, .n_backends = 1};
+    rlx_session *with, *plain = new_session(64);
+    assert_ok(rlx_session_create(model, &spec, &o, &with));
+    rlx_lm lm, plain_lm;
+    assert_ok(rlx_session_lm(with, &lm));
+    assert_ok(rlx_session_lm(plain, &plain_lm));
+    assert_non_null(lm.hidden);
+    assert_null(plain_lm.hidden);
+    assert_int_equal(lm.hidden_size, c->hidden_size);
+    const float *a, *b;
+    assert_ok(rlx_session_forward(with, prompt, N_PROMPT, 0, &a));
+    assert_ok(rlx_session_forward(plain, prompt, N_PROMPT, 0, &b));
+    assert_true(max_diff(a, b, vocab) < 1e-5);
+    assert_null(rlx_session_hidden(plain));
+    const float *rows = lm.hidden(lm.self);
+    assert_ptr_equal(rows, rlx_session_hidden(with));
+    /* golden_mtp checks the values against NumPy; here only that every position has a row */
+    for (uint32_t t = 0; t < N_PROMPT; t++) {
+        double ss = 0;
+        for (int64_t i = 0; i < c->hidden_size; i++)
+            ss += (double)rows[t * c->hidden_size + i] * rows[t * c->hidden_size + i];
+        assert_true(ss > 0 && isfinite(ss));
+    }
+    /* the rows stay readable across a truncate, which the speculative loop does before reading */
+    assert_ok(rlx_session_truncate(with, 3));
+    assert_ptr_equal(rlx_session_hidden(with), rows);
+    rlx_session_destroy(with);
+    rlx_session_destroy(plain);
+}
+
+/* MTP entry points refuse the wrong block, and a model without MTP tensors says what to add. */
+static void test_mtp_errors(void **state) {
+    (void)state;
+    rlx_session *s = new_session(16);
+    const float *out;
+    float hidden[64] = {0};
+    assert_int_equal(rlx_session_forward_mtp(s, prompt, hidden, 1, 0, &out), RLX_E_INVALID);
+    assert_error_mentions("not an MTP layer");
+    assert_false(rlx_model_has_mtp(model, 0));
+    rlx_block_spec spec = {.layer_start = 0, .layer_end = 1, .embed_input = 1, .produce_logits = 1, .mtp = 1};
+    rlx_session_options o = {.kv_capacity = 16, .backends = &backend, .n_backends = 1};
+    rlx_session *mtp = NULL;
+    assert_int_equal(rlx_session_create(model, &spec, &o, &mtp), RLX_E_NOT_FOUND);
+    assert_error_mentions("model.mtp_layers.0.token_layernorm.weight");
+    assert_error_mentions("weights=FILE");
+    spec.layer_end = 2;
+    assert_int_equal(rlx_model_check_block(model, &spec), RLX_E_INVALID);
+    spec = (rlx_block_spec){.layer_end = 1, .embed_input = 1, .emit_hidden = 1};
+    assert_int_equal(rlx_model_check_block(model, &spec), RLX_E_INVALID);
+    assert_error_mentions("produce_logits");
+    assert_int_equal(rlx_model_add_weights(model, RLX_TEST_DATA "/no-such.safetensors"), RLX_E_IO);
+    assert_error_mentions("no-such.safetensors");
+    rlx_session_destroy(s);
+}
+
 static int setup(void **state) {
     (void)state;
     const char *name = getenv("RLX_BACKEND") ? getenv("RLX_BACKEND") : "cpu-blas";
@@ -193,6 +255,8 @@ int main(void) {
         cmocka_unit_test(test_bad_tokens_and_overflow_are_refused),
         cmocka_unit_test(test_generate_stops_at_limit_and_is_greedy),
         cmocka_unit_test(test_sampler_reproducible_and_filtered),
+        cmocka_unit_test(test_emit_hidden_rows_and_lm_view),
+        cmocka_unit_test(test_mtp_errors),
     };
     return cmocka_run_group_tests_name("session", tests, setup, teardown);
 }

@@ -24,6 +24,10 @@
  *   at start position 0 for an id the stage does not hold; any other request for an unknown
  *   id, a step not greater than the session's previous one, or a start position other than the
  *   stage's cache length is answered with an Error and the stage keeps serving.
+ * - Hidden states: a driver whose speculator needs the target's final hidden states sets
+ *   emit_hidden in the last stage's Hello; that stage echoes it in HelloReply and adds the
+ *   final-normed rows of every requested position to its Activations replies. A stage that
+ *   predates the field leaves the echo false and the driver refuses it, naming the stage.
  * - Truncate (speculative decoding rolls the caches back) and EndSession are answered with Ack.
  * - A stage serves one driver connection at a time (another driver gets an Error saying so); its
  *   sessions belong to the connection and are freed on EndSession or when the connection dies.
@@ -134,6 +138,9 @@ typedef struct rlx_driver_options {
     uint32_t connect_timeout_ms;        /* 0 = RLX_DIST_CONNECT_TIMEOUT_MS */
     uint32_t timeout_ms;                /* 0 = RLX_DIST_TIMEOUT_MS */
     uint32_t compute_ms_per_position;   /* 0 = RLX_DIST_COMPUTE_MS_PER_POSITION */
+    /* 1: the last stage also returns the final-normed hidden rows (rlx_lm.hidden, for an MTP
+     * speculator); a stage that cannot is refused at the handshake */
+    uint32_t emit_hidden;
 } rlx_driver_options;
 
 typedef struct rlx_driver rlx_driver;

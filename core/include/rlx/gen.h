@@ -53,7 +53,10 @@ RLX_API const float *rlx_session_hidden(const rlx_session *s);
 
 /* Forward of a session over an MTP block (spec.mtp): n pairs, ids[i] the token and hidden the
  * row of the target's final hidden state at the position before it (n * hidden_size floats);
- * *logits as rlx_session_forward. */
+ * *logits as rlx_session_forward. The pairs take the session's positions length, length + 1, ...
+ * (the first pair of a sequence, whose hidden row is the target's position 0, at position 0):
+ * RoPE attention sees only distances, so this offset from the target's positions is harmless.
+ * rlx_session_forward refuses an MTP session. */
 RLX_API rlx_status rlx_session_forward_mtp(rlx_session *s, const int32_t *ids, const float *hidden, uint32_t n,
                                            int all_rows, const float **logits);
 

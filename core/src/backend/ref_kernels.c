@@ -198,6 +198,16 @@ static int ref_gather_last(const rlx_node_view *n) {
     return RLX_OK;
 }
 
+static int ref_concat(const rlx_node_view *n) {
+    const rlx_tensor *a = &n->inputs[0], *b = &n->inputs[1];
+    int64_t rows = a->shape[0], a_cols = a->shape[1], b_cols = b->shape[1], out_cols = a_cols + b_cols;
+    for (int64_t t = 0; t < rows; t++) {
+        memcpy(f32(n->output) + t * out_cols, f32(a) + t * a_cols, (size_t)a_cols * sizeof(float));
+        memcpy(f32(n->output) + t * out_cols + a_cols, f32(b) + t * b_cols, (size_t)b_cols * sizeof(float));
+    }
+    return RLX_OK;
+}
+
 static int ref_moe(const rlx_node_view *n) {
     const rlx_op_params *p = n->params;
     const rlx_tensor *x = &n->inputs[0];
@@ -281,6 +291,8 @@ static int ref_compute(void *self, const rlx_node_view *n) {
         return ref_gather_last(n);
     case RLX_OP_MOE:
         return ref_moe(n);
+    case RLX_OP_CONCAT:
+        return ref_concat(n);
     default:
         return rlx_error(RLX_E_UNSUPPORTED, "op %u", n->op);
     }

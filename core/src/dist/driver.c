@@ -31,6 +31,7 @@ struct rlx_driver {
     drv_stage *stages;
     uint32_t n_stages;
     uint32_t connect_ms, timeout_ms, per_position_ms, kv_capacity;
+    int emit_hidden; /* the last stage returns hidden rows with the logits */
     uint64_t session_id, step;
     uint32_t length, capacity;
     Rlx__Envelope *last; /* the last stage's reply: the logits handed out */
@@ -129,6 +130,8 @@ static rlx_status hello(rlx_driver *d, uint32_t i) {
     h.n_stages = d->n_stages;
     h.activation_dtype = RLX__DTYPE__DTYPE_F32;
     h.kv_capacity = d->kv_capacity;
+    int want_hidden = d->emit_hidden && i + 1 == d->n_stages;
+    h.emit_hidden = want_hidden;
     Rlx__Envelope e = RLX__ENVELOPE__INIT, *r;
     e.body_case = RLX__ENVELOPE__BODY_HELLO;
     e.hello = &h;
@@ -155,6 +158,9 @@ static rlx_status hello(rlx_driver *d, uint32_t i) {
                             hr->layer_start, hr->layer_end, s->layers.start, s->layers.end - 1);
         else if (hr->kv_capacity == 0)
             rc = stage_fail(d, i, 1, RLX_E_FORMAT, "granted no KV cache capacity");
+        else if (want_hidden && !hr->emit_hidden)
+            rc = stage_fail(d, i, 1, RLX_E_UNSUPPORTED, "does not return hidden states, which the speculator needs "
+                            "(a stage older than this driver?)");
         else {
             snprintf(s->backend, sizeof s->backend, "%s", hr->backend ? hr->backend : "?");
             s->rss_bytes = hr->rss_bytes;
@@ -179,6 +185,7 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
     d->timeout_ms = o->timeout_ms ? o->timeout_ms : RLX_DIST_TIMEOUT_MS;
     d->per_position_ms = o->compute_ms_per_position ? o->compute_ms_per_position : RLX_DIST_COMPUTE_MS_PER_POSITION;
     d->kv_capacity = o->kv_capacity;
+    d->emit_hidden = o->emit_hidden != 0;
     rlx_status rc = RLX_OK;
     for (uint32_t i = 0; i < o->n_stages && rc == RLX_OK; i++) {
         d->stages[i].layers = o->stages[i].layers;
@@ -278,8 +285,9 @@ static rlx_status truncate_stages(rlx_driver *d, uint32_t n, uint32_t length) {
     return RLX_OK;
 }
 
+/* hidden_rows: the hidden rows the reply must carry (0: none may come). */
 static rlx_status check_rows(rlx_driver *d, uint32_t i, const Rlx__Envelope *r, uint64_t step, uint32_t rows,
-                             uint32_t width) {
+                             uint32_t width, uint32_t hidden_rows) {
     if (r->body_case != RLX__ENVELOPE__BODY_ACTIVATIONS)
         return stage_fail(d, i, 1, RLX_E_FORMAT, "answered Activations with %s", rlx__envelope_kind(r));
     const Rlx__Activations *a = r->activations;
@@ -292,6 +300,10 @@ static rlx_status check_rows(rlx_driver *d, uint32_t i, const Rlx__Envelope *r, 
         return stage_fail(d, i, 1, RLX_E_FORMAT, "answered with %u rows of %u %s values in %zu bytes, expected %u rows "
                           "of %u F32 values", a->n_positions, a->width, rlx__dtype_name(a->dtype), a->data.len, rows,
                           width);
+    size_t hidden_bytes = (size_t)hidden_rows * (size_t)d->cfg.hidden_size * sizeof(float);
+    if (a->hidden.len != hidden_bytes)
+        return stage_fail(d, i, 1, RLX_E_FORMAT, "answered with %zu bytes of hidden states, expected %u rows of %lld "
+                          "F32 values", a->hidden.len, hidden_rows, (long long)d->cfg.hidden_size);
     return RLX_OK;
 }
 
@@ -308,7 +320,8 @@ static rlx_status drv_forward(void *self, const int32_t *ids, uint32_t n, int al
                          d->capacity);
     int64_t vocab = d->cfg.vocab_size, hidden = d->cfg.hidden_size;
     uint32_t rows = all_rows ? n : 1;
-    if ((size_t)rows * (size_t)vocab * sizeof(float) > MESSAGE_LIMIT - 4096 ||
+    size_t hidden_reply = d->emit_hidden ? (size_t)n * (size_t)hidden * sizeof(float) : 0;
+    if ((size_t)rows * (size_t)vocab * sizeof(float) + hidden_reply > MESSAGE_LIMIT - 4096 ||
         (size_t)n * (size_t)hidden * sizeof(float) > MESSAGE_LIMIT - 4096)
         return rlx_error(RLX_E_RANGE, "%u positions make a message over the transports' 1 GiB limit; send fewer at "
                          "a time", n);
@@ -352,7 +365,8 @@ static rlx_status drv_forward(void *self, const int32_t *ids, uint32_t n, int al
             if (truncate_stages(d, i, length) == RLX_OK)
                 rlx_error(rc, "%s", msg);
         } else if (rc == RLX_OK) {
-            rc = check_rows(d, i, r, step, last ? rows : n, (uint32_t)(last ? vocab : hidden));
+            rc = check_rows(d, i, r, step, last ? rows : n, (uint32_t)(last ? vocab : hidden),
+                            last && d->emit_hidden ? n : 0);
         }
         rlx__envelope_free(prev);
         prev = r;
@@ -386,6 +400,11 @@ static rlx_status drv_truncate(void *self, uint32_t length) {
 }
 
 static uint32_t drv_length(const void *self) { return ((const rlx_driver *)self)->length; }
+/* The rows stay with the last reply, so they outlive a truncate as a session's do. */
+static const float *drv_hidden(void *self) {
+    const rlx_driver *d = self;
+    return d->last ? (const float *)d->last->activations->hidden.data : NULL;
+}
 static uint32_t drv_capacity(const void *self) { return ((const rlx_driver *)self)->capacity; }
 
 rlx_status rlx_driver_lm(rlx_driver *d, rlx_lm *out) {
@@ -398,7 +417,9 @@ rlx_status rlx_driver_lm(rlx_driver *d, rlx_lm *out) {
                     .capacity = drv_capacity,
                     .vocab = d->cfg.vocab_size,
                     .eos_ids = d->cfg.eos_ids,
-                    .n_eos = d->cfg.n_eos};
+                    .n_eos = d->cfg.n_eos,
+                    .hidden = d->emit_hidden ? drv_hidden : NULL,
+                    .hidden_size = d->cfg.hidden_size};
     return RLX_OK;
 }
 

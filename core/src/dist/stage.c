@@ -29,6 +29,7 @@ typedef struct stage {
     stage_session *sessions; /* [max_sessions], those of the current connection */
     uint32_t n_sessions;
     uint32_t kv_capacity;    /* what the current connection's sessions get */
+    int emit_hidden;         /* the current connection wants hidden rows with the logits */
     uint64_t conn_no;
 } stage;
 
@@ -139,7 +140,13 @@ static int handshake(stage *st, void *conn, const Rlx__Envelope *e) {
                cap, (long long)max_pos);
         return -1;
     }
+    if (h->emit_hidden && !st->spec.produce_logits) {
+        refuse(st, conn, 0, RLX_E_INVALID, "hidden states come from the last stage; this stage serves layers %s of "
+               "%lld", mine, (long long)st->cfg->num_hidden_layers);
+        return -1;
+    }
     st->kv_capacity = cap;
+    st->emit_hidden = h->emit_hidden;
     Rlx__HelloReply r = RLX__HELLO_REPLY__INIT;
     r.protocol_version = RLX_DIST_PROTOCOL_VERSION;
     r.model_id = st->model_id;
@@ -148,6 +155,7 @@ static int handshake(stage *st, void *conn, const Rlx__Envelope *e) {
     r.backend = (char *)(st->o.backend_name ? st->o.backend_name : "ref");
     r.rss_bytes = resident_bytes();
     r.kv_capacity = cap;
+    r.emit_hidden = st->emit_hidden;
     Rlx__Envelope out = RLX__ENVELOPE__INIT;
     out.body_case = RLX__ENVELOPE__BODY_HELLO_REPLY;
     out.hello_reply = &r;
@@ -187,7 +195,9 @@ static rlx_status on_activations(stage *st, void *conn, const Rlx__Activations *
         rlx_session_options so = st->o.session;
         so.kv_capacity = st->kv_capacity;
         rlx_session *s;
-        if (rlx_session_create(st->m, &st->spec, &so, &s) != RLX_OK)
+        rlx_block_spec spec = st->spec;
+        spec.emit_hidden = (uint32_t)st->emit_hidden;
+        if (rlx_session_create(st->m, &spec, &so, &s) != RLX_OK)
             return refuse(st, conn, id, RLX_E_INTERNAL, "cannot create session %016llx: %s", (unsigned long long)id,
                           rlx_last_error());
         ss = &st->sessions[st->n_sessions++];
@@ -255,6 +265,10 @@ static rlx_status on_activations(stage *st, void *conn, const Rlx__Activations *
     r.all_rows = a->all_rows;
     r.data.len = (size_t)rows * width * sizeof(float);
     r.data.data = (uint8_t *)out;
+    if (st->emit_hidden) {
+        r.hidden.len = (size_t)n * (size_t)st->cfg->hidden_size * sizeof(float);
+        r.hidden.data = (uint8_t *)rlx_session_hidden(ss->s);
+    }
     Rlx__Envelope e = RLX__ENVELOPE__INIT;
     e.body_case = RLX__ENVELOPE__BODY_ACTIVATIONS;
     e.activations = &r;

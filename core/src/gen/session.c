@@ -33,6 +33,7 @@ struct rlx_session {
     plan_slot slots[PLAN_SLOTS];
     uint64_t clock;
     size_t last_peak;
+    const float *hidden; /* emit_hidden: the last forward's final-normed rows, in its plan */
 };
 
 /* Anonymous mappings: untouched cache pages cost no memory, so a long capacity is cheap. */
@@ -156,10 +157,10 @@ static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot *
     return RLX_OK;
 }
 
-rlx_status rlx_session_forward(rlx_session *s, const void *input, uint32_t n, int all_rows, const float **out) {
-    if (!s || !input || !out || n == 0)
-        return rlx_error(RLX_E_INVALID, "rlx_session_forward: NULL input or no positions");
-    *out = NULL;
+/* One graph run over n new positions; hidden_in is the MTP block's second input (else NULL). */
+static rlx_status run(rlx_session *s, const void *input, const float *hidden_in, uint32_t n, int all_rows,
+                      const float **out) {
+    s->hidden = NULL;
     if (n > s->capacity - s->length)
         return rlx_error(RLX_E_RANGE, "%u new positions after %u exceed the context of %u positions", n, s->length,
                          s->capacity);
@@ -176,21 +177,49 @@ rlx_status rlx_session_forward(rlx_session *s, const void *input, uint32_t n, in
     if (rc != RLX_OK)
         return rc;
     if ((rc = rlx_plan_bind(slot->plan, slot->io.input, (void *)input)) != RLX_OK ||
+        (hidden_in && (rc = rlx_plan_bind(slot->plan, slot->io.hidden_input, (void *)hidden_in)) != RLX_OK) ||
         (rc = rlx_plan_bind(slot->plan, slot->io.positions, s->positions + s->length)) != RLX_OK ||
         (rc = rlx_plan_run(slot->plan)) != RLX_OK)
         return rc;
     s->length += n;
     s->last_peak = rlx_plan_peak_bytes(slot->plan);
     *out = rlx_plan_data(slot->plan, slot->io.output);
+    if (slot->io.hidden >= 0)
+        s->hidden = rlx_plan_data(slot->plan, slot->io.hidden);
     return RLX_OK;
 }
+
+rlx_status rlx_session_forward(rlx_session *s, const void *input, uint32_t n, int all_rows, const float **out) {
+    if (!s || !input || !out || n == 0)
+        return rlx_error(RLX_E_INVALID, "rlx_session_forward: NULL input or no positions");
+    *out = NULL;
+    if (s->spec.mtp)
+        return rlx_error(RLX_E_INVALID, "an MTP block takes (token, hidden state) pairs: use rlx_session_forward_mtp");
+    return run(s, input, NULL, n, all_rows, out);
+}
+
+/* The MTP layer's cache rows sit at the session's own positions 0, 1, ...: pair i of a sequence
+ * (token x[t+1] with h[t]) goes to position i, not t + 1. RoPE attention depends only on the
+ * distance between positions, and pairs keep the order and spacing of the target's positions,
+ * so the offset changes nothing and the session needs no position of its own. */
+rlx_status rlx_session_forward_mtp(rlx_session *s, const int32_t *ids, const float *hidden, uint32_t n, int all_rows,
+                                   const float **logits) {
+    if (!s || !ids || !hidden || !logits || n == 0)
+        return rlx_error(RLX_E_INVALID, "rlx_session_forward_mtp: NULL argument or no positions");
+    *logits = NULL;
+    if (!s->spec.mtp)
+        return rlx_error(RLX_E_INVALID, "rlx_session_forward_mtp: the session's block is not an MTP layer");
+    return run(s, ids, hidden, n, all_rows, logits);
+}
+
+const float *rlx_session_hidden(const rlx_session *s) { return s ? s->hidden : NULL; }
 
 rlx_status rlx_session_truncate(rlx_session *s, uint32_t length) {
     if (!s)
         return rlx_error(RLX_E_INVALID, "rlx_session_truncate: session is NULL");
     if (length > s->length)
         return rlx_error(RLX_E_RANGE, "cannot truncate a session of %u positions to %u", s->length, length);
-    s->length = length;
+    s->length = length; /* the last forward's rows stay readable: the speculative loop reads them after */
     return RLX_OK;
 }
 
@@ -234,12 +263,14 @@ static rlx_status lm_forward(void *self, const int32_t *ids, uint32_t n, int all
 static rlx_status lm_truncate(void *self, uint32_t length) { return rlx_session_truncate(self, length); }
 static uint32_t lm_length(const void *self) { return rlx_session_length(self); }
 static uint32_t lm_capacity(const void *self) { return rlx_session_capacity(self); }
+static const float *lm_hidden(void *self) { return rlx_session_hidden(self); }
 
 rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out) {
     if (!s || !out)
         return rlx_error(RLX_E_INVALID, "rlx_session_lm: NULL argument");
-    if (!s->spec.embed_input || !s->spec.produce_logits)
-        return rlx_error(RLX_E_INVALID, "a language model needs a block that embeds tokens and produces logits");
+    if (!s->spec.embed_input || !s->spec.produce_logits || s->spec.mtp)
+        return rlx_error(RLX_E_INVALID, "a language model needs a block that embeds tokens and produces logits "
+                         "(and is not an MTP layer)");
     const rlx_model_config *c = rlx_model_config_of(s->m);
     *out = (rlx_lm){.self = s,
                     .forward = lm_forward,
@@ -248,7 +279,9 @@ rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out) {
                     .capacity = lm_capacity,
                     .vocab = c->vocab_size,
                     .eos_ids = c->eos_ids,
-                    .n_eos = c->n_eos};
+                    .n_eos = c->n_eos,
+                    .hidden = s->spec.emit_hidden ? lm_hidden : NULL,
+                    .hidden_size = c->hidden_size};
     return RLX_OK;
 }
 

@@ -26,7 +26,8 @@ const char *rlx_dtype_name(int dtype) {
 
 const char *rlx_op_name(int op) {
     static const char *const names[] = {"?",    "embed",  "matmul", "rms_norm",    "rope",
-                                        "attention", "swiglu", "add",    "gather_last", "moe"};
+                                        "attention", "swiglu", "add",    "gather_last", "moe",
+                                        "concat"};
     return op > 0 && op < RLX_OP_COUNT ? names[op] : "?";
 }
 
@@ -184,7 +185,7 @@ static int want_vector(const infer_ctx *c, uint32_t i, int64_t n, rlx_dtype dtyp
     } while (0)
 
 static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_params *p, rlx_tensor *out) {
-    static const uint32_t min_inputs[RLX_OP_COUNT] = {0, 2, 2, 2, 2, 6, 2, 2, 1, 2};
+    static const uint32_t min_inputs[RLX_OP_COUNT] = {0, 2, 2, 2, 2, 6, 2, 2, 1, 2, 2};
     if (n < min_inputs[op])
         return rlx_error(RLX_E_INVALID, "node '%s' (%s): %u inputs, needs %u", c->node, c->op, n, min_inputs[op]);
     out->dtype = RLX_DTYPE_F32;
@@ -285,6 +286,18 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
         out->shape[0] = x->shape[0];
         out->shape[1] = h;
         return 0;
+    }
+    case RLX_OP_CONCAT: {
+        CHECK(want_rows(c, 0, -1, -1));
+        CHECK(want_rows(c, 1, -1, -1));
+        if (input(c, 1)->shape[0] != x->shape[0]) {
+            char want[64];
+            snprintf(want, sizeof want, "f32[%lld,B] (as many rows as input 0)", (long long)x->shape[0]);
+            return bad_input(c, 1, want);
+        }
+        out->shape[0] = x->shape[0];
+        out->shape[1] = x->shape[1] + input(c, 1)->shape[1];
+        return n == 2 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (concat): takes 2 inputs", c->node);
     }
     default:
         return rlx_error(RLX_E_INVALID, "node '%s': unknown op %u", c->node, op);

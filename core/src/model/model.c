@@ -1,6 +1,10 @@
 /* Qwen3 model directories and the block builder. The list of weights a block needs, with the
  * shapes its config implies, is computed in one place (block_needs) and serves the weight
- * filter, the pre-build check and the builder alike. */
+ * filter, the pre-build check and the builder alike.
+ *
+ * An MTP block's decoder layer is built by the same code as the model's layers, from the tensors
+ * under model.mtp_layers.N.mtp_block.; it is configured as a layer after the target's last
+ * (DeepSeek-V3 numbers its MTP layers so): a dense MLP of intermediate_size and full attention. */
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -8,12 +12,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model_internal.h"
 #include "rlx/model.h"
 
 struct rlx_model {
     char *dir;
     rlx_model_config cfg;
     rlx_weights *weights;
+    rlx_weights **added; /* rlx_model_add_weights files, searched after the model's own */
+    size_t n_added;
 };
 
 rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
@@ -46,8 +53,51 @@ void rlx_model_close(rlx_model *m) {
     if (!m)
         return;
     rlx_weights_close(m->weights);
+    for (size_t i = 0; i < m->n_added; i++)
+        rlx_weights_close(m->added[i]);
+    free(m->added);
     free(m->dir);
     free(m);
+}
+
+/* The tensor called name in the model's safetensors or an added file, or NULL. */
+static const rlx_weight *model_find(const rlx_model *m, const char *name) {
+    const rlx_weight *w = rlx_weights_find(m->weights, name);
+    for (size_t i = 0; !w && i < m->n_added; i++)
+        w = rlx_weights_find(m->added[i], name);
+    return w;
+}
+
+rlx_status rlx_model_add_weights(rlx_model *m, const char *safetensors_path) {
+    if (!m || !safetensors_path)
+        return rlx_error(RLX_E_INVALID, "rlx_model_add_weights: NULL argument");
+    rlx_weights *w;
+    rlx_status rc = rlx__weights_open_file(safetensors_path, &w);
+    if (rc != RLX_OK)
+        return rc;
+    /* a tensor in two files would make the weights a block gets depend on the search order */
+    for (size_t i = 0; i < rlx_weights_count(w); i++) {
+        const rlx_weight *t = rlx_weights_at(w, i), *dup = model_find(m, t->name);
+        if (dup) {
+            rc = rlx_error(RLX_E_FORMAT, "tensor '%s' is in both %s and %s", t->name, dup->file, t->file);
+            rlx_weights_close(w);
+            return rc;
+        }
+    }
+    rlx_weights **added = realloc(m->added, (m->n_added + 1) * sizeof *added);
+    if (!added) {
+        rlx_weights_close(w);
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", safetensors_path);
+    }
+    m->added = added;
+    m->added[m->n_added++] = w;
+    return RLX_OK;
+}
+
+int rlx_model_has_mtp(const rlx_model *m, uint32_t n) {
+    char name[96];
+    snprintf(name, sizeof name, "model.mtp_layers.%u.input_proj.weight", n);
+    return m && model_find(m, name) != NULL;
 }
 
 const rlx_model_config *rlx_model_config_of(const rlx_model *m) { return &m->cfg; }
@@ -91,6 +141,17 @@ static rlx_status add_need(needs *ns, int64_t rows, int64_t cols, const char *fm
 }
 
 static rlx_status check_spec(const rlx_model_config *c, const rlx_block_spec *s) {
+    if (s->emit_hidden && !s->produce_logits)
+        return rlx_error(RLX_E_INVALID, "a block emits final hidden states only with produce_logits");
+    if (s->mtp) {
+        if (s->layer_end != s->layer_start + 1 || !s->embed_input || !s->produce_logits)
+            return rlx_error(RLX_E_INVALID, "an MTP block is one MTP layer [N, N + 1) that embeds tokens and produces "
+                             "logits (block [%u, %u), embed_input %u, produce_logits %u)",
+                             s->layer_start, s->layer_end, s->embed_input, s->produce_logits);
+        if (s->layer_start >= RLX_MAX_LAYERS)
+            return rlx_error(RLX_E_RANGE, "MTP layer %u: at most %d MTP layers", s->layer_start, RLX_MAX_LAYERS);
+        return RLX_OK;
+    }
     if (s->layer_start >= s->layer_end || s->layer_end > (uint64_t)c->num_hidden_layers)
         return rlx_error(RLX_E_RANGE, "block layers [%u, %u) are not a non-empty range inside the model's %lld layers",
                          s->layer_start, s->layer_end, (long long)c->num_hidden_layers);
@@ -104,48 +165,99 @@ static rlx_status check_spec(const rlx_model_config *c, const rlx_block_spec *s)
             return rc_;          \
     } while (0)
 
-/* Appends, in the order the builder binds them, every weight of layer l. */
-static rlx_status layer_needs(const rlx_model_config *c, uint32_t l, needs *ns) {
+/* One decoder layer: where its tensors are and how it is configured. */
+typedef struct layer_desc {
+    char tensors[64]; /* safetensors name prefix: "model.layers.3." */
+    char nodes[32];   /* graph name prefix: "layers.3." */
+    uint32_t index;   /* rlx_op_params.layer */
+    int moe;
+    uint32_t window;  /* sliding window in positions, 0 = full attention */
+} layer_desc;
+
+static layer_desc model_layer(const rlx_model_config *c, uint32_t l) {
+    layer_desc d = {.index = l,
+                    .moe = rlx_model_config_layer_is_moe(c, l),
+                    .window = c->layer_sliding[l] ? (uint32_t)c->sliding_window : 0};
+    snprintf(d.tensors, sizeof d.tensors, "model.layers.%u.", l);
+    snprintf(d.nodes, sizeof d.nodes, "layers.%u.", l);
+    return d;
+}
+
+static layer_desc mtp_layer(const rlx_model_config *c, uint32_t n) {
+    layer_desc d = {.index = (uint32_t)c->num_hidden_layers + n};
+    snprintf(d.tensors, sizeof d.tensors, "model.mtp_layers.%u.mtp_block.", n);
+    snprintf(d.nodes, sizeof d.nodes, "mtp_layers.%u.", n);
+    return d;
+}
+
+/* Appends, in the order the builder binds them, every weight of one decoder layer. */
+static rlx_status layer_needs(const rlx_model_config *c, const layer_desc *l, needs *ns) {
     int64_t h = c->hidden_size, d = c->head_dim, q = c->num_attention_heads * d, kv = c->num_key_value_heads * d;
+    const char *p = l->tensors;
     /* o_proj comes after the norms because that is when the builder uses it */
     const char *proj[4] = {"q", "k", "v", "o"};
     int64_t rows[4] = {q, kv, kv, h}, cols[4] = {h, h, h, q};
-    TRY(add_need(ns, h, 0, "model.layers.%u.input_layernorm.weight", l));
+    TRY(add_need(ns, h, 0, "%sinput_layernorm.weight", p));
     for (int i = 0; i < 4; i++) {
         if (i == 3) {
-            TRY(add_need(ns, d, 0, "model.layers.%u.self_attn.q_norm.weight", l));
-            TRY(add_need(ns, d, 0, "model.layers.%u.self_attn.k_norm.weight", l));
+            TRY(add_need(ns, d, 0, "%sself_attn.q_norm.weight", p));
+            TRY(add_need(ns, d, 0, "%sself_attn.k_norm.weight", p));
         }
-        TRY(add_need(ns, rows[i], cols[i], "model.layers.%u.self_attn.%s_proj.weight", l, proj[i]));
+        TRY(add_need(ns, rows[i], cols[i], "%sself_attn.%s_proj.weight", p, proj[i]));
         if (c->attention_bias)
-            TRY(add_need(ns, rows[i], 0, "model.layers.%u.self_attn.%s_proj.bias", l, proj[i]));
+            TRY(add_need(ns, rows[i], 0, "%sself_attn.%s_proj.bias", p, proj[i]));
     }
-    TRY(add_need(ns, h, 0, "model.layers.%u.post_attention_layernorm.weight", l));
-    if (rlx_model_config_layer_is_moe(c, l)) {
+    TRY(add_need(ns, h, 0, "%spost_attention_layernorm.weight", p));
+    if (l->moe) {
         int64_t f = c->moe_intermediate_size;
-        TRY(add_need(ns, c->num_experts, h, "model.layers.%u.mlp.gate.weight", l));
+        TRY(add_need(ns, c->num_experts, h, "%smlp.gate.weight", p));
         for (int64_t e = 0; e < c->num_experts; e++) {
-            TRY(add_need(ns, f, h, "model.layers.%u.mlp.experts.%lld.gate_proj.weight", l, (long long)e));
-            TRY(add_need(ns, f, h, "model.layers.%u.mlp.experts.%lld.up_proj.weight", l, (long long)e));
-            TRY(add_need(ns, h, f, "model.layers.%u.mlp.experts.%lld.down_proj.weight", l, (long long)e));
+            TRY(add_need(ns, f, h, "%smlp.experts.%lld.gate_proj.weight", p, (long long)e));
+            TRY(add_need(ns, f, h, "%smlp.experts.%lld.up_proj.weight", p, (long long)e));
+            TRY(add_need(ns, h, f, "%smlp.experts.%lld.down_proj.weight", p, (long long)e));
         }
     } else {
         int64_t f = c->intermediate_size;
-        TRY(add_need(ns, f, h, "model.layers.%u.mlp.gate_proj.weight", l));
-        TRY(add_need(ns, f, h, "model.layers.%u.mlp.up_proj.weight", l));
-        TRY(add_need(ns, h, f, "model.layers.%u.mlp.down_proj.weight", l));
+        TRY(add_need(ns, f, h, "%smlp.gate_proj.weight", p));
+        TRY(add_need(ns, f, h, "%smlp.up_proj.weight", p));
+        TRY(add_need(ns, h, f, "%smlp.down_proj.weight", p));
     }
     return RLX_OK;
 }
 
-static rlx_status block_needs(const rlx_model_config *c, const rlx_block_spec *s, needs *ns) {
+/* The final norm of an MTP layer: its own when it has one, else the target's. */
+static void mtp_final_norm_name(const rlx_model *m, uint32_t n, char *name, size_t len) {
+    snprintf(name, len, "model.mtp_layers.%u.final_layernorm.weight", n);
+    if (!model_find(m, name))
+        snprintf(name, len, "model.norm.weight");
+}
+
+static rlx_status block_needs(const rlx_model *m, const rlx_block_spec *s, needs *ns) {
+    const rlx_model_config *c = &m->cfg;
+    int64_t h = c->hidden_size;
     TRY(check_spec(c, s));
     if (s->embed_input)
-        TRY(add_need(ns, c->vocab_size, c->hidden_size, "model.embed_tokens.weight"));
-    for (uint32_t l = s->layer_start; l < s->layer_end; l++)
-        TRY(layer_needs(c, l, ns));
+        TRY(add_need(ns, c->vocab_size, h, "model.embed_tokens.weight"));
+    if (s->mtp) {
+        uint32_t n = s->layer_start;
+        TRY(add_need(ns, h, 0, "model.mtp_layers.%u.token_layernorm.weight", n));
+        TRY(add_need(ns, h, 0, "model.mtp_layers.%u.hidden_layernorm.weight", n));
+        TRY(add_need(ns, h, 2 * h, "model.mtp_layers.%u.input_proj.weight", n));
+        layer_desc l = mtp_layer(c, n);
+        TRY(layer_needs(c, &l, ns));
+    } else {
+        for (uint32_t i = s->layer_start; i < s->layer_end; i++) {
+            layer_desc l = model_layer(c, i);
+            TRY(layer_needs(c, &l, ns));
+        }
+    }
     if (s->produce_logits) {
-        TRY(add_need(ns, c->hidden_size, 0, "model.norm.weight"));
+        char norm[96];
+        if (s->mtp)
+            mtp_final_norm_name(m, s->layer_start, norm, sizeof norm);
+        else
+            snprintf(norm, sizeof norm, "model.norm.weight");
+        TRY(add_need(ns, h, 0, "%s", norm));
         /* with tied embeddings the LM head is the embedding table; a block that also embeds
          * lists it twice, and consumers skip the repeat */
         TRY(add_need(ns, c->vocab_size, c->hidden_size,
@@ -155,7 +267,15 @@ static rlx_status block_needs(const rlx_model_config *c, const rlx_block_spec *s
 }
 
 static const rlx_weight *find_checked(const rlx_model *m, const need *n, rlx_status *rc) {
-    const rlx_weight *w = rlx_weights_find(m->weights, n->name);
+    const rlx_weight *w = model_find(m, n->name);
+    if (!w && strncmp(n->name, "model.mtp_layers.", 17) == 0) {
+        *rc = rlx_error(RLX_E_NOT_FOUND,
+                        "%s: MTP tensor '%s' is in neither the model's safetensors nor an added weights file; "
+                        "give the MTP weights with the mtp speculator's option weights=FILE (--spec-opts) or as "
+                        "mtp.safetensors in the model directory",
+                        m->dir, n->name);
+        return NULL;
+    }
     if (!w) {
         *rc = rlx_error(RLX_E_NOT_FOUND, "%s: tensor '%s' is missing from the safetensors", m->dir, n->name);
         return NULL;
@@ -186,7 +306,7 @@ rlx_status rlx_model_check_block(const rlx_model *m, const rlx_block_spec *spec)
     if (!m || !spec)
         return rlx_error(RLX_E_INVALID, "rlx_model_check_block: NULL argument");
     needs ns = {0};
-    rlx_status rc = block_needs(&m->cfg, spec, &ns);
+    rlx_status rc = block_needs(m, spec, &ns);
     for (size_t i = 0; rc == RLX_OK && i < ns.n; i++)
         find_checked(m, &ns.items[i], &rc);
     free(ns.items);
@@ -198,7 +318,7 @@ rlx_status rlx_model_block_weights(const rlx_model *m, const rlx_block_spec *spe
     if (!m || !spec || !fn)
         return rlx_error(RLX_E_INVALID, "rlx_model_block_weights: NULL argument");
     needs ns = {0};
-    rlx_status rc = block_needs(&m->cfg, spec, &ns);
+    rlx_status rc = block_needs(m, spec, &ns);
     for (size_t i = 0; rc == RLX_OK && i < ns.n; i++) {
         int repeat = i > 0 && spec->embed_input && strcmp(ns.items[i].name, ns.items[0].name) == 0;
         if (!repeat && fn(ctx, ns.items[i].name))
@@ -219,7 +339,7 @@ typedef struct prefetch {
 
 static int prefetch_one(void *ctx, const char *name) {
     prefetch *p = ctx;
-    const rlx_weight *w = rlx_weights_find(p->m->weights, name);
+    const rlx_weight *w = model_find(p->m, name);
     if (!w)
         return 0; /* rlx_model_check_block reports missing tensors */
     if (p->counting) {
@@ -301,18 +421,18 @@ static int linear(builder *b, const rlx_model_config *c, const char *name, int x
     return node(b, RLX_OP_MATMUL, name, (int[]){x, w, bias}, 3, NULL);
 }
 
-static int build_layer(builder *b, uint32_t l, int x, int pos, int kc, int vc) {
+static int build_layer(builder *b, const layer_desc *l, int x, int pos, int kc, int vc) {
     const rlx_model_config *c = &b->m->cfg;
     char name[96];
-    rlx_op_params norm = {.eps = (float)c->rms_norm_eps, .layer = l};
-    rlx_op_params rope = {.rope_theta = (float)c->rope_theta, .head_dim = (uint32_t)c->head_dim, .layer = l};
+    rlx_op_params norm = {.eps = (float)c->rms_norm_eps, .layer = l->index};
+    rlx_op_params rope = {.rope_theta = (float)c->rope_theta, .head_dim = (uint32_t)c->head_dim, .layer = l->index};
     rlx_op_params attn = {.scale = (float)(1.0 / sqrt((double)c->head_dim)),
                           .head_dim = (uint32_t)c->head_dim,
                           .n_heads = (uint32_t)c->num_attention_heads,
                           .n_kv_heads = (uint32_t)c->num_key_value_heads,
-                          .window = c->layer_sliding[l] ? (uint32_t)c->sliding_window : 0,
-                          .layer = l};
-#define NAME(suffix) (snprintf(name, sizeof name, "layers.%u.%s", l, suffix), name)
+                          .window = l->window,
+                          .layer = l->index};
+#define NAME(suffix) (snprintf(name, sizeof name, "%s%s", l->nodes, suffix), name)
     int h = node2(b, RLX_OP_RMS_NORM, NAME("input_norm"), x, weight(b), &norm);
     int q = linear(b, c, NAME("attn.q_proj"), h);
     int k = linear(b, c, NAME("attn.k_proj"), h);
@@ -326,7 +446,7 @@ static int build_layer(builder *b, uint32_t l, int x, int pos, int kc, int vc) {
     x = node2(b, RLX_OP_ADD, NAME("attn.residual"), x, o, NULL);
     h = node2(b, RLX_OP_RMS_NORM, NAME("post_attn_norm"), x, weight(b), &norm);
     int mlp;
-    if (rlx_model_config_layer_is_moe(c, l)) {
+    if (l->moe) {
         uint32_t n_in = 2 + 3 * (uint32_t)c->num_experts;
         int *in = malloc(n_in * sizeof *in);
         if (!in) {
@@ -339,7 +459,7 @@ static int build_layer(builder *b, uint32_t l, int x, int pos, int kc, int vc) {
         rlx_op_params moe = {.n_experts = (uint32_t)c->num_experts,
                              .top_k = (uint32_t)c->num_experts_per_tok,
                              .norm_topk = (uint32_t)c->norm_topk_prob,
-                             .layer = l};
+                             .layer = l->index};
         mlp = node(b, RLX_OP_MOE, NAME("mlp.moe"), in, n_in, &moe);
         free(in);
     } else {
@@ -362,7 +482,7 @@ rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec,
     const rlx_model_config *c = &m->cfg;
     needs ns = {0};
     builder b = {.m = m};
-    b.rc = block_needs(c, spec, &ns);
+    b.rc = block_needs(m, spec, &ns);
     if (b.rc == RLX_OK)
         b.rc = rlx_graph_create(&b.g);
     if (b.rc != RLX_OK) {
@@ -372,9 +492,11 @@ rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec,
     b.next = ns.items;
     b.end = ns.items + ns.n;
     memset(io, 0, sizeof *io);
+    io->hidden = io->hidden_input = -1;
     io->n_layers = spec->layer_end - spec->layer_start;
     int64_t t = n_tokens, hidden = c->hidden_size;
     int64_t kv_shape[2] = {kv_capacity, c->num_key_value_heads * c->head_dim};
+    rlx_op_params norm = {.eps = (float)c->rms_norm_eps, .layer = UINT32_MAX};
     int x;
     if (spec->embed_input) {
         io->input = rlx_graph_add_tensor(b.g, RLX_ROLE_INPUT, "tokens", RLX_DTYPE_I32, 1, &t, NULL);
@@ -384,11 +506,21 @@ rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec,
                                          NULL);
         x = io->input;
     }
+    if (spec->mtp) {
+        /* pairs (token x[t+1], target hidden h[t]): input_proj(concat(g, e)) in MiMo's order */
+        io->hidden_input = rlx_graph_add_tensor(b.g, RLX_ROLE_INPUT, "hidden_in", RLX_DTYPE_F32, 2,
+                                                (int64_t[]){t, hidden}, NULL);
+        int e = node2(&b, RLX_OP_RMS_NORM, "mtp.token_norm", x, weight(&b), &norm);
+        int g = node2(&b, RLX_OP_RMS_NORM, "mtp.hidden_norm", io->hidden_input, weight(&b), &norm);
+        int ge = node2(&b, RLX_OP_CONCAT, "mtp.concat", g, e, NULL);
+        x = node2(&b, RLX_OP_MATMUL, "mtp.input_proj", ge, weight(&b), NULL);
+    }
     io->positions = rlx_graph_add_tensor(b.g, RLX_ROLE_INPUT, "positions", RLX_DTYPE_I32, 1, &t, NULL);
     for (uint32_t l = spec->layer_start; b.rc == RLX_OK && l < spec->layer_end; l++) {
+        layer_desc desc = spec->mtp ? mtp_layer(c, l) : model_layer(c, l);
         char kname[64], vname[64];
-        snprintf(kname, sizeof kname, "layers.%u.k_cache", l);
-        snprintf(vname, sizeof vname, "layers.%u.v_cache", l);
+        snprintf(kname, sizeof kname, "%sk_cache", desc.nodes);
+        snprintf(vname, sizeof vname, "%sv_cache", desc.nodes);
         int kc = rlx_graph_add_tensor(b.g, RLX_ROLE_STATE, kname, RLX_DTYPE_F32, 2, kv_shape, NULL);
         int vc = rlx_graph_add_tensor(b.g, RLX_ROLE_STATE, vname, RLX_DTYPE_F32, 2, kv_shape, NULL);
         if (kc < 0 || vc < 0) {
@@ -397,13 +529,22 @@ rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec,
         }
         io->k_cache[l - spec->layer_start] = kc;
         io->v_cache[l - spec->layer_start] = vc;
-        x = build_layer(&b, l, x, io->positions, kc, vc);
+        x = build_layer(&b, &desc, x, io->positions, kc, vc);
     }
     if (spec->produce_logits) {
-        if (!spec->all_logits)
-            x = node(&b, RLX_OP_GATHER_LAST, "last_position", &x, 1, NULL);
-        rlx_op_params norm = {.eps = (float)c->rms_norm_eps, .layer = UINT32_MAX};
-        x = node2(&b, RLX_OP_RMS_NORM, "final_norm", x, weight(&b), &norm);
+        if (spec->emit_hidden) {
+            /* the norm is per row, so norming every row before picking the last changes nothing */
+            x = node2(&b, RLX_OP_RMS_NORM, "final_norm", x, weight(&b), &norm);
+            io->hidden = x;
+            if (b.rc == RLX_OK)
+                b.rc = rlx_graph_mark_output(b.g, x);
+            if (!spec->all_logits)
+                x = node(&b, RLX_OP_GATHER_LAST, "last_position", &x, 1, NULL);
+        } else {
+            if (!spec->all_logits)
+                x = node(&b, RLX_OP_GATHER_LAST, "last_position", &x, 1, NULL);
+            x = node2(&b, RLX_OP_RMS_NORM, "final_norm", x, weight(&b), &norm);
+        }
         x = node2(&b, RLX_OP_MATMUL, "lm_head", x, weight(&b), NULL);
     }
     io->output = x;

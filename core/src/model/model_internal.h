@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "rlx/model.h"
 #include "rlx/status.h"
 
 /* Reads and parses the JSON file at path. On success *out is the document, which the caller frees
@@ -17,5 +18,8 @@ rlx_status rlx__json_load(const char *path, int missing_ok, cJSON **out);
 /* Stores the value of item in *out when it is a JSON number holding an integer that a double
  * represents exactly (|v| <= 2^53) and returns 1; returns 0 for anything else (3.5, "3", null). */
 int rlx__json_int(const cJSON *item, int64_t *out);
+
+/* Maps one safetensors file (any name) as rlx_weights_open maps a model's, with the same checks. */
+rlx_status rlx__weights_open_file(const char *path, rlx_weights **out);
 
 #endif

@@ -374,6 +374,39 @@ static rlx_status check_index(const rlx_weights *w, const char *index_path, cons
 
 // ---- public API
 
+/* Sorts the tensors of every file read into w by name (for lookups), rejecting a name held twice. */
+static rlx_status index_tensors(rlx_weights *w) {
+    qsort(w->tensors, w->n_tensors, sizeof *w->tensors, cmp_name);
+    for (size_t i = 0; i < w->n_tensors; i++) {
+        if (i > 0 && strcmp(w->tensors[i - 1].name, w->tensors[i].name) == 0)
+            return rlx_error(RLX_E_FORMAT, "tensor '%s' is in both %s and %s", w->tensors[i].name,
+                             w->tensors[i - 1].file, w->tensors[i].file);
+        w->total_bytes += w->tensors[i].nbytes;
+    }
+    return RLX_OK;
+}
+
+rlx_status rlx__weights_open_file(const char *path, rlx_weights **out) {
+    *out = NULL;
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
+    rlx_weights *w = calloc(1, sizeof *w);
+    rlx_status st = RLX_OK;
+    if (!dir || !w || !(w->files = calloc(1, sizeof *w->files)))
+        st = rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
+    if (st == RLX_OK)
+        st = add_file(w, dir, slash ? slash + 1 : path);
+    if (st == RLX_OK)
+        st = index_tensors(w);
+    free(dir);
+    if (st != RLX_OK) {
+        rlx_weights_close(w);
+        return st;
+    }
+    *out = w;
+    return RLX_OK;
+}
+
 rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out) {
     if (out)
         *out = NULL;
@@ -406,19 +439,9 @@ rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out) {
         if (st == RLX_OK)
             st = open_shards(w, model_dir, index_path, index);
     }
-    if (st != RLX_OK)
-        goto fail;
-
-    qsort(w->tensors, w->n_tensors, sizeof *w->tensors, cmp_name);
-    for (size_t i = 0; i < w->n_tensors; i++) {
-        if (i > 0 && strcmp(w->tensors[i - 1].name, w->tensors[i].name) == 0) {
-            st = rlx_error(RLX_E_FORMAT, "tensor '%s' is in both %s and %s", w->tensors[i].name, w->tensors[i - 1].file,
-                           w->tensors[i].file);
-            goto fail;
-        }
-        w->total_bytes += w->tensors[i].nbytes;
-    }
-    if (index)
+    if (st == RLX_OK)
+        st = index_tensors(w);
+    if (st == RLX_OK && index)
         st = check_index(w, index_path, index);
 fail:
     cJSON_Delete(index);
