@@ -1,0 +1,89 @@
+#!/usr/bin/python3
+"""The trained Brown family (share/models/brown) as shipped: the target has learned English, and
+its MTP head and draft model really predict it, so speculative decoding accepts drafts while
+printing exactly what plain greedy decoding prints.
+
+  test_brown_family.py --rlx BIN --family DIR --sample TEXT_FILE
+
+- held-out English (TEXT_FILE, Brown documents the training never saw): the target's mean
+  next-token cross-entropy, from `rlx logits --all`, must be far below a uniform guess
+  (ln 4096 = 8.3 nats); a wrongly exported or wrongly loaded model lands near or above it;
+- greedy `--spec mtp` and `--spec draft` for k = 1, 3, 6, in one process and over 2 stages,
+  print plain greedy's text, and accept at least MIN_ACCEPTANCE of their drafts (random heads
+  accept almost none), so the accepted-draft paths of both speculators and the stages'
+  rollback are exercised with real acceptance.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+TIMEOUT = 300
+MAX_HELD_OUT_NATS = 6.0
+MIN_ACCEPTANCE = 0.3
+PROMPT = "The jury said that"
+N_NEW = "48"
+ACCEPTANCE = re.compile(r"acceptance rate ([\d.]+)\)")
+
+
+def run(rlx, args):
+    p = subprocess.run([rlx, *args], capture_output=True, text=True, timeout=TIMEOUT)
+    if p.returncode != 0:
+        raise RuntimeError(f"rlx {' '.join(args)} failed: {p.stderr.strip()}")
+    return p.stdout.strip(), p.stderr.strip()
+
+
+def held_out_nats(rlx, target, sample, workdir):
+    ids = [int(t) for t in run(rlx, ["tokenize", "--model", target, "--file", sample])[0].split()][:256]
+    out = os.path.join(workdir, "logits.f32")
+    run(rlx, ["logits", "--model", target, "--tokens", ",".join(map(str, ids)), "--all", "--out", out])
+    logits = np.fromfile(out, dtype="<f4").reshape(len(ids), -1).astype(np.float64)
+    logits -= logits.max(axis=1, keepdims=True)
+    logp = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+    return float(-np.mean(logp[np.arange(len(ids) - 1), ids[1:]])), len(ids)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rlx", required=True)
+    ap.add_argument("--family", required=True)
+    ap.add_argument("--sample", required=True)
+    args = ap.parse_args()
+    target, draft = os.path.join(args.family, "target"), os.path.join(args.family, "draft")
+    failures = []
+    with tempfile.TemporaryDirectory() as workdir:
+        nats, n = held_out_nats(args.rlx, target, args.sample, workdir)
+    line = f"held-out cross-entropy {nats:.3f} nats over {n} tokens (bound {MAX_HELD_OUT_NATS})"
+    (failures.append if nats > MAX_HELD_OUT_NATS else print)(line)
+
+    base = ["generate", "--model", target, "--prompt", PROMPT, "-n", N_NEW, "--greedy", "--threads", "2"]
+    plain, _ = run(args.rlx, base)
+    print(f"plain greedy: {plain!r}")
+    for where, extra in [("single process", []), ("2 stages", ["--stages", "2"])]:
+        for spec, spec_args in [("mtp", ["--spec", "mtp"]), ("draft", ["--spec", "draft", "--draft-model", draft])]:
+            for k in ["1", "3", "6"]:
+                name = f"{spec} k={k} {where}"
+                try:
+                    out, err = run(args.rlx, base + extra + spec_args + ["--draft-tokens", k, "--stats"])
+                except RuntimeError as e:
+                    failures.append(f"{name}: {e}")
+                    continue
+                m = ACCEPTANCE.search(err)
+                rate = float(m.group(1)) if m else -1.0
+                if out != plain:
+                    failures.append(f"{name}: printed {out!r}, plain greedy printed {plain!r}")
+                elif rate < MIN_ACCEPTANCE:
+                    failures.append(f"{name}: acceptance rate {rate} below {MIN_ACCEPTANCE}; stderr: {err}")
+                else:
+                    print(f"ok: {name}: same text, acceptance rate {rate:.3f}")
+    for f in failures:
+        print(f"FAIL: {f}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
