@@ -335,8 +335,8 @@ int app_resolve_model(app_options *o) {
         char *slash = strrchr(exe, '/');
         if (slash)
             *slash = '\0';
-        snprintf(found, sizeof found, "%s/../share/rlx/models/brown/target", exe);
-        if (is_model_dir(found)) {
+        if (snprintf(found, sizeof found, "%s/../share/rlx/models/brown/target", exe) < (int)sizeof found &&
+            is_model_dir(found)) {
             o->model = found;
             return 0;
         }
