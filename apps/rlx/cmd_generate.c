@@ -125,12 +125,10 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     if ((chat || !think) && !prompt)
         return app_fail("generate: --chat and --no-think need --prompt");
     app_runtime rt;
-    if (app_runtime_open(&rt, o))
+    app_speculator spec;
+    if (app_runtime_open_speculative(&rt, o, &spec_options, &spec))
         return 1;
     app_generation_defaults(&rt, &sampling, &n_new, n_given);
-    app_speculator spec = {0};
-    if (app_speculator_open(&rt, o, &spec_options, &spec))
-        return app_runtime_close(&rt), 1;
     rlx_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     size_t n = 0;

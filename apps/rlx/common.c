@@ -200,7 +200,7 @@ static int parse_place(app_runtime *rt, const app_options *o) {
     return 0;
 }
 
-/* The whole-model session behind rt->lm (replacing any), emitting hidden states if asked. */
+/* The whole-model session behind rt->lm, emitting the final hidden states when asked. */
 static int create_session(app_runtime *rt, const app_options *o, int emit_hidden) {
     const rlx_model_config *c = rlx_model_config_of(rt->model);
     rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers,
@@ -213,26 +213,29 @@ static int create_session(app_runtime *rt, const app_options *o, int emit_hidden
                               .n_backends = rt->backend ? 1 : 0,
                               .rules = rt->rules,
                               .n_rules = rt->n_rules};
-    rlx_session_destroy(rt->session);
-    rt->session = NULL;
-    memset(&rt->lm, 0, sizeof rt->lm);
     if (rlx_session_create(rt->model, &spec, &so, &rt->session) != RLX_OK ||
         rlx_session_lm(rt->session, &rt->lm) != RLX_OK)
         return app_fail_rlx("cannot create session");
     return 0;
 }
 
-int app_runtime_open(app_runtime *rt, app_options *o) {
+/* The first half of opening: the deployment file, when running over a pipeline, so that what it
+ * configures (the speculator) is known before the model runs. 1 after reporting. */
+static int runtime_load(app_runtime *rt, app_options *o) {
     memset(rt, 0, sizeof *rt);
-    if (app_pipeline_wanted(&o->pipeline))
-        return app_pipeline_open(rt, o, &o->pipeline);
-    if (app_resolve_model(o))
-        return 1;
-    if (backend_named(rt, o, o->plugin ? o->plugin : "cpu-blas", &rt->backend) ||
+    return app_pipeline_wanted(&o->pipeline) ? app_pipeline_load(rt, &o->pipeline) : 0;
+}
+
+/* The second half: the pipeline driver, or the backends, the model and a whole-model session;
+ * with emit_hidden the lm provides the final hidden states. 1 after reporting; the caller closes rt. */
+static int runtime_start(app_runtime *rt, app_options *o, int emit_hidden) {
+    if (rt->pipeline)
+        return app_pipeline_open(rt, o, &o->pipeline, emit_hidden);
+    if (app_resolve_model(o) || backend_named(rt, o, o->plugin ? o->plugin : "cpu-blas", &rt->backend) ||
         (o->place && parse_place(rt, o)))
-        return app_runtime_close(rt), 1;
+        return 1;
     if (rlx_model_open(o->model, &rt->model) != RLX_OK)
-        return app_fail_rlx("cannot open model"), app_runtime_close(rt), 1;
+        return app_fail_rlx("cannot open model"), 1;
     const rlx_model_config *c = rlx_model_config_of(rt->model);
     rlx_block_spec spec = {.layer_start = 0,
                            .layer_end = (uint32_t)c->num_hidden_layers,
@@ -243,11 +246,17 @@ int app_runtime_open(app_runtime *rt, app_options *o) {
         rlx_status rc = rlx_model_prefetch(rt->model, &spec, show_progress, NULL);
         fputs("\r\033[K", stderr);
         if (rc != RLX_OK)
-            return app_fail_rlx("cannot read the model"), app_runtime_close(rt), 1;
+            return app_fail_rlx("cannot read the model"), 1;
     }
-    if (create_session(rt, o, 0))
-        return app_runtime_close(rt), 1;
+    if (create_session(rt, o, emit_hidden))
+        return 1;
     rt->model_dir = o->model;
+    return 0;
+}
+
+int app_runtime_open(app_runtime *rt, app_options *o) {
+    if (runtime_load(rt, o) || runtime_start(rt, o, 0))
+        return app_runtime_close(rt), 1;
     return 0;
 }
 
@@ -335,8 +344,8 @@ int app_resolve_model(app_options *o) {
         char *slash = strrchr(exe, '/');
         if (slash)
             *slash = '\0';
-        snprintf(found, sizeof found, "%s/../share/rlx/models/brown/target", exe);
-        if (is_model_dir(found)) {
+        if (snprintf(found, sizeof found, "%s/../share/rlx/models/brown/target", exe) < (int)sizeof found &&
+            is_model_dir(found)) {
             o->model = found;
             return 0;
         }
@@ -408,7 +417,9 @@ static int add_spec_name(void *ctx, const char *path, const rlx_plugin_handle *h
     return 0;
 }
 
-int app_speculator_open(app_runtime *rt, const app_options *o, const app_spec_options *so, app_speculator *out) {
+/* Loads the plugin of the speculator the command line names, or else the deployment file's, and
+ * settles its options and draft tokens; out->plugin stays NULL when none was asked for. */
+static int speculator_load(app_runtime *rt, const app_options *o, const app_spec_options *so, app_speculator *out) {
     memset(out, 0, sizeof *out);
     const rlx_deploy *d = app_pipeline_deploy(rt);
     const rlx_deploy_speculator *file = d ? rlx_deploy_speculator_of(d) : NULL;
@@ -433,27 +444,22 @@ int app_speculator_open(app_runtime *rt, const app_options *o, const app_spec_op
     snprintf(out->options, len, "%s%s%s%s", draft_model ? "model=" : "", draft_model ? draft_model : "",
              draft_model && options && *options ? "," : "", options ? options : "");
     if (!rt->registry && rlx_registry_create(o->plugin_dir, &rt->registry) != RLX_OK)
-        return app_fail_rlx("cannot search for plugins"), app_speculator_close(out), 1;
+        return app_fail_rlx("cannot search for plugins");
     if (rlx_registry_load(rt->registry, RLX_PLUGIN_SPECULATOR, name, &out->plugin) != RLX_OK) {
         char why[1024];
         snprintf(why, sizeof why, "%s", rlx_last_error());
         spec_names names = {.len = 0};
         rlx_registry_each(rt->registry, add_spec_name, &names);
-        app_speculator_close(out);
         return app_fail("unknown speculator '%s' (available: %s): %s", name, names.len ? names.list : "none", why);
     }
+    return 0;
+}
+
+/* Opens the loaded speculator for rt's started model. */
+static int speculator_start(app_runtime *rt, const app_options *o, app_speculator *s) {
     /* a pipeline driver drafts in this process, on --plugin's backend */
     if (rt->pipeline && !rt->backend && backend_named(rt, o, o->plugin ? o->plugin : "cpu-blas", &rt->backend))
-        return app_speculator_close(out), 1;
-    const rlx_speculator_iface *iface = rlx_plugin_desc(out->plugin)->iface;
-    if ((iface->flags & RLX_SPEC_NEEDS_HIDDEN) && !rt->lm.hidden) {
-        if (rt->session && create_session(rt, o, 1))
-            return app_speculator_close(out), 1;
-        if (!rt->lm.hidden)
-            return app_fail("speculator '%s' needs the target's hidden states, which %s does not provide", name,
-                            rt->pipeline ? "the pipeline" : "this model's session"),
-                   app_speculator_close(out), 1;
-    }
+        return 1;
     rlx_spec_target target = {.size = sizeof target,
                               .kv_capacity = rt->lm.capacity(rt->lm.self),
                               .model_dir = rt->model_dir,
@@ -463,9 +469,22 @@ int app_speculator_open(app_runtime *rt, const app_options *o, const app_spec_op
                               .n_backends = rt->backend ? 1 : 0,
                               .rules = rt->rules,
                               .n_rules = rt->n_rules,
-                              .options = out->options};
-    if (rlx_speculator_create(out->plugin, &target, &out->spec) != RLX_OK)
-        return app_fail_rlx("cannot start the speculator"), app_speculator_close(out), 1;
+                              .options = s->options};
+    if (rlx_speculator_create(s->plugin, &target, &s->spec) != RLX_OK)
+        return app_fail_rlx("cannot start the speculator");
+    return 0;
+}
+
+int app_runtime_open_speculative(app_runtime *rt, app_options *o, const app_spec_options *so, app_speculator *spec) {
+    if (runtime_load(rt, o))
+        return app_runtime_close(rt), 1;
+    if (speculator_load(rt, o, so, spec))
+        return app_speculator_close(spec), app_runtime_close(rt), 1;
+    const rlx_speculator_iface *iface = spec->plugin ? rlx_plugin_desc(spec->plugin)->iface : NULL;
+    if (runtime_start(rt, o, iface && (iface->flags & RLX_SPEC_NEEDS_HIDDEN)))
+        return app_speculator_close(spec), app_runtime_close(rt), 1;
+    if (spec->plugin && speculator_start(rt, o, spec))
+        return app_speculator_close(spec), app_runtime_close(rt), 1;
     return 0;
 }
 

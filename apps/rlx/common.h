@@ -51,7 +51,8 @@ int app_parse_float(const char *opt, const char *text, float *out);
 /* Parses "1,5,3" into a malloc'd array; returns the count or -1 after reporting. */
 int app_parse_tokens(const char *text, int32_t **out);
 
-/* Loads the backend, opens the model and creates a whole-model session. */
+/* Loads the backend, opens the model and creates a whole-model session, or with pipeline options
+ * connects a pipeline driver. 1 after reporting a failure, with everything closed. */
 int app_runtime_open(app_runtime *rt, app_options *o);
 void app_runtime_close(app_runtime *rt);
 
@@ -70,7 +71,7 @@ int app_parse_sampling(app_sampling *s, int argc, char **argv, int *i);
 /* Checks the combination and fills s->params.greedy; 1 after reporting a conflict. */
 int app_sampling_finish(app_sampling *s);
 
-/* Speculative decoding options shared by generate and bench. */
+/* Speculative decoding options of generate. */
 typedef struct app_spec_options {
     const char *name;        /* --spec NAME: speculator plugin; NULL = the deployment file's, if any */
     uint32_t draft_tokens;   /* --draft-tokens K; 0 = not given */
@@ -91,11 +92,13 @@ typedef struct app_speculator {
 extern const char app_spec_help[];
 /* Tries the speculative decoding options: 1 consumed, 0 not one, -1 after reporting a bad value. */
 int app_parse_spec(app_spec_options *s, int argc, char **argv, int *i);
-/* Opens the speculator the command line names, or else the deployment file's, for rt's model
- * (on rt's backends; a pipeline driver gets --plugin's backend for it). A speculator that
- * needs the target's hidden states gets a session that emits them, or an error naming what
- * lacks them. 1 after reporting a failure; on success the caller closes *out before rt. */
-int app_speculator_open(app_runtime *rt, const app_options *o, const app_spec_options *so, app_speculator *out);
+/* app_runtime_open with the speculator the command line names, or else the deployment file's.
+ * Its plugin is loaded before the model runs, so that a speculator needing the target's hidden
+ * states gets a local session or a pipeline driver that returns them from the start; then it is
+ * opened for rt's model on rt's backends (a pipeline driver gets --plugin's backend for it).
+ * spec->spec is NULL when no speculator was asked for. 1 after reporting a failure, with
+ * everything closed; on success the caller closes *spec before rt. */
+int app_runtime_open_speculative(app_runtime *rt, app_options *o, const app_spec_options *so, app_speculator *spec);
 void app_speculator_close(app_speculator *s);
 
 /* Fills what the command line left open from the deployment file's generation defaults (when

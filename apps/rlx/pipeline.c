@@ -230,14 +230,11 @@ static void common_args(argv_builder *b, const app_options *o, const char *trans
 
 // ---- open and close ----
 
-int app_pipeline_open(app_runtime *rt, app_options *o, const app_pipeline_options *po) {
+int app_pipeline_load(app_runtime *rt, const app_pipeline_options *po) {
     struct app_pipeline *p = calloc(1, sizeof *p);
     if (!p)
         return app_fail("out of memory");
     rt->pipeline = p;
-    const char *model = o->model, *transport = po->transport;
-    rlx_deploy_timeouts timeouts = {0};
-    uint32_t n = po->stages;
     if (po->config && po->stages)
         return app_fail("give --config or --stages, not both"), app_pipeline_close(rt), 1;
     if (po->launch && !po->config)
@@ -246,9 +243,17 @@ int app_pipeline_open(app_runtime *rt, app_options *o, const app_pipeline_option
     if (!po->config && !po->stages)
         return app_fail("--transport and the timeouts apply to pipelines: add --config FILE or --stages N"),
                app_pipeline_close(rt), 1;
-    if (po->config) {
-        if (rlx_deploy_load(po->config, &p->deploy) != RLX_OK)
-            return app_fail_rlx("pipeline"), app_pipeline_close(rt), 1;
+    if (po->config && rlx_deploy_load(po->config, &p->deploy) != RLX_OK)
+        return app_fail_rlx("pipeline"), app_pipeline_close(rt), 1;
+    return 0;
+}
+
+int app_pipeline_open(app_runtime *rt, app_options *o, const app_pipeline_options *po, int emit_hidden) {
+    struct app_pipeline *p = rt->pipeline;
+    const char *model = o->model, *transport = po->transport;
+    rlx_deploy_timeouts timeouts = {0};
+    uint32_t n = po->stages;
+    if (p->deploy) {
         if (!model)
             model = rlx_deploy_model(p->deploy);
         if (!transport)
@@ -343,6 +348,7 @@ int app_pipeline_open(app_runtime *rt, app_options *o, const app_pipeline_option
     d.connect_timeout_ms = po->connect_timeout_ms ? po->connect_timeout_ms : timeouts.connect_ms;
     d.timeout_ms = po->timeout_ms ? po->timeout_ms : timeouts.control_ms;
     d.compute_ms_per_position = po->per_position_ms ? po->per_position_ms : timeouts.per_position_ms;
+    d.emit_hidden = (uint32_t)emit_hidden;
     if (rlx_driver_create(p->model_dir, &d, &p->driver) != RLX_OK || rlx_driver_lm(p->driver, &rt->lm) != RLX_OK)
         return app_fail_rlx("pipeline"), app_pipeline_close(rt), 1;
     rt->model_dir = p->model_dir;

@@ -35,10 +35,16 @@ int app_pipeline_parse(app_pipeline_options *po, int argc, char **argv, int *i);
 /* True when any pipeline option was given (app_pipeline_open then reports incomplete ones). */
 int app_pipeline_wanted(const app_pipeline_options *po);
 
-/* Fills rt->lm with a pipeline driver (rt->model stays NULL, rt->model_dir is the model), after
- * launching local stages if asked. 0 on success; 1 after reporting, with everything started
- * already stopped. rt must be zeroed (app_runtime_open does that). */
-int app_pipeline_open(struct app_runtime *rt, struct app_options *o, const app_pipeline_options *po);
+/* The first half of opening a pipeline: checks the option combination and reads the deployment
+ * file of --config, so what it configures (the speculator) is known before any stage runs.
+ * 0 on success; 1 after reporting, with rt->pipeline closed again. rt must be zeroed. */
+int app_pipeline_load(struct app_runtime *rt, const app_pipeline_options *po);
+
+/* The second half, after app_pipeline_load: fills rt->lm with a pipeline driver (rt->model stays
+ * NULL, rt->model_dir is the model), after launching local stages if asked; with emit_hidden the
+ * last stage also returns the target's hidden states (rlx_lm.hidden). 0 on success; 1 after
+ * reporting, with everything started already stopped. */
+int app_pipeline_open(struct app_runtime *rt, struct app_options *o, const app_pipeline_options *po, int emit_hidden);
 
 /* Ends the session, disconnects and stops launched stages; safe on a runtime without a pipeline. */
 void app_pipeline_close(struct app_runtime *rt);

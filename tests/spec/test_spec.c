@@ -1,7 +1,8 @@
 /* Speculative decoding on real (small, random) models: greedy output equals plain greedy token
  * for token with the draft plugin for k = 1..6 (a draft that often disagrees and the target
  * itself, which must have every draft accepted), stops land where plain decoding's do,
- * rejected positions leave no trace in the target's or the draft's cache, sampled output
+ * rejected positions leave no trace in the target's cache, the draft and MTP speculators keep
+ * accepted drafts and forget rejected ones exactly, sampled output
  * follows the target's exact distribution (chi-square), and bad speculators and bad arguments
  * are refused with errors naming them. */
 #include <math.h>
@@ -18,7 +19,7 @@
 #define TINY DATA "/spec-tiny"
 
 static rlx_backend *backend;
-static rlx_plugin_handle *backend_plugin, *draft_plugin, *skewed_plugin;
+static rlx_plugin_handle *backend_plugin, *draft_plugin, *mtp_plugin, *skewed_plugin;
 static rlx_model *target, *tiny;
 
 static const int32_t prompt[] = {17, 3, 250, 99, 4, 301, 77, 12};
@@ -26,13 +27,23 @@ static const int32_t prompt[] = {17, 3, 250, 99, 4, 301, 77, 12};
 static const int32_t tiny_prompt[] = {1, 5, 3}; /* for the vocabulary of 16 */
 #define N_TINY_PROMPT 3
 
-static rlx_session *new_session(rlx_model *m, uint32_t capacity) {
+static rlx_session *create_session(rlx_model *m, uint32_t capacity, int emit_hidden) {
     const rlx_model_config *c = rlx_model_config_of(m);
-    rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
+    rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers,
+                           .embed_input = 1,
+                           .produce_logits = 1,
+                           .emit_hidden = (uint32_t)emit_hidden};
     rlx_session_options o = {.kv_capacity = capacity, .backends = &backend, .n_backends = 1};
     rlx_session *s;
     assert_ok(rlx_session_create(m, &spec, &o, &s));
     return s;
+}
+
+static rlx_session *new_session(rlx_model *m, uint32_t capacity) { return create_session(m, capacity, 0); }
+
+/* for the MTP speculator, which drafts from the target's final hidden states */
+static rlx_session *new_session_emitting_hidden(rlx_model *m, uint32_t capacity) {
+    return create_session(m, capacity, 1);
 }
 
 static rlx_status open_spec(rlx_plugin_handle *plugin, const rlx_lm *lm, const char *model_dir, const char *options,
@@ -41,6 +52,7 @@ static rlx_status open_spec(rlx_plugin_handle *plugin, const rlx_lm *lm, const c
                          .kv_capacity = lm->capacity(lm->self),
                          .model_dir = model_dir,
                          .vocab = lm->vocab,
+                         .hidden_size = lm->hidden_size,
                          .backends = &backend,
                          .n_backends = 1,
                          .options = options};
@@ -210,50 +222,118 @@ static void test_rollback_leaves_target_cache_as_plain(void **state) {
     rlx_session_destroy(ref);
 }
 
-/* The draft plugin keeps accepted drafts and forgets rejected ones: after a partly accepted
- * proposal, its next proposal is the one a fresh draft given the whole context makes. */
-static void test_rollback_leaves_draft_cache_as_fresh(void **state) {
-    (void)state;
-    rlx_session *s = new_session(target, 128);
+/* A speculator keeps the state of accepted drafts and forgets the rest: after every update, its
+ * proposal equals the one a fresh speculator makes from the whole accepted context at once. The
+ * updates claim acceptances the weights would not produce (random MTP drafts are never accepted
+ * in real decoding): part of a proposal, all of it plus a bonus token, none of it. Both are
+ * given the same hidden rows, from one target session with emit_hidden. Each step passes a new
+ * seed, on which the plugins start a new generator, so the kept and the fresh speculator draw
+ * from the same stream and every token and probability row can be compared, not just the
+ * first. */
+#define KEPT_K 4
+#define KEPT_CONTEXT (N_PROMPT + 1 + 5 * (KEPT_K + 1))
+
+typedef struct accepted_context {
+    rlx_session *target; /* emit_hidden: rows[p] is its final hidden state at position p */
+    int32_t tokens[KEPT_CONTEXT];
+    float *rows;
+    uint32_t n;
+    int64_t hidden_size;
+} accepted_context;
+
+static void context_append(accepted_context *c, const int32_t *tokens, uint32_t n) {
+    assert_true(c->n + n <= KEPT_CONTEXT);
+    const float *logits;
+    assert_ok(rlx_session_forward(c->target, tokens, n, 0, &logits));
+    memcpy(c->tokens + c->n, tokens, n * sizeof *tokens);
+    memcpy(c->rows + (size_t)c->n * c->hidden_size, rlx_session_hidden(c->target),
+           (size_t)n * c->hidden_size * sizeof *c->rows);
+    c->n += n;
+}
+
+/* The update telling a speculator the last n_new tokens of c, the first n_accepted of them
+ * accepted drafts; hidden rows (when it needs them) for every token that has a state before it. */
+static rlx_spec_update context_update(const accepted_context *c, uint32_t n_new, uint32_t n_accepted, int hidden) {
+    uint32_t first = c->n - n_new, first_row = first ? first - 1 : 0;
+    return (rlx_spec_update){.tokens = c->tokens + first,
+                             .n_tokens = n_new,
+                             .n_accepted = n_accepted,
+                             .hidden = hidden ? c->rows + (size_t)first_row * c->hidden_size : NULL,
+                             .n_hidden = hidden ? c->n - 1 - first_row : 0};
+}
+
+static void check_kept_equals_fresh(rlx_plugin_handle *plugin, const char *options) {
+    rlx_session *target_session = new_session_emitting_hidden(target, 128);
     rlx_lm lm;
-    assert_ok(rlx_session_lm(s, &lm));
-    int64_t vocab = lm.vocab;
+    assert_ok(rlx_session_lm(target_session, &lm));
+    size_t v = (size_t)lm.vocab;
     rlx_speculator *kept, *fresh;
-    assert_ok(open_spec(draft_plugin, &lm, TARGET, "model=" DRAFT, &kept));
-    assert_ok(open_spec(draft_plugin, &lm, TARGET, "model=" DRAFT, &fresh));
-    float *q1 = malloc(4 * (size_t)vocab * sizeof *q1), *q2 = malloc(4 * (size_t)vocab * sizeof *q2);
+    assert_ok(open_spec(plugin, &lm, TARGET, options, &kept));
+    assert_ok(open_spec(plugin, &lm, TARGET, options, &fresh));
+    const char *name = rlx_speculator_name(kept);
+    int hidden = (rlx_speculator_flags(kept) & RLX_SPEC_NEEDS_HIDDEN) != 0;
+    accepted_context c = {.target = target_session, .hidden_size = lm.hidden_size};
+    c.rows = malloc(KEPT_CONTEXT * (size_t)lm.hidden_size * sizeof *c.rows);
+    float *q_kept = malloc(KEPT_K * v * sizeof *q_kept), *q_fresh = malloc(KEPT_K * v * sizeof *q_fresh);
+    assert_non_null(c.rows);
+    assert_non_null(q_kept);
+    assert_non_null(q_fresh);
+    /* drafts accepted per step; more than the proposal means all of it and a bonus token */
+    const uint32_t script[] = {2, KEPT_K, 0, 1, KEPT_K - 1};
     for (int greedy = 0; greedy <= 1; greedy++) {
         rlx_sampler_params p = rlx_sampler_params_default();
         p.greedy = greedy;
-        p.seed = 9;
-        int32_t context[N_PROMPT + 4], d1[4], d2[4];
-        memcpy(context, prompt, sizeof prompt);
-        context[N_PROMPT] = 7;
-        uint32_t n1, n2;
+        int32_t d_kept[KEPT_K], d_fresh[KEPT_K];
+        uint32_t n_kept, n_fresh;
+        assert_ok(rlx_session_truncate(target_session, 0));
+        c.n = 0;
+        context_append(&c, prompt, N_PROMPT);
+        context_append(&c, &(int32_t){7}, 1); /* the first generated token */
         assert_ok(rlx_speculator_reset(kept));
-        rlx_spec_update u = {.tokens = context, .n_tokens = N_PROMPT + 1};
-        assert_ok(rlx_speculator_propose(kept, &u, 4, &p, d1, q1, &n1));
-        assert_int_equal(n1, 4);
-        /* two drafts accepted, the third replaced by a token it did not propose */
-        int32_t correction = (d1[2] + 1) % (int32_t)vocab;
-        int32_t update2[3] = {d1[0], d1[1], correction};
-        u = (rlx_spec_update){.tokens = update2, .n_tokens = 3, .n_accepted = 2};
-        assert_ok(rlx_speculator_propose(kept, &u, 4, &p, d1, q1, &n1));
-        memcpy(context + N_PROMPT + 1, update2, sizeof update2);
-        assert_ok(rlx_speculator_reset(fresh));
-        u = (rlx_spec_update){.tokens = context, .n_tokens = N_PROMPT + 4};
-        assert_ok(rlx_speculator_propose(fresh, &u, 4, &p, d2, q2, &n2));
-        assert_int_equal(n1, n2);
-        /* the first row depends on the context alone (later ones on the drafts drawn) */
-        assert_true(max_diff(q1, q2, vocab) < 1e-5);
-        if (greedy)
-            assert_memory_equal(d1, d2, sizeof d1);
+        rlx_spec_update u = context_update(&c, c.n, 0, hidden);
+        assert_ok(rlx_speculator_propose(kept, &u, KEPT_K, &p, d_kept, q_kept, &n_kept));
+        for (uint32_t step = 0; step < sizeof script / sizeof script[0]; step++) {
+            assert_int_equal(n_kept, KEPT_K);
+            uint32_t accepted = script[step] < n_kept ? script[step] : n_kept;
+            int32_t added[KEPT_K + 1];
+            memcpy(added, d_kept, accepted * sizeof *added);
+            /* a correction differs from the rejected draft; a bonus token may be anything */
+            added[accepted] = accepted < n_kept ? (d_kept[accepted] + 1) % (int32_t)v : (int32_t)(step * 37 % v);
+            context_append(&c, added, accepted + 1);
+            p.seed = 100 + step;
+            u = context_update(&c, accepted + 1, accepted, hidden);
+            assert_ok(rlx_speculator_propose(kept, &u, KEPT_K, &p, d_kept, q_kept, &n_kept));
+            assert_ok(rlx_speculator_reset(fresh));
+            u = context_update(&c, c.n, 0, hidden);
+            assert_ok(rlx_speculator_propose(fresh, &u, KEPT_K, &p, d_fresh, q_fresh, &n_fresh));
+            if (n_kept != n_fresh)
+                fail_msg("%s, greedy %d, step %u (%u of %u drafts accepted): %u tokens proposed, a fresh "
+                         "speculator proposes %u", name, greedy, step, accepted, KEPT_K, n_kept, n_fresh);
+            for (uint32_t i = 0; i < n_kept; i++) {
+                double diff = max_diff(q_kept + i * v, q_fresh + i * v, (int64_t)v);
+                if (d_kept[i] != d_fresh[i] || diff > 1e-5)
+                    fail_msg("%s, greedy %d, step %u (%u of %u drafts accepted): draft %u is %d, a fresh speculator's "
+                             "%d; their probability rows differ by up to %.3g", name, greedy, step, accepted, KEPT_K,
+                             i, d_kept[i], d_fresh[i], diff);
+            }
+        }
     }
-    free(q1);
-    free(q2);
+    free(q_kept);
+    free(q_fresh);
+    free(c.rows);
     rlx_speculator_destroy(kept);
     rlx_speculator_destroy(fresh);
-    rlx_session_destroy(s);
+    rlx_session_destroy(target_session);
+}
+
+static void test_draft_keeps_accepted_like_fresh(void **state) {
+    (void)state;
+    check_kept_equals_fresh(draft_plugin, "model=" DRAFT);
+}
+
+static void test_mtp_keeps_accepted_like_fresh(void **state) {
+    (void)state;
+    check_kept_equals_fresh(mtp_plugin, NULL);
 }
 
 // ---- the sampled distribution ----
@@ -472,6 +552,7 @@ static int setup(void **state) {
     if (rlx_registry_create(NULL, &r) != RLX_OK ||
         rlx_registry_load(r, RLX_PLUGIN_BACKEND, name, &backend_plugin) != RLX_OK ||
         rlx_registry_load(r, RLX_PLUGIN_SPECULATOR, "draft", &draft_plugin) != RLX_OK ||
+        rlx_registry_load(r, RLX_PLUGIN_SPECULATOR, "mtp", &mtp_plugin) != RLX_OK ||
         rlx_plugin_load(RLX_TEST_SKEWED_SPECULATOR, &skewed_plugin) != RLX_OK || rlx_backend_create(backend_plugin, NULL, &backend) != RLX_OK ||
         rlx_model_open(TARGET, &target) != RLX_OK || rlx_model_open(TINY, &tiny) != RLX_OK) {
         fprintf(stderr, "setup: %s\n", rlx_last_error());
@@ -488,6 +569,7 @@ static int teardown(void **state) {
     rlx_backend_destroy(backend);
     rlx_plugin_unload(backend_plugin);
     rlx_plugin_unload(draft_plugin);
+    rlx_plugin_unload(mtp_plugin);
     rlx_plugin_unload(skewed_plugin);
     return 0;
 }
@@ -497,7 +579,8 @@ int main(void) {
         cmocka_unit_test(test_greedy_equals_plain_with_draft_models),
         cmocka_unit_test(test_greedy_stops_like_plain),
         cmocka_unit_test(test_rollback_leaves_target_cache_as_plain),
-        cmocka_unit_test(test_rollback_leaves_draft_cache_as_fresh),
+        cmocka_unit_test(test_draft_keeps_accepted_like_fresh),
+        cmocka_unit_test(test_mtp_keeps_accepted_like_fresh),
         cmocka_unit_test(test_sampled_tokens_follow_target_distribution),
         cmocka_unit_test(test_sampled_tokens_follow_filtered_distribution),
         cmocka_unit_test(test_bad_speculators_and_arguments_are_refused),

@@ -1,8 +1,10 @@
 #!/usr/bin/python3
-"""Speculative decoding through the real CLI: `rlx generate --spec draft` prints exactly the
-tokens of plain greedy decoding, in one process and over a 2-stage pipeline (--stages, and a
-deployment file whose speculator section names the draft by a relative path, with --launch);
-bad speculator arguments make `rlx` exit with status 1 and one clear line on stderr.
+"""Speculative decoding through the real CLI: `rlx generate --spec draft` and `--spec mtp` print
+exactly the tokens of plain greedy decoding, in one process and over a 2-stage pipeline
+(--stages, and deployment files whose speculator section names the draft by a relative path or
+says plugin: mtp, with --launch); the MTP speculator over a pipeline makes the driver ask the
+last stage for the hidden states from the start. Bad speculator arguments make `rlx` exit with
+status 1 and one clear line on stderr.
 
   test_spec_cli.py --rlx BIN --data TESTDATA --workdir DIR
 """
@@ -60,22 +62,28 @@ def main():
     same("--spec-opts model=", ["--spec", "draft", "--spec-opts", f"model={target}"])
     same("2 stages, k=3", ["--stages", "2", "--spec", "draft", "--draft-model", draft, "--draft-tokens", "3"])
     same("2 stages, the target as draft", ["--stages", "2", "--spec", "draft", "--draft-model", target])
+    same("mtp, single process", ["--spec", "mtp", "--draft-tokens", "3"])
+    same("mtp, 2 stages", ["--stages", "2", "--spec", "mtp", "--draft-tokens", "3"])
 
-    # a deployment file naming the draft relative to itself; its stages launched by the driver
-    ports = free_ports(2)
-    cfg = os.path.join(args.workdir, "spec.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"model: {os.path.relpath(target, args.workdir)}\n"
-                "stages:\n"
-                f"  - address: 127.0.0.1:{ports[0]}\n"
-                f"  - address: 127.0.0.1:{ports[1]}\n"
-                f"speculator: {{plugin: draft, draft_tokens: 2, draft_model: {os.path.relpath(draft, args.workdir)}}}\n")
-    rc, out, err = run(args.rlx, ["generate", "--config", cfg, "--launch", "--tokens", TOKENS, "-n", N_NEW,
-                                  "--greedy", "--threads", "1", "--stats"])
-    if rc != 0 or out != plain or "speculator draft, 2 draft tokens" not in err:
-        failures.append(f"deployment file speculator: status {rc}, output {out!r}; stderr: {err}")
-    else:
-        print("ok: deployment file speculator over 2 launched stages")
+    # deployment files (the draft named relative to the file) whose stages the driver launches
+    for name, speculator, stats in (
+            ("draft", f"{{plugin: draft, draft_tokens: 2, draft_model: {os.path.relpath(draft, args.workdir)}}}",
+             "speculator draft, 2 draft tokens"),
+            ("mtp", "{plugin: mtp, draft_tokens: 3}", "speculator mtp, 3 draft tokens")):
+        ports = free_ports(2)
+        cfg = os.path.join(args.workdir, f"spec-{name}.yaml")
+        with open(cfg, "w") as f:
+            f.write(f"model: {os.path.relpath(target, args.workdir)}\n"
+                    "stages:\n"
+                    f"  - address: 127.0.0.1:{ports[0]}\n"
+                    f"  - address: 127.0.0.1:{ports[1]}\n"
+                    f"speculator: {speculator}\n")
+        rc, out, err = run(args.rlx, ["generate", "--config", cfg, "--launch", "--tokens", TOKENS, "-n", N_NEW,
+                                      "--greedy", "--threads", "1", "--stats"])
+        if rc != 0 or out != plain or stats not in err:
+            failures.append(f"deployment file speculator {name}: status {rc}, output {out!r}; stderr: {err}")
+        else:
+            print(f"ok: deployment file speculator {name} over 2 launched stages")
 
     bad_yaml = os.path.join(args.workdir, "bad.yaml")
     with open(bad_yaml, "w") as f:
