@@ -22,9 +22,11 @@ produce a near-tie now and then, so check_golden.py also picks a prompt whose gr
 has no near-tie (see MIN_REL_MARGIN there).
 """
 import argparse
+import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import zlib
 
@@ -199,6 +201,35 @@ def build(kind, dtype, shards, seed, out, mtp_layers=0, mtp_file=None):
             json.dump(obj, f, indent=2, sort_keys=True)
             f.write("\n")
     return config
+
+
+def build_variants(out_dir, variants, seed, generator):
+    """Writes variants of the kinds, {name: (base kind, config changes, LM head logit std, MTP
+    layers)}, as f32 models out_dir/name, each rewritten only when make_model.py, st.py or the
+    calling generator script changed (a stamp in the model holds their digest)."""
+    h = hashlib.sha256()
+    for path in (os.path.abspath(__file__), os.path.join(os.path.dirname(os.path.abspath(__file__)), "st.py"),
+                 generator):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    want = h.hexdigest() + "\n"
+    global LOGIT_STD
+    default_std = LOGIT_STD
+    for name, (base, changes, logit_std, mtp_layers) in variants.items():
+        out = os.path.join(out_dir, name)
+        stamp = os.path.join(out, ".rlx-stamp")
+        if os.path.exists(stamp) and open(stamp).read() == want:
+            continue
+        shutil.rmtree(out, ignore_errors=True)
+        KINDS[name] = dict(KINDS[base], **changes)
+        LOGIT_STD = logit_std or default_std
+        try:
+            build(name, "f32", 1, seed, out, mtp_layers)
+        finally:
+            LOGIT_STD = default_std
+        with open(stamp, "w") as f:
+            f.write(want)
+        print(f"wrote {out}")
 
 
 def main(argv=None):

@@ -90,6 +90,9 @@ typedef struct rlx_lm {
     int64_t hidden_size;
 } rlx_lm;
 
+/* True when token is one of lm's stop tokens. */
+RLX_API int rlx_lm_is_eos(const rlx_lm *lm, int32_t token);
+
 /* The rlx_lm view of a session (which must embed and produce logits); borrows s. */
 RLX_API rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out);
 

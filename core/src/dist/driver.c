@@ -12,6 +12,8 @@
 
 #include "dist/dist_internal.h"
 
+#include "util/clock.h"
+
 #define MESSAGE_LIMIT ((size_t)1 << 30) /* what every transport must carry */
 
 typedef struct drv_stage {
@@ -41,12 +43,6 @@ struct rlx_driver {
 };
 
 rlx_driver_options rlx_driver_options_default(void) { return (rlx_driver_options){0}; }
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void close_all(rlx_driver *d) {
     for (uint32_t i = 0; i < d->n_stages; i++)
@@ -96,9 +92,9 @@ static rlx_status send_to(rlx_driver *d, uint32_t i, const Rlx__Envelope *e) {
 /* Waits up to wait_ms for stage i's answer to a `what` request. */
 static rlx_status recv_from(rlx_driver *d, uint32_t i, uint32_t wait_ms, const char *what, Rlx__Envelope **e) {
     size_t bytes = 0;
-    double t0 = now_seconds();
+    double t0 = rlx__now_seconds();
     rlx_status rc = rlx__net_recv(&d->net, d->stages[i].conn, e, (int)wait_ms, &bytes);
-    d->stats.wait_seconds += now_seconds() - t0;
+    d->stats.wait_seconds += rlx__now_seconds() - t0;
     if (rc == RLX_E_TIMEOUT)
         return stage_fail(d, i, 1, rc, "no answer to %s within %u ms (the stage is stalled, overloaded or "
                           "unreachable)", what, wait_ms);
@@ -217,9 +213,9 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
     if (rc == RLX_OK)
         rc = rlx__net_open(o->transport, o->transport_options, &d->net);
     /* one deadline for connecting to all stages, which may still be starting */
-    double deadline = now_seconds() + d->connect_ms / 1000.0;
+    double deadline = rlx__now_seconds() + d->connect_ms / 1000.0;
     for (uint32_t i = 0; rc == RLX_OK && i < d->n_stages; i++) {
-        double left = deadline - now_seconds();
+        double left = deadline - rlx__now_seconds();
         int wait = left > 0.001 ? (int)(left * 1000) : 1;
         rlx_error_clear();
         int crc = d->net.t->connect(d->net.self, d->stages[i].address, wait, &d->stages[i].conn);

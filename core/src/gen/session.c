@@ -3,10 +3,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #include "rlx/gen.h"
 #include "rlx/sched.h"
+
+#include "util/clock.h"
 
 #define PLAN_SLOTS 4
 
@@ -243,19 +244,6 @@ rlx_status rlx_session_dump_plan(rlx_session *s, uint32_t n, FILE *f) {
     return rc;
 }
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int is_eos(const rlx_lm *lm, int32_t token) {
-    for (uint32_t i = 0; i < lm->n_eos; i++)
-        if (lm->eos_ids[i] == token)
-            return 1;
-    return 0;
-}
-
 static rlx_status lm_forward(void *self, const int32_t *ids, uint32_t n, int all_rows, const float **logits) {
     return rlx_session_forward(self, ids, n, all_rows, logits);
 }
@@ -264,6 +252,13 @@ static rlx_status lm_truncate(void *self, uint32_t length) { return rlx_session_
 static uint32_t lm_length(const void *self) { return rlx_session_length(self); }
 static uint32_t lm_capacity(const void *self) { return rlx_session_capacity(self); }
 static const float *lm_hidden(void *self) { return rlx_session_hidden(self); }
+
+int rlx_lm_is_eos(const rlx_lm *lm, int32_t token) {
+    for (uint32_t i = 0; i < lm->n_eos; i++)
+        if (lm->eos_ids[i] == token)
+            return 1;
+    return 0;
+}
 
 rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out) {
     if (!s || !out)
@@ -291,15 +286,15 @@ rlx_status rlx_generate(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *p
         return rlx_error(RLX_E_INVALID, "rlx_generate: NULL argument or empty prompt");
     rlx_gen_stats st = {.n_prompt = n_prompt};
     const float *logits;
-    double t0 = now_seconds();
+    double t0 = rlx__now_seconds();
     rlx_status rc = lm->forward(lm->self, prompt, n_prompt, 0, &logits);
-    double t1 = now_seconds();
+    double t1 = rlx__now_seconds();
     st.prompt_seconds = t1 - t0;
     while (rc == RLX_OK && st.n_generated < max_new) {
         int32_t token = rlx_sampler_sample(sampler, logits);
         st.n_generated++;
         int stop = fn ? fn(ctx, token) : 0;
-        if (is_eos(lm, token)) {
+        if (rlx_lm_is_eos(lm, token)) {
             st.stopped_on_eos = 1;
             break;
         }
@@ -307,7 +302,7 @@ rlx_status rlx_generate(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *p
             break;
         rc = lm->forward(lm->self, &token, 1, 0, &logits);
     }
-    st.generate_seconds = now_seconds() - t1;
+    st.generate_seconds = rlx__now_seconds() - t1;
     if (stats)
         *stats = st;
     return rc;

@@ -9,9 +9,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "spec/spec_internal.h"
+
+#include "util/clock.h"
 
 struct rlx_speculator {
     const rlx_speculator_iface *iface;
@@ -136,19 +137,6 @@ double rlx_spec_tokens_per_pass(const rlx_spec_stats *st) {
 
 // ---- the decoding loop ----
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int is_eos(const rlx_lm *lm, int32_t token) {
-    for (uint32_t i = 0; i < lm->n_eos; i++)
-        if (lm->eos_ids[i] == token)
-            return 1;
-    return 0;
-}
-
 /* The state of one rlx_spec_generate call. `pending` is the update for the next propose():
  * the tokens the accepted context gained, and the target's hidden rows before them. */
 typedef struct spec_run {
@@ -173,7 +161,7 @@ typedef struct spec_run {
 static void emit(spec_run *r, int32_t token) {
     r->st.gen.n_generated++;
     int stop = r->fn ? r->fn(r->ctx, token) : 0;
-    if (is_eos(r->lm, token)) {
+    if (rlx_lm_is_eos(r->lm, token)) {
         r->st.gen.stopped_on_eos = 1;
         r->done = 1;
     }
@@ -192,9 +180,9 @@ static void keep_hidden(spec_run *r, uint32_t n) {
 }
 
 static rlx_status timed_forward(spec_run *r, const int32_t *ids, uint32_t n, int all_rows, const float **out) {
-    double t0 = now_seconds();
+    double t0 = rlx__now_seconds();
     rlx_status rc = r->lm->forward(r->lm->self, ids, n, all_rows, out);
-    r->st.verify_seconds += now_seconds() - t0;
+    r->st.verify_seconds += rlx__now_seconds() - t0;
     r->st.target_passes++;
     return rc;
 }
@@ -248,9 +236,9 @@ static rlx_status spec_round(spec_run *r, int32_t *token, uint32_t k) {
                              .hidden = r->hidden,
                              .n_hidden = r->n_hidden};
         rlx_sampler_params sp = rlx_sampler_params_of(r->sampler);
-        double t0 = now_seconds();
+        double t0 = rlx__now_seconds();
         rc = rlx_speculator_propose(r->spec, &u, want, &sp, r->verify + 1, r->q, &n);
-        r->st.draft_seconds += now_seconds() - t0;
+        r->st.draft_seconds += rlx__now_seconds() - t0;
         if (rc != RLX_OK)
             return rc;
         /* the speculator now holds this context; what it gains from here on is the next update */
@@ -343,9 +331,9 @@ rlx_status rlx_spec_generate(const rlx_lm *lm, rlx_speculator *spec, uint32_t k,
     if ((rc = rlx_speculator_reset(spec)) != RLX_OK)
         goto done;
     const float *logits;
-    double t0 = now_seconds();
+    double t0 = rlx__now_seconds();
     rc = lm->forward(lm->self, prompt, n_prompt, 0, &logits);
-    double t1 = now_seconds();
+    double t1 = rlx__now_seconds();
     r.st.gen.prompt_seconds = t1 - t0;
     if (rc != RLX_OK || max_new == 0)
         goto done;
@@ -357,7 +345,7 @@ rlx_status rlx_spec_generate(const rlx_lm *lm, rlx_speculator *spec, uint32_t k,
     emit(&r, token);
     while (rc == RLX_OK && !r.done)
         rc = spec_round(&r, &token, k);
-    r.st.gen.generate_seconds = now_seconds() - t1;
+    r.st.gen.generate_seconds = rlx__now_seconds() - t1;
 done:
     if (stats)
         *stats = r.st;
