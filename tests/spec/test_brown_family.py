@@ -9,9 +9,9 @@ printing exactly what plain greedy decoding prints.
   next-token cross-entropy, from `rlx logits --all`, must be far below a uniform guess
   (ln 4096 = 8.3 nats); a wrongly exported or wrongly loaded model lands near or above it;
 - greedy `--spec mtp` and `--spec draft` for k = 1, 3, 6, in one process and over 2 stages,
-  print plain greedy's text, and accept at least MIN_ACCEPTANCE of their drafts (random heads
-  accept almost none), so the accepted-draft paths of both speculators and the stages'
-  rollback are exercised with real acceptance.
+  print plain greedy's text and emit at least MIN_TOKENS_PER_PASS tokens per target forward
+  (random heads, whose drafts are almost never accepted, stay at 1.0), so the accepted-draft
+  paths of both speculators and the stages' rollback are exercised with real acceptance.
 """
 import argparse
 import os
@@ -23,11 +23,11 @@ import tempfile
 import numpy as np
 
 TIMEOUT = 300
-MAX_HELD_OUT_NATS = 6.0
-MIN_ACCEPTANCE = 0.3
+MAX_HELD_OUT_NATS = 6.5
+MIN_TOKENS_PER_PASS = 1.25
 PROMPT = "The jury said that"
 N_NEW = "48"
-ACCEPTANCE = re.compile(r"acceptance rate ([\d.]+)\)")
+PER_PASS = re.compile(r"([\d.]+) tokens per target pass")
 
 
 def run(rlx, args):
@@ -72,14 +72,15 @@ def main():
                 except RuntimeError as e:
                     failures.append(f"{name}: {e}")
                     continue
-                m = ACCEPTANCE.search(err)
-                rate = float(m.group(1)) if m else -1.0
+                m = PER_PASS.search(err)
+                per_pass = float(m.group(1)) if m else -1.0
                 if out != plain:
                     failures.append(f"{name}: printed {out!r}, plain greedy printed {plain!r}")
-                elif rate < MIN_ACCEPTANCE:
-                    failures.append(f"{name}: acceptance rate {rate} below {MIN_ACCEPTANCE}; stderr: {err}")
+                elif per_pass < MIN_TOKENS_PER_PASS:
+                    failures.append(f"{name}: {per_pass} tokens per target pass, below {MIN_TOKENS_PER_PASS}; "
+                                    f"stderr: {err}")
                 else:
-                    print(f"ok: {name}: same text, acceptance rate {rate:.3f}")
+                    print(f"ok: {name}: same text, {per_pass:.2f} tokens per target pass")
     for f in failures:
         print(f"FAIL: {f}")
     return 1 if failures else 0

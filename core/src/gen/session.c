@@ -9,7 +9,9 @@
 
 #include "util/clock.h"
 
-#define PLAN_SLOTS 4
+/* the prompt, one decode token, k + 1 verified tokens, and a speculator's own catch-up widths
+ * (1 to k + 1 accepted tokens): fewer slots make speculative decoding rebuild plans each round */
+#define PLAN_SLOTS 10
 
 typedef struct plan_slot {
     uint32_t n;

@@ -13,10 +13,13 @@ mkdir -p "$work/data" "$work/out"
 "$py" "$here/corpus.py" --cache "$work/cache" --out "$work/data"
 "$py" "$here/bpe.py" train --input "$work/data/train.txt" --vocab 4096 --out "$work/data"
 "$py" "$here/bpe.py" encode --tokenizer "$work/data" "$work/data/train.txt" "$work/data/valid.txt"
-"$py" "$here/train.py" --data "$work/data" --out "$work/out" --threads 2 | tee "$work/out/train.log"
+# two cosine schedules: the second restarts at a lower peak from the first's exported weights
+"$py" "$here/train.py" --data "$work/data" --out "$work/phase1" --threads 2 --steps 360 | tee "$work/train.log"
+"$py" "$here/train.py" --data "$work/data" --out "$work/out" --threads 2 --init "$work/phase1" --steps 200 \
+    --lr 1e-3 --warmup 10 --seed 2 | tee -a "$work/train.log"
 dest=$here/../brown
 rm -rf "$dest/target" "$dest/draft"
 mkdir -p "$dest"
 cp -r "$work/out/target" "$work/out/draft" "$dest/"
-cp "$work/out/train.log" "$dest/train.log"
+cp "$work/train.log" "$dest/train.log"
 echo "wrote $dest/target and $dest/draft"

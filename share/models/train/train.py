@@ -16,8 +16,9 @@ reads its own output hidden), which is how rlx drafts k > 1 tokens with one head
 Everything is seeded and single-process; torch's CPU kernels are deterministic for a fixed
 thread count, so a rerun with the same --threads reproduces the weights.
 
-Usage: train.py --data DIR --out DIR [--steps N] [--threads 2]
-  DIR holds train.npy / valid.npy (uint16 token ids) and tokenizer.json from bpe.py.
+Usage: train.py --data DIR --out DIR [--steps N] [--threads 2] [--init DIR --lr L --warmup W --seed S]
+  --data holds train.npy / valid.npy (uint16 token ids) and tokenizer.json from bpe.py;
+  --init continues from a family exported by an earlier run (a second, shorter schedule).
 """
 import argparse
 import json
@@ -204,6 +205,32 @@ def save_safetensors(path, tensors, metadata):
             f.write(b)
 
 
+def load_safetensors(path):
+    """name -> float32 tensor, from a file save_safetensors wrote (BF16)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "BF16", f"{path}: {name} is {info['dtype']}"
+        begin, end = info["data_offsets"]
+        bits = torch.from_numpy(np.frombuffer(data[begin:end], dtype=np.int16).copy())
+        out[name] = bits.view(torch.bfloat16).float().reshape(info["shape"])
+    return out
+
+
+def load_family(target, draft, mtp, init):
+    """Continues from a previous run's exported family (its BF16 weights)."""
+    strip = lambda d, prefix: {k[len(prefix):]: v for k, v in d.items()}
+    target.load_state_dict(strip(load_safetensors(os.path.join(init, "target", "model.safetensors")), "model."))
+    draft.load_state_dict(strip(load_safetensors(os.path.join(init, "draft", "model.safetensors")), "model."))
+    mtp.load_state_dict(strip(load_safetensors(os.path.join(init, "target", "mtp.safetensors")),
+                              "model.mtp_layers.0."))
+
+
 def hf_config(c, eos):
     cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "torch_dtype": "bfloat16",
            "bos_token_id": None, "eos_token_id": eos}
@@ -213,7 +240,7 @@ def hf_config(c, eos):
     return cfg
 
 
-def export_model(model, out, c, eos, data_dir, note):
+def export_model(model, out, c, eos, data_dir):
     os.makedirs(out, exist_ok=True)
     tensors = {("model." + k if not k.startswith("lm_head") else k): v for k, v in model.state_dict().items()}
     save_safetensors(os.path.join(out, "model.safetensors"), tensors, {"format": "pt"})
@@ -226,8 +253,6 @@ def export_model(model, out, c, eos, data_dir, note):
         f.write("\n")
     for name in ["tokenizer.json", "tokenizer_config.json"]:
         shutil.copy(os.path.join(data_dir, name), os.path.join(out, name))
-    with open(os.path.join(out, "README"), "w") as f:
-        f.write(note)
 
 
 @torch.no_grad()
@@ -261,6 +286,8 @@ def main():
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--init", help="continue from the family a previous run exported to this directory")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -277,6 +304,8 @@ def main():
     init_weights(target, tc["num_hidden_layers"])
     init_weights(draft, dc["num_hidden_layers"])
     init_weights(mtp, 1)
+    if args.init:
+        load_family(target, draft, mtp, args.init)
     params = list(target.parameters()) + list(draft.parameters()) + list(mtp.parameters())
     decay = [p for p in params if p.dim() == 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -294,7 +323,7 @@ def main():
     t0 = time.time()
     for step in range(args.steps):
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, args.steps, args.lr, warmup=30)
+            g["lr"] = lr_at(step, args.steps, args.lr, warmup=args.warmup)
         b = next(it)
         ids, nxt, nxt2, nxt3 = b[:, :seq], b[:, 1:seq + 1], b[:, 2:seq + 2], b[:, 3:seq + 3]
         h, logits = target(ids, tcos, tsin, mask)
@@ -320,9 +349,8 @@ def main():
                   f"{(step + 1) * args.batch * seq / el:.0f} tok/s", flush=True)
     ev = evaluate(target, draft, mtp, valid_tokens, seq, tcos, tsin, mask)
     print("valid: ce target %.3f draft %.3f mtp %.3f; greedy agreement with target: draft %.3f mtp %.3f" % tuple(ev))
-    note = ""
-    export_model(target, os.path.join(args.out, "target"), tc, eos, args.data, note)
-    export_model(draft, os.path.join(args.out, "draft"), dc, eos, args.data, note)
+    export_model(target, os.path.join(args.out, "target"), tc, eos, args.data)
+    export_model(draft, os.path.join(args.out, "draft"), dc, eos, args.data)
     save_safetensors(os.path.join(args.out, "target", "mtp.safetensors"),
                      {"model.mtp_layers.0." + k: v for k, v in mtp.state_dict().items()}, {"format": "pt"})
 
