@@ -63,17 +63,22 @@ static int plain_greedy(const rlx_lm *lm, tokens *out) {
     return rc == RLX_OK ? 0 : fail("plain greedy");
 }
 
-/* Speculative greedy with the MTP speculator for k = 1..MAX_K, each equal to want. */
-static int spec_greedy(runtime *rt, const rlx_lm *lm, rlx_backend *backend, const tokens *want, const char *where) {
+/* The MTP speculator for lm's model on one backend (which must outlive it). */
+static rlx_status open_mtp(runtime *rt, const rlx_lm *lm, rlx_backend **backend, rlx_speculator **spec) {
     rlx_spec_target target = {.size = sizeof target,
                               .kv_capacity = lm->capacity(lm->self),
                               .model_dir = rt->model_dir,
                               .vocab = lm->vocab,
                               .hidden_size = lm->hidden_size,
-                              .backends = &backend,
+                              .backends = backend,
                               .n_backends = 1};
+    return rlx_speculator_create(rt->mtp, &target, spec);
+}
+
+/* Speculative greedy with the MTP speculator for k = 1..MAX_K, each equal to want. */
+static int spec_greedy(runtime *rt, const rlx_lm *lm, rlx_backend *backend, const tokens *want, const char *where) {
     rlx_speculator *spec;
-    if (rlx_speculator_create(rt->mtp, &target, &spec) != RLX_OK)
+    if (open_mtp(rt, lm, &backend, &spec) != RLX_OK)
         return fail("%s: cannot open the mtp speculator", where);
     rlx_sampler_params p = rlx_sampler_params_default();
     p.greedy = 1;
@@ -128,20 +133,13 @@ static int single_process(runtime *rt, rlx_backend *backend, const tokens *want)
 
 /* rlx_spec_generate refuses an lm without hidden states for the MTP speculator. */
 static int refused_without_hidden(runtime *rt, const rlx_lm *lm, rlx_backend *backend) {
-    rlx_spec_target target = {.size = sizeof target,
-                              .kv_capacity = lm->capacity(lm->self),
-                              .model_dir = rt->model_dir,
-                              .vocab = lm->vocab,
-                              .hidden_size = lm->hidden_size,
-                              .backends = &backend,
-                              .n_backends = 1};
     rlx_speculator *spec;
     rlx_sampler *s;
     rlx_sampler_params p = rlx_sampler_params_default();
     p.greedy = 1;
     if (lm->hidden)
         return fail("a pipeline without emit_hidden offers hidden states");
-    if (rlx_speculator_create(rt->mtp, &target, &spec) != RLX_OK || rlx_sampler_create(&p, lm->vocab, &s) != RLX_OK)
+    if (open_mtp(rt, lm, &backend, &spec) != RLX_OK || rlx_sampler_create(&p, lm->vocab, &s) != RLX_OK)
         return fail("speculator without hidden states: setup");
     rlx_status rc = rlx_spec_generate(lm, spec, 2, s, prompt, N_PROMPT, 4, NULL, NULL, NULL);
     rlx_sampler_destroy(s);
