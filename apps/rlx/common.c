@@ -332,11 +332,7 @@ int app_resolve_model(app_options *o) {
         o->model = env;
         return 0;
     }
-    /* the source tree's copy serves a build tree; an installed rlx finds its own beside bin/ */
-    if (is_model_dir(RLX_SOURCE_DEFAULT_MODEL)) {
-        o->model = RLX_SOURCE_DEFAULT_MODEL;
-        return 0;
-    }
+    /* an installed rlx finds the copy installed beside bin/; a build tree's uses the source tree's */
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
@@ -349,6 +345,10 @@ int app_resolve_model(app_options *o) {
             o->model = found;
             return 0;
         }
+    }
+    if (is_model_dir(RLX_SOURCE_DEFAULT_MODEL)) {
+        o->model = RLX_SOURCE_DEFAULT_MODEL;
+        return 0;
     }
     return app_fail("no --model given, $RLX_MODEL is unset and the Brown model that ships with rlx is missing "
                     "(expected in %s)", RLX_SOURCE_DEFAULT_MODEL);
