@@ -29,6 +29,8 @@
 #include <cblas.h>
 
 #include "node_check.h"
+#include "options.h"
+#include "weights.h"
 #include "rlx/backend.h"
 
 /* Activation rows one GEMV kernel call handles; more rows are done in blocks of this many. */
@@ -42,53 +44,6 @@
 /* Below this many multiply-adds (or elements) a job runs on the calling thread alone. */
 #define CPU_BLAS_PAR_MIN 32768
 #define CPU_BLAS_ALIGN 64
-
-// ---------------------------------------------------------------------------------------------
-// Scalar element access
-
-static inline float cpu_blas_bf16_to_f32(uint16_t h)
-{
-    const uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline float cpu_blas_f16_to_f32(uint16_t h)
-{
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    const uint32_t ex = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    uint32_t bits;
-    if (ex == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (ex == 0) {
-        const float f = (float)man * 0x1p-24f; /* zero or subnormal: exact in F32 */
-        return sign ? -f : f;
-    } else {
-        bits = sign | ((ex + 112u) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* Element i of a weight array of dtype dt (F32, BF16 or F16) as F32. */
-static inline float cpu_blas_wscalar(int dt, const void *w, int64_t i)
-{
-    switch (dt) {
-    case RLX_DTYPE_BF16:
-        return cpu_blas_bf16_to_f32(((const uint16_t *)w)[i]);
-    case RLX_DTYPE_F16:
-        return cpu_blas_f16_to_f32(((const uint16_t *)w)[i]);
-    default:
-        return ((const float *)w)[i];
-    }
-}
-
-static size_t cpu_blas_dtype_size(uint32_t dt)
-{
-    return dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16 ? 2 : 4;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Kernel tables, one per instruction set
@@ -140,8 +95,8 @@ static inline float cpu_blas_pow2i(int n)
 #define VFMA(a, b, c) ((a) * (b) + (c))
 #define VHSUM(v) (v)
 #define VHMAX(v) (v)
-#define VLD_BF16(p) cpu_blas_bf16_to_f32(*(p))
-#define VLD_F16(p) cpu_blas_f16_to_f32(*(p))
+#define VLD_BF16(p) weight_bf16_to_f32(*(p))
+#define VLD_F16(p) weight_f16_to_f32(*(p))
 #define VROUND(v) rintf(v)
 #define VPOW2I(n) cpu_blas_pow2i((int)(n))
 #include "cpu_blas_simd.inc"
@@ -432,35 +387,23 @@ static const cpu_blas_kernels *cpu_blas_pick_isa(const char *want)
 static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_t isa_len)
 {
     const rlx_host *h = s->host;
-    for (const char *p = extra; p && *p;) {
-        const char *end = strchr(p, ',');
-        const size_t len = end ? (size_t)(end - p) : strlen(p);
-        const char *eq = memchr(p, '=', len);
-        if (!eq)
-            return h->error(RLX_E_INVALID, "cpu-blas: option '%.*s' is not key=value", (int)len, p);
-        const size_t klen = (size_t)(eq - p), vlen = len - klen - 1;
-        char val[32];
-        if (vlen == 0 || vlen >= sizeof val)
-            return h->error(RLX_E_INVALID, "cpu-blas: bad value in option '%.*s'", (int)len, p);
-        memcpy(val, eq + 1, vlen);
-        val[vlen] = '\0';
-        char *vend;
-        const long num = strtol(val, &vend, 10);
-        const bool is_num = *vend == '\0';
-        if (klen == 3 && !memcmp(p, "isa", 3) && vlen < isa_len) {
-            memcpy(isa, val, vlen + 1);
-        } else if (klen == 7 && !memcmp(p, "tile_kb", 7) && is_num && num >= 16 && num <= 65536) {
-            s->tile_bytes = (size_t)num * 1024;
-        } else if (klen == 7 && !memcmp(p, "spin_us", 7) && is_num && num >= 0 && num <= 1000000) {
-            s->pool.spin_ns = num * 1000;
-        } else if (klen == 6 && !memcmp(p, "gemv_m", 6) && is_num && num >= 0 && num <= 4096) {
-            s->gemv_max_m = (int)num;
+    const char *cursor = extra;
+    plugin_option o;
+    int rc;
+    while ((rc = plugin_option_next(h, "cpu-blas", &cursor, &o)) > 0) {
+        if (plugin_option_is(&o, "isa") && o.value_len < isa_len) {
+            memcpy(isa, o.value, o.value_len + 1);
+        } else if (plugin_option_is(&o, "tile_kb") && o.is_num && o.num >= 16 && o.num <= 65536) {
+            s->tile_bytes = (size_t)o.num * 1024;
+        } else if (plugin_option_is(&o, "spin_us") && o.is_num && o.num >= 0 && o.num <= 1000000) {
+            s->pool.spin_ns = o.num * 1000;
+        } else if (plugin_option_is(&o, "gemv_m") && o.is_num && o.num >= 0 && o.num <= 4096) {
+            s->gemv_max_m = (int)o.num;
         } else {
-            return h->error(RLX_E_INVALID, "cpu-blas: unknown or out-of-range option '%.*s'", (int)len, p);
+            return h->error(RLX_E_INVALID, "cpu-blas: unknown or out-of-range option '%.*s'", o.item_len, o.item);
         }
-        p = end ? end + 1 : NULL;
     }
-    return RLX_OK;
+    return rc;
 }
 
 static void cpu_blas_close(void *self)
@@ -577,7 +520,7 @@ static void cpu_blas_rows_task(void *arg, int ith, int64_t chunk)
     (void)ith;
     switch (j->op) {
     case RLX_OP_EMBED: {
-        const size_t row_bytes = (size_t)j->cols * cpu_blas_dtype_size((uint32_t)j->dt);
+        const size_t row_bytes = (size_t)j->cols * weight_dtype_size((uint32_t)j->dt);
         for (int64_t r = r0; r < r1; r++)
             k->cvt(j->dt, (const char *)j->table + (size_t)j->idx[r] * row_bytes, j->y + r * j->cols, j->cols);
         break;
@@ -755,7 +698,7 @@ static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk)
     const cpu_blas *s = mm->s;
     const int64_t M = mm->M, K = mm->K, N = mm->N;
     const int64_t n0 = chunk * mm->chunk, n1 = n0 + mm->chunk < N ? n0 + mm->chunk : N;
-    const size_t row_bytes = (size_t)K * cpu_blas_dtype_size((uint32_t)mm->wdt);
+    const size_t row_bytes = (size_t)K * weight_dtype_size((uint32_t)mm->wdt);
     const char *w = (const char *)mm->w;
     if (mm->wdt == RLX_DTYPE_F32 && M == 1) {
         /* OpenBLAS 0.3.21 does not route M = 1 sgemm to its much faster sgemv. */
@@ -808,7 +751,7 @@ static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, co
         mm.chunk = cpu_blas_chunk(s, N, CPU_BLAS_ROW_ALIGN, 64);
         if (M > CPU_BLAS_GEMV_MAX_M && M <= s->gemv_max_m) {
             /* Later passes over a chunk should find it in L2. */
-            int64_t cap = CPU_BLAS_GEMV_CHUNK_BYTES / (K * (int64_t)cpu_blas_dtype_size((uint32_t)wdt));
+            int64_t cap = CPU_BLAS_GEMV_CHUNK_BYTES / (K * (int64_t)weight_dtype_size((uint32_t)wdt));
             cap = cap < CPU_BLAS_ROW_ALIGN ? CPU_BLAS_ROW_ALIGN : cap / CPU_BLAS_ROW_ALIGN * CPU_BLAS_ROW_ALIGN;
             mm.chunk = mm.chunk < cap ? mm.chunk : cap;
         }

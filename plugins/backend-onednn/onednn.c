@@ -33,6 +33,8 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include "node_check.h"
+#include "options.h"
+#include "weights.h"
 #include "rlx/backend.h"
 
 /* Activation rows up to which widened matmuls stream weights through the GEMV kernels. */
@@ -52,33 +54,7 @@
 #define ONEDNN_ALIGN 64
 
 // ---------------------------------------------------------------------------------------------
-// Scalar element access
-
-static inline float onednn_bf16_to_f32(uint16_t h)
-{
-    const uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline float onednn_f16_to_f32(uint16_t h)
-{
-    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    const uint32_t ex = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    uint32_t bits;
-    if (ex == 0x1f) {
-        bits = sign | 0x7f800000u | (man << 13);
-    } else if (ex == 0) {
-        const float f = (float)man * 0x1p-24f; /* zero or subnormal: exact in F32 */
-        return sign ? -f : f;
-    } else {
-        bits = sign | ((ex + 112u) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
+// Scalar element access (widening is in plugins/common/weights.h)
 
 /* Round to nearest even; NaNs stay (quiet) NaNs instead of rounding into infinity. */
 static inline uint16_t onednn_f32_to_bf16(float f)
@@ -88,24 +64,6 @@ static inline uint16_t onednn_f32_to_bf16(float f)
     if (f != f)
         return (uint16_t)((bits >> 16) | 0x40u);
     return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
-/* Element i of a weight array of dtype dt (F32, BF16 or F16) as F32. */
-static inline float onednn_wscalar(int dt, const void *w, int64_t i)
-{
-    switch (dt) {
-    case RLX_DTYPE_BF16:
-        return onednn_bf16_to_f32(((const uint16_t *)w)[i]);
-    case RLX_DTYPE_F16:
-        return onednn_f16_to_f32(((const uint16_t *)w)[i]);
-    default:
-        return ((const float *)w)[i];
-    }
-}
-
-static size_t onednn_dtype_size(uint32_t dt)
-{
-    return dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16 ? 2 : 4;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -169,8 +127,8 @@ static inline float onednn_pow2i(int n)
 #define VFMA(a, b, c) ((a) * (b) + (c))
 #define VHSUM(v) (v)
 #define VHMAX(v) (v)
-#define VLD_BF16(p) onednn_bf16_to_f32(*(p))
-#define VLD_F16(p) onednn_f16_to_f32(*(p))
+#define VLD_BF16(p) weight_bf16_to_f32(*(p))
+#define VLD_F16(p) weight_f16_to_f32(*(p))
 #define VST_BF16(p, v) (*(p) = onednn_f32_to_bf16(v))
 #define VROUND(v) rintf(v)
 #define VPOW2I(n) onednn_pow2i((int)(n))
@@ -482,39 +440,27 @@ static bool onednn_has_bf16(const onednn *s)
 static int onednn_parse_extra(onednn *s, const char *extra, char *isa, size_t isa_len, bool *no_bf16)
 {
     const rlx_host *h = s->host;
-    for (const char *p = extra; p && *p;) {
-        const char *end = strchr(p, ',');
-        const size_t len = end ? (size_t)(end - p) : strlen(p);
-        const char *eq = memchr(p, '=', len);
-        if (!eq)
-            return h->error(RLX_E_INVALID, "onednn: option '%.*s' is not key=value", (int)len, p);
-        const size_t klen = (size_t)(eq - p), vlen = len - klen - 1;
-        char val[32];
-        if (vlen == 0 || vlen >= sizeof val)
-            return h->error(RLX_E_INVALID, "onednn: bad value in option '%.*s'", (int)len, p);
-        memcpy(val, eq + 1, vlen);
-        val[vlen] = '\0';
-        char *vend;
-        const long num = strtol(val, &vend, 10);
-        const bool is_num = *vend == '\0';
-        if (klen == 3 && !memcmp(p, "isa", 3) && vlen < isa_len) {
-            memcpy(isa, val, vlen + 1);
-        } else if (klen == 4 && !memcmp(p, "bf16", 4) && (!strcmp(val, "auto") || !strcmp(val, "0"))) {
-            *no_bf16 = !strcmp(val, "0");
-        } else if (klen == 3 && !memcmp(p, "f32", 3) && (!strcmp(val, "auto") || !strcmp(val, "packed"))) {
-            s->pack_f32 = !strcmp(val, "packed");
-        } else if (klen == 4 && !memcmp(p, "drop", 4) && is_num && (num == 0 || num == 1)) {
-            s->drop = (int)num;
-        } else if (klen == 6 && !memcmp(p, "gemv_m", 6) && is_num && num >= 0 && num <= ONEDNN_GEMV_MAX_M) {
-            s->gemv_max_m = (int)num;
-        } else if (klen == 7 && !memcmp(p, "tile_kb", 7) && is_num && num >= 16 && num <= 65536) {
-            s->tile_bytes = (size_t)num * 1024;
+    const char *cursor = extra;
+    plugin_option o;
+    int rc;
+    while ((rc = plugin_option_next(h, "onednn", &cursor, &o)) > 0) {
+        if (plugin_option_is(&o, "isa") && o.value_len < isa_len) {
+            memcpy(isa, o.value, o.value_len + 1);
+        } else if (plugin_option_is(&o, "bf16") && (!strcmp(o.value, "auto") || !strcmp(o.value, "0"))) {
+            *no_bf16 = !strcmp(o.value, "0");
+        } else if (plugin_option_is(&o, "f32") && (!strcmp(o.value, "auto") || !strcmp(o.value, "packed"))) {
+            s->pack_f32 = !strcmp(o.value, "packed");
+        } else if (plugin_option_is(&o, "drop") && o.is_num && (o.num == 0 || o.num == 1)) {
+            s->drop = (int)o.num;
+        } else if (plugin_option_is(&o, "gemv_m") && o.is_num && o.num >= 0 && o.num <= ONEDNN_GEMV_MAX_M) {
+            s->gemv_max_m = (int)o.num;
+        } else if (plugin_option_is(&o, "tile_kb") && o.is_num && o.num >= 16 && o.num <= 65536) {
+            s->tile_bytes = (size_t)o.num * 1024;
         } else {
-            return h->error(RLX_E_INVALID, "onednn: unknown or out-of-range option '%.*s'", (int)len, p);
+            return h->error(RLX_E_INVALID, "onednn: unknown or out-of-range option '%.*s'", o.item_len, o.item);
         }
-        p = end ? end + 1 : NULL;
     }
-    return RLX_OK;
+    return rc;
 }
 
 static void onednn_free_bufs(const onednn *s, onednn_buf *bufs)
@@ -661,7 +607,7 @@ static void onednn_rows_part(const onednn_rows_job *j, int ith, int nth)
     onednn_split(j->n, ith, nth, flat ? ONEDNN_ROW_ALIGN : 1, &r0, &r1);
     switch (j->op) {
     case RLX_OP_EMBED: {
-        const size_t row_bytes = (size_t)j->cols * onednn_dtype_size((uint32_t)j->dt);
+        const size_t row_bytes = (size_t)j->cols * weight_dtype_size((uint32_t)j->dt);
         for (int64_t r = r0; r < r1; r++)
             k->widen(j->dt, (const char *)j->table + (size_t)j->idx[r] * row_bytes, j->y + r * j->cols, j->cols);
         break;
@@ -1105,7 +1051,7 @@ static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w)
         snprintf(what, sizeof what, "packing a %lldx%lld weight", (long long)N, (long long)K);
         return onednn_fail(s, st, what);
     }
-    return onednn_drop_pages(s, w->data, (size_t)(N * K) * onednn_dtype_size(w->dtype));
+    return onednn_drop_pages(s, w->data, (size_t)(N * K) * weight_dtype_size(w->dtype));
 }
 
 static void onednn_weight_clear(onednn *s, onednn_weight *e)
@@ -1143,7 +1089,7 @@ static int onednn_weights_grow(onednn *s)
 static int onednn_weight_get(onednn *s, const rlx_tensor *w, dnnl_data_type_t dt, int64_t M, onednn_weight **out)
 {
     const int64_t N = w->shape[0], K = w->shape[1];
-    const uint64_t sig = onednn_sig(w->data, (size_t)(N * K) * onednn_dtype_size(w->dtype));
+    const uint64_t sig = onednn_sig(w->data, (size_t)(N * K) * weight_dtype_size(w->dtype));
     if (2 * (s->n_weights + 1) > s->cap_weights) {
         const int rc = onednn_weights_grow(s);
         if (rc < 0)
@@ -1254,7 +1200,7 @@ static void onednn_widen_part(onednn_widen_job *j, int ith, int nth, int tid)
     if (M <= s->gemv_max_m) {
         s->k->gemv[j->wdt][M - 1](j->x, K, j->w, K, n0, n1, j->y, N);
     } else {
-        const size_t row_bytes = (size_t)K * onednn_dtype_size((uint32_t)j->wdt);
+        const size_t row_bytes = (size_t)K * weight_dtype_size((uint32_t)j->wdt);
         dnnl_memory_desc_t md;
         for (int64_t n = n0; n < n1; n += j->tile_rows) {
             const int64_t cnt = n1 - n < j->tile_rows ? n1 - n : j->tile_rows;
