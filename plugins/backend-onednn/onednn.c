@@ -580,6 +580,17 @@ static int onednn_supports(void *self, const rlx_node_view *node)
     return node_check(((const onednn *)self)->host, "onednn", node, false) == RLX_OK;
 }
 
+/* BF16 weights go to bf16 x bf16 primitives (activations rounded) where the CPU has them:
+ * every MATMUL on such weights, and the experts of a MOE (its router stays exact). */
+static uint32_t onednn_precision(void *self, const rlx_node_view *node)
+{
+    const onednn *s = self;
+    const bool bf16_weights = node->op == RLX_OP_MATMUL   ? node->inputs[1].dtype == RLX_DTYPE_BF16
+                              : node->op == RLX_OP_MOE    ? node->n_inputs > 2 && node->inputs[2].dtype == RLX_DTYPE_BF16
+                                                          : false;
+    return s->bf16 && bf16_weights ? RLX_PRECISION_BF16_ACT : RLX_PRECISION_F32;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Row-wise ops: EMBED, RMS_NORM, ROPE (and its cos/sin table), SWIGLU, ADD, GATHER_LAST
 
@@ -1631,6 +1642,7 @@ static const rlx_backend_iface onednn_iface = {
     .close = onednn_close,
     .supports = onednn_supports,
     .compute = onednn_compute,
+    .precision = onednn_precision,
 };
 
 static const rlx_plugin onednn_plugin = {

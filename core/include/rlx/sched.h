@@ -51,6 +51,8 @@ RLX_API const void *rlx_plan_data(const rlx_plan *p, int tensor_id);
 
 /* Name of the backend that runs node i. */
 RLX_API const char *rlx_plan_node_backend(const rlx_plan *p, uint32_t node);
+/* How that backend computes node i (rlx_precision), as it declared at planning time. */
+RLX_API uint32_t rlx_plan_node_precision(const rlx_plan *p, uint32_t node);
 
 /* Number of places where consecutive nodes run on different backends. Every backend computes
  * on host memory, so a switch needs no copy: the next backend reads the arena directly. */

@@ -8,6 +8,8 @@
 struct rlx_backend {
     const rlx_backend_iface *iface;
     void *self;
+    uint32_t (*precision)(void *self, const rlx_node_view *node); /* NULL: RLX_PRECISION_F32 */
+    const char *(*describe)(void *self);                          /* NULL: "" */
     char name[64];
 };
 

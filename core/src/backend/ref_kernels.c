@@ -1,6 +1,8 @@
 /* The reference backend: the plainest correct C for every op. It runs nodes no backend claims
  * and is the oracle the backends are tested against, so it favours clarity over speed and
- * accumulates in double where a sum is long. */
+ * accumulates in double where a sum is long. With the option act=bf16 an instance rounds every
+ * matmul input to BF16 first (MATMUL, and MOE experts; the router stays exact): the emulation
+ * of backends that declare RLX_PRECISION_BF16_ACT, against which they are checked tightly. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +59,25 @@ float rlx__load(const void *data, uint32_t dtype, size_t i) {
     }
 }
 
+/* Round to nearest even, as BF16 hardware does; NaN stays a (quiet) NaN. */
+static float round_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits = f != f ? (bits | 0x00400000u) & 0xffff0000u : (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* dst[i] = src[i] rounded to BF16 when act_bf16, else copied. */
+static void round_rows(const float *src, float *dst, int64_t n, int act_bf16) {
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = act_bf16 ? round_bf16(src[i]) : src[i];
+}
+
+typedef struct ref_backend {
+    int act_bf16; /* round matmul inputs to BF16 */
+} ref_backend;
+
 static float *f32(const rlx_tensor *t) { return (float *)t->data; }
 static const int32_t *i32(const rlx_tensor *t) { return (const int32_t *)t->data; }
 
@@ -86,10 +107,20 @@ static void matvec_rows(const float *x, const rlx_tensor *w, const rlx_tensor *b
         }
 }
 
-static int ref_matmul(const rlx_node_view *n) {
+static int ref_matmul(const rlx_node_view *n, int act_bf16) {
     const rlx_tensor *x = &n->inputs[0], *w = &n->inputs[1];
-    matvec_rows(f32(x), w, n->n_inputs > 2 ? &n->inputs[2] : NULL, f32(n->output), x->shape[0], x->shape[1],
+    const float *in = f32(x);
+    float *rounded = NULL;
+    if (act_bf16) {
+        const int64_t len = rlx_tensor_numel(x);
+        if (!(rounded = malloc((size_t)(len > 0 ? len : 1) * sizeof *rounded)))
+            return rlx_error(RLX_E_NOMEM, "matmul: out of memory");
+        round_rows(in, rounded, len, 1);
+        in = rounded;
+    }
+    matvec_rows(in, w, n->n_inputs > 2 ? &n->inputs[2] : NULL, f32(n->output), x->shape[0], x->shape[1],
                 w->shape[0]);
+    free(rounded);
     return RLX_OK;
 }
 
@@ -208,16 +239,16 @@ static int ref_concat(const rlx_node_view *n) {
     return RLX_OK;
 }
 
-static int ref_moe(const rlx_node_view *n) {
+static int ref_moe(const rlx_node_view *n, int act_bf16) {
     const rlx_op_params *p = n->params;
     const rlx_tensor *x = &n->inputs[0];
     int64_t t_len = x->shape[0], h = x->shape[1], f = n->inputs[2].shape[0], e_len = p->n_experts;
     float *logits = malloc((size_t)e_len * sizeof *logits), *gate = malloc((size_t)f * 2 * sizeof *gate),
-          *down = malloc((size_t)h * sizeof *down);
+          *down = malloc((size_t)h * sizeof *down), *xr = malloc((size_t)h * sizeof *xr);
     int64_t *chosen = malloc(p->top_k * sizeof *chosen);
     double *prob = malloc(p->top_k * sizeof *prob);
-    if (!logits || !gate || !down || !chosen || !prob) {
-        free(logits), free(gate), free(down), free(chosen), free(prob);
+    if (!logits || !gate || !down || !xr || !chosen || !prob) {
+        free(logits), free(gate), free(down), free(xr), free(chosen), free(prob);
         return rlx_error(RLX_E_NOMEM, "moe: out of memory");
     }
     float *up = gate + f;
@@ -249,34 +280,67 @@ static int ref_moe(const rlx_node_view *n) {
         for (uint32_t k = 0; k < p->top_k; k++) {
             const rlx_tensor *w = &n->inputs[2 + 3 * chosen[k]];
             double weight = p->norm_topk ? prob[k] / picked_sum : prob[k];
-            matvec_rows(xt, &w[0], NULL, gate, 1, h, f);
-            matvec_rows(xt, &w[1], NULL, up, 1, h, f);
+            round_rows(xt, xr, h, act_bf16);
+            matvec_rows(xr, &w[0], NULL, gate, 1, h, f);
+            matvec_rows(xr, &w[1], NULL, up, 1, h, f);
             for (int64_t i = 0; i < f; i++)
                 gate[i] = silu(gate[i]) * up[i];
+            round_rows(gate, gate, f, act_bf16);
             matvec_rows(gate, &w[2], NULL, down, 1, f, h);
             for (int64_t i = 0; i < h; i++)
                 out[i] += (float)(weight * down[i]);
         }
     }
-    free(logits), free(gate), free(down), free(chosen), free(prob);
+    free(logits), free(gate), free(down), free(xr), free(chosen), free(prob);
     return RLX_OK;
 }
 
+/* Options: act=bf16|f32 (default f32). */
 static int ref_open(const rlx_host *host, const rlx_backend_options *opts, void **self) {
     *self = NULL;
+    ref_backend *r = calloc(1, sizeof *r);
+    if (!r)
+        return rlx_error(RLX_E_NOMEM, "ref: out of memory");
+    const char *extra = opts && RLX_HAS(rlx_backend_options, opts, extra) ? opts->extra : NULL;
+    for (const char *item = extra; item && *item;) {
+        const size_t len = strcspn(item, ",");
+        if (len == 8 && !strncmp(item, "act=bf16", len)) {
+            r->act_bf16 = 1;
+        } else if (len == 7 && !strncmp(item, "act=f32", len)) {
+            r->act_bf16 = 0;
+        } else if (len > 0) {
+            free(r);
+            return rlx_error(RLX_E_INVALID, "ref: unknown option '%.*s' (the reference kernels take act=bf16|f32)",
+                             (int)len, item);
+        }
+        item += len + (item[len] == ',');
+    }
+    *self = r;
     return RLX_OK;
 }
 
-static void ref_close(void *self) {}
+static void ref_close(void *self) { free(self); }
+
+static uint32_t ref_precision(void *self, const rlx_node_view *node) {
+    const ref_backend *r = self;
+    return r->act_bf16 && (node->op == RLX_OP_MATMUL || node->op == RLX_OP_MOE) ? RLX_PRECISION_BF16_ACT
+                                                                               : RLX_PRECISION_F32;
+}
+
+static const char *ref_describe(void *self) {
+    return ((const ref_backend *)self)->act_bf16 ? "portable C, double sums, matmul inputs rounded to BF16"
+                                                 : "portable C, double sums";
+}
 
 static int ref_supports(void *self, const rlx_node_view *node) { return node->op > 0 && node->op < RLX_OP_COUNT; }
 
 static int ref_compute(void *self, const rlx_node_view *n) {
+    const ref_backend *r = self;
     switch (n->op) {
     case RLX_OP_EMBED:
         return ref_embed(n);
     case RLX_OP_MATMUL:
-        return ref_matmul(n);
+        return ref_matmul(n, r->act_bf16);
     case RLX_OP_RMS_NORM:
         return ref_rms_norm(n);
     case RLX_OP_ROPE:
@@ -290,7 +354,7 @@ static int ref_compute(void *self, const rlx_node_view *n) {
     case RLX_OP_GATHER_LAST:
         return ref_gather_last(n);
     case RLX_OP_MOE:
-        return ref_moe(n);
+        return ref_moe(n, r->act_bf16);
     case RLX_OP_CONCAT:
         return ref_concat(n);
     default:
@@ -304,4 +368,6 @@ const rlx_backend_iface rlx__ref_backend_iface = {
     .close = ref_close,
     .supports = ref_supports,
     .compute = ref_compute,
+    .precision = ref_precision,
+    .describe = ref_describe,
 };

@@ -228,16 +228,24 @@ rlx_status rlx_session_truncate(rlx_session *s, uint32_t length) {
 
 typedef struct dump_ctx {
     rlx_plan *plan;
+    char text[96];
 } dump_ctx;
 
-static const char *node_backend(void *ctx, uint32_t node) { return rlx_plan_node_backend(((dump_ctx *)ctx)->plan, node); }
+/* "cpu-blas", or "onednn bf16-act" for a node that is not computed in plain F32 */
+static const char *node_backend(void *ctx, uint32_t node) {
+    dump_ctx *d = ctx;
+    const uint32_t prec = rlx_plan_node_precision(d->plan, node);
+    snprintf(d->text, sizeof d->text, "%s%s%s", rlx_plan_node_backend(d->plan, node),
+             prec == RLX_PRECISION_F32 ? "" : " ", prec == RLX_PRECISION_F32 ? "" : rlx_precision_name(prec));
+    return d->text;
+}
 
 rlx_status rlx_session_dump_plan(rlx_session *s, uint32_t n, FILE *f) {
     plan_slot *slot;
     rlx_status rc = get_plan(s, n, 0, &slot);
     if (rc != RLX_OK)
         return rc;
-    dump_ctx ctx = {slot->plan};
+    dump_ctx ctx = {.plan = slot->plan};
     rc = rlx_graph_dump(slot->graph, f, node_backend, &ctx);
     if (rc == RLX_OK)
         fprintf(f, "activation arena: %zu bytes (%zu without reuse); %u backend switches, no copies (host memory)\n",

@@ -60,6 +60,8 @@ PIN(rlx_backend_iface, open, 8);
 PIN(rlx_backend_iface, close, 16);
 PIN(rlx_backend_iface, supports, 24);
 PIN(rlx_backend_iface, compute, 32);
+PIN(rlx_backend_iface, precision, 40);
+PIN(rlx_backend_iface, describe, 48);
 
 PIN(rlx_sampler_params, greedy, 0);
 PIN(rlx_sampler_params, temperature, 4);

@@ -14,6 +14,7 @@ struct rlx_plan {
     rlx_tensor *tensors;     /* per tensor: shape and current data pointer */
     size_t *offsets;         /* per activation: offset in the arena */
     rlx_backend **assigned;  /* per node */
+    uint32_t *precision;     /* per node: rlx_precision its backend declared */
     rlx_backend *ref;
     unsigned char *arena;
     size_t arena_bytes, total_bytes;
@@ -139,9 +140,10 @@ rlx_status rlx_plan_create_placed(const rlx_graph *g, rlx_backend *const *backen
     p->tensors = calloc(g->n_tensors + 1, sizeof *p->tensors);
     p->offsets = calloc(g->n_tensors + 1, sizeof *p->offsets);
     p->assigned = calloc(g->n_nodes + 1, sizeof *p->assigned);
+    p->precision = calloc(g->n_nodes + 1, sizeof *p->precision);
     p->scratch_inputs = calloc(p->max_inputs + 1, sizeof *p->scratch_inputs);
     rlx_status rc = RLX_E_NOMEM;
-    if (!p->tensors || !p->offsets || !p->assigned || !p->scratch_inputs) {
+    if (!p->tensors || !p->offsets || !p->assigned || !p->precision || !p->scratch_inputs) {
         rc = rlx_error(RLX_E_NOMEM, "scheduler: out of memory");
         goto fail;
     }
@@ -167,6 +169,7 @@ rlx_status rlx_plan_create_placed(const rlx_graph *g, rlx_backend *const *backen
         v.output = &out_shape;
         if ((rc = assign(p, &v, backends, n_backends, rules, n_rules, &p->assigned[i])) < 0)
             goto fail;
+        p->precision[i] = rlx_backend_precision(p->assigned[i], &v);
     }
     *out = p;
     return RLX_OK;
@@ -182,6 +185,7 @@ void rlx_plan_destroy(rlx_plan *p) {
     free(p->tensors);
     free(p->offsets);
     free(p->assigned);
+    free(p->precision);
     free(p->scratch_inputs);
     free(p->arena);
     free(p);
@@ -222,6 +226,10 @@ const void *rlx_plan_data(const rlx_plan *p, int id) {
 
 const char *rlx_plan_node_backend(const rlx_plan *p, uint32_t node) {
     return p && node < p->g->n_nodes ? rlx_backend_name(p->assigned[node]) : "?";
+}
+
+uint32_t rlx_plan_node_precision(const rlx_plan *p, uint32_t node) {
+    return p && node < p->g->n_nodes ? p->precision[node] : RLX_PRECISION_F32;
 }
 
 uint32_t rlx_plan_backend_switches(const rlx_plan *p) {
