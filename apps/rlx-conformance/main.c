@@ -479,7 +479,8 @@ int main(int argc, char **argv) {
     }
     if (!o.plugin)
         return usage_error("--plugin NAME is required");
-    o.is_ref = strcasecmp(o.plugin, "ref") == 0;
+    o.builtin_ref = strcasecmp(o.plugin, "ref") == 0;
+    o.is_ref = o.builtin_ref && !o.backend_opts;
     if (!strcmp(precision, "bf16")) {
         const int slots[] = {RLX_OP_MATMUL, RLX_OP_MOE, KIT_TOL_MODEL};
         const double tols[] = {1e-2, 1e-2, 5e-2};

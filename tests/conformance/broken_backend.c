@@ -10,7 +10,12 @@
  *   BROKEN_MUTATE     claims F32 MATMUL and scribbles on its input x
  *   BROKEN_HANG       claims GATHER_LAST and never returns
  *   BROKEN_REFUSE     open() fails
- *   BROKEN_ABI        built for the next ABI major: refused at load time */
+ *   BROKEN_ABI        built for the next ABI major: refused at load time
+ *   BROKEN_TRUNC      claims F32 MATMUL as RLX_PRECISION_BF16_ACT but truncates x to BF16
+ *                     instead of rounding it to nearest: within the loose bound, not the mode
+ *   BROKEN_UNDECLARED rounds x of F32 MATMUL to BF16 correctly but does not declare it
+ *   BROKEN_OLD_MINOR  as BROKEN_UNDECLARED, declaring it in a `precision` member while built
+ *                     for ABI 1.1, whose tables have no such member: the core must not read it */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -46,7 +51,8 @@ __attribute__((unused)) static int f32_matmul(const rlx_node_view *n) {
 static int b_supports(void *self, const rlx_node_view *n) {
 #if defined(BROKEN_ERROR)
     return n->op == RLX_OP_ATTENTION;
-#elif defined(BROKEN_NAN) || defined(BROKEN_MUTATE)
+#elif defined(BROKEN_NAN) || defined(BROKEN_MUTATE) || defined(BROKEN_TRUNC) || defined(BROKEN_UNDECLARED) ||   \
+    defined(BROKEN_OLD_MINOR)
     return f32_matmul(n);
 #elif defined(BROKEN_WRONG) || defined(BROKEN_OVERRUN)
     return n->op == RLX_OP_ADD;
@@ -61,17 +67,35 @@ static int b_supports(void *self, const rlx_node_view *n) {
 #endif
 }
 
-__attribute__((unused)) static void matmul(const rlx_node_view *n) {
+/* x as BF16 would hold it: to nearest even (round) or toward zero. */
+__attribute__((unused)) static float to_bf16(float f, int round) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    bits = (round ? bits + 0x7fffu + ((bits >> 16) & 1u) : bits) & 0xffff0000u;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* y = x w^T, with x taken as F32 (rounding < 0) or converted to BF16 by to_bf16(., rounding). */
+__attribute__((unused)) static void matmul_x(const rlx_node_view *n, int rounding) {
     const float *x = n->inputs[0].data, *w = n->inputs[1].data;
     float *y = n->output->data;
     int64_t t_len = n->inputs[0].shape[0], k_len = n->inputs[0].shape[1], n_out = n->inputs[1].shape[0];
     for (int64_t t = 0; t < t_len; t++)
         for (int64_t o = 0; o < n_out; o++) {
             double acc = 0;
-            for (int64_t k = 0; k < k_len; k++)
-                acc += (double)x[t * k_len + k] * w[o * k_len + k];
+            for (int64_t k = 0; k < k_len; k++) {
+                const float xv = x[t * k_len + k];
+                acc += (double)(rounding < 0 ? xv : to_bf16(xv, rounding)) * w[o * k_len + k];
+            }
             y[t * n_out + o] = (float)acc;
         }
+}
+
+__attribute__((unused)) static void matmul(const rlx_node_view *n) { matmul_x(n, -1); }
+
+__attribute__((unused)) static uint32_t b_precision(void *self, const rlx_node_view *n) {
+    return RLX_PRECISION_BF16_ACT;
 }
 
 static int b_compute(void *self, const rlx_node_view *n) {
@@ -107,6 +131,10 @@ static int b_compute(void *self, const rlx_node_view *n) {
 #elif defined(BROKEN_HANG)
     for (;;)
         pause();
+#elif defined(BROKEN_TRUNC)
+    matmul_x(n, 0);
+#elif defined(BROKEN_UNDECLARED) || defined(BROKEN_OLD_MINOR)
+    matmul_x(n, 1);
 #endif
     return RLX_OK;
 }
@@ -117,6 +145,9 @@ static const rlx_backend_iface iface = {
     .close = b_close,
     .supports = b_supports,
     .compute = b_compute,
+#if defined(BROKEN_TRUNC) || defined(BROKEN_OLD_MINOR)
+    .precision = b_precision,
+#endif
 };
 
 static const rlx_plugin desc = {
@@ -126,7 +157,11 @@ static const rlx_plugin desc = {
 #else
     .abi_major = RLX_ABI_MAJOR,
 #endif
+#ifdef BROKEN_OLD_MINOR
+    .abi_minor = 1,
+#else
     .abi_minor = RLX_ABI_MINOR,
+#endif
     .kind = RLX_PLUGIN_BACKEND,
     .name = BROKEN_NAME,
     .version = "0.0.1",

@@ -9,6 +9,10 @@ against itself.
   qwen3_ref.py logits --model DIR --tokens 1,5,3 --out FILE.npy   # float64 [T, vocab]
   qwen3_ref.py greedy --model DIR --tokens 1,5,3 -n 8 [--eos 7,9]  # prints generated ids
 
+A model's `act_bf16` set names weights whose matmul inputs are rounded to BF16 (nearest even)
+before the product, as backends declaring RLX_PRECISION_BF16_ACT compute them: the second
+oracle, which checks such a backend tightly (round_bf16, set_bf16_activations).
+
 mtp_forward() adds the multi-token-prediction head of MiMo / DeepSeek-V3 (the formula and
 tensor names of core/include/rlx/model.h), whose weights may sit in extra safetensors files.
 """
@@ -90,6 +94,7 @@ class Model:
         self.ckpt = Checkpoints([st.Checkpoint(directory)] + [st.Checkpoint(p) for p in extra_weights])
         total = sum(4 * math.prod(self.ckpt.shape(n)) for n in self.ckpt)
         self._cache = {} if total <= CACHE_BYTES else None
+        self.act_bf16 = frozenset()  # weight names whose matmul inputs are rounded to BF16
 
     def _sliding_windows(self, c):
         """Per layer: the sliding window size, or None for full causal attention.
@@ -125,6 +130,32 @@ def load(directory, extra_weights=()):
     return Model(directory, extra_weights)
 
 
+def round_bf16(x):
+    """x rounded to the nearest BF16 value (ties to even) from its float32 value, as BF16
+    hardware rounds an f32 activation, returned in x's dtype."""
+    x = np.asarray(x)
+    return st.bf16_bits_to_f32(st.f32_to_bf16_bits(x)).reshape(x.shape).astype(x.dtype)
+
+
+def set_bf16_activations(model, weights=(), moe_layers=()):
+    """Makes matmuls with these weights round their inputs to BF16, and the experts (not the
+    router) of these MoE layers likewise; returns the model."""
+    names = set(weights)
+    for layer in moe_layers:
+        for e in range(model.config["num_experts"]):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                names.add(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight")
+    unknown = sorted(n for n in names if n not in model.ckpt)
+    if unknown:
+        raise ValueError(f"no such weights: {', '.join(unknown[:4])}")
+    model.act_bf16 = frozenset(names)
+    return model
+
+
+def _matmul_input(model, x, weight):
+    return round_bf16(x) if weight in model.act_bf16 else x
+
+
 def rms_norm(x, weight, eps):
     """HF Qwen3RMSNorm over the last axis: x * rsqrt(mean(x^2) + eps) * weight."""
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
@@ -132,7 +163,7 @@ def rms_norm(x, weight, eps):
 
 def linear(model, x, prefix, dtype, bias=False):
     """nn.Linear with an HF [out, in] weight (and `prefix.bias` if bias)."""
-    y = x @ model.w(prefix + ".weight", dtype).T
+    y = _matmul_input(model, x, prefix + ".weight") @ model.w(prefix + ".weight", dtype).T
     return y + model.w(prefix + ".bias", dtype) if bias else y
 
 
@@ -236,6 +267,7 @@ def lm_head(model, x, dtype):
     """Logits of final-normed hidden rows x; the head is embed_tokens when tied."""
     head = "model.embed_tokens.weight" if model.tied else "lm_head.weight"
     vocab = model.ckpt.shape(head)[0]
+    x = _matmul_input(model, x, head)
     return np.concatenate([x @ model.ckpt.rows(head, slice(r, r + LM_HEAD_ROWS)).astype(dtype).T
                            for r in range(0, vocab, LM_HEAD_ROWS)], axis=-1)
 

@@ -94,6 +94,29 @@ def test_bf16_rounding(tmp):
     assert np.isnan(nan).all()
 
 
+def test_bf16_activation_oracle(tmp):
+    # The second oracle rounds exactly the named matmuls' inputs: on a golden prompt all of
+    # them move the logits by about BF16's relative precision, never the router of a MoE, and
+    # an unknown weight is refused.
+    assert ref.round_bf16(np.float64(1.0 + 2.0 ** -8)) == 1.0
+    assert ref.round_bf16(np.float64(1.0 + 3 * 2.0 ** -8)) == 1.0 + 2.0 ** -6
+    for kind in ("dense-tied", "moe"):
+        model = ref.load(build(tmp, kind))
+        prompt = check_golden.golden_case(model).sequence
+        exact = ref.forward(model, prompt)
+        names = [n for n in model.ckpt if len(model.ckpt.shape(n)) == 2 and ".mlp." not in n]
+        sparse = [i for i in range(model.layers) if model.sparse[i]]
+        ref.set_bf16_activations(model, names, sparse)
+        assert not any(n.endswith("mlp.gate.weight") for n in model.act_bf16), "router rounded"
+        err = np.abs(ref.forward(model, prompt) - exact).max() / max(1.0, np.abs(exact).max())
+        assert 1e-4 < err < check_golden.BF16_TOL_EXACT, f"{kind}: bf16 oracle moved logits by {err:.3g}"
+        try:
+            ref.set_bf16_activations(model, ["model.layers.0.no_such.weight"])
+        except ValueError:
+            continue
+        raise AssertionError("an unknown weight name was accepted")
+
+
 def test_causal_prefix(tmp):
     # Logits at position t from the full sequence equal the last logits of the prefix 0..t,
     # so no position sees the future (this is also what a KV-cached decode must reproduce).
@@ -225,7 +248,7 @@ def test_golden_cases_conditioned_for_f32(tmp):
         assert_close(f32.logits, case.logits, check_golden.LOGITS_TOL / 10, f"{kind} {dtype} {seed}")
 
 
-TESTS = [test_safetensors_round_trip, test_bf16_rounding, test_causal_prefix,
+TESTS = [test_safetensors_round_trip, test_bf16_rounding, test_bf16_activation_oracle, test_causal_prefix,
          test_tied_equals_untied, test_gqa_equals_duplicated_heads, test_rope_relative_position,
          test_sliding_window, test_identical_experts_equal_dense_mlp,
          test_golden_cases_conditioned_for_f32]

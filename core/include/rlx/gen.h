@@ -65,8 +65,12 @@ RLX_API rlx_status rlx_session_truncate(rlx_session *s, uint32_t length);
 
 /* Activation arena bytes of the most recent plan (after liveness reuse). */
 RLX_API size_t rlx_session_peak_activation_bytes(const rlx_session *s);
-/* Writes the plan for n positions as text, each node with the backend that runs it. */
+/* Writes the plan for n positions as text, each node with the backend that runs it (and its
+ * precision, when not plain F32). */
 RLX_API rlx_status rlx_session_dump_plan(rlx_session *s, uint32_t n, FILE *f);
+/* The least exact rlx_precision any node of the plan for n positions is computed in (the
+ * largest value), in *out. */
+RLX_API rlx_status rlx_session_precision(rlx_session *s, uint32_t n, uint32_t *out);
 
 // ---- language models ----
 

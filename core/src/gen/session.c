@@ -240,6 +240,20 @@ static const char *node_backend(void *ctx, uint32_t node) {
     return d->text;
 }
 
+rlx_status rlx_session_precision(rlx_session *s, uint32_t n, uint32_t *out) {
+    plan_slot *slot;
+    rlx_status rc = get_plan(s, n, 0, &slot);
+    if (rc != RLX_OK)
+        return rc;
+    uint32_t worst = RLX_PRECISION_F32;
+    for (uint32_t i = 0; i < rlx_graph_n_nodes(slot->graph); i++) {
+        const uint32_t p = rlx_plan_node_precision(slot->plan, i);
+        worst = p > worst ? p : worst;
+    }
+    *out = worst;
+    return RLX_OK;
+}
+
 rlx_status rlx_session_dump_plan(rlx_session *s, uint32_t n, FILE *f) {
     plan_slot *slot;
     rlx_status rc = get_plan(s, n, 0, &slot);
