@@ -28,6 +28,7 @@
 
 #include <cblas.h>
 
+#include "isa.h"
 #include "node_check.h"
 #include "options.h"
 #include "weights.h"
@@ -360,27 +361,8 @@ static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64
     return (c + align - 1) / align * align;
 }
 
-static const cpu_blas_kernels *cpu_blas_pick_isa(const char *want)
-{
-    __builtin_cpu_init();
-    const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
-                        __builtin_cpu_supports("f16c");
-    const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
-    if (!want || !strcmp(want, "auto"))
-        return has512 ? &cpu_blas_kernels_avx512 : has2 ? &cpu_blas_kernels_avx2 : &cpu_blas_kernels_c;
-    if (!strcmp(want, "avx512"))
-        return has512 ? &cpu_blas_kernels_avx512 : NULL;
-    if (!strcmp(want, "avx2"))
-        return has2 ? &cpu_blas_kernels_avx2 : NULL;
-    if (!strcmp(want, "c"))
-        return &cpu_blas_kernels_c;
-    return NULL;
-}
-
 /* Parses opts->extra, "key=value" pairs separated by commas:
- *   isa=auto|avx512|avx2|c   kernels to use (default auto: the best the CPU has)
+ *   isa=auto|avx512|avx2|c   kernels to use (default auto: the best the CPU has, at most $RLX_ISA)
  *   tile_kb=N                per-thread F32 weight tile for BF16/F16 prefill (default 1536)
  *   spin_us=N                how long idle workers spin before sleeping (default 200)
  *   gemv_m=N                 largest token count using the GEMV kernels (default 12) */
@@ -446,11 +428,12 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
     if (opts && RLX_HAS(rlx_backend_options, opts, extra) &&
         (rc = cpu_blas_parse_extra(s, opts->extra, isa, sizeof isa)) < 0)
         goto fail;
-    s->k = cpu_blas_pick_isa(isa);
-    if (!s->k) {
-        rc = host->error(RLX_E_UNSUPPORTED, "cpu-blas: isa '%s' is unknown or not supported by this CPU", isa);
+    static const cpu_blas_kernels *const by_isa[PLUGIN_ISA_COUNT] = {&cpu_blas_kernels_c, &cpu_blas_kernels_avx2,
+                                                                       &cpu_blas_kernels_avx512};
+    plugin_isa level;
+    if ((rc = plugin_isa_choose(host, "cpu-blas", isa, &level)) < 0)
         goto fail;
-    }
+    s->k = by_isa[level];
     /* The pool parallelises every matmul itself; OpenBLAS threads would only compete with it. */
     openblas_set_num_threads(1);
 

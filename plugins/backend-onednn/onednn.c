@@ -32,6 +32,7 @@
 
 #include <oneapi/dnnl/dnnl.h>
 
+#include "isa.h"
 #include "node_check.h"
 #include "options.h"
 #include "weights.h"
@@ -392,25 +393,6 @@ static int onednn_fail(const onednn *s, dnnl_status_t st, const char *what)
                           onednn_status_str(st));
 }
 
-static const onednn_kernels *onednn_pick_isa(const char *want)
-{
-    __builtin_cpu_init();
-    const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") &&
-                        __builtin_cpu_supports("f16c");
-    const bool has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
-    if (!strcmp(want, "auto"))
-        return has512 ? &onednn_kernels_avx512 : has2 ? &onednn_kernels_avx2 : &onednn_kernels_c;
-    if (!strcmp(want, "avx512"))
-        return has512 ? &onednn_kernels_avx512 : NULL;
-    if (!strcmp(want, "avx2"))
-        return has2 ? &onednn_kernels_avx2 : NULL;
-    if (!strcmp(want, "c"))
-        return &onednn_kernels_c;
-    return NULL;
-}
-
 /* Whether oneDNN implements bf16 x bf16 -> f32 matmuls on this CPU (2.6 does on AVX-512 only;
  * elsewhere primitive creation says unimplemented). */
 static bool onednn_has_bf16(const onednn *s)
@@ -429,7 +411,8 @@ static bool onednn_has_bf16(const onednn *s)
 }
 
 /* Parses opts->extra, "key=value" pairs separated by commas:
- *   isa=auto|avx512|avx2|c   kernels for the non-matmul ops (default auto: the best the CPU has)
+ *   isa=auto|avx512|avx2|c   kernels for the non-matmul ops (default auto: the best the CPU has, at
+ *                            most $RLX_ISA; oneDNN's own are capped by DNNL_MAX_CPU_ISA)
  *   bf16=auto|0              0: never round activations to BF16; BF16 weights are then widened
  *                            and multiplied in F32, exact like the reference (default auto)
  *   f32=auto|packed          packed: copy F32 weights into oneDNN's layout even where it is a
@@ -539,11 +522,12 @@ static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, vo
     if (opts && RLX_HAS(rlx_backend_options, opts, extra) &&
         (rc = onednn_parse_extra(s, opts->extra, isa, sizeof isa, &no_bf16)) < 0)
         goto fail;
-    s->k = onednn_pick_isa(isa);
-    if (!s->k) {
-        rc = host->error(RLX_E_UNSUPPORTED, "onednn: isa '%s' is unknown or not supported by this CPU", isa);
+    static const onednn_kernels *const by_isa[PLUGIN_ISA_COUNT] = {&onednn_kernels_c, &onednn_kernels_avx2,
+                                                                     &onednn_kernels_avx512};
+    plugin_isa level;
+    if ((rc = plugin_isa_choose(host, "onednn", isa, &level)) < 0)
         goto fail;
-    }
+    s->k = by_isa[level];
     s->scratch = onednn_alloc_bufs(s);
     s->tile = onednn_alloc_bufs(s);
     s->att = onednn_alloc_bufs(s);

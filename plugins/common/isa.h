@@ -1,0 +1,23 @@
+/* The instruction-set levels of the in-tree backends' own kernels, and the one switch that
+ * forces them down on any machine: the environment variable RLX_ISA (c, avx2 or avx512), a
+ * ceiling for every backend whose isa option is auto. A backend's explicit isa=... option
+ * wins over it. Both exist so that every kernel path can be tested on a CPU that has a
+ * better one (the suite runs the kit and the golden models at each level, tests/isa). */
+#ifndef RLX_PLUGINS_ISA_H
+#define RLX_PLUGINS_ISA_H
+
+#include "rlx/plugin.h"
+
+typedef enum plugin_isa { PLUGIN_ISA_C = 0, PLUGIN_ISA_AVX2 = 1, PLUGIN_ISA_AVX512 = 2, PLUGIN_ISA_COUNT } plugin_isa;
+
+/* The best level this CPU runs: AVX-512 needs F, BW and VL (plus FMA and F16C), AVX2 needs
+ * FMA and F16C. */
+plugin_isa plugin_isa_best(void);
+/* "c", "avx2", "avx512". */
+const char *plugin_isa_name(plugin_isa isa);
+/* The level for a backend's isa option `want` (NULL or "auto": the best one, capped by
+ * $RLX_ISA; else that level, which the CPU must have). Returns RLX_OK with *out set, or a
+ * negative status after host->error naming `plugin`, the value and where it came from. */
+int plugin_isa_choose(const rlx_host *host, const char *plugin, const char *want, plugin_isa *out);
+
+#endif
