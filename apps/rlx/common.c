@@ -130,7 +130,6 @@ int app_parse_common(app_options *o, int argc, char **argv, int *i) {
         o->backend_opts = v;
     } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
         o->verbose = 1;
-        return 1;
     } else if (strcmp(a, "--threads") == 0) {
         if (!(v = app_value(argc, argv, i)) || app_parse_u32(a, v, &o->threads) < 0)
             return -1;
