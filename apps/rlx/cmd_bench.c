@@ -1,10 +1,12 @@
 /* rlx bench: prefill and decode throughput (median over repetitions, after one warm-up run
- * that faults the mapped weights in) and the process's peak RSS. */
+ * that faults the mapped weights in) and the process's peak RSS, with what it ran on: the CPU
+ * and the backend's own description. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common.h"
 
@@ -16,7 +18,101 @@ static const char help[] =
     "  -p P     prompt tokens (default 128)\n"
     "  -n N     decode steps (default 64)\n"
     "  -r R     repetitions (default 3)\n"
-    "  --json   print one JSON object: pp_tps, tg_tps, peak_rss_mb, ...\n\noptions:\n";
+    "  --json   print one JSON object: pp_tps, tg_tps, peak_rss_mb, ..., host (cpu, vendor,\n"
+    "           family, model, flags, cores_online, cores_usable) and backend_describe\n\noptions:\n";
+
+/* The CPU a benchmark ran on, from /proc/cpuinfo (its first processor) and the scheduler. */
+typedef struct host_info {
+    char cpu[256], vendor[64];
+    int family, model;
+    char flags[512]; /* the ISA extensions rlx kernels or their libraries use, space-separated */
+    uint32_t online, usable;
+} host_info;
+
+/* Whether `flag` is an extension some rlx kernel, OpenBLAS or oneDNN path depends on. */
+static int relevant_flag(const char *flag) {
+    static const char *const names[] = {"sse4_2",   "avx",        "avx2",        "fma",         "f16c",
+                                        "avx512f",  "avx512bw",   "avx512vl",    "avx512_bf16", "avx512_fp16",
+                                        "avx_vnni", "avx512_vnni"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(flag, names[i]) == 0)
+            return 1;
+    return strncmp(flag, "amx_", 4) == 0;
+}
+
+/* The value of a "key<tabs>: value" line of /proc/cpuinfo, or NULL. */
+static char *cpuinfo_value(char *line, const char *key) {
+    size_t n = strlen(key);
+    if (strncmp(line, key, n) != 0 || (line[n] != '\t' && line[n] != ' ' && line[n] != ':'))
+        return NULL;
+    char *colon = strchr(line + n, ':'), *end = line + strlen(line);
+    if (!colon)
+        return NULL;
+    while (end > colon && (end[-1] == '\n' || end[-1] == ' '))
+        *--end = '\0';
+    return colon[1] == ' ' ? colon + 2 : colon + 1;
+}
+
+static void host_describe(host_info *h) {
+    memset(h, 0, sizeof *h);
+    h->family = h->model = -1;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    h->online = online > 0 ? (uint32_t)online : 1;
+    h->usable = app_usable_cores();
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[8192];
+    char *v;
+    while (fgets(line, sizeof line, f) && line[0] != '\n') { /* the first processor's block */
+        if ((v = cpuinfo_value(line, "model name")))
+            snprintf(h->cpu, sizeof h->cpu, "%s", v);
+        else if ((v = cpuinfo_value(line, "vendor_id")))
+            snprintf(h->vendor, sizeof h->vendor, "%s", v);
+        else if ((v = cpuinfo_value(line, "cpu family")))
+            h->family = atoi(v);
+        else if ((v = cpuinfo_value(line, "model")))
+            h->model = atoi(v);
+        else if ((v = cpuinfo_value(line, "flags"))) {
+            size_t len = 0;
+            char *save = NULL;
+            for (char *flag = strtok_r(v, " ", &save); flag; flag = strtok_r(NULL, " ", &save))
+                if (relevant_flag(flag) && len + strlen(flag) + 2 < sizeof h->flags)
+                    len += (size_t)snprintf(h->flags + len, sizeof h->flags - len, "%s%s", len ? " " : "", flag);
+        }
+    }
+    fclose(f);
+}
+
+/* s as a JSON string literal. */
+static void json_string(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+static void print_host_json(const host_info *h, const char *describe) {
+    printf(", \"host\": {\"cpu\": ");
+    json_string(h->cpu);
+    printf(", \"vendor\": ");
+    json_string(h->vendor);
+    printf(", \"family\": %d, \"model\": %d, \"flags\": [", h->family, h->model);
+    char flags[sizeof h->flags];
+    memcpy(flags, h->flags, sizeof flags);
+    int first = 1;
+    for (char *save = NULL, *flag = strtok_r(flags, " ", &save); flag; flag = strtok_r(NULL, " ", &save), first = 0)
+        printf("%s\"%s\"", first ? "" : ", ", flag);
+    printf("], \"cores_online\": %u, \"cores_usable\": %u}, \"backend_describe\": ", h->online, h->usable);
+    json_string(describe);
+}
 
 static double now_seconds(void) {
     struct timespec ts;
@@ -120,14 +216,24 @@ int cmd_bench(int argc, char **argv, app_options *o) {
     const char *backend = rt.pipeline ? "pipeline" : rt.backend ? rlx_backend_name(rt.backend) : "ref";
     if (rt.pipeline) /* the stages' own memory and backends; the RSS below is the driver's */
         app_pipeline_describe(&rt);
-    if (json)
+    /* the backend's own account of its kernels, library cores and threads (stages' are on stderr) */
+    const char *describe = rt.backend ? rlx_backend_describe(rt.backend) : rt.pipeline ? "" : "reference kernels";
+    host_info host;
+    host_describe(&host);
+    if (json) {
         printf("{\"backend\": \"%s\", \"threads\": %u, \"prompt\": %u, \"decode\": %u, \"repetitions\": %u, "
-               "\"pp_tps\": %.3f, \"tg_tps\": %.3f, \"peak_rss_mb\": %.1f, \"weights_mb\": %.1f}\n",
+               "\"pp_tps\": %.3f, \"tg_tps\": %.3f, \"peak_rss_mb\": %.1f, \"weights_mb\": %.1f",
                backend, o->threads, p, n, reps, pp_tps, tg_tps, rss_mb, weights_mb);
-    else
+        print_host_json(&host, describe);
+        printf("}\n");
+    } else {
+        printf("host: %s (%s family %d model %d), %u of %u cores usable, %s%s%s\n", host.cpu, host.vendor,
+               host.family, host.model, host.usable, host.online, host.flags, *describe ? "; backend: " : "",
+               describe);
         printf("backend %s, threads %u: pp%u %.2f tokens/s, tg%u %.2f tokens/s (median of %u), peak RSS %.1f MiB "
                "(weights %.1f MiB)\n",
                backend, o->threads, p, pp_tps, n, tg_tps, reps, rss_mb, weights_mb);
+    }
     if (fflush(stdout) != 0)
         status = app_fail("bench: cannot write to stdout");
 done:

@@ -17,7 +17,7 @@ static const char help[] =
     "Runs layers A-B (inclusive) of the model for pipeline drivers (rlx generate --config ...) and\n"
     "keeps their KV caches, until interrupted (SIGINT/SIGTERM: a clean exit with status 0). The\n"
     "stage that holds layer 0 embeds token ids; the one holding the last layer computes logits.\n"
-    "With --config, the stage's address, backend, threads and layers come from the deployment\n"
+    "With --config, the stage's address, backend, backend options, threads and layers come from the deployment\n"
     "file; options given here override them.\n\n"
     "  --config FILE      deployment file (YAML)\n"
     "  --stage I          which stage of the file to run (0 = first)\n"
@@ -137,9 +137,9 @@ int cmd_stage(int argc, char **argv, app_options *o) {
     rlx_registry *reg = NULL;
     rlx_plugin_handle *backend_plugin = NULL, *transport_plugin = NULL;
     rlx_backend *backend = NULL;
-    const char *backend_name = o->plugin, *listen = a.listen, *transport = a.transport;
+    const char *backend_name = o->plugin, *backend_opts = o->backend_opts, *listen = a.listen, *transport = a.transport;
     uint32_t threads = o->threads;
-    stage_log log = {.verbose = a.verbose};
+    stage_log log = {.verbose = a.verbose || o->verbose};
     rlx_layer_range range = {0, 0};
     const rlx_deploy_stage *ds = NULL;
     if (a.config) {
@@ -161,6 +161,8 @@ int cmd_stage(int argc, char **argv, app_options *o) {
             listen = ds->listen ? ds->listen : ds->address;
         if (!backend_name)
             backend_name = ds->backend;
+        if (!backend_opts)
+            backend_opts = ds->backend_options;
         if (!threads)
             threads = ds->threads;
         if (!transport)
@@ -230,15 +232,16 @@ int cmd_stage(int argc, char **argv, app_options *o) {
         status = app_fail_rlx("stage: cannot search for plugins");
         goto done;
     }
-    if (strcasecmp(backend_name, "ref") != 0) {
-        rlx_backend_options bo = rlx_backend_options_default();
-        bo.n_threads = threads;
-        if (rlx_registry_load(reg, RLX_PLUGIN_BACKEND, backend_name, &backend_plugin) != RLX_OK ||
-            rlx_backend_create(backend_plugin, &bo, &backend) != RLX_OK) {
-            status = app_fail_rlx("stage: cannot load backend");
-            goto done;
-        }
+    rlx_backend_options bo = rlx_backend_options_default();
+    bo.n_threads = threads;
+    bo.extra = backend_opts;
+    if (app_backend_open(reg, backend_name, &bo, "stage: ", &backend_plugin, &backend)) {
+        status = 1;
+        goto done;
     }
+    if (log.verbose) /* says what the stage computes on, threads included */
+        fprintf(stderr, "rlx stage %s: backend %s: %s\n", log.label, backend ? rlx_backend_name(backend) : "ref",
+                backend ? rlx_backend_describe(backend) : "reference kernels");
     if (rlx_registry_load(reg, RLX_PLUGIN_TRANSPORT, transport, &transport_plugin) != RLX_OK) {
         status = app_fail_rlx("stage: cannot load transport");
         goto done;

@@ -1,5 +1,6 @@
 /* Option parsing and runtime setup shared by the rlx commands. */
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +16,11 @@ const char app_common_help[] =
     "  --plugin NAME      backend plugin (default cpu-blas; 'ref' = portable reference kernels)\n"
     "  --plugin-dir DIR   search DIR for plugins first (also RLX_PLUGIN_PATH)\n"
     "  --place OP=NAME,.. run every node of OP (matmul, attention, ...) on backend NAME\n"
-    "  --threads N        threads for the backend (default: all cores)\n"
+    "  --backend-opts K=V,..  options of --plugin's backend (e.g. isa=avx2; ref: act=bf16); --place\n"
+    "                     backends get their defaults; launched stages inherit them\n"
+    "  --threads N        threads for the backend (default: all cores; the local stages of a\n"
+    "                     pipeline, and the driver if it drafts, divide the cores evenly)\n"
+    "  -v, --verbose      say what each backend runs on (kernels, library cores, threads)\n"
     "  --ctx N            KV cache positions (default: min(max_position_embeddings, 4096))\n"
     "pipeline options (run the model over stage processes):\n" APP_PIPELINE_HELP;
 
@@ -119,6 +124,12 @@ int app_parse_common(app_options *o, int argc, char **argv, int *i) {
         if (!(v = app_value(argc, argv, i)))
             return -1;
         o->place = v;
+    } else if (strcmp(a, "--backend-opts") == 0) {
+        if (!(v = app_value(argc, argv, i)))
+            return -1;
+        o->backend_opts = v;
+    } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
+        o->verbose = 1;
     } else if (strcmp(a, "--threads") == 0) {
         if (!(v = app_value(argc, argv, i)) || app_parse_u32(a, v, &o->threads) < 0)
             return -1;
@@ -131,13 +142,45 @@ int app_parse_common(app_options *o, int argc, char **argv, int *i) {
     return 1;
 }
 
-/* The backend instance of plugin `name`, opened once per runtime ("ref" gives NULL). */
-static int backend_named(app_runtime *rt, const app_options *o, const char *name, rlx_backend **out) {
+uint32_t app_usable_cores(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
+        return (uint32_t)CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (uint32_t)n : 1;
+}
+
+int app_backend_open(rlx_registry *reg, const char *name, const rlx_backend_options *bo, const char *what,
+                     rlx_plugin_handle **plugin, rlx_backend **out) {
+    *plugin = NULL;
     *out = NULL;
-    if (strcasecmp(name, "ref") == 0)
+    if (strcasecmp(name, "ref") == 0) {
+        if (bo->extra && *bo->extra && rlx_backend_create_ref_opts(bo, out) != RLX_OK)
+            return app_fail("%scannot start backend: %s", what, rlx_last_error());
+        return 0;
+    }
+    if (rlx_registry_load(reg, RLX_PLUGIN_BACKEND, name, plugin) != RLX_OK)
+        return app_fail("%scannot load backend: %s", what, rlx_last_error());
+    if (rlx_backend_create(*plugin, bo, out) != RLX_OK) {
+        app_fail("%scannot start backend: %s", what, rlx_last_error());
+        rlx_plugin_unload(*plugin);
+        *plugin = NULL;
+        return 1;
+    }
+    return 0;
+}
+
+/* The backend instance of plugin `name`, opened once per runtime ("ref" gives NULL unless it is
+ * the main backend with --backend-opts). Only the main backend gets --backend-opts: the options
+ * are backend-specific, and --place may name several backends. */
+static int backend_named(app_runtime *rt, const app_options *o, const char *name, int main_backend,
+                         rlx_backend **out) {
+    *out = NULL;
+    const char *extra = main_backend ? o->backend_opts : NULL;
+    if (strcasecmp(name, "ref") == 0 && !(extra && *extra))
         return 0;
     for (size_t i = 0; i < rt->n_backends; i++)
-        if (strcasecmp(rlx_plugin_desc(rt->plugins[i])->name, name) == 0) {
+        if (strcasecmp(rlx_backend_name(rt->backends[i]), name) == 0) {
             *out = rt->backends[i];
             return 0;
         }
@@ -145,17 +188,14 @@ static int backend_named(app_runtime *rt, const app_options *o, const char *name
         return app_fail("too many backends (at most %d)", APP_MAX_BACKENDS);
     if (!rt->registry && rlx_registry_create(o->plugin_dir, &rt->registry) != RLX_OK)
         return app_fail_rlx("cannot search for plugins");
-    rlx_plugin_handle **h = &rt->plugins[rt->n_backends];
-    if (rlx_registry_load(rt->registry, RLX_PLUGIN_BACKEND, name, h) != RLX_OK)
-        return app_fail_rlx("cannot load backend");
     rlx_backend_options bo = rlx_backend_options_default();
-    bo.n_threads = o->threads;
-    if (rlx_backend_create(*h, &bo, &rt->backends[rt->n_backends]) != RLX_OK) {
-        rlx_plugin_unload(*h);
-        *h = NULL;
-        return app_fail_rlx("cannot start backend");
-    }
+    bo.n_threads = o->threads ? o->threads : rt->default_threads;
+    bo.extra = extra;
+    if (app_backend_open(rt->registry, name, &bo, "", &rt->plugins[rt->n_backends], &rt->backends[rt->n_backends]))
+        return 1;
     *out = rt->backends[rt->n_backends++];
+    if (o->verbose)
+        fprintf(stderr, "rlx: backend %s: %s\n", rlx_backend_name(*out), rlx_backend_describe(*out));
     return 0;
 }
 
@@ -187,7 +227,7 @@ static int parse_place(app_runtime *rt, const app_options *o) {
             return app_fail("--place: '%s' is not OP=BACKEND with OP one of embed, matmul, rms_norm, rope, "
                             "attention, swiglu, add, gather_last, moe", item);
         rlx_backend *b;
-        if (backend_named(rt, o, eq + 1, &b))
+        if (backend_named(rt, o, eq + 1, 0, &b))
             return 1;
         if (!b)
             return app_fail("--place: the reference kernels are the fallback already; name a plugin");
@@ -227,11 +267,13 @@ static int runtime_load(app_runtime *rt, app_options *o) {
 }
 
 /* The second half: the pipeline driver, or the backends, the model and a whole-model session;
- * with emit_hidden the lm provides the final hidden states. 1 after reporting; the caller closes rt. */
-static int runtime_start(app_runtime *rt, app_options *o, int emit_hidden) {
+ * with emit_hidden the lm provides the final hidden states; drafts says a speculator will run in
+ * this process too (launched stages leave it a share of the cores). 1 after reporting; the
+ * caller closes rt. */
+static int runtime_start(app_runtime *rt, app_options *o, int emit_hidden, int drafts) {
     if (rt->pipeline)
-        return app_pipeline_open(rt, o, &o->pipeline, emit_hidden);
-    if (app_resolve_model(o) || backend_named(rt, o, o->plugin ? o->plugin : "cpu-blas", &rt->backend) ||
+        return app_pipeline_open(rt, o, &o->pipeline, emit_hidden, drafts);
+    if (app_resolve_model(o) || backend_named(rt, o, o->plugin ? o->plugin : "cpu-blas", 1, &rt->backend) ||
         (o->place && parse_place(rt, o)))
         return 1;
     if (rlx_model_open(o->model, &rt->model) != RLX_OK)
@@ -255,7 +297,7 @@ static int runtime_start(app_runtime *rt, app_options *o, int emit_hidden) {
 }
 
 int app_runtime_open(app_runtime *rt, app_options *o) {
-    if (runtime_load(rt, o) || runtime_start(rt, o, 0))
+    if (runtime_load(rt, o) || runtime_start(rt, o, 0, 0))
         return app_runtime_close(rt), 1;
     return 0;
 }
@@ -458,7 +500,7 @@ static int speculator_load(app_runtime *rt, const app_options *o, const app_spec
 /* Opens the loaded speculator for rt's started model. */
 static int speculator_start(app_runtime *rt, const app_options *o, app_speculator *s) {
     /* a pipeline driver drafts in this process, on --plugin's backend */
-    if (rt->pipeline && !rt->backend && backend_named(rt, o, o->plugin ? o->plugin : "cpu-blas", &rt->backend))
+    if (rt->pipeline && !rt->backend && backend_named(rt, o, o->plugin ? o->plugin : "cpu-blas", 1, &rt->backend))
         return 1;
     rlx_spec_target target = {.size = sizeof target,
                               .kv_capacity = rt->lm.capacity(rt->lm.self),
@@ -481,7 +523,7 @@ int app_runtime_open_speculative(app_runtime *rt, app_options *o, const app_spec
     if (speculator_load(rt, o, so, spec))
         return app_speculator_close(spec), app_runtime_close(rt), 1;
     const rlx_speculator_iface *iface = spec->plugin ? rlx_plugin_desc(spec->plugin)->iface : NULL;
-    if (runtime_start(rt, o, iface && (iface->flags & RLX_SPEC_NEEDS_HIDDEN)))
+    if (runtime_start(rt, o, iface && (iface->flags & RLX_SPEC_NEEDS_HIDDEN), spec->plugin != NULL))
         return app_speculator_close(spec), app_runtime_close(rt), 1;
     if (spec->plugin && speculator_start(rt, o, spec))
         return app_speculator_close(spec), app_runtime_close(rt), 1;

@@ -12,6 +12,7 @@ typedef struct app_options {
     const char *plugin;     /* backend plugin name, "ref" for the reference kernels only */
     const char *plugin_dir;
     const char *place;      /* "op=plugin,op=plugin": per-op placement, NULL for none */
+    const char *backend_opts; /* --backend-opts "key=value,...": options of --plugin's backend only */
     uint32_t threads;
     uint32_t ctx;
     int verbose;
@@ -34,6 +35,8 @@ typedef struct app_runtime {
     rlx_lm lm;              /* what commands run: the local session (or a pipeline driver) */
     const char *model_dir;
     struct app_pipeline *pipeline; /* set when lm is a pipeline driver (pipeline.c) */
+    uint32_t default_threads; /* backend threads without --threads: the driver's share of the cores
+                                 when it launched local stages, else 0 (the backend's default) */
 } app_runtime;
 
 /* Prints "rlx: <message>" on stderr and returns 1 (the exit status for failures). */
@@ -50,6 +53,15 @@ int app_parse_u32(const char *opt, const char *text, uint32_t *out);
 int app_parse_float(const char *opt, const char *text, float *out);
 /* Parses "1,5,3" into a malloc'd array; returns the count or -1 after reporting. */
 int app_parse_tokens(const char *text, int32_t **out);
+
+/* Opens backend `name` from reg with bo: a plugin instance (*plugin holds its handle), or for
+ * "ref" the reference backend with bo->extra when there is one (*plugin NULL); plain "ref" gives
+ * *out NULL (the scheduler's fallback). `what` prefixes the message. 1 after reporting. */
+int app_backend_open(rlx_registry *reg, const char *name, const rlx_backend_options *bo, const char *what,
+                     rlx_plugin_handle **plugin, rlx_backend **out);
+
+/* Logical cores this process may run on (sched_getaffinity), at least 1. */
+uint32_t app_usable_cores(void);
 
 /* Loads the backend, opens the model and creates a whole-model session, or with pipeline options
  * connects a pipeline driver. 1 after reporting a failure, with everything closed. */

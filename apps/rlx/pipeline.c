@@ -204,8 +204,10 @@ static void arg_u32(argv_builder *b, const char *opt, uint32_t value) {
     arg(b, b->buf[b->nbuf++]);
 }
 
-/* The options a launched stage inherits from this command line. */
-static void common_args(argv_builder *b, const app_options *o, const char *transport, const app_pipeline_options *po) {
+/* The options a launched stage inherits from this command line; threads is its share of the
+ * cores, 0 to leave the count to the stage (its deployment file entry says it). */
+static void common_args(argv_builder *b, const app_options *o, const char *transport, const app_pipeline_options *po,
+                        uint32_t threads) {
     arg(b, "rlx");
     if (o->plugin_dir) {
         arg(b, "--plugin-dir");
@@ -216,8 +218,14 @@ static void common_args(argv_builder *b, const app_options *o, const char *trans
         arg(b, "--plugin");
         arg(b, o->plugin);
     }
-    if (o->threads)
-        arg_u32(b, "--threads", o->threads);
+    if (o->backend_opts) {
+        arg(b, "--backend-opts");
+        arg(b, o->backend_opts);
+    }
+    if (threads)
+        arg_u32(b, "--threads", threads);
+    if (o->verbose)
+        arg(b, "-v");
     if (transport) {
         arg(b, "--transport");
         arg(b, transport);
@@ -248,7 +256,15 @@ int app_pipeline_load(app_runtime *rt, const app_pipeline_options *po) {
     return 0;
 }
 
-int app_pipeline_open(app_runtime *rt, app_options *o, const app_pipeline_options *po, int emit_hidden) {
+/* The threads of each local process when n_local of them (launched stages, and the driver if it
+ * computes too) share this machine: the usable cores divided evenly, at least 1 each. */
+static uint32_t core_share(uint32_t n_local) {
+    uint32_t cores = app_usable_cores();
+    return n_local && cores > n_local ? cores / n_local : 1;
+}
+
+int app_pipeline_open(app_runtime *rt, app_options *o, const app_pipeline_options *po, int emit_hidden,
+                      int driver_computes) {
     struct app_pipeline *p = rt->pipeline;
     const char *model = o->model, *transport = po->transport;
     rlx_deploy_timeouts timeouts = {0};
@@ -298,14 +314,22 @@ int app_pipeline_open(app_runtime *rt, app_options *o, const app_pipeline_option
         stages[i] = (rlx_driver_stage){.address = p->deploy ? rlx_deploy_stage_at(p->deploy, i)->address : NULL,
                                        .layers = ranges[i]};
     }
+    uint32_t n_local = 0;
+    for (uint32_t i = 0; i < n; i++)
+        n_local += !p->deploy || (po->launch && is_local(stages[i].address));
+    uint32_t share = n_local ? core_share(n_local + (driver_computes ? 1 : 0)) : 0;
+    if (driver_computes)
+        rt->default_threads = share;
     int failed = 0;
     for (uint32_t i = 0; i < n && !failed; i++) {
+        if (p->deploy && (!po->launch || !is_local(stages[i].address)))
+            continue;
+        /* --threads, then the stage's threads setting, win over the share */
+        uint32_t threads = o->threads ? o->threads : p->deploy && rlx_deploy_stage_at(p->deploy, i)->threads ? 0 : share;
         argv_builder b = {.n = 0};
         char range_text[32], index_text[16];
-        common_args(&b, o, po->transport || !p->deploy ? transport : NULL, po);
+        common_args(&b, o, po->transport || !p->deploy ? transport : NULL, po, threads);
         if (p->deploy) {
-            if (!po->launch || !is_local(stages[i].address))
-                continue;
             snprintf(index_text, sizeof index_text, "%u", i);
             arg(&b, "--config");
             arg(&b, po->config);

@@ -42,9 +42,13 @@ int app_pipeline_load(struct app_runtime *rt, const app_pipeline_options *po);
 
 /* The second half, after app_pipeline_load: fills rt->lm with a pipeline driver (rt->model stays
  * NULL, rt->model_dir is the model), after launching local stages if asked; with emit_hidden the
- * last stage also returns the target's hidden states (rlx_lm.hidden). 0 on success; 1 after
- * reporting, with everything started already stopped. */
-int app_pipeline_open(struct app_runtime *rt, struct app_options *o, const app_pipeline_options *po, int emit_hidden);
+ * last stage also returns the target's hidden states (rlx_lm.hidden). Local stages it launches
+ * divide the usable cores among themselves and, when driver_computes (it will run a backend too,
+ * for a speculator), this process, whose share lands in rt->default_threads; --threads and a
+ * stage's threads setting win over the share. 0 on success; 1 after reporting, with everything
+ * started already stopped. */
+int app_pipeline_open(struct app_runtime *rt, struct app_options *o, const app_pipeline_options *po, int emit_hidden,
+                      int driver_computes);
 
 /* Ends the session, disconnects and stops launched stages; safe on a runtime without a pipeline. */
 void app_pipeline_close(struct app_runtime *rt);

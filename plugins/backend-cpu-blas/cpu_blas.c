@@ -20,16 +20,16 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <cblas.h>
-
 #include "isa.h"
 #include "node_check.h"
+#include "openblas.h"
 #include "options.h"
 #include "weights.h"
 #include "rlx/backend.h"
@@ -335,7 +335,11 @@ typedef struct cpu_blas {
     int64_t rope_t;
     uint32_t rope_d;
     float rope_theta;
+    char describe[768]; /* rlx_backend_iface.describe */
 } cpu_blas;
+
+/* OpenBLAS, loaded by the first open(); one library serves every instance of the process. */
+static const cpu_blas_openblas *cpu_blas_ob;
 
 /* Makes b hold at least `bytes`; the old contents are not kept. */
 static int cpu_blas_reserve(const cpu_blas *s, cpu_blas_buf *b, size_t bytes)
@@ -419,7 +423,9 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
     s->tile_bytes = 1536 * 1024;
     s->gemv_max_m = 12;
     s->pool.spin_ns = 200 * 1000;
-    long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+    /* the cores this process may run on, which a container or taskset can make fewer than online */
+    cpu_set_t cpus;
+    long n_cpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : sysconf(_SC_NPROCESSORS_ONLN);
     s->n_threads = n_cpu > 0 ? (int)(n_cpu < 256 ? n_cpu : 256) : 1;
     char isa[16] = "auto";
     int rc;
@@ -428,6 +434,10 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
     if (opts && RLX_HAS(rlx_backend_options, opts, extra) &&
         (rc = cpu_blas_parse_extra(s, opts->extra, isa, sizeof isa)) < 0)
         goto fail;
+    if (!cpu_blas_ob && !(cpu_blas_ob = cpu_blas_openblas_load(host))) {
+        rc = RLX_E_UNSUPPORTED;
+        goto fail;
+    }
     static const cpu_blas_kernels *const by_isa[PLUGIN_ISA_COUNT] = {&cpu_blas_kernels_c, &cpu_blas_kernels_avx2,
                                                                        &cpu_blas_kernels_avx512};
     plugin_isa level;
@@ -435,7 +445,7 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
         goto fail;
     s->k = by_isa[level];
     /* The pool parallelises every matmul itself; OpenBLAS threads would only compete with it. */
-    openblas_set_num_threads(1);
+    cpu_blas_ob->set_num_threads(1);
 
     const size_t nt = (size_t)s->n_threads;
     s->tile = host->alloc(nt * sizeof *s->tile, CPU_BLAS_ALIGN);
@@ -458,8 +468,10 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
         }
         s->pool.n_started++;
     }
-    host->log(RLX_LOG_DEBUG, "cpu-blas: %d threads, %s kernels, %zu KiB tiles, %s", s->n_threads, s->k->isa,
-              s->tile_bytes / 1024, openblas_get_config());
+    snprintf(s->describe, sizeof s->describe, "%s kernels, %d thread%s, OpenBLAS core %s (%s), %s", s->k->isa,
+             s->n_threads, s->n_threads == 1 ? "" : "s", cpu_blas_ob->get_corename(), cpu_blas_ob->origin,
+             cpu_blas_ob->get_config());
+    host->log(RLX_LOG_DEBUG, "cpu-blas: %s, %zu KiB tiles", s->describe, s->tile_bytes / 1024);
     *self = s;
     return RLX_OK;
 fail:
@@ -685,7 +697,7 @@ static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk)
     const char *w = (const char *)mm->w;
     if (mm->wdt == RLX_DTYPE_F32 && M == 1) {
         /* OpenBLAS 0.3.21 does not route M = 1 sgemm to its much faster sgemv. */
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)(n1 - n0), (int)K, 1.0f, (const float *)w + n0 * K, (int)K,
+        cpu_blas_ob->sgemv(CblasRowMajor, CblasNoTrans, (int)(n1 - n0), (int)K, 1.0f, (const float *)w + n0 * K, (int)K,
                     mm->x, 1, 0.0f, mm->y + n0, 1);
     } else if (M <= s->gemv_max_m) {
         for (int64_t m0 = 0; m0 < M; m0 += CPU_BLAS_GEMV_MAX_M) {
@@ -693,13 +705,13 @@ static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk)
             s->k->gemv[mm->wdt][mb - 1](mm->x + m0 * K, K, w, K, n0, n1, mm->y + m0 * N, N);
         }
     } else if (mm->wdt == RLX_DTYPE_F32) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)(n1 - n0), (int)K, 1.0f, mm->x, (int)K,
+        cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)(n1 - n0), (int)K, 1.0f, mm->x, (int)K,
                     (const float *)w + n0 * K, (int)K, 0.0f, mm->y + n0, (int)N);
     } else {
         /* Widen one tile of weight rows and multiply it while it is still in cache. */
         float *tile = s->tile[ith].p;
         s->k->cvt(mm->wdt, w + (size_t)n0 * row_bytes, tile, (n1 - n0) * K);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)(n1 - n0), (int)K, 1.0f, mm->x, (int)K, tile,
+        cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)(n1 - n0), (int)K, 1.0f, mm->x, (int)K, tile,
                     (int)K, 0.0f, mm->y + n0, (int)N);
     }
     if (mm->bias)
@@ -806,11 +818,11 @@ static void cpu_blas_att_block(const cpu_blas_att *a, float *sc, int64_t kvh, in
     for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
         const float *qh = a->q + t0 * ldq + h * D;
         float *oh = a->out + t0 * ldq + h * D;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, qh, (int)ldq, kb,
+        cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, qh, (int)ldq, kb,
                     (int)ldk, 0.0f, sc, (int)nk);
         for (int64_t r = 0; r < nq; r++)
             inv[r] = 1.0f / k->softmax(sc + r * nk, nk, cpu_blas_att_lo(a, t0 + r) - lo, a->pos[t0 + r] + 1 - lo, NULL);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, 1.0f, sc, (int)nk, vb,
+        cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, 1.0f, sc, (int)nk, vb,
                     (int)ldk, 0.0f, oh, (int)ldq);
         for (int64_t r = 0; r < nq; r++)
             k->scal(inv[r], oh + r * ldq, D);
@@ -1049,8 +1061,8 @@ static int cpu_blas_compute(void *self, const rlx_node_view *node)
         return rc;
     /* The setting is process-wide: if anything raised it since open(), every pool thread's
      * OpenBLAS call would start threads of its own. */
-    if (openblas_get_num_threads() != 1)
-        openblas_set_num_threads(1);
+    if (cpu_blas_ob->get_num_threads() != 1)
+        cpu_blas_ob->set_num_threads(1);
     switch (node->op) {
     case RLX_OP_EMBED:
         return cpu_blas_embed(s, node);
@@ -1072,12 +1084,15 @@ static int cpu_blas_compute(void *self, const rlx_node_view *node)
     }
 }
 
+static const char *cpu_blas_describe(void *self) { return ((const cpu_blas *)self)->describe; }
+
 static const rlx_backend_iface cpu_blas_iface = {
     .size = sizeof(rlx_backend_iface),
     .open = cpu_blas_open,
     .close = cpu_blas_close,
     .supports = cpu_blas_supports,
     .compute = cpu_blas_compute,
+    .describe = cpu_blas_describe,
 };
 
 static const rlx_plugin cpu_blas_plugin = {

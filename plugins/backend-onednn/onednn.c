@@ -288,6 +288,7 @@ typedef struct onednn_map {
 
 typedef struct onednn {
     const rlx_host *host;
+    char describe[256]; /* rlx_backend_iface.describe */
     const onednn_kernels *k;
     int n_threads;
     int bf16;          /* BF16 weights run as oneDNN bf16 matmuls (activations rounded to BF16) */
@@ -497,6 +498,35 @@ static onednn_buf *onednn_alloc_bufs(const onednn *s)
     return b;
 }
 
+/* The name oneDNN's documentation gives the instruction set it runs its primitives with. */
+static const char *onednn_isa_name(dnnl_cpu_isa_t isa)
+{
+    switch (isa) {
+    case dnnl_cpu_isa_sse41:
+        return "sse41";
+    case dnnl_cpu_isa_avx:
+        return "avx";
+    case dnnl_cpu_isa_avx2:
+        return "avx2";
+    case dnnl_cpu_isa_avx2_vnni:
+        return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic:
+        return "avx512_mic";
+    case dnnl_cpu_isa_avx512_mic_4ops:
+        return "avx512_mic_4ops";
+    case dnnl_cpu_isa_avx512_core:
+        return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni:
+        return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16:
+        return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx:
+        return "avx512_core_amx";
+    default:
+        return "unknown";
+    }
+}
+
 static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, void **self)
 {
     *self = NULL;
@@ -546,9 +576,11 @@ static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, vo
     }
     s->bf16 = !no_bf16 && onednn_has_bf16(s);
     const dnnl_version_t *v = dnnl_version();
-    host->log(RLX_LOG_DEBUG, "onednn: oneDNN %d.%d.%d, CPU ISA %#x, %d threads, %s kernels, BF16 weights %s",
-              v->major, v->minor, v->patch, (unsigned)dnnl_get_effective_cpu_isa(), s->n_threads, s->k->isa,
-              s->bf16 ? "packed, BF16 activations" : "widened to F32");
+    snprintf(s->describe, sizeof s->describe,
+             "oneDNN %d.%d.%d on %s, %s kernels, BF16 weights %s, %d thread%s", v->major, v->minor, v->patch,
+             onednn_isa_name(dnnl_get_effective_cpu_isa()), s->k->isa,
+             s->bf16 ? "packed (BF16 activations)" : "widened to F32", s->n_threads, s->n_threads == 1 ? "" : "s");
+    host->log(RLX_LOG_DEBUG, "onednn: %s", s->describe);
     *self = s;
     return RLX_OK;
 fail:
@@ -1620,6 +1652,8 @@ static int onednn_compute(void *self, const rlx_node_view *node)
     }
 }
 
+static const char *onednn_describe(void *self) { return ((const onednn *)self)->describe; }
+
 static const rlx_backend_iface onednn_iface = {
     .size = sizeof(rlx_backend_iface),
     .open = onednn_open,
@@ -1627,6 +1661,7 @@ static const rlx_backend_iface onednn_iface = {
     .supports = onednn_supports,
     .compute = onednn_compute,
     .precision = onednn_precision,
+    .describe = onednn_describe,
 };
 
 static const rlx_plugin onednn_plugin = {

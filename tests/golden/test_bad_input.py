@@ -139,7 +139,15 @@ def main():
         ("unknown option", None, ["generate", "--tokens", "1", "--frobnicate"], ["--frobnicate"]),
         ("unwritable output", None, ["logits", "--tokens", "1", "--out", "/nonexistent/dir/x.bin"],
          ["/nonexistent/dir/x.bin"]),
+        ("unknown reference option", None, logits + ["--plugin", "ref", "--backend-opts", "act=f16"],
+         ["ref", "act=f16"]),
     ]
+    # --backend-opts reaches the backend of every model command: the backend's own error names
+    # the bad value
+    bad_isa = ["--plugin", "cpu-blas", "--backend-opts", "isa=bogus"]
+    for argv in (logits, ["generate", "--tokens", "1", "-n", "1"], ["bench", "-p", "2", "-n", "1", "-r", "1"],
+                 ["graph"], ["chat"], ["stage", "--listen", "127.0.0.1:0", "--layers", "0-0"]):
+        cases.append((f"bad backend option ({argv[0]})", None, argv + bad_isa, ["cpu-blas", "isa 'bogus'"]))
     failures = 0
     for name, model, argv, words in cases:
         if model is None:
@@ -169,6 +177,20 @@ def main():
             print(f"FAIL {name}: " + "; ".join(problems))
         else:
             print(f"ok   {name}: {lines[0]}")
+    # ... and good options are accepted, also by the reference backend
+    good_runs = [logits + ["--plugin", "cpu-blas", "--backend-opts", "isa=c"],
+                 ["generate", "--tokens", "1", "-n", "1", "--plugin", "cpu-blas", "--backend-opts", "isa=c"],
+                 ["bench", "-p", "2", "-n", "1", "-r", "1", "--plugin", "cpu-blas", "--backend-opts", "isa=c"],
+                 logits + ["--plugin", "ref", "--backend-opts", "act=bf16"]]
+    for argv in good_runs:
+        p = subprocess.run([args.rlx, argv[0], "--model", good] + argv[1:], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        if p.returncode != 0:
+            failures += 1
+            print(f"FAIL {' '.join(argv)}: exit status {p.returncode}: {p.stderr.strip()[:2000]!r}")
+        else:
+            print(f"ok   {' '.join(argv)}")
+    cases += good_runs
     print(f"{len(cases) - failures} passed, {failures} failed")
     return 1 if failures else 0
 

@@ -100,6 +100,7 @@ static void test_deploy_full_file(void **state) {
                                                "    backend: onednn\n"
                                                "    layers: 0-13\n"
                                                "    threads: 2\n"
+                                               "    backend_options: 'isa=avx2,gemv_m=8'\n"
                                                "  - {address: '[::1]:7102', backend: cpu-blas, layers: 14-27,\n"
                                                "     listen: '0.0.0.0:7102'}\n"
                                                "speculator: {plugin: mtp, draft_tokens: 4}\n"
@@ -118,9 +119,11 @@ static void test_deploy_full_file(void **state) {
     assert_null(s0->listen);
     assert_string_equal(s0->backend, "onednn");
     assert_int_equal(s0->threads, 2);
+    assert_string_equal(s0->backend_options, "isa=avx2,gemv_m=8");
     assert_int_equal(s0->line, 5);
     assert_string_equal(s1->address, "[::1]:7102");
     assert_string_equal(s1->listen, "0.0.0.0:7102");
+    assert_null(s1->backend_options);
     assert_int_equal(s1->layers.start, 14);
     assert_int_equal(s1->layers.end, 28);
     assert_null(rlx_deploy_stage_at(d, 2));
@@ -140,7 +143,7 @@ static void test_deploy_full_file(void **state) {
     assert_int_equal(r[0].end, 14);
     assert_int_equal(rlx_deploy_layers(d, 30, r), RLX_E_RANGE); /* the model has more layers */
     assert_non_null(strstr(rlx_last_error(), "layers 28-29 are run by no stage"));
-    assert_non_null(strstr(rlx_last_error(), ":9:"));
+    assert_non_null(strstr(rlx_last_error(), ":10:"));
     assert_int_equal(rlx_deploy_layers(d, 20, r), RLX_E_RANGE);
     assert_non_null(strstr(rlx_last_error(), "past the model's 20 layers"));
     rlx_deploy_destroy(d);
@@ -189,6 +192,10 @@ static void test_deploy_errors_name_file_and_line(void **state) {
     expect_bad("stages:\n  - address: a:0\n", 2, "port must be");
     expect_bad("stages:\n  - address: a b:1\n", 2, "cannot appear in a host name");
     expect_bad("stages:\n  - address: a:1\n    colour: red\n", 3, "unknown key 'colour' in a stage");
+    expect_bad("stages:\n  - address: a:1\n    backend_options: {isa: c}\n", 3,
+               "'backend_options' must be a non-empty string");
+    expect_bad("stages:\n  - address: a:1\n    backend_opts: isa=c\n", 3,
+               "unknown key 'backend_opts' in a stage (known: address, backend, backend_options,");
     expect_bad("stages:\n  - address: a:1\n    threads: many\n", 3, "'threads' must be a non-negative integer");
     expect_bad("stages:\n  - address: a:1\n    threads: 0\n", 3, "at least 1");
     expect_bad("stages:\n  - address: a:1\n    layers: [0, 3]\n", 3, "layers must look like 0-13");

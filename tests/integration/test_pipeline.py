@@ -4,7 +4,7 @@ pipeline_probe) talking through a transport plugin, checked against the single-p
 
   test_pipeline.py CASE --rlx BIN --probe BIN --data DIR --plugins DIR
 
-CASE is one of parity-tcp, parity-grpc, mixed-backends, kv-cache, protocol, faults-tcp,
+CASE is one of parity-tcp, parity-grpc, mixed-backends, kv-cache, options-threads, protocol, faults-tcp,
 faults-grpc, netns. Exit status 0 passed, 1 failed, 77 skipped (the reason is printed).
 Every process runs with a timeout and is killed at the end, whatever happens."""
 import argparse
@@ -288,6 +288,60 @@ def case_mixed_backends(env):
                                                       (f"127.0.0.1:{ports[1]}", None, backends[-1])])
     env.same(f"--launch with backends ref, {backends[-1]} from the file", env.reference(model),
              env.generate(["--config", cfg, "--launch"]), env.logits(["--config", cfg, "--launch"]))
+
+
+def stage_lines(stderr):
+    """The describe lines launched stages print with -v: {label: line}."""
+    return [l for l in stderr.splitlines() if l.startswith("rlx stage ") and ": backend " in l]
+
+
+def case_options_and_threads(env):
+    env.need_transport("tcp")
+    model = env.model("deep-dense-f32")
+    ref = env.reference(model)
+    cores = len(os.sched_getaffinity(0))
+    # local stages divide the cores; the describe line of each says how many threads it got
+    for k in (2, 3):
+        p, _ = env.run([env.rlx, "-v", "generate", "--model", model, "--stages", str(k), "--tokens", TOKENS,
+                        "-n", str(N_NEW), "--greedy"])
+        share = max(1, cores // k)
+        want = f"{share} thread{'s' if share != 1 else ''},"
+        lines = stage_lines(p.stderr)
+        if len(lines) != k or not all(want in l for l in lines):
+            raise Fail(f"--stages {k} on {cores} cores: wanted {k} stages with '{want}', got:\n{p.stderr}")
+        if p.stdout.strip() != ref[0]:
+            raise Fail(f"--stages {k}: ids differ from the single process")
+        log(f"ok: --stages {k} on {cores} cores: {want} each")
+    # --threads wins over the share, and --backend-opts reaches every launched stage
+    p, _ = env.run([env.rlx, "-v", "generate", "--model", model, "--stages", "2", "--threads", "3",
+                    "--backend-opts", "isa=c", "--tokens", TOKENS, "-n", str(N_NEW), "--greedy"])
+    lines = stage_lines(p.stderr)
+    if len(lines) != 2 or not all("c kernels, 3 threads," in l for l in lines):
+        raise Fail(f"--threads 3 --backend-opts isa=c did not reach both stages:\n{p.stderr}")
+    log("ok: --threads and --backend-opts reach launched stages")
+    expect_failure(env, "--stages 2 --backend-opts isa=bogus",
+                   [env.rlx, "generate", "--model", model, "--stages", "2", "--backend-opts", "isa=bogus",
+                    "--tokens", TOKENS, "-n", "2"], ["cpu-blas", "isa 'bogus'", "before listening"], 60)
+    # a deployment file's backend_options and threads reach its stage; the other gets the share
+    ports = [free_port() for _ in range(2)]
+    cfg = env.config("options.yaml", model, "tcp", [(f"127.0.0.1:{ports[0]}", None, "cpu-blas"),
+                                                     (f"127.0.0.1:{ports[1]}", None, "ref")])
+    with open(cfg) as f:
+        text = f.read().replace("    backend: cpu-blas\n", "    backend: cpu-blas\n    backend_options: isa=c\n"
+                                "    threads: 1\n", 1).replace("    backend: ref\n",
+                                                              "    backend: ref\n    backend_options: act=bf16\n")
+    with open(cfg, "w") as f:
+        f.write(text)
+    p, _ = env.run([env.rlx, "-v", "generate", "--config", cfg, "--launch", "--tokens", TOKENS, "-n", "2"])
+    lines = stage_lines(p.stderr)
+    if len(lines) != 2 or "c kernels, 1 thread," not in lines[0] + lines[1] or "BF16" not in lines[0] + lines[1]:
+        raise Fail(f"the file's backend_options and threads did not reach its stages:\n{p.stderr}")
+    log("ok: backend_options and threads of a deployment file reach its launched stages")
+    with open(cfg, "w") as f:
+        f.write(text.replace("isa=c", "isa=bogus"))
+    expect_failure(env, "backend_options: isa=bogus in a file", [env.rlx, "generate", "--config", cfg, "--launch",
+                                                                  "--tokens", TOKENS, "-n", "2"],
+                   ["cpu-blas", "isa 'bogus'"], 60)
 
 
 def case_kv_cache(env):
@@ -589,6 +643,7 @@ CASES = {
     "parity-grpc": lambda env: case_parity(env, "grpc"),
     "mixed-backends": case_mixed_backends,
     "kv-cache": case_kv_cache,
+    "options-threads": case_options_and_threads,
     "protocol": case_protocol,
     "faults-tcp": lambda env: case_faults(env, "tcp"),
     "faults-grpc": lambda env: case_faults(env, "grpc"),

@@ -7,6 +7,7 @@
  *       backend: onednn           # backend plugin of this stage (default: the command line's)
  *       layers: 0-13              # optional, inclusive; all stages or none (then an even split)
  *       threads: 2                # optional
+ *       backend_options: "isa=avx2"   # optional: the backend's "key=value,..." options
  *       listen: 0.0.0.0:7101      # optional: what the stage binds, if not address
  *     - address: 127.0.0.1:7102
  *       backend: cpu-blas
@@ -35,6 +36,7 @@ typedef struct rlx_deploy_stage {
     const char *address;    /* "host:port" the driver connects to */
     const char *listen;     /* what the stage binds; the address when not given */
     const char *backend;    /* backend plugin name, NULL when not given */
+    const char *backend_options; /* the backend's "key=value,..." options, NULL when not given */
     int has_layers;         /* layers was given */
     rlx_layer_range layers; /* [start, end) when has_layers */
     uint32_t threads;       /* 0 when not given */

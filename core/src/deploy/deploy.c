@@ -171,10 +171,10 @@ static rlx_status stage_pair(parse *p, void *ctx, const char *key, const yaml_no
             return fail(p, v, "%s: %s", key, rlx_last_error());
         return RLX_OK;
     }
-    if (strcmp(key, "backend") == 0) {
+    if (strcmp(key, "backend") == 0 || strcmp(key, "backend_options") == 0) {
         char *b = NULL;
         rc = get_string(p, key, v, &b);
-        s->backend = b;
+        *(key[7] ? &s->backend_options : &s->backend) = b;
         return rc;
     }
     if (strcmp(key, "threads") == 0)
@@ -187,7 +187,7 @@ static rlx_status stage_pair(parse *p, void *ctx, const char *key, const yaml_no
         s->has_layers = 1;
         return RLX_OK;
     }
-    return fail(p, k, "unknown key '%s' in a stage (known: address, backend, layers, threads, listen)", key);
+    return fail(p, k, "unknown key '%s' in a stage (known: address, backend, backend_options, layers, threads, listen)", key);
 }
 
 static rlx_status parse_stages(parse *p, const yaml_node_t *v) {
@@ -422,6 +422,7 @@ void rlx_deploy_destroy(rlx_deploy *d) {
         free((char *)d->stages[i].address);
         free((char *)d->stages[i].listen);
         free((char *)d->stages[i].backend);
+        free((char *)d->stages[i].backend_options);
     }
     free(d->stages);
     free((char *)d->speculator.plugin);
