@@ -293,7 +293,8 @@ typedef struct onednn {
     int n_threads;
     int bf16;          /* BF16 weights run as oneDNN bf16 matmuls (activations rounded to BF16) */
     int drop;          /* drop the mapped pages of packed weights */
-    int pack_f32;      /* pack F32 weights even into a plain layout */
+    int pack_f32;      /* 1: pack F32 weights even into a plain layout; 2: into the AVX-512 blocked one */
+    size_t pack_bytes; /* weight bytes reordered at a time while packing (then their pages drop) */
     int gemv_max_m;    /* widened matmuls with at most this many rows use the GEMV kernels */
     size_t tile_bytes; /* per-thread F32 tile of widened weight rows */
     dnnl_engine_t engine;
@@ -416,8 +417,12 @@ static bool onednn_has_bf16(const onednn *s)
  *                            most $RLX_ISA; oneDNN's own are capped by DNNL_MAX_CPU_ISA)
  *   bf16=auto|0              0: never round activations to BF16; BF16 weights are then widened
  *                            and multiplied in F32, exact like the reference (default auto)
- *   f32=auto|packed          packed: copy F32 weights into oneDNN's layout even where it is a
- *                            plain one (default auto: only a blocked layout is worth a copy)
+ *   f32=auto|packed|blocked  packed: copy F32 weights into oneDNN's layout even where it is a
+ *                            plain one (default auto: only a blocked layout is worth a copy);
+ *                            blocked: into the blocked layout brgemm uses on AVX-512, whatever the
+ *                            CPU (tests the packing path anywhere; slow where oneDNN has no kernel
+ *                            for that layout and runs its reference one)
+ *   pack_kb=N                weight KiB reordered at a time while packing (default 16384)
  *   drop=1|0                 drop the mapped pages of packed weights (default 1)
  *   gemv_m=N                 widened matmuls up to N rows use the GEMV kernels, 0..8 (default 8)
  *   tile_kb=N                per-thread F32 tile of widened weights (default 384) */
@@ -432,8 +437,11 @@ static int onednn_parse_extra(onednn *s, const char *extra, char *isa, size_t is
             memcpy(isa, o.value, o.value_len + 1);
         } else if (plugin_option_is(&o, "bf16") && (!strcmp(o.value, "auto") || !strcmp(o.value, "0"))) {
             *no_bf16 = !strcmp(o.value, "0");
-        } else if (plugin_option_is(&o, "f32") && (!strcmp(o.value, "auto") || !strcmp(o.value, "packed"))) {
-            s->pack_f32 = !strcmp(o.value, "packed");
+        } else if (plugin_option_is(&o, "f32") &&
+                   (!strcmp(o.value, "auto") || !strcmp(o.value, "packed") || !strcmp(o.value, "blocked"))) {
+            s->pack_f32 = !strcmp(o.value, "packed") ? 1 : !strcmp(o.value, "blocked") ? 2 : 0;
+        } else if (plugin_option_is(&o, "pack_kb") && o.is_num && o.num >= 4 && o.num <= 4194304) {
+            s->pack_bytes = (size_t)o.num * 1024;
         } else if (plugin_option_is(&o, "drop") && o.is_num && (o.num == 0 || o.num == 1)) {
             s->drop = (int)o.num;
         } else if (plugin_option_is(&o, "gemv_m") && o.is_num && o.num >= 0 && o.num <= ONEDNN_GEMV_MAX_M) {
@@ -536,6 +544,7 @@ static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, vo
     memset(s, 0, sizeof *s);
     s->host = host;
     s->drop = 1;
+    s->pack_bytes = (size_t)16 << 20;
     s->gemv_max_m = ONEDNN_GEMV_MAX_M;
     s->tile_bytes = 384 * 1024;
     const int n_cpu = omp_get_num_procs();
@@ -933,7 +942,8 @@ static int onednn_layout_get(onednn *s, int64_t N, int64_t K, dnnl_data_type_t d
     dnnl_primitive_desc_t pd = NULL;
     dnnl_status_t st;
     if ((st = dnnl_memory_desc_init_by_tag(&src, 2, (dnnl_dims_t){M, K}, dt, dnnl_ab)) ||
-        (st = dnnl_memory_desc_init_by_tag(&wei, 2, (dnnl_dims_t){K, N}, dt, dnnl_format_tag_any)) ||
+        (st = dnnl_memory_desc_init_by_tag(&wei, 2, (dnnl_dims_t){K, N}, dt,
+                                           dt == dnnl_f32 && s->pack_f32 == 2 ? dnnl_BA16a64b : dnnl_format_tag_any)) ||
         (st = dnnl_memory_desc_init_by_tag(&dst, 2, (dnnl_dims_t){M, N}, dnnl_f32, dnnl_ab)) ||
         (st = dnnl_matmul_desc_init(&d, &src, &wei, NULL, &dst)) ||
         (st = dnnl_primitive_desc_create(&pd, &d, NULL, s->engine, NULL))) {
@@ -1033,16 +1043,68 @@ static int onednn_drop_pages(onednn *s, const void *data, size_t bytes)
     return RLX_OK;
 }
 
-/* Reorders w (plain [N, K] of its own dtype) into the layout of e and creates e->mem. */
+/* Output features per packing chunk of a weight in layout md: about pack_bytes of the plain
+ * source, in whole blocks of the layout's N blocking (a chunk must start on a block). 0: pack
+ * the weight in one reorder (a layout that is not a plain blocking, or a small weight). */
+static int64_t onednn_pack_rows(const onednn *s, const dnnl_memory_desc_t *md, int64_t N, int64_t K, size_t esz)
+{
+    if (md->format_kind != dnnl_blocked)
+        return 0;
+    int64_t block = 1;
+    for (int i = 0; i < md->format_desc.blocking.inner_nblks; i++)
+        if (md->format_desc.blocking.inner_idxs[i] == 1)
+            block *= md->format_desc.blocking.inner_blks[i];
+    int64_t rows = (int64_t)(s->pack_bytes / ((size_t)K * esz)) / block * block;
+    rows = rows < block ? block : rows;
+    return rows < N ? rows : 0;
+}
+
+/* Reorders rows [n0, n0 + cnt) of the plain weight (dims {K, N}, tag ba) into the same rows of
+ * e->mem's layout. */
+static dnnl_status_t onednn_reorder_rows(const onednn *s, const dnnl_memory_desc_t *plain, const void *data,
+                                         const onednn_weight *e, int64_t n0, int64_t cnt)
+{
+    const onednn_layout *l = &s->layouts[e->layout];
+    const int64_t K = l->K;
+    dnnl_memory_desc_t from_md = *plain, to_md = l->md;
+    dnnl_memory_t from = NULL, to = NULL;
+    dnnl_primitive_desc_t rpd = NULL;
+    dnnl_primitive_t r = NULL;
+    dnnl_status_t st = dnnl_success;
+    if (cnt < l->N &&
+        ((st = dnnl_memory_desc_init_submemory(&from_md, plain, (dnnl_dims_t){K, cnt}, (dnnl_dims_t){0, n0})) ||
+         (st = dnnl_memory_desc_init_submemory(&to_md, &l->md, (dnnl_dims_t){K, cnt}, (dnnl_dims_t){0, n0}))))
+        return st;
+    if ((st = dnnl_memory_create(&from, &from_md, s->engine, (void *)data)) == dnnl_success &&
+        (st = dnnl_memory_create(&to, &to_md, s->engine, e->packed)) == dnnl_success &&
+        (st = dnnl_reorder_primitive_desc_create(&rpd, &from_md, s->engine, &to_md, s->engine, NULL)) ==
+            dnnl_success &&
+        (st = dnnl_primitive_create(&r, rpd)) == dnnl_success &&
+        (st = dnnl_primitive_execute(r, s->streams[0], 2, (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}})) ==
+            dnnl_success)
+        st = dnnl_stream_wait(s->streams[0]);
+    if (r)
+        dnnl_primitive_destroy(r);
+    if (rpd)
+        dnnl_primitive_desc_destroy(rpd);
+    if (from)
+        dnnl_memory_destroy(from);
+    if (to)
+        dnnl_memory_destroy(to);
+    return st;
+}
+
+/* Reorders w (plain [N, K] of its own dtype) into the layout of e and creates e->mem. Large
+ * weights are reordered a chunk of rows at a time, each chunk's mapped pages dropped once it is
+ * packed, so a weight is never resident twice: for a tied LM head (a quarter of a small model's
+ * bytes) the peak would otherwise rise by its whole size. */
 static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w)
 {
     const onednn_layout *l = &s->layouts[e->layout];
     const dnnl_data_type_t wdt = w->dtype == RLX_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
     const int64_t N = w->shape[0], K = w->shape[1];
+    const size_t esz = weight_dtype_size(w->dtype);
     dnnl_memory_desc_t plain;
-    dnnl_memory_t from = NULL;
-    dnnl_primitive_desc_t rpd = NULL;
-    dnnl_primitive_t r = NULL;
     dnnl_status_t st = dnnl_memory_desc_init_by_tag(&plain, 2, (dnnl_dims_t){K, N}, wdt, dnnl_ba);
     if (st == dnnl_success && wdt == l->dt && dnnl_memory_desc_equal(&plain, &l->md)) {
         /* oneDNN wants the layout the weight already has: use it in place, read-only */
@@ -1054,31 +1116,27 @@ static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w)
     if (!e->packed)
         return s->host->error(RLX_E_NOMEM, "onednn: cannot allocate %zu bytes for a packed %lldx%lld weight", bytes,
                               (long long)N, (long long)K);
+    /* a layout padded past N (blocks beyond the last row) must read as zeros */
+    memset(e->packed, 0, bytes);
     if (st == dnnl_success)
         st = dnnl_memory_create(&e->mem, &l->md, s->engine, e->packed);
-    if (st == dnnl_success)
-        st = dnnl_memory_create(&from, &plain, s->engine, (void *)w->data);
-    if (st == dnnl_success)
-        st = dnnl_reorder_primitive_desc_create(&rpd, &plain, s->engine, &l->md, s->engine, NULL);
-    if (st == dnnl_success)
-        st = dnnl_primitive_create(&r, rpd);
-    if (st == dnnl_success)
-        st = dnnl_primitive_execute(r, s->streams[0], 2,
-                                    (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, e->mem}});
-    if (st == dnnl_success)
-        st = dnnl_stream_wait(s->streams[0]);
-    if (r)
-        dnnl_primitive_destroy(r);
-    if (rpd)
-        dnnl_primitive_desc_destroy(rpd);
-    if (from)
-        dnnl_memory_destroy(from);
+    const int64_t rows = st == dnnl_success ? onednn_pack_rows(s, &l->md, N, K, esz) : 0;
+    for (int64_t n0 = 0; st == dnnl_success && n0 < N; n0 += rows ? rows : N) {
+        const int64_t cnt = rows && N - n0 > rows ? rows : N - n0;
+        st = onednn_reorder_rows(s, &plain, w->data, e, n0, cnt);
+        if (st == dnnl_success && rows) {
+            const int rc = onednn_drop_pages(s, (const char *)w->data + (size_t)n0 * (size_t)K * esz,
+                                             (size_t)(cnt * K) * esz);
+            if (rc < 0)
+                return rc;
+        }
+    }
     if (st != dnnl_success) {
         char what[96];
         snprintf(what, sizeof what, "packing a %lldx%lld weight", (long long)N, (long long)K);
         return onednn_fail(s, st, what);
     }
-    return onednn_drop_pages(s, w->data, (size_t)(N * K) * weight_dtype_size(w->dtype));
+    return rows ? RLX_OK : onednn_drop_pages(s, w->data, (size_t)(N * K) * esz);
 }
 
 static void onednn_weight_clear(onednn *s, onednn_weight *e)

@@ -17,5 +17,5 @@ status=0
 ctest --output-on-failure -j2 2>&1 || status=$?
 # ctest lists skipped tests without their output: say why each was skipped (a CPU without an
 # ISA level the suite would test, for example)
-grep -h "^SKIPPED: " Testing/Temporary/LastTest*.log 2>/dev/null | sort | uniq -c | sed 's/^ */skipped tests: /' || true
+grep -h "^SKIPPED: " Testing/Temporary/LastTest.log 2>/dev/null | sort | uniq -c | sed 's/^ */skipped tests: /' || true
 exit "$status"
