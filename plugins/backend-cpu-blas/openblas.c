@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,19 +50,30 @@ const char *cpu_blas_openblas_core(const cpu_blas_cpu *cpu, const char *detected
     return cpu->amd ? "Zen" : "Haswell";
 }
 
-/* The core OpenBLAS picks by itself, asked of a child process: once loaded, OpenBLAS keeps the
- * core it chose, so this process must not load it before deciding. false when unknown. */
+/* The core OpenBLAS picks by itself, asked of rlx-blas-probe beside this plugin: once loaded,
+ * OpenBLAS keeps the core it chose, so this process must not load it before deciding, and a
+ * spawned program (unlike a fork of this possibly multithreaded process) may load libraries
+ * safely. false when unknown: no probe, or no answer in time. */
 static bool cpu_blas_probe_core(char *out, size_t size)
 {
+    Dl_info self;
+    char probe[4096];
+    if (!dladdr((void *)cpu_blas_probe_core, &self) || !self.dli_fname || !strrchr(self.dli_fname, '/') ||
+        snprintf(probe, sizeof probe, "%.*s/rlx-blas-probe", (int)(strrchr(self.dli_fname, '/') - self.dli_fname),
+                 self.dli_fname) >= (int)sizeof probe)
+        return false;
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0)
         return false;
-    const pid_t pid = fork();
-    if (pid == 0) {
-        void *h = dlopen(RLX_OPENBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
-        char *(*corename)(void) = h ? (char *(*)(void))dlsym(h, "openblas_get_corename") : NULL;
-        const char *name = corename ? corename() : "";
-        _exit(write(fds[1], name, strlen(name)) < 0);
+    posix_spawn_file_actions_t actions;
+    pid_t pid = -1;
+    char *argv[] = {probe, NULL};
+    if (posix_spawn_file_actions_init(&actions) == 0) {
+        if (posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO) == 0 &&
+            posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0) == 0 &&
+            posix_spawn(&pid, probe, &actions, NULL, argv, environ) != 0)
+            pid = -1;
+        posix_spawn_file_actions_destroy(&actions);
     }
     close(fds[1]);
     size_t len = 0;
@@ -72,8 +84,11 @@ static bool cpu_blas_probe_core(char *out, size_t size)
                (got = read(fds[0], out + len, size - 1 - len)) > 0)
             len += (size_t)got;
         kill(pid, SIGKILL); /* a no-op unless it hangs */
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+        int status;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
         }
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            len = 0;
     }
     close(fds[0]);
     out[len] = '\0';
@@ -112,13 +127,15 @@ static void cpu_blas_openblas_init(void)
         snprintf(ob->origin, sizeof ob->origin, "chosen when something else loaded OpenBLAS first");
     } else {
         const cpu_blas_cpu cpu = cpu_blas_cpu_detect();
-        /* only a CPU with AVX2 can be short-changed, so only then is the probe worth a fork */
-        if (cpu.avx2_fma && cpu_blas_probe_core(detected, sizeof detected))
+        /* only a CPU with AVX2 can be short-changed, so only then is the probe worth running */
+        const bool probed = cpu.avx2_fma && cpu_blas_probe_core(detected, sizeof detected);
+        if (probed)
             set = cpu_blas_openblas_core(&cpu, detected);
         if (set)
             snprintf(ob->origin, sizeof ob->origin, "OPENBLAS_CORETYPE set by rlx: OpenBLAS alone picks %s", detected);
         else
-            snprintf(ob->origin, sizeof ob->origin, "chosen by OpenBLAS");
+            snprintf(ob->origin, sizeof ob->origin, "chosen by OpenBLAS%s",
+                     probed || !cpu.avx2_fma ? "" : "; rlx-blas-probe gave no answer");
     }
     /* OpenBLAS reads the variable only while it loads; taking it out again keeps child
      * processes (launched stages) from mistaking it for the user's */

@@ -44,6 +44,8 @@ def main():
             failures.append(f"a CPU with AVX2 runs OpenBLAS core {m.group(1)}: {line!r}")
         if "user" in m.group(2):
             failures.append(f"OPENBLAS_CORETYPE is unset, yet: {line!r}")
+        if "no answer" in m.group(2):
+            failures.append(f"rlx-blas-probe, beside the plugin, did not answer: {line!r}")
     if not re.search(r"^(avx512|avx2|c) kernels, \d+ threads?, ", line):
         failures.append(f"no kernel level and threads in {line!r}")
     _, user = describe(args.rlx, dict(env, OPENBLAS_CORETYPE="Prescott"))
