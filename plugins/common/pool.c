@@ -44,8 +44,11 @@ struct plugin_pool {
     int n_started; /* workers running */
     int64_t spin_ns;
     pool_worker *workers;
-    int stalls;      /* parallel jobs in a row that were stalls (pool.h) */
-    int serial_left; /* parallel jobs still to run on the caller alone */
+    /* The straggler rule of pool.h: the current window of parallel jobs, and what follows. */
+    int window_jobs;
+    int64_t window_ns;       /* time of the window's jobs */
+    int64_t window_stall_ns; /* of which the caller waited in stalls */
+    int serial_left;         /* parallel jobs still to run on the caller alone */
     /* The current job. Written only while claim is closed, but atomic because a late worker may
      * read them meanwhile (its claim then fails, so it never uses what it read). */
     _Atomic(plugin_pool_fn) fn;
@@ -151,12 +154,15 @@ static uint32_t pool_next_gen(plugin_pool *p)
  * spent wait_ns waiting for chunks other threads held. */
 static void pool_adapt(plugin_pool *p, int64_t job_ns, int64_t wait_ns)
 {
-    if (wait_ns < PLUGIN_POOL_STALL_MIN_NS || 2 * wait_ns <= job_ns) {
-        p->stalls = 0;
-    } else if (++p->stalls >= PLUGIN_POOL_STALL_STRIKES) {
+    p->window_ns += job_ns;
+    if (wait_ns >= PLUGIN_POOL_STALL_MIN_NS)
+        p->window_stall_ns += wait_ns;
+    if (++p->window_jobs < PLUGIN_POOL_WINDOW_JOBS)
+        return;
+    if (3 * p->window_stall_ns > p->window_ns)
         p->serial_left = PLUGIN_POOL_SERIAL_JOBS;
-        p->stalls = PLUGIN_POOL_STALL_STRIKES - 1; /* so that a stalled probe goes back at once */
-    }
+    p->window_jobs = 0;
+    p->window_ns = p->window_stall_ns = 0;
 }
 
 void plugin_pool_run(plugin_pool *p, plugin_pool_fn fn, void *ctx, int64_t n_chunks, bool parallel)

@@ -18,13 +18,15 @@ typedef struct plugin_pool plugin_pool;
 
 /* Stragglers: a worker that loses its core while it holds a chunk (another busy process on the
  * machine) stalls the whole job for a scheduler slice, about 1-10 ms, whereas chunks last from
- * microseconds (decode) to about a millisecond (prefill tiles). A parallel job is a stall when the
- * caller, out of chunks to claim, then waited at least PLUGIN_POOL_STALL_MIN_NS and more than half
- * of the job's time for the last chunks. After PLUGIN_POOL_STALL_STRIKES stalls in a row the
- * pool runs the next PLUGIN_POOL_SERIAL_JOBS parallel jobs on the calling thread alone (a few
- * milliseconds of decoding), then probes parallel again: one more stall goes straight back. */
+ * microseconds (decode) to about a millisecond (prefill tiles). So a parallel job stalled when
+ * the caller, out of chunks to claim, then waited at least PLUGIN_POOL_STALL_MIN_NS for the last
+ * ones. Stalls come and go with the other process's slices, not in runs, so they are summed over
+ * windows of PLUGIN_POOL_WINDOW_JOBS parallel jobs: when stalls took over a third of a window's
+ * time (where 2 threads have lost most of their gain over 1), the next PLUGIN_POOL_SERIAL_JOBS
+ * parallel jobs (some tokens of decoding) run on the calling thread alone, after which the next
+ * window probes parallel again. */
 #define PLUGIN_POOL_STALL_MIN_NS 1000000
-#define PLUGIN_POOL_STALL_STRIKES 3
+#define PLUGIN_POOL_WINDOW_JOBS 32
 #define PLUGIN_POOL_SERIAL_JOBS 256
 
 /* Starts a pool of n_threads threads counting the caller (n_threads - 1 workers; 1 means none).
