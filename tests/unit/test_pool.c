@@ -11,7 +11,7 @@
 #include "pool.h"
 #include "testutil.h"
 
-#define STRESS_JOBS 2000
+#define STRESS_JOBS 1500
 #define STRESS_MAX_CHUNKS 200
 
 typedef struct stress_job {
