@@ -2,6 +2,7 @@
  * options that every command shares may also come before the verb. */
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
@@ -30,7 +31,18 @@ static void usage(FILE *f) {
             app_common_help);
 }
 
+/* OpenMP runtimes busy-wait at every barrier: libgomp, which the onednn backend runs on, spins
+ * 300000 times (about 3 ms) by default, on cores another process or stage may need. It reads its
+ * settings once, when it is loaded with the plugin, so they are bounded here, before any plugin is
+ * loaded and while the process has one thread (setenv races with getenv in other threads).
+ * 20000 spins are about 0.2 ms, like cpu-blas's spin_us default. A user's own setting wins. */
+static void bound_openmp_spinning(void) {
+    if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"))
+        setenv("GOMP_SPINCOUNT", "20000", 0);
+}
+
 int main(int argc, char **argv) {
+    bound_openmp_spinning();
     /* a closed stdout must end the program with an error, not kill it */
     signal(SIGPIPE, SIG_IGN);
     app_options o = {0};

@@ -1,5 +1,5 @@
 /* cpu-blas: the CPU backend plugin of rlx. Every op of graph.h runs here on a persistent
- * thread pool owned by the instance (the calling thread works too). Matmuls cut the output
+ * thread pool owned by the instance (plugins/common/pool.c; the calling thread works too). Matmuls cut the output
  * features (rows of the [N, K] weight) into chunks that the pool's threads take in turn, each
  * calling single-threaded OpenBLAS or a SIMD kernel on its rows:
  *   - F32 weights: cblas_sgemv for one token, the GEMV kernels up to gemv_m tokens (12),
@@ -12,25 +12,19 @@
  * vectorised with AVX-512, AVX2+FMA+F16C or portable C, chosen at open() from the CPU (option
  * isa=...); cpu_blas_simd.inc holds those kernels once, over a small vector macro layer. */
 #include <immintrin.h>
-#include <limits.h>
-#include <linux/futex.h>
 #include <math.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "isa.h"
 #include "node_check.h"
 #include "openblas.h"
 #include "options.h"
+#include "pool.h"
 #include "weights.h"
 #include "rlx/backend.h"
 
@@ -178,139 +172,6 @@ static inline __attribute__((always_inline)) CB_TARGET float cpu_blas_hmax_avx2(
 #include "cpu_blas_simd.inc"
 
 // ---------------------------------------------------------------------------------------------
-// Thread pool: n_threads - 1 workers plus the calling thread. A job is a function over chunks
-// 0..n_chunks-1. Posting it bumps `gen`; workers spin on gen for spin_ns, then sleep on it as a
-// futex. Every thread, the caller included, claims chunks by compare-and-swap on `claim`, which
-// holds (gen << 32 | next chunk), so a worker that wakes up late can never take a chunk of a
-// newer job. The caller returns once every chunk has finished: it never waits for a worker
-// that has not started (on a busy machine it simply does the work itself).
-
-typedef void (*cpu_blas_chunk_fn)(void *ctx, int ith, int64_t chunk);
-
-typedef struct cpu_blas_pool cpu_blas_pool;
-
-typedef struct cpu_blas_worker {
-    cpu_blas_pool *pool;
-    int ith;
-    pthread_t tid;
-} cpu_blas_worker;
-
-struct cpu_blas_pool {
-    int n_threads; /* including the caller */
-    int n_started; /* workers running */
-    int64_t spin_ns;
-    cpu_blas_worker *workers;
-    /* The current job; atomic because a late worker may read them while the next job is being
-     * posted (its claim then fails, so it never uses what it read). */
-    _Atomic(cpu_blas_chunk_fn) fn;
-    _Atomic(void *) ctx;
-    _Atomic uint32_t n_chunks;
-    _Alignas(64) _Atomic uint32_t gen; /* futex word */
-    _Atomic int n_sleeping;
-    _Atomic int quit;
-    _Alignas(64) _Atomic uint64_t claim;
-    _Alignas(64) _Atomic uint32_t n_done; /* chunks of the current job finished */
-};
-
-static int64_t cpu_blas_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* Waits until p->gen differs from seen and returns the new value. */
-static uint32_t cpu_blas_pool_await(cpu_blas_pool *p, uint32_t seen)
-{
-    uint32_t g;
-    const int64_t t0 = cpu_blas_now_ns();
-    for (unsigned i = 1;; i++) {
-        if ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) != seen)
-            return g;
-        _mm_pause();
-        if (i % 64 == 0 && cpu_blas_now_ns() - t0 > p->spin_ns)
-            break;
-    }
-    /* seq_cst pairs with cpu_blas_pool_run: either it sees n_sleeping > 0 and wakes us, or we
-     * see its new gen here and never sleep. */
-    atomic_fetch_add(&p->n_sleeping, 1);
-    while ((g = atomic_load(&p->gen)) == seen)
-        syscall(SYS_futex, (uint32_t *)&p->gen, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
-    atomic_fetch_sub(&p->n_sleeping, 1);
-    return g;
-}
-
-/* Runs chunks of job g until none is left (or the job is no longer g). */
-static void cpu_blas_pool_work(cpu_blas_pool *p, uint32_t g, int ith)
-{
-    uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
-    while ((uint32_t)(c >> 32) == g) {
-        const cpu_blas_chunk_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
-        void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
-        if ((uint32_t)c >= atomic_load_explicit(&p->n_chunks, memory_order_relaxed))
-            break;
-        /* Success proves the job was still g when fn, ctx and n_chunks were read. */
-        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acq_rel,
-                                                   memory_order_acquire))
-            continue;
-        fn(ctx, ith, (int64_t)(uint32_t)c);
-        atomic_fetch_add_explicit(&p->n_done, 1, memory_order_release);
-        c = atomic_load_explicit(&p->claim, memory_order_acquire);
-    }
-}
-
-static void *cpu_blas_worker_main(void *arg)
-{
-    cpu_blas_worker *w = arg;
-    cpu_blas_pool *p = w->pool;
-    uint32_t seen = 0;
-    for (;;) {
-        seen = cpu_blas_pool_await(p, seen);
-        if (atomic_load_explicit(&p->quit, memory_order_acquire))
-            break;
-        cpu_blas_pool_work(p, seen, w->ith);
-    }
-    return NULL;
-}
-
-/* Runs fn(ctx, ith, i) for every i in [0, n_chunks), on the pool when parallel, and returns
- * when all have returned. ith identifies the calling thread (0 = caller) for scratch buffers. */
-static void cpu_blas_pool_run(cpu_blas_pool *p, cpu_blas_chunk_fn fn, void *ctx, int64_t n_chunks, bool parallel)
-{
-    if (!parallel || p->n_threads == 1 || n_chunks <= 1) {
-        for (int64_t i = 0; i < n_chunks; i++)
-            fn(ctx, 0, i);
-        return;
-    }
-    const uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
-    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
-    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
-    atomic_store_explicit(&p->n_chunks, (uint32_t)n_chunks, memory_order_relaxed);
-    atomic_store_explicit(&p->n_done, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->claim, (uint64_t)g << 32, memory_order_release);
-    atomic_store(&p->gen, g);
-    if (atomic_load(&p->n_sleeping) > 0)
-        syscall(SYS_futex, (uint32_t *)&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-    cpu_blas_pool_work(p, g, 0);
-    for (unsigned i = 0; atomic_load_explicit(&p->n_done, memory_order_acquire) < (uint32_t)n_chunks; i++) {
-        if (i < (1u << 12))
-            _mm_pause();
-        else
-            sched_yield(); /* a worker holding a chunk lost its core: let it run */
-    }
-}
-
-static void cpu_blas_pool_stop(cpu_blas_pool *p)
-{
-    atomic_store_explicit(&p->quit, 1, memory_order_release);
-    atomic_fetch_add(&p->gen, 1);
-    syscall(SYS_futex, (uint32_t *)&p->gen, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-    for (int i = 0; i < p->n_started; i++)
-        pthread_join(p->workers[i].tid, NULL);
-    p->n_started = 0;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Instance
 
 typedef struct cpu_blas_buf {
@@ -321,7 +182,8 @@ typedef struct cpu_blas_buf {
 typedef struct cpu_blas {
     const rlx_host *host;
     const cpu_blas_kernels *k;
-    cpu_blas_pool pool;
+    plugin_pool *pool;  /* plugins/common/pool.c */
+    int64_t spin_ns;    /* the pool's, until open() starts it */
     int n_threads;
     int gemv_max_m;     /* matmuls with at most this many rows of x use the GEMV kernels */
     size_t tile_bytes;  /* per-thread F32 tile of widened weight rows */
@@ -368,7 +230,7 @@ static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64
 /* Parses opts->extra, "key=value" pairs separated by commas:
  *   isa=auto|avx512|avx2|c   kernels to use (default auto: the best the CPU has, at most $RLX_ISA)
  *   tile_kb=N                per-thread F32 weight tile for BF16/F16 prefill (default 1536)
- *   spin_us=N                how long idle workers spin before sleeping (default 200)
+ *   spin_us=N                how long an idle pool thread spins before sleeping (default 200)
  *   gemv_m=N                 largest token count using the GEMV kernels (default 12) */
 static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_t isa_len)
 {
@@ -382,7 +244,7 @@ static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_
         } else if (plugin_option_is(&o, "tile_kb") && o.is_num && o.num >= 16 && o.num <= 65536) {
             s->tile_bytes = (size_t)o.num * 1024;
         } else if (plugin_option_is(&o, "spin_us") && o.is_num && o.num >= 0 && o.num <= 1000000) {
-            s->pool.spin_ns = o.num * 1000;
+            s->spin_ns = o.num * 1000;
         } else if (plugin_option_is(&o, "gemv_m") && o.is_num && o.num >= 0 && o.num <= 4096) {
             s->gemv_max_m = (int)o.num;
         } else {
@@ -398,8 +260,7 @@ static void cpu_blas_close(void *self)
     if (!s)
         return;
     const rlx_host *h = s->host;
-    cpu_blas_pool_stop(&s->pool);
-    h->free(s->pool.workers);
+    plugin_pool_destroy(s->pool);
     for (int i = 0; s->tile && i < s->n_threads; i++)
         h->free(s->tile[i].p);
     for (int i = 0; s->att && i < s->n_threads; i++)
@@ -422,7 +283,7 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
     s->host = host;
     s->tile_bytes = 1536 * 1024;
     s->gemv_max_m = 12;
-    s->pool.spin_ns = 200 * 1000;
+    s->spin_ns = 200 * 1000;
     /* the cores this process may run on, which a container or taskset can make fewer than online */
     cpu_set_t cpus;
     long n_cpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : sysconf(_SC_NPROCESSORS_ONLN);
@@ -450,23 +311,15 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
     const size_t nt = (size_t)s->n_threads;
     s->tile = host->alloc(nt * sizeof *s->tile, CPU_BLAS_ALIGN);
     s->att = host->alloc(nt * sizeof *s->att, CPU_BLAS_ALIGN);
-    s->pool.workers = host->alloc(nt * sizeof *s->pool.workers, CPU_BLAS_ALIGN);
-    if (!s->tile || !s->att || !s->pool.workers) {
+    if (!s->tile || !s->att) {
         rc = host->error(RLX_E_NOMEM, "cpu-blas: out of memory");
         goto fail;
     }
     memset(s->tile, 0, nt * sizeof *s->tile);
     memset(s->att, 0, nt * sizeof *s->att);
-    s->pool.n_threads = s->n_threads;
-    for (int i = 1; i < s->n_threads; i++) {
-        cpu_blas_worker *w = &s->pool.workers[i - 1];
-        w->pool = &s->pool;
-        w->ith = i;
-        if (pthread_create(&w->tid, NULL, cpu_blas_worker_main, w) != 0) {
-            rc = host->error(RLX_E_INTERNAL, "cpu-blas: cannot start worker thread %d of %d", i, s->n_threads);
-            goto fail;
-        }
-        s->pool.n_started++;
+    if ((rc = plugin_pool_create(s->n_threads, s->spin_ns, &s->pool)) < 0) {
+        rc = host->error(rc, "cpu-blas: cannot start %d worker threads", s->n_threads - 1);
+        goto fail;
     }
     snprintf(s->describe, sizeof s->describe, "%s kernels, %d thread%s, OpenBLAS core %s (%s), %s", s->k->isa,
              s->n_threads, s->n_threads == 1 ? "" : "s", cpu_blas_ob->get_corename(), cpu_blas_ob->origin,
@@ -552,7 +405,7 @@ static void cpu_blas_run_rows(cpu_blas *s, cpu_blas_rows_job *j, int64_t work_pe
 {
     const bool flat = j->op == RLX_OP_SWIGLU || j->op == RLX_OP_ADD;
     j->chunk = cpu_blas_chunk(s, j->n, flat ? CPU_BLAS_ROW_ALIGN : 1, 1);
-    cpu_blas_pool_run(&s->pool, cpu_blas_rows_task, j, (j->n + j->chunk - 1) / j->chunk,
+    plugin_pool_run(s->pool, cpu_blas_rows_task, j, (j->n + j->chunk - 1) / j->chunk,
                       j->n * work_per_row >= CPU_BLAS_PAR_MIN);
 }
 
@@ -751,7 +604,7 @@ static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, co
             mm.chunk = mm.chunk < cap ? mm.chunk : cap;
         }
     }
-    cpu_blas_pool_run(&s->pool, cpu_blas_mm_task, &mm, (N + mm.chunk - 1) / mm.chunk, M * N * K >= CPU_BLAS_PAR_MIN);
+    plugin_pool_run(s->pool, cpu_blas_mm_task, &mm, (N + mm.chunk - 1) / mm.chunk, M * N * K >= CPU_BLAS_PAR_MIN);
     return RLX_OK;
 }
 
@@ -873,7 +726,7 @@ static void cpu_blas_decode(cpu_blas *s, const cpu_blas_att *a, float *part, int
     const int64_t D = a->D, Hq = a->Hq;
     const int64_t lo = cpu_blas_att_lo(a, 0), nk = a->pos[0] + 1 - lo;
     cpu_blas_dec d = {.a = a, .lo = lo, .nk = nk, .rows = rows, .part = part};
-    cpu_blas_pool_run(&s->pool, cpu_blas_dec_task, &d, n_chunks, nk * Hq * D >= CPU_BLAS_PAR_MIN);
+    plugin_pool_run(s->pool, cpu_blas_dec_task, &d, n_chunks, nk * Hq * D >= CPU_BLAS_PAR_MIN);
     /* out = sum_c e^(max_c - max) out_c / sum_c e^(max_c - max) sum_c */
     for (int64_t h = 0; h < Hq; h++) {
         float m = part[h];
@@ -941,7 +794,7 @@ static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n)
     for (int i = 0; i < s->n_threads; i++)
         if ((rc = cpu_blas_reserve(s, &s->att[i], (size_t)(tq * (max_nk + 1)) * sizeof(float))) < 0)
             return rc;
-    cpu_blas_pool_run(&s->pool, cpu_blas_att_task, &a, a.n_blocks * Hkv,
+    plugin_pool_run(s->pool, cpu_blas_att_task, &a, a.n_blocks * Hkv,
                       T * max_nk * p->n_heads * D >= CPU_BLAS_PAR_MIN);
     return RLX_OK;
 }

@@ -17,7 +17,12 @@
  *     single-threaded oneDNN f32 matmul on it while it is hot.
  * Packing a weight that lies in a read-only file mapping (a mapped safetensors file) drops the
  * mapped pages afterwards (option drop=1, the default): they are file-backed, so dropping
- * them only lowers the resident size, and any later read faults them back from the file. */
+ * them only lowers the resident size, and any later read faults them back from the file.
+ * Idle OpenMP threads busy-wait: libgomp spins 300000 times (about 3 ms) at every barrier unless
+ * GOMP_SPINCOUNT or OMP_WAIT_POLICY say otherwise, and reads them once, when it is loaded with
+ * this plugin, before any of its code runs. So the rlx app sets GOMP_SPINCOUNT=20000 (about
+ * 0.2 ms) at startup when neither is set, and a process that shares the machine yields its cores
+ * soon; an application embedding librlx sets them itself before loading plugins. */
 #include <immintrin.h>
 #include <limits.h>
 #include <math.h>
