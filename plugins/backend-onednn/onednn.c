@@ -40,6 +40,7 @@
 #include "isa.h"
 #include "node_check.h"
 #include "options.h"
+#include "pool.h"
 #include "weights.h"
 #include "rlx/backend.h"
 
@@ -296,6 +297,7 @@ typedef struct onednn {
     char describe[256]; /* rlx_backend_iface.describe */
     const onednn_kernels *k;
     int n_threads;
+    plugin_stragglers stragglers; /* when the plugin's own regions go serial (plugins/common/pool.h) */
     int bf16;          /* BF16 weights run as oneDNN bf16 matmuls (activations rounded to BF16) */
     int drop;          /* drop the mapped pages of packed weights */
     int pack_f32;      /* 1: pack F32 weights even into a plain layout; 2: into the AVX-512 blocked one */
@@ -355,11 +357,20 @@ static int onednn_reserve_all(const onednn *s, onednn_buf *bufs, size_t bytes)
 }
 
 /* Threads worth using for a job of `work` multiply-adds (or elements) over `items` units. */
-static int onednn_nth(const onednn *s, int64_t work, int64_t items)
+static int onednn_nth(onednn *s, int64_t work, int64_t items)
 {
-    if (work < ONEDNN_PAR_MIN || items < 2)
+    if (work < ONEDNN_PAR_MIN || items < 2 || s->n_threads == 1 || plugin_stragglers_serial(&s->stragglers))
         return 1;
     return items < s->n_threads ? (int)items : s->n_threads;
+}
+
+/* The straggler rule for the plugin's own OpenMP regions: a region started at t0 whose master
+ * thread finished its own share at own_done. The rest of the region was spent waiting at its
+ * barrier for threads that lost their core to another process (see plugins/common/pool.h). */
+static void onednn_region_done(onednn *s, int64_t t0, int64_t own_done)
+{
+    const int64_t now = plugin_now_ns();
+    plugin_stragglers_note(&s->stragglers, now - t0, now - own_done);
 }
 
 /* [*a, *b): the share of thread ith of n items, cut at multiples of align. */
@@ -680,15 +691,22 @@ static void onednn_rows_part(const onednn_rows_job *j, int ith, int nth)
     }
 }
 
-static void onednn_run_rows(const onednn *s, const onednn_rows_job *j, int64_t work_per_row)
+static void onednn_run_rows(onednn *s, const onednn_rows_job *j, int64_t work_per_row)
 {
     const int nth = onednn_nth(s, j->n * work_per_row, j->n);
     if (nth == 1) {
         onednn_rows_part(j, 0, 1);
         return;
     }
+    const int64_t t0 = plugin_now_ns();
+    int64_t own_done = t0;
 #pragma omp parallel num_threads(nth)
-    onednn_rows_part(j, omp_get_thread_num(), omp_get_num_threads());
+    {
+        onednn_rows_part(j, omp_get_thread_num(), omp_get_num_threads());
+        if (omp_get_thread_num() == 0)
+            own_done = plugin_now_ns();
+    }
+    onednn_region_done(s, t0, own_done);
 }
 
 /* A small weight vector (norm weight, bias) as F32: the weight itself or a copy in s->vec. */
@@ -1235,12 +1253,17 @@ static int onednn_mm_packed(onednn *s, const float *x, int64_t M, const rlx_tens
         if (nth == 1) {
             s->k->to_bf16(x, xb, M * K);
         } else {
+            const int64_t t0 = plugin_now_ns();
+            int64_t own_done = t0;
 #pragma omp parallel num_threads(nth)
             {
                 int64_t r0, r1;
                 onednn_split(M, omp_get_thread_num(), omp_get_num_threads(), 1, &r0, &r1);
                 s->k->to_bf16(x + r0 * K, xb + r0 * K, (r1 - r0) * K);
+                if (omp_get_thread_num() == 0)
+                    own_done = plugin_now_ns();
             }
+            onednn_region_done(s, t0, own_done);
         }
         src = xb;
     }
@@ -1359,11 +1382,18 @@ static int onednn_mm_widen(onednn *s, const float *x, int64_t M, const rlx_tenso
     if (nth == 1) {
         onednn_widen_part(&j, 0, 1, 0);
     } else {
+        const int64_t t0 = plugin_now_ns();
+        int64_t own_done = t0;
         /* should OpenMP start fewer threads (nested in another region, a thread limit), the
          * parts the primitives were made for are still all done */
 #pragma omp parallel num_threads(nth)
-        for (int i = omp_get_thread_num(); i < nth; i += omp_get_num_threads())
-            onednn_widen_part(&j, i, nth, omp_get_thread_num());
+        {
+            for (int i = omp_get_thread_num(); i < nth; i += omp_get_num_threads())
+                onednn_widen_part(&j, i, nth, omp_get_thread_num());
+            if (omp_get_thread_num() == 0)
+                own_done = plugin_now_ns();
+        }
+        onednn_region_done(s, t0, own_done);
     }
     for (int i = 0; i < nth; i++)
         if (j.st[i] != dnnl_success) {
@@ -1547,6 +1577,8 @@ static int onednn_attention(onednn *s, const rlx_node_view *n)
     a.panels = packed ? s->panels.p : NULL;
     const int64_t n_tasks = a.n_blocks * Hkv;
     const int nth = onednn_nth(s, T * (hi - first) * Hq * D, n_tasks);
+    const int64_t t0 = plugin_now_ns();
+    int64_t own_done = t0;
 #pragma omp parallel num_threads(nth) if (nth > 1)
     {
         char *buf = s->att[omp_get_thread_num()].p;
@@ -1555,10 +1587,14 @@ static int onednn_attention(onednn *s, const rlx_node_view *n)
             for (int64_t h = 0; h < Hkv; h++)
                 s->k->att_pack(kc + first * kv + h * D, kv, hi - first, D, (float *)s->panels.p + h * np * D);
         }
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1) nowait
         for (int64_t i = 0; i < n_tasks; i++)
             onednn_att_task(&a, buf, i % Hkv, a.n_blocks - 1 - i / Hkv);
+        if (omp_get_thread_num() == 0)
+            own_done = plugin_now_ns();
     }
+    if (nth > 1)
+        onednn_region_done(s, t0, own_done);
     return RLX_OK;
 }
 

@@ -44,11 +44,7 @@ struct plugin_pool {
     int n_started; /* workers running */
     int64_t spin_ns;
     pool_worker *workers;
-    /* The straggler rule of pool.h: the current window of parallel jobs, and what follows. */
-    int window_jobs;
-    int64_t window_ns;       /* time of the window's jobs */
-    int64_t window_stall_ns; /* of which the caller waited in stalls */
-    int serial_left;         /* parallel jobs still to run on the caller alone */
+    plugin_stragglers stragglers; /* the straggler rule of pool.h */
     /* The current job. Written only while claim is closed, but atomic because a late worker may
      * read them meanwhile (its claim then fails, so it never uses what it read). */
     _Atomic(plugin_pool_fn) fn;
@@ -62,7 +58,7 @@ struct plugin_pool {
     _Atomic int caller_sleeping;
 };
 
-static int64_t pool_now_ns(void)
+int64_t plugin_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -79,7 +75,7 @@ static uint32_t pool_wait_change(_Atomic uint32_t *word, uint32_t old, _Atomic i
         if ((v = atomic_load_explicit(word, memory_order_acquire)) != old)
             return v;
         _mm_pause();
-        if (i % 64 == 0 && pool_now_ns() > spin_until)
+        if (i % 64 == 0 && plugin_now_ns() > spin_until)
             break;
     }
     atomic_fetch_add(sleepers, 1);
@@ -135,7 +131,7 @@ static void *pool_worker_main(void *arg)
     plugin_pool *p = w->pool;
     uint32_t seen = 0;
     for (;;) {
-        seen = pool_wait_change(&p->gen, seen, &p->n_sleeping, pool_now_ns() + p->spin_ns);
+        seen = pool_wait_change(&p->gen, seen, &p->n_sleeping, plugin_now_ns() + p->spin_ns);
         if (atomic_load_explicit(&p->quit, memory_order_acquire))
             break;
         pool_work(p, seen, w->ith);
@@ -150,33 +146,42 @@ static uint32_t pool_next_gen(plugin_pool *p)
     return g == POOL_CLOSED ? g + 1 : g;
 }
 
-/* The straggler rule of pool.h, after a parallel job that took job_ns, of which the caller
- * spent wait_ns waiting for chunks other threads held. */
-static void pool_adapt(plugin_pool *p, int64_t job_ns, int64_t wait_ns)
+bool plugin_stragglers_serial(plugin_stragglers *s)
 {
-    p->window_ns += job_ns;
+    if (s->serial_left <= 0)
+        return false;
+    s->serial_left--;
+    return true;
+}
+
+void plugin_stragglers_note(plugin_stragglers *s, int64_t job_ns, int64_t wait_ns)
+{
+    s->window_ns += job_ns;
     if (wait_ns >= PLUGIN_POOL_STALL_MIN_NS)
-        p->window_stall_ns += wait_ns;
-    if (++p->window_jobs < PLUGIN_POOL_WINDOW_JOBS)
+        s->window_stall_ns += wait_ns;
+    if (++s->window_jobs < PLUGIN_POOL_WINDOW_JOBS)
         return;
-    if (3 * p->window_stall_ns > p->window_ns)
-        p->serial_left = PLUGIN_POOL_SERIAL_JOBS;
-    p->window_jobs = 0;
-    p->window_ns = p->window_stall_ns = 0;
+    const int stretch = s->serial_next ? s->serial_next : PLUGIN_POOL_SERIAL_JOBS;
+    if (10 * s->window_stall_ns > s->window_ns) {
+        s->serial_left = stretch;
+        s->serial_next = 2 * stretch < PLUGIN_POOL_SERIAL_MAX ? 2 * stretch : PLUGIN_POOL_SERIAL_MAX;
+    } else if (s->window_stall_ns == 0) {
+        s->serial_next = PLUGIN_POOL_SERIAL_JOBS;
+    }
+    s->window_jobs = 0;
+    s->window_ns = s->window_stall_ns = 0;
 }
 
 void plugin_pool_run(plugin_pool *p, plugin_pool_fn fn, void *ctx, int64_t n_chunks, bool parallel)
 {
-    if (parallel && p->serial_left > 0) {
-        p->serial_left--;
+    if (parallel && plugin_stragglers_serial(&p->stragglers))
         parallel = false;
-    }
     if (!parallel || p->n_threads == 1 || n_chunks <= 1) {
         for (int64_t i = 0; i < n_chunks; i++)
             fn(ctx, 0, i);
         return;
     }
-    const int64_t t0 = pool_now_ns();
+    const int64_t t0 = plugin_now_ns();
     const uint32_t g = pool_next_gen(p);
     /* Every chunk of the previous job has finished, but a late worker may still be between
      * loading claim and its CAS: closing first makes that CAS fail (see pool_work). */
@@ -192,12 +197,12 @@ void plugin_pool_run(plugin_pool *p, plugin_pool_fn fn, void *ctx, int64_t n_chu
     pool_wake(&p->gen, &p->n_sleeping, INT_MAX);
 
     pool_work(p, g, 0);
-    const int64_t t1 = pool_now_ns();
+    const int64_t t1 = plugin_now_ns();
     uint32_t d;
     while ((d = atomic_load_explicit(&p->n_done, memory_order_acquire)) < (uint32_t)n_chunks)
         pool_wait_change(&p->n_done, d, &p->caller_sleeping, t1 + p->spin_ns);
-    const int64_t t2 = pool_now_ns();
-    pool_adapt(p, t2 - t0, t2 - t1);
+    const int64_t t2 = plugin_now_ns();
+    plugin_stragglers_note(&p->stragglers, t2 - t0, t2 - t1);
 }
 
 void plugin_pool_destroy(plugin_pool *p)

@@ -21,13 +21,36 @@ typedef struct plugin_pool plugin_pool;
  * microseconds (decode) to about a millisecond (prefill tiles). So a parallel job stalled when
  * the caller, out of chunks to claim, then waited at least PLUGIN_POOL_STALL_MIN_NS for the last
  * ones. Stalls come and go with the other process's slices, not in runs, so they are summed over
- * windows of PLUGIN_POOL_WINDOW_JOBS parallel jobs: when stalls took over a third of a window's
- * time (where 2 threads have lost most of their gain over 1), the next PLUGIN_POOL_SERIAL_JOBS
- * parallel jobs (some tokens of decoding) run on the calling thread alone, after which the next
- * window probes parallel again. */
-#define PLUGIN_POOL_STALL_MIN_NS 1000000
+ * windows of PLUGIN_POOL_WINDOW_JOBS parallel jobs: when stalls took over a tenth of a window's
+ * time (an idle machine shows about one stall in thousands of jobs; each stall also hides wake-ups
+ * of a thread that had to wait for a core), the next PLUGIN_POOL_SERIAL_JOBS parallel jobs (some
+ * tokens of decoding) run on the calling thread alone, after which the next window probes parallel
+ * again. A probe that stalls costs a whole window of stalls, so each one that fails doubles the
+ * serial stretch, up to PLUGIN_POOL_SERIAL_MAX (some seconds of work: how long a machine that
+ * became free again may stay unused); a window without any stall resets it. */
+#define PLUGIN_POOL_STALL_MIN_NS 500000
 #define PLUGIN_POOL_WINDOW_JOBS 32
 #define PLUGIN_POOL_SERIAL_JOBS 256
+#define PLUGIN_POOL_SERIAL_MAX 16384
+
+/* The straggler rule's state, for the pool and for other thread runtimes (the onednn plugin's
+ * OpenMP regions); zero-initialised. Used by one thread at a time. */
+typedef struct plugin_stragglers {
+    int window_jobs;
+    int64_t window_ns;       /* time of the window's jobs */
+    int64_t window_stall_ns; /* of which the caller waited in stalls */
+    int serial_left;         /* parallel jobs still to run on the caller alone */
+    int serial_next;         /* the stretch after the next stalled window; 0: SERIAL_JOBS */
+} plugin_stragglers;
+
+/* Whether a job that would run in parallel should run on the calling thread alone instead
+ * (counting it against the serial stretch). */
+bool plugin_stragglers_serial(plugin_stragglers *s);
+/* After a parallel job that took job_ns, of which the caller spent wait_ns waiting for work
+ * that other threads held. */
+void plugin_stragglers_note(plugin_stragglers *s, int64_t job_ns, int64_t wait_ns);
+/* CLOCK_MONOTONIC in nanoseconds. */
+int64_t plugin_now_ns(void);
 
 /* Starts a pool of n_threads threads counting the caller (n_threads - 1 workers; 1 means none).
  * spin_ns is how long an idle thread busy-waits before it sleeps. Returns 0 with *out set to a

@@ -188,12 +188,12 @@ static void assert_parallel(plugin_pool *p, int64_t caller_ns)
     assert_true(straggler_run(p, SURE_NS, false, caller_ns) >= 1);
 }
 
-/* The next PLUGIN_POOL_SERIAL_JOBS jobs run on the caller alone, although each gives the
- * (spinning) worker a millisecond to take a chunk. */
-static void assert_serial_period(plugin_pool *p)
+/* The next n jobs run on the caller alone, although each gives the (spinning) worker a
+ * millisecond to take a chunk. */
+static void assert_serial_period(plugin_pool *p, int n)
 {
     int on_worker = 0;
-    for (int i = 0; i < PLUGIN_POOL_SERIAL_JOBS; i++)
+    for (int i = 0; i < n; i++)
         on_worker += straggler_run(p, 1000000, false, 0);
     assert_int_equal(on_worker, 0);
 }
@@ -214,15 +214,51 @@ static void test_stragglers_send_jobs_to_the_caller(void **state)
     plugin_pool *p;
     assert_int_equal(plugin_pool_create(2, 200000, &p), 0);
     run_window(p, PLUGIN_POOL_WINDOW_JOBS, 0);
-    assert_serial_period(p);
+    assert_serial_period(p, PLUGIN_POOL_SERIAL_JOBS);
     run_window(p, PLUGIN_POOL_WINDOW_JOBS / 2, 0); /* the probe: stalls most of the time again */
-    assert_serial_period(p);
-    /* a good probe, parallel from then on (assert_parallel needs a worker); its jobs last 5 ms so
-     * that a real stall of this loaded machine cannot take a third of the window */
-    run_window(p, 0, 5000000);
-    run_window(p, 1, 5000000); /* a 10 ms stall among 155 ms of jobs is not enough */
-    run_window(p, 0, 5000000);
+    assert_serial_period(p, 2 * PLUGIN_POOL_SERIAL_JOBS); /* and the stretch doubled */
     plugin_pool_destroy(p);
+}
+
+/* n parallel jobs of job_ns each, the first n_stalls of which waited wait_ns. */
+static void note_window(plugin_stragglers *s, int n_stalls, int64_t job_ns, int64_t wait_ns)
+{
+    for (int i = 0; i < PLUGIN_POOL_WINDOW_JOBS; i++) {
+        assert_false(plugin_stragglers_serial(s));
+        plugin_stragglers_note(s, job_ns, i < n_stalls ? wait_ns : 0);
+    }
+}
+
+/* Exactly the next n jobs go serial. */
+static void assert_serial_jobs(plugin_stragglers *s, int n)
+{
+    for (int i = 0; i < n; i++)
+        assert_true(plugin_stragglers_serial(s));
+    assert_false(plugin_stragglers_serial(s));
+}
+
+/* The rule itself, on synthetic times (a real machine's load would make these flaky): a window
+ * goes serial when stalls of at least STALL_MIN take over a tenth of it; failed probes double the
+ * stretch up to SERIAL_MAX; a window without stalls resets it, one with a few keeps it. */
+static void test_straggler_rule(void **state)
+{
+    (void)state;
+    plugin_stragglers s = {0};
+    const int64_t job = 100000, stall = PLUGIN_POOL_STALL_MIN_NS;
+    note_window(&s, PLUGIN_POOL_WINDOW_JOBS, job, stall - 1); /* waits below a stall don't count */
+    note_window(&s, 1, job, stall);                           /* 0.5 of 3.2 ms + 0.5 ms: serial */
+    assert_serial_jobs(&s, PLUGIN_POOL_SERIAL_JOBS);
+    note_window(&s, 2, 10 * job, stall); /* 1 of 32 ms: too few stalls, the stretch stays */
+    assert_serial_jobs(&s, 0);
+    note_window(&s, 8, job, stall);
+    assert_serial_jobs(&s, 2 * PLUGIN_POOL_SERIAL_JOBS);
+    for (int stretch = 4 * PLUGIN_POOL_SERIAL_JOBS; stretch <= 4 * PLUGIN_POOL_SERIAL_MAX; stretch *= 2) {
+        note_window(&s, PLUGIN_POOL_WINDOW_JOBS, job, stall);
+        assert_serial_jobs(&s, stretch < PLUGIN_POOL_SERIAL_MAX ? stretch : PLUGIN_POOL_SERIAL_MAX);
+    }
+    note_window(&s, 0, job, 0); /* clean: the next stalls serialise SERIAL_JOBS again */
+    note_window(&s, PLUGIN_POOL_WINDOW_JOBS, job, stall);
+    assert_serial_jobs(&s, PLUGIN_POOL_SERIAL_JOBS);
 }
 
 int main(void)
@@ -231,6 +267,7 @@ int main(void)
         cmocka_unit_test(test_every_chunk_runs_once_before_return),
         cmocka_unit_test(test_serial_jobs_stay_on_caller),
         cmocka_unit_test(test_stragglers_send_jobs_to_the_caller),
+        cmocka_unit_test(test_straggler_rule),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
