@@ -561,6 +561,9 @@ static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, vo
     s->host = host;
     s->drop = 1;
     s->pack_bytes = (size_t)16 << 20;
+    /* OpenMP's static shares stall a whole region for any late thread: go serial sooner than
+     * the pool does (plugins/common/pool.h); measured with a busy neighbour on 2 cores */
+    plugin_stragglers_init(&s->stragglers, 500000, 10);
     s->gemv_max_m = ONEDNN_GEMV_MAX_M;
     s->tile_bytes = 384 * 1024;
     const int n_cpu = omp_get_num_procs();

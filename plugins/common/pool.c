@@ -58,6 +58,10 @@ struct plugin_pool {
     _Atomic int caller_sleeping;
 };
 
+/* The pool's straggler thresholds (pool.h). */
+#define POOL_STALL_MIN_NS 1000000
+#define POOL_STALL_SHARE 3
+
 int64_t plugin_now_ns(void)
 {
     struct timespec ts;
@@ -146,6 +150,11 @@ static uint32_t pool_next_gen(plugin_pool *p)
     return g == POOL_CLOSED ? g + 1 : g;
 }
 
+void plugin_stragglers_init(plugin_stragglers *s, int64_t stall_min_ns, int stall_share)
+{
+    *s = (plugin_stragglers){.stall_min_ns = stall_min_ns, .stall_share = stall_share};
+}
+
 bool plugin_stragglers_serial(plugin_stragglers *s)
 {
     if (s->serial_left <= 0)
@@ -157,18 +166,23 @@ bool plugin_stragglers_serial(plugin_stragglers *s)
 void plugin_stragglers_note(plugin_stragglers *s, int64_t job_ns, int64_t wait_ns)
 {
     s->window_ns += job_ns;
-    if (wait_ns >= PLUGIN_POOL_STALL_MIN_NS)
+    if (wait_ns >= s->stall_min_ns) {
         s->window_stall_ns += wait_ns;
-    if (++s->window_jobs < PLUGIN_POOL_WINDOW_JOBS)
+        s->window_stalls++;
+    }
+    /* a window that has already stalled twice over its share ends now: a probe on a loaded
+     * machine would otherwise spend a whole window of stalls, each worth hundreds of jobs */
+    const bool early = s->window_stalls >= 2 && s->stall_share * s->window_stall_ns > s->window_ns;
+    if (++s->window_jobs < PLUGIN_POOL_WINDOW_JOBS && !early)
         return;
     const int stretch = s->serial_next ? s->serial_next : PLUGIN_POOL_SERIAL_JOBS;
-    if (10 * s->window_stall_ns > s->window_ns) {
+    if (s->stall_share * s->window_stall_ns > s->window_ns) {
         s->serial_left = stretch;
         s->serial_next = 2 * stretch < PLUGIN_POOL_SERIAL_MAX ? 2 * stretch : PLUGIN_POOL_SERIAL_MAX;
     } else if (s->window_stall_ns == 0) {
         s->serial_next = PLUGIN_POOL_SERIAL_JOBS;
     }
-    s->window_jobs = 0;
+    s->window_jobs = s->window_stalls = 0;
     s->window_ns = s->window_stall_ns = 0;
 }
 
@@ -226,6 +240,7 @@ int plugin_pool_create(int n_threads, int64_t spin_ns, plugin_pool **out)
     if (!p)
         return RLX_E_NOMEM;
     memset(p, 0, sizeof *p);
+    plugin_stragglers_init(&p->stragglers, POOL_STALL_MIN_NS, POOL_STALL_SHARE);
     p->n_threads = n_threads > 1 ? n_threads : 1;
     p->spin_ns = spin_ns;
     p->workers = calloc((size_t)p->n_threads, sizeof *p->workers);

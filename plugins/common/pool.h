@@ -19,30 +19,37 @@ typedef struct plugin_pool plugin_pool;
 /* Stragglers: a worker that loses its core while it holds a chunk (another busy process on the
  * machine) stalls the whole job for a scheduler slice, about 1-10 ms, whereas chunks last from
  * microseconds (decode) to about a millisecond (prefill tiles). So a parallel job stalled when
- * the caller, out of chunks to claim, then waited at least PLUGIN_POOL_STALL_MIN_NS for the last
- * ones. Stalls come and go with the other process's slices, not in runs, so they are summed over
- * windows of PLUGIN_POOL_WINDOW_JOBS parallel jobs: when stalls took over a tenth of a window's
- * time (an idle machine shows about one stall in thousands of jobs; each stall also hides wake-ups
- * of a thread that had to wait for a core), the next PLUGIN_POOL_SERIAL_JOBS parallel jobs (some
- * tokens of decoding) run on the calling thread alone, after which the next window probes parallel
- * again. A probe that stalls costs a whole window of stalls, so each one that fails doubles the
- * serial stretch, up to PLUGIN_POOL_SERIAL_MAX (some seconds of work: how long a machine that
- * became free again may stay unused); a window without any stall resets it. */
-#define PLUGIN_POOL_STALL_MIN_NS 500000
+ * the caller, out of chunks to claim, then waited at least stall_min_ns for the last ones.
+ * Stalls come and go with the other process's slices, not in runs, so they are summed over
+ * windows of PLUGIN_POOL_WINDOW_JOBS parallel jobs: when stalls took over 1/stall_share of a
+ * window's time, the next PLUGIN_POOL_SERIAL_JOBS parallel jobs (some tokens of decoding) run on
+ * the calling thread alone, after which the next window probes parallel again. A probe that
+ * stalls costs a window of stalls, so a window ends as soon as two stalls exceed its share so far,
+ * and each probe that fails doubles the serial stretch, up to
+ * PLUGIN_POOL_SERIAL_MAX (some seconds of work: how long a machine that became free again may
+ * stay unused); a window without any stall resets it.
+ * The pool, whose chunks are claimed dynamically (the caller takes over all unclaimed work, and
+ * 2 threads still beat 1 on a core and a half), uses 1 ms and a third; OpenMP's static shares
+ * (the onednn plugin) wait at the barrier for every late thread, so they go serial sooner. */
 #define PLUGIN_POOL_WINDOW_JOBS 32
 #define PLUGIN_POOL_SERIAL_JOBS 256
 #define PLUGIN_POOL_SERIAL_MAX 16384
 
 /* The straggler rule's state, for the pool and for other thread runtimes (the onednn plugin's
- * OpenMP regions); zero-initialised. Used by one thread at a time. */
+ * OpenMP regions); set up by plugin_stragglers_init. Used by one thread at a time. */
 typedef struct plugin_stragglers {
+    int64_t stall_min_ns;    /* a wait this long is a stall */
+    int stall_share;         /* go serial when stalls exceed 1/stall_share of a window */
     int window_jobs;
+    int window_stalls;       /* jobs of the window that stalled */
     int64_t window_ns;       /* time of the window's jobs */
     int64_t window_stall_ns; /* of which the caller waited in stalls */
     int serial_left;         /* parallel jobs still to run on the caller alone */
     int serial_next;         /* the stretch after the next stalled window; 0: SERIAL_JOBS */
 } plugin_stragglers;
 
+/* Starts the rule with these thresholds (see above). */
+void plugin_stragglers_init(plugin_stragglers *s, int64_t stall_min_ns, int stall_share);
 /* Whether a job that would run in parallel should run on the calling thread alone instead
  * (counting it against the serial stretch). */
 bool plugin_stragglers_serial(plugin_stragglers *s);

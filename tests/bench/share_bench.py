@@ -84,7 +84,7 @@ def main():
                           f"{tps[cores]:.1f} tokens/s, ratio {ratios[mode][-1]:.2f}", flush=True)
             record["busy"][backend] = {m: {"ratios": v, "median": statistics.median(v)} for m, v in ratios.items()}
         for backend, transport in (("onednn", "grpc"), ("cpu-blas", "tcp")):
-            if backend not in args.backends.split(","):
+            if backend not in args.backends.split(",") or args.stage_runs == 0:
                 continue
             ratios = []
             for r in range(args.stage_runs):

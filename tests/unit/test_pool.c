@@ -182,12 +182,6 @@ static void assert_stall(plugin_pool *p)
     assert_true(straggler_run(p, SURE_NS, true, 0) >= 1);
 }
 
-/* A parallel job that does not stall and lasts at least caller_ns. */
-static void assert_parallel(plugin_pool *p, int64_t caller_ns)
-{
-    assert_true(straggler_run(p, SURE_NS, false, caller_ns) >= 1);
-}
-
 /* The next n jobs run on the caller alone, although each gives the (spinning) worker a
  * millisecond to take a chunk. */
 static void assert_serial_period(plugin_pool *p, int n)
@@ -198,34 +192,27 @@ static void assert_serial_period(plugin_pool *p, int n)
     assert_int_equal(on_worker, 0);
 }
 
-/* A window of parallel jobs of which the first n_stalls stall and the others last job_ns. */
-static void run_window(plugin_pool *p, int n_stalls, int64_t job_ns)
-{
-    for (int i = 0; i < PLUGIN_POOL_WINDOW_JOBS; i++)
-        if (i < n_stalls)
-            assert_stall(p);
-        else
-            assert_parallel(p, job_ns);
-}
-
 static void test_stragglers_send_jobs_to_the_caller(void **state)
 {
     (void)state;
     plugin_pool *p;
     assert_int_equal(plugin_pool_create(2, 200000, &p), 0);
-    run_window(p, PLUGIN_POOL_WINDOW_JOBS, 0);
+    /* two stalls in a row are over a third of the window so far: serial at once */
+    assert_stall(p);
+    assert_stall(p);
     assert_serial_period(p, PLUGIN_POOL_SERIAL_JOBS);
-    run_window(p, PLUGIN_POOL_WINDOW_JOBS / 2, 0); /* the probe: stalls most of the time again */
+    assert_stall(p); /* the probe stalls again */
+    assert_stall(p);
     assert_serial_period(p, 2 * PLUGIN_POOL_SERIAL_JOBS); /* and the stretch doubled */
     plugin_pool_destroy(p);
 }
 
-/* n parallel jobs of job_ns each, the first n_stalls of which waited wait_ns. */
-static void note_window(plugin_stragglers *s, int n_stalls, int64_t job_ns, int64_t wait_ns)
+/* n parallel jobs of job_ns each, the last n_stalls of which waited wait_ns. */
+static void note_jobs(plugin_stragglers *s, int n, int n_stalls, int64_t job_ns, int64_t wait_ns)
 {
-    for (int i = 0; i < PLUGIN_POOL_WINDOW_JOBS; i++) {
+    for (int i = 0; i < n; i++) {
         assert_false(plugin_stragglers_serial(s));
-        plugin_stragglers_note(s, job_ns, i < n_stalls ? wait_ns : 0);
+        plugin_stragglers_note(s, job_ns, i >= n - n_stalls ? wait_ns : 0);
     }
 }
 
@@ -238,26 +225,29 @@ static void assert_serial_jobs(plugin_stragglers *s, int n)
 }
 
 /* The rule itself, on synthetic times (a real machine's load would make these flaky): a window
- * goes serial when stalls of at least STALL_MIN take over a tenth of it; failed probes double the
- * stretch up to SERIAL_MAX; a window without stalls resets it, one with a few keeps it. */
+ * goes serial when stalls of at least stall_min_ns take over 1/stall_share of it, at once when
+ * two stalls do; failed probes double the stretch up to SERIAL_MAX; a window without
+ * stalls resets it, one with a few keeps it. */
 static void test_straggler_rule(void **state)
 {
     (void)state;
-    plugin_stragglers s = {0};
-    const int64_t job = 100000, stall = PLUGIN_POOL_STALL_MIN_NS;
-    note_window(&s, PLUGIN_POOL_WINDOW_JOBS, job, stall - 1); /* waits below a stall don't count */
-    note_window(&s, 1, job, stall);                           /* 0.5 of 3.2 ms + 0.5 ms: serial */
+    plugin_stragglers s;
+    const int64_t job = 100000, stall = 500000;
+    const int window = PLUGIN_POOL_WINDOW_JOBS;
+    plugin_stragglers_init(&s, stall, 10);
+    note_jobs(&s, window, window, job, stall - 1); /* waits below a stall do not count */
+    note_jobs(&s, window, 1, job, stall);          /* one stall, 0.5 of 3.2 ms, at the window's end */
     assert_serial_jobs(&s, PLUGIN_POOL_SERIAL_JOBS);
-    note_window(&s, 2, 10 * job, stall); /* 1 of 32 ms: too few stalls, the stretch stays */
+    note_jobs(&s, window, 2, 10 * job, stall); /* 1 of 33 ms: too few stalls, the stretch stays */
     assert_serial_jobs(&s, 0);
-    note_window(&s, 8, job, stall);
+    note_jobs(&s, 2, 2, job, stall); /* two stalls in a row end the window */
     assert_serial_jobs(&s, 2 * PLUGIN_POOL_SERIAL_JOBS);
     for (int stretch = 4 * PLUGIN_POOL_SERIAL_JOBS; stretch <= 4 * PLUGIN_POOL_SERIAL_MAX; stretch *= 2) {
-        note_window(&s, PLUGIN_POOL_WINDOW_JOBS, job, stall);
+        note_jobs(&s, 2, 2, job, stall);
         assert_serial_jobs(&s, stretch < PLUGIN_POOL_SERIAL_MAX ? stretch : PLUGIN_POOL_SERIAL_MAX);
     }
-    note_window(&s, 0, job, 0); /* clean: the next stalls serialise SERIAL_JOBS again */
-    note_window(&s, PLUGIN_POOL_WINDOW_JOBS, job, stall);
+    note_jobs(&s, window, 0, job, 0); /* clean: the next stalls serialise SERIAL_JOBS again */
+    note_jobs(&s, 2, 2, job, stall);
     assert_serial_jobs(&s, PLUGIN_POOL_SERIAL_JOBS);
 }
 
