@@ -8,9 +8,10 @@
    against `--threads 1` for each backend, interleaved in rounds (the order alternates), and
    the same pair on the idle machine for reference. Reported: the median over rounds of the
    same-round ratio threads-2 / threads-1 decode tokens/s.
-2. Local pipeline: `rlx --plugin P --transport T generate --stages 2` (the launched stages share
-   the cores) against the single process with --threads = all cores, `--stage-runs` times,
-   alternating; each run's ratio is its decode speed over the single process's in the same pair.
+2. Local pipeline: `rlx --plugin P --transport T generate --stages 2` (the launched stages divide
+   the cores), the same with every stage on all cores (--threads N), and the single process with
+   --threads 1, each against the single process on all cores, `--stage-runs` times (the order
+   alternates); each ratio is a decode speed over the single process's in the same run.
 Greedy output must be identical in every run (a mismatch is an error). The host (lscpu) is part
 of the record. Exit status: 0 when everything ran, 1 on a failing command or a mismatch.
 """
@@ -86,19 +87,25 @@ def main():
         for backend, transport in (("onednn", "grpc"), ("cpu-blas", "tcp")):
             if backend not in args.backends.split(",") or args.stage_runs == 0:
                 continue
-            ratios = []
+            kinds = ("single", "single-1", "stages", "stages-all")
+            ratios = {k: [] for k in kinds[1:]}
             for r in range(args.stage_runs):
-                pair = {}
-                for kind in (("single", "stages") if r % 2 == 0 else ("stages", "single")):
-                    run = (["--plugin", backend, "--threads", str(cores)] if kind == "single" else
-                           ["--plugin", backend, "--transport", transport, "generate", "--stages", "2"])
-                    text, pair[kind] = generate(rlx, args.model, args.n, run)
+                speed = {}
+                for kind in (kinds if r % 2 == 0 else kinds[::-1]):
+                    run = {"single": ["--plugin", backend, "--threads", str(cores)],
+                           "single-1": ["--plugin", backend, "--threads", "1"],
+                           "stages": ["--plugin", backend, "--transport", transport, "generate", "--stages", "2"],
+                           "stages-all": ["--plugin", backend, "--transport", transport, "generate", "--stages", "2",
+                                          "--threads", str(cores)]}[kind]
+                    text, speed[kind] = generate(rlx, args.model, args.n, run)
                     texts.add(text)
-                ratios.append(pair["stages"] / pair["single"])
-                print(f"{backend}/{transport} run {r}: single {pair['single']:.1f}, --stages 2 "
-                      f"{pair['stages']:.1f} tokens/s, ratio {ratios[-1]:.2f}", flush=True)
-            record["stages"][f"{backend}/{transport}"] = {"ratios": ratios, "min": min(ratios),
-                                                          "median": statistics.median(ratios)}
+                for k in kinds[1:]:
+                    ratios[k].append(speed[k] / speed["single"])
+                print(f"{backend}/{transport} run {r}: single {speed['single']:.1f} (--threads 1: "
+                      f"{speed['single-1']:.1f}), --stages 2 {speed['stages']:.1f} (each stage --threads {cores}: "
+                      f"{speed['stages-all']:.1f}) tokens/s", flush=True)
+            record["stages"][f"{backend}/{transport}"] = {
+                k: {"ratios": v, "min": min(v), "median": statistics.median(v)} for k, v in ratios.items()}
     except RuntimeError as e:
         print(f"share_bench.py: {e}", file=sys.stderr)
         return 1
@@ -109,7 +116,10 @@ def main():
         print(f"{backend}: threads {cores}/1 decode ratio, median: idle {v['idle']['median']:.2f}, "
               f"busy neighbour {v['busy']['median']:.2f}")
     for name, v in record["stages"].items():
-        print(f"{name} --stages 2 / single process: min {v['min']:.2f}, median {v['median']:.2f}")
+        print(f"{name}, over the single process with --threads {cores}: --stages 2 min {v['stages']['min']:.2f} "
+              f"median {v['stages']['median']:.2f}; each stage --threads {cores}: min {v['stages-all']['min']:.2f} "
+              f"median {v['stages-all']['median']:.2f}; single process --threads 1: median "
+              f"{v['single-1']['median']:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
