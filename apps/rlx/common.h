@@ -129,6 +129,7 @@ int cmd_plugins(int argc, char **argv, app_options *o);
 int cmd_logits(int argc, char **argv, app_options *o);
 int cmd_generate(int argc, char **argv, app_options *o);
 int cmd_bench(int argc, char **argv, app_options *o);
+int cmd_perplexity(int argc, char **argv, app_options *o);
 int cmd_graph(int argc, char **argv, app_options *o);
 int cmd_chat(int argc, char **argv, app_options *o);
 int cmd_tokenize(int argc, char **argv, app_options *o);

@@ -18,6 +18,7 @@ static const struct {
     {"detokenize", cmd_detokenize, "print the text of token ids"},
     {"logits", cmd_logits, "write the logits of a prompt as raw float32"},
     {"bench", cmd_bench, "measure prefill and decode speed and peak memory"},
+    {"perplexity", cmd_perplexity, "perplexity on a text, by llama.cpp's method"},
     {"graph", cmd_graph, "print the graph of a model and the backend of each node"},
     {"plugins", cmd_plugins, "list the plugins found"},
     {"stage", cmd_stage, "serve a layer range of a model to pipeline drivers"},
