@@ -142,8 +142,8 @@ int cmd_perplexity(int argc, char **argv, app_options *o) {
     if (max_chunks && max_chunks < n_chunks)
         n_chunks = max_chunks;
     const uint32_t first = chunk / 2, scored = chunk - first - 1;
-    fprintf(stderr, "rlx: %zu tokens, %u chunks of %u, scoring %u positions per chunk\n", n_ids, n_chunks, chunk,
-            scored);
+    fprintf(stderr, "rlx: %zu tokens, %u chunk%s of %u, scoring %u positions per chunk\n", n_ids, n_chunks,
+            n_chunks == 1 ? "" : "s", chunk, scored);
     double nll = 0, nll2 = 0;
     uint64_t count = 0;
     for (uint32_t c = 0; c < n_chunks; c++) {
