@@ -8,15 +8,16 @@
 #include "rlx/text.h"
 
 static const char help[] =
-    "usage: rlx generate [--model DIR] (--tokens 1,5,3 | --prompt TEXT [--chat [--no-think]]) -n N\n"
+    "usage: rlx generate [--model DIR] (--tokens 1,5,3 | --prompt TEXT | -f FILE [--chat [--no-think]]) -n N\n"
     "                    [--greedy | --temp T --top-k K --top-p P] [--seed S] [--stats]\n"
     "                    [--spec NAME [--draft-tokens K] [--draft-model DIR] [--spec-opts OPTS]] [options]\n\n"
-    "With --tokens, prints the generated token ids, space-separated, on one line. With --prompt,\n"
-    "encodes TEXT with the model's tokenizer.json and streams the generated text to stdout.\n"
+    "With --tokens, prints the generated token ids, space-separated, on one line. With --prompt\n"
+    "or -f, encodes the text with the model's tokenizer.json and streams the generated text.\n"
     "Stops after N tokens or an end-of-sequence id of config.json / generation_config.json.\n\n"
     "  -n N               tokens to generate (default 16)\n"
-    "  --tokens LIST      the prompt as comma-separated token ids\n"
-    "  --prompt TEXT      the prompt as text\n"
+    "  --tokens LIST      the prompt as token ids, separated by commas or spaces\n"
+    "  -p, --prompt TEXT  the prompt as text\n"
+    "  -f, --file FILE    the prompt as the text of FILE ('-': standard input)\n"
     "  --chat             wrap TEXT as a user turn with the model's chat template\n"
     "  --no-think         with --chat: Qwen3's enable_thinking=false\n"
     "  --truncate         keep the end of a prompt longer than the context instead of failing\n"
@@ -51,7 +52,7 @@ static int emit(void *ctx, int32_t token) {
 static int prompt_ids(const app_runtime *rt, const char *tokens, const char *prompt, int chat, int think,
                       rlx_tokenizer **tok, int32_t **ids, size_t *n) {
     if (tokens) {
-        int count = app_parse_tokens(tokens, ids);
+        int count = app_parse_tokens("--tokens", tokens, ids);
         if (count < 0)
             return 1;
         *n = (size_t)count;
@@ -77,7 +78,7 @@ static int prompt_ids(const app_runtime *rt, const char *tokens, const char *pro
 }
 
 int cmd_generate(int argc, char **argv, app_options *o) {
-    const char *tokens = NULL, *prompt = NULL;
+    const char *tokens = NULL, *prompt = NULL, *file = NULL;
     uint32_t n_new = 16;
     int stats = 0, chat = 0, think = 1, truncate = 0, n_given = 0;
     app_sampling sampling = {.params = rlx_sampler_params_default()};
@@ -105,8 +106,9 @@ int cmd_generate(int argc, char **argv, app_options *o) {
             think = 0;
         } else if (strcmp(a, "--truncate") == 0) {
             truncate = 1;
-        } else if (strcmp(a, "--tokens") == 0 || strcmp(a, "--prompt") == 0) {
-            const char **dst = a[2] == 't' ? &tokens : &prompt;
+        } else if (strcmp(a, "--tokens") == 0 || strcmp(a, "--prompt") == 0 || strcmp(a, "-p") == 0 ||
+                   strcmp(a, "--file") == 0 || strcmp(a, "-f") == 0) {
+            const char **dst = a[2] == 't' ? &tokens : a[1] == 'f' || a[2] == 'f' ? &file : &prompt;
             if (!(*dst = app_value(argc, argv, &i)))
                 return 1;
         } else if (strcmp(a, "-n") == 0) {
@@ -120,14 +122,24 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     }
     if (app_sampling_finish(&sampling))
         return 1;
-    if (!tokens == !prompt)
-        return app_fail("generate: give exactly one of --tokens and --prompt (see rlx generate --help)");
-    if ((chat || !think) && !prompt)
-        return app_fail("generate: --chat and --no-think need --prompt");
+    if ((tokens != NULL) + (prompt != NULL) + (file != NULL) != 1)
+        return app_fail("generate: give exactly one of --tokens, --prompt and -f (see rlx generate --help)");
+    if ((chat || !think) && tokens)
+        return app_fail("generate: --chat and --no-think need a text prompt (--prompt or -f)");
+    char *file_text = NULL;
+    size_t file_len;
+    if (file && !(prompt = file_text = app_read_file("generate", file, &file_len)))
+        return 1;
+    if (file && strlen(file_text) != file_len) {
+        free(file_text);
+        return app_fail("generate: %s holds a NUL byte; a prompt is text", file);
+    }
     app_runtime rt;
     app_speculator spec;
-    if (app_runtime_open_speculative(&rt, o, &spec_options, &spec))
+    if (app_runtime_open_speculative(&rt, o, &spec_options, &spec)) {
+        free(file_text);
         return 1;
+    }
     app_generation_defaults(&rt, &sampling, &n_new, n_given);
     rlx_tokenizer *tok = NULL;
     int32_t *ids = NULL;
@@ -188,6 +200,7 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     rlx_sampler_destroy(sampler);
     rlx_tokenizer_destroy(tok);
     free(ids);
+    free(file_text);
     app_speculator_close(&spec);
     app_runtime_close(&rt);
     return status;

@@ -39,7 +39,7 @@ int cmd_logits(int argc, char **argv, app_options *o) {
     if (!tokens || !out_path)
         return app_fail("logits: --tokens and --out are required (see rlx logits --help)");
     int32_t *ids;
-    int n = app_parse_tokens(tokens, &ids);
+    int n = app_parse_tokens("--tokens", tokens, &ids);
     if (n < 0)
         return 1;
     app_runtime rt;

@@ -8,7 +8,6 @@
  * chunk. With nll = the mean over all scored positions of -log softmax(logits)[next token]:
  *   PPL = exp(nll), reported with exp(nll) * sqrt((mean(log p^2) - nll^2) / (count - 1)),
  * the standard error of the mean carried through exp to first order. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,37 +24,6 @@ static const char help[] =
     "  -f, --file FILE   the text (UTF-8)\n"
     "  -c N              tokens per chunk (default 512; at least 4, at most the KV cache)\n"
     "  --chunks K        score only the first K chunks (default: all)\n\noptions:\n";
-
-/* The whole file (or stdin for "-"), NUL-terminated, in a malloc'd buffer. */
-static char *read_text(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f) {
-        app_fail("perplexity: cannot open %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (size_t got; buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
-        n += got;
-        if (n + 1 == cap) {
-            char *grown = realloc(buf, cap *= 2);
-            if (!grown)
-                free(buf);
-            buf = grown;
-        }
-    }
-    const int failed = ferror(f);
-    if (f != stdin)
-        fclose(f);
-    if (!buf || failed) {
-        free(buf);
-        app_fail("perplexity: cannot read %s%s", path, buf ? "" : ": out of memory");
-        return NULL;
-    }
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
 
 /* Adds -log p(next token) of logits rows [0, n) predicting ids[1 .. n] to *nll, and its square to *nll2. */
 static void score_rows(const float *logits, int64_t vocab, const int32_t *ids, uint32_t n, double *nll,
@@ -108,7 +76,7 @@ int cmd_perplexity(int argc, char **argv, app_options *o) {
     if (!o->ctx)
         o->ctx = chunk; /* the cache only ever holds one chunk */
     size_t len;
-    char *text = read_text(file, &len);
+    char *text = app_read_file("perplexity", file, &len);
     if (!text)
         return 1;
     app_runtime rt;

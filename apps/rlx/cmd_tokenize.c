@@ -21,7 +21,7 @@ static const char detokenize_help[] =
     "usage: rlx detokenize --model DIR --ids 1,2,3 [--skip-special]\n\n"
     "Prints the text of the comma-separated token ids (no newline is added).\n\noptions:\n"
     "  --model DIR        model directory holding tokenizer.json\n"
-    "  --ids LIST         comma-separated token ids\n"
+    "  --ids LIST         token ids, separated by commas or spaces (what rlx tokenize prints)\n"
     "  --skip-special     leave special tokens such as <|im_end|> out of the text\n";
 
 /* The whole of path ("-" = stdin) in a malloc'd buffer. */
@@ -128,7 +128,7 @@ int cmd_tokenize(int argc, char **argv, app_options *o) {
 }
 
 int cmd_detokenize(int argc, char **argv, app_options *o) {
-    const char *list = NULL;
+    const char *list = NULL, *opt = "--ids";
     unsigned flags = RLX_DECODE_STRICT;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -141,6 +141,7 @@ int cmd_detokenize(int argc, char **argv, app_options *o) {
         if (rc)
             continue;
         if (strcmp(argv[i], "--ids") == 0 || strcmp(argv[i], "--tokens") == 0) {
+            opt = argv[i];
             if (!(list = app_value(argc, argv, &i)))
                 return 1;
         } else if (strcmp(argv[i], "--skip-special") == 0) {
@@ -152,7 +153,7 @@ int cmd_detokenize(int argc, char **argv, app_options *o) {
     if (!list)
         return app_fail("detokenize: --ids is required (see rlx detokenize --help)");
     int32_t *ids;
-    int n = app_parse_tokens(list, &ids);
+    int n = app_parse_tokens(opt, list, &ids);
     if (n < 0)
         return 1;
     rlx_tokenizer *tok;

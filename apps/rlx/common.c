@@ -71,19 +71,19 @@ int app_parse_float(const char *opt, const char *text, float *out) {
     return 0;
 }
 
-int app_parse_tokens(const char *text, int32_t **out) {
+int app_parse_tokens(const char *opt, const char *text, int32_t **out) {
     size_t cap = 16, n = 0;
     int32_t *ids = malloc(cap * sizeof *ids);
     if (!ids)
         return app_fail("out of memory"), -1;
-    const char *p = text;
-    while (*p) {
+    /* commas or white space between ids, so that rlx tokenize's output is taken as it is */
+    for (const char *p = text + strspn(text, ", \t\r\n"); *p; p += strspn(p, ", \t\r\n")) {
         char *end;
         errno = 0;
         long long v = strtoll(p, &end, 10);
-        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && !strchr(", \t\r\n", *end))) {
             free(ids);
-            app_fail("--tokens: '%s' is not a comma-separated list of token ids", text);
+            app_fail("%s: '%s' is not a list of token ids (separated by commas or spaces)", opt, text);
             return -1;
         }
         if (n == cap) {
@@ -95,15 +95,47 @@ int app_parse_tokens(const char *text, int32_t **out) {
             ids = grown;
         }
         ids[n++] = (int32_t)v;
-        p = *end ? end + 1 : end;
+        p = end;
     }
     if (n == 0) {
         free(ids);
-        app_fail("--tokens: no token ids given");
+        app_fail("%s: no token ids given", opt);
         return -1;
     }
     *out = ids;
     return (int)n;
+}
+
+char *app_read_file(const char *what, const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        app_fail("%s: cannot open %s: %s", what, path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (size_t got; buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+        n += got;
+        if (n + 1 == cap) {
+            char *grown = realloc(buf, cap *= 2);
+            if (!grown)
+                free(buf);
+            buf = grown;
+        }
+    }
+    const int failed = ferror(f);
+    if (f != stdin)
+        fclose(f);
+    if (!buf || failed) {
+        free(buf);
+        app_fail("%s: cannot read %s%s", what, path, failed ? "" : ": out of memory");
+        return NULL;
+    }
+    if (n > 0 && buf[n - 1] == '\n') /* as llama.cpp's -f: a file's last line break is no part of it */
+        n--;
+    buf[n] = '\0';
+    *len = n;
+    return buf;
 }
 
 int app_parse_common(app_options *o, int argc, char **argv, int *i) {

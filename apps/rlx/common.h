@@ -51,8 +51,13 @@ int app_parse_common(app_options *o, int argc, char **argv, int *i);
 const char *app_value(int argc, char **argv, int *i);
 int app_parse_u32(const char *opt, const char *text, uint32_t *out);
 int app_parse_float(const char *opt, const char *text, float *out);
-/* Parses "1,5,3" into a malloc'd array; returns the count or -1 after reporting. */
-int app_parse_tokens(const char *text, int32_t **out);
+/* Parses "1,5,3" or "1 5 3" (what rlx tokenize prints) into a malloc'd array; returns the
+ * count or -1 after reporting a problem with option opt. */
+int app_parse_tokens(const char *opt, const char *text, int32_t **out);
+/* The whole file at path ("-": standard input) but for one final newline (as llama.cpp's -f
+ * reads it), NUL-terminated, in a malloc'd buffer of *len bytes; NULL after reporting
+ * (prefixed with what). */
+char *app_read_file(const char *what, const char *path, size_t *len);
 
 /* Opens backend `name` from reg with bo: a plugin instance (*plugin holds its handle), or for
  * "ref" the reference backend with bo->extra when there is one (*plugin NULL); plain "ref" gives

@@ -63,7 +63,30 @@ expect_fail "no text" "exactly one of --text and --file" "$rlx" tokenize --model
 expect_fail "both text and file" "exactly one of --text and --file" "$rlx" tokenize --model "$model" --text a --file b
 expect_fail "unknown option" "unknown option '--bogus'" "$rlx" tokenize --model "$model" --bogus
 expect_fail "unknown id" "token id 999999 is not in the vocabulary" "$rlx" detokenize --model "$model" --ids 1,999999
-expect_fail "bad id list" "not a comma-separated list" "$rlx" detokenize --model "$model" --ids 1,x
+expect_fail "bad id list" "--ids: '1,x' is not a list of token ids" "$rlx" detokenize --model "$model" --ids 1,x
+expect_fail "bad id list named as given" "--tokens: '1 x' is not a list of token ids" "$rlx" detokenize --model "$model" --tokens "1 x"
+# what tokenize prints is taken as it is (spaces), and with commas, spaces and newlines mixed
+"$rlx" detokenize --model "$model" --ids "$(cat "$cases/corpus_all.ids")" >"$work/roundtrip2.txt" 2>"$work/err" &&
+    cmp -s "$work/roundtrip2.txt" "$cases/corpus_all.txt" && ok || bad "detokenize of tokenize's output: text differs ($(cat "$work/err"))"
+expect_out "detokenize mixed separators" "hi<|im_end|>there" "$rlx" detokenize --model "$model" --ids "$(printf ' 6023, 151645\n18532 ')"
+
+# generate takes its prompt from a file or standard input (one final newline dropped, as
+# llama.cpp's -f does) and names the GGUF files it does not read yet; the default model
+prompt="In the morning, the people of the city"
+want=$("$rlx" generate --prompt "$prompt" -n 12 --greedy 2>/dev/null)
+printf '%s\n' "$prompt" >"$work/prompt.txt"
+expect_out "generate -f" "$want" "$rlx" generate -f "$work/prompt.txt" -n 12 --greedy
+expect_out "generate -f -" "$want" sh -c "'$rlx' generate -f - -n 12 --greedy <'$work/prompt.txt'"
+expect_out "generate -p" "$want" "$rlx" generate -p "$prompt" -n 12 --greedy
+ids=$("$rlx" tokenize --text "$prompt")
+expect_out "generate --tokens from tokenize" "$("$rlx" generate --tokens "$(echo "$ids" | tr ' ' ',')" -n 4 --greedy)" \
+    "$rlx" generate --tokens "$ids" -n 4 --greedy
+expect_fail "generate -f and --prompt" "exactly one of --tokens, --prompt and -f" "$rlx" generate -f "$work/prompt.txt" --prompt x
+expect_fail "generate -f missing" "generate: cannot open $work/none.txt" "$rlx" generate -f "$work/none.txt"
+printf 'GGUF\003\000\000\000' >"$work/model.gguf"
+expect_fail "a GGUF model" "model.gguf is a file, not a model directory: GGUF files are not supported yet" \
+    "$rlx" generate --model "$work/model.gguf" --prompt hi
+expect_fail "a file as the model" "prompt.txt is a file, not a model directory" "$rlx" generate --model "$work/prompt.txt" --prompt hi
 expect_fail "no ids" "--ids is required" "$rlx" detokenize --model "$model"
 
 echo "text cli: $passed passed, $failed failed"

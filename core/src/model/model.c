@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "model_internal.h"
 #include "rlx/model.h"
@@ -23,6 +24,16 @@ struct rlx_model {
     size_t n_added;
 };
 
+/* Whether the file at path starts with GGUF's magic. */
+static int model_is_gguf(const char *path) {
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    const int is = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
+    if (f)
+        fclose(f);
+    return is;
+}
+
 rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
     if (!model_dir || !out)
         return rlx_error(RLX_E_INVALID, "rlx_model_open: NULL argument");
@@ -31,6 +42,13 @@ rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
     if (!m || !(m->dir = strdup(model_dir))) {
         free(m);
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", model_dir);
+    }
+    struct stat sb;
+    if (stat(model_dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+        rlx_model_close(m);
+        return rlx_error(RLX_E_INVALID, "%s is a file, not a model directory%s", model_dir, model_is_gguf(model_dir)
+                         ? ": GGUF files are not supported yet; give a Hugging Face directory (config.json, *.safetensors)"
+                         : " (config.json and *.safetensors)");
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model_dir);
