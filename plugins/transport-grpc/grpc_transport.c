@@ -689,7 +689,13 @@ static void grpct_close(void *self)
     pthread_mutex_destroy(&t->mu);
     t->host->free(t);
     pthread_mutex_lock(&grpct_global_mu);
-    grpc_shutdown();
+    /* The last instance waits for gRPC's teardown: grpc_shutdown() alone finishes it on a thread
+     * of its own, which may still run when the process exits (LeakSanitizer's exit-time check
+     * then crashes on it). */
+    if (grpct_n_instances == 1)
+        grpc_shutdown_blocking();
+    else
+        grpc_shutdown();
     if (--grpct_n_instances == 0) {
         gpr_set_log_function(NULL); /* back to gRPC's default before this plugin can be unloaded */
         atomic_store(&grpct_log_host, NULL);
