@@ -70,11 +70,12 @@ class Failure(Exception):
 
 
 class Case:
-    """A prompt, the reference greedy continuation, and the float64 logits over both."""
+    """A prompt, the reference greedy continuation, the float64 logits over both and the
+    forward's trace (router logits of MoE layers)."""
 
-    def __init__(self, prompt, generated, logits, rel_margin, router_margin):
+    def __init__(self, prompt, generated, logits, rel_margin, router_margin, trace):
         self.prompt, self.generated, self.logits = prompt, generated, logits
-        self.rel_margin, self.router_margin = rel_margin, router_margin
+        self.rel_margin, self.router_margin, self.trace = rel_margin, router_margin, trace
 
     @property
     def sequence(self):
@@ -95,7 +96,7 @@ def condition(model, prompt, steps=GEN_STEPS, dtype=np.float64):
     for r in trace.get("router", {}).values():
         s = np.sort(r, axis=-1)
         router = min(router, float(np.min(s[:, -k] - s[:, -k - 1])))
-    return Case(list(prompt), generated, logits, float(rel.min()), router)
+    return Case(list(prompt), generated, logits, float(rel.min()), router, trace)
 
 
 def golden_case(model, steps=GEN_STEPS):
@@ -256,13 +257,12 @@ def check_bf16(rlx, model, case, weights, moe_layers):
     """The checks for a plan with BF16-activation nodes; returns a summary."""
     seq, n_prompt = case.sequence, len(case.prompt)
     oracle = ref.set_bf16_activations(ref.load(model.directory), weights, moe_layers)
-    trace_exact, trace_bf16 = {}, {}
-    ref.forward(model, seq, trace=trace_exact)
+    trace_bf16 = {}
     want = ref.forward(oracle, seq, trace=trace_bf16)
     got = rlx.logits(seq, True)
     # Rounded activations may move a MoE router's k-th and (k+1)-th experts past each other;
     # from there the exact model is another function, so only the BF16 oracle can judge.
-    chosen_exact = chosen_experts(trace_exact, model.config.get("num_experts_per_tok", 0))
+    chosen_exact = chosen_experts(case.trace, model.config.get("num_experts_per_tok", 0))
     chosen_bf16 = chosen_experts(trace_bf16, model.config.get("num_experts_per_tok", 0))
     rerouted = [(layer, int(np.argmax(np.any(chosen_exact[layer] != chosen_bf16[layer], axis=-1))))
                 for layer in chosen_exact if not np.array_equal(chosen_exact[layer], chosen_bf16[layer])]

@@ -68,10 +68,14 @@ static float round_bf16(float f) {
     return f;
 }
 
-/* dst[i] = src[i] rounded to BF16 when act_bf16, else copied. */
-static void round_rows(const float *src, float *dst, int64_t n, int act_bf16) {
+/* The n inputs of a matmul as it reads them: x itself, or with act_bf16 dst holding x rounded
+ * to BF16 (dst may be x). */
+static const float *matmul_inputs(const float *x, float *dst, int64_t n, int act_bf16) {
+    if (!act_bf16)
+        return x;
     for (int64_t i = 0; i < n; i++)
-        dst[i] = act_bf16 ? round_bf16(src[i]) : src[i];
+        dst[i] = round_bf16(x[i]);
+    return dst;
 }
 
 typedef struct ref_backend {
@@ -115,8 +119,7 @@ static int ref_matmul(const rlx_node_view *n, int act_bf16) {
         const int64_t len = rlx_tensor_numel(x);
         if (!(rounded = malloc((size_t)(len > 0 ? len : 1) * sizeof *rounded)))
             return rlx_error(RLX_E_NOMEM, "matmul: out of memory");
-        round_rows(in, rounded, len, 1);
-        in = rounded;
+        in = matmul_inputs(in, rounded, len, 1);
     }
     matvec_rows(in, w, n->n_inputs > 2 ? &n->inputs[2] : NULL, f32(n->output), x->shape[0], x->shape[1],
                 w->shape[0]);
@@ -277,16 +280,15 @@ static int ref_moe(const rlx_node_view *n, int act_bf16) {
         }
         float *out = f32(n->output) + t * h;
         memset(out, 0, (size_t)h * sizeof *out);
+        const float *x_in = matmul_inputs(xt, xr, h, act_bf16);
         for (uint32_t k = 0; k < p->top_k; k++) {
             const rlx_tensor *w = &n->inputs[2 + 3 * chosen[k]];
             double weight = p->norm_topk ? prob[k] / picked_sum : prob[k];
-            round_rows(xt, xr, h, act_bf16);
-            matvec_rows(xr, &w[0], NULL, gate, 1, h, f);
-            matvec_rows(xr, &w[1], NULL, up, 1, h, f);
+            matvec_rows(x_in, &w[0], NULL, gate, 1, h, f);
+            matvec_rows(x_in, &w[1], NULL, up, 1, h, f);
             for (int64_t i = 0; i < f; i++)
                 gate[i] = silu(gate[i]) * up[i];
-            round_rows(gate, gate, f, act_bf16);
-            matvec_rows(gate, &w[2], NULL, down, 1, f, h);
+            matvec_rows(matmul_inputs(gate, gate, f, act_bf16), &w[2], NULL, down, 1, f, h);
             for (int64_t i = 0; i < h; i++)
                 out[i] += (float)(weight * down[i]);
         }
