@@ -53,6 +53,7 @@ static const char help[] =
     "  --timeout SEC      a check that takes longer fails as hung (default 600)\n"
     "  --no-fork          run checks in this process (for debuggers; a crash ends the run)\n"
     "  --list             print the checks and exit\n"
+    "  --version          the kit's version, the loaded librlx's and the plugin ABI\n"
     "  --verbose          print the plugin's log lines on stderr\n"
     "\n"
     "Exit status: 0 when no check failed, 1 when one did, 2 for a usage error.\n";
@@ -419,6 +420,10 @@ int main(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             fputs(help, stdout);
+            return 0;
+        } else if (!strcmp(a, "--version")) {
+            printf("rlx-conformance %s (librlx %s; plugin ABI %d.%d)\n", RLX_KIT_VERSION, rlx_version(), RLX_ABI_MAJOR,
+                   RLX_ABI_MINOR);
             return 0;
         } else if (!strcmp(a, "--list")) {
             list = 1;

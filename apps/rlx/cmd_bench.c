@@ -1,6 +1,7 @@
 /* rlx bench: prefill and decode throughput (median over repetitions, after one warm-up run
  * that faults the mapped weights in) and the process's peak RSS, with what it ran on: the CPU
  * and the backend's own description. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,16 +11,54 @@
 
 #include "common.h"
 
-static const char help[] =
-    "usage: rlx bench --model DIR [-p 128] [-n 64] [-r 3] [--json] [options]\n\n"
-    "Measures prefill of a P-token prompt and N decode steps, R times after a warm-up run, and\n"
-    "reports median tokens/s and the peak resident memory of the process. Over a pipeline\n"
-    "(--config, --stages) it prints each stage's backend and memory on stderr first.\n\n"
-    "  -p P     prompt tokens (default 128)\n"
-    "  -n N     decode steps (default 64)\n"
-    "  -r R     repetitions (default 3)\n"
-    "  --json   print one JSON object: pp_tps, tg_tps, peak_rss_mb, ..., host (cpu, vendor,\n"
-    "           family, model, flags, cores_online, cores_usable) and backend_describe\n\noptions:\n";
+static const char usage[] =
+    "usage: rlx bench [-m DIR] [-p 128,512] [-n 64] [-t 1,2] [-r 3] [-o md|json|jsonl | --json] [options]\n\n"
+    "Measures, as llama-bench does, prefill of P-token prompts (test ppP) and N decode steps (test\n"
+    "tgN), each from an empty context, R times after a warm-up run, for every thread count T.\n"
+    "Reports the median and standard deviation of tokens/s, the peak resident memory of the\n"
+    "process and what it ran on (the CPU and the backend's own description). Over a pipeline\n"
+    "(--config, --stages) it prints each stage's backend and memory on stderr first.\n\n";
+
+#define MAX_LIST 16
+
+/* A comma list of -p, -n or -t values, as llama-bench takes them. */
+typedef struct u32_list {
+    uint32_t v[MAX_LIST];
+    size_t n;
+} u32_list;
+
+static int parse_list(const char *opt, const char *value, void *target) {
+    u32_list *l = target;
+    l->n = 0;
+    char copy[512];
+    if (snprintf(copy, sizeof copy, "%s", value) >= (int)sizeof copy)
+        return app_fail("%s: list too long", opt), -1;
+    for (char *save = NULL, *item = strtok_r(copy, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        if (l->n == MAX_LIST)
+            return app_fail("%s: at most %d values", opt, MAX_LIST), -1;
+        if (app_parse_u32(opt, item, &l->v[l->n]) < 0)
+            return -1;
+        l->n++;
+    }
+    if (l->n == 0)
+        return app_fail("%s: no value given", opt), -1;
+    return 0;
+}
+
+typedef enum bench_output { OUT_MD, OUT_JSON, OUT_JSONL } bench_output;
+
+static int parse_output(const char *opt, const char *value, void *target) {
+    bench_output *out = target;
+    if (strcmp(value, "md") == 0)
+        *out = OUT_MD;
+    else if (strcmp(value, "json") == 0)
+        *out = OUT_JSON;
+    else if (strcmp(value, "jsonl") == 0)
+        *out = OUT_JSONL;
+    else
+        return app_fail("%s: '%s' is not one of md, json, jsonl", opt, value), -1;
+    return 0;
+}
 
 /* The CPU a benchmark ran on, from /proc/cpuinfo (its first processor) and the scheduler. */
 typedef struct host_info {
@@ -130,116 +169,275 @@ static double median(double *v, uint32_t n) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* One repetition: prefill `prompt`, then decode n_decode tokens (greedy, so the work is the
- * same as a real decode). */
-static int run_once(const rlx_lm *lm, const int32_t *prompt, uint32_t p, uint32_t n_decode, double *pp_seconds,
-                    double *tg_seconds) {
+static double stddev(const double *v, uint32_t n) {
+    if (n < 2)
+        return 0;
+    double mean = 0, ss = 0;
+    for (uint32_t i = 0; i < n; i++)
+        mean += v[i] / n;
+    for (uint32_t i = 0; i < n; i++)
+        ss += (v[i] - mean) * (v[i] - mean);
+    return sqrt(ss / (n - 1));
+}
+
+/* One repetition of a test from an empty context: a prefill of p tokens, or (p == 0) n decode
+ * steps, each feeding back the argmax, so the work is that of a real decode. Its seconds. */
+static int run_test(const rlx_lm *lm, const int32_t *prompt, uint32_t p, uint32_t n, double *seconds) {
     const float *logits;
     int64_t vocab = lm->vocab;
     lm->truncate(lm->self, 0);
     double t0 = now_seconds();
-    if (lm->forward(lm->self, prompt, p, 0, &logits) != RLX_OK)
-        return -1;
-    double t1 = now_seconds();
-    for (uint32_t i = 0; i < n_decode; i++) {
-        int32_t best = 0;
-        for (int64_t v = 1; v < vocab; v++)
-            if (logits[v] > logits[best])
-                best = (int32_t)v;
-        if (lm->forward(lm->self, &best, 1, 0, &logits) != RLX_OK)
+    if (p)
+        return lm->forward(lm->self, prompt, p, 0, &logits) == RLX_OK ? (*seconds = now_seconds() - t0, 0) : -1;
+    int32_t token = prompt[0];
+    for (uint32_t i = 0; i < n; i++) {
+        if (lm->forward(lm->self, &token, 1, 0, &logits) != RLX_OK)
             return -1;
+        token = 0;
+        for (int64_t v = 1; v < vocab; v++)
+            if (logits[v] > logits[token])
+                token = (int32_t)v;
     }
-    *pp_seconds = t1 - t0;
-    *tg_seconds = now_seconds() - t1;
+    *seconds = now_seconds() - t0;
     return 0;
 }
 
-int cmd_bench(int argc, char **argv, app_options *o) {
-    uint32_t p = 128, n = 64, reps = 3;
-    int json = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (strcmp(a, "--help") == 0) {
-            printf("%s%s", help, app_common_help);
-            return 0;
-        }
-        int rc = app_parse_common(o, argc, argv, &i);
-        if (rc < 0)
-            return 1;
-        if (rc)
-            continue;
-        if (strcmp(a, "--json") == 0) {
-            json = 1;
-        } else if (strcmp(a, "-p") == 0 || strcmp(a, "-n") == 0 || strcmp(a, "-r") == 0) {
-            uint32_t *dst = a[1] == 'p' ? &p : a[1] == 'n' ? &n : &reps;
-            if (!(v = app_value(argc, argv, &i)) || app_parse_u32(a, v, dst) < 0)
-                return 1;
-        } else {
-            return app_fail("bench: unknown option '%s' (see rlx bench --help)", a);
-        }
+/* What the table says of the model: "qwen3 34M BF16", its bytes and parameters. */
+typedef struct model_info {
+    char desc[96];
+    double bytes, params;
+} model_info;
+
+static void model_describe(const app_runtime *rt, model_info *m) {
+    memset(m, 0, sizeof *m);
+    if (!rt->model) { /* a pipeline driver holds no weights */
+        const char *slash = strrchr(rt->model_dir, '/');
+        snprintf(m->desc, sizeof m->desc, "%s (pipeline)", slash && slash[1] ? slash + 1 : rt->model_dir);
+        return;
     }
-    if (p == 0 || reps == 0)
-        return app_fail("bench: -p and -r must be at least 1");
+    const rlx_weights *w = rlx_model_weights(rt->model);
+    const rlx_weight *largest = NULL;
+    for (size_t i = 0; i < rlx_weights_count(w); i++) {
+        const rlx_weight *x = rlx_weights_at(w, i);
+        m->params += (double)x->nbytes / (double)rlx_dtype_size((int)x->dtype);
+        if (!largest || x->nbytes > largest->nbytes)
+            largest = x;
+    }
+    m->bytes = (double)rlx_weights_total_bytes(w);
+    char size[16];
+    if (m->params >= 1e9)
+        snprintf(size, sizeof size, "%.1fB", m->params / 1e9);
+    else
+        snprintf(size, sizeof size, "%.0fM", m->params / 1e6);
+    char dtype[16] = "";
+    for (const char *c = largest ? rlx_dtype_name((int)largest->dtype) : ""; *c && strlen(dtype) < sizeof dtype - 1; c++)
+        dtype[strlen(dtype)] = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
+    snprintf(m->desc, sizeof m->desc, "%s %s %s", rlx_model_config_of(rt->model)->model_type, size, dtype);
+}
+
+#define MAX_REPS 64
+
+/* One row of results: a test at a thread count. */
+typedef struct bench_row {
+    uint32_t threads, p, n;
+    double samples[MAX_REPS]; /* tokens/s of each repetition */
+    double seconds[MAX_REPS];
+    double median, sd;
+} bench_row;
+
+static void print_json_row(const bench_row *r, uint32_t reps, const model_info *m, const char *model_dir,
+                           const char *backend, const host_info *h, const char *describe, double rss_mb,
+                           const char *test_time) {
+    double mean_s = 0, mean_ts = 0;
+    for (uint32_t i = 0; i < reps; i++)
+        mean_s += r->seconds[i] / reps, mean_ts += r->samples[i] / reps;
+    double sd_s = stddev(r->seconds, reps);
+    printf("{\"cpu_info\": ");
+    json_string(h->cpu);
+    printf(", \"backends\": ");
+    json_string(backend);
+    printf(", \"model_filename\": ");
+    json_string(model_dir);
+    printf(", \"model_type\": ");
+    json_string(m->desc);
+    printf(", \"model_size\": %.0f, \"model_n_params\": %.0f, \"n_threads\": %u, \"n_prompt\": %u, "
+           "\"n_gen\": %u, \"test_time\": \"%s\", \"avg_ns\": %.0f, \"stddev_ns\": %.0f, \"avg_ts\": %.6f, "
+           "\"stddev_ts\": %.6f, \"median_ts\": %.6f, \"samples_ns\": [",
+           m->bytes, m->params, r->threads, r->p, r->n, test_time, mean_s * 1e9, sd_s * 1e9, mean_ts, r->sd,
+           r->median);
+    for (uint32_t i = 0; i < reps; i++)
+        printf("%s%.0f", i ? ", " : "", r->seconds[i] * 1e9);
+    printf("], \"samples_ts\": [");
+    for (uint32_t i = 0; i < reps; i++)
+        printf("%s%.6f", i ? ", " : "", r->samples[i]);
+    printf("], \"peak_rss_mb\": %.1f", rss_mb);
+    print_host_json(h, describe);
+    printf("}");
+}
+
+/* llama-bench's markdown table, with the median in the t/s column. */
+static void print_md(const bench_row *rows, size_t n_rows, const model_info *m, const char *backend) {
+    printf("| %-30s | %10s | %10s | %-10s | %7s | %15s | %20s |\n", "model", "size", "params", "backend", "threads",
+           "test", "t/s");
+    printf("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | "
+           "-------------------: |\n");
+    char size[32] = "-", params[32] = "-";
+    if (m->bytes > 0) {
+        snprintf(size, sizeof size, "%.2f %s", m->bytes >= 1073741824.0 ? m->bytes / 1073741824.0 : m->bytes / 1048576.0,
+                 m->bytes >= 1073741824.0 ? "GiB" : "MiB");
+        snprintf(params, sizeof params, "%.2f %s", m->params >= 1e9 ? m->params / 1e9 : m->params / 1e6,
+                 m->params >= 1e9 ? "B" : "M");
+    }
+    for (size_t i = 0; i < n_rows; i++) {
+        char test[32], ts[48];
+        snprintf(test, sizeof test, "%s%u", rows[i].p ? "pp" : "tg", rows[i].p ? rows[i].p : rows[i].n);
+        snprintf(ts, sizeof ts, "%.2f ± %.2f", rows[i].median, rows[i].sd);
+        /* "±" is two bytes and one column: one more byte of padding keeps the table aligned */
+        printf("| %-30s | %10s | %10s | %-10s | %7u | %15s | %21s |\n", m->desc, size, params, backend,
+               rows[i].threads, test, ts);
+    }
+}
+
+int cmd_bench(int argc, char **argv, app_options *o) {
+    u32_list prompts = {{128}, 1}, gens = {{64}, 1}, threads = {{0}, 0};
+    uint32_t reps = 3;
+    int json = 0;
+    bench_output output = OUT_MD;
+    int output_given = 0;
+    const app_opt own[] = {
+        {'p', "n-prompt", NULL, "P,..", "prompt lengths to prefill (default 128)", APP_OPT_CUSTOM, &prompts,
+         .parse = parse_list},
+        {'n', "n-gen", NULL, "N,..", "decode steps to time (default 64; 0 = no decode test)", APP_OPT_CUSTOM, &gens,
+         .parse = parse_list},
+        {'t', "threads", NULL, "T,..", "backend thread counts (default: all cores)", APP_OPT_CUSTOM, &threads,
+         .parse = parse_list},
+        {'r', "repetitions", NULL, "R", "repetitions of each test (default 3, at most 64)", APP_OPT_U32, &reps,
+         .min = 1},
+        {'o', "output", NULL, "FMT",
+         "md: llama-bench's table (default); json: an array of one object per\n"
+         "test (llama-bench's keys, plus median_ts, peak_rss_mb, host); jsonl: one per line",
+         APP_OPT_CUSTOM, &output, &output_given, .parse = parse_output},
+        {0, "json", NULL, NULL,
+         "one JSON object for one -p, -n and -t: pp_tps, tg_tps (medians),\n"
+         "peak_rss_mb, ..., host (cpu, vendor, family, model, flags, cores) and backend_describe",
+         APP_OPT_FLAG, &json},
+    };
+    const app_opt_group groups[] = {APP_OPT_GROUP("bench:", own), app_common_group(o),
+                                    app_pipeline_group(&o->pipeline)};
+    int exit_status;
+    if (app_parse_command("bench", usage, groups, sizeof groups / sizeof groups[0], argc, argv, &exit_status))
+        return exit_status;
+    if (reps > MAX_REPS)
+        return app_fail("bench: -r: at most %d repetitions", MAX_REPS);
+    if (json && (output_given || prompts.n > 1 || gens.n > 1 || threads.n > 1))
+        return app_fail("bench: --json describes one -p, -n and -t; for lists use -o json or -o jsonl");
+    uint32_t max_p = 0, max_n = 0;
+    for (size_t i = 0; i < prompts.n; i++)
+        max_p = prompts.v[i] > max_p ? prompts.v[i] : max_p;
+    for (size_t i = 0; i < gens.n; i++)
+        max_n = gens.v[i] > max_n ? gens.v[i] : max_n;
+    for (size_t i = 0; i < threads.n; i++)
+        if (threads.v[i] == 0)
+            return app_fail("bench: -t: thread counts must be at least 1");
+    if (max_p == 0)
+        return app_fail("bench: -p must be at least 1");
+    if (threads.n == 0) /* the --threads of the shared options (or the backend's default) */
+        threads.v[threads.n++] = o->threads;
     if (o->ctx == 0)
-        o->ctx = p + n;
-    app_runtime rt;
-    if (app_runtime_open(&rt, o))
-        return 1;
-    int32_t *prompt = malloc(p * sizeof *prompt);
-    double *pp = calloc(reps, sizeof *pp), *tg = calloc(reps, sizeof *tg);
+        o->ctx = max_p > max_n ? max_p : max_n;
+    size_t n_rows = 0, max_rows = threads.n * (prompts.n + gens.n);
+    bench_row *rows = calloc(max_rows, sizeof *rows);
+    int32_t *prompt = malloc(max_p * sizeof *prompt);
     int status = 0;
-    if (!prompt || !pp || !tg) {
+    app_runtime rt = {0};
+    model_info model;
+    char describe[1024] = "", backend[64] = "";
+    if (!rows || !prompt) {
         status = app_fail("bench: out of memory");
         goto done;
     }
-    for (uint32_t i = 0; i < p; i++) /* arbitrary ids spread over the vocabulary */
-        prompt[i] = (int32_t)((i * 2654435761u) % (uint32_t)rt.lm.vocab);
-    double warm_pp, warm_tg;
-    if (run_once(&rt.lm, prompt, p, n < 2 ? n : 2, &warm_pp, &warm_tg) < 0) {
-        status = app_fail_rlx("bench");
-        goto done;
-    }
-    for (uint32_t r = 0; r < reps; r++)
-        if (run_once(&rt.lm, prompt, p, n, &pp[r], &tg[r]) < 0) {
-            status = app_fail_rlx("bench");
-            goto done;
+    for (size_t t = 0; t < threads.n && !status; t++) {
+        o->threads = threads.v[t];
+        if (app_runtime_open(&rt, o)) {
+            status = 1;
+            break;
         }
-    for (uint32_t r = 0; r < reps; r++) {
-        pp[r] = p / pp[r];
-        tg[r] = n ? n / tg[r] : 0;
+        for (uint32_t i = 0; i < max_p; i++) /* arbitrary ids spread over the vocabulary */
+            prompt[i] = (int32_t)((i * 2654435761u) % (uint32_t)rt.lm.vocab);
+        model_describe(&rt, &model);
+        snprintf(backend, sizeof backend, "%s", rt.pipeline ? "pipeline" : rt.backend ? rlx_backend_name(rt.backend) : "ref");
+        /* the backend's own account of its kernels, library cores and threads (stages' are on stderr) */
+        snprintf(describe, sizeof describe, "%s",
+                 rt.backend ? rlx_backend_describe(rt.backend) : rt.pipeline ? "" : "reference kernels");
+        if (rt.pipeline && t == 0)
+            app_pipeline_describe(&rt);
+        for (size_t k = 0; k < prompts.n + gens.n && !status; k++) {
+            bench_row *r = &rows[n_rows];
+            r->threads = threads.v[t] ? threads.v[t] : app_usable_cores(); /* the backends' default */
+            r->p = k < prompts.n ? prompts.v[k] : 0;
+            r->n = k < prompts.n ? 0 : gens.v[k - prompts.n];
+            if (!r->p && !r->n)
+                continue;
+            double warm;
+            if (run_test(&rt.lm, prompt, r->p, r->n < 2 ? r->n : 2, &warm) < 0) {
+                status = app_fail_rlx("bench");
+                break;
+            }
+            for (uint32_t i = 0; i < reps; i++) {
+                if (run_test(&rt.lm, prompt, r->p, r->n, &r->seconds[i]) < 0) {
+                    status = app_fail_rlx("bench");
+                    break;
+                }
+                r->samples[i] = (r->p ? r->p : r->n) / r->seconds[i];
+            }
+            double sorted[MAX_REPS];
+            memcpy(sorted, r->samples, reps * sizeof *sorted);
+            r->median = median(sorted, reps);
+            r->sd = stddev(r->samples, reps);
+            n_rows++;
+        }
+        app_runtime_close(&rt);
     }
+    if (status)
+        goto done;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double rss_mb = (double)ru.ru_maxrss / 1024.0;
-    double weights_mb = rt.model ? (double)rlx_weights_total_bytes(rlx_model_weights(rt.model)) / 1048576.0 : 0;
-    double pp_tps = median(pp, reps), tg_tps = median(tg, reps);
-    const char *backend = rt.pipeline ? "pipeline" : rt.backend ? rlx_backend_name(rt.backend) : "ref";
-    if (rt.pipeline) /* the stages' own memory and backends; the RSS below is the driver's */
-        app_pipeline_describe(&rt);
-    /* the backend's own account of its kernels, library cores and threads (stages' are on stderr) */
-    const char *describe = rt.backend ? rlx_backend_describe(rt.backend) : rt.pipeline ? "" : "reference kernels";
     host_info host;
     host_describe(&host);
     if (json) {
+        double pp_tps = 0, tg_tps = 0;
+        for (size_t i = 0; i < n_rows; i++)
+            *(rows[i].p ? &pp_tps : &tg_tps) = rows[i].median;
         printf("{\"backend\": \"%s\", \"threads\": %u, \"prompt\": %u, \"decode\": %u, \"repetitions\": %u, "
                "\"pp_tps\": %.3f, \"tg_tps\": %.3f, \"peak_rss_mb\": %.1f, \"weights_mb\": %.1f",
-               backend, o->threads, p, n, reps, pp_tps, tg_tps, rss_mb, weights_mb);
+               backend, threads.v[0], prompts.v[0], gens.v[0], reps, pp_tps, tg_tps, rss_mb, model.bytes / 1048576.0);
         print_host_json(&host, describe);
         printf("}\n");
+    } else if (output == OUT_MD) {
+        print_md(rows, n_rows, &model, backend);
+        printf("\nhost: %s (%s family %d model %d), %u of %u cores usable, %s%s%s; peak RSS %.1f MiB; t/s is the "
+               "median ± standard deviation of %u runs\n",
+               host.cpu, host.vendor, host.family, host.model, host.usable, host.online, host.flags,
+               *describe ? "; backend: " : "", describe, rss_mb, reps);
     } else {
-        printf("host: %s (%s family %d model %d), %u of %u cores usable, %s%s%s\n", host.cpu, host.vendor,
-               host.family, host.model, host.usable, host.online, host.flags, *describe ? "; backend: " : "",
-               describe);
-        printf("backend %s, threads %u: pp%u %.2f tokens/s, tg%u %.2f tokens/s (median of %u), peak RSS %.1f MiB "
-               "(weights %.1f MiB)\n",
-               backend, o->threads, p, pp_tps, n, tg_tps, reps, rss_mb, weights_mb);
+        char test_time[32];
+        time_t now = time(NULL);
+        strftime(test_time, sizeof test_time, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+        if (output == OUT_JSON)
+            printf("[\n");
+        for (size_t i = 0; i < n_rows; i++) {
+            print_json_row(&rows[i], reps, &model, o->model ? o->model : "", backend, &host, describe, rss_mb,
+                           test_time);
+            printf(output == OUT_JSON && i + 1 < n_rows ? ",\n" : "\n");
+        }
+        if (output == OUT_JSON)
+            printf("]\n");
     }
     if (fflush(stdout) != 0)
         status = app_fail("bench: cannot write to stdout");
 done:
+    free(rows);
     free(prompt);
-    free(pp);
-    free(tg);
-    app_runtime_close(&rt);
     return status;
 }

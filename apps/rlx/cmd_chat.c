@@ -11,15 +11,10 @@
 #include "common.h"
 #include "rlx/text.h"
 
-static const char help[] =
-    "usage: rlx chat [--model DIR] [--system TEXT] [--no-think] [-n N] [sampling options] [options]\n\n"
+static const char usage[] =
+    "usage: rlx chat [-m DIR] [--system TEXT] [--no-think] [-n N] [sampling options] [options]\n\n"
     "Reads your messages line by line from stdin and streams the model's replies. Commands:\n"
-    "/reset forgets the conversation, /quit (or Ctrl-D) ends it; Ctrl-C stops a reply.\n\n"
-    "  --system TEXT      a system message opening the conversation\n"
-    "  --no-think         Qwen3's enable_thinking=false\n"
-    "  -n N               at most N tokens per reply (default 512)\n"
-    "  --stats            after each reply, print on stderr how many prompt tokens were reused from\n"
-    "                     the KV cache and how many were run, and the speeds\n";
+    "/reset forgets the conversation, /quit (or Ctrl-D) ends it; Ctrl-C stops a reply.\n\n";
 
 static volatile sig_atomic_t interrupted;
 
@@ -178,37 +173,23 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conve
 
 int cmd_chat(int argc, char **argv, app_options *o) {
     const char *system = NULL;
-    int think = 1, stats = 0;
+    int no_think = 0, stats = 0, max_given = 0;
     uint32_t max_new = 512;
-    app_sampling sampling = {.params = rlx_sampler_params_default()};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0) {
-            printf("%s%s%s", help, app_sampling_help, app_common_help);
-            return 0;
-        }
-        int rc = app_parse_common(o, argc, argv, &i);
-        if (rc == 0)
-            rc = app_parse_sampling(&sampling, argc, argv, &i);
-        if (rc < 0)
-            return 1;
-        if (rc)
-            continue;
-        if (strcmp(a, "--no-think") == 0) {
-            think = 0;
-        } else if (strcmp(a, "--stats") == 0) {
-            stats = 1;
-        } else if (strcmp(a, "--system") == 0) {
-            if (!(system = app_value(argc, argv, &i)))
-                return 1;
-        } else if (strcmp(a, "-n") == 0) {
-            const char *v = app_value(argc, argv, &i);
-            if (!v || app_parse_u32(a, v, &max_new) < 0)
-                return 1;
-        } else {
-            return app_fail("chat: unknown option '%s' (see rlx chat --help)", a);
-        }
-    }
+    app_sampling sampling = {0};
+    const app_opt own[] = {
+        {0, "system", NULL, "TEXT", "a system message opening the conversation", APP_OPT_STRING, &system},
+        {0, "no-think", NULL, NULL, "Qwen3's enable_thinking=false", APP_OPT_FLAG, &no_think},
+        {'n', "n-predict", NULL, "N", "at most N tokens per reply (default 512)", APP_OPT_U32, &max_new, &max_given},
+        {0, "stats", NULL, NULL,
+         "after each reply, print on stderr how many prompt tokens were reused from\n"
+         "the KV cache and how many were run, and the speeds",
+         APP_OPT_FLAG, &stats},
+    };
+    const app_opt_group groups[] = {APP_OPT_GROUP("chat:", own), app_sampling_group(&sampling), app_common_group(o),
+                                    app_pipeline_group(&o->pipeline)};
+    int exit_status;
+    if (app_parse_command("chat", usage, groups, sizeof groups / sizeof groups[0], argc, argv, &exit_status))
+        return exit_status;
     if (app_sampling_finish(&sampling))
         return 1;
     app_runtime rt;
@@ -217,14 +198,14 @@ int cmd_chat(int argc, char **argv, app_options *o) {
     rlx_tokenizer *tok = NULL;
     rlx_sampler *sampler = NULL;
     conversation c = {0};
-    int status = 0;
-    if (rlx_tokenizer_load(rt.model_dir, &tok) != RLX_OK)
+    int status = app_generation_defaults(&rt, &sampling, &max_new, max_given);
+    if (!status && rlx_tokenizer_load(rt.model_dir, &tok) != RLX_OK)
         status = app_fail_rlx("chat: cannot load the tokenizer");
-    else if (rlx_chat_template_of(tok) != RLX_CHAT_TEMPLATE_QWEN3)
+    if (!status && rlx_chat_template_of(tok) != RLX_CHAT_TEMPLATE_QWEN3)
         status = app_fail("chat: %s has no standard Qwen3 chat template", rt.model_dir);
-    else if (rlx_sampler_create(&sampling.params, rt.lm.vocab, &sampler) != RLX_OK)
+    if (!status && rlx_sampler_create(&sampling.params, rt.lm.vocab, &sampler) != RLX_OK)
         status = app_fail_rlx("chat");
-    else if (system)
+    if (!status && system)
         status = add_message(&c, "system", system);
     size_t n_fixed = c.n;
     int tty = isatty(STDIN_FILENO);
@@ -264,7 +245,7 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         }
         if ((status = add_message(&c, "user", line)))
             break;
-        if (turn(&rt, tok, sampler, &c, think, max_new, stats)) {
+        if (turn(&rt, tok, sampler, &c, !no_think, max_new, stats)) {
             /* a failed turn leaves the conversation as it was before the message */
             clear_messages(&c, c.n - 1);
             if (ferror(stdout)) /* nobody is reading the replies any more */

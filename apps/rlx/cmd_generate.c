@@ -7,22 +7,13 @@
 #include "common.h"
 #include "rlx/text.h"
 
-static const char help[] =
-    "usage: rlx generate [--model DIR] (--tokens 1,5,3 | --prompt TEXT | -f FILE [--chat [--no-think]]) -n N\n"
-    "                    [--greedy | --temp T --top-k K --top-p P] [--seed S] [--stats]\n"
-    "                    [--spec NAME [--draft-tokens K] [--draft-model DIR] [--spec-opts OPTS]] [options]\n\n"
+static const char usage[] =
+    "usage: rlx generate [-m DIR] (-p TEXT | -f FILE | --tokens 1,5,3) [-n N] [--chat [--no-think]]\n"
+    "                    [sampling options] [--stats] [--spec NAME ...] [options]\n\n"
     "With --tokens, prints the generated token ids, space-separated, on one line. With --prompt\n"
     "or -f, encodes the text with the model's tokenizer.json and streams the generated text.\n"
-    "Stops after N tokens or an end-of-sequence id of config.json / generation_config.json.\n\n"
-    "  -n N               tokens to generate (default 16)\n"
-    "  --tokens LIST      the prompt as token ids, separated by commas or spaces\n"
-    "  -p, --prompt TEXT  the prompt as text\n"
-    "  -f, --file FILE    the prompt as the text of FILE ('-': standard input)\n"
-    "  --chat             wrap TEXT as a user turn with the model's chat template\n"
-    "  --no-think         with --chat: Qwen3's enable_thinking=false\n"
-    "  --truncate         keep the end of a prompt longer than the context instead of failing\n"
-    "  --stats            print prompt and generation speed on stderr (with --spec also the\n"
-    "                     acceptance figures)\n";
+    "Stops after N tokens, an end-of-sequence id of config.json / generation_config.json, a\n"
+    "--stop string or at the end of the context (saying so on stderr).\n\n";
 
 typedef struct output {
     rlx_detok *detok; /* NULL: print ids */
@@ -80,52 +71,38 @@ static int prompt_ids(const app_runtime *rt, const char *tokens, const char *pro
 int cmd_generate(int argc, char **argv, app_options *o) {
     const char *tokens = NULL, *prompt = NULL, *file = NULL;
     uint32_t n_new = 16;
-    int stats = 0, chat = 0, think = 1, truncate = 0, n_given = 0;
-    app_sampling sampling = {.params = rlx_sampler_params_default()};
+    int stats = 0, chat = 0, no_think = 0, truncate = 0, n_given = 0;
+    app_sampling sampling = {0};
     app_spec_options spec_options = {0};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0) {
-            printf("%s%s%s%s", help, app_sampling_help, app_spec_help, app_common_help);
-            return 0;
-        }
-        int rc = app_parse_common(o, argc, argv, &i);
-        if (rc == 0)
-            rc = app_parse_sampling(&sampling, argc, argv, &i);
-        if (rc == 0)
-            rc = app_parse_spec(&spec_options, argc, argv, &i);
-        if (rc < 0)
-            return 1;
-        if (rc)
-            continue;
-        if (strcmp(a, "--stats") == 0) {
-            stats = 1;
-        } else if (strcmp(a, "--chat") == 0) {
-            chat = 1;
-        } else if (strcmp(a, "--no-think") == 0) {
-            think = 0;
-        } else if (strcmp(a, "--truncate") == 0) {
-            truncate = 1;
-        } else if (strcmp(a, "--tokens") == 0 || strcmp(a, "--prompt") == 0 || strcmp(a, "-p") == 0 ||
-                   strcmp(a, "--file") == 0 || strcmp(a, "-f") == 0) {
-            const char **dst = a[2] == 't' ? &tokens : a[1] == 'f' || a[2] == 'f' ? &file : &prompt;
-            if (!(*dst = app_value(argc, argv, &i)))
-                return 1;
-        } else if (strcmp(a, "-n") == 0) {
-            const char *v = app_value(argc, argv, &i);
-            if (!v || app_parse_u32(a, v, &n_new) < 0)
-                return 1;
-            n_given = 1;
-        } else {
-            return app_fail("generate: unknown option '%s' (see rlx generate --help)", a);
-        }
-    }
+    const app_opt own[] = {
+        {'p', "prompt", NULL, "TEXT", "the prompt as text", APP_OPT_STRING, &prompt},
+        {'f', "file", NULL, "FILE", "the prompt as the text of FILE ('-': standard input)", APP_OPT_STRING, &file},
+        {0, "tokens", NULL, "LIST", "the prompt as token ids, separated by commas or spaces", APP_OPT_STRING,
+         &tokens},
+        {'n', "n-predict", NULL, "N", "tokens to generate (default 16)", APP_OPT_U32, &n_new, &n_given},
+        {0, "chat", NULL, NULL, "wrap the text as a user turn with the model's chat template", APP_OPT_FLAG, &chat},
+        {0, "no-think", NULL, NULL, "with --chat: Qwen3's enable_thinking=false", APP_OPT_FLAG, &no_think},
+        {0, "truncate", NULL, NULL, "keep the end of a prompt longer than the context instead of failing",
+         APP_OPT_FLAG, &truncate},
+        {0, "stats", NULL, NULL,
+         "print the seed, prompt and generation speed on stderr (with --spec also\n"
+         "the acceptance figures)",
+         APP_OPT_FLAG, &stats},
+    };
+    const app_opt_group groups[] = {APP_OPT_GROUP("generate:", own), app_sampling_group(&sampling),
+                                    app_spec_group(&spec_options), app_common_group(o),
+                                    app_pipeline_group(&o->pipeline)};
+    int exit_status;
+    if (app_parse_command("generate", usage, groups, sizeof groups / sizeof groups[0], argc, argv, &exit_status))
+        return exit_status;
     if (app_sampling_finish(&sampling))
         return 1;
     if ((tokens != NULL) + (prompt != NULL) + (file != NULL) != 1)
         return app_fail("generate: give exactly one of --tokens, --prompt and -f (see rlx generate --help)");
-    if ((chat || !think) && tokens)
-        return app_fail("generate: --chat and --no-think need a text prompt (--prompt or -f)");
+    if (chat && tokens)
+        return app_fail("generate: --chat needs a text prompt (--prompt or -f), not --tokens");
+    if (no_think && !chat)
+        return app_fail("generate: --no-think only changes the chat template; it needs --chat");
     char *file_text = NULL;
     size_t file_len;
     if (file && !(prompt = file_text = app_read_file("generate", file, &file_len)))
@@ -140,11 +117,16 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         free(file_text);
         return 1;
     }
-    app_generation_defaults(&rt, &sampling, &n_new, n_given);
+    if (app_generation_defaults(&rt, &sampling, &n_new, n_given)) {
+        app_speculator_close(&spec);
+        app_runtime_close(&rt);
+        free(file_text);
+        return 1;
+    }
     rlx_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
-    int status = prompt_ids(&rt, tokens, prompt, chat, think, &tok, &ids, &n);
+    int status = prompt_ids(&rt, tokens, prompt, chat, !no_think, &tok, &ids, &n);
     uint32_t capacity = rt.lm.capacity(rt.lm.self);
     if (!status && (n > capacity || n_new > capacity - n)) {
         if (!truncate || n_new >= capacity)
@@ -183,6 +165,8 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     if (!status && out.failed)
         status = app_fail("generate: cannot write to stdout");
     if (!status && stats) {
+        fprintf(stderr, "rlx: seed %llu%s\n", (unsigned long long)sampling.params.seed,
+                sampling.params.greedy ? " (greedy: unused)" : sampling.seed_drawn ? " (drawn; --seed repeats the run)" : "");
         double decode = st.n_generated > 1 ? (st.n_generated - 1) / st.generate_seconds : 0;
         fprintf(stderr, "rlx: prompt %u tokens at %.1f tokens/s; generated %u tokens at %.1f tokens/s%s\n",
                 st.n_prompt, st.n_prompt / st.prompt_seconds, st.n_generated, decode,

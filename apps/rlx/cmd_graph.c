@@ -4,30 +4,20 @@
 
 #include "common.h"
 
-static const char help[] = "usage: rlx graph --model DIR [-t TOKENS] [options]\n\n"
-                           "Prints the graph for a run of TOKENS positions (default 1) with the backend of\n"
-                           "each node and the activation arena size.\n\noptions:\n";
+static const char usage[] = "usage: rlx graph [-m DIR] [--positions N] [options]\n\n"
+                            "Prints the graph for a run of N positions (default 1) with the backend of\n"
+                            "each node, its precision and the activation arena size.\n\n";
 
 int cmd_graph(int argc, char **argv, app_options *o) {
-    uint32_t tokens = 1;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0) {
-            printf("%s%s", help, app_common_help);
-            return 0;
-        }
-        int rc = app_parse_common(o, argc, argv, &i);
-        if (rc < 0)
-            return 1;
-        if (rc)
-            continue;
-        if (strcmp(argv[i], "-t") == 0) {
-            const char *v = app_value(argc, argv, &i);
-            if (!v || app_parse_u32("-t", v, &tokens) < 0)
-                return 1;
-        } else {
-            return app_fail("graph: unknown option '%s' (see rlx graph --help)", argv[i]);
-        }
-    }
+    uint32_t positions = 1;
+    const app_opt own[] = {
+        {0, "positions", NULL, "N", "positions the planned run computes (default 1)", APP_OPT_U32, &positions,
+         .min = 1},
+    };
+    const app_opt_group groups[] = {APP_OPT_GROUP("graph:", own), app_common_group(o)};
+    int exit_status;
+    if (app_parse_command("graph", usage, groups, sizeof groups / sizeof groups[0], argc, argv, &exit_status))
+        return exit_status;
     app_runtime rt;
     if (app_runtime_open(&rt, o))
         return 1;
@@ -35,7 +25,7 @@ int cmd_graph(int argc, char **argv, app_options *o) {
         app_runtime_close(&rt);
         return app_fail("graph: prints the plan of a model run in this process, not of a pipeline");
     }
-    int status = rlx_session_dump_plan(rt.session, tokens, stdout) == RLX_OK ? 0 : app_fail_rlx("graph");
+    int status = rlx_session_dump_plan(rt.session, positions, stdout) == RLX_OK ? 0 : app_fail_rlx("graph");
     app_runtime_close(&rt);
     return status;
 }

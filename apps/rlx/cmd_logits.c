@@ -7,35 +7,24 @@
 
 #include "common.h"
 
-static const char help[] = "usage: rlx logits --model DIR --tokens 1,5,3 [--all] --out FILE [options]\n\n"
-                           "Writes the last position's vocab logits (or with --all every position's, row after\n"
-                           "row) as raw little-endian float32 to FILE.\n\noptions:\n";
+static const char usage[] = "usage: rlx logits [-m DIR] --tokens 1,5,3 [--all] --out FILE [options]\n\n"
+                            "Writes the last position's vocab logits (or with --all every position's, row after\n"
+                            "row) as raw little-endian float32 to FILE.\n\n";
 
 int cmd_logits(int argc, char **argv, app_options *o) {
     const char *tokens = NULL, *out_path = NULL;
     int all = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0) {
-            printf("%s%s", help, app_common_help);
-            return 0;
-        }
-        int rc = app_parse_common(o, argc, argv, &i);
-        if (rc < 0)
-            return 1;
-        if (rc)
-            continue;
-        if (strcmp(argv[i], "--tokens") == 0) {
-            if (!(tokens = app_value(argc, argv, &i)))
-                return 1;
-        } else if (strcmp(argv[i], "--out") == 0) {
-            if (!(out_path = app_value(argc, argv, &i)))
-                return 1;
-        } else if (strcmp(argv[i], "--all") == 0) {
-            all = 1;
-        } else {
-            return app_fail("logits: unknown option '%s' (see rlx logits --help)", argv[i]);
-        }
-    }
+    const app_opt own[] = {
+        {0, "tokens", NULL, "LIST", "the prompt as token ids, separated by commas or spaces", APP_OPT_STRING,
+         &tokens},
+        {0, "out", NULL, "FILE", "where to write the logits", APP_OPT_STRING, &out_path},
+        {0, "all", NULL, NULL, "every position's logits, not only the last one's", APP_OPT_FLAG, &all},
+    };
+    const app_opt_group groups[] = {APP_OPT_GROUP("logits:", own), app_common_group(o),
+                                    app_pipeline_group(&o->pipeline)};
+    int exit_status;
+    if (app_parse_command("logits", usage, groups, sizeof groups / sizeof groups[0], argc, argv, &exit_status))
+        return exit_status;
     if (!tokens || !out_path)
         return app_fail("logits: --tokens and --out are required (see rlx logits --help)");
     int32_t *ids;

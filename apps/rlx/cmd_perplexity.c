@@ -15,15 +15,12 @@
 
 #include "common.h"
 
-static const char help[] =
-    "usage: rlx perplexity [--model DIR] -f FILE [-c N] [--chunks K] [options]\n\n"
+static const char usage[] =
+    "usage: rlx perplexity [-m DIR] -f FILE [-c N] [--chunks K] [options]\n\n"
     "Perplexity of the model on the text of FILE ('-' for standard input), as llama.cpp's\n"
     "llama-perplexity computes it: the text's tokens are cut into chunks of N, each evaluated\n"
     "from an empty cache, and the second half of each chunk's predictions is scored. Prints the\n"
-    "running perplexity after each chunk, then 'Final estimate: PPL = X +/- Y'.\n\n"
-    "  -f, --file FILE   the text (UTF-8)\n"
-    "  -c N              tokens per chunk (default 512; at least 4, at most the KV cache)\n"
-    "  --chunks K        score only the first K chunks (default: all)\n\noptions:\n";
+    "running perplexity after each chunk, then 'Final estimate: PPL = X +/- Y'.\n\n";
 
 /* Adds -log p(next token) of logits rows [0, n) predicting ids[1 .. n] to *nll, and its square to *nll2. */
 static void score_rows(const float *logits, int64_t vocab, const int32_t *ids, uint32_t n, double *nll,
@@ -45,36 +42,22 @@ static void score_rows(const float *logits, int64_t vocab, const int32_t *ids, u
 int cmd_perplexity(int argc, char **argv, app_options *o) {
     const char *file = NULL;
     uint32_t chunk = 512, max_chunks = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0) {
-            printf("%s%s", help, app_common_help);
-            return 0;
-        }
-        int rc = app_parse_common(o, argc, argv, &i);
-        if (rc < 0)
-            return 1;
-        if (rc)
-            continue;
-        const char *v;
-        if (strcmp(argv[i], "-f") == 0 || strcmp(argv[i], "--file") == 0) {
-            if (!(file = app_value(argc, argv, &i)))
-                return 1;
-        } else if (strcmp(argv[i], "-c") == 0) {
-            if (!(v = app_value(argc, argv, &i)) || app_parse_u32("-c", v, &chunk) < 0)
-                return 1;
-        } else if (strcmp(argv[i], "--chunks") == 0) {
-            if (!(v = app_value(argc, argv, &i)) || app_parse_u32("--chunks", v, &max_chunks) < 0)
-                return 1;
-        } else {
-            return app_fail("perplexity: unknown option '%s' (see rlx perplexity --help)", argv[i]);
-        }
-    }
+    const app_opt own[] = {
+        {'f', "file", NULL, "FILE", "the text (UTF-8)", APP_OPT_STRING, &file},
+        {'c', "ctx-size", "ctx", "N", "tokens per chunk, the context of each evaluation (default 512; at least 4)",
+         APP_OPT_U32, &chunk},
+        {0, "chunks", NULL, "K", "score only the first K chunks (default: all)", APP_OPT_U32, &max_chunks, .min = 1},
+    };
+    const app_opt_group groups[] = {APP_OPT_GROUP("perplexity:", own), app_common_group(o),
+                                    app_pipeline_group(&o->pipeline)};
+    int exit_status;
+    if (app_parse_command("perplexity", usage, groups, sizeof groups / sizeof groups[0], argc, argv, &exit_status))
+        return exit_status;
     if (!file)
         return app_fail("perplexity: -f FILE is required (see rlx perplexity --help)");
     if (chunk < 4)
-        return app_fail("perplexity: -c %u is too small: a chunk needs at least 4 tokens", chunk);
-    if (!o->ctx)
-        o->ctx = chunk; /* the cache only ever holds one chunk */
+        return app_fail("perplexity: a chunk of %u tokens (-c) is too small: it needs at least 4", chunk);
+    o->ctx = chunk; /* the cache only ever holds one chunk */
     size_t len;
     char *text = app_read_file("perplexity", file, &len);
     if (!text)
@@ -95,11 +78,6 @@ int cmd_perplexity(int argc, char **argv, app_options *o) {
     /* special tokens in the text stay text, as llama-perplexity tokenizes it */
     if (rlx_tokenizer_encode(tok, text, len, 0, &ids, &n_ids) != RLX_OK) {
         status = app_fail_rlx("perplexity: cannot encode the text");
-        goto done;
-    }
-    if (chunk > rt.lm.capacity(rt.lm.self)) {
-        status = app_fail("perplexity: -c %u exceeds the KV cache of %u positions (raise --ctx)", chunk,
-                          rt.lm.capacity(rt.lm.self));
         goto done;
     }
     uint32_t n_chunks = (uint32_t)(n_ids / chunk);

@@ -37,20 +37,22 @@ static int print_plugin(void *ctx, const char *path, const rlx_plugin_handle *h,
     return 0;
 }
 
+static const char usage[] =
+    "usage: rlx plugins [-v] [--plugin-dir DIR]\n\n"
+    "Lists name, kind, version and file of every plugin in the search folders:\n"
+    "--plugin-dir, then RLX_PLUGIN_PATH (colon-separated), the build tree, the install prefix.\n"
+    "With -v, each backend is opened with its default options and says what it runs on\n"
+    "(kernels, library cores, threads).\n\n";
+
 int cmd_plugins(int argc, char **argv, app_options *o) {
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0) {
-            printf("usage: rlx plugins [-v] [--plugin-dir DIR]\n\n"
-                   "Lists name, kind, version and file of every plugin in the search folders:\n"
-                   "--plugin-dir, then RLX_PLUGIN_PATH (colon-separated), the build tree, the install prefix.\n"
-                   "With -v, each backend is opened with its default options and says what it runs on\n"
-                   "(kernels, library cores, threads).\n");
-            return 0;
-        }
-        int rc = app_parse_common(o, argc, argv, &i);
-        if (rc <= 0)
-            return rc < 0 ? 1 : app_fail("plugins: unknown option '%s'", argv[i]);
-    }
+    const app_opt own[] = {
+        {0, "plugin-dir", NULL, "DIR", "search DIR for plugins first", APP_OPT_STRING, &o->plugin_dir},
+        {'v', "verbose", NULL, NULL, "open each backend and print what it runs on", APP_OPT_FLAG, &o->verbose},
+    };
+    const app_opt_group groups[] = {APP_OPT_GROUP("plugins:", own)};
+    int exit_status;
+    if (app_parse_command("plugins", usage, groups, 1, argc, argv, &exit_status))
+        return exit_status;
     rlx_registry *r;
     if (rlx_registry_create(o->plugin_dir, &r) != RLX_OK)
         return app_fail_rlx("plugins");

@@ -11,7 +11,7 @@
 #include "rlx/deploy.h"
 #include "rlx/dist.h"
 
-static const char help[] =
+static const char usage[] =
     "usage: rlx stage --config FILE --stage I [options]\n"
     "       rlx stage --listen HOST:PORT --model DIR --layers A-B [--plugin P] [--transport T] [options]\n\n"
     "Runs layers A-B (inclusive) of the model for pipeline drivers (rlx generate --config ...) and\n"
@@ -19,17 +19,7 @@ static const char help[] =
     "stage that holds layer 0 embeds token ids; the one holding the last layer computes logits.\n"
     "With --config, the stage's address, backend, backend options, threads and layers come from the deployment\n"
     "file; options given here override them.\n\n"
-    "  --config FILE      deployment file (YAML)\n"
-    "  --stage I          which stage of the file to run (0 = first)\n"
-    "  --listen ADDR      address to listen on (port 0 picks a free one; it is logged)\n"
-    "  --layers A-B       the layer range, inclusive\n"
-    "  --transport NAME   transport plugin (tcp, grpc; default tcp or the file's)\n"
-    "  --first, --last    assert that the range starts at layer 0 / ends at the model's last layer\n"
-    "  --timeout MS       bound on sending an answer and on waiting for a handshake (default 5000)\n"
-    "  --no-prefetch      do not read the stage's weights in before listening\n"
-    "  --ready-fd N       write the bound address and a newline to descriptor N once listening\n"
-    "  -v, --verbose      log connections and sessions, not only problems\n\n"
-    "options:\n";
+    "\n";
 
 static volatile sig_atomic_t stop_requested;
 
@@ -64,51 +54,42 @@ static void report_ready(void *ctx, const char *address) {
 typedef struct stage_args {
     const char *config, *listen, *layers, *transport;
     uint32_t index, timeout_ms;
-    int has_index, first, last, ready_fd, prefetch, verbose;
+    int has_index, first, last, ready_fd, no_prefetch;
 } stage_args;
 
+static int parse_ready_fd(const char *opt, const char *value, void *target) {
+    uint32_t fd;
+    if (app_parse_u32(opt, value, &fd) < 0)
+        return -1;
+    if (fd > 1024)
+        return app_fail("%s: %u is not a descriptor", opt, fd), -1;
+    *(int *)target = (int)fd;
+    return 0;
+}
+
 static int parse_args(stage_args *a, app_options *o, int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        const char *s = argv[i], *v;
-        uint32_t u;
-        if (strcmp(s, "--help") == 0) {
-            printf("%s%s", help, app_common_help);
-            return 2;
-        }
-        if (strcmp(s, "--config") == 0 || strcmp(s, "--listen") == 0 || strcmp(s, "--layers") == 0 ||
-            strcmp(s, "--transport") == 0) {
-            if (!(v = app_value(argc, argv, &i)))
-                return 1;
-            const char **dst = s[2] == 'c' ? &a->config : s[2] == 't' ? &a->transport : s[3] == 'i' ? &a->listen
-                                                                                                   : &a->layers;
-            *dst = v;
-        } else if (strcmp(s, "--stage") == 0 || strcmp(s, "--timeout") == 0 || strcmp(s, "--ready-fd") == 0) {
-            if (!(v = app_value(argc, argv, &i)) || app_parse_u32(s, v, &u) < 0)
-                return 1;
-            if (s[2] == 's')
-                a->index = u, a->has_index = 1;
-            else if (s[2] == 't')
-                a->timeout_ms = u;
-            else if (u > 1024)
-                return app_fail("--ready-fd: %u is not a descriptor", u);
-            else
-                a->ready_fd = (int)u;
-        } else if (strcmp(s, "--first") == 0) {
-            a->first = 1;
-        } else if (strcmp(s, "--last") == 0) {
-            a->last = 1;
-        } else if (strcmp(s, "--no-prefetch") == 0) {
-            a->prefetch = 0;
-        } else if (strcmp(s, "-v") == 0 || strcmp(s, "--verbose") == 0) {
-            a->verbose = 1;
-        } else {
-            int rc = app_parse_common(o, argc, argv, &i);
-            if (rc < 0)
-                return 1;
-            if (rc == 0)
-                return app_fail("stage: unknown option '%s' (see rlx stage --help)", s);
-        }
-    }
+    const app_opt own[] = {
+        {0, "config", NULL, "FILE", "deployment file (YAML)", APP_OPT_STRING, &a->config},
+        {0, "stage", NULL, "I", "which stage of the file to run (0 = first)", APP_OPT_U32, &a->index, &a->has_index},
+        {0, "listen", NULL, "ADDR", "address to listen on (port 0 picks a free one; it is logged)", APP_OPT_STRING,
+         &a->listen},
+        {0, "layers", NULL, "A-B", "the layer range, inclusive", APP_OPT_STRING, &a->layers},
+        {0, "transport", NULL, "NAME", "transport plugin (tcp, grpc; default tcp or the file's)", APP_OPT_STRING,
+         &a->transport},
+        {0, "first", NULL, NULL, "assert that the range starts at layer 0", APP_OPT_FLAG, &a->first},
+        {0, "last", NULL, NULL, "assert that the range ends at the model's last layer", APP_OPT_FLAG, &a->last},
+        {0, "timeout", NULL, "MS", "bound on sending an answer and on waiting for a handshake (default 5000)",
+         APP_OPT_U32, &a->timeout_ms, .min = 1},
+        {0, "no-prefetch", NULL, NULL, "do not read the stage's weights in before listening", APP_OPT_FLAG,
+         &a->no_prefetch},
+        {0, "ready-fd", NULL, "N", "write the bound address and a newline to descriptor N once listening",
+         APP_OPT_CUSTOM, &a->ready_fd, .parse = parse_ready_fd},
+        {'v', "verbose", NULL, NULL, "log connections and sessions, not only problems", APP_OPT_FLAG, &o->verbose},
+    };
+    const app_opt_group groups[] = {APP_OPT_GROUP("stage:", own), app_common_group(o)};
+    int exit_status;
+    if (app_parse_command("stage", usage, groups, sizeof groups / sizeof groups[0], argc, argv, &exit_status))
+        return exit_status ? 1 : 2;
     /* options given before the command land in the pipeline options */
     if (!a->config)
         a->config = o->pipeline.config;
@@ -128,7 +109,7 @@ static int parse_args(stage_args *a, app_options *o, int argc, char **argv) {
 }
 
 int cmd_stage(int argc, char **argv, app_options *o) {
-    stage_args a = {.ready_fd = -1, .prefetch = 1};
+    stage_args a = {.ready_fd = -1};
     int status = parse_args(&a, o, argc, argv);
     if (status)
         return status == 2 ? 0 : status;
@@ -139,7 +120,7 @@ int cmd_stage(int argc, char **argv, app_options *o) {
     rlx_backend *backend = NULL;
     const char *backend_name = o->plugin, *backend_opts = o->backend_opts, *listen = a.listen, *transport = a.transport;
     uint32_t threads = o->threads;
-    stage_log log = {.verbose = a.verbose || o->verbose};
+    stage_log log = {.verbose = o->verbose};
     rlx_layer_range range = {0, 0};
     const rlx_deploy_stage *ds = NULL;
     if (a.config) {
@@ -257,7 +238,7 @@ int cmd_stage(int argc, char **argv, app_options *o) {
     so.layers = range;
     so.session = (rlx_session_options){.kv_capacity = o->ctx, .backends = &backend, .n_backends = backend ? 1 : 0};
     so.backend_name = backend ? rlx_backend_name(backend) : "ref";
-    so.prefetch = a.prefetch;
+    so.prefetch = !a.no_prefetch;
     so.timeout_ms = a.timeout_ms;
     so.stop = &stop_requested;
     so.on_listening = report_ready;

@@ -7,22 +7,15 @@
 #include "common.h"
 #include "rlx/text.h"
 
-static const char tokenize_help[] =
-    "usage: rlx tokenize --model DIR (--text TEXT | --file FILE) [--no-special]\n\n"
+static const char tokenize_usage[] =
+    "usage: rlx tokenize [-m DIR] (-p TEXT | -f FILE) [--no-special]\n\n"
     "Prints the token ids of TEXT (or of FILE's bytes, '-' for stdin) on one line, separated by\n"
     "spaces, exactly as the Hugging Face tokenizer of DIR/tokenizer.json encodes them (no BOS/EOS\n"
-    "is added).\n\noptions:\n"
-    "  --model DIR        model directory holding tokenizer.json\n"
-    "  --text TEXT        the text to encode (UTF-8)\n"
-    "  --file FILE        encode the contents of FILE instead\n"
-    "  --no-special       treat special tokens such as <|im_end|> in the text as plain text\n";
+    "is added).\n\n";
 
-static const char detokenize_help[] =
-    "usage: rlx detokenize --model DIR --ids 1,2,3 [--skip-special]\n\n"
-    "Prints the text of the comma-separated token ids (no newline is added).\n\noptions:\n"
-    "  --model DIR        model directory holding tokenizer.json\n"
-    "  --ids LIST         token ids, separated by commas or spaces (what rlx tokenize prints)\n"
-    "  --skip-special     leave special tokens such as <|im_end|> out of the text\n";
+static const char detokenize_usage[] =
+    "usage: rlx detokenize [-m DIR] --ids 1,2,3 [--skip-special]\n\n"
+    "Prints the text of the token ids (no newline is added).\n\n";
 
 /* The whole of path ("-" = stdin) in a malloc'd buffer. */
 static int read_all(const char *path, char **out, size_t *len) {
@@ -75,31 +68,20 @@ static int load(app_options *o, const char *cmd, rlx_tokenizer **tok) {
 
 int cmd_tokenize(int argc, char **argv, app_options *o) {
     const char *text = NULL, *file = NULL;
-    int parse_special = 1;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(tokenize_help, stdout);
-            return 0;
-        }
-        int rc = app_parse_common(o, argc, argv, &i);
-        if (rc < 0)
-            return 1;
-        if (rc)
-            continue;
-        if (strcmp(argv[i], "--text") == 0) {
-            if (!(text = app_value(argc, argv, &i)))
-                return 1;
-        } else if (strcmp(argv[i], "--file") == 0) {
-            if (!(file = app_value(argc, argv, &i)))
-                return 1;
-        } else if (strcmp(argv[i], "--no-special") == 0) {
-            parse_special = 0;
-        } else {
-            return app_fail("tokenize: unknown option '%s' (see rlx tokenize --help)", argv[i]);
-        }
-    }
+    int no_special = 0;
+    const app_opt own[] = {
+        {'p', "prompt", "text", "TEXT", "the text to encode (UTF-8)", APP_OPT_STRING, &text},
+        {'f', "file", NULL, "FILE", "encode the bytes of FILE instead ('-': standard input)", APP_OPT_STRING, &file},
+        {0, "no-special", NULL, NULL, "treat special tokens such as <|im_end|> in the text as plain text",
+         APP_OPT_FLAG, &no_special},
+    };
+    const app_opt_group groups[] = {APP_OPT_GROUP("tokenize:", own), app_model_group(o)};
+    int exit_status;
+    if (app_parse_command("tokenize", tokenize_usage, groups, sizeof groups / sizeof groups[0], argc, argv,
+                          &exit_status))
+        return exit_status;
     if (!text == !file)
-        return app_fail("tokenize: give exactly one of --text and --file (see rlx tokenize --help)");
+        return app_fail("tokenize: give exactly one of --prompt (or --text) and --file (see rlx tokenize --help)");
     char *buf = NULL;
     size_t len = 0;
     if (file && read_all(file, &buf, &len))
@@ -112,8 +94,8 @@ int cmd_tokenize(int argc, char **argv, app_options *o) {
     int32_t *ids = NULL;
     size_t n = 0;
     int status = 0;
-    if (rlx_tokenizer_encode(tok, file ? buf : text, file ? len : strlen(text), parse_special, &ids, &n) != RLX_OK) {
-        status = app_fail_rlx(file ? "tokenize: cannot encode the file" : "tokenize: cannot encode --text");
+    if (rlx_tokenizer_encode(tok, file ? buf : text, file ? len : strlen(text), !no_special, &ids, &n) != RLX_OK) {
+        status = app_fail_rlx(file ? "tokenize: cannot encode the file" : "tokenize: cannot encode the text");
     } else {
         for (size_t i = 0; i < n; i++)
             printf(i ? " %d" : "%d", ids[i]);
@@ -127,35 +109,40 @@ int cmd_tokenize(int argc, char **argv, app_options *o) {
     return status;
 }
 
-int cmd_detokenize(int argc, char **argv, app_options *o) {
-    const char *list = NULL, *opt = "--ids";
-    unsigned flags = RLX_DECODE_STRICT;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(detokenize_help, stdout);
-            return 0;
-        }
-        int rc = app_parse_common(o, argc, argv, &i);
-        if (rc < 0)
-            return 1;
-        if (rc)
-            continue;
-        if (strcmp(argv[i], "--ids") == 0 || strcmp(argv[i], "--tokens") == 0) {
-            opt = argv[i];
-            if (!(list = app_value(argc, argv, &i)))
-                return 1;
-        } else if (strcmp(argv[i], "--skip-special") == 0) {
-            flags |= RLX_DECODE_SKIP_SPECIAL;
-        } else {
-            return app_fail("detokenize: unknown option '%s' (see rlx detokenize --help)", argv[i]);
-        }
-    }
-    if (!list)
-        return app_fail("detokenize: --ids is required (see rlx detokenize --help)");
+typedef struct id_list {
     int32_t *ids;
-    int n = app_parse_tokens(opt, list, &ids);
-    if (n < 0)
-        return 1;
+    int n;
+} id_list;
+
+static int parse_ids(const char *opt, const char *value, void *target) {
+    id_list *l = target;
+    free(l->ids);
+    l->ids = NULL;
+    l->n = app_parse_tokens(opt, value, &l->ids);
+    return l->n < 0 ? -1 : 0;
+}
+
+int cmd_detokenize(int argc, char **argv, app_options *o) {
+    id_list list = {NULL, 0};
+    int skip_special = 0;
+    const app_opt own[] = {
+        {0, "ids", "tokens", "LIST", "token ids, separated by commas or spaces (what rlx tokenize prints)",
+         APP_OPT_CUSTOM, &list, .parse = parse_ids},
+        {0, "skip-special", NULL, NULL, "leave special tokens such as <|im_end|> out of the text", APP_OPT_FLAG,
+         &skip_special},
+    };
+    const app_opt_group groups[] = {APP_OPT_GROUP("detokenize:", own), app_model_group(o)};
+    int exit_status;
+    if (app_parse_command("detokenize", detokenize_usage, groups, sizeof groups / sizeof groups[0], argc, argv,
+                          &exit_status)) {
+        free(list.ids);
+        return exit_status;
+    }
+    if (!list.ids)
+        return app_fail("detokenize: --ids is required (see rlx detokenize --help)");
+    int32_t *ids = list.ids;
+    int n = list.n;
+    unsigned flags = RLX_DECODE_STRICT | (skip_special ? RLX_DECODE_SKIP_SPECIAL : 0);
     rlx_tokenizer *tok;
     if (load(o, "detokenize", &tok)) {
         free(ids);

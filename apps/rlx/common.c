@@ -6,23 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common.h"
-
-const char app_common_help[] =
-    "  --model DIR        Hugging Face model directory (config.json, *.safetensors); default:\n"
-    "                     $RLX_MODEL, else the Brown target model shipped with rlx\n"
-    "  --plugin NAME      backend plugin (default cpu-blas; 'ref' = portable reference kernels)\n"
-    "  --plugin-dir DIR   search DIR for plugins first (also RLX_PLUGIN_PATH)\n"
-    "  --place OP=NAME,.. run every node of OP (matmul, attention, ...) on backend NAME\n"
-    "  --backend-opts K=V,..  options of --plugin's backend (e.g. isa=avx2; ref: act=bf16); --place\n"
-    "                     backends get their defaults; launched stages inherit them\n"
-    "  --threads N        threads for the backend (default: all cores; the local stages of a\n"
-    "                     pipeline, and the driver if it drafts, divide the cores evenly)\n"
-    "  -v, --verbose      say what each backend runs on (kernels, library cores, threads)\n"
-    "  --ctx N            KV cache positions (default: min(max_position_embeddings, 4096))\n"
-    "pipeline options (run the model over stage processes):\n" APP_PIPELINE_HELP;
 
 int app_fail(const char *fmt, ...) {
     va_list ap;
@@ -37,14 +25,6 @@ int app_fail(const char *fmt, ...) {
 int app_fail_rlx(const char *what) {
     const char *detail = rlx_last_error();
     return app_fail("%s%s%s", what, *detail ? ": " : "", detail);
-}
-
-const char *app_value(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        app_fail("option %s needs a value", argv[*i]);
-        return NULL;
-    }
-    return argv[++*i];
 }
 
 int app_parse_u32(const char *opt, const char *text, uint32_t *out) {
@@ -138,40 +118,58 @@ char *app_read_file(const char *what, const char *path, size_t *len) {
     return buf;
 }
 
-int app_parse_common(app_options *o, int argc, char **argv, int *i) {
-    const char *a = argv[*i], *v;
-    if (strcmp(a, "--model") == 0) {
-        if (!(v = app_value(argc, argv, i)))
-            return -1;
-        o->model = v;
-    } else if (strcmp(a, "--plugin") == 0) {
-        if (!(v = app_value(argc, argv, i)))
-            return -1;
-        o->plugin = v;
-    } else if (strcmp(a, "--plugin-dir") == 0) {
-        if (!(v = app_value(argc, argv, i)))
-            return -1;
-        o->plugin_dir = v;
-    } else if (strcmp(a, "--place") == 0) {
-        if (!(v = app_value(argc, argv, i)))
-            return -1;
-        o->place = v;
-    } else if (strcmp(a, "--backend-opts") == 0) {
-        if (!(v = app_value(argc, argv, i)))
-            return -1;
-        o->backend_opts = v;
-    } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
-        o->verbose = 1;
-    } else if (strcmp(a, "--threads") == 0) {
-        if (!(v = app_value(argc, argv, i)) || app_parse_u32(a, v, &o->threads) < 0)
-            return -1;
-    } else if (strcmp(a, "--ctx") == 0) {
-        if (!(v = app_value(argc, argv, i)) || app_parse_u32(a, v, &o->ctx) < 0)
-            return -1;
-    } else {
-        return app_pipeline_parse(&o->pipeline, argc, argv, i);
-    }
-    return 1;
+app_opt_group app_model_group(app_options *o) {
+    static app_opt opts[1];
+    opts[0] = (app_opt){'m', "model", NULL, "DIR",
+                        "Hugging Face model directory (config.json, *.safetensors); default:\n"
+                        "$RLX_MODEL, else the Brown target model shipped with rlx",
+                        APP_OPT_STRING, &o->model};
+    return APP_OPT_GROUP("model:", opts);
+}
+
+app_opt_group app_common_group(app_options *o) {
+    static app_opt opts[8];
+    const app_opt model = app_model_group(o).opts[0];
+    app_opt list[] = {
+        model,
+        {0, "plugin", NULL, "NAME", "backend plugin (default cpu-blas; 'ref' = portable reference kernels)",
+         APP_OPT_STRING, &o->plugin},
+        {0, "plugin-dir", NULL, "DIR", "search DIR for plugins first (also RLX_PLUGIN_PATH)", APP_OPT_STRING,
+         &o->plugin_dir},
+        {0, "place", NULL, "OP=NAME,..", "run every node of OP (matmul, attention, ...) on backend NAME",
+         APP_OPT_STRING, &o->place},
+        {0, "backend-opts", NULL, "K=V,..",
+         "options of --plugin's backend (e.g. isa=avx2; ref: act=bf16); --place\n"
+         "backends get their defaults; launched stages inherit them",
+         APP_OPT_STRING, &o->backend_opts},
+        {'t', "threads", NULL, "N",
+         "threads for the backend (default: all cores; the local stages of a\n"
+         "pipeline, and the driver if it drafts, divide the cores evenly)",
+         APP_OPT_U32, &o->threads, .min = 1},
+        {'c', "ctx-size", "ctx", "N", "KV cache positions (default: min(max_position_embeddings, 4096))",
+         APP_OPT_U32, &o->ctx, .min = 1},
+        {'v', "verbose", NULL, NULL,
+         "say what each backend runs on (kernels, library cores, threads) and\n"
+         "let the transport libraries log",
+         APP_OPT_FLAG, &o->verbose},
+    };
+    memcpy(opts, list, sizeof opts);
+    return APP_OPT_GROUP("options:", opts);
+}
+
+int app_parse_command(const char *name, const char *usage, const app_opt_group *groups, size_t n_groups, int argc,
+                      char **argv, int *exit_status) {
+    app_command_spec spec = {.name = name, .usage = usage, .groups = groups, .n_groups = n_groups};
+    int rc = app_opts_parse(&spec, argc, argv, 0, NULL);
+    *exit_status = rc == 2 ? 0 : rc;
+    return rc;
+}
+
+void app_warn_threads(uint32_t threads) {
+    const uint32_t cores = app_usable_cores();
+    if (threads > cores)
+        fprintf(stderr, "rlx: warning: --threads %u is more than the %u cores this process may use; the threads "
+                "will take turns on them, which is slower than --threads %u\n", threads, cores, cores);
 }
 
 uint32_t app_usable_cores(void) {
@@ -222,6 +220,8 @@ static int backend_named(app_runtime *rt, const app_options *o, const char *name
         return app_fail_rlx("cannot search for plugins");
     rlx_backend_options bo = rlx_backend_options_default();
     bo.n_threads = o->threads ? o->threads : rt->default_threads;
+    if (main_backend)
+        app_warn_threads(o->threads);
     bo.extra = extra;
     if (app_backend_open(rt->registry, name, &bo, "", &rt->plugins[rt->n_backends], &rt->backends[rt->n_backends]))
         return 1;
@@ -347,48 +347,53 @@ void app_runtime_close(app_runtime *rt) {
     memset(rt, 0, sizeof *rt);
 }
 
-const char app_sampling_help[] =
-    "  --greedy           always take the most likely token (the default without sampling options)\n"
-    "  --temp T           sampling temperature (> 0)\n"
-    "  --top-k K          keep the K most likely tokens (0 = all)\n"
-    "  --top-p P          keep the smallest set of tokens whose probability reaches P\n"
-    "  --seed S           random seed; the same seed gives the same output\n";
+static int add_stop(const char *opt, const char *value, void *target) {
+    app_sampling *s = target;
+    if (!*value)
+        return app_fail("%s: an empty stop string would stop before the first token", opt), -1;
+    if (s->n_stops == APP_MAX_STOPS)
+        return app_fail("%s: at most %d stop strings", opt, APP_MAX_STOPS), -1;
+    s->stops[s->n_stops++] = value;
+    return 0;
+}
 
-int app_parse_sampling(app_sampling *s, int argc, char **argv, int *i) {
-    const char *a = argv[*i], *v;
-    if (strcmp(a, "--greedy") == 0) {
-        s->greedy = 1;
-        return 1;
-    }
-    if (strcmp(a, "--temp") && strcmp(a, "--top-k") && strcmp(a, "--top-p") && strcmp(a, "--seed"))
-        return 0;
-    if (!(v = app_value(argc, argv, i)))
-        return -1;
-    if (strcmp(a, "--seed") == 0) {
-        char *end;
-        errno = 0;
-        unsigned long long seed = strtoull(v, &end, 10);
-        if (errno || end == v || *end || v[0] == '-')
-            return app_fail("--seed: '%s' is not a non-negative integer", v), -1;
-        s->params.seed = seed;
-        s->seeded = 1;
-        return 1;
-    }
-    s->sampling = 1;
-    if (strcmp(a, "--top-k") == 0) {
-        uint32_t k;
-        if (app_parse_u32(a, v, &k) < 0 || k > INT32_MAX)
-            return -1;
-        s->params.top_k = (int32_t)k;
-        return 1;
-    }
-    return app_parse_float(a, v, strcmp(a, "--temp") == 0 ? &s->params.temperature : &s->params.top_p) < 0 ? -1 : 1;
+app_opt_group app_sampling_group(app_sampling *s) {
+    static app_opt opts[11];
+    app_opt list[] = {
+        {0, "greedy", NULL, NULL, "always take the most likely token", APP_OPT_FLAG, &s->greedy},
+        {0, "temp", NULL, "T", "sampling temperature; 0 = greedy", APP_OPT_FLOAT, &s->temperature,
+         &s->has_temperature},
+        {0, "top-k", NULL, "K", "keep the K most likely tokens (0 = all)", APP_OPT_INT, &s->top_k, &s->has_top_k},
+        {0, "top-p", NULL, "P", "keep the smallest set of tokens whose probability reaches P (1 = off)",
+         APP_OPT_FLOAT, &s->top_p, &s->has_top_p},
+        {0, "min-p", NULL, "P", "drop tokens less likely than P times the most likely one (0 = off)",
+         APP_OPT_FLOAT, &s->min_p, &s->has_min_p},
+        {0, "repeat-penalty", NULL, "R",
+         "divide the positive logits (multiply the negative ones) of tokens in the\n"
+         "last --repeat-last-n by R (Hugging Face's repetition_penalty; 1 = off)",
+         APP_OPT_FLOAT, &s->repeat_penalty, &s->has_repeat_penalty},
+        {0, "repeat-last-n", NULL, "N", "how many recent tokens the penalties look at (default 64; -1 = all, 0 = off)",
+         APP_OPT_INT, &s->repeat_last_n, &s->has_repeat_last_n},
+        {0, "presence-penalty", NULL, "A", "subtract A from the logits of tokens in that window (OpenAI's; 0 = off)",
+         APP_OPT_FLOAT, &s->presence_penalty, &s->has_presence_penalty},
+        {0, "frequency-penalty", NULL, "A", "subtract A times a token's count in that window (OpenAI's; 0 = off)",
+         APP_OPT_FLOAT, &s->frequency_penalty, &s->has_frequency_penalty},
+        {'s', "seed", NULL, "S", "random seed (default: a new one each run, printed by --stats)", APP_OPT_U64,
+         &s->seed, &s->has_seed},
+        {0, "stop", NULL, "TEXT",
+         "end the reply before TEXT appears (repeatable; TEXT is never printed,\n"
+         "even when it spans tokens)",
+         APP_OPT_CUSTOM, s, .parse = add_stop},
+    };
+    memcpy(opts, list, sizeof opts);
+    return APP_OPT_GROUP("sampling (defaults: the deployment file's generation: section, else the model's\n"
+                         "generation_config.json, else greedy):",
+                         opts);
 }
 
 int app_sampling_finish(app_sampling *s) {
-    if (s->greedy && s->sampling)
-        return app_fail("--greedy cannot be combined with --temp, --top-k or --top-p");
-    s->params.greedy = !s->sampling;
+    if (s->greedy && (s->has_temperature || s->has_top_k || s->has_top_p || s->has_min_p))
+        return app_fail("--greedy cannot be combined with --temp, --top-k, --top-p or --min-p");
     return 0;
 }
 
@@ -428,54 +433,79 @@ int app_resolve_model(app_options *o) {
                     "(expected in %s)", RLX_SOURCE_DEFAULT_MODEL);
 }
 
-void app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *max_new, int max_new_given) {
+/* A seed nobody chose: each run samples differently, and --stats tells the seed to repeat it. */
+static uint64_t fresh_seed(void) {
+    uint64_t seed;
+    if (getrandom(&seed, sizeof seed, 0) == (ssize_t)sizeof seed)
+        return seed;
+    struct timespec ts; /* no entropy source: the clock and the process still differ per run */
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)getpid() << 42);
+}
+
+int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *max_new, int max_new_given) {
+    rlx_sampler_params *p = &s->params;
+    *p = rlx_sampler_params_default();
+    p->greedy = 1;
+    /* lowest first: the deployment file's generation: section, then the command line; a layer
+     * that names a sampling key decides between greedy and sampling */
     const rlx_deploy *d = app_pipeline_deploy(rt);
     const rlx_deploy_generation *g = d ? rlx_deploy_generation_of(d) : NULL;
-    if (!g)
-        return;
-    if (!s->sampling && !s->greedy && (g->has_temperature || g->has_top_k || g->has_top_p)) {
-        s->params.greedy = 0;
+    if (g && (g->has_temperature || g->has_top_k || g->has_top_p)) {
+        p->greedy = g->has_temperature && g->temperature == 0;
         if (g->has_temperature)
-            s->params.temperature = g->temperature;
+            p->temperature = g->temperature;
         if (g->has_top_k)
-            s->params.top_k = g->top_k;
+            p->top_k = g->top_k;
         if (g->has_top_p)
-            s->params.top_p = g->top_p;
+            p->top_p = g->top_p;
     }
-    if (!s->seeded && g->has_seed)
-        s->params.seed = g->seed;
-    if (!max_new_given && g->has_max_tokens)
+    if (s->has_temperature)
+        p->temperature = s->temperature;
+    if (s->has_top_k)
+        p->top_k = s->top_k;
+    if (s->has_top_p)
+        p->top_p = s->top_p;
+    if (s->greedy)
+        p->greedy = 1;
+    else if (s->has_temperature)
+        p->greedy = s->temperature == 0;
+    else if (s->has_top_k || s->has_top_p || s->has_min_p)
+        p->greedy = 0;
+    s->seed_drawn = !s->has_seed && !(g && g->has_seed);
+    p->seed = s->has_seed ? s->seed : g && g->has_seed ? g->seed : fresh_seed();
+    if (!max_new_given && g && g->has_max_tokens)
         *max_new = g->max_tokens;
+    return 0;
 }
 
 // ---- speculative decoding ----
 
-const char app_spec_help[] =
-    "  --spec NAME        speculative decoding with speculator plugin NAME (draft, ...); the output\n"
-    "                     is the same as without it (token for token under greedy)\n"
-    "  --draft-tokens K   tokens the speculator proposes per round (default 4, at most 64)\n"
-    "  --draft-model DIR  the draft model of --spec draft (its option model=DIR)\n"
-    "  --spec-opts OPTS   the speculator's options, \"key=value,key=value\"\n";
+static int parse_draft_tokens(const char *opt, const char *value, void *target) {
+    uint32_t *k = target;
+    if (app_parse_u32(opt, value, k) < 0)
+        return -1;
+    if (*k < 1 || *k > RLX_SPEC_MAX_DRAFT)
+        return app_fail("%s must be from 1 to %d (got %u)", opt, RLX_SPEC_MAX_DRAFT, *k), -1;
+    return 0;
+}
 
-int app_parse_spec(app_spec_options *s, int argc, char **argv, int *i) {
-    const char *a = argv[*i], *v;
-    const char **text = strcmp(a, "--spec") == 0          ? &s->name
-                        : strcmp(a, "--draft-model") == 0 ? &s->draft_model
-                        : strcmp(a, "--spec-opts") == 0   ? &s->options
-                                                          : NULL;
-    if (!text && strcmp(a, "--draft-tokens") != 0)
-        return 0;
-    if (!(v = app_value(argc, argv, i)))
-        return -1;
-    if (text) {
-        *text = v;
-        return 1;
-    }
-    if (app_parse_u32(a, v, &s->draft_tokens) < 0)
-        return -1;
-    if (s->draft_tokens < 1 || s->draft_tokens > RLX_SPEC_MAX_DRAFT)
-        return app_fail("--draft-tokens must be from 1 to %d (got %u)", RLX_SPEC_MAX_DRAFT, s->draft_tokens), -1;
-    return 1;
+app_opt_group app_spec_group(app_spec_options *s) {
+    static app_opt opts[4];
+    app_opt list[] = {
+        {0, "spec", NULL, "NAME",
+         "speculative decoding with speculator plugin NAME (draft, mtp); the\n"
+         "output is the same as without it (token for token under greedy)",
+         APP_OPT_STRING, &s->name},
+        {0, "draft-tokens", NULL, "K", "tokens the speculator proposes per round (default 4, at most 64)",
+         APP_OPT_CUSTOM, &s->draft_tokens, .parse = parse_draft_tokens},
+        {0, "draft-model", NULL, "DIR", "the draft model of --spec draft (its option model=DIR)", APP_OPT_STRING,
+         &s->draft_model},
+        {0, "spec-opts", NULL, "OPTS", "the speculator's options, \"key=value,key=value\"", APP_OPT_STRING,
+         &s->options},
+    };
+    memcpy(opts, list, sizeof opts);
+    return APP_OPT_GROUP("speculative decoding:", opts);
 }
 
 typedef struct spec_names {

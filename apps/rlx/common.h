@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "opts.h"
 #include "pipeline.h"
 #include "rlx/rlx.h"
 
@@ -44,11 +45,16 @@ int app_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Reports the last rlx error with a prefix and returns 1. */
 int app_fail_rlx(const char *what);
 
-/* Tries the options every model command shares; returns 1 if argv[*i] (and its value) was one,
- * 0 if not, -1 after reporting a bad value. */
-int app_parse_common(app_options *o, int argc, char **argv, int *i);
-/* The value of option argv[*i], advancing *i; NULL after reporting a missing value. */
-const char *app_value(int argc, char **argv, int *i);
+/* The options every model command shares (model, backends, threads, context, -v), writing
+ * into o; app_model_group has --model alone, for the commands that only read a tokenizer. */
+app_opt_group app_common_group(app_options *o);
+app_opt_group app_model_group(app_options *o);
+/* Parses a command's argv against its groups: 0 to go on, else the command's exit status
+ * (0 after --help or --version, 1 after reporting an error). */
+int app_parse_command(const char *name, const char *usage, const app_opt_group *groups, size_t n_groups, int argc,
+                      char **argv, int *exit_status);
+/* Warns on stderr when threads exceeds the cores this process may run on. */
+void app_warn_threads(uint32_t threads);
 int app_parse_u32(const char *opt, const char *text, uint32_t *out);
 int app_parse_float(const char *opt, const char *text, float *out);
 /* Parses "1,5,3" or "1 5 3" (what rlx tokenize prints) into a malloc'd array; returns the
@@ -73,19 +79,25 @@ uint32_t app_usable_cores(void);
 int app_runtime_open(app_runtime *rt, app_options *o);
 void app_runtime_close(app_runtime *rt);
 
-/* Sampling options shared by generate and chat. */
+/* Sampling options shared by generate and chat: what the command line gave, and the parameters
+ * resolved from it and the defaults (app_generation_defaults). */
+#define APP_MAX_STOPS 16
+
 typedef struct app_sampling {
-    rlx_sampler_params params;
-    int sampling; /* a sampling option was given */
-    int greedy;   /* --greedy was given */
-    int seeded;   /* --seed was given */
+    rlx_sampler_params params; /* resolved */
+    int greedy;                /* --greedy */
+    float temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
+    int32_t top_k, repeat_last_n;
+    uint64_t seed;
+    int has_temperature, has_top_k, has_top_p, has_min_p, has_repeat_penalty, has_repeat_last_n,
+        has_presence_penalty, has_frequency_penalty, has_seed;
+    const char *stops[APP_MAX_STOPS]; /* --stop, in order */
+    size_t n_stops;
+    int seed_drawn; /* no seed was given: params.seed was drawn at random */
 } app_sampling;
 
-extern const char app_sampling_help[];
-/* Tries the sampling options (--greedy, --temp, --top-k, --top-p, --seed): 1 consumed, 0 not one,
- * -1 after reporting a bad value. */
-int app_parse_sampling(app_sampling *s, int argc, char **argv, int *i);
-/* Checks the combination and fills s->params.greedy; 1 after reporting a conflict. */
+app_opt_group app_sampling_group(app_sampling *s);
+/* Checks the combination of sampling options; 1 after reporting a conflict. */
 int app_sampling_finish(app_sampling *s);
 
 /* Speculative decoding options of generate. */
@@ -106,9 +118,7 @@ typedef struct app_speculator {
 
 #define APP_DEFAULT_DRAFT_TOKENS 4
 
-extern const char app_spec_help[];
-/* Tries the speculative decoding options: 1 consumed, 0 not one, -1 after reporting a bad value. */
-int app_parse_spec(app_spec_options *s, int argc, char **argv, int *i);
+app_opt_group app_spec_group(app_spec_options *s);
 /* app_runtime_open with the speculator the command line names, or else the deployment file's.
  * Its plugin is loaded before the model runs, so that a speculator needing the target's hidden
  * states gets a local session or a pipeline driver that returns them from the start; then it is
@@ -118,17 +128,15 @@ int app_parse_spec(app_spec_options *s, int argc, char **argv, int *i);
 int app_runtime_open_speculative(app_runtime *rt, app_options *o, const app_spec_options *so, app_speculator *spec);
 void app_speculator_close(app_speculator *s);
 
-/* Fills what the command line left open from the deployment file's generation defaults (when
- * rt runs a deployment file): sampling parameters unless --greedy or a sampling option was
- * given, the seed unless --seed was, and *max_new unless max_new_given. */
-void app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *max_new, int max_new_given);
+/* Resolves s->params from the command line over the defaults: the deployment file's
+ * generation: section (when rt runs one), else the model's generation_config.json, else greedy;
+ * a random seed unless one was given. Sets *max_new from the file unless max_new_given. 1 after
+ * reporting a problem (a malformed generation_config.json). */
+int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *max_new, int max_new_given);
 
 /* Sets o->model to the demo model when no --model was given: $RLX_MODEL, else demo-model in
  * the build tree or share/rlx/demo-model of the installed tree. 1 after reporting none found. */
 int app_resolve_model(app_options *o);
-
-/* Help text shared by the model commands. */
-extern const char app_common_help[];
 
 int cmd_plugins(int argc, char **argv, app_options *o);
 int cmd_logits(int argc, char **argv, app_options *o);

@@ -24,12 +24,14 @@ static const struct {
     {"stage", cmd_stage, "serve a layer range of a model to pipeline drivers"},
 };
 
-static void usage(FILE *f) {
-    fputs("usage: rlx [options] <command> [command options]\n\ncommands:\n", f);
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
-    fprintf(f, "\noptions (before or after the command):\n%s\n`rlx <command> --help` describes a command.\n",
-            app_common_help);
+/* "usage: ...", the commands and a note: what `rlx --help` prints above the shared options. */
+static void usage_text(char *buf, size_t len) {
+    size_t n = (size_t)snprintf(buf, len, "usage: rlx [options] <command> [command options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0] && n < len; i++)
+        n += (size_t)snprintf(buf + n, len - n, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    if (n < len)
+        snprintf(buf + n, len - n, "\n`rlx <command> --help` describes a command. The options shared by the model\n"
+                                   "commands may also come before the command:\n\n");
 }
 
 /* OpenMP runtimes busy-wait at every barrier: libgomp, which the onednn backend runs on, spins
@@ -47,22 +49,19 @@ int main(int argc, char **argv) {
     /* a closed stdout must end the program with an error, not kill it */
     signal(SIGPIPE, SIG_IGN);
     app_options o = {0};
-    int i = 1;
-    for (; i < argc && argv[i][0] == '-'; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            usage(stdout);
-            return 0;
-        }
-        int rc = app_parse_common(&o, argc, argv, &i);
-        if (rc < 0)
-            return 1;
-        if (rc == 0)
-            return app_fail("unknown option '%s' (see rlx --help)", argv[i]);
-    }
-    if (i >= argc) {
-        usage(stderr);
+    char usage[2048];
+    usage_text(usage, sizeof usage);
+    const app_opt_group groups[] = {app_common_group(&o), app_pipeline_group(&o.pipeline)};
+    app_command_spec spec = {.name = "rlx", .usage = usage, .groups = groups, .n_groups = 2};
+    int verb;
+    int rc = app_opts_parse(&spec, argc, argv, 1, &verb);
+    if (rc)
+        return rc == 2 ? 0 : 1;
+    if (verb >= argc) {
+        fputs(usage, stderr);
         return 1;
     }
+    int i = verb;
     for (size_t c = 0; c < sizeof commands / sizeof commands[0]; c++)
         if (strcmp(argv[i], commands[c].name) == 0)
             return commands[c].run(argc - i, argv + i, &o);

@@ -35,32 +35,35 @@ struct app_pipeline {
     char addresses[MAX_STAGES][300]; /* what launched stages reported */
 };
 
-int app_pipeline_parse(app_pipeline_options *po, int argc, char **argv, int *i) {
-    const char *a = argv[*i], *v;
-    if (strcmp(a, "--launch") == 0) {
-        po->launch = 1;
-        return 1;
-    }
-    if (strcmp(a, "--config") == 0 || strcmp(a, "--transport") == 0) {
-        if (!(v = app_value(argc, argv, i)))
-            return -1;
-        *(a[2] == 'c' ? &po->config : &po->transport) = v;
-        return 1;
-    }
-    uint32_t *dst = strcmp(a, "--stages") == 0            ? &po->stages
-                    : strcmp(a, "--timeout") == 0         ? &po->timeout_ms
-                    : strcmp(a, "--connect-timeout") == 0 ? &po->connect_timeout_ms
-                    : strcmp(a, "--compute-timeout") == 0 ? &po->per_position_ms
-                                                          : NULL;
-    if (!dst)
-        return 0;
-    if (!(v = app_value(argc, argv, i)) || app_parse_u32(a, v, dst) < 0)
+static int parse_stages(const char *opt, const char *value, void *target) {
+    uint32_t *n = target;
+    if (app_parse_u32(opt, value, n) < 0)
         return -1;
-    if (*dst == 0)
-        return app_fail("%s must be at least 1", a), -1;
-    if (dst == &po->stages && *dst > MAX_STAGES)
-        return app_fail("--stages: at most %d", MAX_STAGES), -1;
-    return 1;
+    if (*n < 1 || *n > MAX_STAGES)
+        return app_fail("%s must be from 1 to %d (got %u)", opt, MAX_STAGES, *n), -1;
+    return 0;
+}
+
+app_opt_group app_pipeline_group(app_pipeline_options *po) {
+    static app_opt opts[7];
+    app_opt list[] = {
+        {0, "config", NULL, "FILE", "run over the stages of a deployment file (YAML; see README.md)", APP_OPT_STRING,
+         &po->config},
+        {0, "launch", NULL, NULL, "with --config: start the file's local stages as child processes", APP_OPT_FLAG,
+         &po->launch},
+        {0, "stages", NULL, "N", "split the model over N stage processes launched on loopback ports",
+         APP_OPT_CUSTOM, &po->stages, .parse = parse_stages},
+        {0, "transport", NULL, "NAME", "transport plugin between driver and stages (tcp, grpc; default tcp)",
+         APP_OPT_STRING, &po->transport},
+        {0, "timeout", NULL, "MS", "how long to wait for a stage's control answers (default 5000)", APP_OPT_U32,
+         &po->timeout_ms, .min = 1},
+        {0, "connect-timeout", NULL, "MS", "how long to wait for the stages to accept connections (default 10000)",
+         APP_OPT_U32, &po->connect_timeout_ms, .min = 1},
+        {0, "compute-timeout", NULL, "MS", "extra wait per position a stage computes (default 100)", APP_OPT_U32,
+         &po->per_position_ms, .min = 1},
+    };
+    memcpy(opts, list, sizeof opts);
+    return APP_OPT_GROUP("pipeline options (run the model over stage processes):", opts);
 }
 
 int app_pipeline_wanted(const app_pipeline_options *po) {

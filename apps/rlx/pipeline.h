@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 
+#include "opts.h"
+
 typedef struct app_pipeline_options {
     const char *config;    /* --config FILE: a deployment file */
     uint32_t stages;       /* --stages N: launch N local stages on free loopback ports */
@@ -18,19 +20,8 @@ typedef struct app_pipeline_options {
 struct app_runtime;
 struct app_options;
 
-/* Help lines for the options above, for app_common_help. */
-#define APP_PIPELINE_HELP                                                                               \
-    "  --config FILE      run over the stages of a deployment file (YAML; see rlx stage --help)\n"     \
-    "  --launch           with --config: start the file's local stages as child processes\n"           \
-    "  --stages N         split the model over N stage processes launched on loopback ports\n"         \
-    "  --transport NAME   transport plugin between driver and stages (tcp, grpc; default tcp)\n"       \
-    "  --timeout MS       how long to wait for a stage's control answers (default 5000)\n"             \
-    "  --connect-timeout MS  how long to wait for the stages to accept connections (default 10000)\n"  \
-    "  --compute-timeout MS  extra wait per position a stage computes (default 100)\n"
-
-/* Tries the pipeline options at argv[*i]: 1 consumed (with its value), 0 not one, -1 after
- * reporting a bad value. */
-int app_pipeline_parse(app_pipeline_options *po, int argc, char **argv, int *i);
+/* The pipeline options as a group of an option table, writing into po. */
+app_opt_group app_pipeline_group(app_pipeline_options *po);
 
 /* True when any pipeline option was given (app_pipeline_open then reports incomplete ones). */
 int app_pipeline_wanted(const app_pipeline_options *po);

@@ -1,6 +1,8 @@
 #!/usr/bin/python3
 """`rlx bench --json` says what it ran on: the host's CPU and cores and the backend's own
-description, in a valid JSON object; the plain output has a host line too.
+description, in a valid JSON object; the plain output is llama-bench's markdown table with a host
+line under it; llama-bench's list forms (-p 4,8 -t 1,2) give one row per test and thread count in
+every output format (md, json, jsonl).
 
   check_bench_json.py --rlx BIN --model DIR
 """
@@ -12,6 +14,38 @@ import sys
 
 FLAGS = {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16",
          "avx_vnni", "avx512_vnni"}
+
+
+def check_lists(args):
+    """-p 4,8 -n 2 -t 1,2 -r 2: the tests pp4, pp8, tg2 at 1 and 2 threads, two samples each."""
+    base = [args.rlx, "bench", "--model", args.model, "-p", "4,8", "-n", "2", "-t", "1,2", "-r", "2"]
+    want = {(t, p, n) for t in (1, 2) for p, n in ((4, 0), (8, 0), (0, 2))}
+    problems = []
+    runs = {fmt: subprocess.run(base + ["-o", fmt], capture_output=True, text=True, timeout=300)
+            for fmt in ("json", "jsonl", "md")}
+    for fmt, p in runs.items():
+        if p.returncode != 0:
+            return [f"rlx bench -o {fmt} exited with {p.returncode}: {p.stderr}"]
+    rows = {"json": json.loads(runs["json"].stdout),
+            "jsonl": [json.loads(line) for line in runs["jsonl"].stdout.splitlines()]}
+    for fmt, objs in rows.items():
+        got = {(o["n_threads"], o["n_prompt"], o["n_gen"]) for o in objs}
+        if got != want or len(objs) != len(want):
+            problems.append(f"-o {fmt}: tests {sorted(got)}, want {sorted(want)}")
+        for o in objs:
+            s = o["samples_ts"]
+            if len(s) != 2 or not min(s) <= o["median_ts"] <= max(s) or abs(o["avg_ts"] - sum(s) / 2) > 1e-3 * o["avg_ts"]:
+                problems.append(f"-o {fmt}: samples {s} do not give median {o['median_ts']} / mean {o['avg_ts']}")
+            if len(o["samples_ns"]) != 2 or o["model_n_params"] <= 0 or o["model_size"] <= 0:
+                problems.append(f"-o {fmt}: incomplete row {o}")
+    table = [line.split("|")[1:-1] for line in runs["md"].stdout.splitlines() if line.startswith("| ")][2:]
+    cells = {(int(r[4]), r[5].strip()) for r in table if len(r) == 7}
+    if cells != {(t, name) for t in (1, 2) for name in ("pp4", "pp8", "tg2")} or len(table) != 6:
+        problems.append(f"-o md: rows {sorted(cells)} from {runs['md'].stdout!r}")
+    refused = subprocess.run(base + ["--json"], capture_output=True, text=True, timeout=60)
+    if refused.returncode == 0 or "-o json" not in refused.stderr:
+        problems.append(f"--json with lists was not refused: {refused.returncode} {refused.stderr!r}")
+    return problems
 
 
 def main():
@@ -47,8 +81,11 @@ def main():
     if "OpenBLAS core" not in res["backend_describe"] or "thread" not in res["backend_describe"]:
         problems.append(f"backend_describe {res['backend_describe']!r} lacks the OpenBLAS core or threads")
     plain = subprocess.run(base, capture_output=True, text=True, timeout=120)
-    if plain.returncode != 0 or not plain.stdout.startswith(f"host: {host['cpu']} "):
-        problems.append(f"plain output has no host line: {plain.stdout!r} {plain.stderr!r}")
+    lines = plain.stdout.splitlines()
+    if plain.returncode != 0 or not lines or not lines[0].startswith("| model ") or \
+            not any(line.startswith(f"host: {host['cpu']} ") for line in lines):
+        problems.append(f"plain output is not a table with a host line: {plain.stdout!r} {plain.stderr!r}")
+    problems += check_lists(args)
     for m in problems:
         print(f"FAIL: {m}")
     if not problems:

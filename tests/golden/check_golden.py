@@ -187,7 +187,7 @@ class Rlx:
         """The BF16-activation nodes of the plan for n_tokens positions (`rlx graph`): the
         weights of such matmuls and the layers of such MoE blocks (experts rounded)."""
         weights, names, moe_layers = {}, set(), set()
-        for line in self.run("graph", [0], "-t", str(n_tokens)).splitlines():
+        for line in self.run("graph", [0], "--positions", str(n_tokens)).splitlines():
             m = re.match(r"\s*%(\d+) = weight \S+ (\S+)$", line)
             if m:
                 weights[m.group(1)] = m.group(2)

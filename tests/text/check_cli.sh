@@ -47,8 +47,8 @@ expect_out "tokenize empty" "" "$rlx" tokenize --model "$model" --text ""
 expect_out "detokenize" "hi<|im_end|>there" "$rlx" detokenize --model "$model" --ids 6023,151645,18532
 expect_out "detokenize --skip-special" "hithere" "$rlx" detokenize --model "$model" --skip-special --ids 6023,151645,18532
 expect_out "options before the verb" "6023" "$rlx" --model "$model" tokenize --text hi
-expect_out "tokenize --help" "usage: rlx tokenize --model DIR (--text TEXT | --file FILE) [--no-special]" sh -c "'$rlx' tokenize --help | head -1"
-expect_out "detokenize --help" "usage: rlx detokenize --model DIR --ids 1,2,3 [--skip-special]" sh -c "'$rlx' detokenize --help | head -1"
+expect_out "tokenize --help" "usage: rlx tokenize [-m DIR] (-p TEXT | -f FILE) [--no-special]" sh -c "'$rlx' tokenize --help | head -1"
+expect_out "detokenize --help" "usage: rlx detokenize [-m DIR] --ids 1,2,3 [--skip-special]" sh -c "'$rlx' detokenize --help | head -1"
 
 # Errors: one clear line, exit status 1.
 mkdir -p "$work/empty-model" "$work/broken-model"
@@ -59,8 +59,8 @@ expect_fail "malformed tokenizer.json" "broken-model/tokenizer.json: malformed J
 expect_fail "invalid UTF-8" "offset 2" "$rlx" tokenize --model "$model" --file "$work/invalid.txt"
 expect_fail "missing file" "cannot open" "$rlx" tokenize --model "$model" --file "$work/nope.txt"
 expect_fail "\$RLX_MODEL without a tokenizer" "/nonexistent-model" env RLX_MODEL=/nonexistent-model "$rlx" tokenize --text hi
-expect_fail "no text" "exactly one of --text and --file" "$rlx" tokenize --model "$model"
-expect_fail "both text and file" "exactly one of --text and --file" "$rlx" tokenize --model "$model" --text a --file b
+expect_fail "no text" "exactly one of --prompt (or --text) and --file" "$rlx" tokenize --model "$model"
+expect_fail "both text and file" "exactly one of --prompt (or --text) and --file" "$rlx" tokenize --model "$model" --text a --file b
 expect_fail "unknown option" "unknown option '--bogus'" "$rlx" tokenize --model "$model" --bogus
 expect_fail "unknown id" "token id 999999 is not in the vocabulary" "$rlx" detokenize --model "$model" --ids 1,999999
 expect_fail "bad id list" "--ids: '1,x' is not a list of token ids" "$rlx" detokenize --model "$model" --ids 1,x

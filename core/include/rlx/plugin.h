@@ -82,6 +82,8 @@ RLX_API rlx_status rlx_plugin_load(const char *path, rlx_plugin_handle **out);
 RLX_API void rlx_plugin_unload(rlx_plugin_handle *h); /* NULL is a no-op */
 RLX_API const rlx_plugin *rlx_plugin_desc(const rlx_plugin_handle *h);
 RLX_API const char *rlx_plugin_path(const rlx_plugin_handle *h);
+/* The version of the librlx that is loaded ("0.1.0"), which may differ from the headers'. */
+RLX_API const char *rlx_version(void);
 RLX_API const char *rlx_plugin_kind_name(uint32_t kind); /* "backend", ...; "?" if unknown */
 /* The host table librlx gives plugins. */
 RLX_API const rlx_host *rlx_host_table(void);

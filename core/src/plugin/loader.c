@@ -170,6 +170,8 @@ void rlx_plugin_unload(rlx_plugin_handle *h) {
 const rlx_plugin *rlx_plugin_desc(const rlx_plugin_handle *h) { return h->desc; }
 const char *rlx_plugin_path(const rlx_plugin_handle *h) { return h->path; }
 
+const char *rlx_version(void) { return RLX_VERSION; }
+
 // ---- registry ----
 
 struct rlx_registry {

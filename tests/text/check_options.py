@@ -1,0 +1,146 @@
+#!/usr/bin/python3
+"""The command line a llama.cpp user expects, through the CLI on the shipped Brown model:
+llama.cpp's spellings (-m, -p, -f, -n, -t, -c, -s, --ctx-size, --temp 0), --version on every
+command, --help generated from the same table that parses (every option it lists is accepted),
+random seeds by default and fixed by --seed, and one clear line for bad or pointless options.
+
+  check_options.py --rlx BIN --conformance BIN --workdir DIR
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+COMMANDS = ["generate", "chat", "tokenize", "detokenize", "logits", "bench", "perplexity", "graph", "plugins",
+            "stage"]
+
+failures = []
+
+
+def run(argv, stdin="", timeout=300):
+    return subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+def expect(ok, what):
+    if not ok:
+        failures.append(what)
+
+
+def expect_error(p, pattern, what):
+    """Exit 1 and exactly one stderr line 'rlx: ...' matching pattern."""
+    lines = p.stderr.splitlines()
+    expect(p.returncode == 1 and len(lines) == 1 and lines[0].startswith("rlx: ") and re.search(pattern, lines[0]),
+           f"{what}: exit {p.returncode}, stderr {p.stderr!r}, want one 'rlx: ' line matching {pattern!r}")
+
+
+def check_version_and_help(rlx, conformance):
+    version = run([rlx, "--version"])
+    m = re.fullmatch(r"rlx (\d+\.\d+\.\d+) \(librlx \1; plugin ABI \d+\.\d+\)\n", version.stdout)
+    expect(version.returncode == 0 and m, f"rlx --version: {version.stdout!r} {version.stderr!r}")
+    for cmd in COMMANDS:
+        p = run([rlx, cmd, "--version"])
+        expect(p.returncode == 0 and p.stdout == version.stdout, f"rlx {cmd} --version: {p.stdout!r} {p.stderr!r}")
+    kit = run([conformance, "--version"])
+    expect(kit.returncode == 0 and kit.stdout.startswith("rlx-conformance ") and "plugin ABI" in kit.stdout,
+           f"rlx-conformance --version: {kit.stdout!r}")
+    for cmd in COMMANDS:
+        p = run([rlx, cmd, "--help"])
+        expect(p.returncode == 0 and p.stdout.startswith(f"usage: rlx {cmd}"), f"rlx {cmd} --help: {p.stderr!r}")
+        # every long option the help lists is one the parser knows: it never says "unknown option"
+        for opt in sorted(set(re.findall(r"^  (?:-\w, )?(--[\w-]+)", p.stdout, re.M)) - {"--help", "--version"}):
+            q = run([rlx, cmd, opt], timeout=60)
+            expect("unknown option" not in q.stderr, f"rlx {cmd} --help lists {opt}, which is refused: {q.stderr!r}")
+    helps = {cmd: run([rlx, cmd, "--help"]).stdout for cmd in ("generate", "bench", "perplexity")}
+    for cmd, spellings in (("generate", ["-m, --model", "-p, --prompt", "-f, --file", "-n, --n-predict",
+                                         "-t, --threads", "-c, --ctx-size", "-s, --seed", "--temp", "--top-k",
+                                         "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
+                                         "--presence-penalty", "--frequency-penalty", "--stop"]),
+                           ("bench", ["-p, --n-prompt", "-n, --n-gen", "-t, --threads", "-r, --repetitions",
+                                      "-o, --output"]),
+                           ("perplexity", ["-f, --file", "-c, --ctx-size"])):
+        for s in spellings:
+            expect(s in helps[cmd], f"rlx {cmd} --help lacks {s!r}")
+
+
+def check_spellings(rlx, work):
+    prompt = "The city of"
+    want = run([rlx, "generate", "--prompt", prompt, "-n", "10", "--greedy"])
+    expect(want.returncode == 0 and want.stdout.strip(), f"generate --greedy: {want.stderr!r}")
+    path = os.path.join(work, "prompt.txt")
+    with open(path, "w") as f:
+        f.write(prompt + "\n")
+    model = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "share", "models", "brown", "target")
+    for argv in (["-m", model, "-p", prompt, "-n", "10"], ["-f", path, "--n-predict", "10", "-t", "1", "-c", "64"],
+                 ["-p", prompt, "-n", "10", "--ctx-size", "64", "--temp", "0"],
+                 ["--prompt", prompt, "-n", "10", "--ctx", "64", "--threads", "2"]):
+        p = run([rlx, "generate"] + argv)
+        expect(p.returncode == 0 and p.stdout == want.stdout,
+               f"generate {' '.join(argv)}: {p.stdout!r} (want the greedy {want.stdout!r}) {p.stderr!r}")
+    # before the verb too
+    p = run([rlx, "-m", model, "-c", "64", "generate", "-p", prompt, "-n", "10"])
+    expect(p.returncode == 0 and p.stdout == want.stdout, f"options before the verb: {p.stdout!r} {p.stderr!r}")
+
+
+def check_seeds(rlx):
+    base = [rlx, "generate", "-p", "The", "-n", "24", "--temp", "1.0", "--stats"]
+    a, b = run(base), run(base)
+    seeds = [re.search(r"^rlx: seed (\d+) \(drawn", p.stderr, re.M) for p in (a, b)]
+    expect(all(seeds), f"--stats without --seed does not print a drawn seed: {a.stderr!r}")
+    if not all(seeds):
+        return
+    expect(seeds[0].group(1) != seeds[1].group(1), "two runs without --seed drew the same seed")
+    expect(a.stdout != b.stdout, f"two runs without --seed sampled the same text {a.stdout!r}")
+    again = run(base + ["-s", seeds[0].group(1)])
+    expect(again.returncode == 0 and again.stdout == a.stdout,
+           f"--seed {seeds[0].group(1)} does not repeat the run: {again.stdout!r} vs {a.stdout!r}")
+    x, y = run(base + ["--seed", "7"]), run(base + ["--seed", "7"])
+    expect(x.stdout == y.stdout and re.search(r"^rlx: seed 7$", x.stderr, re.M),
+           f"--seed 7 twice: {x.stdout!r} {y.stdout!r} {x.stderr!r}")
+
+
+def check_errors(rlx):
+    gen = [rlx, "generate", "-p", "hi", "-n", "2"]
+    expect_error(run(gen + ["--ctx", "0"]), r"--ctx must be at least 1 \(got 0\)", "--ctx 0")
+    expect_error(run(gen + ["-c", "0"]), r"-c must be at least 1", "-c 0")
+    expect_error(run(gen + ["--threads", "0"]), r"--threads must be at least 1", "--threads 0")
+    expect_error(run(gen + ["--no-think"]), r"--no-think .* needs --chat", "--no-think without --chat")
+    expect_error(run(gen + ["--top", "3"]), r"'--top' is ambiguous: --top-k, --top-p", "an ambiguous abbreviation")
+    expect_error(run(gen + ["--bogus"]), r"generate: unknown option '--bogus' \(see rlx generate --help\)",
+                 "an unknown option")
+    expect_error(run(gen + ["-n"]), r"option -n needs a value", "a missing value")
+    expect_error(run(gen + ["--stats=1"]), r"option --stats takes no value", "a value for a flag")
+    expect_error(run(gen + ["extra"]), r"unexpected argument 'extra'", "an operand")
+    expect_error(run(gen + ["--temp", "x"]), r"--temp: 'x' is not a number", "a bad number")
+    expect_error(run(gen + ["--temp", "nan"]), r"--temp: 'nan' is not a finite number", "a NaN")
+    expect_error(run(gen + ["--greedy", "--temp", "0.5"]), r"--greedy cannot be combined", "--greedy with --temp")
+    expect_error(run([rlx, "graph", "-t", "x"]), r"-t: 'x' is not a non-negative integer", "graph -t is threads")
+    many = run(gen + ["--threads", "999"])
+    cores = len(os.sched_getaffinity(0))
+    expect(many.returncode == 0 and re.search(rf"^rlx: warning: --threads 999 is more than the {cores} cores",
+                                              many.stderr, re.M),
+           f"--threads 999: exit {many.returncode}, stderr {many.stderr!r}")
+    graph = run([rlx, "graph", "--positions", "3"])
+    expect(graph.returncode == 0 and "f32[3," in graph.stdout, f"graph --positions 3: {graph.stderr!r}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rlx", required=True)
+    ap.add_argument("--conformance", required=True)
+    ap.add_argument("--workdir", required=True)
+    args = ap.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
+    check_version_and_help(args.rlx, args.conformance)
+    check_spellings(args.rlx, args.workdir)
+    check_seeds(args.rlx)
+    check_errors(args.rlx)
+    for f in failures:
+        print("FAIL:", f)
+    print(f"options: {'FAIL' if failures else 'PASS'} ({len(failures)} failures)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
