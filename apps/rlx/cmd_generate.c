@@ -13,14 +13,17 @@ static const char help[] =
     "                    [--spec NAME [--draft-tokens K] [--draft-model DIR] [--spec-opts OPTS]] [options]\n\n"
     "With --tokens, prints the generated token ids, space-separated, on one line. With --prompt\n"
     "or -f, encodes the text with the model's tokenizer.json and streams the generated text.\n"
-    "Stops after N tokens or an end-of-sequence id of config.json / generation_config.json.\n\n"
-    "  -n N               tokens to generate (default 16)\n"
+    "Stops after N tokens, an end-of-sequence id of config.json / generation_config.json, or at\n"
+    "the end of the context (--ctx), which a line on stderr reports.\n\n"
+    "  -n N               tokens to generate (default 16; -1: until end-of-sequence or the context\n"
+    "                     is full)\n"
     "  --tokens LIST      the prompt as token ids, separated by commas or spaces\n"
     "  -p, --prompt TEXT  the prompt as text\n"
     "  -f, --file FILE    the prompt as the text of FILE ('-': standard input)\n"
     "  --chat             wrap TEXT as a user turn with the model's chat template\n"
     "  --no-think         with --chat: Qwen3's enable_thinking=false\n"
-    "  --truncate         keep the end of a prompt longer than the context instead of failing\n"
+    "  --truncate         drop the start of a prompt that leaves fewer than min(N, ctx/2) positions\n"
+    "                     for the reply (a prompt longer than the context fails without it)\n"
     "  --stats            print prompt and generation speed on stderr (with --spec also the\n"
     "                     acceptance figures)\n";
 
@@ -77,6 +80,33 @@ static int prompt_ids(const app_runtime *rt, const char *tokens, const char *pro
     return 0;
 }
 
+/* Fits a prompt of n tokens into rt's context: one longer than the context fails unless
+ * truncate. With truncate, a prompt that leaves the reply less than min(n_new, capacity / 2)
+ * positions loses its first tokens down to capacity - min(n_new, capacity / 2): the reply gets
+ * the room it asks for, but never at the cost of more than half the context, which stays the
+ * prompt's. *skip is the number of prompt tokens dropped, *max_new is n_new limited to the room
+ * that is left. 1 after reporting. */
+static int fit_context(const app_runtime *rt, size_t n, uint32_t n_new, int truncate, uint32_t *skip,
+                       uint32_t *max_new) {
+    uint32_t capacity = rt->lm.capacity(rt->lm.self);
+    char context[80];
+    *skip = 0;
+    if (truncate) {
+        uint32_t room = n_new < capacity / 2 ? n_new : capacity / 2;
+        if (n > capacity - room) {
+            *skip = (uint32_t)(n - (capacity - room));
+            fprintf(stderr, "rlx: prompt truncated to its last %u of %zu tokens\n", capacity - room, n);
+        }
+    } else if (n > capacity) {
+        return app_fail("generate: a prompt of %zu tokens does not fit the context (%s); --truncate keeps its last "
+                        "tokens",
+                        n, app_describe_context(rt, capacity, context, sizeof context));
+    }
+    uint32_t room = capacity - (uint32_t)(n - *skip);
+    *max_new = n_new < room ? n_new : room;
+    return 0;
+}
+
 int cmd_generate(int argc, char **argv, app_options *o) {
     const char *tokens = NULL, *prompt = NULL, *file = NULL;
     uint32_t n_new = 16;
@@ -113,7 +143,7 @@ int cmd_generate(int argc, char **argv, app_options *o) {
                 return 1;
         } else if (strcmp(a, "-n") == 0) {
             const char *v = app_value(argc, argv, &i);
-            if (!v || app_parse_u32(a, v, &n_new) < 0)
+            if (!v || app_parse_max_new(a, v, &n_new) < 0)
                 return 1;
             n_given = 1;
         } else {
@@ -145,16 +175,10 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     int32_t *ids = NULL;
     size_t n = 0;
     int status = prompt_ids(&rt, tokens, prompt, chat, think, &tok, &ids, &n);
-    uint32_t capacity = rt.lm.capacity(rt.lm.self);
-    if (!status && (n > capacity || n_new > capacity - n)) {
-        if (!truncate || n_new >= capacity)
-            status = app_fail("generate: prompt of %zu tokens plus %u new ones exceeds the context of %u positions "
-                              "(raise --ctx, or --truncate to keep the prompt's end)",
-                              n, n_new, capacity);
-        else
-            fprintf(stderr, "rlx: prompt truncated to its last %u of %zu tokens\n", capacity - n_new, n);
-    }
-    size_t skip = !status && n > capacity - n_new ? n - (capacity - n_new) : 0;
+    uint32_t capacity = rt.lm.capacity(rt.lm.self), skip = 0, max_new = 0;
+    char context[80];
+    if (!status)
+        status = fit_context(&rt, n, n_new, truncate, &skip, &max_new);
     rlx_sampler *sampler = NULL;
     output out = {0};
     rlx_spec_stats sst = {0};
@@ -164,12 +188,12 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     if (!status && tok && rlx_detok_create(tok, RLX_DECODE_SKIP_SPECIAL, &out.detok) != RLX_OK)
         status = app_fail_rlx("generate");
     if (!status && spec.spec) {
-        if (rlx_spec_generate(&rt.lm, spec.spec, spec.k, sampler, ids + skip, (uint32_t)(n - skip), n_new, emit, &out,
-                              &sst) != RLX_OK)
+        if (rlx_spec_generate(&rt.lm, spec.spec, spec.k, sampler, ids + skip, (uint32_t)(n - skip), max_new, emit,
+                              &out, &sst) != RLX_OK)
             status = app_fail_rlx("generate");
         st = sst.gen;
     } else if (!status &&
-               rlx_generate(&rt.lm, sampler, ids + skip, (uint32_t)(n - skip), n_new, emit, &out, &st) != RLX_OK) {
+               rlx_generate(&rt.lm, sampler, ids + skip, (uint32_t)(n - skip), max_new, emit, &out, &st) != RLX_OK) {
         status = app_fail_rlx("generate");
     }
     if (!status && !out.failed) {
@@ -182,6 +206,10 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     }
     if (!status && out.failed)
         status = app_fail("generate: cannot write to stdout");
+    /* a reply the context cut short is a result, not an error: said once, after the text */
+    if (!status && max_new < n_new && st.n_generated == max_new && !st.stopped_on_eos)
+        fprintf(stderr, "rlx: context full (%s): stopped after %u token%s\n",
+                app_describe_context(&rt, capacity, context, sizeof context), max_new, max_new == 1 ? "" : "s");
     if (!status && stats) {
         double decode = st.n_generated > 1 ? (st.n_generated - 1) / st.generate_seconds : 0;
         fprintf(stderr, "rlx: prompt %u tokens at %.1f tokens/s; generated %u tokens at %.1f tokens/s%s\n",

@@ -50,6 +50,10 @@ int app_parse_common(app_options *o, int argc, char **argv, int *i);
 /* The value of option argv[*i], advancing *i; NULL after reporting a missing value. */
 const char *app_value(int argc, char **argv, int *i);
 int app_parse_u32(const char *opt, const char *text, uint32_t *out);
+/* -n's value for "until an end-of-sequence token or a full context" (-n -1). */
+#define APP_MAX_NEW_UNTIL_FULL UINT32_MAX
+/* Parses the value of -n: a token count, or -1 for APP_MAX_NEW_UNTIL_FULL; -1 after reporting. */
+int app_parse_max_new(const char *opt, const char *text, uint32_t *out);
 int app_parse_float(const char *opt, const char *text, float *out);
 /* Parses "1,5,3" or "1 5 3" (what rlx tokenize prints) into a malloc'd array; returns the
  * count or -1 after reporting a problem with option opt. */
@@ -72,6 +76,11 @@ uint32_t app_usable_cores(void);
  * connects a pipeline driver. 1 after reporting a failure, with everything closed. */
 int app_runtime_open(app_runtime *rt, app_options *o);
 void app_runtime_close(app_runtime *rt);
+
+/* For messages about a full context of `capacity` positions: its size and how --ctx could make
+ * it longer, "256 positions; --ctx raises it up to 1024" (the model's max_position_embeddings)
+ * or "1024 positions, the model's maximum". Written to buf (80 bytes are enough), returned. */
+const char *app_describe_context(const app_runtime *rt, uint32_t capacity, char *buf, size_t size);
 
 /* Sampling options shared by generate and chat. */
 typedef struct app_sampling {
