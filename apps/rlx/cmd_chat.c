@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -30,6 +32,41 @@ static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) {
     (void)sig;
     interrupted = 1;
+}
+
+/* While a reply streams, keys typed on the terminal are neither echoed into it nor left for the
+ * next prompt. Echo and line editing are off (ISIG stays, so Ctrl-C still stops the reply); the
+ * saved settings come back after every turn, and from the handler of the signals that would
+ * otherwise end the program with the terminal still silent. */
+static struct termios typing_saved;
+static volatile sig_atomic_t typing_muted;
+
+static void mute_typing(void) {
+    if (tcgetattr(STDIN_FILENO, &typing_saved) != 0)
+        return;
+    struct termios quiet = typing_saved;
+    quiet.c_lflag &= ~(tcflag_t)(ECHO | ICANON);
+    typing_muted = 1; /* before the change: a signal in between restores what is saved anyway */
+    if (tcsetattr(STDIN_FILENO, TCSANOW, &quiet) != 0)
+        typing_muted = 0;
+}
+
+static void unmute_typing(void) {
+    if (!typing_muted)
+        return;
+    int typed = 0; /* without ICANON this counts every key, not only finished lines */
+    if (ioctl(STDIN_FILENO, FIONREAD, &typed) != 0)
+        typed = 0;
+    tcsetattr(STDIN_FILENO, TCSAFLUSH, &typing_saved); /* TCSAFLUSH also discards what was typed */
+    typing_muted = 0;
+    if (typed > 0)
+        fprintf(stderr, "rlx chat: what you typed during the reply was discarded\n");
+}
+
+static void on_fatal_signal(int sig) {
+    if (typing_muted)
+        tcsetattr(STDIN_FILENO, TCSANOW, &typing_saved);
+    raise(sig); /* SA_RESETHAND made it the default action, which runs once this handler returns */
 }
 
 typedef struct conversation {
@@ -295,6 +332,15 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         fprintf(stderr, "rlx chat: /reset forgets the conversation, /quit or Ctrl-D ends it, Ctrl-C stops a reply\n");
     struct sigaction sa = {.sa_handler = on_sigint}, old;
     sigaction(SIGINT, &sa, &old);
+    static const int fatal[] = {SIGTERM, SIGHUP, SIGQUIT};
+    struct sigaction fatal_old[sizeof fatal / sizeof fatal[0]];
+    for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++) {
+        struct sigaction restore = {.sa_handler = on_fatal_signal, .sa_flags = (int)SA_RESETHAND};
+        sigaction(fatal[i], NULL, &fatal_old[i]);
+        /* an ignored signal (nohup) stays ignored */
+        if (tty && fatal_old[i].sa_handler != SIG_IGN)
+            sigaction(fatal[i], &restore, NULL);
+    }
     char *line = NULL;
     size_t cap = 0;
     while (!status) {
@@ -310,6 +356,8 @@ int cmd_chat(int argc, char **argv, app_options *o) {
                 fputc('\n', stderr);
                 continue;
             }
+            if (tty) /* Ctrl-D: the shell's prompt starts on a line of its own */
+                fputc('\n', stderr);
             break;
         }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
@@ -327,7 +375,12 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         }
         if ((status = add_message(&c, "user", line)))
             break;
-        if (turn(&rt, tok, sampler, &c, n_fixed, think, max_new, stats)) {
+        if (tty)
+            mute_typing();
+        int failed = turn(&rt, tok, sampler, &c, n_fixed, think, max_new, stats);
+        if (tty)
+            unmute_typing();
+        if (failed) {
             /* a failed turn takes its message back (turns dropped to fit it stay dropped) */
             clear_messages(&c, c.n - 1);
             if (ferror(stdout)) /* nobody is reading the replies any more */
@@ -335,6 +388,8 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         }
     }
     sigaction(SIGINT, &old, NULL);
+    for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++)
+        sigaction(fatal[i], &fatal_old[i], NULL);
     free(line);
     clear_messages(&c, 0);
     free(c.msgs);
