@@ -1,11 +1,15 @@
 /* rlx chat: a multi-turn conversation in the terminal. The KV cache is kept across turns: each
  * turn renders the whole conversation with the chat template, and only the tokens after the
  * longest prefix the cache already holds are run (the template rewrites earlier assistant turns
- * when it drops their reasoning, so the cache is truncated back to where the text diverges). */
+ * when it drops their reasoning, so the cache is truncated back to where the text diverges).
+ * Nothing is reserved for a reply: it runs to the end of the context, and a message that does
+ * not fit after the conversation drops the oldest turns, which the same prefix logic handles. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -21,6 +25,41 @@ static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) {
     (void)sig;
     interrupted = 1;
+}
+
+/* While a reply streams, keys typed on the terminal are neither echoed into it nor left for the
+ * next prompt. Echo and line editing are off (ISIG stays, so Ctrl-C still stops the reply); the
+ * saved settings come back after every turn, and from the handler of the signals that would
+ * otherwise end the program with the terminal still silent. */
+static struct termios typing_saved;
+static volatile sig_atomic_t typing_muted;
+
+static void mute_typing(void) {
+    if (tcgetattr(STDIN_FILENO, &typing_saved) != 0)
+        return;
+    struct termios quiet = typing_saved;
+    quiet.c_lflag &= ~(tcflag_t)(ECHO | ICANON);
+    typing_muted = 1; /* before the change: a signal in between restores what is saved anyway */
+    if (tcsetattr(STDIN_FILENO, TCSANOW, &quiet) != 0)
+        typing_muted = 0;
+}
+
+static void unmute_typing(void) {
+    if (!typing_muted)
+        return;
+    int typed = 0; /* without ICANON this counts every key, not only finished lines */
+    if (ioctl(STDIN_FILENO, FIONREAD, &typed) != 0)
+        typed = 0;
+    tcsetattr(STDIN_FILENO, TCSAFLUSH, &typing_saved); /* TCSAFLUSH also discards what was typed */
+    typing_muted = 0;
+    if (typed > 0)
+        fprintf(stderr, "rlx chat: what you typed during the reply was discarded\n");
+}
+
+static void on_fatal_signal(int sig) {
+    if (typing_muted)
+        tcsetattr(STDIN_FILENO, TCSANOW, &typing_saved);
+    raise(sig); /* SA_RESETHAND made it the default action, which runs once this handler returns */
 }
 
 typedef struct conversation {
@@ -108,30 +147,84 @@ static int on_token(void *ctx, int32_t token) {
     return interrupted;
 }
 
-/* One assistant turn for the conversation so far; the reply is added to it. */
-static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conversation *c, int think,
-                uint32_t max_new, int stats) {
+/* The ids of the conversation as the template renders it for a reply, leaving out the `drop`
+ * messages after the first n_fixed. */
+static int render_ids(rlx_tokenizer *tok, const conversation *c, size_t n_fixed, size_t drop, int think,
+                      int32_t **ids, size_t *n) {
+    rlx_chat_message *view = malloc(c->n * sizeof *view);
+    if (!view)
+        return app_fail("chat: out of memory");
+    memcpy(view, c->msgs, n_fixed * sizeof *view);
+    memcpy(view + n_fixed, c->msgs + n_fixed + drop, (c->n - n_fixed - drop) * sizeof *view);
     char *rendered;
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (rlx_chat_render(tok, c->msgs, c->n, 1, think, &rendered) != RLX_OK)
+    rlx_status rc = rlx_chat_render(tok, view, c->n - drop, 1, think, &rendered);
+    free(view);
+    if (rc != RLX_OK)
         return app_fail_rlx("chat: cannot apply the chat template");
-    rlx_status rc = rlx_tokenizer_encode(tok, rendered, strlen(rendered), 1, &ids, &n);
+    rc = rlx_tokenizer_encode(tok, rendered, strlen(rendered), 1, ids, n);
     free(rendered);
     if (rc != RLX_OK)
         return app_fail_rlx("chat: cannot encode the conversation");
+    return 0;
+}
+
+/* The conversation's ids for the reply to its last (user) message, after dropping the oldest
+ * turns (a user message and the replies to it; never the n_fixed messages that open it) until
+ * the context has room for at least one reply token. A message that does not fit even alone
+ * fails, with the conversation left as it was. */
+static int fit_conversation(const app_runtime *rt, rlx_tokenizer *tok, conversation *c, size_t n_fixed, int think,
+                            int32_t **ids, size_t *n) {
+    uint32_t capacity = rt->lm.capacity(rt->lm.self);
+    size_t drop = 0, turns = 0;
+    for (;;) {
+        if (render_ids(tok, c, n_fixed, drop, think, ids, n))
+            return 1;
+        if (*n < capacity)
+            break;
+        free(*ids);
+        *ids = NULL;
+        size_t next = n_fixed + drop + 1; /* the message after the oldest turn's replies */
+        while (next < c->n && strcmp(c->msgs[next].role, "user") != 0)
+            next++;
+        if (next == c->n) {
+            char context[80];
+            return app_fail("chat: %s %zu tokens, which leaves no room for a reply in the context (%s); the "
+                            "conversation is kept as it was",
+                            n_fixed ? "the system prompt and this message take" : "this message takes", *n,
+                            app_describe_context(rt, capacity, context, sizeof context));
+        }
+        drop = next - n_fixed;
+        turns++;
+    }
+    if (turns) {
+        for (size_t i = n_fixed; i < n_fixed + drop; i++)
+            free((char *)c->msgs[i].content);
+        memmove(c->msgs + n_fixed, c->msgs + n_fixed + drop, (c->n - n_fixed - drop) * sizeof *c->msgs);
+        c->n -= drop;
+        if (turns == 1)
+            fprintf(stderr, "rlx chat: dropped the oldest turn to fit the context of %u positions\n", capacity);
+        else
+            fprintf(stderr, "rlx chat: dropped the oldest %zu turns to fit the context of %u positions\n", turns,
+                    capacity);
+    }
+    return 0;
+}
+
+/* One assistant turn for the conversation so far, whose first n_fixed messages are never
+ * dropped; the reply is added to it. */
+static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conversation *c, size_t n_fixed,
+                int think, uint32_t max_new, int stats) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (fit_conversation(rt, tok, c, n_fixed, think, &ids, &n))
+        return 1;
     size_t keep = 0;
     while (keep < n && keep < c->n_cached && ids[keep] == c->cached[keep])
         keep++;
     if (keep == n) /* the model must see at least one new token to answer */
         keep--;
-    uint32_t capacity = rt->lm.capacity(rt->lm.self);
-    if (n + max_new > capacity) {
-        free(ids);
-        return app_fail("chat: the conversation (%zu tokens) and a reply of %u would exceed the context of %u "
-                        "positions; /reset to start over",
-                        n, max_new, capacity);
-    }
+    uint32_t capacity = rt->lm.capacity(rt->lm.self), room = capacity - (uint32_t)n;
+    uint32_t reply_max = max_new < room ? max_new : room;
     rt->lm.truncate(rt->lm.self, (uint32_t)keep);
     c->n_cached = keep;
     reply r = {0};
@@ -140,7 +233,7 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conve
         status = app_fail_rlx("chat");
     interrupted = 0;
     rlx_gen_stats st;
-    if (!status && rlx_generate(&rt->lm, sampler, ids + keep, (uint32_t)(n - keep), max_new, on_token, &r,
+    if (!status && rlx_generate(&rt->lm, sampler, ids + keep, (uint32_t)(n - keep), reply_max, on_token, &r,
                                         &st) != RLX_OK)
         status = app_fail_rlx("chat");
     if (!status && !r.failed) {
@@ -153,6 +246,11 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conve
     }
     if (!status && r.failed)
         status = app_fail("chat: cannot write the reply");
+    if (!status && reply_max < max_new && st.n_generated == reply_max && !st.stopped_on_eos && !interrupted) {
+        char context[80];
+        fprintf(stderr, "rlx chat: context full (%s): the reply stopped after %u token%s\n",
+                app_describe_context(rt, capacity, context, sizeof context), reply_max, reply_max == 1 ? "" : "s");
+    }
     if (!status && stats)
         fprintf(stderr, "rlx chat: %zu prompt tokens reused from the cache, %u run at %.1f tokens/s; %u generated at "
                         "%.1f tokens/s\n",
@@ -179,7 +277,11 @@ int cmd_chat(int argc, char **argv, app_options *o) {
     const app_opt own[] = {
         {0, "system", NULL, "TEXT", "a system message opening the conversation", APP_OPT_STRING, &system},
         {0, "no-think", NULL, NULL, "Qwen3's enable_thinking=false", APP_OPT_FLAG, &no_think},
-        {'n', "n-predict", NULL, "N", "at most N tokens per reply (default 512)", APP_OPT_U32, &max_new, &max_given},
+        {'n', "n-predict", NULL, "N",
+         "at most N tokens per reply (default 512; -1: until end-of-sequence); a\n"
+         "reply also stops at the end of the context (--ctx), and a message that does\n"
+         "not fit after the conversation drops its oldest turns",
+         APP_OPT_CUSTOM, &max_new, &max_given, .parse = app_parse_max_new},
         {0, "stats", NULL, NULL,
          "after each reply, print on stderr how many prompt tokens were reused from\n"
          "the KV cache and how many were run, and the speeds",
@@ -213,6 +315,15 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         fprintf(stderr, "rlx chat: /reset forgets the conversation, /quit or Ctrl-D ends it, Ctrl-C stops a reply\n");
     struct sigaction sa = {.sa_handler = on_sigint}, old;
     sigaction(SIGINT, &sa, &old);
+    static const int fatal[] = {SIGTERM, SIGHUP, SIGQUIT};
+    struct sigaction fatal_old[sizeof fatal / sizeof fatal[0]];
+    for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++) {
+        struct sigaction restore = {.sa_handler = on_fatal_signal, .sa_flags = (int)SA_RESETHAND};
+        sigaction(fatal[i], NULL, &fatal_old[i]);
+        /* an ignored signal (nohup) stays ignored */
+        if (tty && fatal_old[i].sa_handler != SIG_IGN)
+            sigaction(fatal[i], &restore, NULL);
+    }
     char *line = NULL;
     size_t cap = 0;
     while (!status) {
@@ -228,6 +339,8 @@ int cmd_chat(int argc, char **argv, app_options *o) {
                 fputc('\n', stderr);
                 continue;
             }
+            if (tty) /* Ctrl-D: the shell's prompt starts on a line of its own */
+                fputc('\n', stderr);
             break;
         }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
@@ -245,14 +358,21 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         }
         if ((status = add_message(&c, "user", line)))
             break;
-        if (turn(&rt, tok, sampler, &c, !no_think, max_new, stats)) {
-            /* a failed turn leaves the conversation as it was before the message */
+        if (tty)
+            mute_typing();
+        int failed = turn(&rt, tok, sampler, &c, n_fixed, !no_think, max_new, stats);
+        if (tty)
+            unmute_typing();
+        if (failed) {
+            /* a failed turn takes its message back (turns dropped to fit it stay dropped) */
             clear_messages(&c, c.n - 1);
             if (ferror(stdout)) /* nobody is reading the replies any more */
                 status = 1;
         }
     }
     sigaction(SIGINT, &old, NULL);
+    for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++)
+        sigaction(fatal[i], &fatal_old[i], NULL);
     free(line);
     clear_messages(&c, 0);
     free(c.msgs);

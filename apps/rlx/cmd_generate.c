@@ -68,6 +68,33 @@ static int prompt_ids(const app_runtime *rt, const char *tokens, const char *pro
     return 0;
 }
 
+/* Fits a prompt of n tokens into rt's context: one longer than the context fails unless
+ * truncate. With truncate, a prompt that leaves the reply less than min(n_new, capacity / 2)
+ * positions loses its first tokens down to capacity - min(n_new, capacity / 2): the reply gets
+ * the room it asks for, but never at the cost of more than half the context, which stays the
+ * prompt's. *skip is the number of prompt tokens dropped, *max_new is n_new limited to the room
+ * that is left. 1 after reporting. */
+static int fit_context(const app_runtime *rt, size_t n, uint32_t n_new, int truncate, uint32_t *skip,
+                       uint32_t *max_new) {
+    uint32_t capacity = rt->lm.capacity(rt->lm.self);
+    char context[80];
+    *skip = 0;
+    if (truncate) {
+        uint32_t room = n_new < capacity / 2 ? n_new : capacity / 2;
+        if (n > capacity - room) {
+            *skip = (uint32_t)(n - (capacity - room));
+            fprintf(stderr, "rlx: prompt truncated to its last %u of %zu tokens\n", capacity - room, n);
+        }
+    } else if (n > capacity) {
+        return app_fail("generate: a prompt of %zu tokens does not fit the context (%s); --truncate keeps its last "
+                        "tokens",
+                        n, app_describe_context(rt, capacity, context, sizeof context));
+    }
+    uint32_t room = capacity - (uint32_t)(n - *skip);
+    *max_new = n_new < room ? n_new : room;
+    return 0;
+}
+
 int cmd_generate(int argc, char **argv, app_options *o) {
     const char *tokens = NULL, *prompt = NULL, *file = NULL;
     uint32_t n_new = 16;
@@ -79,10 +106,15 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         {'f', "file", NULL, "FILE", "the prompt as the text of FILE ('-': standard input)", APP_OPT_STRING, &file},
         {0, "tokens", NULL, "LIST", "the prompt as token ids, separated by commas or spaces", APP_OPT_STRING,
          &tokens},
-        {'n', "n-predict", NULL, "N", "tokens to generate (default 16)", APP_OPT_U32, &n_new, &n_given},
+        {'n', "n-predict", NULL, "N",
+         "tokens to generate (default 16; -1: until end-of-sequence or the context\n"
+         "is full)",
+         APP_OPT_CUSTOM, &n_new, &n_given, .parse = app_parse_max_new},
         {0, "chat", NULL, NULL, "wrap the text as a user turn with the model's chat template", APP_OPT_FLAG, &chat},
         {0, "no-think", NULL, NULL, "with --chat: Qwen3's enable_thinking=false", APP_OPT_FLAG, &no_think},
-        {0, "truncate", NULL, NULL, "keep the end of a prompt longer than the context instead of failing",
+        {0, "truncate", NULL, NULL,
+         "drop the start of a prompt that leaves fewer than min(N, ctx/2) positions\n"
+         "for the reply (a prompt longer than the context fails without it)",
          APP_OPT_FLAG, &truncate},
         {0, "stats", NULL, NULL,
          "print the seed, prompt and generation speed on stderr (with --spec also\n"
@@ -127,16 +159,10 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     int32_t *ids = NULL;
     size_t n = 0;
     int status = prompt_ids(&rt, tokens, prompt, chat, !no_think, &tok, &ids, &n);
-    uint32_t capacity = rt.lm.capacity(rt.lm.self);
-    if (!status && (n > capacity || n_new > capacity - n)) {
-        if (!truncate || n_new >= capacity)
-            status = app_fail("generate: prompt of %zu tokens plus %u new ones exceeds the context of %u positions "
-                              "(raise --ctx, or --truncate to keep the prompt's end)",
-                              n, n_new, capacity);
-        else
-            fprintf(stderr, "rlx: prompt truncated to its last %u of %zu tokens\n", capacity - n_new, n);
-    }
-    size_t skip = !status && n > capacity - n_new ? n - (capacity - n_new) : 0;
+    uint32_t capacity = rt.lm.capacity(rt.lm.self), skip = 0, max_new = 0;
+    char context[80];
+    if (!status)
+        status = fit_context(&rt, n, n_new, truncate, &skip, &max_new);
     rlx_sampler *sampler = NULL;
     output out = {0};
     rlx_spec_stats sst = {0};
@@ -146,12 +172,12 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     if (!status && tok && rlx_detok_create(tok, RLX_DECODE_SKIP_SPECIAL, &out.detok) != RLX_OK)
         status = app_fail_rlx("generate");
     if (!status && spec.spec) {
-        if (rlx_spec_generate(&rt.lm, spec.spec, spec.k, sampler, ids + skip, (uint32_t)(n - skip), n_new, emit, &out,
-                              &sst) != RLX_OK)
+        if (rlx_spec_generate(&rt.lm, spec.spec, spec.k, sampler, ids + skip, (uint32_t)(n - skip), max_new, emit,
+                              &out, &sst) != RLX_OK)
             status = app_fail_rlx("generate");
         st = sst.gen;
     } else if (!status &&
-               rlx_generate(&rt.lm, sampler, ids + skip, (uint32_t)(n - skip), n_new, emit, &out, &st) != RLX_OK) {
+               rlx_generate(&rt.lm, sampler, ids + skip, (uint32_t)(n - skip), max_new, emit, &out, &st) != RLX_OK) {
         status = app_fail_rlx("generate");
     }
     if (!status && !out.failed) {
@@ -164,6 +190,10 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     }
     if (!status && out.failed)
         status = app_fail("generate: cannot write to stdout");
+    /* a reply the context cut short is a result, not an error: said once, after the text */
+    if (!status && max_new < n_new && st.n_generated == max_new && !st.stopped_on_eos)
+        fprintf(stderr, "rlx: context full (%s): stopped after %u token%s\n",
+                app_describe_context(&rt, capacity, context, sizeof context), max_new, max_new == 1 ? "" : "s");
     if (!status && stats) {
         fprintf(stderr, "rlx: seed %llu%s\n", (unsigned long long)sampling.params.seed,
                 sampling.params.greedy ? " (greedy: unused)" : sampling.seed_drawn ? " (drawn; --seed repeats the run)" : "");

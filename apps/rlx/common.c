@@ -39,6 +39,23 @@ int app_parse_u32(const char *opt, const char *text, uint32_t *out) {
     return 0;
 }
 
+int app_parse_max_new(const char *opt, const char *text, void *target) {
+    uint32_t *out = target;
+    if (strcmp(text, "-1") == 0) {
+        *out = APP_MAX_NEW_UNTIL_FULL;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || end == text || *end || text[0] == '-' || v >= APP_MAX_NEW_UNTIL_FULL) {
+        app_fail("%s: '%s' is not a number of tokens (or -1: until the end of the context)", opt, text);
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
 int app_parse_float(const char *opt, const char *text, float *out) {
     char *end;
     errno = 0;
@@ -345,6 +362,18 @@ void app_runtime_close(app_runtime *rt) {
     rlx_model_close(rt->model);
     rlx_registry_destroy(rt->registry);
     memset(rt, 0, sizeof *rt);
+}
+
+const char *app_describe_context(const app_runtime *rt, uint32_t capacity, char *buf, size_t size) {
+    const rlx_model_config *c = rt->model ? rlx_model_config_of(rt->model) : app_pipeline_config(rt);
+    int64_t max_pos = c ? c->max_position_embeddings : 0;
+    if (max_pos > 0 && max_pos <= capacity)
+        snprintf(buf, size, "%u positions, the model's maximum", capacity);
+    else if (max_pos > 0)
+        snprintf(buf, size, "%u positions; --ctx raises it up to %lld", capacity, (long long)max_pos);
+    else
+        snprintf(buf, size, "%u positions; --ctx raises it", capacity);
+    return buf;
 }
 
 static int add_stop(const char *opt, const char *value, void *target) {

@@ -56,6 +56,11 @@ int app_parse_command(const char *name, const char *usage, const app_opt_group *
 /* Warns on stderr when threads exceeds the cores this process may run on. */
 void app_warn_threads(uint32_t threads);
 int app_parse_u32(const char *opt, const char *text, uint32_t *out);
+/* -n's value for "until an end-of-sequence token or a full context" (-n -1). */
+#define APP_MAX_NEW_UNTIL_FULL UINT32_MAX
+/* Parses the value of -n into a uint32_t: a token count, or -1 for APP_MAX_NEW_UNTIL_FULL; -1
+ * after reporting (an APP_OPT_CUSTOM parser). */
+int app_parse_max_new(const char *opt, const char *text, void *target);
 int app_parse_float(const char *opt, const char *text, float *out);
 /* Parses "1,5,3" or "1 5 3" (what rlx tokenize prints) into a malloc'd array; returns the
  * count or -1 after reporting a problem with option opt. */
@@ -78,6 +83,11 @@ uint32_t app_usable_cores(void);
  * connects a pipeline driver. 1 after reporting a failure, with everything closed. */
 int app_runtime_open(app_runtime *rt, app_options *o);
 void app_runtime_close(app_runtime *rt);
+
+/* For messages about a full context of `capacity` positions: its size and how --ctx could make
+ * it longer, "256 positions; --ctx raises it up to 1024" (the model's max_position_embeddings)
+ * or "1024 positions, the model's maximum". Written to buf (80 bytes are enough), returned. */
+const char *app_describe_context(const app_runtime *rt, uint32_t capacity, char *buf, size_t size);
 
 /* Sampling options shared by generate and chat: what the command line gave, and the parameters
  * resolved from it and the defaults (app_generation_defaults). */

@@ -400,6 +400,10 @@ void app_pipeline_close(app_runtime *rt) {
 
 const rlx_deploy *app_pipeline_deploy(const app_runtime *rt) { return rt->pipeline ? rt->pipeline->deploy : NULL; }
 
+const rlx_model_config *app_pipeline_config(const app_runtime *rt) {
+    return rt->pipeline && rt->pipeline->driver ? rlx_driver_config(rt->pipeline->driver) : NULL;
+}
+
 void app_pipeline_describe(const app_runtime *rt) {
     if (!rt->pipeline || !rt->pipeline->driver)
         return;

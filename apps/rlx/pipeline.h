@@ -48,6 +48,10 @@ void app_pipeline_close(struct app_runtime *rt);
  * no pipeline or it came from --stages. Borrowed from rt until app_pipeline_close. */
 const struct rlx_deploy *app_pipeline_deploy(const struct app_runtime *rt);
 
+/* The model configuration the pipeline driver read, or NULL without a driver; borrowed from rt
+ * until app_pipeline_close. */
+const struct rlx_model_config *app_pipeline_config(const struct app_runtime *rt);
+
 /* One line per stage (address, layers, backend, resident memory) on stderr, for --verbose. */
 void app_pipeline_describe(const struct app_runtime *rt);
 
