@@ -159,7 +159,7 @@ static void test_sampler_reproducible_and_filtered(void **state) {
     p.top_p = 0;
     assert_int_equal(rlx_sampler_create(&p, V, &a), RLX_E_INVALID);
     p.top_p = 1;
-    p.temperature = 0;
+    p.temperature = -1;
     assert_int_equal(rlx_sampler_create(&p, V, &a), RLX_E_INVALID);
     assert_error_mentions("temperature");
 }
