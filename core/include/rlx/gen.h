@@ -157,22 +157,38 @@ RLX_API void rlx_sampler_reset_history(rlx_sampler *s);
 
 // ---- generation loop ----
 
+/* Why a generation loop ended. */
+typedef enum rlx_gen_stop {
+    RLX_GEN_STOP_NONE = 0,     /* it failed */
+    RLX_GEN_STOP_EOS = 1,      /* an EOS id was generated (and reported) */
+    RLX_GEN_STOP_MAX_NEW = 2,  /* max_new tokens were generated */
+    RLX_GEN_STOP_CALLBACK = 3, /* the callback returned non-zero (on a token that is not an EOS id) */
+} rlx_gen_stop;
+
 typedef struct rlx_gen_stats {
     uint32_t n_prompt;
     uint32_t n_generated;
     double prompt_seconds;
     double generate_seconds; /* from the first to the last generated token's forward */
     int stopped_on_eos;
+    uint32_t stop;           /* rlx_gen_stop */
 } rlx_gen_stats;
 
 /* Called with every generated token; return non-zero to stop early. */
 typedef int (*rlx_token_fn)(void *ctx, int32_t token);
+/* Called with every generated token and the raw logits row (vocab floats, before any
+ * penalty or filter) it was drawn from, borrowed for the call; return non-zero to stop early. */
+typedef int (*rlx_token_logits_fn)(void *ctx, int32_t token, const float *logits);
 
 /* Prefills prompt (n_prompt >= 1 ids, appended to what the model holds) in one forward, then
  * samples up to max_new tokens, stopping after an EOS id (which is reported to fn) or when fn
- * returns non-zero. */
+ * returns non-zero. Every prompt token and every generated token is accepted into the
+ * sampler's history (rlx_sampler_accept), so the penalties see the prompt. */
 RLX_API rlx_status rlx_generate(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
                                 uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats);
+/* rlx_generate with the logits row of each token given to fn (for log-probabilities). */
+RLX_API rlx_status rlx_generate_ex(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
+                                   uint32_t max_new, rlx_token_logits_fn fn, void *ctx, rlx_gen_stats *stats);
 
 /* rlx_generate on rlx_session_lm(s). */
 RLX_API rlx_status rlx_session_generate(rlx_session *s, rlx_sampler *sampler, const int32_t *prompt,

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rlx/gen.h"
+#include "gen/gen_internal.h"
 
 typedef struct candidate {
     float logit;
@@ -167,6 +167,15 @@ rlx_status rlx_sampler_accept(rlx_sampler *s, int32_t token) {
         s->ring_head = s->ring_head + 1 == window ? 0 : s->ring_head + 1;
     }
     window_add(s, token);
+    return RLX_OK;
+}
+
+rlx_status rlx__sampler_accept_all(rlx_sampler *s, const int32_t *ids, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        rlx_status rc = rlx_sampler_accept(s, ids[i]);
+        if (rc != RLX_OK)
+            return rc;
+    }
     return RLX_OK;
 }
 
