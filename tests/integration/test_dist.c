@@ -105,7 +105,9 @@ static void test_deploy_full_file(void **state) {
                                                "     listen: '0.0.0.0:7102'}\n"
                                                "speculator: {plugin: mtp, draft_tokens: 4}\n"
                                                "generation: {max_tokens: 64, temperature: 0.7, top_k: 20,\n"
-                                               "             top_p: 0.8, seed: 18446744073709551615}\n"
+                                               "             top_p: 0.8, seed: 18446744073709551615,\n"
+                                               "             min_p: 0.05, repeat_penalty: 1.1, repeat_last_n: -1,\n"
+                                               "             presence_penalty: -0.5, frequency_penalty: 0.25}\n"
                                                "timeouts: {connect_ms: 1000, control_ms: 2000, per_position_ms: 3}\n");
     rlx_deploy *d = NULL;
     assert_int_equal(rlx_deploy_load(path, &d), RLX_OK);
@@ -137,6 +139,11 @@ static void test_deploy_full_file(void **state) {
     assert_true(g->temperature > 0.69f && g->temperature < 0.71f);
     assert_int_equal(g->top_k, 20);
     assert_true(g->seed == UINT64_MAX);
+    assert_true(g->has_min_p && g->has_repeat_penalty && g->has_repeat_last_n && g->has_presence_penalty &&
+                g->has_frequency_penalty);
+    assert_true(g->min_p == 0.05f && g->repeat_penalty == 1.1f && g->presence_penalty == -0.5f &&
+                g->frequency_penalty == 0.25f);
+    assert_int_equal(g->repeat_last_n, -1);
     assert_int_equal(rlx_deploy_timeouts_of(d)->control_ms, 2000);
     rlx_layer_range r[2];
     assert_int_equal(rlx_deploy_layers(d, 28, r), RLX_OK);
@@ -158,13 +165,21 @@ static void test_deploy_defaults_and_even_split(void **state) {
     assert_null(rlx_deploy_model(d));
     assert_string_equal(rlx_deploy_transport(d), "tcp");
     assert_null(rlx_deploy_speculator_of(d));
-    assert_false(rlx_deploy_generation_of(d)->has_max_tokens);
+    const rlx_deploy_generation *g = rlx_deploy_generation_of(d);
+    assert_false(g->has_max_tokens || g->has_temperature || g->has_min_p || g->has_repeat_penalty ||
+                 g->has_repeat_last_n || g->has_presence_penalty || g->has_frequency_penalty);
     rlx_layer_range r[3];
     assert_int_equal(rlx_deploy_layers(d, 7, r), RLX_OK);
     assert_int_equal(r[0].end, 3);
     assert_int_equal(r[1].end, 5);
     assert_int_equal(r[2].end, 7);
     assert_int_equal(rlx_deploy_layers(d, 2, r), RLX_E_RANGE);
+    rlx_deploy_destroy(d);
+    /* temperature 0 means greedy, as in rlx_sampler_params; 0 turns the penalties' window off */
+    path = write_file("zero.yaml", "stages:\n  - address: a:1\ngeneration: {temperature: 0, repeat_last_n: 0}\n");
+    assert_int_equal(rlx_deploy_load(path, &d), RLX_OK);
+    g = rlx_deploy_generation_of(d);
+    assert_true(g->has_temperature && g->temperature == 0 && g->has_repeat_last_n && g->repeat_last_n == 0);
     rlx_deploy_destroy(d);
 }
 
@@ -208,6 +223,20 @@ static void test_deploy_errors_name_file_and_line(void **state) {
     expect_bad("model: [a]\nstages:\n  - address: a:1\n", 1, "'model' must be a non-empty string");
     expect_bad("stages:\n  - address: a:1\ngeneration: {top_p: 2}\n", 3, "top_p must be in (0, 1]");
     expect_bad("stages:\n  - address: a:1\ngeneration: {temperature: hot}\n", 3, "must be a number");
+    expect_bad("stages:\n  - address: a:1\ngeneration: {temperature: -0.1}\n", 3, "temperature must be >= 0");
+    expect_bad("stages:\n  - address: a:1\ngeneration: {min_p: 1.5}\n", 3, "min_p must be in [0, 1]");
+    expect_bad("stages:\n  - address: a:1\ngeneration: {min_p: -0.1}\n", 3, "min_p must be in [0, 1]");
+    expect_bad("stages:\n  - address: a:1\ngeneration: {repeat_penalty: 0}\n", 3, "repeat_penalty must be > 0");
+    expect_bad("stages:\n  - address: a:1\ngeneration: {repeat_penalty: inf}\n", 3, "must be a number");
+    expect_bad("stages:\n  - address: a:1\ngeneration: {repeat_last_n: -2}\n", 3,
+               "repeat_last_n must be a number of tokens up to 2147483647, or -1");
+    expect_bad("stages:\n  - address: a:1\ngeneration: {repeat_last_n: 3000000000}\n", 3, "repeat_last_n must be");
+    expect_bad("stages:\n  - address: a:1\ngeneration: {repeat_last_n: 1.5}\n", 3, "repeat_last_n must be");
+    expect_bad("stages:\n  - address: a:1\ngeneration: {presence_penalty: nan}\n", 3, "must be a number");
+    expect_bad("stages:\n  - address: a:1\ngeneration: {frequency_penalty: [1]}\n", 3,
+               "'frequency_penalty' must be a number");
+    expect_bad("stages:\n  - address: a:1\ngeneration: {min-p: 0.1}\n", 3,
+               "unknown key 'min-p' in generation (known: max_tokens, temperature, top_k, top_p, seed, min_p,");
     expect_bad("stages:\n  - address: a:1\nspeculator: {draft_tokens: 4}\n", 3, "needs a plugin");
     expect_bad("stages:\n  - address: a:1\nspeculator: {plugin: mtp, k: 4}\n", 3, "unknown key 'k' in speculator");
     expect_bad("stages:\n  - address: a:1\n  - address: [b\n", 4, "not valid YAML");

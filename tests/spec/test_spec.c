@@ -1,10 +1,12 @@
 /* Speculative decoding on real (small, random) models: greedy output equals plain greedy token
  * for token with the draft plugin for k = 1..6 (a draft that often disagrees and the target
- * itself, which must have every draft accepted), stops land where plain decoding's do,
- * rejected positions leave no trace in the target's cache, the draft and MTP speculators keep
- * accepted drafts and forget rejected ones exactly, sampled output
- * follows the target's exact distribution (chi-square), and bad speculators and bad arguments
- * are refused with errors naming them. */
+ * itself, which must have every draft accepted), also with penalties and at temperature 0,
+ * stops land where plain decoding's do, rejected positions leave no trace in the target's
+ * cache, each token comes with the target's row it was drawn from, the draft and MTP
+ * speculators keep accepted drafts and forget rejected ones exactly, sampled output follows
+ * the target's exact distribution (chi-square; plain, top-k, min-p and penalties that make it
+ * depend on the tokens drawn before), and bad speculators and bad arguments are refused with
+ * errors naming them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,15 +72,19 @@ static int record(void *ctx, int32_t token) {
     return r->stop_after && r->n == r->stop_after;
 }
 
+static rlx_sampler *new_sampler_with(rlx_sampler_params p, uint64_t seed, int64_t vocab) {
+    p.seed = seed;
+    rlx_sampler *s;
+    assert_ok(rlx_sampler_create(&p, vocab, &s));
+    return s;
+}
+
 static rlx_sampler *new_sampler(int greedy, float temperature, int32_t top_k, uint64_t seed, int64_t vocab) {
     rlx_sampler_params p = rlx_sampler_params_default();
     p.greedy = greedy;
     p.temperature = temperature;
     p.top_k = top_k;
-    p.seed = seed;
-    rlx_sampler *s;
-    assert_ok(rlx_sampler_create(&p, vocab, &s));
-    return s;
+    return new_sampler_with(p, seed, vocab);
 }
 
 /* rlx_generate's tokens for lm (truncated to empty first). */
@@ -169,18 +175,72 @@ static void test_greedy_stops_like_plain(void **state) {
         spec_run(&with_eos, spec, k, 48, 0, &out, &st);
         assert_same_tokens(&plain_eos, &out, "EOS", k);
         assert_true(st.gen.stopped_on_eos);
+        assert_int_equal(st.gen.stop, RLX_GEN_STOP_EOS);
         /* the cache holds the prompt and every token but the last, as rlx_generate leaves it */
         assert_int_equal(rlx_session_length(s), N_PROMPT + out.n - 1);
         for (uint32_t limit = 1; limit <= 9; limit += 4) {
             plain_run(&lm, limit, 0, &plain);
             spec_run(&lm, spec, k, limit, 0, &out, &st);
             assert_same_tokens(&plain, &out, "max_new", k);
+            assert_int_equal(st.gen.stop, RLX_GEN_STOP_MAX_NEW);
             plain_run(&lm, 48, limit, &plain);
             spec_run(&lm, spec, k, 48, limit, &out, &st);
             assert_same_tokens(&plain, &out, "callback stop", k);
+            assert_int_equal(st.gen.stop, RLX_GEN_STOP_CALLBACK);
             assert_int_equal(rlx_session_length(s), N_PROMPT + out.n - 1);
         }
     }
+    rlx_speculator_destroy(spec);
+    rlx_session_destroy(s);
+}
+
+/* Penalties under greedy: speculative decoding (greedy, or temperature 0) emits plain greedy's
+ * tokens, and so does plain decoding at temperature 0. The penalties change plain greedy's
+ * output, so the drafts' places in the history matter. */
+static void test_greedy_with_penalties_equals_plain(void **state) {
+    (void)state;
+    rlx_session *s = new_session(target, 128);
+    rlx_lm lm;
+    assert_ok(rlx_session_lm(s, &lm));
+    rlx_speculator *spec;
+    assert_ok(open_spec(draft_plugin, &lm, TARGET, "model=" DRAFT, &spec));
+    rlx_sampler_params p = rlx_sampler_params_default();
+    p.greedy = 1;
+    p.repeat_penalty = 1.5f;
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.3f;
+    p.repeat_last_n = 12;
+    recorder unpenalised, plain, out;
+    plain_run(&lm, 48, 0, &unpenalised);
+    rlx_sampler *g = new_sampler_with(p, 0, lm.vocab);
+    plain = (recorder){0};
+    assert_ok(lm.truncate(lm.self, 0));
+    assert_ok(rlx_generate(&lm, g, prompt, N_PROMPT, 48, record, &plain, NULL));
+    rlx_sampler_destroy(g);
+    int differs = unpenalised.n != plain.n;
+    for (uint32_t i = 0; i < plain.n && !differs; i++)
+        differs = unpenalised.tokens[i] != plain.tokens[i];
+    assert_true(differs);
+    rlx_sampler_params zero = p;
+    zero.greedy = 0;
+    zero.temperature = 0;
+    g = new_sampler_with(zero, 0, lm.vocab);
+    out = (recorder){0};
+    assert_ok(lm.truncate(lm.self, 0));
+    assert_ok(rlx_generate(&lm, g, prompt, N_PROMPT, 48, record, &out, NULL));
+    rlx_sampler_destroy(g);
+    assert_same_tokens(&plain, &out, "plain, temperature 0", 0);
+    for (int at_zero = 0; at_zero <= 1; at_zero++)
+        for (uint32_t k = 1; k <= 6; k++) {
+            g = new_sampler_with(at_zero ? zero : p, 0, lm.vocab);
+            out = (recorder){0};
+            rlx_spec_stats st;
+            assert_ok(lm.truncate(lm.self, 0));
+            assert_ok(rlx_spec_generate(&lm, spec, k, g, prompt, N_PROMPT, 48, record, &out, &st));
+            rlx_sampler_destroy(g);
+            assert_same_tokens(&plain, &out, at_zero ? "temperature 0 with penalties" : "greedy with penalties", k);
+            assert_true(st.accepted > 0 && st.accepted < st.proposed);
+        }
     rlx_speculator_destroy(spec);
     rlx_session_destroy(s);
 }
@@ -216,6 +276,55 @@ static void test_rollback_leaves_target_cache_as_plain(void **state) {
     assert_ok(rlx_session_forward(s, &probe, 1, 0, &a));
     assert_ok(rlx_session_forward(ref, &probe, 1, 0, &b));
     assert_true(max_diff(a, b, lm.vocab) < 1e-4);
+    rlx_sampler_destroy(g);
+    rlx_speculator_destroy(spec);
+    rlx_session_destroy(s);
+    rlx_session_destroy(ref);
+}
+
+typedef struct row_recorder {
+    recorder r;
+    float *rows; /* [256, vocab] */
+    int64_t vocab;
+} row_recorder;
+
+static int record_row(void *ctx, int32_t token, const float *logits) {
+    row_recorder *rr = ctx;
+    memcpy(rr->rows + (size_t)rr->r.n * (size_t)rr->vocab, logits, (size_t)rr->vocab * sizeof *logits);
+    return record(&rr->r, token);
+}
+
+/* Sampled speculative decoding with many rejections and penalties: each token comes with the
+ * target's row after the prompt and the tokens before it (a verification row; a correction's
+ * is the row of the rejected draft's position), as plain forwards compute it. */
+static void test_each_token_comes_with_its_target_row(void **state) {
+    (void)state;
+    rlx_session *s = new_session(target, 128), *ref = new_session(target, 128);
+    rlx_lm lm;
+    assert_ok(rlx_session_lm(s, &lm));
+    lm.n_eos = 0;
+    rlx_speculator *spec;
+    assert_ok(open_spec(draft_plugin, &lm, TARGET, "model=" DRAFT, &spec));
+    rlx_sampler_params p = rlx_sampler_params_default();
+    p.repeat_penalty = 1.3f;
+    rlx_sampler *g = new_sampler_with(p, 11, lm.vocab);
+    row_recorder out = {.vocab = lm.vocab};
+    out.rows = malloc(40 * (size_t)lm.vocab * sizeof *out.rows);
+    assert_non_null(out.rows);
+    rlx_spec_stats st;
+    assert_ok(rlx_spec_generate_ex(&lm, spec, 4, g, prompt, N_PROMPT, 40, record_row, &out, &st));
+    assert_int_equal(out.r.n, 40);
+    assert_true(st.accepted > 0 && st.accepted < st.proposed);
+    const float *want;
+    assert_ok(rlx_session_forward(ref, prompt, N_PROMPT, 0, &want));
+    for (uint32_t i = 0; i < out.r.n; i++) {
+        if (i)
+            assert_ok(rlx_session_forward(ref, &out.r.tokens[i - 1], 1, 0, &want));
+        double diff = max_diff(out.rows + (size_t)i * (size_t)lm.vocab, want, lm.vocab);
+        if (diff > 1e-4)
+            fail_msg("token %u: its row differs from the target's row at its position by %.3g", i, diff);
+    }
+    free(out.rows);
     rlx_sampler_destroy(g);
     rlx_speculator_destroy(spec);
     rlx_session_destroy(s);
@@ -385,7 +494,8 @@ static void assert_chi_square(const char *what, const uint32_t *count, const dou
                  critical);
 }
 
-/* probs of the token after prompt + ctx[0..n) under the sampler's filters */
+/* probs of the token after prompt + ctx[0..n) under the sampler's penalties and filters, the
+ * penalties seeing that context */
 static void target_probs(rlx_session *s, rlx_sampler *g, const int32_t *ctx, uint32_t n, double *out) {
     const float *logits;
     float p[TINY_VOCAB];
@@ -393,48 +503,70 @@ static void target_probs(rlx_session *s, rlx_sampler *g, const int32_t *ctx, uin
     assert_ok(rlx_session_forward(s, tiny_prompt, N_TINY_PROMPT, 0, &logits));
     if (n)
         assert_ok(rlx_session_forward(s, ctx, n, 0, &logits));
+    rlx_sampler_reset_history(g);
+    for (uint32_t i = 0; i < N_TINY_PROMPT; i++)
+        assert_ok(rlx_sampler_accept(g, tiny_prompt[i]));
+    for (uint32_t i = 0; i < n; i++)
+        assert_ok(rlx_sampler_accept(g, ctx[i]));
     rlx_sampler_probs(g, logits, p);
     for (int i = 0; i < TINY_VOCAB; i++)
         out[i] = p[i];
 }
 
+/* The exact marginals of the 1st, 2nd and 3rd generated token under the target with params:
+ * p3(c) = sum over a, b of p(a) p(b | a) p(c | a, b), each conditional computed with its own
+ * context in the penalties' history, so they hold with penalties too. */
+typedef struct marginals {
+    double p[3][TINY_VOCAB];
+} marginals;
+
+static marginals exact_marginals(rlx_sampler_params params) {
+    rlx_session *ref = new_session(tiny, 16);
+    rlx_sampler *exact = new_sampler_with(params, 0, TINY_VOCAB);
+    marginals m = {0};
+    double cond[TINY_VOCAB], cond2[TINY_VOCAB];
+    target_probs(ref, exact, NULL, 0, m.p[0]);
+    for (int32_t a = 0; a < TINY_VOCAB; a++) {
+        if (m.p[0][a] == 0)
+            continue;
+        target_probs(ref, exact, &a, 1, cond);
+        for (int32_t b = 0; b < TINY_VOCAB; b++) {
+            m.p[1][b] += m.p[0][a] * cond[b];
+            if (cond[b] == 0)
+                continue;
+            int32_t ab[2] = {a, b};
+            target_probs(ref, exact, ab, 2, cond2);
+            for (int c = 0; c < TINY_VOCAB; c++)
+                m.p[2][c] += m.p[0][a] * cond[b] * cond2[c];
+        }
+    }
+    rlx_sampler_destroy(exact);
+    rlx_session_destroy(ref);
+    return m;
+}
+
 /* The 2nd and 3rd tokens (the first ones through verification: accepted drafts, corrections
  * from max(0, p - q) and bonus tokens) against their exact marginals under the target, with
- * drafts from a context-free skewed q. Checked to fail when the rule is broken (always
- * accepting, or drawing corrections from p instead of max(0, p - q)). */
-static void check_distribution(float temperature, int32_t top_k) {
-    rlx_session *s = new_session(tiny, 16), *ref = new_session(tiny, 16);
+ * drafts from a context-free skewed q, k per round. Checked to fail when the rule is broken
+ * (always accepting, drawing corrections from p instead of max(0, p - q), or judging a draft
+ * without the kept drafts before it in the penalties' history). */
+static void check_distribution_of(const char *name, rlx_sampler_params params, uint32_t k) {
+    rlx_session *s = new_session(tiny, 16);
     rlx_lm lm;
     assert_ok(rlx_session_lm(s, &lm));
     lm.n_eos = 0; /* count every token; an EOS would end the sequence before the tokens measured */
     assert_int_equal(lm.vocab, TINY_VOCAB);
     rlx_speculator *spec;
     assert_ok(open_spec(skewed_plugin, &lm, TINY, NULL, &spec));
-    rlx_sampler *exact = new_sampler(0, temperature, top_k, 0, TINY_VOCAB);
-    double p1[TINY_VOCAB], p2[TINY_VOCAB] = {0}, p3[TINY_VOCAB] = {0}, cond[TINY_VOCAB], cond2[TINY_VOCAB];
-    target_probs(ref, exact, NULL, 0, p1);
-    for (int32_t a = 0; a < TINY_VOCAB; a++) {
-        if (p1[a] == 0)
-            continue;
-        target_probs(ref, exact, &a, 1, cond);
-        for (int32_t b = 0; b < TINY_VOCAB; b++) {
-            p2[b] += p1[a] * cond[b];
-            if (cond[b] == 0)
-                continue;
-            int32_t ab[2] = {a, b};
-            target_probs(ref, exact, ab, 2, cond2);
-            for (int c = 0; c < TINY_VOCAB; c++)
-                p3[c] += p1[a] * cond[b] * cond2[c];
-        }
-    }
+    marginals m = exact_marginals(params);
     uint32_t count2[TINY_VOCAB] = {0}, count3[TINY_VOCAB] = {0};
     uint64_t proposed = 0, accepted = 0;
     for (uint64_t seed = 0; seed < SEEDS; seed++) {
-        rlx_sampler *g = new_sampler(0, temperature, top_k, seed, TINY_VOCAB);
+        rlx_sampler *g = new_sampler_with(params, seed, TINY_VOCAB);
         recorder out = {0};
         rlx_spec_stats st;
         assert_ok(rlx_session_truncate(s, 0));
-        assert_ok(rlx_spec_generate(&lm, spec, 1, g, tiny_prompt, N_TINY_PROMPT, 4, record, &out, &st));
+        assert_ok(rlx_spec_generate(&lm, spec, k, g, tiny_prompt, N_TINY_PROMPT, 4, record, &out, &st));
         assert_int_equal(out.n, 4);
         count2[out.tokens[1]]++;
         count3[out.tokens[2]]++;
@@ -442,17 +574,24 @@ static void check_distribution(float temperature, int32_t top_k) {
         accepted += st.accepted;
         rlx_sampler_destroy(g);
     }
-    char what[64];
-    snprintf(what, sizeof what, "T=%.1f top-k %d, 2nd token", (double)temperature, top_k);
-    assert_chi_square(what, count2, p2, TINY_VOCAB, SEEDS);
-    snprintf(what, sizeof what, "T=%.1f top-k %d, 3rd token", (double)temperature, top_k);
-    assert_chi_square(what, count3, p3, TINY_VOCAB, SEEDS);
+    char what[96];
+    snprintf(what, sizeof what, "%s, k=%u, 2nd token", name, k);
+    assert_chi_square(what, count2, m.p[1], TINY_VOCAB, SEEDS);
+    snprintf(what, sizeof what, "%s, k=%u, 3rd token", name, k);
+    assert_chi_square(what, count3, m.p[2], TINY_VOCAB, SEEDS);
     /* both branches of the rule were exercised many times */
     assert_true(accepted > SEEDS / 4 && proposed - accepted > SEEDS / 4);
-    rlx_sampler_destroy(exact);
     rlx_speculator_destroy(spec);
     rlx_session_destroy(s);
-    rlx_session_destroy(ref);
+}
+
+static void check_distribution(float temperature, int32_t top_k) {
+    rlx_sampler_params p = rlx_sampler_params_default();
+    p.temperature = temperature;
+    p.top_k = top_k;
+    char name[48];
+    snprintf(name, sizeof name, "T=%.1f top-k %d", (double)temperature, top_k);
+    check_distribution_of(name, p, 1);
 }
 
 static void test_sampled_tokens_follow_target_distribution(void **state) {
@@ -464,6 +603,39 @@ static void test_sampled_tokens_follow_target_distribution(void **state) {
 static void test_sampled_tokens_follow_filtered_distribution(void **state) {
     (void)state;
     check_distribution(1.0f, 5);
+}
+
+/* min-p as well; it must really cut tokens for the check to mean anything */
+static void test_sampled_tokens_follow_min_p_distribution(void **state) {
+    (void)state;
+    rlx_sampler_params p = rlx_sampler_params_default();
+    p.min_p = 0.25f;
+    marginals m = exact_marginals(p);
+    int cut = 0;
+    for (int i = 0; i < TINY_VOCAB; i++)
+        cut += m.p[0][i] == 0;
+    assert_true(cut >= 4);
+    check_distribution_of("min-p 0.25", p, 2);
+}
+
+/* With penalties each token's distribution depends on the ones drawn before it. The window of
+ * 4 moves past the 3-token prompt within the tokens measured, and two drafts a round make the
+ * second draft's row depend on the first. The penalties must move the 3rd token's marginal
+ * for the check to mean anything. */
+static void test_sampled_tokens_follow_penalised_distribution(void **state) {
+    (void)state;
+    rlx_sampler_params p = rlx_sampler_params_default();
+    p.repeat_penalty = 2.5f;
+    p.presence_penalty = 0.8f;
+    p.frequency_penalty = 0.6f;
+    p.repeat_last_n = 4;
+    marginals with = exact_marginals(p), without = exact_marginals(rlx_sampler_params_default());
+    double tv = 0;
+    for (int i = 0; i < TINY_VOCAB; i++)
+        tv += fabs(with.p[2][i] - without.p[2][i]) / 2;
+    print_message("the penalties move the 3rd token's marginal by %.3f in total variation\n", tv);
+    assert_true(tv > 0.1);
+    check_distribution_of("penalties", p, 2);
 }
 
 // ---- refusals ----
@@ -578,11 +750,15 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_equals_plain_with_draft_models),
         cmocka_unit_test(test_greedy_stops_like_plain),
+        cmocka_unit_test(test_greedy_with_penalties_equals_plain),
         cmocka_unit_test(test_rollback_leaves_target_cache_as_plain),
+        cmocka_unit_test(test_each_token_comes_with_its_target_row),
         cmocka_unit_test(test_draft_keeps_accepted_like_fresh),
         cmocka_unit_test(test_mtp_keeps_accepted_like_fresh),
         cmocka_unit_test(test_sampled_tokens_follow_target_distribution),
         cmocka_unit_test(test_sampled_tokens_follow_filtered_distribution),
+        cmocka_unit_test(test_sampled_tokens_follow_min_p_distribution),
+        cmocka_unit_test(test_sampled_tokens_follow_penalised_distribution),
         cmocka_unit_test(test_bad_speculators_and_arguments_are_refused),
     };
     return cmocka_run_group_tests_name("spec", tests, setup, teardown);

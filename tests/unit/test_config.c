@@ -1,5 +1,7 @@
 /* rlx_model_config_*: config.json and generation_config.json of real Qwen3 checkpoints, the
- * Hugging Face defaults and derived per-layer flags, and every kind of broken field. */
+ * Hugging Face defaults and derived per-layer flags, and every kind of broken field; the
+ * sampling keys of generation_config.json (rlx_generation_config_load) with Hugging Face's
+ * GenerationConfig defaults. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -304,6 +306,93 @@ static void test_eos_lists_and_generation_config(void **state) {
     assert_int_equal(rlx_model_config_load_generation(gen, NULL), RLX_E_INVALID);
 }
 
+// ---- generation_config.json sampling keys
+
+static void test_generation_defaults_of_qwen3(void **state) {
+    const char *dir = *state;
+    /* Qwen/Qwen3-0.6B's generation_config.json as published */
+    fixture_write_text(dir, "generation_config.json",
+                       "{\"bos_token_id\": 151643, \"do_sample\": true, \"eos_token_id\": [151645, 151643],"
+                       " \"pad_token_id\": 151643, \"temperature\": 0.6, \"top_k\": 20, \"top_p\": 0.95,"
+                       " \"transformers_version\": \"4.51.0\"}");
+    rlx_generation_defaults g;
+    assert_int_equal(rlx_generation_config_load(dir, &g), RLX_OK);
+    assert_true(g.has_do_sample && g.do_sample);
+    assert_true(g.has_temperature && g.temperature == 0.6f);
+    assert_true(g.has_top_k && g.top_k == 20);
+    assert_true(g.has_top_p && g.top_p == 0.95f);
+    assert_false(g.has_min_p || g.has_repetition_penalty);
+    assert_true(g.min_p == 0 && g.repetition_penalty == 1);
+    fixture_write_text(dir, "generation_config.json",
+                       "{\"do_sample\": false, \"min_p\": 0.05, \"repetition_penalty\": 1.1, \"temperature\": 0}");
+    assert_int_equal(rlx_generation_config_load(dir, &g), RLX_OK);
+    assert_true(g.has_do_sample && !g.do_sample && g.has_temperature && g.temperature == 0);
+    assert_true(g.has_min_p && g.min_p == 0.05f && g.has_repetition_penalty && g.repetition_penalty == 1.1f);
+}
+
+/* What transformers' GenerationConfig() holds for keys a file leaves out: do_sample False,
+ * temperature 1.0, top_k 50, top_p 1.0, min_p None, repetition_penalty 1.0. */
+static void assert_hf_defaults(const rlx_generation_defaults *g) {
+    assert_false(g->do_sample);
+    assert_true(g->temperature == 1 && g->top_k == 50 && g->top_p == 1 && g->min_p == 0 &&
+                g->repetition_penalty == 1);
+}
+
+static void test_generation_defaults_when_absent(void **state) {
+    const char *dir = *state;
+    rlx_generation_defaults g;
+    memset(&g, 0xAB, sizeof g);
+    assert_int_equal(rlx_generation_config_load(dir, &g), RLX_OK); /* no file */
+    assert_hf_defaults(&g);
+    assert_false(g.has_do_sample || g.has_temperature || g.has_top_k || g.has_top_p || g.has_min_p ||
+                 g.has_repetition_penalty);
+    /* null is "not given", as None in transformers */
+    fixture_write_text(dir, "generation_config.json",
+                       "{\"do_sample\": null, \"temperature\": null, \"top_k\": null, \"top_p\": null,"
+                       " \"min_p\": null, \"repetition_penalty\": null}");
+    assert_int_equal(rlx_generation_config_load(dir, &g), RLX_OK);
+    assert_hf_defaults(&g);
+    assert_false(g.has_do_sample || g.has_temperature || g.has_top_k || g.has_top_p || g.has_min_p ||
+                 g.has_repetition_penalty);
+    fixture_write_text(dir, "generation_config.json", "{\"do_sample\": true}");
+    assert_int_equal(rlx_generation_config_load(dir, &g), RLX_OK);
+    assert_true(g.do_sample && g.temperature == 1 && g.top_k == 50 && g.top_p == 1);
+}
+
+static void test_generation_defaults_refuse_bad_values(void **state) {
+    const char *dir = *state;
+    const char *broken[][2] = {
+        {"{\"do_sample\": \"yes\"}", "field 'do_sample' must be true or false"},
+        {"{\"temperature\": -0.5}", "field 'temperature' is -0.5, must be a finite number >= 0"},
+        {"{\"temperature\": \"0.6\"}", "field 'temperature' must be a number"},
+        {"{\"temperature\": 1e999}", "field 'temperature'"},
+        {"{\"top_k\": 2.5}", "field 'top_k' must be an integer"},
+        {"{\"top_k\": -1}", "field 'top_k' is -1"},
+        {"{\"top_p\": 0}", "field 'top_p' is 0, must be in (0, 1]"},
+        {"{\"top_p\": 1.5}", "field 'top_p' is 1.5"},
+        {"{\"min_p\": 2}", "field 'min_p' is 2, must be in [0, 1]"},
+        {"{\"repetition_penalty\": 0}", "field 'repetition_penalty' is 0, must be a finite number > 0"},
+        {"{\"temperature\": 0.6,", "malformed JSON"},
+        {"[0.6]", "not a JSON object"},
+    };
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s", fixture_path(dir, "generation_config.json"));
+    for (size_t i = 0; i < sizeof broken / sizeof broken[0]; i++) {
+        fixture_write_text(dir, "generation_config.json", broken[i][0]);
+        rlx_generation_defaults g;
+        memset(&g, 0xAB, sizeof g);
+        rlx_status st = rlx_generation_config_load(dir, &g);
+        if (st != RLX_E_FORMAT)
+            print_error("%s: status %d (%s)\n", broken[i][0], st, rlx_last_error());
+        assert_int_equal(st, RLX_E_FORMAT);
+        fixture_assert_error_has(path, broken[i][1]);
+        assert_int_equal(g.top_k, (int32_t)0xABABABAB); /* left alone */
+    }
+    rlx_generation_defaults g;
+    assert_int_equal(rlx_generation_config_load(NULL, &g), RLX_E_INVALID);
+    assert_int_equal(rlx_generation_config_load(dir, NULL), RLX_E_INVALID);
+}
+
 // ---- broken configs
 
 static void test_missing_file_and_malformed_json(void **state) {
@@ -433,6 +522,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sliding_window_layers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eos_lists_and_generation_config, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_generation_defaults_of_qwen3, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_generation_defaults_when_absent, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_generation_defaults_refuse_bad_values, setup, teardown),
         cmocka_unit_test_setup_teardown(test_missing_file_and_malformed_json, setup, teardown),
         cmocka_unit_test_setup_teardown(test_missing_required_fields, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_types_and_values, setup, teardown),

@@ -1,6 +1,8 @@
 /* Sessions on a real (small, random) model: KV-cached decode equals full recomputation,
  * truncating and re-decoding equals never having decoded, bad token ids and context overflow
- * are refused, and the sampler is reproducible and honours its filters. */
+ * are refused, the sampler is reproducible and honours its filters, and the generation loop
+ * feeds the penalties the whole context, hands out each token's logits row and says why it
+ * stopped. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,9 +161,113 @@ static void test_sampler_reproducible_and_filtered(void **state) {
     p.top_p = 0;
     assert_int_equal(rlx_sampler_create(&p, V, &a), RLX_E_INVALID);
     p.top_p = 1;
-    p.temperature = 0;
+    p.temperature = -1;
     assert_int_equal(rlx_sampler_create(&p, V, &a), RLX_E_INVALID);
     assert_error_mentions("temperature");
+}
+
+typedef struct row_log {
+    int32_t tokens[32];
+    float *rows; /* [32, vocab] */
+    uint32_t n, stop_after;
+} row_log;
+
+static int log_row(void *ctx, int32_t token, const float *logits) {
+    row_log *r = ctx;
+    memcpy(r->rows + (size_t)r->n * (size_t)vocab, logits, (size_t)vocab * sizeof *logits);
+    r->tokens[r->n++] = token;
+    return r->stop_after && r->n == r->stop_after;
+}
+
+/* Each token's row is the model's logits after the prompt and the tokens before it, as a fresh
+ * session computes them; the stop reasons are told apart. */
+static void test_generate_ex_gives_each_tokens_row(void **state) {
+    (void)state;
+    rlx_session *s = new_session(64), *check = new_session(64);
+    rlx_lm lm;
+    assert_ok(rlx_session_lm(s, &lm));
+    lm.n_eos = 0;
+    rlx_sampler_params p = rlx_sampler_params_default();
+    p.seed = 5;
+    p.repeat_penalty = 1.3f;
+    rlx_sampler *g;
+    assert_ok(rlx_sampler_create(&p, vocab, &g));
+    row_log r = {.rows = malloc(32 * (size_t)vocab * sizeof(float))};
+    assert_non_null(r.rows);
+    rlx_gen_stats st;
+    assert_ok(rlx_generate_ex(&lm, g, prompt, N_PROMPT, 12, log_row, &r, &st));
+    assert_int_equal(r.n, 12);
+    assert_int_equal(st.stop, RLX_GEN_STOP_MAX_NEW);
+    int32_t eos = r.tokens[2];
+    const float *want;
+    assert_ok(rlx_session_forward(check, prompt, N_PROMPT, 0, &want));
+    for (uint32_t i = 0; i < r.n; i++) {
+        if (i)
+            assert_ok(rlx_session_forward(check, &r.tokens[i - 1], 1, 0, &want));
+        if (max_diff(r.rows + (size_t)i * (size_t)vocab, want, vocab) > 1e-4)
+            fail_msg("token %u: the row given with it is not the model's row after the tokens before it", i);
+    }
+    /* the callback's stop, an EOS id (the 3rd token above, which a fresh sampler with the same
+     * seed draws again), and no room at all */
+    assert_ok(rlx_session_truncate(s, 0));
+    r.n = 0;
+    r.stop_after = 2;
+    assert_ok(rlx_generate_ex(&lm, g, prompt, N_PROMPT, 12, log_row, &r, &st));
+    assert_int_equal(st.stop, RLX_GEN_STOP_CALLBACK);
+    assert_int_equal(st.n_generated, 2);
+    rlx_sampler_destroy(g);
+    assert_ok(rlx_sampler_create(&p, vocab, &g));
+    lm.eos_ids = &eos;
+    lm.n_eos = 1;
+    assert_ok(rlx_session_truncate(s, 0));
+    r.n = 0;
+    r.stop_after = 0;
+    assert_ok(rlx_generate_ex(&lm, g, prompt, N_PROMPT, 12, log_row, &r, &st));
+    assert_int_equal(st.stop, RLX_GEN_STOP_EOS);
+    assert_true(st.stopped_on_eos && st.n_generated <= 3 && r.tokens[r.n - 1] == eos);
+    assert_ok(rlx_session_truncate(s, 0));
+    assert_ok(rlx_generate(&lm, g, prompt, N_PROMPT, 0, NULL, NULL, &st));
+    assert_int_equal(st.stop, RLX_GEN_STOP_MAX_NEW);
+    assert_int_equal(st.n_generated, 0);
+    free(r.rows);
+    rlx_sampler_destroy(g);
+    rlx_session_destroy(s);
+    rlx_session_destroy(check);
+}
+
+/* A presence penalty far above any logit gap forbids every token of the context: under greedy
+ * no generated token repeats one of the prompt or an earlier one, so both entered the history.
+ * Without the penalty this model repeats itself, so the check is not vacuous. */
+static void test_generate_feeds_the_penalties_prompt_and_output(void **state) {
+    (void)state;
+    rlx_session *s = new_session(64);
+    rlx_sampler_params p = rlx_sampler_params_default();
+    p.greedy = 1;
+    int repeats[2] = {0, 0};
+    for (int penalised = 0; penalised <= 1; penalised++) {
+        p.presence_penalty = penalised ? 1e4f : 0;
+        p.repeat_last_n = -1;
+        rlx_sampler *g;
+        assert_ok(rlx_sampler_create(&p, vocab, &g));
+        row_log r = {.rows = malloc(32 * (size_t)vocab * sizeof(float))};
+        assert_non_null(r.rows);
+        assert_ok(rlx_session_truncate(s, 0));
+        rlx_lm lm;
+        assert_ok(rlx_session_lm(s, &lm));
+        lm.n_eos = 0;
+        assert_ok(rlx_generate_ex(&lm, g, prompt, N_PROMPT, 24, log_row, &r, NULL));
+        for (uint32_t i = 0; i < r.n; i++) {
+            for (uint32_t j = 0; j < N_PROMPT; j++)
+                repeats[penalised] += r.tokens[i] == prompt[j];
+            for (uint32_t j = 0; j < i; j++)
+                repeats[penalised] += r.tokens[i] == r.tokens[j];
+        }
+        free(r.rows);
+        rlx_sampler_destroy(g);
+    }
+    assert_true(repeats[0] > 0);
+    assert_int_equal(repeats[1], 0);
+    rlx_session_destroy(s);
 }
 
 /* emit_hidden: a hidden row per position of the last forward, the logits unchanged, and the
@@ -255,6 +361,8 @@ int main(void) {
         cmocka_unit_test(test_bad_tokens_and_overflow_are_refused),
         cmocka_unit_test(test_generate_stops_at_limit_and_is_greedy),
         cmocka_unit_test(test_sampler_reproducible_and_filtered),
+        cmocka_unit_test(test_generate_ex_gives_each_tokens_row),
+        cmocka_unit_test(test_generate_feeds_the_penalties_prompt_and_output),
         cmocka_unit_test(test_emit_hidden_rows_and_lm_view),
         cmocka_unit_test(test_mtp_errors),
     };

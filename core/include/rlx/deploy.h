@@ -13,7 +13,9 @@
  *       backend: cpu-blas
  *   speculator: {plugin: draft, draft_tokens: 4, draft_model: models/qwen3-draft}   # optional;
  *                                 # also options: "key=value,..." for the plugin
- *   generation: {max_tokens: 64, temperature: 0.7, top_k: 20, top_p: 0.8, seed: 1}  # optional
+ *   generation: {max_tokens: 64, temperature: 0.7, top_k: 20, top_p: 0.8, seed: 1}  # optional; also
+ *                                 # min_p, repeat_penalty, repeat_last_n, presence_penalty and
+ *                                 # frequency_penalty, as in rlx_sampler_params (gen.h)
  *   timeouts: {connect_ms: 10000, control_ms: 5000, per_position_ms: 100}          # optional
  *
  * Unknown or repeated keys, wrong types, a missing or empty stage list, malformed addresses and
@@ -50,14 +52,21 @@ typedef struct rlx_deploy_speculator {
     const char *options;     /* the plugin's "key=value,..." options; NULL when not given */
 } rlx_deploy_speculator;
 
-/* Generation defaults; each has_ flag says whether the file gave the value. */
+/* Generation defaults; each has_ flag says whether the file gave the value. The values are
+ * checked as rlx_sampler_create checks them. */
 typedef struct rlx_deploy_generation {
     int has_max_tokens, has_temperature, has_top_k, has_top_p, has_seed;
     uint32_t max_tokens;
-    float temperature;
+    float temperature; /* >= 0; 0 = greedy */
     int32_t top_k;
-    float top_p;
+    float top_p;       /* (0, 1] */
     uint64_t seed;
+    int has_min_p, has_repeat_penalty, has_repeat_last_n, has_presence_penalty, has_frequency_penalty;
+    float min_p;             /* [0, 1] */
+    float repeat_penalty;    /* > 0 */
+    int32_t repeat_last_n;   /* >= -1 (-1 = the whole context) */
+    float presence_penalty;  /* finite, any sign */
+    float frequency_penalty; /* finite, any sign */
 } rlx_deploy_generation;
 
 /* Milliseconds; 0 when not given (the rlx_driver_options defaults then apply). */

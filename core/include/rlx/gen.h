@@ -102,33 +102,68 @@ RLX_API rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out);
 
 // ---- sampling ----
 
+/* A sampler draws from the logits in Hugging Face's order: the penalties on the raw logits
+ * (repetition, then presence and frequency), then temperature, top-k, top-p and min-p. The
+ * penalties look at the sampler's history, the last repeat_last_n tokens the caller reported
+ * with rlx_sampler_accept (rlx_generate and rlx_spec_generate report the prompt and every
+ * generated token). Greedy, or temperature 0, takes the argmax of the penalised logits, as
+ * Hugging Face does with do_sample=False and a repetition penalty.
+ *
+ * The struct reaches speculator plugins by pointer: members are only appended. */
 typedef struct rlx_sampler_params {
-    int greedy;          /* 1: argmax, the rest is ignored */
-    float temperature;   /* > 0 */
+    int greedy;          /* 1: argmax of the penalised logits; temperature and the filters are ignored */
+    float temperature;   /* >= 0; 0 is greedy */
     int32_t top_k;       /* 0 = off */
     float top_p;         /* 1 = off; in (0, 1] */
     uint64_t seed;
+    /* appended later: a speculator plugin built before them reads the members above only */
+    float min_p;             /* 0 = off; in [0, 1]: keeps tokens with at least min_p times the top probability */
+    float repeat_penalty;    /* 1 = off; > 0: a seen token's logit l becomes l > 0 ? l / penalty : l * penalty */
+    int32_t repeat_last_n;   /* the penalties' window: the last n tokens of the context; 0 = no penalties, -1 = all */
+    float presence_penalty;  /* 0 = off: subtracted from the logit of every token in the window */
+    float frequency_penalty; /* 0 = off: subtracted once per occurrence in the window */
 } rlx_sampler_params;
 
 typedef struct rlx_sampler rlx_sampler;
 
-/* Greedy off, temperature 1, top_k 0, top_p 1, seed 0. */
+/* Greedy off, temperature 1, top_k 0, top_p 1, seed 0, min_p 0, repeat_penalty 1,
+ * repeat_last_n 64, presence and frequency penalties 0: plain sampling at temperature 1. */
 RLX_API rlx_sampler_params rlx_sampler_params_default(void);
+/* Checks every parameter (RLX_E_INVALID naming it: a negative or non-finite temperature, top_k
+ * < 0, top_p outside (0, 1], min_p outside [0, 1], repeat_penalty <= 0, repeat_last_n < -1, a
+ * non-finite penalty) and creates a sampler with an empty history that the caller destroys. */
 RLX_API rlx_status rlx_sampler_create(const rlx_sampler_params *p, int64_t vocab, rlx_sampler **out);
 RLX_API void rlx_sampler_destroy(rlx_sampler *s);
-/* Draws one token from logits[vocab]. The same seed and logits give the same tokens. */
+/* Draws one token from logits[vocab]. The same seed, history and logits give the same tokens.
+ * Does not add the token to the history (rlx_sampler_accept does). */
 RLX_API int32_t rlx_sampler_sample(rlx_sampler *s, const float *logits);
-/* The distribution the sampler draws from (after temperature, top-k and top-p), written to
- * probs[vocab]; greedy puts 1 on the argmax. Speculative decoding needs it. */
+/* The distribution the sampler draws from (after the penalties, temperature, top-k, top-p and
+ * min-p), written to probs[vocab]; greedy puts 1 on the argmax. Speculative decoding needs it. */
 RLX_API void rlx_sampler_probs(rlx_sampler *s, const float *logits, float *probs);
 RLX_API rlx_sampler_params rlx_sampler_params_of(const rlx_sampler *s);
+/* True when the sampler takes the argmax: greedy, or temperature 0. */
+RLX_API int rlx_sampler_is_greedy(const rlx_sampler *s);
 /* A uniform draw in [0, 1) from the sampler's generator. */
 RLX_API double rlx_sampler_uniform(rlx_sampler *s);
 /* Draws an id from probs[vocab] (non-negative, not necessarily normalised; a zero row is an
  * RLX_E_INVALID error reported as -1). */
 RLX_API int32_t rlx_sampler_draw(rlx_sampler *s, const float *probs);
+/* Records that token entered the context (prompt or generated), for the penalties: the window
+ * keeps the last repeat_last_n tokens. Costs nothing beyond the range check when every penalty
+ * is off. A token outside [0, vocab) is RLX_E_INVALID and leaves the history unchanged. */
+RLX_API rlx_status rlx_sampler_accept(rlx_sampler *s, int32_t token);
+/* Forgets the history (for a context rebuilt from scratch); the generator is untouched. */
+RLX_API void rlx_sampler_reset_history(rlx_sampler *s);
 
 // ---- generation loop ----
+
+/* Why a generation loop ended. */
+typedef enum rlx_gen_stop {
+    RLX_GEN_STOP_NONE = 0,     /* it failed */
+    RLX_GEN_STOP_EOS = 1,      /* an EOS id was generated (and reported) */
+    RLX_GEN_STOP_MAX_NEW = 2,  /* max_new tokens were generated */
+    RLX_GEN_STOP_CALLBACK = 3, /* the callback returned non-zero (on a token that is not an EOS id) */
+} rlx_gen_stop;
 
 typedef struct rlx_gen_stats {
     uint32_t n_prompt;
@@ -136,16 +171,24 @@ typedef struct rlx_gen_stats {
     double prompt_seconds;
     double generate_seconds; /* from the first to the last generated token's forward */
     int stopped_on_eos;
+    uint32_t stop;           /* rlx_gen_stop */
 } rlx_gen_stats;
 
 /* Called with every generated token; return non-zero to stop early. */
 typedef int (*rlx_token_fn)(void *ctx, int32_t token);
+/* Called with every generated token and the raw logits row (vocab floats, before any
+ * penalty or filter) it was drawn from, borrowed for the call; return non-zero to stop early. */
+typedef int (*rlx_token_logits_fn)(void *ctx, int32_t token, const float *logits);
 
 /* Prefills prompt (n_prompt >= 1 ids, appended to what the model holds) in one forward, then
  * samples up to max_new tokens, stopping after an EOS id (which is reported to fn) or when fn
- * returns non-zero. */
+ * returns non-zero. Every prompt token and every generated token is accepted into the
+ * sampler's history (rlx_sampler_accept), so the penalties see the prompt. */
 RLX_API rlx_status rlx_generate(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
                                 uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats);
+/* rlx_generate with the logits row of each token given to fn (for log-probabilities). */
+RLX_API rlx_status rlx_generate_ex(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
+                                   uint32_t max_new, rlx_token_logits_fn fn, void *ctx, rlx_gen_stats *stats);
 
 /* rlx_generate on rlx_session_lm(s). */
 RLX_API rlx_status rlx_session_generate(rlx_session *s, rlx_sampler *sampler, const int32_t *prompt,

@@ -64,6 +64,26 @@ RLX_API rlx_status rlx_model_config_load(const char *config_path, rlx_model_conf
  * not an error, a malformed one is. */
 RLX_API rlx_status rlx_model_config_load_generation(const char *path, rlx_model_config *cfg);
 
+/* The sampling keys of a model's generation_config.json, with Hugging Face's meaning: without
+ * do_sample, generate() decodes greedily (the repetition penalty still applies, to the whole
+ * context); with it, an absent temperature, top_k or top_p takes Hugging Face's default. Each
+ * has_ flag says whether the file gave the key (JSON null counts as not given). */
+typedef struct rlx_generation_defaults {
+    int has_do_sample, has_temperature, has_top_k, has_top_p, has_min_p, has_repetition_penalty;
+    int do_sample;            /* 0 when absent */
+    float temperature;        /* >= 0; 1 when absent */
+    int32_t top_k;            /* >= 0 (0 = off); 50 when absent */
+    float top_p;              /* (0, 1]; 1 when absent */
+    float min_p;              /* [0, 1]; 0 (off) when absent */
+    float repetition_penalty; /* > 0; 1 (off) when absent */
+} rlx_generation_defaults;
+
+/* Reads model_dir/generation_config.json into *out. A missing file is not an error (*out then
+ * holds the defaults with no has_ flag set); a malformed file, a key of the wrong type or a
+ * value the sampler would refuse is RLX_E_FORMAT naming the file and the key, and leaves *out
+ * unchanged. Other keys are ignored. */
+RLX_API rlx_status rlx_generation_config_load(const char *model_dir, rlx_generation_defaults *out);
+
 /* True when layer i of cfg uses a mixture-of-experts MLP. */
 RLX_API int rlx_model_config_layer_is_moe(const rlx_model_config *cfg, int64_t layer);
 

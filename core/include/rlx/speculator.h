@@ -22,7 +22,10 @@
  *     (the first token has no state before it).
  * The speculator answers with n_proposed <= k tokens and, for each, the full probability row
  * (vocab floats) it drew the token from, under the sampling parameters it is given (temperature,
- * top-k, top-p; greedy means a one-hot row on its argmax). Proposing 0 tokens is allowed: the
+ * top-k, top-p, min-p; greedy, which temperature 0 arrives as, means a one-hot row on its
+ * argmax). The penalties arrive too; a speculator that keeps no history of the context may
+ * ignore them (a sampler it creates from the parameters starts with an empty history), since
+ * any row keeps the output exact and only costs acceptance. Proposing 0 tokens is allowed: the
  * target then decodes one token normally. */
 #ifndef RLX_SPECULATOR_H
 #define RLX_SPECULATOR_H
@@ -118,10 +121,18 @@ RLX_API double rlx_spec_tokens_per_pass(const rlx_spec_stats *st);
  * RLX_SPEC_NEEDS_HIDDEN needs an lm whose hidden() is not NULL. k is from 1 to
  * RLX_SPEC_MAX_DRAFT; a round drafts fewer when the context or max_new leaves less room. The
  * speculator is reset first and told the prompt as its context. Afterwards the lm holds what
- * rlx_generate would leave: the prompt and every generated token but the last. */
+ * rlx_generate would leave: the prompt and every generated token but the last. The prompt and
+ * each emitted token enter the sampler's history in order, before the next verification row is
+ * judged, so with penalties too the output is exactly (under greedy: identically) plain
+ * decoding's. */
 RLX_API rlx_status rlx_spec_generate(const rlx_lm *lm, rlx_speculator *spec, uint32_t k, rlx_sampler *sampler,
                                      const int32_t *prompt, uint32_t n_prompt, uint32_t max_new, rlx_token_fn fn,
                                      void *ctx, rlx_spec_stats *stats);
+/* rlx_spec_generate with the logits row each token was drawn from given to fn: the target's
+ * verification row of the token's position (raw, before penalties and filters). */
+RLX_API rlx_status rlx_spec_generate_ex(const rlx_lm *lm, rlx_speculator *spec, uint32_t k, rlx_sampler *sampler,
+                                        const int32_t *prompt, uint32_t n_prompt, uint32_t max_new,
+                                        rlx_token_logits_fn fn, void *ctx, rlx_spec_stats *stats);
 
 #ifdef __cplusplus
 }

@@ -110,6 +110,32 @@ RLX_API rlx_status rlx_detok_push(rlx_detok *d, int32_t id, const char **text, s
 /* Emits what is held back (an incomplete sequence becomes U+FFFD) and resets d for new text. */
 RLX_API rlx_status rlx_detok_flush(rlx_detok *d, const char **text, size_t *len);
 
+// ---- stop strings ----
+
+/* Cuts streamed text at the first stop string, byte for byte, so that no byte of a stop string
+ * is ever printed even when tokens split it: push returns the bytes that are safe to show now
+ * and holds back a tail that could still begin a stop string. When a stop string completes,
+ * the text before it is emitted and the stop string and everything after it are dropped.
+ * Where several stop strings complete in the same push, the one that completes first in the
+ * text wins (among those, the one that starts first), so the result does not depend on how the
+ * text was cut into pushes. Multi-byte UTF-8 stop strings work as any bytes do; when the text is
+ * valid UTF-8, held-back tails start at a character boundary. */
+typedef struct rlx_stop_matcher rlx_stop_matcher;
+
+/* n >= 1 NUL-terminated stop strings, copied. An empty string is RLX_E_INVALID (it would match
+ * before any text). On failure *out is NULL. */
+RLX_API rlx_status rlx_stop_matcher_create(const char *const *stops, size_t n, rlx_stop_matcher **out);
+RLX_API void rlx_stop_matcher_destroy(rlx_stop_matcher *m); /* NULL is a no-op */
+/* Adds len bytes of text. *emit points to the bytes that can be shown now (*emit_len of them,
+ * possibly 0), owned by m and valid until the next call on it. *stopped is 1 once a stop string
+ * has completed, in this push or an earlier one; after that, pushes emit nothing. */
+RLX_API rlx_status rlx_stop_matcher_push(rlx_stop_matcher *m, const char *text, size_t len, const char **emit,
+                                         size_t *emit_len, int *stopped);
+/* At the end of the text: the held-back bytes (none once stopped), valid until the next call. */
+RLX_API void rlx_stop_matcher_flush(rlx_stop_matcher *m, const char **emit, size_t *emit_len);
+/* Forgets the text seen, for a new stream with the same stop strings. */
+RLX_API void rlx_stop_matcher_reset(rlx_stop_matcher *m);
+
 // ---- chat template ----
 
 typedef struct rlx_chat_message {

@@ -269,8 +269,8 @@ static rlx_status generation_pair(parse *p, void *ctx, const char *key, const ya
     }
     if (strcmp(key, "temperature") == 0) {
         g->has_temperature = 1;
-        if ((rc = get_float(p, key, v, &g->temperature)) == RLX_OK && !(g->temperature > 0))
-            rc = fail(p, v, "temperature must be > 0");
+        if ((rc = get_float(p, key, v, &g->temperature)) == RLX_OK && !(g->temperature >= 0))
+            rc = fail(p, v, "temperature must be >= 0 (0 = greedy)");
         return rc;
     }
     if (strcmp(key, "top_k") == 0) {
@@ -291,7 +291,42 @@ static rlx_status generation_pair(parse *p, void *ctx, const char *key, const ya
         g->has_seed = 1;
         return get_u64(p, key, v, UINT64_MAX, &g->seed);
     }
-    return fail(p, k, "unknown key '%s' in generation (known: max_tokens, temperature, top_k, top_p, seed)", key);
+    if (strcmp(key, "min_p") == 0) {
+        g->has_min_p = 1;
+        if ((rc = get_float(p, key, v, &g->min_p)) == RLX_OK && !(g->min_p >= 0 && g->min_p <= 1))
+            rc = fail(p, v, "min_p must be in [0, 1] (0 = off)");
+        return rc;
+    }
+    if (strcmp(key, "repeat_penalty") == 0) {
+        g->has_repeat_penalty = 1;
+        if ((rc = get_float(p, key, v, &g->repeat_penalty)) == RLX_OK && !(g->repeat_penalty > 0))
+            rc = fail(p, v, "repeat_penalty must be > 0 (1 = off)");
+        return rc;
+    }
+    if (strcmp(key, "repeat_last_n") == 0) {
+        g->has_repeat_last_n = 1;
+        const char *text = scalar(v);
+        if (text && strcmp(text, "-1") == 0) { /* the whole context: the one negative value */
+            g->repeat_last_n = -1;
+            return RLX_OK;
+        }
+        uint32_t n = 0;
+        if (get_u32(p, key, v, 0, &n) != RLX_OK || n > INT32_MAX)
+            return fail(p, v, "repeat_last_n must be a number of tokens up to %d, or -1 for the whole context",
+                        INT32_MAX);
+        g->repeat_last_n = (int32_t)n;
+        return RLX_OK;
+    }
+    if (strcmp(key, "presence_penalty") == 0) {
+        g->has_presence_penalty = 1;
+        return get_float(p, key, v, &g->presence_penalty);
+    }
+    if (strcmp(key, "frequency_penalty") == 0) {
+        g->has_frequency_penalty = 1;
+        return get_float(p, key, v, &g->frequency_penalty);
+    }
+    return fail(p, k, "unknown key '%s' in generation (known: max_tokens, temperature, top_k, top_p, seed, min_p, "
+                "repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty)", key);
 }
 
 static rlx_status timeouts_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {

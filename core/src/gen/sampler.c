@@ -1,10 +1,16 @@
-/* Token sampling: greedy, or temperature, then top-k, then top-p (the order Hugging Face applies
- * its logits warpers), drawn with a seeded xoshiro256** generator so a seed reproduces a run. */
+/* Token sampling: the penalties on the raw logits (Hugging Face's RepetitionPenaltyLogitsProcessor,
+ * then OpenAI's presence and frequency penalties), then greedy, or temperature, top-k, top-p and
+ * min-p (the order Hugging Face applies its logits warpers), drawn with a seeded xoshiro256**
+ * generator so a seed reproduces a run.
+ *
+ * The penalties need the window of the context they look at: a ring of its last repeat_last_n
+ * ids plus, per id, its count in the window and its place in the list of the ids present, so a
+ * token entering or leaving the window costs O(1) and penalising costs O(distinct ids). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "rlx/gen.h"
+#include "gen/gen_internal.h"
 
 typedef struct candidate {
     float logit;
@@ -16,10 +22,27 @@ struct rlx_sampler {
     int64_t vocab;
     uint64_t state[4];
     candidate *cand; /* [vocab] */
+    /* The history, kept only when a penalty is on (`penalize`). */
+    int penalize;
+    int32_t *ring;      /* [repeat_last_n] the window, oldest at ring_head once full; NULL for -1 */
+    uint32_t ring_head, ring_len;
+    int32_t *count;     /* [vocab] occurrences of each id in the window */
+    int32_t *present;   /* [vocab] the n_present distinct ids of the window, in no order */
+    int32_t *slot;      /* [vocab] index of an id in present, while its count is > 0 */
+    int64_t n_present;
 };
 
 rlx_sampler_params rlx_sampler_params_default(void) {
-    return (rlx_sampler_params){.greedy = 0, .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 0};
+    return (rlx_sampler_params){.greedy = 0,
+                                .temperature = 1.0f,
+                                .top_k = 0,
+                                .top_p = 1.0f,
+                                .seed = 0,
+                                .min_p = 0.0f,
+                                .repeat_penalty = 1.0f,
+                                .repeat_last_n = 64,
+                                .presence_penalty = 0.0f,
+                                .frequency_penalty = 0.0f};
 }
 
 static uint64_t splitmix64(uint64_t *x) {
@@ -45,45 +68,150 @@ static uint64_t next_u64(uint64_t *s) {
 /* uniform in [0, 1) with 53 random bits */
 static double next_unit(uint64_t *s) { return (double)(next_u64(s) >> 11) * (1.0 / 9007199254740992.0); }
 
+static rlx_status check_params(const rlx_sampler_params *p) {
+    if (!(p->temperature >= 0) || !isfinite(p->temperature))
+        return rlx_error(RLX_E_INVALID, "temperature must be a finite number >= 0 (0 = greedy), got %g",
+                         (double)p->temperature);
+    if (p->top_k < 0)
+        return rlx_error(RLX_E_INVALID, "top-k must be >= 0 (0 = off), got %d", p->top_k);
+    if (!(p->top_p > 0 && p->top_p <= 1))
+        return rlx_error(RLX_E_INVALID, "top-p must be in (0, 1] (1 = off), got %g", (double)p->top_p);
+    if (!(p->min_p >= 0 && p->min_p <= 1))
+        return rlx_error(RLX_E_INVALID, "min-p must be in [0, 1] (0 = off), got %g", (double)p->min_p);
+    if (!(p->repeat_penalty > 0) || !isfinite(p->repeat_penalty))
+        return rlx_error(RLX_E_INVALID, "the repeat penalty must be a finite number > 0 (1 = off), got %g",
+                         (double)p->repeat_penalty);
+    if (p->repeat_last_n < -1)
+        return rlx_error(RLX_E_INVALID, "repeat-last-n must be >= -1 (-1 = the whole context, 0 = no penalties), "
+                         "got %d", p->repeat_last_n);
+    if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
+        return rlx_error(RLX_E_INVALID, "the presence and frequency penalties must be finite, got %g and %g",
+                         (double)p->presence_penalty, (double)p->frequency_penalty);
+    return RLX_OK;
+}
+
 rlx_status rlx_sampler_create(const rlx_sampler_params *p, int64_t vocab, rlx_sampler **out) {
-    if (!p || !out || vocab <= 0)
-        return rlx_error(RLX_E_INVALID, "rlx_sampler_create: NULL argument or empty vocabulary");
+    if (!p || !out || vocab <= 0 || vocab > INT32_MAX)
+        return rlx_error(RLX_E_INVALID, "rlx_sampler_create: NULL argument or a vocabulary not in [1, 2^31)");
     *out = NULL;
-    if (!p->greedy) {
-        if (!(p->temperature > 0) || !isfinite(p->temperature))
-            return rlx_error(RLX_E_INVALID, "temperature must be > 0 (got %g); use greedy for argmax",
-                             (double)p->temperature);
-        if (p->top_k < 0)
-            return rlx_error(RLX_E_INVALID, "top-k must be >= 0 (got %d)", p->top_k);
-        if (!(p->top_p > 0 && p->top_p <= 1))
-            return rlx_error(RLX_E_INVALID, "top-p must be in (0, 1] (got %g)", (double)p->top_p);
-    }
+    rlx_status rc = check_params(p);
+    if (rc != RLX_OK)
+        return rc;
     rlx_sampler *s = calloc(1, sizeof *s);
-    if (!s || !(s->cand = malloc((size_t)vocab * sizeof *s->cand))) {
-        free(s);
-        return rlx_error(RLX_E_NOMEM, "sampler: out of memory");
-    }
+    if (!s || !(s->cand = malloc((size_t)vocab * sizeof *s->cand)))
+        goto nomem;
     s->p = *p;
     s->vocab = vocab;
+    s->penalize = p->repeat_last_n != 0 &&
+                  (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0);
+    if (s->penalize) {
+        s->count = calloc((size_t)vocab, sizeof *s->count);
+        s->present = malloc((size_t)vocab * sizeof *s->present);
+        s->slot = malloc((size_t)vocab * sizeof *s->slot);
+        if (!s->count || !s->present || !s->slot)
+            goto nomem;
+        if (p->repeat_last_n > 0 && !(s->ring = malloc((size_t)p->repeat_last_n * sizeof *s->ring)))
+            goto nomem;
+    }
     uint64_t seed = p->seed;
     for (int i = 0; i < 4; i++)
         s->state[i] = splitmix64(&seed);
     *out = s;
     return RLX_OK;
+nomem:
+    rlx_sampler_destroy(s);
+    return rlx_error(RLX_E_NOMEM, "sampler: out of memory for a vocabulary of %lld", (long long)vocab);
 }
 
 void rlx_sampler_destroy(rlx_sampler *s) {
     if (!s)
         return;
     free(s->cand);
+    free(s->ring);
+    free(s->count);
+    free(s->present);
+    free(s->slot);
     free(s);
 }
 
-static int32_t argmax(const float *logits, int64_t vocab) {
+// ---- history ----
+
+static void window_add(rlx_sampler *s, int32_t id) {
+    if (s->count[id]++ == 0) {
+        s->slot[id] = (int32_t)s->n_present;
+        s->present[s->n_present++] = id;
+    }
+}
+
+static void window_remove(rlx_sampler *s, int32_t id) {
+    if (--s->count[id] == 0) {
+        int32_t last = s->present[--s->n_present];
+        s->present[s->slot[id]] = last;
+        s->slot[last] = s->slot[id];
+    }
+}
+
+rlx_status rlx_sampler_accept(rlx_sampler *s, int32_t token) {
+    if (token < 0 || token >= s->vocab)
+        return rlx_error(RLX_E_INVALID, "sampler: token %d is outside the vocabulary [0, %lld)", token,
+                         (long long)s->vocab);
+    if (!s->penalize)
+        return RLX_OK;
+    if (s->ring) {
+        uint32_t window = (uint32_t)s->p.repeat_last_n;
+        if (s->ring_len == window)
+            window_remove(s, s->ring[s->ring_head]);
+        else
+            s->ring_len++;
+        s->ring[s->ring_head] = token;
+        s->ring_head = s->ring_head + 1 == window ? 0 : s->ring_head + 1;
+    }
+    window_add(s, token);
+    return RLX_OK;
+}
+
+rlx_status rlx__sampler_accept_all(rlx_sampler *s, const int32_t *ids, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        rlx_status rc = rlx_sampler_accept(s, ids[i]);
+        if (rc != RLX_OK)
+            return rc;
+    }
+    return RLX_OK;
+}
+
+void rlx_sampler_reset_history(rlx_sampler *s) {
+    for (int64_t i = 0; i < s->n_present; i++)
+        s->count[s->present[i]] = 0;
+    s->n_present = 0;
+    s->ring_head = s->ring_len = 0;
+}
+
+/* The logit of a token seen count > 0 times in the window. The repetition penalty first, as
+ * llama.cpp orders them: HF's rule divides a positive logit and multiplies a negative one, so
+ * a seen token always loses probability; then OpenAI's logit -= presence + frequency * count. */
+static float penalized(const rlx_sampler_params *p, float logit, int32_t count) {
+    if (p->repeat_penalty != 1)
+        logit = logit > 0 ? logit / p->repeat_penalty : logit * p->repeat_penalty;
+    return logit - p->presence_penalty - p->frequency_penalty * (float)count;
+}
+
+/* The argmax of the penalised logits, the lowest id among equals (as torch.argmax). */
+static int32_t argmax(const rlx_sampler *s, const float *logits) {
     int64_t best = 0;
-    for (int64_t i = 1; i < vocab; i++)
-        if (logits[i] > logits[best])
+    if (!s->penalize || s->n_present == 0) {
+        for (int64_t i = 1; i < s->vocab; i++)
+            if (logits[i] > logits[best])
+                best = i;
+        return (int32_t)best;
+    }
+    float best_logit = s->count[0] ? penalized(&s->p, logits[0], s->count[0]) : logits[0];
+    for (int64_t i = 1; i < s->vocab; i++) {
+        float l = s->count[i] ? penalized(&s->p, logits[i], s->count[i]) : logits[i];
+        if (l > best_logit) {
+            best_logit = l;
             best = i;
+        }
+    }
     return (int32_t)best;
 }
 
@@ -126,6 +254,11 @@ static int64_t distribution(rlx_sampler *s, const float *logits) {
     int64_t n = s->vocab;
     for (int64_t i = 0; i < n; i++)
         s->cand[i] = (candidate){logits[i] / s->p.temperature, (int32_t)i};
+    if (s->penalize) /* cand[id] is still token id's */
+        for (int64_t i = 0; i < s->n_present; i++) {
+            int32_t id = s->present[i];
+            s->cand[id].logit = penalized(&s->p, logits[id], s->count[id]) / s->p.temperature;
+        }
     if (s->p.top_k > 0 && s->p.top_k < n) {
         select_top(s->cand, n, s->p.top_k);
         n = s->p.top_k;
@@ -144,6 +277,14 @@ static int64_t distribution(rlx_sampler *s, const float *logits) {
         if (s->p.top_p < 1 && cum >= s->p.top_p && keep == n)
             keep = i + 1;
     }
+    /* min-p compares with the top probability, which renormalising after top-p scales alike */
+    if (s->p.min_p > 0) {
+        double floor = (double)s->p.min_p * s->cand[0].logit;
+        int64_t above = 1;
+        while (above < keep && (double)s->cand[above].logit >= floor)
+            above++;
+        keep = above;
+    }
     if (keep < n) {
         double kept = 0;
         for (int64_t i = 0; i < keep; i++)
@@ -155,8 +296,8 @@ static int64_t distribution(rlx_sampler *s, const float *logits) {
 }
 
 int32_t rlx_sampler_sample(rlx_sampler *s, const float *logits) {
-    if (s->p.greedy)
-        return argmax(logits, s->vocab);
+    if (rlx_sampler_is_greedy(s))
+        return argmax(s, logits);
     int64_t n = distribution(s, logits);
     double r = next_unit(s->state), cum = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -169,8 +310,8 @@ int32_t rlx_sampler_sample(rlx_sampler *s, const float *logits) {
 
 void rlx_sampler_probs(rlx_sampler *s, const float *logits, float *probs) {
     memset(probs, 0, (size_t)s->vocab * sizeof *probs);
-    if (s->p.greedy) {
-        probs[argmax(logits, s->vocab)] = 1.0f;
+    if (rlx_sampler_is_greedy(s)) {
+        probs[argmax(s, logits)] = 1.0f;
         return;
     }
     int64_t n = distribution(s, logits);
@@ -179,6 +320,8 @@ void rlx_sampler_probs(rlx_sampler *s, const float *logits, float *probs) {
 }
 
 rlx_sampler_params rlx_sampler_params_of(const rlx_sampler *s) { return s->p; }
+
+int rlx_sampler_is_greedy(const rlx_sampler *s) { return s->p.greedy || s->p.temperature == 0; }
 
 double rlx_sampler_uniform(rlx_sampler *s) { return next_unit(s->state); }
 

@@ -7,6 +7,7 @@
 #include "rlx/gen.h"
 #include "rlx/sched.h"
 
+#include "gen/gen_internal.h"
 #include "util/clock.h"
 
 /* the prompt, one decode token, k + 1 verified tokens, and a speculator's own catch-up widths
@@ -304,8 +305,8 @@ rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out) {
     return RLX_OK;
 }
 
-rlx_status rlx_generate(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
-                        uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats) {
+rlx_status rlx_generate_ex(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
+                           uint32_t max_new, rlx_token_logits_fn fn, void *ctx, rlx_gen_stats *stats) {
     if (!lm || !sampler || !prompt || n_prompt == 0)
         return rlx_error(RLX_E_INVALID, "rlx_generate: NULL argument or empty prompt");
     rlx_gen_stats st = {.n_prompt = n_prompt};
@@ -314,22 +315,43 @@ rlx_status rlx_generate(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *p
     rlx_status rc = lm->forward(lm->self, prompt, n_prompt, 0, &logits);
     double t1 = rlx__now_seconds();
     st.prompt_seconds = t1 - t0;
+    if (rc == RLX_OK) /* after the forward, which names a bad id better */
+        rc = rlx__sampler_accept_all(sampler, prompt, n_prompt);
+    if (rc == RLX_OK && max_new == 0)
+        st.stop = RLX_GEN_STOP_MAX_NEW;
     while (rc == RLX_OK && st.n_generated < max_new) {
         int32_t token = rlx_sampler_sample(sampler, logits);
         st.n_generated++;
-        int stop = fn ? fn(ctx, token) : 0;
+        if ((rc = rlx_sampler_accept(sampler, token)) != RLX_OK)
+            break;
+        int stop = fn ? fn(ctx, token, logits) : 0;
         if (rlx_lm_is_eos(lm, token)) {
             st.stopped_on_eos = 1;
+            st.stop = RLX_GEN_STOP_EOS;
             break;
         }
-        if (stop || st.n_generated == max_new)
+        if (stop || st.n_generated == max_new) {
+            st.stop = stop ? RLX_GEN_STOP_CALLBACK : RLX_GEN_STOP_MAX_NEW;
             break;
+        }
         rc = lm->forward(lm->self, &token, 1, 0, &logits);
     }
     st.generate_seconds = rlx__now_seconds() - t1;
     if (stats)
         *stats = st;
     return rc;
+}
+
+int rlx__call_token_fn(void *adapter, int32_t token, const float *logits) {
+    (void)logits;
+    const rlx__token_fn_adapter *a = adapter;
+    return a->fn(a->ctx, token);
+}
+
+rlx_status rlx_generate(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
+                        uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats) {
+    rlx__token_fn_adapter a = {fn, ctx};
+    return rlx_generate_ex(lm, sampler, prompt, n_prompt, max_new, fn ? rlx__call_token_fn : NULL, &a, stats);
 }
 
 rlx_status rlx_session_generate(rlx_session *s, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,

@@ -423,6 +423,66 @@ rlx_status rlx_model_config_load_generation(const char *path, rlx_model_config *
     return st;
 }
 
+// ---- generation_config.json sampling keys
+
+/* A number field in [min, max] as a float, with the bounds' meaning in the message; absent or
+ * null leaves *out and *given alone. */
+static rlx_status get_sampling_number(const char *path, const cJSON *root, const char *key, double min, int min_open,
+                                      double max, const char *range, float *out, int *given) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!item || cJSON_IsNull(item))
+        return RLX_OK;
+    if (!cJSON_IsNumber(item))
+        return wrong_type(path, key, "a number", item);
+    double v = item->valuedouble;
+    if (!(min_open ? v > min : v >= min) || !(v <= max))
+        return rlx_error(RLX_E_FORMAT, "%s: field '%s' is %g, must be %s", path, key, v, range);
+    *out = (float)v;
+    *given = 1;
+    return RLX_OK;
+}
+
+static rlx_status parse_generation_defaults(const char *path, const cJSON *root, rlx_generation_defaults *g) {
+    if (!cJSON_IsObject(root))
+        return rlx_error(RLX_E_FORMAT, "%s: the top level is not a JSON object", path);
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "do_sample");
+    g->has_do_sample = item && !cJSON_IsNull(item);
+    TRY(get_bool(path, root, "do_sample", 0, &g->do_sample));
+    /* 3.4e38: near FLT_MAX, so the float holds what the file says */
+    TRY(get_sampling_number(path, root, "temperature", 0, 0, 3.4e38, "a finite number >= 0", &g->temperature,
+                            &g->has_temperature));
+    TRY(get_sampling_number(path, root, "top_p", 0, 1, 1, "in (0, 1]", &g->top_p, &g->has_top_p));
+    TRY(get_sampling_number(path, root, "min_p", 0, 0, 1, "in [0, 1]", &g->min_p, &g->has_min_p));
+    TRY(get_sampling_number(path, root, "repetition_penalty", 0, 1, 3.4e38, "a finite number > 0",
+                            &g->repetition_penalty, &g->has_repetition_penalty));
+    item = cJSON_GetObjectItemCaseSensitive(root, "top_k");
+    if (item && !cJSON_IsNull(item)) {
+        int64_t k;
+        TRY(get_int(path, root, "top_k", REQUIRED, 0, INT32_MAX, &k));
+        g->top_k = (int32_t)k;
+        g->has_top_k = 1;
+    }
+    return RLX_OK;
+}
+
+rlx_status rlx_generation_config_load(const char *model_dir, rlx_generation_defaults *out) {
+    if (!model_dir || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_generation_config_load: model_dir and out must not be NULL");
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/generation_config.json", model_dir) >= (int)sizeof path)
+        return rlx_error(RLX_E_INVALID, "%s: the model directory's path is too long", model_dir);
+    /* Hugging Face's GenerationConfig defaults */
+    rlx_generation_defaults g = {.temperature = 1.0f, .top_k = 50, .top_p = 1.0f, .repetition_penalty = 1.0f};
+    cJSON *root;
+    rlx_status st = rlx__json_load(path, 1, &root);
+    if (st == RLX_OK && root)
+        st = parse_generation_defaults(path, root, &g);
+    cJSON_Delete(root);
+    if (st == RLX_OK)
+        *out = g;
+    return st;
+}
+
 int rlx_model_config_layer_is_moe(const rlx_model_config *cfg, int64_t layer) {
     if (!cfg || layer < 0 || layer >= cfg->num_hidden_layers || layer >= RLX_MAX_LAYERS ||
         cfg->num_experts <= 0 || cfg->decoder_sparse_step <= 0)

@@ -68,7 +68,12 @@ PIN(rlx_sampler_params, temperature, 4);
 PIN(rlx_sampler_params, top_k, 8);
 PIN(rlx_sampler_params, top_p, 12);
 PIN(rlx_sampler_params, seed, 16);
-_Static_assert(sizeof(rlx_sampler_params) == 24, "rlx_sampler_params size changed");
+PIN(rlx_sampler_params, min_p, 24);
+PIN(rlx_sampler_params, repeat_penalty, 28);
+PIN(rlx_sampler_params, repeat_last_n, 32);
+PIN(rlx_sampler_params, presence_penalty, 36);
+PIN(rlx_sampler_params, frequency_penalty, 40);
+_Static_assert(sizeof(rlx_sampler_params) == 48, "rlx_sampler_params size changed");
 
 PIN(rlx_spec_target, size, 0);
 PIN(rlx_spec_target, kv_capacity, 4);

@@ -5,13 +5,18 @@
  * drawn from q is kept with probability min(1, p(d) / q(d)); on rejection the token is drawn
  * from max(0, p - q) renormalised; when all k drafts are kept, a bonus token is drawn from the
  * target's row after them. Every emitted token is then distributed exactly as the target's
- * sampler would draw it, whatever q is; q only decides how many drafts survive. */
+ * sampler would draw it, whatever q is; q only decides how many drafts survive.
+ *
+ * With penalties, p at verification row i depends on the tokens before it. Each emitted token
+ * enters the sampler's history before the next row is judged, so row i sees the kept drafts
+ * 0..i-1 exactly as plain decoding would have, and the rule stays exact. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "spec/spec_internal.h"
 
+#include "gen/gen_internal.h"
 #include "util/clock.h"
 
 struct rlx_speculator {
@@ -143,7 +148,7 @@ typedef struct spec_run {
     const rlx_lm *lm;
     rlx_speculator *spec;
     rlx_sampler *sampler;
-    rlx_token_fn fn;
+    rlx_token_logits_fn fn;
     void *ctx;
     uint32_t max_new;
     rlx_spec_stats st;
@@ -157,16 +162,22 @@ typedef struct spec_run {
     float *p, *residual; /* [vocab] */
 } spec_run;
 
-/* Reports one generated token; sets done on EOS, on max_new or when fn asks to stop. */
-static void emit(spec_run *r, int32_t token) {
+/* Reports one generated token, drawn from the target's logits row `row`, and adds it to the
+ * sampler's history; sets done on EOS, on max_new or when fn asks to stop. */
+static void emit(spec_run *r, int32_t token, const float *row) {
     r->st.gen.n_generated++;
-    int stop = r->fn ? r->fn(r->ctx, token) : 0;
+    /* cannot fail: the token was sampled, or is a draft rlx_speculator_propose checked */
+    (void)rlx_sampler_accept(r->sampler, token);
+    int stop = r->fn ? r->fn(r->ctx, token, row) : 0;
     if (rlx_lm_is_eos(r->lm, token)) {
         r->st.gen.stopped_on_eos = 1;
-        r->done = 1;
+        r->st.gen.stop = RLX_GEN_STOP_EOS;
+    } else if (stop) {
+        r->st.gen.stop = RLX_GEN_STOP_CALLBACK;
+    } else if (r->st.gen.n_generated == r->max_new) {
+        r->st.gen.stop = RLX_GEN_STOP_MAX_NEW;
     }
-    if (stop || r->st.gen.n_generated == r->max_new)
-        r->done = 1;
+    r->done = r->st.gen.stop != RLX_GEN_STOP_NONE;
 }
 
 /* Keeps rows [0, n) of the target's hidden states of its last forward for the next update
@@ -190,7 +201,7 @@ static rlx_status timed_forward(spec_run *r, const int32_t *ids, uint32_t n, int
 /* Decides draft i against the target's row: 1 keeps it; 0 rejects it with the replacement in
  * *token. */
 static int accept_draft(spec_run *r, const float *row, int32_t draft, const float *q, int32_t *token) {
-    if (rlx_sampler_params_of(r->sampler).greedy) {
+    if (rlx_sampler_is_greedy(r->sampler)) {
         *token = rlx_sampler_sample(r->sampler, row); /* the argmax */
         return *token == draft;
     }
@@ -236,6 +247,7 @@ static rlx_status spec_round(spec_run *r, int32_t *token, uint32_t k) {
                              .hidden = r->hidden,
                              .n_hidden = r->n_hidden};
         rlx_sampler_params sp = rlx_sampler_params_of(r->sampler);
+        sp.greedy = rlx_sampler_is_greedy(r->sampler); /* temperature 0 reaches the plugin as greedy */
         double t0 = rlx__now_seconds();
         rc = rlx_speculator_propose(r->spec, &u, want, &sp, r->verify + 1, r->q, &n);
         r->st.draft_seconds += rlx__now_seconds() - t0;
@@ -255,7 +267,7 @@ static rlx_status spec_round(spec_run *r, int32_t *token, uint32_t k) {
             keep_hidden(r, 1);
             r->pending[r->n_pending++] = *token;
         }
-        emit(r, *token);
+        emit(r, *token, rows);
         return RLX_OK;
     }
     r->verify[0] = *token;
@@ -267,10 +279,11 @@ static rlx_status spec_round(spec_run *r, int32_t *token, uint32_t k) {
     int32_t next = -1;
     while (kept < n && !r->done) {
         int32_t draft = r->verify[1 + kept];
-        if (!accept_draft(r, rows + (size_t)kept * (size_t)vocab, draft, r->q + (size_t)kept * (size_t)vocab, &next))
+        const float *row = rows + (size_t)kept * (size_t)vocab;
+        if (!accept_draft(r, row, draft, r->q + (size_t)kept * (size_t)vocab, &next))
             break;
         kept++;
-        emit(r, draft);
+        emit(r, draft, row);
     }
     r->st.accepted += kept;
     /* rows[kept] predicts the token after the kept drafts: the correction was drawn above,
@@ -282,7 +295,7 @@ static rlx_status spec_round(spec_run *r, int32_t *token, uint32_t k) {
     int emitted_next = !r->done;
     if (emitted_next) {
         *token = next;
-        emit(r, next);
+        emit(r, next, rows + (size_t)kept * (size_t)vocab);
     }
     /* the lm keeps the last token and every emitted draft but the newest emitted token, as
      * rlx_generate leaves it; rejected and unreached drafts are forgotten */
@@ -298,9 +311,9 @@ static rlx_status spec_round(spec_run *r, int32_t *token, uint32_t k) {
     return RLX_OK;
 }
 
-rlx_status rlx_spec_generate(const rlx_lm *lm, rlx_speculator *spec, uint32_t k, rlx_sampler *sampler,
-                             const int32_t *prompt, uint32_t n_prompt, uint32_t max_new, rlx_token_fn fn, void *ctx,
-                             rlx_spec_stats *stats) {
+rlx_status rlx_spec_generate_ex(const rlx_lm *lm, rlx_speculator *spec, uint32_t k, rlx_sampler *sampler,
+                                const int32_t *prompt, uint32_t n_prompt, uint32_t max_new, rlx_token_logits_fn fn,
+                                void *ctx, rlx_spec_stats *stats) {
     if (!lm || !spec || !sampler || !prompt || n_prompt == 0)
         return rlx_error(RLX_E_INVALID, "rlx_spec_generate: NULL argument or empty prompt");
     if (k == 0 || k > RLX_SPEC_MAX_DRAFT)
@@ -335,6 +348,10 @@ rlx_status rlx_spec_generate(const rlx_lm *lm, rlx_speculator *spec, uint32_t k,
     rc = lm->forward(lm->self, prompt, n_prompt, 0, &logits);
     double t1 = rlx__now_seconds();
     r.st.gen.prompt_seconds = t1 - t0;
+    if (rc == RLX_OK) /* after the forward, which names a bad id better */
+        rc = rlx__sampler_accept_all(sampler, prompt, n_prompt);
+    if (rc == RLX_OK && max_new == 0)
+        r.st.gen.stop = RLX_GEN_STOP_MAX_NEW;
     if (rc != RLX_OK || max_new == 0)
         goto done;
     keep_hidden(&r, n_prompt);
@@ -342,7 +359,7 @@ rlx_status rlx_spec_generate(const rlx_lm *lm, rlx_speculator *spec, uint32_t k,
     memcpy(r.pending, prompt, n_prompt * sizeof *r.pending);
     r.pending[n_prompt] = token;
     r.n_pending = n_prompt + 1;
-    emit(&r, token);
+    emit(&r, token, logits);
     while (rc == RLX_OK && !r.done)
         rc = spec_round(&r, &token, k);
     r.st.gen.generate_seconds = rlx__now_seconds() - t1;
@@ -356,4 +373,12 @@ done:
     free(r.residual);
     free(r.hidden);
     return rc;
+}
+
+rlx_status rlx_spec_generate(const rlx_lm *lm, rlx_speculator *spec, uint32_t k, rlx_sampler *sampler,
+                             const int32_t *prompt, uint32_t n_prompt, uint32_t max_new, rlx_token_fn fn, void *ctx,
+                             rlx_spec_stats *stats) {
+    rlx__token_fn_adapter a = {fn, ctx};
+    return rlx_spec_generate_ex(lm, spec, k, sampler, prompt, n_prompt, max_new, fn ? rlx__call_token_fn : NULL, &a,
+                                stats);
 }
