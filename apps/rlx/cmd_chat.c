@@ -106,6 +106,8 @@ static int remember(conversation *c, const int32_t *ids, size_t n) {
 
 typedef struct reply {
     rlx_detok *detok;
+    rlx_stop_matcher *stopper; /* --stop strings, or NULL */
+    int stopped;
     char *text;
     size_t len, cap;
     int32_t *ids;
@@ -128,6 +130,15 @@ static int append(reply *r, const char *text, size_t len) {
     return 0;
 }
 
+/* Reply text on its way to the terminal, cut before the first --stop string. */
+static int show(reply *r, const char *text, size_t len) {
+    if (r->stopper && r->stopped)
+        return 0;
+    if (r->stopper && rlx_stop_matcher_push(r->stopper, text, len, &text, &len, &r->stopped) != RLX_OK)
+        return -1;
+    return append(r, text, len) < 0 || fwrite(text, 1, len, stdout) != len || fflush(stdout) != 0 ? -1 : 0;
+}
+
 static int on_token(void *ctx, int32_t token) {
     reply *r = ctx;
     if (r->n_ids == r->cap_ids) {
@@ -141,10 +152,9 @@ static int on_token(void *ctx, int32_t token) {
     r->ids[r->n_ids++] = token;
     const char *text;
     size_t len;
-    if (rlx_detok_push(r->detok, token, &text, &len) != RLX_OK || append(r, text, len) < 0 ||
-        fwrite(text, 1, len, stdout) != len || fflush(stdout) != 0)
+    if (rlx_detok_push(r->detok, token, &text, &len) != RLX_OK || show(r, text, len) < 0)
         return r->failed = 1;
-    return interrupted;
+    return interrupted || r->stopped;
 }
 
 /* The ids of the conversation as the template renders it for a reply, leaving out the `drop`
@@ -212,8 +222,8 @@ static int fit_conversation(const app_runtime *rt, rlx_tokenizer *tok, conversat
 
 /* One assistant turn for the conversation so far, whose first n_fixed messages are never
  * dropped; the reply is added to it. */
-static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conversation *c, size_t n_fixed,
-                int think, uint32_t max_new, int stats) {
+static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, rlx_stop_matcher *stopper,
+                conversation *c, size_t n_fixed, int think, uint32_t max_new, int stats) {
     int32_t *ids = NULL;
     size_t n = 0;
     if (fit_conversation(rt, tok, c, n_fixed, think, &ids, &n))
@@ -227,10 +237,16 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conve
     uint32_t reply_max = max_new < room ? max_new : room;
     rt->lm.truncate(rt->lm.self, (uint32_t)keep);
     c->n_cached = keep;
-    reply r = {0};
+    reply r = {.stopper = stopper};
     int status = 0;
     if (rlx_detok_create(tok, RLX_DECODE_SKIP_SPECIAL, &r.detok) != RLX_OK)
         status = app_fail_rlx("chat");
+    if (stopper)
+        rlx_stop_matcher_reset(stopper);
+    /* the penalties look at the whole context: what the cache keeps, then (from rlx_generate) the rest */
+    rlx_sampler_reset_history(sampler);
+    for (size_t i = 0; i < keep; i++)
+        rlx_sampler_accept(sampler, ids[i]);
     interrupted = 0;
     rlx_gen_stats st;
     if (!status && rlx_generate(&rt->lm, sampler, ids + keep, (uint32_t)(n - keep), reply_max, on_token, &r,
@@ -240,13 +256,19 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, conve
         const char *rest;
         size_t len;
         rlx_detok_flush(r.detok, &rest, &len);
-        if (append(&r, rest, len) < 0 || fwrite(rest, 1, len, stdout) != len || fputs("\n", stdout) == EOF ||
-            fflush(stdout) != 0)
+        if (show(&r, rest, len) < 0)
+            r.failed = 1;
+        if (r.stopper && !r.stopped) {
+            rlx_stop_matcher_flush(r.stopper, &rest, &len);
+            r.failed |= append(&r, rest, len) < 0 || fwrite(rest, 1, len, stdout) != len;
+        }
+        if (fputs("\n", stdout) == EOF || fflush(stdout) != 0)
             r.failed = 1;
     }
     if (!status && r.failed)
         status = app_fail("chat: cannot write the reply");
-    if (!status && reply_max < max_new && st.n_generated == reply_max && !st.stopped_on_eos && !interrupted) {
+    if (!status && reply_max < max_new && st.n_generated == reply_max && !st.stopped_on_eos && !interrupted &&
+        !r.stopped) {
         char context[80];
         fprintf(stderr, "rlx chat: context full (%s): the reply stopped after %u token%s\n",
                 app_describe_context(rt, capacity, context, sizeof context), reply_max, reply_max == 1 ? "" : "s");
@@ -299,6 +321,7 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         return 1;
     rlx_tokenizer *tok = NULL;
     rlx_sampler *sampler = NULL;
+    rlx_stop_matcher *stopper = NULL;
     conversation c = {0};
     int status = app_generation_defaults(&rt, &sampling, &max_new, max_given);
     if (!status && rlx_tokenizer_load(rt.model_dir, &tok) != RLX_OK)
@@ -307,6 +330,9 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         status = app_fail("chat: %s has no standard Qwen3 chat template", rt.model_dir);
     if (!status && rlx_sampler_create(&sampling.params, rt.lm.vocab, &sampler) != RLX_OK)
         status = app_fail_rlx("chat");
+    if (!status && sampling.n_stops &&
+        rlx_stop_matcher_create(sampling.stops, sampling.n_stops, &stopper) != RLX_OK)
+        status = app_fail_rlx("chat: --stop");
     if (!status && system)
         status = add_message(&c, "system", system);
     size_t n_fixed = c.n;
@@ -360,7 +386,7 @@ int cmd_chat(int argc, char **argv, app_options *o) {
             break;
         if (tty)
             mute_typing();
-        int failed = turn(&rt, tok, sampler, &c, n_fixed, !no_think, max_new, stats);
+        int failed = turn(&rt, tok, sampler, stopper, &c, n_fixed, !no_think, max_new, stats);
         if (tty)
             unmute_typing();
         if (failed) {
@@ -378,6 +404,7 @@ int cmd_chat(int argc, char **argv, app_options *o) {
     free(c.msgs);
     free(c.cached);
     rlx_sampler_destroy(sampler);
+    rlx_stop_matcher_destroy(stopper);
     rlx_tokenizer_destroy(tok);
     app_runtime_close(&rt);
     return status;

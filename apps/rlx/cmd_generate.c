@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "output.h"
 #include "rlx/text.h"
 
 static const char usage[] =
@@ -15,29 +16,7 @@ static const char usage[] =
     "Stops after N tokens, an end-of-sequence id of config.json / generation_config.json, a\n"
     "--stop string or at the end of the context (saying so on stderr).\n\n";
 
-typedef struct output {
-    rlx_detok *detok; /* NULL: print ids */
-    int n;
-    int failed;
-} output;
-
-static int emit(void *ctx, int32_t token) {
-    output *out = ctx;
-    int ok;
-    if (out->detok) {
-        const char *text;
-        size_t len;
-        ok = rlx_detok_push(out->detok, token, &text, &len) == RLX_OK && fwrite(text, 1, len, stdout) == len;
-    } else {
-        ok = printf(out->n ? " %d" : "%d", token) > 0;
-    }
-    out->n++;
-    if (!ok || fflush(stdout) != 0) {
-        out->failed = 1;
-        return 1;
-    }
-    return 0;
-}
+static int emit(void *ctx, int32_t token, const float *logits) { return app_output_token(ctx, token, logits); }
 
 /* The prompt's ids: parsed from --tokens, or the tokenizer's encoding of --prompt. */
 static int prompt_ids(const app_runtime *rt, const char *tokens, const char *prompt, int chat, int think,
@@ -98,7 +77,8 @@ static int fit_context(const app_runtime *rt, size_t n, uint32_t n_new, int trun
 int cmd_generate(int argc, char **argv, app_options *o) {
     const char *tokens = NULL, *prompt = NULL, *file = NULL;
     uint32_t n_new = 16;
-    int stats = 0, chat = 0, no_think = 0, truncate = 0, n_given = 0;
+    int stats = 0, chat = 0, no_think = 0, truncate = 0, n_given = 0, json = 0, logprobs_given = 0;
+    uint32_t top_logprobs = 0;
     app_sampling sampling = {0};
     app_spec_options spec_options = {0};
     const app_opt own[] = {
@@ -116,6 +96,14 @@ int cmd_generate(int argc, char **argv, app_options *o) {
          "drop the start of a prompt that leaves fewer than min(N, ctx/2) positions\n"
          "for the reply (a prompt longer than the context fails without it)",
          APP_OPT_FLAG, &truncate},
+        {0, "json", NULL, NULL,
+         "print one JSON object at the end instead of streaming: text, token ids,\n"
+         "finish_reason (stop or length), stopped_by, timings, seed",
+         APP_OPT_FLAG, &json},
+        {0, "logprobs", NULL, "K",
+         "with --json: each token's log-probability under the model (softmax of its\n"
+         "logits, before sampling settings) and its K most likely alternatives (0-20)",
+         APP_OPT_U32, &top_logprobs, &logprobs_given},
         {0, "stats", NULL, NULL,
          "print the seed, prompt and generation speed on stderr (with --spec also\n"
          "the acceptance figures)",
@@ -133,6 +121,12 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         return app_fail("generate: give exactly one of --tokens, --prompt and -f (see rlx generate --help)");
     if (chat && tokens)
         return app_fail("generate: --chat needs a text prompt (--prompt or -f), not --tokens");
+    if (logprobs_given && !json)
+        return app_fail("generate: --logprobs adds to the JSON output; it needs --json");
+    if (top_logprobs > APP_MAX_LOGPROBS)
+        return app_fail("generate: --logprobs %u: at most %d alternatives", top_logprobs, APP_MAX_LOGPROBS);
+    if (sampling.n_stops && tokens)
+        return app_fail("generate: --stop matches text; with --tokens the output is ids");
     if (no_think && !chat)
         return app_fail("generate: --no-think only changes the chat template; it needs --chat");
     char *file_text = NULL;
@@ -163,35 +157,47 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     char context[80];
     if (!status)
         status = fit_context(&rt, n, n_new, truncate, &skip, &max_new);
+    /* the JSON object gives the text and each token's too when the model has a tokenizer, even for
+     * a prompt of ids; without one it has the ids only */
+    if (!status && json && !tok && rlx_tokenizer_load(rt.model_dir, &tok) != RLX_OK)
+        tok = NULL;
     rlx_sampler *sampler = NULL;
-    output out = {0};
+    app_output *out = NULL;
+    app_output_options oo = {.tok = tok,
+                             .stops = sampling.stops,
+                             .n_stops = sampling.n_stops,
+                             .json = json,
+                             .logprobs = logprobs_given,
+                             .top_logprobs = top_logprobs,
+                             .vocab = rt.lm.vocab,
+                             .out = stdout};
     rlx_spec_stats sst = {0};
     rlx_gen_stats st = {0};
     if (!status && rlx_sampler_create(&sampling.params, rt.lm.vocab, &sampler) != RLX_OK)
         status = app_fail_rlx("generate");
-    if (!status && tok && rlx_detok_create(tok, RLX_DECODE_SKIP_SPECIAL, &out.detok) != RLX_OK)
-        status = app_fail_rlx("generate");
+    if (!status)
+        status = app_output_create(&oo, &out);
     if (!status && spec.spec) {
-        if (rlx_spec_generate(&rt.lm, spec.spec, spec.k, sampler, ids + skip, (uint32_t)(n - skip), max_new, emit,
-                              &out, &sst) != RLX_OK)
+        if (rlx_spec_generate_ex(&rt.lm, spec.spec, spec.k, sampler, ids + skip, (uint32_t)(n - skip), max_new, emit, out,
+                                 &sst) != RLX_OK)
             status = app_fail_rlx("generate");
         st = sst.gen;
     } else if (!status &&
-               rlx_generate(&rt.lm, sampler, ids + skip, (uint32_t)(n - skip), max_new, emit, &out, &st) != RLX_OK) {
+               rlx_generate_ex(&rt.lm, sampler, ids + skip, (uint32_t)(n - skip), max_new, emit, out, &st) != RLX_OK) {
         status = app_fail_rlx("generate");
     }
-    if (!status && !out.failed) {
-        const char *rest = "";
-        size_t len = 0;
-        if (out.detok)
-            rlx_detok_flush(out.detok, &rest, &len);
-        if (fwrite(rest, 1, len, stdout) != len || fputc('\n', stdout) == EOF || fflush(stdout) != 0)
-            out.failed = 1;
-    }
-    if (!status && out.failed)
-        status = app_fail("generate: cannot write to stdout");
+    const int context_full = max_new < n_new && st.n_generated == max_new && !st.stopped_on_eos;
+    app_finish finish = {.stopped_by = st.stopped_on_eos          ? "eos"
+                                       : out && app_output_stopped(out) ? "stop_string"
+                                       : context_full                  ? "context"
+                                                                       : "max_tokens",
+                         .stats = &st,
+                         .seed = sampling.params.seed,
+                         .greedy = sampling.params.greedy};
+    if (!status)
+        status = app_output_finish(out, &finish);
     /* a reply the context cut short is a result, not an error: said once, after the text */
-    if (!status && max_new < n_new && st.n_generated == max_new && !st.stopped_on_eos)
+    if (!status && context_full)
         fprintf(stderr, "rlx: context full (%s): stopped after %u token%s\n",
                 app_describe_context(&rt, capacity, context, sizeof context), max_new, max_new == 1 ? "" : "s");
     if (!status && stats) {
@@ -210,7 +216,7 @@ int cmd_generate(int argc, char **argv, app_options *o) {
                     rlx_spec_tokens_per_pass(&sst), (unsigned long long)sst.target_passes, sst.draft_seconds,
                     sst.verify_seconds);
     }
-    rlx_detok_destroy(out.detok);
+    app_output_destroy(out);
     rlx_sampler_destroy(sampler);
     rlx_tokenizer_destroy(tok);
     free(ids);

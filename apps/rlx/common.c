@@ -390,7 +390,7 @@ app_opt_group app_sampling_group(app_sampling *s) {
     static app_opt opts[11];
     app_opt list[] = {
         {0, "greedy", NULL, NULL, "always take the most likely token", APP_OPT_FLAG, &s->greedy},
-        {0, "temp", NULL, "T", "sampling temperature; 0 = greedy", APP_OPT_FLOAT, &s->temperature,
+        {0, "temp", NULL, "T", "sampling temperature (>= 0; 0 = greedy)", APP_OPT_FLOAT, &s->temperature,
          &s->has_temperature},
         {0, "top-k", NULL, "K", "keep the K most likely tokens (0 = all)", APP_OPT_INT, &s->top_k, &s->has_top_k},
         {0, "top-p", NULL, "P", "keep the smallest set of tokens whose probability reaches P (1 = off)",
@@ -472,35 +472,117 @@ static uint64_t fresh_seed(void) {
     return (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)getpid() << 42);
 }
 
+/* One source of sampling settings, lowest first: generation_config.json, the deployment file,
+ * the command line. `decides` says the source names a sampling key, so it chooses between
+ * greedy and sampling (greedy when it says temperature 0). */
+typedef struct sampling_layer {
+    int decides, greedy;
+    int has_temperature, has_top_k, has_top_p, has_min_p, has_repeat_penalty, has_repeat_last_n,
+        has_presence_penalty, has_frequency_penalty;
+    float temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
+    int32_t top_k, repeat_last_n;
+} sampling_layer;
+
+static void apply_layer(rlx_sampler_params *p, const sampling_layer *l) {
+    if (l->decides)
+        p->greedy = l->greedy;
+    if (l->has_temperature)
+        p->temperature = l->temperature;
+    if (l->has_top_k)
+        p->top_k = l->top_k;
+    if (l->has_top_p)
+        p->top_p = l->top_p;
+    if (l->has_min_p)
+        p->min_p = l->min_p;
+    if (l->has_repeat_penalty)
+        p->repeat_penalty = l->repeat_penalty;
+    if (l->has_repeat_last_n)
+        p->repeat_last_n = l->repeat_last_n;
+    if (l->has_presence_penalty)
+        p->presence_penalty = l->presence_penalty;
+    if (l->has_frequency_penalty)
+        p->frequency_penalty = l->frequency_penalty;
+}
+
+/* Hugging Face's meaning: do_sample decides; its repetition penalty covers the whole context. */
+static sampling_layer model_layer(const rlx_generation_defaults *d) {
+    sampling_layer l = {.decides = d->has_do_sample, .greedy = !d->do_sample};
+    if (d->do_sample) { /* without do_sample the sampling keys do nothing in Hugging Face either */
+        l.has_temperature = l.has_top_k = l.has_top_p = 1;
+        l.temperature = d->temperature;
+        l.top_k = d->top_k;
+        l.top_p = d->top_p;
+        l.has_min_p = d->has_min_p;
+        l.min_p = d->min_p;
+    }
+    if (d->has_repetition_penalty && d->repetition_penalty != 1) {
+        l.has_repeat_penalty = l.has_repeat_last_n = 1;
+        l.repeat_penalty = d->repetition_penalty;
+        l.repeat_last_n = -1;
+    }
+    return l;
+}
+
+static sampling_layer deploy_layer(const rlx_deploy_generation *g) {
+    return (sampling_layer){.decides = g->has_temperature || g->has_top_k || g->has_top_p || g->has_min_p,
+                            .greedy = g->has_temperature && g->temperature == 0,
+                            .has_temperature = g->has_temperature,
+                            .has_top_k = g->has_top_k,
+                            .has_top_p = g->has_top_p,
+                            .has_min_p = g->has_min_p,
+                            .has_repeat_penalty = g->has_repeat_penalty,
+                            .has_repeat_last_n = g->has_repeat_last_n,
+                            .has_presence_penalty = g->has_presence_penalty,
+                            .has_frequency_penalty = g->has_frequency_penalty,
+                            .temperature = g->temperature,
+                            .top_p = g->top_p,
+                            .min_p = g->min_p,
+                            .repeat_penalty = g->repeat_penalty,
+                            .presence_penalty = g->presence_penalty,
+                            .frequency_penalty = g->frequency_penalty,
+                            .top_k = g->top_k,
+                            .repeat_last_n = g->repeat_last_n};
+}
+
+static sampling_layer flag_layer(const app_sampling *s) {
+    return (sampling_layer){.decides = s->greedy || s->has_temperature || s->has_top_k || s->has_top_p ||
+                                       s->has_min_p,
+                            .greedy = s->greedy || (s->has_temperature && s->temperature == 0),
+                            .has_temperature = s->has_temperature,
+                            .has_top_k = s->has_top_k,
+                            .has_top_p = s->has_top_p,
+                            .has_min_p = s->has_min_p,
+                            .has_repeat_penalty = s->has_repeat_penalty,
+                            .has_repeat_last_n = s->has_repeat_last_n,
+                            .has_presence_penalty = s->has_presence_penalty,
+                            .has_frequency_penalty = s->has_frequency_penalty,
+                            .temperature = s->temperature,
+                            .top_p = s->top_p,
+                            .min_p = s->min_p,
+                            .repeat_penalty = s->repeat_penalty,
+                            .presence_penalty = s->presence_penalty,
+                            .frequency_penalty = s->frequency_penalty,
+                            .top_k = s->top_k,
+                            .repeat_last_n = s->repeat_last_n};
+}
+
 int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *max_new, int max_new_given) {
     rlx_sampler_params *p = &s->params;
     *p = rlx_sampler_params_default();
-    p->greedy = 1;
-    /* lowest first: the deployment file's generation: section, then the command line; a layer
-     * that names a sampling key decides between greedy and sampling */
+    p->greedy = 1; /* what none of the sources below decides */
+    rlx_generation_defaults model;
+    if (rlx_generation_config_load(rt->model_dir, &model) != RLX_OK)
+        return app_fail_rlx("cannot read the model's sampling defaults");
+    sampling_layer layer = model_layer(&model);
+    apply_layer(p, &layer);
     const rlx_deploy *d = app_pipeline_deploy(rt);
     const rlx_deploy_generation *g = d ? rlx_deploy_generation_of(d) : NULL;
-    if (g && (g->has_temperature || g->has_top_k || g->has_top_p)) {
-        p->greedy = g->has_temperature && g->temperature == 0;
-        if (g->has_temperature)
-            p->temperature = g->temperature;
-        if (g->has_top_k)
-            p->top_k = g->top_k;
-        if (g->has_top_p)
-            p->top_p = g->top_p;
+    if (g) {
+        layer = deploy_layer(g);
+        apply_layer(p, &layer);
     }
-    if (s->has_temperature)
-        p->temperature = s->temperature;
-    if (s->has_top_k)
-        p->top_k = s->top_k;
-    if (s->has_top_p)
-        p->top_p = s->top_p;
-    if (s->greedy)
-        p->greedy = 1;
-    else if (s->has_temperature)
-        p->greedy = s->temperature == 0;
-    else if (s->has_top_k || s->has_top_p || s->has_min_p)
-        p->greedy = 0;
+    layer = flag_layer(s);
+    apply_layer(p, &layer);
     s->seed_drawn = !s->has_seed && !(g && g->has_seed);
     p->seed = s->has_seed ? s->seed : g && g->has_seed ? g->seed : fresh_seed();
     if (!max_new_given && g && g->has_max_tokens)
