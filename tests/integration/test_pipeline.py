@@ -603,6 +603,26 @@ def case_faults(env, transport):
                     "handshake"], 5, one_line=True)
     silent.close()
     env.stop(s0)
+    # a stage that comes up after the others gave up waiting for a Hello (--timeout 1000) still
+    # makes a pipeline: each stage is greeted as soon as it is connected
+    s0, a0 = env.stage(model, "0-2", transport, extra=("--timeout", "1000"))
+    port = free_port()
+    cfg = env.config("late.yaml", model, transport, [(a0, "0-2", None), (f"127.0.0.1:{port}", "3-4", None)])
+    driver = subprocess.Popen([env.rlx, "generate", "--config", cfg, "--tokens", TOKENS, "-n", str(N_NEW), "--greedy"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env.procs.append(driver)
+    driver.log = open(os.devnull, "w+")
+    time.sleep(2.5)
+    s1, _ = env.stage(model, "3-4", transport, listen=f"127.0.0.1:{port}")
+    try:
+        out, err = driver.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise Fail("late stage: the driver hangs")
+    if driver.returncode != 0 or out.strip() != ref[0]:
+        raise Fail(f"late stage ({transport}): exit {driver.returncode}, ids {out.strip()!r}, want {ref[0]!r}:\n{err}")
+    log(f"ok: stage 1 listening 2.5 s after stage 0 gave up on a Hello ({transport}): same ids")
+    env.stop(s0)
+    env.stop(s1)
     # the driver dies mid-session: every stage frees the session and serves the next driver
     split = ["0-1", "2-3", "4-4"]
     stages = [env.stage(model, r, transport) for r in split]

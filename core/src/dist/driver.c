@@ -227,7 +227,9 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
     /* One deadline for connecting to all stages. A refused connection is retried until it:
      * the driver cannot tell a wrong address from a stage that is still reading its weights
      * (it listens only then), and retrying lets a deployment start in any order. Stages that
-     * --launch or --stages start are connected to only once they reported listening. */
+     * --launch or --stages start are connected to only once they reported listening. Each
+     * stage gets its handshake as soon as it is connected: a stage waits timeout_ms for a Hello,
+     * less than a later stage may take to come up. */
     double deadline = rlx__now_seconds() + d->connect_ms / 1000.0;
     for (uint32_t i = 0; rc == RLX_OK && i < d->n_stages; i++) {
         double left = deadline - rlx__now_seconds();
@@ -242,10 +244,10 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
                                 "the connect timeout, %u ms)", d->connect_ms);
             else
                 rc = stage_fail(d, i, 1, crc, "%s", *rlx_last_error() ? rlx_last_error() : rlx_status_str(crc));
+        } else {
+            rc = hello(d, i);
         }
     }
-    for (uint32_t i = 0; rc == RLX_OK && i < d->n_stages; i++)
-        rc = hello(d, i);
     if (rc != RLX_OK) {
         rlx_driver_destroy(d);
         return rc;
