@@ -241,6 +241,12 @@ static void common_args(argv_builder *b, const app_options *o, const char *trans
 
 // ---- open and close ----
 
+static void print_verbose_log(void *ctx, int level, const char *message) {
+    (void)ctx;
+    (void)level;
+    fprintf(stderr, "rlx: %s\n", message);
+}
+
 int app_pipeline_load(app_runtime *rt, const app_pipeline_options *po) {
     struct app_pipeline *p = calloc(1, sizeof *p);
     if (!p)
@@ -313,9 +319,12 @@ int app_pipeline_open(app_runtime *rt, app_options *o, const app_pipeline_option
     int ready[MAX_STAGES];
     uint32_t child_of[MAX_STAGES];
     for (uint32_t i = 0; i < n; i++) {
+        const rlx_deploy_stage *ds = p->deploy ? rlx_deploy_stage_at(p->deploy, i) : NULL;
         ready[i] = -1;
-        stages[i] = (rlx_driver_stage){.address = p->deploy ? rlx_deploy_stage_at(p->deploy, i)->address : NULL,
-                                       .layers = ranges[i]};
+        stages[i] = (rlx_driver_stage){.address = ds ? ds->address : NULL,
+                                       .layers = ranges[i],
+                                       .source_file = ds ? rlx_deploy_path(p->deploy) : NULL,
+                                       .source_line = ds ? ds->line : 0};
     }
     uint32_t n_local = 0;
     for (uint32_t i = 0; i < n; i++)
@@ -376,6 +385,8 @@ int app_pipeline_open(app_runtime *rt, app_options *o, const app_pipeline_option
     d.timeout_ms = po->timeout_ms ? po->timeout_ms : timeouts.control_ms;
     d.compute_ms_per_position = po->per_position_ms ? po->per_position_ms : timeouts.per_position_ms;
     d.emit_hidden = (uint32_t)emit_hidden;
+    if (o->verbose) /* what the transport's library logs itself, e.g. gRPC's view of a failed connect */
+        rlx_log_set_handler(print_verbose_log, NULL);
     if (rlx_driver_create(p->model_dir, &d, &p->driver) != RLX_OK || rlx_driver_lm(p->driver, &rt->lm) != RLX_OK)
         return app_fail_rlx("pipeline"), app_pipeline_close(rt), 1;
     rt->model_dir = p->model_dir;
@@ -389,6 +400,7 @@ void app_pipeline_close(app_runtime *rt) {
     rlx_driver_destroy(p->driver);
     stop_children(p);
     rlx_plugin_unload(p->transport);
+    rlx_log_set_handler(NULL, NULL);
     rlx_registry_destroy(p->registry);
     rlx_deploy_destroy(p->deploy);
     free(p->model_dir);

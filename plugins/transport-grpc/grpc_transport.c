@@ -17,7 +17,10 @@
  * The client posts RECV_INITIAL_METADATA in its first batch (without it RECV_MESSAGE never
  * completes); the server sends its initial metadata when the call is accepted. connect waits
  * for the channel to be READY (so a missing server fails within the timeout, with gRPC's
- * reason obtained from a fail-fast probe call) before it starts the stream.
+ * reason obtained from a fail-fast probe call) before it starts the stream. A connection that
+ * was refused until the deadline is RLX_E_PEER; a channel still CONNECTING then is RLX_E_TIMEOUT,
+ * and a plain TCP connection (up to GRPCT_TCP_CHECK_MS past the deadline) tells whether
+ * something accepted but never answered HTTP/2 or nothing answered at all.
  *
  * Closing is graceful, like closing a socket: conn_close hands the connection to the progress
  * thread, which lets the last send complete, half-closes (client) or sends an OK status
@@ -36,6 +39,9 @@
  * connections. With poller=off there is no thread: a peer's connect then completes only while
  * this process is inside a transport call, and conn_close blocks for up to linger_ms.
  *
+ * gRPC's own log lines reach the host's log at RLX_LOG_DEBUG, prefixed "libgrpc" (see grpct_log);
+ * nothing of gRPC is written to stderr directly.
+ *
  * Options ("key=value" separated by commas, all optional):
  *   max_message=N[K|M|G]  largest message either way (default and maximum 2G-1; gRPC counts
  *                         message lengths in an int)
@@ -50,6 +56,8 @@
  *   poller=on|off         the progress thread (default on) */
 #include <errno.h>
 #include <limits.h>
+#include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -58,7 +66,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
@@ -75,6 +85,11 @@
 /* What connect sends to learn why a channel cannot connect; servers refuse it (UNIMPLEMENTED). */
 #define GRPCT_PROBE_METHOD "/rlx.Pipeline/Probe"
 #define GRPCT_BACKLOG 8
+/* How long connect, once its deadline has passed, lets a plain TCP connection take to find out
+ * whether a peer that never answered gRPC's handshake is there at all. */
+#define GRPCT_TCP_CHECK_MS 500
+/* Worded as the tcp transport words it: a stage's commonest start-up failure reads the same. */
+#define GRPCT_IN_USE "the port is in use (another process listens there, perhaps another rlx stage)"
 #define GRPCT_ADDR_MAX 320
 #define GRPCT_ALIGN 64
 #define GRPCT_DEFAULT_LINGER_MS 5000
@@ -180,13 +195,22 @@ static int grpct_n_instances; /* under grpct_global_mu */
 /* The latest gRPC error logged on this thread: the only place some failures explain themselves. */
 static _Thread_local char grpct_last_log[1024];
 
+/* Every line is RLX_LOG_DEBUG, even gRPC's errors: each failure that matters comes back from the
+ * call as this plugin's own one-line error (its cause taken from grpct_last_log when gRPC says it
+ * nowhere else), so gRPC's nested detail is for whoever asked for verbose output. The
+ * exception is a failed assertion, after which gRPC aborts: that line is the only explanation.
+ * The "libgrpc" prefix and gRPC's source position set these lines apart from the plugin's own. */
 static void grpct_log(gpr_log_func_args *args)
 {
     if (args->severity == GPR_LOG_SEVERITY_ERROR)
         snprintf(grpct_last_log, sizeof grpct_last_log, "%s", args->message);
     const rlx_host *h = atomic_load(&grpct_log_host);
-    if (h)
-        h->log(args->severity == GPR_LOG_SEVERITY_ERROR ? RLX_LOG_WARN : RLX_LOG_DEBUG, "grpc: %s", args->message);
+    if (!h)
+        return;
+    const char *file = args->file ? strrchr(args->file, '/') : NULL;
+    const int level = !strncmp(args->message, "assertion failed", 16) ? RLX_LOG_ERROR : RLX_LOG_DEBUG;
+    h->log(level, "libgrpc %s %s:%d: %s", gpr_log_severity_string(args->severity),
+           file ? file + 1 : args->file ? args->file : "?", args->line, args->message);
 }
 
 /* The cause in a gRPC error log line: its innermost os_error, else the top description
@@ -914,7 +938,9 @@ static int grpct_listen(void *self, const char *address, void **listener)
     grpc_server_credentials_release(creds);
     if (bound <= 0) {
         char cause[256] = "address in use, not local, or not resolvable";
-        if (grpct_last_log[0])
+        if (strstr(grpct_last_log, strerror(EADDRINUSE)))
+            snprintf(cause, sizeof cause, "%s", GRPCT_IN_USE);
+        else if (grpct_last_log[0])
             grpct_log_cause(grpct_last_log, cause, sizeof cause);
         rc = t->host->error(RLX_E_IO, "grpc: cannot listen on %s: %s", address, cause);
         grpc_server_destroy(l->server); /* never started: no shutdown needed */
@@ -1085,6 +1111,35 @@ static void grpct_probe(grpct_conn *c, gpr_timespec deadline, char *why, size_t 
     grpc_metadata_array_destroy(&md);
 }
 
+/* Whether host:port accepts a TCP connection within GRPCT_TCP_CHECK_MS. */
+static bool grpct_tcp_accepts(const char *host, unsigned port)
+{
+    char service[16];
+    snprintf(service, sizeof service, "%u", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(host, service, &hints, &res) != 0)
+        return false;
+    bool accepted = false;
+    for (const struct addrinfo *ai = res; ai && !accepted; ai = ai->ai_next) {
+        const int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+            accepted = true;
+        } else if (errno == EINPROGRESS) {
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            int err = 0;
+            socklen_t len = sizeof err;
+            accepted = poll(&pfd, 1, GRPCT_TCP_CHECK_MS) == 1 &&
+                       getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return accepted;
+}
+
 static int grpct_connect(void *self, const char *address, int timeout_ms, void **conn)
 {
     grpct *t = self;
@@ -1134,8 +1189,24 @@ static int grpct_connect(void *self, const char *address, int timeout_ms, void *
         st = grpc_channel_check_connectivity_state(c->channel, 1);
     }
     if (st != GRPC_CHANNEL_READY) {
-        rc = t->host->error(RLX_E_TIMEOUT, "grpc: cannot connect to %s within %d ms (channel %s): %s", address,
-                            timeout_ms, grpct_state_name(st), why);
+        if (st == GRPC_CHANNEL_TRANSIENT_FAILURE && strstr(why, strerror(ECONNREFUSED))) {
+            rc = t->host->error(RLX_E_PEER, "grpc: cannot connect to %s: connection refused for %d ms (nothing "
+                                "listens there)", address, timeout_ms);
+        } else {
+            /* gRPC shows a silent peer and a host that never answers alike: a channel that stays
+             * CONNECTING. Only a plain TCP connection tells them apart. */
+            if (st == GRPC_CHANNEL_CONNECTING)
+                snprintf(why, sizeof why, "%s",
+                         grpct_tcp_accepts(host, port)
+                             ? "it accepted the connection but never answered the HTTP/2 handshake (not an rlx "
+                               "grpc stage: perhaps one started with --transport tcp, or another program)"
+                             : "no answer from the host (down, unreachable, or a firewall drops the connection)");
+            else if (strstr(why, "Failed parsing HTTP/2")) /* what an rlx tcp stage's error frame gives */
+                snprintf(why + strlen(why), sizeof why - strlen(why),
+                         " (the peer does not speak HTTP/2: perhaps a stage started with --transport tcp)");
+            rc = t->host->error(RLX_E_TIMEOUT, "grpc: cannot connect to %s within %d ms (channel %s): %s", address,
+                                timeout_ms, grpct_state_name(st), why);
+        }
         grpct_conn_destroy(c);
         return rc;
     }

@@ -60,6 +60,8 @@
 /* Connect retries: first pause, and the cap the doubling stops at. */
 #define TCP_BACKOFF_FIRST_MS 10
 #define TCP_BACKOFF_MAX_MS 500
+/* Worded as the grpc transport words it: a stage's commonest start-up failure reads the same. */
+#define TCP_IN_USE "the port is in use (another process listens there, perhaps another rlx stage)"
 
 /* Listeners and connections sit in one list per instance so close() can release what the
  * application left open. */
@@ -488,7 +490,8 @@ static int tcp_listen(void *self, const char *address, void **listener)
     }
     freeaddrinfo(res);
     if (fd < 0)
-        return s->host->error(RLX_E_IO, "tcp: cannot listen on %s: %s", address, strerror(err));
+        return s->host->error(RLX_E_IO, "tcp: cannot listen on %s: %s", address,
+                              err == EADDRINUSE ? TCP_IN_USE : strerror(err));
     tcp_listener *l = s->host->alloc(sizeof *l, TCP_ALIGN);
     if (!l) {
         close(fd);
@@ -654,6 +657,7 @@ static int tcp_connect(void *self, const char *address, int timeout_ms, void **c
         /* getaddrinfo has no timeout of its own; numeric hosts and /etc/hosts names return at once. */
         const int gai = getaddrinfo(host, port, &hints, &res);
         if (gai == EAI_AGAIN) {
+            err = 0;
             snprintf(why, sizeof why, "cannot resolve the host name: %s", gai_strerror(gai));
         } else if (gai) {
             return s->host->error(RLX_E_NOT_FOUND, "tcp: cannot connect to %s: cannot resolve '%s': %s", address, host,
@@ -676,7 +680,10 @@ static int tcp_connect(void *self, const char *address, int timeout_ms, void **c
                     *conn = c;
                     return RLX_OK;
                 }
-                snprintf(why, sizeof why, "%s", strerror(err));
+                snprintf(why, sizeof why, "%s",
+                         err == ETIMEDOUT ? "no answer from the host (down, unreachable, or a firewall drops the "
+                                            "connection)"
+                                          : strerror(err));
             }
             freeaddrinfo(res);
         }
@@ -687,8 +694,12 @@ static int tcp_connect(void *self, const char *address, int timeout_ms, void **c
         nanosleep(&ts, NULL);
         backoff_ms = backoff_ms * 2 < TCP_BACKOFF_MAX_MS ? backoff_ms * 2 : TCP_BACKOFF_MAX_MS;
     }
-    return s->host->error(RLX_E_TIMEOUT, "tcp: cannot connect to %s within %d ms (%d attempts over %lld ms): %s",
-                          address, timeout_ms, attempts, (long long)((tcp_now_ns() - start) / 1000000), why);
+    /* Refused to the end means nothing listens there (the host answered): a peer failure, not a
+     * silence. */
+    return s->host->error(err == ECONNREFUSED ? RLX_E_PEER : RLX_E_TIMEOUT,
+                          "tcp: cannot connect to %s within %d ms (%d attempt%s over %lld ms): %s", address,
+                          timeout_ms, attempts, attempts == 1 ? "" : "s", (long long)((tcp_now_ns() - start) / 1000000),
+                          why);
 }
 
 static void tcp_conn_close(void *self, void *conn)
@@ -851,14 +862,25 @@ static int tcp_fill(tcp *s, tcp_conn *c, int64_t deadline, int timeout_ms)
     return RLX_OK;
 }
 
+/* What a peer that does not speak this framing might be, from its first bytes. The likeliest
+ * one is the other rlx transport: an HTTP/2 client opens with "PRI * HTTP/2.0", a server with a
+ * SETTINGS frame (a 24-bit length, small, so byte 0 is 0; then type 4). */
+static const char *tcp_guess_peer(const uint8_t *h)
+{
+    if (!memcmp(h, "PRI ", 4))
+        return "an HTTP/2 client: perhaps a driver using --transport grpc";
+    if (h[0] == 0 && h[3] == 4)
+        return "an HTTP/2 server: perhaps a stage started with --transport grpc";
+    return "not an rlx tcp peer?";
+}
+
 /* Checks a complete header and allocates the payload buffer. */
 static int tcp_start_payload(tcp *s, tcp_conn *c)
 {
     const uint8_t *h = c->hdr;
     if (h[0] != TCP_MAGIC0 || h[1] != TCP_MAGIC1 || h[2] != TCP_MAGIC2 || h[3] != TCP_MAGIC3)
-        return tcp_recv_broken(s, c, RLX_E_FORMAT,
-                               "bad frame from %s: magic %02x %02x %02x %02x is not \"RLXT\" (not an rlx tcp peer?)",
-                               c->peer, h[0], h[1], h[2], h[3]);
+        return tcp_recv_broken(s, c, RLX_E_FORMAT, "bad frame from %s: magic %02x %02x %02x %02x is not \"RLXT\" (%s)",
+                               c->peer, h[0], h[1], h[2], h[3], tcp_guess_peer(h));
     const uint16_t version = tcp_get16(h + 4), flags = tcp_get16(h + 6);
     if (version != TCP_VERSION)
         return tcp_recv_broken(s, c, RLX_E_FORMAT, "bad frame from %s: protocol version %u, this rlx speaks %d",

@@ -409,7 +409,18 @@ def crc32c(data):
     return crc ^ 0xFFFFFFFF
 
 
-def expect_failure(env, what, cmd, needles, limit_s, ns=None):
+def own_lines(stderr):
+    """stderr's lines without those of LeakSanitizer's tracer crashing at exit (see
+    lsan_tracer_crash_only), which are the sanitizer's, not the program's."""
+    lines = stderr.splitlines()
+    if lsan_tracer_crash_only(stderr):
+        lines = [l for l in lines if not l.startswith(("==", "Tracer caught signal")) and l.strip()]
+    return lines
+
+
+def expect_failure(env, what, cmd, needles, limit_s, ns=None, one_line=False):
+    """Runs cmd, which must fail within limit_s with every needle in its stderr; with one_line,
+    stderr must be that single "rlx: ..." line and nothing else."""
     p, elapsed = env.run(cmd, timeout=limit_s + 30, ns=ns, check=False)
     if p.returncode == 0:
         raise Fail(f"{what}: succeeded, expected a failure\n{p.stdout}")
@@ -420,7 +431,11 @@ def expect_failure(env, what, cmd, needles, limit_s, ns=None):
         raise Fail(f"{what}: failed only after {elapsed:.1f} s (limit {limit_s} s)")
     if "AddressSanitizer" in p.stderr or "runtime error" in p.stderr or p.returncode < 0:
         raise Fail(f"{what}: crashed (status {p.returncode}):\n{p.stderr}")
+    lines = own_lines(p.stderr)
+    if one_line and (len(lines) != 1 or not lines[0].startswith("rlx: ")):
+        raise Fail(f"{what}: stderr should be one 'rlx: ' line, got {len(lines)}:\n{p.stderr}")
     log(f"ok: {what}: failed in {elapsed:.1f} s: {p.stderr.strip().splitlines()[-1]}")
+    return p
 
 
 def case_protocol(env):
@@ -435,7 +450,7 @@ def case_protocol(env):
         log(p.stdout.strip())
         # fake second stages that misbehave; the driver's error names stage 1 and its address
         modes = {"version": ["speaks protocol version 99"], "model": ["serves another model"],
-                 "garbage": ["not an rlx message"], "silent": ["no answer", "within 1500 ms"],
+                 "garbage": ["not an rlx message"], "silent": ["never answered the handshake", "within 1500 ms"],
                  "rows": ["rows of 3 F32 values"], "hangup": ["stage 1"]}
         for mode, needles in modes.items():
             fake = subprocess.Popen([env.probe, "fake", mode, "--model", model, "--transport", transport],
@@ -517,18 +532,97 @@ def pause_and_break(env, model, transport, stages, ns, breaker, limit=4):
     return out
 
 
+class SilentPeer(threading.Thread):
+    """Accepts every connection on a loopback port and never says a word."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
+        self.held = []
+
+    def run(self):
+        try:
+            while True:
+                self.held.append(self.sock.accept()[0])
+        except OSError:
+            pass
+
+    def close(self):
+        for c in self.held:
+            c.close()
+        self.sock.close()
+
+
+def case_port_in_use(env, model, transport):
+    """A stage whose port another process holds: one rlx line naming the address and that it is
+    in use; gRPC's own account of the failed bind only with -v."""
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    addr = "127.0.0.1:%d" % holder.getsockname()[1]
+    cmd = [env.rlx, "stage", "--listen", addr, "--model", model, "--layers", "0-4", "--transport", transport,
+           "--threads", "1"]
+    expect_failure(env, f"a stage on a port in use ({transport})", cmd, [addr, "the port is in use"], 30,
+                   one_line=True)
+    p = expect_failure(env, f"a stage on a port in use, -v ({transport})", cmd + ["-v"], [addr, "the port is in use"],
+                       30)
+    lines = own_lines(p.stderr)
+    if not lines[-1].startswith("rlx: ") or "in use" not in lines[-1]:
+        raise Fail(f"-v: the last line should be rlx's error:\n{p.stderr}")
+    if transport == "grpc" and not any(": libgrpc E " in l for l in lines):
+        raise Fail(f"-v: gRPC's own log of the failed bind is missing (want a 'libgrpc E' line):\n{p.stderr}")
+    holder.close()
+
+
 def case_faults(env, transport):
     env.need_transport(transport)
     model = env.model("deep-dense-f32")
     ref = env.reference(model)
-    # a stage that never starts: the connect gives up within its timeout
+    case_port_in_use(env, model, transport)
+    # a stage that never starts: refused until the connect timeout, one line naming the file's
+    # line, the stage, its address and that no rlx stage listens there
     port = free_port()
     s0, a0 = env.stage(model, "0-2", transport)
     cfg = env.config("absent.yaml", model, transport, [(a0, "0-2", None), (f"127.0.0.1:{port}", "3-4", None)])
     expect_failure(env, f"a stage that never starts ({transport})",
                    [env.rlx, "generate", "--config", cfg, "--tokens", TOKENS, "--connect-timeout", "1500"],
-                   [f"stage 1 (127.0.0.1:{port})", "connect"], 6)
+                   [f"{cfg}:6: stage 1 (127.0.0.1:{port})", "connection refused", "no rlx stage is listening there"],
+                   6, one_line=True)
+    # something that accepts and never answers: the silent wording, by the handshake's deadline
+    # (tcp: --timeout, after an instant connect; grpc: HTTP/2's handshake is part of connecting)
+    silent = SilentPeer()
+    silent.start()
+    cfg = env.config("silent.yaml", model, transport, [(a0, "0-2", None), (silent.address, "3-4", None)])
+    deadline = ["--timeout", "1500"] if transport == "tcp" else ["--connect-timeout", "2500"]
+    expect_failure(env, f"a peer that accepts and says nothing ({transport})",
+                   [env.rlx, "generate", "--config", cfg, "--tokens", TOKENS, *deadline],
+                   [f"{cfg}:6: stage 1 ({silent.address})", "accepted the connection but never answered",
+                    "handshake"], 5, one_line=True)
+    silent.close()
     env.stop(s0)
+    # a stage that comes up after the others gave up waiting for a Hello (--timeout 1000) still
+    # makes a pipeline: each stage is greeted as soon as it is connected
+    s0, a0 = env.stage(model, "0-2", transport, extra=("--timeout", "1000"))
+    port = free_port()
+    cfg = env.config("late.yaml", model, transport, [(a0, "0-2", None), (f"127.0.0.1:{port}", "3-4", None)])
+    driver = subprocess.Popen([env.rlx, "generate", "--config", cfg, "--tokens", TOKENS, "-n", str(N_NEW), "--greedy"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env.procs.append(driver)
+    driver.log = open(os.devnull, "w+")
+    time.sleep(2.5)
+    s1, _ = env.stage(model, "3-4", transport, listen=f"127.0.0.1:{port}")
+    try:
+        out, err = driver.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise Fail("late stage: the driver hangs")
+    if driver.returncode != 0 or out.strip() != ref[0]:
+        raise Fail(f"late stage ({transport}): exit {driver.returncode}, ids {out.strip()!r}, want {ref[0]!r}:\n{err}")
+    log(f"ok: stage 1 listening 2.5 s after stage 0 gave up on a Hello ({transport}): same ids")
+    env.stop(s0)
+    env.stop(s1)
     # the driver dies mid-session: every stage frees the session and serves the next driver
     split = ["0-1", "2-3", "4-4"]
     stages = [env.stage(model, r, transport) for r in split]

@@ -435,7 +435,8 @@ static void test_connect_to_nobody_fails_in_time(void **state)
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
     void *conn = (void *)&conn;
     const double t0 = now_ms();
-    assert_int_equal(t->it->connect(t->self, addr, 700, &conn), RLX_E_TIMEOUT);
+    /* refused to the end is a peer failure (nothing listens), not a silence */
+    assert_int_equal(t->it->connect(t->self, addr, 700, &conn), RLX_E_PEER);
     const double dt = now_ms() - t0;
     assert_null(conn);
     if (dt < 650 || dt > 3000)
@@ -574,6 +575,25 @@ static void test_close_delivers_what_was_sent(void **state)
     }
 }
 
+typedef struct log_capture {
+    int n_debug, n_above_debug, n_library;
+    char above_debug[512];
+} log_capture;
+
+static void capture_log(void *ctx, int level, const char *message)
+{
+    log_capture *c = ctx;
+    if (level < RLX_LOG_DEBUG) {
+        c->n_above_debug++;
+        snprintf(c->above_debug, sizeof c->above_debug, "%s", message);
+    } else {
+        c->n_debug++;
+    }
+    c->n_library += !strncmp(message, "libgrpc ", 8);
+}
+
+static void log_to_stderr(void *ctx, int level, const char *message);
+
 static void test_listen_twice_on_one_port_fails(void **state)
 {
     (void)state;
@@ -581,10 +601,20 @@ static void test_listen_twice_on_one_port_fails(void **state)
     void *l, *l2 = (void *)&l2;
     char addr[128];
     assert_ok(listen_local(t, &l, addr, sizeof addr));
-    assert_int_equal(t->it->listen(t->self, addr, &l2), RLX_E_IO);
+    log_capture logged = {0};
+    rlx_log_set_handler(capture_log, &logged);
+    const int rc = t->it->listen(t->self, addr, &l2);
+    rlx_log_set_handler(log_to_stderr, NULL);
+    assert_int_equal(rc, RLX_E_IO);
     show_error("port in use");
     assert_null(l2);
     assert_error_mentions(addr);
+    assert_error_mentions("the port is in use");
+    /* the failure is the returned error alone; what gRPC logs about it is detail for -v */
+    if (logged.n_above_debug)
+        fail_msg("listen logged %d lines above debug level, e.g. %s", logged.n_above_debug, logged.above_debug);
+    if (!IS_TCP && !logged.n_library)
+        fail_msg("gRPC's own log of the failed bind did not reach the host's log as a libgrpc line");
     t->it->listener_close(t->self, l);
 }
 
@@ -757,6 +787,8 @@ static void test_mismatched_transports_fail_cleanly(void **state)
     if (rc != RLX_E_FORMAT && rc != RLX_E_PEER)
         fail_msg("tcp client at a grpc server: %d %s", rc, rlx_last_error());
     show_error("tcp client at a grpc server");
+    if (rc == RLX_E_FORMAT) /* the server's SETTINGS frame came first */
+        assert_error_mentions("an HTTP/2 server");
     tcp->it->conn_close(tcp->self, conn);
     grpc->it->listener_close(grpc->self, l);
     /* a grpc client at a tcp server: the handshake never completes */
@@ -766,6 +798,7 @@ static void test_mismatched_transports_fail_cleanly(void **state)
     assert_true(now_ms() - t0 < 4000);
     show_error("grpc client at a tcp server");
     assert_error_mentions(addr);
+    assert_error_mentions("accepted the connection but never answered the HTTP/2 handshake");
     tcp->it->listener_close(tcp->self, l);
     unload(&other);
 }

@@ -127,6 +127,10 @@ RLX_API rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *
 typedef struct rlx_driver_stage {
     const char *address;   /* "host:port" the stage listens on */
     rlx_layer_range layers;
+    /* Where the stage was configured, put before it in every message about it as
+     * "deploy.yaml:7: stage 1 (...)"; source_file NULL for none. Copied. */
+    const char *source_file;
+    uint32_t source_line;
 } rlx_driver_stage;
 
 typedef struct rlx_driver_options {
@@ -149,7 +153,9 @@ RLX_API rlx_driver_options rlx_driver_options_default(void);
 
 /* Reads the model's config.json (+ generation_config.json) and identity from model_dir, checks
  * the ranges (rlx_dist_check_ranges), connects to every stage and shakes hands. Fails with the
- * stage index and address in the message when a stage cannot be reached in time or refuses. */
+ * stage index and address in the message when a stage cannot be reached in time or refuses;
+ * the message tells an address where nothing listens (refused until connect_timeout_ms) from
+ * a peer that accepted the connection but never answered the handshake (within timeout_ms). */
 RLX_API rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o, rlx_driver **out);
 
 /* Ends the session on every stage still reachable (bounded by timeout_ms) and disconnects. */

@@ -35,6 +35,9 @@ typedef enum rlx_plugin_kind {
     RLX_PLUGIN_SPECULATOR = 3
 } rlx_plugin_kind;
 
+/* Log levels. The application decides what it prints (rlx shows RLX_LOG_DEBUG only with -v),
+ * so the level is how a plugin says who a line is for: RLX_LOG_DEBUG is detail only a verbose
+ * run wants, such as what a library the plugin wraps logs itself. */
 enum { RLX_LOG_ERROR = 0, RLX_LOG_WARN = 1, RLX_LOG_INFO = 2, RLX_LOG_DEBUG = 3 };
 
 /* The core's services for plugins. Valid from rlx_plugin_entry until the plugin is unloaded. */

@@ -18,8 +18,10 @@
 
 typedef struct drv_stage {
     char *address;
+    char *source; /* "deploy.yaml:7: " or NULL */
     rlx_layer_range layers;
     void *conn;
+    int answered; /* a message came on conn: it is a peer that speaks, so silence means stalled */
     int has_session; /* the stage holds our session (it answered an Activations) */
     char backend[64];
     uint64_t rss_bytes;
@@ -53,8 +55,8 @@ static void close_all(rlx_driver *d) {
         }
 }
 
-/* Records "stage i (address): ..." as the error and returns code. With `fatal`, the driver
- * becomes unusable and hangs up on every stage. */
+/* Records "[source: ]stage i (address): ..." as the error and returns code. With `fatal`, the
+ * driver becomes unusable and hangs up on every stage. */
 static rlx_status stage_fail(rlx_driver *d, uint32_t i, int fatal, rlx_status code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
@@ -64,7 +66,8 @@ static rlx_status stage_fail(rlx_driver *d, uint32_t i, int fatal, rlx_status co
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    rlx_error(code, "stage %u (%s): %s", i, d->stages[i].address, msg);
+    const drv_stage *s = &d->stages[i];
+    rlx_error(code, "%sstage %u (%s): %s", s->source ? s->source : "", i, s->address, msg);
     if (fatal && !d->broken) {
         d->broken = 1;
         snprintf(d->broken_msg, sizeof d->broken_msg, "%s", rlx_last_error());
@@ -95,6 +98,9 @@ static rlx_status recv_from(rlx_driver *d, uint32_t i, uint32_t wait_ms, const c
     double t0 = rlx__now_seconds();
     rlx_status rc = rlx__net_recv(&d->net, d->stages[i].conn, e, (int)wait_ms, &bytes);
     d->stats.wait_seconds += rlx__now_seconds() - t0;
+    if (rc == RLX_E_TIMEOUT && !d->stages[i].answered)
+        return stage_fail(d, i, 1, rc, "accepted the connection but never answered the handshake within %u ms (not "
+                          "an rlx stage, or a stage that is stuck or busy computing for another driver)", wait_ms);
     if (rc == RLX_E_TIMEOUT)
         return stage_fail(d, i, 1, rc, "no answer to %s within %u ms (the stage is stalled, overloaded or "
                           "unreachable)", what, wait_ms);
@@ -102,6 +108,7 @@ static rlx_status recv_from(rlx_driver *d, uint32_t i, uint32_t wait_ms, const c
         return stage_fail(d, i, 1, rc, "connection lost waiting for the answer to %s: %s", what, rlx_last_error());
     if (rc != RLX_OK)
         return stage_fail(d, i, 1, rc, "bad answer to %s: %s", what, rlx_last_error());
+    d->stages[i].answered = 1;
     d->stats.messages++;
     d->stats.bytes_received += bytes;
     return RLX_OK;
@@ -185,8 +192,13 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
     rlx_status rc = RLX_OK;
     for (uint32_t i = 0; i < o->n_stages && rc == RLX_OK; i++) {
         d->stages[i].layers = o->stages[i].layers;
-        if (!o->stages[i].address || !(d->stages[i].address = strdup(o->stages[i].address)))
+        if (!o->stages[i].address || !(d->stages[i].address = strdup(o->stages[i].address))) {
             rc = rlx_error(o->stages[i].address ? RLX_E_NOMEM : RLX_E_INVALID, "stage %u: no address", i);
+        } else if (o->stages[i].source_file &&
+                 asprintf(&d->stages[i].source, "%s:%u: ", o->stages[i].source_file, o->stages[i].source_line) < 0) {
+            d->stages[i].source = NULL; /* asprintf leaves it undefined */
+            rc = rlx_error(RLX_E_NOMEM, "driver: out of memory");
+        }
     }
     char path[4096];
     if (rc == RLX_OK && snprintf(path, sizeof path, "%s/config.json", model_dir) >= (int)sizeof path)
@@ -212,21 +224,30 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
         rc = rlx_model_id(model_dir, d->model_id);
     if (rc == RLX_OK)
         rc = rlx__net_open(o->transport, o->transport_options, &d->net);
-    /* one deadline for connecting to all stages, which may still be starting */
+    /* One deadline for connecting to all stages. A refused connection is retried until it:
+     * the driver cannot tell a wrong address from a stage that is still reading its weights
+     * (it listens only then), and retrying lets a deployment start in any order. Stages that
+     * --launch or --stages start are connected to only once they reported listening. Each
+     * stage gets its handshake as soon as it is connected: a stage waits timeout_ms for a Hello,
+     * less than a later stage may take to come up. */
     double deadline = rlx__now_seconds() + d->connect_ms / 1000.0;
     for (uint32_t i = 0; rc == RLX_OK && i < d->n_stages; i++) {
         double left = deadline - rlx__now_seconds();
-        int wait = left > 0.001 ? (int)(left * 1000) : 1;
+        int wait = left > 0.001 ? (int)(left * 1000 + 0.5) : 1;
         rlx_error_clear();
         int crc = d->net.t->connect(d->net.self, d->stages[i].address, wait, &d->stages[i].conn);
         if (crc < 0) {
             d->stages[i].conn = NULL;
-            rc = stage_fail(d, i, 1, crc, "cannot connect within %u ms: %s", d->connect_ms,
-                            *rlx_last_error() ? rlx_last_error() : rlx_status_str(crc));
+            /* the transport's own words say enough, except that a refusal means no stage runs there */
+            if (crc == RLX_E_PEER)
+                rc = stage_fail(d, i, 1, crc, "connection refused: no rlx stage is listening there (retried until "
+                                "the connect timeout, %u ms)", d->connect_ms);
+            else
+                rc = stage_fail(d, i, 1, crc, "%s", *rlx_last_error() ? rlx_last_error() : rlx_status_str(crc));
+        } else {
+            rc = hello(d, i);
         }
     }
-    for (uint32_t i = 0; rc == RLX_OK && i < d->n_stages; i++)
-        rc = hello(d, i);
     if (rc != RLX_OK) {
         rlx_driver_destroy(d);
         return rc;
@@ -442,8 +463,10 @@ void rlx_driver_destroy(rlx_driver *d) {
         close_all(d);
     rlx__envelope_free(d->last);
     rlx__net_close(&d->net);
-    for (uint32_t i = 0; i < d->n_stages; i++)
+    for (uint32_t i = 0; i < d->n_stages; i++) {
         free(d->stages[i].address);
+        free(d->stages[i].source);
+    }
     free(d->stages);
     free(d);
 }

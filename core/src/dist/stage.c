@@ -417,7 +417,9 @@ rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *opts) {
         goto done;
     rlx_error_clear();
     if ((rc = st.net.t->listen(st.net.self, st.o.address, &st.listener)) < 0) {
-        rc = rlx_error(rc, "cannot listen on %s: %s", st.o.address, rlx_last_error());
+        /* a transport's message names the address already (transport.h) */
+        if (!*rlx_last_error())
+            rlx_error(rc, "cannot listen on %s: %s", st.o.address, rlx_status_str(rc));
         st.listener = NULL;
         goto done;
     }
