@@ -583,6 +583,11 @@ int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *ma
     }
     layer = flag_layer(s);
     apply_layer(p, &layer);
+    /* options that cannot change a greedy run are taken, but said to do nothing */
+    if (p->greedy && (s->has_top_k || s->has_top_p || s->has_min_p || s->has_seed))
+        fprintf(stderr, "rlx: warning: %s%s%s%shas no effect: decoding is greedy (%s)\n", s->has_top_k ? "--top-k " : "",
+                s->has_top_p ? "--top-p " : "", s->has_min_p ? "--min-p " : "", s->has_seed ? "--seed " : "",
+                s->greedy ? "--greedy" : s->has_temperature ? "--temp 0" : "the deployment file's or model's default");
     s->seed_drawn = !s->has_seed && !(g && g->has_seed);
     p->seed = s->has_seed ? s->seed : g && g->has_seed ? g->seed : fresh_seed();
     if (!max_new_given && g && g->has_max_tokens)

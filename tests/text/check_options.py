@@ -121,6 +121,10 @@ def check_errors(rlx):
     expect(many.returncode == 0 and re.search(rf"^rlx: warning: --threads 999 is more than the {cores} cores",
                                               many.stderr, re.M),
            f"--threads 999: exit {many.returncode}, stderr {many.stderr!r}")
+    idle = run(gen + ["--temp", "0", "--top-k", "5", "--seed", "3"])
+    expect(idle.returncode == 0 and re.search(r"^rlx: warning: --top-k --seed has no effect: decoding is greedy "
+                                              r"\(--temp 0\)$", idle.stderr, re.M),
+           f"--top-k and --seed with --temp 0: exit {idle.returncode}, stderr {idle.stderr!r}")
     graph = run([rlx, "graph", "--positions", "3"])
     expect(graph.returncode == 0 and "f32[3," in graph.stdout, f"graph --positions 3: {graph.stderr!r}")
 

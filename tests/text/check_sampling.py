@@ -9,6 +9,7 @@
 - the same penalties with --spec draft and mtp give the plain output token for token;
 - --stop cuts the text before the stop string, wherever tokens split it, in the stream and in
   --json; the earliest of several wins;
+- chat's replies are cut by --stop too;
 - --json holds the streamed text, the ids, the finish reason and the seed; --logprobs K gives
   log-probabilities equal to NumPy's log-softmax of `rlx logits`' row, with the alternatives
   sorted.
@@ -179,6 +180,23 @@ def check_logprobs(rlx, work):
         history.append(token)
 
 
+def check_chat_stop(rlx):
+    """chat through a pipe: --stop cuts each reply, and the next turn still runs."""
+    def chat(*flags):
+        p = subprocess.run([rlx, "chat", "-n", "30", "--greedy", *flags], input="Tell me about the city\nAnd then?\n",
+                           capture_output=True, text=True, timeout=300)
+        expect(p.returncode == 0, f"chat {' '.join(flags)}: exit {p.returncode}: {p.stderr!r}")
+        return p.stdout.splitlines()
+    replies = chat()
+    expect(len(replies) == 2 and len(replies[0]) > 8, f"chat replies {replies!r}")
+    if len(replies) != 2 or len(replies[0]) <= 8:
+        return
+    stop = replies[0][4:7]
+    cut = chat("--stop", stop)
+    expect(len(cut) == 2 and cut[0] == replies[0][:replies[0].index(stop)] and stop not in cut[1],
+           f"chat --stop {stop!r}: {cut!r} from {replies!r}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rlx", required=True)
@@ -189,6 +207,7 @@ def main():
     check_penalties(args.rlx, args.workdir)
     check_stop_and_json(args.rlx)
     check_logprobs(args.rlx, args.workdir)
+    check_chat_stop(args.rlx)
     for f in failures:
         print("FAIL:", f)
     print(f"sampling: {'FAIL' if failures else 'PASS'} ({len(failures)} failures)")
