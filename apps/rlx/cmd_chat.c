@@ -222,6 +222,10 @@ static int fit_conversation(const app_runtime *rt, rlx_tokenizer *tok, conversat
 
 /* One assistant turn for the conversation so far, whose first n_fixed messages are never
  * dropped; the reply is added to it. */
+/* What turn() returns when the model cannot answer any more (a pipeline lost a stage); 1 is a
+ * failed turn after which the conversation can go on. */
+#define TURN_MODEL_GONE 2
+
 static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, rlx_stop_matcher *stopper,
                 conversation *c, size_t n_fixed, int think, uint32_t max_new, int stats) {
     int32_t *ids = NULL;
@@ -249,9 +253,14 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, rlx_s
         rlx_sampler_accept(sampler, ids[i]);
     interrupted = 0;
     rlx_gen_stats st;
-    if (!status && rlx_generate(&rt->lm, sampler, ids + keep, (uint32_t)(n - keep), reply_max, on_token, &r,
-                                        &st) != RLX_OK)
-        status = app_fail_rlx("chat");
+    rlx_status rc = status ? RLX_OK
+                           : rlx_generate(&rt->lm, sampler, ids + keep, (uint32_t)(n - keep), reply_max, on_token, &r,
+                                          &st);
+    if (rc != RLX_OK) {
+        app_fail_rlx("chat");
+        /* a stage that died or stalls will not answer the next message either */
+        status = rc == RLX_E_PEER || rc == RLX_E_TIMEOUT ? TURN_MODEL_GONE : 1;
+    }
     if (!status && !r.failed) {
         const char *rest;
         size_t len;
@@ -389,6 +398,10 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         int failed = turn(&rt, tok, sampler, stopper, &c, n_fixed, !no_think, max_new, stats);
         if (tty)
             unmute_typing();
+        if (failed == TURN_MODEL_GONE) {
+            status = 1;
+            break;
+        }
         if (failed) {
             /* a failed turn takes its message back (turns dropped to fit it stay dropped) */
             clear_messages(&c, c.n - 1);
