@@ -192,6 +192,22 @@ static void test_greedy_stops_like_plain(void **state) {
     }
     rlx_speculator_destroy(spec);
     rlx_session_destroy(s);
+    /* a context that fills up: the same tokens as plain decoding, which stops there too */
+    for (uint32_t k = 1; k <= 6; k++) {
+        const uint32_t capacity = N_PROMPT + 2 + k;
+        rlx_session *small = new_session(target, capacity);
+        rlx_lm small_lm;
+        assert_ok(rlx_session_lm(small, &small_lm));
+        assert_ok(open_spec(draft_plugin, &small_lm, TARGET, "model=" TARGET, &spec));
+        plain_run(&small_lm, 48, 0, &plain);
+        assert_int_equal(plain.n, capacity - N_PROMPT + 1);
+        spec_run(&small_lm, spec, k, 48, 0, &out, &st);
+        assert_same_tokens(&plain, &out, "full context", k);
+        assert_int_equal(st.gen.stop, RLX_GEN_STOP_CONTEXT);
+        assert_int_equal(rlx_session_length(small), capacity);
+        rlx_speculator_destroy(spec);
+        rlx_session_destroy(small);
+    }
 }
 
 /* Penalties under greedy: speculative decoding (greedy, or temperature 0) emits plain greedy's

@@ -113,6 +113,25 @@ static void test_generate_stops_at_limit_and_is_greedy(void **state) {
     rlx_session_destroy(check);
 }
 
+/* A request beyond the room ends at the full context without an error: the token sampled from
+ * the last position is reported, not fed. */
+static void test_generate_stops_at_a_full_context(void **state) {
+    (void)state;
+    const uint32_t capacity = N_PROMPT + 4;
+    rlx_session *s = new_session(capacity);
+    rlx_sampler_params sp = rlx_sampler_params_default();
+    sp.greedy = 1;
+    rlx_sampler *greedy;
+    assert_ok(rlx_sampler_create(&sp, vocab, &greedy));
+    rlx_gen_stats st;
+    assert_ok(rlx_session_generate(s, greedy, prompt, N_PROMPT, 1000, NULL, NULL, &st));
+    assert_int_equal(st.stop, RLX_GEN_STOP_CONTEXT);
+    assert_int_equal(st.n_generated, capacity - N_PROMPT + 1);
+    assert_int_equal(rlx_session_length(s), capacity);
+    rlx_sampler_destroy(greedy);
+    rlx_session_destroy(s);
+}
+
 static void test_sampler_reproducible_and_filtered(void **state) {
     (void)state;
     enum { V = 50, DRAWS = 2000 };
@@ -360,6 +379,7 @@ int main(void) {
         cmocka_unit_test(test_truncate_then_decode_equals_never_decoded),
         cmocka_unit_test(test_bad_tokens_and_overflow_are_refused),
         cmocka_unit_test(test_generate_stops_at_limit_and_is_greedy),
+        cmocka_unit_test(test_generate_stops_at_a_full_context),
         cmocka_unit_test(test_sampler_reproducible_and_filtered),
         cmocka_unit_test(test_generate_ex_gives_each_tokens_row),
         cmocka_unit_test(test_generate_feeds_the_penalties_prompt_and_output),

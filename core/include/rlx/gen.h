@@ -163,6 +163,7 @@ typedef enum rlx_gen_stop {
     RLX_GEN_STOP_EOS = 1,      /* an EOS id was generated (and reported) */
     RLX_GEN_STOP_MAX_NEW = 2,  /* max_new tokens were generated */
     RLX_GEN_STOP_CALLBACK = 3, /* the callback returned non-zero (on a token that is not an EOS id) */
+    RLX_GEN_STOP_CONTEXT = 4,  /* the lm's context is full: the last token was reported, not fed */
 } rlx_gen_stop;
 
 typedef struct rlx_gen_stats {
@@ -181,8 +182,10 @@ typedef int (*rlx_token_fn)(void *ctx, int32_t token);
 typedef int (*rlx_token_logits_fn)(void *ctx, int32_t token, const float *logits);
 
 /* Prefills prompt (n_prompt >= 1 ids, appended to what the model holds) in one forward, then
- * samples up to max_new tokens, stopping after an EOS id (which is reported to fn) or when fn
- * returns non-zero. Every prompt token and every generated token is accepted into the
+ * samples up to max_new tokens, stopping after an EOS id (which is reported to fn), when fn
+ * returns non-zero, or when the context is full: a token sampled from the last position's
+ * logits is reported but has no position to be fed at (RLX_GEN_STOP_CONTEXT, not an error; a
+ * prompt longer than the room is one). Every prompt token and every generated token is accepted into the
  * sampler's history (rlx_sampler_accept), so the penalties see the prompt. */
 RLX_API rlx_status rlx_generate(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
                                 uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats);

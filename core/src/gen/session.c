@@ -334,6 +334,10 @@ rlx_status rlx_generate_ex(const rlx_lm *lm, rlx_sampler *sampler, const int32_t
             st.stop = stop ? RLX_GEN_STOP_CALLBACK : RLX_GEN_STOP_MAX_NEW;
             break;
         }
+        if (lm->length(lm->self) >= lm->capacity(lm->self)) { /* no position left to feed it at */
+            st.stop = RLX_GEN_STOP_CONTEXT;
+            break;
+        }
         rc = lm->forward(lm->self, &token, 1, 0, &logits);
     }
     st.generate_seconds = rlx__now_seconds() - t1;

@@ -230,6 +230,11 @@ static rlx_status spec_round(spec_run *r, int32_t *token, uint32_t k) {
     const rlx_lm *lm = r->lm;
     int64_t vocab = lm->vocab;
     uint32_t length = lm->length(lm->self), room = lm->capacity(lm->self) - length;
+    if (room == 0) { /* the emitted token has no position left to be fed at */
+        r->st.gen.stop = RLX_GEN_STOP_CONTEXT;
+        r->done = 1;
+        return RLX_OK;
+    }
     uint32_t remaining = r->max_new - r->st.gen.n_generated;
     /* the verification writes 1 + k positions; drafts past max_new could never be emitted */
     uint32_t want = k;
