@@ -17,9 +17,8 @@ static const char usage[] =
     "Runs layers A-B (inclusive) of the model for pipeline drivers (rlx generate --config ...) and\n"
     "keeps their KV caches, until interrupted (SIGINT/SIGTERM: a clean exit with status 0). The\n"
     "stage that holds layer 0 embeds token ids; the one holding the last layer computes logits.\n"
-    "With --config, the stage's address, backend, backend options, threads and layers come from the deployment\n"
-    "file; options given here override them.\n\n"
-    "\n";
+    "With --config, the stage's address, backend, backend options, threads and layers come from\n"
+    "the deployment file; options given here override them.\n\n";
 
 static volatile sig_atomic_t stop_requested;
 
