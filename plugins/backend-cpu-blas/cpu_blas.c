@@ -23,10 +23,8 @@
 #include "isa.h"
 #include "node_check.h"
 #include "openblas.h"
-#include "options.h"
 #include "pool.h"
-#include "weights.h"
-#include "rlx/backend.h"
+#include "rlx/backend_iface.h"
 
 /* Activation rows one GEMV kernel call handles; more rows are done in blocks of this many. */
 #define CPU_BLAS_GEMV_MAX_M 8
@@ -90,8 +88,8 @@ static inline float cpu_blas_pow2i(int n)
 #define VFMA(a, b, c) ((a) * (b) + (c))
 #define VHSUM(v) (v)
 #define VHMAX(v) (v)
-#define VLD_BF16(p) weight_bf16_to_f32(*(p))
-#define VLD_F16(p) weight_f16_to_f32(*(p))
+#define VLD_BF16(p) rlx_iface_bf16_to_f32(*(p))
+#define VLD_F16(p) rlx_iface_f16_to_f32(*(p))
 #define VROUND(v) rintf(v)
 #define VPOW2I(n) cpu_blas_pow2i((int)(n))
 #include "cpu_blas_simd.inc"
@@ -236,22 +234,24 @@ static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_
 {
     const rlx_host *h = s->host;
     const char *cursor = extra;
-    plugin_option o;
+    rlx_iface_option o;
+    char err[256];
+    long long v;
     int rc;
-    while ((rc = plugin_option_next(h, "cpu-blas", &cursor, &o)) > 0) {
-        if (plugin_option_is(&o, "isa") && o.value_len < isa_len) {
+    while ((rc = rlx_iface_option_next(&cursor, &o, err, sizeof err)) > 0) {
+        if (rlx_iface_option_is(&o, "isa") && o.value_len < isa_len) {
             memcpy(isa, o.value, o.value_len + 1);
-        } else if (plugin_option_is(&o, "tile_kb") && o.is_num && o.num >= 16 && o.num <= 65536) {
-            s->tile_bytes = (size_t)o.num * 1024;
-        } else if (plugin_option_is(&o, "spin_us") && o.is_num && o.num >= 0 && o.num <= 1000000) {
-            s->spin_ns = o.num * 1000;
-        } else if (plugin_option_is(&o, "gemv_m") && o.is_num && o.num >= 0 && o.num <= 4096) {
-            s->gemv_max_m = (int)o.num;
+        } else if (rlx_iface_option_is(&o, "tile_kb") && rlx_iface_option_int(&o, 16, 65536, &v)) {
+            s->tile_bytes = (size_t)v * 1024;
+        } else if (rlx_iface_option_is(&o, "spin_us") && rlx_iface_option_int(&o, 0, 1000000, &v)) {
+            s->spin_ns = v * 1000;
+        } else if (rlx_iface_option_is(&o, "gemv_m") && rlx_iface_option_int(&o, 0, 4096, &v)) {
+            s->gemv_max_m = (int)v;
         } else {
             return h->error(RLX_E_INVALID, "cpu-blas: unknown or out-of-range option '%.*s'", o.item_len, o.item);
         }
     }
-    return rc;
+    return rc < 0 ? h->error(rc, "cpu-blas: %s", err) : rc;
 }
 
 static void cpu_blas_close(void *self)
@@ -368,7 +368,7 @@ static void cpu_blas_rows_task(void *arg, int ith, int64_t chunk)
     (void)ith;
     switch (j->op) {
     case RLX_OP_EMBED: {
-        const size_t row_bytes = (size_t)j->cols * weight_dtype_size((uint32_t)j->dt);
+        const size_t row_bytes = (size_t)j->cols * rlx_iface_dtype_size((uint32_t)j->dt);
         for (int64_t r = r0; r < r1; r++)
             k->cvt(j->dt, (const char *)j->table + (size_t)j->idx[r] * row_bytes, j->y + r * j->cols, j->cols);
         break;
@@ -416,7 +416,7 @@ static int cpu_blas_f32_vec(cpu_blas *s, const rlx_tensor *t, const float **out)
         *out = t->data;
         return RLX_OK;
     }
-    const int64_t n = node_numel(t);
+    const int64_t n = rlx_iface_numel(t);
     const int rc = cpu_blas_reserve(s, &s->main, (size_t)n * sizeof(float));
     if (rc < 0)
         return rc;
@@ -429,7 +429,7 @@ static int cpu_blas_embed(cpu_blas *s, const rlx_node_view *n)
 {
     const rlx_tensor *ids = &n->inputs[0], *tab = &n->inputs[1];
     const int32_t *id = ids->data;
-    const int64_t T = node_numel(ids), V = tab->shape[0];
+    const int64_t T = rlx_iface_numel(ids), V = tab->shape[0];
     for (int64_t t = 0; t < T; t++)
         if (id[t] < 0 || id[t] >= V)
             return s->host->error(RLX_E_RANGE, "cpu-blas: node '%s': token id %d at %lld outside [0, %lld)",
@@ -447,8 +447,8 @@ static int cpu_blas_rms_norm(cpu_blas *s, const rlx_node_view *n)
     const int rc = cpu_blas_f32_vec(s, &n->inputs[1], &w);
     if (rc < 0)
         return rc;
-    cpu_blas_rows_job j = {.s = s, .op = RLX_OP_RMS_NORM, .n = node_rows(x), .cols = node_cols(x),
-                           .a = x->data, .b = w, .y = n->output->data, .g = node_numel(&n->inputs[1]),
+    cpu_blas_rows_job j = {.s = s, .op = RLX_OP_RMS_NORM, .n = rlx_iface_rows(x), .cols = rlx_iface_cols(x),
+                           .a = x->data, .b = w, .y = n->output->data, .g = rlx_iface_numel(&n->inputs[1]),
                            .eps = n->params->eps};
     cpu_blas_run_rows(s, &j, 2 * j.cols);
     return RLX_OK;
@@ -481,14 +481,14 @@ static int cpu_blas_rope_table(cpu_blas *s, const int32_t *pos, int64_t T, uint3
 static int cpu_blas_rope(cpu_blas *s, const rlx_node_view *n)
 {
     const rlx_tensor *x = &n->inputs[0];
-    const int64_t T = node_rows(x);
+    const int64_t T = rlx_iface_rows(x);
     const uint32_t D = n->params->head_dim;
     if (T == 0)
         return RLX_OK;
     const int rc = cpu_blas_rope_table(s, n->inputs[1].data, T, D, n->params->rope_theta);
     if (rc < 0)
         return rc;
-    cpu_blas_rows_job j = {.s = s, .op = RLX_OP_ROPE, .n = T, .cols = node_cols(x), .a = x->data,
+    cpu_blas_rows_job j = {.s = s, .op = RLX_OP_ROPE, .n = T, .cols = rlx_iface_cols(x), .a = x->data,
                            .b = s->rope_cs.p, .y = n->output->data, .g = D / 2};
     cpu_blas_run_rows(s, &j, j.cols);
     return RLX_OK;
@@ -496,7 +496,7 @@ static int cpu_blas_rope(cpu_blas *s, const rlx_node_view *n)
 
 static int cpu_blas_eltwise(cpu_blas *s, const rlx_node_view *n)
 {
-    cpu_blas_rows_job j = {.s = s, .op = (int)n->op, .n = node_numel(n->output), .a = n->inputs[0].data,
+    cpu_blas_rows_job j = {.s = s, .op = (int)n->op, .n = rlx_iface_numel(n->output), .a = n->inputs[0].data,
                            .b = n->inputs[1].data, .y = n->output->data};
     cpu_blas_run_rows(s, &j, n->op == RLX_OP_SWIGLU ? 8 : 1);
     return RLX_OK;
@@ -505,7 +505,7 @@ static int cpu_blas_eltwise(cpu_blas *s, const rlx_node_view *n)
 static int cpu_blas_gather_last(const rlx_node_view *n)
 {
     const rlx_tensor *x = &n->inputs[0];
-    const int64_t T = node_rows(x), C = node_cols(x);
+    const int64_t T = rlx_iface_rows(x), C = rlx_iface_cols(x);
     if (T > 0)
         memcpy(n->output->data, (const float *)x->data + (T - 1) * C, (size_t)C * sizeof(float));
     else
@@ -546,7 +546,7 @@ static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk)
     const cpu_blas *s = mm->s;
     const int64_t M = mm->M, K = mm->K, N = mm->N;
     const int64_t n0 = chunk * mm->chunk, n1 = n0 + mm->chunk < N ? n0 + mm->chunk : N;
-    const size_t row_bytes = (size_t)K * weight_dtype_size((uint32_t)mm->wdt);
+    const size_t row_bytes = (size_t)K * rlx_iface_dtype_size((uint32_t)mm->wdt);
     const char *w = (const char *)mm->w;
     if (mm->wdt == RLX_DTYPE_F32 && M == 1) {
         /* OpenBLAS 0.3.21 does not route M = 1 sgemm to its much faster sgemv. */
@@ -599,7 +599,7 @@ static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, co
         mm.chunk = cpu_blas_chunk(s, N, CPU_BLAS_ROW_ALIGN, 64);
         if (M > CPU_BLAS_GEMV_MAX_M && M <= s->gemv_max_m) {
             /* Later passes over a chunk should find it in L2. */
-            int64_t cap = CPU_BLAS_GEMV_CHUNK_BYTES / (K * (int64_t)weight_dtype_size((uint32_t)wdt));
+            int64_t cap = CPU_BLAS_GEMV_CHUNK_BYTES / (K * (int64_t)rlx_iface_dtype_size((uint32_t)wdt));
             cap = cap < CPU_BLAS_ROW_ALIGN ? CPU_BLAS_ROW_ALIGN : cap / CPU_BLAS_ROW_ALIGN * CPU_BLAS_ROW_ALIGN;
             mm.chunk = mm.chunk < cap ? mm.chunk : cap;
         }
@@ -617,7 +617,7 @@ static int cpu_blas_matmul(cpu_blas *s, const rlx_node_view *n)
         if (rc < 0)
             return rc;
     }
-    return cpu_blas_mm_run(s, x->data, node_rows(x), node_cols(x), w->data, (int)w->dtype, w->shape[0],
+    return cpu_blas_mm_run(s, x->data, rlx_iface_rows(x), rlx_iface_cols(x), w->data, (int)w->dtype, w->shape[0],
                            bias, n->output->data);
 }
 
@@ -754,7 +754,7 @@ static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n)
 {
     const rlx_tensor *in = n->inputs;
     const rlx_op_params *p = n->params;
-    const int64_t T = node_rows(&in[0]), C = node_rows(&in[4]);
+    const int64_t T = rlx_iface_rows(&in[0]), C = rlx_iface_rows(&in[4]);
     const int64_t D = p->head_dim, Hkv = p->n_kv_heads, kv = Hkv * D;
     const int32_t *pos = in[3].data;
     if (T == 0)
@@ -806,7 +806,7 @@ static int cpu_blas_moe(cpu_blas *s, const rlx_node_view *n)
 {
     const rlx_tensor *in = n->inputs;
     const rlx_op_params *p = n->params;
-    const int64_t T = node_rows(&in[0]), H = node_cols(&in[0]), E = p->n_experts, K = p->top_k;
+    const int64_t T = rlx_iface_rows(&in[0]), H = rlx_iface_cols(&in[0]), E = p->n_experts, K = p->top_k;
     const float *x = in[0].data;
     float *out = n->output->data;
     int64_t F = 0;

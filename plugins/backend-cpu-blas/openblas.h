@@ -10,7 +10,7 @@
 
 #include <cblas.h>
 
-#include "rlx/plugin.h"
+#include "rlx/plugin_iface.h"
 
 /* What of the CPU decides OpenBLAS's core. */
 typedef struct cpu_blas_cpu {

@@ -39,10 +39,8 @@
 
 #include "isa.h"
 #include "node_check.h"
-#include "options.h"
 #include "pool.h"
-#include "weights.h"
-#include "rlx/backend.h"
+#include "rlx/backend_iface.h"
 
 /* Activation rows up to which widened matmuls stream weights through the GEMV kernels. */
 #define ONEDNN_GEMV_MAX_M 8
@@ -59,19 +57,6 @@
 /* Matmul primitives kept; the least recently used one is destroyed beyond that. */
 #define ONEDNN_PRIM_SLOTS 256
 #define ONEDNN_ALIGN 64
-
-// ---------------------------------------------------------------------------------------------
-// Scalar element access (widening is in plugins/common/weights.h)
-
-/* Round to nearest even; NaNs stay (quiet) NaNs instead of rounding into infinity. */
-static inline uint16_t onednn_f32_to_bf16(float f)
-{
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if (f != f)
-        return (uint16_t)((bits >> 16) | 0x40u);
-    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
 
 // ---------------------------------------------------------------------------------------------
 // Kernel tables, one per instruction set
@@ -134,9 +119,9 @@ static inline float onednn_pow2i(int n)
 #define VFMA(a, b, c) ((a) * (b) + (c))
 #define VHSUM(v) (v)
 #define VHMAX(v) (v)
-#define VLD_BF16(p) weight_bf16_to_f32(*(p))
-#define VLD_F16(p) weight_f16_to_f32(*(p))
-#define VST_BF16(p, v) (*(p) = onednn_f32_to_bf16(v))
+#define VLD_BF16(p) rlx_iface_bf16_to_f32(*(p))
+#define VLD_F16(p) rlx_iface_f16_to_f32(*(p))
+#define VST_BF16(p, v) (*(p) = rlx_iface_f32_to_bf16(v))
 #define VROUND(v) rintf(v)
 #define VPOW2I(n) onednn_pow2i((int)(n))
 #include "onednn_simd.inc"
@@ -160,7 +145,7 @@ static inline __attribute__((always_inline)) OD_TARGET float onednn_hmax_avx2(__
     return _mm_cvtss_f32(s);
 }
 
-/* 8 floats to BF16, as onednn_f32_to_bf16 does one. */
+/* 8 floats to BF16, as rlx_iface_f32_to_bf16 does one. */
 static inline __attribute__((always_inline)) OD_TARGET void onednn_st_bf16_avx2(uint16_t *p, __m256 v)
 {
     const __m256i b = _mm256_castps_si256(v);
@@ -205,7 +190,7 @@ static inline __attribute__((always_inline)) OD_TARGET void onednn_st_bf16_avx2(
 /* AVX-512 (F, BW, VL): 16 floats per vector, 32 registers. */
 #define OD_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
-/* 16 floats to BF16, as onednn_f32_to_bf16 does one. */
+/* 16 floats to BF16, as rlx_iface_f32_to_bf16 does one. */
 static inline __attribute__((always_inline)) OD_TARGET void onednn_st_bf16_avx512(uint16_t *p, __m512 v)
 {
     const __m512i b = _mm512_castps_si512(v);
@@ -446,29 +431,31 @@ static int onednn_parse_extra(onednn *s, const char *extra, char *isa, size_t is
 {
     const rlx_host *h = s->host;
     const char *cursor = extra;
-    plugin_option o;
+    rlx_iface_option o;
+    char err[256];
+    long long v;
     int rc;
-    while ((rc = plugin_option_next(h, "onednn", &cursor, &o)) > 0) {
-        if (plugin_option_is(&o, "isa") && o.value_len < isa_len) {
+    while ((rc = rlx_iface_option_next(&cursor, &o, err, sizeof err)) > 0) {
+        if (rlx_iface_option_is(&o, "isa") && o.value_len < isa_len) {
             memcpy(isa, o.value, o.value_len + 1);
-        } else if (plugin_option_is(&o, "bf16") && (!strcmp(o.value, "auto") || !strcmp(o.value, "0"))) {
+        } else if (rlx_iface_option_is(&o, "bf16") && (!strcmp(o.value, "auto") || !strcmp(o.value, "0"))) {
             *no_bf16 = !strcmp(o.value, "0");
-        } else if (plugin_option_is(&o, "f32") &&
+        } else if (rlx_iface_option_is(&o, "f32") &&
                    (!strcmp(o.value, "auto") || !strcmp(o.value, "packed") || !strcmp(o.value, "blocked"))) {
             s->pack_f32 = !strcmp(o.value, "packed") ? 1 : !strcmp(o.value, "blocked") ? 2 : 0;
-        } else if (plugin_option_is(&o, "pack_kb") && o.is_num && o.num >= 4 && o.num <= 4194304) {
-            s->pack_bytes = (size_t)o.num * 1024;
-        } else if (plugin_option_is(&o, "drop") && o.is_num && (o.num == 0 || o.num == 1)) {
-            s->drop = (int)o.num;
-        } else if (plugin_option_is(&o, "gemv_m") && o.is_num && o.num >= 0 && o.num <= ONEDNN_GEMV_MAX_M) {
-            s->gemv_max_m = (int)o.num;
-        } else if (plugin_option_is(&o, "tile_kb") && o.is_num && o.num >= 16 && o.num <= 65536) {
-            s->tile_bytes = (size_t)o.num * 1024;
+        } else if (rlx_iface_option_is(&o, "pack_kb") && rlx_iface_option_int(&o, 4, 4194304, &v)) {
+            s->pack_bytes = (size_t)v * 1024;
+        } else if (rlx_iface_option_is(&o, "drop") && rlx_iface_option_int(&o, 0, 1, &v)) {
+            s->drop = (int)v;
+        } else if (rlx_iface_option_is(&o, "gemv_m") && rlx_iface_option_int(&o, 0, ONEDNN_GEMV_MAX_M, &v)) {
+            s->gemv_max_m = (int)v;
+        } else if (rlx_iface_option_is(&o, "tile_kb") && rlx_iface_option_int(&o, 16, 65536, &v)) {
+            s->tile_bytes = (size_t)v * 1024;
         } else {
             return h->error(RLX_E_INVALID, "onednn: unknown or out-of-range option '%.*s'", o.item_len, o.item);
         }
     }
-    return rc;
+    return rc < 0 ? h->error(rc, "onednn: %s", err) : rc;
 }
 
 static void onednn_free_bufs(const onednn *s, onednn_buf *bufs)
@@ -662,7 +649,7 @@ static void onednn_rows_part(const onednn_rows_job *j, int ith, int nth)
     onednn_split(j->n, ith, nth, flat ? ONEDNN_ROW_ALIGN : 1, &r0, &r1);
     switch (j->op) {
     case RLX_OP_EMBED: {
-        const size_t row_bytes = (size_t)j->cols * weight_dtype_size((uint32_t)j->dt);
+        const size_t row_bytes = (size_t)j->cols * rlx_iface_dtype_size((uint32_t)j->dt);
         for (int64_t r = r0; r < r1; r++)
             k->widen(j->dt, (const char *)j->table + (size_t)j->idx[r] * row_bytes, j->y + r * j->cols, j->cols);
         break;
@@ -719,7 +706,7 @@ static int onednn_f32_vec(onednn *s, const rlx_tensor *t, const float **out)
         *out = t->data;
         return RLX_OK;
     }
-    const int64_t n = node_numel(t);
+    const int64_t n = rlx_iface_numel(t);
     const int rc = onednn_reserve(s, &s->vec, (size_t)n * sizeof(float));
     if (rc < 0)
         return rc;
@@ -732,7 +719,7 @@ static int onednn_embed(onednn *s, const rlx_node_view *n)
 {
     const rlx_tensor *ids = &n->inputs[0], *tab = &n->inputs[1];
     const int32_t *id = ids->data;
-    const int64_t T = node_numel(ids), V = tab->shape[0];
+    const int64_t T = rlx_iface_numel(ids), V = tab->shape[0];
     for (int64_t t = 0; t < T; t++)
         if (id[t] < 0 || id[t] >= V)
             return s->host->error(RLX_E_RANGE, "onednn: node '%s': token id %d at %lld outside [0, %lld)",
@@ -750,8 +737,8 @@ static int onednn_rms_norm(onednn *s, const rlx_node_view *n)
     const int rc = onednn_f32_vec(s, &n->inputs[1], &w);
     if (rc < 0)
         return rc;
-    onednn_rows_job j = {.s = s, .op = RLX_OP_RMS_NORM, .n = node_rows(x), .cols = node_cols(x), .a = x->data,
-                         .b = w, .y = n->output->data, .g = node_numel(&n->inputs[1]), .eps = n->params->eps};
+    onednn_rows_job j = {.s = s, .op = RLX_OP_RMS_NORM, .n = rlx_iface_rows(x), .cols = rlx_iface_cols(x), .a = x->data,
+                         .b = w, .y = n->output->data, .g = rlx_iface_numel(&n->inputs[1]), .eps = n->params->eps};
     onednn_run_rows(s, &j, 2 * j.cols);
     return RLX_OK;
 }
@@ -779,14 +766,14 @@ static int onednn_rope_table(onednn *s, const int32_t *pos, int64_t T, uint32_t 
 static int onednn_rope(onednn *s, const rlx_node_view *n)
 {
     const rlx_tensor *x = &n->inputs[0];
-    const int64_t T = node_rows(x);
+    const int64_t T = rlx_iface_rows(x);
     const uint32_t D = n->params->head_dim;
     if (T == 0)
         return RLX_OK;
     const int rc = onednn_rope_table(s, n->inputs[1].data, T, D, n->params->rope_theta);
     if (rc < 0)
         return rc;
-    onednn_rows_job j = {.s = s, .op = RLX_OP_ROPE, .n = T, .cols = node_cols(x), .a = x->data,
+    onednn_rows_job j = {.s = s, .op = RLX_OP_ROPE, .n = T, .cols = rlx_iface_cols(x), .a = x->data,
                          .b = s->rope_cs.p, .y = n->output->data, .g = D / 2};
     onednn_run_rows(s, &j, j.cols);
     return RLX_OK;
@@ -794,7 +781,7 @@ static int onednn_rope(onednn *s, const rlx_node_view *n)
 
 static int onednn_eltwise(onednn *s, const rlx_node_view *n)
 {
-    onednn_rows_job j = {.s = s, .op = (int)n->op, .n = node_numel(n->output), .a = n->inputs[0].data,
+    onednn_rows_job j = {.s = s, .op = (int)n->op, .n = rlx_iface_numel(n->output), .a = n->inputs[0].data,
                          .b = n->inputs[1].data, .y = n->output->data};
     onednn_run_rows(s, &j, n->op == RLX_OP_SWIGLU ? 8 : 1);
     return RLX_OK;
@@ -803,7 +790,7 @@ static int onednn_eltwise(onednn *s, const rlx_node_view *n)
 static int onednn_gather_last(const rlx_node_view *n)
 {
     const rlx_tensor *x = &n->inputs[0];
-    const int64_t T = node_rows(x), C = node_cols(x);
+    const int64_t T = rlx_iface_rows(x), C = rlx_iface_cols(x);
     if (T > 0)
         memcpy(n->output->data, (const float *)x->data + (T - 1) * C, (size_t)C * sizeof(float));
     else
@@ -1129,7 +1116,7 @@ static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w)
     const onednn_layout *l = &s->layouts[e->layout];
     const dnnl_data_type_t wdt = w->dtype == RLX_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
     const int64_t N = w->shape[0], K = w->shape[1];
-    const size_t esz = weight_dtype_size(w->dtype);
+    const size_t esz = rlx_iface_dtype_size(w->dtype);
     dnnl_memory_desc_t plain;
     dnnl_status_t st = dnnl_memory_desc_init_by_tag(&plain, 2, (dnnl_dims_t){K, N}, wdt, dnnl_ba);
     if (st == dnnl_success && wdt == l->dt && dnnl_memory_desc_equal(&plain, &l->md)) {
@@ -1200,7 +1187,7 @@ static int onednn_weights_grow(onednn *s)
 static int onednn_weight_get(onednn *s, const rlx_tensor *w, dnnl_data_type_t dt, int64_t M, onednn_weight **out)
 {
     const int64_t N = w->shape[0], K = w->shape[1];
-    const uint64_t sig = onednn_sig(w->data, (size_t)(N * K) * weight_dtype_size(w->dtype));
+    const uint64_t sig = onednn_sig(w->data, (size_t)(N * K) * rlx_iface_dtype_size(w->dtype));
     if (2 * (s->n_weights + 1) > s->cap_weights) {
         const int rc = onednn_weights_grow(s);
         if (rc < 0)
@@ -1316,7 +1303,7 @@ static void onednn_widen_part(onednn_widen_job *j, int ith, int nth, int tid)
     if (M <= s->gemv_max_m) {
         s->k->gemv[j->wdt][M - 1](j->x, K, j->w, K, n0, n1, j->y, N);
     } else {
-        const size_t row_bytes = (size_t)K * weight_dtype_size((uint32_t)j->wdt);
+        const size_t row_bytes = (size_t)K * rlx_iface_dtype_size((uint32_t)j->wdt);
         dnnl_memory_desc_t md;
         for (int64_t n = n0; n < n1; n += j->tile_rows) {
             const int64_t cnt = n1 - n < j->tile_rows ? n1 - n : j->tile_rows;
@@ -1447,7 +1434,7 @@ static int onednn_matmul(onednn *s, const rlx_node_view *n)
         if (rc < 0)
             return rc;
     }
-    return onednn_mm(s, x->data, node_rows(x), &n->inputs[1], bias, n->output->data, false);
+    return onednn_mm(s, x->data, rlx_iface_rows(x), &n->inputs[1], bias, n->output->data, false);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1545,7 +1532,7 @@ static int onednn_attention(onednn *s, const rlx_node_view *n)
 {
     const rlx_tensor *in = n->inputs;
     const rlx_op_params *p = n->params;
-    const int64_t T = node_rows(&in[0]), C = node_rows(&in[4]);
+    const int64_t T = rlx_iface_rows(&in[0]), C = rlx_iface_rows(&in[4]);
     const int64_t D = p->head_dim, Hq = p->n_heads, Hkv = p->n_kv_heads, kv = Hkv * D;
     const int32_t *pos = in[3].data;
     if (T == 0)
@@ -1615,7 +1602,7 @@ static int onednn_moe(onednn *s, const rlx_node_view *n)
 {
     const rlx_tensor *in = n->inputs;
     const rlx_op_params *p = n->params;
-    const int64_t T = node_rows(&in[0]), H = node_cols(&in[0]), E = p->n_experts, K = p->top_k;
+    const int64_t T = rlx_iface_rows(&in[0]), H = rlx_iface_cols(&in[0]), E = p->n_experts, K = p->top_k;
     const int64_t R = onednn_moe_rows(T);
     const float *x = in[0].data;
     float *out = n->output->data;

@@ -6,7 +6,7 @@
 #ifndef RLX_PLUGINS_ISA_H
 #define RLX_PLUGINS_ISA_H
 
-#include "rlx/plugin.h"
+#include "rlx/plugin_iface.h"
 
 typedef enum plugin_isa { PLUGIN_ISA_C = 0, PLUGIN_ISA_AVX2 = 1, PLUGIN_ISA_AVX512 = 2, PLUGIN_ISA_COUNT } plugin_isa;
 

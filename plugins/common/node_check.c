@@ -11,7 +11,7 @@ static bool is_weight_dt(uint32_t dt)
 /* An F32 activation of `rows` rows of `cols` values (rows < 0: any). */
 static bool is_act(const rlx_tensor *t, int64_t rows, int64_t cols)
 {
-    return t->dtype == RLX_DTYPE_F32 && (rows < 0 || node_rows(t) == rows) && node_cols(t) == cols;
+    return t->dtype == RLX_DTYPE_F32 && (rows < 0 || rlx_iface_rows(t) == rows) && rlx_iface_cols(t) == cols;
 }
 
 /* A weight matrix [n, k] of a weight dtype. */
@@ -22,7 +22,7 @@ static bool is_mat(const rlx_tensor *t, int64_t n, int64_t k)
 
 static bool is_vec(const rlx_tensor *t, uint32_t dt, int64_t n)
 {
-    return t->dtype == dt && node_numel(t) == n;
+    return t->dtype == dt && rlx_iface_numel(t) == n;
 }
 
 static int bad(const rlx_host *host, const char *plugin, bool report, int status, const rlx_node_view *n, const char *why)
@@ -48,7 +48,7 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
                 return bad(host, plugin, report, RLX_E_SHAPE, n, "dimension outside [0, INT_MAX]");
     if (out->n_dims < 1 || out->n_dims > RLX_MAX_DIMS || out->dtype != RLX_DTYPE_F32)
         return bad(host, plugin, report, RLX_E_UNSUPPORTED, n, "output must be F32 of rank 1..4");
-    const int64_t T = node_rows(out), C = node_cols(out);
+    const int64_t T = rlx_iface_rows(out), C = rlx_iface_cols(out);
     switch (n->op) {
     case RLX_OP_EMBED:
         if (ni != 2 || !is_vec(&in[0], RLX_DTYPE_I32, T) || !is_mat(&in[1], in[1].shape[0], C))
@@ -57,16 +57,16 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
     case RLX_OP_MATMUL: {
         if (ni != 2 && ni != 3)
             return bad(host, plugin, report, RLX_E_INVALID, n, "want 2 or 3 inputs");
-        const int64_t K = node_cols(&in[0]);
+        const int64_t K = rlx_iface_cols(&in[0]);
         if (!is_act(&in[0], T, K) || !is_mat(&in[1], C, K) ||
-            (ni == 3 && (!is_weight_dt(in[2].dtype) || node_numel(&in[2]) != C)))
+            (ni == 3 && (!is_weight_dt(in[2].dtype) || rlx_iface_numel(&in[2]) != C)))
             return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,K], w[N,K], bias[N] -> F32[T,N]");
         return RLX_OK;
     }
     case RLX_OP_RMS_NORM: {
         if (ni != 2 || !p)
             return bad(host, plugin, report, RLX_E_INVALID, n, "want 2 inputs and params");
-        const int64_t G = node_numel(&in[1]);
+        const int64_t G = rlx_iface_numel(&in[1]);
         if (!is_act(&in[0], T, C) || !is_weight_dt(in[1].dtype) || G < 1 || C % G)
             return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,C], w[G] with C % G == 0");
         return RLX_OK;
@@ -86,7 +86,7 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
             return bad(host, plugin, report, RLX_E_SHAPE, n, "want n_heads % n_kv_heads == 0, out F32[T,Hq*D]");
         if (!is_act(&in[0], T, Hq * D) || !is_act(&in[1], T, Hkv * D) ||
             !is_act(&in[2], T, Hkv * D) || !is_vec(&in[3], RLX_DTYPE_I32, T) ||
-            !is_act(&in[4], -1, Hkv * D) || !is_act(&in[5], node_rows(&in[4]), Hkv * D))
+            !is_act(&in[4], -1, Hkv * D) || !is_act(&in[5], rlx_iface_rows(&in[4]), Hkv * D))
             return bad(host, plugin, report, RLX_E_SHAPE, n,
                                 "want q F32[T,Hq*D], k, v F32[T,Hkv*D], pos I32[T], caches F32[C,Hkv*D]");
         return RLX_OK;

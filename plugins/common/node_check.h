@@ -8,26 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "rlx/backend.h"
-
-/* Rows of t: the product of every dimension but the last. */
-static inline int64_t node_rows(const rlx_tensor *t)
-{
-    int64_t r = 1;
-    for (uint32_t i = 0; i + 1 < t->n_dims; i++)
-        r *= t->shape[i];
-    return r;
-}
-
-static inline int64_t node_cols(const rlx_tensor *t)
-{
-    return t->shape[t->n_dims - 1];
-}
-
-static inline int64_t node_numel(const rlx_tensor *t)
-{
-    return node_rows(t) * node_cols(t);
-}
+#include "rlx/backend_iface.h"
 
 /* RLX_OK when node n is one the in-tree kernels compute, else a status; with report, also a
  * message through host->error that starts with the plugin's name. */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "rlx/rlx.h"
+#include "rlx/speculator_iface.h"
 
 typedef struct draft {
     const rlx_host *host;
@@ -28,24 +29,19 @@ typedef struct draft {
 /* Reads "model=DIR" (the only option) from "k=v,k=v" into dir; 1 when given, 0 when absent, -1
  * after an error. */
 static int draft_parse_options(const rlx_host *host, const char *options, char *dir, size_t size) {
-    int found = 0;
-    for (const char *p = options; p && *p;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        const char *eq = memchr(p, '=', len);
-        if (!eq || eq == p)
-            return host->error(RLX_E_INVALID, "option '%.*s' is not key=value (known: model)", (int)len, p), -1;
-        size_t key_len = (size_t)(eq - p), value_len = len - key_len - 1;
-        if (key_len != 5 || strncmp(p, "model", 5) != 0)
-            return host->error(RLX_E_INVALID, "unknown option '%.*s' (known: model)", (int)key_len, p), -1;
-        if (value_len == 0 || value_len >= size)
+    const char *cursor = options;
+    rlx_iface_option o;
+    char err[256];
+    int found = 0, rc;
+    while ((rc = rlx_iface_option_next(&cursor, &o, err, sizeof err)) > 0) {
+        if (!rlx_iface_option_is(&o, "model"))
+            return host->error(RLX_E_INVALID, "unknown option '%.*s' (known: model)", (int)o.key_len, o.key), -1;
+        if (o.value_len >= size)
             return host->error(RLX_E_INVALID, "option model needs a directory name of 1 to %zu bytes", size - 1), -1;
-        memcpy(dir, eq + 1, value_len);
-        dir[value_len] = '\0';
+        memcpy(dir, o.value, o.value_len + 1);
         found = 1;
-        p = end ? end + 1 : p + len;
     }
-    return found;
+    return rc < 0 ? (host->error(rc, "%s (known: model)", err), -1) : found;
 }
 
 /* 1 when both files exist and differ, 0 when they are identical or either is missing. */

@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "rlx/rlx.h"
+#include "rlx/speculator_iface.h"
 
 typedef struct mtp {
     const rlx_host *host;
@@ -40,39 +41,28 @@ typedef struct mtp_options {
 
 /* Reads "weights=FILE" and "layer=N" from "k=v,k=v"; a negative status after host->error. */
 static int mtp_parse_options(const rlx_host *host, const char *options, mtp_options *o) {
-    for (const char *p = options; p && *p;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        const char *eq = memchr(p, '=', len);
-        if (!eq || eq == p)
-            return host->error(RLX_E_INVALID, "option '%.*s' is not key=value (known: weights, layer)", (int)len, p);
-        size_t key_len = (size_t)(eq - p), value_len = len - key_len - 1;
-        const char *value = eq + 1;
-        if (key_len == 7 && strncmp(p, "weights", 7) == 0) {
-            if (value_len == 0 || value_len >= sizeof o->weights)
+    const char *cursor = options;
+    rlx_iface_option item;
+    char err[256];
+    long long layer;
+    int rc;
+    while ((rc = rlx_iface_option_next(&cursor, &item, err, sizeof err)) > 0) {
+        if (rlx_iface_option_is(&item, "weights")) {
+            if (item.value_len >= sizeof o->weights)
                 return host->error(RLX_E_INVALID, "option weights needs a file name of 1 to %zu bytes",
                                    sizeof o->weights - 1);
-            memcpy(o->weights, value, value_len);
-            o->weights[value_len] = '\0';
-        } else if (key_len == 5 && strncmp(p, "layer", 5) == 0) {
-            char digits[16];
-            char *stop;
-            if (value_len == 0 || value_len >= sizeof digits)
-                return host->error(RLX_E_INVALID, "option layer needs an MTP layer number, not '%.*s'", (int)value_len,
-                                   value);
-            memcpy(digits, value, value_len);
-            digits[value_len] = '\0';
-            unsigned long layer = strtoul(digits, &stop, 10);
-            if (*stop || digits[0] == '-' || layer >= RLX_MAX_LAYERS)
+            memcpy(o->weights, item.value, item.value_len + 1);
+        } else if (rlx_iface_option_is(&item, "layer")) {
+            if (!rlx_iface_option_int(&item, 0, RLX_MAX_LAYERS - 1, &layer))
                 return host->error(RLX_E_INVALID, "option layer needs an MTP layer number below %d, not '%s'",
-                                   RLX_MAX_LAYERS, digits);
+                                   RLX_MAX_LAYERS, item.value);
             o->layer = (uint32_t)layer;
         } else {
-            return host->error(RLX_E_INVALID, "unknown option '%.*s' (known: weights, layer)", (int)key_len, p);
+            return host->error(RLX_E_INVALID, "unknown option '%.*s' (known: weights, layer)", (int)item.key_len,
+                               item.key);
         }
-        p = end ? end + 1 : p + len;
     }
-    return RLX_OK;
+    return rc < 0 ? host->error(rc, "%s (known: weights, layer)", err) : RLX_OK;
 }
 
 static void mtp_close(void *self) {

@@ -79,7 +79,7 @@
 #include <grpc/support/log.h>
 #include <grpc/support/time.h>
 
-#include "rlx/transport.h"
+#include "rlx/transport_iface.h"
 
 #define GRPCT_METHOD "/rlx.Pipeline/Link"
 /* What connect sends to learn why a channel cannot connect; servers refuse it (UNIMPLEMENTED). */
@@ -265,38 +265,15 @@ static const char *grpct_state_name(grpc_connectivity_state st)
     }
 }
 
-/* Checks "host:port" / "[v6]:port" and returns the host part (may be "") and the port. */
+/* rlx_iface_split_address, with room left for the "ipv6:[...]:port" target gRPC is given. */
 static int grpct_split_address(const grpct *t, const char *address, char *host, size_t host_size, unsigned *port)
 {
-    if (!address)
-        return t->host->error(RLX_E_INVALID, "grpc: address is NULL");
-    const char *colon, *h = address;
-    size_t hlen;
-    if (address[0] == '[') {
-        const char *close = strchr(address, ']');
-        if (!close || close[1] != ':')
-            return t->host->error(RLX_E_INVALID, "grpc: address '%s' is not [IPv6]:port", address);
-        h = address + 1;
-        hlen = (size_t)(close - h);
-        colon = close + 1;
-    } else {
-        colon = strrchr(address, ':');
-        if (!colon)
-            return t->host->error(RLX_E_INVALID, "grpc: address '%s' has no port (want host:port)", address);
-        hlen = (size_t)(colon - address);
-        if (memchr(address, ':', hlen))
-            return t->host->error(RLX_E_INVALID, "grpc: address '%s': write IPv6 addresses as [addr]:port", address);
-    }
-    const char *p = colon + 1;
-    char *end;
-    const unsigned long v = strtoul(p, &end, 10);
-    if (!*p || strlen(p) > 5 || *end || v > 65535 || *p < '0' || *p > '9')
-        return t->host->error(RLX_E_INVALID, "grpc: address '%s': port must be a number from 0 to 65535", address);
-    if (hlen >= host_size || hlen + 16 >= GRPCT_ADDR_MAX)
+    char err[256];
+    const int rc = rlx_iface_split_address(address, host, host_size, port, err, sizeof err);
+    if (rc < 0)
+        return t->host->error(rc, "grpc: %s", err);
+    if (strlen(host) + 16 >= GRPCT_ADDR_MAX)
         return t->host->error(RLX_E_INVALID, "grpc: address '%s': host name too long", address);
-    memcpy(host, h, hlen);
-    host[hlen] = '\0';
-    *port = (unsigned)v;
     return RLX_OK;
 }
 
@@ -632,49 +609,32 @@ static void grpct_leave(grpct *t) { atomic_fetch_sub(&t->active, 1); }
 
 static int grpct_parse_options(grpct *t, const char *options)
 {
-    for (const char *p = options; p && *p;) {
-        const char *end = strchr(p, ',');
-        const size_t len = end ? (size_t)(end - p) : strlen(p);
-        const char *eq = memchr(p, '=', len);
-        char val[32];
-        const size_t klen = eq ? (size_t)(eq - p) : 0, vlen = eq ? len - klen - 1 : 0;
-        if (!eq || vlen == 0 || vlen >= sizeof val)
-            return t->host->error(RLX_E_INVALID, "grpc: option '%.*s' is not key=value", (int)len, p);
-        memcpy(val, eq + 1, vlen);
-        val[vlen] = '\0';
-        char *vend;
-        errno = 0;
-        unsigned long long v = strtoull(val, &vend, 10);
-        unsigned shift = 0;
-        if (*vend == 'K' || *vend == 'k')
-            shift = 10;
-        else if (*vend == 'M' || *vend == 'm')
-            shift = 20;
-        else if (*vend == 'G' || *vend == 'g')
-            shift = 30;
-        const bool is_num = !errno && vend != val && val[0] >= '0' && val[0] <= '9' && !vend[shift ? 1 : 0];
-        if (is_num && shift)
-            v = v > (unsigned long long)INT_MAX >> shift ? (unsigned long long)INT_MAX + 1 : v << shift;
-        if (klen == 11 && !memcmp(p, "max_message", 11) && is_num && v >= 1 && v <= (unsigned long long)INT_MAX + 1) {
+    const char *cursor = options;
+    rlx_iface_option o;
+    char err[256];
+    unsigned long long v;
+    long long n;
+    int rc;
+    while ((rc = rlx_iface_option_next(&cursor, &o, err, sizeof err)) > 0) {
+        if (rlx_iface_option_is(&o, "max_message") &&
+            rlx_iface_option_size(&o, 1, (unsigned long long)INT_MAX + 1, &v)) {
             t->max_message = v > INT_MAX ? INT_MAX : (int)v; /* "2G" means the largest gRPC allows */
-        } else if (klen == 9 && !memcmp(p, "linger_ms", 9) && is_num && !shift && v <= 600000) {
-            t->linger_ms = (int)v;
-        } else if (klen == 12 && !memcmp(p, "keepalive_ms", 12) && is_num && !shift && v <= 86400000) {
-            t->keepalive_ms = (int)v;
-        } else if (klen == 20 && !memcmp(p, "keepalive_timeout_ms", 20) && is_num && !shift && v >= 100 &&
-                   v <= 3600000) {
-            t->keepalive_timeout_ms = (int)v;
-        } else if (klen == 6 && !memcmp(p, "poller", 6) && (!strcmp(val, "on") || !strcmp(val, "off"))) {
-            t->use_poller = !strcmp(val, "on");
+        } else if (rlx_iface_option_is(&o, "linger_ms") && rlx_iface_option_int(&o, 0, 600000, &n)) {
+            t->linger_ms = (int)n;
+        } else if (rlx_iface_option_is(&o, "keepalive_ms") && rlx_iface_option_int(&o, 0, 86400000, &n)) {
+            t->keepalive_ms = (int)n;
+        } else if (rlx_iface_option_is(&o, "keepalive_timeout_ms") && rlx_iface_option_int(&o, 100, 3600000, &n)) {
+            t->keepalive_timeout_ms = (int)n;
+        } else if (rlx_iface_option_is(&o, "poller") && (!strcmp(o.value, "on") || !strcmp(o.value, "off"))) {
+            t->use_poller = !strcmp(o.value, "on");
         } else {
             return t->host->error(RLX_E_INVALID,
                                   "grpc: unknown or out-of-range option '%.*s' (known: max_message=N (max 2G), "
                                   "linger_ms=N, keepalive_ms=N, keepalive_timeout_ms=N, poller=on|off)",
-                                  (int)len, p);
+                                  o.item_len, o.item);
         }
-        p = end ? end + 1 : NULL;
     }
-    return RLX_OK;
+    return rc < 0 ? t->host->error(rc, "grpc: %s", err) : RLX_OK;
 }
 
 static void grpct_listener_destroy(grpct_listener *l);

@@ -40,7 +40,7 @@
 #include <nmmintrin.h>
 #endif
 
-#include "rlx/transport.h"
+#include "rlx/transport_iface.h"
 
 #define TCP_MAGIC0 'R'
 #define TCP_MAGIC1 'L'
@@ -279,39 +279,15 @@ static int tcp_wait(int fd, short events, int64_t deadline)
     }
 }
 
-/* Splits "host:port", "[v6]:port" or ":port" into host (may be "") and port. */
+/* rlx_iface_split_address with the port as text for getaddrinfo. */
 static int tcp_split_address(const tcp *s, const char *address, char *host, size_t host_size, char *port)
 {
-    if (!address)
-        return s->host->error(RLX_E_INVALID, "tcp: address is NULL");
-    const char *colon, *h = address;
-    size_t hlen;
-    if (address[0] == '[') {
-        const char *close = strchr(address, ']');
-        if (!close || close[1] != ':')
-            return s->host->error(RLX_E_INVALID, "tcp: address '%s' is not [IPv6]:port", address);
-        h = address + 1;
-        hlen = (size_t)(close - h);
-        colon = close + 1;
-    } else {
-        colon = strrchr(address, ':');
-        if (!colon)
-            return s->host->error(RLX_E_INVALID, "tcp: address '%s' has no port (want host:port)", address);
-        hlen = (size_t)(colon - address);
-        if (memchr(address, ':', hlen))
-            return s->host->error(RLX_E_INVALID, "tcp: address '%s': write IPv6 addresses as [addr]:port", address);
-    }
-    const char *p = colon + 1;
-    const size_t plen = strlen(p);
-    char *end;
-    const unsigned long v = strtoul(p, &end, 10);
-    if (plen == 0 || plen > 5 || *end || v > 65535 || p[0] == '-' || p[0] == '+' || p[0] == ' ')
-        return s->host->error(RLX_E_INVALID, "tcp: address '%s': port must be a number from 0 to 65535", address);
-    if (hlen >= host_size)
-        return s->host->error(RLX_E_INVALID, "tcp: address '%s': host name too long", address);
-    memcpy(host, h, hlen);
-    host[hlen] = '\0';
-    snprintf(port, 6, "%lu", v);
+    char err[256];
+    unsigned number;
+    const int rc = rlx_iface_split_address(address, host, host_size, &number, err, sizeof err);
+    if (rc < 0)
+        return s->host->error(rc, "tcp: %s", err);
+    snprintf(port, 6, "%u", number);
     return RLX_OK;
 }
 
@@ -361,41 +337,25 @@ static void tcp_unlink(tcp *s, tcp_node *n)
 
 static int tcp_parse_options(tcp *s, const char *options)
 {
-    for (const char *p = options; p && *p;) {
-        const char *end = strchr(p, ',');
-        const size_t len = end ? (size_t)(end - p) : strlen(p);
-        const char *eq = memchr(p, '=', len);
-        char val[32];
-        const size_t klen = eq ? (size_t)(eq - p) : 0, vlen = eq ? len - klen - 1 : 0;
-        if (!eq || vlen == 0 || vlen >= sizeof val)
-            return s->host->error(RLX_E_INVALID, "tcp: option '%.*s' is not key=value", (int)len, p);
-        memcpy(val, eq + 1, vlen);
-        val[vlen] = '\0';
-        if (klen == 11 && !memcmp(p, "max_message", 11)) {
-            char *vend;
-            errno = 0;
-            unsigned long long v = strtoull(val, &vend, 10);
-            unsigned shift = 0;
-            if (*vend == 'K' || *vend == 'k')
-                shift = 10;
-            else if (*vend == 'M' || *vend == 'm')
-                shift = 20;
-            else if (*vend == 'G' || *vend == 'g')
-                shift = 30;
-            if (shift)
-                vend++;
-            if (errno || vend == val || *vend || val[0] == '-' || v == 0 || v > (1ull << 40) >> shift)
-                return s->host->error(RLX_E_INVALID, "tcp: option '%.*s': want a size from 1 to 1T", (int)len, p);
-            s->max_message = (uint64_t)v << shift;
-        } else if (klen == 8 && !memcmp(p, "checksum", 8) && (!strcmp(val, "on") || !strcmp(val, "off"))) {
-            s->checksum = !strcmp(val, "on");
+    const char *cursor = options;
+    rlx_iface_option o;
+    char err[256];
+    unsigned long long size;
+    int rc;
+    while ((rc = rlx_iface_option_next(&cursor, &o, err, sizeof err)) > 0) {
+        if (rlx_iface_option_is(&o, "max_message")) {
+            if (!rlx_iface_option_size(&o, 1, 1ull << 40, &size))
+                return s->host->error(RLX_E_INVALID, "tcp: option '%.*s': want a size from 1 to 1T", o.item_len,
+                                      o.item);
+            s->max_message = size;
+        } else if (rlx_iface_option_is(&o, "checksum") && (!strcmp(o.value, "on") || !strcmp(o.value, "off"))) {
+            s->checksum = !strcmp(o.value, "on");
         } else {
             return s->host->error(RLX_E_INVALID, "tcp: unknown option '%.*s' (known: max_message=N, checksum=on|off)",
-                                  (int)len, p);
+                                  o.item_len, o.item);
         }
-        p = end ? end + 1 : NULL;
     }
-    return RLX_OK;
+    return rc < 0 ? s->host->error(rc, "tcp: %s", err) : RLX_OK;
 }
 
 static void tcp_listener_close(void *self, void *listener);

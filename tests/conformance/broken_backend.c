@@ -21,16 +21,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "rlx/backend.h"
+#include "rlx/backend_iface.h"
 
 static const rlx_host *host;
-
-static int64_t numel(const rlx_tensor *t) {
-    int64_t n = 1;
-    for (uint32_t i = 0; i < t->n_dims; i++)
-        n *= t->shape[i];
-    return n;
-}
 
 static int b_open(const rlx_host *h, const rlx_backend_options *opts, void **self) {
     host = h;
@@ -67,11 +60,13 @@ static int b_supports(void *self, const rlx_node_view *n) {
 #endif
 }
 
-/* x as BF16 would hold it: to nearest even (round) or toward zero. */
+/* x as BF16 would hold it: to nearest even (round), or toward zero (the BROKEN_TRUNC fault). */
 __attribute__((unused)) static float to_bf16(float f, int round) {
+    if (round)
+        return rlx_iface_bf16_to_f32(rlx_iface_f32_to_bf16(f));
     uint32_t bits;
     memcpy(&bits, &f, 4);
-    bits = (round ? bits + 0x7fffu + ((bits >> 16) & 1u) : bits) & 0xffff0000u;
+    bits &= 0xffff0000u;
     memcpy(&f, &bits, 4);
     return f;
 }
@@ -101,7 +96,7 @@ __attribute__((unused)) static uint32_t b_precision(void *self, const rlx_node_v
 static int b_compute(void *self, const rlx_node_view *n) {
     const float *a = n->inputs[0].data, *b = n->n_inputs > 1 ? n->inputs[1].data : NULL;
     float *y = n->output->data;
-    int64_t len = numel(n->output);
+    int64_t len = rlx_iface_numel(n->output);
     (void)a, (void)b, (void)y, (void)len;
 #if defined(BROKEN_ERROR)
     return host->error(RLX_E_INTERNAL, "broken-error: node '%s': deliberate failure", n->name);

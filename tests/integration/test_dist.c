@@ -202,7 +202,10 @@ static void test_deploy_errors_name_file_and_line(void **state) {
     expect_bad("stages: []\n", 1, "'stages' is empty");
     expect_bad("stages: 3\n", 1, "must be a list");
     expect_bad("stages:\n  - backend: ref\n", 2, "has no address");
-    expect_bad("stages:\n  - address: nohost\n", 2, "not host:port");
+    expect_bad("stages:\n  - address: nohost\n", 2, "has no port (want host:port)");
+    expect_bad("stages:\n  - address: ':7101'\n", 2, "has no host");
+    expect_bad("stages:\n  - address: '[]:7101'\n", 2, "has no host");
+    expect_bad("stages:\n  - address: '[::g]:7101'\n", 2, "'g' cannot appear in an IPv6 address");
     expect_bad("stages:\n  - address: a:70000\n", 2, "port must be");
     expect_bad("stages:\n  - address: a:0\n", 2, "port must be");
     expect_bad("stages:\n  - address: a b:1\n", 2, "cannot appear in a host name");

@@ -1,5 +1,5 @@
 /* A working backend that claims only ADD (and computes it), for capability-based placement. */
-#include "rlx/backend.h"
+#include "rlx/backend_iface.h"
 
 static int add_open(const rlx_host *host, const rlx_backend_options *opts, void **self) {
     *self = (void *)host;
@@ -13,7 +13,7 @@ static int add_supports(void *self, const rlx_node_view *node) { return node->op
 static int add_compute(void *self, const rlx_node_view *node) {
     const float *a = node->inputs[0].data, *b = node->inputs[1].data;
     float *out = node->output->data;
-    int64_t n = rlx_tensor_numel(node->output);
+    int64_t n = rlx_iface_numel(node->output);
     for (int64_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
     return RLX_OK;

@@ -2,7 +2,7 @@
  * older, shorter table would: must be refused instead of calling past its end. */
 #include <stddef.h>
 
-#include "rlx/backend.h"
+#include "rlx/backend_iface.h"
 
 static int t_open(const rlx_host *host, const rlx_backend_options *opts, void **self) { return RLX_OK; }
 static void t_close(void *self) {}

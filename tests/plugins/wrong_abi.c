@@ -1,5 +1,5 @@
 /* A plugin built for a future ABI major: must be refused at load time. */
-#include "rlx/backend.h"
+#include "rlx/backend_iface.h"
 
 static const rlx_plugin desc = {
     .size = sizeof(rlx_plugin),

@@ -1,5 +1,5 @@
 /* A plugin of a kind this rlx does not know. */
-#include "rlx/backend.h"
+#include "rlx/backend_iface.h"
 
 static const int table;
 

@@ -8,8 +8,9 @@
  * caller memory before each run, a WEIGHT is bound once at build time (usually to a mapped
  * safetensors region), and an ACTIVATION lives in the scheduler's arena.
  *
- * rlx_tensor, rlx_op_params and rlx_node_view are part of the plugin ABI (see backend.h): they
- * use fixed-width fields and only grow by appending members. */
+ * rlx_dtype, rlx_tensor, rlx_op, rlx_op_params and rlx_node_view are part of the plugin ABI and
+ * live in rlx/backend_iface.h (included here): they use fixed-width fields and only grow by
+ * appending members. */
 #ifndef RLX_GRAPH_H
 #define RLX_GRAPH_H
 
@@ -17,90 +18,12 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "rlx/backend_iface.h"
 #include "rlx/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef enum rlx_dtype {
-    RLX_DTYPE_F32 = 0,
-    RLX_DTYPE_BF16 = 1,
-    RLX_DTYPE_F16 = 2,
-    RLX_DTYPE_I32 = 3,
-    RLX_DTYPE_COUNT
-} rlx_dtype;
-
-#define RLX_MAX_DIMS 4
-
-typedef struct rlx_tensor {
-    uint32_t dtype;               /* rlx_dtype */
-    uint32_t n_dims;              /* 1..RLX_MAX_DIMS */
-    int64_t shape[RLX_MAX_DIMS];  /* outermost first; unused entries are 1 */
-    void *data;                   /* NULL while planning; bound memory while running */
-} rlx_tensor;
-
-/* The ops. Shapes use T = tokens in this run, H = hidden size, D = head_dim.
- *   EMBED       (ids I32[T], table[V,H])                       -> F32[T,H]; ids must be < V
- *   MATMUL      (x F32[T,K], w[N,K] [, bias[N]])                -> F32[T,N]  y = x w^T + b
- *   RMS_NORM    (x F32[T,C], w[G])                              -> F32[T,C]; C % G == 0, each
- *               group of G values is normalised on its own (G == D gives per-head norm)
- *   ROPE        (x F32[T,n*D], pos I32[T])                      -> F32[T,n*D]; NeoX rotate-half
- *               over the whole head_dim with base rope_theta
- *   ATTENTION   (q F32[T,Hq*D], k F32[T,Hkv*D], v F32[T,Hkv*D], pos I32[T],
- *                k_cache F32[C,Hkv*D], v_cache F32[C,Hkv*D])   -> F32[T,Hq*D]
- *               writes row t of k and v into cache row pos[t], then lets query t attend to
- *               cache rows j <= pos[t] (and pos[t] - j < window when window > 0), GQA with
- *               Hq/Hkv queries per KV head, softmax scaled by `scale`
- *   SWIGLU      (gate F32[T,F], up F32[T,F])                    -> F32[T,F]  silu(gate) * up
- *   ADD         (a F32[T,C], b F32[T,C])                        -> F32[T,C]
- *   GATHER_LAST (x F32[T,C])                                    -> F32[1,C]  row T-1
- *   MOE         (x F32[T,H], router[E,H], then for each expert e: gate_e[F,H], up_e[F,H],
- *                down_e[H,F])                                   -> F32[T,H]
- *               softmax over router logits, top_k experts per token (renormalised to sum 1
- *               when norm_topk_prob), output = sum_k p_k * down_e(silu(gate_e x) * up_e x)
- *   CONCAT      (a F32[T,A], b F32[T,B])                        -> F32[T,A+B]  rows side by side
- *               (ABI 1.1; backends built for 1.0 do not claim it and the reference kernel runs it)
- * Weights (table, w, router, expert matrices) may be F32, BF16 or F16; bias and norm weights
- * likewise. */
-typedef enum rlx_op {
-    RLX_OP_EMBED = 1,
-    RLX_OP_MATMUL = 2,
-    RLX_OP_RMS_NORM = 3,
-    RLX_OP_ROPE = 4,
-    RLX_OP_ATTENTION = 5,
-    RLX_OP_SWIGLU = 6,
-    RLX_OP_ADD = 7,
-    RLX_OP_GATHER_LAST = 8,
-    RLX_OP_MOE = 9,
-    RLX_OP_CONCAT = 10,
-    RLX_OP_COUNT
-} rlx_op;
-
-typedef struct rlx_op_params {
-    float eps;            /* RMS_NORM */
-    float rope_theta;     /* ROPE */
-    float scale;          /* ATTENTION: softmax scale, usually 1/sqrt(D) */
-    uint32_t head_dim;    /* ROPE, ATTENTION */
-    uint32_t n_heads;     /* ATTENTION: query heads */
-    uint32_t n_kv_heads;  /* ATTENTION */
-    uint32_t window;      /* ATTENTION: sliding window in positions, 0 = none */
-    uint32_t n_experts;   /* MOE */
-    uint32_t top_k;       /* MOE */
-    uint32_t norm_topk;   /* MOE: 1 = renormalise the top-k probabilities */
-    uint32_t layer;       /* informational: model layer the node belongs to */
-    uint32_t reserved[5]; /* zero */
-} rlx_op_params;
-
-/* What a backend sees of one node, at planning time (data pointers NULL) and at run time. */
-typedef struct rlx_node_view {
-    uint32_t op;               /* rlx_op */
-    uint32_t n_inputs;
-    const rlx_tensor *inputs;  /* n_inputs entries, in the order documented above */
-    rlx_tensor *output;
-    const rlx_op_params *params;
-    const char *name;          /* node name for messages, e.g. "layers.3.attn.q_proj" */
-} rlx_node_view;
 
 typedef enum rlx_tensor_role {
     RLX_ROLE_INPUT = 0,

@@ -7,71 +7,21 @@
  * major is refused at load time with a message naming the file and both versions.
  *
  * The core hands each plugin an rlx_host table (logging, errors, aligned allocation) so a
- * plugin needs no link-time dependency on librlx. */
+ * plugin needs no link-time dependency on librlx. The types a plugin fills in live in
+ * rlx/plugin_iface.h (and one header per kind: backend_iface.h, transport_iface.h,
+ * speculator_iface.h), which is all a plugin includes; this header adds the loader. */
 #ifndef RLX_PLUGIN_H
 #define RLX_PLUGIN_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rlx/plugin_iface.h"
 #include "rlx/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define RLX_ABI_MAJOR 1
-#define RLX_ABI_MINOR 2
-
-#define RLX_PLUGIN_EXPORT __attribute__((visibility("default")))
-#define RLX_PLUGIN_ENTRY_SYMBOL "rlx_plugin_entry"
-
-/* True when a table of type T that reports `size` bytes contains member m. */
-#define RLX_HAS(T, p, m) ((p)->size >= offsetof(T, m) + sizeof(((T *)0)->m))
-
-typedef enum rlx_plugin_kind {
-    RLX_PLUGIN_BACKEND = 1,
-    RLX_PLUGIN_TRANSPORT = 2,
-    RLX_PLUGIN_SPECULATOR = 3
-} rlx_plugin_kind;
-
-/* Log levels. The application decides what it prints (rlx shows RLX_LOG_DEBUG only with -v),
- * so the level is how a plugin says who a line is for: RLX_LOG_DEBUG is detail only a verbose
- * run wants, such as what a library the plugin wraps logs itself. */
-enum { RLX_LOG_ERROR = 0, RLX_LOG_WARN = 1, RLX_LOG_INFO = 2, RLX_LOG_DEBUG = 3 };
-
-/* The core's services for plugins. Valid from rlx_plugin_entry until the plugin is unloaded. */
-typedef struct rlx_host {
-    uint32_t size;      /* sizeof(rlx_host) of the core */
-    uint32_t abi_major; /* RLX_ABI_MAJOR of the core */
-    uint32_t abi_minor; /* RLX_ABI_MINOR of the core */
-    uint32_t reserved;
-    /* Logs one line (no trailing newline needed). Thread-safe. */
-    void (*log)(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-    /* Records the calling thread's error detail and returns status, like rlx_error(). */
-    int (*error)(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-    /* Aligned allocation (align a power of two >= sizeof(void *)); NULL on failure.
-     * Memory from alloc is released with free, by whichever side holds it last; free(NULL) is
-     * a no-op. */
-    void *(*alloc)(size_t size, size_t align);
-    void (*free)(void *p);
-} rlx_host;
-
-/* The descriptor a plugin returns. Must stay valid until the plugin is unloaded. */
-typedef struct rlx_plugin {
-    uint32_t size;       /* sizeof(rlx_plugin) the plugin was built with */
-    uint32_t abi_major;  /* RLX_ABI_MAJOR the plugin was built with */
-    uint32_t abi_minor;  /* RLX_ABI_MINOR the plugin was built with */
-    uint32_t kind;       /* rlx_plugin_kind */
-    const char *name;    /* matched case-insensitively, e.g. "cpu-blas" */
-    const char *version; /* the plugin's own version, e.g. "0.1.0" */
-    const char *summary; /* one line for `rlx plugins` */
-    const void *iface;   /* the kind's table: rlx_backend_iface for RLX_PLUGIN_BACKEND */
-} rlx_plugin;
-
-/* The entry point every plugin exports. Returns NULL if the plugin cannot run with this host
- * (it may call host->error first to say why). */
-typedef const rlx_plugin *(*rlx_plugin_entry_fn)(const rlx_host *host);
 
 /* ---- loader (core side) ---- */
 

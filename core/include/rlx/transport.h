@@ -1,57 +1,9 @@
-/* Transports move opaque messages (protobuf-encoded rlx.Envelope bytes, see proto/rlx.proto)
- * between a driver and its pipeline stages. A transport plugin returns an rlx_plugin
- * descriptor of kind RLX_PLUGIN_TRANSPORT whose iface is an rlx_transport_iface.
- *
- * Contracts for transport authors:
- * - Addresses are "host:port" (IPv4 dotted quad, a host name, or [IPv6]:port).
- * - A connection carries whole messages in order, both ways. Messages can be large (a prefill's
- *   hidden states, a row of logits per position): at least 1 GiB must be accepted.
- * - Every call that waits takes a timeout in milliseconds (never infinite) and returns
- *   RLX_E_TIMEOUT when it expires; a closed or failed peer is RLX_E_PEER; a malformed frame
- *   is RLX_E_FORMAT. Messages say which address failed and why.
- * - Calls on one connection come from one thread at a time; different connections may be used
- *   from different threads. recv hands over a buffer from host->alloc that the caller frees
- *   with host->free.
- * - Failures are returned (host->error), never logged as well. A library the transport wraps
- *   logs through host->log at RLX_LOG_DEBUG with a prefix naming it, so an application shows it
- *   only when asked to be verbose; nothing goes to stderr directly. */
+/* Transports: what a transport plugin implements (rlx_transport_iface and its contracts) is in
+ * rlx/transport_iface.h, included here; this header adds nothing yet for core users beyond it. */
 #ifndef RLX_TRANSPORT_H
 #define RLX_TRANSPORT_H
 
-#include <stddef.h>
-#include <stdint.h>
-
 #include "rlx/plugin.h"
+#include "rlx/transport_iface.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-typedef struct rlx_transport_iface {
-    uint32_t size; /* sizeof(rlx_transport_iface) the plugin was built with */
-    uint32_t reserved;
-    /* Version 1.0 */
-    int (*open)(const rlx_host *host, const char *options, void **self); /* required; options may be NULL */
-    void (*close)(void *self);                                           /* required */
-    /* Binds and listens on address ("0.0.0.0:7101"; port 0 picks a free one, see bound_address).
-     * A port another socket holds is RLX_E_IO with a message saying the port is in use. */
-    int (*listen)(void *self, const char *address, void **listener);    /* required */
-    /* Waits up to timeout_ms for a peer; RLX_E_TIMEOUT when none came. */
-    int (*accept)(void *self, void *listener, int timeout_ms, void **conn); /* required */
-    /* The address the listener is bound to, written to buf (for port 0). */
-    int (*bound_address)(void *self, void *listener, char *buf, size_t size); /* required */
-    void (*listener_close)(void *self, void *listener);                       /* required */
-    /* Connects within timeout_ms, retrying while the peer is not yet listening. When the deadline
-     * passes: RLX_E_PEER if the last attempt was refused (the host answered, nothing listens on
-     * the port), RLX_E_TIMEOUT if nothing answered or a peer accepted but never completed the
-     * transport's own handshake (the message says which, when the transport can tell). */
-    int (*connect)(void *self, const char *address, int timeout_ms, void **conn); /* required */
-    int (*send)(void *self, void *conn, const void *data, size_t len, int timeout_ms); /* required */
-    int (*recv)(void *self, void *conn, void **data, size_t *len, int timeout_ms);     /* required */
-    void (*conn_close)(void *self, void *conn);                                        /* required */
-} rlx_transport_iface;
-
-#ifdef __cplusplus
-}
-#endif
 #endif

@@ -15,8 +15,6 @@ struct rlx_backend {
 
 extern const rlx_backend_iface rlx__ref_backend_iface;
 
-float rlx__half_to_float(uint16_t h);
-float rlx__bf16_to_float(uint16_t h);
 /* Element i of data stored as dtype (F32, BF16 or F16), as float. */
 float rlx__load(const void *data, uint32_t dtype, size_t i);
 

@@ -9,47 +9,17 @@
 
 #include "backend/backend_impl.h"
 
-float rlx__half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else if (exp == 0) {
-        if (mant == 0) {
-            bits = sign;
-        } else { /* subnormal: renormalise */
-            int e = -1;
-            do {
-                e++;
-                mant <<= 1;
-            } while (!(mant & 0x400));
-            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((mant & 0x3ff) << 13);
-        }
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-float rlx__bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
 float rlx__load(const void *data, uint32_t dtype, size_t i) {
     switch (dtype) {
     case RLX_DTYPE_BF16: {
         uint16_t h;
         memcpy(&h, (const char *)data + 2 * i, 2);
-        return rlx__bf16_to_float(h);
+        return rlx_iface_bf16_to_f32(h);
     }
     case RLX_DTYPE_F16: {
         uint16_t h;
         memcpy(&h, (const char *)data + 2 * i, 2);
-        return rlx__half_to_float(h);
+        return rlx_iface_f16_to_f32(h);
     }
     default: {
         float f;
@@ -59,14 +29,8 @@ float rlx__load(const void *data, uint32_t dtype, size_t i) {
     }
 }
 
-/* Round to nearest even, as BF16 hardware does; NaN stays a (quiet) NaN. */
-static float round_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    bits = f != f ? (bits | 0x00400000u) & 0xffff0000u : (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
+/* f as BF16 holds it (rlx_iface_f32_to_bf16: nearest even, NaN stays a quiet NaN). */
+static float round_bf16(float f) { return rlx_iface_bf16_to_f32(rlx_iface_f32_to_bf16(f)); }
 
 /* The n inputs of a matmul as it reads them: x itself, or with act_bf16 dst holding x rounded
  * to BF16 (dst may be x). */

@@ -11,6 +11,7 @@
 #include <yaml.h>
 
 #include "rlx/deploy.h"
+#include "rlx/transport_iface.h"
 
 struct rlx_deploy {
     char *path;
@@ -98,31 +99,23 @@ static rlx_status get_float(const parse *p, const char *key, const yaml_node_t *
 rlx_status rlx_deploy_check_address(const char *address, int allow_port_0) {
     if (!address || !*address)
         return rlx_error(RLX_E_INVALID, "empty address (expected host:port)");
-    const char *colon;
-    if (address[0] == '[') {
-        const char *close = strchr(address, ']');
-        if (!close || close == address + 1 || close[1] != ':')
-            return rlx_error(RLX_E_INVALID, "'%s' is not [IPv6]:port", address);
-        for (const char *c = address + 1; c < close; c++)
-            if (!isxdigit((unsigned char)*c) && *c != ':' && *c != '.')
-                return rlx_error(RLX_E_INVALID, "'%s': '%c' cannot appear in an IPv6 address", address, *c);
-        colon = close + 1;
-    } else {
-        colon = strrchr(address, ':');
-        if (!colon || colon == address)
-            return rlx_error(RLX_E_INVALID, "'%s' is not host:port", address);
-        for (const char *c = address; c < colon; c++)
-            if (!isalnum((unsigned char)*c) && *c != '.' && *c != '-' && *c != '_')
-                return rlx_error(RLX_E_INVALID, "'%s': '%c' cannot appear in a host name (IPv6 needs [brackets])",
-                                 address, *c);
+    char host[256], err[512];
+    unsigned port;
+    if (rlx_iface_split_address(address, host, sizeof host, &port, err, sizeof err) < 0)
+        return rlx_error(RLX_E_INVALID, "%s", err);
+    /* the transports accept an empty host (any interface); a deployment names its stages */
+    if (!*host)
+        return rlx_error(RLX_E_INVALID, "'%s' has no host (want host:port)", address);
+    const int v6 = address[0] == '[';
+    for (const char *c = host; *c; c++) {
+        if (v6 && !isxdigit((unsigned char)*c) && *c != ':' && *c != '.')
+            return rlx_error(RLX_E_INVALID, "'%s': '%c' cannot appear in an IPv6 address", address, *c);
+        if (!v6 && !isalnum((unsigned char)*c) && *c != '.' && *c != '-' && *c != '_')
+            return rlx_error(RLX_E_INVALID, "'%s': '%c' cannot appear in a host name (IPv6 needs [brackets])",
+                             address, *c);
     }
-    const char *port = colon + 1;
-    char *end;
-    errno = 0;
-    unsigned long v = isdigit((unsigned char)*port) ? strtoul(port, &end, 10) : 0;
-    if (!isdigit((unsigned char)*port) || errno || *end || v > 65535 || (v == 0 && !allow_port_0))
-        return rlx_error(RLX_E_INVALID, "'%s': the port must be a number from %d to 65535", address,
-                         allow_port_0 ? 0 : 1);
+    if (port == 0 && !allow_port_0)
+        return rlx_error(RLX_E_INVALID, "'%s': the port must be a number from 1 to 65535", address);
     return RLX_OK;
 }
 

@@ -6,18 +6,7 @@
 
 #include "graph/graph_impl.h"
 
-size_t rlx_dtype_size(int dtype) {
-    switch (dtype) {
-    case RLX_DTYPE_F32:
-    case RLX_DTYPE_I32:
-        return 4;
-    case RLX_DTYPE_BF16:
-    case RLX_DTYPE_F16:
-        return 2;
-    default:
-        return 0;
-    }
-}
+size_t rlx_dtype_size(int dtype) { return dtype < 0 ? 0 : rlx_iface_dtype_size((uint32_t)dtype); }
 
 const char *rlx_dtype_name(int dtype) {
     static const char *const names[] = {"f32", "bf16", "f16", "i32"};
@@ -31,12 +20,7 @@ const char *rlx_op_name(int op) {
     return op > 0 && op < RLX_OP_COUNT ? names[op] : "?";
 }
 
-int64_t rlx_tensor_numel(const rlx_tensor *t) {
-    int64_t n = 1;
-    for (uint32_t i = 0; i < t->n_dims; i++)
-        n *= t->shape[i];
-    return n;
-}
+int64_t rlx_tensor_numel(const rlx_tensor *t) { return rlx_iface_numel(t); }
 
 size_t rlx__tensor_nbytes(const rlx_tensor *t) { return (size_t)rlx_tensor_numel(t) * rlx_dtype_size((int)t->dtype); }
 

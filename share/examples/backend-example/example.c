@@ -1,4 +1,5 @@
-/* example: a small rlx backend plugin written against the installed SDK only (<rlx/backend.h>).
+/* example: a small rlx backend plugin written against the installed SDK only (<rlx/backend_iface.h>,
+ * the header for backend authors: its types and static inline helpers, nothing to link).
  *
  * It computes MATMUL (F32, BF16 or F16 weights, optional bias), ADD, SWIGLU and RMS_NORM with
  * plain portable C on the calling thread, and claims nothing else: the scheduler runs every
@@ -8,9 +9,8 @@
  * host. Correctness over speed: sums are accumulated in double. */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
-#include <rlx/backend.h>
+#include <rlx/backend_iface.h>
 
 /* One instance per rlx_backend_create(); the host table outlives it. */
 typedef struct example {
@@ -19,17 +19,8 @@ typedef struct example {
 } example;
 
 // ---------------------------------------------------------------------------------------------
-// Tensors: dense, row-major; activations F32 [rows, cols], weights F32/BF16/F16
-
-static int64_t example_numel(const rlx_tensor *t) {
-    int64_t n = 1;
-    for (uint32_t i = 0; i < t->n_dims; i++)
-        n *= t->shape[i];
-    return n;
-}
-
-static int64_t example_cols(const rlx_tensor *t) { return t->shape[t->n_dims - 1]; }
-static int64_t example_rows(const rlx_tensor *t) { return example_numel(t) / example_cols(t); }
+// Tensors: dense, row-major; activations F32 [rows, cols], weights F32/BF16/F16. Shapes
+// (rlx_iface_numel, _rows, _cols) and exact widening (rlx_iface_load_f32) are the header's.
 
 static int example_is_weight_dtype(uint32_t dt) {
     return dt == RLX_DTYPE_F32 || dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16;
@@ -37,39 +28,7 @@ static int example_is_weight_dtype(uint32_t dt) {
 
 /* An F32 activation of rows x cols. */
 static int example_is_act(const rlx_tensor *t, int64_t rows, int64_t cols) {
-    return t->dtype == RLX_DTYPE_F32 && t->n_dims >= 1 && example_cols(t) == cols && example_rows(t) == rows;
-}
-
-static float example_f16(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-    if (exp == 0x1f) { /* inf, nan */
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else if (exp == 0) { /* zero, subnormal */
-        float f = (float)mant * (1.0f / 16777216.0f); /* mant * 2^-24 */
-        return sign ? -f : f;
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* Element i of a weight, widened to float (exact for all three dtypes). */
-static float example_load(const rlx_tensor *t, int64_t i) {
-    const uint16_t *h = t->data;
-    switch (t->dtype) {
-    case RLX_DTYPE_BF16: {
-        uint32_t bits = (uint32_t)h[i] << 16;
-        float f;
-        memcpy(&f, &bits, sizeof f);
-        return f;
-    }
-    case RLX_DTYPE_F16:
-        return example_f16(h[i]);
-    default:
-        return ((const float *)t->data)[i];
-    }
+    return t->dtype == RLX_DTYPE_F32 && t->n_dims >= 1 && rlx_iface_cols(t) == cols && rlx_iface_rows(t) == rows;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -79,17 +38,17 @@ static int example_check(const rlx_node_view *n) {
     const rlx_tensor *in = n->inputs, *out = n->output;
     if (!out || out->dtype != RLX_DTYPE_F32 || out->n_dims < 1 || (n->n_inputs && !in))
         return 0;
-    const int64_t rows = example_rows(out), cols = example_cols(out);
+    const int64_t rows = rlx_iface_rows(out), cols = rlx_iface_cols(out);
     switch (n->op) {
     case RLX_OP_MATMUL: { /* x F32[T,K], w[N,K] (+ bias[N]) -> F32[T,N] */
         if (n->n_inputs != 2 && n->n_inputs != 3)
             return 0;
         const rlx_tensor *x = &in[0], *w = &in[1];
-        const int64_t k = example_cols(x);
+        const int64_t k = rlx_iface_cols(x);
         if (!example_is_act(x, rows, k) || !example_is_weight_dtype(w->dtype) || w->n_dims != 2 ||
             w->shape[0] != cols || w->shape[1] != k)
             return 0;
-        return n->n_inputs == 2 || (example_is_weight_dtype(in[2].dtype) && example_numel(&in[2]) == cols);
+        return n->n_inputs == 2 || (example_is_weight_dtype(in[2].dtype) && rlx_iface_numel(&in[2]) == cols);
     }
     case RLX_OP_ADD:    /* a, b F32[T,C] -> F32[T,C] */
     case RLX_OP_SWIGLU: /* gate, up F32[T,F] -> F32[T,F] */
@@ -98,7 +57,7 @@ static int example_check(const rlx_node_view *n) {
         if (n->n_inputs != 2 || !n->params || !example_is_act(&in[0], rows, cols) ||
             !example_is_weight_dtype(in[1].dtype))
             return 0;
-        const int64_t g = example_numel(&in[1]);
+        const int64_t g = rlx_iface_numel(&in[1]);
         return g >= 1 && cols % g == 0;
     }
     default:
@@ -113,12 +72,12 @@ static void example_matmul(const rlx_node_view *n) {
     const rlx_tensor *x = &n->inputs[0], *w = &n->inputs[1], *bias = n->n_inputs > 2 ? &n->inputs[2] : NULL;
     const float *xs = x->data;
     float *y = n->output->data;
-    const int64_t t_len = example_rows(x), k_len = example_cols(x), n_out = w->shape[0];
+    const int64_t t_len = rlx_iface_rows(x), k_len = rlx_iface_cols(x), n_out = w->shape[0];
     for (int64_t t = 0; t < t_len; t++)
         for (int64_t o = 0; o < n_out; o++) {
-            double acc = bias ? example_load(bias, o) : 0.0;
+            double acc = bias ? rlx_iface_load_f32(bias->dtype, bias->data, o) : 0.0;
             for (int64_t k = 0; k < k_len; k++)
-                acc += (double)xs[t * k_len + k] * example_load(w, o * k_len + k);
+                acc += (double)xs[t * k_len + k] * rlx_iface_load_f32(w->dtype, w->data, o * k_len + k);
             y[t * n_out + o] = (float)acc;
         }
 }
@@ -126,14 +85,14 @@ static void example_matmul(const rlx_node_view *n) {
 static void example_add(const rlx_node_view *n) {
     const float *a = n->inputs[0].data, *b = n->inputs[1].data;
     float *y = n->output->data;
-    for (int64_t i = 0, len = example_numel(n->output); i < len; i++)
+    for (int64_t i = 0, len = rlx_iface_numel(n->output); i < len; i++)
         y[i] = a[i] + b[i];
 }
 
 static void example_swiglu(const rlx_node_view *n) {
     const float *gate = n->inputs[0].data, *up = n->inputs[1].data;
     float *y = n->output->data;
-    for (int64_t i = 0, len = example_numel(n->output); i < len; i++)
+    for (int64_t i = 0, len = rlx_iface_numel(n->output); i < len; i++)
         y[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
@@ -141,7 +100,7 @@ static void example_rms_norm(const rlx_node_view *n) {
     const rlx_tensor *w = &n->inputs[1];
     const float *x = n->inputs[0].data;
     float *y = n->output->data;
-    const int64_t g_len = example_numel(w), groups = example_numel(n->output) / g_len;
+    const int64_t g_len = rlx_iface_numel(w), groups = rlx_iface_numel(n->output) / g_len;
     for (int64_t g = 0; g < groups; g++) {
         const float *in = x + g * g_len;
         double ss = 0;
@@ -149,7 +108,7 @@ static void example_rms_norm(const rlx_node_view *n) {
             ss += (double)in[j] * in[j];
         const double inv = 1.0 / sqrt(ss / (double)g_len + n->params->eps);
         for (int64_t j = 0; j < g_len; j++)
-            y[g * g_len + j] = (float)(in[j] * inv * example_load(w, j));
+            y[g * g_len + j] = (float)(in[j] * inv * rlx_iface_load_f32(w->dtype, w->data, j));
     }
 }
 

@@ -1,0 +1,279 @@
+/* Backends execute graph nodes. A backend plugin returns an rlx_plugin descriptor of kind
+ * RLX_PLUGIN_BACKEND whose iface is an rlx_backend_iface.
+ *
+ * Contracts for backend authors:
+ * - open() creates one backend instance; everything it allocates is released by close().
+ * - supports() is asked once per node at planning time (tensor data pointers are NULL); it must
+ *   not fail, only answer. The scheduler gives a node to the first backend of the caller's list
+ *   that supports it, and the core's reference kernels run what no backend claims.
+ * - compute() runs one node whose inputs and output are bound to host memory: row-major,
+ *   contiguous, aligned to 64 bytes for activations. The scheduler never lets a node's output
+ *   share memory with its inputs. It must write the whole output and may not
+ *   keep pointers to the tensors after it returns, except to WEIGHT data, which stays valid and
+ *   unchanged until close() (so a backend may cache repacked weights keyed by pointer).
+ * - Calls on one instance come from one thread at a time; a backend may use its own threads
+ *   inside a call. Errors are reported by returning a negative status after host->error().
+ * - A backend plugin includes only this header (which brings rlx/plugin_iface.h); the helpers
+ *   at its end (numel, dtype sizes, F16/BF16 conversion) are static inline, so a backend does
+ *   not link librlx.
+ * - Members marked "1.2" are optional: the core calls one only when the plugin's descriptor says
+ *   abi_minor >= 2 and the table's size covers it, and otherwise uses the documented default. */
+#ifndef RLX_BACKEND_IFACE_H
+#define RLX_BACKEND_IFACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "rlx/plugin_iface.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum rlx_dtype {
+    RLX_DTYPE_F32 = 0,
+    RLX_DTYPE_BF16 = 1,
+    RLX_DTYPE_F16 = 2,
+    RLX_DTYPE_I32 = 3,
+    RLX_DTYPE_COUNT
+} rlx_dtype;
+
+#define RLX_MAX_DIMS 4
+
+typedef struct rlx_tensor {
+    uint32_t dtype;               /* rlx_dtype */
+    uint32_t n_dims;              /* 1..RLX_MAX_DIMS */
+    int64_t shape[RLX_MAX_DIMS];  /* outermost first; unused entries are 1 */
+    void *data;                   /* NULL while planning; bound memory while running */
+} rlx_tensor;
+
+/* The ops. Shapes use T = tokens in this run, H = hidden size, D = head_dim.
+ *   EMBED       (ids I32[T], table[V,H])                       -> F32[T,H]; ids must be < V
+ *   MATMUL      (x F32[T,K], w[N,K] [, bias[N]])                -> F32[T,N]  y = x w^T + b
+ *   RMS_NORM    (x F32[T,C], w[G])                              -> F32[T,C]; C % G == 0, each
+ *               group of G values is normalised on its own (G == D gives per-head norm)
+ *   ROPE        (x F32[T,n*D], pos I32[T])                      -> F32[T,n*D]; NeoX rotate-half
+ *               over the whole head_dim with base rope_theta
+ *   ATTENTION   (q F32[T,Hq*D], k F32[T,Hkv*D], v F32[T,Hkv*D], pos I32[T],
+ *                k_cache F32[C,Hkv*D], v_cache F32[C,Hkv*D])   -> F32[T,Hq*D]
+ *               writes row t of k and v into cache row pos[t], then lets query t attend to
+ *               cache rows j <= pos[t] (and pos[t] - j < window when window > 0), GQA with
+ *               Hq/Hkv queries per KV head, softmax scaled by `scale`
+ *   SWIGLU      (gate F32[T,F], up F32[T,F])                    -> F32[T,F]  silu(gate) * up
+ *   ADD         (a F32[T,C], b F32[T,C])                        -> F32[T,C]
+ *   GATHER_LAST (x F32[T,C])                                    -> F32[1,C]  row T-1
+ *   MOE         (x F32[T,H], router[E,H], then for each expert e: gate_e[F,H], up_e[F,H],
+ *                down_e[H,F])                                   -> F32[T,H]
+ *               softmax over router logits, top_k experts per token (renormalised to sum 1
+ *               when norm_topk_prob), output = sum_k p_k * down_e(silu(gate_e x) * up_e x)
+ *   CONCAT      (a F32[T,A], b F32[T,B])                        -> F32[T,A+B]  rows side by side
+ *               (ABI 1.1; backends built for 1.0 do not claim it and the reference kernel runs it)
+ * Weights (table, w, router, expert matrices) may be F32, BF16 or F16; bias and norm weights
+ * likewise. */
+typedef enum rlx_op {
+    RLX_OP_EMBED = 1,
+    RLX_OP_MATMUL = 2,
+    RLX_OP_RMS_NORM = 3,
+    RLX_OP_ROPE = 4,
+    RLX_OP_ATTENTION = 5,
+    RLX_OP_SWIGLU = 6,
+    RLX_OP_ADD = 7,
+    RLX_OP_GATHER_LAST = 8,
+    RLX_OP_MOE = 9,
+    RLX_OP_CONCAT = 10,
+    RLX_OP_COUNT
+} rlx_op;
+
+typedef struct rlx_op_params {
+    float eps;            /* RMS_NORM */
+    float rope_theta;     /* ROPE */
+    float scale;          /* ATTENTION: softmax scale, usually 1/sqrt(D) */
+    uint32_t head_dim;    /* ROPE, ATTENTION */
+    uint32_t n_heads;     /* ATTENTION: query heads */
+    uint32_t n_kv_heads;  /* ATTENTION */
+    uint32_t window;      /* ATTENTION: sliding window in positions, 0 = none */
+    uint32_t n_experts;   /* MOE */
+    uint32_t top_k;       /* MOE */
+    uint32_t norm_topk;   /* MOE: 1 = renormalise the top-k probabilities */
+    uint32_t layer;       /* informational: model layer the node belongs to */
+    uint32_t reserved[5]; /* zero */
+} rlx_op_params;
+
+/* What a backend sees of one node, at planning time (data pointers NULL) and at run time. */
+typedef struct rlx_node_view {
+    uint32_t op;               /* rlx_op */
+    uint32_t n_inputs;
+    const rlx_tensor *inputs;  /* n_inputs entries, in the order documented above */
+    rlx_tensor *output;
+    const rlx_op_params *params;
+    const char *name;          /* node name for messages, e.g. "layers.3.attn.q_proj" */
+} rlx_node_view;
+
+typedef struct rlx_backend_options {
+    uint32_t size;      /* sizeof(rlx_backend_options) of the core */
+    uint32_t n_threads; /* threads the backend may use; 0 = its own default */
+    const char *extra;  /* free-form "key=value,key=value" backend options, may be NULL */
+} rlx_backend_options;
+
+/* How a backend computes a node: what its error against exact arithmetic is bounded by. Tests
+ * (the conformance kit, the golden checks) take their tolerances from it. */
+typedef enum rlx_precision {
+    /* F32 arithmetic on weights widened exactly from their stored dtype: only the rounding of
+     * F32 sums (about 1e-6 relative) separates the result from exact arithmetic. */
+    RLX_PRECISION_F32 = 0,
+    /* MATMUL inputs (the activations x) rounded to BF16, nearest even, then multiplied by the
+     * (BF16) weights exactly and summed in F32: |y - exact| <= 2^-8 * sum_k |x_k w_k| plus the
+     * F32 summation error. On MOE: the experts' matmul inputs likewise, the router exact. */
+    RLX_PRECISION_BF16_ACT = 1,
+    RLX_PRECISION_COUNT
+} rlx_precision;
+
+typedef struct rlx_backend_iface {
+    uint32_t size; /* sizeof(rlx_backend_iface) the plugin was built with */
+    uint32_t reserved;
+    /* Version 1.0 */
+    int (*open)(const rlx_host *host, const rlx_backend_options *opts, void **self); /* required */
+    void (*close)(void *self);                                                       /* required */
+    int (*supports)(void *self, const rlx_node_view *node); /* required: 1 yes, 0 no */
+    int (*compute)(void *self, const rlx_node_view *node);  /* required */
+    /* Version 1.2 */
+    /* How the backend computes `node` (rlx_precision), asked at planning time after supports()
+     * said yes (data pointers NULL). Optional; default RLX_PRECISION_F32. */
+    uint32_t (*precision)(void *self, const rlx_node_view *node);
+    /* One line saying what this instance runs on, for `rlx plugins -v` and benchmark records:
+     * kernel ISA, library cores, threads ("avx2 kernels, OpenBLAS core Zen, 2 threads").
+     * Borrowed until close(). Optional; default "". */
+    const char *(*describe)(void *self);
+} rlx_backend_iface;
+
+/* ---- helpers for backend authors (static inline: nothing to link) ---- */
+
+/* Number of elements of t: the product of its n_dims dimensions. */
+static inline int64_t rlx_iface_numel(const rlx_tensor *t)
+{
+    int64_t n = 1;
+    for (uint32_t i = 0; i < t->n_dims; i++)
+        n *= t->shape[i];
+    return n;
+}
+
+/* The innermost dimension of t (n_dims >= 1): the row length of a row-major tensor. */
+static inline int64_t rlx_iface_cols(const rlx_tensor *t)
+{
+    return t->shape[t->n_dims - 1];
+}
+
+/* Rows of t: the product of every dimension but the innermost (1 for a vector). */
+static inline int64_t rlx_iface_rows(const rlx_tensor *t)
+{
+    int64_t r = 1;
+    for (uint32_t i = 0; i + 1 < t->n_dims; i++)
+        r *= t->shape[i];
+    return r;
+}
+
+/* Bytes of one element of dtype (rlx_dtype); 0 for an unknown dtype. */
+static inline size_t rlx_iface_dtype_size(uint32_t dtype)
+{
+    switch (dtype) {
+    case RLX_DTYPE_F32:
+    case RLX_DTYPE_I32:
+        return 4;
+    case RLX_DTYPE_BF16:
+    case RLX_DTYPE_F16:
+        return 2;
+    default:
+        return 0;
+    }
+}
+
+/* BF16 bits widened to F32: exact (BF16 is the upper half of an F32), NaN payloads kept. */
+static inline float rlx_iface_bf16_to_f32(uint16_t h)
+{
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* F32 to BF16 bits, rounded to nearest with ties to even (as BF16 hardware does; a value past
+ * the largest BF16 becomes infinity). A NaN stays a NaN: its upper half with the quiet bit
+ * set, since rounding could otherwise carry a NaN's payload into infinity. */
+static inline uint16_t rlx_iface_f32_to_bf16(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if (f != f)
+        return (uint16_t)((bits >> 16) | 0x40u);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* F16 (IEEE binary16) bits widened to F32: exact for every value, subnormals included; an
+ * infinity stays infinite and a NaN keeps its payload. */
+static inline float rlx_iface_f16_to_f32(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    uint32_t bits;
+    if (exponent == 0x1f) {
+        bits = sign | 0x7f800000u | (mantissa << 13);
+    } else if (exponent == 0) {
+        const float f = (float)mantissa * (1.0f / 16777216.0f); /* zero or subnormal, times 2^-24: exact */
+        return sign ? -f : f;
+    } else {
+        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* F32 to F16 bits, rounded to nearest with ties to even, as a hardware conversion (F16C,
+ * NumPy's float16) does: values past the largest F16 (65504) round to infinity, tiny ones to
+ * subnormals or zero (keeping the sign), and a NaN stays a quiet NaN with the upper bits of its
+ * payload. */
+static inline uint16_t rlx_iface_f32_to_f16(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    const uint32_t magnitude = bits & 0x7fffffffu;
+    if (magnitude > 0x7f800000u) /* NaN */
+        return (uint16_t)(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));
+    if (magnitude >= 0x477ff000u) /* at or past 65520, halfway above 65504: infinity */
+        return (uint16_t)(sign | 0x7c00u);
+    if (magnitude < 0x38800000u) { /* below 2^-14: an F16 subnormal (or zero) */
+        if (magnitude < 0x33000000u) /* at most 2^-25, half the smallest subnormal: zero */
+            return sign;
+        /* the significand with its implicit bit, shifted to units of 2^-24, rounded to even */
+        const uint32_t significand = (magnitude & 0x7fffffu) | 0x800000u;
+        const unsigned shift = 126u - (magnitude >> 23); /* 14 for 2^-14, up to 24 */
+        const uint32_t half = 1u << (shift - 1), rest = significand & ((1u << shift) - 1);
+        uint32_t v = significand >> shift;
+        if (rest > half || (rest == half && (v & 1u)))
+            v++;
+        return (uint16_t)(sign | v); /* v may carry into the smallest normal: still right */
+    }
+    /* normal: rebias the exponent, round the 13 dropped bits to even (a carry may reach inf) */
+    const uint32_t v = magnitude - 0x38000000u;
+    return (uint16_t)(sign | ((v + 0xfffu + ((v >> 13) & 1u)) >> 13));
+}
+
+/* Element i of an array of dtype (F32, BF16 or F16) widened to F32, as weights are read. */
+static inline float rlx_iface_load_f32(uint32_t dtype, const void *data, int64_t i)
+{
+    switch (dtype) {
+    case RLX_DTYPE_BF16:
+        return rlx_iface_bf16_to_f32(((const uint16_t *)data)[i]);
+    case RLX_DTYPE_F16:
+        return rlx_iface_f16_to_f32(((const uint16_t *)data)[i]);
+    default:
+        return ((const float *)data)[i];
+    }
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif
