@@ -765,10 +765,14 @@ static void test_plugin_unload_and_reload(void **state)
     }
 }
 
-/* Each transport meets a peer of the other kind: a clear error within the timeout, no hang. */
+/* Each transport meets a peer of the other kind: a clear error within the timeout, no hang.
+ * Both directions run in the grpc binary: loading gRPC into the tcp binary would expose it to
+ * LeakSanitizer's tracer crashing at exit while gRPC's threads wind down (seen once in CI). */
 static void test_mismatched_transports_fail_cleanly(void **state)
 {
     (void)state;
+    if (IS_TCP)
+        skip();
     tr *t = &g_tr, other;
     memset(&other, 0, sizeof other);
     const char *other_path = IS_TCP ? RLX_BUILD_PLUGIN_DIR "/rlx-transport-grpc.so" : RLX_BUILD_PLUGIN_DIR "/rlx-transport-tcp.so";
