@@ -131,7 +131,7 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         return app_fail("generate: --no-think only changes the chat template; it needs --chat");
     char *file_text = NULL;
     size_t file_len;
-    if (file && !(prompt = file_text = app_read_file("generate", file, &file_len)))
+    if (file && !(prompt = file_text = app_read_file("generate", file, 1, &file_len)))
         return 1;
     if (file && strlen(file_text) != file_len) {
         free(file_text);

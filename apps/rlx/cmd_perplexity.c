@@ -27,13 +27,7 @@ static void score_rows(const float *logits, int64_t vocab, const int32_t *ids, u
                        double *nll2) {
     for (uint32_t r = 0; r < n; r++) {
         const float *row = logits + (size_t)r * (size_t)vocab;
-        float mx = row[0];
-        for (int64_t v = 1; v < vocab; v++)
-            mx = row[v] > mx ? row[v] : mx;
-        double sum = 0;
-        for (int64_t v = 0; v < vocab; v++)
-            sum += exp((double)row[v] - mx);
-        const double log_p = (double)row[ids[r + 1]] - mx - log(sum);
+        const double log_p = (double)row[ids[r + 1]] - app_log_sum_exp(row, vocab);
         *nll -= log_p;
         *nll2 += log_p * log_p;
     }
@@ -59,7 +53,7 @@ int cmd_perplexity(int argc, char **argv, app_options *o) {
         return app_fail("perplexity: a chunk of %u tokens (-c) is too small: it needs at least 4", chunk);
     o->ctx = chunk; /* the cache only ever holds one chunk */
     size_t len;
-    char *text = app_read_file("perplexity", file, &len);
+    char *text = app_read_file("perplexity", file, 1, &len);
     if (!text)
         return 1;
     app_runtime rt;

@@ -17,44 +17,6 @@ static const char detokenize_usage[] =
     "usage: rlx detokenize [-m DIR] --ids 1,2,3 [--skip-special]\n\n"
     "Prints the text of the token ids (no newline is added).\n\n";
 
-/* The whole of path ("-" = stdin) in a malloc'd buffer. */
-static int read_all(const char *path, char **out, size_t *len) {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f)
-        return app_fail("tokenize: cannot open %s: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    int status = 0;
-    while (buf) {
-        if (n == cap) {
-            char *grown = realloc(buf, cap *= 2);
-            if (!grown) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = grown;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0)
-            break;
-    }
-    if (!buf)
-        status = app_fail("tokenize: out of memory reading %s", path);
-    else if (ferror(f))
-        status = app_fail("tokenize: cannot read %s: %s", path, strerror(errno));
-    if (f != stdin)
-        fclose(f);
-    if (status) {
-        free(buf);
-        return status;
-    }
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
 static int load(app_options *o, const char *cmd, rlx_tokenizer **tok) {
     if (app_resolve_model(o))
         return 1;
@@ -84,7 +46,7 @@ int cmd_tokenize(int argc, char **argv, app_options *o) {
         return app_fail("tokenize: give exactly one of --prompt (or --text) and --file (see rlx tokenize --help)");
     char *buf = NULL;
     size_t len = 0;
-    if (file && read_all(file, &buf, &len))
+    if (file && !(buf = app_read_file("tokenize", file, 0, &len)))
         return 1;
     rlx_tokenizer *tok;
     if (load(o, "tokenize", &tok)) {

@@ -1,5 +1,6 @@
 /* Option parsing and runtime setup shared by the rlx commands. */
 #include <errno.h>
+#include <math.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -103,7 +104,7 @@ int app_parse_tokens(const char *opt, const char *text, int32_t **out) {
     return (int)n;
 }
 
-char *app_read_file(const char *what, const char *path, size_t *len) {
+char *app_read_file(const char *what, const char *path, int drop_final_newline, size_t *len) {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     if (!f) {
         app_fail("%s: cannot open %s: %s", what, path, strerror(errno));
@@ -120,19 +121,29 @@ char *app_read_file(const char *what, const char *path, size_t *len) {
             buf = grown;
         }
     }
-    const int failed = ferror(f);
+    const int failed = ferror(f), read_errno = errno;
     if (f != stdin)
         fclose(f);
     if (!buf || failed) {
         free(buf);
-        app_fail("%s: cannot read %s%s", what, path, failed ? "" : ": out of memory");
+        app_fail("%s: cannot read %s: %s", what, path, failed ? strerror(read_errno) : "out of memory");
         return NULL;
     }
-    if (n > 0 && buf[n - 1] == '\n') /* as llama.cpp's -f: a file's last line break is no part of it */
+    if (drop_final_newline && n > 0 && buf[n - 1] == '\n') /* llama.cpp's -f: the last line break is no part of it */
         n--;
     buf[n] = '\0';
     *len = n;
     return buf;
+}
+
+double app_log_sum_exp(const float *row, int64_t n) {
+    float mx = row[0];
+    for (int64_t v = 1; v < n; v++)
+        mx = row[v] > mx ? row[v] : mx;
+    double sum = 0;
+    for (int64_t v = 0; v < n; v++)
+        sum += exp((double)row[v] - mx);
+    return mx + log(sum);
 }
 
 app_opt_group app_model_group(app_options *o) {
@@ -390,23 +401,23 @@ app_opt_group app_sampling_group(app_sampling *s) {
     static app_opt opts[11];
     app_opt list[] = {
         {0, "greedy", NULL, NULL, "always take the most likely token", APP_OPT_FLAG, &s->greedy},
-        {0, "temp", NULL, "T", "sampling temperature (>= 0; 0 = greedy)", APP_OPT_FLOAT, &s->temperature,
-         &s->has_temperature},
-        {0, "top-k", NULL, "K", "keep the K most likely tokens (0 = all)", APP_OPT_INT, &s->top_k, &s->has_top_k},
+        {0, "temp", NULL, "T", "sampling temperature (>= 0; 0 = greedy)", APP_OPT_FLOAT, &s->given.temperature,
+         &s->given.has_temperature},
+        {0, "top-k", NULL, "K", "keep the K most likely tokens (0 = all)", APP_OPT_INT, &s->given.top_k, &s->given.has_top_k},
         {0, "top-p", NULL, "P", "keep the smallest set of tokens whose probability reaches P (1 = off)",
-         APP_OPT_FLOAT, &s->top_p, &s->has_top_p},
+         APP_OPT_FLOAT, &s->given.top_p, &s->given.has_top_p},
         {0, "min-p", NULL, "P", "drop tokens less likely than P times the most likely one (0 = off)",
-         APP_OPT_FLOAT, &s->min_p, &s->has_min_p},
+         APP_OPT_FLOAT, &s->given.min_p, &s->given.has_min_p},
         {0, "repeat-penalty", NULL, "R",
          "divide the positive logits (multiply the negative ones) of tokens in the\n"
          "last --repeat-last-n by R (Hugging Face's repetition_penalty; 1 = off)",
-         APP_OPT_FLOAT, &s->repeat_penalty, &s->has_repeat_penalty},
+         APP_OPT_FLOAT, &s->given.repeat_penalty, &s->given.has_repeat_penalty},
         {0, "repeat-last-n", NULL, "N", "how many recent tokens the penalties look at (default 64; -1 = all, 0 = off)",
-         APP_OPT_INT, &s->repeat_last_n, &s->has_repeat_last_n},
+         APP_OPT_INT, &s->given.repeat_last_n, &s->given.has_repeat_last_n},
         {0, "presence-penalty", NULL, "A", "subtract A from the logits of tokens in that window (OpenAI's; 0 = off)",
-         APP_OPT_FLOAT, &s->presence_penalty, &s->has_presence_penalty},
+         APP_OPT_FLOAT, &s->given.presence_penalty, &s->given.has_presence_penalty},
         {0, "frequency-penalty", NULL, "A", "subtract A times a token's count in that window (OpenAI's; 0 = off)",
-         APP_OPT_FLOAT, &s->frequency_penalty, &s->has_frequency_penalty},
+         APP_OPT_FLOAT, &s->given.frequency_penalty, &s->given.has_frequency_penalty},
         {'s', "seed", NULL, "S", "random seed (default: a new one each run, printed by --stats)", APP_OPT_U64,
          &s->seed, &s->has_seed},
         {0, "stop", NULL, "TEXT",
@@ -421,7 +432,8 @@ app_opt_group app_sampling_group(app_sampling *s) {
 }
 
 int app_sampling_finish(app_sampling *s) {
-    if (s->greedy && (s->has_temperature || s->has_top_k || s->has_top_p || s->has_min_p))
+    const app_sampling_values *g = &s->given;
+    if (s->greedy && (g->has_temperature || g->has_top_k || g->has_top_p || g->has_min_p))
         return app_fail("--greedy cannot be combined with --temp, --top-k, --top-p or --min-p");
     return 0;
 }
@@ -477,48 +489,47 @@ static uint64_t fresh_seed(void) {
  * greedy and sampling (greedy when it says temperature 0). */
 typedef struct sampling_layer {
     int decides, greedy;
-    int has_temperature, has_top_k, has_top_p, has_min_p, has_repeat_penalty, has_repeat_last_n,
-        has_presence_penalty, has_frequency_penalty;
-    float temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
-    int32_t top_k, repeat_last_n;
+    app_sampling_values v;
 } sampling_layer;
 
 static void apply_layer(rlx_sampler_params *p, const sampling_layer *l) {
+    const app_sampling_values *v = &l->v;
     if (l->decides)
         p->greedy = l->greedy;
-    if (l->has_temperature)
-        p->temperature = l->temperature;
-    if (l->has_top_k)
-        p->top_k = l->top_k;
-    if (l->has_top_p)
-        p->top_p = l->top_p;
-    if (l->has_min_p)
-        p->min_p = l->min_p;
-    if (l->has_repeat_penalty)
-        p->repeat_penalty = l->repeat_penalty;
-    if (l->has_repeat_last_n)
-        p->repeat_last_n = l->repeat_last_n;
-    if (l->has_presence_penalty)
-        p->presence_penalty = l->presence_penalty;
-    if (l->has_frequency_penalty)
-        p->frequency_penalty = l->frequency_penalty;
+    if (v->has_temperature)
+        p->temperature = v->temperature;
+    if (v->has_top_k)
+        p->top_k = v->top_k;
+    if (v->has_top_p)
+        p->top_p = v->top_p;
+    if (v->has_min_p)
+        p->min_p = v->min_p;
+    if (v->has_repeat_penalty)
+        p->repeat_penalty = v->repeat_penalty;
+    if (v->has_repeat_last_n)
+        p->repeat_last_n = v->repeat_last_n;
+    if (v->has_presence_penalty)
+        p->presence_penalty = v->presence_penalty;
+    if (v->has_frequency_penalty)
+        p->frequency_penalty = v->frequency_penalty;
 }
 
 /* Hugging Face's meaning: do_sample decides; its repetition penalty covers the whole context. */
 static sampling_layer model_layer(const rlx_generation_defaults *d) {
     sampling_layer l = {.decides = d->has_do_sample, .greedy = !d->do_sample};
+    app_sampling_values *v = &l.v;
     if (d->do_sample) { /* without do_sample the sampling keys do nothing in Hugging Face either */
-        l.has_temperature = l.has_top_k = l.has_top_p = 1;
-        l.temperature = d->temperature;
-        l.top_k = d->top_k;
-        l.top_p = d->top_p;
-        l.has_min_p = d->has_min_p;
-        l.min_p = d->min_p;
+        v->has_temperature = v->has_top_k = v->has_top_p = 1;
+        v->temperature = d->temperature;
+        v->top_k = d->top_k;
+        v->top_p = d->top_p;
+        v->has_min_p = d->has_min_p;
+        v->min_p = d->min_p;
     }
     if (d->has_repetition_penalty && d->repetition_penalty != 1) {
-        l.has_repeat_penalty = l.has_repeat_last_n = 1;
-        l.repeat_penalty = d->repetition_penalty;
-        l.repeat_last_n = -1;
+        v->has_repeat_penalty = v->has_repeat_last_n = 1;
+        v->repeat_penalty = d->repetition_penalty;
+        v->repeat_last_n = -1;
     }
     return l;
 }
@@ -526,44 +537,30 @@ static sampling_layer model_layer(const rlx_generation_defaults *d) {
 static sampling_layer deploy_layer(const rlx_deploy_generation *g) {
     return (sampling_layer){.decides = g->has_temperature || g->has_top_k || g->has_top_p || g->has_min_p,
                             .greedy = g->has_temperature && g->temperature == 0,
-                            .has_temperature = g->has_temperature,
-                            .has_top_k = g->has_top_k,
-                            .has_top_p = g->has_top_p,
-                            .has_min_p = g->has_min_p,
-                            .has_repeat_penalty = g->has_repeat_penalty,
-                            .has_repeat_last_n = g->has_repeat_last_n,
-                            .has_presence_penalty = g->has_presence_penalty,
-                            .has_frequency_penalty = g->has_frequency_penalty,
-                            .temperature = g->temperature,
-                            .top_p = g->top_p,
-                            .min_p = g->min_p,
-                            .repeat_penalty = g->repeat_penalty,
-                            .presence_penalty = g->presence_penalty,
-                            .frequency_penalty = g->frequency_penalty,
-                            .top_k = g->top_k,
-                            .repeat_last_n = g->repeat_last_n};
+                            .v = {.has_temperature = g->has_temperature,
+                                  .has_top_k = g->has_top_k,
+                                  .has_top_p = g->has_top_p,
+                                  .has_min_p = g->has_min_p,
+                                  .has_repeat_penalty = g->has_repeat_penalty,
+                                  .has_repeat_last_n = g->has_repeat_last_n,
+                                  .has_presence_penalty = g->has_presence_penalty,
+                                  .has_frequency_penalty = g->has_frequency_penalty,
+                                  .temperature = g->temperature,
+                                  .top_p = g->top_p,
+                                  .min_p = g->min_p,
+                                  .repeat_penalty = g->repeat_penalty,
+                                  .presence_penalty = g->presence_penalty,
+                                  .frequency_penalty = g->frequency_penalty,
+                                  .top_k = g->top_k,
+                                  .repeat_last_n = g->repeat_last_n}};
 }
 
 static sampling_layer flag_layer(const app_sampling *s) {
-    return (sampling_layer){.decides = s->greedy || s->has_temperature || s->has_top_k || s->has_top_p ||
-                                       s->has_min_p,
-                            .greedy = s->greedy || (s->has_temperature && s->temperature == 0),
-                            .has_temperature = s->has_temperature,
-                            .has_top_k = s->has_top_k,
-                            .has_top_p = s->has_top_p,
-                            .has_min_p = s->has_min_p,
-                            .has_repeat_penalty = s->has_repeat_penalty,
-                            .has_repeat_last_n = s->has_repeat_last_n,
-                            .has_presence_penalty = s->has_presence_penalty,
-                            .has_frequency_penalty = s->has_frequency_penalty,
-                            .temperature = s->temperature,
-                            .top_p = s->top_p,
-                            .min_p = s->min_p,
-                            .repeat_penalty = s->repeat_penalty,
-                            .presence_penalty = s->presence_penalty,
-                            .frequency_penalty = s->frequency_penalty,
-                            .top_k = s->top_k,
-                            .repeat_last_n = s->repeat_last_n};
+    const app_sampling_values *g = &s->given;
+    return (sampling_layer){.decides = s->greedy || g->has_temperature || g->has_top_k || g->has_top_p ||
+                                       g->has_min_p,
+                            .greedy = s->greedy || (g->has_temperature && g->temperature == 0),
+                            .v = *g};
 }
 
 int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *max_new, int max_new_given) {
@@ -584,10 +581,14 @@ int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *ma
     layer = flag_layer(s);
     apply_layer(p, &layer);
     /* options that cannot change a greedy run are taken, but said to do nothing */
-    if (p->greedy && (s->has_top_k || s->has_top_p || s->has_min_p || s->has_seed))
-        fprintf(stderr, "rlx: warning: %s%s%s%shas no effect: decoding is greedy (%s)\n", s->has_top_k ? "--top-k " : "",
-                s->has_top_p ? "--top-p " : "", s->has_min_p ? "--min-p " : "", s->has_seed ? "--seed " : "",
-                s->greedy ? "--greedy" : s->has_temperature ? "--temp 0" : "the deployment file's or model's default");
+    const app_sampling_values *given = &s->given;
+    if (p->greedy && (given->has_top_k || given->has_top_p || given->has_min_p || s->has_seed))
+        fprintf(stderr, "rlx: warning: %s%s%s%shas no effect: decoding is greedy (%s)\n",
+                given->has_top_k ? "--top-k " : "", given->has_top_p ? "--top-p " : "",
+                given->has_min_p ? "--min-p " : "", s->has_seed ? "--seed " : "",
+                s->greedy                 ? "--greedy"
+                : given->has_temperature ? "--temp 0"
+                                         : "the deployment file's or model's default");
     s->seed_drawn = !s->has_seed && !(g && g->has_seed);
     p->seed = s->has_seed ? s->seed : g && g->has_seed ? g->seed : fresh_seed();
     if (!max_new_given && g && g->has_max_tokens)

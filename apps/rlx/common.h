@@ -65,10 +65,12 @@ int app_parse_float(const char *opt, const char *text, float *out);
 /* Parses "1,5,3" or "1 5 3" (what rlx tokenize prints) into a malloc'd array; returns the
  * count or -1 after reporting a problem with option opt. */
 int app_parse_tokens(const char *opt, const char *text, int32_t **out);
-/* The whole file at path ("-": standard input) but for one final newline (as llama.cpp's -f
- * reads it), NUL-terminated, in a malloc'd buffer of *len bytes; NULL after reporting
- * (prefixed with what). */
-char *app_read_file(const char *what, const char *path, size_t *len);
+/* The whole file at path ("-": standard input), NUL-terminated, in a malloc'd buffer of *len
+ * bytes; with drop_final_newline, one final newline is left out (as llama.cpp's -f reads a
+ * prompt). NULL after reporting (prefixed with what). */
+char *app_read_file(const char *what, const char *path, int drop_final_newline, size_t *len);
+/* log(sum(exp(row[0 .. n)))), computed stably: log_softmax(row)[i] = row[i] - this. */
+double app_log_sum_exp(const float *row, int64_t n);
 
 /* Opens backend `name` from reg with bo: a plugin instance (*plugin holds its handle), or for
  * "ref" the reference backend with bo->extra when there is one (*plugin NULL); plain "ref" gives
@@ -93,14 +95,21 @@ const char *app_describe_context(const app_runtime *rt, uint32_t capacity, char 
  * resolved from it and the defaults (app_generation_defaults). */
 #define APP_MAX_STOPS 16
 
-typedef struct app_sampling {
-    rlx_sampler_params params; /* resolved */
-    int greedy;                /* --greedy */
+/* Sampling settings one source gives (the command line, a deployment file, a model's
+ * generation_config.json): each value with a flag saying the source gave it. */
+typedef struct app_sampling_values {
+    int has_temperature, has_top_k, has_top_p, has_min_p, has_repeat_penalty, has_repeat_last_n,
+        has_presence_penalty, has_frequency_penalty;
     float temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     int32_t top_k, repeat_last_n;
+} app_sampling_values;
+
+typedef struct app_sampling {
+    rlx_sampler_params params;    /* resolved */
+    int greedy;                   /* --greedy */
+    app_sampling_values given;    /* the other sampling options */
     uint64_t seed;
-    int has_temperature, has_top_k, has_top_p, has_min_p, has_repeat_penalty, has_repeat_last_n,
-        has_presence_penalty, has_frequency_penalty, has_seed;
+    int has_seed;
     const char *stops[APP_MAX_STOPS]; /* --stop, in order */
     size_t n_stops;
     int seed_drawn; /* no seed was given: params.seed was drawn at random */

@@ -102,13 +102,7 @@ static void pass_text(app_output *o, const char *text, size_t len) {
 
 /* log softmax(row)[token] and the top_n most likely ids with theirs, largest first. */
 static void compute_logprobs(const float *row, int64_t vocab, int32_t token, uint32_t top_n, token_logprobs *lp) {
-    float mx = row[0];
-    for (int64_t v = 1; v < vocab; v++)
-        mx = row[v] > mx ? row[v] : mx;
-    double sum = 0;
-    for (int64_t v = 0; v < vocab; v++)
-        sum += exp((double)row[v] - mx);
-    const double log_z = mx + log(sum);
+    const double log_z = app_log_sum_exp(row, vocab);
     lp->logprob = (float)(row[token] - log_z);
     uint32_t n = 0;
     for (int64_t v = 0; v < vocab && top_n > 0; v++) {
