@@ -22,6 +22,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ports import free_ports  # noqa: E402
+
 SKIP = 77
 TOKENS = "1,5,3,7,9,11,2"
 N_NEW = 12
@@ -212,14 +215,6 @@ def even(n_layers, n):
     return out
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 # ---- cases ----
 
 def case_parity(env, transport):
@@ -251,7 +246,7 @@ def case_parity(env, transport):
         args = ["--model", model, "--stages", str(k), "--transport", transport]
         env.same(f"--stages {k} ({transport})", ref, env.generate(args), env.logits(args))
     # --launch starts the local stages of a file with uneven explicit ranges
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     cfg = env.config("launch.yaml", model, transport,
                      [(f"127.0.0.1:{ports[0]}", "0-1", None), (f"127.0.0.1:{ports[1]}", "2-2", "ref"),
                       (f"127.0.0.1:{ports[2]}", "3-4", None)])
@@ -283,7 +278,7 @@ def case_mixed_backends(env):
                     env.stop(p)
     # a file naming a backend per stage, launched by the driver
     model = env.model("deep-dense-f32")
-    ports = [free_port() for _ in range(2)]
+    ports = free_ports(2)
     cfg = env.config("backends.yaml", model, "tcp", [(f"127.0.0.1:{ports[0]}", None, "ref"),
                                                       (f"127.0.0.1:{ports[1]}", None, backends[-1])])
     env.same(f"--launch with backends ref, {backends[-1]} from the file", env.reference(model),
@@ -323,7 +318,7 @@ def case_options_and_threads(env):
                    [env.rlx, "generate", "--model", model, "--stages", "2", "--backend-opts", "isa=bogus",
                     "--tokens", TOKENS, "-n", "2"], ["cpu-blas", "isa 'bogus'", "before listening"], 60)
     # a deployment file's backend_options and threads reach its stage; the other gets the share
-    ports = [free_port() for _ in range(2)]
+    ports = free_ports(2)
     cfg = env.config("options.yaml", model, "tcp", [(f"127.0.0.1:{ports[0]}", None, "cpu-blas"),
                                                      (f"127.0.0.1:{ports[1]}", None, "ref")])
     with open(cfg) as f:
@@ -588,7 +583,7 @@ def case_faults(env, transport):
     case_port_in_use(env, model, transport)
     # a stage that never starts: refused until the connect timeout, one line naming the file's
     # line, the stage, its address and that no rlx stage listens there
-    port = free_port()
+    port, = free_ports(1)
     s0, a0 = env.stage(model, "0-2", transport)
     cfg = env.config("absent.yaml", model, transport, [(a0, "0-2", None), (f"127.0.0.1:{port}", "3-4", None)])
     expect_failure(env, f"a stage that never starts ({transport})",
@@ -610,7 +605,7 @@ def case_faults(env, transport):
     # a stage that comes up after the others gave up waiting for a Hello (--timeout 1000) still
     # makes a pipeline: each stage is greeted as soon as it is connected
     s0, a0 = env.stage(model, "0-2", transport, extra=("--timeout", "1000"))
-    port = free_port()
+    port, = free_ports(1)
     cfg = env.config("late.yaml", model, transport, [(a0, "0-2", None), (f"127.0.0.1:{port}", "3-4", None)])
     driver = subprocess.Popen([env.rlx, "generate", "--config", cfg, "--tokens", TOKENS, "-n", str(N_NEW), "--greedy"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -10,9 +10,11 @@ status 1 and one clear line on stderr.
 """
 import argparse
 import os
-import socket
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "integration"))
+from ports import free_ports  # noqa: E402
 
 TIMEOUT = 120
 TOKENS = "17,3,250,99,4,301,77,12"
@@ -22,16 +24,6 @@ N_NEW = "32"
 def run(rlx, args):
     p = subprocess.run([rlx, *args], capture_output=True, text=True, timeout=TIMEOUT)
     return p.returncode, p.stdout.strip(), p.stderr.strip()
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def main():
