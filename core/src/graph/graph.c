@@ -89,6 +89,11 @@ int rlx_graph_add_tensor(rlx_graph *g, rlx_tensor_role role, const char *name, r
     return push_tensor(g, role, name, dtype, n_dims, shape, data);
 }
 
+void rlx__graph_set_weights(rlx_graph *g, uint64_t owner, uint32_t flags) {
+    g->weight_owner = owner;
+    g->weight_flags = flags;
+}
+
 // ---- shape inference ----
 
 typedef struct infer_ctx {

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "backend/backend_impl.h"
+#include "graph/graph_impl.h"
 #include "model_internal.h"
 #include "rlx/model.h"
 
@@ -22,6 +24,7 @@ struct rlx_model {
     rlx_weights *weights;
     rlx_weights **added; /* rlx_model_add_weights files, searched after the model's own */
     size_t n_added;
+    uint64_t weight_owner; /* what backends prepared of its weights is released with it */
 };
 
 /* Whether the file at path starts with GGUF's magic. */
@@ -43,6 +46,7 @@ rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
         free(m);
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", model_dir);
     }
+    m->weight_owner = rlx__weight_owner_new();
     struct stat sb;
     if (stat(model_dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
         rlx_model_close(m);
@@ -70,6 +74,7 @@ rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
 void rlx_model_close(rlx_model *m) {
     if (!m)
         return;
+    rlx__weight_owner_release(m->weight_owner);
     rlx_weights_close(m->weights);
     for (size_t i = 0; i < m->n_added; i++)
         rlx_weights_close(m->added[i]);
@@ -507,6 +512,7 @@ rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec,
         free(ns.items);
         return b.rc;
     }
+    rlx__graph_set_weights(b.g, m->weight_owner, RLX_WEIGHT_FILE_BACKED | RLX_WEIGHT_READ_ONLY);
     b.next = ns.items;
     b.end = ns.items + ns.n;
     memset(io, 0, sizeof *io);

@@ -83,6 +83,17 @@ static rlx_status check_iface(const char *path, const rlx_plugin *d) {
         if (!b->open || !b->close || !b->supports || !b->compute)
             return rlx_error(RLX_E_ABI, "%s: backend table lacks a required function (open, close, supports, compute)",
                              path);
+        if (d->abi_minor < 2)
+            return RLX_OK;
+#define HAS_12(m) (RLX_HAS(rlx_backend_iface, b, m) && b->m)
+        if (HAS_12(prepare_weight) != HAS_12(release_weight))
+            return rlx_error(RLX_E_ABI, "%s: backend table has %s without %s (they come together)", path,
+                             HAS_12(prepare_weight) ? "prepare_weight" : "release_weight",
+                             HAS_12(prepare_weight) ? "release_weight" : "prepare_weight");
+        if (HAS_12(plan_span) != HAS_12(compute_span) || HAS_12(plan_span) != HAS_12(release_span))
+            return rlx_error(RLX_E_ABI, "%s: backend table has only some of plan_span, compute_span and release_span "
+                             "(they come together)", path);
+#undef HAS_12
         return RLX_OK;
     }
     if (d->kind == RLX_PLUGIN_TRANSPORT) {
