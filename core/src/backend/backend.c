@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/backend_impl.h"
+#include "util/alloc.h"
 
 /* Every open backend, so that closing a model can release what each prepared for it. The
  * lock also guards every backend's table of prepared weights. */
@@ -26,7 +27,7 @@ rlx_backend_options rlx_backend_options_default(void) {
 /* abi_minor: what the plugin was built for; members of later minors are never read. */
 static rlx_status backend_new(const rlx_backend_iface *iface, uint32_t abi_minor, const char *name,
                               const rlx_backend_options *opts, rlx_backend **out) {
-    rlx_backend *b = calloc(1, sizeof *b);
+    rlx_backend *b = rlx__calloc(1, sizeof *b);
     if (!b)
         return rlx_error(RLX_E_NOMEM, "backend '%s': out of memory", name);
     b->iface = iface;
@@ -166,7 +167,7 @@ static rlx_status prepared_grow(rlx_backend *b) {
     if (2 * (b->n_prepared + 1) <= b->cap_prepared)
         return RLX_OK;
     const size_t cap = b->cap_prepared ? 2 * b->cap_prepared : 64;
-    rlx__prepared *table = calloc(cap, sizeof *table);
+    rlx__prepared *table = rlx__calloc(cap, sizeof *table);
     if (!table)
         return rlx_error(RLX_E_NOMEM, "backend '%s': out of memory for its prepared weights", b->name);
     for (size_t i = 0; i < b->cap_prepared; i++)

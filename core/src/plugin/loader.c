@@ -15,6 +15,7 @@
 #include "rlx/transport.h"
 #include "spec/spec_internal.h"
 #include "util/log.h"
+#include "util/alloc.h"
 
 struct rlx_plugin_handle {
     void *dl;
@@ -155,8 +156,8 @@ rlx_status rlx_plugin_load(const char *path, rlx_plugin_handle **out) {
     }
     if ((rc = check_iface(path, d)) < 0)
         goto fail;
-    rlx_plugin_handle *h = calloc(1, sizeof *h);
-    if (!h || !(h->path = strdup(path))) {
+    rlx_plugin_handle *h = rlx__calloc(1, sizeof *h);
+    if (!h || !(h->path = rlx__strdup(path))) {
         free(h);
         rc = rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
         goto fail;
@@ -196,11 +197,11 @@ static rlx_status add_dir(rlx_registry *r, const char *dir, size_t len) {
     for (size_t i = 0; i < r->n_dirs; i++)
         if (strlen(r->dirs[i]) == len && strncmp(r->dirs[i], dir, len) == 0)
             return RLX_OK;
-    char **dirs = realloc(r->dirs, (r->n_dirs + 1) * sizeof *dirs);
+    char **dirs = rlx__realloc(r->dirs, (r->n_dirs + 1) * sizeof *dirs);
     if (!dirs)
         return rlx_error(RLX_E_NOMEM, "plugin registry: out of memory");
     r->dirs = dirs;
-    if (!(r->dirs[r->n_dirs] = strndup(dir, len)))
+    if (!(r->dirs[r->n_dirs] = rlx__strndup(dir, len)))
         return rlx_error(RLX_E_NOMEM, "plugin registry: out of memory");
     r->n_dirs++;
     return RLX_OK;
@@ -209,7 +210,7 @@ static rlx_status add_dir(rlx_registry *r, const char *dir, size_t len) {
 rlx_status rlx_registry_create(const char *dir, rlx_registry **out) {
     if (!out)
         return rlx_error(RLX_E_INVALID, "rlx_registry_create: out is NULL");
-    rlx_registry *r = calloc(1, sizeof *r);
+    rlx_registry *r = rlx__calloc(1, sizeof *r);
     if (!r)
         return rlx_error(RLX_E_NOMEM, "plugin registry: out of memory");
     rlx_status rc = dir ? add_dir(r, dir, strlen(dir)) : RLX_OK;

@@ -6,6 +6,7 @@
 #include "backend/backend_impl.h"
 #include "graph/graph_impl.h"
 #include "rlx/sched.h"
+#include "util/alloc.h"
 
 #define ARENA_ALIGN 64
 
@@ -82,9 +83,9 @@ static void release(block *live, size_t *n_live, size_t offset) {
  * still reads (a span may write node i's output before reading node i-1's input). */
 static rlx_status plan_arena(rlx_plan *p) {
     const rlx_graph *g = p->g;
-    int *last_use = malloc((g->n_tensors + 1) * sizeof *last_use);
-    block *live = malloc((g->n_nodes + 1) * sizeof *live);
-    uint8_t *released = calloc(g->n_tensors + 1, 1);
+    int *last_use = rlx__malloc((g->n_tensors + 1) * sizeof *last_use);
+    block *live = rlx__malloc((g->n_nodes + 1) * sizeof *live);
+    uint8_t *released = rlx__calloc(g->n_tensors + 1, 1);
     if (!last_use || !live || !released) {
         free(last_use);
         free(live);
@@ -122,7 +123,7 @@ static rlx_status plan_arena(rlx_plan *p) {
     free(live);
     free(released);
     p->arena_bytes = peak;
-    if (peak && !(p->arena = aligned_alloc(ARENA_ALIGN, peak)))
+    if (peak && !(p->arena = rlx__aligned_alloc(ARENA_ALIGN, peak)))
         return rlx_error(RLX_E_NOMEM, "scheduler: cannot allocate %zu bytes of activations", peak);
     return RLX_OK;
 }
@@ -169,10 +170,10 @@ static rlx_status build_views(rlx_plan *p) {
         p->input_at[i] = n_in;
         n_in += g->nodes[i].n_inputs;
     }
-    p->view_inputs = calloc(n_in + 1, sizeof *p->view_inputs);
-    p->prepared = calloc(n_in + 1, sizeof *p->prepared);
-    p->rebind = calloc(n_in + 1, sizeof *p->rebind);
-    int32_t *reader = malloc((g->n_tensors + 1) * sizeof *reader);
+    p->view_inputs = rlx__calloc(n_in + 1, sizeof *p->view_inputs);
+    p->prepared = rlx__calloc(n_in + 1, sizeof *p->prepared);
+    p->rebind = rlx__calloc(n_in + 1, sizeof *p->rebind);
+    int32_t *reader = rlx__malloc((g->n_tensors + 1) * sizeof *reader);
     if (!p->view_inputs || !p->prepared || !p->rebind || !reader) {
         free(reader);
         return rlx_error(RLX_E_NOMEM, "scheduler: out of memory");
@@ -244,8 +245,8 @@ static rlx_status prepare_weights(rlx_plan *p) {
  * nodes it was given is offered to plan_span until the backend has taken all of it. */
 static rlx_status plan_calls(rlx_plan *p) {
     const uint32_t n = p->g->n_nodes;
-    p->calls = calloc(n + 1, sizeof *p->calls);
-    p->call_last_use = calloc(n + 1, sizeof *p->call_last_use);
+    p->calls = rlx__calloc(n + 1, sizeof *p->calls);
+    p->call_last_use = rlx__calloc(n + 1, sizeof *p->call_last_use);
     if (!p->calls || !p->call_last_use)
         return rlx_error(RLX_E_NOMEM, "scheduler: out of memory");
     for (uint32_t i = 0; i < n;) {
@@ -286,19 +287,19 @@ rlx_status rlx_plan_create_opts(const rlx_graph *g, const rlx_plan_options *o, r
         return rlx_error(RLX_E_INVALID, "rlx_plan_create_opts: options of %u bytes, this rlx needs %zu", o->size,
                          sizeof *o);
     *out = NULL;
-    rlx_plan *p = calloc(1, sizeof *p);
+    rlx_plan *p = rlx__calloc(1, sizeof *p);
     if (!p)
         return rlx_error(RLX_E_NOMEM, "scheduler: out of memory");
     p->g = g;
     p->flags = o->flags;
-    p->tensors = calloc(g->n_tensors + 1, sizeof *p->tensors);
-    p->offsets = calloc(g->n_tensors + 1, sizeof *p->offsets);
-    p->assigned = calloc(g->n_nodes + 1, sizeof *p->assigned);
-    p->precision = calloc(g->n_nodes + 1, sizeof *p->precision);
-    p->views = calloc(g->n_nodes + 1, sizeof *p->views);
-    p->view_outputs = calloc(g->n_nodes + 1, sizeof *p->view_outputs);
-    p->input_at = calloc(g->n_nodes + 1, sizeof *p->input_at);
-    p->last_use = calloc(g->n_nodes + 1, sizeof *p->last_use);
+    p->tensors = rlx__calloc(g->n_tensors + 1, sizeof *p->tensors);
+    p->offsets = rlx__calloc(g->n_tensors + 1, sizeof *p->offsets);
+    p->assigned = rlx__calloc(g->n_nodes + 1, sizeof *p->assigned);
+    p->precision = rlx__calloc(g->n_nodes + 1, sizeof *p->precision);
+    p->views = rlx__calloc(g->n_nodes + 1, sizeof *p->views);
+    p->view_outputs = rlx__calloc(g->n_nodes + 1, sizeof *p->view_outputs);
+    p->input_at = rlx__calloc(g->n_nodes + 1, sizeof *p->input_at);
+    p->last_use = rlx__calloc(g->n_nodes + 1, sizeof *p->last_use);
     rlx_status rc = RLX_E_NOMEM;
     if (!p->tensors || !p->offsets || !p->assigned || !p->precision || !p->views || !p->view_outputs ||
         !p->input_at || !p->last_use) {
