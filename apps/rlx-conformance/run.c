@@ -266,6 +266,7 @@ static void judge(kit_runner *r, const kit_check *c, kit_node *n, uint32_t prec,
     float *want = n->want, *want_cache[2] = {n->want_cache[0], n->want_cache[1]};
     float *ref_out = NULL, *ref_cache[2] = {NULL, NULL}, *cache[2] = {NULL, NULL};
     void **prepared = NULL;
+    rlx_tensor *shapes = NULL;
     uint64_t *hashes = calloc(n->n_inputs, sizeof *hashes);
     rlx_tensor *in = calloc(n->n_inputs, sizeof *in);
     uint8_t *out = kit_alloc(out_bytes + GUARD_BYTES);
@@ -325,10 +326,24 @@ static void judge(kit_runner *r, const kit_check *c, kit_node *n, uint32_t prec,
         result(res, KIT_FAIL, "kit: out of memory");
         goto done;
     }
+    /* what the backend saw at planning time: shapes, no data */
+    if (!(shapes = calloc(n->n_inputs, sizeof *shapes))) {
+        result(res, KIT_FAIL, "kit: out of memory");
+        goto done;
+    }
+    for (uint32_t i = 0; i < n->n_inputs; i++) {
+        shapes[i] = in[i];
+        shapes[i].data = NULL;
+    }
+    rlx_tensor planned_out = n->out;
+    planned_out.data = NULL;
+    const rlx_node_view planned = {.op = n->op, .n_inputs = n->n_inputs, .inputs = shapes, .output = &planned_out,
+                                   .params = &n->p, .name = c->name, .output_id = -1};
     if (rlx_backend_features(r->tested) & RLX_BACKEND_PREPARES_WEIGHTS) {
         phase(r, "prepare_weight()");
         for (uint32_t i = 0; i < n->n_inputs; i++) {
-            const rlx_weight_info w = {.size = sizeof w, .tensor = &in[i], .name = c->name, .op = n->op, .input = i};
+            const rlx_weight_info w = {.size = sizeof w, .tensor = &in[i], .name = c->name, .op = n->op, .input = i,
+                                       .node = &planned};
             if (n->is_weight[i] && rlx_backend_prepare_weight(r->tested, &w, &prepared[i]) != RLX_OK) {
                 result(res, KIT_FAIL, "claimed the node, then failed to prepare its weight (input %u): %s", i,
                        rlx_last_error());
@@ -413,6 +428,7 @@ done:
     for (uint32_t i = 0; prepared && i < n->n_inputs; i++)
         rlx_backend_release_weight(r->tested, prepared[i]);
     free(prepared);
+    free(shapes);
     free(hashes);
     free(in);
     free(out);

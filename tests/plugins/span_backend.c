@@ -81,6 +81,10 @@ static int span_supports(void *self, const rlx_node_view *n) {
 static int span_prepare_weight(void *self, const rlx_weight_info *w, void **handle) {
     backend *b = self;
     *handle = NULL;
+    /* the node it comes with reads it, as planned: the same shape, no data yet */
+    if (!w->node || w->node->op != w->op || w->input >= w->node->n_inputs || w->node->inputs[w->input].data ||
+        memcmp(w->node->inputs[w->input].shape, w->tensor->shape, sizeof w->tensor->shape) != 0)
+        stats.bad_calls++;
     const int wanted = (w->op == RLX_OP_MATMUL && (w->input == 1 || w->input == 2)) ||
                        (w->op == RLX_OP_RMS_NORM && w->input == 1);
     if (!wanted)

@@ -138,6 +138,8 @@ typedef struct rlx_weight_info {
     const char *name;         /* the tensor's name, for messages */
     uint32_t op;              /* rlx_op reading it */
     uint32_t input;           /* its input index in that op */
+    const rlx_node_view *node; /* the first node reading it, as planned (data pointers NULL): its
+                                * shapes, for a layout that depends on them (rows of a matmul) */
 } rlx_weight_info;
 
 /* Consecutive nodes of a plan that one backend runs. */

@@ -44,6 +44,7 @@ PIN(rlx_weight_info, tensor, 8);
 PIN(rlx_weight_info, name, 16);
 PIN(rlx_weight_info, op, 24);
 PIN(rlx_weight_info, input, 28);
+PIN(rlx_weight_info, node, 32);
 
 PIN(rlx_span, size, 0);
 PIN(rlx_span, n_nodes, 4);

@@ -232,7 +232,8 @@ static rlx_status prepare_weights(rlx_plan *p) {
                                        .tensor = &p->tensors[nd->inputs[k]],
                                        .name = ti->name,
                                        .op = nd->op,
-                                       .input = k};
+                                       .input = k,
+                                       .node = &p->views[i]};
             rlx_status rc = rlx__backend_prepared(b, owner, &w, &p->prepared[p->input_at[i] + k]);
             if (rc < 0)
                 return rc;
