@@ -98,14 +98,24 @@ int kern_reserve_each(const kern_ctx *c, kern_buf *bufs, size_t bytes);
 /* n rounded up to a multiple of KERN_ALIGN. */
 size_t kern_align_up(size_t n);
 
-/* A small weight vector (norm weight, bias) as F32: t's own data or a copy in c->vec, valid
- * until the next call. */
-int kern_f32_vec(kern_ctx *c, const rlx_tensor *t, const float **out);
+/* Whether input `input` of op is a small weight vector: an RMS_NORM weight or a MATMUL bias. */
+bool kern_is_vec_input(uint32_t op, uint32_t input);
+/* prepare_weight (ABI 1.2) for a small weight vector stored as BF16 or F16: an F32 copy, whose
+ * floats are the handle, so no call widens it again and a span can read several at once. F32
+ * vectors and other inputs are declined (*handle NULL). */
+int kern_prepare_vec(const kern_ctx *c, const rlx_weight_info *w, void **handle);
+void kern_release_vec(const kern_ctx *c, void *handle);
+/* Input k of node n, a small weight vector, as F32: its prepared copy, the tensor itself when
+ * it is F32, else a copy in c->vec (valid until the next call). */
+int kern_vec(kern_ctx *c, const rlx_node_view *n, uint32_t k, const float **out);
+/* Whether kern_vec of input k of n needs c->vec (it is neither F32 nor prepared): a span that
+ * reads several vectors at once must not rely on that. */
+bool kern_vec_needs_copy(const kern_ctx *c, const rlx_node_view *n, uint32_t k);
 
 // ---------------------------------------------------------------------------------------------
 // Matmul helpers: the parts of y[M, N] = x[M, K] w[N, K]^T (+ bias) every backend does alike
 
-/* The bias of MATMUL node n as F32 (kern_f32_vec), or NULL when n has none. */
+/* The bias of MATMUL node n as F32 (kern_vec), or NULL when n has none. */
 int kern_op_bias(kern_ctx *c, const rlx_node_view *n, const float **bias);
 /* Does a matmul that multiplies nothing: none when M or N is 0, y = bias (or 0) when K is 0.
  * Returns whether it did, i.e. whether the backend has nothing left to do. */
