@@ -365,9 +365,11 @@ static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n)
 // ---------------------------------------------------------------------------------------------
 // MOE: the library's, on these matmuls
 
-static int cpu_blas_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, float *y, bool exact)
+static int cpu_blas_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
+                           float *y, bool exact)
 {
-    (void)exact; /* every matmul here is exact */
+    (void)prepared; /* matmuls read their weights as stored */
+    (void)exact;    /* every matmul here is exact */
     return cpu_blas_mm_run(self, x, M, w->shape[1], w->data, (int)w->dtype, w->shape[0], NULL, y);
 }
 

@@ -104,32 +104,37 @@ int kern_prepare_vec(const kern_ctx *c, const rlx_weight_info *w, void **handle)
     if (!kern_is_vec_input(w->op, w->input) || w->tensor->dtype == RLX_DTYPE_F32)
         return RLX_OK;
     const int64_t n = rlx_iface_numel(w->tensor);
-    float *copy = c->host->alloc(kern_align_up((size_t)n * sizeof *copy), KERN_ALIGN);
-    if (!copy)
+    kern_weight *h = c->host->alloc(KERN_ALIGN + kern_align_up((size_t)n * sizeof(float)), KERN_ALIGN);
+    if (!h)
         return c->host->error(RLX_E_NOMEM, "%s: out of memory for an F32 copy of '%s'", c->plugin, w->name);
+    float *copy = (float *)((char *)h + KERN_ALIGN);
     c->k->widen((int)w->tensor->dtype, w->tensor->data, copy, n);
-    *handle = copy;
+    *h = (kern_weight){.kind = KERN_WEIGHT_VEC, .f32 = copy};
+    *handle = h;
     return RLX_OK;
 }
 
 void kern_release_vec(const kern_ctx *c, void *handle) { c->host->free(handle); }
 
-/* The prepared handle of input k of n, or NULL (a core before 1.2 does not set them). */
-static const void *kern_prepared(const kern_ctx *c, const rlx_node_view *n, uint32_t k)
+const kern_weight *kern_prepared(const kern_ctx *c, const rlx_node_view *n, uint32_t k)
 {
     return c->host->abi_minor >= 2 && n->prepared ? n->prepared[k] : NULL;
 }
 
 int kern_vec(kern_ctx *c, const rlx_node_view *n, uint32_t k, const float **out)
 {
-    if ((*out = kern_prepared(c, n, k)))
+    const kern_weight *h = kern_prepared(c, n, k);
+    if (h && h->kind == KERN_WEIGHT_VEC) {
+        *out = h->f32;
         return RLX_OK;
+    }
     return kern_f32_vec(c, &n->inputs[k], out);
 }
 
 bool kern_vec_needs_copy(const kern_ctx *c, const rlx_node_view *n, uint32_t k)
 {
-    return n->inputs[k].dtype != RLX_DTYPE_F32 && !kern_prepared(c, n, k);
+    const kern_weight *h = kern_prepared(c, n, k);
+    return n->inputs[k].dtype != RLX_DTYPE_F32 && !(h && h->kind == KERN_WEIGHT_VEC);
 }
 
 int kern_op_bias(kern_ctx *c, const rlx_node_view *n, const float **bias)
