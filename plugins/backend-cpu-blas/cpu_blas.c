@@ -39,6 +39,7 @@ typedef struct cpu_blas {
     int64_t spin_ns;    /* the pool's, until open() starts it */
     int n_threads;
     int gemv_max_m;     /* matmuls with at most this many rows of x use the GEMV kernels */
+    bool fuse;          /* plan spans of more than one node */
     size_t tile_bytes;  /* per-thread F32 tile of widened weight rows */
     kern_buf *tile;     /* [n_threads] */
     kern_buf span_x;    /* a span's normalised rows that nothing after it reads */
@@ -62,7 +63,9 @@ static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64
  *   isa=auto|avx512|avx2|c   kernels to use (default auto: the best the CPU has, at most $RLX_ISA)
  *   tile_kb=N                per-thread F32 weight tile for BF16/F16 prefill (default 1536)
  *   spin_us=N                how long an idle pool thread spins before sleeping (default 200)
- *   gemv_m=N                 largest token count using the GEMV kernels (default 12) */
+ *   gemv_m=N                 largest token count using the GEMV kernels (default 12)
+ *   fuse=0|1                 fuse neighbouring nodes into spans (default 1; 0 runs every node
+ *                            by itself, to measure what fusion buys) */
 static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_t isa_len)
 {
     const rlx_host *h = s->host;
@@ -80,6 +83,8 @@ static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_
             s->spin_ns = v * 1000;
         } else if (rlx_iface_option_is(&o, "gemv_m") && rlx_iface_option_int(&o, 0, 4096, &v)) {
             s->gemv_max_m = (int)v;
+        } else if (rlx_iface_option_is(&o, "fuse") && rlx_iface_option_int(&o, 0, 1, &v)) {
+            s->fuse = v != 0;
         } else {
             return h->error(RLX_E_INVALID, "cpu-blas: unknown or out-of-range option '%.*s'", o.item_len, o.item);
         }
@@ -145,6 +150,7 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
     s->tile_bytes = 1536 * 1024;
     s->gemv_max_m = 12;
     s->spin_ns = 200 * 1000;
+    s->fuse = true;
     /* the cores this process may run on, which a container or taskset can make fewer than online */
     cpu_set_t cpus;
     long n_cpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : sysconf(_SC_NPROCESSORS_ONLN);
@@ -456,7 +462,7 @@ static int cpu_blas_plan_span(void *self, const rlx_span *run, uint32_t *n_taken
     cpu_blas_span sp = {0};
     *n_taken = 1;
     *out = NULL;
-    if (!nd[0].input_ids)
+    if (!s->fuse || !nd[0].input_ids)
         return RLX_OK;
     uint32_t i = 0;
     if (nd[0].op == RLX_OP_RMS_NORM && n > 1 && cpu_blas_reads(nd, 1, 0, 0) && cpu_blas_span_mm(s, &nd[1])) {
