@@ -573,7 +573,7 @@ static void run_model(kit_runner *r, const kit_check *c, kit_result *res) {
         result(res, KIT_FAIL, "backend failed to open: %s", rlx_last_error());
         goto done;
     }
-    rlx_session_options so = {.kv_capacity = (grc == 0 ? g.n_tokens : n_prompt) + decode_steps + 8,
+    rlx_session_options so = {.size = sizeof(rlx_session_options), .kv_capacity = (grc == 0 ? g.n_tokens : n_prompt) + decode_steps + 8,
                               .backends = &b, .n_backends = b ? 1 : 0};
     if (rlx_session_create(m, &spec, &so, &st) != RLX_OK) {
         result(res, KIT_FAIL, "cannot create a session on the backend: %s", rlx_last_error());

@@ -35,7 +35,7 @@ static rlx_session *create_session(rlx_model *m, uint32_t capacity, int emit_hid
                            .embed_input = 1,
                            .produce_logits = 1,
                            .emit_hidden = (uint32_t)emit_hidden};
-    rlx_session_options o = {.kv_capacity = capacity, .backends = &backend, .n_backends = 1};
+    rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = capacity, .backends = &backend, .n_backends = 1};
     rlx_session *s;
     assert_ok(rlx_session_create(m, &spec, &o, &s));
     return s;
@@ -380,7 +380,8 @@ static void context_append(accepted_context *c, const int32_t *tokens, uint32_t 
  * accepted drafts; hidden rows (when it needs them) for every token that has a state before it. */
 static rlx_spec_update context_update(const accepted_context *c, uint32_t n_new, uint32_t n_accepted, int hidden) {
     uint32_t first = c->n - n_new, first_row = first ? first - 1 : 0;
-    return (rlx_spec_update){.tokens = c->tokens + first,
+    return (rlx_spec_update){.size = sizeof(rlx_spec_update),
+                             .tokens = c->tokens + first,
                              .n_tokens = n_new,
                              .n_accepted = n_accepted,
                              .hidden = hidden ? c->rows + (size_t)first_row * c->hidden_size : NULL,

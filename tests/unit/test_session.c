@@ -19,7 +19,7 @@ static int64_t vocab;
 static rlx_session *new_session(uint32_t capacity) {
     const rlx_model_config *c = rlx_model_config_of(model);
     rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
-    rlx_session_options o = {.kv_capacity = capacity, .backends = &backend, .n_backends = 1};
+    rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = capacity, .backends = &backend, .n_backends = 1};
     rlx_session *s;
     assert_ok(rlx_session_create(model, &spec, &o, &s));
     return s;
@@ -296,7 +296,7 @@ static void test_emit_hidden_rows_and_lm_view(void **state) {
     const rlx_model_config *c = rlx_model_config_of(model);
     rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1,
                            .emit_hidden = 1};
-    rlx_session_options o = {.kv_capacity = 64, .backends = &backend, .n_backends = 1};
+    rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = 64, .backends = &backend, .n_backends = 1};
     rlx_session *with, *plain = new_session(64);
     assert_ok(rlx_session_create(model, &spec, &o, &with));
     rlx_lm lm, plain_lm;
@@ -336,7 +336,7 @@ static void test_mtp_errors(void **state) {
     assert_error_mentions("not an MTP layer");
     assert_false(rlx_model_has_mtp(model, 0));
     rlx_block_spec spec = {.layer_start = 0, .layer_end = 1, .embed_input = 1, .produce_logits = 1, .mtp = 1};
-    rlx_session_options o = {.kv_capacity = 16, .backends = &backend, .n_backends = 1};
+    rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = 16, .backends = &backend, .n_backends = 1};
     rlx_session *mtp = NULL;
     assert_int_equal(rlx_session_create(model, &spec, &o, &mtp), RLX_E_NOT_FOUND);
     assert_error_mentions("model.mtp_layers.0.token_layernorm.weight");

@@ -34,7 +34,7 @@ typedef struct stage {
 } stage;
 
 rlx_stage_options rlx_stage_options_default(void) {
-    return (rlx_stage_options){.prefetch = 1};
+    return (rlx_stage_options){.session = {.size = sizeof(rlx_session_options)}, .prefetch = 1};
 }
 
 static int stopping(const stage *st) { return st->o.stop && *st->o.stop; }

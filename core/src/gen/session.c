@@ -9,6 +9,7 @@
 
 #include "gen/gen_internal.h"
 #include "util/clock.h"
+#include "util/sized.h"
 
 /* the prompt, one decode token, k + 1 verified tokens, and a speculator's own catch-up widths
  * (1 to k + 1 accepted tokens): fewer slots make speculative decoding rebuild plans each round */
@@ -54,8 +55,12 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
     rlx_status rc = rlx_model_check_block(m, spec);
     if (rc != RLX_OK)
         return rc;
+    /* a caller built against an older header has a shorter struct: read only what it wrote */
+    rlx_session_options o = {.size = sizeof o};
+    if (opts && (rc = rlx__read_sized(&o, sizeof o, opts, offsetof(rlx_session_options, rules),
+                                      "rlx_session_options")) != RLX_OK)
+        return rc;
     const rlx_model_config *c = rlx_model_config_of(m);
-    rlx_session_options o = opts ? *opts : (rlx_session_options){0};
     uint32_t max_pos = c->max_position_embeddings > 0 && c->max_position_embeddings < UINT32_MAX
                            ? (uint32_t)c->max_position_embeddings
                            : UINT32_MAX;

@@ -63,18 +63,6 @@ PIN(rlx_backend_iface, compute, 32);
 PIN(rlx_backend_iface, precision, 40);
 PIN(rlx_backend_iface, describe, 48);
 
-PIN(rlx_sampler_params, greedy, 0);
-PIN(rlx_sampler_params, temperature, 4);
-PIN(rlx_sampler_params, top_k, 8);
-PIN(rlx_sampler_params, top_p, 12);
-PIN(rlx_sampler_params, seed, 16);
-PIN(rlx_sampler_params, min_p, 24);
-PIN(rlx_sampler_params, repeat_penalty, 28);
-PIN(rlx_sampler_params, repeat_last_n, 32);
-PIN(rlx_sampler_params, presence_penalty, 36);
-PIN(rlx_sampler_params, frequency_penalty, 40);
-_Static_assert(sizeof(rlx_sampler_params) == 48, "rlx_sampler_params size changed");
-
 PIN(rlx_spec_target, size, 0);
 PIN(rlx_spec_target, kv_capacity, 4);
 PIN(rlx_spec_target, model_dir, 8);
@@ -86,15 +74,59 @@ PIN(rlx_spec_target, rules, 48);
 PIN(rlx_spec_target, n_rules, 56);
 PIN(rlx_spec_target, options, 64);
 
-PIN(rlx_spec_update, tokens, 0);
-PIN(rlx_spec_update, n_tokens, 8);
-PIN(rlx_spec_update, n_accepted, 12);
-PIN(rlx_spec_update, hidden, 16);
-PIN(rlx_spec_update, n_hidden, 24);
-
 PIN(rlx_speculator_iface, size, 0);
 PIN(rlx_speculator_iface, flags, 4);
 PIN(rlx_speculator_iface, open, 8);
 PIN(rlx_speculator_iface, close, 16);
 PIN(rlx_speculator_iface, reset, 24);
 PIN(rlx_speculator_iface, propose, 32);
+
+// ---- the speculator boundary: every struct a speculator plugin is handed or hands the core ----
+/* The sized ones start with their size and are read only as far as it reaches (gen.h,
+ * speculator_iface.h); the others are pinned whole. */
+
+PIN(rlx_sampler_params, size, 0);
+PIN(rlx_sampler_params, greedy, 4);
+PIN(rlx_sampler_params, temperature, 8);
+PIN(rlx_sampler_params, top_k, 12);
+PIN(rlx_sampler_params, top_p, 16);
+PIN(rlx_sampler_params, seed, 24);
+_Static_assert(RLX_SAMPLER_PARAMS_SIZE_1 == offsetof(rlx_sampler_params, seed) + sizeof(uint64_t),
+               "the first version of rlx_sampler_params ends after seed");
+PIN(rlx_sampler_params, min_p, 32);
+PIN(rlx_sampler_params, repeat_penalty, 36);
+PIN(rlx_sampler_params, repeat_last_n, 40);
+PIN(rlx_sampler_params, presence_penalty, 44);
+PIN(rlx_sampler_params, frequency_penalty, 48);
+_Static_assert(sizeof(rlx_sampler_params) == 56, "rlx_sampler_params size changed");
+
+PIN(rlx_spec_update, size, 0);
+PIN(rlx_spec_update, tokens, 8);
+PIN(rlx_spec_update, n_tokens, 16);
+PIN(rlx_spec_update, n_accepted, 20);
+PIN(rlx_spec_update, hidden, 24);
+PIN(rlx_spec_update, n_hidden, 32);
+_Static_assert(sizeof(rlx_spec_update) == 40, "rlx_spec_update size changed");
+
+_Static_assert(sizeof(rlx_spec_target) == 72, "rlx_spec_target size changed");
+
+PIN(rlx_session_options, size, 0);
+PIN(rlx_session_options, kv_capacity, 4);
+PIN(rlx_session_options, backends, 8);
+PIN(rlx_session_options, n_backends, 16);
+PIN(rlx_session_options, rules, 24);
+PIN(rlx_session_options, n_rules, 32);
+_Static_assert(sizeof(rlx_session_options) == 40, "rlx_session_options size changed");
+
+PIN(rlx_place_rule, op, 0);
+PIN(rlx_place_rule, backend, 8);
+_Static_assert(sizeof(rlx_place_rule) == 16, "rlx_place_rule size changed");
+
+PIN(rlx_block_spec, layer_start, 0);
+PIN(rlx_block_spec, layer_end, 4);
+PIN(rlx_block_spec, embed_input, 8);
+PIN(rlx_block_spec, produce_logits, 12);
+PIN(rlx_block_spec, all_logits, 16);
+PIN(rlx_block_spec, emit_hidden, 20);
+PIN(rlx_block_spec, mtp, 24);
+_Static_assert(sizeof(rlx_block_spec) == 28, "rlx_block_spec size changed");
