@@ -223,6 +223,10 @@ static void common_args(argv_builder *b, const app_options *o, const char *trans
         arg(b, "--backend-opts");
         arg(b, o->backend_opts);
     }
+    if (o->place) {
+        arg(b, "--place");
+        arg(b, o->place);
+    }
     if (threads)
         arg_u32(b, "--threads", threads);
     if (o->verbose)

@@ -116,7 +116,7 @@ static int draft_open(const rlx_host *host, const rlx_spec_target *target, void 
     uint32_t capacity = target->kv_capacity;
     if (c->max_position_embeddings > 0 && (uint64_t)c->max_position_embeddings < capacity)
         capacity = (uint32_t)c->max_position_embeddings;
-    rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
     rlx_session_options so = {.size = sizeof(rlx_session_options), .kv_capacity = capacity,
                               .backends = target->backends,
                               .n_backends = target->n_backends,

@@ -114,7 +114,7 @@ static int mtp_open(const rlx_host *host, const rlx_spec_target *target, void **
     }
     if ((rc = mtp_find_weights(s, target->model_dir, &o)) != RLX_OK)
         goto fail;
-    rlx_block_spec spec = {.layer_start = o.layer,
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_start = o.layer,
                            .layer_end = o.layer + 1,
                            .embed_input = 1,
                            .produce_logits = 1,

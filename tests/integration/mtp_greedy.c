@@ -119,7 +119,7 @@ static int spec_greedy(runtime *rt, const rlx_lm *lm, rlx_backend *backend, cons
 
 static int single_process(runtime *rt, rlx_backend *backend, const tokens *want) {
     const rlx_model_config *c = rlx_model_config_of(rt->model);
-    rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1,
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1,
                            .emit_hidden = 1};
     rlx_session_options so = {.size = sizeof(rlx_session_options), .kv_capacity = 128, .backends = &backend, .n_backends = 1};
     rlx_session *target = NULL;
@@ -279,7 +279,7 @@ int main(int argc, char **argv) {
     }
     tokens want;
     const rlx_model_config *c = rlx_model_config_of(rt.model);
-    rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
     rlx_session_options so = {.size = sizeof(rlx_session_options), .kv_capacity = 128, .backends = &backend, .n_backends = 1};
     rlx_session *plain;
     rlx_lm lm;

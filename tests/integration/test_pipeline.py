@@ -303,6 +303,12 @@ def case_stage_place(env):
         text = env.stage_log(p)
         if not any(": backend cpu-blas: " in l for l in text.splitlines()):
             raise Fail(f"a stage with --place matmul=cpu-blas did not open cpu-blas:\n{text}")
+    # stages the driver launches take its --place as they take --plugin
+    args = ["--model", model, "--stages", "2", "--plugin", "ref", "--place", "matmul=cpu-blas"]
+    p, _ = env.run([env.rlx, "-v", "generate", "--tokens", TOKENS, "-n", str(N_NEW), "--greedy", *args])
+    if len([l for l in stage_lines(p.stderr) if ": backend cpu-blas: " in l]) != 2:
+        raise Fail(f"--stages 2 --place matmul=cpu-blas: the launched stages did not open cpu-blas:\n{p.stderr}")
+    env.same("--stages 2 --place matmul=cpu-blas", placed, p.stdout.strip(), env.logits(args), tol=0)
     plain = env.reference(model, plugin="ref")
     if float(np.max(np.abs(plain[1] - placed[1]))) == 0:
         log("note: cpu-blas's matmuls round as the reference kernels do here; placement shown by the describe lines")

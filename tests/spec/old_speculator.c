@@ -1,9 +1,10 @@
 /* A speculator built against a frozen copy of an older speculator ABI (frozen/speculator_abi_1.h):
- * its rlx_sampler_params end after seed and its rlx_session_options before the placement rules.
+ * its rlx_sampler_params end after seed, its rlx_session_options before the placement rules and
+ * its rlx_block_spec before all_logits.
  * It drafts with the target model itself: it recomputes the context in its own session, then
  * proposes greedy or sampled tokens from its own sampler. Each struct it hands the core is
  * followed by bytes of 0xff, so a core that read past the struct's size would find NaN
- * filters or a wild rules pointer and fail, not run. */
+ * filters, a wild rules pointer or an MTP block and fail, not run. */
 #include <stdlib.h>
 
 #include "frozen/speculator_abi_1.h"
@@ -37,9 +38,15 @@ static int old_open(const rlx_host *host, const rlx_spec_target *target, void **
     int rc = rlx_model_open(target->model_dir, &s->model);
     if (rc != RLX_OK)
         return old_close(s), rc;
-    const rlx_block_spec spec = {.layer_end = (uint32_t)rlx_model_config_of(s->model)->num_hidden_layers,
-                                 .embed_input = 1,
-                                 .produce_logits = 1};
+    struct {
+        rlx_block_spec b;
+        unsigned char poison[64];
+    } spec;
+    memset(&spec, 0xff, sizeof spec);
+    spec.b = (rlx_block_spec){.size = sizeof spec.b,
+                              .layer_end = (uint32_t)rlx_model_config_of(s->model)->num_hidden_layers,
+                              .embed_input = 1,
+                              .produce_logits = 1};
     struct {
         rlx_session_options o;
         unsigned char poison[64];
@@ -49,7 +56,7 @@ static int old_open(const rlx_host *host, const rlx_spec_target *target, void **
     padded.o.kv_capacity = target->kv_capacity;
     padded.o.backends = target->backends;
     padded.o.n_backends = target->n_backends;
-    if ((rc = rlx_session_create(s->model, &spec, &padded.o, &s->session)) != RLX_OK)
+    if ((rc = rlx_session_create(s->model, &spec.b, &padded.o, &s->session)) != RLX_OK)
         return old_close(s), rc;
     if (!(s->context = malloc((size_t)s->capacity * sizeof *s->context)))
         return old_close(s), host->error(RLX_E_NOMEM, "out of memory");

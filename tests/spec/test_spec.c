@@ -31,7 +31,7 @@ static const int32_t tiny_prompt[] = {1, 5, 3}; /* for the vocabulary of 16 */
 
 static rlx_session *create_session(rlx_model *m, uint32_t capacity, int emit_hidden) {
     const rlx_model_config *c = rlx_model_config_of(m);
-    rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers,
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers,
                            .embed_input = 1,
                            .produce_logits = 1,
                            .emit_hidden = (uint32_t)emit_hidden};
@@ -735,9 +735,9 @@ static void test_bad_speculators_and_arguments_are_refused(void **state) {
 }
 
 /* A speculator built against the first sized ABI (tests/spec/frozen/) hands the core a shorter
- * rlx_sampler_params and rlx_session_options, each followed by 0xff bytes: the core must read
- * them as far as their size and default the rest, or the sampler sees NaN filters and the
- * session a wild rules pointer. It drafts with the target itself, so under greedy nearly every
+ * rlx_sampler_params, rlx_session_options and rlx_block_spec, each followed by 0xff bytes: the
+ * core must read them as far as their size and default the rest, or the sampler sees NaN
+ * filters, the session a wild rules pointer and the block an MTP layer. It drafts with the target itself, so under greedy nearly every
  * draft is accepted and the output is plain decoding's; sampled, it must run to the end. */
 static void test_speculator_built_for_older_structs_runs(void **state) {
     (void)state;
@@ -767,6 +767,15 @@ static void test_speculator_built_for_older_structs_runs(void **state) {
     rlx_sampler *bad;
     assert_int_equal(rlx_sampler_create(&p, lm.vocab, &bad), RLX_E_INVALID);
     assert_error_mentions("rlx_sampler_params.size");
+    rlx_session_options so = {.size = 0, .kv_capacity = 16};
+    rlx_block_spec bs = {.size = sizeof bs, .layer_end = 1, .embed_input = 1, .produce_logits = 1};
+    rlx_session *none;
+    assert_int_equal(rlx_session_create(target, &bs, &so, &none), RLX_E_INVALID);
+    assert_error_mentions("rlx_session_options.size");
+    so.size = sizeof so;
+    bs.size = 0;
+    assert_int_equal(rlx_session_create(target, &bs, &so, &none), RLX_E_INVALID);
+    assert_error_mentions("rlx_block_spec.size");
     rlx_session_destroy(s);
 }
 

@@ -38,9 +38,10 @@
  * handed (rlx_spec_target, rlx_spec_update, rlx_sampler_params) start with their size, and a
  * speculator reads past its own version's members only when that size covers them
  * (rlx_sampler_params_read does so for the sampling parameters). The structs it hands the core
- * (rlx_session_options, rlx_sampler_params) carry the size it was built with, and the core reads
- * no further, taking the defaults for members appended since. rlx_block_spec and rlx_place_rule
- * are plain uint32_t and pointer members pinned in place. A speculator must not call a function
+ * (rlx_session_options, rlx_block_spec, rlx_sampler_params) carry the size it was built with,
+ * and the core reads no further, taking the defaults for members appended since. The model's
+ * rlx_model_config is read in place (members only appended) and rlx_place_rule is pinned. A
+ * speculator must not call a function
  * that returns one of the sized structs by value (rlx_sampler_params_of): the caller's copy
  * could be shorter than the core's. */
 #ifndef RLX_SPECULATOR_IFACE_H

@@ -8,6 +8,7 @@
 #include "rlx/sched.h"
 
 #include "gen/gen_internal.h"
+#include "model/model_internal.h"
 #include "util/clock.h"
 #include "util/sized.h"
 
@@ -72,7 +73,7 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
     if (!s)
         return rlx_error(RLX_E_NOMEM, "session: out of memory");
     s->m = m;
-    s->spec = *spec;
+    rlx__block_spec_read(spec, &s->spec); /* rlx_model_check_block read it already */
     s->capacity = capacity;
     uint32_t n_layers = spec->layer_end - spec->layer_start;
     s->cache_bytes = (size_t)capacity * (size_t)(c->num_key_value_heads * c->head_dim) * sizeof(float);

@@ -256,7 +256,7 @@ static rlx_status open_local(rlx_runtime *rt) {
     if (rt->o.flags & RLX_RUNTIME_STAGE)
         return RLX_OK;
     const rlx_model_config *c = rlx_model_config_of(rt->model);
-    rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers,
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers,
                            .embed_input = 1,
                            .produce_logits = 1,
                            .emit_hidden = (uint32_t)speculator_needs_hidden(rt)};

@@ -1,6 +1,6 @@
 /* A frozen copy of what a speculator plugin saw of the rlx headers in their first sized version:
  * rlx_sampler_params before min_p and the penalties were appended, rlx_session_options before
- * placement rules. old_speculator.c builds against this instead of rlx/rlx.h, as a plugin built
+ * placement rules, rlx_block_spec before all_logits, emit_hidden and mtp. old_speculator.c builds against this instead of rlx/rlx.h, as a plugin built
  * against an older librlx would, so the test sees the core read only what these sizes cover.
  * Never update it: it stands for binaries already out there. */
 #ifndef RLX_FROZEN_SPECULATOR_ABI_1_H
@@ -10,9 +10,27 @@
 #include <stdint.h>
 #include <string.h>
 
-/* models and blocks did not change since: the current header stands for itself */
-#include "rlx/model.h"
 #include "rlx/plugin_iface.h"
+
+typedef struct rlx_model rlx_model;
+
+/* the first members of the model configuration, all this plugin reads */
+typedef struct rlx_model_config {
+    char model_type[32];
+    int64_t vocab_size;
+    int64_t hidden_size;
+    int64_t intermediate_size;
+    int64_t num_hidden_layers;
+} rlx_model_config;
+
+/* before all_logits, emit_hidden and mtp were appended */
+typedef struct rlx_block_spec {
+    uint32_t size;
+    uint32_t layer_start;
+    uint32_t layer_end;
+    uint32_t embed_input;
+    uint32_t produce_logits;
+} rlx_block_spec;
 
 #define RLX_SPEC_MAX_DRAFT 64
 
@@ -77,6 +95,9 @@ typedef struct rlx_speculator_iface {
                    int32_t *tokens, float *probs, uint32_t *n_proposed);
 } rlx_speculator_iface;
 
+int rlx_model_open(const char *model_dir, rlx_model **out);
+void rlx_model_close(rlx_model *m);
+const rlx_model_config *rlx_model_config_of(const rlx_model *m);
 int rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, const rlx_session_options *opts,
                        rlx_session **out);
 void rlx_session_destroy(rlx_session *s);
