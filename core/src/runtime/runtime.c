@@ -48,9 +48,8 @@ static rlx_status failed(rlx_status rc, const char *what) {
 }
 
 static rlx_status registry_of(rlx_runtime *rt) {
-    if (!rt->registry && rlx_registry_create(rt->o.plugin_dir, &rt->registry) != RLX_OK)
-        return failed(RLX_E_NOT_FOUND, "cannot search for plugins");
-    return RLX_OK;
+    rlx_status rc = rt->registry ? RLX_OK : rlx_registry_create(rt->o.plugin_dir, &rt->registry);
+    return rc == RLX_OK ? rc : failed(rc, "cannot search for plugins");
 }
 
 // ---- backends and placement ----
