@@ -626,15 +626,16 @@ int kit_enumerate(const kit_options *o, kit_check **list, size_t *n) {
         snprintf(golden, sizeof golden, "%s/rlx-golden.txt", dir);
         int has_golden = access(golden, R_OK) == 0;
         static const char *what[] = {"logits (prefill, then decode) vs reference kernels",
-                                     "logits vs NumPy golden (rlx-golden.f32)", "greedy ids vs NumPy golden"};
-        for (int kind = 0; kind < 3; kind++) {
+                                     "logits vs NumPy golden (rlx-golden.f32)", "greedy ids vs NumPy golden",
+                                     "fused spans vs the same nodes one by one"};
+        for (int kind = 0; kind < 4; kind++) {
             memset(&c, 0, sizeof c);
             c.source = KIT_SRC_MODEL;
             c.spec = kind;
             if (!(c.path = strdup(dir)))
                 return -1;
             snprintf(c.name, sizeof c.name, "model %s: %s", base, what[kind]);
-            if (kind == KIT_MODEL_VS_REF && o->is_ref) {
+            if ((kind == KIT_MODEL_VS_REF || kind == KIT_MODEL_SPANS) && o->is_ref) {
                 free(c.path);
                 continue;
             }

@@ -17,7 +17,7 @@
 enum { KIT_SRC_REF = 0, KIT_SRC_NUMPY = 1, KIT_SRC_MODEL = 2 };
 enum { KIT_PASS = 0, KIT_FAIL = 1, KIT_NOT_CLAIMED = 2, KIT_SKIPPED = 3 };
 /* What a model check compares. */
-enum { KIT_MODEL_VS_REF = 0, KIT_MODEL_VS_GOLDEN = 1, KIT_MODEL_GREEDY = 2 };
+enum { KIT_MODEL_VS_REF = 0, KIT_MODEL_VS_GOLDEN = 1, KIT_MODEL_GREEDY = 2, KIT_MODEL_SPANS = 3 };
 
 /* Bounds for backends that declare RLX_PRECISION_BF16_ACT (matmul inputs rounded to BF16).
  * A MATMUL is bounded elementwise: |got - exact| <= 2^-8 sum_k |x_k w_k| + the op's F32

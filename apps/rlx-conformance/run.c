@@ -265,6 +265,8 @@ static void judge(kit_runner *r, const kit_check *c, kit_node *n, uint32_t prec,
     size_t out_bytes = (size_t)numel * 4;
     float *want = n->want, *want_cache[2] = {n->want_cache[0], n->want_cache[1]};
     float *ref_out = NULL, *ref_cache[2] = {NULL, NULL}, *cache[2] = {NULL, NULL};
+    void **prepared = NULL;
+    rlx_tensor *shapes = NULL;
     uint64_t *hashes = calloc(n->n_inputs, sizeof *hashes);
     rlx_tensor *in = calloc(n->n_inputs, sizeof *in);
     uint8_t *out = kit_alloc(out_bytes + GUARD_BYTES);
@@ -319,8 +321,38 @@ static void judge(kit_runner *r, const kit_check *c, kit_node *n, uint32_t prec,
     memset(out + out_bytes, 0xa5, GUARD_BYTES);
     rlx_tensor o = n->out;
     o.data = out;
+    /* a backend that prepares weights gets its handles, as a plan would give them */
+    if (!(prepared = calloc(n->n_inputs, sizeof *prepared))) {
+        result(res, KIT_FAIL, "kit: out of memory");
+        goto done;
+    }
+    /* what the backend saw at planning time: shapes, no data */
+    if (!(shapes = calloc(n->n_inputs, sizeof *shapes))) {
+        result(res, KIT_FAIL, "kit: out of memory");
+        goto done;
+    }
+    for (uint32_t i = 0; i < n->n_inputs; i++) {
+        shapes[i] = in[i];
+        shapes[i].data = NULL;
+    }
+    rlx_tensor planned_out = n->out;
+    planned_out.data = NULL;
+    const rlx_node_view planned = {.op = n->op, .n_inputs = n->n_inputs, .inputs = shapes, .output = &planned_out,
+                                   .params = &n->p, .name = c->name, .output_id = -1};
+    if (rlx_backend_features(r->tested) & RLX_BACKEND_PREPARES_WEIGHTS) {
+        phase(r, "prepare_weight()");
+        for (uint32_t i = 0; i < n->n_inputs; i++) {
+            const rlx_weight_info w = {.size = sizeof w, .tensor = &in[i], .name = c->name, .op = n->op, .input = i,
+                                       .node = &planned};
+            if (n->is_weight[i] && rlx_backend_prepare_weight(r->tested, &w, &prepared[i]) != RLX_OK) {
+                result(res, KIT_FAIL, "claimed the node, then failed to prepare its weight (input %u): %s", i,
+                       rlx_last_error());
+                goto done;
+            }
+        }
+    }
     rlx_node_view v = {.op = n->op, .n_inputs = n->n_inputs, .inputs = in, .output = &o, .params = &n->p,
-                       .name = c->name};
+                       .name = c->name, .prepared = prepared, .output_id = -1};
     phase(r, "compute()");
     if (rlx_backend_compute(r->tested, &v) != RLX_OK) {
         result(res, KIT_FAIL, "claimed the node, then failed it: %s", rlx_last_error());
@@ -393,6 +425,10 @@ static void judge(kit_runner *r, const kit_check *c, kit_node *n, uint32_t prec,
                (double)got[at], (double)want[at]);
     }
 done:
+    for (uint32_t i = 0; prepared && i < n->n_inputs; i++)
+        rlx_backend_release_weight(r->tested, prepared[i]);
+    free(prepared);
+    free(shapes);
     free(hashes);
     free(in);
     free(out);
@@ -717,6 +753,141 @@ done:
     rlx_runtime_close(rt);
 }
 
+/* One model block planned twice on the tested backend, with its spans and node by node. */
+typedef struct span_pair {
+    rlx_graph *g;
+    rlx_block_io io;
+    rlx_plan *plan[2];  /* [0] spans, [1] RLX_PLAN_PER_NODE */
+    float *cache[2];    /* each plan's K and V caches, all layers back to back */
+} span_pair;
+
+static void span_pair_free(span_pair *s) {
+    for (int i = 0; i < 2; i++) {
+        rlx_plan_destroy(s->plan[i]);
+        free(s->cache[i]);
+    }
+    rlx_graph_destroy(s->g);
+}
+
+static int span_pair_open(rlx_model *m, rlx_backend *b, uint32_t n, uint32_t capacity, span_pair *s, char *why,
+                          size_t why_len) {
+    const rlx_model_config *cfg = rlx_model_config_of(m);
+    const rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)cfg->num_hidden_layers, .embed_input = 1,
+                                 .produce_logits = 1, .all_logits = 1};
+    if (rlx_model_build_block(m, &spec, n, capacity, &s->g, &s->io) != RLX_OK) {
+        snprintf(why, why_len, "cannot build the block: %s", rlx_last_error());
+        return -1;
+    }
+    const size_t per_cache = (size_t)capacity * (size_t)(cfg->num_key_value_heads * cfg->head_dim);
+    for (int i = 0; i < 2; i++) {
+        const rlx_plan_options o = {.size = sizeof o, .flags = i ? RLX_PLAN_PER_NODE : 0, .backends = &b,
+                                    .n_backends = 1};
+        if (rlx_plan_create_opts(s->g, &o, &s->plan[i]) != RLX_OK) {
+            snprintf(why, why_len, "cannot plan the model%s: %s", i ? " node by node" : "", rlx_last_error());
+            return -1;
+        }
+        if (!(s->cache[i] = calloc(2 * s->io.n_layers * per_cache, sizeof(float)))) {
+            snprintf(why, why_len, "kit: out of memory");
+            return -1;
+        }
+        for (uint32_t l = 0; l < s->io.n_layers; l++)
+            if (rlx_plan_bind(s->plan[i], s->io.k_cache[l], s->cache[i] + (2 * l) * per_cache) != RLX_OK ||
+                rlx_plan_bind(s->plan[i], s->io.v_cache[l], s->cache[i] + (2 * l + 1) * per_cache) != RLX_OK) {
+                snprintf(why, why_len, "kit: %s", rlx_last_error());
+                return -1;
+            }
+    }
+    return 0;
+}
+
+/* Runs both plans over ids at positions pos..pos+n-1; the largest difference of their logits
+ * goes to *worst (relative to max(1, |per-node|) in *scale). */
+static int span_pair_run(span_pair *s, int32_t *ids, int32_t *pos, uint32_t n, int64_t vocab, double *worst,
+                         double *scale, char *why, size_t why_len) {
+    const float *out[2];
+    for (int i = 0; i < 2; i++) {
+        if (rlx_plan_bind(s->plan[i], s->io.input, ids) != RLX_OK ||
+            rlx_plan_bind(s->plan[i], s->io.positions, pos) != RLX_OK || rlx_plan_run(s->plan[i]) != RLX_OK) {
+            snprintf(why, why_len, "%s: %s", i ? "node by node" : "with spans", rlx_last_error());
+            return -1;
+        }
+        out[i] = rlx_plan_data(s->plan[i], s->io.output);
+    }
+    for (size_t k = 0; k < (size_t)n * (size_t)vocab; k++) {
+        *scale = fmax(*scale, fabs(out[1][k]));
+        const double d = fabs((double)out[0][k] - (double)out[1][k]);
+        if (!(d <= *worst))
+            *worst = isnan(d) ? INFINITY : d;
+    }
+    return 0;
+}
+
+/* A backend that runs spans must compute what its compute() gives node by node: a prefill
+ * and a decode step of the model, each planned with spans and with RLX_PLAN_PER_NODE. */
+static void run_model_spans(kit_runner *r, const kit_check *c, kit_result *res) {
+    rlx_model *m = NULL;
+    rlx_backend *b = NULL;
+    span_pair prefill = {0}, decode = {0};
+    char why[1024];
+    phase(r, "a whole model with spans and node by node");
+    if (rlx_model_open(c->path, &m) != RLX_OK) {
+        result(res, KIT_FAIL, "cannot open the model: %s", rlx_last_error());
+        return;
+    }
+    /* a fresh instance: what it prepares for this model is released when the model closes */
+    if (open_tested(r, &b) != RLX_OK) {
+        result(res, KIT_FAIL, "backend failed to open: %s", rlx_last_error());
+        goto done;
+    }
+    if (!(rlx_backend_features(b) & RLX_BACKEND_RUNS_SPANS)) {
+        result(res, KIT_SKIPPED, "the backend runs every node by itself (no compute_span)");
+        goto done;
+    }
+    const int64_t vocab = rlx_model_config_of(m)->vocab_size;
+    enum { N = 7, CAPACITY = 16 };
+    int32_t ids[N + 1], pos[N + 1];
+    for (int i = 0; i <= N; i++) {
+        ids[i] = (int32_t)((i * 131 + 7) % (vocab > 8 ? vocab - 8 : vocab));
+        pos[i] = i;
+    }
+    double worst = 0, scale = 1;
+    if (span_pair_open(m, b, N, CAPACITY, &prefill, why, sizeof why) < 0 ||
+        span_pair_open(m, b, 1, CAPACITY, &decode, why, sizeof why) < 0 ||
+        span_pair_run(&prefill, ids, pos, N, vocab, &worst, &scale, why, sizeof why) < 0) {
+        result(res, KIT_FAIL, "%s", why);
+        goto done;
+    }
+    /* the decode plans continue from the caches their own prefill left */
+    const rlx_model_config *cfg = rlx_model_config_of(m);
+    const size_t cache_bytes = (size_t)2 * prefill.io.n_layers * CAPACITY * sizeof(float) *
+                               (size_t)(cfg->num_key_value_heads * cfg->head_dim);
+    for (int i = 0; i < 2; i++)
+        memcpy(decode.cache[i], prefill.cache[i], cache_bytes);
+    if (span_pair_run(&decode, ids + N, pos + N, 1, vocab, &worst, &scale, why, sizeof why) < 0) {
+        result(res, KIT_FAIL, "decode: %s", why);
+        goto done;
+    }
+    uint32_t calls[2] = {rlx_plan_n_calls(prefill.plan[0]), rlx_plan_n_calls(decode.plan[0])};
+    const uint32_t nodes = rlx_graph_n_nodes(prefill.g);
+    const uint32_t prec = rlx_plan_node_precision(prefill.plan[0], 0);
+    double tol = r->o->tol[KIT_TOL_MODEL];
+    if (prec == RLX_PRECISION_BF16_ACT && !r->o->tol_set[KIT_TOL_MODEL])
+        tol = KIT_BF16_MODEL_EMULATED;
+    res->err = worst;
+    res->limit = tol * scale;
+    if (worst <= res->limit)
+        result(res, KIT_PASS, "%u prompt tokens and a decode step; %u nodes in %u calls (prefill), %u (decode)", N,
+               nodes, calls[0], calls[1]);
+    else
+        result(res, KIT_FAIL, "backend '%s': logits with spans differ from node-by-node ones by %.3g%s",
+               rlx_backend_name(r->tested), worst, isfinite(worst) ? "" : " (NaN or Inf)");
+done:
+    span_pair_free(&prefill);
+    span_pair_free(&decode);
+    rlx_backend_destroy(b);
+    rlx_model_close(m);
+}
+
 void kit_run_check(kit_runner *r, const kit_check *c, kit_result *res) {
     memset(res, 0, sizeof *res);
     res->err = -1;
@@ -724,7 +895,9 @@ void kit_run_check(kit_runner *r, const kit_check *c, kit_result *res) {
         result(res, KIT_FAIL, "backend failed to reopen: %s", rlx_last_error());
         return;
     }
-    if (c->source == KIT_SRC_MODEL) {
+    if (c->source == KIT_SRC_MODEL && c->spec == KIT_MODEL_SPANS) {
+        run_model_spans(r, c, res);
+    } else if (c->source == KIT_SRC_MODEL) {
         run_model(r, c, res);
     } else if (c->source == KIT_SRC_NUMPY && !c->path) {
         result(res, KIT_FAIL,

@@ -1,6 +1,7 @@
 /* onednn: the oneDNN backend plugin of rlx. Matmuls are oneDNN matmul primitives; the other
- * ops are ISA-dispatched kernels (AVX-512, AVX2 + FMA + F16C or portable C, picked at open())
- * that run on the same OpenMP threads as oneDNN, so only one thread pool ever spins.
+ * ops are the CPU kernel library's (plugins/kernels/kern.h: AVX-512, AVX2 + FMA + F16C or
+ * portable C, picked at open()), whose parallel_for runs here on the same OpenMP threads as
+ * oneDNN, so only one thread pool ever spins.
  *
  * A weight takes one of two paths, fixed by its dtype and by what oneDNN does on this CPU:
  *   - packed: the first time a weight pointer is seen it is reordered once into the layout
@@ -12,9 +13,9 @@
  *   - widened (F16 weights; BF16 weights where oneDNN has no BF16 matmul or with bf16=0; F32
  *     weights whose preferred layout is plain, as with gemm:jit on AVX2): exact F32 arithmetic
  *     on the stored weights, with no copy of the model. A few activation rows stream the
- *     weights through GEMV kernels that widen them in registers; more rows widen one L2-sized
- *     tile of weight rows per thread at a time (F32 rows are used in place) and run a
- *     single-threaded oneDNN f32 matmul on it while it is hot.
+ *     weights through the library's stream GEMV kernels, which widen them in registers; more
+ *     rows widen one L2-sized tile of weight rows per thread at a time (F32 rows are used in
+ *     place) and run a single-threaded oneDNN f32 matmul on it while it is hot.
  * Packing a weight that lies in a read-only file mapping (a mapped safetensors file) drops the
  * mapped pages afterwards (option drop=1, the default): they are file-backed, so dropping
  * them only lowers the resident size, and any later read faults them back from the file.
@@ -23,220 +24,26 @@
  * this plugin, before any of its code runs. So the rlx app sets GOMP_SPINCOUNT=20000 (about
  * 0.2 ms) at startup when neither is set, and a process that shares the machine yields its cores
  * soon; an application embedding librlx sets them itself before loading plugins. */
-#include <immintrin.h>
-#include <limits.h>
-#include <math.h>
 #include <omp.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
-#include "isa.h"
+#include "kern.h"
 #include "node_check.h"
 #include "pool.h"
 #include "rlx/backend_iface.h"
 
-/* Activation rows up to which widened matmuls stream weights through the GEMV kernels. */
-#define ONEDNN_GEMV_MAX_M 8
-/* Bytes the GEMV kernels prefetch ahead of the weight row they read. */
-#define ONEDNN_PREFETCH 1024
-/* Output features handed to a thread come in multiples of this (whole cache lines of y). */
-#define ONEDNN_ROW_ALIGN 16
-/* Queries per attention task; a task covers one KV head and all its query heads. */
-#define ONEDNN_ATT_TQ 16
-/* Attention tasks with at most this many query rows score keys straight from the cache. */
-#define ONEDNN_ATT_DIRECT_ROWS 4
-/* Below this many multiply-adds (or elements) a job runs on the calling thread alone. */
-#define ONEDNN_PAR_MIN 32768
 /* Matmul primitives kept; the least recently used one is destroyed beyond that. */
 #define ONEDNN_PRIM_SLOTS 256
-#define ONEDNN_ALIGN 64
-
-// ---------------------------------------------------------------------------------------------
-// Kernel tables, one per instruction set
-
-/* Fully unrolls the loop that follows (all trip counts it is used on are at most 16). */
-#define OD_UNROLL_ALL _Pragma("GCC unroll 16")
-
-/* y[m * ldy + n] = x[m * ldx] . w[n] (K values each) for the M rows of x and n in [n0, n1). */
-typedef void (*onednn_gemv_fn)(const float *x, int64_t ldx, const void *w, int64_t k, int64_t n0, int64_t n1,
-                               float *y, int64_t ldy);
-
-typedef struct onednn_kernels {
-    const char *isa;
-    void (*widen)(int dt, const void *src, float *dst, int64_t n);
-    void (*to_bf16)(const float *src, uint16_t *dst, int64_t n);
-    onednn_gemv_fn gemv[3][ONEDNN_GEMV_MAX_M]; /* [weight dtype][M - 1] */
-    void (*rms_norm)(const float *x, const float *w, float *y, int64_t n, int64_t g, float eps);
-    void (*rope)(const float *x, const float *cs, float *y, int64_t n_heads, int64_t half);
-    void (*swiglu)(const float *g, const float *u, float *y, int64_t n);
-    void (*add)(const float *a, const float *b, float *y, int64_t n);
-    void (*axpy)(float a, const float *x, float *y, int64_t n);
-    int64_t att_pw; /* keys per attention panel */
-    void (*att_pack)(const float *k, int64_t ldk, int64_t nk, int64_t D, float *panel);
-    void (*att_qk)(const float *const *q, int64_t rows, const float *panel, int64_t nk, int64_t D, float scale,
-                   float *s, int64_t lds);
-    void (*att_qk_direct)(const float *const *q, int64_t rows, const float *k, int64_t ldk, int64_t nk, int64_t D,
-                          float scale, float *s, int64_t lds);
-    float (*softmax)(float *s, int64_t n, int64_t lo, int64_t hi);
-    void (*att_pv)(const float *p, int64_t ldp, int64_t rows, const float *v, int64_t ldv, int64_t nk, int64_t D,
-                   float *const *o, const float *inv);
-} onednn_kernels;
-
-/* Portable C: VW = 1 and plain float arithmetic. */
-static inline float onednn_pow2i(int n)
-{
-    const uint32_t bits = (uint32_t)(n + 127) << 23;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-#define SFX(name) onednn_##name##_c
-#define OD_TARGET
-#define OD_ISA_NAME "c"
-#define OD_GEMV_U(m) ((m) <= 2 ? 4 : (m) <= 4 ? 2 : 1)
-#define OD_ATT_PW 8
-#define OD_QK_R 4
-#define VW 1
-#define VF float
-#define VZERO() 0.0f
-#define VSET1(s) (s)
-#define VLD(p) (*(p))
-#define VST(p, v) (*(p) = (v))
-#define VADD(a, b) ((a) + (b))
-#define VSUB(a, b) ((a) - (b))
-#define VMUL(a, b) ((a) * (b))
-#define VDIV(a, b) ((a) / (b))
-#define VMAX(a, b) fmaxf(a, b)
-#define VMIN(a, b) fminf(a, b)
-#define VFMA(a, b, c) ((a) * (b) + (c))
-#define VHSUM(v) (v)
-#define VHMAX(v) (v)
-#define VLD_BF16(p) rlx_iface_bf16_to_f32(*(p))
-#define VLD_F16(p) rlx_iface_f16_to_f32(*(p))
-#define VST_BF16(p, v) (*(p) = rlx_iface_f32_to_bf16(v))
-#define VROUND(v) rintf(v)
-#define VPOW2I(n) onednn_pow2i((int)(n))
-#include "onednn_simd.inc"
-
-/* AVX2 + FMA + F16C: 8 floats per vector, 16 registers. */
-#define OD_TARGET __attribute__((target("avx2,fma,f16c")))
-
-static inline __attribute__((always_inline)) OD_TARGET float onednn_hsum_avx2(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline __attribute__((always_inline)) OD_TARGET float onednn_hmax_avx2(__m256 v)
-{
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* 8 floats to BF16, as rlx_iface_f32_to_bf16 does one. */
-static inline __attribute__((always_inline)) OD_TARGET void onednn_st_bf16_avx2(uint16_t *p, __m256 v)
-{
-    const __m256i b = _mm256_castps_si256(v);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
-    const __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x40));
-    r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
-    /* every lane is below 0x10000, so the unsigned saturating pack is exact */
-    const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-    _mm_storeu_si128((__m128i *)p, h);
-}
-
-#define SFX(name) onednn_##name##_avx2
-#define OD_ISA_NAME "avx2"
-#define OD_GEMV_U(m) ((m) <= 2 ? 4 : (m) <= 4 ? 2 : 1)
-#define OD_ATT_PW 16
-#define OD_QK_R 6
-#define VW 8
-#define VF __m256
-#define VZERO() _mm256_setzero_ps()
-#define VSET1(s) _mm256_set1_ps(s)
-#define VLD(p) _mm256_loadu_ps(p)
-#define VST(p, v) _mm256_storeu_ps(p, v)
-#define VADD(a, b) _mm256_add_ps(a, b)
-#define VSUB(a, b) _mm256_sub_ps(a, b)
-#define VMUL(a, b) _mm256_mul_ps(a, b)
-#define VDIV(a, b) _mm256_div_ps(a, b)
-#define VMAX(a, b) _mm256_max_ps(a, b)
-#define VMIN(a, b) _mm256_min_ps(a, b)
-#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define VHSUM(v) onednn_hsum_avx2(v)
-#define VHMAX(v) onednn_hmax_avx2(v)
-#define VLD_BF16(p)                                                                                         \
-    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
-#define VLD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define VST_BF16(p, v) onednn_st_bf16_avx2(p, v)
-#define VROUND(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define VPOW2I(n)                                                                                           \
-    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
-#include "onednn_simd.inc"
-
-/* AVX-512 (F, BW, VL): 16 floats per vector, 32 registers. */
-#define OD_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
-
-/* 16 floats to BF16, as rlx_iface_f32_to_bf16 does one. */
-static inline __attribute__((always_inline)) OD_TARGET void onednn_st_bf16_avx512(uint16_t *p, __m512 v)
-{
-    const __m512i b = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-    const __m512i qnan = _mm512_or_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(0x40));
-    r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), qnan);
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r)); /* lanes < 0x10000: exact */
-}
-
-#define SFX(name) onednn_##name##_avx512
-#define OD_ISA_NAME "avx512"
-#define OD_GEMV_U(m) ((m) <= 4 ? 4 : 2)
-#define OD_ATT_PW 32
-#define OD_QK_R 12
-#define VW 16
-#define VF __m512
-#define VZERO() _mm512_setzero_ps()
-#define VSET1(s) _mm512_set1_ps(s)
-#define VLD(p) _mm512_loadu_ps(p)
-#define VST(p, v) _mm512_storeu_ps(p, v)
-#define VADD(a, b) _mm512_add_ps(a, b)
-#define VSUB(a, b) _mm512_sub_ps(a, b)
-#define VMUL(a, b) _mm512_mul_ps(a, b)
-#define VDIV(a, b) _mm512_div_ps(a, b)
-#define VMAX(a, b) _mm512_max_ps(a, b)
-#define VMIN(a, b) _mm512_min_ps(a, b)
-#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define VHSUM(v) _mm512_reduce_add_ps(v)
-#define VHMAX(v) _mm512_reduce_max_ps(v)
-#define VLD_BF16(p)                                                                                         \
-    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
-#define VLD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define VST_BF16(p, v) onednn_st_bf16_avx512(p, v)
-#define VROUND(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define VPOW2I(n)                                                                                           \
-    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
-#include "onednn_simd.inc"
 
 // ---------------------------------------------------------------------------------------------
 // Instance
-
-typedef struct onednn_buf {
-    void *p;
-    size_t cap; /* bytes */
-} onednn_buf;
 
 /* The packed layout oneDNN chose for weights of one shape and compute type; every weight of
  * that shape is packed into it, so one primitive per M serves them all. */
@@ -280,7 +87,7 @@ typedef struct onednn_map {
 typedef struct onednn {
     const rlx_host *host;
     char describe[256]; /* rlx_backend_iface.describe */
-    const onednn_kernels *k;
+    kern_ctx kern;      /* the kernel library on the OpenMP threads */
     int n_threads;
     plugin_stragglers stragglers; /* when the plugin's own regions go serial (plugins/common/pool.h) */
     int bf16;          /* BF16 weights run as oneDNN bf16 matmuls (activations rounded to BF16) */
@@ -299,52 +106,15 @@ typedef struct onednn {
     uint64_t clock;
     onednn_map *maps;
     size_t n_maps, cap_maps;
-    onednn_buf *scratch; /* [n_threads] oneDNN scratchpads */
-    onednn_buf *tile;    /* [n_threads] widened weight tiles */
-    onednn_buf *att;     /* [n_threads] attention scores, row pointers */
-    onednn_buf panels;   /* attention keys packed per KV head */
-    onednn_buf act;      /* BF16 activations of the current matmul */
-    onednn_buf vec;      /* F32 copy of a small weight vector (bias, norm weight) */
-    onednn_buf moe;      /* MoE routing and per-expert buffers */
-    /* ROPE cos/sin rows cached for the latest (theta, head_dim, positions): every layer's q
-     * and k rotations of one run share them. */
-    onednn_buf rope_cs;  /* [T, head_dim]: cos of head_dim/2 angles, then their sin */
-    onednn_buf rope_pos; /* [T] int32 */
-    int64_t rope_t;
-    uint32_t rope_d;
-    float rope_theta;
+    kern_buf *scratch; /* [n_threads] oneDNN scratchpads */
+    kern_buf *tile;    /* [n_threads] widened weight tiles */
+    kern_buf act;      /* BF16 activations of the current matmul */
 } onednn;
-
-/* Makes b hold at least `bytes`; the old contents are not kept. */
-static int onednn_reserve(const onednn *s, onednn_buf *b, size_t bytes)
-{
-    if (b->cap >= bytes)
-        return RLX_OK;
-    s->host->free(b->p);
-    b->cap = 0;
-    const size_t cap = bytes + bytes / 2;
-    b->p = s->host->alloc(cap, ONEDNN_ALIGN);
-    if (!b->p)
-        return s->host->error(RLX_E_NOMEM, "onednn: cannot allocate %zu bytes of scratch", cap);
-    b->cap = cap;
-    return RLX_OK;
-}
-
-/* Reserves `bytes` in each of the n_threads buffers of an array. */
-static int onednn_reserve_all(const onednn *s, onednn_buf *bufs, size_t bytes)
-{
-    for (int i = 0; i < s->n_threads; i++) {
-        const int rc = onednn_reserve(s, &bufs[i], bytes);
-        if (rc < 0)
-            return rc;
-    }
-    return RLX_OK;
-}
 
 /* Threads worth using for a job of `work` multiply-adds (or elements) over `items` units. */
 static int onednn_nth(onednn *s, int64_t work, int64_t items)
 {
-    if (work < ONEDNN_PAR_MIN || items < 2 || s->n_threads == 1 || plugin_stragglers_serial(&s->stragglers))
+    if (work < KERN_PAR_MIN || items < 2 || s->n_threads == 1 || plugin_stragglers_serial(&s->stragglers))
         return 1;
     return items < s->n_threads ? (int)items : s->n_threads;
 }
@@ -365,6 +135,48 @@ static void onednn_split(int64_t n, int ith, int nth, int64_t align, int64_t *a,
     chunk = (chunk + align - 1) / align * align;
     *a = chunk * ith < n ? chunk * ith : n;
     *b = *a + chunk < n ? *a + chunk : n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel library's parallel_for: OpenMP regions
+
+static void onednn_parallel_for(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx)
+{
+    onednn *s = self;
+    const int nth = onednn_nth(s, work, (n + align - 1) / align);
+    if (nth == 1) {
+        fn(ctx, 0, 0, n);
+        return;
+    }
+    const int64_t t0 = plugin_now_ns();
+    int64_t own_done = t0;
+#pragma omp parallel num_threads(nth)
+    {
+        int64_t i0, i1;
+        onednn_split(n, omp_get_thread_num(), omp_get_num_threads(), align, &i0, &i1);
+        fn(ctx, omp_get_thread_num(), i0, i1);
+        if (omp_get_thread_num() == 0)
+            own_done = plugin_now_ns();
+    }
+    onednn_region_done(s, t0, own_done);
+}
+
+static void onednn_parallel_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx)
+{
+    onednn *s = self;
+    const int nth = onednn_nth(s, work, n);
+    const int64_t t0 = plugin_now_ns();
+    int64_t own_done = t0;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+    {
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t i = 0; i < n; i++)
+            fn(ctx, omp_get_thread_num(), i, i + 1);
+        if (omp_get_thread_num() == 0)
+            own_done = plugin_now_ns();
+    }
+    if (nth > 1)
+        onednn_region_done(s, t0, own_done);
 }
 
 static const char *onednn_status_str(dnnl_status_t st)
@@ -447,7 +259,7 @@ static int onednn_parse_extra(onednn *s, const char *extra, char *isa, size_t is
             s->pack_bytes = (size_t)v * 1024;
         } else if (rlx_iface_option_is(&o, "drop") && rlx_iface_option_int(&o, 0, 1, &v)) {
             s->drop = (int)v;
-        } else if (rlx_iface_option_is(&o, "gemv_m") && rlx_iface_option_int(&o, 0, ONEDNN_GEMV_MAX_M, &v)) {
+        } else if (rlx_iface_option_is(&o, "gemv_m") && rlx_iface_option_int(&o, 0, KERN_GEMV_MAX_M, &v)) {
             s->gemv_max_m = (int)v;
         } else if (rlx_iface_option_is(&o, "tile_kb") && rlx_iface_option_int(&o, 16, 65536, &v)) {
             s->tile_bytes = (size_t)v * 1024;
@@ -456,13 +268,6 @@ static int onednn_parse_extra(onednn *s, const char *extra, char *isa, size_t is
         }
     }
     return rc < 0 ? h->error(rc, "onednn: %s", err) : rc;
-}
-
-static void onednn_free_bufs(const onednn *s, onednn_buf *bufs)
-{
-    for (int i = 0; bufs && i < s->n_threads; i++)
-        s->host->free(bufs[i].p);
-    s->host->free(bufs);
 }
 
 static void onednn_close(void *self)
@@ -482,31 +287,17 @@ static void onednn_close(void *self)
     h->free(s->weights);
     h->free(s->layouts);
     h->free(s->maps);
-    onednn_free_bufs(s, s->scratch);
-    onednn_free_bufs(s, s->tile);
-    onednn_free_bufs(s, s->att);
+    kern_bufs_destroy(&s->kern, s->scratch);
+    kern_bufs_destroy(&s->kern, s->tile);
     h->free(s->act.p);
-    h->free(s->vec.p);
-    h->free(s->moe.p);
-    h->free(s->panels.p);
-    h->free(s->rope_cs.p);
-    h->free(s->rope_pos.p);
     for (int i = 0; s->streams && i < s->n_threads; i++)
         if (s->streams[i])
             dnnl_stream_destroy(s->streams[i]);
     h->free(s->streams);
     if (s->engine)
         dnnl_engine_destroy(s->engine);
+    kern_deinit(&s->kern);
     h->free(s);
-}
-
-static onednn_buf *onednn_alloc_bufs(const onednn *s)
-{
-    const size_t bytes = (size_t)s->n_threads * sizeof(onednn_buf);
-    onednn_buf *b = s->host->alloc(bytes, ONEDNN_ALIGN);
-    if (b)
-        memset(b, 0, bytes);
-    return b;
 }
 
 /* The name oneDNN's documentation gives the instruction set it runs its primitives with. */
@@ -541,7 +332,7 @@ static const char *onednn_isa_name(dnnl_cpu_isa_t isa)
 static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, void **self)
 {
     *self = NULL;
-    onednn *s = host->alloc(sizeof *s, ONEDNN_ALIGN);
+    onednn *s = host->alloc(sizeof *s, KERN_ALIGN);
     if (!s)
         return host->error(RLX_E_NOMEM, "onednn: out of memory");
     memset(s, 0, sizeof *s);
@@ -551,7 +342,7 @@ static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, vo
     /* OpenMP's static shares stall a whole region for any late thread: go serial sooner than
      * the pool does (plugins/common/pool.h); measured with a busy neighbour on 2 cores */
     plugin_stragglers_init(&s->stragglers, 500000, 10);
-    s->gemv_max_m = ONEDNN_GEMV_MAX_M;
+    s->gemv_max_m = KERN_GEMV_MAX_M;
     s->tile_bytes = 384 * 1024;
     const int n_cpu = omp_get_num_procs();
     s->n_threads = n_cpu > 0 ? (n_cpu < 256 ? n_cpu : 256) : 1;
@@ -567,17 +358,14 @@ static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, vo
     if (opts && RLX_HAS(rlx_backend_options, opts, extra) &&
         (rc = onednn_parse_extra(s, opts->extra, isa, sizeof isa, &no_bf16)) < 0)
         goto fail;
-    static const onednn_kernels *const by_isa[PLUGIN_ISA_COUNT] = {&onednn_kernels_c, &onednn_kernels_avx2,
-                                                                     &onednn_kernels_avx512};
-    plugin_isa level;
-    if ((rc = plugin_isa_choose(host, "onednn", isa, &level)) < 0)
+    const kern_par par = {.self = s, .n_threads = s->n_threads, .parallel_for = onednn_parallel_for,
+                          .parallel_tasks = onednn_parallel_tasks};
+    if ((rc = kern_init(&s->kern, host, "onednn", isa, par)) < 0)
         goto fail;
-    s->k = by_isa[level];
-    s->scratch = onednn_alloc_bufs(s);
-    s->tile = onednn_alloc_bufs(s);
-    s->att = onednn_alloc_bufs(s);
-    s->streams = host->alloc((size_t)s->n_threads * sizeof *s->streams, ONEDNN_ALIGN);
-    if (!s->scratch || !s->tile || !s->att || !s->streams) {
+    s->scratch = kern_bufs_create(&s->kern);
+    s->tile = kern_bufs_create(&s->kern);
+    s->streams = host->alloc((size_t)s->n_threads * sizeof *s->streams, KERN_ALIGN);
+    if (!s->scratch || !s->tile || !s->streams) {
         rc = host->error(RLX_E_NOMEM, "onednn: out of memory");
         goto fail;
     }
@@ -593,7 +381,7 @@ static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, vo
     const dnnl_version_t *v = dnnl_version();
     snprintf(s->describe, sizeof s->describe,
              "oneDNN %d.%d.%d on %s, %s kernels, BF16 weights %s, %d thread%s", v->major, v->minor, v->patch,
-             onednn_isa_name(dnnl_get_effective_cpu_isa()), s->k->isa,
+             onednn_isa_name(dnnl_get_effective_cpu_isa()), s->kern.k->isa,
              s->bf16 ? "packed (BF16 activations)" : "widened to F32", s->n_threads, s->n_threads == 1 ? "" : "s");
     host->log(RLX_LOG_DEBUG, "onednn: %s", s->describe);
     *self = s;
@@ -620,182 +408,6 @@ static uint32_t onednn_precision(void *self, const rlx_node_view *node)
                               : node->op == RLX_OP_MOE    ? node->n_inputs > 2 && node->inputs[2].dtype == RLX_DTYPE_BF16
                                                           : false;
     return s->bf16 && bf16_weights ? RLX_PRECISION_BF16_ACT : RLX_PRECISION_F32;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Row-wise ops: EMBED, RMS_NORM, ROPE (and its cos/sin table), SWIGLU, ADD, GATHER_LAST
-
-typedef struct onednn_rows_job {
-    const onednn *s;
-    int op;            /* rlx_op, or 0 for the ROPE cos/sin table */
-    int64_t n;         /* rows; flat elements for SWIGLU and ADD */
-    int64_t cols;      /* values per row */
-    const float *a;    /* x, gate or first addend */
-    const float *b;    /* up, second addend, F32 norm weight or ROPE table */
-    float *y;
-    const void *table; /* EMBED: [V, cols] of dtype dt */
-    int dt;
-    const int32_t *idx; /* EMBED ids, ROPE positions */
-    int64_t g;          /* RMS_NORM group size; ROPE head_dim / 2 */
-    double theta;       /* ROPE table */
-    float eps;
-} onednn_rows_job;
-
-static void onednn_rows_part(const onednn_rows_job *j, int ith, int nth)
-{
-    const onednn_kernels *k = j->s->k;
-    int64_t r0, r1;
-    const bool flat = j->op == RLX_OP_SWIGLU || j->op == RLX_OP_ADD;
-    onednn_split(j->n, ith, nth, flat ? ONEDNN_ROW_ALIGN : 1, &r0, &r1);
-    switch (j->op) {
-    case RLX_OP_EMBED: {
-        const size_t row_bytes = (size_t)j->cols * rlx_iface_dtype_size((uint32_t)j->dt);
-        for (int64_t r = r0; r < r1; r++)
-            k->widen(j->dt, (const char *)j->table + (size_t)j->idx[r] * row_bytes, j->y + r * j->cols, j->cols);
-        break;
-    }
-    case RLX_OP_RMS_NORM:
-        for (int64_t r = r0; r < r1; r++)
-            k->rms_norm(j->a + r * j->cols, j->b, j->y + r * j->cols, j->cols, j->g, j->eps);
-        break;
-    case RLX_OP_ROPE:
-        for (int64_t r = r0; r < r1; r++)
-            k->rope(j->a + r * j->cols, j->b + r * 2 * j->g, j->y + r * j->cols, j->cols / (2 * j->g), j->g);
-        break;
-    case RLX_OP_SWIGLU:
-        k->swiglu(j->a + r0, j->b + r0, j->y + r0, r1 - r0);
-        break;
-    case RLX_OP_ADD:
-        k->add(j->a + r0, j->b + r0, j->y + r0, r1 - r0);
-        break;
-    default: /* ROPE table in double, as the reference: angle = pos * theta^(-2i / D) */
-        for (int64_t r = r0; r < r1; r++) {
-            float *cs = j->y + r * 2 * j->g;
-            for (int64_t i = 0; i < j->g; i++) {
-                const double ang = (double)j->idx[r] * pow(j->theta, -(double)i / (double)j->g);
-                cs[i] = (float)cos(ang);
-                cs[j->g + i] = (float)sin(ang);
-            }
-        }
-        break;
-    }
-}
-
-static void onednn_run_rows(onednn *s, const onednn_rows_job *j, int64_t work_per_row)
-{
-    const int nth = onednn_nth(s, j->n * work_per_row, j->n);
-    if (nth == 1) {
-        onednn_rows_part(j, 0, 1);
-        return;
-    }
-    const int64_t t0 = plugin_now_ns();
-    int64_t own_done = t0;
-#pragma omp parallel num_threads(nth)
-    {
-        onednn_rows_part(j, omp_get_thread_num(), omp_get_num_threads());
-        if (omp_get_thread_num() == 0)
-            own_done = plugin_now_ns();
-    }
-    onednn_region_done(s, t0, own_done);
-}
-
-/* A small weight vector (norm weight, bias) as F32: the weight itself or a copy in s->vec. */
-static int onednn_f32_vec(onednn *s, const rlx_tensor *t, const float **out)
-{
-    if (t->dtype == RLX_DTYPE_F32) {
-        *out = t->data;
-        return RLX_OK;
-    }
-    const int64_t n = rlx_iface_numel(t);
-    const int rc = onednn_reserve(s, &s->vec, (size_t)n * sizeof(float));
-    if (rc < 0)
-        return rc;
-    s->k->widen((int)t->dtype, t->data, s->vec.p, n);
-    *out = s->vec.p;
-    return RLX_OK;
-}
-
-static int onednn_embed(onednn *s, const rlx_node_view *n)
-{
-    const rlx_tensor *ids = &n->inputs[0], *tab = &n->inputs[1];
-    const int32_t *id = ids->data;
-    const int64_t T = rlx_iface_numel(ids), V = tab->shape[0];
-    for (int64_t t = 0; t < T; t++)
-        if (id[t] < 0 || id[t] >= V)
-            return s->host->error(RLX_E_RANGE, "onednn: node '%s': token id %d at %lld outside [0, %lld)",
-                                  n->name ? n->name : "?", id[t], (long long)t, (long long)V);
-    onednn_rows_job j = {.s = s, .op = RLX_OP_EMBED, .n = T, .cols = tab->shape[1], .y = n->output->data,
-                         .table = tab->data, .dt = (int)tab->dtype, .idx = id};
-    onednn_run_rows(s, &j, j.cols);
-    return RLX_OK;
-}
-
-static int onednn_rms_norm(onednn *s, const rlx_node_view *n)
-{
-    const rlx_tensor *x = &n->inputs[0];
-    const float *w;
-    const int rc = onednn_f32_vec(s, &n->inputs[1], &w);
-    if (rc < 0)
-        return rc;
-    onednn_rows_job j = {.s = s, .op = RLX_OP_RMS_NORM, .n = rlx_iface_rows(x), .cols = rlx_iface_cols(x), .a = x->data,
-                         .b = w, .y = n->output->data, .g = rlx_iface_numel(&n->inputs[1]), .eps = n->params->eps};
-    onednn_run_rows(s, &j, 2 * j.cols);
-    return RLX_OK;
-}
-
-/* Makes s->rope_cs hold the cos/sin rows for these positions, head_dim and theta. */
-static int onednn_rope_table(onednn *s, const int32_t *pos, int64_t T, uint32_t D, float theta)
-{
-    if (s->rope_t == T && s->rope_d == D && s->rope_theta == theta &&
-        !memcmp(s->rope_pos.p, pos, (size_t)T * sizeof *pos))
-        return RLX_OK;
-    int rc;
-    s->rope_t = -1;
-    if ((rc = onednn_reserve(s, &s->rope_cs, (size_t)(T * D) * sizeof(float))) < 0 ||
-        (rc = onednn_reserve(s, &s->rope_pos, (size_t)T * sizeof *pos)) < 0)
-        return rc;
-    onednn_rows_job j = {.s = s, .op = 0, .n = T, .y = s->rope_cs.p, .idx = pos, .g = D / 2, .theta = theta};
-    onednn_run_rows(s, &j, 64 * (int64_t)D);
-    memcpy(s->rope_pos.p, pos, (size_t)T * sizeof *pos);
-    s->rope_t = T;
-    s->rope_d = D;
-    s->rope_theta = theta;
-    return RLX_OK;
-}
-
-static int onednn_rope(onednn *s, const rlx_node_view *n)
-{
-    const rlx_tensor *x = &n->inputs[0];
-    const int64_t T = rlx_iface_rows(x);
-    const uint32_t D = n->params->head_dim;
-    if (T == 0)
-        return RLX_OK;
-    const int rc = onednn_rope_table(s, n->inputs[1].data, T, D, n->params->rope_theta);
-    if (rc < 0)
-        return rc;
-    onednn_rows_job j = {.s = s, .op = RLX_OP_ROPE, .n = T, .cols = rlx_iface_cols(x), .a = x->data,
-                         .b = s->rope_cs.p, .y = n->output->data, .g = D / 2};
-    onednn_run_rows(s, &j, j.cols);
-    return RLX_OK;
-}
-
-static int onednn_eltwise(onednn *s, const rlx_node_view *n)
-{
-    onednn_rows_job j = {.s = s, .op = (int)n->op, .n = rlx_iface_numel(n->output), .a = n->inputs[0].data,
-                         .b = n->inputs[1].data, .y = n->output->data};
-    onednn_run_rows(s, &j, n->op == RLX_OP_SWIGLU ? 8 : 1);
-    return RLX_OK;
-}
-
-static int onednn_gather_last(const rlx_node_view *n)
-{
-    const rlx_tensor *x = &n->inputs[0];
-    const int64_t T = rlx_iface_rows(x), C = rlx_iface_cols(x);
-    if (T > 0)
-        memcpy(n->output->data, (const float *)x->data + (T - 1) * C, (size_t)C * sizeof(float));
-    else
-        memset(n->output->data, 0, (size_t)C * sizeof(float));
-    return RLX_OK;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -941,7 +553,7 @@ static int onednn_layout_get(onednn *s, int64_t N, int64_t K, dnnl_data_type_t d
         }
     if (s->n_layouts == s->cap_layouts) {
         const uint32_t cap = s->cap_layouts ? 2 * s->cap_layouts : 16;
-        onednn_layout *l = s->host->alloc(cap * sizeof *l, ONEDNN_ALIGN);
+        onednn_layout *l = s->host->alloc(cap * sizeof *l, KERN_ALIGN);
         if (!l)
             return s->host->error(RLX_E_NOMEM, "onednn: out of memory");
         if (s->n_layouts)
@@ -1011,7 +623,7 @@ static int onednn_read_maps(onednn *s)
             continue;
         if (s->n_maps == s->cap_maps) {
             const size_t cap = s->cap_maps ? 2 * s->cap_maps : 64;
-            onednn_map *m = s->host->alloc(cap * sizeof *m, ONEDNN_ALIGN);
+            onednn_map *m = s->host->alloc(cap * sizeof *m, KERN_ALIGN);
             if (!m) {
                 fclose(f);
                 return s->host->error(RLX_E_NOMEM, "onednn: out of memory");
@@ -1125,7 +737,7 @@ static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w)
         return st == dnnl_success ? RLX_OK : onednn_fail(s, st, "wrapping a weight");
     }
     const size_t bytes = dnnl_memory_desc_get_size(&l->md);
-    e->packed = s->host->alloc(bytes, ONEDNN_ALIGN);
+    e->packed = s->host->alloc(bytes, KERN_ALIGN);
     if (!e->packed)
         return s->host->error(RLX_E_NOMEM, "onednn: cannot allocate %zu bytes for a packed %lldx%lld weight", bytes,
                               (long long)N, (long long)K);
@@ -1163,7 +775,7 @@ static void onednn_weight_clear(onednn *s, onednn_weight *e)
 static int onednn_weights_grow(onednn *s)
 {
     const size_t cap = s->cap_weights ? 2 * s->cap_weights : 256;
-    onednn_weight *t = s->host->alloc(cap * sizeof *t, ONEDNN_ALIGN);
+    onednn_weight *t = s->host->alloc(cap * sizeof *t, KERN_ALIGN);
     if (!t)
         return s->host->error(RLX_E_NOMEM, "onednn: out of memory");
     memset(t, 0, cap * sizeof *t);
@@ -1232,30 +844,14 @@ static int onednn_mm_packed(onednn *s, const float *x, int64_t M, const rlx_tens
     int rc;
     if ((rc = onednn_weight_get(s, w, dt, M, &e)) < 0 ||
         (rc = onednn_prim_get(s, ONEDNN_PRIM_PACKED, e->layout, M, K, N, N, bias != NULL, &q)) < 0 ||
-        (rc = onednn_reserve(s, &s->scratch[0], q->scratch)) < 0)
+        (rc = kern_reserve(&s->kern, &s->scratch[0], q->scratch)) < 0)
         return rc;
     const void *src = x;
     if (dt == dnnl_bf16) {
-        if ((rc = onednn_reserve(s, &s->act, (size_t)(M * K) * sizeof(uint16_t))) < 0)
+        if ((rc = kern_reserve(&s->kern, &s->act, (size_t)(M * K) * sizeof(uint16_t))) < 0)
             return rc;
-        uint16_t *xb = s->act.p;
-        const int nth = onednn_nth(s, M * K, M);
-        if (nth == 1) {
-            s->k->to_bf16(x, xb, M * K);
-        } else {
-            const int64_t t0 = plugin_now_ns();
-            int64_t own_done = t0;
-#pragma omp parallel num_threads(nth)
-            {
-                int64_t r0, r1;
-                onednn_split(M, omp_get_thread_num(), omp_get_num_threads(), 1, &r0, &r1);
-                s->k->to_bf16(x + r0 * K, xb + r0 * K, (r1 - r0) * K);
-                if (omp_get_thread_num() == 0)
-                    own_done = plugin_now_ns();
-            }
-            onednn_region_done(s, t0, own_done);
-        }
-        src = xb;
+        kern_to_bf16(&s->kern, x, s->act.p, M, K);
+        src = s->act.p;
     }
     const dnnl_status_t st = onednn_prim_run(s, 0, q, src, e->mem, bias, y, s->scratch[0].p);
     if (st != dnnl_success) {
@@ -1284,24 +880,17 @@ typedef struct onednn_widen_job {
     dnnl_status_t st[256];      /* per part */
 } onednn_widen_job;
 
-/* Weight rows per widened tile: what fits tile_bytes, in whole ONEDNN_ROW_ALIGN blocks. */
-static int64_t onednn_tile_rows(const onednn *s, int64_t K)
-{
-    const int64_t rows = (int64_t)(s->tile_bytes / sizeof(float)) / K;
-    return rows < ONEDNN_ROW_ALIGN ? ONEDNN_ROW_ALIGN : rows / ONEDNN_ROW_ALIGN * ONEDNN_ROW_ALIGN;
-}
-
 /* Part ith of nth (the split the primitives were made for), run by OpenMP thread tid. */
 static void onednn_widen_part(onednn_widen_job *j, int ith, int nth, int tid)
 {
     onednn *s = j->s;
     const int64_t M = j->M, K = j->K, N = j->N;
     int64_t n0, n1;
-    onednn_split(N, ith, nth, ONEDNN_ROW_ALIGN, &n0, &n1);
+    onednn_split(N, ith, nth, KERN_ROW_ALIGN, &n0, &n1);
     if (n0 >= n1)
         return;
     if (M <= s->gemv_max_m) {
-        s->k->gemv[j->wdt][M - 1](j->x, K, j->w, K, n0, n1, j->y, N);
+        s->kern.k->gemv_stream[j->wdt][M - 1](j->x, K, j->w, K, n0, n1, j->y, N);
     } else {
         const size_t row_bytes = (size_t)K * rlx_iface_dtype_size((uint32_t)j->wdt);
         dnnl_memory_desc_t md;
@@ -1314,7 +903,7 @@ static void onednn_widen_part(onednn_widen_job *j, int ith, int nth, int tid)
             if (j->wdt == RLX_DTYPE_F32)
                 tile = (float *)rows; /* read-only: oneDNN never writes weights */
             else
-                s->k->widen(j->wdt, rows, tile, cnt * K);
+                s->kern.k->widen(j->wdt, rows, tile, cnt * K);
             dnnl_status_t st = dnnl_memory_desc_init_by_tag(&md, 2, (dnnl_dims_t){K, cnt}, dnnl_f32, dnnl_ba);
             if (st == dnnl_success)
                 st = dnnl_memory_create(&wm, &md, s->engine, tile);
@@ -1330,7 +919,7 @@ static void onednn_widen_part(onednn_widen_job *j, int ith, int nth, int tid)
     }
     if (j->bias)
         for (int64_t m = 0; m < M; m++)
-            s->k->add(j->y + m * N + n0, j->bias + n0, j->y + m * N + n0, n1 - n0);
+            s->kern.k->add(j->y + m * N + n0, j->bias + n0, j->y + m * N + n0, n1 - n0);
 }
 
 /* y[M, N] = x[M, K] w^T (+ bias) for weights used as stored. The output features are split
@@ -1341,29 +930,30 @@ static int onednn_mm_widen(onednn *s, const float *x, int64_t M, const rlx_tenso
     const int64_t N = w->shape[0], K = w->shape[1];
     onednn_widen_job j = {.s = s, .x = x, .w = w->data, .bias = bias, .y = y, .M = M, .K = K, .N = N,
                           .wdt = (int)w->dtype, .st = {dnnl_success}};
-    const int nth = onednn_nth(s, M * N * K, (N + ONEDNN_ROW_ALIGN - 1) / ONEDNN_ROW_ALIGN);
+    const int nth = onednn_nth(s, M * N * K, (N + KERN_ROW_ALIGN - 1) / KERN_ROW_ALIGN);
     int rc;
     if (M > s->gemv_max_m) {
         /* every primitive a thread needs exists before the threads start */
         onednn_prim *q;
         int64_t n0, n1;
-        onednn_split(N, 0, nth, ONEDNN_ROW_ALIGN, &n0, &n1); /* thread 0 has the largest share */
-        j.tile_rows = onednn_tile_rows(s, K) < n1 - n0 ? onednn_tile_rows(s, K) : n1 - n0;
+        onednn_split(N, 0, nth, KERN_ROW_ALIGN, &n0, &n1); /* thread 0 has the largest share */
+        const int64_t tile_rows = kern_tile_rows(s->tile_bytes, K);
+        j.tile_rows = tile_rows < n1 - n0 ? tile_rows : n1 - n0;
         if ((j.wdt != RLX_DTYPE_F32 &&
-             (rc = onednn_reserve_all(s, s->tile, (size_t)(j.tile_rows * K) * sizeof(float))) < 0) ||
+             (rc = kern_reserve_each(&s->kern, s->tile, (size_t)(j.tile_rows * K) * sizeof(float))) < 0) ||
             (rc = onednn_prim_get(s, ONEDNN_PRIM_TILE, 0, M, K, j.tile_rows, N, 0, &q)) < 0 ||
-            (rc = onednn_reserve_all(s, s->scratch, q->scratch)) < 0)
+            (rc = kern_reserve_each(&s->kern, s->scratch, q->scratch)) < 0)
             return rc;
         j.full = q;
         /* every non-empty share but the last has the same size, so at most two shorter last
          * tiles exist; these three primitives are the most recently used, none evicts another */
         for (int i = 0; i < nth; i++) {
-            onednn_split(N, i, nth, ONEDNN_ROW_ALIGN, &n0, &n1);
+            onednn_split(N, i, nth, KERN_ROW_ALIGN, &n0, &n1);
             const int64_t rest = (n1 - n0) % j.tile_rows;
             if (rest == 0 || (j.n_last && j.last_rows[0] == rest) || (j.n_last == 2 && j.last_rows[1] == rest))
                 continue;
             if ((rc = onednn_prim_get(s, ONEDNN_PRIM_TILE, 0, M, K, rest, N, 0, &q)) < 0 ||
-                (rc = onednn_reserve_all(s, s->scratch, q->scratch)) < 0)
+                (rc = kern_reserve_each(&s->kern, s->scratch, q->scratch)) < 0)
                 return rc;
             j.last_rows[j.n_last] = rest;
             j.last[j.n_last++] = q;
@@ -1400,14 +990,8 @@ static int onednn_mm(onednn *s, const float *x, int64_t M, const rlx_tensor *w, 
                      bool exact)
 {
     const int64_t N = w->shape[0], K = w->shape[1];
-    if (M == 0 || N == 0)
+    if (kern_matmul_trivial(M, K, N, bias, y))
         return RLX_OK;
-    if (K == 0) {
-        for (int64_t m = 0; m < M; m++)
-            for (int64_t i = 0; i < N; i++)
-                y[m * N + i] = bias ? bias[i] : 0.0f;
-        return RLX_OK;
-    }
     if (w->dtype == RLX_DTYPE_BF16 && s->bf16 && !exact)
         return onednn_mm_packed(s, x, M, w, dnnl_bf16, bias, y);
     if (w->dtype == RLX_DTYPE_F32) {
@@ -1428,284 +1012,24 @@ static int onednn_mm(onednn *s, const float *x, int64_t M, const rlx_tensor *w, 
 static int onednn_matmul(onednn *s, const rlx_node_view *n)
 {
     const rlx_tensor *x = &n->inputs[0];
-    const float *bias = NULL;
-    if (n->n_inputs == 3) {
-        const int rc = onednn_f32_vec(s, &n->inputs[2], &bias);
-        if (rc < 0)
-            return rc;
-    }
-    return onednn_mm(s, x->data, rlx_iface_rows(x), &n->inputs[1], bias, n->output->data, false);
+    const float *bias;
+    const int rc = kern_op_bias(&s->kern, n, &bias);
+    return rc < 0 ? rc : onednn_mm(s, x->data, rlx_iface_rows(x), &n->inputs[1], bias, n->output->data, false);
 }
 
 // ---------------------------------------------------------------------------------------------
-// ATTENTION: one task per (KV head, block of ONEDNN_ATT_TQ queries), taken dynamically, late
-// (longer) blocks first. A task scores all query heads of its KV head against the cache rows
-// the block can see, softmaxes each row and multiplies by V. Everything stays F32, like the
-// reference. Prefill tasks read keys from panels (att_pack) made once per KV head and call,
-// shared by all blocks; decode tasks, with a row or two per key, read the cache directly.
-
-typedef struct onednn_att {
-    const onednn *s;
-    const float *q;       /* [T, Hq*D] */
-    const int32_t *pos;   /* [T] */
-    const float *kc, *vc; /* [C, Hkv*D] */
-    float *out;           /* [T, Hq*D] */
-    const float *panels;  /* [Hkv][np, D] keys from cache row `first` on, or NULL (direct) */
-    int64_t T, D, Hq, Hkv, window;
-    int64_t first;    /* first cache row any query sees */
-    int64_t np;       /* keys per KV head in panels: the visible range, in whole panels */
-    int64_t rows_max; /* query rows of a task: query heads per KV head times queries per block */
-    int64_t lds;      /* score row stride: the widest key range of a block, in whole panels */
-    int64_t n_blocks;
-    float scale;
-} onednn_att;
-
-/* Byte offsets of a task's buffers in its thread's scratch: scores [rows_max, lds], 1 / softmax
- * sums [rows_max], then query and output row pointers. */
-typedef struct onednn_att_layout {
-    size_t inv, qp, op, total;
-} onednn_att_layout;
-
-static size_t onednn_align_up(size_t n)
-{
-    return (n + ONEDNN_ALIGN - 1) / ONEDNN_ALIGN * ONEDNN_ALIGN;
-}
-
-static onednn_att_layout onednn_att_sizes(const onednn_att *a)
-{
-    onednn_att_layout l;
-    const size_t rows = (size_t)a->rows_max;
-    l.inv = onednn_align_up(rows * (size_t)a->lds * sizeof(float));
-    l.qp = l.inv + onednn_align_up(rows * sizeof(float));
-    l.op = l.qp + onednn_align_up(rows * sizeof(float *));
-    l.total = l.op + onednn_align_up(rows * sizeof(float *));
-    return l;
-}
-
-/* First cache row query t may see. */
-static int64_t onednn_att_lo(const onednn_att *a, int64_t t)
-{
-    const int64_t lo = a->window > 0 ? (int64_t)a->pos[t] - a->window + 1 : 0;
-    return lo > 0 ? lo : 0;
-}
-
-static void onednn_att_task(const onednn_att *a, char *buf, int64_t kvh, int64_t blk)
-{
-    const onednn_kernels *k = a->s->k;
-    const onednn_att_layout l = onednn_att_sizes(a);
-    const int64_t D = a->D, t0 = blk * ONEDNN_ATT_TQ;
-    const int64_t nq = a->T - t0 < ONEDNN_ATT_TQ ? a->T - t0 : ONEDNN_ATT_TQ;
-    const int64_t ldq = a->Hq * D, ldk = a->Hkv * D, group = a->Hq / a->Hkv, rows = group * nq;
-    float *sc = (float *)buf, *inv = (float *)(buf + l.inv);
-    const float **qp = (const float **)(buf + l.qp);
-    float **op = (float **)(buf + l.op);
-    int64_t lo = INT64_MAX, hi = 0;
-    for (int64_t t = t0; t < t0 + nq; t++) {
-        const int64_t first = onednn_att_lo(a, t);
-        lo = first < lo ? first : lo;
-        hi = a->pos[t] + 1 > hi ? a->pos[t] + 1 : hi;
-    }
-    /* row r is query t0 + r % nq of query head kvh * group + r / nq */
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t h = kvh * group + r / nq, t = t0 + r % nq;
-        qp[r] = a->q + t * ldq + h * D;
-        op[r] = a->out + t * ldq + h * D;
-    }
-    if (a->panels) {
-        /* start at a panel boundary; the extra keys before lo are masked below */
-        lo = a->first + (lo - a->first) / k->att_pw * k->att_pw;
-        k->att_qk(qp, rows, a->panels + (kvh * a->np + lo - a->first) * D, hi - lo, D, a->scale, sc, a->lds);
-    } else {
-        for (int64_t r = 0; r < rows; r += 2)
-            k->att_qk_direct(qp + r, rows - r < 2 ? rows - r : 2, a->kc + lo * ldk + kvh * D, ldk, hi - lo, D,
-                             a->scale, sc + r * a->lds, a->lds);
-    }
-    const int64_t nk = hi - lo;
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t t = t0 + r % nq;
-        inv[r] = 1.0f / k->softmax(sc + r * a->lds, nk, onednn_att_lo(a, t) - lo, a->pos[t] + 1 - lo);
-    }
-    k->att_pv(sc, a->lds, rows, a->vc + lo * ldk + kvh * D, ldk, nk, D, op, inv);
-}
+// ATTENTION and MOE: the library's, on these threads and matmuls
 
 static int onednn_attention(onednn *s, const rlx_node_view *n)
 {
-    const rlx_tensor *in = n->inputs;
-    const rlx_op_params *p = n->params;
-    const int64_t T = rlx_iface_rows(&in[0]), C = rlx_iface_rows(&in[4]);
-    const int64_t D = p->head_dim, Hq = p->n_heads, Hkv = p->n_kv_heads, kv = Hkv * D;
-    const int32_t *pos = in[3].data;
-    if (T == 0)
-        return RLX_OK;
-    int64_t lo = INT64_MAX, hi = 0;
-    for (int64_t t = 0; t < T; t++) {
-        if (pos[t] < 0 || pos[t] >= C)
-            return s->host->error(RLX_E_RANGE, "onednn: node '%s': position %d of token %lld outside the cache "
-                                  "[0, %lld)", n->name ? n->name : "?", pos[t], (long long)t, (long long)C);
-        lo = pos[t] < lo ? pos[t] : lo;
-        hi = pos[t] + 1 > hi ? pos[t] + 1 : hi;
-    }
-    float *kc = in[4].data, *vc = in[5].data;
-    for (int64_t t = 0; t < T; t++) {
-        memcpy(kc + pos[t] * kv, (const float *)in[1].data + t * kv, (size_t)kv * sizeof(float));
-        memcpy(vc + pos[t] * kv, (const float *)in[2].data + t * kv, (size_t)kv * sizeof(float));
-    }
-    /* Every query sees at most cache rows [first, hi), which bounds a block's score rows (plus
-     * the alignment of its start to a panel boundary). */
-    const int64_t first = p->window > 0 && lo - (int64_t)p->window + 1 > 0 ? lo - (int64_t)p->window + 1 : 0;
-    const int64_t pw = s->k->att_pw, np = (hi - first + pw - 1) / pw * pw;
-    onednn_att a = {.s = s, .q = in[0].data, .pos = pos, .kc = kc, .vc = vc, .out = n->output->data, .T = T,
-                    .D = D, .Hq = Hq, .Hkv = Hkv, .window = p->window, .scale = p->scale, .first = first, .np = np,
-                    .rows_max = Hq / Hkv * (T < ONEDNN_ATT_TQ ? T : ONEDNN_ATT_TQ), .lds = np + pw,
-                    .n_blocks = (T + ONEDNN_ATT_TQ - 1) / ONEDNN_ATT_TQ};
-    int rc = onednn_reserve_all(s, s->att, onednn_att_sizes(&a).total);
-    if (rc < 0)
-        return rc;
-    const bool packed = a.rows_max > ONEDNN_ATT_DIRECT_ROWS;
-    if (packed && (rc = onednn_reserve(s, &s->panels, (size_t)(Hkv * np * D) * sizeof(float))) < 0)
-        return rc;
-    a.panels = packed ? s->panels.p : NULL;
-    const int64_t n_tasks = a.n_blocks * Hkv;
-    const int nth = onednn_nth(s, T * (hi - first) * Hq * D, n_tasks);
-    const int64_t t0 = plugin_now_ns();
-    int64_t own_done = t0;
-#pragma omp parallel num_threads(nth) if (nth > 1)
-    {
-        char *buf = s->att[omp_get_thread_num()].p;
-        if (packed) {
-#pragma omp for schedule(static)
-            for (int64_t h = 0; h < Hkv; h++)
-                s->k->att_pack(kc + first * kv + h * D, kv, hi - first, D, (float *)s->panels.p + h * np * D);
-        }
-#pragma omp for schedule(dynamic, 1) nowait
-        for (int64_t i = 0; i < n_tasks; i++)
-            onednn_att_task(&a, buf, i % Hkv, a.n_blocks - 1 - i / Hkv);
-        if (omp_get_thread_num() == 0)
-            own_done = plugin_now_ns();
-    }
-    if (nth > 1)
-        onednn_region_done(s, t0, own_done);
-    return RLX_OK;
+    kern_att a;
+    const int rc = kern_att_begin(&s->kern, n, &a);
+    return rc < 0 || a.T == 0 ? rc : kern_att_panels(&s->kern, &a);
 }
 
-// ---------------------------------------------------------------------------------------------
-// MOE: route every token, then run each selected expert once over all of its tokens
-
-/* Rows an expert's matmuls run with for cnt tokens: primitives exist per row count, so
- * counts above 8 are padded to a multiple of 16 to keep the number of shapes small. */
-static int64_t onednn_moe_rows(int64_t cnt)
+static int onednn_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, float *y, bool exact)
 {
-    return cnt <= 8 ? cnt : (cnt + 15) / 16 * 16;
-}
-
-static int onednn_moe(onednn *s, const rlx_node_view *n)
-{
-    const rlx_tensor *in = n->inputs;
-    const rlx_op_params *p = n->params;
-    const int64_t T = rlx_iface_rows(&in[0]), H = rlx_iface_cols(&in[0]), E = p->n_experts, K = p->top_k;
-    const int64_t R = onednn_moe_rows(T);
-    const float *x = in[0].data;
-    float *out = n->output->data;
-    int64_t F = 0;
-    for (int64_t e = 0; e < E; e++)
-        F = in[2 + 3 * e].shape[0] > F ? in[2 + 3 * e].shape[0] : F;
-    memset(out, 0, (size_t)(T * H) * sizeof(float));
-    if (T == 0)
-        return RLX_OK;
-
-    /* s->moe holds, each 64-byte aligned: router logits [T, E]; per (token, slot) pair its
-     * expert and weight [T*K]; the pairs' tokens and weights sorted by expert [T*K]; each
-     * expert's first sorted slot [E+1] and fill cursor [E]; then xe [R, H], g and u [R, F]
-     * and ye [R, H] for one expert's tokens, R rows being the padded token count. */
-    enum { L_LOGIT, L_PEXP, L_PWT, L_STOK, L_SWT, L_START, L_FILL, L_XE, L_G, L_U, L_YE, L_N };
-    const size_t pairs = (size_t)(T * K);
-    const size_t len[L_N] = {
-        [L_LOGIT] = (size_t)(T * E) * sizeof(float), [L_PEXP] = pairs * sizeof(int64_t),
-        [L_PWT] = pairs * sizeof(float),             [L_STOK] = pairs * sizeof(int64_t),
-        [L_SWT] = pairs * sizeof(float),             [L_START] = (size_t)(E + 1) * sizeof(int64_t),
-        [L_FILL] = (size_t)E * sizeof(int64_t),      [L_XE] = (size_t)(R * H) * sizeof(float),
-        [L_G] = (size_t)(R * F) * sizeof(float),     [L_U] = (size_t)(R * F) * sizeof(float),
-        [L_YE] = (size_t)(R * H) * sizeof(float),
-    };
-    size_t off[L_N + 1] = {0};
-    for (int i = 0; i < L_N; i++)
-        off[i + 1] = off[i] + onednn_align_up(len[i]);
-    int rc = onednn_reserve(s, &s->moe, off[L_N]);
-    if (rc < 0)
-        return rc;
-    char *base = s->moe.p;
-    float *logit = (float *)(base + off[L_LOGIT]), *pwt = (float *)(base + off[L_PWT]);
-    float *swt = (float *)(base + off[L_SWT]);
-    int64_t *pexp = (int64_t *)(base + off[L_PEXP]), *stok = (int64_t *)(base + off[L_STOK]);
-    int64_t *start = (int64_t *)(base + off[L_START]), *fill = (int64_t *)(base + off[L_FILL]);
-    float *xe = (float *)(base + off[L_XE]), *g = (float *)(base + off[L_G]), *u = (float *)(base + off[L_U]);
-    float *ye = (float *)(base + off[L_YE]);
-
-    if ((rc = onednn_mm(s, x, T, &in[1], NULL, logit, true)) < 0)
-        return rc;
-    /* Softmax and top-k as the reference does them: the largest logit first, ties to the lower
-     * expert index, probabilities in double. */
-    for (int64_t t = 0; t < T; t++) {
-        const float *l = logit + t * E;
-        int64_t *chosen = pexp + t * K;
-        float mx = l[0];
-        for (int64_t e = 1; e < E; e++)
-            mx = l[e] > mx ? l[e] : mx;
-        double sum = 0.0, picked = 0.0;
-        for (int64_t e = 0; e < E; e++)
-            sum += exp((double)l[e] - mx);
-        for (int64_t i = 0; i < K; i++) {
-            int64_t best = -1;
-            for (int64_t e = 0; e < E; e++) {
-                bool taken = false;
-                for (int64_t j = 0; j < i; j++)
-                    taken |= chosen[j] == e;
-                if (!taken && (best < 0 || l[e] > l[best]))
-                    best = e;
-            }
-            chosen[i] = best;
-            const double prob = exp((double)l[best] - mx) / sum;
-            pwt[t * K + i] = (float)prob;
-            picked += prob;
-        }
-        if (p->norm_topk)
-            for (int64_t i = 0; i < K; i++)
-                pwt[t * K + i] = (float)((double)pwt[t * K + i] / picked);
-    }
-    /* Counting sort of the pairs by expert, so each expert's weights are read once per call. */
-    memset(start, 0, (size_t)(E + 1) * sizeof *start);
-    for (size_t i = 0; i < pairs; i++)
-        start[pexp[i] + 1]++;
-    for (int64_t e = 0; e < E; e++)
-        start[e + 1] += start[e];
-    memcpy(fill, start, (size_t)E * sizeof *fill);
-    for (size_t i = 0; i < pairs; i++) {
-        const int64_t slot = fill[pexp[i]]++;
-        stok[slot] = (int64_t)i / K;
-        swt[slot] = pwt[i];
-    }
-
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t cnt = start[e + 1] - start[e], rows = onednn_moe_rows(cnt);
-        if (cnt == 0)
-            continue;
-        const rlx_tensor *wg = &in[2 + 3 * e], *wu = wg + 1, *wd = wg + 2;
-        const int64_t Fe = wg->shape[0];
-        const int64_t *tk = stok + start[e];
-        for (int64_t r = 0; r < cnt; r++)
-            memcpy(xe + r * H, x + tk[r] * H, (size_t)H * sizeof(float));
-        memset(xe + cnt * H, 0, (size_t)((rows - cnt) * H) * sizeof(float));
-        if ((rc = onednn_mm(s, xe, rows, wg, NULL, g, false)) < 0 ||
-            (rc = onednn_mm(s, xe, rows, wu, NULL, u, false)) < 0)
-            return rc;
-        onednn_rows_job j = {.s = s, .op = RLX_OP_SWIGLU, .n = cnt * Fe, .a = g, .b = u, .y = g};
-        onednn_run_rows(s, &j, 8);
-        if ((rc = onednn_mm(s, g, rows, wd, NULL, ye, false)) < 0)
-            return rc;
-        for (int64_t r = 0; r < cnt; r++)
-            s->k->axpy(swt[start[e] + r], ye + r * H, out + tk[r] * H, H);
-    }
-    return RLX_OK;
+    return onednn_mm(self, x, M, w, NULL, y, exact);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1721,23 +1045,16 @@ static int onednn_compute(void *self, const rlx_node_view *node)
      * (oneDNN reads it when it starts its parallel regions). */
     omp_set_num_threads(s->n_threads);
     switch (node->op) {
-    case RLX_OP_EMBED:
-        return onednn_embed(s, node);
     case RLX_OP_MATMUL:
         return onednn_matmul(s, node);
-    case RLX_OP_RMS_NORM:
-        return onednn_rms_norm(s, node);
-    case RLX_OP_ROPE:
-        return onednn_rope(s, node);
     case RLX_OP_ATTENTION:
         return onednn_attention(s, node);
-    case RLX_OP_SWIGLU:
-    case RLX_OP_ADD:
-        return onednn_eltwise(s, node);
-    case RLX_OP_GATHER_LAST:
-        return onednn_gather_last(node);
+    case RLX_OP_MOE:
+        /* primitives exist per row count, so an expert's counts above 8 are padded to a
+         * multiple of 16 to keep the number of shapes small */
+        return kern_op_moe(&s->kern, node, &(kern_matmul){.run = onednn_moe_mm, .self = s, .row_pad = 16});
     default:
-        return onednn_moe(s, node);
+        return kern_op_rows(&s->kern, node);
     }
 }
 

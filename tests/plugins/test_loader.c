@@ -40,6 +40,11 @@ static void test_rejects_missing_entry(void **state) {
     expect_failure(TEST_PLUGIN("no-entry"), RLX_E_PLUGIN, "rlx_plugin_entry");
 }
 
+static void test_rejects_half_a_lifecycle(void **state) {
+    (void)state;
+    expect_failure(TEST_PLUGIN("half-lifecycle"), RLX_E_ABI, "prepare_weight without release_weight");
+}
+
 static void test_rejects_short_table(void **state) {
     (void)state;
     expect_failure(TEST_PLUGIN("short-table"), RLX_E_ABI, "too short");
@@ -111,8 +116,8 @@ static void test_registry_lists_broken_plugins_with_reasons(void **state) {
     assert_ok(rlx_registry_create(RLX_TEST_PLUGIN_DIR, &r));
     seen s = {0};
     assert_ok(rlx_registry_each(r, count, &s));
-    assert_int_equal(s.good, 1);
-    assert_int_equal(s.broken, 5);
+    assert_int_equal(s.good, 3); /* add-only, abi10, span */
+    assert_int_equal(s.broken, 6);
     rlx_registry_destroy(r);
 }
 
@@ -158,6 +163,7 @@ int main(void) {
         cmocka_unit_test(test_rejects_wrong_abi),
         cmocka_unit_test(test_rejects_missing_entry),
         cmocka_unit_test(test_rejects_short_table),
+        cmocka_unit_test(test_rejects_half_a_lifecycle),
         cmocka_unit_test(test_reports_refusal_reason),
         cmocka_unit_test(test_rejects_unknown_kind),
         cmocka_unit_test(test_missing_file_and_bad_paths),

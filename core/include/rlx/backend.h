@@ -40,6 +40,22 @@ RLX_API const char *rlx_precision_name(uint32_t precision);
 RLX_API rlx_status rlx_backend_compute(rlx_backend *b, const rlx_node_view *node);
 RLX_API rlx_backend_options rlx_backend_options_default(void);
 
+/* What b implements of ABI 1.2's optional members. */
+enum {
+    RLX_BACKEND_PREPARES_WEIGHTS = 1u << 0, /* prepare_weight / release_weight */
+    RLX_BACKEND_RUNS_SPANS = 1u << 1,       /* plan_span / compute_span / release_span */
+};
+RLX_API uint32_t rlx_backend_features(const rlx_backend *b);
+/* The ABI minor b's plugin was built for (RLX_ABI_MINOR for the reference backend). */
+RLX_API uint32_t rlx_backend_abi_minor(const rlx_backend *b);
+
+/* Asks b to prepare one use of a weight outside a plan (plans prepare their weights
+ * themselves): *handle is b's handle, or NULL when b does not prepare weights or declines this
+ * one. A non-NULL handle is the caller's, released with rlx_backend_release_weight before
+ * rlx_backend_destroy; the weight's data must stay valid and unchanged until then. */
+RLX_API rlx_status rlx_backend_prepare_weight(rlx_backend *b, const rlx_weight_info *weight, void **handle);
+RLX_API void rlx_backend_release_weight(rlx_backend *b, void *handle);
+
 #ifdef __cplusplus
 }
 #endif

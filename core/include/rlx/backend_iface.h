@@ -10,14 +10,18 @@
  *   contiguous, aligned to 64 bytes for activations. The scheduler never lets a node's output
  *   share memory with its inputs. It must write the whole output and may not
  *   keep pointers to the tensors after it returns, except to WEIGHT data, which stays valid and
- *   unchanged until close() (so a backend may cache repacked weights keyed by pointer).
+ *   unchanged while the model it belongs to is open. A backend that repacks weights does it in
+ *   prepare_weight (1.2), whose handles live exactly as long as the weight, rather than in a
+ *   cache keyed by pointer (a closed model's address may be reused by the next).
  * - Calls on one instance come from one thread at a time; a backend may use its own threads
  *   inside a call. Errors are reported by returning a negative status after host->error().
  * - A backend plugin includes only this header (which brings rlx/plugin_iface.h); the helpers
  *   at its end (numel, dtype sizes, F16/BF16 conversion) are static inline, so a backend does
  *   not link librlx.
  * - Members marked "1.2" are optional: the core calls one only when the plugin's descriptor says
- *   abi_minor >= 2 and the table's size covers it, and otherwise uses the documented default. */
+ *   abi_minor >= 2 and the table's size covers it, and otherwise uses the documented default.
+ * - The core never shows a backend an op newer than the abi_minor its descriptor names: a
+ *   plugin built for 1.0 is not asked about CONCAT (1.1), which the reference kernels run. */
 #ifndef RLX_BACKEND_IFACE_H
 #define RLX_BACKEND_IFACE_H
 
@@ -108,7 +112,48 @@ typedef struct rlx_node_view {
     rlx_tensor *output;
     const rlx_op_params *params;
     const char *name;          /* node name for messages, e.g. "layers.3.attn.q_proj" */
+    /* Version 1.2: read these only when host->abi_minor >= 2 (an older core does not set them). */
+    void *const *prepared;     /* per input: the handle prepare_weight returned for this use of a
+                                * weight, or NULL (not a weight, declined, or run outside a plan) */
+    const int32_t *input_ids;  /* per input: the plan's id of the tensor (equal ids, same tensor),
+                                * or NULL outside a plan */
+    int32_t output_id;         /* the plan's id of the output, -1 outside a plan */
 } rlx_node_view;
+
+/* How a weight offered to prepare_weight is stored. */
+enum {
+    /* A mapping of a model file: its pages can be dropped (madvise MADV_DONTNEED) once the
+     * backend has its own copy, and are read back from the file if touched again. */
+    RLX_WEIGHT_FILE_BACKED = 1u << 0,
+    /* Mapped read-only: writing to it faults. */
+    RLX_WEIGHT_READ_ONLY = 1u << 1,
+};
+
+/* One use of a weight: the tensor as `input` of nodes of op `op` (a tied embedding is one
+ * tensor with two uses, EMBED's table and the output MATMUL's w, and may be prepared twice). */
+typedef struct rlx_weight_info {
+    uint32_t size;            /* sizeof(rlx_weight_info) of the core */
+    uint32_t flags;           /* RLX_WEIGHT_* */
+    const rlx_tensor *tensor; /* dtype, shape and data, valid and unchanged until release_weight */
+    const char *name;         /* the tensor's name, for messages */
+    uint32_t op;              /* rlx_op reading it */
+    uint32_t input;           /* its input index in that op */
+    const rlx_node_view *node; /* the first node reading it, as planned (data pointers NULL): its
+                                * shapes, for a layout that depends on them (rows of a matmul) */
+} rlx_weight_info;
+
+/* Consecutive nodes of a plan that one backend runs. */
+typedef struct rlx_span {
+    uint32_t size;               /* sizeof(rlx_span) of the core */
+    uint32_t n_nodes;            /* at least 1 */
+    const rlx_node_view *nodes;  /* in execution order; an input of one may be an output of an
+                                  * earlier one (compare input_ids with output_id) */
+    /* Per node: the index, counted from nodes[0], of the last node of the whole plan that reads
+     * its output, or UINT32_MAX when the graph returns it. A span of n nodes must write node i's
+     * output when last_use[i] >= n; an output only the span itself reads may stay in the
+     * backend's own memory, unwritten. */
+    const uint32_t *last_use;
+} rlx_span;
 
 typedef struct rlx_backend_options {
     uint32_t size;      /* sizeof(rlx_backend_options) of the core */
@@ -145,6 +190,28 @@ typedef struct rlx_backend_iface {
      * kernel ISA, library cores, threads ("avx2 kernels, OpenBLAS core Zen, 2 threads").
      * Borrowed until close(). Optional; default "". */
     const char *(*describe)(void *self);
+    /* Prepares one use of a weight, once per model and backend instance, at planning time after
+     * supports() claimed a node reading it: the backend may repack the data into its own layout
+     * (and, for a FILE_BACKED weight, drop the mapped pages) and answers with its own handle in
+     * *handle, or NULL to be given the tensor as it is. Every node reading that use then gets
+     * the handle in node->prepared. The core calls release_weight(handle) exactly once for
+     * every non-NULL handle: when the model closes, or before close() of the backend, whichever
+     * comes first. Optional, but prepare_weight and release_weight come together. */
+    int (*prepare_weight)(void *self, const rlx_weight_info *weight, void **handle);
+    void (*release_weight)(void *self, void *handle);
+    /* Spans, for backends that fuse neighbours or keep intermediates in their own memory.
+     * At planning time the core offers each run of consecutive nodes the backend claimed, and
+     * plan_span answers how many of them, from the first, it runs as one call (*n_taken, 1 to
+     * run->n_nodes) and its own plan for them in *span (may be NULL); the core offers the rest
+     * of the run again. Validation belongs here: compute_span runs a span with bound data
+     * (the same nodes, shapes and params, new data pointers) and may trust what plan_span saw.
+     * release_span frees a plan when the core's plan is destroyed. With these members every
+     * node the backend claims runs through compute_span, never compute(), except when the
+     * caller asks a plan for per-node execution (RLX_PLAN_PER_NODE), which compute() must then
+     * match. Optional, but the three come together. */
+    int (*plan_span)(void *self, const rlx_span *run, uint32_t *n_taken, void **span);
+    int (*compute_span)(void *self, void *span, const rlx_span *nodes);
+    void (*release_span)(void *self, void *span);
 } rlx_backend_iface;
 
 /* ---- helpers for backend authors (static inline: nothing to link) ---- */

@@ -31,7 +31,29 @@ RLX_API rlx_status rlx_plan_create(const rlx_graph *g, rlx_backend *const *backe
  * support one of its nodes fails the planning with a message naming the node and backend. */
 RLX_API rlx_status rlx_plan_create_placed(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends,
                                           const rlx_place_rule *rules, size_t n_rules, rlx_plan **out);
+
+/* How a plan runs its nodes. */
+enum {
+    /* Every node by itself through compute(), even on backends that run spans: the per-node
+     * results that fused spans are checked against. */
+    RLX_PLAN_PER_NODE = 1u << 0,
+};
+
+typedef struct rlx_plan_options {
+    uint32_t size;  /* sizeof(rlx_plan_options) of the caller */
+    uint32_t flags; /* RLX_PLAN_* */
+    rlx_backend *const *backends; /* in order of preference, borrowed: they must outlive the plan */
+    size_t n_backends;
+    const rlx_place_rule *rules; /* borrowed for the call */
+    size_t n_rules;
+} rlx_plan_options;
+
+/* rlx_plan_create_placed with flags. */
+RLX_API rlx_status rlx_plan_create_opts(const rlx_graph *g, const rlx_plan_options *opts, rlx_plan **out);
 RLX_API void rlx_plan_destroy(rlx_plan *p);
+
+/* Backend calls one run makes: the nodes, less those that run inside a span with others. */
+RLX_API uint32_t rlx_plan_n_calls(const rlx_plan *p);
 
 /* Bytes of the activation arena after liveness-based reuse, and what the activations would
  * take without reuse. */

@@ -5,6 +5,8 @@
 #ifndef RLX_STATUS_H
 #define RLX_STATUS_H
 
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -56,6 +58,12 @@ RLX_API void rlx_error_clear(void);
  * print. The handler may be called from any thread. */
 typedef void (*rlx_log_fn)(void *ctx, int level, const char *message);
 RLX_API void rlx_log_set_handler(rlx_log_fn fn, void *ctx);
+
+/* Fault injection, for tests: the nth heap allocation of librlx from now on (1 = the next;
+ * plugins' rlx_host.alloc counts too) fails, and with persistent every later one as well; 0
+ * turns failures off. Returns how many allocations were made since the previous call, so a
+ * test can fail each allocation of an operation in turn until one run makes fewer than nth. */
+RLX_API uint64_t rlx_debug_fail_alloc(uint64_t nth, int persistent);
 
 #ifdef __cplusplus
 }

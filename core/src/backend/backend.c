@@ -1,9 +1,24 @@
 /* Backend instances: the built-in reference backend and instances opened from plugins. All
  * calls into a plugin go through here so failures are reported with the backend's name. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend_impl.h"
+#include "util/alloc.h"
+
+/* Every open backend, so that closing a model can release what each prepared for it. The
+ * lock also guards every backend's table of prepared weights. */
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
+static rlx_backend *live;
+static atomic_uint_fast64_t last_owner;
+
+/* The ABI minor that introduced op: a backend built for an older one is never asked about it. */
+static uint32_t op_minor(uint32_t op) { return op == RLX_OP_CONCAT ? 1 : 0; }
+
+/* A member the plugin's table has, NULL when it is shorter or the plugin predates 1.2. */
+#define MEMBER_12(iface, abi_minor, m) ((abi_minor) >= 2 && RLX_HAS(rlx_backend_iface, iface, m) ? (iface)->m : NULL)
 
 rlx_backend_options rlx_backend_options_default(void) {
     return (rlx_backend_options){.size = sizeof(rlx_backend_options)};
@@ -12,14 +27,18 @@ rlx_backend_options rlx_backend_options_default(void) {
 /* abi_minor: what the plugin was built for; members of later minors are never read. */
 static rlx_status backend_new(const rlx_backend_iface *iface, uint32_t abi_minor, const char *name,
                               const rlx_backend_options *opts, rlx_backend **out) {
-    rlx_backend *b = calloc(1, sizeof *b);
+    rlx_backend *b = rlx__calloc(1, sizeof *b);
     if (!b)
         return rlx_error(RLX_E_NOMEM, "backend '%s': out of memory", name);
     b->iface = iface;
-    if (abi_minor >= 2) {
-        b->precision = RLX_HAS(rlx_backend_iface, iface, precision) ? iface->precision : NULL;
-        b->describe = RLX_HAS(rlx_backend_iface, iface, describe) ? iface->describe : NULL;
-    }
+    b->abi_minor = abi_minor;
+    b->precision = MEMBER_12(iface, abi_minor, precision);
+    b->describe = MEMBER_12(iface, abi_minor, describe);
+    b->prepare_weight = MEMBER_12(iface, abi_minor, prepare_weight);
+    b->release_weight = MEMBER_12(iface, abi_minor, release_weight);
+    b->plan_span = MEMBER_12(iface, abi_minor, plan_span);
+    b->compute_span = MEMBER_12(iface, abi_minor, compute_span);
+    b->release_span = MEMBER_12(iface, abi_minor, release_span);
     snprintf(b->name, sizeof b->name, "%s", name);
     rlx_backend_options o = opts ? *opts : rlx_backend_options_default();
     rlx_error_clear();
@@ -30,6 +49,12 @@ static rlx_status backend_new(const rlx_backend_iface *iface, uint32_t abi_minor
         free(b);
         return rlx_error(rc, "backend '%s' failed to open: %s", name, why);
     }
+    pthread_mutex_lock(&live_lock);
+    b->next_live = live;
+    if (live)
+        live->prev_live = b;
+    live = b;
+    pthread_mutex_unlock(&live_lock);
     *out = b;
     return RLX_OK;
 }
@@ -62,13 +87,151 @@ rlx_status rlx_backend_create(const rlx_plugin_handle *plugin, const rlx_backend
 void rlx_backend_destroy(rlx_backend *b) {
     if (!b)
         return;
+    pthread_mutex_lock(&live_lock);
+    if (b->prev_live)
+        b->prev_live->next_live = b->next_live;
+    else
+        live = b->next_live;
+    if (b->next_live)
+        b->next_live->prev_live = b->prev_live;
+    pthread_mutex_unlock(&live_lock);
+    for (size_t i = 0; i < b->cap_prepared; i++)
+        if (b->prepared[i].owner && b->prepared[i].handle)
+            b->release_weight(b->self, b->prepared[i].handle);
+    free(b->prepared);
     b->iface->close(b->self);
     free(b);
 }
 
+uint32_t rlx_backend_features(const rlx_backend *b) {
+    if (!b)
+        return 0;
+    return (b->prepare_weight ? RLX_BACKEND_PREPARES_WEIGHTS : 0u) | (b->compute_span ? RLX_BACKEND_RUNS_SPANS : 0u);
+}
+
+uint32_t rlx_backend_abi_minor(const rlx_backend *b) { return b ? b->abi_minor : 0; }
+
+uint64_t rlx__weight_owner_new(void) { return atomic_fetch_add(&last_owner, 1) + 1; }
+
+static size_t prepared_home(const rlx__prepared *e, size_t cap) {
+    uint64_t h = e->owner * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)e->data ^ ((uint64_t)e->op << 40 | e->input);
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return (size_t)h & (cap - 1);
+}
+
+/* The slot holding key's entry, or the free slot where it belongs (linear probing). */
+static size_t prepared_find(const rlx__prepared *table, size_t cap, const rlx__prepared *key) {
+    size_t i = prepared_home(key, cap);
+    while (table[i].owner && !(table[i].owner == key->owner && table[i].data == key->data &&
+                               table[i].op == key->op && table[i].input == key->input))
+        i = (i + 1) & (cap - 1);
+    return i;
+}
+
+/* Empties slot i, shifting later entries of its probe chain back so every entry stays
+ * reachable from its home slot (deletion without tombstones or allocation). */
+static void prepared_remove(rlx_backend *b, size_t i) {
+    const size_t mask = b->cap_prepared - 1;
+    b->prepared[i].owner = 0;
+    for (size_t j = (i + 1) & mask; b->prepared[j].owner; j = (j + 1) & mask) {
+        const size_t home = prepared_home(&b->prepared[j], b->cap_prepared);
+        const int stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
+        if (!stays) {
+            b->prepared[i] = b->prepared[j];
+            b->prepared[j].owner = 0;
+            i = j;
+        }
+    }
+    b->n_prepared--;
+}
+
+void rlx__weight_owner_release(uint64_t owner) {
+    pthread_mutex_lock(&live_lock);
+    for (rlx_backend *b = live; b; b = b->next_live)
+        for (size_t i = 0; i < b->cap_prepared;) {
+            if (b->prepared[i].owner != owner) {
+                i++;
+                continue;
+            }
+            if (b->prepared[i].handle)
+                b->release_weight(b->self, b->prepared[i].handle);
+            prepared_remove(b, i); /* an entry may have moved into slot i: look at it again */
+        }
+    pthread_mutex_unlock(&live_lock);
+}
+
+/* Doubles b's table (or creates it) when it is half full. */
+static rlx_status prepared_grow(rlx_backend *b) {
+    if (2 * (b->n_prepared + 1) <= b->cap_prepared)
+        return RLX_OK;
+    const size_t cap = b->cap_prepared ? 2 * b->cap_prepared : 64;
+    rlx__prepared *table = rlx__calloc(cap, sizeof *table);
+    if (!table)
+        return rlx_error(RLX_E_NOMEM, "backend '%s': out of memory for its prepared weights", b->name);
+    for (size_t i = 0; i < b->cap_prepared; i++)
+        if (b->prepared[i].owner)
+            table[prepared_find(table, cap, &b->prepared[i])] = b->prepared[i];
+    free(b->prepared);
+    b->prepared = table;
+    b->cap_prepared = cap;
+    return RLX_OK;
+}
+
+static rlx_status prepare(rlx_backend *b, const rlx_weight_info *weight, void **handle) {
+    *handle = NULL;
+    rlx_error_clear();
+    int rc = b->prepare_weight(b->self, weight, handle);
+    if (rc >= 0)
+        return RLX_OK;
+    *handle = NULL;
+    char why[512];
+    snprintf(why, sizeof why, "%s", *rlx_last_error() ? rlx_last_error() : rlx_status_str(rc));
+    return rlx_error(rc, "backend '%s' failed to prepare weight '%s' (input %u of %s): %s", b->name, weight->name,
+                     weight->input, rlx_op_name((int)weight->op), why);
+}
+
+rlx_status rlx__backend_prepared(rlx_backend *b, uint64_t owner, const rlx_weight_info *weight, void **handle) {
+    *handle = NULL;
+    if (!b->prepare_weight)
+        return RLX_OK;
+    const rlx__prepared key = {.owner = owner, .data = weight->tensor->data, .op = weight->op, .input = weight->input};
+    pthread_mutex_lock(&live_lock);
+    rlx_status rc = prepared_grow(b);
+    if (rc == RLX_OK) {
+        rlx__prepared *e = &b->prepared[prepared_find(b->prepared, b->cap_prepared, &key)];
+        if (e->owner) {
+            *handle = e->handle;
+        } else if ((rc = prepare(b, weight, handle)) == RLX_OK) {
+            *e = key;
+            e->handle = *handle;
+            b->n_prepared++;
+        }
+    }
+    pthread_mutex_unlock(&live_lock);
+    return rc;
+}
+
+rlx_status rlx_backend_prepare_weight(rlx_backend *b, const rlx_weight_info *weight, void **handle) {
+    if (!b || !weight || !weight->tensor || !handle)
+        return rlx_error(RLX_E_INVALID, "rlx_backend_prepare_weight: NULL argument");
+    *handle = NULL;
+    return b->prepare_weight ? prepare(b, weight, handle) : RLX_OK;
+}
+
+void rlx_backend_release_weight(rlx_backend *b, void *handle) {
+    if (b && handle && b->release_weight)
+        b->release_weight(b->self, handle);
+}
+
+
+
 const char *rlx_backend_name(const rlx_backend *b) { return b ? b->name : "?"; }
 
-int rlx_backend_supports(rlx_backend *b, const rlx_node_view *node) { return b->iface->supports(b->self, node) > 0; }
+int rlx_backend_supports(rlx_backend *b, const rlx_node_view *node) {
+    return op_minor(node->op) <= b->abi_minor && b->iface->supports(b->self, node) > 0;
+}
 
 uint32_t rlx_backend_precision(rlx_backend *b, const rlx_node_view *node) {
     if (!b || !b->precision)
@@ -103,3 +266,41 @@ rlx_status rlx_backend_compute(rlx_backend *b, const rlx_node_view *node) {
     return rlx_error(rc, "backend '%s' failed on node '%s' (%s): %s", b->name, node->name, rlx_op_name((int)node->op),
                      why);
 }
+
+rlx_status rlx__backend_compute_span(rlx_backend *b, void *span, const rlx_span *nodes) {
+    rlx_error_clear();
+    int rc = b->compute_span(b->self, span, nodes);
+    if (rc >= 0)
+        return RLX_OK;
+    char why[512];
+    snprintf(why, sizeof why, "%s", *rlx_last_error() ? rlx_last_error() : rlx_status_str(rc));
+    const rlx_node_view *first = &nodes->nodes[0], *last = &nodes->nodes[nodes->n_nodes - 1];
+    if (nodes->n_nodes == 1)
+        return rlx_error(rc, "backend '%s' failed on node '%s' (%s): %s", b->name, first->name,
+                         rlx_op_name((int)first->op), why);
+    return rlx_error(rc, "backend '%s' failed on the %u nodes '%s' to '%s': %s", b->name, nodes->n_nodes, first->name,
+                     last->name, why);
+}
+
+rlx_status rlx__backend_plan_span(rlx_backend *b, const rlx_span *run, uint32_t *n_taken, void **span) {
+    *n_taken = 0;
+    *span = NULL;
+    rlx_error_clear();
+    int rc = b->plan_span(b->self, run, n_taken, span);
+    const char *first = run->nodes[0].name;
+    if (rc < 0) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", *rlx_last_error() ? rlx_last_error() : rlx_status_str(rc));
+        return rlx_error(rc, "backend '%s' failed to plan the nodes from '%s': %s", b->name, first, why);
+    }
+    if (*n_taken < 1 || *n_taken > run->n_nodes) {
+        if (*span)
+            b->release_span(b->self, *span);
+        *span = NULL;
+        return rlx_error(RLX_E_PLUGIN, "backend '%s' took %u of the %u nodes from '%s' offered to plan_span (1 to %u)",
+                         b->name, *n_taken, run->n_nodes, first, run->n_nodes);
+    }
+    return RLX_OK;
+}
+
+void rlx__backend_release_span(rlx_backend *b, void *span) { b->release_span(b->self, span); }

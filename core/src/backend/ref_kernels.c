@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/backend_impl.h"
+#include "util/alloc.h"
 
 float rlx__load(const void *data, uint32_t dtype, size_t i) {
     switch (dtype) {
@@ -81,7 +82,7 @@ static int ref_matmul(const rlx_node_view *n, int act_bf16) {
     float *rounded = NULL;
     if (act_bf16) {
         const int64_t len = rlx_tensor_numel(x);
-        if (!(rounded = malloc((size_t)(len > 0 ? len : 1) * sizeof *rounded)))
+        if (!(rounded = rlx__malloc((size_t)(len > 0 ? len : 1) * sizeof *rounded)))
             return rlx_error(RLX_E_NOMEM, "matmul: out of memory");
         in = matmul_inputs(in, rounded, len, 1);
     }
@@ -139,7 +140,7 @@ static int ref_attention(const rlx_node_view *n) {
         memcpy(f32(kc) + at * kv_cols, f32(k) + t * kv_cols, (size_t)kv_cols * sizeof(float));
         memcpy(f32(vc) + at * kv_cols, f32(v) + t * kv_cols, (size_t)kv_cols * sizeof(float));
     }
-    double *scores = malloc((size_t)cap * sizeof *scores);
+    double *scores = rlx__malloc((size_t)cap * sizeof *scores);
     if (!scores)
         return rlx_error(RLX_E_NOMEM, "attention: out of memory");
     for (int64_t t = 0; t < t_len; t++) {
@@ -210,10 +211,10 @@ static int ref_moe(const rlx_node_view *n, int act_bf16) {
     const rlx_op_params *p = n->params;
     const rlx_tensor *x = &n->inputs[0];
     int64_t t_len = x->shape[0], h = x->shape[1], f = n->inputs[2].shape[0], e_len = p->n_experts;
-    float *logits = malloc((size_t)e_len * sizeof *logits), *gate = malloc((size_t)f * 2 * sizeof *gate),
-          *down = malloc((size_t)h * sizeof *down), *xr = malloc((size_t)h * sizeof *xr);
-    int64_t *chosen = malloc(p->top_k * sizeof *chosen);
-    double *prob = malloc(p->top_k * sizeof *prob);
+    float *logits = rlx__malloc((size_t)e_len * sizeof *logits), *gate = rlx__malloc((size_t)f * 2 * sizeof *gate),
+          *down = rlx__malloc((size_t)h * sizeof *down), *xr = rlx__malloc((size_t)h * sizeof *xr);
+    int64_t *chosen = rlx__malloc(p->top_k * sizeof *chosen);
+    double *prob = rlx__malloc(p->top_k * sizeof *prob);
     if (!logits || !gate || !down || !xr || !chosen || !prob) {
         free(logits), free(gate), free(down), free(xr), free(chosen), free(prob);
         return rlx_error(RLX_E_NOMEM, "moe: out of memory");
@@ -264,7 +265,7 @@ static int ref_moe(const rlx_node_view *n, int act_bf16) {
 /* Options: act=bf16|f32 (default f32). */
 static int ref_open(const rlx_host *host, const rlx_backend_options *opts, void **self) {
     *self = NULL;
-    ref_backend *r = calloc(1, sizeof *r);
+    ref_backend *r = rlx__calloc(1, sizeof *r);
     if (!r)
         return rlx_error(RLX_E_NOMEM, "ref: out of memory");
     const char *extra = opts && RLX_HAS(rlx_backend_options, opts, extra) ? opts->extra : NULL;

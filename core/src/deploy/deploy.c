@@ -12,6 +12,7 @@
 
 #include "rlx/deploy.h"
 #include "rlx/transport_iface.h"
+#include "util/alloc.h"
 
 struct rlx_deploy {
     char *path;
@@ -54,7 +55,7 @@ static rlx_status get_string(const parse *p, const char *key, const yaml_node_t 
         return fail(p, n, "'%s' must be a non-empty string", key);
     if (*out)
         free(*out);
-    if (!(*out = strdup(s)))
+    if (!(*out = rlx__strdup(s)))
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", p->d->path);
     return RLX_OK;
 }
@@ -192,7 +193,7 @@ static rlx_status parse_stages(parse *p, const yaml_node_t *v) {
     if (n > RLX_MAX_LAYERS)
         return fail(p, v, "%zu stages is more than any model has layers", n);
     rlx_deploy *d = p->d;
-    if (!(d->stages = calloc(n, sizeof *d->stages)))
+    if (!(d->stages = rlx__calloc(n, sizeof *d->stages)))
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", d->path);
     for (size_t i = 0; i < n; i++) {
         const yaml_node_t *item = yaml_document_get_node(p->doc, v->data.sequence.items.start[i]);
@@ -372,7 +373,7 @@ static rlx_status resolve_path(rlx_deploy *d, char **path) {
     if (!slash)
         return RLX_OK;
     size_t dir = (size_t)(slash - d->path);
-    char *full = malloc(dir + 1 + strlen(*path) + 1);
+    char *full = rlx__malloc(dir + 1 + strlen(*path) + 1);
     if (!full)
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", d->path);
     sprintf(full, "%.*s/%s", (int)dir, d->path, *path);
@@ -388,8 +389,8 @@ rlx_status rlx_deploy_load(const char *path, rlx_deploy **out) {
     FILE *f = fopen(path, "rb");
     if (!f)
         return rlx_error(RLX_E_IO, "%s: cannot open: %s", path, strerror(errno));
-    rlx_deploy *d = calloc(1, sizeof *d);
-    if (!d || !(d->path = strdup(path))) {
+    rlx_deploy *d = rlx__calloc(1, sizeof *d);
+    if (!d || !(d->path = rlx__strdup(path))) {
         free(d);
         fclose(f);
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
@@ -423,7 +424,7 @@ rlx_status rlx_deploy_load(const char *path, rlx_deploy **out) {
         rc = fail(&p, root, "no 'stages': a deployment lists its stages in pipeline order");
         goto done;
     }
-    if (!d->transport && !(d->transport = strdup("tcp"))) {
+    if (!d->transport && !(d->transport = rlx__strdup("tcp"))) {
         rc = rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
         goto done;
     }
@@ -505,7 +506,7 @@ rlx_status rlx_deploy_layers(const rlx_deploy *d, uint32_t n_layers, rlx_layer_r
 rlx_status rlx_deploy_driver_stages(const rlx_deploy *d, uint32_t n_layers, rlx_driver_stage *out) {
     if (!d || !out)
         return rlx_error(RLX_E_INVALID, "rlx_deploy_driver_stages: NULL argument");
-    rlx_layer_range *ranges = calloc(d->n_stages, sizeof *ranges);
+    rlx_layer_range *ranges = rlx__calloc(d->n_stages, sizeof *ranges);
     if (!ranges)
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", d->path);
     rlx_status rc = rlx_deploy_layers(d, n_layers, ranges);

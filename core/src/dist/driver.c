@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "dist/dist_internal.h"
+#include "util/alloc.h"
 
 #include "util/clock.h"
 
@@ -178,8 +179,8 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
     if (!model_dir || !o || !out || !o->stages || !o->n_stages || !o->transport)
         return rlx_error(RLX_E_INVALID, "rlx_driver_create: NULL argument or no stages");
     *out = NULL;
-    rlx_driver *d = calloc(1, sizeof *d);
-    if (!d || !(d->stages = calloc(o->n_stages, sizeof *d->stages))) {
+    rlx_driver *d = rlx__calloc(1, sizeof *d);
+    if (!d || !(d->stages = rlx__calloc(o->n_stages, sizeof *d->stages))) {
         free(d);
         return rlx_error(RLX_E_NOMEM, "driver: out of memory");
     }
@@ -192,7 +193,7 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
     rlx_status rc = RLX_OK;
     for (uint32_t i = 0; i < o->n_stages && rc == RLX_OK; i++) {
         d->stages[i].layers = o->stages[i].layers;
-        if (!o->stages[i].address || !(d->stages[i].address = strdup(o->stages[i].address))) {
+        if (!o->stages[i].address || !(d->stages[i].address = rlx__strdup(o->stages[i].address))) {
             rc = rlx_error(o->stages[i].address ? RLX_E_NOMEM : RLX_E_INVALID, "stage %u: no address", i);
         } else if (o->stages[i].source_file &&
                  asprintf(&d->stages[i].source, "%s:%u: ", o->stages[i].source_file, o->stages[i].source_line) < 0) {
@@ -210,7 +211,7 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
         rc = rlx_model_config_load_generation(path, &d->cfg);
     }
     if (rc == RLX_OK) {
-        rlx_layer_range *ranges = malloc(d->n_stages * sizeof *ranges);
+        rlx_layer_range *ranges = rlx__malloc(d->n_stages * sizeof *ranges);
         if (!ranges) {
             rc = rlx_error(RLX_E_NOMEM, "driver: out of memory");
         } else {

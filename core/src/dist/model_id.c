@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "dist/dist_internal.h"
+#include "util/alloc.h"
 
 #define HEADER_MAX (100u << 20) /* safetensors' own limit on the header */
 
@@ -83,7 +84,7 @@ rlx_status rlx_model_id(const char *model_dir, char out[RLX_MODEL_ID_SIZE]) {
     if ((rc = rlx_weights_open(model_dir, &w)) != RLX_OK)
         return rc;
     size_t n = rlx_weights_count(w), n_files = 0;
-    const char **files = malloc((n ? n : 1) * sizeof *files);
+    const char **files = rlx__malloc((n ? n : 1) * sizeof *files);
     if (!files) {
         rlx_weights_close(w);
         return rlx_error(RLX_E_NOMEM, "model id: out of memory");

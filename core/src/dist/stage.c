@@ -10,6 +10,7 @@
 
 #include "dist/dist_internal.h"
 #include "util/log.h"
+#include "util/alloc.h"
 
 typedef struct stage_session {
     uint64_t id;
@@ -411,7 +412,7 @@ rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *opts) {
         rc = rlx_model_prefetch(m, &st.spec, NULL, NULL);
     if (rc != RLX_OK)
         return rc;
-    if (!(st.sessions = calloc(st.o.max_sessions, sizeof *st.sessions)))
+    if (!(st.sessions = rlx__calloc(st.o.max_sessions, sizeof *st.sessions)))
         return rlx_error(RLX_E_NOMEM, "stage: out of memory");
     if ((rc = rlx__net_open(st.o.transport, st.o.transport_options, &st.net)) != RLX_OK)
         goto done;

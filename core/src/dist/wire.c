@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "dist/dist_internal.h"
+#include "util/alloc.h"
 
 rlx_status rlx__net_open(const rlx_plugin_handle *plugin, const char *options, rlx__net *out) {
     memset(out, 0, sizeof *out);
@@ -35,7 +36,7 @@ void rlx__net_close(rlx__net *n) {
 
 rlx_status rlx__net_send(rlx__net *n, void *conn, const Rlx__Envelope *e, int timeout_ms, size_t *bytes) {
     size_t len = rlx__envelope__get_packed_size(e);
-    uint8_t *buf = malloc(len ? len : 1);
+    uint8_t *buf = rlx__malloc(len ? len : 1);
     if (!buf)
         return rlx_error(RLX_E_NOMEM, "out of memory for a %zu-byte message", len);
     rlx__envelope__pack(e, buf);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "gen/gen_internal.h"
+#include "util/alloc.h"
 
 typedef struct candidate {
     float logit;
@@ -90,20 +91,20 @@ rlx_status rlx_sampler_create(const rlx_sampler_params *p, int64_t vocab, rlx_sa
     rlx_status rc = check_params(p);
     if (rc != RLX_OK)
         return rc;
-    rlx_sampler *s = calloc(1, sizeof *s);
-    if (!s || !(s->cand = malloc((size_t)vocab * sizeof *s->cand)))
+    rlx_sampler *s = rlx__calloc(1, sizeof *s);
+    if (!s || !(s->cand = rlx__malloc((size_t)vocab * sizeof *s->cand)))
         goto nomem;
     s->p = *p;
     s->vocab = vocab;
     s->penalize = p->repeat_last_n != 0 &&
                   (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0);
     if (s->penalize) {
-        s->count = calloc((size_t)vocab, sizeof *s->count);
-        s->present = malloc((size_t)vocab * sizeof *s->present);
-        s->slot = malloc((size_t)vocab * sizeof *s->slot);
+        s->count = rlx__calloc((size_t)vocab, sizeof *s->count);
+        s->present = rlx__malloc((size_t)vocab * sizeof *s->present);
+        s->slot = rlx__malloc((size_t)vocab * sizeof *s->slot);
         if (!s->count || !s->present || !s->slot)
             goto nomem;
-        if (p->repeat_last_n > 0 && !(s->ring = malloc((size_t)p->repeat_last_n * sizeof *s->ring)))
+        if (p->repeat_last_n > 0 && !(s->ring = rlx__malloc((size_t)p->repeat_last_n * sizeof *s->ring)))
             goto nomem;
     }
     uint64_t seed = p->seed;

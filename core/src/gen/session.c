@@ -6,6 +6,7 @@
 
 #include "rlx/gen.h"
 #include "rlx/sched.h"
+#include "util/alloc.h"
 
 #include "gen/gen_internal.h"
 #include "model/model_internal.h"
@@ -69,7 +70,7 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
     if (capacity > max_pos)
         return rlx_error(RLX_E_RANGE, "context of %u positions exceeds the model's max_position_embeddings %u",
                          capacity, max_pos);
-    rlx_session *s = calloc(1, sizeof *s);
+    rlx_session *s = rlx__calloc(1, sizeof *s);
     if (!s)
         return rlx_error(RLX_E_NOMEM, "session: out of memory");
     s->m = m;
@@ -77,13 +78,13 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
     s->capacity = capacity;
     uint32_t n_layers = spec->layer_end - spec->layer_start;
     s->cache_bytes = (size_t)capacity * (size_t)(c->num_key_value_heads * c->head_dim) * sizeof(float);
-    s->k_cache = calloc(n_layers, sizeof *s->k_cache);
-    s->v_cache = calloc(n_layers, sizeof *s->v_cache);
-    s->positions = malloc(capacity * sizeof *s->positions);
+    s->k_cache = rlx__calloc(n_layers, sizeof *s->k_cache);
+    s->v_cache = rlx__calloc(n_layers, sizeof *s->v_cache);
+    s->positions = rlx__malloc(capacity * sizeof *s->positions);
     s->n_backends = o.n_backends;
-    s->backends = calloc(o.n_backends + 1, sizeof *s->backends);
+    s->backends = rlx__calloc(o.n_backends + 1, sizeof *s->backends);
     s->n_rules = o.n_rules;
-    s->rules = calloc(o.n_rules + 1, sizeof *s->rules);
+    s->rules = rlx__calloc(o.n_rules + 1, sizeof *s->rules);
     if (!s->k_cache || !s->v_cache || !s->positions || !s->backends || !s->rules)
         goto nomem;
     for (size_t i = 0; i < o.n_rules; i++)

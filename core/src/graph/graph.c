@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "graph/graph_impl.h"
+#include "util/alloc.h"
 
 size_t rlx_dtype_size(int dtype) { return dtype < 0 ? 0 : rlx_iface_dtype_size((uint32_t)dtype); }
 
@@ -27,7 +28,7 @@ size_t rlx__tensor_nbytes(const rlx_tensor *t) { return (size_t)rlx_tensor_numel
 rlx_status rlx_graph_create(rlx_graph **out) {
     if (!out)
         return rlx_error(RLX_E_INVALID, "rlx_graph_create: out is NULL");
-    *out = calloc(1, sizeof **out);
+    *out = rlx__calloc(1, sizeof **out);
     return *out ? RLX_OK : rlx_error(RLX_E_NOMEM, "rlx_graph_create: out of memory");
 }
 
@@ -49,13 +50,13 @@ static int push_tensor(rlx_graph *g, rlx_tensor_role role, const char *name, rlx
                        const int64_t *shape, const void *data) {
     if (g->n_tensors == g->cap_tensors) {
         uint32_t cap = g->cap_tensors ? g->cap_tensors * 2 : 64;
-        rlx__tensor_info *t = realloc(g->tensors, cap * sizeof *t);
+        rlx__tensor_info *t = rlx__realloc(g->tensors, cap * sizeof *t);
         if (!t)
             return rlx_error(RLX_E_NOMEM, "graph: out of memory adding tensor '%s'", name);
         g->tensors = t;
         g->cap_tensors = cap;
     }
-    char *copy = strdup(name);
+    char *copy = rlx__strdup(name);
     if (!copy)
         return rlx_error(RLX_E_NOMEM, "graph: out of memory adding tensor '%s'", name);
     rlx__tensor_info *ti = &g->tensors[g->n_tensors];
@@ -87,6 +88,11 @@ int rlx_graph_add_tensor(rlx_graph *g, rlx_tensor_role role, const char *name, r
     if (role == RLX_ROLE_WEIGHT && !data)
         return rlx_error(RLX_E_INVALID, "weight '%s' has no data", name);
     return push_tensor(g, role, name, dtype, n_dims, shape, data);
+}
+
+void rlx__graph_set_weights(rlx_graph *g, uint64_t owner, uint32_t flags) {
+    g->weight_owner = owner;
+    g->weight_flags = flags;
 }
 
 // ---- shape inference ----
@@ -305,7 +311,7 @@ int rlx_graph_add_node(rlx_graph *g, rlx_op op, const char *name, const int *inp
 
     if (g->n_nodes == g->cap_nodes) {
         uint32_t cap = g->cap_nodes ? g->cap_nodes * 2 : 64;
-        rlx__node *nodes = realloc(g->nodes, cap * sizeof *nodes);
+        rlx__node *nodes = rlx__realloc(g->nodes, cap * sizeof *nodes);
         if (!nodes)
             return rlx_error(RLX_E_NOMEM, "graph: out of memory adding node '%s'", name);
         g->nodes = nodes;
@@ -313,8 +319,8 @@ int rlx_graph_add_node(rlx_graph *g, rlx_op op, const char *name, const int *inp
     }
     rlx__node *nd = &g->nodes[g->n_nodes];
     memset(nd, 0, sizeof *nd);
-    nd->name = strdup(name);
-    nd->inputs = malloc((n_inputs ? n_inputs : 1) * sizeof *nd->inputs);
+    nd->name = rlx__strdup(name);
+    nd->inputs = rlx__malloc((n_inputs ? n_inputs : 1) * sizeof *nd->inputs);
     if (!nd->name || !nd->inputs)
         goto nomem;
     memcpy(nd->inputs, inputs, n_inputs * sizeof *inputs);

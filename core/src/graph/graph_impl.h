@@ -26,7 +26,15 @@ struct rlx_graph {
     uint32_t n_tensors, cap_tensors;
     rlx__node *nodes;
     uint32_t n_nodes, cap_nodes;
+    /* whose weights these are (backends keep what they prepared for them until the owner
+     * goes); 0 for a hand-built graph, whose plan is the owner */
+    uint64_t weight_owner;
+    uint32_t weight_flags; /* RLX_WEIGHT_* of every weight of the graph */
 };
+
+/* Declares that g's weights belong to owner (rlx__weight_owner_new) and are stored as flags
+ * say. */
+void rlx__graph_set_weights(rlx_graph *g, uint64_t owner, uint32_t flags);
 
 /* Bytes of tensor data (numel * dtype size). */
 size_t rlx__tensor_nbytes(const rlx_tensor *t);

@@ -16,6 +16,7 @@
 
 #include "model_internal.h"
 #include "rlx/model.h"
+#include "util/alloc.h"
 
 /* Far above any config or safetensors index (a 20000-tensor index is ~2 MB); more is a wrong file. */
 #define JSON_MAX_BYTES (64 << 20)
@@ -85,7 +86,7 @@ rlx_status rlx__json_load(const char *path, int missing_ok, cJSON **out) {
                        (long long)sb.st_size, JSON_MAX_BYTES);
         goto fail;
     }
-    text = malloc((size_t)sb.st_size + 1);
+    text = rlx__malloc((size_t)sb.st_size + 1);
     if (!text) {
         st = rlx_error(RLX_E_NOMEM, "%s: cannot allocate %lld bytes", path, (long long)sb.st_size + 1);
         goto fail;

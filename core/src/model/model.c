@@ -13,8 +13,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "backend/backend_impl.h"
+#include "graph/graph_impl.h"
 #include "model_internal.h"
 #include "rlx/model.h"
+#include "util/alloc.h"
 #include "util/sized.h"
 
 struct rlx_model {
@@ -23,6 +26,7 @@ struct rlx_model {
     rlx_weights *weights;
     rlx_weights **added; /* rlx_model_add_weights files, searched after the model's own */
     size_t n_added;
+    uint64_t weight_owner; /* what backends prepared of its weights is released with it */
 };
 
 /* Whether the file at path starts with GGUF's magic. */
@@ -39,11 +43,12 @@ rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
     if (!model_dir || !out)
         return rlx_error(RLX_E_INVALID, "rlx_model_open: NULL argument");
     *out = NULL;
-    rlx_model *m = calloc(1, sizeof *m);
-    if (!m || !(m->dir = strdup(model_dir))) {
+    rlx_model *m = rlx__calloc(1, sizeof *m);
+    if (!m || !(m->dir = rlx__strdup(model_dir))) {
         free(m);
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", model_dir);
     }
+    m->weight_owner = rlx__weight_owner_new();
     struct stat sb;
     if (stat(model_dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
         rlx_model_close(m);
@@ -71,6 +76,7 @@ rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
 void rlx_model_close(rlx_model *m) {
     if (!m)
         return;
+    rlx__weight_owner_release(m->weight_owner);
     rlx_weights_close(m->weights);
     for (size_t i = 0; i < m->n_added; i++)
         rlx_weights_close(m->added[i]);
@@ -103,7 +109,7 @@ rlx_status rlx_model_add_weights(rlx_model *m, const char *safetensors_path) {
             return rc;
         }
     }
-    rlx_weights **added = realloc(m->added, (m->n_added + 1) * sizeof *added);
+    rlx_weights **added = rlx__realloc(m->added, (m->n_added + 1) * sizeof *added);
     if (!added) {
         rlx_weights_close(w);
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", safetensors_path);
@@ -142,7 +148,7 @@ static rlx_status add_need(needs *ns, int64_t rows, int64_t cols, const char *fm
 static rlx_status add_need(needs *ns, int64_t rows, int64_t cols, const char *fmt, ...) {
     if (ns->n == ns->cap) {
         size_t cap = ns->cap ? ns->cap * 2 : 64;
-        need *items = realloc(ns->items, cap * sizeof *items);
+        need *items = rlx__realloc(ns->items, cap * sizeof *items);
         if (!items)
             return rlx_error(RLX_E_NOMEM, "model: out of memory");
         ns->items = items;
@@ -433,6 +439,17 @@ static int weight(builder *b) {
     return id;
 }
 
+/* An input or state tensor of the block; a failure is kept in b->rc like a node's. */
+static int bound(builder *b, rlx_tensor_role role, const char *name, rlx_dtype dtype, uint32_t n_dims,
+                 const int64_t *shape) {
+    if (b->rc != RLX_OK)
+        return -1;
+    int id = rlx_graph_add_tensor(b->g, role, name, dtype, n_dims, shape, NULL);
+    if (id < 0)
+        b->rc = id;
+    return id;
+}
+
 static int node(builder *b, rlx_op op, const char *name, const int *in, uint32_t n, const rlx_op_params *p) {
     if (b->rc != RLX_OK)
         return -1;
@@ -481,7 +498,7 @@ static int build_layer(builder *b, const layer_desc *l, int x, int pos, int kc, 
     int mlp;
     if (l->moe) {
         uint32_t n_in = 2 + 3 * (uint32_t)c->num_experts;
-        int *in = malloc(n_in * sizeof *in);
+        int *in = rlx__malloc(n_in * sizeof *in);
         if (!in) {
             b->rc = rlx_error(RLX_E_NOMEM, "model builder: out of memory");
             return -1;
@@ -527,6 +544,7 @@ rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec,
         free(ns.items);
         return b.rc;
     }
+    rlx__graph_set_weights(b.g, m->weight_owner, RLX_WEIGHT_FILE_BACKED | RLX_WEIGHT_READ_ONLY);
     b.next = ns.items;
     b.end = ns.items + ns.n;
     memset(io, 0, sizeof *io);
@@ -537,34 +555,30 @@ rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec,
     rlx_op_params norm = {.eps = (float)c->rms_norm_eps, .layer = UINT32_MAX};
     int x;
     if (spec->embed_input) {
-        io->input = rlx_graph_add_tensor(b.g, RLX_ROLE_INPUT, "tokens", RLX_DTYPE_I32, 1, &t, NULL);
+        io->input = bound(&b, RLX_ROLE_INPUT, "tokens", RLX_DTYPE_I32, 1, &t);
         x = node2(&b, RLX_OP_EMBED, "embed", io->input, weight(&b), NULL);
     } else {
-        io->input = rlx_graph_add_tensor(b.g, RLX_ROLE_INPUT, "hidden_in", RLX_DTYPE_F32, 2, (int64_t[]){t, hidden},
-                                         NULL);
+        io->input = bound(&b, RLX_ROLE_INPUT, "hidden_in", RLX_DTYPE_F32, 2, (int64_t[]){t, hidden});
         x = io->input;
     }
     if (spec->mtp) {
         /* pairs (token x[t+1], target hidden h[t]): input_proj(concat(g, e)) in MiMo's order */
-        io->hidden_input = rlx_graph_add_tensor(b.g, RLX_ROLE_INPUT, "hidden_in", RLX_DTYPE_F32, 2,
-                                                (int64_t[]){t, hidden}, NULL);
+        io->hidden_input = bound(&b, RLX_ROLE_INPUT, "hidden_in", RLX_DTYPE_F32, 2, (int64_t[]){t, hidden});
         int e = node2(&b, RLX_OP_RMS_NORM, "mtp.token_norm", x, weight(&b), &norm);
         int g = node2(&b, RLX_OP_RMS_NORM, "mtp.hidden_norm", io->hidden_input, weight(&b), &norm);
         int ge = node2(&b, RLX_OP_CONCAT, "mtp.concat", g, e, NULL);
         x = node2(&b, RLX_OP_MATMUL, "mtp.input_proj", ge, weight(&b), NULL);
     }
-    io->positions = rlx_graph_add_tensor(b.g, RLX_ROLE_INPUT, "positions", RLX_DTYPE_I32, 1, &t, NULL);
+    io->positions = bound(&b, RLX_ROLE_INPUT, "positions", RLX_DTYPE_I32, 1, &t);
     for (uint32_t l = spec->layer_start; b.rc == RLX_OK && l < spec->layer_end; l++) {
         layer_desc desc = spec->mtp ? mtp_layer(c, l) : model_layer(c, l);
         char kname[64], vname[64];
         snprintf(kname, sizeof kname, "%sk_cache", desc.nodes);
         snprintf(vname, sizeof vname, "%sv_cache", desc.nodes);
-        int kc = rlx_graph_add_tensor(b.g, RLX_ROLE_STATE, kname, RLX_DTYPE_F32, 2, kv_shape, NULL);
-        int vc = rlx_graph_add_tensor(b.g, RLX_ROLE_STATE, vname, RLX_DTYPE_F32, 2, kv_shape, NULL);
-        if (kc < 0 || vc < 0) {
-            b.rc = kc < 0 ? kc : vc;
+        int kc = bound(&b, RLX_ROLE_STATE, kname, RLX_DTYPE_F32, 2, kv_shape);
+        int vc = bound(&b, RLX_ROLE_STATE, vname, RLX_DTYPE_F32, 2, kv_shape);
+        if (b.rc != RLX_OK)
             break;
-        }
         io->k_cache[l - spec->layer_start] = kc;
         io->v_cache[l - spec->layer_start] = vc;
         x = build_layer(&b, &desc, x, io->positions, kc, vc);

@@ -22,6 +22,7 @@
 
 #include "model_internal.h"
 #include "rlx/model.h"
+#include "util/alloc.h"
 
 /* The reference implementation's limit: a longer header means a corrupt length field. */
 #define HEADER_MAX 100000000u
@@ -80,7 +81,7 @@ static char *path_join(const char *dir, const char *name) {
     size_t n = strlen(dir);
     while (n > 0 && dir[n - 1] == '/')
         n--;
-    char *p = malloc(n + 1 + strlen(name) + 1);
+    char *p = rlx__malloc(n + 1 + strlen(name) + 1);
     if (p) {
         memcpy(p, dir, n);
         p[n] = '/';
@@ -195,11 +196,11 @@ static rlx_status add_tensors(rlx_weights *w, st_file *f, const cJSON *header, c
     }
     if (count == 0) /* valid, just empty */
         return RLX_OK;
-    rlx_weight *grown = realloc(w->tensors, (w->n_tensors + count) * sizeof *grown);
+    rlx_weight *grown = rlx__realloc(w->tensors, (w->n_tensors + count) * sizeof *grown);
     if (!grown)
         return rlx_error(RLX_E_NOMEM, "%s: cannot allocate the index of %zu tensors", f->path, count);
     w->tensors = grown;
-    f->names = malloc(name_bytes);
+    f->names = rlx__malloc(name_bytes);
     if (!f->names)
         return rlx_error(RLX_E_NOMEM, "%s: cannot allocate %zu bytes of tensor names", f->path, name_bytes);
 
@@ -322,7 +323,7 @@ static rlx_status open_shards(rlx_weights *w, const char *dir, const char *index
         return rlx_error(RLX_E_FORMAT, "%s: field 'weight_map' is not a non-empty object", index_path);
 
     size_t n = (size_t)cJSON_GetArraySize(map), n_shards = 0;
-    const char **shards = malloc(n * sizeof *shards);
+    const char **shards = rlx__malloc(n * sizeof *shards);
     if (!shards)
         return rlx_error(RLX_E_NOMEM, "%s: cannot allocate %zu shard names", index_path, n);
     rlx_status st = RLX_OK;
@@ -343,7 +344,7 @@ static rlx_status open_shards(rlx_weights *w, const char *dir, const char *index
         if (n_unique == 0 || strcmp(shards[n_unique - 1], shards[i]) != 0)
             shards[n_unique++] = shards[i];
 
-    w->files = calloc(n_unique, sizeof *w->files);
+    w->files = rlx__calloc(n_unique, sizeof *w->files);
     if (!w->files) {
         st = rlx_error(RLX_E_NOMEM, "%s: cannot allocate %zu shards", index_path, n_unique);
         goto fail;
@@ -389,10 +390,10 @@ static rlx_status index_tensors(rlx_weights *w) {
 rlx_status rlx__weights_open_file(const char *path, rlx_weights **out) {
     *out = NULL;
     const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
-    rlx_weights *w = calloc(1, sizeof *w);
+    char *dir = slash ? rlx__strndup(path, (size_t)(slash - path)) : rlx__strdup(".");
+    rlx_weights *w = rlx__calloc(1, sizeof *w);
     rlx_status st = RLX_OK;
-    if (!dir || !w || !(w->files = calloc(1, sizeof *w->files)))
+    if (!dir || !w || !(w->files = rlx__calloc(1, sizeof *w->files)))
         st = rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
     if (st == RLX_OK)
         st = add_file(w, dir, slash ? slash + 1 : path);
@@ -416,7 +417,7 @@ rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out) {
     cJSON *index = NULL;
     char *single = path_join(model_dir, "model.safetensors");
     char *index_path = path_join(model_dir, "model.safetensors.index.json");
-    rlx_weights *w = calloc(1, sizeof *w);
+    rlx_weights *w = rlx__calloc(1, sizeof *w);
     if (!single || !index_path || !w) {
         st = rlx_error(RLX_E_NOMEM, "%s: out of memory", model_dir);
         goto fail;
@@ -425,7 +426,7 @@ rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out) {
     /* The single file wins when both exist, as in transformers' from_pretrained. */
     struct stat sb;
     if (stat(single, &sb) == 0) {
-        w->files = calloc(1, sizeof *w->files);
+        w->files = rlx__calloc(1, sizeof *w->files);
         if (w->files)
             st = add_file(w, model_dir, "model.safetensors");
         else

@@ -33,6 +33,23 @@ PIN(rlx_node_view, inputs, 8);
 PIN(rlx_node_view, output, 16);
 PIN(rlx_node_view, params, 24);
 PIN(rlx_node_view, name, 32);
+PIN(rlx_node_view, prepared, 40);
+PIN(rlx_node_view, input_ids, 48);
+PIN(rlx_node_view, output_id, 56);
+_Static_assert(sizeof(int) == sizeof(int32_t), "graph ids are handed to backends as int32_t");
+
+PIN(rlx_weight_info, size, 0);
+PIN(rlx_weight_info, flags, 4);
+PIN(rlx_weight_info, tensor, 8);
+PIN(rlx_weight_info, name, 16);
+PIN(rlx_weight_info, op, 24);
+PIN(rlx_weight_info, input, 28);
+PIN(rlx_weight_info, node, 32);
+
+PIN(rlx_span, size, 0);
+PIN(rlx_span, n_nodes, 4);
+PIN(rlx_span, nodes, 8);
+PIN(rlx_span, last_use, 16);
 
 PIN(rlx_host, size, 0);
 PIN(rlx_host, abi_major, 4);
@@ -62,6 +79,11 @@ PIN(rlx_backend_iface, supports, 24);
 PIN(rlx_backend_iface, compute, 32);
 PIN(rlx_backend_iface, precision, 40);
 PIN(rlx_backend_iface, describe, 48);
+PIN(rlx_backend_iface, prepare_weight, 56);
+PIN(rlx_backend_iface, release_weight, 64);
+PIN(rlx_backend_iface, plan_span, 72);
+PIN(rlx_backend_iface, compute_span, 80);
+PIN(rlx_backend_iface, release_span, 88);
 
 PIN(rlx_spec_target, size, 0);
 PIN(rlx_spec_target, kv_capacity, 4);

@@ -15,6 +15,7 @@
 #include "rlx/transport.h"
 #include "spec/spec_internal.h"
 #include "util/log.h"
+#include "util/alloc.h"
 
 struct rlx_plugin_handle {
     void *dl;
@@ -83,6 +84,17 @@ static rlx_status check_iface(const char *path, const rlx_plugin *d) {
         if (!b->open || !b->close || !b->supports || !b->compute)
             return rlx_error(RLX_E_ABI, "%s: backend table lacks a required function (open, close, supports, compute)",
                              path);
+        if (d->abi_minor < 2)
+            return RLX_OK;
+#define HAS_12(m) (RLX_HAS(rlx_backend_iface, b, m) && b->m)
+        if (HAS_12(prepare_weight) != HAS_12(release_weight))
+            return rlx_error(RLX_E_ABI, "%s: backend table has %s without %s (they come together)", path,
+                             HAS_12(prepare_weight) ? "prepare_weight" : "release_weight",
+                             HAS_12(prepare_weight) ? "release_weight" : "prepare_weight");
+        if (HAS_12(plan_span) != HAS_12(compute_span) || HAS_12(plan_span) != HAS_12(release_span))
+            return rlx_error(RLX_E_ABI, "%s: backend table has only some of plan_span, compute_span and release_span "
+                             "(they come together)", path);
+#undef HAS_12
         return RLX_OK;
     }
     if (d->kind == RLX_PLUGIN_TRANSPORT) {
@@ -144,8 +156,8 @@ rlx_status rlx_plugin_load(const char *path, rlx_plugin_handle **out) {
     }
     if ((rc = check_iface(path, d)) < 0)
         goto fail;
-    rlx_plugin_handle *h = calloc(1, sizeof *h);
-    if (!h || !(h->path = strdup(path))) {
+    rlx_plugin_handle *h = rlx__calloc(1, sizeof *h);
+    if (!h || !(h->path = rlx__strdup(path))) {
         free(h);
         rc = rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
         goto fail;
@@ -185,11 +197,11 @@ static rlx_status add_dir(rlx_registry *r, const char *dir, size_t len) {
     for (size_t i = 0; i < r->n_dirs; i++)
         if (strlen(r->dirs[i]) == len && strncmp(r->dirs[i], dir, len) == 0)
             return RLX_OK;
-    char **dirs = realloc(r->dirs, (r->n_dirs + 1) * sizeof *dirs);
+    char **dirs = rlx__realloc(r->dirs, (r->n_dirs + 1) * sizeof *dirs);
     if (!dirs)
         return rlx_error(RLX_E_NOMEM, "plugin registry: out of memory");
     r->dirs = dirs;
-    if (!(r->dirs[r->n_dirs] = strndup(dir, len)))
+    if (!(r->dirs[r->n_dirs] = rlx__strndup(dir, len)))
         return rlx_error(RLX_E_NOMEM, "plugin registry: out of memory");
     r->n_dirs++;
     return RLX_OK;
@@ -198,7 +210,7 @@ static rlx_status add_dir(rlx_registry *r, const char *dir, size_t len) {
 rlx_status rlx_registry_create(const char *dir, rlx_registry **out) {
     if (!out)
         return rlx_error(RLX_E_INVALID, "rlx_registry_create: out is NULL");
-    rlx_registry *r = calloc(1, sizeof *r);
+    rlx_registry *r = rlx__calloc(1, sizeof *r);
     if (!r)
         return rlx_error(RLX_E_NOMEM, "plugin registry: out of memory");
     rlx_status rc = dir ? add_dir(r, dir, strlen(dir)) : RLX_OK;

@@ -8,6 +8,7 @@
 
 #include "rlx/runtime.h"
 
+#include "util/alloc.h"
 #include "util/log.h"
 #include "util/sized.h"
 
@@ -205,8 +206,8 @@ static rlx_status speculator_load(rlx_runtime *rt) {
                          o->draft_tokens ? "draft tokens" : rlx_deploy_path(rt->deploy), RLX_SPEC_MAX_DRAFT,
                          rt->draft_tokens);
     size_t len = (draft_model ? strlen(draft_model) + 7 : 0) + (options ? strlen(options) + 1 : 0) + 1;
-    if (!(rt->spec_options = malloc(len)))
-        return rlx_error(RLX_E_NOMEM, "out of memory");
+    if (!(rt->spec_options = rlx__malloc(len)))
+        return rlx_error(RLX_E_NOMEM, "runtime: out of memory");
     snprintf(rt->spec_options, len, "%s%s%s%s", draft_model ? "model=" : "", draft_model ? draft_model : "",
              draft_model && options && *options ? "," : "", options ? options : "");
     rlx_status rc = registry_of(rt);
@@ -285,8 +286,8 @@ static rlx_status pipeline_stages(rlx_runtime *rt, const rlx_driver_stage **stag
     if (rc != RLX_OK)
         return failed(rc, "cannot open model");
     *n = rlx_deploy_n_stages(rt->deploy);
-    if (!(*owned = calloc(*n, sizeof **owned)))
-        return rlx_error(RLX_E_NOMEM, "out of memory");
+    if (!(*owned = rlx__calloc(*n, sizeof **owned)))
+        return rlx_error(RLX_E_NOMEM, "runtime: out of memory");
     if ((rc = rlx_deploy_driver_stages(rt->deploy, (uint32_t)cfg.num_hidden_layers, *owned)) != RLX_OK)
         return failed(rc, "pipeline");
     *stages = *owned;
@@ -340,8 +341,8 @@ static rlx_status runtime_start(rlx_runtime *rt) {
         return rt->deploy ? rlx_error(RLX_E_INVALID, "%s names no model and none was given",
                                       rlx_deploy_path(rt->deploy))
                           : rlx_error(RLX_E_INVALID, "no model directory given");
-    if (!(rt->model_dir = strdup(model)))
-        return rlx_error(RLX_E_NOMEM, "out of memory");
+    if (!(rt->model_dir = rlx__strdup(model)))
+        return rlx_error(RLX_E_NOMEM, "runtime: out of memory");
     rlx_status rc = speculator_load(rt);
     if (rc == RLX_OK)
         rc = rt->deploy || o->n_stages ? open_pipeline(rt) : open_local(rt);
@@ -354,9 +355,9 @@ rlx_status rlx_runtime_open(const rlx_runtime_options *opts, rlx_runtime **out) 
     if (!opts || !out)
         return rlx_error(RLX_E_INVALID, "rlx_runtime_open: NULL argument");
     *out = NULL;
-    rlx_runtime *rt = calloc(1, sizeof *rt);
+    rlx_runtime *rt = rlx__calloc(1, sizeof *rt);
     if (!rt)
-        return rlx_error(RLX_E_NOMEM, "out of memory");
+        return rlx_error(RLX_E_NOMEM, "runtime: out of memory");
     rt->o = rlx_runtime_options_default();
     rlx_status rc = rlx__read_sized(&rt->o, sizeof rt->o, opts, offsetof(rlx_runtime_options, place),
                                     "rlx_runtime_options");

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "spec/spec_internal.h"
+#include "util/alloc.h"
 
 #include "gen/gen_internal.h"
 #include "util/clock.h"
@@ -59,7 +60,7 @@ rlx_status rlx_speculator_create(const rlx_plugin_handle *plugin, const rlx_spec
     if (target->size < sizeof(rlx_spec_target) || target->vocab <= 0 || target->kv_capacity == 0)
         return rlx_error(RLX_E_INVALID, "speculator '%s': the target needs a size, a vocabulary and a capacity",
                          d->name);
-    rlx_speculator *s = calloc(1, sizeof *s);
+    rlx_speculator *s = rlx__calloc(1, sizeof *s);
     if (!s)
         return rlx_error(RLX_E_NOMEM, "speculator '%s': out of memory", d->name);
     s->iface = d->iface;
@@ -335,13 +336,13 @@ rlx_status rlx_spec_generate_ex(const rlx_lm *lm, rlx_speculator *spec, uint32_t
     spec_run r = {.lm = lm, .spec = spec, .sampler = sampler, .fn = fn, .ctx = ctx, .max_new = max_new};
     r.st.gen.n_prompt = n_prompt;
     size_t vocab = (size_t)lm->vocab, rows = n_prompt > k + 1 ? n_prompt : k + 1;
-    r.pending = malloc((rows + 1) * sizeof *r.pending);
-    r.verify = malloc((k + 1) * sizeof *r.verify);
-    r.q = malloc(k * vocab * sizeof *r.q);
-    r.p = malloc(vocab * sizeof *r.p);
-    r.residual = malloc(vocab * sizeof *r.residual);
+    r.pending = rlx__malloc((rows + 1) * sizeof *r.pending);
+    r.verify = rlx__malloc((k + 1) * sizeof *r.verify);
+    r.q = rlx__malloc(k * vocab * sizeof *r.q);
+    r.p = rlx__malloc(vocab * sizeof *r.p);
+    r.residual = rlx__malloc(vocab * sizeof *r.residual);
     if (needs_hidden)
-        r.hidden = malloc(rows * (size_t)lm->hidden_size * sizeof *r.hidden);
+        r.hidden = rlx__malloc(rows * (size_t)lm->hidden_size * sizeof *r.hidden);
     rlx_status rc = RLX_OK;
     if (!r.pending || !r.verify || !r.q || !r.p || !r.residual || (needs_hidden && !r.hidden)) {
         rc = rlx_error(RLX_E_NOMEM, "speculative decoding: out of memory for %u draft rows", k);

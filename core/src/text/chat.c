@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "text_internal.h"
+#include "util/alloc.h"
 
 /* The template verbatim, as tokenizer_config.json holds it. */
 static const char qwen3_template[] =
@@ -103,7 +104,7 @@ static char *canonical(const char *t) {
     while (*t == ' ' || *t == '\t' || *t == '\n' || *t == '\r')
         t++;
     size_t n = strlen(t);
-    char *c = malloc(n + 1);
+    char *c = rlx__malloc(n + 1);
     if (!c)
         return NULL;
     size_t k = 0;
@@ -140,7 +141,7 @@ static void put_n(out_buf *b, const char *s, size_t n) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->n + n + 1)
             cap *= 2;
-        char *grown = realloc(b->v, cap);
+        char *grown = rlx__realloc(b->v, cap);
         if (!grown) {
             b->failed = 1;
             return;

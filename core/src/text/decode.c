@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "text_internal.h"
+#include "util/alloc.h"
 
 typedef struct strbuf {
     char *v;
@@ -21,7 +22,7 @@ static rlx_status sb_reserve(strbuf *b, size_t more) {
     size_t cap = b->cap ? b->cap : 64;
     while (cap < b->n + more + 1)
         cap *= 2;
-    char *grown = realloc(b->v, cap);
+    char *grown = rlx__realloc(b->v, cap);
     if (!grown)
         return rlx_error(RLX_E_NOMEM, "cannot allocate %zu bytes of decoded text", cap);
     b->v = grown;
@@ -166,7 +167,7 @@ rlx_status rlx_detok_create(const rlx_tokenizer *tok, unsigned flags, rlx_detok 
     *out = NULL;
     if (!tok)
         return rlx_error(RLX_E_INVALID, "rlx_detok_create: tokenizer is NULL");
-    rlx_detok *d = calloc(1, sizeof *d);
+    rlx_detok *d = rlx__calloc(1, sizeof *d);
     if (!d || sb_reserve(&d->out, 64) != RLX_OK) {
         free(d);
         return rlx_error(RLX_E_NOMEM, "cannot allocate a streaming decoder");

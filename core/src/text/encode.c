@@ -11,6 +11,7 @@
 #include <utf8proc.h>
 
 #include "text_internal.h"
+#include "util/alloc.h"
 
 // ---- output ids
 
@@ -25,7 +26,7 @@ static rlx_status ids_reserve(ids_buf *b, size_t more) {
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->n + more)
         cap *= 2;
-    int32_t *grown = realloc(b->v, cap * sizeof *grown);
+    int32_t *grown = rlx__realloc(b->v, cap * sizeof *grown);
     if (!grown)
         return rlx_error(RLX_E_NOMEM, "cannot allocate %zu token ids", cap);
     b->v = grown;
@@ -54,8 +55,8 @@ rlx_status rlx__cache_init(text_cache *c) {
     if (pthread_mutex_init(&c->lock, NULL) != 0)
         return rlx_error(RLX_E_INTERNAL, "cannot create the word cache lock");
     c->cap = TEXT_CACHE_MAX_ENTRIES * 2;
-    c->hashes = calloc(c->cap, sizeof *c->hashes);
-    c->entries = calloc(c->cap, sizeof *c->entries);
+    c->hashes = rlx__calloc(c->cap, sizeof *c->hashes);
+    c->entries = rlx__calloc(c->cap, sizeof *c->entries);
     if (!c->hashes || !c->entries) {
         rlx__cache_deinit(c);
         return rlx_error(RLX_E_NOMEM, "cannot allocate the word cache");
@@ -112,7 +113,7 @@ static void cache_put(text_cache *c, uint64_t h, const uint8_t *w, size_t n, con
         size_t cap = c->data_cap ? c->data_cap * 2 : 1 << 16;
         while (cap < c->data_len + need)
             cap *= 2;
-        uint8_t *grown = realloc(c->data, cap);
+        uint8_t *grown = rlx__realloc(c->data, cap);
         if (!grown)
             goto out;
         c->data = grown;
@@ -120,13 +121,13 @@ static void cache_put(text_cache *c, uint64_t h, const uint8_t *w, size_t n, con
     }
     if (c->n == c->n_alloc) {
         size_t na = c->n_alloc ? c->n_alloc * 2 : 1024;
-        uint32_t *ko = realloc(c->key_off, na * sizeof *ko);
+        uint32_t *ko = rlx__realloc(c->key_off, na * sizeof *ko);
         if (ko)
             c->key_off = ko;
-        uint32_t *kl = realloc(c->key_len, na * sizeof *kl);
+        uint32_t *kl = rlx__realloc(c->key_len, na * sizeof *kl);
         if (kl)
             c->key_len = kl;
-        uint32_t *ni = realloc(c->n_ids, na * sizeof *ni);
+        uint32_t *ni = rlx__realloc(c->n_ids, na * sizeof *ni);
         if (ni)
             c->n_ids = ni;
         if (!ko || !kl || !ni)
@@ -242,7 +243,7 @@ static rlx_status grow(void **p, size_t *cap, size_t need, size_t elem) {
     size_t c = *cap ? *cap : 64;
     while (c < need)
         c *= 2;
-    void *grown = realloc(*p, c * elem);
+    void *grown = rlx__realloc(*p, c * elem);
     if (!grown)
         return rlx_error(RLX_E_NOMEM, "cannot allocate BPE scratch space for a %zu-byte word", need);
     *p = grown;

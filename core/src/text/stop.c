@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "rlx/text.h"
+#include "util/alloc.h"
 
 struct rlx_stop_matcher {
     char **stops; /* [n], one allocation after the array */
@@ -33,8 +34,8 @@ rlx_status rlx_stop_matcher_create(const char *const *stops, size_t n, rlx_stop_
                              stops[i] ? "empty" : "NULL");
         bytes += strlen(stops[i]) + 1;
     }
-    rlx_stop_matcher *m = calloc(1, sizeof *m);
-    if (!m || !(m->stops = malloc(n * sizeof *m->stops + bytes)) || !(m->lens = malloc(n * sizeof *m->lens))) {
+    rlx_stop_matcher *m = rlx__calloc(1, sizeof *m);
+    if (!m || !(m->stops = rlx__malloc(n * sizeof *m->stops + bytes)) || !(m->lens = rlx__malloc(n * sizeof *m->lens))) {
         rlx_stop_matcher_destroy(m);
         return rlx_error(RLX_E_NOMEM, "stop matcher: out of memory for %zu stop strings", n);
     }
@@ -102,7 +103,7 @@ rlx_status rlx_stop_matcher_push(rlx_stop_matcher *m, const char *text, size_t l
         size_t cap = m->cap ? m->cap : 64;
         while (cap < held + len)
             cap *= 2;
-        char *grown = malloc(cap);
+        char *grown = rlx__malloc(cap);
         if (!grown)
             return rlx_error(RLX_E_NOMEM, "stop matcher: out of memory for %zu bytes of text", held + len);
         if (held)

@@ -13,6 +13,7 @@
 
 #include "model/model_internal.h"
 #include "text_internal.h"
+#include "util/alloc.h"
 
 /* Far above any tokenizer's vocabulary and merges (Qwen3: 151669 tokens, 151387 merges). */
 #define MAX_TOKENS (1 << 24)
@@ -76,7 +77,7 @@ static rlx_status arena_add(rlx_tokenizer *tok, const char *s, size_t len, uint3
         size_t cap = tok->strings_cap ? tok->strings_cap : 1 << 20;
         while (cap < tok->strings_len + len + 1)
             cap *= 2;
-        char *grown = realloc(tok->strings, cap);
+        char *grown = rlx__realloc(tok->strings, cap);
         if (!grown)
             return rlx_error(RLX_E_NOMEM, "cannot allocate %zu bytes for token strings", cap);
         tok->strings = grown;
@@ -188,7 +189,7 @@ static rlx_status load_normalizer(rlx_tokenizer *tok, const char *path, const cJ
 
 static char *spell_out_space(const char *re) {
     size_t n = strlen(re);
-    char *out = malloc(n * (sizeof WHITE_SPACE + 3) + 1);
+    char *out = rlx__malloc(n * (sizeof WHITE_SPACE + 3) + 1);
     if (!out)
         return NULL;
     size_t o = 0;
@@ -238,9 +239,9 @@ static char *spell_out_space(const char *re) {
 }
 
 static rlx_status compile_regex(rlx_tokenizer *tok, const char *path, const char *pattern, int literal) {
-    char *widened = literal ? strdup(pattern) : spell_out_space(pattern);
+    char *widened = literal ? rlx__strdup(pattern) : spell_out_space(pattern);
     if (!widened)
-        return rlx_error(RLX_E_NOMEM, "cannot copy the pre-tokenizer regex");
+        return rlx_error(RLX_E_NOMEM, "out of memory for a copy of the pre-tokenizer regex");
     int err;
     PCRE2_SIZE err_off;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
@@ -346,7 +347,7 @@ static rlx_status ensure_id(rlx_tokenizer *tok, int32_t id, size_t *cap) {
         size_t grown_cap = *cap ? *cap : 1024;
         while (grown_cap <= (size_t)id)
             grown_cap *= 2;
-        text_token *grown = realloc(tok->tokens, grown_cap * sizeof *grown);
+        text_token *grown = rlx__realloc(tok->tokens, grown_cap * sizeof *grown);
         if (!grown)
             return rlx_error(RLX_E_NOMEM, "cannot allocate %zu tokens", grown_cap);
         memset(grown + *cap, 0, (grown_cap - *cap) * sizeof *grown);
@@ -391,7 +392,7 @@ static rlx_status load_vocab(rlx_tokenizer *tok, const char *path, const cJSON *
         if (bytes_cap < len + 1) {
             free(bytes);
             bytes_cap = len + 64;
-            if (!(bytes = malloc(bytes_cap))) {
+            if (!(bytes = rlx__malloc(bytes_cap))) {
                 st = rlx_error(RLX_E_NOMEM, "out of memory");
                 goto done;
             }
@@ -432,7 +433,7 @@ done:
 static rlx_status build_vocab_map(rlx_tokenizer *tok) {
     free(tok->vocab_slots);
     tok->vocab_cap = pow2_at_least((size_t)tok->n_tokens * 2 + 16);
-    tok->vocab_slots = calloc(tok->vocab_cap, sizeof *tok->vocab_slots);
+    tok->vocab_slots = rlx__calloc(tok->vocab_cap, sizeof *tok->vocab_slots);
     if (!tok->vocab_slots)
         return rlx_error(RLX_E_NOMEM, "cannot allocate the vocabulary map");
     for (int32_t id = 0; id < tok->n_tokens; id++)
@@ -464,9 +465,9 @@ static rlx_status load_merges(rlx_tokenizer *tok, const char *path, const cJSON 
         return rlx_error(RLX_E_FORMAT, "%s: model.merges must be a list", path);
     size_t n = (size_t)cJSON_GetArraySize(merges);
     tok->merge_cap = pow2_at_least(n * 2 + 16);
-    tok->merge_keys = malloc(tok->merge_cap * sizeof *tok->merge_keys);
-    tok->merge_rank = malloc(tok->merge_cap * sizeof *tok->merge_rank);
-    tok->merge_id = malloc(tok->merge_cap * sizeof *tok->merge_id);
+    tok->merge_keys = rlx__malloc(tok->merge_cap * sizeof *tok->merge_keys);
+    tok->merge_rank = rlx__malloc(tok->merge_cap * sizeof *tok->merge_rank);
+    tok->merge_id = rlx__malloc(tok->merge_cap * sizeof *tok->merge_id);
     if (!tok->merge_keys || !tok->merge_rank || !tok->merge_id)
         return rlx_error(RLX_E_NOMEM, "cannot allocate the merge table for %zu merges", n);
     memset(tok->merge_keys, 0xFF, tok->merge_cap * sizeof *tok->merge_keys);
@@ -508,7 +509,7 @@ static rlx_status load_merges(rlx_tokenizer *tok, const char *path, const cJSON 
         if (joined_cap < left_len + right_len + 1) {
             free(joined);
             joined_cap = (left_len + right_len) * 2 + 16;
-            if (!(joined = malloc(joined_cap))) {
+            if (!(joined = rlx__malloc(joined_cap))) {
                 st = rlx_error(RLX_E_NOMEM, "out of memory");
                 goto done;
             }
@@ -560,7 +561,7 @@ static rlx_status add_token(rlx_tokenizer *tok, const added_spec *spec, int32_t 
     }
     if (tok->n_added == *added_cap) {
         size_t grown_cap = *added_cap ? *added_cap * 2 : 64;
-        text_added *grown = realloc(tok->added, grown_cap * sizeof *grown);
+        text_added *grown = rlx__realloc(tok->added, grown_cap * sizeof *grown);
         if (!grown)
             return rlx_error(RLX_E_NOMEM, "out of memory");
         tok->added = grown;
@@ -610,7 +611,7 @@ static rlx_status parse_added(const char *path, const char *where, const cJSON *
 
 static rlx_status build_matcher(rlx_tokenizer *tok, text_matcher *m, int normalized) {
     m->n = 0;
-    m->items = malloc((tok->n_added + 1) * sizeof *m->items);
+    m->items = rlx__malloc((tok->n_added + 1) * sizeof *m->items);
     if (!m->items)
         return rlx_error(RLX_E_NOMEM, "out of memory");
     for (size_t i = 0; i < tok->n_added; i++)
@@ -668,7 +669,7 @@ static rlx_status read_text_file(const char *path, char **out) {
             return RLX_OK;
         return rlx_error(RLX_E_IO, "%s: %s", path, strerror(errno));
     }
-    char *buf = malloc(CHAT_TEMPLATE_MAX_BYTES + 1);
+    char *buf = rlx__malloc(CHAT_TEMPLATE_MAX_BYTES + 1);
     if (!buf) {
         fclose(f);
         return rlx_error(RLX_E_NOMEM, "out of memory");
@@ -702,8 +703,8 @@ static rlx_status load_config(rlx_tokenizer *tok, const char *dir, int32_t n_mod
         const cJSON *dec = get(cfg, "added_tokens_decoder");
         if (cJSON_IsObject(dec)) {
             int n = cJSON_GetArraySize(dec);
-            const cJSON **order = calloc((size_t)n + 1, sizeof *order);
-            long *keys = calloc((size_t)n + 1, sizeof *keys);
+            const cJSON **order = rlx__calloc((size_t)n + 1, sizeof *order);
+            long *keys = rlx__calloc((size_t)n + 1, sizeof *keys);
             if (!order || !keys) {
                 free(order);
                 free(keys);
@@ -785,7 +786,7 @@ static rlx_status load_config(rlx_tokenizer *tok, const char *dir, int32_t n_mod
         }
     }
     if (tmpl) {
-        if (!(tok->chat_template = strdup(tmpl))) {
+        if (!(tok->chat_template = rlx__strdup(tmpl))) {
             st = rlx_error(RLX_E_NOMEM, "out of memory");
             goto done;
         }
@@ -859,7 +860,7 @@ rlx_status rlx_tokenizer_load(const char *model_dir, rlx_tokenizer **out) {
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/tokenizer.json", model_dir) >= sizeof path)
         return rlx_error(RLX_E_INVALID, "model directory path too long");
-    rlx_tokenizer *tok = calloc(1, sizeof *tok);
+    rlx_tokenizer *tok = rlx__calloc(1, sizeof *tok);
     if (!tok)
         return rlx_error(RLX_E_NOMEM, "cannot allocate a tokenizer");
     tok->eos_id = tok->pad_id = tok->bos_id = -1;

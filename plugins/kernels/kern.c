@@ -1,0 +1,117 @@
+/* The kernel library's context and scratch buffers: see kern.h. */
+#include "kern.h"
+
+#include <string.h>
+
+int kern_init(kern_ctx *c, const rlx_host *host, const char *plugin, const char *isa, kern_par par)
+{
+    memset(c, 0, sizeof *c);
+    c->host = host;
+    c->plugin = plugin;
+    c->par = par;
+    plugin_isa level;
+    const int rc = plugin_isa_choose(host, plugin, isa, &level);
+    if (rc < 0)
+        return rc;
+    c->k = kern_simd_at(level);
+    c->att = kern_bufs_create(c);
+    return c->att ? RLX_OK : host->error(RLX_E_NOMEM, "%s: out of memory", plugin);
+}
+
+void kern_deinit(kern_ctx *c)
+{
+    if (!c->host)
+        return;
+    const rlx_host *h = c->host;
+    kern_bufs_destroy(c, c->att);
+    h->free(c->vec.p);
+    h->free(c->parts.p);
+    h->free(c->panels.p);
+    h->free(c->moe.p);
+    h->free(c->rope_cs.p);
+    h->free(c->rope_pos.p);
+    memset(c, 0, sizeof *c);
+}
+
+int kern_reserve(const kern_ctx *c, kern_buf *b, size_t bytes)
+{
+    if (b->cap >= bytes)
+        return RLX_OK;
+    c->host->free(b->p);
+    b->cap = 0;
+    const size_t cap = bytes + bytes / 2;
+    b->p = c->host->alloc(cap, KERN_ALIGN);
+    if (!b->p)
+        return c->host->error(RLX_E_NOMEM, "%s: cannot allocate %zu bytes of scratch", c->plugin, cap);
+    b->cap = cap;
+    return RLX_OK;
+}
+
+kern_buf *kern_bufs_create(const kern_ctx *c)
+{
+    const size_t bytes = (size_t)c->par.n_threads * sizeof(kern_buf);
+    kern_buf *b = c->host->alloc(bytes, KERN_ALIGN);
+    if (b)
+        memset(b, 0, bytes);
+    return b;
+}
+
+void kern_bufs_destroy(const kern_ctx *c, kern_buf *bufs)
+{
+    if (!bufs)
+        return;
+    for (int i = 0; i < c->par.n_threads; i++)
+        c->host->free(bufs[i].p);
+    c->host->free(bufs);
+}
+
+int kern_reserve_each(const kern_ctx *c, kern_buf *bufs, size_t bytes)
+{
+    for (int i = 0; i < c->par.n_threads; i++) {
+        const int rc = kern_reserve(c, &bufs[i], bytes);
+        if (rc < 0)
+            return rc;
+    }
+    return RLX_OK;
+}
+
+size_t kern_align_up(size_t n) { return (n + KERN_ALIGN - 1) / KERN_ALIGN * KERN_ALIGN; }
+
+int kern_f32_vec(kern_ctx *c, const rlx_tensor *t, const float **out)
+{
+    if (t->dtype == RLX_DTYPE_F32) {
+        *out = t->data;
+        return RLX_OK;
+    }
+    const int64_t n = rlx_iface_numel(t);
+    const int rc = kern_reserve(c, &c->vec, (size_t)n * sizeof(float));
+    if (rc < 0)
+        return rc;
+    c->k->widen((int)t->dtype, t->data, c->vec.p, n);
+    *out = c->vec.p;
+    return RLX_OK;
+}
+
+int kern_op_bias(kern_ctx *c, const rlx_node_view *n, const float **bias)
+{
+    *bias = NULL;
+    return n->n_inputs == 3 ? kern_f32_vec(c, &n->inputs[2], bias) : RLX_OK;
+}
+
+bool kern_matmul_trivial(int64_t M, int64_t K, int64_t N, const float *bias, float *y)
+{
+    if (M == 0 || N == 0)
+        return true;
+    if (K != 0)
+        return false;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t i = 0; i < N; i++)
+            y[m * N + i] = bias ? bias[i] : 0.0f;
+    return true;
+}
+
+int64_t kern_tile_rows(size_t tile_bytes, int64_t K)
+{
+    const int64_t rows = (int64_t)(tile_bytes / sizeof(float)) / K;
+    return rows < KERN_ROW_ALIGN ? KERN_ROW_ALIGN : rows / KERN_ROW_ALIGN * KERN_ROW_ALIGN;
+}

@@ -1,0 +1,192 @@
+/* The CPU kernel library of the in-tree CPU backends (cpu-blas, onednn): what they compute the
+ * same way, written once. Three layers, each usable without the next:
+ *   - kern_simd.h: single-threaded SIMD kernels over rows and ranges, one table per ISA level;
+ *   - range ops (kern_rows.c, kern_attention.c, kern_moe.c): embed, RMS norm, RoPE, SwiGLU,
+ *     add, BF16 rounding, attention and MoE routing over plain arrays, run on the backend's
+ *     threads through kern_par, its parallel_for;
+ *   - node ops (kern_op_*): rlx_node_view adapters for the ops whose node form both backends
+ *     share, so a backend's compute() only dispatches.
+ * A backend keeps what is its own (its matmuls, its thread runtime) and hands the library a
+ * kern_ctx: its host, its name for messages, the kernel table and its parallel_for. The library
+ * is linked statically into each plugin with hidden symbols; a kern_ctx, like the backend
+ * instance it belongs to, is used by one thread at a time. */
+#ifndef RLX_PLUGINS_KERN_H
+#define RLX_PLUGINS_KERN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "isa.h"
+#include "kern_simd.h"
+#include "rlx/backend_iface.h"
+
+/* Below this many multiply-adds (or elements) a job runs on the calling thread alone. */
+#define KERN_PAR_MIN 32768
+/* Alignment of every buffer the library allocates (a cache line). */
+#define KERN_ALIGN 64
+/* Ranges of elementwise and matmul output jobs start at multiples of this (whole cache lines of y). */
+#define KERN_ROW_ALIGN 16
+
+// ---------------------------------------------------------------------------------------------
+// parallel_for: the backend's threads, as the library sees them
+
+/* Items [i0, i1) of a job, run by thread ith (0 = the calling thread, below kern_par.n_threads),
+ * which names per-thread scratch such as kern_ctx.att[ith]. */
+typedef void (*kern_range_fn)(void *ctx, int ith, int64_t i0, int64_t i1);
+
+/* A backend's thread runtime: cpu-blas maps it to its futex pool (plugins/common/pool.h), onednn
+ * to OpenMP regions (oneDNN runs on OpenMP threads, and only one pool may spin). Both calls run
+ * fn over every item of [0, n) exactly once and return when all of it has returned, so ctx may
+ * live on the caller's stack; a job of less than KERN_PAR_MIN work runs on the calling thread
+ * alone. They are called by one thread at a time, and fn must not call them. */
+typedef struct kern_par {
+    void *self;    /* the backend instance, passed back */
+    int n_threads; /* counting the caller; at least 1 */
+    /* Even items: ranges start at multiples of align (the last one ends at n), cut the way the
+     * runtime balances best (cpu-blas: about four chunks per thread, claimed dynamically;
+     * onednn: one static share per thread). */
+    void (*parallel_for)(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx);
+    /* Uneven tasks, handed out one at a time (i1 == i0 + 1), in order of i. */
+    void (*parallel_tasks)(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx);
+} kern_par;
+
+// ---------------------------------------------------------------------------------------------
+// Context and scratch
+
+typedef struct kern_buf {
+    void *p;
+    size_t cap; /* bytes */
+} kern_buf;
+
+typedef struct kern_ctx {
+    const rlx_host *host;
+    const char *plugin; /* starts every message, e.g. "cpu-blas" */
+    const kern_simd *k;
+    kern_par par;
+    kern_buf *att;   /* [n_threads] attention scores and row pointers */
+    kern_buf vec;    /* F32 copy of a small weight vector (bias, norm weight) */
+    kern_buf parts;  /* split-key decode: every part's maxima, sums and outputs */
+    kern_buf panels; /* panel attention: keys packed per KV head */
+    kern_buf moe;    /* MoE routing and per-expert buffers */
+    /* ROPE cos/sin rows cached for the latest (theta, head_dim, positions): every layer's q
+     * and k rotations of one run share them. */
+    kern_buf rope_cs;  /* [T, head_dim] F32: cos of head_dim/2 angles, then their sin; F64 inv_freq */
+    kern_buf rope_pos; /* [T] int32 */
+    int64_t rope_t;
+    uint32_t rope_d;
+    float rope_theta;
+} kern_ctx;
+
+/* Sets up c on the threads of par, with the kernels of the backend's isa option (NULL or "auto":
+ * the best level of this CPU, at most $RLX_ISA; see plugin_isa_choose); plugin must outlive c.
+ * Returns RLX_OK or a negative status after host->error (RLX_E_NOMEM, a bad isa); kern_deinit
+ * is required afterwards either way. */
+int kern_init(kern_ctx *c, const rlx_host *host, const char *plugin, const char *isa, kern_par par);
+/* Frees what c allocated; a zeroed kern_ctx is a no-op. */
+void kern_deinit(kern_ctx *c);
+
+/* Makes b hold at least `bytes` (KERN_ALIGN aligned); the old contents are not kept. Returns
+ * RLX_OK or RLX_E_NOMEM after host->error. */
+int kern_reserve(const kern_ctx *c, kern_buf *b, size_t bytes);
+/* An array of n_threads empty buffers, or NULL when out of memory (nothing reported). */
+kern_buf *kern_bufs_create(const kern_ctx *c);
+/* Frees the buffers of such an array and the array; NULL is a no-op. */
+void kern_bufs_destroy(const kern_ctx *c, kern_buf *bufs);
+/* kern_reserve on each of the n_threads buffers of an array. */
+int kern_reserve_each(const kern_ctx *c, kern_buf *bufs, size_t bytes);
+/* n rounded up to a multiple of KERN_ALIGN. */
+size_t kern_align_up(size_t n);
+
+/* A small weight vector (norm weight, bias) as F32: t's own data or a copy in c->vec, valid
+ * until the next call. */
+int kern_f32_vec(kern_ctx *c, const rlx_tensor *t, const float **out);
+
+// ---------------------------------------------------------------------------------------------
+// Matmul helpers: the parts of y[M, N] = x[M, K] w[N, K]^T (+ bias) every backend does alike
+
+/* The bias of MATMUL node n as F32 (kern_f32_vec), or NULL when n has none. */
+int kern_op_bias(kern_ctx *c, const rlx_node_view *n, const float **bias);
+/* Does a matmul that multiplies nothing: none when M or N is 0, y = bias (or 0) when K is 0.
+ * Returns whether it did, i.e. whether the backend has nothing left to do. */
+bool kern_matmul_trivial(int64_t M, int64_t K, int64_t N, const float *bias, float *y);
+/* Weight rows of K values whose F32 widening fits tile_bytes, in whole KERN_ROW_ALIGN blocks
+ * (at least one): the tile a thread widens and multiplies while it is in cache. */
+int64_t kern_tile_rows(size_t tile_bytes, int64_t K);
+
+// ---------------------------------------------------------------------------------------------
+// Row ops over plain arrays (kern_rows.c)
+
+/* y[t] = row ids[t] of table [V, cols] (dtype dt) as F32, for t < T; ids must be in range. */
+void kern_embed(kern_ctx *c, const void *table, int dt, int64_t cols, const int32_t *ids, int64_t T, float *y);
+/* Each of `rows` rows of x[rows, cols] normalised in groups of g with F32 weights w[g]; y may be x. */
+void kern_rms_norm(kern_ctx *c, const float *x, const float *w, float *y, int64_t rows, int64_t cols, int64_t g,
+                   float eps);
+/* NeoX RoPE of x[T, cols] (heads of head_dim values) at positions pos[T]; y may be x. The cos/sin
+ * rows are cached in c for the next call with the same positions. */
+int kern_rope(kern_ctx *c, const float *x, const int32_t *pos, float *y, int64_t T, int64_t cols, uint32_t head_dim,
+              float theta);
+/* y = silu(g) * u, and y = a + b, over n values; y may be either input. */
+void kern_swiglu(kern_ctx *c, const float *g, const float *u, float *y, int64_t n);
+void kern_add(kern_ctx *c, const float *a, const float *b, float *y, int64_t n);
+/* xb[rows, cols] = x rounded to BF16, the activations of BF16 matmuls. */
+void kern_to_bf16(kern_ctx *c, const float *x, uint16_t *xb, int64_t rows, int64_t cols);
+
+/* Computes node n, one of EMBED, RMS_NORM, ROPE, SWIGLU, ADD and GATHER_LAST, already checked by
+ * node_check. Returns RLX_OK or a status after host->error (an id outside the table, no memory). */
+int kern_op_rows(kern_ctx *c, const rlx_node_view *n);
+
+// ---------------------------------------------------------------------------------------------
+// Attention (kern_attention.c)
+
+/* One ATTENTION node after kern_att_begin: the new k/v rows are in the cache. */
+typedef struct kern_att {
+    const float *q;       /* [T, Hq*D] */
+    const int32_t *pos;   /* [T] */
+    const float *kc, *vc; /* [C, Hkv*D] */
+    float *out;           /* [T, Hq*D] */
+    int64_t T, D, Hq, Hkv, window;
+    int64_t first, hi; /* every query sees only cache rows in [first, hi) */
+    float scale;
+} kern_att;
+
+/* Checks the positions of node n (an ATTENTION node that passed node_check), writes its k and v
+ * rows into the cache and describes it in *a. Returns RLX_OK (with a->T == 0 there is nothing
+ * to compute) or RLX_E_RANGE after host->error. */
+int kern_att_begin(kern_ctx *c, const rlx_node_view *n, kern_att *a);
+/* First cache row query t sees. */
+int64_t kern_att_lo(const kern_att *a, int64_t t);
+/* Attention of a single query (T == 1) with the visible cache rows split into parts across the
+ * threads (flash-decoding): each part leaves per head its score maximum, sum of exponentials
+ * and unnormalised output, which are then combined. */
+int kern_att_split_keys(kern_ctx *c, const kern_att *a);
+/* Attention of any T with one task per (KV head, block of queries), late (longer) blocks first,
+ * scoring all query heads of the KV head at once: prefill reads keys from panels (att_pack)
+ * made once per KV head, decode with a row or two per task reads the cache directly. */
+int kern_att_panels(kern_ctx *c, const kern_att *a);
+
+// ---------------------------------------------------------------------------------------------
+// MoE (kern_moe.c)
+
+/* The backend's matmul, for the router and the experts. */
+typedef struct kern_matmul {
+    /* y[M, N] = x[M, K] w[N, K]^T for a weight w of F32, BF16 or F16. exact: the router, whose
+     * inputs must not be rounded (rounding could flip an expert). Returns a status. */
+    int (*run)(void *self, const float *x, int64_t M, const rlx_tensor *w, float *y, bool exact);
+    void *self;
+    /* an expert's tokens above 8 are padded with zero rows to a multiple of this (1: never),
+     * for backends whose matmuls are made per row count */
+    int64_t row_pad;
+} kern_matmul;
+
+/* Top-k routing as the reference does it: for each of T tokens, the k of E logits [T, E] that
+ * are largest (ties to the lower expert index), their experts in expert[T, k] and their
+ * softmax probabilities, computed in double, in weight[T, k], renormalised to sum 1 when
+ * norm_topk. */
+void kern_moe_route(const float *logits, int64_t T, int64_t E, int64_t k, bool norm_topk, int64_t *expert,
+                    float *weight);
+/* Computes MOE node n (checked by node_check): routes every token, then runs each selected
+ * expert once over all of its tokens with mm. Returns RLX_OK or a status after host->error. */
+int kern_op_moe(kern_ctx *c, const rlx_node_view *n, const kern_matmul *mm);
+
+#endif

@@ -1,0 +1,59 @@
+/* The SIMD kernels of the CPU kernel library, one table per instruction-set level (portable C,
+ * AVX2 + FMA + F16C, AVX-512 F/BW/VL), all compiled from one ISA-generic source
+ * (kern_simd.inc) over a small vector macro layer (kern_simd.c). A backend picks a table once,
+ * with plugin_isa_choose (plugins/common/isa.h), and calls its members on rows and ranges: they
+ * are plain functions, single-threaded, with no state, safe to call from any thread.
+ * Weight dtypes are RLX_DTYPE_F32, RLX_DTYPE_BF16 and RLX_DTYPE_F16 (the [3] dimensions). */
+#ifndef RLX_PLUGINS_KERN_SIMD_H
+#define RLX_PLUGINS_KERN_SIMD_H
+
+#include <stdint.h>
+
+#include "isa.h"
+
+/* Activation rows one GEMV kernel call handles; more rows are done in blocks of this many. */
+#define KERN_GEMV_MAX_M 8
+
+/* y[m * ldy + n] = x[m * ldx] . w[n] (K values each) for the M rows of x and n in [n0, n1). */
+typedef void (*kern_gemv_fn)(const float *x, int64_t ldx, const void *w, int64_t k, int64_t n0, int64_t n1,
+                             float *y, int64_t ldy);
+
+typedef struct kern_simd {
+    const char *isa; /* plugin_isa_name of the level */
+    /* dst[0..n) = src[0..n) of dtype dt as F32 */
+    void (*widen)(int dt, const void *src, float *dst, int64_t n);
+    /* dst[0..n) = src[0..n) rounded to BF16 (nearest even, NaN stays NaN) */
+    void (*to_bf16)(const float *src, uint16_t *dst, int64_t n);
+    /* Two small-M GEMV designs, [weight dtype][M - 1]. block: a few weight rows at a time in
+     * register blocks, the next block prefetched into L2 (cpu-blas, whose pool threads claim
+     * chunks dynamically). stream: one weight row after the other, a single sequential stream
+     * with a fixed prefetch distance (onednn, whose OpenMP threads each own a contiguous share). */
+    kern_gemv_fn gemv_block[3][KERN_GEMV_MAX_M];
+    kern_gemv_fn gemv_stream[3][KERN_GEMV_MAX_M];
+    /* one row of n values normalised in groups of g with the g F32 weights w; y may be x */
+    void (*rms_norm)(const float *x, const float *w, float *y, int64_t n, int64_t g, float eps);
+    /* NeoX rotate-half of n_heads heads of 2 * half values by the cos/sin row cs; y may be x */
+    void (*rope)(const float *x, const float *cs, float *y, int64_t n_heads, int64_t half);
+    void (*swiglu)(const float *g, const float *u, float *y, int64_t n); /* y = silu(g) * u */
+    void (*add)(const float *a, const float *b, float *y, int64_t n);    /* y = a + b */
+    void (*axpy)(float a, const float *x, float *y, int64_t n);          /* y += a * x */
+    void (*scal)(float a, float *y, int64_t n);                          /* y *= a */
+    float (*dot)(const float *a, const float *b, int64_t n);
+    /* Unnormalised softmax of s[lo..hi) in place, the rest of s[0..n) zeroed; returns the sum
+     * of the exponentials and stores the maximum in *max_out unless it is NULL. */
+    float (*softmax)(float *s, int64_t n, int64_t lo, int64_t hi, float *max_out);
+    /* Attention on keys packed in panels of att_pw (kern_attention.c says how they combine). */
+    int64_t att_pw;
+    void (*att_pack)(const float *k, int64_t ldk, int64_t nk, int64_t D, float *panel);
+    void (*att_qk)(const float *const *q, int64_t rows, const float *panel, int64_t nk, int64_t D, float scale,
+                   float *s, int64_t lds);
+    void (*att_qk_direct)(const float *const *q, int64_t rows, const float *k, int64_t ldk, int64_t nk, int64_t D,
+                          float scale, float *s, int64_t lds);
+    void (*att_pv)(const float *p, int64_t ldp, int64_t rows, const float *v, int64_t ldv, int64_t nk, int64_t D,
+                   float *const *o, const float *inv);
+} kern_simd;
+
+/* The table of level isa; never NULL for a level below PLUGIN_ISA_COUNT. */
+const kern_simd *kern_simd_at(plugin_isa isa);
+
+#endif
