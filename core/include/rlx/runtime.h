@@ -122,7 +122,7 @@ RLX_API const rlx_model_config *rlx_runtime_config(const rlx_runtime *rt);
 RLX_API const rlx_deploy *rlx_runtime_deploy(const rlx_runtime *rt);
 /* The backend instances: the preference list first (an entry "ref" without options has no
  * instance: the reference kernels are the fallback), then those only placement named. Over a
- * pipeline, only the backend a speculator drafts on. */
+ * pipeline there are none, unless a speculator drafts in this process (then the same). */
 RLX_API size_t rlx_runtime_n_backends(const rlx_runtime *rt);
 RLX_API rlx_backend *rlx_runtime_backend_at(const rlx_runtime *rt, size_t i); /* NULL past the end */
 /* The first backend of the preference list, NULL when that is the plain reference kernels. */
