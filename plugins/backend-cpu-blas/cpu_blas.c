@@ -39,8 +39,11 @@ typedef struct cpu_blas {
     int64_t spin_ns;    /* the pool's, until open() starts it */
     int n_threads;
     int gemv_max_m;     /* matmuls with at most this many rows of x use the GEMV kernels */
+    bool fuse;          /* plan spans of more than one node */
     size_t tile_bytes;  /* per-thread F32 tile of widened weight rows */
     kern_buf *tile;     /* [n_threads] */
+    kern_buf span_x;    /* a span's normalised rows that nothing after it reads */
+    kern_buf *span_scratch; /* [n_threads] a fused SWIGLU's gate and up rows of one chunk */
     char describe[768]; /* rlx_backend_iface.describe */
 } cpu_blas;
 
@@ -60,7 +63,9 @@ static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64
  *   isa=auto|avx512|avx2|c   kernels to use (default auto: the best the CPU has, at most $RLX_ISA)
  *   tile_kb=N                per-thread F32 weight tile for BF16/F16 prefill (default 1536)
  *   spin_us=N                how long an idle pool thread spins before sleeping (default 200)
- *   gemv_m=N                 largest token count using the GEMV kernels (default 12) */
+ *   gemv_m=N                 largest token count using the GEMV kernels (default 12)
+ *   fuse=0|1                 fuse neighbouring nodes into spans (default 1; 0 runs every node
+ *                            by itself, to measure what fusion buys) */
 static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_t isa_len)
 {
     const rlx_host *h = s->host;
@@ -78,6 +83,8 @@ static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_
             s->spin_ns = v * 1000;
         } else if (rlx_iface_option_is(&o, "gemv_m") && rlx_iface_option_int(&o, 0, 4096, &v)) {
             s->gemv_max_m = (int)v;
+        } else if (rlx_iface_option_is(&o, "fuse") && rlx_iface_option_int(&o, 0, 1, &v)) {
+            s->fuse = v != 0;
         } else {
             return h->error(RLX_E_INVALID, "cpu-blas: unknown or out-of-range option '%.*s'", o.item_len, o.item);
         }
@@ -126,6 +133,8 @@ static void cpu_blas_close(void *self)
         return;
     plugin_pool_destroy(s->pool);
     kern_bufs_destroy(&s->kern, s->tile);
+    kern_bufs_destroy(&s->kern, s->span_scratch);
+    s->host->free(s->span_x.p);
     kern_deinit(&s->kern);
     s->host->free(s);
 }
@@ -141,6 +150,7 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
     s->tile_bytes = 1536 * 1024;
     s->gemv_max_m = 12;
     s->spin_ns = 200 * 1000;
+    s->fuse = true;
     /* the cores this process may run on, which a container or taskset can make fewer than online */
     cpu_set_t cpus;
     long n_cpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : sysconf(_SC_NPROCESSORS_ONLN);
@@ -209,36 +219,55 @@ static bool cpu_blas_mm_tiled(const cpu_blas *s, int64_t M, int wdt)
     return M > s->gemv_max_m && wdt != RLX_DTYPE_F32;
 }
 
-static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk)
+/* Output features [0, cnt) of y = x w^T + bias for a part of the weight: w is its first row,
+ * bias its first value (or NULL), and y[m * ldy + r] receives row m's feature r. */
+static void cpu_blas_mm_part(const cpu_blas *s, int ith, const float *x, int64_t M, int64_t K, const char *w, int wdt,
+                             int64_t cnt, const float *bias, float *y, int64_t ldy)
 {
-    const cpu_blas_mm *mm = arg;
-    const cpu_blas *s = mm->s;
-    const int64_t M = mm->M, K = mm->K, N = mm->N;
-    const int64_t n0 = chunk * mm->chunk, n1 = n0 + mm->chunk < N ? n0 + mm->chunk : N;
-    const size_t row_bytes = (size_t)K * rlx_iface_dtype_size((uint32_t)mm->wdt);
-    const char *w = (const char *)mm->w;
-    if (mm->wdt == RLX_DTYPE_F32 && M == 1) {
+    if (wdt == RLX_DTYPE_F32 && M == 1) {
         /* OpenBLAS 0.3.21 does not route M = 1 sgemm to its much faster sgemv. */
-        cpu_blas_ob->sgemv(CblasRowMajor, CblasNoTrans, (int)(n1 - n0), (int)K, 1.0f, (const float *)w + n0 * K, (int)K,
-                    mm->x, 1, 0.0f, mm->y + n0, 1);
+        cpu_blas_ob->sgemv(CblasRowMajor, CblasNoTrans, (int)cnt, (int)K, 1.0f, (const float *)w, (int)K, x, 1, 0.0f,
+                           y, 1);
     } else if (M <= s->gemv_max_m) {
         for (int64_t m0 = 0; m0 < M; m0 += KERN_GEMV_MAX_M) {
             const int64_t mb = M - m0 < KERN_GEMV_MAX_M ? M - m0 : KERN_GEMV_MAX_M;
-            s->kern.k->gemv_block[mm->wdt][mb - 1](mm->x + m0 * K, K, w, K, n0, n1, mm->y + m0 * N, N);
+            s->kern.k->gemv_block[wdt][mb - 1](x + m0 * K, K, w, K, 0, cnt, y + m0 * ldy, ldy);
         }
-    } else if (mm->wdt == RLX_DTYPE_F32) {
-        cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)(n1 - n0), (int)K, 1.0f, mm->x, (int)K,
-                    (const float *)w + n0 * K, (int)K, 0.0f, mm->y + n0, (int)N);
+    } else if (wdt == RLX_DTYPE_F32) {
+        cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)cnt, (int)K, 1.0f, x, (int)K,
+                           (const float *)w, (int)K, 0.0f, y, (int)ldy);
     } else {
         /* Widen one tile of weight rows and multiply it while it is still in cache. */
         float *tile = s->tile[ith].p;
-        s->kern.k->widen(mm->wdt, w + (size_t)n0 * row_bytes, tile, (n1 - n0) * K);
-        cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)(n1 - n0), (int)K, 1.0f, mm->x, (int)K, tile,
-                    (int)K, 0.0f, mm->y + n0, (int)N);
+        s->kern.k->widen(wdt, w, tile, cnt * K);
+        cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)cnt, (int)K, 1.0f, x, (int)K, tile,
+                           (int)K, 0.0f, y, (int)ldy);
     }
-    if (mm->bias)
+    if (bias)
         for (int64_t m = 0; m < M; m++)
-            s->kern.k->add(mm->y + m * N + n0, mm->bias + n0, mm->y + m * N + n0, n1 - n0);
+            s->kern.k->add(y + m * ldy, bias, y + m * ldy, cnt);
+}
+
+static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk)
+{
+    const cpu_blas_mm *mm = arg;
+    const int64_t n0 = chunk * mm->chunk, n1 = n0 + mm->chunk < mm->N ? n0 + mm->chunk : mm->N;
+    const size_t row_bytes = (size_t)mm->K * rlx_iface_dtype_size((uint32_t)mm->wdt);
+    cpu_blas_mm_part(mm->s, ith, mm->x, mm->M, mm->K, (const char *)mm->w + (size_t)n0 * row_bytes, mm->wdt, n1 - n0,
+                     mm->bias ? mm->bias + n0 : NULL, mm->y + n0, mm->N);
+}
+
+/* Output features per pool chunk of a matmul that is not tiled. */
+static int64_t cpu_blas_mm_chunk(const cpu_blas *s, int64_t M, int64_t K, int wdt, int64_t N)
+{
+    int64_t chunk = cpu_blas_chunk(s, N, KERN_ROW_ALIGN, 64);
+    if (M > KERN_GEMV_MAX_M && M <= s->gemv_max_m) {
+        /* Later passes over a chunk should find it in L2. */
+        int64_t cap = CPU_BLAS_GEMV_CHUNK_BYTES / (K * (int64_t)rlx_iface_dtype_size((uint32_t)wdt));
+        cap = cap < KERN_ROW_ALIGN ? KERN_ROW_ALIGN : cap / KERN_ROW_ALIGN * KERN_ROW_ALIGN;
+        chunk = chunk < cap ? chunk : cap;
+    }
+    return chunk;
 }
 
 static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, const void *w, int wdt, int64_t N,
@@ -258,13 +287,7 @@ static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, co
         if (rc < 0)
             return rc;
     } else {
-        mm.chunk = cpu_blas_chunk(s, N, KERN_ROW_ALIGN, 64);
-        if (M > KERN_GEMV_MAX_M && M <= s->gemv_max_m) {
-            /* Later passes over a chunk should find it in L2. */
-            int64_t cap = CPU_BLAS_GEMV_CHUNK_BYTES / (K * (int64_t)rlx_iface_dtype_size((uint32_t)wdt));
-            cap = cap < KERN_ROW_ALIGN ? KERN_ROW_ALIGN : cap / KERN_ROW_ALIGN * KERN_ROW_ALIGN;
-            mm.chunk = mm.chunk < cap ? mm.chunk : cap;
-        }
+        mm.chunk = cpu_blas_mm_chunk(s, M, K, wdt, N);
     }
     plugin_pool_run(s->pool, cpu_blas_mm_task, &mm, (N + mm.chunk - 1) / mm.chunk, M * N * K >= KERN_PAR_MIN);
     return RLX_OK;
@@ -348,25 +371,28 @@ static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n)
 // ---------------------------------------------------------------------------------------------
 // MOE: the library's, on these matmuls
 
-static int cpu_blas_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, float *y, bool exact)
+static int cpu_blas_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
+                           float *y, bool exact)
 {
-    (void)exact; /* every matmul here is exact */
+    (void)prepared; /* matmuls read their weights as stored */
+    (void)exact;    /* every matmul here is exact */
     return cpu_blas_mm_run(self, x, M, w->shape[1], w->data, (int)w->dtype, w->shape[0], NULL, y);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Entry
 
-static int cpu_blas_compute(void *self, const rlx_node_view *node)
+/* The setting is process-wide: if anything raised it since open(), every pool thread's
+ * OpenBLAS call would start threads of its own. */
+static void cpu_blas_single_threaded_blas(void)
 {
-    cpu_blas *s = self;
-    const int rc = node_check(s->host, "cpu-blas", node, true);
-    if (rc < 0)
-        return rc;
-    /* The setting is process-wide: if anything raised it since open(), every pool thread's
-     * OpenBLAS call would start threads of its own. */
     if (cpu_blas_ob->get_num_threads() != 1)
         cpu_blas_ob->set_num_threads(1);
+}
+
+/* A node that passed node_check. */
+static int cpu_blas_run(cpu_blas *s, const rlx_node_view *node)
+{
     switch (node->op) {
     case RLX_OP_MATMUL:
         return cpu_blas_matmul(s, node);
@@ -379,7 +405,222 @@ static int cpu_blas_compute(void *self, const rlx_node_view *node)
     }
 }
 
+static int cpu_blas_compute(void *self, const rlx_node_view *node)
+{
+    cpu_blas *s = self;
+    const int rc = node_check(s->host, "cpu-blas", node, true);
+    if (rc < 0)
+        return rc;
+    cpu_blas_single_threaded_blas();
+    return cpu_blas_run(s, node);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Spans (ABI 1.2): neighbours fused into one pool job
+//
+// A decode step of a dense Qwen3 layer is 17 nodes; the matmuls among them are memory-bound
+// passes over their weights, each one pool job with its own wake-up and its own tail (the
+// threads that finished waiting for the last chunk). Spans merge them:
+//   [RMS_NORM,] MATMUL x1..4 over one input   the q/k/v projections behind their norm: one job
+//                                             over the chunks of every matmul, the normalised
+//                                             row made once, in place of its own node;
+//   [RMS_NORM,] MATMUL gate, MATMUL up, SWIGLU one job over chunks of features, each chunk's
+//                                             gate and up rows combined while in cache;
+//   MATMUL, ADD                               a projection and its residual, added per chunk.
+// Only matmuls off the tiled path fuse (M <= gemv_m or F32 weights): prefill's tiled BF16
+// matmuls are long jobs whose wake-ups cost nothing. Every chunk boundary, kernel and order of
+// operations is the one compute() uses node by node, so a span gives the same bits.
+
+#define CPU_BLAS_SPAN_MM 4
+
+typedef struct cpu_blas_span {
+    bool norm;         /* nodes[0] is the RMS_NORM whose output the matmuls read */
+    uint32_t mm0, n_mm; /* the matmuls: nodes [mm0, mm0 + n_mm) */
+    bool glu;          /* the two matmuls are gate and up, and nodes[mm0 + 2] their SWIGLU */
+    bool resid;        /* nodes[mm0 + 1] adds the one matmul's output to a residual */
+} cpu_blas_span;
+
+/* Whether node i of nd reads the output of node j at input k. */
+static bool cpu_blas_reads(const rlx_node_view *nd, uint32_t i, uint32_t k, uint32_t j)
+{
+    return nd[i].input_ids && k < nd[i].n_inputs && nd[i].input_ids[k] == nd[j].output_id;
+}
+
+/* A MATMUL a span can take: off the tiled path, its bias F32 or prepared (a span reads several
+ * vectors at once, and the library's conversion buffer holds one). */
+static bool cpu_blas_span_mm(const cpu_blas *s, const rlx_node_view *n)
+{
+    return n->op == RLX_OP_MATMUL && !cpu_blas_mm_tiled(s, rlx_iface_rows(&n->inputs[0]), (int)n->inputs[1].dtype) &&
+           (n->n_inputs < 3 || !kern_vec_needs_copy(&s->kern, n, 2));
+}
+
+static int cpu_blas_plan_span(void *self, const rlx_span *run, uint32_t *n_taken, void **out)
+{
+    cpu_blas *s = self;
+    const rlx_node_view *nd = run->nodes;
+    const uint32_t n = run->n_nodes;
+    cpu_blas_span sp = {0};
+    *n_taken = 1;
+    *out = NULL;
+    if (!s->fuse || !nd[0].input_ids)
+        return RLX_OK;
+    uint32_t i = 0;
+    if (nd[0].op == RLX_OP_RMS_NORM && n > 1 && cpu_blas_reads(nd, 1, 0, 0) && cpu_blas_span_mm(s, &nd[1])) {
+        sp.norm = true;
+        i = 1;
+    }
+    const int32_t x = sp.norm ? nd[0].output_id : nd[0].input_ids[0];
+    sp.mm0 = i;
+    while (i < n && sp.n_mm < CPU_BLAS_SPAN_MM && cpu_blas_span_mm(s, &nd[i]) && nd[i].input_ids[0] == x) {
+        i++;
+        sp.n_mm++;
+    }
+    if (sp.n_mm == 2 && i < n && nd[i].op == RLX_OP_SWIGLU && cpu_blas_reads(nd, i, 0, i - 2) &&
+        cpu_blas_reads(nd, i, 1, i - 1) && nd[i - 2].inputs[1].shape[0] == nd[i - 1].inputs[1].shape[0]) {
+        sp.glu = true;
+        i++;
+    } else if (!sp.norm && sp.n_mm == 1 && i < n && nd[i].op == RLX_OP_ADD &&
+               (cpu_blas_reads(nd, i, 0, i - 1) != cpu_blas_reads(nd, i, 1, i - 1))) {
+        sp.resid = true;
+        i++;
+    }
+    if (sp.n_mm == 0 || (sp.n_mm == 1 && !sp.norm && !sp.resid))
+        return RLX_OK; /* nothing to fuse: the node runs by itself */
+    cpu_blas_span *p = s->host->alloc(sizeof *p, KERN_ALIGN);
+    if (!p)
+        return s->host->error(RLX_E_NOMEM, "cpu-blas: out of memory");
+    *p = sp;
+    *n_taken = i;
+    *out = p;
+    return RLX_OK;
+}
+
+static void cpu_blas_release_span(void *self, void *span) { ((cpu_blas *)self)->host->free(span); }
+
+/* One fused job: matmuls over x, chunk c of the job belonging to the matmul whose chunks start
+ * at or before it. */
+typedef struct cpu_blas_fused {
+    const cpu_blas *s;
+    const float *x; /* [M, K] */
+    int64_t M, K;
+    uint32_t n_mm; /* matmuls whose chunks the job runs (glu: 1, gate, with up alongside) */
+    bool glu;
+    struct {
+        const char *w;
+        int wdt;
+        int64_t N, chunk, first; /* features, per chunk, and the job's first chunk of this matmul */
+        const float *bias;
+        float *y;                /* [M, N], NULL when nothing after the span reads it */
+    } mm[CPU_BLAS_SPAN_MM];
+    float *out;                  /* glu: the SWIGLU's [M, N]; resid: the ADD's */
+    const float *resid;          /* resid: the residual [M, N] */
+    kern_buf *scratch;           /* glu: per thread, gate and up rows of a chunk kept off the arena */
+} cpu_blas_fused;
+
+static void cpu_blas_fused_task(void *arg, int ith, int64_t c)
+{
+    const cpu_blas_fused *f = arg;
+    const kern_simd *k = f->s->kern.k;
+    uint32_t i = 0;
+    while (i + 1 < f->n_mm && c >= f->mm[i + 1].first)
+        i++;
+    const int64_t N = f->mm[i].N, n0 = (c - f->mm[i].first) * f->mm[i].chunk;
+    const int64_t cnt = n0 + f->mm[i].chunk < N ? f->mm[i].chunk : N - n0;
+    const size_t row_bytes = (size_t)f->K * rlx_iface_dtype_size((uint32_t)f->mm[i].wdt);
+    if (f->glu) {
+        float *g = f->mm[0].y ? f->mm[0].y + n0 : f->scratch[ith].p;
+        float *u = f->mm[1].y ? f->mm[1].y + n0 : (float *)f->scratch[ith].p + f->M * cnt;
+        const int64_t ldg = f->mm[0].y ? N : cnt, ldu = f->mm[1].y ? N : cnt;
+        for (int j = 0; j < 2; j++)
+            cpu_blas_mm_part(f->s, ith, f->x, f->M, f->K, f->mm[j].w + (size_t)n0 * row_bytes, f->mm[j].wdt, cnt,
+                             f->mm[j].bias ? f->mm[j].bias + n0 : NULL, j ? u : g, j ? ldu : ldg);
+        for (int64_t m = 0; m < f->M; m++)
+            k->swiglu(g + m * ldg, u + m * ldu, f->out + m * N + n0, cnt);
+        return;
+    }
+    float *y = f->mm[i].y ? f->mm[i].y : f->out; /* resid with an unread projection: straight into the sum */
+    cpu_blas_mm_part(f->s, ith, f->x, f->M, f->K, f->mm[i].w + (size_t)n0 * row_bytes, f->mm[i].wdt, cnt,
+                     f->mm[i].bias ? f->mm[i].bias + n0 : NULL, y + n0, N);
+    if (f->resid)
+        for (int64_t m = 0; m < f->M; m++)
+            k->add(f->resid + m * N + n0, y + m * N + n0, f->out + m * N + n0, cnt);
+}
+
+static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp)
+{
+    cpu_blas *s = self;
+    const cpu_blas_span *p = span;
+    cpu_blas_single_threaded_blas();
+    if (!p) /* one node, checked when it was planned */
+        return cpu_blas_run(s, &sp->nodes[0]);
+    const rlx_node_view *nd = sp->nodes;
+    const uint32_t end = p->mm0 + p->n_mm; /* the node after the matmuls */
+    const float *x = nd[p->mm0].inputs[0].data;
+    int rc;
+    if (p->norm) {
+        /* the normalised rows go to the arena only when something after the span reads them */
+        float *h = nd[0].output->data;
+        if (sp->last_use[0] < sp->n_nodes) {
+            if ((rc = kern_reserve(&s->kern, &s->span_x, (size_t)rlx_iface_numel(nd[0].output) * sizeof(float))) < 0)
+                return rc;
+            h = s->span_x.p;
+        }
+        const float *w;
+        if ((rc = kern_vec(&s->kern, &nd[0], 1, &w)) < 0)
+            return rc;
+        kern_rms_norm(&s->kern, nd[0].inputs[0].data, w, h, rlx_iface_rows(&nd[0].inputs[0]),
+                      rlx_iface_cols(&nd[0].inputs[0]), rlx_iface_numel(&nd[0].inputs[1]), nd[0].params->eps);
+        x = h;
+    }
+    cpu_blas_fused f = {.s = s, .x = x, .M = rlx_iface_rows(&nd[p->mm0].inputs[0]),
+                        .K = rlx_iface_cols(&nd[p->mm0].inputs[0]), .n_mm = p->glu ? 1 : p->n_mm, .glu = p->glu};
+    int64_t chunks = 0;
+    for (uint32_t j = 0; j < p->n_mm; j++) {
+        const rlx_node_view *m = &nd[p->mm0 + j];
+        const int wdt = (int)m->inputs[1].dtype;
+        const int64_t N = m->inputs[1].shape[0];
+        if ((rc = kern_op_bias(&s->kern, m, &f.mm[j].bias)) < 0)
+            return rc;
+        f.mm[j].w = m->inputs[1].data;
+        f.mm[j].wdt = wdt;
+        f.mm[j].N = N;
+        f.mm[j].chunk = p->glu && j ? f.mm[0].chunk : cpu_blas_mm_chunk(s, f.M, f.K, wdt, N);
+        f.mm[j].y = (p->glu || p->resid) && sp->last_use[p->mm0 + j] < sp->n_nodes ? NULL : m->output->data;
+        f.mm[j].first = chunks;
+        if (j < f.n_mm)
+            chunks += (N + f.mm[j].chunk - 1) / f.mm[j].chunk;
+    }
+    if (p->glu) {
+        f.out = nd[end].output->data;
+        if (!f.mm[0].y || !f.mm[1].y) {
+            if (!s->span_scratch && !(s->span_scratch = kern_bufs_create(&s->kern)))
+                return s->host->error(RLX_E_NOMEM, "cpu-blas: out of memory");
+            if ((rc = kern_reserve_each(&s->kern, s->span_scratch,
+                                        (size_t)(2 * f.M * f.mm[0].chunk) * sizeof(float))) < 0)
+                return rc;
+            f.scratch = s->span_scratch;
+        }
+    } else if (p->resid) {
+        f.out = nd[end].output->data;
+        f.resid = nd[end].inputs[cpu_blas_reads(nd, end, 0, end - 1) ? 1 : 0].data;
+    }
+    int64_t work = 0;
+    for (uint32_t j = 0; j < p->n_mm; j++)
+        work += f.M * f.mm[j].N * f.K;
+    plugin_pool_run(s->pool, cpu_blas_fused_task, &f, chunks, work >= KERN_PAR_MIN);
+    return RLX_OK;
+}
+
 static const char *cpu_blas_describe(void *self) { return ((const cpu_blas *)self)->describe; }
+
+/* Prepared weights: F32 copies of BF16/F16 norm weights and biases (the matmuls read their
+ * weights as stored). */
+static int cpu_blas_prepare_weight(void *self, const rlx_weight_info *w, void **handle)
+{
+    return kern_prepare_vec(&((const cpu_blas *)self)->kern, w, handle);
+}
+
+static void cpu_blas_release_weight(void *self, void *handle) { kern_release_vec(&((const cpu_blas *)self)->kern, handle); }
 
 static const rlx_backend_iface cpu_blas_iface = {
     .size = sizeof(rlx_backend_iface),
@@ -388,6 +629,11 @@ static const rlx_backend_iface cpu_blas_iface = {
     .supports = cpu_blas_supports,
     .compute = cpu_blas_compute,
     .describe = cpu_blas_describe,
+    .prepare_weight = cpu_blas_prepare_weight,
+    .release_weight = cpu_blas_release_weight,
+    .plan_span = cpu_blas_plan_span,
+    .compute_span = cpu_blas_compute_span,
+    .release_span = cpu_blas_release_span,
 };
 
 static const rlx_plugin cpu_blas_plugin = {

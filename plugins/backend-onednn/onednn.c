@@ -4,8 +4,8 @@
  * oneDNN, so only one thread pool ever spins.
  *
  * A weight takes one of two paths, fixed by its dtype and by what oneDNN does on this CPU:
- *   - packed: the first time a weight pointer is seen it is reordered once into the layout
- *     oneDNN prefers (format_tag_any) and the copy is kept, keyed by pointer. BF16 weights go
+ *   - packed: when a plan is made (prepare_weight) the weight is reordered once into the layout
+ *     oneDNN prefers (format_tag_any), and the copy lives until its model closes. BF16 weights go
  *     this way where oneDNN runs bf16 x bf16 -> f32 matmuls (AVX-512 CPUs): activations are
  *     rounded to BF16 on the way in, which makes those matmuls approximate (error at most
  *     2^-8 sum |x w| per output). F32 weights go this way, as exact f32 primitives, when the
@@ -16,9 +16,10 @@
  *     weights through the library's stream GEMV kernels, which widen them in registers; more
  *     rows widen one L2-sized tile of weight rows per thread at a time (F32 rows are used in
  *     place) and run a single-threaded oneDNN f32 matmul on it while it is hot.
- * Packing a weight that lies in a read-only file mapping (a mapped safetensors file) drops the
- * mapped pages afterwards (option drop=1, the default): they are file-backed, so dropping
- * them only lowers the resident size, and any later read faults them back from the file.
+ * Packing a weight the core marks as a read-only mapping of a model file (RLX_WEIGHT_FILE_BACKED)
+ * drops the mapped pages afterwards (option drop=1, the default): dropping them only lowers the
+ * resident size, and any later read faults them back from the file. A node run outside a plan
+ * (no prepared handle) packs its weight for that call alone.
  * Idle OpenMP threads busy-wait: libgomp spins 300000 times (about 3 ms) at every barrier unless
  * GOMP_SPINCOUNT or OMP_WAIT_POLICY say otherwise, and reads them once, when it is loaded with
  * this plugin, before any of its code runs. So the rlx app sets GOMP_SPINCOUNT=20000 (about
@@ -53,16 +54,16 @@ typedef struct onednn_layout {
     dnnl_memory_desc_t md;
 } onednn_layout;
 
-/* A packed weight, keyed by the weight's data pointer (NULL marks a free slot). */
+/* A packed weight: a handle of prepare_weight (kind ONEDNN_WEIGHT_PACKED), or packed for one
+ * call of a node run outside a plan. */
 typedef struct onednn_weight {
-    const void *data;
-    uint64_t sig; /* hash of its first and last bytes: notices a pointer reused for other data */
-    int64_t N, K;
-    uint32_t dtype;
+    kern_weight base;
     uint32_t layout;  /* index into onednn.layouts */
     void *packed;     /* our copy in the layout, NULL when the original already is in it */
     dnnl_memory_t mem;
 } onednn_weight;
+
+enum { ONEDNN_WEIGHT_PACKED = KERN_WEIGHT_BACKEND };
 
 enum { ONEDNN_PRIM_PACKED = 1, ONEDNN_PRIM_TILE = 2 };
 
@@ -78,11 +79,6 @@ typedef struct onednn_prim {
     dnnl_memory_desc_t src_md, dst_md, bias_md;
     size_t scratch; /* scratchpad bytes */
 } onednn_prim;
-
-/* A read-only file mapping of this process, from /proc/self/maps. */
-typedef struct onednn_map {
-    uintptr_t start, end;
-} onednn_map;
 
 typedef struct onednn {
     const rlx_host *host;
@@ -100,12 +96,8 @@ typedef struct onednn {
     dnnl_stream_t *streams; /* [n_threads]: a stream is not for concurrent use */
     onednn_layout *layouts;
     uint32_t n_layouts, cap_layouts;
-    onednn_weight *weights; /* open addressing, cap_weights a power of two */
-    size_t n_weights, cap_weights;
     onednn_prim prims[ONEDNN_PRIM_SLOTS];
     uint64_t clock;
-    onednn_map *maps;
-    size_t n_maps, cap_maps;
     kern_buf *scratch; /* [n_threads] oneDNN scratchpads */
     kern_buf *tile;    /* [n_threads] widened weight tiles */
     kern_buf act;      /* BF16 activations of the current matmul */
@@ -279,14 +271,7 @@ static void onednn_close(void *self)
     for (int i = 0; i < ONEDNN_PRIM_SLOTS; i++)
         if (s->prims[i].kind)
             dnnl_primitive_destroy(s->prims[i].p);
-    for (size_t i = 0; i < s->cap_weights; i++)
-        if (s->weights[i].data) {
-            dnnl_memory_destroy(s->weights[i].mem);
-            h->free(s->weights[i].packed);
-        }
-    h->free(s->weights);
     h->free(s->layouts);
-    h->free(s->maps);
     kern_bufs_destroy(&s->kern, s->scratch);
     kern_bufs_destroy(&s->kern, s->tile);
     h->free(s->act.p);
@@ -583,89 +568,16 @@ static int onednn_layout_get(onednn *s, int64_t N, int64_t K, dnnl_data_type_t d
     return RLX_OK;
 }
 
-static size_t onednn_ptr_hash(const void *p)
-{
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    return (size_t)x;
-}
-
-/* FNV-1a over the first and last 64 bytes of a weight. The pointer is the cache key, and a
- * host that frees weights and reuses the memory for others (the contract forbids it, tests do
- * it) would otherwise get results from the stale packed copy. */
-static uint64_t onednn_sig(const void *data, size_t bytes)
-{
-    const unsigned char *p = data;
-    const size_t n = bytes < 64 ? bytes : 64;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    for (size_t i = bytes - n; i < bytes; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    return h ^ bytes;
-}
-
-/* Reads the read-only, private, file-backed mappings of this process into s->maps. */
-static int onednn_read_maps(onednn *s)
-{
-    FILE *f = fopen("/proc/self/maps", "r");
-    s->n_maps = 0;
-    if (!f)
-        return RLX_OK; /* no procfs: nothing is dropped */
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        unsigned long start, end, inode;
-        char perms[8];
-        if (sscanf(line, "%lx-%lx %7s %*s %*s %lu", &start, &end, perms, &inode) != 4 || inode == 0 ||
-            strcmp(perms, "r--p") != 0)
-            continue;
-        if (s->n_maps == s->cap_maps) {
-            const size_t cap = s->cap_maps ? 2 * s->cap_maps : 64;
-            onednn_map *m = s->host->alloc(cap * sizeof *m, KERN_ALIGN);
-            if (!m) {
-                fclose(f);
-                return s->host->error(RLX_E_NOMEM, "onednn: out of memory");
-            }
-            if (s->n_maps)
-                memcpy(m, s->maps, s->n_maps * sizeof *m);
-            s->host->free(s->maps);
-            s->maps = m;
-            s->cap_maps = cap;
-        }
-        s->maps[s->n_maps++] = (onednn_map){start, end};
-    }
-    fclose(f);
-    return RLX_OK;
-}
-
-static bool onednn_in_maps(const onednn *s, uintptr_t a, uintptr_t b)
-{
-    for (size_t i = 0; i < s->n_maps; i++)
-        if (s->maps[i].start <= a && b <= s->maps[i].end)
-            return true;
-    return false;
-}
-
-/* After packing: if [data, data + bytes) lies in one read-only private file mapping, its
- * pages hold nothing but file contents and were never written, so MADV_DONTNEED only lowers
- * the resident size; a later read (EMBED rows of a tied table, say) faults them back from the
- * file. Any other memory (heap, anonymous, writable) is left alone. */
-static int onednn_drop_pages(onednn *s, const void *data, size_t bytes)
+/* After packing rows of a weight mapped read-only from a model file: its pages hold nothing but
+ * file contents, so MADV_DONTNEED only lowers the resident size, and a later read (EMBED rows of
+ * a tied table, say) faults them back from the file. */
+static void onednn_drop_pages(const void *data, size_t bytes)
 {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t a = (uintptr_t)data, b = a + bytes;
     const uintptr_t lo = (a + page - 1) / page * page, hi = b / page * page;
-    if (!s->drop || hi <= lo)
-        return RLX_OK;
-    if (!onednn_in_maps(s, a, b)) {
-        const int rc = onednn_read_maps(s);
-        if (rc < 0 || !onednn_in_maps(s, a, b))
-            return rc < 0 ? rc : RLX_OK;
-    }
-    madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only: a failure changes nothing */
-    return RLX_OK;
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only: a failure changes nothing */
 }
 
 /* Output features per packing chunk of a weight in layout md: about pack_bytes of the plain
@@ -723,7 +635,7 @@ static dnnl_status_t onednn_reorder_rows(const onednn *s, const dnnl_memory_desc
  * weights are reordered a chunk of rows at a time, each chunk's mapped pages dropped once it is
  * packed, so a weight is never resident twice: for a tied LM head (a quarter of a small model's
  * bytes) the peak would otherwise rise by its whole size. */
-static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w)
+static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w, bool drop)
 {
     const onednn_layout *l = &s->layouts[e->layout];
     const dnnl_data_type_t wdt = w->dtype == RLX_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
@@ -749,19 +661,17 @@ static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w)
     for (int64_t n0 = 0; st == dnnl_success && n0 < N; n0 += rows ? rows : N) {
         const int64_t cnt = rows && N - n0 > rows ? rows : N - n0;
         st = onednn_reorder_rows(s, &plain, w->data, e, n0, cnt);
-        if (st == dnnl_success && rows) {
-            const int rc = onednn_drop_pages(s, (const char *)w->data + (size_t)n0 * (size_t)K * esz,
-                                             (size_t)(cnt * K) * esz);
-            if (rc < 0)
-                return rc;
-        }
+        if (st == dnnl_success && rows && drop)
+            onednn_drop_pages((const char *)w->data + (size_t)n0 * (size_t)K * esz, (size_t)(cnt * K) * esz);
     }
     if (st != dnnl_success) {
         char what[96];
         snprintf(what, sizeof what, "packing a %lldx%lld weight", (long long)N, (long long)K);
         return onednn_fail(s, st, what);
     }
-    return rows ? RLX_OK : onednn_drop_pages(s, w->data, (size_t)(N * K) * esz);
+    if (!rows && drop)
+        onednn_drop_pages(w->data, (size_t)(N * K) * esz);
+    return RLX_OK;
 }
 
 static void onednn_weight_clear(onednn *s, onednn_weight *e)
@@ -772,78 +682,29 @@ static void onednn_weight_clear(onednn *s, onednn_weight *e)
     memset(e, 0, sizeof *e);
 }
 
-static int onednn_weights_grow(onednn *s)
+/* Packs w into e for matmuls computed in dt (the layout oneDNN picks for M rows); drop: w is a
+ * read-only mapping of a model file, whose packed pages may go. */
+static int onednn_weight_make(onednn *s, const rlx_tensor *w, dnnl_data_type_t dt, int64_t M, bool drop,
+                              onednn_weight *e)
 {
-    const size_t cap = s->cap_weights ? 2 * s->cap_weights : 256;
-    onednn_weight *t = s->host->alloc(cap * sizeof *t, KERN_ALIGN);
-    if (!t)
-        return s->host->error(RLX_E_NOMEM, "onednn: out of memory");
-    memset(t, 0, cap * sizeof *t);
-    for (size_t i = 0; i < s->cap_weights; i++) {
-        const onednn_weight *e = &s->weights[i];
-        if (!e->data)
-            continue;
-        size_t j = onednn_ptr_hash(e->data) & (cap - 1);
-        while (t[j].data)
-            j = (j + 1) & (cap - 1);
-        t[j] = *e;
-    }
-    s->host->free(s->weights);
-    s->weights = t;
-    s->cap_weights = cap;
-    return RLX_OK;
-}
-
-/* The packed form of weight w for a matmul with M rows, packed now if it is new (or its
- * pointer now holds other data). */
-static int onednn_weight_get(onednn *s, const rlx_tensor *w, dnnl_data_type_t dt, int64_t M, onednn_weight **out)
-{
-    const int64_t N = w->shape[0], K = w->shape[1];
-    const uint64_t sig = onednn_sig(w->data, (size_t)(N * K) * rlx_iface_dtype_size(w->dtype));
-    if (2 * (s->n_weights + 1) > s->cap_weights) {
-        const int rc = onednn_weights_grow(s);
-        if (rc < 0)
-            return rc;
-    }
-    size_t j = onednn_ptr_hash(w->data) & (s->cap_weights - 1);
-    while (s->weights[j].data && s->weights[j].data != w->data)
-        j = (j + 1) & (s->cap_weights - 1);
-    onednn_weight *e = &s->weights[j];
-    if (e->data && e->mem && e->sig == sig && e->N == N && e->K == K && e->dtype == w->dtype &&
-        s->layouts[e->layout].dt == dt) {
-        *out = e;
-        return RLX_OK;
-    }
-    if (e->data) {
-        onednn_weight_clear(s, e);
-        s->n_weights--;
-    }
-    *e = (onednn_weight){.data = w->data, .sig = sig, .N = N, .K = K, .dtype = w->dtype};
-    s->n_weights++;
-    int rc = onednn_layout_get(s, N, K, dt, M, &e->layout);
+    *e = (onednn_weight){.base.kind = ONEDNN_WEIGHT_PACKED};
+    int rc = onednn_layout_get(s, w->shape[0], w->shape[1], dt, M, &e->layout);
     if (rc == RLX_OK)
-        rc = onednn_pack(s, e, w);
-    if (rc < 0) {
-        /* keep the key, so probe chains through this slot stay intact; without mem the next
-         * lookup tries again */
+        rc = onednn_pack(s, e, w, drop);
+    if (rc < 0)
         onednn_weight_clear(s, e);
-        e->data = w->data;
-        return rc;
-    }
-    *out = e;
-    return RLX_OK;
+    return rc;
 }
 
 /* y[M, N] = x[M, K] w^T (+ bias) with w packed; oneDNN threads the primitive itself. */
-static int onednn_mm_packed(onednn *s, const float *x, int64_t M, const rlx_tensor *w, dnnl_data_type_t dt,
+static int onednn_mm_packed(onednn *s, const float *x, int64_t M, const rlx_tensor *w, const onednn_weight *e,
                             const float *bias, float *y)
 {
     const int64_t N = w->shape[0], K = w->shape[1];
-    onednn_weight *e;
+    const dnnl_data_type_t dt = s->layouts[e->layout].dt;
     onednn_prim *q;
     int rc;
-    if ((rc = onednn_weight_get(s, w, dt, M, &e)) < 0 ||
-        (rc = onednn_prim_get(s, ONEDNN_PRIM_PACKED, e->layout, M, K, N, N, bias != NULL, &q)) < 0 ||
+    if ((rc = onednn_prim_get(s, ONEDNN_PRIM_PACKED, e->layout, M, K, N, N, bias != NULL, &q)) < 0 ||
         (rc = kern_reserve(&s->kern, &s->scratch[0], q->scratch)) < 0)
         return rc;
     const void *src = x;
@@ -984,29 +845,50 @@ static int onednn_mm_widen(onednn *s, const float *x, int64_t M, const rlx_tenso
     return RLX_OK;
 }
 
-/* y[M, N] = x[M, K] w[N, K]^T (+ bias[N], F32) for any weight dtype. `exact` keeps BF16
- * weights off the BF16-activation path (the MoE router: rounding could flip an expert). */
-static int onednn_mm(onednn *s, const float *x, int64_t M, const rlx_tensor *w, const float *bias, float *y,
-                     bool exact)
+/* The path of weight w in matmuls of M rows: packed (*packed, computed in *dt) or widened.
+ * `exact` keeps BF16 weights off the BF16-activation path (the MoE router: rounding could flip
+ * an expert). */
+static int onednn_path(onednn *s, const rlx_tensor *w, int64_t M, bool exact, bool *packed, dnnl_data_type_t *dt)
 {
-    const int64_t N = w->shape[0], K = w->shape[1];
-    if (kern_matmul_trivial(M, K, N, bias, y))
-        return RLX_OK;
-    if (w->dtype == RLX_DTYPE_BF16 && s->bf16 && !exact)
-        return onednn_mm_packed(s, x, M, w, dnnl_bf16, bias, y);
-    if (w->dtype == RLX_DTYPE_F32) {
+    *packed = false;
+    if (w->dtype == RLX_DTYPE_BF16 && s->bf16 && !exact) {
+        *packed = true;
+        *dt = dnnl_bf16;
+    } else if (w->dtype == RLX_DTYPE_F32) {
         /* Copy F32 weights only into a blocked layout (brgemm on AVX-512): where oneDNN wants
          * a plain one (gemm:jit on AVX2) the L2-sized tiles of the widened path, read in place,
          * run about twice as fast as one big call. */
         uint32_t l;
-        const int rc = onednn_layout_get(s, N, K, dnnl_f32, M, &l);
+        const int rc = onednn_layout_get(s, w->shape[0], w->shape[1], dnnl_f32, M, &l);
         if (rc < 0)
             return rc;
         const dnnl_memory_desc_t *md = &s->layouts[l].md;
-        if (s->pack_f32 || (md->format_kind == dnnl_blocked && md->format_desc.blocking.inner_nblks > 0))
-            return onednn_mm_packed(s, x, M, w, dnnl_f32, bias, y);
+        *packed = s->pack_f32 || (md->format_kind == dnnl_blocked && md->format_desc.blocking.inner_nblks > 0);
+        *dt = dnnl_f32;
     }
-    return onednn_mm_widen(s, x, M, w, bias, y);
+    return RLX_OK;
+}
+
+/* y[M, N] = x[M, K] w[N, K]^T (+ bias[N], F32) for any weight dtype, with w's prepared handle
+ * (or NULL: a node run outside a plan, whose packed weight is made for this call alone). */
+static int onednn_mm(onednn *s, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
+                     const float *bias, float *y, bool exact)
+{
+    if (kern_matmul_trivial(M, w->shape[1], w->shape[0], bias, y))
+        return RLX_OK;
+    if (prepared && prepared->kind == ONEDNN_WEIGHT_PACKED)
+        return onednn_mm_packed(s, x, M, w, (const onednn_weight *)prepared, bias, y);
+    bool packed;
+    dnnl_data_type_t dt;
+    int rc = onednn_path(s, w, M, exact, &packed, &dt);
+    if (rc < 0 || !packed)
+        return rc < 0 ? rc : onednn_mm_widen(s, x, M, w, bias, y);
+    onednn_weight e;
+    if ((rc = onednn_weight_make(s, w, dt, M, false, &e)) < 0)
+        return rc;
+    rc = onednn_mm_packed(s, x, M, w, &e, bias, y);
+    onednn_weight_clear(s, &e);
+    return rc;
 }
 
 static int onednn_matmul(onednn *s, const rlx_node_view *n)
@@ -1014,7 +896,9 @@ static int onednn_matmul(onednn *s, const rlx_node_view *n)
     const rlx_tensor *x = &n->inputs[0];
     const float *bias;
     const int rc = kern_op_bias(&s->kern, n, &bias);
-    return rc < 0 ? rc : onednn_mm(s, x->data, rlx_iface_rows(x), &n->inputs[1], bias, n->output->data, false);
+    return rc < 0 ? rc
+                  : onednn_mm(s, x->data, rlx_iface_rows(x), &n->inputs[1], kern_prepared(&s->kern, n, 1), bias,
+                              n->output->data, false);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1027,9 +911,54 @@ static int onednn_attention(onednn *s, const rlx_node_view *n)
     return rc < 0 || a.T == 0 ? rc : kern_att_panels(&s->kern, &a);
 }
 
-static int onednn_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, float *y, bool exact)
+static int onednn_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
+                         float *y, bool exact)
 {
-    return onednn_mm(self, x, M, w, NULL, y, exact);
+    return onednn_mm(self, x, M, w, prepared, NULL, y, exact);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prepared weights (ABI 1.2): each matmul weight on the packed path is packed once, at planning
+// time, and released with its model; small BF16/F16 vectors get F32 copies.
+
+static int onednn_prepare_weight(void *self, const rlx_weight_info *w, void **handle)
+{
+    onednn *s = self;
+    *handle = NULL;
+    if (kern_is_vec_input(w->op, w->input))
+        return kern_prepare_vec(&s->kern, w, handle);
+    const bool router = w->op == RLX_OP_MOE && w->input == 1;
+    if (!(w->op == RLX_OP_MATMUL && w->input == 1) && !(w->op == RLX_OP_MOE && w->input >= 1))
+        return RLX_OK;
+    /* the layout oneDNN prefers for the rows the node multiplies (as first chosen for the shape) */
+    const int64_t M = rlx_iface_rows(&w->node->inputs[0]);
+    bool packed;
+    dnnl_data_type_t dt;
+    int rc = onednn_path(s, w->tensor, M, router, &packed, &dt);
+    if (rc < 0 || !packed)
+        return rc;
+    onednn_weight *e = s->host->alloc(sizeof *e, KERN_ALIGN);
+    if (!e)
+        return s->host->error(RLX_E_NOMEM, "onednn: out of memory");
+    const bool drop = s->drop && (w->flags & RLX_WEIGHT_FILE_BACKED) && (w->flags & RLX_WEIGHT_READ_ONLY);
+    omp_set_num_threads(s->n_threads);
+    if ((rc = onednn_weight_make(s, w->tensor, dt, M, drop, e)) < 0) {
+        s->host->free(e);
+        return rc;
+    }
+    *handle = e;
+    return RLX_OK;
+}
+
+static void onednn_release_weight(void *self, void *handle)
+{
+    onednn *s = self;
+    if (((const kern_weight *)handle)->kind == KERN_WEIGHT_VEC) {
+        kern_release_vec(&s->kern, handle);
+        return;
+    }
+    onednn_weight_clear(s, handle);
+    s->host->free(handle);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1068,6 +997,8 @@ static const rlx_backend_iface onednn_iface = {
     .compute = onednn_compute,
     .precision = onednn_precision,
     .describe = onednn_describe,
+    .prepare_weight = onednn_prepare_weight,
+    .release_weight = onednn_release_weight,
 };
 
 static const rlx_plugin onednn_plugin = {

@@ -77,7 +77,8 @@ int kern_reserve_each(const kern_ctx *c, kern_buf *bufs, size_t bytes)
 
 size_t kern_align_up(size_t n) { return (n + KERN_ALIGN - 1) / KERN_ALIGN * KERN_ALIGN; }
 
-int kern_f32_vec(kern_ctx *c, const rlx_tensor *t, const float **out)
+/* A small weight vector as F32: t's own data or a copy in c->vec, valid until the next call. */
+static int kern_f32_vec(kern_ctx *c, const rlx_tensor *t, const float **out)
 {
     if (t->dtype == RLX_DTYPE_F32) {
         *out = t->data;
@@ -92,10 +93,54 @@ int kern_f32_vec(kern_ctx *c, const rlx_tensor *t, const float **out)
     return RLX_OK;
 }
 
+bool kern_is_vec_input(uint32_t op, uint32_t input)
+{
+    return (op == RLX_OP_RMS_NORM && input == 1) || (op == RLX_OP_MATMUL && input == 2);
+}
+
+int kern_prepare_vec(const kern_ctx *c, const rlx_weight_info *w, void **handle)
+{
+    *handle = NULL;
+    if (!kern_is_vec_input(w->op, w->input) || w->tensor->dtype == RLX_DTYPE_F32)
+        return RLX_OK;
+    const int64_t n = rlx_iface_numel(w->tensor);
+    kern_weight *h = c->host->alloc(KERN_ALIGN + kern_align_up((size_t)n * sizeof(float)), KERN_ALIGN);
+    if (!h)
+        return c->host->error(RLX_E_NOMEM, "%s: out of memory for an F32 copy of '%s'", c->plugin, w->name);
+    float *copy = (float *)((char *)h + KERN_ALIGN);
+    c->k->widen((int)w->tensor->dtype, w->tensor->data, copy, n);
+    *h = (kern_weight){.kind = KERN_WEIGHT_VEC, .f32 = copy};
+    *handle = h;
+    return RLX_OK;
+}
+
+void kern_release_vec(const kern_ctx *c, void *handle) { c->host->free(handle); }
+
+const kern_weight *kern_prepared(const kern_ctx *c, const rlx_node_view *n, uint32_t k)
+{
+    return c->host->abi_minor >= 2 && n->prepared ? n->prepared[k] : NULL;
+}
+
+int kern_vec(kern_ctx *c, const rlx_node_view *n, uint32_t k, const float **out)
+{
+    const kern_weight *h = kern_prepared(c, n, k);
+    if (h && h->kind == KERN_WEIGHT_VEC) {
+        *out = h->f32;
+        return RLX_OK;
+    }
+    return kern_f32_vec(c, &n->inputs[k], out);
+}
+
+bool kern_vec_needs_copy(const kern_ctx *c, const rlx_node_view *n, uint32_t k)
+{
+    const kern_weight *h = kern_prepared(c, n, k);
+    return n->inputs[k].dtype != RLX_DTYPE_F32 && !(h && h->kind == KERN_WEIGHT_VEC);
+}
+
 int kern_op_bias(kern_ctx *c, const rlx_node_view *n, const float **bias)
 {
     *bias = NULL;
-    return n->n_inputs == 3 ? kern_f32_vec(c, &n->inputs[2], bias) : RLX_OK;
+    return n->n_inputs == 3 ? kern_vec(c, n, 2, bias) : RLX_OK;
 }
 
 bool kern_matmul_trivial(int64_t M, int64_t K, int64_t N, const float *bias, float *y)

@@ -98,14 +98,37 @@ int kern_reserve_each(const kern_ctx *c, kern_buf *bufs, size_t bytes);
 /* n rounded up to a multiple of KERN_ALIGN. */
 size_t kern_align_up(size_t n);
 
-/* A small weight vector (norm weight, bias) as F32: t's own data or a copy in c->vec, valid
- * until the next call. */
-int kern_f32_vec(kern_ctx *c, const rlx_tensor *t, const float **out);
+/* What every prepared-weight handle (ABI 1.2 prepare_weight) of a backend on this library starts
+ * with, so the library reads the handles it understands and a backend's release_weight tells
+ * the kinds apart. */
+typedef struct kern_weight {
+    uint32_t kind;    /* KERN_WEIGHT_VEC, or a backend's own kind from KERN_WEIGHT_BACKEND on */
+    const float *f32; /* KERN_WEIGHT_VEC: the F32 copy */
+} kern_weight;
+
+enum { KERN_WEIGHT_VEC = 1, KERN_WEIGHT_BACKEND = 16 };
+
+/* Whether input `input` of op is a small weight vector: an RMS_NORM weight or a MATMUL bias. */
+bool kern_is_vec_input(uint32_t op, uint32_t input);
+/* prepare_weight for a small weight vector stored as BF16 or F16: a KERN_WEIGHT_VEC with an F32
+ * copy, so no call widens it again and a span can read several at once. F32 vectors and other
+ * inputs are declined (*handle NULL). */
+int kern_prepare_vec(const kern_ctx *c, const rlx_weight_info *w, void **handle);
+/* Frees a KERN_WEIGHT_VEC handle. */
+void kern_release_vec(const kern_ctx *c, void *handle);
+/* The handle prepared for input k of node n, or NULL (none, or a core before ABI 1.2). */
+const kern_weight *kern_prepared(const kern_ctx *c, const rlx_node_view *n, uint32_t k);
+/* Input k of node n, a small weight vector, as F32: its prepared copy, the tensor itself when
+ * it is F32, else a copy in c->vec (valid until the next call). */
+int kern_vec(kern_ctx *c, const rlx_node_view *n, uint32_t k, const float **out);
+/* Whether kern_vec of input k of n needs c->vec (it is neither F32 nor prepared): a span that
+ * reads several vectors at once must not rely on that. */
+bool kern_vec_needs_copy(const kern_ctx *c, const rlx_node_view *n, uint32_t k);
 
 // ---------------------------------------------------------------------------------------------
 // Matmul helpers: the parts of y[M, N] = x[M, K] w[N, K]^T (+ bias) every backend does alike
 
-/* The bias of MATMUL node n as F32 (kern_f32_vec), or NULL when n has none. */
+/* The bias of MATMUL node n as F32 (kern_vec), or NULL when n has none. */
 int kern_op_bias(kern_ctx *c, const rlx_node_view *n, const float **bias);
 /* Does a matmul that multiplies nothing: none when M or N is 0, y = bias (or 0) when K is 0.
  * Returns whether it did, i.e. whether the backend has nothing left to do. */
@@ -170,9 +193,11 @@ int kern_att_panels(kern_ctx *c, const kern_att *a);
 
 /* The backend's matmul, for the router and the experts. */
 typedef struct kern_matmul {
-    /* y[M, N] = x[M, K] w[N, K]^T for a weight w of F32, BF16 or F16. exact: the router, whose
-     * inputs must not be rounded (rounding could flip an expert). Returns a status. */
-    int (*run)(void *self, const float *x, int64_t M, const rlx_tensor *w, float *y, bool exact);
+    /* y[M, N] = x[M, K] w[N, K]^T for a weight w of F32, BF16 or F16, with the handle the
+     * backend prepared for it (or NULL). exact: the router, whose inputs must not be rounded
+     * (rounding could flip an expert). Returns a status. */
+    int (*run)(void *self, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared, float *y,
+               bool exact);
     void *self;
     /* an expert's tokens above 8 are padded with zero rows to a multiple of this (1: never),
      * for backends whose matmuls are made per row count */

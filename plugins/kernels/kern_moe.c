@@ -87,7 +87,7 @@ int kern_op_moe(kern_ctx *c, const rlx_node_view *n, const kern_matmul *mm)
     float *xe = (float *)(base + off[L_XE]), *g = (float *)(base + off[L_G]), *u = (float *)(base + off[L_U]);
     float *ye = (float *)(base + off[L_YE]);
 
-    if ((rc = mm->run(mm->self, x, T, &in[1], logit, true)) < 0)
+    if ((rc = mm->run(mm->self, x, T, &in[1], kern_prepared(c, n, 1), logit, true)) < 0)
         return rc;
     kern_moe_route(logit, T, E, K, p->norm_topk, pexp, pwt);
     /* Counting sort of the pairs by expert, so each expert's weights are read once per call. */
@@ -107,17 +107,18 @@ int kern_op_moe(kern_ctx *c, const rlx_node_view *n, const kern_matmul *mm)
         const int64_t cnt = start[e + 1] - start[e], rows = kern_moe_rows(mm, cnt);
         if (cnt == 0)
             continue;
-        const rlx_tensor *wg = &in[2 + 3 * e], *wu = wg + 1, *wd = wg + 2;
+        const uint32_t ig = 2 + 3 * (uint32_t)e;
+        const rlx_tensor *wg = &in[ig], *wu = wg + 1, *wd = wg + 2;
         const int64_t Fe = wg->shape[0];
         const int64_t *tk = stok + start[e];
         for (int64_t r = 0; r < cnt; r++)
             memcpy(xe + r * H, x + tk[r] * H, (size_t)H * sizeof(float));
         memset(xe + cnt * H, 0, (size_t)((rows - cnt) * H) * sizeof(float));
-        if ((rc = mm->run(mm->self, xe, rows, wg, g, false)) < 0 ||
-            (rc = mm->run(mm->self, xe, rows, wu, u, false)) < 0)
+        if ((rc = mm->run(mm->self, xe, rows, wg, kern_prepared(c, n, ig), g, false)) < 0 ||
+            (rc = mm->run(mm->self, xe, rows, wu, kern_prepared(c, n, ig + 1), u, false)) < 0)
             return rc;
         kern_swiglu(c, g, u, g, cnt * Fe);
-        if ((rc = mm->run(mm->self, g, rows, wd, ye, false)) < 0)
+        if ((rc = mm->run(mm->self, g, rows, wd, kern_prepared(c, n, ig + 2), ye, false)) < 0)
             return rc;
         for (int64_t r = 0; r < cnt; r++)
             c->k->axpy(swt[start[e] + r], ye + r * H, out + tk[r] * H, H);

@@ -175,7 +175,7 @@ static int kern_op_rms_norm(kern_ctx *c, const rlx_node_view *n)
 {
     const rlx_tensor *x = &n->inputs[0];
     const float *w;
-    const int rc = kern_f32_vec(c, &n->inputs[1], &w);
+    const int rc = kern_vec(c, n, 1, &w);
     if (rc < 0)
         return rc;
     kern_rms_norm(c, x->data, w, n->output->data, rlx_iface_rows(x), rlx_iface_cols(x),

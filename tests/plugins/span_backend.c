@@ -20,9 +20,16 @@ typedef struct span_stats {
     int bad_calls; /* calls that broke the contract: a handle not prepared, a span after release */
 } span_stats;
 
+/* Instances on several threads count into one set (the stress test checks the totals). */
 static span_stats stats;
+#define COUNT(field, d) __atomic_add_fetch(&stats.field, (d), __ATOMIC_RELAXED)
 
-RLX_PLUGIN_EXPORT void rlx_test_span_stats(span_stats *out) { *out = stats; }
+RLX_PLUGIN_EXPORT void rlx_test_span_stats(span_stats *out)
+{
+    int *to = (int *)out;
+    for (size_t i = 0; i < sizeof stats / sizeof(int); i++)
+        to[i] = __atomic_load_n((int *)&stats + i, __ATOMIC_RELAXED);
+}
 
 typedef struct weight_copy {
     uint32_t magic;
@@ -84,7 +91,7 @@ static int span_prepare_weight(void *self, const rlx_weight_info *w, void **hand
     /* the node it comes with reads it, as planned: the same shape, no data yet */
     if (!w->node || w->node->op != w->op || w->input >= w->node->n_inputs || w->node->inputs[w->input].data ||
         memcmp(w->node->inputs[w->input].shape, w->tensor->shape, sizeof w->tensor->shape) != 0)
-        stats.bad_calls++;
+        COUNT(bad_calls, 1);
     const int wanted = (w->op == RLX_OP_MATMUL && (w->input == 1 || w->input == 2)) ||
                        (w->op == RLX_OP_RMS_NORM && w->input == 1);
     if (!wanted)
@@ -97,8 +104,8 @@ static int span_prepare_weight(void *self, const rlx_weight_info *w, void **hand
     c->n = n;
     for (int64_t i = 0; i < n; i++)
         c->data[i] = rlx_iface_load_f32(w->tensor->dtype, w->tensor->data, i);
-    stats.prepared++;
-    stats.live_handles++;
+    COUNT(prepared, 1);
+    COUNT(live_handles, 1);
     *handle = c;
     return RLX_OK;
 }
@@ -107,12 +114,12 @@ static void span_release_weight(void *self, void *handle) {
     backend *b = self;
     weight_copy *c = handle;
     if (c->magic != WEIGHT_MAGIC) {
-        stats.bad_calls++;
+        COUNT(bad_calls, 1);
         return;
     }
     c->magic = 0;
-    stats.released++;
-    stats.live_handles--;
+    COUNT(released, 1);
+    COUNT(live_handles, -1);
     b->host->free(c);
 }
 
@@ -121,7 +128,7 @@ static const float *weight_f32(const rlx_node_view *n, uint32_t k, float *tmp) {
     const weight_copy *c = n->prepared ? n->prepared[k] : NULL;
     if (c) {
         if (c->magic != WEIGHT_MAGIC || c->n != rlx_iface_numel(&n->inputs[k]))
-            stats.bad_calls++;
+            COUNT(bad_calls, 1);
         return c->data;
     }
     const int64_t count = rlx_iface_numel(&n->inputs[k]);
@@ -201,7 +208,7 @@ static int run_node(backend *b, const rlx_node_view *n) {
 }
 
 static int span_compute(void *self, const rlx_node_view *n) {
-    stats.compute_calls++;
+    COUNT(compute_calls, 1);
     return run_node(self, n);
 }
 
@@ -250,7 +257,7 @@ static int span_plan_span(void *self, const rlx_span *run, uint32_t *n_taken, vo
         return b->host->error(RLX_E_NOMEM, "span: out of memory");
     }
     *p = (span_plan){.magic = SPAN_MAGIC, .kind = kind, .width = width, .row = row};
-    stats.spans_planned++;
+    COUNT(spans_planned, 1);
     *out = p;
     return RLX_OK;
 }
@@ -259,23 +266,23 @@ static void span_release_span(void *self, void *span) {
     backend *b = self;
     span_plan *p = span;
     if (p->magic != SPAN_MAGIC) {
-        stats.bad_calls++;
+        COUNT(bad_calls, 1);
         return;
     }
     p->magic = 0;
-    stats.spans_released++;
+    COUNT(spans_released, 1);
     b->host->free(p->row);
     b->host->free(p);
 }
 
 static int span_compute_span(void *self, void *span, const rlx_span *s) {
     span_plan *p = span;
-    stats.compute_span_calls++;
+    COUNT(compute_span_calls, 1);
     if (!p)
         return run_node(self, &s->nodes[0]); /* a span of one node */
     if (p->magic != SPAN_MAGIC)
-        return stats.bad_calls++, RLX_E_INTERNAL;
-    stats.fused_spans++;
+        return COUNT(bad_calls, 1), RLX_E_INTERNAL;
+    COUNT(fused_spans, 1);
     const rlx_node_view *nd = s->nodes;
     const int64_t rows = rlx_iface_rows(nd[0].output);
     if (p->kind == KIND_NORM_MATMULS) {

@@ -2,9 +2,11 @@
  * of a later minor; a 1.2 backend's prepared weights live exactly as long as their owner (a
  * model, or the plan of a hand-built graph) and its spans as long as their plan; fused spans
  * compute what the same nodes compute one by one, write what is read after them, and models
- * run through them (with fewer backend calls). */
+ * run through them (with fewer backend calls), also with models and backends opened and closed
+ * on several threads at once. */
 #include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -265,12 +267,87 @@ static void test_models_run_through_spans_with_weights_prepared_once(void **stat
     rlx_backend_destroy(span);
 }
 
+/* One thread's life of models and backends: each round prepares a model on two backends of its
+ * own and closes them in an order of its choice, while the other threads do the same, so
+ * model closes walk backends that other threads are creating, preparing on and destroying. */
+typedef struct stress_arg {
+    int rounds, seed;
+    int failures;
+    char why[256];
+} stress_arg;
+
+static void *stress_thread(void *p) {
+    stress_arg *a = p;
+    unsigned seed = (unsigned)a->seed;
+    for (int r = 0; r < a->rounds && !a->failures; r++) {
+        rlx_backend *both[2] = {NULL, NULL};
+        rlx_model *m = NULL;
+        rlx_session *s = NULL;
+        const float *logits;
+        seed = seed * 1103515245u + 12345u;
+        const unsigned order = (seed >> 16) % 3;
+        if (rlx_backend_create(span_plugin, NULL, &both[0]) != RLX_OK ||
+            rlx_backend_create(span_plugin, NULL, &both[1]) != RLX_OK || rlx_model_open(MODEL, &m) != RLX_OK) {
+            a->failures++;
+            snprintf(a->why, sizeof a->why, "%s", rlx_last_error());
+            rlx_backend_destroy(both[0]);
+            rlx_backend_destroy(both[1]);
+            break;
+        }
+        const rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)rlx_model_config_of(m)->num_hidden_layers,
+                                     .embed_input = 1, .produce_logits = 1};
+        /* the matmuls on the second backend, the rest on the first */
+        const rlx_place_rule rule = {.op = RLX_OP_MATMUL, .backend = both[1]};
+        const rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = 8, .backends = both, .n_backends = 2, .rules = &rule,
+                                       .n_rules = 1};
+        if (rlx_session_create(m, &spec, &o, &s) != RLX_OK ||
+            rlx_session_forward(s, (const int32_t[]){1, 2, 3}, 3, 0, &logits) != RLX_OK) {
+            a->failures++;
+            snprintf(a->why, sizeof a->why, "%s", rlx_last_error());
+        }
+        rlx_session_destroy(s);
+        if (order == 0)
+            rlx_model_close(m);
+        rlx_backend_destroy(both[order == 1]);
+        if (order == 1)
+            rlx_model_close(m);
+        rlx_backend_destroy(both[order != 1]);
+        if (order == 2)
+            rlx_model_close(m);
+    }
+    return NULL;
+}
+
+static void test_stress_owners_and_backends_on_threads(void **state) {
+    (void)state;
+    enum { THREADS = 4, ROUNDS = 12 };
+    pthread_t t[THREADS];
+    stress_arg args[THREADS];
+    const span_stats start = stats_now();
+    for (int i = 0; i < THREADS; i++) {
+        args[i] = (stress_arg){.rounds = ROUNDS, .seed = 17 + i};
+        assert_int_equal(pthread_create(&t[i], NULL, stress_thread, &args[i]), 0);
+    }
+    for (int i = 0; i < THREADS; i++) {
+        assert_int_equal(pthread_join(t[i], NULL), 0);
+        if (args[i].failures)
+            fail_msg("thread %d: %s", i, args[i].why);
+    }
+    const span_stats end = stats_now();
+    assert_true(end.prepared - start.prepared >= THREADS * ROUNDS);
+    assert_int_equal(end.live_handles, 0);
+    assert_int_equal(end.prepared, end.released);
+    assert_int_equal(end.spans_planned, end.spans_released);
+    assert_int_equal(end.bad_calls, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_abi10_backend_loads_and_is_never_offered_concat),
         cmocka_unit_test(test_fused_spans_match_per_node_and_reference),
         cmocka_unit_test(test_prepared_weights_live_with_their_owner),
         cmocka_unit_test(test_models_run_through_spans_with_weights_prepared_once),
+        cmocka_unit_test(test_stress_owners_and_backends_on_threads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
