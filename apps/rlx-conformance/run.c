@@ -574,18 +574,20 @@ static double compare_rows(const float *got, const float *want, size_t count, do
 }
 
 static void run_model(kit_runner *r, const kit_check *c, kit_result *res) {
-    rlx_model *m = NULL;
-    rlx_backend *b = NULL;
-    rlx_session *st = NULL, *sr = NULL;
+    rlx_runtime *rt = NULL;
+    rlx_session *sr = NULL;
     golden g = {0};
     float *keep = NULL;
     char why[1024];
     phase(r, "a whole-model run");
-    if (rlx_model_open(c->path, &m) != RLX_OK) {
+    char config_path[4200];
+    rlx_model_config cfg_file;
+    snprintf(config_path, sizeof config_path, "%s/config.json", c->path);
+    if (rlx_model_config_load(config_path, &cfg_file) != RLX_OK) {
         result(res, KIT_FAIL, "cannot open the model: %s", rlx_last_error());
         return;
     }
-    const rlx_model_config *cfg = rlx_model_config_of(m);
+    const rlx_model_config *cfg = &cfg_file;
     int64_t vocab = cfg->vocab_size;
     int grc = golden_read(c->path, vocab, &g, why, sizeof why);
     if (grc != 0 && c->spec != KIT_MODEL_VS_REF) {
@@ -602,19 +604,22 @@ static void run_model(kit_runner *r, const kit_check *c, kit_result *res) {
     for (int i = 0; i < 12; i++)
         prompt_ids[i] = (int32_t)((i * 131 + 7) % (vocab > 8 ? vocab - 8 : vocab));
     const uint32_t decode_steps = 8;
-    rlx_block_spec spec = {.layer_start = 0, .layer_end = (uint32_t)cfg->num_hidden_layers, .embed_input = 1,
+    /* the model opened as an application opens it, on a fresh instance of the backend (its
+     * weights are unmapped when the runtime closes, after that instance) */
+    const rlx_runtime_backend tested = {.name = r->o->plugin, .n_threads = r->o->threads, .options = r->o->backend_opts};
+    rlx_runtime_options ro = rlx_runtime_options_default();
+    ro.model_dir = c->path;
+    ro.plugin_dir = r->o->plugin_dir;
+    ro.backends = &tested;
+    ro.n_backends = 1;
+    ro.kv_capacity = (grc == 0 ? g.n_tokens : n_prompt) + decode_steps + 8;
+    if (rlx_runtime_open(&ro, &rt) != RLX_OK) {
+        result(res, KIT_FAIL, "cannot open the model on the backend: %s", rlx_last_error());
+        goto done;
+    }
+    rlx_session *st = rlx_runtime_session(rt);
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_start = 0, .layer_end = (uint32_t)cfg->num_hidden_layers, .embed_input = 1,
                            .produce_logits = 1};
-    /* a fresh instance: the model's weights are unmapped when it closes, before the runner's instance would */
-    if (!r->o->is_ref && open_tested(r, &b) != RLX_OK) {
-        result(res, KIT_FAIL, "backend failed to open: %s", rlx_last_error());
-        goto done;
-    }
-    rlx_session_options so = {.kv_capacity = (grc == 0 ? g.n_tokens : n_prompt) + decode_steps + 8,
-                              .backends = &b, .n_backends = b ? 1 : 0};
-    if (rlx_session_create(m, &spec, &so, &st) != RLX_OK) {
-        result(res, KIT_FAIL, "cannot create a session on the backend: %s", rlx_last_error());
-        goto done;
-    }
     /* a backend that rounds matmul inputs to BF16 is compared with the BF16-emulating
      * reference kernels and, loosely, with NumPy's exact logits (see KIT_BF16_UNIT). The
      * emulation rounds the inputs of every matmul, as a backend does on a model of one weight
@@ -632,10 +637,11 @@ static void run_model(kit_runner *r, const kit_check *c, kit_result *res) {
         tol = c->spec == KIT_MODEL_VS_REF ? KIT_BF16_MODEL_EMULATED : KIT_BF16_MODEL_EXACT;
     size_t bad = 0;
     if (c->spec == KIT_MODEL_VS_REF) {
-        rlx_session_options ro = so;
-        ro.backends = &r->ref_bf16;
-        ro.n_backends = bf16 ? 1 : 0;
-        if (rlx_session_create(m, &spec, &ro, &sr) != RLX_OK) {
+        const rlx_session_options so = {.size = sizeof so,
+                                        .kv_capacity = ro.kv_capacity,
+                                        .backends = &r->ref_bf16,
+                                        .n_backends = bf16 ? 1 : 0};
+        if (rlx_session_create(rlx_runtime_model(rt), &spec, &so, &sr) != RLX_OK) {
             result(res, KIT_FAIL, "cannot create a session on the reference kernels: %s", rlx_last_error());
             goto done;
         }
@@ -744,9 +750,7 @@ done:
     free(keep);
     golden_free(&g);
     rlx_session_destroy(sr);
-    rlx_session_destroy(st);
-    rlx_backend_destroy(b);
-    rlx_model_close(m);
+    rlx_runtime_close(rt);
 }
 
 /* One model block planned twice on the tested backend, with its spans and node by node. */
@@ -768,7 +772,7 @@ static void span_pair_free(span_pair *s) {
 static int span_pair_open(rlx_model *m, rlx_backend *b, uint32_t n, uint32_t capacity, span_pair *s, char *why,
                           size_t why_len) {
     const rlx_model_config *cfg = rlx_model_config_of(m);
-    const rlx_block_spec spec = {.layer_end = (uint32_t)cfg->num_hidden_layers, .embed_input = 1,
+    const rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)cfg->num_hidden_layers, .embed_input = 1,
                                  .produce_logits = 1, .all_logits = 1};
     if (rlx_model_build_block(m, &spec, n, capacity, &s->g, &s->io) != RLX_OK) {
         snprintf(why, why_len, "cannot build the block: %s", rlx_last_error());

@@ -358,7 +358,7 @@ int cmd_bench(int argc, char **argv, app_options *o) {
     }
     for (size_t t = 0; t < threads.n && !status; t++) {
         o->threads = threads.v[t];
-        if (app_runtime_open(&rt, o)) {
+        if (app_runtime_open(&rt, o, NULL)) {
             status = 1;
             break;
         }

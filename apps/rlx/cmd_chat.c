@@ -326,7 +326,7 @@ int cmd_chat(int argc, char **argv, app_options *o) {
     if (app_sampling_finish(&sampling))
         return 1;
     app_runtime rt;
-    if (app_runtime_open(&rt, o))
+    if (app_runtime_open(&rt, o, NULL))
         return 1;
     rlx_tokenizer *tok = NULL;
     rlx_sampler *sampler = NULL;

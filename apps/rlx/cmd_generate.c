@@ -138,13 +138,11 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         return app_fail("generate: %s holds a NUL byte; a prompt is text", file);
     }
     app_runtime rt;
-    app_speculator spec;
-    if (app_runtime_open_speculative(&rt, o, &spec_options, &spec)) {
+    if (app_runtime_open(&rt, o, &spec_options)) {
         free(file_text);
         return 1;
     }
     if (app_generation_defaults(&rt, &sampling, &n_new, n_given)) {
-        app_speculator_close(&spec);
         app_runtime_close(&rt);
         free(file_text);
         return 1;
@@ -177,8 +175,8 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         status = app_fail_rlx("generate");
     if (!status)
         status = app_output_create(&oo, &out);
-    if (!status && spec.spec) {
-        if (rlx_spec_generate_ex(&rt.lm, spec.spec, spec.k, sampler, ids + skip, (uint32_t)(n - skip), max_new, emit, out,
+    if (!status && rt.spec) {
+        if (rlx_spec_generate_ex(&rt.lm, rt.spec, rt.draft_tokens, sampler, ids + skip, (uint32_t)(n - skip), max_new, emit, out,
                                  &sst) != RLX_OK)
             status = app_fail_rlx("generate");
         st = sst.gen;
@@ -207,11 +205,11 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         fprintf(stderr, "rlx: prompt %u tokens at %.1f tokens/s; generated %u tokens at %.1f tokens/s%s\n",
                 st.n_prompt, st.n_prompt / st.prompt_seconds, st.n_generated, decode,
                 st.stopped_on_eos ? " (stopped on EOS)" : "");
-        if (spec.spec)
+        if (rt.spec)
             fprintf(stderr, "rlx: speculator %s, %u draft tokens: %llu proposed, %llu accepted (acceptance rate "
                     "%.3f), mean accepted length %.2f per round, %.2f tokens per target pass over %llu passes; "
                     "drafting %.3f s, verifying %.3f s\n",
-                    rlx_speculator_name(spec.spec), spec.k, (unsigned long long)sst.proposed,
+                    rlx_speculator_name(rt.spec), rt.draft_tokens, (unsigned long long)sst.proposed,
                     (unsigned long long)sst.accepted, rlx_spec_acceptance_rate(&sst), rlx_spec_mean_accepted(&sst),
                     rlx_spec_tokens_per_pass(&sst), (unsigned long long)sst.target_passes, sst.draft_seconds,
                     sst.verify_seconds);
@@ -221,7 +219,6 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     rlx_tokenizer_destroy(tok);
     free(ids);
     free(file_text);
-    app_speculator_close(&spec);
     app_runtime_close(&rt);
     return status;
 }

@@ -19,7 +19,7 @@ int cmd_graph(int argc, char **argv, app_options *o) {
     if (app_parse_command("graph", usage, groups, sizeof groups / sizeof groups[0], argc, argv, &exit_status))
         return exit_status;
     app_runtime rt;
-    if (app_runtime_open(&rt, o))
+    if (app_runtime_open(&rt, o, NULL))
         return 1;
     if (!rt.session) {
         app_runtime_close(&rt);

@@ -32,7 +32,7 @@ int cmd_logits(int argc, char **argv, app_options *o) {
     if (n < 0)
         return 1;
     app_runtime rt;
-    if (app_runtime_open(&rt, o)) {
+    if (app_runtime_open(&rt, o, NULL)) {
         free(ids);
         return 1;
     }

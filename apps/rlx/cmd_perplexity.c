@@ -57,7 +57,7 @@ int cmd_perplexity(int argc, char **argv, app_options *o) {
     if (!text)
         return 1;
     app_runtime rt;
-    if (app_runtime_open(&rt, o)) {
+    if (app_runtime_open(&rt, o, NULL)) {
         free(text);
         return 1;
     }

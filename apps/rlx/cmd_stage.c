@@ -18,7 +18,8 @@ static const char usage[] =
     "keeps their KV caches, until interrupted (SIGINT/SIGTERM: a clean exit with status 0). The\n"
     "stage that holds layer 0 embeds token ids; the one holding the last layer computes logits.\n"
     "With --config, the stage's address, backend, backend options, threads and layers come from\n"
-    "the deployment file; options given here override them.\n\n";
+    "the deployment file; options given here override them. --place pins ops of the stage's block\n"
+    "to other backends, as for a model run in one process.\n\n";
 
 static volatile sig_atomic_t stop_requested;
 
@@ -98,8 +99,6 @@ static int parse_args(stage_args *a, app_options *o, int argc, char **argv) {
         a->timeout_ms = o->pipeline.timeout_ms;
     if (o->pipeline.stages || o->pipeline.launch)
         return app_fail("stage: --stages and --launch are for drivers (rlx generate ...), not for a stage");
-    if (o->place)
-        return app_fail("stage: --place is not supported for stages yet");
     if (a->config && !a->has_index)
         return app_fail("stage: --config needs --stage I (which stage of the file to run)");
     if (!a->config && (a->has_index || !a->listen || !a->layers))
@@ -113,10 +112,7 @@ int cmd_stage(int argc, char **argv, app_options *o) {
     if (status)
         return status == 2 ? 0 : status;
     rlx_deploy *dep = NULL;
-    rlx_model *model = NULL;
-    rlx_registry *reg = NULL;
-    rlx_plugin_handle *backend_plugin = NULL, *transport_plugin = NULL;
-    rlx_backend *backend = NULL;
+    rlx_runtime *rt = NULL;
     const char *backend_name = o->plugin, *backend_opts = o->backend_opts, *listen = a.listen, *transport = a.transport;
     uint32_t threads = o->threads;
     stage_log log = {.verbose = o->verbose};
@@ -152,10 +148,6 @@ int cmd_stage(int argc, char **argv, app_options *o) {
     } else if (app_resolve_model(o)) {
         return 1;
     }
-    if (!backend_name)
-        backend_name = "cpu-blas";
-    if (!transport)
-        transport = "tcp";
     if (rlx_deploy_check_address(listen, 1) != RLX_OK) {
         status = app_fail_rlx("stage: --listen");
         goto done;
@@ -164,11 +156,24 @@ int cmd_stage(int argc, char **argv, app_options *o) {
         snprintf(log.label, sizeof log.label, "%u (%s)", a.index, listen);
     else
         snprintf(log.label, sizeof log.label, "%s", listen);
-    if (rlx_model_open(o->model, &model) != RLX_OK) {
-        status = app_fail_rlx("stage: cannot open model");
+    rlx_log_set_handler(print_log, &log); /* with -v, the runtime's line per backend it opens */
+    rlx_runtime_options ro = rlx_runtime_options_default();
+    const rlx_runtime_backend backend = {.name = backend_name ? backend_name : "cpu-blas", .options = backend_opts};
+    ro.flags = RLX_RUNTIME_STAGE;
+    ro.model_dir = o->model;
+    ro.plugin_dir = o->plugin_dir;
+    ro.backends = &backend;
+    ro.n_backends = 1;
+    ro.place = o->place;
+    ro.n_threads = threads;
+    ro.kv_capacity = o->ctx;
+    if (rlx_runtime_open(&ro, &rt) != RLX_OK) {
+        status = app_fail("stage: %s", rlx_last_error());
         goto done;
     }
-    uint32_t n_layers = (uint32_t)rlx_model_config_of(model)->num_hidden_layers;
+    if (log.verbose && !rlx_runtime_main_backend(rt))
+        fprintf(stderr, "rlx stage %s: backend ref: reference kernels\n", log.label);
+    uint32_t n_layers = (uint32_t)rlx_runtime_config(rt)->num_hidden_layers;
     if (dep) {
         rlx_layer_range *ranges = calloc(rlx_deploy_n_stages(dep), sizeof *ranges);
         if (!ranges || rlx_deploy_layers(dep, n_layers, ranges) != RLX_OK) {
@@ -208,51 +213,25 @@ int cmd_stage(int argc, char **argv, app_options *o) {
                           range.end - 1, n_layers - 1);
         goto done;
     }
-    if (rlx_registry_create(o->plugin_dir, &reg) != RLX_OK) {
-        status = app_fail_rlx("stage: cannot search for plugins");
-        goto done;
-    }
-    rlx_backend_options bo = rlx_backend_options_default();
-    bo.n_threads = threads;
-    bo.extra = backend_opts;
-    if (app_backend_open(reg, backend_name, &bo, "stage: ", &backend_plugin, &backend)) {
-        status = 1;
-        goto done;
-    }
-    if (log.verbose) /* says what the stage computes on, threads included */
-        fprintf(stderr, "rlx stage %s: backend %s: %s\n", log.label, backend ? rlx_backend_name(backend) : "ref",
-                backend ? rlx_backend_describe(backend) : "reference kernels");
-    if (rlx_registry_load(reg, RLX_PLUGIN_TRANSPORT, transport, &transport_plugin) != RLX_OK) {
-        status = app_fail_rlx("stage: cannot load transport");
-        goto done;
-    }
     struct sigaction sa = {.sa_handler = on_stop_signal};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    rlx_log_set_handler(print_log, &log);
     rlx_stage_options so = rlx_stage_options_default();
     so.address = listen;
-    so.transport = transport_plugin;
     so.layers = range;
-    so.session = (rlx_session_options){.kv_capacity = o->ctx, .backends = &backend, .n_backends = backend ? 1 : 0};
-    so.backend_name = backend ? rlx_backend_name(backend) : "ref";
     so.prefetch = !a.no_prefetch;
     so.timeout_ms = a.timeout_ms;
     so.stop = &stop_requested;
     so.on_listening = report_ready;
     so.ctx = &a.ready_fd;
-    if (rlx_stage_serve(model, &so) != RLX_OK)
-        status = app_fail_rlx("stage");
-    rlx_log_set_handler(NULL, NULL);
+    if (rlx_runtime_serve_stage(rt, transport, &so) != RLX_OK)
+        status = app_fail("stage: %s", rlx_last_error());
 done:
+    rlx_log_set_handler(NULL, NULL);
     if (a.ready_fd >= 0)
         close(a.ready_fd);
-    rlx_plugin_unload(transport_plugin);
-    rlx_backend_destroy(backend);
-    rlx_plugin_unload(backend_plugin);
-    rlx_registry_destroy(reg);
-    rlx_model_close(model);
+    rlx_runtime_close(rt);
     rlx_deploy_destroy(dep);
     return status;
 }

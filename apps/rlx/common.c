@@ -208,175 +208,108 @@ uint32_t app_usable_cores(void) {
     return n > 0 ? (uint32_t)n : 1;
 }
 
-int app_backend_open(rlx_registry *reg, const char *name, const rlx_backend_options *bo, const char *what,
-                     rlx_plugin_handle **plugin, rlx_backend **out) {
-    *plugin = NULL;
-    *out = NULL;
-    if (strcasecmp(name, "ref") == 0) {
-        if (bo->extra && *bo->extra && rlx_backend_create_ref_opts(bo, out) != RLX_OK)
-            return app_fail("%scannot start backend: %s", what, rlx_last_error());
-        return 0;
-    }
-    if (rlx_registry_load(reg, RLX_PLUGIN_BACKEND, name, plugin) != RLX_OK)
-        return app_fail("%scannot load backend: %s", what, rlx_last_error());
-    if (rlx_backend_create(*plugin, bo, out) != RLX_OK) {
-        app_fail("%scannot start backend: %s", what, rlx_last_error());
-        rlx_plugin_unload(*plugin);
-        *plugin = NULL;
-        return 1;
-    }
-    return 0;
-}
-
-/* The backend instance of plugin `name`, opened once per runtime ("ref" gives NULL unless it is
- * the main backend with --backend-opts). Only the main backend gets --backend-opts: the options
- * are backend-specific, and --place may name several backends. */
-static int backend_named(app_runtime *rt, const app_options *o, const char *name, int main_backend,
-                         rlx_backend **out) {
-    *out = NULL;
-    const char *extra = main_backend ? o->backend_opts : NULL;
-    if (strcasecmp(name, "ref") == 0 && !(extra && *extra))
-        return 0;
-    for (size_t i = 0; i < rt->n_backends; i++)
-        if (strcasecmp(rlx_backend_name(rt->backends[i]), name) == 0) {
-            *out = rt->backends[i];
-            return 0;
-        }
-    if (rt->n_backends == APP_MAX_BACKENDS)
-        return app_fail("too many backends (at most %d)", APP_MAX_BACKENDS);
-    if (!rt->registry && rlx_registry_create(o->plugin_dir, &rt->registry) != RLX_OK)
-        return app_fail_rlx("cannot search for plugins");
-    rlx_backend_options bo = rlx_backend_options_default();
-    bo.n_threads = o->threads ? o->threads : rt->default_threads;
-    if (main_backend)
-        app_warn_threads(o->threads);
-    bo.extra = extra;
-    if (app_backend_open(rt->registry, name, &bo, "", &rt->plugins[rt->n_backends], &rt->backends[rt->n_backends]))
-        return 1;
-    *out = rt->backends[rt->n_backends++];
-    if (o->verbose)
-        fprintf(stderr, "rlx: backend %s: %s\n", rlx_backend_name(*out), rlx_backend_describe(*out));
-    return 0;
-}
-
 #define PROGRESS_MIN_BYTES ((size_t)256 << 20)
 
-static void show_progress(void *ctx, size_t done, size_t total) {
+/* The runtime options the command line gives; over a pipeline, after launching the local stages
+ * asked for. Backends without --threads get the driver's share of the cores when it launched
+ * local stages and drafts itself, else their own default. 1 after reporting. */
+static int runtime_options(app_runtime *rt, app_options *o, const app_spec_options *so, rlx_runtime_options *ro,
+                           rlx_runtime_backend *main_backend) {
+    static const app_spec_options none = {0};
+    if (!so)
+        so = &none;
+    const rlx_deploy *d = app_pipeline_deploy(rt);
+    const int drafts = so->name || (d && rlx_deploy_speculator_of(d));
+    if (!drafts && (so->draft_tokens || so->draft_model || so->options))
+        return app_fail("--draft-tokens, --draft-model and --spec-opts need --spec NAME");
+    uint32_t share = 0;
+    if (rt->pipeline && app_pipeline_launch(rt, o, &o->pipeline, drafts, ro, &share))
+        return 1;
+    if (!rt->pipeline) {
+        if (app_resolve_model(o))
+            return 1;
+        ro->model_dir = o->model;
+    }
+    if (!rt->pipeline || drafts)
+        app_warn_threads(o->threads);
+    *main_backend = (rlx_runtime_backend){.name = o->plugin ? o->plugin : "cpu-blas", .options = o->backend_opts};
+    ro->backends = main_backend;
+    ro->n_backends = 1;
+    ro->place = o->place;
+    ro->n_threads = o->threads ? o->threads : share;
+    ro->plugin_dir = o->plugin_dir;
+    ro->kv_capacity = o->ctx;
+    ro->speculator = so->name;
+    ro->draft_tokens = so->draft_tokens;
+    ro->draft_model = so->draft_model;
+    ro->spec_options = so->options;
+    return 0;
+}
+
+/* With -v, what librlx and the plugins log (the backends' describe lines, a transport's own
+ * account of a failed connect). */
+static void print_verbose_log(void *ctx, int level, const char *message) {
     (void)ctx;
-    int width = 40, filled = total ? (int)((double)done / (double)total * width) : width;
+    (void)level;
+    fprintf(stderr, "rlx: %s\n", message);
+}
+
+/* The progress bar's state: drawn once the model is big enough to be worth one. */
+typedef struct progress_bar {
+    int drawn;
+} progress_bar;
+
+static void show_progress(void *ctx, size_t done, size_t total) {
+    progress_bar *bar = ctx;
+    if (total < PROGRESS_MIN_BYTES)
+        return;
+    bar->drawn = 1;
+    int width = 40, filled = (int)((double)done / (double)total * width);
     fprintf(stderr, "\rloading [%.*s%*s] %5.1f%% of %.0f MiB", filled, "========================================",
-            width - filled, "", total ? 100.0 * (double)done / (double)total : 100.0, (double)total / 1048576.0);
+            width - filled, "", 100.0 * (double)done / (double)total, (double)total / 1048576.0);
     fflush(stderr);
 }
 
-/* --place matmul=onednn,attention=cpu-blas */
-static int parse_place(app_runtime *rt, const app_options *o) {
-    char spec[1024];
-    if (snprintf(spec, sizeof spec, "%s", o->place) >= (int)sizeof spec)
-        return app_fail("--place: specification too long");
-    for (char *save = NULL, *item = strtok_r(spec, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(item, '=');
-        int op = 0;
-        if (eq) {
-            *eq = '\0';
-            for (int k = 1; k < RLX_OP_COUNT; k++)
-                if (strcasecmp(item, rlx_op_name(k)) == 0)
-                    op = k;
-        }
-        if (!eq || !op || !eq[1])
-            return app_fail("--place: '%s' is not OP=BACKEND with OP one of embed, matmul, rms_norm, rope, "
-                            "attention, swiglu, add, gather_last, moe", item);
-        rlx_backend *b;
-        if (backend_named(rt, o, eq + 1, 0, &b))
-            return 1;
-        if (!b)
-            return app_fail("--place: the reference kernels are the fallback already; name a plugin");
-        size_t r = 0; /* one rule per op: a later one for the same op replaces it */
-        while (r < rt->n_rules && rt->rules[r].op != (uint32_t)op)
-            r++;
-        rt->rules[r] = (rlx_place_rule){.op = (uint32_t)op, .backend = b};
-        rt->n_rules += r == rt->n_rules;
-    }
-    return 0;
-}
-
-/* The whole-model session behind rt->lm, emitting the final hidden states when asked. */
-static int create_session(app_runtime *rt, const app_options *o, int emit_hidden) {
-    const rlx_model_config *c = rlx_model_config_of(rt->model);
-    rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers,
-                           .embed_input = 1,
-                           .produce_logits = 1,
-                           .emit_hidden = (uint32_t)emit_hidden};
-    /* the main backend first; --place backends only run the ops they were given */
-    rlx_session_options so = {.kv_capacity = o->ctx,
-                              .backends = &rt->backend,
-                              .n_backends = rt->backend ? 1 : 0,
-                              .rules = rt->rules,
-                              .n_rules = rt->n_rules};
-    if (rlx_session_create(rt->model, &spec, &so, &rt->session) != RLX_OK ||
-        rlx_session_lm(rt->session, &rt->lm) != RLX_OK)
-        return app_fail_rlx("cannot create session");
-    return 0;
-}
-
-/* The first half of opening: the deployment file, when running over a pipeline, so that what it
- * configures (the speculator) is known before the model runs. 1 after reporting. */
-static int runtime_load(app_runtime *rt, app_options *o) {
+int app_runtime_open(app_runtime *rt, app_options *o, const app_spec_options *so) {
     memset(rt, 0, sizeof *rt);
-    return app_pipeline_wanted(&o->pipeline) ? app_pipeline_load(rt, &o->pipeline) : 0;
-}
-
-/* The second half: the pipeline driver, or the backends, the model and a whole-model session;
- * with emit_hidden the lm provides the final hidden states; drafts says a speculator will run in
- * this process too (launched stages leave it a share of the cores). 1 after reporting; the
- * caller closes rt. */
-static int runtime_start(app_runtime *rt, app_options *o, int emit_hidden, int drafts) {
-    if (rt->pipeline)
-        return app_pipeline_open(rt, o, &o->pipeline, emit_hidden, drafts);
-    if (app_resolve_model(o) || backend_named(rt, o, o->plugin ? o->plugin : "cpu-blas", 1, &rt->backend) ||
-        (o->place && parse_place(rt, o)))
+    if (app_pipeline_wanted(&o->pipeline) && app_pipeline_load(rt, &o->pipeline))
         return 1;
-    if (rlx_model_open(o->model, &rt->model) != RLX_OK)
-        return app_fail_rlx("cannot open model"), 1;
-    const rlx_model_config *c = rlx_model_config_of(rt->model);
-    rlx_block_spec spec = {.layer_start = 0,
-                           .layer_end = (uint32_t)c->num_hidden_layers,
-                           .embed_input = 1,
-                           .produce_logits = 1};
-    /* a terminal gets a progress bar while a large model is read in; elsewhere pages fault in lazily */
-    if (isatty(STDERR_FILENO) && rlx_weights_total_bytes(rlx_model_weights(rt->model)) >= PROGRESS_MIN_BYTES) {
-        rlx_status rc = rlx_model_prefetch(rt->model, &spec, show_progress, NULL);
-        fputs("\r\033[K", stderr);
-        if (rc != RLX_OK)
-            return app_fail_rlx("cannot read the model"), 1;
-    }
-    if (create_session(rt, o, emit_hidden))
-        return 1;
-    rt->model_dir = o->model;
-    return 0;
-}
-
-int app_runtime_open(app_runtime *rt, app_options *o) {
-    if (runtime_load(rt, o) || runtime_start(rt, o, 0, 0))
+    rlx_runtime_options ro = rlx_runtime_options_default();
+    rlx_runtime_backend main_backend;
+    if (runtime_options(rt, o, so, &ro, &main_backend))
         return app_runtime_close(rt), 1;
+    /* a terminal gets a progress bar while a large model is read in; elsewhere pages fault in lazily */
+    progress_bar bar = {0};
+    if (isatty(STDERR_FILENO)) {
+        ro.progress = show_progress;
+        ro.progress_ctx = &bar;
+    }
+    if (o->verbose)
+        rlx_log_set_handler(print_verbose_log, NULL);
+    rlx_status rc = rlx_runtime_open(&ro, &rt->runtime);
+    if (bar.drawn)
+        fputs("\r\033[K", stderr);
+    if (rc != RLX_OK)
+        return app_fail("%s", rlx_last_error()), app_runtime_close(rt), 1;
+    rt->lm = *rlx_runtime_lm(rt->runtime);
+    rt->model_dir = rlx_runtime_model_dir(rt->runtime);
+    rt->model = rlx_runtime_model(rt->runtime);
+    rt->session = rlx_runtime_session(rt->runtime);
+    rt->backend = rlx_runtime_main_backend(rt->runtime);
+    rt->spec = rlx_runtime_speculator(rt->runtime);
+    rt->draft_tokens = rlx_runtime_draft_tokens(rt->runtime);
     return 0;
 }
 
 void app_runtime_close(app_runtime *rt) {
+    rlx_runtime_close(rt->runtime);
     app_pipeline_close(rt);
-    rlx_session_destroy(rt->session);
-    /* backends may hold on to weight pointers until they close, so the model is unmapped last */
-    for (size_t i = 0; i < rt->n_backends; i++) {
-        rlx_backend_destroy(rt->backends[i]);
-        rlx_plugin_unload(rt->plugins[i]);
-    }
-    rlx_model_close(rt->model);
-    rlx_registry_destroy(rt->registry);
+    rlx_log_set_handler(NULL, NULL);
     memset(rt, 0, sizeof *rt);
 }
 
 const char *app_describe_context(const app_runtime *rt, uint32_t capacity, char *buf, size_t size) {
-    const rlx_model_config *c = rt->model ? rlx_model_config_of(rt->model) : app_pipeline_config(rt);
+    const rlx_model_config *c = rt->runtime ? rlx_runtime_config(rt->runtime) : NULL;
     int64_t max_pos = c ? c->max_position_embeddings : 0;
     if (max_pos > 0 && max_pos <= capacity)
         snprintf(buf, size, "%u positions, the model's maximum", capacity);
@@ -623,95 +556,4 @@ app_opt_group app_spec_group(app_spec_options *s) {
     };
     memcpy(opts, list, sizeof opts);
     return APP_OPT_GROUP("speculative decoding:", opts);
-}
-
-typedef struct spec_names {
-    char list[1024];
-    size_t len;
-} spec_names;
-
-static int add_spec_name(void *ctx, const char *path, const rlx_plugin_handle *h, const char *error) {
-    spec_names *n = ctx;
-    if (h && rlx_plugin_desc(h)->kind == RLX_PLUGIN_SPECULATOR && n->len < sizeof n->list)
-        n->len += (size_t)snprintf(n->list + n->len, sizeof n->list - n->len, "%s%s", n->len ? ", " : "",
-                                   rlx_plugin_desc(h)->name);
-    return 0;
-}
-
-/* Loads the plugin of the speculator the command line names, or else the deployment file's, and
- * settles its options and draft tokens; out->plugin stays NULL when none was asked for. */
-static int speculator_load(app_runtime *rt, const app_options *o, const app_spec_options *so, app_speculator *out) {
-    memset(out, 0, sizeof *out);
-    const rlx_deploy *d = app_pipeline_deploy(rt);
-    const rlx_deploy_speculator *file = d ? rlx_deploy_speculator_of(d) : NULL;
-    const char *name = so->name ? so->name : file ? file->plugin : NULL;
-    if (!name) {
-        if (so->draft_tokens || so->draft_model || so->options)
-            return app_fail("--draft-tokens, --draft-model and --spec-opts need --spec NAME");
-        return 0;
-    }
-    /* the command line overrides the file key by key, as for generation defaults */
-    const char *draft_model = so->draft_model ? so->draft_model : file ? file->draft_model : NULL;
-    const char *options = so->options ? so->options : file ? file->options : NULL;
-    out->k = so->draft_tokens              ? so->draft_tokens
-             : file && file->draft_tokens ? file->draft_tokens
-                                          : APP_DEFAULT_DRAFT_TOKENS;
-    if (out->k > RLX_SPEC_MAX_DRAFT)
-        return app_fail("%s: draft_tokens must be from 1 to %d (got %u)", rlx_deploy_path(d), RLX_SPEC_MAX_DRAFT,
-                        out->k);
-    size_t len = (draft_model ? strlen(draft_model) + 7 : 0) + (options ? strlen(options) + 1 : 0) + 1;
-    if (!(out->options = malloc(len)))
-        return app_fail("out of memory");
-    snprintf(out->options, len, "%s%s%s%s", draft_model ? "model=" : "", draft_model ? draft_model : "",
-             draft_model && options && *options ? "," : "", options ? options : "");
-    if (!rt->registry && rlx_registry_create(o->plugin_dir, &rt->registry) != RLX_OK)
-        return app_fail_rlx("cannot search for plugins");
-    if (rlx_registry_load(rt->registry, RLX_PLUGIN_SPECULATOR, name, &out->plugin) != RLX_OK) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", rlx_last_error());
-        spec_names names = {.len = 0};
-        rlx_registry_each(rt->registry, add_spec_name, &names);
-        return app_fail("unknown speculator '%s' (available: %s): %s", name, names.len ? names.list : "none", why);
-    }
-    return 0;
-}
-
-/* Opens the loaded speculator for rt's started model. */
-static int speculator_start(app_runtime *rt, const app_options *o, app_speculator *s) {
-    /* a pipeline driver drafts in this process, on --plugin's backend */
-    if (rt->pipeline && !rt->backend && backend_named(rt, o, o->plugin ? o->plugin : "cpu-blas", 1, &rt->backend))
-        return 1;
-    rlx_spec_target target = {.size = sizeof target,
-                              .kv_capacity = rt->lm.capacity(rt->lm.self),
-                              .model_dir = rt->model_dir,
-                              .vocab = rt->lm.vocab,
-                              .hidden_size = rt->lm.hidden_size,
-                              .backends = &rt->backend,
-                              .n_backends = rt->backend ? 1 : 0,
-                              .rules = rt->rules,
-                              .n_rules = rt->n_rules,
-                              .options = s->options};
-    if (rlx_speculator_create(s->plugin, &target, &s->spec) != RLX_OK)
-        return app_fail_rlx("cannot start the speculator");
-    return 0;
-}
-
-int app_runtime_open_speculative(app_runtime *rt, app_options *o, const app_spec_options *so, app_speculator *spec) {
-    if (runtime_load(rt, o))
-        return app_runtime_close(rt), 1;
-    if (speculator_load(rt, o, so, spec))
-        return app_speculator_close(spec), app_runtime_close(rt), 1;
-    const rlx_speculator_iface *iface = spec->plugin ? rlx_plugin_desc(spec->plugin)->iface : NULL;
-    if (runtime_start(rt, o, iface && (iface->flags & RLX_SPEC_NEEDS_HIDDEN), spec->plugin != NULL))
-        return app_speculator_close(spec), app_runtime_close(rt), 1;
-    if (spec->plugin && speculator_start(rt, o, spec))
-        return app_speculator_close(spec), app_runtime_close(rt), 1;
-    return 0;
-}
-
-void app_speculator_close(app_speculator *s) {
-    rlx_speculator_destroy(s->spec);
-    rlx_plugin_unload(s->plugin);
-    free(s->options);
-    memset(s, 0, sizeof *s);
 }

@@ -20,24 +20,19 @@ typedef struct app_options {
     app_pipeline_options pipeline; /* --config, --stages, --launch, --transport, timeouts */
 } app_options;
 
-/* Everything a command needs to run a whole model in this process. */
-#define APP_MAX_BACKENDS 8
-
+/* What a command runs on: the core runtime (rlx/runtime.h) and, over a pipeline, the stage
+ * processes this command launched (pipeline.c). The members below the runtime are views
+ * borrowed from it. */
 typedef struct app_runtime {
-    rlx_registry *registry;
-    rlx_plugin_handle *plugins[APP_MAX_BACKENDS];
-    rlx_backend *backends[APP_MAX_BACKENDS]; /* [0] is --plugin's, the rest come from --place */
-    size_t n_backends;
-    rlx_place_rule rules[RLX_OP_COUNT];
-    size_t n_rules;
-    rlx_backend *backend; /* the main backend (backends[0]), NULL for the reference kernels */
-    rlx_model *model;
-    rlx_session *session;
-    rlx_lm lm;              /* what commands run: the local session (or a pipeline driver) */
+    rlx_runtime *runtime;
+    rlx_lm lm;              /* what commands run: the local session or a pipeline driver */
     const char *model_dir;
-    struct app_pipeline *pipeline; /* set when lm is a pipeline driver (pipeline.c) */
-    uint32_t default_threads; /* backend threads without --threads: the driver's share of the cores
-                                 when it launched local stages, else 0 (the backend's default) */
+    const rlx_model *model; /* NULL over a pipeline */
+    rlx_session *session;   /* NULL over a pipeline */
+    rlx_backend *backend;   /* the main backend, NULL for the reference kernels */
+    rlx_speculator *spec;   /* NULL unless a speculator was asked for */
+    uint32_t draft_tokens;  /* the speculator's tokens per round */
+    struct app_pipeline *pipeline; /* set when running over stages (pipeline.c) */
 } app_runtime;
 
 /* Prints "rlx: <message>" on stderr and returns 1 (the exit status for failures). */
@@ -72,19 +67,8 @@ char *app_read_file(const char *what, const char *path, int drop_final_newline, 
 /* log(sum(exp(row[0 .. n)))), computed stably: log_softmax(row)[i] = row[i] - this. */
 double app_log_sum_exp(const float *row, int64_t n);
 
-/* Opens backend `name` from reg with bo: a plugin instance (*plugin holds its handle), or for
- * "ref" the reference backend with bo->extra when there is one (*plugin NULL); plain "ref" gives
- * *out NULL (the scheduler's fallback). `what` prefixes the message. 1 after reporting. */
-int app_backend_open(rlx_registry *reg, const char *name, const rlx_backend_options *bo, const char *what,
-                     rlx_plugin_handle **plugin, rlx_backend **out);
-
 /* Logical cores this process may run on (sched_getaffinity), at least 1. */
 uint32_t app_usable_cores(void);
-
-/* Loads the backend, opens the model and creates a whole-model session, or with pipeline options
- * connects a pipeline driver. 1 after reporting a failure, with everything closed. */
-int app_runtime_open(app_runtime *rt, app_options *o);
-void app_runtime_close(app_runtime *rt);
 
 /* For messages about a full context of `capacity` positions: its size and how --ctx could make
  * it longer, "256 positions; --ctx raises it up to 1024" (the model's max_position_embeddings)
@@ -127,25 +111,14 @@ typedef struct app_spec_options {
     const char *options;     /* --spec-opts "key=value,...": the plugin's options */
 } app_spec_options;
 
-/* A speculator opened for a runtime's model; spec is NULL when none was asked for. */
-typedef struct app_speculator {
-    rlx_plugin_handle *plugin;
-    rlx_speculator *spec;
-    char *options;
-    uint32_t k; /* draft tokens per round */
-} app_speculator;
-
-#define APP_DEFAULT_DRAFT_TOKENS 4
-
 app_opt_group app_spec_group(app_spec_options *s);
-/* app_runtime_open with the speculator the command line names, or else the deployment file's.
- * Its plugin is loaded before the model runs, so that a speculator needing the target's hidden
- * states gets a local session or a pipeline driver that returns them from the start; then it is
- * opened for rt's model on rt's backends (a pipeline driver gets --plugin's backend for it).
- * spec->spec is NULL when no speculator was asked for. 1 after reporting a failure, with
- * everything closed; on success the caller closes *spec before rt. */
-int app_runtime_open_speculative(app_runtime *rt, app_options *o, const app_spec_options *so, app_speculator *spec);
-void app_speculator_close(app_speculator *s);
+
+/* Opens the runtime the command line describes: --model and the backend options for a run in
+ * this process, or the pipeline options (launching local stages when asked); so, when not NULL,
+ * adds the speculator the command line names, or else the deployment file's. 1 after
+ * reporting a failure, with everything closed. */
+int app_runtime_open(app_runtime *rt, app_options *o, const app_spec_options *so);
+void app_runtime_close(app_runtime *rt);
 
 /* Resolves s->params from the command line over the defaults: the deployment file's
  * generation: section (when rt runs one), else the model's generation_config.json, else greedy;

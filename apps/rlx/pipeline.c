@@ -26,9 +26,7 @@
 
 struct app_pipeline {
     rlx_deploy *deploy;
-    rlx_registry *registry;
-    rlx_plugin_handle *transport;
-    rlx_driver *driver;
+    rlx_driver_stage stages[MAX_STAGES]; /* what the runtime drives */
     pid_t pids[MAX_STAGES];
     uint32_t n_pids;
     char *model_dir;
@@ -225,6 +223,10 @@ static void common_args(argv_builder *b, const app_options *o, const char *trans
         arg(b, "--backend-opts");
         arg(b, o->backend_opts);
     }
+    if (o->place) {
+        arg(b, "--place");
+        arg(b, o->place);
+    }
     if (threads)
         arg_u32(b, "--threads", threads);
     if (o->verbose)
@@ -240,12 +242,6 @@ static void common_args(argv_builder *b, const app_options *o, const char *trans
 }
 
 // ---- open and close ----
-
-static void print_verbose_log(void *ctx, int level, const char *message) {
-    (void)ctx;
-    (void)level;
-    fprintf(stderr, "rlx: %s\n", message);
-}
 
 int app_pipeline_load(app_runtime *rt, const app_pipeline_options *po) {
     struct app_pipeline *p = calloc(1, sizeof *p);
@@ -272,69 +268,58 @@ static uint32_t core_share(uint32_t n_local) {
     return n_local && cores > n_local ? cores / n_local : 1;
 }
 
-int app_pipeline_open(app_runtime *rt, app_options *o, const app_pipeline_options *po, int emit_hidden,
-                      int driver_computes) {
+int app_pipeline_launch(app_runtime *rt, app_options *o, const app_pipeline_options *po, int driver_computes,
+                        rlx_runtime_options *ro, uint32_t *threads_share) {
     struct app_pipeline *p = rt->pipeline;
     const char *model = o->model, *transport = po->transport;
-    rlx_deploy_timeouts timeouts = {0};
     uint32_t n = po->stages;
     if (p->deploy) {
         if (!model)
             model = rlx_deploy_model(p->deploy);
         if (!transport)
             transport = rlx_deploy_transport(p->deploy);
-        timeouts = *rlx_deploy_timeouts_of(p->deploy);
         n = rlx_deploy_n_stages(p->deploy);
         if (n > MAX_STAGES)
-            return app_fail("%s: at most %d stages", po->config, MAX_STAGES), app_pipeline_close(rt), 1;
+            return app_fail("%s: at most %d stages", po->config, MAX_STAGES);
     }
     if (!model) {
         if (p->deploy)
-            return app_fail("%s names no model and no --model was given", po->config), app_pipeline_close(rt), 1;
+            return app_fail("%s names no model and no --model was given", po->config);
         if (app_resolve_model(o))
-            return app_pipeline_close(rt), 1;
+            return 1;
         model = o->model;
     }
     if (!transport)
         transport = "tcp";
     if (!(p->model_dir = strdup(model)))
-        return app_fail("out of memory"), app_pipeline_close(rt), 1;
+        return app_fail("out of memory");
+    /* the layer ranges are checked before any stage is started */
     rlx_model_config cfg;
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", p->model_dir);
     if (rlx_model_config_load(path, &cfg) != RLX_OK)
-        return app_fail_rlx("cannot open model"), app_pipeline_close(rt), 1;
+        return app_fail_rlx("cannot open model");
     uint32_t n_layers = (uint32_t)cfg.num_hidden_layers;
     rlx_layer_range ranges[MAX_STAGES];
-    rlx_status rc = p->deploy ? rlx_deploy_layers(p->deploy, n_layers, ranges) : rlx_dist_split_even(n_layers, n, ranges);
+    rlx_status rc = p->deploy ? rlx_deploy_driver_stages(p->deploy, n_layers, p->stages)
+                              : rlx_dist_split_even(n_layers, n, ranges);
     if (rc != RLX_OK)
-        return app_fail_rlx("pipeline"), app_pipeline_close(rt), 1;
-    if (rlx_registry_create(o->plugin_dir, &p->registry) != RLX_OK)
-        return app_fail_rlx("cannot search for plugins"), app_pipeline_close(rt), 1;
-    if (rlx_registry_load(p->registry, RLX_PLUGIN_TRANSPORT, transport, &p->transport) != RLX_OK)
-        return app_fail_rlx("cannot load transport"), app_pipeline_close(rt), 1;
-
-    /* stage addresses: the file's, or those the launched stages report */
-    rlx_driver_stage stages[MAX_STAGES];
+        return app_fail_rlx("pipeline");
     int ready[MAX_STAGES];
     uint32_t child_of[MAX_STAGES];
     for (uint32_t i = 0; i < n; i++) {
-        const rlx_deploy_stage *ds = p->deploy ? rlx_deploy_stage_at(p->deploy, i) : NULL;
         ready[i] = -1;
-        stages[i] = (rlx_driver_stage){.address = ds ? ds->address : NULL,
-                                       .layers = ranges[i],
-                                       .source_file = ds ? rlx_deploy_path(p->deploy) : NULL,
-                                       .source_line = ds ? ds->line : 0};
+        if (!p->deploy)
+            p->stages[i] = (rlx_driver_stage){.layers = ranges[i]};
     }
     uint32_t n_local = 0;
     for (uint32_t i = 0; i < n; i++)
-        n_local += !p->deploy || (po->launch && is_local(stages[i].address));
+        n_local += !p->deploy || (po->launch && is_local(p->stages[i].address));
     uint32_t share = n_local ? core_share(n_local + (driver_computes ? 1 : 0)) : 0;
-    if (driver_computes)
-        rt->default_threads = share;
+    *threads_share = driver_computes ? share : 0;
     int failed = 0;
     for (uint32_t i = 0; i < n && !failed; i++) {
-        if (p->deploy && (!po->launch || !is_local(stages[i].address)))
+        if (p->deploy && (!po->launch || !is_local(p->stages[i].address)))
             continue;
         /* --threads, then the stage's threads setting, win over the share */
         uint32_t threads = o->threads ? o->threads : p->deploy && rlx_deploy_stage_at(p->deploy, i)->threads ? 0 : share;
@@ -369,27 +354,20 @@ int app_pipeline_open(app_runtime *rt, app_options *o, const app_pipeline_option
             if (wait_ready(p, child_of[i], i, ready[i], p->addresses[i], sizeof p->addresses[i]))
                 failed = 1;
             else if (!p->deploy)
-                stages[i].address = p->addresses[i];
+                p->stages[i].address = p->addresses[i];
         }
         close(ready[i]);
     }
     if (failed)
-        return app_pipeline_close(rt), 1;
-
-    rlx_driver_options d = rlx_driver_options_default();
-    d.transport = p->transport;
-    d.stages = stages;
-    d.n_stages = n;
-    d.kv_capacity = o->ctx;
-    d.connect_timeout_ms = po->connect_timeout_ms ? po->connect_timeout_ms : timeouts.connect_ms;
-    d.timeout_ms = po->timeout_ms ? po->timeout_ms : timeouts.control_ms;
-    d.compute_ms_per_position = po->per_position_ms ? po->per_position_ms : timeouts.per_position_ms;
-    d.emit_hidden = (uint32_t)emit_hidden;
-    if (o->verbose) /* what the transport's library logs itself, e.g. gRPC's view of a failed connect */
-        rlx_log_set_handler(print_verbose_log, NULL);
-    if (rlx_driver_create(p->model_dir, &d, &p->driver) != RLX_OK || rlx_driver_lm(p->driver, &rt->lm) != RLX_OK)
-        return app_fail_rlx("pipeline"), app_pipeline_close(rt), 1;
-    rt->model_dir = p->model_dir;
+        return 1;
+    ro->model_dir = p->model_dir;
+    ro->deploy = p->deploy;
+    ro->stages = p->stages;
+    ro->n_stages = n;
+    ro->transport = transport;
+    ro->connect_timeout_ms = po->connect_timeout_ms;
+    ro->timeout_ms = po->timeout_ms;
+    ro->compute_ms_per_position = po->per_position_ms;
     return 0;
 }
 
@@ -397,29 +375,19 @@ void app_pipeline_close(app_runtime *rt) {
     struct app_pipeline *p = rt->pipeline;
     if (!p)
         return;
-    rlx_driver_destroy(p->driver);
     stop_children(p);
-    rlx_plugin_unload(p->transport);
-    rlx_log_set_handler(NULL, NULL);
-    rlx_registry_destroy(p->registry);
     rlx_deploy_destroy(p->deploy);
     free(p->model_dir);
     free(p);
     rt->pipeline = NULL;
-    rt->model_dir = NULL;
-    memset(&rt->lm, 0, sizeof rt->lm);
 }
 
 const rlx_deploy *app_pipeline_deploy(const app_runtime *rt) { return rt->pipeline ? rt->pipeline->deploy : NULL; }
 
-const rlx_model_config *app_pipeline_config(const app_runtime *rt) {
-    return rt->pipeline && rt->pipeline->driver ? rlx_driver_config(rt->pipeline->driver) : NULL;
-}
-
 void app_pipeline_describe(const app_runtime *rt) {
-    if (!rt->pipeline || !rt->pipeline->driver)
+    const rlx_driver *d = rt->runtime ? rlx_runtime_driver(rt->runtime) : NULL;
+    if (!d)
         return;
-    const rlx_driver *d = rt->pipeline->driver;
     for (uint32_t i = 0; i < rlx_driver_n_stages(d); i++) {
         rlx_driver_stage_info info;
         if (rlx_driver_stage_info_get(d, i, &info) == RLX_OK)

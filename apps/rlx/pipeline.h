@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "opts.h"
+#include "rlx/runtime.h"
 
 typedef struct app_pipeline_options {
     const char *config;    /* --config FILE: a deployment file */
@@ -28,29 +29,25 @@ int app_pipeline_wanted(const app_pipeline_options *po);
 
 /* The first half of opening a pipeline: checks the option combination and reads the deployment
  * file of --config, so what it configures (the speculator) is known before any stage runs.
- * 0 on success; 1 after reporting, with rt->pipeline closed again. rt must be zeroed. */
+ * 0 on success; 1 after reporting. rt must be zeroed; app_pipeline_close undoes it. */
 int app_pipeline_load(struct app_runtime *rt, const app_pipeline_options *po);
 
-/* The second half, after app_pipeline_load: fills rt->lm with a pipeline driver (rt->model stays
- * NULL, rt->model_dir is the model), after launching local stages if asked; with emit_hidden the
- * last stage also returns the target's hidden states (rlx_lm.hidden). Local stages it launches
- * divide the usable cores among themselves and, when driver_computes (it will run a backend too,
- * for a speculator), this process, whose share lands in rt->default_threads; --threads and a
- * stage's threads setting win over the share. 0 on success; 1 after reporting, with everything
- * started already stopped. */
-int app_pipeline_open(struct app_runtime *rt, struct app_options *o, const app_pipeline_options *po, int emit_hidden,
-                      int driver_computes);
+/* The second half, after app_pipeline_load: checks the layer ranges against the model, launches
+ * the local stages asked for and sets what ro needs to drive the pipeline (model, deployment,
+ * stages, transport, timeouts). Launched stages divide the usable cores among themselves and,
+ * when driver_computes (a speculator will run a backend here), this process, whose share lands
+ * in *threads_share (0 otherwise); --threads and a stage's threads setting win over the share.
+ * 0 on success; 1 after reporting (app_pipeline_close stops what was started). */
+int app_pipeline_launch(struct app_runtime *rt, struct app_options *o, const app_pipeline_options *po,
+                        int driver_computes, rlx_runtime_options *ro, uint32_t *threads_share);
 
-/* Ends the session, disconnects and stops launched stages; safe on a runtime without a pipeline. */
+/* Stops launched stages and frees the deployment; safe on a runtime without a pipeline. Call
+ * after the runtime that drives the stages is closed. */
 void app_pipeline_close(struct app_runtime *rt);
 
 /* The deployment file the pipeline runs (generation defaults, speculator), or NULL when there is
  * no pipeline or it came from --stages. Borrowed from rt until app_pipeline_close. */
 const struct rlx_deploy *app_pipeline_deploy(const struct app_runtime *rt);
-
-/* The model configuration the pipeline driver read, or NULL without a driver; borrowed from rt
- * until app_pipeline_close. */
-const struct rlx_model_config *app_pipeline_config(const struct app_runtime *rt);
 
 /* One line per stage (address, layers, backend, resident memory) on stderr, for --verbose. */
 void app_pipeline_describe(const struct app_runtime *rt);

@@ -116,8 +116,8 @@ static int draft_open(const rlx_host *host, const rlx_spec_target *target, void 
     uint32_t capacity = target->kv_capacity;
     if (c->max_position_embeddings > 0 && (uint64_t)c->max_position_embeddings < capacity)
         capacity = (uint32_t)c->max_position_embeddings;
-    rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
-    rlx_session_options so = {.kv_capacity = capacity,
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
+    rlx_session_options so = {.size = sizeof(rlx_session_options), .kv_capacity = capacity,
                               .backends = target->backends,
                               .n_backends = target->n_backends,
                               .rules = target->rules,
@@ -165,15 +165,17 @@ static int draft_append_context(draft *d, const int32_t *tokens, uint32_t n) {
 /* The sampler for these parameters: its own generator, a stream apart from the target's but
  * fixed by the seed, so a run is reproducible. */
 static int draft_sampler(draft *d, const rlx_sampler_params *sampling) {
-    if (d->sampler && memcmp(&d->sampling, sampling, sizeof *sampling) == 0)
+    /* the core's parameters may be another version's: read them as this plugin's */
+    const rlx_sampler_params given = rlx_sampler_params_read(sampling);
+    if (d->sampler && memcmp(&d->sampling, &given, sizeof given) == 0)
         return RLX_OK;
     rlx_sampler_destroy(d->sampler);
     d->sampler = NULL;
-    rlx_sampler_params p = *sampling;
+    rlx_sampler_params p = given;
     p.seed ^= 0xd1b54a32d192ed03ull;
     int rc = rlx_sampler_create(&p, d->vocab, &d->sampler);
     if (rc == RLX_OK)
-        d->sampling = *sampling;
+        d->sampling = given;
     return rc;
 }
 

@@ -114,13 +114,13 @@ static int mtp_open(const rlx_host *host, const rlx_spec_target *target, void **
     }
     if ((rc = mtp_find_weights(s, target->model_dir, &o)) != RLX_OK)
         goto fail;
-    rlx_block_spec spec = {.layer_start = o.layer,
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_start = o.layer,
                            .layer_end = o.layer + 1,
                            .embed_input = 1,
                            .produce_logits = 1,
                            .emit_hidden = 1,
                            .mtp = 1};
-    rlx_session_options so = {.kv_capacity = target->kv_capacity,
+    rlx_session_options so = {.size = sizeof(rlx_session_options), .kv_capacity = target->kv_capacity,
                               .backends = target->backends,
                               .n_backends = target->n_backends,
                               .rules = target->rules,
@@ -153,15 +153,17 @@ static int mtp_reset(void *self) {
 /* The sampler for these parameters, on a generator stream apart from the target's but fixed by
  * the seed, so a run is reproducible. */
 static int mtp_sampler(mtp *s, const rlx_sampler_params *sampling) {
-    if (s->sampler && memcmp(&s->sampling, sampling, sizeof *sampling) == 0)
+    /* the core's parameters may be another version's: read them as this plugin's */
+    const rlx_sampler_params given = rlx_sampler_params_read(sampling);
+    if (s->sampler && memcmp(&s->sampling, &given, sizeof given) == 0)
         return RLX_OK;
     rlx_sampler_destroy(s->sampler);
     s->sampler = NULL;
-    rlx_sampler_params p = *sampling;
+    rlx_sampler_params p = given;
     p.seed ^= 0x9e3779b97f4a7c15ull;
     int rc = rlx_sampler_create(&p, s->vocab, &s->sampler);
     if (rc == RLX_OK)
-        s->sampling = *sampling;
+        s->sampling = given;
     return rc;
 }
 

@@ -22,6 +22,9 @@ Steps, each asserting:
      asking for rlx 9.0 fails at configure time.
   9. `cmake --install` of the example puts it in the plugin folder, where rlx finds it without
      --plugin-dir.
+ 10. The C example of docs/embedding.md, compiled with pkg-config against the prefix, opens the
+     model through rlx_runtime_open with its matmuls placed on the example backend and prints
+     the same greedy ids as `rlx generate`.
 """
 import argparse
 import os
@@ -197,6 +200,19 @@ def main():
     ids = run(gen + ["--plugin", "example"], env).split()
     if ids != ids_cpu:
         raise Failure(f"generate with the installed example: {ids} != {ids_cpu}")
+    step("10. the embedding example of docs/embedding.md")
+    with open(os.path.join(args.source, "docs", "embedding.md")) as f:
+        blocks = re.findall(r"^```c\n(.*?)^```$", f.read(), re.M | re.S)
+    if len(blocks) != 1:
+        raise Failure(f"docs/embedding.md should hold one C block, found {len(blocks)}")
+    embed_src, embed = os.path.join(work, "embed.c"), os.path.join(work, "embed")
+    with open(embed_src, "w") as f:
+        f.write(blocks[0])
+    run([args.cc, "-std=c11", "-Wall", "-Wextra", "-Werror", *san, embed_src, "-o", embed, *flags,
+         f"-Wl,-rpath,{libdir}"], pc_env)
+    ids_embed = run([embed, model, "example", exb, prompt], env).split()
+    if ids_embed != ids_cpu:
+        raise Failure(f"embedding example: {ids_embed} != rlx generate's {ids_cpu}")
     print("sdk: PASS")
     return 0
 

@@ -1,7 +1,7 @@
-/* Allocation failures, SQLite's way: one scenario (load a tokenizer, encode a prompt, open a
+/* Allocation failures, SQLite's way: a scenario (load a tokenizer, encode a prompt, open a
  * model, plan it on a plugin backend and the reference kernels, sample with penalties,
- * generate, decode the text) is run once per allocation it makes, with that allocation made
- * to fail. Each run must end in an error that says memory ran out, or, where a failure only
+ * generate, decode the text; or open the model through the runtime with placement and
+ * generate) is run once per allocation it makes, with that allocation made to fail. Each run must end in an error that says memory ran out, or, where a failure only
  * costs a cache, in exactly the text of a run without failures; never a crash. The sanitizer
  * build finds what a failure path leaks or touches after freeing. */
 #include <stdio.h>
@@ -21,7 +21,7 @@ static int collect(void *ctx, int32_t token) {
 
 /* The scenario; returns its status and, on success, the generated text in out (out_size
  * bytes), everything released whatever happened. */
-static rlx_status scenario(char *out, size_t out_size) {
+static rlx_status session_scenario(char *out, size_t out_size) {
     rlx_tokenizer *tok = NULL;
     rlx_model *m = NULL;
     rlx_backend *backends[2] = {NULL, NULL};
@@ -39,8 +39,8 @@ static rlx_status scenario(char *out, size_t out_size) {
         (rc = rlx_backend_create_ref(&backends[1])) < 0)
         goto done;
     const rlx_model_config *c = rlx_model_config_of(m);
-    const rlx_block_spec spec = {.layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
-    const rlx_session_options o = {.kv_capacity = 32, .backends = backends, .n_backends = 2};
+    const rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
+    const rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = 32, .backends = backends, .n_backends = 2};
     rlx_sampler_params sp = rlx_sampler_params_default();
     sp.greedy = 0;
     sp.temperature = 0.8f;
@@ -64,8 +64,43 @@ done:
     return rc;
 }
 
+/* The runtime's way in: the backends of a placement found through the registry, the model, a
+ * session, then greedy ids written to out. */
+static rlx_status runtime_scenario(char *out, size_t out_size) {
+    const rlx_runtime_backend ref = {.name = "ref"};
+    rlx_runtime_options o = rlx_runtime_options_default();
+    o.model_dir = MODEL;
+    o.backends = &ref;
+    o.n_backends = 1;
+    o.place = "matmul=cpu-blas";
+    o.kv_capacity = 32;
+    rlx_runtime *rt = NULL;
+    rlx_sampler *sampler = NULL;
+    const int32_t prompt[] = {11, 200, 31};
+    int32_t generated[8], *next = generated;
+    rlx_sampler_params sp = rlx_sampler_params_default();
+    sp.greedy = 1;
+    rlx_status rc;
+    if ((rc = rlx_runtime_open(&o, &rt)) == RLX_OK &&
+        (rc = rlx_sampler_create(&sp, rlx_runtime_lm(rt)->vocab, &sampler)) == RLX_OK &&
+        (rc = rlx_generate(rlx_runtime_lm(rt), sampler, prompt, 3, 8, collect, &next, NULL)) == RLX_OK) {
+        size_t len = 0;
+        for (const int32_t *t = generated; t < next && len < out_size; t++)
+            len += (size_t)snprintf(out + len, out_size - len, "%d ", *t);
+    }
+    rlx_sampler_destroy(sampler);
+    rlx_runtime_close(rt);
+    return rc;
+}
+
+typedef struct scenario_case {
+    rlx_status (*run)(char *out, size_t out_size);
+} scenario_case;
+
+static const scenario_case session_case = {session_scenario}, runtime_case = {runtime_scenario};
+
 static void test_every_allocation_fails_cleanly(void **state) {
-    (void)state;
+    rlx_status (*scenario)(char *out, size_t out_size) = ((const scenario_case *)*state)->run;
     char want[512], got[512];
     rlx_debug_fail_alloc(0, 0);
     assert_ok(scenario(want, sizeof want));
@@ -116,7 +151,8 @@ int main(void) {
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_every_allocation_fails_cleanly),
+        cmocka_unit_test_prestate(test_every_allocation_fails_cleanly, (void *)&session_case),
+        cmocka_unit_test_prestate(test_every_allocation_fails_cleanly, (void *)&runtime_case),
     };
     const int failed = cmocka_run_group_tests(tests, NULL, NULL);
     rlx_plugin_unload(plugin);

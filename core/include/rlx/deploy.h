@@ -94,6 +94,11 @@ RLX_API const rlx_deploy_timeouts *rlx_deploy_timeouts_of(const rlx_deploy *d);
  * name the file, the line and the stage. */
 RLX_API rlx_status rlx_deploy_layers(const rlx_deploy *d, uint32_t n_layers, rlx_layer_range *out);
 
+/* The stages as a pipeline driver takes them (out[n_stages]): each one's address, its layers as
+ * rlx_deploy_layers gives them and the file and line that configure it (strings borrowed from d).
+ * Fails as rlx_deploy_layers does. */
+RLX_API rlx_status rlx_deploy_driver_stages(const rlx_deploy *d, uint32_t n_layers, rlx_driver_stage *out);
+
 /* Checks "host:port": an IPv4 dotted quad, a host name or [IPv6], and a port in 1..65535
  * (0 too with allow_port_0). */
 RLX_API rlx_status rlx_deploy_check_address(const char *address, int allow_port_0);

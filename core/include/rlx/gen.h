@@ -11,6 +11,7 @@
 #define RLX_GEN_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "rlx/backend.h"
 #include "rlx/model.h"
@@ -20,7 +21,12 @@
 extern "C" {
 #endif
 
+/* Speculator plugins fill this in too, so it is sized: set size to sizeof(rlx_session_options).
+ * Members are only appended; the core reads those the size covers and takes the defaults (0,
+ * NULL) for the rest, so a struct built against an older header that ends before `rules` means
+ * no placement. A size short of n_backends is RLX_E_INVALID. */
 typedef struct rlx_session_options {
+    uint32_t size;                 /* sizeof(rlx_session_options) the caller was built with */
     uint32_t kv_capacity;          /* positions; 0 = min(max_position_embeddings, 4096) */
     rlx_backend *const *backends;  /* preference order, borrowed; the reference kernels run the rest */
     size_t n_backends;
@@ -31,7 +37,8 @@ typedef struct rlx_session_options {
 typedef struct rlx_session rlx_session;
 
 /* Creates a session running block `spec` of model m (borrowed, with the backends, for the
- * session's lifetime). The block is checked against the safetensors first. */
+ * session's lifetime). The block is checked against the safetensors first. opts may be NULL
+ * (all defaults). */
 RLX_API rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec,
                                       const rlx_session_options *opts, rlx_session **out);
 RLX_API void rlx_session_destroy(rlx_session *s);
@@ -109,14 +116,21 @@ RLX_API rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out);
  * generated token). Greedy, or temperature 0, takes the argmax of the penalised logits, as
  * Hugging Face does with do_sample=False and a repetition penalty.
  *
- * The struct reaches speculator plugins by pointer: members are only appended. */
+ * The struct crosses the speculator boundary both ways (propose() is handed the core's; a
+ * speculator builds samplers from its own), so it is sized and members are only appended: the
+ * side that reads one looks at `size`. rlx_sampler_create reads the members the size covers and
+ * takes the defaults for the rest; a speculator reads what propose() hands it with
+ * rlx_sampler_params_read. Both helpers are static inline, so each side gets the defaults of the
+ * header it was built with. */
 typedef struct rlx_sampler_params {
+    uint32_t size;       /* sizeof(rlx_sampler_params) the writer was built with */
     int greedy;          /* 1: argmax of the penalised logits; temperature and the filters are ignored */
     float temperature;   /* >= 0; 0 is greedy */
     int32_t top_k;       /* 0 = off */
     float top_p;         /* 1 = off; in (0, 1] */
     uint64_t seed;
-    /* appended later: a speculator plugin built before them reads the members above only */
+    /* appended after the first version (RLX_SAMPLER_PARAMS_SIZE_1 bytes, which the core still
+     * accepts): a writer built before them leaves them to the defaults */
     float min_p;             /* 0 = off; in [0, 1]: keeps tokens with at least min_p times the top probability */
     float repeat_penalty;    /* 1 = off; > 0: a seen token's logit l becomes l > 0 ? l / penalty : l * penalty */
     int32_t repeat_last_n;   /* the penalties' window: the last n tokens of the context; 0 = no penalties, -1 = all */
@@ -124,13 +138,41 @@ typedef struct rlx_sampler_params {
     float frequency_penalty; /* 0 = off: subtracted once per occurrence in the window */
 } rlx_sampler_params;
 
+/* The size of the first version: the members up to seed. */
+#define RLX_SAMPLER_PARAMS_SIZE_1 32u
+
 typedef struct rlx_sampler rlx_sampler;
 
 /* Greedy off, temperature 1, top_k 0, top_p 1, seed 0, min_p 0, repeat_penalty 1,
  * repeat_last_n 64, presence and frequency penalties 0: plain sampling at temperature 1. */
-RLX_API rlx_sampler_params rlx_sampler_params_default(void);
-/* Checks every parameter (RLX_E_INVALID naming it: a negative or non-finite temperature, top_k
- * < 0, top_p outside (0, 1], min_p outside [0, 1], repeat_penalty <= 0, repeat_last_n < -1, a
+static inline rlx_sampler_params rlx_sampler_params_default(void)
+{
+    return (rlx_sampler_params){.size = sizeof(rlx_sampler_params),
+                                .greedy = 0,
+                                .temperature = 1.0f,
+                                .top_k = 0,
+                                .top_p = 1.0f,
+                                .seed = 0,
+                                .min_p = 0.0f,
+                                .repeat_penalty = 1.0f,
+                                .repeat_last_n = 64,
+                                .presence_penalty = 0.0f,
+                                .frequency_penalty = 0.0f};
+}
+
+/* The parameters at src as this header lays them out: the members src's size covers (it may
+ * come from another version) over the defaults, with size set to this version's. */
+static inline rlx_sampler_params rlx_sampler_params_read(const rlx_sampler_params *src)
+{
+    rlx_sampler_params p = rlx_sampler_params_default();
+    memcpy(&p, src, src->size < sizeof p ? src->size : sizeof p);
+    p.size = sizeof p;
+    return p;
+}
+
+/* Reads p as rlx_sampler_params_read does (a size below RLX_SAMPLER_PARAMS_SIZE_1 is
+ * RLX_E_INVALID), checks every parameter (RLX_E_INVALID naming it: a negative or non-finite
+ * temperature, top_k < 0, top_p outside (0, 1], min_p outside [0, 1], repeat_penalty <= 0, repeat_last_n < -1, a
  * non-finite penalty) and creates a sampler with an empty history that the caller destroys. */
 RLX_API rlx_status rlx_sampler_create(const rlx_sampler_params *p, int64_t vocab, rlx_sampler **out);
 RLX_API void rlx_sampler_destroy(rlx_sampler *s);

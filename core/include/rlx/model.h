@@ -20,6 +20,8 @@ extern "C" {
 #define RLX_MAX_EOS 8
 #define RLX_MAX_LAYERS 1024
 
+/* Speculator plugins read the model's through rlx_model_config_of, so members are only appended
+ * (their offsets are pinned in core/src/plugin/abi.c). */
 typedef struct rlx_model_config {
     char model_type[32]; /* "qwen3" or "qwen3_moe" */
     int64_t vocab_size;
@@ -130,7 +132,11 @@ RLX_API rlx_status rlx_model_add_weights(rlx_model *m, const char *safetensors_p
 /* True when the model (with added files) holds MTP layer n's input_proj. */
 RLX_API int rlx_model_has_mtp(const rlx_model *m, uint32_t n);
 
+/* Speculator plugins fill this in too, so it is sized: set size to sizeof(rlx_block_spec).
+ * Members are only appended; the core reads those the size covers and takes 0 for the rest. A
+ * size short of produce_logits is RLX_E_INVALID. */
 typedef struct rlx_block_spec {
+    uint32_t size;         /* sizeof(rlx_block_spec) the caller was built with */
     uint32_t layer_start;  /* first layer */
     uint32_t layer_end;    /* one past the last layer */
     uint32_t embed_input;  /* 1: input is token ids and the block embeds them */

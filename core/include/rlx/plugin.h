@@ -53,7 +53,8 @@ RLX_API size_t rlx_registry_n_dirs(const rlx_registry *r);
 RLX_API const char *rlx_registry_dir(const rlx_registry *r, size_t i);
 
 /* Calls fn for every candidate file: with the loaded handle (borrowed for the call) or, when it
- * failed to load, with NULL and the failure message. Stops early when fn returns non-zero. */
+ * failed to load, with NULL and the failure message. Stops early when fn returns non-zero, and
+ * with RLX_E_NOMEM (the message says so) when memory runs out loading a file. */
 RLX_API rlx_status rlx_registry_each(rlx_registry *r,
                                      int (*fn)(void *ctx, const char *path, const rlx_plugin_handle *h,
                                                const char *error),

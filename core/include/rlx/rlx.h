@@ -9,6 +9,7 @@
 #include "rlx/graph.h"
 #include "rlx/model.h"
 #include "rlx/plugin.h"
+#include "rlx/runtime.h"
 #include "rlx/sched.h"
 #include "rlx/speculator.h"
 #include "rlx/status.h"

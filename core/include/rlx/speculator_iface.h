@@ -31,7 +31,19 @@
  * A speculator plugin includes this header (its option string is read with the scanner of
  * rlx/plugin_iface.h) and, since it is a model-level component, the public API it drafts with
  * (rlx/rlx.h); the types it is handed (rlx_sampler_params, rlx_place_rule, rlx_backend) come
- * from there. */
+ * from there.
+ *
+ * The boundary is versioned like the backend one, although a speculator links librlx: every
+ * struct that crosses it is sized or pinned (core/src/plugin/abi.c). The core's structs it is
+ * handed (rlx_spec_target, rlx_spec_update, rlx_sampler_params) start with their size, and a
+ * speculator reads past its own version's members only when that size covers them
+ * (rlx_sampler_params_read does so for the sampling parameters). The structs it hands the core
+ * (rlx_session_options, rlx_block_spec, rlx_sampler_params) carry the size it was built with,
+ * and the core reads no further, taking the defaults for members appended since. The model's
+ * rlx_model_config is read in place (members only appended) and rlx_place_rule is pinned. A
+ * speculator must not call a function
+ * that returns one of the sized structs by value (rlx_sampler_params_of): the caller's copy
+ * could be shorter than the core's. */
 #ifndef RLX_SPECULATOR_IFACE_H
 #define RLX_SPECULATOR_IFACE_H
 
@@ -61,7 +73,10 @@ typedef struct rlx_spec_target {
     const char *options; /* "key=value,key=value" from --spec-opts or the deployment file, may be NULL */
 } rlx_spec_target;
 
+/* Handed to propose() by the core; members are only appended, and a speculator built against a
+ * newer header checks `size` (RLX_HAS) before it reads a member this version lacks. */
 typedef struct rlx_spec_update {
+    uint32_t size; /* sizeof(rlx_spec_update) of the core */
     const int32_t *tokens;
     uint32_t n_tokens;
     uint32_t n_accepted;

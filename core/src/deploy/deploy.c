@@ -502,3 +502,19 @@ rlx_status rlx_deploy_layers(const rlx_deploy *d, uint32_t n_layers, rlx_layer_r
     rlx_status rc = rlx_dist_check_ranges(n_layers, out, d->n_stages);
     return rc == RLX_OK ? rc : rlx_error(rc, "%s:%u: %s", d->path, d->layers_line, rlx_last_error());
 }
+
+rlx_status rlx_deploy_driver_stages(const rlx_deploy *d, uint32_t n_layers, rlx_driver_stage *out) {
+    if (!d || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_deploy_driver_stages: NULL argument");
+    rlx_layer_range *ranges = rlx__calloc(d->n_stages, sizeof *ranges);
+    if (!ranges)
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", d->path);
+    rlx_status rc = rlx_deploy_layers(d, n_layers, ranges);
+    for (uint32_t i = 0; rc == RLX_OK && i < d->n_stages; i++)
+        out[i] = (rlx_driver_stage){.address = d->stages[i].address,
+                                    .layers = ranges[i],
+                                    .source_file = d->path,
+                                    .source_line = d->stages[i].line};
+    free(ranges);
+    return rc;
+}

@@ -35,7 +35,7 @@ typedef struct stage {
 } stage;
 
 rlx_stage_options rlx_stage_options_default(void) {
-    return (rlx_stage_options){.prefetch = 1};
+    return (rlx_stage_options){.session = {.size = sizeof(rlx_session_options)}, .prefetch = 1};
 }
 
 static int stopping(const stage *st) { return st->o.stop && *st->o.stop; }
@@ -401,7 +401,7 @@ rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *opts) {
     if (r.start >= r.end || r.end > n_layers)
         return rlx_error(RLX_E_RANGE, "stage layers [%u, %u) are not a non-empty range inside the model's %u layers",
                          r.start, r.end, n_layers);
-    st.spec = (rlx_block_spec){.layer_start = r.start,
+    st.spec = (rlx_block_spec){.size = sizeof(rlx_block_spec), .layer_start = r.start,
                                .layer_end = r.end,
                                .embed_input = r.start == 0,
                                .produce_logits = r.end == n_layers};

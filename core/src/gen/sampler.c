@@ -33,19 +33,6 @@ struct rlx_sampler {
     int64_t n_present;
 };
 
-rlx_sampler_params rlx_sampler_params_default(void) {
-    return (rlx_sampler_params){.greedy = 0,
-                                .temperature = 1.0f,
-                                .top_k = 0,
-                                .top_p = 1.0f,
-                                .seed = 0,
-                                .min_p = 0.0f,
-                                .repeat_penalty = 1.0f,
-                                .repeat_last_n = 64,
-                                .presence_penalty = 0.0f,
-                                .frequency_penalty = 0.0f};
-}
-
 static uint64_t splitmix64(uint64_t *x) {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -95,6 +82,12 @@ rlx_status rlx_sampler_create(const rlx_sampler_params *p, int64_t vocab, rlx_sa
     if (!p || !out || vocab <= 0 || vocab > INT32_MAX)
         return rlx_error(RLX_E_INVALID, "rlx_sampler_create: NULL argument or a vocabulary not in [1, 2^31)");
     *out = NULL;
+    if (p->size < RLX_SAMPLER_PARAMS_SIZE_1)
+        return rlx_error(RLX_E_INVALID, "rlx_sampler_params.size is %u, below its first version's %u bytes (start "
+                         "from rlx_sampler_params_default)", p->size, RLX_SAMPLER_PARAMS_SIZE_1);
+    /* a caller built against an older header has a shorter struct: read only what it wrote */
+    const rlx_sampler_params params = rlx_sampler_params_read(p);
+    p = &params;
     rlx_status rc = check_params(p);
     if (rc != RLX_OK)
         return rc;

@@ -9,7 +9,9 @@
 #include "util/alloc.h"
 
 #include "gen/gen_internal.h"
+#include "model/model_internal.h"
 #include "util/clock.h"
+#include "util/sized.h"
 
 /* the prompt, one decode token, k + 1 verified tokens, and a speculator's own catch-up widths
  * (1 to k + 1 accepted tokens): fewer slots make speculative decoding rebuild plans each round */
@@ -55,8 +57,12 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
     rlx_status rc = rlx_model_check_block(m, spec);
     if (rc != RLX_OK)
         return rc;
+    /* a caller built against an older header has a shorter struct: read only what it wrote */
+    rlx_session_options o = {.size = sizeof o};
+    if (opts && (rc = rlx__read_sized(&o, sizeof o, opts, offsetof(rlx_session_options, rules),
+                                      "rlx_session_options")) != RLX_OK)
+        return rc;
     const rlx_model_config *c = rlx_model_config_of(m);
-    rlx_session_options o = opts ? *opts : (rlx_session_options){0};
     uint32_t max_pos = c->max_position_embeddings > 0 && c->max_position_embeddings < UINT32_MAX
                            ? (uint32_t)c->max_position_embeddings
                            : UINT32_MAX;
@@ -68,7 +74,7 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
     if (!s)
         return rlx_error(RLX_E_NOMEM, "session: out of memory");
     s->m = m;
-    s->spec = *spec;
+    rlx__block_spec_read(spec, &s->spec); /* rlx_model_check_block read it already */
     s->capacity = capacity;
     uint32_t n_layers = spec->layer_end - spec->layer_start;
     s->cache_bytes = (size_t)capacity * (size_t)(c->num_key_value_heads * c->head_dim) * sizeof(float);

@@ -18,6 +18,7 @@
 #include "model_internal.h"
 #include "rlx/model.h"
 #include "util/alloc.h"
+#include "util/sized.h"
 
 struct rlx_model {
     char *dir;
@@ -326,11 +327,20 @@ static const rlx_weight *find_checked(const rlx_model *m, const need *n, rlx_sta
     return w;
 }
 
+rlx_status rlx__block_spec_read(const rlx_block_spec *in, rlx_block_spec *out) {
+    *out = (rlx_block_spec){0};
+    return rlx__read_sized(out, sizeof *out, in, offsetof(rlx_block_spec, all_logits), "rlx_block_spec");
+}
+
 rlx_status rlx_model_check_block(const rlx_model *m, const rlx_block_spec *spec) {
     if (!m || !spec)
         return rlx_error(RLX_E_INVALID, "rlx_model_check_block: NULL argument");
+    rlx_block_spec sp;
+    rlx_status rc = rlx__block_spec_read(spec, &sp);
+    if (rc != RLX_OK)
+        return rc;
     needs ns = {0};
-    rlx_status rc = block_needs(m, spec, &ns);
+    rc = block_needs(m, &sp, &ns);
     for (size_t i = 0; rc == RLX_OK && i < ns.n; i++)
         find_checked(m, &ns.items[i], &rc);
     free(ns.items);
@@ -341,8 +351,13 @@ rlx_status rlx_model_block_weights(const rlx_model *m, const rlx_block_spec *spe
                                    int (*fn)(void *ctx, const char *name), void *ctx) {
     if (!m || !spec || !fn)
         return rlx_error(RLX_E_INVALID, "rlx_model_block_weights: NULL argument");
+    rlx_block_spec sp;
+    rlx_status rc = rlx__block_spec_read(spec, &sp);
+    if (rc != RLX_OK)
+        return rc;
+    spec = &sp;
     needs ns = {0};
-    rlx_status rc = block_needs(m, spec, &ns);
+    rc = block_needs(m, spec, &ns);
     for (size_t i = 0; rc == RLX_OK && i < ns.n; i++) {
         int repeat = i > 0 && spec->embed_input && strcmp(ns.items[i].name, ns.items[0].name) == 0;
         if (!repeat && fn(ctx, ns.items[i].name))
@@ -512,6 +527,11 @@ rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec,
     if (!m || !spec || !graph || !io)
         return rlx_error(RLX_E_INVALID, "rlx_model_build_block: NULL argument");
     *graph = NULL;
+    rlx_block_spec sp;
+    rlx_status rc = rlx__block_spec_read(spec, &sp);
+    if (rc != RLX_OK)
+        return rc;
+    spec = &sp;
     if (n_tokens == 0 || kv_capacity == 0 || n_tokens > kv_capacity)
         return rlx_error(RLX_E_INVALID, "block of %u tokens with a KV cache of %u positions", n_tokens, kv_capacity);
     const rlx_model_config *c = &m->cfg;

@@ -19,6 +19,10 @@ rlx_status rlx__json_load(const char *path, int missing_ok, cJSON **out);
  * represents exactly (|v| <= 2^53) and returns 1; returns 0 for anything else (3.5, "3", null). */
 int rlx__json_int(const cJSON *item, int64_t *out);
 
+/* The caller's block spec as this version lays it out: the members its size covers, 0 for the
+ * rest (RLX_E_INVALID when the size does not reach produce_logits). */
+rlx_status rlx__block_spec_read(const rlx_block_spec *in, rlx_block_spec *out);
+
 /* Maps one safetensors file (any name) as rlx_weights_open maps a model's, with the same checks. */
 rlx_status rlx__weights_open_file(const char *path, rlx_weights **out);
 

@@ -272,6 +272,7 @@ rlx_status rlx_registry_each(rlx_registry *r,
                              int (*fn)(void *ctx, const char *path, const rlx_plugin_handle *h, const char *error),
                              void *ctx) {
     int stop = 0;
+    rlx_status rc = RLX_OK;
     for (size_t i = 0; i < r->n_dirs && !stop; i++) {
         struct dirent **entries;
         int n = scandir(r->dirs[i], &entries, NULL, by_name);
@@ -282,9 +283,14 @@ rlx_status rlx_registry_each(rlx_registry *r,
                 char path[4096];
                 snprintf(path, sizeof path, "%s/%s", r->dirs[i], entries[k]->d_name);
                 rlx_plugin_handle *h = NULL;
-                if (rlx_plugin_load(path, &h) == RLX_OK) {
+                rlx_status lrc = rlx_plugin_load(path, &h);
+                if (lrc == RLX_OK) {
                     stop = fn(ctx, path, h, NULL);
                     rlx_plugin_unload(h);
+                } else if (lrc == RLX_E_NOMEM) {
+                    /* not a broken file: the files after it cannot be judged either */
+                    rc = lrc;
+                    stop = 1;
                 } else {
                     stop = fn(ctx, path, NULL, rlx_last_error());
                 }
@@ -293,7 +299,7 @@ rlx_status rlx_registry_each(rlx_registry *r,
         }
         free(entries);
     }
-    return RLX_OK;
+    return rc;
 }
 
 typedef struct find_ctx {
@@ -328,7 +334,9 @@ rlx_status rlx_registry_load(rlx_registry *r, rlx_plugin_kind kind, const char *
         return rc;
     }
     find_ctx f = {.kind = (uint32_t)kind, .name = name};
-    rlx_registry_each(r, match, &f);
+    rlx_status rc = rlx_registry_each(r, match, &f);
+    if (rc != RLX_OK)
+        return rc;
     if (!f.path[0]) {
         char dirs[2048] = "";
         size_t len = 0;

@@ -247,7 +247,8 @@ static rlx_status spec_round(spec_run *r, int32_t *token, uint32_t k) {
     rlx_status rc = RLX_OK;
     int ask = want > 0 && room > 0;
     if (ask) {
-        rlx_spec_update u = {.tokens = r->pending,
+        rlx_spec_update u = {.size = sizeof u,
+                             .tokens = r->pending,
                              .n_tokens = r->n_pending,
                              .n_accepted = r->n_accepted,
                              .hidden = r->hidden,
