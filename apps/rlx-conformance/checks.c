@@ -154,25 +154,23 @@ static const uint32_t dtypes[] = {RLX_DTYPE_F32, RLX_DTYPE_BF16, RLX_DTYPE_F16};
 
 static const struct {
     int64_t t, k, n;
-} matmul_cases[] = {{1, 64, 96},    {1, 33, 17},    {3, 1024, 256}, {7, 130, 65},
-                    {64, 256, 300}, {130, 96, 64},  {1, 3072, 1024}, {512, 64, 48}, {2, 1, 5}};
+} matmul_cases[] = {{1, 64, 96},   {1, 33, 17},     {3, 1024, 256}, {7, 130, 65}, {64, 256, 300},
+                    {130, 96, 64}, {1, 3072, 1024}, {512, 64, 48},  {2, 1, 5}};
 
-static const struct {
-    int64_t t, v, h;
-} embed_cases[] = {{1, 37, 19}, {5, 37, 19}, {9, 37, 19}, {512, 1000, 64}};
+static const struct { int64_t t, v, h; } embed_cases[] = {{1, 37, 19}, {5, 37, 19}, {9, 37, 19}, {512, 1000, 64}};
 
 static const struct {
     int64_t t, c, g;
     float eps;
-} norm_cases[] = {{1, 1024, 1024, 1e-6f}, {5, 64, 16, 1e-6f}, {3, 2048, 128, 1e-6f}, {2, 7, 7, 1e-5f},
+} norm_cases[] = {{1, 1024, 1024, 1e-6f}, {5, 64, 16, 1e-6f},     {3, 2048, 128, 1e-6f}, {2, 7, 7, 1e-5f},
                   {4, 33, 11, 1e-6f},     {512, 256, 128, 1e-6f}, {1, 1, 1, 1e-6f}};
 
 static const struct {
     int64_t t, heads, d;
     int32_t first;
     float theta;
-} rope_cases[] = {{1, 2, 16, 0, 10000},     {6, 4, 128, 0, 1000000},   {3, 3, 64, 1000, 1000000},
-                  {2, 1, 8, 5000, 10000},    {512, 8, 64, 0, 1000000},  {1, 16, 128, 30000, 1000000},
+} rope_cases[] = {{1, 2, 16, 0, 10000},   {6, 4, 128, 0, 1000000},  {3, 3, 64, 1000, 1000000},
+                  {2, 1, 8, 5000, 10000}, {512, 8, 64, 0, 1000000}, {1, 16, 128, 30000, 1000000},
                   {7, 5, 2, 11, 10000}};
 
 static const struct {
@@ -180,25 +178,23 @@ static const struct {
     int32_t first;
     uint32_t window;
 } att_cases[] = {
-    {1, 4, 4, 16, 8, 0, 0},        /* one token at position 0, GQA 1 */
-    {5, 8, 4, 16, 32, 0, 0},       /* GQA 2 */
-    {5, 8, 2, 16, 32, 0, 0},       /* GQA 4 */
-    {17, 8, 1, 32, 40, 3, 0},      /* GQA 8, odd T */
-    {1, 16, 8, 128, 64, 40, 0},    /* decode */
-    {7, 3, 3, 12, 16, 2, 0},       /* odd head count and head_dim */
-    {6, 4, 2, 16, 32, 9, 3},       /* sliding window */
-    {12, 6, 3, 8, 16, 0, 5},       /* window inside the prefill */
-    {1, 4, 2, 64, 600, 555, 0},    /* far decode */
-    {1, 8, 1, 64, 4200, 4100, 0},  /* very far decode, GQA 8 */
-    {3, 8, 2, 64, 4200, 4000, 128}, /* far, windowed */
-    {130, 16, 8, 128, 160, 0, 0},  /* prefill */
-    {512, 8, 2, 64, 512, 0, 0},    /* long prefill, cache exactly full */
+    {1, 4, 4, 16, 8, 0, 0},           /* one token at position 0, GQA 1 */
+    {5, 8, 4, 16, 32, 0, 0},          /* GQA 2 */
+    {5, 8, 2, 16, 32, 0, 0},          /* GQA 4 */
+    {17, 8, 1, 32, 40, 3, 0},         /* GQA 8, odd T */
+    {1, 16, 8, 128, 64, 40, 0},       /* decode */
+    {7, 3, 3, 12, 16, 2, 0},          /* odd head count and head_dim */
+    {6, 4, 2, 16, 32, 9, 3},          /* sliding window */
+    {12, 6, 3, 8, 16, 0, 5},          /* window inside the prefill */
+    {1, 4, 2, 64, 600, 555, 0},       /* far decode */
+    {1, 8, 1, 64, 4200, 4100, 0},     /* very far decode, GQA 8 */
+    {3, 8, 2, 64, 4200, 4000, 128},   /* far, windowed */
+    {130, 16, 8, 128, 160, 0, 0},     /* prefill */
+    {512, 8, 2, 64, 512, 0, 0},       /* long prefill, cache exactly full */
     {512, 16, 2, 64, 1024, 300, 256}, /* long prefill after a prefix, GQA 8, window */
 };
 
-static const struct {
-    int64_t t, c;
-} ew_cases[] = {{1, 3072}, {5, 17}, {64, 1024}, {512, 96}, {1, 1}, {3, 1}};
+static const struct { int64_t t, c; } ew_cases[] = {{1, 3072}, {5, 17}, {64, 1024}, {512, 96}, {1, 1}, {3, 1}};
 
 /* CONCAT widths: equal halves as the MTP head uses, uneven and one-column sides */
 static const struct {
@@ -208,8 +204,8 @@ static const struct {
 static const struct {
     int64_t t, h, f;
     uint32_t experts, top_k, norm;
-} moe_cases[] = {{1, 32, 16, 4, 2, 1}, {6, 48, 24, 8, 2, 0}, {13, 64, 40, 8, 3, 1}, {3, 16, 8, 2, 2, 1},
-                 {5, 32, 16, 16, 8, 1}, {4, 16, 8, 4, 1, 0}, {64, 32, 16, 8, 2, 1}};
+} moe_cases[] = {{1, 32, 16, 4, 2, 1},  {6, 48, 24, 8, 2, 0}, {13, 64, 40, 8, 3, 1}, {3, 16, 8, 2, 2, 1},
+                 {5, 32, 16, 16, 8, 1}, {4, 16, 8, 4, 1, 0},  {64, 32, 16, 8, 2, 1}};
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 

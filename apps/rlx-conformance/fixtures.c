@@ -91,8 +91,8 @@ int kit_fixture_read(const char *path, kit_node *n, char *name, size_t name_len,
     char magic[8];
     take(&c, magic, 8);
     uint32_t version = u32(&c), op = u32(&c), n_inputs = u32(&c), nlen = u32(&c);
-    if (c.bad || memcmp(magic, "RLXCASE", 8) != 0 || version != 1 || op < 1 || op >= RLX_OP_COUNT ||
-        n_inputs < 1 || n_inputs > 1024 || nlen > 1000 || (size_t)(c.end - c.p) < nlen) {
+    if (c.bad || memcmp(magic, "RLXCASE", 8) != 0 || version != 1 || op < 1 || op >= RLX_OP_COUNT || n_inputs < 1 ||
+        n_inputs > 1024 || nlen > 1000 || (size_t)(c.end - c.p) < nlen) {
         free(buf);
         snprintf(why, why_len, "%s: not an rlx conformance fixture (version 1)", path);
         return -1;

@@ -39,17 +39,17 @@ enum { KIT_MODEL_VS_REF = 0, KIT_MODEL_VS_GOLDEN = 1, KIT_MODEL_GREEDY = 2, KIT_
 #define KIT_N_TOL (RLX_OP_COUNT + 1)
 
 typedef struct kit_check {
-    int source;       /* KIT_SRC_* */
-    uint32_t op;      /* rlx_op of an op check, 0 for a model check */
-    int spec;         /* KIT_SRC_REF: index of the case in its op's table; model: KIT_MODEL_* */
-    char *path;       /* KIT_SRC_NUMPY: fixture file; KIT_SRC_MODEL: model directory */
-    char name[192];   /* also the node name the backend sees */
+    int source;     /* KIT_SRC_* */
+    uint32_t op;    /* rlx_op of an op check, 0 for a model check */
+    int spec;       /* KIT_SRC_REF: index of the case in its op's table; model: KIT_MODEL_* */
+    char *path;     /* KIT_SRC_NUMPY: fixture file; KIT_SRC_MODEL: model directory */
+    char name[192]; /* also the node name the backend sees */
 } kit_check;
 
 typedef struct kit_result {
-    int status;     /* KIT_* */
-    double err;     /* max |got - want| (INFINITY for NaN), < 0 when not measured */
-    double limit;   /* tol * max(1, max |want|) */
+    int status;   /* KIT_* */
+    double err;   /* max |got - want| (INFINITY for NaN), < 0 when not measured */
+    double limit; /* tol * max(1, max |want|) */
     char detail[1024];
 } kit_result;
 
@@ -57,13 +57,13 @@ typedef struct kit_result {
 typedef struct kit_node {
     uint32_t op;
     uint32_t n_inputs;
-    rlx_tensor *in;          /* n_inputs */
-    uint8_t *is_weight;      /* n_inputs flags: WEIGHT role (the backend may keep the pointer) */
-    rlx_tensor out;          /* F32; data NULL until run */
+    rlx_tensor *in;     /* n_inputs */
+    uint8_t *is_weight; /* n_inputs flags: WEIGHT role (the backend may keep the pointer) */
+    rlx_tensor out;     /* F32; data NULL until run */
     rlx_op_params p;
-    float *want;             /* expected output (NumPy), NULL: compare with the reference kernels */
-    float *want_cache[2];    /* ATTENTION: expected k_cache and v_cache after the call (NumPy) */
-    double max_pos;          /* largest position the node reads (informational) */
+    float *want;          /* expected output (NumPy), NULL: compare with the reference kernels */
+    float *want_cache[2]; /* ATTENTION: expected k_cache and v_cache after the call (NumPy) */
+    double max_pos;       /* largest position the node reads (informational) */
 } kit_node;
 
 typedef struct kit_options {
@@ -75,12 +75,12 @@ typedef struct kit_options {
     const char **model_dirs;
     size_t n_model_dirs;
     uint32_t threads;
-    double timeout;           /* seconds per check */
-    double tol[KIT_N_TOL];    /* in effect: defaults with the overrides applied */
-    int tol_set[KIT_N_TOL];   /* overridden on the command line */
-    int is_ref;               /* --plugin ref without options: the reference kernels against NumPy only */
-    int builtin_ref;          /* --plugin ref, with or without --backend-opts (act=bf16) */
-    int no_ref;               /* skip the comparisons with the reference kernels */
+    double timeout;         /* seconds per check */
+    double tol[KIT_N_TOL];  /* in effect: defaults with the overrides applied */
+    int tol_set[KIT_N_TOL]; /* overridden on the command line */
+    int is_ref;             /* --plugin ref without options: the reference kernels against NumPy only */
+    int builtin_ref;        /* --plugin ref, with or without --backend-opts (act=bf16) */
+    int no_ref;             /* skip the comparisons with the reference kernels */
     int verbose;
 } kit_options;
 

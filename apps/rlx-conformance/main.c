@@ -136,10 +136,10 @@ typedef struct report {
     const kit_options *o;
     const kit_check *checks;
     size_t n_checks;
-    size_t counts[4];   /* by KIT_* status */
-    long current;       /* check in progress, -1 between checks */
-    char phase[96];     /* what the check in progress was doing */
-    size_t next;        /* first check not reported yet */
+    size_t counts[4]; /* by KIT_* status */
+    long current;     /* check in progress, -1 between checks */
+    char phase[96];   /* what the check in progress was doing */
+    size_t next;      /* first check not reported yet */
     int have_header, load_failed, finished;
     char plugin[256];
 } report;
@@ -229,7 +229,7 @@ static void handle(report *rp, char *line) {
 // Worker
 
 typedef struct emitter {
-    int fd;       /* pipe to the parent, or -1 to call handle() directly */
+    int fd; /* pipe to the parent, or -1 to call handle() directly */
     report *rp;
 } emitter;
 
@@ -386,15 +386,15 @@ static int run_worker(report *rp) {
                      "backend '%s' gave no result for node '%s' within %g s (hung in %s?)", rp->plugin,
                      rp->checks[rp->current].name, rp->o->timeout, rp->phase);
         else
-            snprintf(res.detail, sizeof res.detail, "the worker running backend '%s' %s in %s on node '%s'",
-                     rp->plugin, how, rp->phase, rp->checks[rp->current].name);
+            snprintf(res.detail, sizeof res.detail, "the worker running backend '%s' %s in %s on node '%s'", rp->plugin,
+                     how, rp->phase, rp->checks[rp->current].name);
         print_result(rp, (size_t)rp->current, &res);
         rp->next = (size_t)rp->current + 1;
         return rp->next >= rp->n_checks;
     }
     if (!rp->have_header) {
-        print_failure(rp, "load", "the worker %s while loading or opening backend '%s'",
-                      timed_out ? "hung" : how, rp->plugin);
+        print_failure(rp, "load", "the worker %s while loading or opening backend '%s'", timed_out ? "hung" : how,
+                      rp->plugin);
         return 1;
     }
     if (rp->next >= rp->n_checks) {
@@ -436,9 +436,8 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--verbose")) {
             o.verbose = 1;
         } else {
-            static const char *valued[] = {"--plugin",    "--plugin-dir", "--threads", "--backend-opts",
-                                           "--model-dir", "--tolerance",  "--precision", "--data",
-                                           "--filter",    "--timeout"};
+            static const char *valued[] = {"--plugin",    "--plugin-dir", "--threads", "--backend-opts", "--model-dir",
+                                           "--tolerance", "--precision",  "--data",    "--filter",       "--timeout"};
             int known = 0;
             for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
                 known |= !strcmp(a, valued[k]);

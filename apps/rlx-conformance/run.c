@@ -12,7 +12,7 @@
 #include "kit.h"
 
 #define GUARD_BYTES 256
-#define MARKER_BITS 0x7fc5a5a5u  /* a quiet NaN no arithmetic produces: "never written" */
+#define MARKER_BITS 0x7fc5a5a5u /* a quiet NaN no arithmetic produces: "never written" */
 #define KEEP_BUDGET ((size_t)512 << 20)
 
 struct kit_runner {
@@ -200,8 +200,8 @@ static void judge_bf16(kit_runner *r, const kit_check *c, const kit_node *n, con
     }
     rlx_tensor o = n->out;
     o.data = emu;
-    rlx_node_view v = {.op = n->op, .n_inputs = n->n_inputs, .inputs = n->in, .output = &o, .params = &n->p,
-                       .name = c->name};
+    rlx_node_view v = {
+        .op = n->op, .n_inputs = n->n_inputs, .inputs = n->in, .output = &o, .params = &n->p, .name = c->name};
     phase(r, "the BF16-emulating reference kernels");
     if (rlx_backend_compute(r->ref_bf16, &v) != RLX_OK) {
         result(res, KIT_FAIL, "the BF16-emulating reference kernels failed: %s", rlx_last_error());
@@ -244,9 +244,11 @@ static void judge_bf16(kit_runner *r, const kit_check *c, const kit_node *n, con
     char pos[64];
     if (ratio > 1) {
         where(&n->out, at_x, pos, sizeof pos);
-        result(res, KIT_FAIL, "backend '%s' (bf16-act), node '%s': output%s = %.7g, exact %.7g: error %.3g beyond %s "
-               "bound %.3g", rlx_backend_name(r->tested), c->name, pos, (double)got[at_x], (double)want[at_x], err_x,
-               bound_text, bound_x);
+        result(res, KIT_FAIL,
+               "backend '%s' (bf16-act), node '%s': output%s = %.7g, exact %.7g: error %.3g beyond %s "
+               "bound %.3g",
+               rlx_backend_name(r->tested), c->name, pos, (double)got[at_x], (double)want[at_x], err_x, bound_text,
+               bound_x);
     } else if (err_e > res->limit) {
         where(&n->out, at_e, pos, sizeof pos);
         result(res, KIT_FAIL, "backend '%s' (bf16-act), node '%s': output%s = %.7g, BF16 emulation %.7g",
@@ -290,8 +292,8 @@ static void judge(kit_runner *r, const kit_check *c, kit_node *n, uint32_t prec,
             result(res, KIT_FAIL, "kit: out of memory");
             goto done;
         }
-        rlx_node_view v = {.op = n->op, .n_inputs = n->n_inputs, .inputs = in, .output = &o, .params = &n->p,
-                           .name = c->name};
+        rlx_node_view v = {
+            .op = n->op, .n_inputs = n->n_inputs, .inputs = in, .output = &o, .params = &n->p, .name = c->name};
         phase(r, "the reference kernels");
         if (rlx_backend_compute(r->ref, &v) != RLX_OK) {
             result(res, KIT_FAIL, "the reference kernels failed (a bad case in the kit?): %s", rlx_last_error());
@@ -337,13 +339,18 @@ static void judge(kit_runner *r, const kit_check *c, kit_node *n, uint32_t prec,
     }
     rlx_tensor planned_out = n->out;
     planned_out.data = NULL;
-    const rlx_node_view planned = {.op = n->op, .n_inputs = n->n_inputs, .inputs = shapes, .output = &planned_out,
-                                   .params = &n->p, .name = c->name, .output_id = -1};
+    const rlx_node_view planned = {.op = n->op,
+                                   .n_inputs = n->n_inputs,
+                                   .inputs = shapes,
+                                   .output = &planned_out,
+                                   .params = &n->p,
+                                   .name = c->name,
+                                   .output_id = -1};
     if (rlx_backend_features(r->tested) & RLX_BACKEND_PREPARES_WEIGHTS) {
         phase(r, "prepare_weight()");
         for (uint32_t i = 0; i < n->n_inputs; i++) {
-            const rlx_weight_info w = {.size = sizeof w, .tensor = &in[i], .name = c->name, .op = n->op, .input = i,
-                                       .node = &planned};
+            const rlx_weight_info w = {
+                .size = sizeof w, .tensor = &in[i], .name = c->name, .op = n->op, .input = i, .node = &planned};
             if (n->is_weight[i] && rlx_backend_prepare_weight(r->tested, &w, &prepared[i]) != RLX_OK) {
                 result(res, KIT_FAIL, "claimed the node, then failed to prepare its weight (input %u): %s", i,
                        rlx_last_error());
@@ -351,8 +358,14 @@ static void judge(kit_runner *r, const kit_check *c, kit_node *n, uint32_t prec,
             }
         }
     }
-    rlx_node_view v = {.op = n->op, .n_inputs = n->n_inputs, .inputs = in, .output = &o, .params = &n->p,
-                       .name = c->name, .prepared = prepared, .output_id = -1};
+    rlx_node_view v = {.op = n->op,
+                       .n_inputs = n->n_inputs,
+                       .inputs = in,
+                       .output = &o,
+                       .params = &n->p,
+                       .name = c->name,
+                       .prepared = prepared,
+                       .output_id = -1};
     phase(r, "compute()");
     if (rlx_backend_compute(r->tested, &v) != RLX_OK) {
         result(res, KIT_FAIL, "claimed the node, then failed it: %s", rlx_last_error());
@@ -442,8 +455,8 @@ done:
 static void run_op(kit_runner *r, const kit_check *c, kit_result *res) {
     kit_node n;
     char why[512];
-    int rc = c->source == KIT_SRC_REF ? kit_ref_node(c, &n, 0)
-                                      : kit_fixture_read(c->path, &n, NULL, 0, 1, why, sizeof why);
+    int rc =
+        c->source == KIT_SRC_REF ? kit_ref_node(c, &n, 0) : kit_fixture_read(c->path, &n, NULL, 0, 1, why, sizeof why);
     if (rc < 0) {
         result(res, KIT_FAIL, "kit: cannot build the case: %s", c->source == KIT_SRC_REF ? "out of memory" : why);
         return;
@@ -461,8 +474,8 @@ static void run_op(kit_runner *r, const kit_check *c, kit_result *res) {
     }
     rlx_tensor plan_out = n.out;
     plan_out.data = NULL;
-    rlx_node_view v = {.op = n.op, .n_inputs = n.n_inputs, .inputs = plan, .output = &plan_out, .params = &n.p,
-                       .name = c->name};
+    rlx_node_view v = {
+        .op = n.op, .n_inputs = n.n_inputs, .inputs = plan, .output = &plan_out, .params = &n.p, .name = c->name};
     phase(r, "supports()");
     int claimed = rlx_backend_supports(r->tested, &v);
     const uint32_t prec = claimed ? rlx_backend_precision(r->tested, &v) : RLX_PRECISION_F32;
@@ -606,7 +619,8 @@ static void run_model(kit_runner *r, const kit_check *c, kit_result *res) {
     const uint32_t decode_steps = 8;
     /* the model opened as an application opens it, on a fresh instance of the backend (its
      * weights are unmapped when the runtime closes, after that instance) */
-    const rlx_runtime_backend tested = {.name = r->o->plugin, .n_threads = r->o->threads, .options = r->o->backend_opts};
+    const rlx_runtime_backend tested = {
+        .name = r->o->plugin, .n_threads = r->o->threads, .options = r->o->backend_opts};
     rlx_runtime_options ro = rlx_runtime_options_default();
     ro.model_dir = c->path;
     ro.plugin_dir = r->o->plugin_dir;
@@ -618,7 +632,10 @@ static void run_model(kit_runner *r, const kit_check *c, kit_result *res) {
         goto done;
     }
     rlx_session *st = rlx_runtime_session(rt);
-    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_start = 0, .layer_end = (uint32_t)cfg->num_hidden_layers, .embed_input = 1,
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                           .layer_start = 0,
+                           .layer_end = (uint32_t)cfg->num_hidden_layers,
+                           .embed_input = 1,
                            .produce_logits = 1};
     /* a backend that rounds matmul inputs to BF16 is compared with the BF16-emulating
      * reference kernels and, loosely, with NumPy's exact logits (see KIT_BF16_UNIT). The
@@ -637,10 +654,8 @@ static void run_model(kit_runner *r, const kit_check *c, kit_result *res) {
         tol = c->spec == KIT_MODEL_VS_REF ? KIT_BF16_MODEL_EMULATED : KIT_BF16_MODEL_EXACT;
     size_t bad = 0;
     if (c->spec == KIT_MODEL_VS_REF) {
-        const rlx_session_options so = {.size = sizeof so,
-                                        .kv_capacity = ro.kv_capacity,
-                                        .backends = &r->ref_bf16,
-                                        .n_backends = bf16 ? 1 : 0};
+        const rlx_session_options so = {
+            .size = sizeof so, .kv_capacity = ro.kv_capacity, .backends = &r->ref_bf16, .n_backends = bf16 ? 1 : 0};
         if (rlx_session_create(rlx_runtime_model(rt), &spec, &so, &sr) != RLX_OK) {
             result(res, KIT_FAIL, "cannot create a session on the reference kernels: %s", rlx_last_error());
             goto done;
@@ -689,8 +704,8 @@ static void run_model(kit_runner *r, const kit_check *c, kit_result *res) {
         else
             result(res, KIT_FAIL, "backend '%s': %s%s logits differ from the %sreference kernels (%s %zu, token %zu)%s",
                    rlx_backend_name(r->tested), mode, phase, bf16 ? "BF16-emulating " : "",
-                   phase[0] == 'p' ? "position" : "step", bad_row,
-                   bad % (size_t)vocab, isfinite(worst) ? "" : ": NaN or Inf");
+                   phase[0] == 'p' ? "position" : "step", bad_row, bad % (size_t)vocab,
+                   isfinite(worst) ? "" : ": NaN or Inf");
     } else if (c->spec == KIT_MODEL_VS_GOLDEN) {
         if (!r->o->tol_set[KIT_TOL_MODEL] && g.tol > 0 && !bf16)
             tol = g.tol;
@@ -729,9 +744,11 @@ static void run_model(kit_runner *r, const kit_check *c, kit_result *res) {
                 }
             }
             if (bf16 && top - second <= 2 * bound * row_scale) {
-                result(res, KIT_PASS, "%s%u of %u greedy ids match; the %u after are not checked: NumPy's top-1 margin "
-                       "%.3g at step %u is within twice the bf16 logits bound %.3g", mode, i - g.n_prompt,
-                       g.n_tokens - g.n_prompt, g.n_tokens - i, top - second, i - g.n_prompt, bound * row_scale);
+                result(res, KIT_PASS,
+                       "%s%u of %u greedy ids match; the %u after are not checked: NumPy's top-1 margin "
+                       "%.3g at step %u is within twice the bf16 logits bound %.3g",
+                       mode, i - g.n_prompt, g.n_tokens - g.n_prompt, g.n_tokens - i, top - second, i - g.n_prompt,
+                       bound * row_scale);
                 goto done;
             }
             if (id != g.tokens[i]) {
@@ -757,8 +774,8 @@ done:
 typedef struct span_pair {
     rlx_graph *g;
     rlx_block_io io;
-    rlx_plan *plan[2];  /* [0] spans, [1] RLX_PLAN_PER_NODE */
-    float *cache[2];    /* each plan's K and V caches, all layers back to back */
+    rlx_plan *plan[2]; /* [0] spans, [1] RLX_PLAN_PER_NODE */
+    float *cache[2];   /* each plan's K and V caches, all layers back to back */
 } span_pair;
 
 static void span_pair_free(span_pair *s) {
@@ -772,16 +789,19 @@ static void span_pair_free(span_pair *s) {
 static int span_pair_open(rlx_model *m, rlx_backend *b, uint32_t n, uint32_t capacity, span_pair *s, char *why,
                           size_t why_len) {
     const rlx_model_config *cfg = rlx_model_config_of(m);
-    const rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)cfg->num_hidden_layers, .embed_input = 1,
-                                 .produce_logits = 1, .all_logits = 1};
+    const rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                                 .layer_end = (uint32_t)cfg->num_hidden_layers,
+                                 .embed_input = 1,
+                                 .produce_logits = 1,
+                                 .all_logits = 1};
     if (rlx_model_build_block(m, &spec, n, capacity, &s->g, &s->io) != RLX_OK) {
         snprintf(why, why_len, "cannot build the block: %s", rlx_last_error());
         return -1;
     }
     const size_t per_cache = (size_t)capacity * (size_t)(cfg->num_key_value_heads * cfg->head_dim);
     for (int i = 0; i < 2; i++) {
-        const rlx_plan_options o = {.size = sizeof o, .flags = i ? RLX_PLAN_PER_NODE : 0, .backends = &b,
-                                    .n_backends = 1};
+        const rlx_plan_options o = {
+            .size = sizeof o, .flags = i ? RLX_PLAN_PER_NODE : 0, .backends = &b, .n_backends = 1};
         if (rlx_plan_create_opts(s->g, &o, &s->plan[i]) != RLX_OK) {
             snprintf(why, why_len, "cannot plan the model%s: %s", i ? " node by node" : "", rlx_last_error());
             return -1;
@@ -859,8 +879,8 @@ static void run_model_spans(kit_runner *r, const kit_check *c, kit_result *res) 
     }
     /* the decode plans continue from the caches their own prefill left */
     const rlx_model_config *cfg = rlx_model_config_of(m);
-    const size_t cache_bytes = (size_t)2 * prefill.io.n_layers * CAPACITY * sizeof(float) *
-                               (size_t)(cfg->num_key_value_heads * cfg->head_dim);
+    const size_t cache_bytes =
+        (size_t)2 * prefill.io.n_layers * CAPACITY * sizeof(float) * (size_t)(cfg->num_key_value_heads * cfg->head_dim);
     for (int i = 0; i < 2; i++)
         memcpy(decode.cache[i], prefill.cache[i], cache_bytes);
     if (span_pair_run(&decode, ids + N, pos + N, 1, vocab, &worst, &scale, why, sizeof why) < 0) {

@@ -70,9 +70,9 @@ typedef struct host_info {
 
 /* Whether `flag` is an extension some rlx kernel, OpenBLAS or oneDNN path depends on. */
 static int relevant_flag(const char *flag) {
-    static const char *const names[] = {"sse4_2",   "avx",        "avx2",        "fma",         "f16c",
-                                        "avx512f",  "avx512bw",   "avx512vl",    "avx512_bf16", "avx512_fp16",
-                                        "avx_vnni", "avx512_vnni"};
+    static const char *const names[] = {"sse4_2",      "avx",         "avx2",     "fma",
+                                        "f16c",        "avx512f",     "avx512bw", "avx512vl",
+                                        "avx512_bf16", "avx512_fp16", "avx_vnni", "avx512_vnni"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (strcmp(flag, names[i]) == 0)
             return 1;
@@ -230,7 +230,8 @@ static void model_describe(const app_runtime *rt, model_info *m) {
     else
         snprintf(size, sizeof size, "%.0fM", m->params / 1e6);
     char dtype[16] = "";
-    for (const char *c = largest ? rlx_dtype_name((int)largest->dtype) : ""; *c && strlen(dtype) < sizeof dtype - 1; c++)
+    for (const char *c = largest ? rlx_dtype_name((int)largest->dtype) : ""; *c && strlen(dtype) < sizeof dtype - 1;
+         c++)
         dtype[strlen(dtype)] = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
     snprintf(m->desc, sizeof m->desc, "%s %s %s", rlx_model_config_of(rt->model)->model_type, size, dtype);
 }
@@ -263,8 +264,7 @@ static void print_json_row(const bench_row *r, uint32_t reps, const model_info *
     printf(", \"model_size\": %.0f, \"model_n_params\": %.0f, \"n_threads\": %u, \"n_prompt\": %u, "
            "\"n_gen\": %u, \"test_time\": \"%s\", \"avg_ns\": %.0f, \"stddev_ns\": %.0f, \"avg_ts\": %.6f, "
            "\"stddev_ts\": %.6f, \"median_ts\": %.6f, \"samples_ns\": [",
-           m->bytes, m->params, r->threads, r->p, r->n, test_time, mean_s * 1e9, sd_s * 1e9, mean_ts, r->sd,
-           r->median);
+           m->bytes, m->params, r->threads, r->p, r->n, test_time, mean_s * 1e9, sd_s * 1e9, mean_ts, r->sd, r->median);
     for (uint32_t i = 0; i < reps; i++)
         printf("%s%.0f", i ? ", " : "", r->seconds[i] * 1e9);
     printf("], \"samples_ts\": [");
@@ -283,7 +283,8 @@ static void print_md(const bench_row *rows, size_t n_rows, const model_info *m, 
            "-------------------: |\n");
     char size[32] = "-", params[32] = "-";
     if (m->bytes > 0) {
-        snprintf(size, sizeof size, "%.2f %s", m->bytes >= 1073741824.0 ? m->bytes / 1073741824.0 : m->bytes / 1048576.0,
+        snprintf(size, sizeof size, "%.2f %s",
+                 m->bytes >= 1073741824.0 ? m->bytes / 1073741824.0 : m->bytes / 1048576.0,
                  m->bytes >= 1073741824.0 ? "GiB" : "MiB");
         snprintf(params, sizeof params, "%.2f %s", m->params >= 1e9 ? m->params / 1e9 : m->params / 1e6,
                  m->params >= 1e9 ? "B" : "M");
@@ -293,8 +294,8 @@ static void print_md(const bench_row *rows, size_t n_rows, const model_info *m, 
         snprintf(test, sizeof test, "%s%u", rows[i].p ? "pp" : "tg", rows[i].p ? rows[i].p : rows[i].n);
         snprintf(ts, sizeof ts, "%.2f ± %.2f", rows[i].median, rows[i].sd);
         /* "±" is two bytes and one column: one more byte of padding keeps the table aligned */
-        printf("| %-30s | %10s | %10s | %-10s | %7u | %15s | %21s |\n", m->desc, size, params, backend,
-               rows[i].threads, test, ts);
+        printf("| %-30s | %10s | %10s | %-10s | %7u | %15s | %21s |\n", m->desc, size, params, backend, rows[i].threads,
+               test, ts);
     }
 }
 
@@ -365,10 +366,15 @@ int cmd_bench(int argc, char **argv, app_options *o) {
         for (uint32_t i = 0; i < max_p; i++) /* arbitrary ids spread over the vocabulary */
             prompt[i] = (int32_t)((i * 2654435761u) % (uint32_t)rt.lm.vocab);
         model_describe(&rt, &model);
-        snprintf(backend, sizeof backend, "%s", rt.pipeline ? "pipeline" : rt.backend ? rlx_backend_name(rt.backend) : "ref");
+        snprintf(backend, sizeof backend, "%s",
+                 rt.pipeline  ? "pipeline"
+                 : rt.backend ? rlx_backend_name(rt.backend)
+                              : "ref");
         /* the backend's own account of its kernels, library cores and threads (stages' are on stderr) */
         snprintf(describe, sizeof describe, "%s",
-                 rt.backend ? rlx_backend_describe(rt.backend) : rt.pipeline ? "" : "reference kernels");
+                 rt.backend    ? rlx_backend_describe(rt.backend)
+                 : rt.pipeline ? ""
+                               : "reference kernels");
         if (rt.pipeline && t == 0)
             app_pipeline_describe(&rt);
         for (size_t k = 0; k < prompts.n + gens.n && !status; k++) {

@@ -159,8 +159,8 @@ static int on_token(void *ctx, int32_t token) {
 
 /* The ids of the conversation as the template renders it for a reply, leaving out the `drop`
  * messages after the first n_fixed. */
-static int render_ids(rlx_tokenizer *tok, const conversation *c, size_t n_fixed, size_t drop, int think,
-                      int32_t **ids, size_t *n) {
+static int render_ids(rlx_tokenizer *tok, const conversation *c, size_t n_fixed, size_t drop, int think, int32_t **ids,
+                      size_t *n) {
     rlx_chat_message *view = malloc(c->n * sizeof *view);
     if (!view)
         return app_fail("chat: out of memory");
@@ -226,8 +226,8 @@ static int fit_conversation(const app_runtime *rt, rlx_tokenizer *tok, conversat
  * failed turn after which the conversation can go on. */
 #define TURN_MODEL_GONE 2
 
-static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, rlx_stop_matcher *stopper,
-                conversation *c, size_t n_fixed, int think, uint32_t max_new, int stats) {
+static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, rlx_stop_matcher *stopper, conversation *c,
+                size_t n_fixed, int think, uint32_t max_new, int stats) {
     int32_t *ids = NULL;
     size_t n = 0;
     if (fit_conversation(rt, tok, c, n_fixed, think, &ids, &n))
@@ -253,9 +253,9 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, rlx_s
         rlx_sampler_accept(sampler, ids[i]);
     interrupted = 0;
     rlx_gen_stats st;
-    rlx_status rc = status ? RLX_OK
-                           : rlx_generate(&rt->lm, sampler, ids + keep, (uint32_t)(n - keep), reply_max, on_token, &r,
-                                          &st);
+    rlx_status rc =
+        status ? RLX_OK
+               : rlx_generate(&rt->lm, sampler, ids + keep, (uint32_t)(n - keep), reply_max, on_token, &r, &st);
     if (rc != RLX_OK) {
         app_fail_rlx("chat");
         /* a stage that died or stalls will not answer the next message either */
@@ -283,8 +283,9 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, rlx_s
                 app_describe_context(rt, capacity, context, sizeof context), reply_max, reply_max == 1 ? "" : "s");
     }
     if (!status && stats)
-        fprintf(stderr, "rlx chat: %zu prompt tokens reused from the cache, %u run at %.1f tokens/s; %u generated at "
-                        "%.1f tokens/s\n",
+        fprintf(stderr,
+                "rlx chat: %zu prompt tokens reused from the cache, %u run at %.1f tokens/s; %u generated at "
+                "%.1f tokens/s\n",
                 keep, st.n_prompt, st.n_prompt / st.prompt_seconds, st.n_generated,
                 st.n_generated > 1 ? (st.n_generated - 1) / st.generate_seconds : 0.0);
     /* the cache holds the prompt and every reply token but the last, which was only sampled */
@@ -333,14 +334,13 @@ int cmd_chat(int argc, char **argv, app_options *o) {
     rlx_stop_matcher *stopper = NULL;
     conversation c = {0};
     int status = app_generation_defaults(&rt, &sampling, &max_new, max_given);
-    if (!status && rlx_tokenizer_load(rt.model_dir, &tok) != RLX_OK)
+    if (!status && rlx_tokenizer_open(rt.model_dir, &tok) != RLX_OK)
         status = app_fail_rlx("chat: cannot load the tokenizer");
     if (!status && rlx_chat_template_of(tok) != RLX_CHAT_TEMPLATE_QWEN3)
         status = app_fail("chat: %s has no standard Qwen3 chat template", rt.model_dir);
     if (!status && rlx_sampler_create(&sampling.params, rt.lm.vocab, &sampler) != RLX_OK)
         status = app_fail_rlx("chat");
-    if (!status && sampling.n_stops &&
-        rlx_stop_matcher_create(sampling.stops, sampling.n_stops, &stopper) != RLX_OK)
+    if (!status && sampling.n_stops && rlx_stop_matcher_create(sampling.stops, sampling.n_stops, &stopper) != RLX_OK)
         status = app_fail_rlx("chat: --stop");
     if (!status && system)
         status = add_message(&c, "system", system);
@@ -418,7 +418,7 @@ int cmd_chat(int argc, char **argv, app_options *o) {
     free(c.cached);
     rlx_sampler_destroy(sampler);
     rlx_stop_matcher_destroy(stopper);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
     app_runtime_close(&rt);
     return status;
 }

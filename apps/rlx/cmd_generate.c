@@ -28,7 +28,7 @@ static int prompt_ids(const app_runtime *rt, const char *tokens, const char *pro
         *n = (size_t)count;
         return 0;
     }
-    if (rlx_tokenizer_load(rt->model_dir, tok) != RLX_OK)
+    if (rlx_tokenizer_open(rt->model_dir, tok) != RLX_OK)
         return app_fail_rlx("generate: cannot load the tokenizer");
     char *rendered = NULL;
     if (chat) {
@@ -84,8 +84,7 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     const app_opt own[] = {
         {'p', "prompt", NULL, "TEXT", "the prompt as text", APP_OPT_STRING, &prompt},
         {'f', "file", NULL, "FILE", "the prompt as the text of FILE ('-': standard input)", APP_OPT_STRING, &file},
-        {0, "tokens", NULL, "LIST", "the prompt as token ids, separated by commas or spaces", APP_OPT_STRING,
-         &tokens},
+        {0, "tokens", NULL, "LIST", "the prompt as token ids, separated by commas or spaces", APP_OPT_STRING, &tokens},
         {'n', "n-predict", NULL, "N",
          "tokens to generate (default 16; -1: until end-of-sequence or the context\n"
          "is full)",
@@ -157,7 +156,7 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         status = fit_context(&rt, n, n_new, truncate, &skip, &max_new);
     /* the JSON object gives the text and each token's too when the model has a tokenizer, even for
      * a prompt of ids; without one it has the ids only */
-    if (!status && json && !tok && rlx_tokenizer_load(rt.model_dir, &tok) != RLX_OK)
+    if (!status && json && !tok && rlx_tokenizer_open(rt.model_dir, &tok) != RLX_OK)
         tok = NULL;
     rlx_sampler *sampler = NULL;
     app_output *out = NULL;
@@ -176,8 +175,8 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     if (!status)
         status = app_output_create(&oo, &out);
     if (!status && rt.spec) {
-        if (rlx_spec_generate_ex(&rt.lm, rt.spec, rt.draft_tokens, sampler, ids + skip, (uint32_t)(n - skip), max_new, emit, out,
-                                 &sst) != RLX_OK)
+        if (rlx_spec_generate_ex(&rt.lm, rt.spec, rt.draft_tokens, sampler, ids + skip, (uint32_t)(n - skip), max_new,
+                                 emit, out, &sst) != RLX_OK)
             status = app_fail_rlx("generate");
         st = sst.gen;
     } else if (!status &&
@@ -185,10 +184,10 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         status = app_fail_rlx("generate");
     }
     const int context_full = max_new < n_new && st.n_generated == max_new && !st.stopped_on_eos;
-    app_finish finish = {.stopped_by = st.stopped_on_eos          ? "eos"
+    app_finish finish = {.stopped_by = st.stopped_on_eos                ? "eos"
                                        : out && app_output_stopped(out) ? "stop_string"
-                                       : context_full                  ? "context"
-                                                                       : "max_tokens",
+                                       : context_full                   ? "context"
+                                                                        : "max_tokens",
                          .stats = &st,
                          .seed = sampling.params.seed,
                          .greedy = sampling.params.greedy};
@@ -200,13 +199,15 @@ int cmd_generate(int argc, char **argv, app_options *o) {
                 app_describe_context(&rt, capacity, context, sizeof context), max_new, max_new == 1 ? "" : "s");
     if (!status && stats) {
         fprintf(stderr, "rlx: seed %llu%s\n", (unsigned long long)sampling.params.seed,
-                sampling.params.greedy ? " (greedy: unused)" : sampling.seed_drawn ? " (drawn; --seed repeats the run)" : "");
+                sampling.params.greedy ? " (greedy: unused)"
+                : sampling.seed_drawn  ? " (drawn; --seed repeats the run)"
+                                       : "");
         double decode = st.n_generated > 1 ? (st.n_generated - 1) / st.generate_seconds : 0;
-        fprintf(stderr, "rlx: prompt %u tokens at %.1f tokens/s; generated %u tokens at %.1f tokens/s%s\n",
-                st.n_prompt, st.n_prompt / st.prompt_seconds, st.n_generated, decode,
-                st.stopped_on_eos ? " (stopped on EOS)" : "");
+        fprintf(stderr, "rlx: prompt %u tokens at %.1f tokens/s; generated %u tokens at %.1f tokens/s%s\n", st.n_prompt,
+                st.n_prompt / st.prompt_seconds, st.n_generated, decode, st.stopped_on_eos ? " (stopped on EOS)" : "");
         if (rt.spec)
-            fprintf(stderr, "rlx: speculator %s, %u draft tokens: %llu proposed, %llu accepted (acceptance rate "
+            fprintf(stderr,
+                    "rlx: speculator %s, %u draft tokens: %llu proposed, %llu accepted (acceptance rate "
                     "%.3f), mean accepted length %.2f per round, %.2f tokens per target pass over %llu passes; "
                     "drafting %.3f s, verifying %.3f s\n",
                     rlx_speculator_name(rt.spec), rt.draft_tokens, (unsigned long long)sst.proposed,
@@ -216,7 +217,7 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     }
     app_output_destroy(out);
     rlx_sampler_destroy(sampler);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
     free(ids);
     free(file_text);
     app_runtime_close(&rt);

@@ -15,8 +15,7 @@ int cmd_logits(int argc, char **argv, app_options *o) {
     const char *tokens = NULL, *out_path = NULL;
     int all = 0;
     const app_opt own[] = {
-        {0, "tokens", NULL, "LIST", "the prompt as token ids, separated by commas or spaces", APP_OPT_STRING,
-         &tokens},
+        {0, "tokens", NULL, "LIST", "the prompt as token ids, separated by commas or spaces", APP_OPT_STRING, &tokens},
         {0, "out", NULL, "FILE", "where to write the logits", APP_OPT_STRING, &out_path},
         {0, "all", NULL, NULL, "every position's logits, not only the last one's", APP_OPT_FLAG, &all},
     };

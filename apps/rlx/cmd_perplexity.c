@@ -23,8 +23,7 @@ static const char usage[] =
     "running perplexity after each chunk, then 'Final estimate: PPL = X +/- Y'.\n\n";
 
 /* Adds -log p(next token) of logits rows [0, n) predicting ids[1 .. n] to *nll, and its square to *nll2. */
-static void score_rows(const float *logits, int64_t vocab, const int32_t *ids, uint32_t n, double *nll,
-                       double *nll2) {
+static void score_rows(const float *logits, int64_t vocab, const int32_t *ids, uint32_t n, double *nll, double *nll2) {
     for (uint32_t r = 0; r < n; r++) {
         const float *row = logits + (size_t)r * (size_t)vocab;
         const double log_p = (double)row[ids[r + 1]] - app_log_sum_exp(row, vocab);
@@ -65,7 +64,7 @@ int cmd_perplexity(int argc, char **argv, app_options *o) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     int status = 0;
-    if (rlx_tokenizer_load(rt.model_dir, &tok) != RLX_OK) {
+    if (rlx_tokenizer_open(rt.model_dir, &tok) != RLX_OK) {
         status = app_fail_rlx("perplexity: cannot load the tokenizer");
         goto done;
     }
@@ -103,7 +102,7 @@ int cmd_perplexity(int argc, char **argv, app_options *o) {
     printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", ppl, err);
 done:
     free(ids);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
     free(text);
     app_runtime_close(&rt);
     return status;

@@ -119,7 +119,7 @@ int cmd_stage(int argc, char **argv, app_options *o) {
     rlx_layer_range range = {0, 0};
     const rlx_deploy_stage *ds = NULL;
     if (a.config) {
-        if (rlx_deploy_load(a.config, &dep) != RLX_OK)
+        if (rlx_deploy_open(a.config, &dep) != RLX_OK)
             return app_fail_rlx("stage");
         if (a.index >= rlx_deploy_n_stages(dep)) {
             status = app_fail("stage: %s has %u stages; --stage %u is not one of them (0-%u)", a.config,
@@ -232,6 +232,6 @@ done:
     if (a.ready_fd >= 0)
         close(a.ready_fd);
     rlx_runtime_close(rt);
-    rlx_deploy_destroy(dep);
+    rlx_deploy_close(dep);
     return status;
 }

@@ -13,14 +13,13 @@ static const char tokenize_usage[] =
     "spaces, exactly as the Hugging Face tokenizer of DIR/tokenizer.json encodes them (no BOS/EOS\n"
     "is added).\n\n";
 
-static const char detokenize_usage[] =
-    "usage: rlx detokenize [-m DIR] --ids 1,2,3 [--skip-special]\n\n"
-    "Prints the text of the token ids (no newline is added).\n\n";
+static const char detokenize_usage[] = "usage: rlx detokenize [-m DIR] --ids 1,2,3 [--skip-special]\n\n"
+                                       "Prints the text of the token ids (no newline is added).\n\n";
 
 static int load(app_options *o, const char *cmd, rlx_tokenizer **tok) {
     if (app_resolve_model(o))
         return 1;
-    if (rlx_tokenizer_load(o->model, tok) != RLX_OK) {
+    if (rlx_tokenizer_open(o->model, tok) != RLX_OK) {
         char what[64];
         snprintf(what, sizeof what, "%s: cannot load the tokenizer", cmd);
         return app_fail_rlx(what);
@@ -34,8 +33,8 @@ int cmd_tokenize(int argc, char **argv, app_options *o) {
     const app_opt own[] = {
         {'p', "prompt", "text", "TEXT", "the text to encode (UTF-8)", APP_OPT_STRING, &text},
         {'f', "file", NULL, "FILE", "encode the bytes of FILE instead ('-': standard input)", APP_OPT_STRING, &file},
-        {0, "no-special", NULL, NULL, "treat special tokens such as <|im_end|> in the text as plain text",
-         APP_OPT_FLAG, &no_special},
+        {0, "no-special", NULL, NULL, "treat special tokens such as <|im_end|> in the text as plain text", APP_OPT_FLAG,
+         &no_special},
     };
     const app_opt_group groups[] = {APP_OPT_GROUP("tokenize:", own), app_model_group(o)};
     int exit_status;
@@ -67,7 +66,7 @@ int cmd_tokenize(int argc, char **argv, app_options *o) {
     }
     free(ids);
     free(buf);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
     return status;
 }
 
@@ -120,6 +119,6 @@ int cmd_detokenize(int argc, char **argv, app_options *o) {
     }
     free(text);
     free(ids);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
     return status;
 }

@@ -148,10 +148,14 @@ double app_log_sum_exp(const float *row, int64_t n) {
 
 app_opt_group app_model_group(app_options *o) {
     static app_opt opts[1];
-    opts[0] = (app_opt){'m', "model", NULL, "DIR",
+    opts[0] = (app_opt){'m',
+                        "model",
+                        NULL,
+                        "DIR",
                         "Hugging Face model directory (config.json, *.safetensors); default:\n"
                         "$RLX_MODEL, else the Brown target model shipped with rlx",
-                        APP_OPT_STRING, &o->model};
+                        APP_OPT_STRING,
+                        &o->model};
     return APP_OPT_GROUP("model:", opts);
 }
 
@@ -174,8 +178,8 @@ app_opt_group app_common_group(app_options *o) {
          "threads for the backend (default: all cores; the local stages of a\n"
          "pipeline, and the driver if it drafts, divide the cores evenly)",
          APP_OPT_U32, &o->threads, .min = 1},
-        {'c', "ctx-size", "ctx", "N", "KV cache positions (default: min(max_position_embeddings, 4096))",
-         APP_OPT_U32, &o->ctx, .min = 1},
+        {'c', "ctx-size", "ctx", "N", "KV cache positions (default: min(max_position_embeddings, 4096))", APP_OPT_U32,
+         &o->ctx, .min = 1},
         {'v', "verbose", NULL, NULL,
          "say what each backend runs on (kernels, library cores, threads) and\n"
          "let the transport libraries log",
@@ -196,8 +200,10 @@ int app_parse_command(const char *name, const char *usage, const app_opt_group *
 void app_warn_threads(uint32_t threads) {
     const uint32_t cores = app_usable_cores();
     if (threads > cores)
-        fprintf(stderr, "rlx: warning: --threads %u is more than the %u cores this process may use; the threads "
-                "will take turns on them, which is slower than --threads %u\n", threads, cores, cores);
+        fprintf(stderr,
+                "rlx: warning: --threads %u is more than the %u cores this process may use; the threads "
+                "will take turns on them, which is slower than --threads %u\n",
+                threads, cores, cores);
 }
 
 uint32_t app_usable_cores(void) {
@@ -265,8 +271,9 @@ static void show_progress(void *ctx, size_t done, size_t total) {
         return;
     bar->drawn = 1;
     int width = 40, filled = (int)((double)done / (double)total * width);
-    fprintf(stderr, "\rloading [%.*s%*s] %5.1f%% of %.0f MiB", filled, "========================================",
-            width - filled, "", 100.0 * (double)done / (double)total, (double)total / 1048576.0);
+    fprintf(stderr, "\rloading [%.*s%*s] %5.1f%% of %.0f MiB", filled,
+            "========================================", width - filled, "", 100.0 * (double)done / (double)total,
+            (double)total / 1048576.0);
     fflush(stderr);
 }
 
@@ -336,11 +343,12 @@ app_opt_group app_sampling_group(app_sampling *s) {
         {0, "greedy", NULL, NULL, "always take the most likely token", APP_OPT_FLAG, &s->greedy},
         {0, "temp", NULL, "T", "sampling temperature (>= 0; 0 = greedy)", APP_OPT_FLOAT, &s->given.temperature,
          &s->given.has_temperature},
-        {0, "top-k", NULL, "K", "keep the K most likely tokens (0 = all)", APP_OPT_INT, &s->given.top_k, &s->given.has_top_k},
-        {0, "top-p", NULL, "P", "keep the smallest set of tokens whose probability reaches P (1 = off)",
-         APP_OPT_FLOAT, &s->given.top_p, &s->given.has_top_p},
-        {0, "min-p", NULL, "P", "drop tokens less likely than P times the most likely one (0 = off)",
-         APP_OPT_FLOAT, &s->given.min_p, &s->given.has_min_p},
+        {0, "top-k", NULL, "K", "keep the K most likely tokens (0 = all)", APP_OPT_INT, &s->given.top_k,
+         &s->given.has_top_k},
+        {0, "top-p", NULL, "P", "keep the smallest set of tokens whose probability reaches P (1 = off)", APP_OPT_FLOAT,
+         &s->given.top_p, &s->given.has_top_p},
+        {0, "min-p", NULL, "P", "drop tokens less likely than P times the most likely one (0 = off)", APP_OPT_FLOAT,
+         &s->given.min_p, &s->given.has_min_p},
         {0, "repeat-penalty", NULL, "R",
          "divide the positive logits (multiply the negative ones) of tokens in the\n"
          "last --repeat-last-n by R (Hugging Face's repetition_penalty; 1 = off)",
@@ -351,8 +359,8 @@ app_opt_group app_sampling_group(app_sampling *s) {
          APP_OPT_FLOAT, &s->given.presence_penalty, &s->given.has_presence_penalty},
         {0, "frequency-penalty", NULL, "A", "subtract A times a token's count in that window (OpenAI's; 0 = off)",
          APP_OPT_FLOAT, &s->given.frequency_penalty, &s->given.has_frequency_penalty},
-        {'s', "seed", NULL, "S", "random seed (default: a new one each run, printed by --stats)", APP_OPT_U64,
-         &s->seed, &s->has_seed},
+        {'s', "seed", NULL, "S", "random seed (default: a new one each run, printed by --stats)", APP_OPT_U64, &s->seed,
+         &s->has_seed},
         {0, "stop", NULL, "TEXT",
          "end the reply before TEXT appears (repeatable; TEXT is never printed,\n"
          "even when it spans tokens)",
@@ -404,7 +412,8 @@ int app_resolve_model(app_options *o) {
         return 0;
     }
     return app_fail("no --model given, $RLX_MODEL is unset and the Brown model that ships with rlx is missing "
-                    "(expected in %s)", RLX_SOURCE_DEFAULT_MODEL);
+                    "(expected in %s)",
+                    RLX_SOURCE_DEFAULT_MODEL);
 }
 
 /* A seed nobody chose: each run samples differently, and --stats tells the seed to repeat it. */
@@ -490,8 +499,7 @@ static sampling_layer deploy_layer(const rlx_deploy_generation *g) {
 
 static sampling_layer flag_layer(const app_sampling *s) {
     const app_sampling_values *g = &s->given;
-    return (sampling_layer){.decides = s->greedy || g->has_temperature || g->has_top_k || g->has_top_p ||
-                                       g->has_min_p,
+    return (sampling_layer){.decides = s->greedy || g->has_temperature || g->has_top_k || g->has_top_p || g->has_min_p,
                             .greedy = s->greedy || (g->has_temperature && g->temperature == 0),
                             .v = *g};
 }
@@ -519,7 +527,7 @@ int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *ma
         fprintf(stderr, "rlx: warning: %s%s%s%shas no effect: decoding is greedy (%s)\n",
                 given->has_top_k ? "--top-k " : "", given->has_top_p ? "--top-p " : "",
                 given->has_min_p ? "--min-p " : "", s->has_seed ? "--seed " : "",
-                s->greedy                 ? "--greedy"
+                s->greedy                ? "--greedy"
                 : given->has_temperature ? "--temp 0"
                                          : "the deployment file's or model's default");
     s->seed_drawn = !s->has_seed && !(g && g->has_seed);

@@ -10,9 +10,9 @@
 
 typedef struct app_options {
     const char *model;
-    const char *plugin;     /* backend plugin name, "ref" for the reference kernels only */
+    const char *plugin; /* backend plugin name, "ref" for the reference kernels only */
     const char *plugin_dir;
-    const char *place;      /* "op=plugin,op=plugin": per-op placement, NULL for none */
+    const char *place;        /* "op=plugin,op=plugin": per-op placement, NULL for none */
     const char *backend_opts; /* --backend-opts "key=value,...": options of --plugin's backend only */
     uint32_t threads;
     uint32_t ctx;
@@ -25,13 +25,13 @@ typedef struct app_options {
  * borrowed from it. */
 typedef struct app_runtime {
     rlx_runtime *runtime;
-    rlx_lm lm;              /* what commands run: the local session or a pipeline driver */
+    rlx_lm lm; /* what commands run: the local session or a pipeline driver */
     const char *model_dir;
-    const rlx_model *model; /* NULL over a pipeline */
-    rlx_session *session;   /* NULL over a pipeline */
-    rlx_backend *backend;   /* the main backend, NULL for the reference kernels */
-    rlx_speculator *spec;   /* NULL unless a speculator was asked for */
-    uint32_t draft_tokens;  /* the speculator's tokens per round */
+    const rlx_model *model;        /* NULL over a pipeline */
+    rlx_session *session;          /* NULL over a pipeline */
+    rlx_backend *backend;          /* the main backend, NULL for the reference kernels */
+    rlx_speculator *spec;          /* NULL unless a speculator was asked for */
+    uint32_t draft_tokens;         /* the speculator's tokens per round */
     struct app_pipeline *pipeline; /* set when running over stages (pipeline.c) */
 } app_runtime;
 
@@ -82,16 +82,16 @@ const char *app_describe_context(const app_runtime *rt, uint32_t capacity, char 
 /* Sampling settings one source gives (the command line, a deployment file, a model's
  * generation_config.json): each value with a flag saying the source gave it. */
 typedef struct app_sampling_values {
-    int has_temperature, has_top_k, has_top_p, has_min_p, has_repeat_penalty, has_repeat_last_n,
-        has_presence_penalty, has_frequency_penalty;
+    int has_temperature, has_top_k, has_top_p, has_min_p, has_repeat_penalty, has_repeat_last_n, has_presence_penalty,
+        has_frequency_penalty;
     float temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty;
     int32_t top_k, repeat_last_n;
 } app_sampling_values;
 
 typedef struct app_sampling {
-    rlx_sampler_params params;    /* resolved */
-    int greedy;                   /* --greedy */
-    app_sampling_values given;    /* the other sampling options */
+    rlx_sampler_params params; /* resolved */
+    int greedy;                /* --greedy */
+    app_sampling_values given; /* the other sampling options */
     uint64_t seed;
     int has_seed;
     const char *stops[APP_MAX_STOPS]; /* --stop, in order */

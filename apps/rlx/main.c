@@ -30,8 +30,9 @@ static void usage_text(char *buf, size_t len) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0] && n < len; i++)
         n += (size_t)snprintf(buf + n, len - n, "  %-10s %s\n", commands[i].name, commands[i].summary);
     if (n < len)
-        snprintf(buf + n, len - n, "\n`rlx <command> --help` describes a command. The options shared by the model\n"
-                                   "commands may also come before the command:\n\n");
+        snprintf(buf + n, len - n,
+                 "\n`rlx <command> --help` describes a command. The options shared by the model\n"
+                 "commands may also come before the command:\n\n");
 }
 
 /* OpenMP runtimes busy-wait at every barrier: libgomp, which the onednn backend runs on, spins

@@ -27,7 +27,8 @@ static int same_name(const char *a, const char *b) { return a && b && strcmp(a, 
 static int taken(const opt_ref *refs, size_t n, const char *name, char c) {
     for (size_t i = 0; i < n; i++) {
         const app_opt *o = refs[i].opt;
-        if ((c && o->short_name == c) || same_name(o->name, name) || (!refs[i].taken_alias && same_name(o->alias, name)))
+        if ((c && o->short_name == c) || same_name(o->name, name) ||
+            (!refs[i].taken_alias && same_name(o->alias, name)))
             return 1;
     }
     return 0;

@@ -215,12 +215,12 @@ static char *json_object(const app_output *o, const app_finish *f) {
     cJSON_AddBoolToObject(root, "greedy", f->greedy);
     cJSON *t = cJSON_AddObjectToObject(root, "timings");
     cJSON_AddNumberToObject(t, "prompt_seconds", st->prompt_seconds);
-    cJSON_AddNumberToObject(t, "prompt_tokens_per_second", st->prompt_seconds > 0 ? st->n_prompt / st->prompt_seconds : 0);
+    cJSON_AddNumberToObject(t, "prompt_tokens_per_second",
+                            st->prompt_seconds > 0 ? st->n_prompt / st->prompt_seconds : 0);
     cJSON_AddNumberToObject(t, "generate_seconds", st->generate_seconds);
-    cJSON_AddNumberToObject(t, "generate_tokens_per_second",
-                            st->n_generated > 1 && st->generate_seconds > 0
-                                ? (st->n_generated - 1) / st->generate_seconds
-                                : 0);
+    cJSON_AddNumberToObject(
+        t, "generate_tokens_per_second",
+        st->n_generated > 1 && st->generate_seconds > 0 ? (st->n_generated - 1) / st->generate_seconds : 0);
     if (o->opts.logprobs) {
         cJSON *content = cJSON_AddArrayToObject(root, "logprobs");
         for (size_t i = 0; i < o->n_ids; i++) {

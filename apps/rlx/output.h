@@ -12,12 +12,12 @@
 #define APP_MAX_LOGPROBS 20 /* OpenAI's bound on top_logprobs */
 
 typedef struct app_output_options {
-    const rlx_tokenizer *tok;       /* NULL: print the ids, space-separated */
-    const char *const *stops;       /* stop strings (text only) */
+    const rlx_tokenizer *tok; /* NULL: print the ids, space-separated */
+    const char *const *stops; /* stop strings (text only) */
     size_t n_stops;
-    int json;                       /* one JSON object at the end instead of streaming */
-    int logprobs;                   /* with json: each token's log-probability ... */
-    uint32_t top_logprobs;          /* ... and this many alternatives (at most APP_MAX_LOGPROBS) */
+    int json;              /* one JSON object at the end instead of streaming */
+    int logprobs;          /* with json: each token's log-probability ... */
+    uint32_t top_logprobs; /* ... and this many alternatives (at most APP_MAX_LOGPROBS) */
     int64_t vocab;
     FILE *out;
 } app_output_options;

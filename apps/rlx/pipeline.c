@@ -49,8 +49,8 @@ app_opt_group app_pipeline_group(app_pipeline_options *po) {
          &po->config},
         {0, "launch", NULL, NULL, "with --config: start the file's local stages as child processes", APP_OPT_FLAG,
          &po->launch},
-        {0, "stages", NULL, "N", "split the model over N stage processes launched on loopback ports",
-         APP_OPT_CUSTOM, &po->stages, .parse = parse_stages},
+        {0, "stages", NULL, "N", "split the model over N stage processes launched on loopback ports", APP_OPT_CUSTOM,
+         &po->stages, .parse = parse_stages},
         {0, "transport", NULL, "NAME", "transport plugin between driver and stages (tcp, grpc; default tcp)",
          APP_OPT_STRING, &po->transport},
         {0, "timeout", NULL, "MS", "how long to wait for a stage's control answers (default 5000)", APP_OPT_U32,
@@ -256,7 +256,7 @@ int app_pipeline_load(app_runtime *rt, const app_pipeline_options *po) {
     if (!po->config && !po->stages)
         return app_fail("--transport and the timeouts apply to pipelines: add --config FILE or --stages N"),
                app_pipeline_close(rt), 1;
-    if (po->config && rlx_deploy_load(po->config, &p->deploy) != RLX_OK)
+    if (po->config && rlx_deploy_open(po->config, &p->deploy) != RLX_OK)
         return app_fail_rlx("pipeline"), app_pipeline_close(rt), 1;
     return 0;
 }
@@ -301,8 +301,8 @@ int app_pipeline_launch(app_runtime *rt, app_options *o, const app_pipeline_opti
         return app_fail_rlx("cannot open model");
     uint32_t n_layers = (uint32_t)cfg.num_hidden_layers;
     rlx_layer_range ranges[MAX_STAGES];
-    rlx_status rc = p->deploy ? rlx_deploy_driver_stages(p->deploy, n_layers, p->stages)
-                              : rlx_dist_split_even(n_layers, n, ranges);
+    rlx_status rc =
+        p->deploy ? rlx_deploy_driver_stages(p->deploy, n_layers, p->stages) : rlx_dist_split_even(n_layers, n, ranges);
     if (rc != RLX_OK)
         return app_fail_rlx("pipeline");
     int ready[MAX_STAGES];
@@ -322,7 +322,9 @@ int app_pipeline_launch(app_runtime *rt, app_options *o, const app_pipeline_opti
         if (p->deploy && (!po->launch || !is_local(p->stages[i].address)))
             continue;
         /* --threads, then the stage's threads setting, win over the share */
-        uint32_t threads = o->threads ? o->threads : p->deploy && rlx_deploy_stage_at(p->deploy, i)->threads ? 0 : share;
+        uint32_t threads = o->threads                                                ? o->threads
+                           : p->deploy && rlx_deploy_stage_at(p->deploy, i)->threads ? 0
+                                                                                     : share;
         argv_builder b = {.n = 0};
         char range_text[32], index_text[16];
         common_args(&b, o, po->transport || !p->deploy ? transport : NULL, po, threads);
@@ -376,7 +378,7 @@ void app_pipeline_close(app_runtime *rt) {
     if (!p)
         return;
     stop_children(p);
-    rlx_deploy_destroy(p->deploy);
+    rlx_deploy_close(p->deploy);
     free(p->model_dir);
     free(p);
     rt->pipeline = NULL;

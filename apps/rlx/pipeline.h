@@ -9,11 +9,11 @@
 #include "rlx/runtime.h"
 
 typedef struct app_pipeline_options {
-    const char *config;    /* --config FILE: a deployment file */
-    uint32_t stages;       /* --stages N: launch N local stages on free loopback ports */
-    int launch;            /* --launch: start the config's local stages as child processes */
-    const char *transport; /* --transport NAME (overrides the file; default tcp) */
-    uint32_t timeout_ms;   /* --timeout MS: control messages; 0 = the file's or the default */
+    const char *config;          /* --config FILE: a deployment file */
+    uint32_t stages;             /* --stages N: launch N local stages on free loopback ports */
+    int launch;                  /* --launch: start the config's local stages as child processes */
+    const char *transport;       /* --transport NAME (overrides the file; default tcp) */
+    uint32_t timeout_ms;         /* --timeout MS: control messages; 0 = the file's or the default */
     uint32_t connect_timeout_ms; /* --connect-timeout MS */
     uint32_t per_position_ms;    /* --compute-timeout MS: extra wait per position computed */
 } app_pipeline_options;

@@ -4,8 +4,7 @@
 #include <dlfcn.h>
 #include <stdio.h>
 
-int main(void)
-{
+int main(void) {
     void *h = dlopen(RLX_OPENBLAS_SONAME, RTLD_NOW | RTLD_LOCAL);
     char *(*corename)(void) = h ? (char *(*)(void))dlsym(h, "openblas_get_corename") : NULL;
     if (!corename) {

@@ -34,17 +34,17 @@
 
 typedef struct cpu_blas {
     const rlx_host *host;
-    kern_ctx kern;      /* the kernel library on this pool */
-    plugin_pool *pool;  /* plugins/common/pool.c */
-    int64_t spin_ns;    /* the pool's, until open() starts it */
+    kern_ctx kern;     /* the kernel library on this pool */
+    plugin_pool *pool; /* plugins/common/pool.c */
+    int64_t spin_ns;   /* the pool's, until open() starts it */
     int n_threads;
-    int gemv_max_m;     /* matmuls with at most this many rows of x use the GEMV kernels */
-    bool fuse;          /* plan spans of more than one node */
-    size_t tile_bytes;  /* per-thread F32 tile of widened weight rows */
-    kern_buf *tile;     /* [n_threads] */
-    kern_buf span_x;    /* a span's normalised rows that nothing after it reads */
+    int gemv_max_m;         /* matmuls with at most this many rows of x use the GEMV kernels */
+    bool fuse;              /* plan spans of more than one node */
+    size_t tile_bytes;      /* per-thread F32 tile of widened weight rows */
+    kern_buf *tile;         /* [n_threads] */
+    kern_buf span_x;        /* a span's normalised rows that nothing after it reads */
     kern_buf *span_scratch; /* [n_threads] a fused SWIGLU's gate and up rows of one chunk */
-    char describe[768]; /* rlx_backend_iface.describe */
+    char describe[768];     /* rlx_backend_iface.describe */
 } cpu_blas;
 
 /* OpenBLAS, loaded by the first open(); one library serves every instance of the process. */
@@ -52,8 +52,7 @@ static const cpu_blas_openblas *cpu_blas_ob;
 
 /* Items per chunk when n items are cut into about four chunks per thread (so a slow thread
  * delays little), at least min_items and a multiple of align. */
-static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64_t min_items)
-{
+static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64_t min_items) {
     int64_t c = (n + 4 * s->n_threads - 1) / (4 * s->n_threads);
     c = c < min_items ? min_items : c;
     return (c + align - 1) / align * align;
@@ -66,8 +65,7 @@ static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64
  *   gemv_m=N                 largest token count using the GEMV kernels (default 12)
  *   fuse=0|1                 fuse neighbouring nodes into spans (default 1; 0 runs every node
  *                            by itself, to measure what fusion buys) */
-static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_t isa_len)
-{
+static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_t isa_len) {
     const rlx_host *h = s->host;
     const char *cursor = extra;
     rlx_iface_option o;
@@ -102,22 +100,19 @@ typedef struct cpu_blas_range {
     int64_t n, chunk;
 } cpu_blas_range;
 
-static void cpu_blas_range_task(void *arg, int ith, int64_t chunk)
-{
+static void cpu_blas_range_task(void *arg, int ith, int64_t chunk) {
     const cpu_blas_range *r = arg;
     const int64_t i0 = chunk * r->chunk;
     r->fn(r->ctx, ith, i0, i0 + r->chunk < r->n ? i0 + r->chunk : r->n);
 }
 
-static void cpu_blas_parallel_for(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx)
-{
+static void cpu_blas_parallel_for(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx) {
     cpu_blas *s = self;
     cpu_blas_range r = {.fn = fn, .ctx = ctx, .n = n, .chunk = cpu_blas_chunk(s, n, align, 1)};
     plugin_pool_run(s->pool, cpu_blas_range_task, &r, (n + r.chunk - 1) / r.chunk, work >= KERN_PAR_MIN);
 }
 
-static void cpu_blas_parallel_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx)
-{
+static void cpu_blas_parallel_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx) {
     cpu_blas *s = self;
     cpu_blas_range r = {.fn = fn, .ctx = ctx, .n = n, .chunk = 1};
     plugin_pool_run(s->pool, cpu_blas_range_task, &r, n, work >= KERN_PAR_MIN);
@@ -126,8 +121,7 @@ static void cpu_blas_parallel_tasks(void *self, int64_t n, int64_t work, kern_ra
 // ---------------------------------------------------------------------------------------------
 // Open and close
 
-static void cpu_blas_close(void *self)
-{
+static void cpu_blas_close(void *self) {
     cpu_blas *s = self;
     if (!s)
         return;
@@ -139,8 +133,7 @@ static void cpu_blas_close(void *self)
     s->host->free(s);
 }
 
-static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, void **self)
-{
+static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, void **self) {
     *self = NULL;
     cpu_blas *s = host->alloc(sizeof *s, KERN_ALIGN);
     if (!s)
@@ -166,7 +159,9 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
         rc = RLX_E_UNSUPPORTED;
         goto fail;
     }
-    const kern_par par = {.self = s, .n_threads = s->n_threads, .parallel_for = cpu_blas_parallel_for,
+    const kern_par par = {.self = s,
+                          .n_threads = s->n_threads,
+                          .parallel_for = cpu_blas_parallel_for,
                           .parallel_tasks = cpu_blas_parallel_tasks};
     if ((rc = kern_init(&s->kern, host, "cpu-blas", isa, par)) < 0)
         goto fail;
@@ -195,8 +190,7 @@ fail:
 // ---------------------------------------------------------------------------------------------
 // Node validation: plugins/common/node_check.c
 
-static int cpu_blas_supports(void *self, const rlx_node_view *node)
-{
+static int cpu_blas_supports(void *self, const rlx_node_view *node) {
     return node_check(((const cpu_blas *)self)->host, "cpu-blas", node, false) == RLX_OK;
 }
 
@@ -205,8 +199,8 @@ static int cpu_blas_supports(void *self, const rlx_node_view *node)
 
 typedef struct cpu_blas_mm {
     const cpu_blas *s;
-    const float *x; /* [M, K] */
-    const void *w;  /* [N, K] of dtype wdt */
+    const float *x;    /* [M, K] */
+    const void *w;     /* [N, K] of dtype wdt */
     const float *bias; /* [N] or NULL */
     float *y;          /* [M, N] */
     int64_t M, K, N;
@@ -214,20 +208,18 @@ typedef struct cpu_blas_mm {
     int wdt;
 } cpu_blas_mm;
 
-static bool cpu_blas_mm_tiled(const cpu_blas *s, int64_t M, int wdt)
-{
+static bool cpu_blas_mm_tiled(const cpu_blas *s, int64_t M, int wdt) {
     return M > s->gemv_max_m && wdt != RLX_DTYPE_F32;
 }
 
 /* Output features [0, cnt) of y = x w^T + bias for a part of the weight: w is its first row,
  * bias its first value (or NULL), and y[m * ldy + r] receives row m's feature r. */
 static void cpu_blas_mm_part(const cpu_blas *s, int ith, const float *x, int64_t M, int64_t K, const char *w, int wdt,
-                             int64_t cnt, const float *bias, float *y, int64_t ldy)
-{
+                             int64_t cnt, const float *bias, float *y, int64_t ldy) {
     if (wdt == RLX_DTYPE_F32 && M == 1) {
         /* OpenBLAS 0.3.21 does not route M = 1 sgemm to its much faster sgemv. */
-        cpu_blas_ob->sgemv(CblasRowMajor, CblasNoTrans, (int)cnt, (int)K, 1.0f, (const float *)w, (int)K, x, 1, 0.0f,
-                           y, 1);
+        cpu_blas_ob->sgemv(CblasRowMajor, CblasNoTrans, (int)cnt, (int)K, 1.0f, (const float *)w, (int)K, x, 1, 0.0f, y,
+                           1);
     } else if (M <= s->gemv_max_m) {
         for (int64_t m0 = 0; m0 < M; m0 += KERN_GEMV_MAX_M) {
             const int64_t mb = M - m0 < KERN_GEMV_MAX_M ? M - m0 : KERN_GEMV_MAX_M;
@@ -248,8 +240,7 @@ static void cpu_blas_mm_part(const cpu_blas *s, int ith, const float *x, int64_t
             s->kern.k->add(y + m * ldy, bias, y + m * ldy, cnt);
 }
 
-static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk)
-{
+static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk) {
     const cpu_blas_mm *mm = arg;
     const int64_t n0 = chunk * mm->chunk, n1 = n0 + mm->chunk < mm->N ? n0 + mm->chunk : mm->N;
     const size_t row_bytes = (size_t)mm->K * rlx_iface_dtype_size((uint32_t)mm->wdt);
@@ -258,8 +249,7 @@ static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk)
 }
 
 /* Output features per pool chunk of a matmul that is not tiled. */
-static int64_t cpu_blas_mm_chunk(const cpu_blas *s, int64_t M, int64_t K, int wdt, int64_t N)
-{
+static int64_t cpu_blas_mm_chunk(const cpu_blas *s, int64_t M, int64_t K, int wdt, int64_t N) {
     int64_t chunk = cpu_blas_chunk(s, N, KERN_ROW_ALIGN, 64);
     if (M > KERN_GEMV_MAX_M && M <= s->gemv_max_m) {
         /* Later passes over a chunk should find it in L2. */
@@ -271,8 +261,7 @@ static int64_t cpu_blas_mm_chunk(const cpu_blas *s, int64_t M, int64_t K, int wd
 }
 
 static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, const void *w, int wdt, int64_t N,
-                           const float *bias, float *y)
-{
+                           const float *bias, float *y) {
     if (kern_matmul_trivial(M, K, N, bias, y))
         return RLX_OK;
     cpu_blas_mm mm = {.s = s, .x = x, .w = w, .bias = bias, .y = y, .M = M, .K = K, .N = N, .wdt = wdt};
@@ -293,8 +282,7 @@ static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, co
     return RLX_OK;
 }
 
-static int cpu_blas_matmul(cpu_blas *s, const rlx_node_view *n)
-{
+static int cpu_blas_matmul(cpu_blas *s, const rlx_node_view *n) {
     const rlx_tensor *x = &n->inputs[0], *w = &n->inputs[1];
     const float *bias;
     const int rc = kern_op_bias(&s->kern, n, &bias);
@@ -315,8 +303,7 @@ typedef struct cpu_blas_att {
 } cpu_blas_att;
 
 /* sc holds the scores of the block, tq queries of one head, plus their 1 / sums. */
-static void cpu_blas_att_block(const cpu_blas_att *b, float *sc, int64_t kvh, int64_t blk)
-{
+static void cpu_blas_att_block(const cpu_blas_att *b, float *sc, int64_t kvh, int64_t blk) {
     const kern_att *a = b->a;
     const kern_simd *k = b->s->kern.k;
     const int64_t D = a->D, t0 = blk * CPU_BLAS_ATT_TQ;
@@ -334,25 +321,23 @@ static void cpu_blas_att_block(const cpu_blas_att *b, float *sc, int64_t kvh, in
     for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
         const float *qh = a->q + t0 * ldq + h * D;
         float *oh = a->out + t0 * ldq + h * D;
-        cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, qh, (int)ldq, kb,
-                    (int)ldk, 0.0f, sc, (int)nk);
+        cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, qh, (int)ldq,
+                           kb, (int)ldk, 0.0f, sc, (int)nk);
         for (int64_t r = 0; r < nq; r++)
             inv[r] = 1.0f / k->softmax(sc + r * nk, nk, kern_att_lo(a, t0 + r) - lo, a->pos[t0 + r] + 1 - lo, NULL);
         cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, 1.0f, sc, (int)nk, vb,
-                    (int)ldk, 0.0f, oh, (int)ldq);
+                           (int)ldk, 0.0f, oh, (int)ldq);
         for (int64_t r = 0; r < nq; r++)
             k->scal(inv[r], oh + r * ldq, D);
     }
 }
 
-static void cpu_blas_att_task(void *arg, int ith, int64_t chunk)
-{
+static void cpu_blas_att_task(void *arg, int ith, int64_t chunk) {
     const cpu_blas_att *b = arg;
     cpu_blas_att_block(b, b->s->kern.att[ith].p, chunk % b->a->Hkv, b->n_blocks - 1 - chunk / b->a->Hkv);
 }
 
-static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n)
-{
+static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n) {
     kern_att a;
     int rc = kern_att_begin(&s->kern, n, &a);
     if (rc < 0 || a.T == 0)
@@ -372,8 +357,7 @@ static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n)
 // MOE: the library's, on these matmuls
 
 static int cpu_blas_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
-                           float *y, bool exact)
-{
+                           float *y, bool exact) {
     (void)prepared; /* matmuls read their weights as stored */
     (void)exact;    /* every matmul here is exact */
     return cpu_blas_mm_run(self, x, M, w->shape[1], w->data, (int)w->dtype, w->shape[0], NULL, y);
@@ -384,15 +368,13 @@ static int cpu_blas_moe_mm(void *self, const float *x, int64_t M, const rlx_tens
 
 /* The setting is process-wide: if anything raised it since open(), every pool thread's
  * OpenBLAS call would start threads of its own. */
-static void cpu_blas_single_threaded_blas(void)
-{
+static void cpu_blas_single_threaded_blas(void) {
     if (cpu_blas_ob->get_num_threads() != 1)
         cpu_blas_ob->set_num_threads(1);
 }
 
 /* A node that passed node_check. */
-static int cpu_blas_run(cpu_blas *s, const rlx_node_view *node)
-{
+static int cpu_blas_run(cpu_blas *s, const rlx_node_view *node) {
     switch (node->op) {
     case RLX_OP_MATMUL:
         return cpu_blas_matmul(s, node);
@@ -405,8 +387,7 @@ static int cpu_blas_run(cpu_blas *s, const rlx_node_view *node)
     }
 }
 
-static int cpu_blas_compute(void *self, const rlx_node_view *node)
-{
+static int cpu_blas_compute(void *self, const rlx_node_view *node) {
     cpu_blas *s = self;
     const int rc = node_check(s->host, "cpu-blas", node, true);
     if (rc < 0)
@@ -434,28 +415,25 @@ static int cpu_blas_compute(void *self, const rlx_node_view *node)
 #define CPU_BLAS_SPAN_MM 4
 
 typedef struct cpu_blas_span {
-    bool norm;         /* nodes[0] is the RMS_NORM whose output the matmuls read */
+    bool norm;          /* nodes[0] is the RMS_NORM whose output the matmuls read */
     uint32_t mm0, n_mm; /* the matmuls: nodes [mm0, mm0 + n_mm) */
-    bool glu;          /* the two matmuls are gate and up, and nodes[mm0 + 2] their SWIGLU */
-    bool resid;        /* nodes[mm0 + 1] adds the one matmul's output to a residual */
+    bool glu;           /* the two matmuls are gate and up, and nodes[mm0 + 2] their SWIGLU */
+    bool resid;         /* nodes[mm0 + 1] adds the one matmul's output to a residual */
 } cpu_blas_span;
 
 /* Whether node i of nd reads the output of node j at input k. */
-static bool cpu_blas_reads(const rlx_node_view *nd, uint32_t i, uint32_t k, uint32_t j)
-{
+static bool cpu_blas_reads(const rlx_node_view *nd, uint32_t i, uint32_t k, uint32_t j) {
     return nd[i].input_ids && k < nd[i].n_inputs && nd[i].input_ids[k] == nd[j].output_id;
 }
 
 /* A MATMUL a span can take: off the tiled path, its bias F32 or prepared (a span reads several
  * vectors at once, and the library's conversion buffer holds one). */
-static bool cpu_blas_span_mm(const cpu_blas *s, const rlx_node_view *n)
-{
+static bool cpu_blas_span_mm(const cpu_blas *s, const rlx_node_view *n) {
     return n->op == RLX_OP_MATMUL && !cpu_blas_mm_tiled(s, rlx_iface_rows(&n->inputs[0]), (int)n->inputs[1].dtype) &&
            (n->n_inputs < 3 || !kern_vec_needs_copy(&s->kern, n, 2));
 }
 
-static int cpu_blas_plan_span(void *self, const rlx_span *run, uint32_t *n_taken, void **out)
-{
+static int cpu_blas_plan_span(void *self, const rlx_span *run, uint32_t *n_taken, void **out) {
     cpu_blas *s = self;
     const rlx_node_view *nd = run->nodes;
     const uint32_t n = run->n_nodes;
@@ -510,15 +488,14 @@ typedef struct cpu_blas_fused {
         int wdt;
         int64_t N, chunk, first; /* features, per chunk, and the job's first chunk of this matmul */
         const float *bias;
-        float *y;                /* [M, N], NULL when nothing after the span reads it */
+        float *y; /* [M, N], NULL when nothing after the span reads it */
     } mm[CPU_BLAS_SPAN_MM];
-    float *out;                  /* glu: the SWIGLU's [M, N]; resid: the ADD's */
-    const float *resid;          /* resid: the residual [M, N] */
-    kern_buf *scratch;           /* glu: per thread, gate and up rows of a chunk kept off the arena */
+    float *out;         /* glu: the SWIGLU's [M, N]; resid: the ADD's */
+    const float *resid; /* resid: the residual [M, N] */
+    kern_buf *scratch;  /* glu: per thread, gate and up rows of a chunk kept off the arena */
 } cpu_blas_fused;
 
-static void cpu_blas_fused_task(void *arg, int ith, int64_t c)
-{
+static void cpu_blas_fused_task(void *arg, int ith, int64_t c) {
     const cpu_blas_fused *f = arg;
     const kern_simd *k = f->s->kern.k;
     uint32_t i = 0;
@@ -546,8 +523,7 @@ static void cpu_blas_fused_task(void *arg, int ith, int64_t c)
             k->add(f->resid + m * N + n0, y + m * N + n0, f->out + m * N + n0, cnt);
 }
 
-static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp)
-{
+static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp) {
     cpu_blas *s = self;
     const cpu_blas_span *p = span;
     cpu_blas_single_threaded_blas();
@@ -572,8 +548,12 @@ static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp)
                       rlx_iface_cols(&nd[0].inputs[0]), rlx_iface_numel(&nd[0].inputs[1]), nd[0].params->eps);
         x = h;
     }
-    cpu_blas_fused f = {.s = s, .x = x, .M = rlx_iface_rows(&nd[p->mm0].inputs[0]),
-                        .K = rlx_iface_cols(&nd[p->mm0].inputs[0]), .n_mm = p->glu ? 1 : p->n_mm, .glu = p->glu};
+    cpu_blas_fused f = {.s = s,
+                        .x = x,
+                        .M = rlx_iface_rows(&nd[p->mm0].inputs[0]),
+                        .K = rlx_iface_cols(&nd[p->mm0].inputs[0]),
+                        .n_mm = p->glu ? 1 : p->n_mm,
+                        .glu = p->glu};
     int64_t chunks = 0;
     for (uint32_t j = 0; j < p->n_mm; j++) {
         const rlx_node_view *m = &nd[p->mm0 + j];
@@ -595,8 +575,8 @@ static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp)
         if (!f.mm[0].y || !f.mm[1].y) {
             if (!s->span_scratch && !(s->span_scratch = kern_bufs_create(&s->kern)))
                 return s->host->error(RLX_E_NOMEM, "cpu-blas: out of memory");
-            if ((rc = kern_reserve_each(&s->kern, s->span_scratch,
-                                        (size_t)(2 * f.M * f.mm[0].chunk) * sizeof(float))) < 0)
+            if ((rc = kern_reserve_each(&s->kern, s->span_scratch, (size_t)(2 * f.M * f.mm[0].chunk) * sizeof(float))) <
+                0)
                 return rc;
             f.scratch = s->span_scratch;
         }
@@ -615,12 +595,13 @@ static const char *cpu_blas_describe(void *self) { return ((const cpu_blas *)sel
 
 /* Prepared weights: F32 copies of BF16/F16 norm weights and biases (the matmuls read their
  * weights as stored). */
-static int cpu_blas_prepare_weight(void *self, const rlx_weight_info *w, void **handle)
-{
+static int cpu_blas_prepare_weight(void *self, const rlx_weight_info *w, void **handle) {
     return kern_prepare_vec(&((const cpu_blas *)self)->kern, w, handle);
 }
 
-static void cpu_blas_release_weight(void *self, void *handle) { kern_release_vec(&((const cpu_blas *)self)->kern, handle); }
+static void cpu_blas_release_weight(void *self, void *handle) {
+    kern_release_vec(&((const cpu_blas *)self)->kern, handle);
+}
 
 static const rlx_backend_iface cpu_blas_iface = {
     .size = sizeof(rlx_backend_iface),
@@ -647,8 +628,7 @@ static const rlx_plugin cpu_blas_plugin = {
     .iface = &cpu_blas_iface,
 };
 
-RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host)
-{
+RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) {
     if (!host || host->abi_major != RLX_ABI_MAJOR) {
         if (host && host->error)
             host->error(RLX_E_ABI, "cpu-blas: built for ABI %d, host has %u", RLX_ABI_MAJOR, host->abi_major);

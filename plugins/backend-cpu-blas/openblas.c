@@ -23,8 +23,7 @@
 /* How long the probe below may take before its answer counts as unknown. */
 #define CPU_BLAS_PROBE_MS 10000
 
-cpu_blas_cpu cpu_blas_cpu_detect(void)
-{
+cpu_blas_cpu cpu_blas_cpu_detect(void) {
     __builtin_cpu_init();
     return (cpu_blas_cpu){
         .avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"),
@@ -36,8 +35,7 @@ cpu_blas_cpu cpu_blas_cpu_detect(void)
     };
 }
 
-const char *cpu_blas_openblas_core(const cpu_blas_cpu *cpu, const char *detected)
-{
+const char *cpu_blas_openblas_core(const cpu_blas_cpu *cpu, const char *detected) {
     /* the cores of OpenBLAS 0.3.21 with AVX2 kernels; any other is a fallback on such a CPU */
     static const char *const avx2_cores[] = {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids", "Excavator"};
     if (!detected || !cpu->avx2_fma)
@@ -54,8 +52,7 @@ const char *cpu_blas_openblas_core(const cpu_blas_cpu *cpu, const char *detected
  * OpenBLAS keeps the core it chose, so this process must not load it before deciding, and a
  * spawned program (unlike a fork of this possibly multithreaded process) may load libraries
  * safely. false when unknown: no probe, or no answer in time. */
-static bool cpu_blas_probe_core(char *out, size_t size)
-{
+static bool cpu_blas_probe_core(char *out, size_t size) {
     Dl_info self;
     char probe[4096];
     if (!dladdr((void *)cpu_blas_probe_core, &self) || !self.dli_fname || !strrchr(self.dli_fname, '/') ||
@@ -100,8 +97,7 @@ typedef struct cpu_blas_copies {
     char other[256];
 } cpu_blas_copies;
 
-static int cpu_blas_find_other(struct dl_phdr_info *info, size_t size, void *ctx)
-{
+static int cpu_blas_find_other(struct dl_phdr_info *info, size_t size, void *ctx) {
     (void)size;
     cpu_blas_copies *c = ctx;
     if (info->dlpi_name && strstr(info->dlpi_name, "openblas") && strcmp(info->dlpi_name, c->ours) != 0) {
@@ -115,8 +111,7 @@ static cpu_blas_openblas cpu_blas_ob;
 static char cpu_blas_ob_error[512];
 static pthread_once_t cpu_blas_ob_once = PTHREAD_ONCE_INIT;
 
-static void cpu_blas_openblas_init(void)
-{
+static void cpu_blas_openblas_init(void) {
     cpu_blas_openblas *ob = &cpu_blas_ob;
     const char *user = getenv("OPENBLAS_CORETYPE");
     const char *set = NULL;
@@ -177,8 +172,7 @@ static void cpu_blas_openblas_init(void)
     }
 }
 
-const cpu_blas_openblas *cpu_blas_openblas_load(const rlx_host *host)
-{
+const cpu_blas_openblas *cpu_blas_openblas_load(const rlx_host *host) {
     pthread_once(&cpu_blas_ob_once, cpu_blas_openblas_init);
     if (cpu_blas_ob_error[0]) {
         host->error(RLX_E_UNSUPPORTED, "%s", cpu_blas_ob_error);

@@ -58,8 +58,8 @@ typedef struct onednn_layout {
  * call of a node run outside a plan. */
 typedef struct onednn_weight {
     kern_weight base;
-    uint32_t layout;  /* index into onednn.layouts */
-    void *packed;     /* our copy in the layout, NULL when the original already is in it */
+    uint32_t layout; /* index into onednn.layouts */
+    void *packed;    /* our copy in the layout, NULL when the original already is in it */
     dnnl_memory_t mem;
 } onednn_weight;
 
@@ -86,12 +86,12 @@ typedef struct onednn {
     kern_ctx kern;      /* the kernel library on the OpenMP threads */
     int n_threads;
     plugin_stragglers stragglers; /* when the plugin's own regions go serial (plugins/common/pool.h) */
-    int bf16;          /* BF16 weights run as oneDNN bf16 matmuls (activations rounded to BF16) */
-    int drop;          /* drop the mapped pages of packed weights */
-    int pack_f32;      /* 1: pack F32 weights even into a plain layout; 2: into the AVX-512 blocked one */
-    size_t pack_bytes; /* weight bytes reordered at a time while packing (then their pages drop) */
-    int gemv_max_m;    /* widened matmuls with at most this many rows use the GEMV kernels */
-    size_t tile_bytes; /* per-thread F32 tile of widened weight rows */
+    int bf16;                     /* BF16 weights run as oneDNN bf16 matmuls (activations rounded to BF16) */
+    int drop;                     /* drop the mapped pages of packed weights */
+    int pack_f32;                 /* 1: pack F32 weights even into a plain layout; 2: into the AVX-512 blocked one */
+    size_t pack_bytes;            /* weight bytes reordered at a time while packing (then their pages drop) */
+    int gemv_max_m;               /* widened matmuls with at most this many rows use the GEMV kernels */
+    size_t tile_bytes;            /* per-thread F32 tile of widened weight rows */
     dnnl_engine_t engine;
     dnnl_stream_t *streams; /* [n_threads]: a stream is not for concurrent use */
     onednn_layout *layouts;
@@ -104,8 +104,7 @@ typedef struct onednn {
 } onednn;
 
 /* Threads worth using for a job of `work` multiply-adds (or elements) over `items` units. */
-static int onednn_nth(onednn *s, int64_t work, int64_t items)
-{
+static int onednn_nth(onednn *s, int64_t work, int64_t items) {
     if (work < KERN_PAR_MIN || items < 2 || s->n_threads == 1 || plugin_stragglers_serial(&s->stragglers))
         return 1;
     return items < s->n_threads ? (int)items : s->n_threads;
@@ -114,15 +113,13 @@ static int onednn_nth(onednn *s, int64_t work, int64_t items)
 /* The straggler rule for the plugin's own OpenMP regions: a region started at t0 whose master
  * thread finished its own share at own_done. The rest of the region was spent waiting at its
  * barrier for threads that lost their core to another process (see plugins/common/pool.h). */
-static void onednn_region_done(onednn *s, int64_t t0, int64_t own_done)
-{
+static void onednn_region_done(onednn *s, int64_t t0, int64_t own_done) {
     const int64_t now = plugin_now_ns();
     plugin_stragglers_note(&s->stragglers, now - t0, now - own_done);
 }
 
 /* [*a, *b): the share of thread ith of n items, cut at multiples of align. */
-static void onednn_split(int64_t n, int ith, int nth, int64_t align, int64_t *a, int64_t *b)
-{
+static void onednn_split(int64_t n, int ith, int nth, int64_t align, int64_t *a, int64_t *b) {
     int64_t chunk = (n + nth - 1) / nth;
     chunk = (chunk + align - 1) / align * align;
     *a = chunk * ith < n ? chunk * ith : n;
@@ -132,8 +129,7 @@ static void onednn_split(int64_t n, int ith, int nth, int64_t align, int64_t *a,
 // ---------------------------------------------------------------------------------------------
 // The kernel library's parallel_for: OpenMP regions
 
-static void onednn_parallel_for(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx)
-{
+static void onednn_parallel_for(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx) {
     onednn *s = self;
     const int nth = onednn_nth(s, work, (n + align - 1) / align);
     if (nth == 1) {
@@ -153,8 +149,7 @@ static void onednn_parallel_for(void *self, int64_t n, int64_t align, int64_t wo
     onednn_region_done(s, t0, own_done);
 }
 
-static void onednn_parallel_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx)
-{
+static void onednn_parallel_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx) {
     onednn *s = self;
     const int nth = onednn_nth(s, work, n);
     const int64_t t0 = plugin_now_ns();
@@ -171,8 +166,7 @@ static void onednn_parallel_tasks(void *self, int64_t n, int64_t work, kern_rang
         onednn_region_done(s, t0, own_done);
 }
 
-static const char *onednn_status_str(dnnl_status_t st)
-{
+static const char *onednn_status_str(dnnl_status_t st) {
     switch (st) {
     case dnnl_success:
         return "success";
@@ -194,16 +188,14 @@ static const char *onednn_status_str(dnnl_status_t st)
 }
 
 /* Reports a failed oneDNN call: `what` names the call and the shapes involved. */
-static int onednn_fail(const onednn *s, dnnl_status_t st, const char *what)
-{
+static int onednn_fail(const onednn *s, dnnl_status_t st, const char *what) {
     return s->host->error(st == dnnl_out_of_memory ? RLX_E_NOMEM : RLX_E_PLUGIN, "onednn: %s: oneDNN says %s", what,
                           onednn_status_str(st));
 }
 
 /* Whether oneDNN implements bf16 x bf16 -> f32 matmuls on this CPU (2.6 does on AVX-512 only;
  * elsewhere primitive creation says unimplemented). */
-static bool onednn_has_bf16(const onednn *s)
-{
+static bool onednn_has_bf16(const onednn *s) {
     dnnl_memory_desc_t src, wei, dst;
     if (dnnl_memory_desc_init_by_tag(&src, 2, (dnnl_dims_t){1, 64}, dnnl_bf16, dnnl_ab) ||
         dnnl_memory_desc_init_by_tag(&wei, 2, (dnnl_dims_t){64, 64}, dnnl_bf16, dnnl_format_tag_any) ||
@@ -231,8 +223,7 @@ static bool onednn_has_bf16(const onednn *s)
  *   drop=1|0                 drop the mapped pages of packed weights (default 1)
  *   gemv_m=N                 widened matmuls up to N rows use the GEMV kernels, 0..8 (default 8)
  *   tile_kb=N                per-thread F32 tile of widened weights (default 384) */
-static int onednn_parse_extra(onednn *s, const char *extra, char *isa, size_t isa_len, bool *no_bf16)
-{
+static int onednn_parse_extra(onednn *s, const char *extra, char *isa, size_t isa_len, bool *no_bf16) {
     const rlx_host *h = s->host;
     const char *cursor = extra;
     rlx_iface_option o;
@@ -262,8 +253,7 @@ static int onednn_parse_extra(onednn *s, const char *extra, char *isa, size_t is
     return rc < 0 ? h->error(rc, "onednn: %s", err) : rc;
 }
 
-static void onednn_close(void *self)
-{
+static void onednn_close(void *self) {
     onednn *s = self;
     if (!s)
         return;
@@ -286,8 +276,7 @@ static void onednn_close(void *self)
 }
 
 /* The name oneDNN's documentation gives the instruction set it runs its primitives with. */
-static const char *onednn_isa_name(dnnl_cpu_isa_t isa)
-{
+static const char *onednn_isa_name(dnnl_cpu_isa_t isa) {
     switch (isa) {
     case dnnl_cpu_isa_sse41:
         return "sse41";
@@ -314,8 +303,7 @@ static const char *onednn_isa_name(dnnl_cpu_isa_t isa)
     }
 }
 
-static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, void **self)
-{
+static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, void **self) {
     *self = NULL;
     onednn *s = host->alloc(sizeof *s, KERN_ALIGN);
     if (!s)
@@ -343,7 +331,9 @@ static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, vo
     if (opts && RLX_HAS(rlx_backend_options, opts, extra) &&
         (rc = onednn_parse_extra(s, opts->extra, isa, sizeof isa, &no_bf16)) < 0)
         goto fail;
-    const kern_par par = {.self = s, .n_threads = s->n_threads, .parallel_for = onednn_parallel_for,
+    const kern_par par = {.self = s,
+                          .n_threads = s->n_threads,
+                          .parallel_for = onednn_parallel_for,
                           .parallel_tasks = onednn_parallel_tasks};
     if ((rc = kern_init(&s->kern, host, "onednn", isa, par)) < 0)
         goto fail;
@@ -364,9 +354,8 @@ static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, vo
     }
     s->bf16 = !no_bf16 && onednn_has_bf16(s);
     const dnnl_version_t *v = dnnl_version();
-    snprintf(s->describe, sizeof s->describe,
-             "oneDNN %d.%d.%d on %s, %s kernels, BF16 weights %s, %d thread%s", v->major, v->minor, v->patch,
-             onednn_isa_name(dnnl_get_effective_cpu_isa()), s->kern.k->isa,
+    snprintf(s->describe, sizeof s->describe, "oneDNN %d.%d.%d on %s, %s kernels, BF16 weights %s, %d thread%s",
+             v->major, v->minor, v->patch, onednn_isa_name(dnnl_get_effective_cpu_isa()), s->kern.k->isa,
              s->bf16 ? "packed (BF16 activations)" : "widened to F32", s->n_threads, s->n_threads == 1 ? "" : "s");
     host->log(RLX_LOG_DEBUG, "onednn: %s", s->describe);
     *self = s;
@@ -379,27 +368,24 @@ fail:
 // ---------------------------------------------------------------------------------------------
 // Node validation: plugins/common/node_check.c
 
-static int onednn_supports(void *self, const rlx_node_view *node)
-{
+static int onednn_supports(void *self, const rlx_node_view *node) {
     return node_check(((const onednn *)self)->host, "onednn", node, false) == RLX_OK;
 }
 
 /* BF16 weights go to bf16 x bf16 primitives (activations rounded) where the CPU has them:
  * every MATMUL on such weights, and the experts of a MOE (its router stays exact). */
-static uint32_t onednn_precision(void *self, const rlx_node_view *node)
-{
+static uint32_t onednn_precision(void *self, const rlx_node_view *node) {
     const onednn *s = self;
-    const bool bf16_weights = node->op == RLX_OP_MATMUL   ? node->inputs[1].dtype == RLX_DTYPE_BF16
-                              : node->op == RLX_OP_MOE    ? node->n_inputs > 2 && node->inputs[2].dtype == RLX_DTYPE_BF16
-                                                          : false;
+    const bool bf16_weights = node->op == RLX_OP_MATMUL ? node->inputs[1].dtype == RLX_DTYPE_BF16
+                              : node->op == RLX_OP_MOE  ? node->n_inputs > 2 && node->inputs[2].dtype == RLX_DTYPE_BF16
+                                                        : false;
     return s->bf16 && bf16_weights ? RLX_PRECISION_BF16_ACT : RLX_PRECISION_F32;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Matmul primitives, cached per shape with an LRU bound
 
-static dnnl_primitive_attr_t onednn_user_scratchpad_attr(void)
-{
+static dnnl_primitive_attr_t onednn_user_scratchpad_attr(void) {
     dnnl_primitive_attr_t attr = NULL;
     if (dnnl_primitive_attr_create(&attr) != dnnl_success)
         return NULL;
@@ -413,8 +399,7 @@ static dnnl_primitive_attr_t onednn_user_scratchpad_attr(void)
 /* Creates the primitive of slot q (whose key fields are set) for the weights layout wmd. With
  * user scratchpads one primitive can run on several threads at once, each with its own. */
 static dnnl_status_t onednn_prim_create(const onednn *s, onednn_prim *q, dnnl_data_type_t src_dt,
-                                        const dnnl_memory_desc_t *wmd)
-{
+                                        const dnnl_memory_desc_t *wmd) {
     dnnl_status_t st;
     if ((st = dnnl_memory_desc_init_by_tag(&q->src_md, 2, (dnnl_dims_t){q->M, q->K}, src_dt, dnnl_ab)) ||
         (st = dnnl_memory_desc_init_by_strides(&q->dst_md, 2, (dnnl_dims_t){q->M, q->N}, dnnl_f32,
@@ -448,8 +433,7 @@ static dnnl_status_t onednn_prim_create(const onednn *s, onednn_prim *q, dnnl_da
 /* The cached primitive for this key, created on first use. The returned slot stays valid
  * until the next call. */
 static int onednn_prim_get(onednn *s, uint32_t kind, uint32_t layout, int64_t M, int64_t K, int64_t N, int64_t ldy,
-                           int bias, onednn_prim **out)
-{
+                           int bias, onednn_prim **out) {
     onednn_prim *victim = &s->prims[0];
     for (int i = 0; i < ONEDNN_PRIM_SLOTS; i++) {
         onednn_prim *q = &s->prims[i];
@@ -478,8 +462,8 @@ static int onednn_prim_get(onednn *s, uint32_t kind, uint32_t layout, int64_t M,
     }
     if (st != dnnl_success) {
         char what[128];
-        snprintf(what, sizeof what, "creating a matmul primitive for M=%lld K=%lld N=%lld", (long long)M,
-                 (long long)K, (long long)N);
+        snprintf(what, sizeof what, "creating a matmul primitive for M=%lld K=%lld N=%lld", (long long)M, (long long)K,
+                 (long long)N);
         return onednn_fail(s, st, what);
     }
     q.used = ++s->clock;
@@ -490,9 +474,8 @@ static int onednn_prim_get(onednn *s, uint32_t kind, uint32_t layout, int64_t M,
 
 /* Runs primitive q on thread ith's stream with the given buffers; scratch must hold
  * q->scratch bytes. Memory objects are made per call: that costs well under a microsecond. */
-static dnnl_status_t onednn_prim_run(const onednn *s, int ith, const onednn_prim *q, const void *src,
-                                     dnnl_memory_t wei, const float *bias, float *dst, void *scratch)
-{
+static dnnl_status_t onednn_prim_run(const onednn *s, int ith, const onednn_prim *q, const void *src, dnnl_memory_t wei,
+                                     const float *bias, float *dst, void *scratch) {
     dnnl_memory_t m[4] = {NULL, NULL, NULL, NULL};
     dnnl_exec_arg_t args[5] = {{DNNL_ARG_WEIGHTS, wei}};
     int n_args = 1;
@@ -529,8 +512,7 @@ done:
 
 /* The layout for weights [N, K] computed in dt, chosen by oneDNN (format_tag_any) for a
  * matmul with M rows the first time the shape is seen. */
-static int onednn_layout_get(onednn *s, int64_t N, int64_t K, dnnl_data_type_t dt, int64_t M, uint32_t *out)
-{
+static int onednn_layout_get(onednn *s, int64_t N, int64_t K, dnnl_data_type_t dt, int64_t M, uint32_t *out) {
     for (uint32_t i = 0; i < s->n_layouts; i++)
         if (s->layouts[i].N == N && s->layouts[i].K == K && s->layouts[i].dt == dt) {
             *out = i;
@@ -571,8 +553,7 @@ static int onednn_layout_get(onednn *s, int64_t N, int64_t K, dnnl_data_type_t d
 /* After packing rows of a weight mapped read-only from a model file: its pages hold nothing but
  * file contents, so MADV_DONTNEED only lowers the resident size, and a later read (EMBED rows of
  * a tied table, say) faults them back from the file. */
-static void onednn_drop_pages(const void *data, size_t bytes)
-{
+static void onednn_drop_pages(const void *data, size_t bytes) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t a = (uintptr_t)data, b = a + bytes;
     const uintptr_t lo = (a + page - 1) / page * page, hi = b / page * page;
@@ -583,8 +564,7 @@ static void onednn_drop_pages(const void *data, size_t bytes)
 /* Output features per packing chunk of a weight in layout md: about pack_bytes of the plain
  * source, in whole blocks of the layout's N blocking (a chunk must start on a block). 0: pack
  * the weight in one reorder (a layout that is not a plain blocking, or a small weight). */
-static int64_t onednn_pack_rows(const onednn *s, const dnnl_memory_desc_t *md, int64_t N, int64_t K, size_t esz)
-{
+static int64_t onednn_pack_rows(const onednn *s, const dnnl_memory_desc_t *md, int64_t N, int64_t K, size_t esz) {
     if (md->format_kind != dnnl_blocked)
         return 0;
     int64_t block = 1;
@@ -599,8 +579,7 @@ static int64_t onednn_pack_rows(const onednn *s, const dnnl_memory_desc_t *md, i
 /* Reorders rows [n0, n0 + cnt) of the plain weight (dims {K, N}, tag ba) into the same rows of
  * e->mem's layout. */
 static dnnl_status_t onednn_reorder_rows(const onednn *s, const dnnl_memory_desc_t *plain, const void *data,
-                                         const onednn_weight *e, int64_t n0, int64_t cnt)
-{
+                                         const onednn_weight *e, int64_t n0, int64_t cnt) {
     const onednn_layout *l = &s->layouts[e->layout];
     const int64_t K = l->K;
     dnnl_memory_desc_t from_md = *plain, to_md = l->md;
@@ -614,11 +593,10 @@ static dnnl_status_t onednn_reorder_rows(const onednn *s, const dnnl_memory_desc
         return st;
     if ((st = dnnl_memory_create(&from, &from_md, s->engine, (void *)data)) == dnnl_success &&
         (st = dnnl_memory_create(&to, &to_md, s->engine, e->packed)) == dnnl_success &&
-        (st = dnnl_reorder_primitive_desc_create(&rpd, &from_md, s->engine, &to_md, s->engine, NULL)) ==
-            dnnl_success &&
+        (st = dnnl_reorder_primitive_desc_create(&rpd, &from_md, s->engine, &to_md, s->engine, NULL)) == dnnl_success &&
         (st = dnnl_primitive_create(&r, rpd)) == dnnl_success &&
-        (st = dnnl_primitive_execute(r, s->streams[0], 2, (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}})) ==
-            dnnl_success)
+        (st = dnnl_primitive_execute(r, s->streams[0], 2,
+                                     (dnnl_exec_arg_t[]){{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}})) == dnnl_success)
         st = dnnl_stream_wait(s->streams[0]);
     if (r)
         dnnl_primitive_destroy(r);
@@ -635,8 +613,7 @@ static dnnl_status_t onednn_reorder_rows(const onednn *s, const dnnl_memory_desc
  * weights are reordered a chunk of rows at a time, each chunk's mapped pages dropped once it is
  * packed, so a weight is never resident twice: for a tied LM head (a quarter of a small model's
  * bytes) the peak would otherwise rise by its whole size. */
-static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w, bool drop)
-{
+static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w, bool drop) {
     const onednn_layout *l = &s->layouts[e->layout];
     const dnnl_data_type_t wdt = w->dtype == RLX_DTYPE_BF16 ? dnnl_bf16 : dnnl_f32;
     const int64_t N = w->shape[0], K = w->shape[1];
@@ -674,8 +651,7 @@ static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w, bool dr
     return RLX_OK;
 }
 
-static void onednn_weight_clear(onednn *s, onednn_weight *e)
-{
+static void onednn_weight_clear(onednn *s, onednn_weight *e) {
     if (e->mem)
         dnnl_memory_destroy(e->mem);
     s->host->free(e->packed);
@@ -685,8 +661,7 @@ static void onednn_weight_clear(onednn *s, onednn_weight *e)
 /* Packs w into e for matmuls computed in dt (the layout oneDNN picks for M rows); drop: w is a
  * read-only mapping of a model file, whose packed pages may go. */
 static int onednn_weight_make(onednn *s, const rlx_tensor *w, dnnl_data_type_t dt, int64_t M, bool drop,
-                              onednn_weight *e)
-{
+                              onednn_weight *e) {
     *e = (onednn_weight){.base.kind = ONEDNN_WEIGHT_PACKED};
     int rc = onednn_layout_get(s, w->shape[0], w->shape[1], dt, M, &e->layout);
     if (rc == RLX_OK)
@@ -698,8 +673,7 @@ static int onednn_weight_make(onednn *s, const rlx_tensor *w, dnnl_data_type_t d
 
 /* y[M, N] = x[M, K] w^T (+ bias) with w packed; oneDNN threads the primitive itself. */
 static int onednn_mm_packed(onednn *s, const float *x, int64_t M, const rlx_tensor *w, const onednn_weight *e,
-                            const float *bias, float *y)
-{
+                            const float *bias, float *y) {
     const int64_t N = w->shape[0], K = w->shape[1];
     const dnnl_data_type_t dt = s->layouts[e->layout].dt;
     onednn_prim *q;
@@ -731,19 +705,18 @@ typedef struct onednn_widen_job {
     const float *x; /* [M, K] */
     const void *w;  /* [N, K] of dtype wdt */
     const float *bias;
-    float *y;       /* [M, N] */
+    float *y; /* [M, N] */
     int64_t M, K, N, tile_rows;
     int wdt;
     const onednn_prim *full;    /* TILE primitive for tile_rows rows */
     const onednn_prim *last[2]; /* TILE primitives for shorter last tiles of last_rows rows */
     int64_t last_rows[2];
     int n_last;
-    dnnl_status_t st[256];      /* per part */
+    dnnl_status_t st[256]; /* per part */
 } onednn_widen_job;
 
 /* Part ith of nth (the split the primitives were made for), run by OpenMP thread tid. */
-static void onednn_widen_part(onednn_widen_job *j, int ith, int nth, int tid)
-{
+static void onednn_widen_part(onednn_widen_job *j, int ith, int nth, int tid) {
     onednn *s = j->s;
     const int64_t M = j->M, K = j->K, N = j->N;
     int64_t n0, n1;
@@ -786,11 +759,18 @@ static void onednn_widen_part(onednn_widen_job *j, int ith, int nth, int tid)
 /* y[M, N] = x[M, K] w^T (+ bias) for weights used as stored. The output features are split
  * across the threads; each widens its own tiles (F32 rows are used in place) and runs oneDNN
  * on them inside the parallel region, where oneDNN stays single-threaded. */
-static int onednn_mm_widen(onednn *s, const float *x, int64_t M, const rlx_tensor *w, const float *bias, float *y)
-{
+static int onednn_mm_widen(onednn *s, const float *x, int64_t M, const rlx_tensor *w, const float *bias, float *y) {
     const int64_t N = w->shape[0], K = w->shape[1];
-    onednn_widen_job j = {.s = s, .x = x, .w = w->data, .bias = bias, .y = y, .M = M, .K = K, .N = N,
-                          .wdt = (int)w->dtype, .st = {dnnl_success}};
+    onednn_widen_job j = {.s = s,
+                          .x = x,
+                          .w = w->data,
+                          .bias = bias,
+                          .y = y,
+                          .M = M,
+                          .K = K,
+                          .N = N,
+                          .wdt = (int)w->dtype,
+                          .st = {dnnl_success}};
     const int nth = onednn_nth(s, M * N * K, (N + KERN_ROW_ALIGN - 1) / KERN_ROW_ALIGN);
     int rc;
     if (M > s->gemv_max_m) {
@@ -848,8 +828,7 @@ static int onednn_mm_widen(onednn *s, const float *x, int64_t M, const rlx_tenso
 /* The path of weight w in matmuls of M rows: packed (*packed, computed in *dt) or widened.
  * `exact` keeps BF16 weights off the BF16-activation path (the MoE router: rounding could flip
  * an expert). */
-static int onednn_path(onednn *s, const rlx_tensor *w, int64_t M, bool exact, bool *packed, dnnl_data_type_t *dt)
-{
+static int onednn_path(onednn *s, const rlx_tensor *w, int64_t M, bool exact, bool *packed, dnnl_data_type_t *dt) {
     *packed = false;
     if (w->dtype == RLX_DTYPE_BF16 && s->bf16 && !exact) {
         *packed = true;
@@ -872,8 +851,7 @@ static int onednn_path(onednn *s, const rlx_tensor *w, int64_t M, bool exact, bo
 /* y[M, N] = x[M, K] w[N, K]^T (+ bias[N], F32) for any weight dtype, with w's prepared handle
  * (or NULL: a node run outside a plan, whose packed weight is made for this call alone). */
 static int onednn_mm(onednn *s, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
-                     const float *bias, float *y, bool exact)
-{
+                     const float *bias, float *y, bool exact) {
     if (kern_matmul_trivial(M, w->shape[1], w->shape[0], bias, y))
         return RLX_OK;
     if (prepared && prepared->kind == ONEDNN_WEIGHT_PACKED)
@@ -891,8 +869,7 @@ static int onednn_mm(onednn *s, const float *x, int64_t M, const rlx_tensor *w, 
     return rc;
 }
 
-static int onednn_matmul(onednn *s, const rlx_node_view *n)
-{
+static int onednn_matmul(onednn *s, const rlx_node_view *n) {
     const rlx_tensor *x = &n->inputs[0];
     const float *bias;
     const int rc = kern_op_bias(&s->kern, n, &bias);
@@ -904,16 +881,14 @@ static int onednn_matmul(onednn *s, const rlx_node_view *n)
 // ---------------------------------------------------------------------------------------------
 // ATTENTION and MOE: the library's, on these threads and matmuls
 
-static int onednn_attention(onednn *s, const rlx_node_view *n)
-{
+static int onednn_attention(onednn *s, const rlx_node_view *n) {
     kern_att a;
     const int rc = kern_att_begin(&s->kern, n, &a);
     return rc < 0 || a.T == 0 ? rc : kern_att_panels(&s->kern, &a);
 }
 
 static int onednn_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
-                         float *y, bool exact)
-{
+                         float *y, bool exact) {
     return onednn_mm(self, x, M, w, prepared, NULL, y, exact);
 }
 
@@ -921,8 +896,7 @@ static int onednn_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor
 // Prepared weights (ABI 1.2): each matmul weight on the packed path is packed once, at planning
 // time, and released with its model; small BF16/F16 vectors get F32 copies.
 
-static int onednn_prepare_weight(void *self, const rlx_weight_info *w, void **handle)
-{
+static int onednn_prepare_weight(void *self, const rlx_weight_info *w, void **handle) {
     onednn *s = self;
     *handle = NULL;
     if (kern_is_vec_input(w->op, w->input))
@@ -950,8 +924,7 @@ static int onednn_prepare_weight(void *self, const rlx_weight_info *w, void **ha
     return RLX_OK;
 }
 
-static void onednn_release_weight(void *self, void *handle)
-{
+static void onednn_release_weight(void *self, void *handle) {
     onednn *s = self;
     if (((const kern_weight *)handle)->kind == KERN_WEIGHT_VEC) {
         kern_release_vec(&s->kern, handle);
@@ -964,8 +937,7 @@ static void onednn_release_weight(void *self, void *handle)
 // ---------------------------------------------------------------------------------------------
 // Entry
 
-static int onednn_compute(void *self, const rlx_node_view *node)
-{
+static int onednn_compute(void *self, const rlx_node_view *node) {
     onednn *s = self;
     const int rc = node_check(s->host, "onednn", node, true);
     if (rc < 0)
@@ -1012,8 +984,7 @@ static const rlx_plugin onednn_plugin = {
     .iface = &onednn_iface,
 };
 
-RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host)
-{
+RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) {
     if (!host || host->abi_major != RLX_ABI_MAJOR) {
         if (host && host->error)
             host->error(RLX_E_ABI, "onednn: built for ABI %d, host has %u", RLX_ABI_MAJOR, host->abi_major);

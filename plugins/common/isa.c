@@ -7,8 +7,7 @@
 
 static const char *const names[PLUGIN_ISA_COUNT] = {"c", "avx2", "avx512"};
 
-plugin_isa plugin_isa_best(void)
-{
+plugin_isa plugin_isa_best(void) {
     __builtin_cpu_init();
     const bool fma = __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     if (fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -19,16 +18,14 @@ plugin_isa plugin_isa_best(void)
 
 const char *plugin_isa_name(plugin_isa isa) { return isa < PLUGIN_ISA_COUNT ? names[isa] : "?"; }
 
-static int lookup(const char *name)
-{
+static int lookup(const char *name) {
     for (int i = 0; i < PLUGIN_ISA_COUNT; i++)
         if (!strcmp(name, names[i]))
             return i;
     return -1;
 }
 
-int plugin_isa_choose(const rlx_host *host, const char *plugin, const char *want, plugin_isa *out)
-{
+int plugin_isa_choose(const rlx_host *host, const char *plugin, const char *want, plugin_isa *out) {
     const plugin_isa best = plugin_isa_best();
     if (want && strcmp(want, "auto") != 0) {
         const int level = lookup(want);

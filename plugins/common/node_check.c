@@ -3,37 +3,28 @@
 
 #include <limits.h>
 
-static bool is_weight_dt(uint32_t dt)
-{
-    return dt == RLX_DTYPE_F32 || dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16;
-}
+static bool is_weight_dt(uint32_t dt) { return dt == RLX_DTYPE_F32 || dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16; }
 
 /* An F32 activation of `rows` rows of `cols` values (rows < 0: any). */
-static bool is_act(const rlx_tensor *t, int64_t rows, int64_t cols)
-{
+static bool is_act(const rlx_tensor *t, int64_t rows, int64_t cols) {
     return t->dtype == RLX_DTYPE_F32 && (rows < 0 || rlx_iface_rows(t) == rows) && rlx_iface_cols(t) == cols;
 }
 
 /* A weight matrix [n, k] of a weight dtype. */
-static bool is_mat(const rlx_tensor *t, int64_t n, int64_t k)
-{
+static bool is_mat(const rlx_tensor *t, int64_t n, int64_t k) {
     return is_weight_dt(t->dtype) && t->n_dims == 2 && t->shape[0] == n && t->shape[1] == k;
 }
 
-static bool is_vec(const rlx_tensor *t, uint32_t dt, int64_t n)
-{
-    return t->dtype == dt && rlx_iface_numel(t) == n;
-}
+static bool is_vec(const rlx_tensor *t, uint32_t dt, int64_t n) { return t->dtype == dt && rlx_iface_numel(t) == n; }
 
-static int bad(const rlx_host *host, const char *plugin, bool report, int status, const rlx_node_view *n, const char *why)
-{
+static int bad(const rlx_host *host, const char *plugin, bool report, int status, const rlx_node_view *n,
+               const char *why) {
     if (report)
         host->error(status, "%s: node '%s' (op %u): %s", plugin, n->name ? n->name : "?", n->op, why);
     return status;
 }
 
-int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n, bool report)
-{
+int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n, bool report) {
     const uint32_t ni = n->n_inputs;
     const rlx_tensor *in = n->inputs, *out = n->output;
     const rlx_op_params *p = n->params;
@@ -84,11 +75,11 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
         const int64_t D = p->head_dim, Hq = p->n_heads, Hkv = p->n_kv_heads;
         if (D < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv || C != Hq * D)
             return bad(host, plugin, report, RLX_E_SHAPE, n, "want n_heads % n_kv_heads == 0, out F32[T,Hq*D]");
-        if (!is_act(&in[0], T, Hq * D) || !is_act(&in[1], T, Hkv * D) ||
-            !is_act(&in[2], T, Hkv * D) || !is_vec(&in[3], RLX_DTYPE_I32, T) ||
-            !is_act(&in[4], -1, Hkv * D) || !is_act(&in[5], rlx_iface_rows(&in[4]), Hkv * D))
+        if (!is_act(&in[0], T, Hq * D) || !is_act(&in[1], T, Hkv * D) || !is_act(&in[2], T, Hkv * D) ||
+            !is_vec(&in[3], RLX_DTYPE_I32, T) || !is_act(&in[4], -1, Hkv * D) ||
+            !is_act(&in[5], rlx_iface_rows(&in[4]), Hkv * D))
             return bad(host, plugin, report, RLX_E_SHAPE, n,
-                                "want q F32[T,Hq*D], k, v F32[T,Hkv*D], pos I32[T], caches F32[C,Hkv*D]");
+                       "want q F32[T,Hq*D], k, v F32[T,Hkv*D], pos I32[T], caches F32[C,Hkv*D]");
         return RLX_OK;
     }
     case RLX_OP_SWIGLU:
@@ -101,8 +92,7 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
             return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,C] -> F32[1,C]");
         return RLX_OK;
     case RLX_OP_MOE: {
-        if (!p || p->n_experts < 1 || p->top_k < 1 || p->top_k > p->n_experts ||
-            ni != 2 + 3 * (uint64_t)p->n_experts)
+        if (!p || p->n_experts < 1 || p->top_k < 1 || p->top_k > p->n_experts || ni != 2 + 3 * (uint64_t)p->n_experts)
             return bad(host, plugin, report, RLX_E_INVALID, n, "want 1 <= top_k <= n_experts, 2 + 3 E inputs");
         const int64_t E = p->n_experts;
         if (!is_act(&in[0], T, C) || !is_mat(&in[1], E, C))

@@ -22,10 +22,10 @@
 
 #ifdef RLX_POOL_TEST_HOOKS
 void (*plugin_pool_test_hook)(plugin_pool_hook_at at);
-#define POOL_HOOK(at)                                                                               \
-    do {                                                                                            \
-        if (plugin_pool_test_hook)                                                                  \
-            plugin_pool_test_hook(at);                                                              \
+#define POOL_HOOK(at)                                                                                                  \
+    do {                                                                                                               \
+        if (plugin_pool_test_hook)                                                                                     \
+            plugin_pool_test_hook(at);                                                                                 \
     } while (0)
 #else
 #define POOL_HOOK(at) ((void)0)
@@ -62,8 +62,7 @@ struct plugin_pool {
 #define POOL_STALL_MIN_NS 1000000
 #define POOL_STALL_SHARE 3
 
-int64_t plugin_now_ns(void)
-{
+int64_t plugin_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
@@ -72,8 +71,7 @@ int64_t plugin_now_ns(void)
 /* Waits until *word differs from old and returns its new value: busy-waits until the clock
  * passes spin_until, then sleeps on word as a futex, counted in *sleepers. seq_cst pairs with
  * pool_wake: either the waker sees *sleepers > 0 and wakes us, or we see its new value. */
-static uint32_t pool_wait_change(_Atomic uint32_t *word, uint32_t old, _Atomic int *sleepers, int64_t spin_until)
-{
+static uint32_t pool_wait_change(_Atomic uint32_t *word, uint32_t old, _Atomic int *sleepers, int64_t spin_until) {
     uint32_t v;
     for (unsigned i = 1;; i++) {
         if ((v = atomic_load_explicit(word, memory_order_acquire)) != old)
@@ -90,8 +88,7 @@ static uint32_t pool_wait_change(_Atomic uint32_t *word, uint32_t old, _Atomic i
 }
 
 /* Call after a seq_cst store to *word: wakes up to n threads asleep on it, if any. */
-static void pool_wake(_Atomic uint32_t *word, _Atomic int *sleepers, int n)
-{
+static void pool_wake(_Atomic uint32_t *word, _Atomic int *sleepers, int n) {
     if (atomic_load(sleepers) > 0)
         syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
 }
@@ -105,8 +102,7 @@ static void pool_wake(_Atomic uint32_t *word, _Atomic int *sleepers, int n)
  * closing store happens before our CAS and, by coherence, the CAS reads claim at or after it:
  * a closed or newer value, never c, so it fails. Nor can a read return a value older than job
  * g's: we loaded claim = c with acquire from g's release opening (or a CAS after it). */
-static void pool_work(plugin_pool *p, uint32_t g, int ith)
-{
+static void pool_work(plugin_pool *p, uint32_t g, int ith) {
     uint64_t c = atomic_load_explicit(&p->claim, memory_order_acquire);
     while ((uint32_t)(c >> 32) == g) {
         POOL_HOOK(PLUGIN_POOL_HOOK_LOADED);
@@ -118,8 +114,7 @@ static void pool_work(plugin_pool *p, uint32_t g, int ith)
         /* n may be a newer job's here; stopping early is harmless, the caller finishes g. */
         if ((uint32_t)c >= n)
             break;
-        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acquire,
-                                                   memory_order_acquire))
+        if (!atomic_compare_exchange_weak_explicit(&p->claim, &c, c + 1, memory_order_acquire, memory_order_acquire))
             continue;
         fn(ctx, ith, (int64_t)(uint32_t)c);
         /* Counts a chunk of g: the caller resets n_done only after all of g's were counted. */
@@ -129,8 +124,7 @@ static void pool_work(plugin_pool *p, uint32_t g, int ith)
     }
 }
 
-static void *pool_worker_main(void *arg)
-{
+static void *pool_worker_main(void *arg) {
     pool_worker *w = arg;
     plugin_pool *p = w->pool;
     uint32_t seen = 0;
@@ -144,27 +138,23 @@ static void *pool_worker_main(void *arg)
 }
 
 /* Only the caller (and destroy) writes gen. */
-static uint32_t pool_next_gen(plugin_pool *p)
-{
+static uint32_t pool_next_gen(plugin_pool *p) {
     const uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed) + 1;
     return g == POOL_CLOSED ? g + 1 : g;
 }
 
-void plugin_stragglers_init(plugin_stragglers *s, int64_t stall_min_ns, int stall_share)
-{
+void plugin_stragglers_init(plugin_stragglers *s, int64_t stall_min_ns, int stall_share) {
     *s = (plugin_stragglers){.stall_min_ns = stall_min_ns, .stall_share = stall_share};
 }
 
-bool plugin_stragglers_serial(plugin_stragglers *s)
-{
+bool plugin_stragglers_serial(plugin_stragglers *s) {
     if (s->serial_left <= 0)
         return false;
     s->serial_left--;
     return true;
 }
 
-void plugin_stragglers_note(plugin_stragglers *s, int64_t job_ns, int64_t wait_ns)
-{
+void plugin_stragglers_note(plugin_stragglers *s, int64_t job_ns, int64_t wait_ns) {
     s->window_ns += job_ns;
     if (wait_ns >= s->stall_min_ns) {
         s->window_stall_ns += wait_ns;
@@ -186,8 +176,7 @@ void plugin_stragglers_note(plugin_stragglers *s, int64_t job_ns, int64_t wait_n
     s->window_ns = s->window_stall_ns = 0;
 }
 
-void plugin_pool_run(plugin_pool *p, plugin_pool_fn fn, void *ctx, int64_t n_chunks, bool parallel)
-{
+void plugin_pool_run(plugin_pool *p, plugin_pool_fn fn, void *ctx, int64_t n_chunks, bool parallel) {
     if (parallel && plugin_stragglers_serial(&p->stragglers))
         parallel = false;
     if (!parallel || p->n_threads == 1 || n_chunks <= 1) {
@@ -219,8 +208,7 @@ void plugin_pool_run(plugin_pool *p, plugin_pool_fn fn, void *ctx, int64_t n_chu
     plugin_stragglers_note(&p->stragglers, t2 - t0, t2 - t1);
 }
 
-void plugin_pool_destroy(plugin_pool *p)
-{
+void plugin_pool_destroy(plugin_pool *p) {
     if (!p)
         return;
     atomic_store_explicit(&p->quit, 1, memory_order_relaxed);
@@ -232,8 +220,7 @@ void plugin_pool_destroy(plugin_pool *p)
     free(p);
 }
 
-int plugin_pool_create(int n_threads, int64_t spin_ns, plugin_pool **out)
-{
+int plugin_pool_create(int n_threads, int64_t spin_ns, plugin_pool **out) {
     *out = NULL;
     /* aligned: the hot atomics sit on cache lines of their own */
     plugin_pool *p = aligned_alloc(_Alignof(plugin_pool), sizeof *p);

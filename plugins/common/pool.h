@@ -38,8 +38,8 @@ typedef struct plugin_pool plugin_pool;
 /* The straggler rule's state, for the pool and for other thread runtimes (the onednn plugin's
  * OpenMP regions); set up by plugin_stragglers_init. Used by one thread at a time. */
 typedef struct plugin_stragglers {
-    int64_t stall_min_ns;    /* a wait this long is a stall */
-    int stall_share;         /* go serial when stalls exceed 1/stall_share of a window */
+    int64_t stall_min_ns; /* a wait this long is a stall */
+    int stall_share;      /* go serial when stalls exceed 1/stall_share of a window */
     int window_jobs;
     int window_stalls;       /* jobs of the window that stalled */
     int64_t window_ns;       /* time of the window's jobs */

@@ -3,8 +3,7 @@
 
 #include <string.h>
 
-int kern_init(kern_ctx *c, const rlx_host *host, const char *plugin, const char *isa, kern_par par)
-{
+int kern_init(kern_ctx *c, const rlx_host *host, const char *plugin, const char *isa, kern_par par) {
     memset(c, 0, sizeof *c);
     c->host = host;
     c->plugin = plugin;
@@ -18,8 +17,7 @@ int kern_init(kern_ctx *c, const rlx_host *host, const char *plugin, const char 
     return c->att ? RLX_OK : host->error(RLX_E_NOMEM, "%s: out of memory", plugin);
 }
 
-void kern_deinit(kern_ctx *c)
-{
+void kern_deinit(kern_ctx *c) {
     if (!c->host)
         return;
     const rlx_host *h = c->host;
@@ -33,8 +31,7 @@ void kern_deinit(kern_ctx *c)
     memset(c, 0, sizeof *c);
 }
 
-int kern_reserve(const kern_ctx *c, kern_buf *b, size_t bytes)
-{
+int kern_reserve(const kern_ctx *c, kern_buf *b, size_t bytes) {
     if (b->cap >= bytes)
         return RLX_OK;
     c->host->free(b->p);
@@ -47,8 +44,7 @@ int kern_reserve(const kern_ctx *c, kern_buf *b, size_t bytes)
     return RLX_OK;
 }
 
-kern_buf *kern_bufs_create(const kern_ctx *c)
-{
+kern_buf *kern_bufs_create(const kern_ctx *c) {
     const size_t bytes = (size_t)c->par.n_threads * sizeof(kern_buf);
     kern_buf *b = c->host->alloc(bytes, KERN_ALIGN);
     if (b)
@@ -56,8 +52,7 @@ kern_buf *kern_bufs_create(const kern_ctx *c)
     return b;
 }
 
-void kern_bufs_destroy(const kern_ctx *c, kern_buf *bufs)
-{
+void kern_bufs_destroy(const kern_ctx *c, kern_buf *bufs) {
     if (!bufs)
         return;
     for (int i = 0; i < c->par.n_threads; i++)
@@ -65,8 +60,7 @@ void kern_bufs_destroy(const kern_ctx *c, kern_buf *bufs)
     c->host->free(bufs);
 }
 
-int kern_reserve_each(const kern_ctx *c, kern_buf *bufs, size_t bytes)
-{
+int kern_reserve_each(const kern_ctx *c, kern_buf *bufs, size_t bytes) {
     for (int i = 0; i < c->par.n_threads; i++) {
         const int rc = kern_reserve(c, &bufs[i], bytes);
         if (rc < 0)
@@ -78,8 +72,7 @@ int kern_reserve_each(const kern_ctx *c, kern_buf *bufs, size_t bytes)
 size_t kern_align_up(size_t n) { return (n + KERN_ALIGN - 1) / KERN_ALIGN * KERN_ALIGN; }
 
 /* A small weight vector as F32: t's own data or a copy in c->vec, valid until the next call. */
-static int kern_f32_vec(kern_ctx *c, const rlx_tensor *t, const float **out)
-{
+static int kern_f32_vec(kern_ctx *c, const rlx_tensor *t, const float **out) {
     if (t->dtype == RLX_DTYPE_F32) {
         *out = t->data;
         return RLX_OK;
@@ -93,13 +86,11 @@ static int kern_f32_vec(kern_ctx *c, const rlx_tensor *t, const float **out)
     return RLX_OK;
 }
 
-bool kern_is_vec_input(uint32_t op, uint32_t input)
-{
+bool kern_is_vec_input(uint32_t op, uint32_t input) {
     return (op == RLX_OP_RMS_NORM && input == 1) || (op == RLX_OP_MATMUL && input == 2);
 }
 
-int kern_prepare_vec(const kern_ctx *c, const rlx_weight_info *w, void **handle)
-{
+int kern_prepare_vec(const kern_ctx *c, const rlx_weight_info *w, void **handle) {
     *handle = NULL;
     if (!kern_is_vec_input(w->op, w->input) || w->tensor->dtype == RLX_DTYPE_F32)
         return RLX_OK;
@@ -116,13 +107,11 @@ int kern_prepare_vec(const kern_ctx *c, const rlx_weight_info *w, void **handle)
 
 void kern_release_vec(const kern_ctx *c, void *handle) { c->host->free(handle); }
 
-const kern_weight *kern_prepared(const kern_ctx *c, const rlx_node_view *n, uint32_t k)
-{
+const kern_weight *kern_prepared(const kern_ctx *c, const rlx_node_view *n, uint32_t k) {
     return c->host->abi_minor >= 2 && n->prepared ? n->prepared[k] : NULL;
 }
 
-int kern_vec(kern_ctx *c, const rlx_node_view *n, uint32_t k, const float **out)
-{
+int kern_vec(kern_ctx *c, const rlx_node_view *n, uint32_t k, const float **out) {
     const kern_weight *h = kern_prepared(c, n, k);
     if (h && h->kind == KERN_WEIGHT_VEC) {
         *out = h->f32;
@@ -131,20 +120,17 @@ int kern_vec(kern_ctx *c, const rlx_node_view *n, uint32_t k, const float **out)
     return kern_f32_vec(c, &n->inputs[k], out);
 }
 
-bool kern_vec_needs_copy(const kern_ctx *c, const rlx_node_view *n, uint32_t k)
-{
+bool kern_vec_needs_copy(const kern_ctx *c, const rlx_node_view *n, uint32_t k) {
     const kern_weight *h = kern_prepared(c, n, k);
     return n->inputs[k].dtype != RLX_DTYPE_F32 && !(h && h->kind == KERN_WEIGHT_VEC);
 }
 
-int kern_op_bias(kern_ctx *c, const rlx_node_view *n, const float **bias)
-{
+int kern_op_bias(kern_ctx *c, const rlx_node_view *n, const float **bias) {
     *bias = NULL;
     return n->n_inputs == 3 ? kern_vec(c, n, 2, bias) : RLX_OK;
 }
 
-bool kern_matmul_trivial(int64_t M, int64_t K, int64_t N, const float *bias, float *y)
-{
+bool kern_matmul_trivial(int64_t M, int64_t K, int64_t N, const float *bias, float *y) {
     if (M == 0 || N == 0)
         return true;
     if (K != 0)
@@ -155,8 +141,7 @@ bool kern_matmul_trivial(int64_t M, int64_t K, int64_t N, const float *bias, flo
     return true;
 }
 
-int64_t kern_tile_rows(size_t tile_bytes, int64_t K)
-{
+int64_t kern_tile_rows(size_t tile_bytes, int64_t K) {
     const int64_t rows = (int64_t)(tile_bytes / sizeof(float)) / K;
     return rows < KERN_ROW_ALIGN ? KERN_ROW_ALIGN : rows / KERN_ROW_ALIGN * KERN_ROW_ALIGN;
 }

@@ -22,8 +22,7 @@
 /* Panels: tasks with at most this many query rows score keys straight from the cache. */
 #define KERN_PANEL_DIRECT_ROWS 4
 
-int kern_att_begin(kern_ctx *c, const rlx_node_view *n, kern_att *a)
-{
+int kern_att_begin(kern_ctx *c, const rlx_node_view *n, kern_att *a) {
     const rlx_tensor *in = n->inputs;
     const rlx_op_params *p = n->params;
     const int64_t T = rlx_iface_rows(&in[0]), C = rlx_iface_rows(&in[4]);
@@ -46,14 +45,23 @@ int kern_att_begin(kern_ctx *c, const rlx_node_view *n, kern_att *a)
         memcpy(vc + pos[t] * kv, (const float *)in[2].data + t * kv, (size_t)kv * sizeof(float));
     }
     const int64_t first = p->window > 0 ? lo - (int64_t)p->window + 1 : 0;
-    *a = (kern_att){.q = in[0].data, .pos = pos, .kc = kc, .vc = vc, .out = n->output->data, .T = T, .D = D,
-                    .Hq = p->n_heads, .Hkv = Hkv, .window = p->window, .first = first > 0 ? first : 0, .hi = hi,
+    *a = (kern_att){.q = in[0].data,
+                    .pos = pos,
+                    .kc = kc,
+                    .vc = vc,
+                    .out = n->output->data,
+                    .T = T,
+                    .D = D,
+                    .Hq = p->n_heads,
+                    .Hkv = Hkv,
+                    .window = p->window,
+                    .first = first > 0 ? first : 0,
+                    .hi = hi,
                     .scale = p->scale};
     return RLX_OK;
 }
 
-int64_t kern_att_lo(const kern_att *a, int64_t t)
-{
+int64_t kern_att_lo(const kern_att *a, int64_t t) {
     const int64_t lo = a->window > 0 ? (int64_t)a->pos[t] - a->window + 1 : 0;
     return lo > 0 ? lo : 0;
 }
@@ -70,14 +78,12 @@ typedef struct kern_split_job {
     float *part;
 } kern_split_job;
 
-static inline void kern_prefetch(const float *p, int64_t n)
-{
+static inline void kern_prefetch(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 16)
         _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
 }
 
-static void kern_split_part(const kern_split_job *d, float *sc, int64_t part)
-{
+static void kern_split_part(const kern_split_job *d, float *sc, int64_t part) {
     const kern_att *a = d->a;
     const kern_simd *k = d->c->k;
     const int64_t D = a->D, Hq = a->Hq, ldk = a->Hkv * D, group = Hq / a->Hkv;
@@ -102,15 +108,13 @@ static void kern_split_part(const kern_split_job *d, float *sc, int64_t part)
     }
 }
 
-static void kern_split_range(void *ctx, int ith, int64_t i0, int64_t i1)
-{
+static void kern_split_range(void *ctx, int ith, int64_t i0, int64_t i1) {
     const kern_split_job *d = ctx;
     for (int64_t i = i0; i < i1; i++)
         kern_split_part(d, d->c->att[ith].p, i);
 }
 
-int kern_att_split_keys(kern_ctx *c, const kern_att *a)
-{
+int kern_att_split_keys(kern_ctx *c, const kern_att *a) {
     const kern_simd *k = c->k;
     const int64_t D = a->D, Hq = a->Hq, lo = kern_att_lo(a, 0), nk = a->pos[0] + 1 - lo;
     /* about four parts per thread, so a slow thread delays little */
@@ -147,10 +151,10 @@ int kern_att_split_keys(kern_ctx *c, const kern_att *a)
 typedef struct kern_panel_job {
     const kern_ctx *c;
     const kern_att *a;
-    float *panels;       /* [Hkv][np, D] keys from cache row a->first on, or NULL (direct) */
-    int64_t np;          /* keys per KV head in panels: the visible range, in whole panels */
-    int64_t rows_max;    /* query rows of a task: query heads per KV head times queries per block */
-    int64_t lds;         /* score row stride: the widest key range of a block, in whole panels */
+    float *panels;    /* [Hkv][np, D] keys from cache row a->first on, or NULL (direct) */
+    int64_t np;       /* keys per KV head in panels: the visible range, in whole panels */
+    int64_t rows_max; /* query rows of a task: query heads per KV head times queries per block */
+    int64_t lds;      /* score row stride: the widest key range of a block, in whole panels */
     int64_t n_blocks;
 } kern_panel_job;
 
@@ -160,8 +164,7 @@ typedef struct kern_panel_layout {
     size_t inv, qp, op, total;
 } kern_panel_layout;
 
-static kern_panel_layout kern_panel_sizes(const kern_panel_job *j)
-{
+static kern_panel_layout kern_panel_sizes(const kern_panel_job *j) {
     kern_panel_layout l;
     const size_t rows = (size_t)j->rows_max;
     l.inv = kern_align_up(rows * (size_t)j->lds * sizeof(float));
@@ -171,8 +174,7 @@ static kern_panel_layout kern_panel_sizes(const kern_panel_job *j)
     return l;
 }
 
-static void kern_panel_task(const kern_panel_job *j, char *buf, int64_t kvh, int64_t blk)
-{
+static void kern_panel_task(const kern_panel_job *j, char *buf, int64_t kvh, int64_t blk) {
     const kern_att *a = j->a;
     const kern_simd *k = j->c->k;
     const kern_panel_layout l = kern_panel_sizes(j);
@@ -200,8 +202,8 @@ static void kern_panel_task(const kern_panel_job *j, char *buf, int64_t kvh, int
         k->att_qk(qp, rows, j->panels + (kvh * j->np + lo - a->first) * D, hi - lo, D, a->scale, sc, j->lds);
     } else {
         for (int64_t r = 0; r < rows; r += 2)
-            k->att_qk_direct(qp + r, rows - r < 2 ? rows - r : 2, a->kc + lo * ldk + kvh * D, ldk, hi - lo, D,
-                             a->scale, sc + r * j->lds, j->lds);
+            k->att_qk_direct(qp + r, rows - r < 2 ? rows - r : 2, a->kc + lo * ldk + kvh * D, ldk, hi - lo, D, a->scale,
+                             sc + r * j->lds, j->lds);
     }
     const int64_t nk = hi - lo;
     for (int64_t r = 0; r < rows; r++) {
@@ -211,8 +213,7 @@ static void kern_panel_task(const kern_panel_job *j, char *buf, int64_t kvh, int
     k->att_pv(sc, j->lds, rows, a->vc + lo * ldk + kvh * D, ldk, nk, D, op, inv);
 }
 
-static void kern_panel_pack_range(void *ctx, int ith, int64_t h0, int64_t h1)
-{
+static void kern_panel_pack_range(void *ctx, int ith, int64_t h0, int64_t h1) {
     const kern_panel_job *j = ctx;
     const kern_att *a = j->a;
     const int64_t D = a->D, kv = a->Hkv * D;
@@ -221,22 +222,24 @@ static void kern_panel_pack_range(void *ctx, int ith, int64_t h0, int64_t h1)
         j->c->k->att_pack(a->kc + a->first * kv + h * D, kv, a->hi - a->first, D, j->panels + h * j->np * D);
 }
 
-static void kern_panel_range(void *ctx, int ith, int64_t i0, int64_t i1)
-{
+static void kern_panel_range(void *ctx, int ith, int64_t i0, int64_t i1) {
     const kern_panel_job *j = ctx;
     const int64_t Hkv = j->a->Hkv;
     for (int64_t i = i0; i < i1; i++)
         kern_panel_task(j, j->c->att[ith].p, i % Hkv, j->n_blocks - 1 - i / Hkv);
 }
 
-int kern_att_panels(kern_ctx *c, const kern_att *a)
-{
+int kern_att_panels(kern_ctx *c, const kern_att *a) {
     const int64_t T = a->T, Hkv = a->Hkv;
     /* Every query sees at most cache rows [first, hi), which bounds a block's score rows (plus
      * the alignment of its start to a panel boundary). */
     const int64_t pw = c->k->att_pw, np = (a->hi - a->first + pw - 1) / pw * pw;
-    kern_panel_job j = {.c = c, .a = a, .np = np, .rows_max = a->Hq / Hkv * (T < KERN_PANEL_TQ ? T : KERN_PANEL_TQ),
-                        .lds = np + pw, .n_blocks = (T + KERN_PANEL_TQ - 1) / KERN_PANEL_TQ};
+    kern_panel_job j = {.c = c,
+                        .a = a,
+                        .np = np,
+                        .rows_max = a->Hq / Hkv * (T < KERN_PANEL_TQ ? T : KERN_PANEL_TQ),
+                        .lds = np + pw,
+                        .n_blocks = (T + KERN_PANEL_TQ - 1) / KERN_PANEL_TQ};
     int rc = kern_reserve_each(c, c->att, kern_panel_sizes(&j).total);
     if (rc < 0)
         return rc;

@@ -6,8 +6,7 @@
 #include "kern.h"
 
 void kern_moe_route(const float *logits, int64_t T, int64_t E, int64_t k, bool norm_topk, int64_t *expert,
-                    float *weight)
-{
+                    float *weight) {
     for (int64_t t = 0; t < T; t++) {
         const float *l = logits + t * E;
         int64_t *chosen = expert + t * k;
@@ -39,13 +38,11 @@ void kern_moe_route(const float *logits, int64_t T, int64_t E, int64_t k, bool n
 }
 
 /* Rows an expert's matmuls run with for cnt tokens. */
-static int64_t kern_moe_rows(const kern_matmul *mm, int64_t cnt)
-{
+static int64_t kern_moe_rows(const kern_matmul *mm, int64_t cnt) {
     return cnt <= 8 ? cnt : (cnt + mm->row_pad - 1) / mm->row_pad * mm->row_pad;
 }
 
-int kern_op_moe(kern_ctx *c, const rlx_node_view *n, const kern_matmul *mm)
-{
+int kern_op_moe(kern_ctx *c, const rlx_node_view *n, const kern_matmul *mm) {
     const rlx_tensor *in = n->inputs;
     const rlx_op_params *p = n->params;
     const int64_t T = rlx_iface_rows(&in[0]), H = rlx_iface_cols(&in[0]), E = p->n_experts, K = p->top_k;
@@ -66,11 +63,16 @@ int kern_op_moe(kern_ctx *c, const rlx_node_view *n, const kern_matmul *mm)
     enum { L_LOGIT, L_PEXP, L_PWT, L_STOK, L_SWT, L_START, L_FILL, L_XE, L_G, L_U, L_YE, L_N };
     const size_t pairs = (size_t)(T * K);
     const size_t len[L_N] = {
-        [L_LOGIT] = (size_t)(T * E) * sizeof(float), [L_PEXP] = pairs * sizeof(int64_t),
-        [L_PWT] = pairs * sizeof(float),             [L_STOK] = pairs * sizeof(int64_t),
-        [L_SWT] = pairs * sizeof(float),             [L_START] = (size_t)(E + 1) * sizeof(int64_t),
-        [L_FILL] = (size_t)E * sizeof(int64_t),      [L_XE] = (size_t)(R * H) * sizeof(float),
-        [L_G] = (size_t)(R * F) * sizeof(float),     [L_U] = (size_t)(R * F) * sizeof(float),
+        [L_LOGIT] = (size_t)(T * E) * sizeof(float),
+        [L_PEXP] = pairs * sizeof(int64_t),
+        [L_PWT] = pairs * sizeof(float),
+        [L_STOK] = pairs * sizeof(int64_t),
+        [L_SWT] = pairs * sizeof(float),
+        [L_START] = (size_t)(E + 1) * sizeof(int64_t),
+        [L_FILL] = (size_t)E * sizeof(int64_t),
+        [L_XE] = (size_t)(R * H) * sizeof(float),
+        [L_G] = (size_t)(R * F) * sizeof(float),
+        [L_U] = (size_t)(R * F) * sizeof(float),
         [L_YE] = (size_t)(R * H) * sizeof(float),
     };
     size_t off[L_N + 1] = {0};

@@ -11,10 +11,10 @@
 
 typedef struct kern_rows_job {
     const kern_simd *k;
-    int op;            /* rlx_op, or KERN_ROPE_TABLE */
-    int64_t cols;      /* values per row */
-    const float *a;    /* x, gate or first addend */
-    const float *b;    /* up, second addend, F32 norm weight or ROPE table */
+    int op;         /* rlx_op, or KERN_ROPE_TABLE */
+    int64_t cols;   /* values per row */
+    const float *a; /* x, gate or first addend */
+    const float *b; /* up, second addend, F32 norm weight or ROPE table */
     float *y;
     const void *table; /* EMBED: [V, cols] of dtype dt */
     int dt;
@@ -25,8 +25,7 @@ typedef struct kern_rows_job {
 } kern_rows_job;
 
 /* Rows [r0, r1), or elements for SWIGLU and ADD. */
-static void kern_rows_range(void *ctx, int ith, int64_t r0, int64_t r1)
-{
+static void kern_rows_range(void *ctx, int ith, int64_t r0, int64_t r1) {
     const kern_rows_job *j = ctx;
     const kern_simd *k = j->k;
     (void)ith;
@@ -66,29 +65,25 @@ static void kern_rows_range(void *ctx, int ith, int64_t r0, int64_t r1)
 }
 
 /* Runs j over n rows (elements for SWIGLU and ADD) of work_per_row multiply-adds each. */
-static void kern_rows_run(kern_ctx *c, kern_rows_job *j, int64_t n, int64_t work_per_row)
-{
+static void kern_rows_run(kern_ctx *c, kern_rows_job *j, int64_t n, int64_t work_per_row) {
     j->k = c->k;
     const bool flat = j->op == RLX_OP_SWIGLU || j->op == RLX_OP_ADD;
     c->par.parallel_for(c->par.self, n, flat ? KERN_ROW_ALIGN : 1, n * work_per_row, kern_rows_range, j);
 }
 
-void kern_embed(kern_ctx *c, const void *table, int dt, int64_t cols, const int32_t *ids, int64_t T, float *y)
-{
+void kern_embed(kern_ctx *c, const void *table, int dt, int64_t cols, const int32_t *ids, int64_t T, float *y) {
     kern_rows_job j = {.op = RLX_OP_EMBED, .cols = cols, .y = y, .table = table, .dt = dt, .idx = ids};
     kern_rows_run(c, &j, T, cols);
 }
 
 void kern_rms_norm(kern_ctx *c, const float *x, const float *w, float *y, int64_t rows, int64_t cols, int64_t g,
-                   float eps)
-{
+                   float eps) {
     kern_rows_job j = {.op = RLX_OP_RMS_NORM, .cols = cols, .a = x, .b = w, .y = y, .g = g, .eps = eps};
     kern_rows_run(c, &j, rows, 2 * cols);
 }
 
 /* Makes c->rope_cs hold the cos/sin rows for these positions, head_dim and theta. */
-static int kern_rope_table(kern_ctx *c, const int32_t *pos, int64_t T, uint32_t D, float theta)
-{
+static int kern_rope_table(kern_ctx *c, const int32_t *pos, int64_t T, uint32_t D, float theta) {
     if (c->rope_t == T && c->rope_d == D && c->rope_theta == theta &&
         !memcmp(c->rope_pos.p, pos, (size_t)T * sizeof *pos))
         return RLX_OK;
@@ -111,8 +106,7 @@ static int kern_rope_table(kern_ctx *c, const int32_t *pos, int64_t T, uint32_t 
 }
 
 int kern_rope(kern_ctx *c, const float *x, const int32_t *pos, float *y, int64_t T, int64_t cols, uint32_t head_dim,
-              float theta)
-{
+              float theta) {
     if (T == 0)
         return RLX_OK;
     const int rc = kern_rope_table(c, pos, T, head_dim, theta);
@@ -123,14 +117,12 @@ int kern_rope(kern_ctx *c, const float *x, const int32_t *pos, float *y, int64_t
     return RLX_OK;
 }
 
-void kern_swiglu(kern_ctx *c, const float *g, const float *u, float *y, int64_t n)
-{
+void kern_swiglu(kern_ctx *c, const float *g, const float *u, float *y, int64_t n) {
     kern_rows_job j = {.op = RLX_OP_SWIGLU, .a = g, .b = u, .y = y};
     kern_rows_run(c, &j, n, 8);
 }
 
-void kern_add(kern_ctx *c, const float *a, const float *b, float *y, int64_t n)
-{
+void kern_add(kern_ctx *c, const float *a, const float *b, float *y, int64_t n) {
     kern_rows_job j = {.op = RLX_OP_ADD, .a = a, .b = b, .y = y};
     kern_rows_run(c, &j, n, 1);
 }
@@ -142,15 +134,13 @@ typedef struct kern_bf16_job {
     int64_t cols;
 } kern_bf16_job;
 
-static void kern_bf16_range(void *ctx, int ith, int64_t r0, int64_t r1)
-{
+static void kern_bf16_range(void *ctx, int ith, int64_t r0, int64_t r1) {
     const kern_bf16_job *j = ctx;
     (void)ith;
     j->k->to_bf16(j->x + r0 * j->cols, j->xb + r0 * j->cols, (r1 - r0) * j->cols);
 }
 
-void kern_to_bf16(kern_ctx *c, const float *x, uint16_t *xb, int64_t rows, int64_t cols)
-{
+void kern_to_bf16(kern_ctx *c, const float *x, uint16_t *xb, int64_t rows, int64_t cols) {
     kern_bf16_job j = {.k = c->k, .x = x, .xb = xb, .cols = cols};
     c->par.parallel_for(c->par.self, rows, 1, rows * cols, kern_bf16_range, &j);
 }
@@ -158,8 +148,7 @@ void kern_to_bf16(kern_ctx *c, const float *x, uint16_t *xb, int64_t rows, int64
 // ---------------------------------------------------------------------------------------------
 // Node form
 
-static int kern_op_embed(kern_ctx *c, const rlx_node_view *n)
-{
+static int kern_op_embed(kern_ctx *c, const rlx_node_view *n) {
     const rlx_tensor *ids = &n->inputs[0], *tab = &n->inputs[1];
     const int32_t *id = ids->data;
     const int64_t T = rlx_iface_numel(ids), V = tab->shape[0];
@@ -171,20 +160,18 @@ static int kern_op_embed(kern_ctx *c, const rlx_node_view *n)
     return RLX_OK;
 }
 
-static int kern_op_rms_norm(kern_ctx *c, const rlx_node_view *n)
-{
+static int kern_op_rms_norm(kern_ctx *c, const rlx_node_view *n) {
     const rlx_tensor *x = &n->inputs[0];
     const float *w;
     const int rc = kern_vec(c, n, 1, &w);
     if (rc < 0)
         return rc;
-    kern_rms_norm(c, x->data, w, n->output->data, rlx_iface_rows(x), rlx_iface_cols(x),
-                  rlx_iface_numel(&n->inputs[1]), n->params->eps);
+    kern_rms_norm(c, x->data, w, n->output->data, rlx_iface_rows(x), rlx_iface_cols(x), rlx_iface_numel(&n->inputs[1]),
+                  n->params->eps);
     return RLX_OK;
 }
 
-static int kern_op_gather_last(const rlx_node_view *n)
-{
+static int kern_op_gather_last(const rlx_node_view *n) {
     const rlx_tensor *x = &n->inputs[0];
     const int64_t T = rlx_iface_rows(x), C = rlx_iface_cols(x);
     if (T > 0)
@@ -194,8 +181,7 @@ static int kern_op_gather_last(const rlx_node_view *n)
     return RLX_OK;
 }
 
-int kern_op_rows(kern_ctx *c, const rlx_node_view *n)
-{
+int kern_op_rows(kern_ctx *c, const rlx_node_view *n) {
     const rlx_tensor *in = n->inputs;
     switch (n->op) {
     case RLX_OP_EMBED:

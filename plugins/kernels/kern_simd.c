@@ -16,8 +16,7 @@
 // ---------------------------------------------------------------------------------------------
 // Portable C: VW = 1 and plain float arithmetic
 
-static inline float kern_pow2i(int n)
-{
+static inline float kern_pow2i(int n) {
     const uint32_t bits = (uint32_t)(n + 127) << 23;
     float f;
     memcpy(&f, &bits, sizeof f);
@@ -59,16 +58,14 @@ static inline float kern_pow2i(int n)
 
 #define KS_TARGET __attribute__((target("avx2,fma,f16c")))
 
-static inline __attribute__((always_inline)) KS_TARGET float kern_hsum_avx2(__m256 v)
-{
+static inline __attribute__((always_inline)) KS_TARGET float kern_hsum_avx2(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
 
-static inline __attribute__((always_inline)) KS_TARGET float kern_hmax_avx2(__m256 v)
-{
+static inline __attribute__((always_inline)) KS_TARGET float kern_hmax_avx2(__m256 v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_max_ps(s, _mm_movehl_ps(s, s));
     s = _mm_max_ss(s, _mm_movehdup_ps(s));
@@ -76,8 +73,7 @@ static inline __attribute__((always_inline)) KS_TARGET float kern_hmax_avx2(__m2
 }
 
 /* 8 floats to BF16, as rlx_iface_f32_to_bf16 does one. */
-static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx2(uint16_t *p, __m256 v)
-{
+static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx2(uint16_t *p, __m256 v) {
     const __m256i b = _mm256_castps_si256(v);
     const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
     __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
@@ -110,12 +106,12 @@ static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx2(ui
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VHSUM(v) kern_hsum_avx2(v)
 #define VHMAX(v) kern_hmax_avx2(v)
-#define VLD_BF16(p)                                                                                         \
+#define VLD_BF16(p)                                                                                                    \
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define VLD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define VST_BF16(p, v) kern_st_bf16_avx2(p, v)
 #define VROUND(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define VPOW2I(n)                                                                                           \
+#define VPOW2I(n)                                                                                                      \
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
 #include "kern_simd.inc"
 
@@ -125,8 +121,7 @@ static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx2(ui
 #define KS_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 
 /* 16 floats to BF16, as rlx_iface_f32_to_bf16 does one. */
-static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx512(uint16_t *p, __m512 v)
-{
+static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx512(uint16_t *p, __m512 v) {
     const __m512i b = _mm512_castps_si512(v);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
@@ -157,17 +152,16 @@ static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx512(
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VHSUM(v) _mm512_reduce_add_ps(v)
 #define VHMAX(v) _mm512_reduce_max_ps(v)
-#define VLD_BF16(p)                                                                                         \
+#define VLD_BF16(p)                                                                                                    \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define VLD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define VST_BF16(p, v) kern_st_bf16_avx512(p, v)
 #define VROUND(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define VPOW2I(n)                                                                                           \
+#define VPOW2I(n)                                                                                                      \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
 #include "kern_simd.inc"
 
-const kern_simd *kern_simd_at(plugin_isa isa)
-{
+const kern_simd *kern_simd_at(plugin_isa isa) {
     static const kern_simd *const by_isa[PLUGIN_ISA_COUNT] = {&kern_simd_c, &kern_simd_avx2, &kern_simd_avx512};
     return isa < PLUGIN_ISA_COUNT ? by_isa[isa] : by_isa[PLUGIN_ISA_C];
 }

@@ -15,8 +15,8 @@
 #define KERN_GEMV_MAX_M 8
 
 /* y[m * ldy + n] = x[m * ldx] . w[n] (K values each) for the M rows of x and n in [n0, n1). */
-typedef void (*kern_gemv_fn)(const float *x, int64_t ldx, const void *w, int64_t k, int64_t n0, int64_t n1,
-                             float *y, int64_t ldy);
+typedef void (*kern_gemv_fn)(const float *x, int64_t ldx, const void *w, int64_t k, int64_t n0, int64_t n1, float *y,
+                             int64_t ldy);
 
 typedef struct kern_simd {
     const char *isa; /* plugin_isa_name of the level */

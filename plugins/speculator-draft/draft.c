@@ -21,7 +21,7 @@ typedef struct draft {
     /* the accepted context so far */
     int32_t *context;
     uint32_t n_context, context_cap;
-    int32_t *cached; /* [capacity]: the tokens at the cache's positions [0, length) */
+    int32_t *cached;      /* [capacity]: the tokens at the cache's positions [0, length) */
     rlx_sampler *sampler; /* made at the first propose() of a sequence, for its parameters */
     rlx_sampler_params sampling;
 } draft;
@@ -96,9 +96,11 @@ static int draft_open(const rlx_host *host, const rlx_spec_target *target, void 
     }
     const rlx_model_config *c = rlx_model_config_of(d->model);
     if (c->vocab_size != target->vocab) {
-        rc = host->error(RLX_E_INVALID, "the draft model %s has a vocabulary of %lld tokens, the target %s has "
-                         "%lld: a draft must share the target's tokenizer", d->dir, (long long)c->vocab_size,
-                         target->model_dir ? target->model_dir : "", (long long)target->vocab);
+        rc = host->error(RLX_E_INVALID,
+                         "the draft model %s has a vocabulary of %lld tokens, the target %s has "
+                         "%lld: a draft must share the target's tokenizer",
+                         d->dir, (long long)c->vocab_size, target->model_dir ? target->model_dir : "",
+                         (long long)target->vocab);
         goto fail;
     }
     if (target->model_dir) {
@@ -116,8 +118,12 @@ static int draft_open(const rlx_host *host, const rlx_spec_target *target, void 
     uint32_t capacity = target->kv_capacity;
     if (c->max_position_embeddings > 0 && (uint64_t)c->max_position_embeddings < capacity)
         capacity = (uint32_t)c->max_position_embeddings;
-    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
-    rlx_session_options so = {.size = sizeof(rlx_session_options), .kv_capacity = capacity,
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                           .layer_end = (uint32_t)c->num_hidden_layers,
+                           .embed_input = 1,
+                           .produce_logits = 1};
+    rlx_session_options so = {.size = sizeof(rlx_session_options),
+                              .kv_capacity = capacity,
                               .backends = target->backends,
                               .n_backends = target->n_backends,
                               .rules = target->rules,

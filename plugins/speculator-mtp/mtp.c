@@ -114,13 +114,15 @@ static int mtp_open(const rlx_host *host, const rlx_spec_target *target, void **
     }
     if ((rc = mtp_find_weights(s, target->model_dir, &o)) != RLX_OK)
         goto fail;
-    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_start = o.layer,
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                           .layer_start = o.layer,
                            .layer_end = o.layer + 1,
                            .embed_input = 1,
                            .produce_logits = 1,
                            .emit_hidden = 1,
                            .mtp = 1};
-    rlx_session_options so = {.size = sizeof(rlx_session_options), .kv_capacity = target->kv_capacity,
+    rlx_session_options so = {.size = sizeof(rlx_session_options),
+                              .kv_capacity = target->kv_capacity,
                               .backends = target->backends,
                               .n_backends = target->n_backends,
                               .rules = target->rules,

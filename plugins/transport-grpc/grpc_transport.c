@@ -135,7 +135,7 @@ typedef struct grpct_conn {
     grpct_listener *listener; /* server: holds a reference */
     char peer[GRPCT_ADDR_MAX];
     grpct_op ops[GRPCT_N_OPS];
-    int n_pending; /* ops of this connection still in flight, on cq (ACCEPT excluded) */
+    int n_pending;             /* ops of this connection still in flight, on cq (ACCEPT excluded) */
     grpc_byte_buffer *recv_bb; /* target of the RECV_MESSAGE in flight */
     grpc_byte_buffer *ready;   /* a received message the application has not taken yet */
     grpc_byte_buffer *send_bb; /* the SEND_MESSAGE in flight */
@@ -150,7 +150,7 @@ typedef struct grpct_conn {
     grpc_call_details details;
     grpc_metadata_array md_request;
     int cancelled;
-    grpc_slice status_text; /* SEND_STATUS_FROM_SERVER details */
+    grpc_slice status_text;         /* SEND_STATUS_FROM_SERVER details */
     bool close_posted;              /* conn_close sent our end of the stream */
     gpr_timespec expiry;            /* a closing connection is cancelled after this */
     bool linked;                    /* in t->conns (open connections) */
@@ -174,17 +174,17 @@ struct grpct {
     const rlx_host *host;
     int max_message, linger_ms, keepalive_ms, keepalive_timeout_ms;
     bool use_poller;
-    pthread_mutex_t mu; /* the lists */
-    grpct_conn *conns;  /* open connections (connected or accepted, not closed yet) */
+    pthread_mutex_t mu;  /* the lists */
+    grpct_conn *conns;   /* open connections (connected or accepted, not closed yet) */
     grpct_conn *zombies; /* closed by the application, finished by the progress thread */
     grpct_listener *listeners;
     /* the progress thread */
     pthread_t poller;
     bool poller_started;
     grpc_completion_queue *poller_cq;
-    atomic_int active;     /* application threads inside a call of this instance */
-    atomic_uint calls;     /* calls made so far, so the thread notices activity between looks */
-    atomic_bool stopping;  /* close() asks the thread to finish */
+    atomic_int active;    /* application threads inside a call of this instance */
+    atomic_uint calls;    /* calls made so far, so the thread notices activity between looks */
+    atomic_bool stopping; /* close() asks the thread to finish */
 };
 
 // ---- logging: gRPC's own log lines go to the host, never to stderr ----
@@ -200,8 +200,7 @@ static _Thread_local char grpct_last_log[1024];
  * nowhere else), so gRPC's nested detail is for whoever asked for verbose output. The
  * exception is a failed assertion, after which gRPC aborts: that line is the only explanation.
  * The "libgrpc" prefix and gRPC's source position set these lines apart from the plugin's own. */
-static void grpct_log(gpr_log_func_args *args)
-{
+static void grpct_log(gpr_log_func_args *args) {
     if (args->severity == GPR_LOG_SEVERITY_ERROR)
         snprintf(grpct_last_log, sizeof grpct_last_log, "%s", args->message);
     const rlx_host *h = atomic_load(&grpct_log_host);
@@ -210,13 +209,15 @@ static void grpct_log(gpr_log_func_args *args)
     const char *file = args->file ? strrchr(args->file, '/') : NULL;
     const int level = !strncmp(args->message, "assertion failed", 16) ? RLX_LOG_ERROR : RLX_LOG_DEBUG;
     h->log(level, "libgrpc %s %s:%d: %s", gpr_log_severity_string(args->severity),
-           file ? file + 1 : args->file ? args->file : "?", args->line, args->message);
+           file         ? file + 1
+           : args->file ? args->file
+                        : "?",
+           args->line, args->message);
 }
 
 /* The cause in a gRPC error log line: its innermost os_error, else the top description
  * ("UNKNOWN:Name or service not known {...}" -> "Name or service not known"). */
-static void grpct_log_cause(const char *log, char *out, size_t size)
-{
+static void grpct_log_cause(const char *log, char *out, size_t size) {
     const char *p = NULL, *q;
     for (const char *k = strstr(log, "os_error:\""); k; k = strstr(k + 1, "os_error:\""))
         p = k + 10;
@@ -233,24 +234,23 @@ static void grpct_log_cause(const char *log, char *out, size_t size)
 
 // ---- small helpers ----
 
-static gpr_timespec grpct_deadline(int timeout_ms)
-{
-    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(timeout_ms > 0 ? timeout_ms : 0, GPR_TIMESPAN));
+static gpr_timespec grpct_deadline(int timeout_ms) {
+    return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                        gpr_time_from_millis(timeout_ms > 0 ? timeout_ms : 0, GPR_TIMESPAN));
 }
 
 static bool grpct_passed(gpr_timespec deadline) { return gpr_time_cmp(gpr_now(GPR_CLOCK_MONOTONIC), deadline) >= 0; }
 
-static const char *grpct_status_name(int code)
-{
-    static const char *const names[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED",
-                                        "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
-                                        "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-                                        "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+static const char *grpct_status_name(int code) {
+    static const char *const names[] = {
+        "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+        "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+        "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+        "DATA_LOSS", "UNAUTHENTICATED"};
     return code >= 0 && code < (int)(sizeof names / sizeof names[0]) ? names[code] : "?";
 }
 
-static const char *grpct_state_name(grpc_connectivity_state st)
-{
+static const char *grpct_state_name(grpc_connectivity_state st) {
     switch (st) {
     case GRPC_CHANNEL_IDLE:
         return "IDLE";
@@ -266,8 +266,7 @@ static const char *grpct_state_name(grpc_connectivity_state st)
 }
 
 /* rlx_iface_split_address, with room left for the "ipv6:[...]:port" target gRPC is given. */
-static int grpct_split_address(const grpct *t, const char *address, char *host, size_t host_size, unsigned *port)
-{
+static int grpct_split_address(const grpct *t, const char *address, char *host, size_t host_size, unsigned *port) {
     char err[256];
     const int rc = rlx_iface_split_address(address, host, host_size, port, err, sizeof err);
     if (rc < 0)
@@ -278,8 +277,7 @@ static int grpct_split_address(const grpct *t, const char *address, char *host, 
 }
 
 /* "ipv4:127.0.0.1:5000" or "ipv6:%5B::1%5D:5000" (from grpc_call_get_peer) -> "127.0.0.1:5000", "[::1]:5000". */
-static void grpct_peer_name(grpc_call *call, char *buf, size_t size)
-{
+static void grpct_peer_name(grpc_call *call, char *buf, size_t size) {
     char *p = grpc_call_get_peer(call);
     const char *s = p ? p : "?";
     if (!strncmp(s, "ipv4:", 5) || !strncmp(s, "ipv6:", 5))
@@ -300,8 +298,7 @@ static void grpct_peer_name(grpc_call *call, char *buf, size_t size)
 // ---- completion queues and ops ----
 
 /* Waits for one completion on c's queue until deadline and records it: 1 got one, 0 timed out. */
-static int grpct_pump(grpct_conn *c, gpr_timespec deadline)
-{
+static int grpct_pump(grpct_conn *c, gpr_timespec deadline) {
     const grpc_event ev = grpc_completion_queue_next(c->cq, deadline, NULL);
     if (ev.type != GRPC_OP_COMPLETE)
         return 0;
@@ -336,8 +333,7 @@ static int grpct_pump(grpct_conn *c, gpr_timespec deadline)
 }
 
 /* Starts a batch on c's call tagged with c->ops[kind]. */
-static int grpct_start(grpct_conn *c, const grpc_op *ops, size_t n, int kind)
-{
+static int grpct_start(grpct_conn *c, const grpc_op *ops, size_t n, int kind) {
     const grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->ops[kind], NULL);
     if (e != GRPC_CALL_OK)
         return c->t->host->error(RLX_E_INTERNAL, "grpc: stream with %s: starting an operation failed: %s", c->peer,
@@ -347,8 +343,7 @@ static int grpct_start(grpct_conn *c, const grpc_op *ops, size_t n, int kind)
     return RLX_OK;
 }
 
-static int grpct_post_recv(grpct_conn *c)
-{
+static int grpct_post_recv(grpct_conn *c) {
     grpc_op op;
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_RECV_MESSAGE;
@@ -356,8 +351,7 @@ static int grpct_post_recv(grpct_conn *c)
     return grpct_start(c, &op, 1, GRPCT_OP_RECV);
 }
 
-static grpct_conn *grpct_conn_new(grpct *t, bool is_server)
-{
+static grpct_conn *grpct_conn_new(grpct *t, bool is_server) {
     grpct_conn *c = t->host->alloc(sizeof *c, GRPCT_ALIGN);
     if (!c)
         return NULL;
@@ -383,8 +377,7 @@ static grpct_conn *grpct_conn_new(grpct *t, bool is_server)
 }
 
 /* Adds or removes an open connection in t->conns, the list close() cleans up after. */
-static void grpct_conn_link(grpct_conn *c, bool link)
-{
+static void grpct_conn_link(grpct_conn *c, bool link) {
     grpct *t = c->t;
     pthread_mutex_lock(&t->mu);
     if (link && !c->linked) {
@@ -411,8 +404,7 @@ static void grpct_listener_unref(grpct_listener *l);
 /* Moves a closed connection towards the end of its stream without waiting: lets the send in
  * flight finish, then half-closes (client) or sends an OK status (server), and discards what
  * still arrives. True once nothing is left to wait for (or the call failed). */
-static bool grpct_conn_advance(grpct_conn *c)
-{
+static bool grpct_conn_advance(grpct_conn *c) {
     if (!c->call)
         return true;
     if (c->ready) {
@@ -452,8 +444,7 @@ static bool grpct_conn_advance(grpct_conn *c)
 }
 
 /* Releases everything c holds, cancelling its call first if it is not complete. */
-static void grpct_conn_destroy(grpct_conn *c)
-{
+static void grpct_conn_destroy(grpct_conn *c) {
     grpct *t = c->t;
     grpct_conn_link(c, false);
     if (c->call)
@@ -491,15 +482,13 @@ static void grpct_conn_destroy(grpct_conn *c)
 }
 
 /* Processes whatever already completed on c's queue, without waiting. */
-static void grpct_pump_ready(grpct_conn *c)
-{
+static void grpct_pump_ready(grpct_conn *c) {
     while (grpct_pump(c, gpr_inf_past(GPR_CLOCK_MONOTONIC)))
         ;
 }
 
 /* The error for a stream that ended or failed; waits briefly for the client's final status. */
-static int grpct_stream_error(grpct_conn *c, const char *doing, gpr_timespec deadline)
-{
+static int grpct_stream_error(grpct_conn *c, const char *doing, gpr_timespec deadline) {
     const rlx_host *h = c->t->host;
     if (!c->is_server) {
         const gpr_timespec soon = grpct_deadline(1000);
@@ -524,15 +513,16 @@ static int grpct_stream_error(grpct_conn *c, const char *doing, gpr_timespec dea
     }
     if (c->eof && !c->recv_failed)
         return h->error(RLX_E_PEER, "grpc: %s %s: the peer closed the stream", doing, c->peer);
-    return h->error(RLX_E_PEER, "grpc: %s %s: the stream broke off (peer gone, connection lost, or a message over "
-                    "max_message)", doing, c->peer);
+    return h->error(RLX_E_PEER,
+                    "grpc: %s %s: the stream broke off (peer gone, connection lost, or a message over "
+                    "max_message)",
+                    doing, c->peer);
 }
 
 // ---- the progress thread ----
 
 /* Advances every closed connection; destroys those that finished or ran out of time. */
-static void grpct_reap(grpct *t)
-{
+static void grpct_reap(grpct *t) {
     pthread_mutex_lock(&t->mu);
     grpct_conn *z = t->zombies, *keep = NULL;
     t->zombies = NULL;
@@ -559,8 +549,7 @@ static void grpct_reap(grpct *t)
     pthread_mutex_unlock(&t->mu);
 }
 
-static bool grpct_has_zombies(grpct *t)
-{
+static bool grpct_has_zombies(grpct *t) {
     pthread_mutex_lock(&t->mu);
     const bool any = t->zombies != NULL;
     pthread_mutex_unlock(&t->mu);
@@ -573,8 +562,7 @@ static bool grpct_has_zombies(grpct *t)
  * look, GRPCT_QUIET_MS): during a burst of calls the calling threads poll themselves, and a
  * second poller would only add a wake-up hand-off to every message (measured: about +40 %
  * round-trip time, half the echo bandwidth on 2 vCPUs). */
-static void *grpct_poller_main(void *arg)
-{
+static void *grpct_poller_main(void *arg) {
     grpct *t = arg;
     unsigned seen = atomic_load(&t->calls) - 1;
     while (!atomic_load(&t->stopping)) {
@@ -597,8 +585,7 @@ static void *grpct_poller_main(void *arg)
 }
 
 /* Brackets every entry point, so the progress thread knows when the application polls. */
-static void grpct_enter(grpct *t)
-{
+static void grpct_enter(grpct *t) {
     atomic_fetch_add(&t->active, 1);
     atomic_fetch_add(&t->calls, 1);
 }
@@ -607,8 +594,7 @@ static void grpct_leave(grpct *t) { atomic_fetch_sub(&t->active, 1); }
 
 // ---- open, close ----
 
-static int grpct_parse_options(grpct *t, const char *options)
-{
+static int grpct_parse_options(grpct *t, const char *options) {
     const char *cursor = options;
     rlx_iface_option o;
     char err[256];
@@ -639,8 +625,7 @@ static int grpct_parse_options(grpct *t, const char *options)
 
 static void grpct_listener_destroy(grpct_listener *l);
 
-static void grpct_close(void *self)
-{
+static void grpct_close(void *self) {
     grpct *t = self;
     if (!t)
         return;
@@ -687,8 +672,7 @@ static void grpct_close(void *self)
     pthread_mutex_unlock(&grpct_global_mu);
 }
 
-static int grpct_open(const rlx_host *host, const char *options, void **self)
-{
+static int grpct_open(const rlx_host *host, const char *options, void **self) {
     if (!host || !self)
         return host ? host->error(RLX_E_INVALID, "grpc: open: NULL argument") : RLX_E_INVALID;
     *self = NULL;
@@ -729,8 +713,7 @@ static int grpct_open(const rlx_host *host, const char *options, void **self)
 }
 
 /* Channel or server arguments shared by both ends; returns how many were filled. */
-static size_t grpct_common_args(const grpct *t, grpc_arg *a, bool server)
-{
+static size_t grpct_common_args(const grpct *t, grpc_arg *a, bool server) {
     size_t n = 0;
     a[n].type = GRPC_ARG_INTEGER, a[n].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, a[n++].value.integer = t->max_message;
     a[n].type = GRPC_ARG_INTEGER, a[n].key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, a[n++].value.integer = t->max_message;
@@ -763,8 +746,7 @@ static size_t grpct_common_args(const grpct *t, grpc_arg *a, bool server)
 // ---- listeners ----
 
 /* Posts request_call for every free slot. Caller holds l->accept_mu (or owns l alone). */
-static int grpct_fill_slots(grpct_listener *l)
-{
+static int grpct_fill_slots(grpct_listener *l) {
     grpct *t = l->t;
     for (int i = 0; i < GRPCT_BACKLOG; i++) {
         if (l->slots[i])
@@ -786,8 +768,7 @@ static int grpct_fill_slots(grpct_listener *l)
 }
 
 /* Frees a slot whose request_call completed; a call it got while shutting down is refused. */
-static void grpct_slot_release(grpct_listener *l, grpct_conn *c, bool got_call)
-{
+static void grpct_slot_release(grpct_listener *l, grpct_conn *c, bool got_call) {
     for (int i = 0; i < GRPCT_BACKLOG; i++)
         if (l->slots[i] == c)
             l->slots[i] = NULL;
@@ -799,8 +780,7 @@ static void grpct_slot_release(grpct_listener *l, grpct_conn *c, bool got_call)
     grpct_conn_destroy(c);
 }
 
-static void grpct_listener_destroy(grpct_listener *l)
-{
+static void grpct_listener_destroy(grpct_listener *l) {
     grpct *t = l->t;
     if (l->server) {
         l->shutdown_op.pending = true;
@@ -847,8 +827,7 @@ static void grpct_listener_destroy(grpct_listener *l)
     t->host->free(l);
 }
 
-static void grpct_listener_unref(grpct_listener *l)
-{
+static void grpct_listener_unref(grpct_listener *l) {
     pthread_mutex_lock(&l->mu);
     const bool last = --l->refs == 0;
     pthread_mutex_unlock(&l->mu);
@@ -856,8 +835,7 @@ static void grpct_listener_unref(grpct_listener *l)
         grpct_listener_destroy(l);
 }
 
-static int grpct_listen(void *self, const char *address, void **listener)
-{
+static int grpct_listen(void *self, const char *address, void **listener) {
     grpct *t = self;
     if (!t || !listener)
         return RLX_E_INVALID;
@@ -930,8 +908,7 @@ fail:
     return rc;
 }
 
-static int grpct_bound_address(void *self, void *listener, char *buf, size_t size)
-{
+static int grpct_bound_address(void *self, void *listener, char *buf, size_t size) {
     grpct *t = self;
     grpct_listener *l = listener;
     if (!t || !l || !buf || !size)
@@ -941,16 +918,14 @@ static int grpct_bound_address(void *self, void *listener, char *buf, size_t siz
     return RLX_OK;
 }
 
-static void grpct_listener_close(void *self, void *listener)
-{
+static void grpct_listener_close(void *self, void *listener) {
     grpct_listener *l = listener;
     if (self && l)
         grpct_listener_unref(l); /* the server stays until its accepted connections close */
 }
 
 /* Makes an accepted slot a connection: initial metadata out, the first receive posted. */
-static int grpct_conn_start_server(grpct_conn *c)
-{
+static int grpct_conn_start_server(grpct_conn *c) {
     grpct_peer_name(c->call, c->peer, sizeof c->peer);
     grpc_op op;
     memset(&op, 0, sizeof op);
@@ -966,8 +941,7 @@ static int grpct_conn_start_server(grpct_conn *c)
     return grpct_post_recv(c);
 }
 
-static int grpct_accept(void *self, void *listener, int timeout_ms, void **conn)
-{
+static int grpct_accept(void *self, void *listener, int timeout_ms, void **conn) {
     grpct *t = self;
     grpct_listener *l = listener;
     if (!t || !l || !conn)
@@ -1028,8 +1002,7 @@ static int grpct_accept(void *self, void *listener, int timeout_ms, void **conn)
 // ---- connect ----
 
 /* A call that fails fast on a channel in TRANSIENT_FAILURE: its status says why. */
-static void grpct_probe(grpct_conn *c, gpr_timespec deadline, char *why, size_t size)
-{
+static void grpct_probe(grpct_conn *c, gpr_timespec deadline, char *why, size_t size) {
     const gpr_timespec soon = grpct_deadline(1000);
     grpc_call *call = grpc_channel_create_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, c->cq,
                                                grpc_slice_from_static_string(GRPCT_PROBE_METHOD), NULL,
@@ -1072,8 +1045,7 @@ static void grpct_probe(grpct_conn *c, gpr_timespec deadline, char *why, size_t 
 }
 
 /* Whether host:port accepts a TCP connection within GRPCT_TCP_CHECK_MS. */
-static bool grpct_tcp_accepts(const char *host, unsigned port)
-{
+static bool grpct_tcp_accepts(const char *host, unsigned port) {
     char service[16];
     snprintf(service, sizeof service, "%u", port);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
@@ -1100,8 +1072,7 @@ static bool grpct_tcp_accepts(const char *host, unsigned port)
     return accepted;
 }
 
-static int grpct_connect(void *self, const char *address, int timeout_ms, void **conn)
-{
+static int grpct_connect(void *self, const char *address, int timeout_ms, void **conn) {
     grpct *t = self;
     if (!t || !conn)
         return RLX_E_INVALID;
@@ -1150,8 +1121,10 @@ static int grpct_connect(void *self, const char *address, int timeout_ms, void *
     }
     if (st != GRPC_CHANNEL_READY) {
         if (st == GRPC_CHANNEL_TRANSIENT_FAILURE && strstr(why, strerror(ECONNREFUSED))) {
-            rc = t->host->error(RLX_E_PEER, "grpc: cannot connect to %s: connection refused for %d ms (nothing "
-                                "listens there)", address, timeout_ms);
+            rc = t->host->error(RLX_E_PEER,
+                                "grpc: cannot connect to %s: connection refused for %d ms (nothing "
+                                "listens there)",
+                                address, timeout_ms);
         } else {
             /* gRPC shows a silent peer and a host that never answers alike: a channel that stays
              * CONNECTING. Only a plain TCP connection tells them apart. */
@@ -1201,8 +1174,7 @@ fail:
 
 // ---- send, recv, close ----
 
-static int grpct_send(void *self, void *conn, const void *data, size_t len, int timeout_ms)
-{
+static int grpct_send(void *self, void *conn, const void *data, size_t len, int timeout_ms) {
     grpct *t = self;
     grpct_conn *c = conn;
     if (!t || !c || (len && !data))
@@ -1239,8 +1211,7 @@ static int grpct_send(void *self, void *conn, const void *data, size_t len, int 
     return rc;
 }
 
-static int grpct_recv(void *self, void *conn, void **data, size_t *len, int timeout_ms)
-{
+static int grpct_recv(void *self, void *conn, void **data, size_t *len, int timeout_ms) {
     grpct *t = self;
     grpct_conn *c = conn;
     if (!t || !c || !data || !len)
@@ -1292,8 +1263,7 @@ static int grpct_recv(void *self, void *conn, void **data, size_t *len, int time
     return RLX_OK;
 }
 
-static void grpct_conn_close(void *self, void *conn)
-{
+static void grpct_conn_close(void *self, void *conn) {
     grpct *t = self;
     grpct_conn *c = conn;
     if (!t || !c)
@@ -1321,8 +1291,7 @@ static void grpct_conn_close(void *self, void *conn)
 // ---- plugin ----
 
 /* The table's entry points: each call is bracketed for the progress thread (see grpct_enter). */
-static int grpct_api_listen(void *self, const char *address, void **listener)
-{
+static int grpct_api_listen(void *self, const char *address, void **listener) {
     if (!self)
         return RLX_E_INVALID;
     grpct_enter(self);
@@ -1331,8 +1300,7 @@ static int grpct_api_listen(void *self, const char *address, void **listener)
     return rc;
 }
 
-static int grpct_api_accept(void *self, void *listener, int timeout_ms, void **conn)
-{
+static int grpct_api_accept(void *self, void *listener, int timeout_ms, void **conn) {
     if (!self)
         return RLX_E_INVALID;
     grpct_enter(self);
@@ -1341,8 +1309,7 @@ static int grpct_api_accept(void *self, void *listener, int timeout_ms, void **c
     return rc;
 }
 
-static void grpct_api_listener_close(void *self, void *listener)
-{
+static void grpct_api_listener_close(void *self, void *listener) {
     if (!self)
         return;
     grpct_enter(self);
@@ -1350,8 +1317,7 @@ static void grpct_api_listener_close(void *self, void *listener)
     grpct_leave(self);
 }
 
-static int grpct_api_connect(void *self, const char *address, int timeout_ms, void **conn)
-{
+static int grpct_api_connect(void *self, const char *address, int timeout_ms, void **conn) {
     if (!self)
         return RLX_E_INVALID;
     grpct_enter(self);
@@ -1360,8 +1326,7 @@ static int grpct_api_connect(void *self, const char *address, int timeout_ms, vo
     return rc;
 }
 
-static int grpct_api_send(void *self, void *conn, const void *data, size_t len, int timeout_ms)
-{
+static int grpct_api_send(void *self, void *conn, const void *data, size_t len, int timeout_ms) {
     if (!self)
         return RLX_E_INVALID;
     grpct_enter(self);
@@ -1370,8 +1335,7 @@ static int grpct_api_send(void *self, void *conn, const void *data, size_t len, 
     return rc;
 }
 
-static int grpct_api_recv(void *self, void *conn, void **data, size_t *len, int timeout_ms)
-{
+static int grpct_api_recv(void *self, void *conn, void **data, size_t *len, int timeout_ms) {
     if (!self)
         return RLX_E_INVALID;
     grpct_enter(self);
@@ -1380,8 +1344,7 @@ static int grpct_api_recv(void *self, void *conn, void **data, size_t *len, int 
     return rc;
 }
 
-static void grpct_api_conn_close(void *self, void *conn)
-{
+static void grpct_api_conn_close(void *self, void *conn) {
     if (!self)
         return;
     grpct_enter(self);
@@ -1414,8 +1377,7 @@ static const rlx_plugin grpct_plugin = {
     .iface = &grpct_iface,
 };
 
-RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host)
-{
+RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) {
     if (!host || host->abi_major != RLX_ABI_MAJOR) {
         if (host && host->error)
             host->error(RLX_E_ABI, "grpc: built for ABI %d, host has %u", RLX_ABI_MAJOR, host->abi_major);

@@ -107,8 +107,7 @@ typedef struct tcp_conn {
 static uint32_t tcp_crc_table[8][256];
 static pthread_once_t tcp_crc_once = PTHREAD_ONCE_INIT;
 
-static void tcp_crc_init_tables(void)
-{
+static void tcp_crc_init_tables(void) {
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++)
@@ -120,9 +119,7 @@ static void tcp_crc_init_tables(void)
             tcp_crc_table[t][i] = (tcp_crc_table[t - 1][i] >> 8) ^ tcp_crc_table[0][tcp_crc_table[t - 1][i] & 0xff];
 }
 
-
-static uint32_t tcp_crc_sw(uint32_t c, const uint8_t *p, size_t n)
-{
+static uint32_t tcp_crc_sw(uint32_t c, const uint8_t *p, size_t n) {
     while (n >= 8) {
         uint32_t lo, hi;
         memcpy(&lo, p, 4);
@@ -150,8 +147,7 @@ static const size_t tcp_crc_blocks[2] = {8192, 512};
 static uint32_t tcp_crc_shift[2][4][256];
 static pthread_once_t tcp_crc_shift_once = PTHREAD_ONCE_INIT;
 
-__attribute__((target("sse4.2"))) static uint32_t tcp_crc_hw1(uint32_t crc, const uint8_t *p, size_t n)
-{
+__attribute__((target("sse4.2"))) static uint32_t tcp_crc_hw1(uint32_t crc, const uint8_t *p, size_t n) {
     uint64_t c = crc;
     for (; n && ((uintptr_t)p & 7); n--)
         c = _mm_crc32_u8((uint32_t)c, *p++);
@@ -165,13 +161,11 @@ __attribute__((target("sse4.2"))) static uint32_t tcp_crc_hw1(uint32_t crc, cons
     return (uint32_t)c;
 }
 
-static uint32_t tcp_crc_apply_shift(const uint32_t sh[4][256], uint32_t c)
-{
+static uint32_t tcp_crc_apply_shift(const uint32_t sh[4][256], uint32_t c) {
     return sh[0][c & 0xff] ^ sh[1][(c >> 8) & 0xff] ^ sh[2][(c >> 16) & 0xff] ^ sh[3][c >> 24];
 }
 
-__attribute__((target("sse4.2"))) static uint32_t tcp_crc_hw(uint32_t crc, const uint8_t *p, size_t n)
-{
+__attribute__((target("sse4.2"))) static uint32_t tcp_crc_hw(uint32_t crc, const uint8_t *p, size_t n) {
     for (int t = 0; t < 2; t++) {
         const size_t blk = tcp_crc_blocks[t];
         for (; n >= 3 * blk; n -= 3 * blk, p += 3 * blk) {
@@ -192,8 +186,7 @@ __attribute__((target("sse4.2"))) static uint32_t tcp_crc_hw(uint32_t crc, const
     return tcp_crc_hw1(crc, p, n);
 }
 
-static void tcp_crc_init_shift(void)
-{
+static void tcp_crc_init_shift(void) {
     static const uint8_t zeros[8192];
     for (int t = 0; t < 2; t++) {
         uint32_t basis[32];
@@ -211,62 +204,51 @@ static void tcp_crc_init_shift(void)
 }
 #endif
 
-static uint32_t tcp_crc32c(const tcp *s, const void *p, size_t n)
-{
-    return ~s->crc(~0u, p, n);
-}
+static uint32_t tcp_crc32c(const tcp *s, const void *p, size_t n) { return ~s->crc(~0u, p, n); }
 
 // ---- small helpers ----
 
-static int64_t tcp_now_ns(void)
-{
+static int64_t tcp_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static int64_t tcp_deadline(int timeout_ms)
-{
+static int64_t tcp_deadline(int timeout_ms) {
     return tcp_now_ns() + (int64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000;
 }
 
 /* Milliseconds left until deadline, rounded up so poll never wakes early; 0 once it passed. */
-static int tcp_left_ms(int64_t deadline)
-{
+static int tcp_left_ms(int64_t deadline) {
     const int64_t left = deadline - tcp_now_ns();
     return left <= 0 ? 0 : (int)((left + 999999) / 1000000);
 }
 
-static void tcp_put16(uint8_t *p, uint16_t v)
-{
+static void tcp_put16(uint8_t *p, uint16_t v) {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
 }
 
-static void tcp_put32(uint8_t *p, uint32_t v)
-{
+static void tcp_put32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-static void tcp_put64(uint8_t *p, uint64_t v)
-{
+static void tcp_put64(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
 static uint16_t tcp_get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
-static uint32_t tcp_get32(const uint8_t *p)
-{
+static uint32_t tcp_get32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
 static uint64_t tcp_get64(const uint8_t *p) { return (uint64_t)tcp_get32(p) | (uint64_t)tcp_get32(p + 4) << 32; }
 
 /* Waits until fd is ready for events or deadline passes: 1 ready, 0 timed out, -errno. */
-static int tcp_wait(int fd, short events, int64_t deadline)
-{
+static int tcp_wait(int fd, short events, int64_t deadline) {
     for (;;) {
         struct pollfd pfd = {.fd = fd, .events = events};
         const int n = poll(&pfd, 1, tcp_left_ms(deadline));
@@ -280,8 +262,7 @@ static int tcp_wait(int fd, short events, int64_t deadline)
 }
 
 /* rlx_iface_split_address with the port as text for getaddrinfo. */
-static int tcp_split_address(const tcp *s, const char *address, char *host, size_t host_size, char *port)
-{
+static int tcp_split_address(const tcp *s, const char *address, char *host, size_t host_size, char *port) {
     char err[256];
     unsigned number;
     const int rc = rlx_iface_split_address(address, host, host_size, &number, err, sizeof err);
@@ -292,8 +273,7 @@ static int tcp_split_address(const tcp *s, const char *address, char *host, size
 }
 
 /* Formats a socket address as "a.b.c.d:port" or "[v6]:port" (IPv4-mapped IPv6 as IPv4). */
-static int tcp_format_sockaddr(const struct sockaddr_storage *ss, char *buf, size_t size)
-{
+static int tcp_format_sockaddr(const struct sockaddr_storage *ss, char *buf, size_t size) {
     char ip[INET6_ADDRSTRLEN];
     int n;
     if (ss->ss_family == AF_INET) {
@@ -315,8 +295,7 @@ static int tcp_format_sockaddr(const struct sockaddr_storage *ss, char *buf, siz
     return n < 0 || (size_t)n >= size ? -1 : 0;
 }
 
-static void tcp_link(tcp *s, tcp_node *head, tcp_node *n)
-{
+static void tcp_link(tcp *s, tcp_node *head, tcp_node *n) {
     pthread_mutex_lock(&s->mu);
     n->prev = head;
     n->next = head->next;
@@ -325,8 +304,7 @@ static void tcp_link(tcp *s, tcp_node *head, tcp_node *n)
     pthread_mutex_unlock(&s->mu);
 }
 
-static void tcp_unlink(tcp *s, tcp_node *n)
-{
+static void tcp_unlink(tcp *s, tcp_node *n) {
     pthread_mutex_lock(&s->mu);
     n->prev->next = n->next;
     n->next->prev = n->prev;
@@ -335,8 +313,7 @@ static void tcp_unlink(tcp *s, tcp_node *n)
 
 // ---- options, open, close ----
 
-static int tcp_parse_options(tcp *s, const char *options)
-{
+static int tcp_parse_options(tcp *s, const char *options) {
     const char *cursor = options;
     rlx_iface_option o;
     char err[256];
@@ -361,8 +338,7 @@ static int tcp_parse_options(tcp *s, const char *options)
 static void tcp_listener_close(void *self, void *listener);
 static void tcp_conn_close(void *self, void *conn);
 
-static void tcp_close(void *self)
-{
+static void tcp_close(void *self) {
     tcp *s = self;
     if (!s)
         return;
@@ -374,8 +350,7 @@ static void tcp_close(void *self)
     s->host->free(s);
 }
 
-static int tcp_open(const rlx_host *host, const char *options, void **self)
-{
+static int tcp_open(const rlx_host *host, const char *options, void **self) {
     if (!host || !self)
         return host ? host->error(RLX_E_INVALID, "tcp: open: NULL argument") : RLX_E_INVALID;
     *self = NULL;
@@ -409,8 +384,7 @@ static int tcp_open(const rlx_host *host, const char *options, void **self)
 
 // ---- listeners ----
 
-static int tcp_listen(void *self, const char *address, void **listener)
-{
+static int tcp_listen(void *self, const char *address, void **listener) {
     tcp *s = self;
     if (!s || !listener)
         return RLX_E_INVALID;
@@ -420,7 +394,8 @@ static int tcp_listen(void *self, const char *address, void **listener)
     if (rc < 0)
         return rc;
     const bool wildcard = !host[0] || !strcmp(host, "*");
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *res = NULL;
     const int gai = getaddrinfo(wildcard ? NULL : host, port, &hints, &res);
     if (gai)
@@ -464,8 +439,7 @@ static int tcp_listen(void *self, const char *address, void **listener)
     return RLX_OK;
 }
 
-static int tcp_bound_address(void *self, void *listener, char *buf, size_t size)
-{
+static int tcp_bound_address(void *self, void *listener, char *buf, size_t size) {
     tcp *s = self;
     tcp_listener *l = listener;
     if (!s || !l || !buf || !size)
@@ -479,8 +453,7 @@ static int tcp_bound_address(void *self, void *listener, char *buf, size_t size)
     return RLX_OK;
 }
 
-static void tcp_listener_close(void *self, void *listener)
-{
+static void tcp_listener_close(void *self, void *listener) {
     tcp *s = self;
     tcp_listener *l = listener;
     if (!s || !l)
@@ -492,8 +465,7 @@ static void tcp_listener_close(void *self, void *listener)
 
 // ---- connections ----
 
-static int tcp_conn_create(tcp *s, int fd, const char *peer, tcp_conn **out)
-{
+static int tcp_conn_create(tcp *s, int fd, const char *peer, tcp_conn **out) {
     const int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     /* Keepalive turns a peer that vanished without a FIN (power loss, partition) into an
@@ -520,8 +492,7 @@ static int tcp_conn_create(tcp *s, int fd, const char *peer, tcp_conn **out)
     return RLX_OK;
 }
 
-static int tcp_accept(void *self, void *listener, int timeout_ms, void **conn)
-{
+static int tcp_accept(void *self, void *listener, int timeout_ms, void **conn) {
     tcp *s = self;
     tcp_listener *l = listener;
     if (!s || !l || !conn)
@@ -552,8 +523,7 @@ static int tcp_accept(void *self, void *listener, int timeout_ms, void **conn)
 }
 
 /* One connection attempt to one address: 1 connected (*fd_out set), 0 failed (*err set). */
-static int tcp_try_connect(const struct addrinfo *ai, int64_t deadline, int *fd_out, int *err)
-{
+static int tcp_try_connect(const struct addrinfo *ai, int64_t deadline, int *fd_out, int *err) {
     const int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         *err = errno;
@@ -594,8 +564,7 @@ static int tcp_try_connect(const struct addrinfo *ai, int64_t deadline, int *fd_
     return 1;
 }
 
-static int tcp_connect(void *self, const char *address, int timeout_ms, void **conn)
-{
+static int tcp_connect(void *self, const char *address, int timeout_ms, void **conn) {
     tcp *s = self;
     if (!s || !conn)
         return RLX_E_INVALID;
@@ -657,13 +626,11 @@ static int tcp_connect(void *self, const char *address, int timeout_ms, void **c
     /* Refused to the end means nothing listens there (the host answered): a peer failure, not a
      * silence. */
     return s->host->error(err == ECONNREFUSED ? RLX_E_PEER : RLX_E_TIMEOUT,
-                          "tcp: cannot connect to %s within %d ms (%d attempt%s over %lld ms): %s", address,
-                          timeout_ms, attempts, attempts == 1 ? "" : "s", (long long)((tcp_now_ns() - start) / 1000000),
-                          why);
+                          "tcp: cannot connect to %s within %d ms (%d attempt%s over %lld ms): %s", address, timeout_ms,
+                          attempts, attempts == 1 ? "" : "s", (long long)((tcp_now_ns() - start) / 1000000), why);
 }
 
-static void tcp_conn_close(void *self, void *conn)
-{
+static void tcp_conn_close(void *self, void *conn) {
     tcp *s = self;
     tcp_conn *c = conn;
     if (!s || !c)
@@ -679,21 +646,21 @@ static void tcp_conn_close(void *self, void *conn)
 
 /* Records why sending stopped working (the outgoing stream is out of step after a partial
  * frame) and reports it. */
-static int tcp_send_fail(tcp *s, tcp_conn *c, int rc, const char *why, uint64_t sent, uint64_t total)
-{
+static int tcp_send_fail(tcp *s, tcp_conn *c, int rc, const char *why, uint64_t sent, uint64_t total) {
     snprintf(c->send_why, sizeof c->send_why, "%s", why);
     c->send_rc = rc;
     if (sent > 0 && sent < total) {
         /* The peer must not wait for the rest of a frame that will never come. */
         shutdown(c->fd, SHUT_WR);
-        return s->host->error(rc, "tcp: sending to %s: %s with %llu of %llu bytes of the frame sent (the connection "
-                              "sends no more)", c->peer, why, (unsigned long long)sent, (unsigned long long)total);
+        return s->host->error(rc,
+                              "tcp: sending to %s: %s with %llu of %llu bytes of the frame sent (the connection "
+                              "sends no more)",
+                              c->peer, why, (unsigned long long)sent, (unsigned long long)total);
     }
     return s->host->error(rc, "tcp: sending to %s: %s", c->peer, why);
 }
 
-static int tcp_send(void *self, void *conn, const void *data, size_t len, int timeout_ms)
-{
+static int tcp_send(void *self, void *conn, const void *data, size_t len, int timeout_ms) {
     tcp *s = self;
     tcp_conn *c = conn;
     if (!s || !c || (len && !data))
@@ -760,8 +727,7 @@ static int tcp_send(void *self, void *conn, const void *data, size_t len, int ti
 static int tcp_recv_broken(tcp *s, tcp_conn *c, int rc, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* Records a failure that leaves the incoming stream out of step, and reports it. */
-static int tcp_recv_broken(tcp *s, tcp_conn *c, int rc, const char *fmt, ...)
-{
+static int tcp_recv_broken(tcp *s, tcp_conn *c, int rc, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(c->recv_why, sizeof c->recv_why, fmt, ap);
@@ -770,8 +736,7 @@ static int tcp_recv_broken(tcp *s, tcp_conn *c, int rc, const char *fmt, ...)
     return s->host->error(rc, "tcp: %s", c->recv_why);
 }
 
-static int tcp_recv_eof(tcp *s, tcp_conn *c)
-{
+static int tcp_recv_eof(tcp *s, tcp_conn *c) {
     if (c->hdr_got == 0)
         return s->host->error(RLX_E_PEER, "tcp: peer %s closed the connection", c->peer);
     if (c->hdr_got < TCP_HEADER_SIZE)
@@ -782,8 +747,7 @@ static int tcp_recv_eof(tcp *s, tcp_conn *c)
 }
 
 /* Receives at least one byte into dst (up to cap) before deadline. */
-static int tcp_read_some(tcp *s, tcp_conn *c, void *dst, size_t cap, int64_t deadline, int timeout_ms, size_t *n_out)
-{
+static int tcp_read_some(tcp *s, tcp_conn *c, void *dst, size_t cap, int64_t deadline, int timeout_ms, size_t *n_out) {
     for (;;) {
         const ssize_t n = recv(c->fd, dst, cap, 0);
         if (n > 0) {
@@ -811,8 +775,7 @@ static int tcp_read_some(tcp *s, tcp_conn *c, void *dst, size_t cap, int64_t dea
     }
 }
 
-static int tcp_fill(tcp *s, tcp_conn *c, int64_t deadline, int timeout_ms)
-{
+static int tcp_fill(tcp *s, tcp_conn *c, int64_t deadline, int timeout_ms) {
     size_t n;
     const int rc = tcp_read_some(s, c, c->rbuf, TCP_RBUF_SIZE, deadline, timeout_ms, &n);
     if (rc < 0)
@@ -825,8 +788,7 @@ static int tcp_fill(tcp *s, tcp_conn *c, int64_t deadline, int timeout_ms)
 /* What a peer that does not speak this framing might be, from its first bytes. The likeliest
  * one is the other rlx transport: an HTTP/2 client opens with "PRI * HTTP/2.0", a server with a
  * SETTINGS frame (a 24-bit length, small, so byte 0 is 0; then type 4). */
-static const char *tcp_guess_peer(const uint8_t *h)
-{
+static const char *tcp_guess_peer(const uint8_t *h) {
     if (!memcmp(h, "PRI ", 4))
         return "an HTTP/2 client: perhaps a driver using --transport grpc";
     if (h[0] == 0 && h[3] == 4)
@@ -835,8 +797,7 @@ static const char *tcp_guess_peer(const uint8_t *h)
 }
 
 /* Checks a complete header and allocates the payload buffer. */
-static int tcp_start_payload(tcp *s, tcp_conn *c)
-{
+static int tcp_start_payload(tcp *s, tcp_conn *c) {
     const uint8_t *h = c->hdr;
     if (h[0] != TCP_MAGIC0 || h[1] != TCP_MAGIC1 || h[2] != TCP_MAGIC2 || h[3] != TCP_MAGIC3)
         return tcp_recv_broken(s, c, RLX_E_FORMAT, "bad frame from %s: magic %02x %02x %02x %02x is not \"RLXT\" (%s)",
@@ -853,9 +814,10 @@ static int tcp_start_payload(tcp *s, tcp_conn *c)
         return tcp_recv_broken(s, c, RLX_E_FORMAT, "bad frame from %s: unknown flags 0x%04x", c->peer, flags);
     const uint64_t len = tcp_get64(h + 8);
     if (len > s->max_message || len > SIZE_MAX - TCP_ALIGN)
-        return tcp_recv_broken(s, c, RLX_E_FORMAT,
-                               "bad frame from %s: a message of %llu bytes exceeds the limit of %llu (option max_message)",
-                               c->peer, (unsigned long long)len, (unsigned long long)s->max_message);
+        return tcp_recv_broken(
+            s, c, RLX_E_FORMAT,
+            "bad frame from %s: a message of %llu bytes exceeds the limit of %llu (option max_message)", c->peer,
+            (unsigned long long)len, (unsigned long long)s->max_message);
     c->payload = s->host->alloc(len ? (size_t)len : 1, TCP_ALIGN);
     if (!c->payload)
         return tcp_recv_broken(s, c, RLX_E_NOMEM, "cannot allocate %llu bytes for a message from %s",
@@ -868,8 +830,7 @@ static int tcp_start_payload(tcp *s, tcp_conn *c)
     return RLX_OK;
 }
 
-static int tcp_recv(void *self, void *conn, void **data, size_t *len, int timeout_ms)
-{
+static int tcp_recv(void *self, void *conn, void **data, size_t *len, int timeout_ms) {
     tcp *s = self;
     tcp_conn *c = conn;
     if (!s || !c || !data || !len)
@@ -953,8 +914,7 @@ static const rlx_plugin tcp_plugin = {
     .iface = &tcp_iface,
 };
 
-RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host)
-{
+RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) {
     if (!host || host->abi_major != RLX_ABI_MAJOR) {
         if (host && host->error)
             host->error(RLX_E_ABI, "tcp: built for ABI %d, host has %u", RLX_ABI_MAJOR, host->abi_major);

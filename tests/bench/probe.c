@@ -104,8 +104,8 @@ static const char *const kernel_names[] = {"portable", "avx2", "avx512"};
 
 typedef struct {
     int id, passes;
-    int kernel;         /* KERNEL_* */
-    uint64_t *part;     /* this thread's slice */
+    int kernel;     /* KERNEL_* */
+    uint64_t *part; /* this thread's slice */
     size_t part_words;
     pthread_barrier_t *start, *stop;
     double *pass_seconds; /* written by thread 0 only */
@@ -149,8 +149,8 @@ static double measure_read_bw(int n_threads, size_t total_bytes, int passes, int
     /* Widest vector loads the CPU has; the kernel only changes how few instructions the core
      * needs per cache line, the bandwidth is the memory system's. */
     int kernel = __builtin_cpu_supports("avx512f") ? KERNEL_AVX512
-                 : __builtin_cpu_supports("avx2") ? KERNEL_AVX2
-                                                  : KERNEL_PORTABLE;
+                 : __builtin_cpu_supports("avx2")  ? KERNEL_AVX2
+                                                   : KERNEL_PORTABLE;
     *kernel_used = kernel;
 
     pthread_barrier_t start, stop;
@@ -160,8 +160,14 @@ static double measure_read_bw(int n_threads, size_t total_bytes, int passes, int
     bw_worker w[MAX_THREADS];
     pthread_t tid[MAX_THREADS];
     for (int t = 0; t < n_threads; t++)
-        w[t] = (bw_worker){.id = t, .passes = passes, .kernel = kernel, .part = buf + (size_t)t * part_words,
-                           .part_words = part_words, .start = &start, .stop = &stop, .pass_seconds = seconds};
+        w[t] = (bw_worker){.id = t,
+                           .passes = passes,
+                           .kernel = kernel,
+                           .part = buf + (size_t)t * part_words,
+                           .part_words = part_words,
+                           .start = &start,
+                           .stop = &stop,
+                           .pass_seconds = seconds};
     for (int t = 1; t < n_threads; t++) {
         int rc = pthread_create(&tid[t], NULL, bw_run, &w[t]);
         if (rc) { /* the started threads would wait at the barrier forever: end the process */
@@ -204,7 +210,7 @@ typedef struct {
 } gemm_shape;
 
 static const gemm_shape layer_shapes[] = {
-    {"q_proj", 2048, 1024}, {"k_proj", 1024, 1024},  {"v_proj", 1024, 1024},    {"gate_proj", 3072, 1024},
+    {"q_proj", 2048, 1024},  {"k_proj", 1024, 1024},    {"v_proj", 1024, 1024}, {"gate_proj", 3072, 1024},
     {"up_proj", 3072, 1024}, {"down_proj", 1024, 3072}, {"o_proj", 1024, 2048},
 };
 #define N_SHAPES ((int)(sizeof layer_shapes / sizeof layer_shapes[0]))
@@ -223,9 +229,9 @@ static float *random_floats(size_t n, uint32_t seed) {
 }
 
 typedef struct {
-    double sweep_gflops;              /* median over repetitions of one layer sweep */
-    double shape_gflops[N_SHAPES];    /* median per shape */
-    double square_gflops;             /* 1024^3, NoTrans NoTrans */
+    double sweep_gflops;           /* median over repetitions of one layer sweep */
+    double shape_gflops[N_SHAPES]; /* median per shape */
+    double square_gflops;          /* 1024^3, NoTrans NoTrans */
 } gemm_result;
 
 static int measure_sgemm(int reps, gemm_result *r) {
@@ -295,16 +301,15 @@ done:
 
 /* ---------------------------------------------------------------- main */
 
-static const char usage[] =
-    "usage: rlx_probe [--threads N] [--json] [--mib MIB] [--passes P] [--reps R] [--thp]\n\n"
-    "Measures the streaming read bandwidth and the OpenBLAS sgemm rate of this machine.\n\n"
-    "  --threads N  threads for both measurements (default 2)\n"
-    "  --json       print one JSON object instead of text\n"
-    "  --mib MIB    read-bandwidth buffer size in MiB, must be far above L3 (default 1024)\n"
-    "  --passes P   timed read passes, median reported (default 9)\n"
-    "  --reps R     timed sgemm repetitions, median reported (default 9)\n"
-    "  --thp        ask for transparent huge pages on the read buffer (default: plain 4 KiB\n"
-    "               pages, like the page-cache mapping of the model file)\n";
+static const char usage[] = "usage: rlx_probe [--threads N] [--json] [--mib MIB] [--passes P] [--reps R] [--thp]\n\n"
+                            "Measures the streaming read bandwidth and the OpenBLAS sgemm rate of this machine.\n\n"
+                            "  --threads N  threads for both measurements (default 2)\n"
+                            "  --json       print one JSON object instead of text\n"
+                            "  --mib MIB    read-bandwidth buffer size in MiB, must be far above L3 (default 1024)\n"
+                            "  --passes P   timed read passes, median reported (default 9)\n"
+                            "  --reps R     timed sgemm repetitions, median reported (default 9)\n"
+                            "  --thp        ask for transparent huge pages on the read buffer (default: plain 4 KiB\n"
+                            "               pages, like the page-cache mapping of the model file)\n";
 
 int main(int argc, char **argv) {
     long threads = 2, mib = 1024, passes = 9, reps = 9;
@@ -356,16 +361,16 @@ int main(int argc, char **argv) {
         printf("{\"threads\": %ld, \"read_gbps\": %.3f, \"read_best_gbps\": %.3f, \"read_mib\": %ld, "
                "\"read_passes\": %ld, \"read_kernel\": \"%s\", \"thp\": %s, \"sgemm_gflops\": %.3f, "
                "\"sgemm_1024_gflops\": %.3f, \"sgemm_reps\": %ld, \"sgemm_m\": %d, \"sgemm_shapes\": {",
-               threads, read_gbps, best_gbps, mib, passes, kernel_names[kernel], thp ? "true" : "false",
-               g.sweep_gflops, g.square_gflops, reps, PREFILL_M);
+               threads, read_gbps, best_gbps, mib, passes, kernel_names[kernel], thp ? "true" : "false", g.sweep_gflops,
+               g.square_gflops, reps, PREFILL_M);
         for (int s = 0; s < N_SHAPES; s++)
-            printf("%s\"%s %dx%d\": %.3f", s ? ", " : "", layer_shapes[s].name, layer_shapes[s].n,
-                   layer_shapes[s].k, g.shape_gflops[s]);
+            printf("%s\"%s %dx%d\": %.3f", s ? ", " : "", layer_shapes[s].name, layer_shapes[s].n, layer_shapes[s].k,
+                   g.shape_gflops[s]);
         printf("}, \"openblas_core\": \"%s\"}\n", corename ? corename : "unknown");
     } else {
         printf("threads %ld, OpenBLAS core %s\n", threads, corename ? corename : "unknown");
-        printf("read bandwidth: %.2f GB/s median of %ld passes over %ld MiB (best %.2f, %s kernel%s)\n",
-               read_gbps, passes, mib, best_gbps, kernel_names[kernel], thp ? ", THP" : "");
+        printf("read bandwidth: %.2f GB/s median of %ld passes over %ld MiB (best %.2f, %s kernel%s)\n", read_gbps,
+               passes, mib, best_gbps, kernel_names[kernel], thp ? ", THP" : "");
         printf("sgemm M=%d layer sweep (RowMajor NoTrans x Trans): %.2f GFLOP/s median of %ld\n", PREFILL_M,
                g.sweep_gflops, reps);
         for (int s = 0; s < N_SHAPES; s++)

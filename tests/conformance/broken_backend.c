@@ -44,7 +44,7 @@ __attribute__((unused)) static int f32_matmul(const rlx_node_view *n) {
 static int b_supports(void *self, const rlx_node_view *n) {
 #if defined(BROKEN_ERROR)
     return n->op == RLX_OP_ATTENTION;
-#elif defined(BROKEN_NAN) || defined(BROKEN_MUTATE) || defined(BROKEN_TRUNC) || defined(BROKEN_UNDECLARED) ||   \
+#elif defined(BROKEN_NAN) || defined(BROKEN_MUTATE) || defined(BROKEN_TRUNC) || defined(BROKEN_UNDECLARED) ||          \
     defined(BROKEN_OLD_MINOR)
     return f32_matmul(n);
 #elif defined(BROKEN_WRONG) || defined(BROKEN_OVERRUN)

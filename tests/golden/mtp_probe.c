@@ -83,7 +83,8 @@ int main(int argc, char **argv) {
     rlx_model *model = NULL;
     rlx_session *target = NULL, *mtp = NULL;
     float *hidden = NULL, *logits = NULL, *mtp_logits = NULL, *mtp_hidden = NULL;
-    if (rlx_registry_create(NULL, &reg) != RLX_OK || rlx_registry_load(reg, RLX_PLUGIN_BACKEND, plugin_name, &plugin) != RLX_OK ||
+    if (rlx_registry_create(NULL, &reg) != RLX_OK ||
+        rlx_registry_load(reg, RLX_PLUGIN_BACKEND, plugin_name, &plugin) != RLX_OK ||
         rlx_backend_create(plugin, NULL, &backend) != RLX_OK) {
         fail("backend");
         goto done;
@@ -94,11 +95,20 @@ int main(int argc, char **argv) {
     }
     const rlx_model_config *c = rlx_model_config_of(model);
     size_t h = (size_t)c->hidden_size, v = (size_t)c->vocab_size;
-    rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = MAX_TOKENS, .backends = &backend, .n_backends = 1};
-    rlx_block_spec target_spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1,
+    rlx_session_options o = {
+        .size = sizeof(rlx_session_options), .kv_capacity = MAX_TOKENS, .backends = &backend, .n_backends = 1};
+    rlx_block_spec target_spec = {.size = sizeof(rlx_block_spec),
+                                  .layer_end = (uint32_t)c->num_hidden_layers,
+                                  .embed_input = 1,
+                                  .produce_logits = 1,
                                   .emit_hidden = 1};
-    rlx_block_spec mtp_spec = {.size = sizeof(rlx_block_spec), .layer_start = layer, .layer_end = layer + 1, .embed_input = 1, .produce_logits = 1,
-                               .emit_hidden = 1, .mtp = 1};
+    rlx_block_spec mtp_spec = {.size = sizeof(rlx_block_spec),
+                               .layer_start = layer,
+                               .layer_end = layer + 1,
+                               .embed_input = 1,
+                               .produce_logits = 1,
+                               .emit_hidden = 1,
+                               .mtp = 1};
     hidden = malloc(n * h * sizeof *hidden);
     logits = malloc(3 * v * sizeof *logits);
     mtp_logits = malloc((n - 1) * v * sizeof *mtp_logits);

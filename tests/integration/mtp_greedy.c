@@ -119,9 +119,13 @@ static int spec_greedy(runtime *rt, const rlx_lm *lm, rlx_backend *backend, cons
 
 static int single_process(runtime *rt, rlx_backend *backend, const tokens *want) {
     const rlx_model_config *c = rlx_model_config_of(rt->model);
-    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1,
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                           .layer_end = (uint32_t)c->num_hidden_layers,
+                           .embed_input = 1,
+                           .produce_logits = 1,
                            .emit_hidden = 1};
-    rlx_session_options so = {.size = sizeof(rlx_session_options), .kv_capacity = 128, .backends = &backend, .n_backends = 1};
+    rlx_session_options so = {
+        .size = sizeof(rlx_session_options), .kv_capacity = 128, .backends = &backend, .n_backends = 1};
     rlx_session *target = NULL;
     rlx_lm lm;
     int status = rlx_session_create(rt->model, &spec, &so, &target) != RLX_OK || rlx_session_lm(target, &lm) != RLX_OK
@@ -178,7 +182,8 @@ static void *serve(void *arg) {
     o.address = "127.0.0.1:0";
     o.transport = t->rt->tcp;
     o.layers = t->layers;
-    o.session = (rlx_session_options){.size = sizeof(rlx_session_options), .kv_capacity = 128, .backends = &t->backend, .n_backends = 1};
+    o.session = (rlx_session_options){
+        .size = sizeof(rlx_session_options), .kv_capacity = 128, .backends = &t->backend, .n_backends = 1};
     o.backend_name = "cpu-blas";
     o.stop = &t->stop;
     o.poll_ms = 20;
@@ -279,8 +284,12 @@ int main(int argc, char **argv) {
     }
     tokens want;
     const rlx_model_config *c = rlx_model_config_of(rt.model);
-    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
-    rlx_session_options so = {.size = sizeof(rlx_session_options), .kv_capacity = 128, .backends = &backend, .n_backends = 1};
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                           .layer_end = (uint32_t)c->num_hidden_layers,
+                           .embed_input = 1,
+                           .produce_logits = 1};
+    rlx_session_options so = {
+        .size = sizeof(rlx_session_options), .kv_capacity = 128, .backends = &backend, .n_backends = 1};
     rlx_session *plain;
     rlx_lm lm;
     if (rlx_session_create(rt.model, &spec, &so, &plain) != RLX_OK || rlx_session_lm(plain, &lm) != RLX_OK) {
@@ -295,7 +304,8 @@ int main(int argc, char **argv) {
         status = pipeline(&rt, backend, &want);
     if (!status)
         printf("PASS greedy MTP speculation equals plain greedy (%u tokens), k = 1..%d, single process and "
-               "2-stage pipeline\n", want.n, MAX_K);
+               "2-stage pipeline\n",
+               want.n, MAX_K);
 done:
     rlx_model_close(rt.model);
     rlx_backend_destroy(backend);

@@ -110,7 +110,7 @@ static void test_deploy_full_file(void **state) {
                                                "             presence_penalty: -0.5, frequency_penalty: 0.25}\n"
                                                "timeouts: {connect_ms: 1000, control_ms: 2000, per_position_ms: 3}\n");
     rlx_deploy *d = NULL;
-    assert_int_equal(rlx_deploy_load(path, &d), RLX_OK);
+    assert_int_equal(rlx_deploy_open(path, &d), RLX_OK);
     char model[600];
     snprintf(model, sizeof model, "%s/models/qwen3", tmpdir);
     assert_string_equal(rlx_deploy_model(d), model);
@@ -153,7 +153,7 @@ static void test_deploy_full_file(void **state) {
     assert_non_null(strstr(rlx_last_error(), ":10:"));
     assert_int_equal(rlx_deploy_layers(d, 20, r), RLX_E_RANGE);
     assert_non_null(strstr(rlx_last_error(), "past the model's 20 layers"));
-    rlx_deploy_destroy(d);
+    rlx_deploy_close(d);
 }
 
 static void test_deploy_defaults_and_even_split(void **state) {
@@ -161,7 +161,7 @@ static void test_deploy_defaults_and_even_split(void **state) {
     const char *path = write_file("min.yaml", "stages:\n  - address: host-a:1\n  - address: host-b.example:2\n"
                                               "  - address: 10.0.0.3:3\n");
     rlx_deploy *d = NULL;
-    assert_int_equal(rlx_deploy_load(path, &d), RLX_OK);
+    assert_int_equal(rlx_deploy_open(path, &d), RLX_OK);
     assert_null(rlx_deploy_model(d));
     assert_string_equal(rlx_deploy_transport(d), "tcp");
     assert_null(rlx_deploy_speculator_of(d));
@@ -174,20 +174,20 @@ static void test_deploy_defaults_and_even_split(void **state) {
     assert_int_equal(r[1].end, 5);
     assert_int_equal(r[2].end, 7);
     assert_int_equal(rlx_deploy_layers(d, 2, r), RLX_E_RANGE);
-    rlx_deploy_destroy(d);
+    rlx_deploy_close(d);
     /* temperature 0 means greedy, as in rlx_sampler_params; 0 turns the penalties' window off */
     path = write_file("zero.yaml", "stages:\n  - address: a:1\ngeneration: {temperature: 0, repeat_last_n: 0}\n");
-    assert_int_equal(rlx_deploy_load(path, &d), RLX_OK);
+    assert_int_equal(rlx_deploy_open(path, &d), RLX_OK);
     g = rlx_deploy_generation_of(d);
     assert_true(g->has_temperature && g->temperature == 0 && g->has_repeat_last_n && g->repeat_last_n == 0);
-    rlx_deploy_destroy(d);
+    rlx_deploy_close(d);
 }
 
 /* Each bad file fails with "FILE:LINE:" and a message containing `needle`. */
 static void expect_bad(const char *text, unsigned line, const char *needle) {
     const char *path = write_file("bad.yaml", text);
     rlx_deploy *d = (rlx_deploy *)&d;
-    assert_int_not_equal(rlx_deploy_load(path, &d), RLX_OK);
+    assert_int_not_equal(rlx_deploy_open(path, &d), RLX_OK);
     assert_null(d);
     char where[600];
     snprintf(where, sizeof where, "%s:%u: ", path, line);
@@ -250,7 +250,7 @@ static void test_deploy_errors_name_file_and_line(void **state) {
 static void test_deploy_missing_file(void **state) {
     (void)state;
     rlx_deploy *d;
-    assert_int_equal(rlx_deploy_load("/nonexistent/deploy.yaml", &d), RLX_E_IO);
+    assert_int_equal(rlx_deploy_open("/nonexistent/deploy.yaml", &d), RLX_E_IO);
     assert_non_null(strstr(rlx_last_error(), "/nonexistent/deploy.yaml"));
 }
 

@@ -24,8 +24,7 @@ typedef struct span_stats {
 static span_stats stats;
 #define COUNT(field, d) __atomic_add_fetch(&stats.field, (d), __ATOMIC_RELAXED)
 
-RLX_PLUGIN_EXPORT void rlx_test_span_stats(span_stats *out)
-{
+RLX_PLUGIN_EXPORT void rlx_test_span_stats(span_stats *out) {
     int *to = (int *)out;
     for (size_t i = 0; i < sizeof stats / sizeof(int); i++)
         to[i] = __atomic_load_n((int *)&stats + i, __ATOMIC_RELAXED);
@@ -92,8 +91,8 @@ static int span_prepare_weight(void *self, const rlx_weight_info *w, void **hand
     if (!w->node || w->node->op != w->op || w->input >= w->node->n_inputs || w->node->inputs[w->input].data ||
         memcmp(w->node->inputs[w->input].shape, w->tensor->shape, sizeof w->tensor->shape) != 0)
         COUNT(bad_calls, 1);
-    const int wanted = (w->op == RLX_OP_MATMUL && (w->input == 1 || w->input == 2)) ||
-                       (w->op == RLX_OP_RMS_NORM && w->input == 1);
+    const int wanted =
+        (w->op == RLX_OP_MATMUL && (w->input == 1 || w->input == 2)) || (w->op == RLX_OP_RMS_NORM && w->input == 1);
     if (!wanted)
         return RLX_OK;
     const int64_t n = rlx_iface_numel(w->tensor);
@@ -295,7 +294,8 @@ static int span_compute_span(void *self, void *span, const rlx_span *s) {
             for (uint32_t j = 1; j < s->n_nodes; j++) {
                 const int64_t n_out = rlx_iface_cols(nd[j].output);
                 const float *bias = nd[j].n_inputs > 2 ? weight_f32(&nd[j], 2, NULL) : NULL;
-                matmul_row(row, weight_f32(&nd[j], 1, NULL), bias, n_out, cols, (float *)nd[j].output->data + t * n_out);
+                matmul_row(row, weight_f32(&nd[j], 1, NULL), bias, n_out, cols,
+                           (float *)nd[j].output->data + t * n_out);
             }
         }
         return RLX_OK;

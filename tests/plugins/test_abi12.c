@@ -78,8 +78,8 @@ static void test_abi10_backend_loads_and_is_never_offered_concat(void **state) {
                                   {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {2, 3, 1, 1}}};
     rlx_tensor o = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {2, 6, 1, 1}};
     rlx_op_params prm = {0};
-    const rlx_node_view v = {.op = RLX_OP_CONCAT, .n_inputs = 2, .inputs = shapes, .output = &o, .params = &prm,
-                             .name = "c"};
+    const rlx_node_view v = {
+        .op = RLX_OP_CONCAT, .n_inputs = 2, .inputs = shapes, .output = &o, .params = &prm, .name = "c"};
     assert_false(rlx_backend_supports(b, &v));
     rlx_graph_destroy(g);
     rlx_backend_destroy(b);
@@ -211,9 +211,12 @@ static void test_prepared_weights_live_with_their_owner(void **state) {
      * closing the model afterwards calls nothing of the closed backend */
     rlx_model *m;
     assert_ok(rlx_model_open(MODEL, &m));
-    const rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)rlx_model_config_of(m)->num_hidden_layers,
-                                 .embed_input = 1, .produce_logits = 1};
-    const rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = 8, .backends = &span, .n_backends = 1};
+    const rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                                 .layer_end = (uint32_t)rlx_model_config_of(m)->num_hidden_layers,
+                                 .embed_input = 1,
+                                 .produce_logits = 1};
+    const rlx_session_options o = {
+        .size = sizeof(rlx_session_options), .kv_capacity = 8, .backends = &span, .n_backends = 1};
     rlx_session *s;
     assert_ok(rlx_session_create(m, &spec, &o, &s));
     const float *logits;
@@ -234,10 +237,15 @@ static void test_models_run_through_spans_with_weights_prepared_once(void **stat
     rlx_model *m;
     assert_ok(rlx_model_open(MODEL, &m));
     const rlx_model_config *c = rlx_model_config_of(m);
-    const rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
+    const rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                                 .layer_end = (uint32_t)c->num_hidden_layers,
+                                 .embed_input = 1,
+                                 .produce_logits = 1};
     rlx_session *fused, *plain;
-    const rlx_session_options fo = {.size = sizeof(rlx_session_options), .kv_capacity = 16, .backends = &span, .n_backends = 1};
-    const rlx_session_options po = {.size = sizeof(rlx_session_options), .kv_capacity = 16, .backends = &ref, .n_backends = 1};
+    const rlx_session_options fo = {
+        .size = sizeof(rlx_session_options), .kv_capacity = 16, .backends = &span, .n_backends = 1};
+    const rlx_session_options po = {
+        .size = sizeof(rlx_session_options), .kv_capacity = 16, .backends = &ref, .n_backends = 1};
     assert_ok(rlx_session_create(m, &spec, &fo, &fused));
     assert_ok(rlx_session_create(m, &spec, &po, &plain));
     const int32_t prompt[5] = {3, 1, 4, 1, 5};
@@ -294,11 +302,17 @@ static void *stress_thread(void *p) {
             rlx_backend_destroy(both[1]);
             break;
         }
-        const rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)rlx_model_config_of(m)->num_hidden_layers,
-                                     .embed_input = 1, .produce_logits = 1};
+        const rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                                     .layer_end = (uint32_t)rlx_model_config_of(m)->num_hidden_layers,
+                                     .embed_input = 1,
+                                     .produce_logits = 1};
         /* the matmuls on the second backend, the rest on the first */
         const rlx_place_rule rule = {.op = RLX_OP_MATMUL, .backend = both[1]};
-        const rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = 8, .backends = both, .n_backends = 2, .rules = &rule,
+        const rlx_session_options o = {.size = sizeof(rlx_session_options),
+                                       .kv_capacity = 8,
+                                       .backends = both,
+                                       .n_backends = 2,
+                                       .rules = &rule,
                                        .n_rules = 1};
         if (rlx_session_create(m, &spec, &o, &s) != RLX_OK ||
             rlx_session_forward(s, (const int32_t[]){1, 2, 3}, 3, 0, &logits) != RLX_OK) {

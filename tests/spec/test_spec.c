@@ -31,11 +31,13 @@ static const int32_t tiny_prompt[] = {1, 5, 3}; /* for the vocabulary of 16 */
 
 static rlx_session *create_session(rlx_model *m, uint32_t capacity, int emit_hidden) {
     const rlx_model_config *c = rlx_model_config_of(m);
-    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers,
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                           .layer_end = (uint32_t)c->num_hidden_layers,
                            .embed_input = 1,
                            .produce_logits = 1,
                            .emit_hidden = (uint32_t)emit_hidden};
-    rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = capacity, .backends = &backend, .n_backends = 1};
+    rlx_session_options o = {
+        .size = sizeof(rlx_session_options), .kv_capacity = capacity, .backends = &backend, .n_backends = 1};
     rlx_session *s;
     assert_ok(rlx_session_create(m, &spec, &o, &s));
     return s;
@@ -434,13 +436,14 @@ static void check_kept_equals_fresh(rlx_plugin_handle *plugin, const char *optio
             assert_ok(rlx_speculator_propose(fresh, &u, KEPT_K, &p, d_fresh, q_fresh, &n_fresh));
             if (n_kept != n_fresh)
                 fail_msg("%s, greedy %d, step %u (%u of %u drafts accepted): %u tokens proposed, a fresh "
-                         "speculator proposes %u", name, greedy, step, accepted, KEPT_K, n_kept, n_fresh);
+                         "speculator proposes %u",
+                         name, greedy, step, accepted, KEPT_K, n_kept, n_fresh);
             for (uint32_t i = 0; i < n_kept; i++) {
                 double diff = max_diff(q_kept + i * v, q_fresh + i * v, (int64_t)v);
                 if (d_kept[i] != d_fresh[i] || diff > 1e-5)
                     fail_msg("%s, greedy %d, step %u (%u of %u drafts accepted): draft %u is %d, a fresh speculator's "
-                             "%d; their probability rows differ by up to %.3g", name, greedy, step, accepted, KEPT_K,
-                             i, d_kept[i], d_fresh[i], diff);
+                             "%d; their probability rows differ by up to %.3g",
+                             name, greedy, step, accepted, KEPT_K, i, d_kept[i], d_fresh[i], diff);
             }
         }
     }
@@ -667,8 +670,9 @@ static void test_bad_speculators_and_arguments_are_refused(void **state) {
     assert_ok(open_spec(skewed_plugin, &lm, TINY, NULL, &spec));
     assert_int_equal(rlx_spec_generate(&lm, spec, 0, g, tiny_prompt, N_TINY_PROMPT, 4, NULL, NULL, NULL), RLX_E_RANGE);
     assert_error_mentions("draft tokens must be from 1 to 64");
-    assert_int_equal(rlx_spec_generate(&lm, spec, RLX_SPEC_MAX_DRAFT + 1, g, tiny_prompt, N_TINY_PROMPT, 4, NULL, NULL, NULL),
-                     RLX_E_RANGE);
+    assert_int_equal(
+        rlx_spec_generate(&lm, spec, RLX_SPEC_MAX_DRAFT + 1, g, tiny_prompt, N_TINY_PROMPT, 4, NULL, NULL, NULL),
+        RLX_E_RANGE);
     rlx_speculator_destroy(spec);
     const char *modes[][2] = {{"mode=out_of_vocab", "outside the vocabulary"},
                               {"mode=zero_prob", "probability 0"},
@@ -677,7 +681,8 @@ static void test_bad_speculators_and_arguments_are_refused(void **state) {
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
         assert_ok(open_spec(skewed_plugin, &lm, TINY, modes[i][0], &spec));
         assert_ok(rlx_session_truncate(s, 0));
-        assert_int_equal(rlx_spec_generate(&lm, spec, 2, g, tiny_prompt, N_TINY_PROMPT, 4, NULL, NULL, NULL), RLX_E_PLUGIN);
+        assert_int_equal(rlx_spec_generate(&lm, spec, 2, g, tiny_prompt, N_TINY_PROMPT, 4, NULL, NULL, NULL),
+                         RLX_E_PLUGIN);
         assert_error_mentions("speculator 'skewed'");
         assert_error_mentions(modes[i][1]);
         rlx_speculator_destroy(spec);
@@ -719,7 +724,8 @@ static void test_bad_speculators_and_arguments_are_refused(void **state) {
     free(other);
     /* a speculator opened for another vocabulary, and a backend handle passed as a speculator */
     assert_ok(open_spec(skewed_plugin, &lm, TINY, NULL, &spec));
-    assert_int_equal(rlx_spec_generate(&tl, spec, 2, g, tiny_prompt, N_TINY_PROMPT, 4, NULL, NULL, NULL), RLX_E_INVALID);
+    assert_int_equal(rlx_spec_generate(&tl, spec, 2, g, tiny_prompt, N_TINY_PROMPT, 4, NULL, NULL, NULL),
+                     RLX_E_INVALID);
     assert_error_mentions("vocabulary");
     rlx_speculator_destroy(spec);
     assert_int_equal(open_spec(backend_plugin, &lm, TINY, NULL, &spec), RLX_E_INVALID);
@@ -788,8 +794,9 @@ static int setup(void **state) {
         rlx_registry_load(r, RLX_PLUGIN_SPECULATOR, "draft", &draft_plugin) != RLX_OK ||
         rlx_registry_load(r, RLX_PLUGIN_SPECULATOR, "mtp", &mtp_plugin) != RLX_OK ||
         rlx_plugin_load(RLX_TEST_SKEWED_SPECULATOR, &skewed_plugin) != RLX_OK ||
-        rlx_plugin_load(RLX_TEST_OLD_SPECULATOR, &old_plugin) != RLX_OK || rlx_backend_create(backend_plugin, NULL, &backend) != RLX_OK ||
-        rlx_model_open(TARGET, &target) != RLX_OK || rlx_model_open(TINY, &tiny) != RLX_OK) {
+        rlx_plugin_load(RLX_TEST_OLD_SPECULATOR, &old_plugin) != RLX_OK ||
+        rlx_backend_create(backend_plugin, NULL, &backend) != RLX_OK || rlx_model_open(TARGET, &target) != RLX_OK ||
+        rlx_model_open(TINY, &tiny) != RLX_OK) {
         fprintf(stderr, "setup: %s\n", rlx_last_error());
         return -1;
     }

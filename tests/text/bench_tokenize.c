@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
 
     double t0 = now();
     rlx_tokenizer *tok;
-    if (rlx_tokenizer_load(argv[1], &tok) != RLX_OK) {
+    if (rlx_tokenizer_open(argv[1], &tok) != RLX_OK) {
         fprintf(stderr, "cannot load the tokenizer: %s\n", rlx_last_error());
         return 1;
     }
@@ -78,7 +78,7 @@ int main(int argc, char **argv) {
         }
         free(ids);
     }
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
     free(text);
     return 0;
 }

@@ -75,23 +75,25 @@ static void remove_file(const char *name) {
 
 static void write_tokenizer(const tok_opts *o) {
     static const char *const merges[][2] = {{"l", "l"}, {"e", "ll"}, {"h", "ell"}, {"hell", "o"},
-                                             {"Ġ", "t"},  {"h", "e"},  {"Ġt", "he"}};
+                                            {"Ġ", "t"}, {"h", "e"},  {"Ġt", "he"}};
     static const char *const merged[] = {"Ġt", "he", "Ġthe", "ll", "ell", "hell", "hello"};
     char path[512];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
-    fprintf(f, "{\"version\": \"1.0\", \"added_tokens\": ["
-               "{\"id\": 263, \"content\": \"<|im_end|>\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
-               "\"normalized\": false, \"special\": true},"
-               "{\"id\": 264, \"content\": \"<think>\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
-               "\"normalized\": false, \"special\": false},"
-               "{\"id\": 265, \"content\": \"<mask>\", \"single_word\": false, \"lstrip\": true, \"rstrip\": true, "
-               "\"normalized\": false, \"special\": true}],\n");
+    fprintf(f,
+            "{\"version\": \"1.0\", \"added_tokens\": ["
+            "{\"id\": 263, \"content\": \"<|im_end|>\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+            "\"normalized\": false, \"special\": true},"
+            "{\"id\": 264, \"content\": \"<think>\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+            "\"normalized\": false, \"special\": false},"
+            "{\"id\": 265, \"content\": \"<mask>\", \"single_word\": false, \"lstrip\": true, \"rstrip\": true, "
+            "\"normalized\": false, \"special\": true}],\n");
     fprintf(f, "\"normalizer\": %s,\n", o->normalizer ? o->normalizer : "{\"type\": \"NFC\"}");
-    fprintf(f, "\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
-               "{\"Regex\": \"%s\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"ByteLevel\", "
-               "\"add_prefix_space\": false, \"trim_offsets\": false, \"use_regex\": false}]},\n",
+    fprintf(f,
+            "\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+            "{\"Regex\": \"%s\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"ByteLevel\", "
+            "\"add_prefix_space\": false, \"trim_offsets\": false, \"use_regex\": false}]},\n",
             qwen_regex);
     fprintf(f, "\"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"},\n");
     fprintf(f, "\"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, \"byte_fallback\": false, "
@@ -113,7 +115,7 @@ static rlx_tokenizer *load_default(void) {
     tok_opts o = {0};
     write_tokenizer(&o);
     rlx_tokenizer *tok = NULL;
-    assert_int_equal(rlx_tokenizer_load(dir, &tok), RLX_OK);
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_OK);
     return tok;
 }
 
@@ -148,7 +150,7 @@ static void expect_ids(rlx_tokenizer *tok, const char *text, int special, const 
 static void test_load_missing_dir(void **state) {
     (void)state;
     rlx_tokenizer *tok = (rlx_tokenizer *)&tok; /* non-NULL sentinel */
-    assert_int_equal(rlx_tokenizer_load("/nonexistent/rlx-model", &tok), RLX_E_IO);
+    assert_int_equal(rlx_tokenizer_open("/nonexistent/rlx-model", &tok), RLX_E_IO);
     assert_null(tok);
     assert_non_null(strstr(rlx_last_error(), "/nonexistent/rlx-model/tokenizer.json"));
 }
@@ -157,7 +159,7 @@ static void test_load_malformed_json(void **state) {
     (void)state;
     write_file("tokenizer.json", "{\"model\": {\"vocab\": {\"a\": 0,}}");
     rlx_tokenizer *tok = (rlx_tokenizer *)&tok;
-    assert_int_equal(rlx_tokenizer_load(dir, &tok), RLX_E_FORMAT);
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_E_FORMAT);
     assert_null(tok);
     assert_non_null(strstr(rlx_last_error(), "tokenizer.json"));
     assert_non_null(strstr(rlx_last_error(), "line 1"));
@@ -167,7 +169,7 @@ static void test_load_missing_model(void **state) {
     (void)state;
     write_file("tokenizer.json", "{\"normalizer\": null}");
     rlx_tokenizer *tok;
-    assert_int_equal(rlx_tokenizer_load(dir, &tok), RLX_E_FORMAT);
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_E_FORMAT);
     assert_non_null(strstr(rlx_last_error(), "'model'"));
 }
 
@@ -176,7 +178,7 @@ static void test_load_unsupported_normalizer(void **state) {
     tok_opts o = {.normalizer = "{\"type\": \"NFKC\"}"};
     write_tokenizer(&o);
     rlx_tokenizer *tok;
-    assert_int_equal(rlx_tokenizer_load(dir, &tok), RLX_E_UNSUPPORTED);
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_E_UNSUPPORTED);
     assert_non_null(strstr(rlx_last_error(), "NFKC"));
 }
 
@@ -185,14 +187,14 @@ static void test_load_bad_merge(void **state) {
     tok_opts o = {.bad_merge = "\"zz qq\""};
     write_tokenizer(&o);
     rlx_tokenizer *tok;
-    assert_int_equal(rlx_tokenizer_load(dir, &tok), RLX_E_FORMAT);
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_E_FORMAT);
     assert_non_null(strstr(rlx_last_error(), "merge 7"));
     o.bad_merge = "\"a b c\"";
     write_tokenizer(&o);
-    assert_int_equal(rlx_tokenizer_load(dir, &tok), RLX_E_FORMAT);
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_E_FORMAT);
     o.bad_merge = "[\"a\"]";
     write_tokenizer(&o);
-    assert_int_equal(rlx_tokenizer_load(dir, &tok), RLX_E_FORMAT);
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_E_FORMAT);
 }
 
 // ---- encoding
@@ -204,11 +206,11 @@ static void test_merges_both_formats(void **state) {
         tok_opts o = {.pair_merges = pairs};
         write_tokenizer(&o);
         rlx_tokenizer *tok;
-        assert_int_equal(rlx_tokenizer_load(dir, &tok), RLX_OK);
+        assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_OK);
         assert_int_equal(rlx_tokenizer_vocab_size(tok), 266);
         expect_ids(tok, "hello thehi", 1, want, 4);
         expect_ids(tok, "hello the hi", 1, (const int32_t[]){262, 258, 32, 'h', 'i'}, 5);
-        rlx_tokenizer_destroy(tok);
+        rlx_tokenizer_close(tok);
     }
 }
 
@@ -219,7 +221,7 @@ static void test_digits_and_spaces(void **state) {
     expect_ids(tok, "x 12", 1, (const int32_t[]){'x', 32, '1', '2'}, 4);
     expect_ids(tok, "a   the", 1, (const int32_t[]){'a', 32, 32, 258}, 4);
     expect_ids(tok, "a\r\n\r\nb", 1, (const int32_t[]){'a', '\r', '\n', '\r', '\n', 'b'}, 6);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
 }
 
 static void test_added_tokens(void **state) {
@@ -245,7 +247,7 @@ static void test_added_tokens(void **state) {
     assert_null(rlx_tokenizer_token_text(tok, 266));
     assert_true(rlx_tokenizer_is_special(tok, 263));
     assert_false(rlx_tokenizer_is_special(tok, 264));
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
 }
 
 static void test_unknown_token(void **state) {
@@ -253,7 +255,7 @@ static void test_unknown_token(void **state) {
     rlx_tokenizer *tok = load_default();
     assert_int_equal(rlx_tokenizer_token_id(tok, "<|nope|>"), RLX_E_NOT_FOUND);
     assert_non_null(strstr(rlx_last_error(), "<|nope|>"));
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
 }
 
 static void test_nfc(void **state) {
@@ -261,12 +263,12 @@ static void test_nfc(void **state) {
     rlx_tokenizer *tok = load_default();
     /* e + COMBINING ACUTE becomes U+00E9 (C3 A9) */
     expect_ids(tok, "e\xCC\x81", 1, (const int32_t[]){0xC3, 0xA9}, 2);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
     tok_opts o = {.normalizer = "null"};
     write_tokenizer(&o);
-    assert_int_equal(rlx_tokenizer_load(dir, &tok), RLX_OK);
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_OK);
     expect_ids(tok, "e\xCC\x81", 1, (const int32_t[]){'e', 0xCC, 0x81}, 3);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
 }
 
 static void test_invalid_utf8(void **state) {
@@ -276,11 +278,11 @@ static void test_invalid_utf8(void **state) {
         const char *text;
         size_t len, offset;
     } bad[] = {
-        {"ab\xC3(", 4, 2},             /* continuation missing */
-        {"\xC0\x80", 2, 0},            /* overlong NUL */
-        {"x\xED\xA0\x80", 4, 1},       /* surrogate */
-        {"\xF4\x90\x80\x80", 4, 0},    /* above U+10FFFF */
-        {"ok \xE4\xB8", 5, 3},         /* truncated at the end */
+        {"ab\xC3(", 4, 2},          /* continuation missing */
+        {"\xC0\x80", 2, 0},         /* overlong NUL */
+        {"x\xED\xA0\x80", 4, 1},    /* surrogate */
+        {"\xF4\x90\x80\x80", 4, 0}, /* above U+10FFFF */
+        {"ok \xE4\xB8", 5, 3},      /* truncated at the end */
         {"\xFF", 1, 0},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -302,7 +304,7 @@ static void test_invalid_utf8(void **state) {
     assert_int_equal(rlx_tokenizer_encode(tok, "", 0, 1, &ids, &n), RLX_OK);
     assert_int_equal(n, 0);
     assert_null(ids);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
 }
 
 // ---- decoding
@@ -323,7 +325,7 @@ static void test_decode(void **state) {
     assert_int_equal(rlx_tokenizer_decode(tok, ids, 8, RLX_DECODE_STRICT, &text, &len), RLX_E_RANGE);
     assert_null(text);
     assert_non_null(strstr(rlx_last_error(), "99999"));
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
 }
 
 /* 1 when s[0, n) is whole UTF-8 characters. */
@@ -345,7 +347,8 @@ static int utf8_whole(const unsigned char *s, size_t n) {
 static void test_stream_never_splits(void **state) {
     (void)state;
     rlx_tokenizer *tok = load_default();
-    const char *text = "h\xC3\xA9llo \xE4\xB8\x96\xE7\x95\x8C \xF0\x9F\x8E\x89 x \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9";
+    const char *text =
+        "h\xC3\xA9llo \xE4\xB8\x96\xE7\x95\x8C \xF0\x9F\x8E\x89 x \xF0\x9F\x91\xA8\xE2\x80\x8D\xF0\x9F\x91\xA9";
     int32_t *ids;
     size_t n;
     assert_int_equal(rlx_tokenizer_encode(tok, text, strlen(text), 1, &ids, &n), RLX_OK);
@@ -377,7 +380,8 @@ static void test_stream_never_splits(void **state) {
     assert_int_equal(len, 0);
     assert_int_equal(rlx_detok_push(d, 0x96, &t, &len), RLX_OK);
     assert_string_equal(t, "\xE4\xB8\x96");
-    rlx_detok_destroy(d);    rlx_tokenizer_destroy(tok);
+    rlx_detok_destroy(d);
+    rlx_tokenizer_close(tok);
 }
 
 static void test_stream_invalid_bytes(void **state) {
@@ -392,7 +396,8 @@ static void test_stream_invalid_bytes(void **state) {
     assert_int_equal(rlx_detok_push(d, 0xB8, &t, &len), RLX_OK);
     assert_int_equal(len, 0);
     assert_int_equal(rlx_detok_push(d, 'a', &t, &len), RLX_OK);
-    assert_string_equal(t, "\xEF\xBF\xBD" "a");
+    assert_string_equal(t, "\xEF\xBF\xBD"
+                           "a");
     /* a lone continuation byte and a byte that never starts a character: at once */
     assert_int_equal(rlx_detok_push(d, 0x80, &t, &len), RLX_OK);
     assert_string_equal(t, "\xEF\xBF\xBD");
@@ -419,7 +424,7 @@ static void test_stream_invalid_bytes(void **state) {
     assert_int_equal(rlx_detok_create(tok, RLX_DECODE_STRICT, &d), RLX_OK);
     assert_int_equal(rlx_detok_push(d, 5000, &t, &len), RLX_E_RANGE);
     rlx_detok_destroy(d);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
 }
 
 // ---- tokenizer_config.json and chat templates
@@ -433,7 +438,7 @@ static void test_config(void **state) {
                " \"added_tokens_decoder\": {\"300\": {\"content\": \"<extra>\", \"special\": true}},"
                " \"chat_template\": \"{{ messages }}\"}");
     rlx_tokenizer *tok;
-    assert_int_equal(rlx_tokenizer_load(dir, &tok), RLX_OK);
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_OK);
     assert_int_equal(rlx_tokenizer_eos_id(tok), 263);
     assert_int_equal(rlx_tokenizer_pad_id(tok), 264);
     assert_int_equal(rlx_tokenizer_bos_id(tok), -1);
@@ -446,23 +451,23 @@ static void test_config(void **state) {
     assert_int_equal(rlx_chat_render(tok, &m, 1, 1, 1, &out), RLX_E_UNSUPPORTED);
     assert_null(out);
     assert_non_null(strstr(rlx_last_error(), "Qwen3"));
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
 
     write_file("tokenizer_config.json", "{\"eos_token\": \"<|im_end|>\"}");
-    assert_int_equal(rlx_tokenizer_load(dir, &tok), RLX_OK);
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_OK);
     assert_int_equal(rlx_chat_template_of(tok), RLX_CHAT_TEMPLATE_NONE);
     assert_int_equal(rlx_chat_render(tok, &m, 1, 1, 1, &out), RLX_E_NOT_FOUND);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
 
     /* a separate chat_template.jinja is read when tokenizer_config.json has none */
     write_file("chat_template.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}");
-    assert_int_equal(rlx_tokenizer_load(dir, &tok), RLX_OK);
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_OK);
     assert_int_equal(rlx_chat_template_of(tok), RLX_CHAT_TEMPLATE_UNKNOWN);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
     remove_file("chat_template.jinja");
 
     write_file("tokenizer_config.json", "{\"eos_token\": 5}");
-    assert_int_equal(rlx_tokenizer_load(dir, &tok), RLX_E_FORMAT);
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_E_FORMAT);
     assert_non_null(strstr(rlx_last_error(), "tokenizer_config.json"));
     remove_file("tokenizer_config.json");
 }
@@ -507,7 +512,7 @@ static void test_threads_share_a_tokenizer(void **state) {
         free(jobs[i].ids);
     }
     free(ids);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
 }
 
 static void test_null_arguments(void **state) {
@@ -515,10 +520,10 @@ static void test_null_arguments(void **state) {
     int32_t *ids;
     size_t n;
     char *text;
-    assert_int_equal(rlx_tokenizer_load(dir, NULL), RLX_E_INVALID);
+    assert_int_equal(rlx_tokenizer_open(dir, NULL), RLX_E_INVALID);
     assert_int_equal(rlx_tokenizer_encode(NULL, "a", 1, 1, &ids, &n), RLX_E_INVALID);
     assert_int_equal(rlx_tokenizer_decode(NULL, NULL, 0, 0, &text, &n), RLX_E_INVALID);
-    rlx_tokenizer_destroy(NULL);
+    rlx_tokenizer_close(NULL);
     rlx_detok_destroy(NULL);
 }
 

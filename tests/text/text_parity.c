@@ -313,7 +313,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     rlx_tokenizer *tok;
-    if (rlx_tokenizer_load(argv[1], &tok) != RLX_OK) {
+    if (rlx_tokenizer_open(argv[1], &tok) != RLX_OK) {
         printf("cannot load the tokenizer: %s\n", rlx_last_error());
         return 1;
     }
@@ -324,7 +324,7 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/chat.json", argv[2]);
     if (rc == 0)
         rc = run_chat(tok, path);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
     if (rc != 0)
         return 1;
     if (failures > 40)

@@ -27,22 +27,19 @@ typedef struct tr {
     void *self;
 } tr;
 
-static double now_us(void)
-{
+static double now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
+static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
 
 /* "grpc:poller=off" -> plugin "grpc", options "poller=off" */
-static int load(tr *t, const char *spec)
-{
+static int load(tr *t, const char *spec) {
     char name[64], path[512];
     const char *colon = strchr(spec, ':');
     snprintf(name, sizeof name, "%.*s", colon ? (int)(colon - spec) : (int)strlen(spec), spec);
@@ -54,22 +51,20 @@ static int load(tr *t, const char *spec)
     return t->it->open(rlx_host_table(), colon ? colon + 1 : NULL, &t->self);
 }
 
-static void unload(tr *t)
-{
+static void unload(tr *t) {
     t->it->close(t->self);
     rlx_plugin_unload(t->h);
 }
 
 /* Echoes every message, except that one starting with 'A' is answered with 8 bytes. */
-static int serve(tr *t, void *conn)
-{
+static int serve(tr *t, void *conn) {
     for (;;) {
         void *d;
         size_t n;
         if (t->it->recv(t->self, conn, &d, &n, 60000) < 0)
             break;
         const int rc = n && ((char *)d)[0] == 'A' ? t->it->send(t->self, conn, "ack-ack!", 8, 60000)
-                                                    : t->it->send(t->self, conn, d, n, 60000);
+                                                  : t->it->send(t->self, conn, d, n, 60000);
         free(d);
         if (rc < 0)
             break;
@@ -78,8 +73,7 @@ static int serve(tr *t, void *conn)
     return 0;
 }
 
-static int serve_main(const char *spec)
-{
+static int serve_main(const char *spec) {
     tr t;
     void *l, *conn;
     char addr[128];
@@ -105,8 +99,7 @@ typedef struct inproc {
     void *l;
 } inproc;
 
-static void *inproc_main(void *arg)
-{
+static void *inproc_main(void *arg) {
     inproc *p = arg;
     void *conn;
     if (p->t->it->accept(p->t->self, p->l, 60000, &conn) == 0)
@@ -114,8 +107,7 @@ static void *inproc_main(void *arg)
     return NULL;
 }
 
-static int roundtrip(tr *t, void *conn, const void *msg, size_t n, size_t want)
-{
+static int roundtrip(tr *t, void *conn, const void *msg, size_t n, size_t want) {
     void *d;
     size_t got;
     if (t->it->send(t->self, conn, msg, n, 60000) < 0 || t->it->recv(t->self, conn, &d, &got, 60000) < 0)
@@ -124,8 +116,7 @@ static int roundtrip(tr *t, void *conn, const void *msg, size_t n, size_t want)
     return got == want ? 0 : -1;
 }
 
-static int bench(const char *spec, int iters, int reps, int in_process)
-{
+static int bench(const char *spec, int iters, int reps, int in_process) {
     tr t;
     if (load(&t, spec) < 0) {
         fprintf(stderr, "%s: %s\n", spec, rlx_last_error());
@@ -216,8 +207,7 @@ static int bench(const char *spec, int iters, int reps, int in_process)
     return rc ? 1 : 0;
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (argc == 3 && !strcmp(argv[1], "--serve"))
         return serve_main(argv[2]);

@@ -41,27 +41,23 @@ typedef struct tr {
 static tr g_tr; /* the plugin under test, loaded and opened by group_setup */
 
 /* RLX_TEST_VERBOSE=1 prints the error messages the cases provoke, to read them. */
-static void show_error(const char *what)
-{
+static void show_error(const char *what) {
     if (getenv("RLX_TEST_VERBOSE"))
         printf("  [%s] %s: %s\n", TRANSPORT_PLUGIN, what, rlx_last_error());
 }
 
-static double now_ms(void)
-{
+static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static void sleep_ms(int ms)
-{
+static void sleep_ms(int ms) {
     const struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
     nanosleep(&ts, NULL);
 }
 
-static int load(tr *t, const char *options)
-{
+static int load(tr *t, const char *options) {
     memset(t, 0, sizeof *t);
     int rc = rlx_plugin_load(PLUGIN_PATH, &t->h);
     if (rc < 0)
@@ -75,16 +71,14 @@ static int load(tr *t, const char *options)
     return rc;
 }
 
-static void unload(tr *t)
-{
+static void unload(tr *t) {
     if (t->self)
         t->it->close(t->self);
     rlx_plugin_unload(t->h);
     memset(t, 0, sizeof *t);
 }
 
-static int group_setup(void **state)
-{
+static int group_setup(void **state) {
     (void)state;
     if (load(&g_tr, NULL) < 0) {
         fprintf(stderr, "cannot load %s: %s\n", PLUGIN_PATH, rlx_last_error());
@@ -93,16 +87,14 @@ static int group_setup(void **state)
     return 0;
 }
 
-static int group_teardown(void **state)
-{
+static int group_teardown(void **state) {
     (void)state;
     unload(&g_tr);
     return 0;
 }
 
 /* Deterministic bytes for message i (xorshift), so the receiver can check them. */
-static void fill(uint8_t *p, size_t n, uint64_t seed)
-{
+static void fill(uint8_t *p, size_t n, uint64_t seed) {
     uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -113,8 +105,7 @@ static void fill(uint8_t *p, size_t n, uint64_t seed)
         p[i] = (uint8_t)(i * 31 + seed);
 }
 
-static int listen_local(tr *t, void **l, char *addr, size_t size)
-{
+static int listen_local(tr *t, void **l, char *addr, size_t size) {
     int rc = t->it->listen(t->self, "127.0.0.1:0", l);
     if (rc < 0)
         return rc;
@@ -122,16 +113,14 @@ static int listen_local(tr *t, void **l, char *addr, size_t size)
 }
 
 /* A listener on 127.0.0.1, a client connection to it and the accepted server side. */
-static void make_pair(tr *t, void **l, void **cli, void **srv, char *addr, size_t size)
-{
+static void make_pair(tr *t, void **l, void **cli, void **srv, char *addr, size_t size) {
     assert_ok(listen_local(t, l, addr, size));
     assert_ok(t->it->connect(t->self, addr, LONG_MS, cli));
     assert_ok(t->it->accept(t->self, *l, LONG_MS, srv));
 }
 
 /* A port nobody listens on (just released by the kernel; nothing else here binds ports). */
-static int free_port(void)
-{
+static int free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
@@ -146,14 +135,13 @@ static int free_port(void)
 typedef struct echo {
     tr *t;
     void *conn;
-    int n;      /* messages echoed */
-    int rc;     /* how it ended */
+    int n;  /* messages echoed */
+    int rc; /* how it ended */
     char error[512];
     pthread_t tid;
 } echo;
 
-static void *echo_main(void *arg)
-{
+static void *echo_main(void *arg) {
     echo *e = arg;
     for (;;) {
         void *d;
@@ -174,8 +162,7 @@ static void *echo_main(void *arg)
     return NULL;
 }
 
-static void echo_start(echo *e, tr *t, void *conn)
-{
+static void echo_start(echo *e, tr *t, void *conn) {
     memset(e, 0, sizeof *e);
     e->t = t;
     e->conn = conn;
@@ -183,16 +170,14 @@ static void echo_start(echo *e, tr *t, void *conn)
 }
 
 /* Joins the echo thread, which must have ended because the client closed its side. */
-static void echo_join(echo *e, int want_n)
-{
+static void echo_join(echo *e, int want_n) {
     pthread_join(e->tid, NULL);
     if (e->rc != RLX_E_PEER)
         fail_msg("echo server ended with %d: %s", e->rc, e->error);
     assert_int_equal(e->n, want_n);
 }
 
-static void roundtrip(tr *t, void *conn, size_t size, uint64_t seed)
-{
+static void roundtrip(tr *t, void *conn, size_t size, uint64_t seed) {
     uint8_t *msg = malloc(size ? size : 1);
     assert_non_null(msg);
     fill(msg, size, seed);
@@ -209,8 +194,7 @@ static void roundtrip(tr *t, void *conn, size_t size, uint64_t seed)
 
 // ---- cases for every transport ----
 
-static void test_echo_small_and_odd_sizes(void **state)
-{
+static void test_echo_small_and_odd_sizes(void **state) {
     (void)state;
     tr *t = &g_tr;
     void *l, *cli, *srv;
@@ -226,8 +210,7 @@ static void test_echo_small_and_odd_sizes(void **state)
     t->it->listener_close(t->self, l);
 }
 
-static void test_echo_64mib(void **state)
-{
+static void test_echo_64mib(void **state) {
     (void)state;
     tr *t = &g_tr;
     void *l, *cli, *srv;
@@ -252,8 +235,7 @@ typedef struct order_peer {
     char error[512];
 } order_peer;
 
-static void *order_server(void *arg)
-{
+static void *order_server(void *arg) {
     order_peer *p = arg;
     p->bad_at = -1;
     for (int i = 0; i < ORDER_N && p->rc == 0; i++) {
@@ -279,8 +261,7 @@ static void *order_server(void *arg)
     return NULL;
 }
 
-static void test_message_order(void **state)
-{
+static void test_message_order(void **state) {
     (void)state;
     tr *t = &g_tr;
     void *l, *cli, *srv;
@@ -323,8 +304,7 @@ typedef struct conc_client {
     char error[512];
 } conc_client;
 
-static void *conc_client_main(void *arg)
-{
+static void *conc_client_main(void *arg) {
     conc_client *c = arg;
     void *conn;
     if ((c->rc = c->t->it->connect(c->t->self, c->addr, LONG_MS, &conn)) < 0) {
@@ -349,8 +329,7 @@ static void *conc_client_main(void *arg)
     return NULL;
 }
 
-static void test_concurrent_connections(void **state)
-{
+static void test_concurrent_connections(void **state) {
     (void)state;
     tr *t = &g_tr;
     void *l;
@@ -379,8 +358,7 @@ static void test_concurrent_connections(void **state)
     t->it->listener_close(t->self, l);
 }
 
-static void test_accept_times_out(void **state)
-{
+static void test_accept_times_out(void **state) {
     (void)state;
     tr *t = &g_tr;
     void *l, *conn = (void *)&conn;
@@ -396,8 +374,7 @@ static void test_accept_times_out(void **state)
     t->it->listener_close(t->self, l);
 }
 
-static void test_recv_times_out_and_conn_survives(void **state)
-{
+static void test_recv_times_out_and_conn_survives(void **state) {
     (void)state;
     tr *t = &g_tr;
     void *l, *cli, *srv;
@@ -425,8 +402,7 @@ static void test_recv_times_out_and_conn_survives(void **state)
     t->it->listener_close(t->self, l);
 }
 
-static void test_connect_to_nobody_fails_in_time(void **state)
-{
+static void test_connect_to_nobody_fails_in_time(void **state) {
     (void)state;
     tr *t = &g_tr;
     const int port = free_port();
@@ -454,8 +430,7 @@ typedef struct late_listener {
     void *l, *conn;
 } late_listener;
 
-static void *late_listener_main(void *arg)
-{
+static void *late_listener_main(void *arg) {
     late_listener *ll = arg;
     sleep_ms(ll->delay_ms);
     if ((ll->rc = ll->t->it->listen(ll->t->self, ll->addr, &ll->l)) == RLX_OK)
@@ -463,8 +438,7 @@ static void *late_listener_main(void *arg)
     return NULL;
 }
 
-static void test_connect_retries_until_listener_appears(void **state)
-{
+static void test_connect_retries_until_listener_appears(void **state) {
     (void)state;
     tr *t = &g_tr;
     late_listener ll = {.t = t, .delay_ms = 600};
@@ -489,8 +463,7 @@ static void test_connect_retries_until_listener_appears(void **state)
     t->it->listener_close(t->self, ll.l);
 }
 
-static void test_send_times_out_when_peer_does_not_read(void **state)
-{
+static void test_send_times_out_when_peer_does_not_read(void **state) {
     (void)state;
     tr *t = &g_tr;
     void *l, *cli, *srv;
@@ -524,8 +497,7 @@ typedef struct reader {
     pthread_t tid;
 } reader;
 
-static void *reader_main(void *arg)
-{
+static void *reader_main(void *arg) {
     reader *r = arg;
     for (;;) {
         void *d;
@@ -543,8 +515,7 @@ static void *reader_main(void *arg)
 
 /* One side sends and closes at once; the reader on the other side (already reading, or
  * starting only after the close returned) still gets every message, then a clean end. */
-static void test_close_delivers_what_was_sent(void **state)
-{
+static void test_close_delivers_what_was_sent(void **state) {
     (void)state;
     tr *t = &g_tr;
     for (int mode = 0; mode < 4; mode++) {
@@ -580,8 +551,7 @@ typedef struct log_capture {
     char above_debug[512];
 } log_capture;
 
-static void capture_log(void *ctx, int level, const char *message)
-{
+static void capture_log(void *ctx, int level, const char *message) {
     log_capture *c = ctx;
     if (level < RLX_LOG_DEBUG) {
         c->n_above_debug++;
@@ -594,8 +564,7 @@ static void capture_log(void *ctx, int level, const char *message)
 
 static void log_to_stderr(void *ctx, int level, const char *message);
 
-static void test_listen_twice_on_one_port_fails(void **state)
-{
+static void test_listen_twice_on_one_port_fails(void **state) {
     (void)state;
     tr *t = &g_tr;
     void *l, *l2 = (void *)&l2;
@@ -618,12 +587,11 @@ static void test_listen_twice_on_one_port_fails(void **state)
     t->it->listener_close(t->self, l);
 }
 
-static void test_bad_addresses_and_options(void **state)
-{
+static void test_bad_addresses_and_options(void **state) {
     (void)state;
     tr *t = &g_tr;
-    static const char *const bad[] = {"nocolon", "127.0.0.1:99999", "127.0.0.1:", "[::1", "[::1]7101",
-                                      "::1:7101", "host:port", "127.0.0.1:-1"};
+    static const char *const bad[] = {"nocolon",   "127.0.0.1:99999", "127.0.0.1:", "[::1",
+                                      "[::1]7101", "::1:7101",        "host:port",  "127.0.0.1:-1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         void *x = (void *)&x;
         assert_int_equal(t->it->listen(t->self, bad[i], &x), RLX_E_INVALID);
@@ -643,8 +611,7 @@ static void test_bad_addresses_and_options(void **state)
     assert_int_equal(load(&other, "max_message"), RLX_E_INVALID);
 }
 
-static int ipv6_loopback_works(void)
-{
+static int ipv6_loopback_works(void) {
     int fd = socket(AF_INET6, SOCK_STREAM, 0);
     struct sockaddr_in6 a = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
     const int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
@@ -653,8 +620,7 @@ static int ipv6_loopback_works(void)
     return ok;
 }
 
-static void echo_once_at(tr *t, const char *listen_addr, const char *connect_host)
-{
+static void echo_once_at(tr *t, const char *listen_addr, const char *connect_host) {
     void *l, *cli, *srv;
     char bound[128], addr[160];
     assert_ok(t->it->listen(t->self, listen_addr, &l));
@@ -672,8 +638,7 @@ static void echo_once_at(tr *t, const char *listen_addr, const char *connect_hos
     t->it->listener_close(t->self, l);
 }
 
-static void test_ipv6_and_host_names(void **state)
-{
+static void test_ipv6_and_host_names(void **state) {
     (void)state;
     tr *t = &g_tr;
     echo_once_at(t, "localhost:0", "localhost");
@@ -687,8 +652,7 @@ static void test_ipv6_and_host_names(void **state)
     echo_once_at(t, "[::]:0", "[::1]");
 }
 
-static void test_open_close_many_instances(void **state)
-{
+static void test_open_close_many_instances(void **state) {
     (void)state;
     for (int i = 0; i < 3; i++) {
         tr a, b;
@@ -710,8 +674,7 @@ static void test_open_close_many_instances(void **state)
 
 /* A receiver with max_message=1K: a bigger message fails the receiver (tcp: RLX_E_FORMAT,
  * the frame is refused; grpc: the stream is cancelled) and no one hangs. */
-static void test_receiver_limit_max_message(void **state)
-{
+static void test_receiver_limit_max_message(void **state) {
     (void)state;
     tr small, *t = &g_tr;
     assert_ok(load(&small, "max_message=1K"));
@@ -745,8 +708,7 @@ static void test_receiver_limit_max_message(void **state)
     unload(&small);
 }
 
-static void test_plugin_unload_and_reload(void **state)
-{
+static void test_plugin_unload_and_reload(void **state) {
     (void)state;
     for (int i = 0; i < 2; i++) {
         unload(&g_tr);
@@ -768,14 +730,14 @@ static void test_plugin_unload_and_reload(void **state)
 /* Each transport meets a peer of the other kind: a clear error within the timeout, no hang.
  * Both directions run in the grpc binary: loading gRPC into the tcp binary would expose it to
  * LeakSanitizer's tracer crashing at exit while gRPC's threads wind down (seen once in CI). */
-static void test_mismatched_transports_fail_cleanly(void **state)
-{
+static void test_mismatched_transports_fail_cleanly(void **state) {
     (void)state;
     if (IS_TCP)
         skip();
     tr *t = &g_tr, other;
     memset(&other, 0, sizeof other);
-    const char *other_path = IS_TCP ? RLX_BUILD_PLUGIN_DIR "/rlx-transport-grpc.so" : RLX_BUILD_PLUGIN_DIR "/rlx-transport-tcp.so";
+    const char *other_path =
+        IS_TCP ? RLX_BUILD_PLUGIN_DIR "/rlx-transport-grpc.so" : RLX_BUILD_PLUGIN_DIR "/rlx-transport-tcp.so";
     assert_ok(rlx_plugin_load(other_path, &other.h));
     other.it = rlx_plugin_desc(other.h)->iface;
     assert_ok(other.it->open(rlx_host_table(), NULL, &other.self));
@@ -809,8 +771,7 @@ static void test_mismatched_transports_fail_cleanly(void **state)
 
 // ---- peers in another process ----
 
-static pid_t spawn_child(const char *mode, const char *addr, int *out_fd)
-{
+static pid_t spawn_child(const char *mode, const char *addr, int *out_fd) {
     int pfd[2] = {-1, -1};
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
@@ -837,8 +798,7 @@ static pid_t spawn_child(const char *mode, const char *addr, int *out_fd)
     return rc == 0 ? pid : -1;
 }
 
-static pid_t spawn_server_child(const char *mode, char *addr, size_t size)
-{
+static pid_t spawn_server_child(const char *mode, char *addr, size_t size) {
     int fd;
     const pid_t pid = spawn_child(mode, NULL, &fd);
     if (pid <= 0)
@@ -852,8 +812,7 @@ static pid_t spawn_server_child(const char *mode, char *addr, size_t size)
 }
 
 /* The child connects, says hello, then streams 64 MiB messages until killed. */
-static void test_peer_killed_mid_message(void **state)
-{
+static void test_peer_killed_mid_message(void **state) {
     (void)state;
     tr *t = &g_tr;
     void *l, *srv;
@@ -895,8 +854,7 @@ static void test_peer_killed_mid_message(void **state)
 
 /* The child listens, then computes (sleeps) for 1.5 s before it accepts: connecting must not
  * depend on the listener's process being inside a transport call. */
-static void test_connect_while_listener_process_is_busy(void **state)
-{
+static void test_connect_while_listener_process_is_busy(void **state) {
     (void)state;
     tr *t = &g_tr;
     char addr[128];
@@ -919,8 +877,7 @@ static void test_connect_while_listener_process_is_busy(void **state)
 
 /* grpc only: a peer that freezes (SIGSTOP: its sockets stay open, nothing answers) is found
  * by keepalive pings while this side waits in recv with a long timeout. */
-static void test_grpc_keepalive_detects_frozen_peer(void **state)
-{
+static void test_grpc_keepalive_detects_frozen_peer(void **state) {
     (void)state;
     tr t;
     assert_ok(load(&t, "keepalive_ms=300,keepalive_timeout_ms=700"));
@@ -949,8 +906,7 @@ static void test_grpc_keepalive_detects_frozen_peer(void **state)
 }
 
 /* The child listens, receives one message and exits without closing anything. */
-static void test_server_dies_client_sees_peer_error(void **state)
-{
+static void test_server_dies_client_sees_peer_error(void **state) {
     (void)state;
     tr *t = &g_tr;
     char addr[128];
@@ -978,8 +934,7 @@ static void test_server_dies_client_sees_peer_error(void **state)
     t->it->conn_close(t->self, cli);
 }
 
-static int child_main(const char *mode, const char *addr)
-{
+static int child_main(const char *mode, const char *addr) {
     alarm(60);
     tr t;
     if (load(&t, NULL) < 0) {
@@ -1057,27 +1012,24 @@ static int child_main(const char *mode, const char *addr)
 
 // ---- tcp wire format, from a raw socket ----
 
-static int raw_connect(const char *addr)
-{
+static int raw_connect(const char *addr) {
     const char *colon = strrchr(addr, ':');
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1)),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1)), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
         return -1;
     return fd;
 }
 
-static void raw_name(int fd, char *buf, size_t size)
-{
+static void raw_name(int fd, char *buf, size_t size) {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
     getsockname(fd, (struct sockaddr *)&a, &len);
     snprintf(buf, size, "127.0.0.1:%u", ntohs(a.sin_port));
 }
 
-static uint32_t crc32c(const void *data, size_t n)
-{
+static uint32_t crc32c(const void *data, size_t n) {
     const uint8_t *p = data;
     uint32_t c = ~0u;
     while (n--) {
@@ -1089,8 +1041,7 @@ static uint32_t crc32c(const void *data, size_t n)
 }
 
 /* A frame header as the tcp plugin writes it (little-endian; this test runs on x86-64/aarch64). */
-static void make_header(uint8_t h[24], uint16_t version, uint16_t flags, uint64_t len, uint32_t pcrc)
-{
+static void make_header(uint8_t h[24], uint16_t version, uint16_t flags, uint64_t len, uint32_t pcrc) {
     memcpy(h, "RLXT", 4);
     memcpy(h + 4, &version, 2);
     memcpy(h + 6, &flags, 2);
@@ -1101,8 +1052,7 @@ static void make_header(uint8_t h[24], uint16_t version, uint16_t flags, uint64_
 }
 
 /* Accepts a raw connection, writes bytes on it, and expects recv to fail with rc. */
-static void expect_bad_frame(tr *t, const void *bytes, size_t n, int rc, const char *cause)
-{
+static void expect_bad_frame(tr *t, const void *bytes, size_t n, int rc, const char *cause) {
     void *l, *srv;
     char addr[128], peer[64];
     assert_ok(listen_local(t, &l, addr, sizeof addr));
@@ -1126,8 +1076,7 @@ static void expect_bad_frame(tr *t, const void *bytes, size_t n, int rc, const c
     t->it->listener_close(t->self, l);
 }
 
-static void test_tcp_rejects_corrupt_frames(void **state)
-{
+static void test_tcp_rejects_corrupt_frames(void **state) {
     (void)state;
     tr *t = &g_tr;
     uint8_t f[24 + 4];
@@ -1157,8 +1106,7 @@ static void test_tcp_rejects_corrupt_frames(void **state)
     expect_bad_frame(t, f, 24, RLX_E_FORMAT, "exceeds the limit of 4294967296");
 }
 
-static void test_tcp_max_message_option(void **state)
-{
+static void test_tcp_max_message_option(void **state) {
     (void)state;
     tr small, *t = &g_tr;
     assert_ok(load(&small, "max_message=1K,checksum=off"));
@@ -1188,8 +1136,7 @@ static void test_tcp_max_message_option(void **state)
     unload(&small);
 }
 
-static void test_tcp_peer_closes_mid_frame(void **state)
-{
+static void test_tcp_peer_closes_mid_frame(void **state) {
     (void)state;
     tr *t = &g_tr;
     void *l, *srv;
@@ -1217,8 +1164,7 @@ static void test_tcp_peer_closes_mid_frame(void **state)
     t->it->listener_close(t->self, l);
 }
 
-static void test_tcp_frame_resumes_after_timeout(void **state)
-{
+static void test_tcp_frame_resumes_after_timeout(void **state) {
     (void)state;
     tr *t = &g_tr;
     void *l, *srv;
@@ -1255,8 +1201,7 @@ static void test_tcp_frame_resumes_after_timeout(void **state)
     t->it->listener_close(t->self, l);
 }
 
-static void test_tcp_wire_format(void **state)
-{
+static void test_tcp_wire_format(void **state) {
     (void)state;
     tr *t = &g_tr;
     void *l, *cli;
@@ -1321,15 +1266,13 @@ static void test_tcp_wire_format(void **state)
 }
 
 /* Warnings and errors the plugins log (gRPC's own included) show in the test output. */
-static void log_to_stderr(void *ctx, int level, const char *message)
-{
+static void log_to_stderr(void *ctx, int level, const char *message) {
     (void)ctx;
     if (level <= RLX_LOG_WARN || getenv("RLX_TEST_VERBOSE"))
         fprintf(stderr, "  log[%d] %s\n", level, message);
 }
 
-int main(int argc, char **argv)
-{
+int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "--child"))
         return child_main(argv[2], argv[3]);
     /* SIGPIPE keeps its default action: a plugin that let one through would kill the test. */

@@ -33,21 +33,26 @@ static rlx_status session_scenario(char *out, size_t out_size) {
     size_t text_len = 0;
     int32_t generated[8], *next = generated;
     rlx_status rc;
-    if ((rc = rlx_tokenizer_load(MODEL, &tok)) < 0 ||
+    if ((rc = rlx_tokenizer_open(MODEL, &tok)) < 0 ||
         (rc = rlx_tokenizer_encode(tok, "the brown fox", 13, 1, &ids, &n_ids)) < 0 ||
         (rc = rlx_model_open(MODEL, &m)) < 0 || (rc = rlx_backend_create(plugin, NULL, &backends[0])) < 0 ||
         (rc = rlx_backend_create_ref(&backends[1])) < 0)
         goto done;
     const rlx_model_config *c = rlx_model_config_of(m);
-    const rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
-    const rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = 32, .backends = backends, .n_backends = 2};
+    const rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                                 .layer_end = (uint32_t)c->num_hidden_layers,
+                                 .embed_input = 1,
+                                 .produce_logits = 1};
+    const rlx_session_options o = {
+        .size = sizeof(rlx_session_options), .kv_capacity = 32, .backends = backends, .n_backends = 2};
     rlx_sampler_params sp = rlx_sampler_params_default();
     sp.greedy = 0;
     sp.temperature = 0.8f;
     sp.top_k = 20;
     sp.repeat_penalty = 1.3f;
     sp.seed = 5;
-    if ((rc = rlx_session_create(m, &spec, &o, &s)) < 0 || (rc = rlx_sampler_create(&sp, c->vocab_size, &sampler)) < 0 ||
+    if ((rc = rlx_session_create(m, &spec, &o, &s)) < 0 ||
+        (rc = rlx_sampler_create(&sp, c->vocab_size, &sampler)) < 0 ||
         (rc = rlx_session_generate(s, sampler, ids, (uint32_t)n_ids, 8, collect, &next, NULL)) < 0)
         goto done;
     if ((rc = rlx_tokenizer_decode(tok, generated, (size_t)(next - generated), 0, &text, &text_len)) == RLX_OK)
@@ -60,7 +65,7 @@ done:
     rlx_backend_destroy(backends[1]);
     rlx_backend_destroy(backends[0]);
     rlx_model_close(m);
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
     return rc;
 }
 

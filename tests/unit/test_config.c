@@ -78,8 +78,7 @@ static void load_ok(const char *dir, const char *text, rlx_model_config *c) {
 
 /* base with field set to value must fail with RLX_E_FORMAT naming the file, and containing needle;
  * the output struct must be left alone. */
-static void variant_fails(const char *dir, const char *base, const char *field, const char *value,
-                          const char *needle) {
+static void variant_fails(const char *dir, const char *base, const char *field, const char *value, const char *needle) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s", write_variant(dir, "config.json", base, field, value));
     rlx_model_config c;
@@ -334,8 +333,7 @@ static void test_generation_defaults_of_qwen3(void **state) {
  * temperature 1.0, top_k 50, top_p 1.0, min_p None, repetition_penalty 1.0. */
 static void assert_hf_defaults(const rlx_generation_defaults *g) {
     assert_false(g->do_sample);
-    assert_true(g->temperature == 1 && g->top_k == 50 && g->top_p == 1 && g->min_p == 0 &&
-                g->repetition_penalty == 1);
+    assert_true(g->temperature == 1 && g->top_k == 50 && g->top_p == 1 && g->min_p == 0 && g->repetition_penalty == 1);
 }
 
 static void test_generation_defaults_when_absent(void **state) {
@@ -426,8 +424,8 @@ static void test_missing_file_and_malformed_json(void **state) {
 }
 
 static void test_missing_required_fields(void **state) {
-    const char *required[] = {"model_type",          "vocab_size",   "hidden_size",      "intermediate_size",
-                              "num_hidden_layers",   "rms_norm_eps", "num_attention_heads"};
+    const char *required[] = {"model_type",        "vocab_size",   "hidden_size",        "intermediate_size",
+                              "num_hidden_layers", "rms_norm_eps", "num_attention_heads"};
     for (size_t i = 0; i < sizeof required / sizeof required[0]; i++) {
         char needle[64];
         snprintf(needle, sizeof needle, "missing required field '%s'", required[i]);
@@ -463,7 +461,8 @@ static void test_wrong_types_and_values(void **state) {
         {"rms_norm_eps", "\"1e-6\"", "field 'rms_norm_eps' must be a number"},
         {"rms_norm_eps", "0", "field 'rms_norm_eps' must be a positive number, got 0"},
         {"rope_theta", "-1", "field 'rope_theta' must be a positive number, got -1"},
-        {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}", "field 'rope_scaling' (type yarn) is not supported"},
+        {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}",
+         "field 'rope_scaling' (type yarn) is not supported"},
         {"max_position_embeddings", "40960.5", "field 'max_position_embeddings' must be an integer"},
         {"tie_word_embeddings", "1", "field 'tie_word_embeddings' must be true or false, got 1"},
         {"attention_bias", "\"false\"", "field 'attention_bias' must be true or false"},

@@ -141,10 +141,13 @@ static void test_dump_lists_nodes_and_annotations(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_add_node_infers_matmul_shape),  cmocka_unit_test(test_matmul_rejects_wrong_inner_dim),
+        cmocka_unit_test(test_add_node_infers_matmul_shape),
+        cmocka_unit_test(test_matmul_rejects_wrong_inner_dim),
         cmocka_unit_test(test_concat_widens_rows_and_checks_row_count),
-        cmocka_unit_test(test_attention_checks_heads_and_cache), cmocka_unit_test(test_rms_norm_group_must_divide_row),
-        cmocka_unit_test(test_embed_needs_int_ids),           cmocka_unit_test(test_tensor_declaration_errors),
+        cmocka_unit_test(test_attention_checks_heads_and_cache),
+        cmocka_unit_test(test_rms_norm_group_must_divide_row),
+        cmocka_unit_test(test_embed_needs_int_ids),
+        cmocka_unit_test(test_tensor_declaration_errors),
         cmocka_unit_test(test_dump_lists_nodes_and_annotations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -16,22 +16,19 @@
 
 #define CASES RLX_TEST_DATA "/iface_cases.txt"
 
-static uint32_t f32_bits(float f)
-{
+static uint32_t f32_bits(float f) {
     uint32_t b;
     memcpy(&b, &f, sizeof b);
     return b;
 }
 
-static float bits_f32(uint32_t b)
-{
+static float bits_f32(uint32_t b) {
     float f;
     memcpy(&f, &b, sizeof f);
     return f;
 }
 
-static void test_numel_rows_cols_and_dtype_size(void **state)
-{
+static void test_numel_rows_cols_and_dtype_size(void **state) {
     (void)state;
     const rlx_tensor t = {.dtype = RLX_DTYPE_F32, .n_dims = 3, .shape = {2, 3, 5, 7}};
     assert_int_equal(rlx_iface_numel(&t), 30); /* the unused 4th entry is not counted */
@@ -48,27 +45,23 @@ static void test_numel_rows_cols_and_dtype_size(void **state)
     assert_int_equal(rlx_iface_dtype_size(0xffffffffu), 0);
 }
 
-static void test_bf16_by_hand(void **state)
-{
+static void test_bf16_by_hand(void **state) {
     (void)state;
     static const struct {
         uint32_t in;
         uint16_t out;
     } cases[] = {
-        {0x3f800000, 0x3f80}, /* 1.0 */
-        {0x3f808000, 0x3f80}, /* tie, lower neighbour even: stays */
-        {0x3f818000, 0x3f82}, /* tie, lower neighbour odd: up to even */
-        {0x3f808001, 0x3f81}, /* just past the tie: up */
-        {0x3f807fff, 0x3f80}, /* just below the tie: down */
-        {0xbf818000, 0xbf82}, /* negative ties go away from zero to even too */
-        {0x7f7fffff, 0x7f80}, /* past the largest BF16: infinity */
-        {0x7f800000, 0x7f80}, /* infinity */
-        {0xff800000, 0xff80},
-        {0x80000000, 0x8000}, /* -0 keeps its sign */
-        {0x00000001, 0x0000}, /* F32 denormals round like any other value */
-        {0x00008000, 0x0000},
-        {0x00018000, 0x0002},
-        {0x7fc00000, 0x7fc0}, /* quiet NaN */
+        {0x3f800000, 0x3f80},                       /* 1.0 */
+        {0x3f808000, 0x3f80},                       /* tie, lower neighbour even: stays */
+        {0x3f818000, 0x3f82},                       /* tie, lower neighbour odd: up to even */
+        {0x3f808001, 0x3f81},                       /* just past the tie: up */
+        {0x3f807fff, 0x3f80},                       /* just below the tie: down */
+        {0xbf818000, 0xbf82},                       /* negative ties go away from zero to even too */
+        {0x7f7fffff, 0x7f80},                       /* past the largest BF16: infinity */
+        {0x7f800000, 0x7f80},                       /* infinity */
+        {0xff800000, 0xff80}, {0x80000000, 0x8000}, /* -0 keeps its sign */
+        {0x00000001, 0x0000},                       /* F32 denormals round like any other value */
+        {0x00008000, 0x0000}, {0x00018000, 0x0002}, {0x7fc00000, 0x7fc0}, /* quiet NaN */
         {0x7f800001, 0x7fc0}, /* signalling NaN whose payload is all below: NaN, not infinity */
         {0xff80ffff, 0xffc0}, /* a payload that would carry into the exponent: still NaN */
         {0x7fffffff, 0x7fff},
@@ -82,24 +75,20 @@ static void test_bf16_by_hand(void **state)
     assert_int_equal(f32_bits(rlx_iface_bf16_to_f32(0xffc1)), 0xffc10000);
 }
 
-static void test_f16_by_hand(void **state)
-{
+static void test_f16_by_hand(void **state) {
     (void)state;
     static const struct {
         uint32_t in;
         uint16_t out;
     } narrow[] = {
-        {0x3f800000, 0x3c00}, /* 1.0 */
-        {0x3f801000, 0x3c00}, /* 1 + 2^-11: tie, even stays */
-        {0x3f803000, 0x3c02}, /* 1 + 3 * 2^-11: tie, odd goes up */
-        {0x3f801001, 0x3c01},
-        {0x477fe000, 0x7bff}, /* 65504, the largest F16 */
-        {0x477fefff, 0x7bff}, /* just below 65520 */
-        {0x477ff000, 0x7c00}, /* 65520: the tie with 65536 rounds to even, i.e. infinity */
-        {0x7f7fffff, 0x7c00},
-        {0xc77ff000, 0xfc00},
-        {0x38800000, 0x0400}, /* 2^-14, the smallest normal */
-        {0x387fc000, 0x03ff}, /* the largest subnormal */
+        {0x3f800000, 0x3c00},                       /* 1.0 */
+        {0x3f801000, 0x3c00},                       /* 1 + 2^-11: tie, even stays */
+        {0x3f803000, 0x3c02},                       /* 1 + 3 * 2^-11: tie, odd goes up */
+        {0x3f801001, 0x3c01}, {0x477fe000, 0x7bff}, /* 65504, the largest F16 */
+        {0x477fefff, 0x7bff},                       /* just below 65520 */
+        {0x477ff000, 0x7c00},                       /* 65520: the tie with 65536 rounds to even, i.e. infinity */
+        {0x7f7fffff, 0x7c00}, {0xc77ff000, 0xfc00}, {0x38800000, 0x0400}, /* 2^-14, the smallest normal */
+        {0x387fc000, 0x03ff},                                             /* the largest subnormal */
         {0x387fe000, 0x0400}, /* halfway above it: rounds (to even) into the smallest normal */
         {0x33800000, 0x0001}, /* 2^-24, the smallest subnormal */
         {0x33000000, 0x0000}, /* 2^-25: the tie with zero goes to zero */
@@ -108,9 +97,7 @@ static void test_f16_by_hand(void **state)
         {0x34200000, 0x0002}, /* 2.5 * 2^-24: tie, even stays */
         {0x00000001, 0x0000}, /* F32 denormal */
         {0x80000001, 0x8000}, /* keeps the sign */
-        {0x7f800000, 0x7c00},
-        {0xff800000, 0xfc00},
-        {0x7fc00000, 0x7e00},
+        {0x7f800000, 0x7c00}, {0xff800000, 0xfc00}, {0x7fc00000, 0x7e00},
         {0x7f800001, 0x7e00}, /* signalling NaN: quiet, not infinity */
         {0xffc02000, 0xfe01}, /* sign and the top payload bits kept */
     };
@@ -139,8 +126,7 @@ static void test_f16_by_hand(void **state)
     assert_true(rlx_iface_load_f32(RLX_DTYPE_F32, f, 1) == 3.0f);
 }
 
-static void test_conversions_match_numpy(void **state)
-{
+static void test_conversions_match_numpy(void **state) {
     (void)state;
     FILE *fp = fopen(CASES, "r");
     assert_non_null(fp);
@@ -168,8 +154,7 @@ static void test_conversions_match_numpy(void **state)
     assert_int_equal(bad, 0);
 }
 
-static void test_option_scanner_reads_items(void **state)
-{
+static void test_option_scanner_reads_items(void **state) {
     (void)state;
     const char *cursor = "isa=avx2,tile_kb=64,path=/a=b,";
     rlx_iface_option o;
@@ -184,7 +169,7 @@ static void test_option_scanner_reads_items(void **state)
     assert_true(rlx_iface_option_is(&o, "tile_kb") && rlx_iface_option_int(&o, 16, 65536, &n));
     assert_int_equal(n, 64);
     assert_int_equal(rlx_iface_option_next(&cursor, &o, err, sizeof err), 1);
-    assert_string_equal(o.value, "/a=b"); /* only the first '=' splits */
+    assert_string_equal(o.value, "/a=b");                                     /* only the first '=' splits */
     assert_int_equal(rlx_iface_option_next(&cursor, &o, err, sizeof err), 0); /* a trailing comma ends it */
     cursor = NULL;
     assert_int_equal(rlx_iface_option_next(&cursor, &o, err, sizeof err), 0);
@@ -192,8 +177,7 @@ static void test_option_scanner_reads_items(void **state)
     assert_int_equal(rlx_iface_option_next(&cursor, &o, err, sizeof err), 0);
 }
 
-static void expect_option_error(const char *options, const char *message)
-{
+static void expect_option_error(const char *options, const char *message) {
     const char *cursor = options;
     rlx_iface_option o;
     char err[128] = "";
@@ -204,8 +188,7 @@ static void expect_option_error(const char *options, const char *message)
         fail_msg("'%s': rc %d, message '%s', want '%s'", options, rc, err, message);
 }
 
-static void test_option_scanner_rejects_malformed_items(void **state)
-{
+static void test_option_scanner_rejects_malformed_items(void **state) {
     (void)state;
     expect_option_error("bogus", "option 'bogus' is not key=value");
     expect_option_error("a=1,bogus,b=2", "option 'bogus' is not key=value");
@@ -223,24 +206,21 @@ static void test_option_scanner_rejects_malformed_items(void **state)
     assert_string_equal(tiny, "option ");
 }
 
-static bool option_int(const char *value, long long min, long long max, long long *out)
-{
+static bool option_int(const char *value, long long min, long long max, long long *out) {
     rlx_iface_option o;
     snprintf(o.value, sizeof o.value, "%s", value);
     o.value_len = strlen(o.value);
     return rlx_iface_option_int(&o, min, max, out);
 }
 
-static bool option_size(const char *value, unsigned long long max, unsigned long long *out)
-{
+static bool option_size(const char *value, unsigned long long max, unsigned long long *out) {
     rlx_iface_option o;
     snprintf(o.value, sizeof o.value, "%s", value);
     o.value_len = strlen(o.value);
     return rlx_iface_option_size(&o, 1, max, out);
 }
 
-static void test_option_numbers(void **state)
-{
+static void test_option_numbers(void **state) {
     (void)state;
     long long n = 7;
     assert_true(option_int("-5", -10, 10, &n) && n == -5);
@@ -271,8 +251,7 @@ static void test_option_numbers(void **state)
             fail_msg("'%s' read as a size", bad_sizes[i]);
 }
 
-static void test_split_address_accepts(void **state)
-{
+static void test_split_address_accepts(void **state) {
     (void)state;
     static const struct {
         const char *address, *host;
@@ -281,7 +260,10 @@ static void test_split_address_accepts(void **state)
         {"127.0.0.1:7101", "127.0.0.1", 7101},
         {"localhost:0", "localhost", 0},
         {"node-3.example:65535", "node-3.example", 65535},
-        {":80", "", 80}, {"[::1]:7101", "::1", 7101}, {"[fe80::1%eth0]:1", "fe80::1%eth0", 1}, {"[]:5", "", 5},
+        {":80", "", 80},
+        {"[::1]:7101", "::1", 7101},
+        {"[fe80::1%eth0]:1", "fe80::1%eth0", 1},
+        {"[]:5", "", 5},
         {"h:080", "h", 80},
     };
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
@@ -294,8 +276,7 @@ static void test_split_address_accepts(void **state)
     }
 }
 
-static void test_split_address_rejects(void **state)
-{
+static void test_split_address_rejects(void **state) {
     (void)state;
     static const struct {
         const char *address, *message;
@@ -328,8 +309,7 @@ static void test_split_address_rejects(void **state)
     assert_string_equal(err, "address is NULL");
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_numel_rows_cols_and_dtype_size),
         cmocka_unit_test(test_bf16_by_hand),

@@ -16,8 +16,7 @@ static char host_msg[512];
 
 static void host_log(int level, const char *fmt, ...) { (void)level, (void)fmt; }
 
-static int host_error(int status, const char *fmt, ...)
-{
+static int host_error(int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(host_msg, sizeof host_msg, fmt, ap);
@@ -27,27 +26,28 @@ static int host_error(int status, const char *fmt, ...)
 
 static void *host_alloc(size_t size, size_t align) { return aligned_alloc(align, (size + align - 1) / align * align); }
 
-static const rlx_host host = {.size = sizeof(rlx_host), .abi_major = RLX_ABI_MAJOR, .log = host_log,
-                              .error = host_error, .alloc = host_alloc, .free = free};
+static const rlx_host host = {.size = sizeof(rlx_host),
+                              .abi_major = RLX_ABI_MAJOR,
+                              .log = host_log,
+                              .error = host_error,
+                              .alloc = host_alloc,
+                              .free = free};
 
 #define MAX_ITEMS 4096
 static int item_runs[MAX_ITEMS];
 
-static void count_items(int64_t i0, int64_t i1)
-{
+static void count_items(int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; i++)
         item_runs[i < MAX_ITEMS ? i : MAX_ITEMS - 1]++;
 }
 
-static void one_range(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx)
-{
+static void one_range(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx) {
     (void)self, (void)align, (void)work;
     count_items(0, n);
     fn(ctx, 0, 0, n);
 }
 
-static void one_range_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx)
-{
+static void one_range_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx) {
     (void)self, (void)work;
     for (int64_t i = 0; i < n; i++) {
         count_items(i, i + 1);
@@ -56,8 +56,7 @@ static void one_range_tasks(void *self, int64_t n, int64_t work, kern_range_fn f
 }
 
 /* Ranges of 1..3 alignment units from the end backwards, as "threads" 0 and 1 in turn. */
-static void small_ranges(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx)
-{
+static void small_ranges(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx) {
     (void)self, (void)work;
     int64_t units = (n + align - 1) / align, turn = 0;
     while (units > 0) {
@@ -69,8 +68,7 @@ static void small_ranges(void *self, int64_t n, int64_t align, int64_t work, ker
     }
 }
 
-static void reversed_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx)
-{
+static void reversed_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx) {
     (void)self, (void)work;
     for (int64_t i = n - 1; i >= 0; i--) {
         count_items(i, i + 1);
@@ -83,29 +81,25 @@ static const kern_par shuffled = {.n_threads = 2, .parallel_for = small_ranges, 
 
 static uint32_t rng = 12345;
 
-static float frand(void)
-{
+static float frand(void) {
     rng = rng * 1664525u + 1013904223u;
     return (float)(rng >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
 }
 
-static void fill(float *x, int64_t n)
-{
+static void fill(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         x[i] = frand();
 }
 
 /* The ISA levels this CPU runs, by name. */
-static int levels(const char **names)
-{
+static int levels(const char **names) {
     int n = 0;
     for (int i = 0; i <= (int)plugin_isa_best(); i++)
         names[n++] = plugin_isa_name((plugin_isa)i);
     return n;
 }
 
-static void expect_each_item_once(int64_t n)
-{
+static void expect_each_item_once(int64_t n) {
     for (int64_t i = 0; i < n; i++)
         if (item_runs[i] != 1)
             fail_msg("item %lld ran %d times", (long long)i, item_runs[i]);
@@ -122,8 +116,7 @@ static uint16_t row_table[V * H];
 static const int32_t row_ids[T] = {3, 0, 10, 3, 7, 1, 9}, row_pos[T] = {0, 5, 6, 7, 100, 4095, 1};
 
 /* Runs every row op on the same inputs into out[6][T * H]. */
-static void run_row_ops(kern_ctx *c, float out[6][T * H])
-{
+static void run_row_ops(kern_ctx *c, float out[6][T * H]) {
     kern_embed(c, row_table, RLX_DTYPE_BF16, H, row_ids, T, out[0]);
     expect_each_item_once(T);
     kern_rms_norm(c, row_x, row_w, out[1], T, H, HEAD, 1e-6f);
@@ -142,8 +135,7 @@ static void run_row_ops(kern_ctx *c, float out[6][T * H])
 }
 
 /* RMS norm and NeoX RoPE against their definitions, in double. */
-static void check_norm_and_rope(float out[6][T * H])
-{
+static void check_norm_and_rope(float out[6][T * H]) {
     for (int g = 0; g < T * H / HEAD; g++) {
         const float *x = row_x + g * HEAD;
         double ss = 0.0;
@@ -165,8 +157,7 @@ static void check_norm_and_rope(float out[6][T * H])
             }
 }
 
-static void test_row_ops_do_not_depend_on_the_split(void **state)
-{
+static void test_row_ops_do_not_depend_on_the_split(void **state) {
     (void)state;
     fill(row_x, T * H);
     fill(row_u, T * H);
@@ -195,8 +186,7 @@ enum { D = 20, HQ = 4, HKV = 2, C = 90 };
 
 /* out[HQ * D] of the query at position p in cache rows [lo, p], in double. */
 static void attention_ref(const float *q, const float *kc, const float *vc, int64_t lo, int64_t p, float scale,
-                          double *out)
-{
+                          double *out) {
     for (int h = 0; h < HQ; h++) {
         const int kvh = h / (HQ / HKV);
         double s[C], mx = -INFINITY, sum = 0.0;
@@ -218,8 +208,7 @@ static void attention_ref(const float *q, const float *kc, const float *vc, int6
     }
 }
 
-static void test_attention_paths_agree_with_the_reference(void **state)
-{
+static void test_attention_paths_agree_with_the_reference(void **state) {
     (void)state;
     const char *names[PLUGIN_ISA_COUNT];
     static float kc[C * HKV * D], vc[C * HKV * D];
@@ -243,8 +232,8 @@ static void test_attention_paths_agree_with_the_reference(void **state)
                 {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {C, HKV * D}, .data = vc},
             };
             rlx_tensor out = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {1, HQ * D}, .data = split};
-            const rlx_node_view node = {.op = RLX_OP_ATTENTION, .n_inputs = 6, .inputs = in, .output = &out,
-                                        .params = &p, .name = "att"};
+            const rlx_node_view node = {
+                .op = RLX_OP_ATTENTION, .n_inputs = 6, .inputs = in, .output = &out, .params = &p, .name = "att"};
             kern_ctx c;
             kern_att a;
             assert_ok(kern_init(&c, &host, "test", names[l], shuffled));
@@ -265,8 +254,7 @@ static void test_attention_paths_agree_with_the_reference(void **state)
         }
 }
 
-static void test_attention_rejects_a_position_outside_the_cache(void **state)
-{
+static void test_attention_rejects_a_position_outside_the_cache(void **state) {
     (void)state;
     float x[HQ * D] = {0}, kc[4 * HKV * D];
     const int32_t pos = 4;
@@ -280,8 +268,8 @@ static void test_attention_rejects_a_position_outside_the_cache(void **state)
         {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {4, HKV * D}, .data = kc},
     };
     rlx_tensor out = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {1, HQ * D}, .data = x};
-    const rlx_node_view node = {.op = RLX_OP_ATTENTION, .n_inputs = 6, .inputs = in, .output = &out, .params = &p,
-                                .name = "layers.0.attn"};
+    const rlx_node_view node = {
+        .op = RLX_OP_ATTENTION, .n_inputs = 6, .inputs = in, .output = &out, .params = &p, .name = "layers.0.attn"};
     kern_ctx c;
     kern_att a;
     assert_ok(kern_init(&c, &host, "test", "c", serial));
@@ -293,8 +281,7 @@ static void test_attention_rejects_a_position_outside_the_cache(void **state)
 // ---------------------------------------------------------------------------------------------
 // MoE routing
 
-static void test_moe_route_takes_ties_in_expert_order(void **state)
-{
+static void test_moe_route_takes_ties_in_expert_order(void **state) {
     (void)state;
     const float logits[2 * 4] = {1.0f, 3.0f, 3.0f, 0.5f, -2.0f, -2.0f, -2.0f, -2.0f};
     int64_t expert[2 * 2];
@@ -312,8 +299,7 @@ static void test_moe_route_takes_ties_in_expert_order(void **state)
     assert_float_equal(weight[1], 0.5, 1e-7);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_row_ops_do_not_depend_on_the_split),
         cmocka_unit_test(test_attention_paths_agree_with_the_reference),

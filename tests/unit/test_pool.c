@@ -26,8 +26,7 @@ static _Atomic long stress_bad_chunk; /* chunk index or ith out of range */
 
 static _Thread_local uint32_t rng_state;
 
-static uint32_t rng_next(void)
-{
+static uint32_t rng_next(void) {
     if (!rng_state)
         rng_state = (uint32_t)(uintptr_t)&rng_state | 1;
     rng_state ^= rng_state << 13;
@@ -37,8 +36,7 @@ static uint32_t rng_next(void)
 }
 
 /* A short random pause: usually nothing, sometimes a busy-wait, now and then a yield. */
-static void random_delay(void)
-{
+static void random_delay(void) {
     const uint32_t r = rng_next();
     if (r % 16 == 0) {
         sched_yield();
@@ -48,14 +46,12 @@ static void random_delay(void)
     }
 }
 
-static void stress_hook(plugin_pool_hook_at at)
-{
+static void stress_hook(plugin_pool_hook_at at) {
     (void)at;
     random_delay();
 }
 
-static void stress_chunk(void *ctx, int ith, int64_t chunk)
-{
+static void stress_chunk(void *ctx, int ith, int64_t chunk) {
     stress_job *j = ctx;
     if (!atomic_load(&j->live))
         atomic_fetch_add(&stress_late, 1);
@@ -69,8 +65,7 @@ static void stress_chunk(void *ctx, int ith, int64_t chunk)
         atomic_fetch_add(&stress_late, 1);
 }
 
-static void stress(int n_threads, int64_t spin_ns)
-{
+static void stress(int n_threads, int64_t spin_ns) {
     stress_threads = n_threads;
     atomic_store(&stress_late, 0);
     atomic_store(&stress_bad_chunk, 0);
@@ -107,8 +102,7 @@ static void stress(int n_threads, int64_t spin_ns)
                  n_threads, (long long)spin_ns, missing, twice, (long)stress_late, (long)stress_bad_chunk);
 }
 
-static void test_every_chunk_runs_once_before_return(void **state)
-{
+static void test_every_chunk_runs_once_before_return(void **state) {
     (void)state;
     stress(2, 200000);
     stress(2, 0); /* idle threads sleep at once: the futex paths every time */
@@ -116,8 +110,7 @@ static void test_every_chunk_runs_once_before_return(void **state)
     stress(4, 200000);
 }
 
-static void test_serial_jobs_stay_on_caller(void **state)
-{
+static void test_serial_jobs_stay_on_caller(void **state) {
     (void)state;
     plugin_pool *p;
     assert_int_equal(plugin_pool_create(1, 0, &p), 0);
@@ -136,21 +129,19 @@ static void test_serial_jobs_stay_on_caller(void **state)
 // ---- the straggler rule ----
 
 typedef struct straggler_job {
-    int64_t wait_ns;    /* the caller's chunk waits up to this long for a worker to hold the other */
-    bool worker_sleeps; /* the worker's chunk lasts 10 ms, like a thread that lost its core */
-    int64_t caller_ns;  /* the caller's chunk lasts at least this long */
+    int64_t wait_ns;       /* the caller's chunk waits up to this long for a worker to hold the other */
+    bool worker_sleeps;    /* the worker's chunk lasts 10 ms, like a thread that lost its core */
+    int64_t caller_ns;     /* the caller's chunk lasts at least this long */
     _Atomic int on_worker; /* chunks a worker ran */
 } straggler_job;
 
-static int64_t now_ns(void)
-{
+static int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static void straggler_chunk(void *ctx, int ith, int64_t chunk)
-{
+static void straggler_chunk(void *ctx, int ith, int64_t chunk) {
     (void)chunk;
     straggler_job *j = ctx;
     if (ith != 0) {
@@ -167,8 +158,7 @@ static void straggler_chunk(void *ctx, int ith, int64_t chunk)
 }
 
 /* Runs a 2-chunk parallel job; returns how many chunks a worker ran. */
-static int straggler_run(plugin_pool *p, int64_t wait_ns, bool worker_sleeps, int64_t caller_ns)
-{
+static int straggler_run(plugin_pool *p, int64_t wait_ns, bool worker_sleeps, int64_t caller_ns) {
     straggler_job j = {.wait_ns = wait_ns, .worker_sleeps = worker_sleeps, .caller_ns = caller_ns};
     plugin_pool_run(p, straggler_chunk, &j, 2, true);
     return atomic_load(&j.on_worker);
@@ -177,23 +167,18 @@ static int straggler_run(plugin_pool *p, int64_t wait_ns, bool worker_sleeps, in
 #define SURE_NS 2000000000 /* long enough for a worker to show up on a loaded machine */
 
 /* A stall: the caller waits 10 ms for the worker's chunk, nearly all of the job. */
-static void assert_stall(plugin_pool *p)
-{
-    assert_true(straggler_run(p, SURE_NS, true, 0) >= 1);
-}
+static void assert_stall(plugin_pool *p) { assert_true(straggler_run(p, SURE_NS, true, 0) >= 1); }
 
 /* The next n jobs run on the caller alone, although each gives the (spinning) worker a
  * millisecond to take a chunk. */
-static void assert_serial_period(plugin_pool *p, int n)
-{
+static void assert_serial_period(plugin_pool *p, int n) {
     int on_worker = 0;
     for (int i = 0; i < n; i++)
         on_worker += straggler_run(p, 1000000, false, 0);
     assert_int_equal(on_worker, 0);
 }
 
-static void test_stragglers_send_jobs_to_the_caller(void **state)
-{
+static void test_stragglers_send_jobs_to_the_caller(void **state) {
     (void)state;
     plugin_pool *p;
     assert_int_equal(plugin_pool_create(2, 200000, &p), 0);
@@ -208,8 +193,7 @@ static void test_stragglers_send_jobs_to_the_caller(void **state)
 }
 
 /* n parallel jobs of job_ns each, the last n_stalls of which waited wait_ns. */
-static void note_jobs(plugin_stragglers *s, int n, int n_stalls, int64_t job_ns, int64_t wait_ns)
-{
+static void note_jobs(plugin_stragglers *s, int n, int n_stalls, int64_t job_ns, int64_t wait_ns) {
     for (int i = 0; i < n; i++) {
         assert_false(plugin_stragglers_serial(s));
         plugin_stragglers_note(s, job_ns, i >= n - n_stalls ? wait_ns : 0);
@@ -217,8 +201,7 @@ static void note_jobs(plugin_stragglers *s, int n, int n_stalls, int64_t job_ns,
 }
 
 /* Exactly the next n jobs go serial. */
-static void assert_serial_jobs(plugin_stragglers *s, int n)
-{
+static void assert_serial_jobs(plugin_stragglers *s, int n) {
     for (int i = 0; i < n; i++)
         assert_true(plugin_stragglers_serial(s));
     assert_false(plugin_stragglers_serial(s));
@@ -228,8 +211,7 @@ static void assert_serial_jobs(plugin_stragglers *s, int n)
  * goes serial when stalls of at least stall_min_ns take over 1/stall_share of it, at once when
  * two stalls do; failed probes double the stretch up to SERIAL_MAX; a window without
  * stalls resets it, one with a few keeps it. */
-static void test_straggler_rule(void **state)
-{
+static void test_straggler_rule(void **state) {
     (void)state;
     plugin_stragglers s;
     const int64_t job = 100000, stall = 500000;
@@ -251,8 +233,7 @@ static void test_straggler_rule(void **state)
     assert_serial_jobs(&s, PLUGIN_POOL_SERIAL_JOBS);
 }
 
-int main(void)
-{
+int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_chunk_runs_once_before_return),
         cmocka_unit_test(test_serial_jobs_stay_on_caller),

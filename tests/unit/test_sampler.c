@@ -36,8 +36,8 @@ static int read_case(FILE *f, sampler_case *c) {
     c->p = rlx_sampler_params_default();
     int greedy, n;
     assert_int_equal(fscanf(f, " params %d %f %d %f %f %f %d %f %f", &greedy, &c->p.temperature, &c->p.top_k,
-                            &c->p.top_p, &c->p.min_p, &c->p.repeat_penalty, &c->p.repeat_last_n,
-                            &c->p.presence_penalty, &c->p.frequency_penalty),
+                            &c->p.top_p, &c->p.min_p, &c->p.repeat_penalty, &c->p.repeat_last_n, &c->p.presence_penalty,
+                            &c->p.frequency_penalty),
                      9);
     c->p.greedy = greedy;
     assert_int_equal(fscanf(f, " history %d", &c->n_history), 1);
@@ -153,8 +153,7 @@ static void test_parameters_are_checked(void **state) {
     rlx_sampler_params d = rlx_sampler_params_default();
     assert_int_equal(d.greedy, 0);
     assert_true(d.temperature == 1 && d.top_k == 0 && d.top_p == 1 && d.min_p == 0);
-    assert_true(d.repeat_penalty == 1 && d.repeat_last_n == 64 && d.presence_penalty == 0 &&
-                d.frequency_penalty == 0);
+    assert_true(d.repeat_penalty == 1 && d.repeat_last_n == 64 && d.presence_penalty == 0 && d.frequency_penalty == 0);
     rlx_sampler_params p;
     /* greedy does not excuse a nonsensical value */
     p = d, p.greedy = 1, p.temperature = -0.5f, expect_refused(p, "temperature must be a finite number >= 0");

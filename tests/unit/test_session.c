@@ -18,8 +18,12 @@ static int64_t vocab;
 
 static rlx_session *new_session(uint32_t capacity) {
     const rlx_model_config *c = rlx_model_config_of(model);
-    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
-    rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = capacity, .backends = &backend, .n_backends = 1};
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                           .layer_end = (uint32_t)c->num_hidden_layers,
+                           .embed_input = 1,
+                           .produce_logits = 1};
+    rlx_session_options o = {
+        .size = sizeof(rlx_session_options), .kv_capacity = capacity, .backends = &backend, .n_backends = 1};
     rlx_session *s;
     assert_ok(rlx_session_create(model, &spec, &o, &s));
     return s;
@@ -294,9 +298,13 @@ static void test_generate_feeds_the_penalties_prompt_and_output(void **state) {
 static void test_emit_hidden_rows_and_lm_view(void **state) {
     (void)state;
     const rlx_model_config *c = rlx_model_config_of(model);
-    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1,
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                           .layer_end = (uint32_t)c->num_hidden_layers,
+                           .embed_input = 1,
+                           .produce_logits = 1,
                            .emit_hidden = 1};
-    rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = 64, .backends = &backend, .n_backends = 1};
+    rlx_session_options o = {
+        .size = sizeof(rlx_session_options), .kv_capacity = 64, .backends = &backend, .n_backends = 1};
     rlx_session *with, *plain = new_session(64);
     assert_ok(rlx_session_create(model, &spec, &o, &with));
     rlx_lm lm, plain_lm;
@@ -335,8 +343,14 @@ static void test_mtp_errors(void **state) {
     assert_int_equal(rlx_session_forward_mtp(s, prompt, hidden, 1, 0, &out), RLX_E_INVALID);
     assert_error_mentions("not an MTP layer");
     assert_false(rlx_model_has_mtp(model, 0));
-    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_start = 0, .layer_end = 1, .embed_input = 1, .produce_logits = 1, .mtp = 1};
-    rlx_session_options o = {.size = sizeof(rlx_session_options), .kv_capacity = 16, .backends = &backend, .n_backends = 1};
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                           .layer_start = 0,
+                           .layer_end = 1,
+                           .embed_input = 1,
+                           .produce_logits = 1,
+                           .mtp = 1};
+    rlx_session_options o = {
+        .size = sizeof(rlx_session_options), .kv_capacity = 16, .backends = &backend, .n_backends = 1};
     rlx_session *mtp = NULL;
     assert_int_equal(rlx_session_create(model, &spec, &o, &mtp), RLX_E_NOT_FOUND);
     assert_error_mentions("model.mtp_layers.0.token_layernorm.weight");

@@ -46,10 +46,10 @@ typedef enum rlx_dtype {
 #define RLX_MAX_DIMS 4
 
 typedef struct rlx_tensor {
-    uint32_t dtype;               /* rlx_dtype */
-    uint32_t n_dims;              /* 1..RLX_MAX_DIMS */
-    int64_t shape[RLX_MAX_DIMS];  /* outermost first; unused entries are 1 */
-    void *data;                   /* NULL while planning; bound memory while running */
+    uint32_t dtype;              /* rlx_dtype */
+    uint32_t n_dims;             /* 1..RLX_MAX_DIMS */
+    int64_t shape[RLX_MAX_DIMS]; /* outermost first; unused entries are 1 */
+    void *data;                  /* NULL while planning; bound memory while running */
 } rlx_tensor;
 
 /* The ops. Shapes use T = tokens in this run, H = hidden size, D = head_dim.
@@ -106,18 +106,18 @@ typedef struct rlx_op_params {
 
 /* What a backend sees of one node, at planning time (data pointers NULL) and at run time. */
 typedef struct rlx_node_view {
-    uint32_t op;               /* rlx_op */
+    uint32_t op; /* rlx_op */
     uint32_t n_inputs;
-    const rlx_tensor *inputs;  /* n_inputs entries, in the order documented above */
+    const rlx_tensor *inputs; /* n_inputs entries, in the order documented above */
     rlx_tensor *output;
     const rlx_op_params *params;
-    const char *name;          /* node name for messages, e.g. "layers.3.attn.q_proj" */
+    const char *name; /* node name for messages, e.g. "layers.3.attn.q_proj" */
     /* Version 1.2: read these only when host->abi_minor >= 2 (an older core does not set them). */
-    void *const *prepared;     /* per input: the handle prepare_weight returned for this use of a
+    void *const *prepared;    /* per input: the handle prepare_weight returned for this use of a
                                 * weight, or NULL (not a weight, declined, or run outside a plan) */
-    const int32_t *input_ids;  /* per input: the plan's id of the tensor (equal ids, same tensor),
+    const int32_t *input_ids; /* per input: the plan's id of the tensor (equal ids, same tensor),
                                 * or NULL outside a plan */
-    int32_t output_id;         /* the plan's id of the output, -1 outside a plan */
+    int32_t output_id;        /* the plan's id of the output, -1 outside a plan */
 } rlx_node_view;
 
 /* How a weight offered to prepare_weight is stored. */
@@ -132,21 +132,21 @@ enum {
 /* One use of a weight: the tensor as `input` of nodes of op `op` (a tied embedding is one
  * tensor with two uses, EMBED's table and the output MATMUL's w, and may be prepared twice). */
 typedef struct rlx_weight_info {
-    uint32_t size;            /* sizeof(rlx_weight_info) of the core */
-    uint32_t flags;           /* RLX_WEIGHT_* */
-    const rlx_tensor *tensor; /* dtype, shape and data, valid and unchanged until release_weight */
-    const char *name;         /* the tensor's name, for messages */
-    uint32_t op;              /* rlx_op reading it */
-    uint32_t input;           /* its input index in that op */
+    uint32_t size;             /* sizeof(rlx_weight_info) of the core */
+    uint32_t flags;            /* RLX_WEIGHT_* */
+    const rlx_tensor *tensor;  /* dtype, shape and data, valid and unchanged until release_weight */
+    const char *name;          /* the tensor's name, for messages */
+    uint32_t op;               /* rlx_op reading it */
+    uint32_t input;            /* its input index in that op */
     const rlx_node_view *node; /* the first node reading it, as planned (data pointers NULL): its
                                 * shapes, for a layout that depends on them (rows of a matmul) */
 } rlx_weight_info;
 
 /* Consecutive nodes of a plan that one backend runs. */
 typedef struct rlx_span {
-    uint32_t size;               /* sizeof(rlx_span) of the core */
-    uint32_t n_nodes;            /* at least 1 */
-    const rlx_node_view *nodes;  /* in execution order; an input of one may be an output of an
+    uint32_t size;              /* sizeof(rlx_span) of the core */
+    uint32_t n_nodes;           /* at least 1 */
+    const rlx_node_view *nodes; /* in execution order; an input of one may be an output of an
                                   * earlier one (compare input_ids with output_id) */
     /* Per node: the index, counted from nodes[0], of the last node of the whole plan that reads
      * its output, or UINT32_MAX when the graph returns it. A span of n nodes must write node i's
@@ -180,8 +180,8 @@ typedef struct rlx_backend_iface {
     /* Version 1.0 */
     int (*open)(const rlx_host *host, const rlx_backend_options *opts, void **self); /* required */
     void (*close)(void *self);                                                       /* required */
-    int (*supports)(void *self, const rlx_node_view *node); /* required: 1 yes, 0 no */
-    int (*compute)(void *self, const rlx_node_view *node);  /* required */
+    int (*supports)(void *self, const rlx_node_view *node);                          /* required: 1 yes, 0 no */
+    int (*compute)(void *self, const rlx_node_view *node);                           /* required */
     /* Version 1.2 */
     /* How the backend computes `node` (rlx_precision), asked at planning time after supports()
      * said yes (data pointers NULL). Optional; default RLX_PRECISION_F32. */
@@ -217,8 +217,7 @@ typedef struct rlx_backend_iface {
 /* ---- helpers for backend authors (static inline: nothing to link) ---- */
 
 /* Number of elements of t: the product of its n_dims dimensions. */
-static inline int64_t rlx_iface_numel(const rlx_tensor *t)
-{
+static inline int64_t rlx_iface_numel(const rlx_tensor *t) {
     int64_t n = 1;
     for (uint32_t i = 0; i < t->n_dims; i++)
         n *= t->shape[i];
@@ -226,14 +225,10 @@ static inline int64_t rlx_iface_numel(const rlx_tensor *t)
 }
 
 /* The innermost dimension of t (n_dims >= 1): the row length of a row-major tensor. */
-static inline int64_t rlx_iface_cols(const rlx_tensor *t)
-{
-    return t->shape[t->n_dims - 1];
-}
+static inline int64_t rlx_iface_cols(const rlx_tensor *t) { return t->shape[t->n_dims - 1]; }
 
 /* Rows of t: the product of every dimension but the innermost (1 for a vector). */
-static inline int64_t rlx_iface_rows(const rlx_tensor *t)
-{
+static inline int64_t rlx_iface_rows(const rlx_tensor *t) {
     int64_t r = 1;
     for (uint32_t i = 0; i + 1 < t->n_dims; i++)
         r *= t->shape[i];
@@ -241,8 +236,7 @@ static inline int64_t rlx_iface_rows(const rlx_tensor *t)
 }
 
 /* Bytes of one element of dtype (rlx_dtype); 0 for an unknown dtype. */
-static inline size_t rlx_iface_dtype_size(uint32_t dtype)
-{
+static inline size_t rlx_iface_dtype_size(uint32_t dtype) {
     switch (dtype) {
     case RLX_DTYPE_F32:
     case RLX_DTYPE_I32:
@@ -256,8 +250,7 @@ static inline size_t rlx_iface_dtype_size(uint32_t dtype)
 }
 
 /* BF16 bits widened to F32: exact (BF16 is the upper half of an F32), NaN payloads kept. */
-static inline float rlx_iface_bf16_to_f32(uint16_t h)
-{
+static inline float rlx_iface_bf16_to_f32(uint16_t h) {
     const uint32_t bits = (uint32_t)h << 16;
     float f;
     memcpy(&f, &bits, sizeof f);
@@ -267,8 +260,7 @@ static inline float rlx_iface_bf16_to_f32(uint16_t h)
 /* F32 to BF16 bits, rounded to nearest with ties to even (as BF16 hardware does; a value past
  * the largest BF16 becomes infinity). A NaN stays a NaN: its upper half with the quiet bit
  * set, since rounding could otherwise carry a NaN's payload into infinity. */
-static inline uint16_t rlx_iface_f32_to_bf16(float f)
-{
+static inline uint16_t rlx_iface_f32_to_bf16(float f) {
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);
     if (f != f)
@@ -278,8 +270,7 @@ static inline uint16_t rlx_iface_f32_to_bf16(float f)
 
 /* F16 (IEEE binary16) bits widened to F32: exact for every value, subnormals included; an
  * infinity stays infinite and a NaN keeps its payload. */
-static inline float rlx_iface_f16_to_f32(uint16_t h)
-{
+static inline float rlx_iface_f16_to_f32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
     uint32_t bits;
@@ -300,8 +291,7 @@ static inline float rlx_iface_f16_to_f32(uint16_t h)
  * NumPy's float16) does: values past the largest F16 (65504) round to infinity, tiny ones to
  * subnormals or zero (keeping the sign), and a NaN stays a quiet NaN with the upper bits of its
  * payload. */
-static inline uint16_t rlx_iface_f32_to_f16(float f)
-{
+static inline uint16_t rlx_iface_f32_to_f16(float f) {
     uint32_t bits;
     memcpy(&bits, &f, sizeof bits);
     const uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
@@ -310,7 +300,7 @@ static inline uint16_t rlx_iface_f32_to_f16(float f)
         return (uint16_t)(sign | 0x7e00u | ((magnitude >> 13) & 0x3ffu));
     if (magnitude >= 0x477ff000u) /* at or past 65520, halfway above 65504: infinity */
         return (uint16_t)(sign | 0x7c00u);
-    if (magnitude < 0x38800000u) { /* below 2^-14: an F16 subnormal (or zero) */
+    if (magnitude < 0x38800000u) {   /* below 2^-14: an F16 subnormal (or zero) */
         if (magnitude < 0x33000000u) /* at most 2^-25, half the smallest subnormal: zero */
             return sign;
         /* the significand with its implicit bit, shifted to units of 2^-24, rounded to even */
@@ -328,8 +318,7 @@ static inline uint16_t rlx_iface_f32_to_f16(float f)
 }
 
 /* Element i of an array of dtype (F32, BF16 or F16) widened to F32, as weights are read. */
-static inline float rlx_iface_load_f32(uint32_t dtype, const void *data, int64_t i)
-{
+static inline float rlx_iface_load_f32(uint32_t dtype, const void *data, int64_t i) {
     switch (dtype) {
     case RLX_DTYPE_BF16:
         return rlx_iface_bf16_to_f32(((const uint16_t *)data)[i]);

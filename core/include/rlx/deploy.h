@@ -35,14 +35,14 @@ extern "C" {
 typedef struct rlx_deploy rlx_deploy;
 
 typedef struct rlx_deploy_stage {
-    const char *address;    /* "host:port" the driver connects to */
-    const char *listen;     /* what the stage binds; the address when not given */
-    const char *backend;    /* backend plugin name, NULL when not given */
+    const char *address;         /* "host:port" the driver connects to */
+    const char *listen;          /* what the stage binds; the address when not given */
+    const char *backend;         /* backend plugin name, NULL when not given */
     const char *backend_options; /* the backend's "key=value,..." options, NULL when not given */
-    int has_layers;         /* layers was given */
-    rlx_layer_range layers; /* [start, end) when has_layers */
-    uint32_t threads;       /* 0 when not given */
-    uint32_t line;          /* line of the stage's entry in the file (1-based) */
+    int has_layers;              /* layers was given */
+    rlx_layer_range layers;      /* [start, end) when has_layers */
+    uint32_t threads;            /* 0 when not given */
+    uint32_t line;               /* line of the stage's entry in the file (1-based) */
 } rlx_deploy_stage;
 
 typedef struct rlx_deploy_speculator {
@@ -59,7 +59,7 @@ typedef struct rlx_deploy_generation {
     uint32_t max_tokens;
     float temperature; /* >= 0; 0 = greedy */
     int32_t top_k;
-    float top_p;       /* (0, 1] */
+    float top_p; /* (0, 1] */
     uint64_t seed;
     int has_min_p, has_repeat_penalty, has_repeat_last_n, has_presence_penalty, has_frequency_penalty;
     float min_p;             /* [0, 1] */
@@ -74,9 +74,9 @@ typedef struct rlx_deploy_timeouts {
     uint32_t connect_ms, control_ms, per_position_ms;
 } rlx_deploy_timeouts;
 
-/* Parses and checks the file at path. On success the caller owns *out (rlx_deploy_destroy). */
-RLX_API rlx_status rlx_deploy_load(const char *path, rlx_deploy **out);
-RLX_API void rlx_deploy_destroy(rlx_deploy *d); /* NULL is a no-op */
+/* Parses and checks the file at path. On success the caller owns *out (rlx_deploy_close). */
+RLX_API rlx_status rlx_deploy_open(const char *path, rlx_deploy **out);
+RLX_API void rlx_deploy_close(rlx_deploy *d); /* NULL is a no-op */
 
 /* Every string returned below is borrowed from d. */
 RLX_API const char *rlx_deploy_path(const rlx_deploy *d);

@@ -125,7 +125,7 @@ RLX_API rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *
 /* ---- driver ---- */
 
 typedef struct rlx_driver_stage {
-    const char *address;   /* "host:port" the stage listens on */
+    const char *address; /* "host:port" the stage listens on */
     rlx_layer_range layers;
     /* Where the stage was configured, put before it in every message about it as
      * "deploy.yaml:7: stage 1 (...)"; source_file NULL for none. Copied. */
@@ -138,10 +138,10 @@ typedef struct rlx_driver_options {
     const char *transport_options;      /* may be NULL */
     const rlx_driver_stage *stages;     /* in pipeline order; copied */
     uint32_t n_stages;
-    uint32_t kv_capacity;               /* positions wanted; 0 = the stages' default */
-    uint32_t connect_timeout_ms;        /* 0 = RLX_DIST_CONNECT_TIMEOUT_MS */
-    uint32_t timeout_ms;                /* 0 = RLX_DIST_TIMEOUT_MS */
-    uint32_t compute_ms_per_position;   /* 0 = RLX_DIST_COMPUTE_MS_PER_POSITION */
+    uint32_t kv_capacity;             /* positions wanted; 0 = the stages' default */
+    uint32_t connect_timeout_ms;      /* 0 = RLX_DIST_CONNECT_TIMEOUT_MS */
+    uint32_t timeout_ms;              /* 0 = RLX_DIST_TIMEOUT_MS */
+    uint32_t compute_ms_per_position; /* 0 = RLX_DIST_COMPUTE_MS_PER_POSITION */
     /* 1: the last stage also returns the final-normed hidden rows (rlx_lm.hidden, for an MTP
      * speculator); a stage that cannot is refused at the handshake */
     uint32_t emit_hidden;
@@ -170,10 +170,10 @@ RLX_API const rlx_model_config *rlx_driver_config(const rlx_driver *d);
 RLX_API uint32_t rlx_driver_n_stages(const rlx_driver *d);
 
 typedef struct rlx_driver_stage_info {
-    const char *address;   /* borrowed from d */
+    const char *address; /* borrowed from d */
     rlx_layer_range layers;
-    const char *backend;   /* as the stage reported it */
-    uint64_t rss_bytes;    /* the stage's resident memory at the handshake */
+    const char *backend; /* as the stage reported it */
+    uint64_t rss_bytes;  /* the stage's resident memory at the handshake */
     uint32_t kv_capacity;
 } rlx_driver_stage_info;
 

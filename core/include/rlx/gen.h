@@ -26,11 +26,11 @@ extern "C" {
  * NULL) for the rest, so a struct built against an older header that ends before `rules` means
  * no placement. A size short of n_backends is RLX_E_INVALID. */
 typedef struct rlx_session_options {
-    uint32_t size;                 /* sizeof(rlx_session_options) the caller was built with */
-    uint32_t kv_capacity;          /* positions; 0 = min(max_position_embeddings, 4096) */
-    rlx_backend *const *backends;  /* preference order, borrowed; the reference kernels run the rest */
+    uint32_t size;                /* sizeof(rlx_session_options) the caller was built with */
+    uint32_t kv_capacity;         /* positions; 0 = min(max_position_embeddings, 4096) */
+    rlx_backend *const *backends; /* preference order, borrowed; the reference kernels run the rest */
     size_t n_backends;
-    const rlx_place_rule *rules;   /* per-op placement overriding the order, borrowed; may be NULL */
+    const rlx_place_rule *rules; /* per-op placement overriding the order, borrowed; may be NULL */
     size_t n_rules;
 } rlx_session_options;
 
@@ -39,8 +39,8 @@ typedef struct rlx_session rlx_session;
 /* Creates a session running block `spec` of model m (borrowed, with the backends, for the
  * session's lifetime). The block is checked against the safetensors first. opts may be NULL
  * (all defaults). */
-RLX_API rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec,
-                                      const rlx_session_options *opts, rlx_session **out);
+RLX_API rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, const rlx_session_options *opts,
+                                      rlx_session **out);
 RLX_API void rlx_session_destroy(rlx_session *s);
 
 RLX_API uint32_t rlx_session_length(const rlx_session *s);
@@ -51,8 +51,7 @@ RLX_API uint32_t rlx_session_capacity(const rlx_session *s);
  * last position's row (rows of vocab logits for a logits block, of hidden_size otherwise).
  * *out points into the session and stays valid until the next call on it. Token ids are
  * checked against the vocabulary and positions against the capacity before anything runs. */
-RLX_API rlx_status rlx_session_forward(rlx_session *s, const void *input, uint32_t n, int all_rows,
-                                       const float **out);
+RLX_API rlx_status rlx_session_forward(rlx_session *s, const void *input, uint32_t n, int all_rows, const float **out);
 
 /* For a session whose block spec sets emit_hidden: the final hidden rows (after the final norm)
  * of every position of the last forward, valid until the next call; NULL otherwise. */
@@ -123,11 +122,11 @@ RLX_API rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out);
  * rlx_sampler_params_read. Both helpers are static inline, so each side gets the defaults of the
  * header it was built with. */
 typedef struct rlx_sampler_params {
-    uint32_t size;       /* sizeof(rlx_sampler_params) the writer was built with */
-    int greedy;          /* 1: argmax of the penalised logits; temperature and the filters are ignored */
-    float temperature;   /* >= 0; 0 is greedy */
-    int32_t top_k;       /* 0 = off */
-    float top_p;         /* 1 = off; in (0, 1] */
+    uint32_t size;     /* sizeof(rlx_sampler_params) the writer was built with */
+    int greedy;        /* 1: argmax of the penalised logits; temperature and the filters are ignored */
+    float temperature; /* >= 0; 0 is greedy */
+    int32_t top_k;     /* 0 = off */
+    float top_p;       /* 1 = off; in (0, 1] */
     uint64_t seed;
     /* appended after the first version (RLX_SAMPLER_PARAMS_SIZE_1 bytes, which the core still
      * accepts): a writer built before them leaves them to the defaults */
@@ -145,8 +144,7 @@ typedef struct rlx_sampler rlx_sampler;
 
 /* Greedy off, temperature 1, top_k 0, top_p 1, seed 0, min_p 0, repeat_penalty 1,
  * repeat_last_n 64, presence and frequency penalties 0: plain sampling at temperature 1. */
-static inline rlx_sampler_params rlx_sampler_params_default(void)
-{
+static inline rlx_sampler_params rlx_sampler_params_default(void) {
     return (rlx_sampler_params){.size = sizeof(rlx_sampler_params),
                                 .greedy = 0,
                                 .temperature = 1.0f,
@@ -162,8 +160,7 @@ static inline rlx_sampler_params rlx_sampler_params_default(void)
 
 /* The parameters at src as this header lays them out: the members src's size covers (it may
  * come from another version) over the defaults, with size set to this version's. */
-static inline rlx_sampler_params rlx_sampler_params_read(const rlx_sampler_params *src)
-{
+static inline rlx_sampler_params rlx_sampler_params_read(const rlx_sampler_params *src) {
     rlx_sampler_params p = rlx_sampler_params_default();
     memcpy(&p, src, src->size < sizeof p ? src->size : sizeof p);
     p.size = sizeof p;
@@ -214,7 +211,7 @@ typedef struct rlx_gen_stats {
     double prompt_seconds;
     double generate_seconds; /* from the first to the last generated token's forward */
     int stopped_on_eos;
-    uint32_t stop;           /* rlx_gen_stop */
+    uint32_t stop; /* rlx_gen_stop */
 } rlx_gen_stats;
 
 /* Called with every generated token; return non-zero to stop early. */
@@ -236,9 +233,8 @@ RLX_API rlx_status rlx_generate_ex(const rlx_lm *lm, rlx_sampler *sampler, const
                                    uint32_t max_new, rlx_token_logits_fn fn, void *ctx, rlx_gen_stats *stats);
 
 /* rlx_generate on rlx_session_lm(s). */
-RLX_API rlx_status rlx_session_generate(rlx_session *s, rlx_sampler *sampler, const int32_t *prompt,
-                                        uint32_t n_prompt, uint32_t max_new, rlx_token_fn fn, void *ctx,
-                                        rlx_gen_stats *stats);
+RLX_API rlx_status rlx_session_generate(rlx_session *s, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
+                                        uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats);
 
 #ifdef __cplusplus
 }

@@ -50,8 +50,8 @@ RLX_API void rlx_graph_destroy(rlx_graph *g); /* NULL is a no-op */
 /* Declares a tensor bound by the caller at run time (role INPUT or STATE) or, for WEIGHT, bound
  * now to `data`, which the graph borrows: it must outlive every plan made from the graph.
  * Returns the new tensor id (>= 0) or a negative status. The name is copied. */
-RLX_API int rlx_graph_add_tensor(rlx_graph *g, rlx_tensor_role role, const char *name, rlx_dtype dtype,
-                                 uint32_t n_dims, const int64_t *shape, const void *data);
+RLX_API int rlx_graph_add_tensor(rlx_graph *g, rlx_tensor_role role, const char *name, rlx_dtype dtype, uint32_t n_dims,
+                                 const int64_t *shape, const void *data);
 
 /* Appends a node computing `op` over the given input tensor ids; the output shape and dtype
  * are inferred. Returns the id of the new ACTIVATION tensor, or a negative status with a
@@ -73,8 +73,8 @@ RLX_API rlx_tensor_role rlx_graph_tensor_role(const rlx_graph *g, int id);
 
 /* Writes a readable listing of tensors and nodes to f. `annotate`, when not NULL, is called per
  * node to append text (the scheduler uses it to show the backend of each node). */
-RLX_API rlx_status rlx_graph_dump(const rlx_graph *g, FILE *f,
-                                  const char *(*annotate)(void *ctx, uint32_t node), void *ctx);
+RLX_API rlx_status rlx_graph_dump(const rlx_graph *g, FILE *f, const char *(*annotate)(void *ctx, uint32_t node),
+                                  void *ctx);
 
 #ifdef __cplusplus
 }

@@ -136,15 +136,15 @@ RLX_API int rlx_model_has_mtp(const rlx_model *m, uint32_t n);
  * Members are only appended; the core reads those the size covers and takes 0 for the rest. A
  * size short of produce_logits is RLX_E_INVALID. */
 typedef struct rlx_block_spec {
-    uint32_t size;         /* sizeof(rlx_block_spec) the caller was built with */
-    uint32_t layer_start;  /* first layer */
-    uint32_t layer_end;    /* one past the last layer */
-    uint32_t embed_input;  /* 1: input is token ids and the block embeds them */
+    uint32_t size;           /* sizeof(rlx_block_spec) the caller was built with */
+    uint32_t layer_start;    /* first layer */
+    uint32_t layer_end;      /* one past the last layer */
+    uint32_t embed_input;    /* 1: input is token ids and the block embeds them */
     uint32_t produce_logits; /* 1: final norm and LM head */
-    uint32_t all_logits;   /* with produce_logits: logits for every position, else the last */
-    uint32_t emit_hidden;  /* with produce_logits: also output the final-normed hidden rows of
+    uint32_t all_logits;     /* with produce_logits: logits for every position, else the last */
+    uint32_t emit_hidden;    /* with produce_logits: also output the final-normed hidden rows of
                             * every position (rlx_block_io.hidden) */
-    uint32_t mtp;          /* 1: the block is multi-token-prediction layer layer_start (see below) */
+    uint32_t mtp;            /* 1: the block is multi-token-prediction layer layer_start (see below) */
 } rlx_block_spec;
 
 /* Multi-token prediction (DeepSeek-V3 / MiMo style). An MTP block (spec.mtp, one layer, with
@@ -164,12 +164,12 @@ typedef struct rlx_block_spec {
 
 /* Tensor ids of a built block graph. */
 typedef struct rlx_block_io {
-    int input;     /* I32[T] token ids or F32[T, hidden] hidden states */
-    int positions; /* I32[T] */
-    int output;    /* F32[rows, vocab] logits or F32[T, hidden] hidden states */
-    int hidden;    /* with emit_hidden: F32[T, hidden] final-normed hidden states, else -1 */
-    int hidden_input; /* MTP block: F32[T, hidden] the target's hidden states, else -1 */
-    uint32_t n_layers;    /* layer_end - layer_start */
+    int input;                   /* I32[T] token ids or F32[T, hidden] hidden states */
+    int positions;               /* I32[T] */
+    int output;                  /* F32[rows, vocab] logits or F32[T, hidden] hidden states */
+    int hidden;                  /* with emit_hidden: F32[T, hidden] final-normed hidden states, else -1 */
+    int hidden_input;            /* MTP block: F32[T, hidden] the target's hidden states, else -1 */
+    uint32_t n_layers;           /* layer_end - layer_start */
     int k_cache[RLX_MAX_LAYERS]; /* STATE tensors F32[capacity, kv_heads * head_dim] */
     int v_cache[RLX_MAX_LAYERS];
 } rlx_block_io;

@@ -55,16 +55,13 @@ RLX_API const char *rlx_registry_dir(const rlx_registry *r, size_t i);
 /* Calls fn for every candidate file: with the loaded handle (borrowed for the call) or, when it
  * failed to load, with NULL and the failure message. Stops early when fn returns non-zero, and
  * with RLX_E_NOMEM (the message says so) when memory runs out loading a file. */
-RLX_API rlx_status rlx_registry_each(rlx_registry *r,
-                                     int (*fn)(void *ctx, const char *path, const rlx_plugin_handle *h,
-                                               const char *error),
-                                     void *ctx);
+RLX_API rlx_status rlx_registry_each(
+    rlx_registry *r, int (*fn)(void *ctx, const char *path, const rlx_plugin_handle *h, const char *error), void *ctx);
 
 /* Finds and loads the first plugin of `kind` whose name equals `name` ignoring case. A name
  * containing '/' is loaded as a path. Returns RLX_E_NOT_FOUND with the searched directories in
  * the message when nothing matches; the caller owns *out. */
-RLX_API rlx_status rlx_registry_load(rlx_registry *r, rlx_plugin_kind kind, const char *name,
-                                     rlx_plugin_handle **out);
+RLX_API rlx_status rlx_registry_load(rlx_registry *r, rlx_plugin_kind kind, const char *name, rlx_plugin_handle **out);
 
 #ifdef __cplusplus
 }

@@ -81,8 +81,7 @@ typedef const rlx_plugin *(*rlx_plugin_entry_fn)(const rlx_host *host);
  * the constant status to know what a caller's success path has set. */
 static inline void rlx_iface__message(char *err, size_t err_size, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static inline void rlx_iface__message(char *err, size_t err_size, const char *fmt, ...)
-{
+static inline void rlx_iface__message(char *err, size_t err_size, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, err_size, fmt, ap);
@@ -111,8 +110,7 @@ typedef struct rlx_iface_option {
  * without '=', with an empty key, or with an empty or over-long value. Which keys exist and
  * what their values may be is left to the caller (see rlx_iface_option_is and the parsers
  * below). */
-static inline int rlx_iface_option_next(const char **cursor, rlx_iface_option *opt, char *err, size_t err_size)
-{
+static inline int rlx_iface_option_next(const char **cursor, rlx_iface_option *opt, char *err, size_t err_size) {
     const char *p = *cursor;
     if (!p || !*p)
         return 0;
@@ -129,22 +127,21 @@ static inline int rlx_iface_option_next(const char **cursor, rlx_iface_option *o
     opt->value_len = len - opt->key_len - 1;
     if (opt->value_len == 0 || opt->value_len >= sizeof opt->value)
         return rlx_iface__message(err, err_size, "option '%.*s' needs a value of 1 to %d bytes", (int)opt->key_len, p,
-                                  RLX_IFACE_OPTION_VALUE_MAX - 1), RLX_E_INVALID;
+                                  RLX_IFACE_OPTION_VALUE_MAX - 1),
+               RLX_E_INVALID;
     memcpy(opt->value, eq + 1, opt->value_len);
     opt->value[opt->value_len] = '\0';
     return 1;
 }
 
 /* Whether the item's key is `key`. */
-static inline bool rlx_iface_option_is(const rlx_iface_option *opt, const char *key)
-{
+static inline bool rlx_iface_option_is(const rlx_iface_option *opt, const char *key) {
     return opt->key_len == strlen(key) && !memcmp(opt->key, key, opt->key_len);
 }
 
 /* Reads the decimal digits at *p (at least one) into *v and moves *p past them; false when
  * there are none or they overflow. For the parsers below. */
-static inline bool rlx_iface__digits(const char **p, unsigned long long *v)
-{
+static inline bool rlx_iface__digits(const char **p, unsigned long long *v) {
     const char *c = *p;
     if (*c < '0' || *c > '9')
         return false;
@@ -161,8 +158,7 @@ static inline bool rlx_iface__digits(const char **p, unsigned long long *v)
 
 /* The value as a decimal integer in [min, max]: an optional '-' then digits only (no spaces, no
  * '+'). Returns true and sets *out, or false (and leaves *out) when it is not one. */
-static inline bool rlx_iface_option_int(const rlx_iface_option *opt, long long min, long long max, long long *out)
-{
+static inline bool rlx_iface_option_int(const rlx_iface_option *opt, long long min, long long max, long long *out) {
     const char *p = opt->value;
     const bool negative = *p == '-';
     p += negative;
@@ -181,8 +177,7 @@ static inline bool rlx_iface_option_int(const rlx_iface_option *opt, long long m
 /* The value as a byte count: digits with an optional K, M or G suffix (powers of 1024, either
  * case), e.g. "64M". Returns true and sets *out when the count is in [min, max], else false. */
 static inline bool rlx_iface_option_size(const rlx_iface_option *opt, unsigned long long min, unsigned long long max,
-                                         unsigned long long *out)
-{
+                                         unsigned long long *out) {
     const char *p = opt->value;
     unsigned long long v;
     if (!rlx_iface__digits(&p, &v))

@@ -57,8 +57,8 @@ enum {
  * that `size` covers and takes the defaults for the rest. Every pointer is borrowed for the
  * call only, except deploy (borrowed for the runtime's lifetime). */
 typedef struct rlx_runtime_options {
-    uint32_t size;        /* sizeof(rlx_runtime_options) the caller was built with */
-    uint32_t flags;       /* RLX_RUNTIME_* */
+    uint32_t size;         /* sizeof(rlx_runtime_options) the caller was built with */
+    uint32_t flags;        /* RLX_RUNTIME_* */
     const char *model_dir; /* the model; overrides the deployment's; required without one */
     /* A deployment: its stages run the model and this process drives them over its transport,
      * with its speculator and timeouts unless the members below say otherwise. */
@@ -67,9 +67,9 @@ typedef struct rlx_runtime_options {
     /* Local runs (and a pipeline's drafting): backends in preference order; none = cpu-blas. */
     const rlx_runtime_backend *backends;
     size_t n_backends;
-    const char *place;     /* "op=NAME,op=NAME": per-op placement; NULL or "" for none */
-    uint32_t n_threads;    /* threads of backends that give none; 0 = each backend's default */
-    uint32_t kv_capacity;  /* positions; 0 = min(max_position_embeddings, 4096) or the stages' */
+    const char *place;    /* "op=NAME,op=NAME": per-op placement; NULL or "" for none */
+    uint32_t n_threads;   /* threads of backends that give none; 0 = each backend's default */
+    uint32_t kv_capacity; /* positions; 0 = min(max_position_embeddings, 4096) or the stages' */
     /* Speculative decoding: NULL = the deployment file's speculator, if any, else none. */
     const char *speculator;   /* speculator plugin name */
     uint32_t draft_tokens;    /* 0 = the file's, else RLX_RUNTIME_DEFAULT_DRAFT_TOKENS; at most RLX_SPEC_MAX_DRAFT */
@@ -79,10 +79,10 @@ typedef struct rlx_runtime_options {
      * ranges (for stages the caller launched itself). */
     const rlx_driver_stage *stages;
     uint32_t n_stages;
-    const char *transport;             /* transport plugin; NULL = the file's, else tcp */
-    uint32_t connect_timeout_ms;       /* 0 = the file's, else RLX_DIST_CONNECT_TIMEOUT_MS */
-    uint32_t timeout_ms;               /* 0 = the file's, else RLX_DIST_TIMEOUT_MS */
-    uint32_t compute_ms_per_position;  /* 0 = the file's, else RLX_DIST_COMPUTE_MS_PER_POSITION */
+    const char *transport;            /* transport plugin; NULL = the file's, else tcp */
+    uint32_t connect_timeout_ms;      /* 0 = the file's, else RLX_DIST_CONNECT_TIMEOUT_MS */
+    uint32_t timeout_ms;              /* 0 = the file's, else RLX_DIST_TIMEOUT_MS */
+    uint32_t compute_ms_per_position; /* 0 = the file's, else RLX_DIST_COMPUTE_MS_PER_POSITION */
     /* Local runs: when set, the weights of the model are read in before the session is made,
      * with progress called (bytes done, total) as it goes; otherwise pages fault in lazily. */
     void (*progress)(void *ctx, size_t done, size_t total);

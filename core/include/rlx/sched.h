@@ -24,8 +24,7 @@ typedef struct rlx_place_rule {
 
 /* Plans g over backends (in order of preference, borrowed: they must outlive the plan; may be
  * empty). The graph is borrowed too and must outlive the plan. */
-RLX_API rlx_status rlx_plan_create(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends,
-                                   rlx_plan **out);
+RLX_API rlx_status rlx_plan_create(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends, rlx_plan **out);
 
 /* rlx_plan_create with placement rules (borrowed for the call). A rule whose backend does not
  * support one of its nodes fails the planning with a message naming the node and backend. */
@@ -40,8 +39,8 @@ enum {
 };
 
 typedef struct rlx_plan_options {
-    uint32_t size;  /* sizeof(rlx_plan_options) of the caller */
-    uint32_t flags; /* RLX_PLAN_* */
+    uint32_t size;                /* sizeof(rlx_plan_options) of the caller */
+    uint32_t flags;               /* RLX_PLAN_* */
     rlx_backend *const *backends; /* in order of preference, borrowed: they must outlive the plan */
     size_t n_backends;
     const rlx_place_rule *rules; /* borrowed for the call */

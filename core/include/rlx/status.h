@@ -17,20 +17,20 @@ extern "C" {
 #define RLX_API
 #endif
 
-#define RLX_STATUS_MAP(X)                                        \
-    X(OK, 0, "success")                                          \
-    X(E_INVALID, -1, "invalid argument")                         \
-    X(E_NOMEM, -2, "out of memory")                              \
-    X(E_ABI, -3, "plugin ABI mismatch")                          \
-    X(E_IO, -4, "input/output error")                            \
-    X(E_FORMAT, -5, "malformed file")                            \
-    X(E_NOT_FOUND, -6, "not found")                              \
-    X(E_SHAPE, -7, "shape mismatch")                             \
-    X(E_UNSUPPORTED, -8, "unsupported")                          \
-    X(E_PLUGIN, -9, "plugin failure")                            \
-    X(E_RANGE, -10, "out of range")                              \
-    X(E_TIMEOUT, -11, "timed out")                               \
-    X(E_PEER, -12, "peer failure")                               \
+#define RLX_STATUS_MAP(X)                                                                                              \
+    X(OK, 0, "success")                                                                                                \
+    X(E_INVALID, -1, "invalid argument")                                                                               \
+    X(E_NOMEM, -2, "out of memory")                                                                                    \
+    X(E_ABI, -3, "plugin ABI mismatch")                                                                                \
+    X(E_IO, -4, "input/output error")                                                                                  \
+    X(E_FORMAT, -5, "malformed file")                                                                                  \
+    X(E_NOT_FOUND, -6, "not found")                                                                                    \
+    X(E_SHAPE, -7, "shape mismatch")                                                                                   \
+    X(E_UNSUPPORTED, -8, "unsupported")                                                                                \
+    X(E_PLUGIN, -9, "plugin failure")                                                                                  \
+    X(E_RANGE, -10, "out of range")                                                                                    \
+    X(E_TIMEOUT, -11, "timed out")                                                                                     \
+    X(E_PEER, -12, "peer failure")                                                                                     \
     X(E_INTERNAL, -13, "internal error")
 
 typedef enum rlx_status {

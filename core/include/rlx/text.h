@@ -43,8 +43,8 @@ typedef struct rlx_tokenizer rlx_tokenizer;
  * model_dir/chat_template.jinja. A missing or unreadable tokenizer.json is RLX_E_IO, text that
  * is not JSON or lacks a required part is RLX_E_FORMAT, an unsupported component is
  * RLX_E_UNSUPPORTED; each message names the file. On failure *out is NULL and nothing leaks. */
-RLX_API rlx_status rlx_tokenizer_load(const char *model_dir, rlx_tokenizer **out);
-RLX_API void rlx_tokenizer_destroy(rlx_tokenizer *tok); /* NULL is a no-op */
+RLX_API rlx_status rlx_tokenizer_open(const char *model_dir, rlx_tokenizer **out);
+RLX_API void rlx_tokenizer_close(rlx_tokenizer *tok); /* NULL is a no-op */
 
 /* One more than the largest token id (vocabulary plus added tokens), as Hugging Face's
  * get_vocab_size(with_added_tokens=True). The model's embedding may have more rows. */

@@ -39,7 +39,7 @@ typedef struct rlx_transport_iface {
     void (*close)(void *self);                                           /* required */
     /* Binds and listens on address ("0.0.0.0:7101"; port 0 picks a free one, see bound_address).
      * A port another socket holds is RLX_E_IO with a message saying the port is in use. */
-    int (*listen)(void *self, const char *address, void **listener);    /* required */
+    int (*listen)(void *self, const char *address, void **listener); /* required */
     /* Waits up to timeout_ms for a peer; RLX_E_TIMEOUT when none came. */
     int (*accept)(void *self, void *listener, int timeout_ms, void **conn); /* required */
     /* The address the listener is bound to, written to buf (for port 0). */
@@ -49,7 +49,7 @@ typedef struct rlx_transport_iface {
      * passes: RLX_E_PEER if the last attempt was refused (the host answered, nothing listens on
      * the port), RLX_E_TIMEOUT if nothing answered or a peer accepted but never completed the
      * transport's own handshake (the message says which, when the transport can tell). */
-    int (*connect)(void *self, const char *address, int timeout_ms, void **conn); /* required */
+    int (*connect)(void *self, const char *address, int timeout_ms, void **conn);      /* required */
     int (*send)(void *self, void *conn, const void *data, size_t len, int timeout_ms); /* required */
     int (*recv)(void *self, void *conn, void **data, size_t *len, int timeout_ms);     /* required */
     void (*conn_close)(void *self, void *conn);                                        /* required */
@@ -63,9 +63,8 @@ typedef struct rlx_transport_iface {
  * (err_size bytes, terminated when err_size > 0; it quotes the address) when address is NULL,
  * has no port, holds an unbracketed ':' in its host, has a port that is not 1 to 5 decimal
  * digits from 0 to 65535, or a host of host_size bytes or more. */
-static inline int rlx_iface_split_address(const char *address, char *host, size_t host_size, unsigned *port,
-                                          char *err, size_t err_size)
-{
+static inline int rlx_iface_split_address(const char *address, char *host, size_t host_size, unsigned *port, char *err,
+                                          size_t err_size) {
     if (!address)
         return rlx_iface__message(err, err_size, "address is NULL"), RLX_E_INVALID;
     const char *problem, *colon, *h = address;

@@ -124,8 +124,8 @@ static size_t prepared_home(const rlx__prepared *e, size_t cap) {
 /* The slot holding key's entry, or the free slot where it belongs (linear probing). */
 static size_t prepared_find(const rlx__prepared *table, size_t cap, const rlx__prepared *key) {
     size_t i = prepared_home(key, cap);
-    while (table[i].owner && !(table[i].owner == key->owner && table[i].data == key->data &&
-                               table[i].op == key->op && table[i].input == key->input))
+    while (table[i].owner && !(table[i].owner == key->owner && table[i].data == key->data && table[i].op == key->op &&
+                               table[i].input == key->input))
         i = (i + 1) & (cap - 1);
     return i;
 }
@@ -224,8 +224,6 @@ void rlx_backend_release_weight(rlx_backend *b, void *handle) {
     if (b && handle && b->release_weight)
         b->release_weight(b->self, handle);
 }
-
-
 
 const char *rlx_backend_name(const rlx_backend *b) { return b ? b->name : "?"; }
 

@@ -86,8 +86,7 @@ static int ref_matmul(const rlx_node_view *n, int act_bf16) {
             return rlx_error(RLX_E_NOMEM, "matmul: out of memory");
         in = matmul_inputs(in, rounded, len, 1);
     }
-    matvec_rows(in, w, n->n_inputs > 2 ? &n->inputs[2] : NULL, f32(n->output), x->shape[0], x->shape[1],
-                w->shape[0]);
+    matvec_rows(in, w, n->n_inputs > 2 ? &n->inputs[2] : NULL, f32(n->output), x->shape[0], x->shape[1], w->shape[0]);
     free(rounded);
     return RLX_OK;
 }
@@ -291,7 +290,7 @@ static void ref_close(void *self) { free(self); }
 static uint32_t ref_precision(void *self, const rlx_node_view *node) {
     const ref_backend *r = self;
     return r->act_bf16 && (node->op == RLX_OP_MATMUL || node->op == RLX_OP_MOE) ? RLX_PRECISION_BF16_ACT
-                                                                               : RLX_PRECISION_F32;
+                                                                                : RLX_PRECISION_F32;
 }
 
 static const char *ref_describe(void *self) {

@@ -34,7 +34,8 @@ typedef struct parse {
 
 static unsigned line_of(const yaml_node_t *n) { return (unsigned)n->start_mark.line + 1; }
 
-static rlx_status fail(const parse *p, const yaml_node_t *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static rlx_status fail(const parse *p, const yaml_node_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 static rlx_status fail(const parse *p, const yaml_node_t *n, const char *fmt, ...) {
     char msg[768];
@@ -112,8 +113,8 @@ rlx_status rlx_deploy_check_address(const char *address, int allow_port_0) {
         if (v6 && !isxdigit((unsigned char)*c) && *c != ':' && *c != '.')
             return rlx_error(RLX_E_INVALID, "'%s': '%c' cannot appear in an IPv6 address", address, *c);
         if (!v6 && !isalnum((unsigned char)*c) && *c != '.' && *c != '-' && *c != '_')
-            return rlx_error(RLX_E_INVALID, "'%s': '%c' cannot appear in a host name (IPv6 needs [brackets])",
-                             address, *c);
+            return rlx_error(RLX_E_INVALID, "'%s': '%c' cannot appear in a host name (IPv6 needs [brackets])", address,
+                             *c);
     }
     if (port == 0 && !allow_port_0)
         return rlx_error(RLX_E_INVALID, "'%s': the port must be a number from 1 to 65535", address);
@@ -181,7 +182,8 @@ static rlx_status stage_pair(parse *p, void *ctx, const char *key, const yaml_no
         s->has_layers = 1;
         return RLX_OK;
     }
-    return fail(p, k, "unknown key '%s' in a stage (known: address, backend, backend_options, layers, threads, listen)", key);
+    return fail(p, k, "unknown key '%s' in a stage (known: address, backend, backend_options, layers, threads, listen)",
+                key);
 }
 
 static rlx_status parse_stages(parse *p, const yaml_node_t *v) {
@@ -212,8 +214,10 @@ static rlx_status parse_stages(parse *p, const yaml_node_t *v) {
     for (uint32_t i = 0; i < d->n_stages; i++) {
         const rlx_deploy_stage *s = &d->stages[i], *prev = i ? &d->stages[i - 1] : NULL;
         if (s->has_layers != d->stages[0].has_layers)
-            return rlx_error(RLX_E_FORMAT, "%s:%u: stage %u %s layers but stage 0 %s: give layers for every stage or "
-                             "for none (an even split)", d->path, s->line, i, s->has_layers ? "gives" : "gives no",
+            return rlx_error(RLX_E_FORMAT,
+                             "%s:%u: stage %u %s layers but stage 0 %s: give layers for every stage or "
+                             "for none (an even split)",
+                             d->path, s->line, i, s->has_layers ? "gives" : "gives no",
                              d->stages[0].has_layers ? "does" : "does not");
         if (!s->has_layers)
             continue;
@@ -223,12 +227,16 @@ static rlx_status parse_stages(parse *p, const yaml_node_t *v) {
             return rlx_error(RLX_E_FORMAT, "%s:%u: stage 0 starts at layer %u: layers 0-%u are run by no stage",
                              d->path, s->line, s->layers.start, s->layers.start - 1);
         if (prev && s->layers.start > prev->layers.end)
-            return rlx_error(RLX_E_FORMAT, "%s:%u: gap: layers %u-%u are run by no stage (stage %u ends at layer %u, "
-                             "stage %u starts at %u)", d->path, s->line, prev->layers.end, s->layers.start - 1, i - 1,
-                             prev->layers.end - 1, i, s->layers.start);
+            return rlx_error(RLX_E_FORMAT,
+                             "%s:%u: gap: layers %u-%u are run by no stage (stage %u ends at layer %u, "
+                             "stage %u starts at %u)",
+                             d->path, s->line, prev->layers.end, s->layers.start - 1, i - 1, prev->layers.end - 1, i,
+                             s->layers.start);
         if (prev && s->layers.start < prev->layers.end)
-            return rlx_error(RLX_E_FORMAT, "%s:%u: overlap: stage %u starts at layer %u but stage %u runs up to layer "
-                             "%u", d->path, s->line, i, s->layers.start, i - 1, prev->layers.end - 1);
+            return rlx_error(RLX_E_FORMAT,
+                             "%s:%u: overlap: stage %u starts at layer %u but stage %u runs up to layer "
+                             "%u",
+                             d->path, s->line, i, s->layers.start, i - 1, prev->layers.end - 1);
     }
     return RLX_OK;
 }
@@ -319,8 +327,10 @@ static rlx_status generation_pair(parse *p, void *ctx, const char *key, const ya
         g->has_frequency_penalty = 1;
         return get_float(p, key, v, &g->frequency_penalty);
     }
-    return fail(p, k, "unknown key '%s' in generation (known: max_tokens, temperature, top_k, top_p, seed, min_p, "
-                "repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty)", key);
+    return fail(p, k,
+                "unknown key '%s' in generation (known: max_tokens, temperature, top_k, top_p, seed, min_p, "
+                "repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty)",
+                key);
 }
 
 static rlx_status timeouts_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
@@ -382,9 +392,9 @@ static rlx_status resolve_path(rlx_deploy *d, char **path) {
     return RLX_OK;
 }
 
-rlx_status rlx_deploy_load(const char *path, rlx_deploy **out) {
+rlx_status rlx_deploy_open(const char *path, rlx_deploy **out) {
     if (!path || !out)
-        return rlx_error(RLX_E_INVALID, "rlx_deploy_load: NULL argument");
+        return rlx_error(RLX_E_INVALID, "rlx_deploy_open: NULL argument");
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f)
@@ -401,7 +411,7 @@ rlx_status rlx_deploy_load(const char *path, rlx_deploy **out) {
     rlx_status rc = RLX_OK;
     if (!yaml_parser_initialize(&parser)) {
         fclose(f);
-        rlx_deploy_destroy(d);
+        rlx_deploy_close(d);
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
     }
     yaml_parser_set_input_file(&parser, f);
@@ -418,7 +428,8 @@ rlx_status rlx_deploy_load(const char *path, rlx_deploy **out) {
         rc = rlx_error(RLX_E_FORMAT, "%s:1: the file is empty (a deployment needs at least 'stages')", path);
         goto done;
     }
-    if ((rc = need_mapping(&p, "the deployment", root)) != RLX_OK || (rc = each_pair(&p, root, NULL, top_pair)) != RLX_OK)
+    if ((rc = need_mapping(&p, "the deployment", root)) != RLX_OK ||
+        (rc = each_pair(&p, root, NULL, top_pair)) != RLX_OK)
         goto done;
     if (!d->n_stages) {
         rc = fail(&p, root, "no 'stages': a deployment lists its stages in pipeline order");
@@ -437,14 +448,14 @@ done:
     yaml_parser_delete(&parser);
     fclose(f);
     if (rc != RLX_OK) {
-        rlx_deploy_destroy(d);
+        rlx_deploy_close(d);
         return rc;
     }
     *out = d;
     return RLX_OK;
 }
 
-void rlx_deploy_destroy(rlx_deploy *d) {
+void rlx_deploy_close(rlx_deploy *d) {
     if (!d)
         return;
     for (uint32_t i = 0; i < d->n_stages; i++) {
@@ -496,9 +507,10 @@ rlx_status rlx_deploy_layers(const rlx_deploy *d, uint32_t n_layers, rlx_layer_r
     }
     const rlx_deploy_stage *last = &d->stages[d->n_stages - 1];
     if (last->layers.end < n_layers)
-        return rlx_error(RLX_E_RANGE, "%s:%u: layers %u-%u are run by no stage (the last stage ends at layer %u of "
-                         "the model's %u)", d->path, last->line, last->layers.end, n_layers - 1, last->layers.end - 1,
-                         n_layers);
+        return rlx_error(RLX_E_RANGE,
+                         "%s:%u: layers %u-%u are run by no stage (the last stage ends at layer %u of "
+                         "the model's %u)",
+                         d->path, last->line, last->layers.end, n_layers - 1, last->layers.end - 1, n_layers);
     rlx_status rc = rlx_dist_check_ranges(n_layers, out, d->n_stages);
     return rc == RLX_OK ? rc : rlx_error(rc, "%s:%u: %s", d->path, d->layers_line, rlx_last_error());
 }

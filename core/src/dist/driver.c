@@ -22,7 +22,7 @@ typedef struct drv_stage {
     char *source; /* "deploy.yaml:7: " or NULL */
     rlx_layer_range layers;
     void *conn;
-    int answered; /* a message came on conn: it is a peer that speaks, so silence means stalled */
+    int answered;    /* a message came on conn: it is a peer that speaks, so silence means stalled */
     int has_session; /* the stage holds our session (it answered an Activations) */
     char backend[64];
     uint64_t rss_bytes;
@@ -100,11 +100,15 @@ static rlx_status recv_from(rlx_driver *d, uint32_t i, uint32_t wait_ms, const c
     rlx_status rc = rlx__net_recv(&d->net, d->stages[i].conn, e, (int)wait_ms, &bytes);
     d->stats.wait_seconds += rlx__now_seconds() - t0;
     if (rc == RLX_E_TIMEOUT && !d->stages[i].answered)
-        return stage_fail(d, i, 1, rc, "accepted the connection but never answered the handshake within %u ms (not "
-                          "an rlx stage, or a stage that is stuck or busy computing for another driver)", wait_ms);
+        return stage_fail(d, i, 1, rc,
+                          "accepted the connection but never answered the handshake within %u ms (not "
+                          "an rlx stage, or a stage that is stuck or busy computing for another driver)",
+                          wait_ms);
     if (rc == RLX_E_TIMEOUT)
-        return stage_fail(d, i, 1, rc, "no answer to %s within %u ms (the stage is stalled, overloaded or "
-                          "unreachable)", what, wait_ms);
+        return stage_fail(d, i, 1, rc,
+                          "no answer to %s within %u ms (the stage is stalled, overloaded or "
+                          "unreachable)",
+                          what, wait_ms);
     if (rc == RLX_E_PEER)
         return stage_fail(d, i, 1, rc, "connection lost waiting for the answer to %s: %s", what, rlx_last_error());
     if (rc != RLX_OK)
@@ -147,8 +151,7 @@ static rlx_status hello(rlx_driver *d, uint32_t i) {
     if (r->body_case == RLX__ENVELOPE__BODY_ERROR) {
         rc = error_reply(d, i, 1, "the handshake", r);
     } else if (r->body_case != RLX__ENVELOPE__BODY_HELLO_REPLY) {
-        rc = stage_fail(d, i, 1, RLX_E_FORMAT, "answered the handshake with %s, not HelloReply",
-                        rlx__envelope_kind(r));
+        rc = stage_fail(d, i, 1, RLX_E_FORMAT, "answered the handshake with %s, not HelloReply", rlx__envelope_kind(r));
     } else {
         const Rlx__HelloReply *hr = r->hello_reply;
         if (hr->protocol_version != RLX_DIST_PROTOCOL_VERSION)
@@ -158,12 +161,13 @@ static rlx_status hello(rlx_driver *d, uint32_t i) {
             rc = stage_fail(d, i, 1, RLX_E_INVALID, "serves another model (id %.16s..., the driver's is %.16s...)",
                             hr->model_id ? hr->model_id : "", d->model_id);
         else if (hr->layer_start != s->layers.start || hr->layer_end != s->layers.end)
-            rc = stage_fail(d, i, 1, RLX_E_INVALID, "serves layers [%u, %u), the driver expects %u-%u",
-                            hr->layer_start, hr->layer_end, s->layers.start, s->layers.end - 1);
+            rc = stage_fail(d, i, 1, RLX_E_INVALID, "serves layers [%u, %u), the driver expects %u-%u", hr->layer_start,
+                            hr->layer_end, s->layers.start, s->layers.end - 1);
         else if (hr->kv_capacity == 0)
             rc = stage_fail(d, i, 1, RLX_E_FORMAT, "granted no KV cache capacity");
         else if (want_hidden && !hr->emit_hidden)
-            rc = stage_fail(d, i, 1, RLX_E_UNSUPPORTED, "does not return hidden states, which the speculator needs "
+            rc = stage_fail(d, i, 1, RLX_E_UNSUPPORTED,
+                            "does not return hidden states, which the speculator needs "
                             "(a stage older than this driver?)");
         else {
             snprintf(s->backend, sizeof s->backend, "%s", hr->backend ? hr->backend : "?");
@@ -196,7 +200,7 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
         if (!o->stages[i].address || !(d->stages[i].address = rlx__strdup(o->stages[i].address))) {
             rc = rlx_error(o->stages[i].address ? RLX_E_NOMEM : RLX_E_INVALID, "stage %u: no address", i);
         } else if (o->stages[i].source_file &&
-                 asprintf(&d->stages[i].source, "%s:%u: ", o->stages[i].source_file, o->stages[i].source_line) < 0) {
+                   asprintf(&d->stages[i].source, "%s:%u: ", o->stages[i].source_file, o->stages[i].source_line) < 0) {
             d->stages[i].source = NULL; /* asprintf leaves it undefined */
             rc = rlx_error(RLX_E_NOMEM, "driver: out of memory");
         }
@@ -241,8 +245,10 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
             d->stages[i].conn = NULL;
             /* the transport's own words say enough, except that a refusal means no stage runs there */
             if (crc == RLX_E_PEER)
-                rc = stage_fail(d, i, 1, crc, "connection refused: no rlx stage is listening there (retried until "
-                                "the connect timeout, %u ms)", d->connect_ms);
+                rc = stage_fail(d, i, 1, crc,
+                                "connection refused: no rlx stage is listening there (retried until "
+                                "the connect timeout, %u ms)",
+                                d->connect_ms);
             else
                 rc = stage_fail(d, i, 1, crc, "%s", *rlx_last_error() ? rlx_last_error() : rlx_status_str(crc));
         } else {
@@ -292,8 +298,7 @@ static rlx_status truncate_stages(rlx_driver *d, uint32_t n, uint32_t length) {
             return rc;
         if (r->body_case == RLX__ENVELOPE__BODY_ERROR)
             rc = error_reply(d, i, 1, "Truncate", r);
-        else if (r->body_case != RLX__ENVELOPE__BODY_ACK || r->ack->session_id != d->session_id ||
-                 r->ack->step != step)
+        else if (r->body_case != RLX__ENVELOPE__BODY_ACK || r->ack->session_id != d->session_id || r->ack->step != step)
             rc = stage_fail(d, i, 1, RLX_E_FORMAT, "answered Truncate with %s for another session or step",
                             rlx__envelope_kind(r));
         rlx__envelope_free(r);
@@ -310,18 +315,23 @@ static rlx_status check_rows(rlx_driver *d, uint32_t i, const Rlx__Envelope *r, 
         return stage_fail(d, i, 1, RLX_E_FORMAT, "answered Activations with %s", rlx__envelope_kind(r));
     const Rlx__Activations *a = r->activations;
     if (a->session_id != d->session_id || a->step != step)
-        return stage_fail(d, i, 1, RLX_E_FORMAT, "answered step %llu of session %016llx with step %llu of session "
-                          "%016llx", (unsigned long long)step, (unsigned long long)d->session_id,
-                          (unsigned long long)a->step, (unsigned long long)a->session_id);
+        return stage_fail(d, i, 1, RLX_E_FORMAT,
+                          "answered step %llu of session %016llx with step %llu of session "
+                          "%016llx",
+                          (unsigned long long)step, (unsigned long long)d->session_id, (unsigned long long)a->step,
+                          (unsigned long long)a->session_id);
     if (a->n_positions != rows || a->width != width || a->dtype != RLX__DTYPE__DTYPE_F32 ||
         a->data.len != (size_t)rows * width * sizeof(float))
-        return stage_fail(d, i, 1, RLX_E_FORMAT, "answered with %u rows of %u %s values in %zu bytes, expected %u rows "
-                          "of %u F32 values", a->n_positions, a->width, rlx__dtype_name(a->dtype), a->data.len, rows,
-                          width);
+        return stage_fail(d, i, 1, RLX_E_FORMAT,
+                          "answered with %u rows of %u %s values in %zu bytes, expected %u rows "
+                          "of %u F32 values",
+                          a->n_positions, a->width, rlx__dtype_name(a->dtype), a->data.len, rows, width);
     size_t hidden_bytes = (size_t)hidden_rows * (size_t)d->cfg.hidden_size * sizeof(float);
     if (a->hidden.len != hidden_bytes)
-        return stage_fail(d, i, 1, RLX_E_FORMAT, "answered with %zu bytes of hidden states, expected %u rows of %lld "
-                          "F32 values", a->hidden.len, hidden_rows, (long long)d->cfg.hidden_size);
+        return stage_fail(d, i, 1, RLX_E_FORMAT,
+                          "answered with %zu bytes of hidden states, expected %u rows of %lld "
+                          "F32 values",
+                          a->hidden.len, hidden_rows, (long long)d->cfg.hidden_size);
     return RLX_OK;
 }
 
@@ -341,8 +351,10 @@ static rlx_status drv_forward(void *self, const int32_t *ids, uint32_t n, int al
     size_t hidden_reply = d->emit_hidden ? (size_t)n * (size_t)hidden * sizeof(float) : 0;
     if ((size_t)rows * (size_t)vocab * sizeof(float) + hidden_reply > MESSAGE_LIMIT - 4096 ||
         (size_t)n * (size_t)hidden * sizeof(float) > MESSAGE_LIMIT - 4096)
-        return rlx_error(RLX_E_RANGE, "%u positions make a message over the transports' 1 GiB limit; send fewer at "
-                         "a time", n);
+        return rlx_error(RLX_E_RANGE,
+                         "%u positions make a message over the transports' 1 GiB limit; send fewer at "
+                         "a time",
+                         n);
     for (uint32_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= vocab)
             return rlx_error(RLX_E_RANGE, "token id %d (input %u) is outside the vocabulary [0, %lld)", ids[i], i,

@@ -21,7 +21,8 @@ static rlx_status hash_range(rlx__sha256 *h, int fd, const char *path, uint64_t 
         if (got < 0 && errno == EINTR)
             continue;
         if (got <= 0)
-            return rlx_error(RLX_E_IO, "%s: cannot read: %s", path, got < 0 ? strerror(errno) : "unexpected end of file");
+            return rlx_error(RLX_E_IO, "%s: cannot read: %s", path,
+                             got < 0 ? strerror(errno) : "unexpected end of file");
         rlx__sha256_update(h, buf, (size_t)got);
         offset += (uint64_t)got;
         len -= (uint64_t)got;

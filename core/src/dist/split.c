@@ -30,8 +30,8 @@ rlx_status rlx_dist_check_ranges(uint32_t n_layers, const rlx_layer_range *r, ui
             return rlx_error(RLX_E_RANGE, "stage %u: layers %u-%u are run by no stage (gap before layers %u-%u)", i,
                              expect, r[i].start - 1, r[i].start, r[i].end - 1);
         if (r[i].start < expect)
-            return rlx_error(RLX_E_RANGE, "stage %u: layers %u-%u overlap the previous stage, which ends at layer %u", i,
-                             r[i].start, r[i].end - 1, expect - 1);
+            return rlx_error(RLX_E_RANGE, "stage %u: layers %u-%u overlap the previous stage, which ends at layer %u",
+                             i, r[i].start, r[i].end - 1, expect - 1);
         if (r[i].end > n_layers)
             return rlx_error(RLX_E_RANGE, "stage %u: layers %u-%u run past the model's %u layers (0-%u)", i, r[i].start,
                              r[i].end - 1, n_layers, n_layers - 1);

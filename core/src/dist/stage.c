@@ -29,8 +29,8 @@ typedef struct stage {
     char bound[256];
     stage_session *sessions; /* [max_sessions], those of the current connection */
     uint32_t n_sessions;
-    uint32_t kv_capacity;    /* what the current connection's sessions get */
-    int emit_hidden;         /* the current connection wants hidden rows with the logits */
+    uint32_t kv_capacity; /* what the current connection's sessions get */
+    int emit_hidden;      /* the current connection wants hidden rows with the logits */
     uint64_t conn_no;
 } stage;
 
@@ -125,8 +125,10 @@ static int handshake(stage *st, void *conn, const Rlx__Envelope *e) {
     range_text(mine, sizeof mine, st->spec.layer_start, st->spec.layer_end);
     range_text(theirs, sizeof theirs, h->layer_start, h->layer_end);
     if (h->layer_start != st->spec.layer_start || h->layer_end != st->spec.layer_end) {
-        refuse(st, conn, 0, RLX_E_INVALID, "layer mismatch: the driver expects layers %s from stage %u of %u, this "
-               "stage serves layers %s", theirs, h->stage_index, h->n_stages, mine);
+        refuse(st, conn, 0, RLX_E_INVALID,
+               "layer mismatch: the driver expects layers %s from stage %u of %u, this "
+               "stage serves layers %s",
+               theirs, h->stage_index, h->n_stages, mine);
         return -1;
     }
     if (h->activation_dtype != RLX__DTYPE__DTYPE_F32) {
@@ -142,8 +144,10 @@ static int handshake(stage *st, void *conn, const Rlx__Envelope *e) {
         return -1;
     }
     if (h->emit_hidden && !st->spec.produce_logits) {
-        refuse(st, conn, 0, RLX_E_INVALID, "hidden states come from the last stage; this stage serves layers %s of "
-               "%lld", mine, (long long)st->cfg->num_hidden_layers);
+        refuse(st, conn, 0, RLX_E_INVALID,
+               "hidden states come from the last stage; this stage serves layers %s of "
+               "%lld",
+               mine, (long long)st->cfg->num_hidden_layers);
         return -1;
     }
     st->kv_capacity = cap;
@@ -310,8 +314,8 @@ static void turn_away(stage *st, void *conn) {
     if (rlx__net_recv(&st->net, conn, &e, wait, NULL) == RLX_OK)
         rlx__envelope_free(e);
     rlx__log(RLX_LOG_WARN, "turned away a driver: serving driver connection %llu", (unsigned long long)st->conn_no);
-    rlx__net_send_error(&st->net, conn, 0, RLX_E_UNSUPPORTED,
-                        "this stage is serving another driver (one at a time)", (int)st->o.timeout_ms);
+    rlx__net_send_error(&st->net, conn, 0, RLX_E_UNSUPPORTED, "this stage is serving another driver (one at a time)",
+                        (int)st->o.timeout_ms);
     st->net.t->conn_close(st->net.self, conn);
 }
 
@@ -401,7 +405,8 @@ rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *opts) {
     if (r.start >= r.end || r.end > n_layers)
         return rlx_error(RLX_E_RANGE, "stage layers [%u, %u) are not a non-empty range inside the model's %u layers",
                          r.start, r.end, n_layers);
-    st.spec = (rlx_block_spec){.size = sizeof(rlx_block_spec), .layer_start = r.start,
+    st.spec = (rlx_block_spec){.size = sizeof(rlx_block_spec),
+                               .layer_start = r.start,
                                .layer_end = r.end,
                                .embed_input = r.start == 0,
                                .produce_logits = r.end == n_layers};
@@ -427,8 +432,7 @@ rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *opts) {
     if (st.net.t->bound_address(st.net.self, st.listener, st.bound, sizeof st.bound) < 0)
         snprintf(st.bound, sizeof st.bound, "%s", st.o.address);
     rlx__log(RLX_LOG_INFO, "serving layers %u-%u%s%s on %s (%s)", r.start, r.end - 1,
-             st.spec.embed_input ? ", embedding" : "", st.spec.produce_logits ? ", logits" : "", st.bound,
-             st.net.name);
+             st.spec.embed_input ? ", embedding" : "", st.spec.produce_logits ? ", logits" : "", st.bound, st.net.name);
     if (st.o.on_listening)
         st.o.on_listening(st.o.ctx, st.bound);
     while (!stopping(&st)) {

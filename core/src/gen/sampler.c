@@ -25,11 +25,11 @@ struct rlx_sampler {
     candidate *cand; /* [vocab] */
     /* The history, kept only when a penalty is on (`penalize`). */
     int penalize;
-    int32_t *ring;      /* [repeat_last_n] the window, oldest at ring_head once full; NULL for -1 */
+    int32_t *ring; /* [repeat_last_n] the window, oldest at ring_head once full; NULL for -1 */
     uint32_t ring_head, ring_len;
-    int32_t *count;     /* [vocab] occurrences of each id in the window */
-    int32_t *present;   /* [vocab] the n_present distinct ids of the window, in no order */
-    int32_t *slot;      /* [vocab] index of an id in present, while its count is > 0 */
+    int32_t *count;   /* [vocab] occurrences of each id in the window */
+    int32_t *present; /* [vocab] the n_present distinct ids of the window, in no order */
+    int32_t *slot;    /* [vocab] index of an id in present, while its count is > 0 */
     int64_t n_present;
 };
 
@@ -70,8 +70,10 @@ static rlx_status check_params(const rlx_sampler_params *p) {
         return rlx_error(RLX_E_INVALID, "the repeat penalty must be a finite number > 0 (1 = off), got %g",
                          (double)p->repeat_penalty);
     if (p->repeat_last_n < -1)
-        return rlx_error(RLX_E_INVALID, "repeat-last-n must be >= -1 (-1 = the whole context, 0 = no penalties), "
-                         "got %d", p->repeat_last_n);
+        return rlx_error(RLX_E_INVALID,
+                         "repeat-last-n must be >= -1 (-1 = the whole context, 0 = no penalties), "
+                         "got %d",
+                         p->repeat_last_n);
     if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty))
         return rlx_error(RLX_E_INVALID, "the presence and frequency penalties must be finite, got %g and %g",
                          (double)p->presence_penalty, (double)p->frequency_penalty);
@@ -83,8 +85,10 @@ rlx_status rlx_sampler_create(const rlx_sampler_params *p, int64_t vocab, rlx_sa
         return rlx_error(RLX_E_INVALID, "rlx_sampler_create: NULL argument or a vocabulary not in [1, 2^31)");
     *out = NULL;
     if (p->size < RLX_SAMPLER_PARAMS_SIZE_1)
-        return rlx_error(RLX_E_INVALID, "rlx_sampler_params.size is %u, below its first version's %u bytes (start "
-                         "from rlx_sampler_params_default)", p->size, RLX_SAMPLER_PARAMS_SIZE_1);
+        return rlx_error(RLX_E_INVALID,
+                         "rlx_sampler_params.size is %u, below its first version's %u bytes (start "
+                         "from rlx_sampler_params_default)",
+                         p->size, RLX_SAMPLER_PARAMS_SIZE_1);
     /* a caller built against an older header has a shorter struct: read only what it wrote */
     const rlx_sampler_params params = rlx_sampler_params_read(p);
     p = &params;
@@ -96,8 +100,8 @@ rlx_status rlx_sampler_create(const rlx_sampler_params *p, int64_t vocab, rlx_sa
         goto nomem;
     s->p = *p;
     s->vocab = vocab;
-    s->penalize = p->repeat_last_n != 0 &&
-                  (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0);
+    s->penalize =
+        p->repeat_last_n != 0 && (p->repeat_penalty != 1 || p->presence_penalty != 0 || p->frequency_penalty != 0);
     if (s->penalize) {
         s->count = rlx__calloc((size_t)vocab, sizeof *s->count);
         s->present = rlx__malloc((size_t)vocab * sizeof *s->present);

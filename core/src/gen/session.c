@@ -34,9 +34,9 @@ struct rlx_session {
     rlx_place_rule *rules;
     size_t n_rules;
     uint32_t capacity, length;
-    size_t cache_bytes;   /* per layer and per k or v */
+    size_t cache_bytes;         /* per layer and per k or v */
     float **k_cache, **v_cache; /* per layer of the block: [capacity, kv_heads * head_dim] */
-    int32_t *positions;   /* [capacity] */
+    int32_t *positions;         /* [capacity] */
     plan_slot slots[PLAN_SLOTS];
     uint64_t clock;
     size_t last_peak;
@@ -150,8 +150,7 @@ static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot *
     spec.all_logits = (uint32_t)all_rows;
     rlx_status rc = rlx_model_build_block(s->m, &spec, n, s->capacity, &victim->graph, &victim->io);
     if (rc == RLX_OK)
-        rc = rlx_plan_create_placed(victim->graph, s->backends, s->n_backends, s->rules, s->n_rules,
-                                    &victim->plan);
+        rc = rlx_plan_create_placed(victim->graph, s->backends, s->n_backends, s->rules, s->n_rules, &victim->plan);
     for (uint32_t l = 0; rc == RLX_OK && l < victim->io.n_layers; l++) {
         rc = rlx_plan_bind(victim->plan, victim->io.k_cache[l], s->k_cache[l]);
         if (rc == RLX_OK)
@@ -297,7 +296,7 @@ rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out) {
         return rlx_error(RLX_E_INVALID, "rlx_session_lm: NULL argument");
     if (!s->spec.embed_input || !s->spec.produce_logits || s->spec.mtp)
         return rlx_error(RLX_E_INVALID, "a language model needs a block that embeds tokens and produces logits "
-                         "(and is not an MTP layer)");
+                                        "(and is not an MTP layer)");
     const rlx_model_config *c = rlx_model_config_of(s->m);
     *out = (rlx_lm){.self = s,
                     .forward = lm_forward,

@@ -15,9 +15,8 @@ const char *rlx_dtype_name(int dtype) {
 }
 
 const char *rlx_op_name(int op) {
-    static const char *const names[] = {"?",    "embed",  "matmul", "rms_norm",    "rope",
-                                        "attention", "swiglu", "add",    "gather_last", "moe",
-                                        "concat"};
+    static const char *const names[] = {"?",      "embed", "matmul",      "rms_norm", "rope",  "attention",
+                                        "swiglu", "add",   "gather_last", "moe",      "concat"};
     return op > 0 && op < RLX_OP_COUNT ? names[op] : "?";
 }
 
@@ -123,9 +122,7 @@ static int bad_input(const infer_ctx *c, uint32_t i, const char *want) {
                      input_name(c, i), have, want);
 }
 
-static int is_weight_dtype(uint32_t dt) {
-    return dt == RLX_DTYPE_F32 || dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16;
-}
+static int is_weight_dtype(uint32_t dt) { return dt == RLX_DTYPE_F32 || dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16; }
 
 /* x must be a 2-D F32 activation; returns its rows via *rows and columns via *cols. */
 static int want_rows(const infer_ctx *c, uint32_t i, int64_t cols, int64_t rows) {
@@ -167,11 +164,11 @@ static int want_vector(const infer_ctx *c, uint32_t i, int64_t n, rlx_dtype dtyp
     return 0;
 }
 
-#define CHECK(expr)          \
-    do {                     \
-        int rc_ = (expr);    \
-        if (rc_ < 0)         \
-            return rc_;      \
+#define CHECK(expr)                                                                                                    \
+    do {                                                                                                               \
+        int rc_ = (expr);                                                                                              \
+        if (rc_ < 0)                                                                                                   \
+            return rc_;                                                                                                \
     } while (0)
 
 static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_params *p, rlx_tensor *out) {
@@ -207,7 +204,8 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
         CHECK(want_rows(c, 0, -1, -1));
         CHECK(want_vector(c, 1, -1, RLX_DTYPE_F32));
         if (x->shape[1] % input(c, 1)->shape[0] != 0)
-            return rlx_error(RLX_E_SHAPE, "node '%s' (rms_norm): row of %lld values is not a multiple of weight '%s' [%lld]",
+            return rlx_error(RLX_E_SHAPE,
+                             "node '%s' (rms_norm): row of %lld values is not a multiple of weight '%s' [%lld]",
                              c->node, (long long)x->shape[1], input_name(c, 1), (long long)input(c, 1)->shape[0]);
         if (!(p->eps > 0))
             return rlx_error(RLX_E_INVALID, "node '%s' (rms_norm): eps must be > 0", c->node);
@@ -229,8 +227,8 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
     }
     case RLX_OP_ATTENTION: {
         if (p->head_dim == 0 || p->n_heads == 0 || p->n_kv_heads == 0 || p->n_heads % p->n_kv_heads)
-            return rlx_error(RLX_E_INVALID, "node '%s' (attention): %u query heads, %u kv heads, head_dim %u",
-                             c->node, p->n_heads, p->n_kv_heads, p->head_dim);
+            return rlx_error(RLX_E_INVALID, "node '%s' (attention): %u query heads, %u kv heads, head_dim %u", c->node,
+                             p->n_heads, p->n_kv_heads, p->head_dim);
         int64_t t = x->shape[0], q_cols = (int64_t)p->n_heads * p->head_dim,
                 kv_cols = (int64_t)p->n_kv_heads * p->head_dim;
         CHECK(want_rows(c, 0, q_cols, -1));
@@ -261,11 +259,10 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
         CHECK(want_rows(c, 0, -1, -1));
         int64_t h = x->shape[1];
         if (p->n_experts == 0 || p->top_k == 0 || p->top_k > p->n_experts)
-            return rlx_error(RLX_E_INVALID, "node '%s' (moe): top_k %u of %u experts", c->node, p->top_k,
-                             p->n_experts);
+            return rlx_error(RLX_E_INVALID, "node '%s' (moe): top_k %u of %u experts", c->node, p->top_k, p->n_experts);
         if (n != 2 + 3 * p->n_experts)
-            return rlx_error(RLX_E_INVALID, "node '%s' (moe): %u inputs, %u experts need %u", c->node, n,
-                             p->n_experts, 2 + 3 * p->n_experts);
+            return rlx_error(RLX_E_INVALID, "node '%s' (moe): %u inputs, %u experts need %u", c->node, n, p->n_experts,
+                             2 + 3 * p->n_experts);
         CHECK(want_matrix(c, 1, p->n_experts, h));
         int64_t f = input(c, 2)->shape[0];
         for (uint32_t e = 0; e < p->n_experts; e++) {
@@ -302,8 +299,8 @@ int rlx_graph_add_node(rlx_graph *g, rlx_op op, const char *name, const int *inp
         return rlx_error(RLX_E_INVALID, "node '%s': unknown op %d", name, (int)op);
     for (uint32_t i = 0; i < n_inputs; i++)
         if (inputs[i] < 0 || (uint32_t)inputs[i] >= g->n_tensors)
-            return rlx_error(RLX_E_INVALID, "node '%s' (%s): input %u refers to tensor %d of %u", name,
-                             rlx_op_name(op), i, inputs[i], g->n_tensors);
+            return rlx_error(RLX_E_INVALID, "node '%s' (%s): input %u refers to tensor %d of %u", name, rlx_op_name(op),
+                             i, inputs[i], g->n_tensors);
     rlx_op_params p = params ? *params : (rlx_op_params){0};
     infer_ctx c = {g, name, inputs, rlx_op_name(op)};
     rlx_tensor out = {0};

@@ -25,11 +25,11 @@
 /* Marks a get_int() field without a default. */
 #define REQUIRED INT64_MIN
 
-#define TRY(expr)                           \
-    do {                                    \
-        rlx_status try_st_ = (expr);        \
-        if (try_st_ != RLX_OK)              \
-            return try_st_;                 \
+#define TRY(expr)                                                                                                      \
+    do {                                                                                                               \
+        rlx_status try_st_ = (expr);                                                                                   \
+        if (try_st_ != RLX_OK)                                                                                         \
+            return try_st_;                                                                                            \
     } while (0)
 
 // ---- JSON files
@@ -138,8 +138,8 @@ static rlx_status wrong_type(const char *path, const char *field, const char *ex
 }
 
 /* An integer field in [min, max]; absent or null takes dflt, unless dflt is REQUIRED. */
-static rlx_status get_int(const char *path, const cJSON *obj, const char *key, int64_t dflt, int64_t min,
-                          int64_t max, int64_t *out) {
+static rlx_status get_int(const char *path, const cJSON *obj, const char *key, int64_t dflt, int64_t min, int64_t max,
+                          int64_t *out) {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!item || (cJSON_IsNull(item) && dflt != REQUIRED)) {
         if (dflt == REQUIRED)
@@ -280,8 +280,9 @@ static rlx_status get_sliding(const char *path, const cJSON *root, rlx_model_con
     TRY(get_layer_types(path, root, window_null, c));
     for (int64_t i = 0; i < c->num_hidden_layers; i++)
         if (c->layer_sliding[i] && c->sliding_window == 0)
-            return rlx_error(RLX_E_FORMAT, "%s: field 'sliding_window' is null but layer %" PRId64
-                             " uses sliding attention", path, i);
+            return rlx_error(RLX_E_FORMAT,
+                             "%s: field 'sliding_window' is null but layer %" PRId64 " uses sliding attention", path,
+                             i);
     return RLX_OK;
 }
 
@@ -292,8 +293,9 @@ static rlx_status get_moe(const char *path, const cJSON *root, rlx_model_config 
     if (c->num_experts > 0) {
         TRY(get_int(path, root, "num_experts_per_tok", REQUIRED, 1, INT32_MAX, &c->num_experts_per_tok));
         if (c->num_experts_per_tok > c->num_experts)
-            return rlx_error(RLX_E_FORMAT, "%s: field 'num_experts_per_tok' (%" PRId64 ") exceeds num_experts (%" PRId64
-                             ")", path, c->num_experts_per_tok, c->num_experts);
+            return rlx_error(RLX_E_FORMAT,
+                             "%s: field 'num_experts_per_tok' (%" PRId64 ") exceeds num_experts (%" PRId64 ")", path,
+                             c->num_experts_per_tok, c->num_experts);
         TRY(get_int(path, root, "moe_intermediate_size", REQUIRED, 1, INT32_MAX, &c->moe_intermediate_size));
     }
     const cJSON *only = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers");
@@ -317,8 +319,9 @@ static rlx_status get_moe(const char *path, const cJSON *root, rlx_model_config 
     /* Qwen3-MoE needs intermediate_size only if some layer keeps a dense MLP. */
     for (int64_t i = 0; i < c->num_hidden_layers; i++)
         if (c->intermediate_size == 0 && !rlx_model_config_layer_is_moe(c, i))
-            return rlx_error(RLX_E_FORMAT, "%s: missing field 'intermediate_size', needed by the dense MLP of layer %"
-                             PRId64, path, i);
+            return rlx_error(RLX_E_FORMAT,
+                             "%s: missing field 'intermediate_size', needed by the dense MLP of layer %" PRId64, path,
+                             i);
     return RLX_OK;
 }
 
@@ -333,8 +336,8 @@ static rlx_status check_rope_scaling(const char *path, const cJSON *root) {
         type = cJSON_GetObjectItemCaseSensitive(scaling, "type");
     if (cJSON_IsString(type) && strcmp(type->valuestring, "default") == 0)
         return RLX_OK;
-    return rlx_error(RLX_E_FORMAT, "%s: field 'rope_scaling' (type %s) is not supported; only plain RoPE is",
-                     path, cJSON_IsString(type) ? type->valuestring : "unknown");
+    return rlx_error(RLX_E_FORMAT, "%s: field 'rope_scaling' (type %s) is not supported; only plain RoPE is", path,
+                     cJSON_IsString(type) ? type->valuestring : "unknown");
 }
 
 static rlx_status parse_config(const char *path, const cJSON *root, rlx_model_config *c) {
@@ -351,21 +354,23 @@ static rlx_status parse_config(const char *path, const cJSON *root, rlx_model_co
 
     TRY(get_int(path, root, "num_key_value_heads", c->num_attention_heads, 1, INT32_MAX, &c->num_key_value_heads));
     if (c->num_attention_heads % c->num_key_value_heads != 0)
-        return rlx_error(RLX_E_FORMAT, "%s: field 'num_key_value_heads' (%" PRId64
-                         ") does not divide num_attention_heads (%" PRId64 ")", path, c->num_key_value_heads,
-                         c->num_attention_heads);
+        return rlx_error(RLX_E_FORMAT,
+                         "%s: field 'num_key_value_heads' (%" PRId64 ") does not divide num_attention_heads (%" PRId64
+                         ")",
+                         path, c->num_key_value_heads, c->num_attention_heads);
     /* Hugging Face's Qwen3Config defaults head_dim to 128; Qwen3-MoE falls back to
      * hidden_size / num_attention_heads. */
     const cJSON *head_dim = cJSON_GetObjectItemCaseSensitive(root, "head_dim");
     if ((!head_dim || cJSON_IsNull(head_dim)) && moe && c->hidden_size % c->num_attention_heads != 0)
-        return rlx_error(RLX_E_FORMAT, "%s: field 'head_dim' is missing and hidden_size (%" PRId64
-                         ") is not a multiple of num_attention_heads (%" PRId64 ")", path, c->hidden_size,
-                         c->num_attention_heads);
+        return rlx_error(RLX_E_FORMAT,
+                         "%s: field 'head_dim' is missing and hidden_size (%" PRId64
+                         ") is not a multiple of num_attention_heads (%" PRId64 ")",
+                         path, c->hidden_size, c->num_attention_heads);
     TRY(get_int(path, root, "head_dim", moe ? c->hidden_size / c->num_attention_heads : 128, 1, INT32_MAX,
                 &c->head_dim));
     if (c->head_dim % 2 != 0) /* rotate-half RoPE pairs dimension i with i + head_dim / 2 */
-        return rlx_error(RLX_E_FORMAT, "%s: field 'head_dim' is %" PRId64 "; rotary embeddings need an even size",
-                         path, c->head_dim);
+        return rlx_error(RLX_E_FORMAT, "%s: field 'head_dim' is %" PRId64 "; rotary embeddings need an even size", path,
+                         c->head_dim);
     TRY(get_int(path, root, "max_position_embeddings", 32768, 1, INT32_MAX, &c->max_position_embeddings));
     TRY(get_positive(path, root, "rope_theta", 0, 10000.0, &c->rope_theta));
     TRY(check_rope_scaling(path, root));
@@ -485,8 +490,8 @@ rlx_status rlx_generation_config_load(const char *model_dir, rlx_generation_defa
 }
 
 int rlx_model_config_layer_is_moe(const rlx_model_config *cfg, int64_t layer) {
-    if (!cfg || layer < 0 || layer >= cfg->num_hidden_layers || layer >= RLX_MAX_LAYERS ||
-        cfg->num_experts <= 0 || cfg->decoder_sparse_step <= 0)
+    if (!cfg || layer < 0 || layer >= cfg->num_hidden_layers || layer >= RLX_MAX_LAYERS || cfg->num_experts <= 0 ||
+        cfg->decoder_sparse_step <= 0)
         return 0;
     return !cfg->layer_dense_mlp[layer] && (layer + 1) % cfg->decoder_sparse_step == 0;
 }

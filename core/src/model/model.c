@@ -52,9 +52,11 @@ rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
     struct stat sb;
     if (stat(model_dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
         rlx_model_close(m);
-        return rlx_error(RLX_E_INVALID, "%s is a file, not a model directory%s", model_dir, model_is_gguf(model_dir)
-                         ? ": GGUF files are not supported yet; give a Hugging Face directory (config.json, *.safetensors)"
-                         : " (config.json and *.safetensors)");
+        return rlx_error(
+            RLX_E_INVALID, "%s is a file, not a model directory%s", model_dir,
+            model_is_gguf(model_dir)
+                ? ": GGUF files are not supported yet; give a Hugging Face directory (config.json, *.safetensors)"
+                : " (config.json and *.safetensors)");
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model_dir);
@@ -137,20 +139,26 @@ typedef struct need {
     int64_t shape[2];
 } need;
 
+/* A list of needs; the first failure to grow it stays in rc and ends the listing (the same
+ * sticky error as the graph builder's). */
 typedef struct needs {
     need *items;
     size_t n, cap;
+    rlx_status rc;
 } needs;
 
-static rlx_status add_need(needs *ns, int64_t rows, int64_t cols, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+static void add_need(needs *ns, int64_t rows, int64_t cols, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
-static rlx_status add_need(needs *ns, int64_t rows, int64_t cols, const char *fmt, ...) {
+static void add_need(needs *ns, int64_t rows, int64_t cols, const char *fmt, ...) {
+    if (ns->rc != RLX_OK)
+        return;
     if (ns->n == ns->cap) {
         size_t cap = ns->cap ? ns->cap * 2 : 64;
         need *items = rlx__realloc(ns->items, cap * sizeof *items);
-        if (!items)
-            return rlx_error(RLX_E_NOMEM, "model: out of memory");
+        if (!items) {
+            ns->rc = rlx_error(RLX_E_NOMEM, "model: out of memory");
+            return;
+        }
         ns->items = items;
         ns->cap = cap;
     }
@@ -162,7 +170,6 @@ static rlx_status add_need(needs *ns, int64_t rows, int64_t cols, const char *fm
     n->n_dims = cols ? 2 : 1;
     n->shape[0] = rows;
     n->shape[1] = cols;
-    return RLX_OK;
 }
 
 static rlx_status check_spec(const rlx_model_config *c, const rlx_block_spec *s) {
@@ -170,7 +177,8 @@ static rlx_status check_spec(const rlx_model_config *c, const rlx_block_spec *s)
         return rlx_error(RLX_E_INVALID, "a block emits final hidden states only with produce_logits");
     if (s->mtp) {
         if (s->layer_end != s->layer_start + 1 || !s->embed_input || !s->produce_logits)
-            return rlx_error(RLX_E_INVALID, "an MTP block is one MTP layer [N, N + 1) that embeds tokens and produces "
+            return rlx_error(RLX_E_INVALID,
+                             "an MTP block is one MTP layer [N, N + 1) that embeds tokens and produces "
                              "logits (block [%u, %u), embed_input %u, produce_logits %u)",
                              s->layer_start, s->layer_end, s->embed_input, s->produce_logits);
         if (s->layer_start >= RLX_MAX_LAYERS)
@@ -183,20 +191,13 @@ static rlx_status check_spec(const rlx_model_config *c, const rlx_block_spec *s)
     return RLX_OK;
 }
 
-#define TRY(expr)                \
-    do {                         \
-        rlx_status rc_ = (expr); \
-        if (rc_ != RLX_OK)       \
-            return rc_;          \
-    } while (0)
-
 /* One decoder layer: where its tensors are and how it is configured. */
 typedef struct layer_desc {
     char tensors[64]; /* safetensors name prefix: "model.layers.3." */
     char nodes[32];   /* graph name prefix: "layers.3." */
     uint32_t index;   /* rlx_op_params.layer */
     int moe;
-    uint32_t window;  /* sliding window in positions, 0 = full attention */
+    uint32_t window; /* sliding window in positions, 0 = full attention */
 } layer_desc;
 
 static layer_desc model_layer(const rlx_model_config *c, uint32_t l) {
@@ -216,38 +217,37 @@ static layer_desc mtp_layer(const rlx_model_config *c, uint32_t n) {
 }
 
 /* Appends, in the order the builder binds them, every weight of one decoder layer. */
-static rlx_status layer_needs(const rlx_model_config *c, const layer_desc *l, needs *ns) {
+static void layer_needs(const rlx_model_config *c, const layer_desc *l, needs *ns) {
     int64_t h = c->hidden_size, d = c->head_dim, q = c->num_attention_heads * d, kv = c->num_key_value_heads * d;
     const char *p = l->tensors;
     /* o_proj comes after the norms because that is when the builder uses it */
     const char *proj[4] = {"q", "k", "v", "o"};
     int64_t rows[4] = {q, kv, kv, h}, cols[4] = {h, h, h, q};
-    TRY(add_need(ns, h, 0, "%sinput_layernorm.weight", p));
+    add_need(ns, h, 0, "%sinput_layernorm.weight", p);
     for (int i = 0; i < 4; i++) {
         if (i == 3) {
-            TRY(add_need(ns, d, 0, "%sself_attn.q_norm.weight", p));
-            TRY(add_need(ns, d, 0, "%sself_attn.k_norm.weight", p));
+            add_need(ns, d, 0, "%sself_attn.q_norm.weight", p);
+            add_need(ns, d, 0, "%sself_attn.k_norm.weight", p);
         }
-        TRY(add_need(ns, rows[i], cols[i], "%sself_attn.%s_proj.weight", p, proj[i]));
+        add_need(ns, rows[i], cols[i], "%sself_attn.%s_proj.weight", p, proj[i]);
         if (c->attention_bias)
-            TRY(add_need(ns, rows[i], 0, "%sself_attn.%s_proj.bias", p, proj[i]));
+            add_need(ns, rows[i], 0, "%sself_attn.%s_proj.bias", p, proj[i]);
     }
-    TRY(add_need(ns, h, 0, "%spost_attention_layernorm.weight", p));
+    add_need(ns, h, 0, "%spost_attention_layernorm.weight", p);
     if (l->moe) {
         int64_t f = c->moe_intermediate_size;
-        TRY(add_need(ns, c->num_experts, h, "%smlp.gate.weight", p));
+        add_need(ns, c->num_experts, h, "%smlp.gate.weight", p);
         for (int64_t e = 0; e < c->num_experts; e++) {
-            TRY(add_need(ns, f, h, "%smlp.experts.%lld.gate_proj.weight", p, (long long)e));
-            TRY(add_need(ns, f, h, "%smlp.experts.%lld.up_proj.weight", p, (long long)e));
-            TRY(add_need(ns, h, f, "%smlp.experts.%lld.down_proj.weight", p, (long long)e));
+            add_need(ns, f, h, "%smlp.experts.%lld.gate_proj.weight", p, (long long)e);
+            add_need(ns, f, h, "%smlp.experts.%lld.up_proj.weight", p, (long long)e);
+            add_need(ns, h, f, "%smlp.experts.%lld.down_proj.weight", p, (long long)e);
         }
     } else {
         int64_t f = c->intermediate_size;
-        TRY(add_need(ns, f, h, "%smlp.gate_proj.weight", p));
-        TRY(add_need(ns, f, h, "%smlp.up_proj.weight", p));
-        TRY(add_need(ns, h, f, "%smlp.down_proj.weight", p));
+        add_need(ns, f, h, "%smlp.gate_proj.weight", p);
+        add_need(ns, f, h, "%smlp.up_proj.weight", p);
+        add_need(ns, h, f, "%smlp.down_proj.weight", p);
     }
-    return RLX_OK;
 }
 
 /* The final norm of an MTP layer: its own when it has one, else the target's. */
@@ -260,20 +260,21 @@ static void mtp_final_norm_name(const rlx_model *m, uint32_t n, char *name, size
 static rlx_status block_needs(const rlx_model *m, const rlx_block_spec *s, needs *ns) {
     const rlx_model_config *c = &m->cfg;
     int64_t h = c->hidden_size;
-    TRY(check_spec(c, s));
+    if ((ns->rc = check_spec(c, s)) != RLX_OK)
+        return ns->rc;
     if (s->embed_input)
-        TRY(add_need(ns, c->vocab_size, h, "model.embed_tokens.weight"));
+        add_need(ns, c->vocab_size, h, "model.embed_tokens.weight");
     if (s->mtp) {
         uint32_t n = s->layer_start;
-        TRY(add_need(ns, h, 0, "model.mtp_layers.%u.token_layernorm.weight", n));
-        TRY(add_need(ns, h, 0, "model.mtp_layers.%u.hidden_layernorm.weight", n));
-        TRY(add_need(ns, h, 2 * h, "model.mtp_layers.%u.input_proj.weight", n));
+        add_need(ns, h, 0, "model.mtp_layers.%u.token_layernorm.weight", n);
+        add_need(ns, h, 0, "model.mtp_layers.%u.hidden_layernorm.weight", n);
+        add_need(ns, h, 2 * h, "model.mtp_layers.%u.input_proj.weight", n);
         layer_desc l = mtp_layer(c, n);
-        TRY(layer_needs(c, &l, ns));
+        layer_needs(c, &l, ns);
     } else {
         for (uint32_t i = s->layer_start; i < s->layer_end; i++) {
             layer_desc l = model_layer(c, i);
-            TRY(layer_needs(c, &l, ns));
+            layer_needs(c, &l, ns);
         }
     }
     if (s->produce_logits) {
@@ -282,13 +283,13 @@ static rlx_status block_needs(const rlx_model *m, const rlx_block_spec *s, needs
             mtp_final_norm_name(m, s->layer_start, norm, sizeof norm);
         else
             snprintf(norm, sizeof norm, "model.norm.weight");
-        TRY(add_need(ns, h, 0, "%s", norm));
+        add_need(ns, h, 0, "%s", norm);
         /* with tied embeddings the LM head is the embedding table; a block that also embeds
          * lists it twice, and consumers skip the repeat */
-        TRY(add_need(ns, c->vocab_size, c->hidden_size,
-                     c->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight"));
+        add_need(ns, c->vocab_size, c->hidden_size,
+                 c->tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
     }
-    return RLX_OK;
+    return ns->rc;
 }
 
 static const rlx_weight *find_checked(const rlx_model *m, const need *n, rlx_status *rc) {

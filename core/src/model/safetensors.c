@@ -32,7 +32,7 @@ typedef struct st_file {
     const char *name; /* file name part of path, as the index spells it */
     void *map;        /* the whole file, PROT_READ; NULL until mapped */
     size_t size;
-    char *names;      /* this file's tensor names, NUL-terminated back to back */
+    char *names; /* this file's tensor names, NUL-terminated back to back */
 } st_file;
 
 struct rlx_weights {
@@ -118,8 +118,8 @@ static rlx_status parse_tensor(const st_file *f, const cJSON *entry, const uint8
         return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': field 'shape' is not a list", f->path, name);
     int n_dims = cJSON_GetArraySize(shape);
     if (n_dims > RLX_MAX_DIMS)
-        return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': %d dimensions, rlx supports at most %d", f->path, name,
-                         n_dims, RLX_MAX_DIMS);
+        return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': %d dimensions, rlx supports at most %d", f->path, name, n_dims,
+                         RLX_MAX_DIMS);
     /* numel saturates instead of wrapping: a saturated count can never match a real byte range,
      * while a dimension of 0 still correctly makes it 0. */
     uint64_t numel = 1;
@@ -145,12 +145,16 @@ static rlx_status parse_tensor(const st_file *f, const cJSON *entry, const uint8
         return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "]: end is before begin",
                          f->path, name, begin, end);
     if (end > data_size)
-        return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': data_offsets end at %" PRIu64
-                         ", past the %" PRIu64 "-byte data area (truncated file?)", f->path, name, end, data_size);
+        return rlx_error(RLX_E_FORMAT,
+                         "%s: tensor '%s': data_offsets end at %" PRIu64 ", past the %" PRIu64
+                         "-byte data area (truncated file?)",
+                         f->path, name, end, data_size);
     uint64_t want = numel > UINT64_MAX / dtypes[k].size ? UINT64_MAX : numel * dtypes[k].size;
     if (end - begin != want)
-        return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': data_offsets span %" PRIu64 " bytes, but %" PRIu64
-                         " %s elements take %" PRIu64, f->path, name, end - begin, numel, dtypes[k].name, want);
+        return rlx_error(RLX_E_FORMAT,
+                         "%s: tensor '%s': data_offsets span %" PRIu64 " bytes, but %" PRIu64
+                         " %s elements take %" PRIu64,
+                         f->path, name, end - begin, numel, dtypes[k].name, want);
 
     t->dtype = dtypes[k].dtype;
     t->n_dims = (uint32_t)n_dims;

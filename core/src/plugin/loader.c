@@ -92,8 +92,10 @@ static rlx_status check_iface(const char *path, const rlx_plugin *d) {
                              HAS_12(prepare_weight) ? "prepare_weight" : "release_weight",
                              HAS_12(prepare_weight) ? "release_weight" : "prepare_weight");
         if (HAS_12(plan_span) != HAS_12(compute_span) || HAS_12(plan_span) != HAS_12(release_span))
-            return rlx_error(RLX_E_ABI, "%s: backend table has only some of plan_span, compute_span and release_span "
-                             "(they come together)", path);
+            return rlx_error(RLX_E_ABI,
+                             "%s: backend table has only some of plan_span, compute_span and release_span "
+                             "(they come together)",
+                             path);
 #undef HAS_12
         return RLX_OK;
     }
@@ -146,8 +148,8 @@ rlx_status rlx_plugin_load(const char *path, rlx_plugin_handle **out) {
         goto fail;
     }
     if (!RLX_HAS(rlx_plugin, d, iface)) {
-        rc = rlx_error(RLX_E_ABI, "%s: plugin descriptor is %u bytes, ABI %d needs %zu", path, d->size,
-                       RLX_ABI_MAJOR, sizeof(rlx_plugin));
+        rc = rlx_error(RLX_E_ABI, "%s: plugin descriptor is %u bytes, ABI %d needs %zu", path, d->size, RLX_ABI_MAJOR,
+                       sizeof(rlx_plugin));
         goto fail;
     }
     if (!d->name || !*d->name || !d->version) {
@@ -226,8 +228,7 @@ rlx_status rlx_registry_create(const char *dir, rlx_registry **out) {
     Dl_info self;
     char lib_dir[4096] = "";
     if (dladdr((void *)rlx_registry_create, &self) && self.dli_fname && strrchr(self.dli_fname, '/')) {
-        snprintf(lib_dir, sizeof lib_dir, "%.*s", (int)(strrchr(self.dli_fname, '/') - self.dli_fname),
-                 self.dli_fname);
+        snprintf(lib_dir, sizeof lib_dir, "%.*s", (int)(strrchr(self.dli_fname, '/') - self.dli_fname), self.dli_fname);
         char *real = realpath(lib_dir, NULL);
         if (real) {
             snprintf(lib_dir, sizeof lib_dir, "%s", real);
@@ -324,9 +325,9 @@ rlx_status rlx_registry_load(rlx_registry *r, rlx_plugin_kind kind, const char *
     if (strchr(name, '/')) {
         rlx_status rc = rlx_plugin_load(name, out);
         if (rc == RLX_OK && rlx_plugin_desc(*out)->kind != (uint32_t)kind) {
-            rlx_status bad = rlx_error(RLX_E_INVALID, "%s: plugin '%s' is a %s, not a %s", name,
-                                       rlx_plugin_desc(*out)->name, rlx_plugin_kind_name(rlx_plugin_desc(*out)->kind),
-                                       rlx_plugin_kind_name(kind));
+            rlx_status bad =
+                rlx_error(RLX_E_INVALID, "%s: plugin '%s' is a %s, not a %s", name, rlx_plugin_desc(*out)->name,
+                          rlx_plugin_kind_name(rlx_plugin_desc(*out)->kind), rlx_plugin_kind_name(kind));
             rlx_plugin_unload(*out);
             *out = NULL;
             return bad;

@@ -134,8 +134,10 @@ static rlx_status parse_place(rlx_runtime *rt) {
                     op = k;
         }
         if (!eq || !op || !eq[1])
-            return rlx_error(RLX_E_INVALID, "place: '%s' is not OP=BACKEND with OP one of embed, matmul, rms_norm, "
-                             "rope, attention, swiglu, add, gather_last, moe", item);
+            return rlx_error(RLX_E_INVALID,
+                             "place: '%s' is not OP=BACKEND with OP one of embed, matmul, rms_norm, "
+                             "rope, attention, swiglu, add, gather_last, moe",
+                             item);
         rlx_backend *b;
         rlx_status rc = placed_backend(rt, eq + 1, &b);
         if (rc != RLX_OK)
@@ -218,8 +220,7 @@ static rlx_status speculator_load(rlx_runtime *rt) {
         snprintf(why, sizeof why, "%s", rlx_last_error());
         spec_names names = {.len = 0};
         rlx_registry_each(rt->registry, add_spec_name, &names);
-        return rlx_error(rc, "unknown speculator '%s' (available: %s): %s", name, names.len ? names.list : "none",
-                         why);
+        return rlx_error(rc, "unknown speculator '%s' (available: %s): %s", name, names.len ? names.list : "none", why);
     }
     return RLX_OK;
 }
@@ -256,7 +257,8 @@ static rlx_status open_local(rlx_runtime *rt) {
     if (rt->o.flags & RLX_RUNTIME_STAGE)
         return RLX_OK;
     const rlx_model_config *c = rlx_model_config_of(rt->model);
-    rlx_block_spec spec = {.size = sizeof(rlx_block_spec), .layer_end = (uint32_t)c->num_hidden_layers,
+    rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
+                           .layer_end = (uint32_t)c->num_hidden_layers,
                            .embed_input = 1,
                            .produce_logits = 1,
                            .emit_hidden = (uint32_t)speculator_needs_hidden(rt)};
@@ -338,9 +340,9 @@ static rlx_status runtime_start(rlx_runtime *rt) {
         return rlx_error(RLX_E_INVALID, "a stage runtime opens a model directory, not a deployment");
     const char *model = o->model_dir ? o->model_dir : rt->deploy ? rlx_deploy_model(rt->deploy) : NULL;
     if (!model)
-        return rt->deploy ? rlx_error(RLX_E_INVALID, "%s names no model and none was given",
-                                      rlx_deploy_path(rt->deploy))
-                          : rlx_error(RLX_E_INVALID, "no model directory given");
+        return rt->deploy
+                   ? rlx_error(RLX_E_INVALID, "%s names no model and none was given", rlx_deploy_path(rt->deploy))
+                   : rlx_error(RLX_E_INVALID, "no model directory given");
     if (!(rt->model_dir = rlx__strdup(model)))
         return rlx_error(RLX_E_NOMEM, "runtime: out of memory");
     rlx_status rc = speculator_load(rt);
@@ -359,8 +361,8 @@ rlx_status rlx_runtime_open(const rlx_runtime_options *opts, rlx_runtime **out) 
     if (!rt)
         return rlx_error(RLX_E_NOMEM, "runtime: out of memory");
     rt->o = rlx_runtime_options_default();
-    rlx_status rc = rlx__read_sized(&rt->o, sizeof rt->o, opts, offsetof(rlx_runtime_options, place),
-                                    "rlx_runtime_options");
+    rlx_status rc =
+        rlx__read_sized(&rt->o, sizeof rt->o, opts, offsetof(rlx_runtime_options, place), "rlx_runtime_options");
     if (rc == RLX_OK)
         rc = runtime_start(rt);
     if (rc != RLX_OK) {

@@ -26,11 +26,11 @@ typedef struct rebind_slot {
 
 struct rlx_plan {
     const rlx_graph *g;
-    uint32_t flags;          /* RLX_PLAN_* */
-    rlx_tensor *tensors;     /* per tensor: shape and current data pointer */
-    size_t *offsets;         /* per activation: offset in the arena */
-    rlx_backend **assigned;  /* per node */
-    uint32_t *precision;     /* per node: rlx_precision its backend declared */
+    uint32_t flags;         /* RLX_PLAN_* */
+    rlx_tensor *tensors;    /* per tensor: shape and current data pointer */
+    size_t *offsets;        /* per activation: offset in the arena */
+    rlx_backend **assigned; /* per node */
+    uint32_t *precision;    /* per node: rlx_precision its backend declared */
     rlx_backend *ref;
     unsigned char *arena;
     size_t arena_bytes, total_bytes;
@@ -40,9 +40,9 @@ struct rlx_plan {
     rlx_tensor *view_inputs, *view_outputs;
     void **prepared;
     size_t *input_at;
-    rebind_slot *rebind;     /* the inputs and states among view_inputs, refreshed per run */
+    rebind_slot *rebind; /* the inputs and states among view_inputs, refreshed per run */
     size_t n_rebind;
-    uint32_t *last_use;      /* per node: the last node reading its output, UINT32_MAX for outputs */
+    uint32_t *last_use; /* per node: the last node reading its output, UINT32_MAX for outputs */
     plan_call *calls;
     uint32_t n_calls;
     uint32_t *call_last_use; /* flat: each span's last_use, counted from its first node */
@@ -134,11 +134,8 @@ rlx_status rlx_plan_create(const rlx_graph *g, rlx_backend *const *backends, siz
 
 rlx_status rlx_plan_create_placed(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends,
                                   const rlx_place_rule *rules, size_t n_rules, rlx_plan **out) {
-    const rlx_plan_options o = {.size = sizeof o,
-                                .backends = backends,
-                                .n_backends = n_backends,
-                                .rules = rules,
-                                .n_rules = n_rules};
+    const rlx_plan_options o = {
+        .size = sizeof o, .backends = backends, .n_backends = n_backends, .rules = rules, .n_rules = n_rules};
     return rlx_plan_create_opts(g, &o, out);
 }
 
@@ -302,8 +299,8 @@ rlx_status rlx_plan_create_opts(const rlx_graph *g, const rlx_plan_options *o, r
     p->input_at = rlx__calloc(g->n_nodes + 1, sizeof *p->input_at);
     p->last_use = rlx__calloc(g->n_nodes + 1, sizeof *p->last_use);
     rlx_status rc = RLX_E_NOMEM;
-    if (!p->tensors || !p->offsets || !p->assigned || !p->precision || !p->views || !p->view_outputs ||
-        !p->input_at || !p->last_use) {
+    if (!p->tensors || !p->offsets || !p->assigned || !p->precision || !p->views || !p->view_outputs || !p->input_at ||
+        !p->last_use) {
         rc = rlx_error(RLX_E_NOMEM, "scheduler: out of memory");
         goto fail;
     }

@@ -43,8 +43,7 @@ static rlx_status named_failure(const char *name, int rc, const char *doing) {
     return rlx_error(rc < 0 ? rc : RLX_E_PLUGIN, "speculator '%s': %s%s%s", name, doing, *detail ? ": " : "", detail);
 }
 
-rlx_status rlx_speculator_create(const rlx_plugin_handle *plugin, const rlx_spec_target *target,
-                                 rlx_speculator **out) {
+rlx_status rlx_speculator_create(const rlx_plugin_handle *plugin, const rlx_spec_target *target, rlx_speculator **out) {
     if (!plugin || !target || !out)
         return rlx_error(RLX_E_INVALID, "rlx_speculator_create: NULL argument");
     *out = NULL;
@@ -112,16 +111,22 @@ rlx_status rlx_speculator_propose(rlx_speculator *s, const rlx_spec_update *upda
         return rlx_error(RLX_E_PLUGIN, "speculator '%s' proposed %u tokens when asked for at most %u", s->name, n, k);
     for (uint32_t i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= s->vocab)
-            return rlx_error(RLX_E_PLUGIN, "speculator '%s' proposed token id %d (draft %u) outside the vocabulary "
-                             "[0, %lld)", s->name, tokens[i], i, (long long)s->vocab);
+            return rlx_error(RLX_E_PLUGIN,
+                             "speculator '%s' proposed token id %d (draft %u) outside the vocabulary "
+                             "[0, %lld)",
+                             s->name, tokens[i], i, (long long)s->vocab);
         const float *row = probs + (size_t)i * (size_t)s->vocab;
         for (int64_t j = 0; j < s->vocab; j++)
             if (!isfinite(row[j]) || row[j] < 0)
-                return rlx_error(RLX_E_PLUGIN, "speculator '%s': probability of token %lld in draft %u is %g, not a "
-                                 "finite non-negative number", s->name, (long long)j, i, (double)row[j]);
+                return rlx_error(RLX_E_PLUGIN,
+                                 "speculator '%s': probability of token %lld in draft %u is %g, not a "
+                                 "finite non-negative number",
+                                 s->name, (long long)j, i, (double)row[j]);
         if (!(row[tokens[i]] > 0))
-            return rlx_error(RLX_E_PLUGIN, "speculator '%s' proposed token %d (draft %u) with probability 0 in its own "
-                             "row", s->name, tokens[i], i);
+            return rlx_error(RLX_E_PLUGIN,
+                             "speculator '%s' proposed token %d (draft %u) with probability 0 in its own "
+                             "row",
+                             s->name, tokens[i], i);
     }
     *n_proposed = n;
     return RLX_OK;
@@ -137,8 +142,7 @@ double rlx_spec_mean_accepted(const rlx_spec_stats *st) {
 
 double rlx_spec_tokens_per_pass(const rlx_spec_stats *st) {
     /* the first token comes from the prompt's pass, which target_passes does not count */
-    return st->target_passes && st->gen.n_generated ? (double)(st->gen.n_generated - 1) / (double)st->target_passes
-                                                    : 0;
+    return st->target_passes && st->gen.n_generated ? (double)(st->gen.n_generated - 1) / (double)st->target_passes : 0;
 }
 
 // ---- the decoding loop ----
@@ -154,12 +158,12 @@ typedef struct spec_run {
     uint32_t max_new;
     rlx_spec_stats st;
     int done;
-    int32_t *pending;  /* [max(n_prompt + 1, k + 1)] */
+    int32_t *pending; /* [max(n_prompt + 1, k + 1)] */
     uint32_t n_pending, n_accepted;
-    float *hidden;     /* [max(n_prompt, k + 1), hidden_size] when the speculator needs them */
+    float *hidden; /* [max(n_prompt, k + 1), hidden_size] when the speculator needs them */
     uint32_t n_hidden;
-    int32_t *verify;   /* [k + 1]: the last token, then the drafts */
-    float *q;          /* [k, vocab] the drafts' rows */
+    int32_t *verify;     /* [k + 1]: the last token, then the drafts */
+    float *q;            /* [k, vocab] the drafts' rows */
     float *p, *residual; /* [vocab] */
 } spec_run;
 
@@ -331,8 +335,10 @@ rlx_status rlx_spec_generate_ex(const rlx_lm *lm, rlx_speculator *spec, uint32_t
                          spec->name, (long long)spec->vocab, (long long)lm->vocab);
     int needs_hidden = (rlx_speculator_flags(spec) & RLX_SPEC_NEEDS_HIDDEN) != 0;
     if (needs_hidden && (!lm->hidden || lm->hidden_size <= 0))
-        return rlx_error(RLX_E_UNSUPPORTED, "speculator '%s' needs the target's hidden states, which this model "
-                         "runner does not provide", spec->name);
+        return rlx_error(RLX_E_UNSUPPORTED,
+                         "speculator '%s' needs the target's hidden states, which this model "
+                         "runner does not provide",
+                         spec->name);
     spec_run r = {.lm = lm, .spec = spec, .sampler = sampler, .fn = fn, .ctx = ctx, .max_new = max_new};
     r.st.gen.n_prompt = n_prompt;
     size_t vocab = (size_t)lm->vocab, rows = n_prompt > k + 1 ? n_prompt : k + 1;

@@ -16,12 +16,15 @@ static const char qwen3_template[] =
     "    {%- if messages[0].role == 'system' %}\n"
     "        {{- messages[0].content + '\\n\\n' }}\n"
     "    {%- endif %}\n"
-    "    {{- \"# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
+    "    {{- \"# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided "
+    "with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
     "    {%- for tool in tools %}\n"
     "        {{- \"\\n\" }}\n"
     "        {{- tool | tojson }}\n"
     "    {%- endfor %}\n"
-    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n"
+    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n"
     "{%- else %}\n"
     "    {%- if messages[0].role == 'system' %}\n"
     "        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n"
@@ -30,7 +33,8 @@ static const char qwen3_template[] =
     "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n"
     "{%- for message in messages[::-1] %}\n"
     "    {%- set index = (messages|length - 1) - loop.index0 %}\n"
-    "    {%- if ns.multi_step_tool and message.role == \"user\" and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}\n"
+    "    {%- if ns.multi_step_tool and message.role == \"user\" and not(message.content.startswith('<tool_response>') "
+    "and message.content.endswith('</tool_response>')) %}\n"
     "        {%- set ns.multi_step_tool = false %}\n"
     "        {%- set ns.last_query_index = index %}\n"
     "    {%- endif %}\n"
@@ -46,12 +50,14 @@ static const char qwen3_template[] =
     "        {%- else %}\n"
     "            {%- if '</think>' in message.content %}\n"
     "                {%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}\n"
-    "                {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}\n"
+    "                {%- set reasoning_content = "
+    "message.content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}\n"
     "            {%- endif %}\n"
     "        {%- endif %}\n"
     "        {%- if loop.index0 > ns.last_query_index %}\n"
     "            {%- if loop.last or (not loop.last and reasoning_content) %}\n"
-    "                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}\n"
+    "                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + "
+    "'\\n</think>\\n\\n' + content.lstrip('\\n') }}\n"
     "            {%- else %}\n"
     "                {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
     "            {%- endif %}\n"
@@ -154,9 +160,7 @@ static void put_n(out_buf *b, const char *s, size_t n) {
     b->v[b->n] = '\0';
 }
 
-static void put(out_buf *b, const char *s) {
-    put_n(b, s, strlen(s));
-}
+static void put(out_buf *b, const char *s) { put_n(b, s, strlen(s)); }
 
 /* A borrowed slice of a string. */
 typedef struct slice {
@@ -164,9 +168,7 @@ typedef struct slice {
     size_t n;
 } slice;
 
-static slice whole(const char *s) {
-    return (slice){s ? s : "", s ? strlen(s) : 0};
-}
+static slice whole(const char *s) { return (slice){s ? s : "", s ? strlen(s) : 0}; }
 
 static const char *find(slice s, const char *needle) {
     size_t k = strlen(needle);
@@ -223,9 +225,7 @@ static int ends_with(slice s, const char *suffix) {
     return s.n >= k && memcmp(s.p + s.n - k, suffix, k) == 0;
 }
 
-static int role_is(const rlx_chat_message *m, const char *role) {
-    return m->role && strcmp(m->role, role) == 0;
-}
+static int role_is(const rlx_chat_message *m, const char *role) { return m->role && strcmp(m->role, role) == 0; }
 
 // ---- the Qwen3 template
 
@@ -292,8 +292,8 @@ static void render_qwen3(const rlx_chat_message *msgs, size_t n, int add_generat
     }
 }
 
-rlx_status rlx_chat_render(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n,
-                           int add_generation_prompt, int enable_thinking, char **out) {
+rlx_status rlx_chat_render(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n, int add_generation_prompt,
+                           int enable_thinking, char **out) {
     if (out)
         *out = NULL;
     if (!tok || !out || (!msgs && n))

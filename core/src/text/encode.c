@@ -337,9 +337,7 @@ static rlx_status encode_word(encoder *e, const uint8_t *w, size_t n) {
 
 // ---- pre-tokenizer
 
-static size_t char_len(uint8_t b) {
-    return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-}
+static size_t char_len(uint8_t b) { return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4; }
 
 static int regex_match(encoder *e, const char *s, size_t len, size_t at) {
     const rlx_tokenizer *tok = e->tok;
@@ -428,7 +426,8 @@ static rlx_status split_added(encoder *e, const text_matcher *m, const char *s, 
             continue;
         if (found->single_word) {
             size_t cl;
-            int word_before = start > 0 && is_alnum(rlx__utf8_decode((const uint8_t *)s + char_start_before(s, start), &cl));
+            int word_before =
+                start > 0 && is_alnum(rlx__utf8_decode((const uint8_t *)s + char_start_before(s, start), &cl));
             int word_after = stop < len && is_alnum(rlx__utf8_decode((const uint8_t *)s + stop, &cl));
             if (word_before || word_after)
                 continue;
@@ -462,9 +461,7 @@ static rlx_status split_added(encoder *e, const text_matcher *m, const char *s, 
     return start_offset < len ? on_text(e, s + start_offset, len - start_offset) : RLX_OK;
 }
 
-static rlx_status on_normalized_text(encoder *e, const char *s, size_t len) {
-    return pre_tokenize(e, s, len);
-}
+static rlx_status on_normalized_text(encoder *e, const char *s, size_t len) { return pre_tokenize(e, s, len); }
 
 /* A piece of raw text between non-normalized added tokens: normalize it, then split off the
  * normalized added tokens. */

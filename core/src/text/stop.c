@@ -16,7 +16,7 @@ struct rlx_stop_matcher {
     size_t *lens; /* [n] */
     size_t n;
     size_t max_len;
-    char *buf;    /* buf[shown, len) is held back; buf[0, shown) went out with the last call */
+    char *buf; /* buf[shown, len) is held back; buf[0, shown) went out with the last call */
     size_t cap, len, shown;
     int stopped;
 };
@@ -35,7 +35,8 @@ rlx_status rlx_stop_matcher_create(const char *const *stops, size_t n, rlx_stop_
         bytes += strlen(stops[i]) + 1;
     }
     rlx_stop_matcher *m = rlx__calloc(1, sizeof *m);
-    if (!m || !(m->stops = rlx__malloc(n * sizeof *m->stops + bytes)) || !(m->lens = rlx__malloc(n * sizeof *m->lens))) {
+    if (!m || !(m->stops = rlx__malloc(n * sizeof *m->stops + bytes)) ||
+        !(m->lens = rlx__malloc(n * sizeof *m->lens))) {
         rlx_stop_matcher_destroy(m);
         return rlx_error(RLX_E_NOMEM, "stop matcher: out of memory for %zu stop strings", n);
     }
@@ -89,8 +90,8 @@ static size_t held_tail(const rlx_stop_matcher *m) {
     return 0;
 }
 
-rlx_status rlx_stop_matcher_push(rlx_stop_matcher *m, const char *text, size_t len, const char **emit,
-                                 size_t *emit_len, int *stopped) {
+rlx_status rlx_stop_matcher_push(rlx_stop_matcher *m, const char *text, size_t len, const char **emit, size_t *emit_len,
+                                 int *stopped) {
     if (!m || (!text && len) || !emit || !emit_len || !stopped)
         return rlx_error(RLX_E_INVALID, "rlx_stop_matcher_push: NULL argument");
     *emit = m->buf ? m->buf : "";

@@ -16,19 +16,19 @@
 #define TEXT_CACHE_MAX_ENTRIES 65536
 
 typedef struct text_token {
-    uint32_t str;       /* offset of the vocabulary string (NUL-terminated) in strings */
+    uint32_t str; /* offset of the vocabulary string (NUL-terminated) in strings */
     uint32_t str_len;
-    uint32_t bytes;     /* offset of the bytes it decodes to in strings */
+    uint32_t bytes; /* offset of the bytes it decodes to in strings */
     uint32_t bytes_len;
-    uint8_t present;    /* 0 for a gap in the id space */
-    uint8_t in_model;   /* in the BPE model's vocab (not only an added token) */
+    uint8_t present;  /* 0 for a gap in the id space */
+    uint8_t in_model; /* in the BPE model's vocab (not only an added token) */
     uint8_t added;
     uint8_t special;
 } text_token;
 
 typedef struct text_added {
     int32_t id;
-    uint32_t off, len;  /* content in strings; NFC'd for a normalized token when the normalizer is NFC */
+    uint32_t off, len; /* content in strings; NFC'd for a normalized token when the normalizer is NFC */
     uint8_t special, lstrip, rstrip, single_word, normalized;
 } text_added;
 
@@ -36,15 +36,15 @@ typedef struct text_added {
  * automaton in LeftmostLongest mode; a first-byte filter plus candidates sorted longest first
  * finds the same matches for the few dozen tokens models have). */
 typedef struct text_matcher {
-    uint32_t *items;          /* indexes into tok->added, by first byte, then length descending */
+    uint32_t *items; /* indexes into tok->added, by first byte, then length descending */
     size_t n;
-    uint32_t first[257];      /* items[first[b] .. first[b+1]) start with byte b */
+    uint32_t first[257]; /* items[first[b] .. first[b+1]) start with byte b */
 } text_matcher;
 
 typedef struct text_cache {
     pthread_mutex_t lock;
-    uint64_t *hashes;   /* per slot */
-    uint32_t *entries;  /* per slot: 0 = empty, else entry index + 1 */
+    uint64_t *hashes;  /* per slot */
+    uint32_t *entries; /* per slot: 0 = empty, else entry index + 1 */
     size_t cap;
     /* entry i: key bytes at data[key_off[i] ...] of key_len[i], ids after it */
     uint32_t *key_off, *key_len, *n_ids;

@@ -19,11 +19,11 @@
 #define MAX_TOKENS (1 << 24)
 #define CHAT_TEMPLATE_MAX_BYTES (1 << 20)
 
-#define TRY(expr)                           \
-    do {                                    \
-        rlx_status try_st_ = (expr);        \
-        if (try_st_ != RLX_OK)              \
-            return try_st_;                 \
+#define TRY(expr)                                                                                                      \
+    do {                                                                                                               \
+        rlx_status try_st_ = (expr);                                                                                   \
+        if (try_st_ != RLX_OK)                                                                                         \
+            return try_st_;                                                                                            \
     } while (0)
 
 // ---- byte-level alphabet
@@ -124,13 +124,10 @@ int32_t rlx__vocab_find(const rlx_tokenizer *tok, const char *s, size_t len) {
 
 // ---- JSON helpers
 
-static const cJSON *get(const cJSON *obj, const char *key) {
-    return cJSON_GetObjectItemCaseSensitive(obj, key);
-}
+static const cJSON *get(const cJSON *obj, const char *key) { return cJSON_GetObjectItemCaseSensitive(obj, key); }
 
 /* A string field or null/absent (NULL). */
-static rlx_status opt_string(const char *path, const char *where, const cJSON *obj, const char *key,
-                             const char **out) {
+static rlx_status opt_string(const char *path, const char *where, const cJSON *obj, const char *key, const char **out) {
     const cJSON *item = get(obj, key);
     *out = NULL;
     if (!item || cJSON_IsNull(item))
@@ -141,8 +138,7 @@ static rlx_status opt_string(const char *path, const char *where, const cJSON *o
     return RLX_OK;
 }
 
-static rlx_status opt_bool(const char *path, const char *where, const cJSON *obj, const char *key, int dflt,
-                           int *out) {
+static rlx_status opt_bool(const char *path, const char *where, const cJSON *obj, const char *key, int dflt, int *out) {
     const cJSON *item = get(obj, key);
     *out = dflt;
     if (!item || cJSON_IsNull(item))
@@ -185,7 +181,8 @@ static rlx_status load_normalizer(rlx_tokenizer *tok, const char *path, const cJ
  * \s. PCRE2's \s (with UCP) differs: it lacks U+0085 (NEL) and has U+180E (MONGOLIAN VOWEL
  * SEPARATOR). So \s and \S are spelled out as White_Space: outside a class as [...] and [^...],
  * inside one as its ranges. A \S inside a class cannot be spelled out that way and is left as it is. */
-#define WHITE_SPACE "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+#define WHITE_SPACE                                                                                                    \
+    "\\t-\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 
 static char *spell_out_space(const char *re) {
     size_t n = strlen(re);
@@ -198,7 +195,7 @@ static char *spell_out_space(const char *re) {
         char c = re[i];
         if (c == '\\' && i + 1 < n) {
             char e = re[++i];
-            const char *rep = e == 's' ? (in_class ? WHITE_SPACE : "[" WHITE_SPACE "]")
+            const char *rep = e == 's'                ? (in_class ? WHITE_SPACE : "[" WHITE_SPACE "]")
                               : e == 'S' && !in_class ? "[^" WHITE_SPACE "]"
                                                       : NULL;
             if (rep) {
@@ -250,8 +247,8 @@ static rlx_status compile_regex(rlx_tokenizer *tok, const char *path, const char
     if (!tok->re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
-        return rlx_error(RLX_E_FORMAT, "%s: pre-tokenizer regex does not compile: %s (near offset %zu of \"%s\")",
-                         path, (const char *)msg, (size_t)err_off, pattern);
+        return rlx_error(RLX_E_FORMAT, "%s: pre-tokenizer regex does not compile: %s (near offset %zu of \"%s\")", path,
+                         (const char *)msg, (size_t)err_off, pattern);
     }
     tok->re_jit = pcre2_jit_compile(tok->re, PCRE2_JIT_COMPLETE) == 0;
     return RLX_OK;
@@ -264,8 +261,8 @@ static rlx_status check_byte_level(const char *path, const cJSON *bl, int want_r
     if (prefix)
         return rlx_error(RLX_E_UNSUPPORTED, "%s: ByteLevel pre-tokenizer with add_prefix_space is not supported", path);
     if (use_regex != want_regex)
-        return rlx_error(RLX_E_UNSUPPORTED, "%s: ByteLevel pre-tokenizer with use_regex %s is not supported here",
-                         path, use_regex ? "true after a Split" : "false without a Split");
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: ByteLevel pre-tokenizer with use_regex %s is not supported here", path,
+                         use_regex ? "true after a Split" : "false without a Split");
     return RLX_OK;
 }
 
@@ -284,9 +281,10 @@ static rlx_status load_pre_tokenizer(rlx_tokenizer *tok, const char *path, const
     if (strcmp(type, "Sequence") != 0 || !cJSON_IsArray(list) || cJSON_GetArraySize(list) != 2 ||
         !type_of(list->child) || strcmp(type_of(list->child), "Split") != 0 || !type_of(list->child->next) ||
         strcmp(type_of(list->child->next), "ByteLevel") != 0)
-        return rlx_error(RLX_E_UNSUPPORTED,
-                         "%s: pre_tokenizer '%s' is not supported (only ByteLevel, or a Sequence of Split and ByteLevel)",
-                         path, type);
+        return rlx_error(
+            RLX_E_UNSUPPORTED,
+            "%s: pre_tokenizer '%s' is not supported (only ByteLevel, or a Sequence of Split and ByteLevel)", path,
+            type);
     const cJSON *split = list->child;
     TRY(check_byte_level(path, list->child->next, 0));
     const char *behavior;
@@ -294,8 +292,9 @@ static rlx_status load_pre_tokenizer(rlx_tokenizer *tok, const char *path, const
     TRY(opt_string(path, "pre_tokenizer Split", split, "behavior", &behavior));
     TRY(opt_bool(path, "pre_tokenizer Split", split, "invert", 0, &invert));
     if (!behavior || strcmp(behavior, "Isolated") != 0 || invert)
-        return rlx_error(RLX_E_UNSUPPORTED, "%s: Split pre-tokenizer with behavior '%s'%s is not supported (only Isolated)",
-                         path, behavior ? behavior : "(none)", invert ? " and invert" : "");
+        return rlx_error(RLX_E_UNSUPPORTED,
+                         "%s: Split pre-tokenizer with behavior '%s'%s is not supported (only Isolated)", path,
+                         behavior ? behavior : "(none)", invert ? " and invert" : "");
     const cJSON *pattern = get(split, "pattern");
     const cJSON *regex = cJSON_IsObject(pattern) ? get(pattern, "Regex") : NULL;
     const cJSON *string = cJSON_IsObject(pattern) ? get(pattern, "String") : NULL;
@@ -303,7 +302,8 @@ static rlx_status load_pre_tokenizer(rlx_tokenizer *tok, const char *path, const
         return compile_regex(tok, path, regex->valuestring, 0);
     if (cJSON_IsString(string))
         return compile_regex(tok, path, string->valuestring, 1);
-    return rlx_error(RLX_E_FORMAT, "%s: Split pre-tokenizer needs a pattern {\"Regex\": ...} or {\"String\": ...}", path);
+    return rlx_error(RLX_E_FORMAT, "%s: Split pre-tokenizer needs a pattern {\"Regex\": ...} or {\"String\": ...}",
+                     path);
 }
 
 static rlx_status check_model_options(const char *path, const cJSON *model) {
@@ -738,7 +738,7 @@ static rlx_status load_config(rlx_tokenizer *tok, const char *dir, int32_t n_mod
             if (st != RLX_OK)
                 goto done;
         }
-        static const char *const special_keys[] = {"bos_token", "eos_token",  "unk_token", "sep_token",
+        static const char *const special_keys[] = {"bos_token", "eos_token", "unk_token", "sep_token",
                                                    "pad_token", "cls_token", "mask_token"};
         for (size_t i = 0; i < sizeof special_keys / sizeof special_keys[0]; i++) {
             const char *content;
@@ -756,7 +756,8 @@ static rlx_status load_config(rlx_tokenizer *tok, const char *dir, int32_t n_mod
                 added_spec spec = {.special = 1};
                 if (cJSON_IsString(e))
                     spec.content = e->valuestring;
-                else if (cJSON_IsObject(e) && (st = parse_added(path, "additional_special_tokens entry", e, &spec)) != RLX_OK)
+                else if (cJSON_IsObject(e) &&
+                         (st = parse_added(path, "additional_special_tokens entry", e, &spec)) != RLX_OK)
                     goto done;
                 if (spec.content && (st = add_token(tok, &spec, n_model, cap, added_cap)) != RLX_OK)
                     goto done;
@@ -851,12 +852,12 @@ static rlx_status load_tokenizer_json(rlx_tokenizer *tok, const char *path, cons
     return RLX_OK;
 }
 
-rlx_status rlx_tokenizer_load(const char *model_dir, rlx_tokenizer **out) {
+rlx_status rlx_tokenizer_open(const char *model_dir, rlx_tokenizer **out) {
     if (!out)
-        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_load: out is NULL");
+        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_open: out is NULL");
     *out = NULL;
     if (!model_dir)
-        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_load: model_dir is NULL");
+        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_open: model_dir is NULL");
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/tokenizer.json", model_dir) >= sizeof path)
         return rlx_error(RLX_E_INVALID, "model directory path too long");
@@ -901,11 +902,11 @@ rlx_status rlx_tokenizer_load(const char *model_dir, rlx_tokenizer **out) {
     *out = tok;
     return RLX_OK;
 fail:
-    rlx_tokenizer_destroy(tok);
+    rlx_tokenizer_close(tok);
     return st;
 }
 
-void rlx_tokenizer_destroy(rlx_tokenizer *tok) {
+void rlx_tokenizer_close(rlx_tokenizer *tok) {
     if (!tok)
         return;
     free(tok->tokens);
@@ -925,9 +926,7 @@ void rlx_tokenizer_destroy(rlx_tokenizer *tok) {
 
 // ---- accessors
 
-int32_t rlx_tokenizer_vocab_size(const rlx_tokenizer *tok) {
-    return tok ? tok->n_tokens : 0;
-}
+int32_t rlx_tokenizer_vocab_size(const rlx_tokenizer *tok) { return tok ? tok->n_tokens : 0; }
 
 int32_t rlx_tokenizer_token_id(const rlx_tokenizer *tok, const char *token) {
     if (!tok || !token)
@@ -950,17 +949,11 @@ int rlx_tokenizer_is_special(const rlx_tokenizer *tok, int32_t id) {
     return tok->tokens[id].special;
 }
 
-int32_t rlx_tokenizer_eos_id(const rlx_tokenizer *tok) {
-    return tok ? tok->eos_id : -1;
-}
+int32_t rlx_tokenizer_eos_id(const rlx_tokenizer *tok) { return tok ? tok->eos_id : -1; }
 
-int32_t rlx_tokenizer_pad_id(const rlx_tokenizer *tok) {
-    return tok ? tok->pad_id : -1;
-}
+int32_t rlx_tokenizer_pad_id(const rlx_tokenizer *tok) { return tok ? tok->pad_id : -1; }
 
-int32_t rlx_tokenizer_bos_id(const rlx_tokenizer *tok) {
-    return tok ? tok->bos_id : -1;
-}
+int32_t rlx_tokenizer_bos_id(const rlx_tokenizer *tok) { return tok ? tok->bos_id : -1; }
 
 rlx_chat_template_kind rlx_chat_template_of(const rlx_tokenizer *tok) {
     return tok ? tok->chat_kind : RLX_CHAT_TEMPLATE_NONE;

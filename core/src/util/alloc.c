@@ -9,9 +9,9 @@
 #include "rlx/status.h"
 #include "util/alloc.h"
 
-static atomic_uint_fast64_t made;     /* allocations since the last rlx_debug_fail_alloc */
-static atomic_uint_fast64_t fail_at;  /* the ordinal that fails, 0 = none */
-static atomic_int fail_after;         /* every one from fail_at on fails */
+static atomic_uint_fast64_t made;    /* allocations since the last rlx_debug_fail_alloc */
+static atomic_uint_fast64_t fail_at; /* the ordinal that fails, 0 = none */
+static atomic_int fail_after;        /* every one from fail_at on fails */
 
 static int must_fail(void) {
     const uint64_t n = atomic_fetch_add(&made, 1) + 1, at = atomic_load(&fail_at);

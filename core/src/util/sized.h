@@ -17,8 +17,10 @@ static inline rlx_status rlx__read_sized(void *dst, size_t dst_size, const void 
     uint32_t size;
     memcpy(&size, src, sizeof size);
     if (size < min_size)
-        return rlx_error(RLX_E_INVALID, "%s.size is %u, below the %zu bytes of its first version (set it to "
-                         "sizeof(%s))", type, size, min_size, type);
+        return rlx_error(RLX_E_INVALID,
+                         "%s.size is %u, below the %zu bytes of its first version (set it to "
+                         "sizeof(%s))",
+                         type, size, min_size, type);
     memcpy(dst, src, size < dst_size ? size : dst_size);
     size = (uint32_t)dst_size;
     memcpy(dst, &size, sizeof size);

@@ -8,8 +8,8 @@ static _Thread_local char last_error[1024];
 
 const char *rlx_status_str(int status) {
     switch (status) {
-#define RLX_STATUS_CASE_(name, code, text) \
-    case code:                             \
+#define RLX_STATUS_CASE_(name, code, text)                                                                             \
+    case code:                                                                                                         \
         return text;
         RLX_STATUS_MAP(RLX_STATUS_CASE_)
 #undef RLX_STATUS_CASE_

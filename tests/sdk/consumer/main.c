@@ -12,7 +12,8 @@ int main(int argc, char **argv) {
     rlx_plugin_handle *plugin = NULL;
     rlx_backend *b = NULL;
     int status = 1;
-    if (rlx_registry_create(dir, &reg) != RLX_OK || rlx_registry_load(reg, RLX_PLUGIN_BACKEND, name, &plugin) != RLX_OK ||
+    if (rlx_registry_create(dir, &reg) != RLX_OK ||
+        rlx_registry_load(reg, RLX_PLUGIN_BACKEND, name, &plugin) != RLX_OK ||
         rlx_backend_create(plugin, NULL, &b) != RLX_OK) {
         fprintf(stderr, "consumer: %s\n", rlx_last_error());
         goto done;
@@ -22,7 +23,8 @@ int main(int argc, char **argv) {
                         {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {1, 3, 1, 1}, .data = c}};
     rlx_tensor out = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {1, 3, 1, 1}, .data = y};
     rlx_op_params p = {0};
-    rlx_node_view v = {.op = RLX_OP_ADD, .n_inputs = 2, .inputs = in, .output = &out, .params = &p, .name = "consumer.add"};
+    rlx_node_view v = {
+        .op = RLX_OP_ADD, .n_inputs = 2, .inputs = in, .output = &out, .params = &p, .name = "consumer.add"};
     if (!rlx_backend_supports(b, &v)) {
         fprintf(stderr, "consumer: backend %s does not claim ADD\n", rlx_backend_name(b));
         goto done;
