@@ -3,6 +3,7 @@
  *   checks.c    the list of checks: op cases with random inputs (compared with the reference
  *               kernels), NumPy fixtures, whole-model checks
  *   fixtures.c  reader of the NumPy expectation files (written by gen_expectations.py)
+ *   node.c      a check's buffers and the kit's own dtype conversions (used by both above)
  *   run.c       runs one check against the backend under test (worker side)
  * A check is one line of the report. Checks run in a worker process, so a backend that crashes
  * or hangs fails its check and the kit carries on with the next one in a new worker. */
@@ -91,8 +92,6 @@ double kit_default_tol(int slot);
 int kit_enumerate(const kit_options *o, kit_check **list, size_t *n);
 /* Fills node with the random inputs of a KIT_SRC_REF check; shapes only when with_data is 0. */
 int kit_ref_node(const kit_check *c, kit_node *node, int with_data);
-/* Frees the buffers of node except weights listed in keep (see run.c), and the node arrays. */
-void kit_node_free(kit_node *node);
 /* Tolerance for the node's op in effect (default or --tolerance / --precision). */
 double kit_node_tol(const kit_options *o, const kit_node *node);
 
@@ -113,7 +112,10 @@ void kit_run_check(kit_runner *r, const kit_check *c, kit_result *res);
 /* Called with "supports", "compute", ... as a check moves on, so a crash can be placed. */
 void kit_runner_on_phase(kit_runner *r, void (*fn)(void *ctx, const char *phase), void *ctx);
 
-/* ---- helpers ---- */
+/* ---- node.c ---- */
+/* Frees the buffers of node (inputs, output, expectations; run.c has set the data of the
+ * weights it keeps to NULL) and its arrays. */
+void kit_node_free(kit_node *node);
 uint16_t kit_f32_to_bf16(float f);
 uint16_t kit_f32_to_f16(float f);
 float kit_bf16_to_f32(uint16_t h);
