@@ -376,7 +376,7 @@ int cmd_bench(int argc, char **argv, app_options *o) {
                  : rt.pipeline ? ""
                                : "reference kernels");
         if (rt.pipeline && t == 0)
-            app_pipeline_describe(&rt);
+            app_pipeline_describe(rt.runtime);
         for (size_t k = 0; k < prompts.n + gens.n && !status; k++) {
             bench_row *r = &rows[n_rows];
             r->threads = threads.v[t] ? threads.v[t] : app_usable_cores(); /* the backends' default */

@@ -1,218 +1,12 @@
-/* Option parsing and runtime setup shared by the rlx commands. */
-#include <errno.h>
-#include <math.h>
-#include <sched.h>
-#include <stdarg.h>
+/* Runtime setup, sampling and speculation options shared by the rlx model commands. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common.h"
-
-int app_fail(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("rlx: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return 1;
-}
-
-int app_fail_rlx(const char *what) {
-    const char *detail = rlx_last_error();
-    return app_fail("%s%s%s", what, *detail ? ": " : "", detail);
-}
-
-int app_parse_u32(const char *opt, const char *text, uint32_t *out) {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno || end == text || *end || text[0] == '-' || v > UINT32_MAX) {
-        app_fail("%s: '%s' is not a non-negative integer", opt, text);
-        return -1;
-    }
-    *out = (uint32_t)v;
-    return 0;
-}
-
-int app_parse_max_new(const char *opt, const char *text, void *target) {
-    uint32_t *out = target;
-    if (strcmp(text, "-1") == 0) {
-        *out = APP_MAX_NEW_UNTIL_FULL;
-        return 0;
-    }
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno || end == text || *end || text[0] == '-' || v >= APP_MAX_NEW_UNTIL_FULL) {
-        app_fail("%s: '%s' is not a number of tokens (or -1: until the end of the context)", opt, text);
-        return -1;
-    }
-    *out = (uint32_t)v;
-    return 0;
-}
-
-int app_parse_float(const char *opt, const char *text, float *out) {
-    char *end;
-    errno = 0;
-    float v = strtof(text, &end);
-    if (errno || end == text || *end) {
-        app_fail("%s: '%s' is not a number", opt, text);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-int app_parse_tokens(const char *opt, const char *text, int32_t **out) {
-    size_t cap = 16, n = 0;
-    int32_t *ids = malloc(cap * sizeof *ids);
-    if (!ids)
-        return app_fail("out of memory"), -1;
-    /* commas or white space between ids, so that rlx tokenize's output is taken as it is */
-    for (const char *p = text + strspn(text, ", \t\r\n"); *p; p += strspn(p, ", \t\r\n")) {
-        char *end;
-        errno = 0;
-        long long v = strtoll(p, &end, 10);
-        if (errno || end == p || v < 0 || v > INT32_MAX || (*end && !strchr(", \t\r\n", *end))) {
-            free(ids);
-            app_fail("%s: '%s' is not a list of token ids (separated by commas or spaces)", opt, text);
-            return -1;
-        }
-        if (n == cap) {
-            int32_t *grown = realloc(ids, (cap *= 2) * sizeof *ids);
-            if (!grown) {
-                free(ids);
-                return app_fail("out of memory"), -1;
-            }
-            ids = grown;
-        }
-        ids[n++] = (int32_t)v;
-        p = end;
-    }
-    if (n == 0) {
-        free(ids);
-        app_fail("%s: no token ids given", opt);
-        return -1;
-    }
-    *out = ids;
-    return (int)n;
-}
-
-char *app_read_file(const char *what, const char *path, int drop_final_newline, size_t *len) {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f) {
-        app_fail("%s: cannot open %s: %s", what, path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (size_t got; buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
-        n += got;
-        if (n + 1 == cap) {
-            char *grown = realloc(buf, cap *= 2);
-            if (!grown)
-                free(buf);
-            buf = grown;
-        }
-    }
-    const int failed = ferror(f), read_errno = errno;
-    if (f != stdin)
-        fclose(f);
-    if (!buf || failed) {
-        free(buf);
-        app_fail("%s: cannot read %s: %s", what, path, failed ? strerror(read_errno) : "out of memory");
-        return NULL;
-    }
-    if (drop_final_newline && n > 0 && buf[n - 1] == '\n') /* llama.cpp's -f: the last line break is no part of it */
-        n--;
-    buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
-double app_log_sum_exp(const float *row, int64_t n) {
-    float mx = row[0];
-    for (int64_t v = 1; v < n; v++)
-        mx = row[v] > mx ? row[v] : mx;
-    double sum = 0;
-    for (int64_t v = 0; v < n; v++)
-        sum += exp((double)row[v] - mx);
-    return mx + log(sum);
-}
-
-app_opt_group app_model_group(app_options *o) {
-    static app_opt opts[1];
-    opts[0] = (app_opt){'m',
-                        "model",
-                        NULL,
-                        "DIR",
-                        "Hugging Face model directory (config.json, *.safetensors); default:\n"
-                        "$RLX_MODEL, else the Brown target model shipped with rlx",
-                        APP_OPT_STRING,
-                        &o->model};
-    return APP_OPT_GROUP("model:", opts);
-}
-
-app_opt_group app_common_group(app_options *o) {
-    static app_opt opts[8];
-    const app_opt model = app_model_group(o).opts[0];
-    app_opt list[] = {
-        model,
-        {0, "plugin", NULL, "NAME", "backend plugin (default cpu-blas; 'ref' = portable reference kernels)",
-         APP_OPT_STRING, &o->plugin},
-        {0, "plugin-dir", NULL, "DIR", "search DIR for plugins first (also RLX_PLUGIN_PATH)", APP_OPT_STRING,
-         &o->plugin_dir},
-        {0, "place", NULL, "OP=NAME,..", "run every node of OP (matmul, attention, ...) on backend NAME",
-         APP_OPT_STRING, &o->place},
-        {0, "backend-opts", NULL, "K=V,..",
-         "options of --plugin's backend (e.g. isa=avx2; ref: act=bf16); --place\n"
-         "backends get their defaults; launched stages inherit them",
-         APP_OPT_STRING, &o->backend_opts},
-        {'t', "threads", NULL, "N",
-         "threads for the backend (default: all cores; the local stages of a\n"
-         "pipeline, and the driver if it drafts, divide the cores evenly)",
-         APP_OPT_U32, &o->threads, .min = 1},
-        {'c', "ctx-size", "ctx", "N", "KV cache positions (default: min(max_position_embeddings, 4096))", APP_OPT_U32,
-         &o->ctx, .min = 1},
-        {'v', "verbose", NULL, NULL,
-         "say what each backend runs on (kernels, library cores, threads) and\n"
-         "let the transport libraries log",
-         APP_OPT_FLAG, &o->verbose},
-    };
-    memcpy(opts, list, sizeof opts);
-    return APP_OPT_GROUP("options:", opts);
-}
-
-int app_parse_command(const char *name, const char *usage, const app_opt_group *groups, size_t n_groups, int argc,
-                      char **argv, int *exit_status) {
-    app_command_spec spec = {.name = name, .usage = usage, .groups = groups, .n_groups = n_groups};
-    int rc = app_opts_parse(&spec, argc, argv, 0, NULL);
-    *exit_status = rc == 2 ? 0 : rc;
-    return rc;
-}
-
-void app_warn_threads(uint32_t threads) {
-    const uint32_t cores = app_usable_cores();
-    if (threads > cores)
-        fprintf(stderr,
-                "rlx: warning: --threads %u is more than the %u cores this process may use; the threads "
-                "will take turns on them, which is slower than --threads %u\n",
-                threads, cores, cores);
-}
-
-uint32_t app_usable_cores(void) {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-        return (uint32_t)CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (uint32_t)n : 1;
-}
 
 #define PROGRESS_MIN_BYTES ((size_t)256 << 20)
 
@@ -224,12 +18,12 @@ static int runtime_options(app_runtime *rt, app_options *o, const app_spec_optio
     static const app_spec_options none = {0};
     if (!so)
         so = &none;
-    const rlx_deploy *d = app_pipeline_deploy(rt);
+    const rlx_deploy *d = app_pipeline_deploy(rt->pipeline);
     const int drafts = so->name || (d && rlx_deploy_speculator_of(d));
     if (!drafts && (so->draft_tokens || so->draft_model || so->options))
         return app_fail("--draft-tokens, --draft-model and --spec-opts need --spec NAME");
     uint32_t share = 0;
-    if (rt->pipeline && app_pipeline_launch(rt, o, &o->pipeline, drafts, ro, &share))
+    if (rt->pipeline && app_pipeline_launch(rt->pipeline, o, &o->pipeline, drafts, ro, &share))
         return 1;
     if (!rt->pipeline) {
         if (app_resolve_model(o))
@@ -279,7 +73,7 @@ static void show_progress(void *ctx, size_t done, size_t total) {
 
 int app_runtime_open(app_runtime *rt, app_options *o, const app_spec_options *so) {
     memset(rt, 0, sizeof *rt);
-    if (app_pipeline_wanted(&o->pipeline) && app_pipeline_load(rt, &o->pipeline))
+    if (app_pipeline_wanted(&o->pipeline) && app_pipeline_load(&rt->pipeline, &o->pipeline))
         return 1;
     rlx_runtime_options ro = rlx_runtime_options_default();
     rlx_runtime_backend main_backend;
@@ -310,7 +104,7 @@ int app_runtime_open(app_runtime *rt, app_options *o, const app_spec_options *so
 
 void app_runtime_close(app_runtime *rt) {
     rlx_runtime_close(rt->runtime);
-    app_pipeline_close(rt);
+    app_pipeline_close(rt->pipeline);
     rlx_log_set_handler(NULL, NULL);
     memset(rt, 0, sizeof *rt);
 }
@@ -377,43 +171,6 @@ int app_sampling_finish(app_sampling *s) {
     if (s->greedy && (g->has_temperature || g->has_top_k || g->has_top_p || g->has_min_p))
         return app_fail("--greedy cannot be combined with --temp, --top-k, --top-p or --min-p");
     return 0;
-}
-
-static int is_model_dir(const char *dir) {
-    char path[4200];
-    return snprintf(path, sizeof path, "%s/config.json", dir) < (int)sizeof path && access(path, R_OK) == 0;
-}
-
-int app_resolve_model(app_options *o) {
-    static char found[4096];
-    if (o->model)
-        return 0;
-    const char *env = getenv("RLX_MODEL");
-    if (env && *env) {
-        o->model = env;
-        return 0;
-    }
-    /* an installed rlx finds the copy installed beside bin/; a build tree's uses the source tree's */
-    char exe[4096];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash)
-            *slash = '\0';
-        if (snprintf(found, sizeof found, "%s/../share/rlx/models/brown/target", exe) < (int)sizeof found &&
-            is_model_dir(found)) {
-            o->model = found;
-            return 0;
-        }
-    }
-    if (is_model_dir(RLX_SOURCE_DEFAULT_MODEL)) {
-        o->model = RLX_SOURCE_DEFAULT_MODEL;
-        return 0;
-    }
-    return app_fail("no --model given, $RLX_MODEL is unset and the Brown model that ships with rlx is missing "
-                    "(expected in %s)",
-                    RLX_SOURCE_DEFAULT_MODEL);
 }
 
 /* A seed nobody chose: each run samples differently, and --stats tells the seed to repeat it. */
@@ -513,7 +270,7 @@ int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *ma
         return app_fail_rlx("cannot read the model's sampling defaults");
     sampling_layer layer = model_layer(&model);
     apply_layer(p, &layer);
-    const rlx_deploy *d = app_pipeline_deploy(rt);
+    const rlx_deploy *d = app_pipeline_deploy(rt->pipeline);
     const rlx_deploy_generation *g = d ? rlx_deploy_generation_of(d) : NULL;
     if (g) {
         layer = deploy_layer(g);

@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common.h"
+#include "cli.h"
 #include "pipeline.h"
 #include "rlx/deploy.h"
 #include "rlx/dist.h"
@@ -77,7 +77,7 @@ static int elapsed_ms(const struct timespec *t0) {
     return (int)((t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000);
 }
 
-static void stop_children(struct app_pipeline *p) {
+static void stop_children(app_pipeline *p) {
     for (uint32_t i = 0; i < p->n_pids; i++)
         if (p->pids[i] > 0)
             kill(p->pids[i], SIGTERM);
@@ -113,7 +113,7 @@ static void stop_children(struct app_pipeline *p) {
 }
 
 /* Starts `rlx ... stage ARGS --ready-fd 3`; *ready_fd is the read end of its readiness pipe. */
-static int spawn_stage(struct app_pipeline *p, char **args, int *ready_fd) {
+static int spawn_stage(app_pipeline *p, char **args, int *ready_fd) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0)
         return app_fail("cannot create a pipe: %s", strerror(errno));
@@ -146,7 +146,7 @@ static int spawn_stage(struct app_pipeline *p, char **args, int *ready_fd) {
 }
 
 /* Waits for the stage's "address\n" line (copied to addr) or its exit. */
-static int wait_ready(struct app_pipeline *p, uint32_t child, uint32_t stage, int fd, char *addr, size_t size) {
+static int wait_ready(app_pipeline *p, uint32_t child, uint32_t stage, int fd, char *addr, size_t size) {
     size_t len = 0;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -243,21 +243,20 @@ static void common_args(argv_builder *b, const app_options *o, const char *trans
 
 // ---- open and close ----
 
-int app_pipeline_load(app_runtime *rt, const app_pipeline_options *po) {
-    struct app_pipeline *p = calloc(1, sizeof *p);
+int app_pipeline_load(app_pipeline **out, const app_pipeline_options *po) {
+    *out = NULL;
+    if (po->config && po->stages)
+        return app_fail("give --config or --stages, not both");
+    if (po->launch && !po->config)
+        return app_fail("--launch starts the stages of a --config file (--stages N launches its own)");
+    if (!po->config && !po->stages)
+        return app_fail("--transport and the timeouts apply to pipelines: add --config FILE or --stages N");
+    app_pipeline *p = calloc(1, sizeof *p);
     if (!p)
         return app_fail("out of memory");
-    rt->pipeline = p;
-    if (po->config && po->stages)
-        return app_fail("give --config or --stages, not both"), app_pipeline_close(rt), 1;
-    if (po->launch && !po->config)
-        return app_fail("--launch starts the stages of a --config file (--stages N launches its own)"),
-               app_pipeline_close(rt), 1;
-    if (!po->config && !po->stages)
-        return app_fail("--transport and the timeouts apply to pipelines: add --config FILE or --stages N"),
-               app_pipeline_close(rt), 1;
     if (po->config && rlx_deploy_open(po->config, &p->deploy) != RLX_OK)
-        return app_fail_rlx("pipeline"), app_pipeline_close(rt), 1;
+        return app_fail_rlx("pipeline"), app_pipeline_close(p), 1;
+    *out = p;
     return 0;
 }
 
@@ -268,9 +267,8 @@ static uint32_t core_share(uint32_t n_local) {
     return n_local && cores > n_local ? cores / n_local : 1;
 }
 
-int app_pipeline_launch(app_runtime *rt, app_options *o, const app_pipeline_options *po, int driver_computes,
+int app_pipeline_launch(app_pipeline *p, app_options *o, const app_pipeline_options *po, int driver_computes,
                         rlx_runtime_options *ro, uint32_t *threads_share) {
-    struct app_pipeline *p = rt->pipeline;
     const char *model = o->model, *transport = po->transport;
     uint32_t n = po->stages;
     if (p->deploy) {
@@ -373,21 +371,19 @@ int app_pipeline_launch(app_runtime *rt, app_options *o, const app_pipeline_opti
     return 0;
 }
 
-void app_pipeline_close(app_runtime *rt) {
-    struct app_pipeline *p = rt->pipeline;
+void app_pipeline_close(app_pipeline *p) {
     if (!p)
         return;
     stop_children(p);
     rlx_deploy_close(p->deploy);
     free(p->model_dir);
     free(p);
-    rt->pipeline = NULL;
 }
 
-const rlx_deploy *app_pipeline_deploy(const app_runtime *rt) { return rt->pipeline ? rt->pipeline->deploy : NULL; }
+const rlx_deploy *app_pipeline_deploy(const app_pipeline *p) { return p ? p->deploy : NULL; }
 
-void app_pipeline_describe(const app_runtime *rt) {
-    const rlx_driver *d = rt->runtime ? rlx_runtime_driver(rt->runtime) : NULL;
+void app_pipeline_describe(const rlx_runtime *rt) {
+    const rlx_driver *d = rt ? rlx_runtime_driver(rt) : NULL;
     if (!d)
         return;
     for (uint32_t i = 0; i < rlx_driver_n_stages(d); i++) {
