@@ -110,6 +110,9 @@ rlx_status rlx__nfc(const char *s, size_t len, char **out, size_t *out_len);
 
 /* Looks a vocabulary string up; -1 when absent. */
 int32_t rlx__vocab_find(const rlx_tokenizer *tok, const char *s, size_t len);
+/* Adds token id (its string already in tok->strings) to the map, whose capacity the loader
+ * made a power of two above twice the tokens (vocab.c). */
+rlx_status rlx__vocab_insert(rlx_tokenizer *tok, int32_t id);
 
 /* The encoder's word cache. */
 rlx_status rlx__cache_init(text_cache *c);

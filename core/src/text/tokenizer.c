@@ -51,15 +51,7 @@ static size_t utf8_put(uint32_t cp, char *out) {
     return 2; /* the byte-level alphabet stays below U+0800 */
 }
 
-// ---- hashing
-
-static uint64_t hash_bytes(const void *p, size_t n) {
-    const uint8_t *s = p;
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ s[i]) * 0x100000001b3ULL;
-    return h ^ (h >> 29);
-}
+// ---- sizes
 
 static size_t pow2_at_least(size_t n) {
     size_t c = 16;
@@ -88,38 +80,6 @@ static rlx_status arena_add(rlx_tokenizer *tok, const char *s, size_t len, uint3
     *off = (uint32_t)tok->strings_len;
     tok->strings_len += len + 1;
     return RLX_OK;
-}
-
-// ---- vocabulary map (string -> id)
-
-/* A slot holds the high half of the string's hash beside id + 1 (0 = empty), so most probes that
- * miss are settled without touching the strings. */
-static rlx_status vocab_insert(rlx_tokenizer *tok, int32_t id) {
-    const text_token *t = &tok->tokens[id];
-    uint64_t h = hash_bytes(tok->strings + t->str, t->str_len);
-    size_t mask = tok->vocab_cap - 1;
-    for (size_t i = h & mask;; i = (i + 1) & mask) {
-        if (tok->vocab_slots[i] == 0) {
-            tok->vocab_slots[i] = (h & 0xFFFFFFFF00000000ULL) | ((uint64_t)id + 1);
-            return RLX_OK;
-        }
-    }
-}
-
-int32_t rlx__vocab_find(const rlx_tokenizer *tok, const char *s, size_t len) {
-    uint64_t h = hash_bytes(s, len), tag = h & 0xFFFFFFFF00000000ULL;
-    size_t mask = tok->vocab_cap - 1;
-    for (size_t i = h & mask;; i = (i + 1) & mask) {
-        uint64_t slot = tok->vocab_slots[i];
-        if (slot == 0)
-            return -1;
-        if ((slot & 0xFFFFFFFF00000000ULL) != tag)
-            continue;
-        uint32_t id = (uint32_t)slot - 1;
-        const text_token *t = &tok->tokens[id];
-        if (t->str_len == len && memcmp(tok->strings + t->str, s, len) == 0)
-            return (int32_t)id;
-    }
 }
 
 // ---- JSON helpers
@@ -438,7 +398,7 @@ static rlx_status build_vocab_map(rlx_tokenizer *tok) {
         return rlx_error(RLX_E_NOMEM, "cannot allocate the vocabulary map");
     for (int32_t id = 0; id < tok->n_tokens; id++)
         if (tok->tokens[id].present)
-            TRY(vocab_insert(tok, id));
+            TRY(rlx__vocab_insert(tok, id));
     return RLX_OK;
 }
 
@@ -574,7 +534,7 @@ static rlx_status add_token(rlx_tokenizer *tok, const added_spec *spec, int32_t 
         t->str = off;
         t->str_len = (uint32_t)len;
         t->present = 1;
-        TRY(vocab_insert(tok, id));
+        TRY(rlx__vocab_insert(tok, id));
     }
     /* added tokens decode to their content, bypassing the ByteLevel decoder */
     t->bytes = off;
