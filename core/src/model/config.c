@@ -25,13 +25,6 @@
 /* Marks a get_int() field without a default. */
 #define REQUIRED INT64_MIN
 
-#define TRY(expr)                                                                                                      \
-    do {                                                                                                               \
-        rlx_status try_st_ = (expr);                                                                                   \
-        if (try_st_ != RLX_OK)                                                                                         \
-            return try_st_;                                                                                            \
-    } while (0)
-
 // ---- JSON files
 
 int rlx__json_int(const cJSON *item, int64_t *out) {
@@ -268,16 +261,21 @@ static rlx_status get_layer_types(const char *path, const cJSON *root, int windo
 }
 
 static rlx_status get_sliding(const char *path, const cJSON *root, rlx_model_config *c) {
-    TRY(get_bool(path, root, "use_sliding_window", 0, &c->use_sliding_window));
+    rlx_status st;
+    if ((st = get_bool(path, root, "use_sliding_window", 0, &c->use_sliding_window)) != RLX_OK)
+        return st;
     /* Unlike the other optional fields, null here is meaningful: no window at all. */
     const cJSON *window = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
     int window_null = cJSON_IsNull(window);
     if (window_null)
         c->sliding_window = 0;
-    else
-        TRY(get_int(path, root, "sliding_window", 4096, 1, INT32_MAX, &c->sliding_window));
-    TRY(get_int(path, root, "max_window_layers", c->num_hidden_layers, 0, INT32_MAX, &c->max_window_layers));
-    TRY(get_layer_types(path, root, window_null, c));
+    else if ((st = get_int(path, root, "sliding_window", 4096, 1, INT32_MAX, &c->sliding_window)) != RLX_OK)
+        return st;
+    if ((st = get_int(path, root, "max_window_layers", c->num_hidden_layers, 0, INT32_MAX, &c->max_window_layers)) !=
+        RLX_OK)
+        return st;
+    if ((st = get_layer_types(path, root, window_null, c)) != RLX_OK)
+        return st;
     for (int64_t i = 0; i < c->num_hidden_layers; i++)
         if (c->layer_sliding[i] && c->sliding_window == 0)
             return rlx_error(RLX_E_FORMAT,
@@ -287,16 +285,24 @@ static rlx_status get_sliding(const char *path, const cJSON *root, rlx_model_con
 }
 
 static rlx_status get_moe(const char *path, const cJSON *root, rlx_model_config *c) {
-    TRY(get_int(path, root, "num_experts", 0, 0, INT32_MAX, &c->num_experts));
-    TRY(get_int(path, root, "decoder_sparse_step", 1, 1, INT32_MAX, &c->decoder_sparse_step));
-    TRY(get_bool(path, root, "norm_topk_prob", 0, &c->norm_topk_prob));
+    rlx_status st;
+    if ((st = get_int(path, root, "num_experts", 0, 0, INT32_MAX, &c->num_experts)) != RLX_OK)
+        return st;
+    if ((st = get_int(path, root, "decoder_sparse_step", 1, 1, INT32_MAX, &c->decoder_sparse_step)) != RLX_OK)
+        return st;
+    if ((st = get_bool(path, root, "norm_topk_prob", 0, &c->norm_topk_prob)) != RLX_OK)
+        return st;
     if (c->num_experts > 0) {
-        TRY(get_int(path, root, "num_experts_per_tok", REQUIRED, 1, INT32_MAX, &c->num_experts_per_tok));
+        if ((st = get_int(path, root, "num_experts_per_tok", REQUIRED, 1, INT32_MAX, &c->num_experts_per_tok)) !=
+            RLX_OK)
+            return st;
         if (c->num_experts_per_tok > c->num_experts)
             return rlx_error(RLX_E_FORMAT,
                              "%s: field 'num_experts_per_tok' (%" PRId64 ") exceeds num_experts (%" PRId64 ")", path,
                              c->num_experts_per_tok, c->num_experts);
-        TRY(get_int(path, root, "moe_intermediate_size", REQUIRED, 1, INT32_MAX, &c->moe_intermediate_size));
+        if ((st = get_int(path, root, "moe_intermediate_size", REQUIRED, 1, INT32_MAX, &c->moe_intermediate_size)) !=
+            RLX_OK)
+            return st;
     }
     const cJSON *only = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers");
     if (only && !cJSON_IsNull(only)) {
@@ -341,18 +347,29 @@ static rlx_status check_rope_scaling(const char *path, const cJSON *root) {
 }
 
 static rlx_status parse_config(const char *path, const cJSON *root, rlx_model_config *c) {
+    rlx_status st;
     if (!cJSON_IsObject(root))
         return rlx_error(RLX_E_FORMAT, "%s: the top level is not a JSON object", path);
-    TRY(get_model_type(path, root, c));
+    if ((st = get_model_type(path, root, c)) != RLX_OK)
+        return st;
     int moe = strcmp(c->model_type, "qwen3_moe") == 0;
-    TRY(get_int(path, root, "vocab_size", REQUIRED, 1, INT32_MAX, &c->vocab_size));
-    TRY(get_int(path, root, "hidden_size", REQUIRED, 1, INT32_MAX, &c->hidden_size));
-    TRY(get_int(path, root, "intermediate_size", moe ? 0 : REQUIRED, 1, INT32_MAX, &c->intermediate_size));
-    TRY(get_int(path, root, "num_hidden_layers", REQUIRED, 1, RLX_MAX_LAYERS, &c->num_hidden_layers));
-    TRY(get_int(path, root, "num_attention_heads", REQUIRED, 1, INT32_MAX, &c->num_attention_heads));
-    TRY(get_positive(path, root, "rms_norm_eps", 1, 0, &c->rms_norm_eps));
+    if ((st = get_int(path, root, "vocab_size", REQUIRED, 1, INT32_MAX, &c->vocab_size)) != RLX_OK)
+        return st;
+    if ((st = get_int(path, root, "hidden_size", REQUIRED, 1, INT32_MAX, &c->hidden_size)) != RLX_OK)
+        return st;
+    if ((st = get_int(path, root, "intermediate_size", moe ? 0 : REQUIRED, 1, INT32_MAX, &c->intermediate_size)) !=
+        RLX_OK)
+        return st;
+    if ((st = get_int(path, root, "num_hidden_layers", REQUIRED, 1, RLX_MAX_LAYERS, &c->num_hidden_layers)) != RLX_OK)
+        return st;
+    if ((st = get_int(path, root, "num_attention_heads", REQUIRED, 1, INT32_MAX, &c->num_attention_heads)) != RLX_OK)
+        return st;
+    if ((st = get_positive(path, root, "rms_norm_eps", 1, 0, &c->rms_norm_eps)) != RLX_OK)
+        return st;
 
-    TRY(get_int(path, root, "num_key_value_heads", c->num_attention_heads, 1, INT32_MAX, &c->num_key_value_heads));
+    if ((st = get_int(path, root, "num_key_value_heads", c->num_attention_heads, 1, INT32_MAX,
+                      &c->num_key_value_heads)) != RLX_OK)
+        return st;
     if (c->num_attention_heads % c->num_key_value_heads != 0)
         return rlx_error(RLX_E_FORMAT,
                          "%s: field 'num_key_value_heads' (%" PRId64 ") does not divide num_attention_heads (%" PRId64
@@ -366,24 +383,34 @@ static rlx_status parse_config(const char *path, const cJSON *root, rlx_model_co
                          "%s: field 'head_dim' is missing and hidden_size (%" PRId64
                          ") is not a multiple of num_attention_heads (%" PRId64 ")",
                          path, c->hidden_size, c->num_attention_heads);
-    TRY(get_int(path, root, "head_dim", moe ? c->hidden_size / c->num_attention_heads : 128, 1, INT32_MAX,
-                &c->head_dim));
+    if ((st = get_int(path, root, "head_dim", moe ? c->hidden_size / c->num_attention_heads : 128, 1, INT32_MAX,
+                      &c->head_dim)) != RLX_OK)
+        return st;
     if (c->head_dim % 2 != 0) /* rotate-half RoPE pairs dimension i with i + head_dim / 2 */
         return rlx_error(RLX_E_FORMAT, "%s: field 'head_dim' is %" PRId64 "; rotary embeddings need an even size", path,
                          c->head_dim);
-    TRY(get_int(path, root, "max_position_embeddings", 32768, 1, INT32_MAX, &c->max_position_embeddings));
-    TRY(get_positive(path, root, "rope_theta", 0, 10000.0, &c->rope_theta));
-    TRY(check_rope_scaling(path, root));
-    TRY(get_bool(path, root, "tie_word_embeddings", 0, &c->tie_word_embeddings));
-    TRY(get_bool(path, root, "attention_bias", 0, &c->attention_bias));
-    TRY(get_sliding(path, root, c));
+    if ((st = get_int(path, root, "max_position_embeddings", 32768, 1, INT32_MAX, &c->max_position_embeddings)) !=
+        RLX_OK)
+        return st;
+    if ((st = get_positive(path, root, "rope_theta", 0, 10000.0, &c->rope_theta)) != RLX_OK)
+        return st;
+    if ((st = check_rope_scaling(path, root)) != RLX_OK)
+        return st;
+    if ((st = get_bool(path, root, "tie_word_embeddings", 0, &c->tie_word_embeddings)) != RLX_OK)
+        return st;
+    if ((st = get_bool(path, root, "attention_bias", 0, &c->attention_bias)) != RLX_OK)
+        return st;
+    if ((st = get_sliding(path, root, c)) != RLX_OK)
+        return st;
 
     c->decoder_sparse_step = 1;
     if (moe) /* a dense qwen3 ignores MoE fields, as transformers' Qwen3Config does */
-        TRY(get_moe(path, root, c));
+        if ((st = get_moe(path, root, c)) != RLX_OK)
+            return st;
 
     int64_t bos;
-    TRY(get_int(path, root, "bos_token_id", -1, 0, INT32_MAX, &bos));
+    if ((st = get_int(path, root, "bos_token_id", -1, 0, INT32_MAX, &bos)) != RLX_OK)
+        return st;
     c->bos_id = (int32_t)bos;
     return add_token_ids(path, "eos_token_id", cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), c->eos_ids,
                          &c->n_eos);
@@ -449,22 +476,29 @@ static rlx_status get_sampling_number(const char *path, const cJSON *root, const
 }
 
 static rlx_status parse_generation_defaults(const char *path, const cJSON *root, rlx_generation_defaults *g) {
+    rlx_status st;
     if (!cJSON_IsObject(root))
         return rlx_error(RLX_E_FORMAT, "%s: the top level is not a JSON object", path);
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "do_sample");
     g->has_do_sample = item && !cJSON_IsNull(item);
-    TRY(get_bool(path, root, "do_sample", 0, &g->do_sample));
+    if ((st = get_bool(path, root, "do_sample", 0, &g->do_sample)) != RLX_OK)
+        return st;
     /* 3.4e38: near FLT_MAX, so the float holds what the file says */
-    TRY(get_sampling_number(path, root, "temperature", 0, 0, 3.4e38, "a finite number >= 0", &g->temperature,
-                            &g->has_temperature));
-    TRY(get_sampling_number(path, root, "top_p", 0, 1, 1, "in (0, 1]", &g->top_p, &g->has_top_p));
-    TRY(get_sampling_number(path, root, "min_p", 0, 0, 1, "in [0, 1]", &g->min_p, &g->has_min_p));
-    TRY(get_sampling_number(path, root, "repetition_penalty", 0, 1, 3.4e38, "a finite number > 0",
-                            &g->repetition_penalty, &g->has_repetition_penalty));
+    if ((st = get_sampling_number(path, root, "temperature", 0, 0, 3.4e38, "a finite number >= 0", &g->temperature,
+                                  &g->has_temperature)) != RLX_OK)
+        return st;
+    if ((st = get_sampling_number(path, root, "top_p", 0, 1, 1, "in (0, 1]", &g->top_p, &g->has_top_p)) != RLX_OK)
+        return st;
+    if ((st = get_sampling_number(path, root, "min_p", 0, 0, 1, "in [0, 1]", &g->min_p, &g->has_min_p)) != RLX_OK)
+        return st;
+    if ((st = get_sampling_number(path, root, "repetition_penalty", 0, 1, 3.4e38, "a finite number > 0",
+                                  &g->repetition_penalty, &g->has_repetition_penalty)) != RLX_OK)
+        return st;
     item = cJSON_GetObjectItemCaseSensitive(root, "top_k");
     if (item && !cJSON_IsNull(item)) {
         int64_t k;
-        TRY(get_int(path, root, "top_k", REQUIRED, 0, INT32_MAX, &k));
+        if ((st = get_int(path, root, "top_k", REQUIRED, 0, INT32_MAX, &k)) != RLX_OK)
+            return st;
         g->top_k = (int32_t)k;
         g->has_top_k = 1;
     }

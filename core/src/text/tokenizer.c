@@ -19,13 +19,6 @@
 #define MAX_TOKENS (1 << 24)
 #define CHAT_TEMPLATE_MAX_BYTES (1 << 20)
 
-#define TRY(expr)                                                                                                      \
-    do {                                                                                                               \
-        rlx_status try_st_ = (expr);                                                                                   \
-        if (try_st_ != RLX_OK)                                                                                         \
-            return try_st_;                                                                                            \
-    } while (0)
-
 // ---- byte-level alphabet
 
 /* GPT-2's bytes_to_unicode(): printable Latin-1 bytes map to themselves, the other 68 bytes to
@@ -117,6 +110,7 @@ static const char *type_of(const cJSON *obj) {
 // ---- components
 
 static rlx_status load_normalizer(rlx_tokenizer *tok, const char *path, const cJSON *norm) {
+    rlx_status st;
     if (!norm || cJSON_IsNull(norm))
         return RLX_OK;
     const char *type = type_of(norm);
@@ -131,7 +125,8 @@ static rlx_status load_normalizer(rlx_tokenizer *tok, const char *path, const cJ
         if (!cJSON_IsArray(list))
             return rlx_error(RLX_E_FORMAT, "%s: normalizer Sequence needs a 'normalizers' list", path);
         for (const cJSON *e = list->child; e; e = e->next)
-            TRY(load_normalizer(tok, path, e));
+            if ((st = load_normalizer(tok, path, e)) != RLX_OK)
+                return st;
         return RLX_OK;
     }
     return rlx_error(RLX_E_UNSUPPORTED, "%s: normalizer '%s' is not supported (only NFC)", path, type);
@@ -215,9 +210,12 @@ static rlx_status compile_regex(rlx_tokenizer *tok, const char *path, const char
 }
 
 static rlx_status check_byte_level(const char *path, const cJSON *bl, int want_regex) {
+    rlx_status st;
     int prefix, use_regex;
-    TRY(opt_bool(path, "pre_tokenizer ByteLevel", bl, "add_prefix_space", 1, &prefix));
-    TRY(opt_bool(path, "pre_tokenizer ByteLevel", bl, "use_regex", 1, &use_regex));
+    if ((st = opt_bool(path, "pre_tokenizer ByteLevel", bl, "add_prefix_space", 1, &prefix)) != RLX_OK)
+        return st;
+    if ((st = opt_bool(path, "pre_tokenizer ByteLevel", bl, "use_regex", 1, &use_regex)) != RLX_OK)
+        return st;
     if (prefix)
         return rlx_error(RLX_E_UNSUPPORTED, "%s: ByteLevel pre-tokenizer with add_prefix_space is not supported", path);
     if (use_regex != want_regex)
@@ -230,11 +228,13 @@ static rlx_status check_byte_level(const char *path, const cJSON *bl, int want_r
 static const char gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 static rlx_status load_pre_tokenizer(rlx_tokenizer *tok, const char *path, const cJSON *pre) {
+    rlx_status st;
     const char *type = type_of(pre);
     if (!type)
         return rlx_error(RLX_E_FORMAT, "%s: pre_tokenizer must be an object with a type", path);
     if (strcmp(type, "ByteLevel") == 0) {
-        TRY(check_byte_level(path, pre, 1));
+        if ((st = check_byte_level(path, pre, 1)) != RLX_OK)
+            return st;
         return compile_regex(tok, path, gpt2_pattern, 0);
     }
     const cJSON *list = get(pre, "pretokenizers");
@@ -246,11 +246,14 @@ static rlx_status load_pre_tokenizer(rlx_tokenizer *tok, const char *path, const
             "%s: pre_tokenizer '%s' is not supported (only ByteLevel, or a Sequence of Split and ByteLevel)", path,
             type);
     const cJSON *split = list->child;
-    TRY(check_byte_level(path, list->child->next, 0));
+    if ((st = check_byte_level(path, list->child->next, 0)) != RLX_OK)
+        return st;
     const char *behavior;
     int invert;
-    TRY(opt_string(path, "pre_tokenizer Split", split, "behavior", &behavior));
-    TRY(opt_bool(path, "pre_tokenizer Split", split, "invert", 0, &invert));
+    if ((st = opt_string(path, "pre_tokenizer Split", split, "behavior", &behavior)) != RLX_OK)
+        return st;
+    if ((st = opt_bool(path, "pre_tokenizer Split", split, "invert", 0, &invert)) != RLX_OK)
+        return st;
     if (!behavior || strcmp(behavior, "Isolated") != 0 || invert)
         return rlx_error(RLX_E_UNSUPPORTED,
                          "%s: Split pre-tokenizer with behavior '%s'%s is not supported (only Isolated)", path,
@@ -267,6 +270,7 @@ static rlx_status load_pre_tokenizer(rlx_tokenizer *tok, const char *path, const
 }
 
 static rlx_status check_model_options(const char *path, const cJSON *model) {
+    rlx_status st;
     const char *type = type_of(model);
     if (type && strcmp(type, "BPE") != 0)
         return rlx_error(RLX_E_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE)", path, type);
@@ -274,14 +278,17 @@ static rlx_status check_model_options(const char *path, const cJSON *model) {
     if (dropout && !cJSON_IsNull(dropout))
         return rlx_error(RLX_E_UNSUPPORTED, "%s: BPE dropout is not supported", path);
     int byte_fallback;
-    TRY(opt_bool(path, "model", model, "byte_fallback", 0, &byte_fallback));
+    if ((st = opt_bool(path, "model", model, "byte_fallback", 0, &byte_fallback)) != RLX_OK)
+        return st;
     if (byte_fallback)
         return rlx_error(RLX_E_UNSUPPORTED, "%s: BPE byte_fallback is not supported", path);
     const char *s;
-    TRY(opt_string(path, "model", model, "continuing_subword_prefix", &s));
+    if ((st = opt_string(path, "model", model, "continuing_subword_prefix", &s)) != RLX_OK)
+        return st;
     if (s && *s)
         return rlx_error(RLX_E_UNSUPPORTED, "%s: BPE continuing_subword_prefix is not supported", path);
-    TRY(opt_string(path, "model", model, "end_of_word_suffix", &s));
+    if ((st = opt_string(path, "model", model, "end_of_word_suffix", &s)) != RLX_OK)
+        return st;
     if (s && *s)
         return rlx_error(RLX_E_UNSUPPORTED, "%s: BPE end_of_word_suffix is not supported", path);
     return RLX_OK;
@@ -391,6 +398,7 @@ done:
 }
 
 static rlx_status build_vocab_map(rlx_tokenizer *tok) {
+    rlx_status st;
     free(tok->vocab_slots);
     tok->vocab_cap = pow2_at_least((size_t)tok->n_tokens * 2 + 16);
     tok->vocab_slots = rlx__calloc(tok->vocab_cap, sizeof *tok->vocab_slots);
@@ -398,7 +406,8 @@ static rlx_status build_vocab_map(rlx_tokenizer *tok) {
         return rlx_error(RLX_E_NOMEM, "cannot allocate the vocabulary map");
     for (int32_t id = 0; id < tok->n_tokens; id++)
         if (tok->tokens[id].present)
-            TRY(rlx__vocab_insert(tok, id));
+            if ((st = rlx__vocab_insert(tok, id)) != RLX_OK)
+                return st;
     return RLX_OK;
 }
 
@@ -500,6 +509,7 @@ typedef struct added_spec {
  * vocabulary and the added tokens. */
 static rlx_status add_token(rlx_tokenizer *tok, const added_spec *spec, int32_t n_model, size_t *cap,
                             size_t *added_cap) {
+    rlx_status st;
     size_t len = strlen(spec->content);
     if (len == 0)
         return RLX_OK; /* tokenizers ignores empty added tokens */
@@ -517,7 +527,8 @@ static rlx_status add_token(rlx_tokenizer *tok, const added_spec *spec, int32_t 
             id++;
         if (id >= MAX_TOKENS)
             return rlx_error(RLX_E_FORMAT, "too many tokens");
-        TRY(ensure_id(tok, id, cap));
+        if ((st = ensure_id(tok, id, cap)) != RLX_OK)
+            return st;
     }
     if (tok->n_added == *added_cap) {
         size_t grown_cap = *added_cap ? *added_cap * 2 : 64;
@@ -529,12 +540,14 @@ static rlx_status add_token(rlx_tokenizer *tok, const added_spec *spec, int32_t 
     }
     text_token *t = &tok->tokens[id];
     uint32_t off;
-    TRY(arena_add(tok, spec->content, len, &off));
+    if ((st = arena_add(tok, spec->content, len, &off)) != RLX_OK)
+        return st;
     if (!t->present) {
         t->str = off;
         t->str_len = (uint32_t)len;
         t->present = 1;
-        TRY(rlx__vocab_insert(tok, id));
+        if ((st = rlx__vocab_insert(tok, id)) != RLX_OK)
+            return st;
     }
     /* added tokens decode to their content, bypassing the ByteLevel decoder */
     t->bytes = off;
@@ -554,16 +567,23 @@ static rlx_status add_token(rlx_tokenizer *tok, const added_spec *spec, int32_t 
 }
 
 static rlx_status parse_added(const char *path, const char *where, const cJSON *obj, added_spec *spec) {
+    rlx_status st;
     const char *content;
-    TRY(opt_string(path, where, obj, "content", &content));
+    if ((st = opt_string(path, where, obj, "content", &content)) != RLX_OK)
+        return st;
     if (!content)
         return rlx_error(RLX_E_FORMAT, "%s: %s needs a 'content' string", path, where);
     spec->content = content;
-    TRY(opt_bool(path, where, obj, "special", 0, &spec->special));
-    TRY(opt_bool(path, where, obj, "lstrip", 0, &spec->lstrip));
-    TRY(opt_bool(path, where, obj, "rstrip", 0, &spec->rstrip));
-    TRY(opt_bool(path, where, obj, "single_word", 0, &spec->single_word));
-    TRY(opt_bool(path, where, obj, "normalized", !spec->special, &spec->normalized));
+    if ((st = opt_bool(path, where, obj, "special", 0, &spec->special)) != RLX_OK)
+        return st;
+    if ((st = opt_bool(path, where, obj, "lstrip", 0, &spec->lstrip)) != RLX_OK)
+        return st;
+    if ((st = opt_bool(path, where, obj, "rstrip", 0, &spec->rstrip)) != RLX_OK)
+        return st;
+    if ((st = opt_bool(path, where, obj, "single_word", 0, &spec->single_word)) != RLX_OK)
+        return st;
+    if ((st = opt_bool(path, where, obj, "normalized", !spec->special, &spec->normalized)) != RLX_OK)
+        return st;
     return RLX_OK;
 }
 
@@ -648,10 +668,12 @@ static rlx_status read_text_file(const char *path, char **out) {
 }
 
 static rlx_status load_config(rlx_tokenizer *tok, const char *dir, int32_t n_model, size_t *cap, size_t *added_cap) {
+    rlx_status try_st;
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     cJSON *cfg = NULL;
-    TRY(rlx__json_load(path, 1, &cfg));
+    if ((try_st = rlx__json_load(path, 1, &cfg)) != RLX_OK)
+        return try_st;
     rlx_status st = RLX_OK;
     const char *tmpl = NULL;
     if (cfg) {
@@ -766,28 +788,37 @@ done:
 
 static rlx_status load_tokenizer_json(rlx_tokenizer *tok, const char *path, const cJSON *root, size_t *cap,
                                       size_t *added_cap, int32_t *n_model) {
+    rlx_status st;
     if (!cJSON_IsObject(root))
         return rlx_error(RLX_E_FORMAT, "%s: must be a JSON object", path);
     const cJSON *model = get(root, "model");
     if (!cJSON_IsObject(model))
         return rlx_error(RLX_E_FORMAT, "%s: missing the 'model' object", path);
-    TRY(check_model_options(path, model));
+    if ((st = check_model_options(path, model)) != RLX_OK)
+        return st;
     int ignore_merges;
-    TRY(opt_bool(path, "model", model, "ignore_merges", 0, &ignore_merges));
+    if ((st = opt_bool(path, "model", model, "ignore_merges", 0, &ignore_merges)) != RLX_OK)
+        return st;
     tok->ignore_merges = ignore_merges;
-    TRY(load_normalizer(tok, path, get(root, "normalizer")));
+    if ((st = load_normalizer(tok, path, get(root, "normalizer"))) != RLX_OK)
+        return st;
     const cJSON *pre = get(root, "pre_tokenizer");
     if (!pre || cJSON_IsNull(pre))
         return rlx_error(RLX_E_UNSUPPORTED, "%s: a tokenizer without a pre_tokenizer is not supported", path);
-    TRY(load_pre_tokenizer(tok, path, pre));
-    TRY(check_decoder(path, get(root, "decoder")));
+    if ((st = load_pre_tokenizer(tok, path, pre)) != RLX_OK)
+        return st;
+    if ((st = check_decoder(path, get(root, "decoder"))) != RLX_OK)
+        return st;
 
     uint32_t byte_to_cp[256];
     int16_t cp_to_byte[324];
     byte_level_tables(byte_to_cp, cp_to_byte);
-    TRY(load_vocab(tok, path, get(model, "vocab"), cap, cp_to_byte, n_model));
-    TRY(build_vocab_map(tok));
-    TRY(load_merges(tok, path, get(model, "merges")));
+    if ((st = load_vocab(tok, path, get(model, "vocab"), cap, cp_to_byte, n_model)) != RLX_OK)
+        return st;
+    if ((st = build_vocab_map(tok)) != RLX_OK)
+        return st;
+    if ((st = load_merges(tok, path, get(model, "merges"))) != RLX_OK)
+        return st;
     for (int b = 0; b < 256; b++) {
         char s[2];
         size_t n = utf8_put(byte_to_cp[b], s);
@@ -805,8 +836,10 @@ static rlx_status load_tokenizer_json(rlx_tokenizer *tok, const char *path, cons
             if (!cJSON_IsObject(e))
                 return rlx_error(RLX_E_FORMAT, "%s: %s must be an object", path, where);
             added_spec spec;
-            TRY(parse_added(path, where, e, &spec));
-            TRY(add_token(tok, &spec, *n_model, cap, added_cap));
+            if ((st = parse_added(path, where, e, &spec)) != RLX_OK)
+                return st;
+            if ((st = add_token(tok, &spec, *n_model, cap, added_cap)) != RLX_OK)
+                return st;
         }
     }
     return RLX_OK;
