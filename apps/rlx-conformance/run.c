@@ -261,6 +261,30 @@ static void judge_bf16(kit_runner *r, const kit_check *c, const kit_node *n, con
 
 /* Runs node (inputs filled) on the tested backend, which computes it in precision prec, and
  * judges it. */
+/* The view of node n over inputs in that a backend gets at planning time: shapes and params,
+ * data pointers NULL. Returns the input array (freed by the caller; out and v point into it
+ * and at out), or NULL when out of memory. */
+static rlx_tensor *planning_view(const kit_node *n, const rlx_tensor *in, const char *name, rlx_tensor *out,
+                                 rlx_node_view *v) {
+    rlx_tensor *shapes = calloc(n->n_inputs + 1, sizeof *shapes);
+    if (!shapes)
+        return NULL;
+    for (uint32_t i = 0; i < n->n_inputs; i++) {
+        shapes[i] = in[i];
+        shapes[i].data = NULL;
+    }
+    *out = n->out;
+    out->data = NULL;
+    *v = (rlx_node_view){.op = n->op,
+                         .n_inputs = n->n_inputs,
+                         .inputs = shapes,
+                         .output = out,
+                         .params = &n->p,
+                         .name = name,
+                         .output_id = -1};
+    return shapes;
+}
+
 static void judge(kit_runner *r, const kit_check *c, kit_node *n, uint32_t prec, kit_result *res) {
     const char *bname = rlx_backend_name(r->tested);
     int64_t numel = rlx_tensor_numel(&n->out);
@@ -328,24 +352,13 @@ static void judge(kit_runner *r, const kit_check *c, kit_node *n, uint32_t prec,
         result(res, KIT_FAIL, "kit: out of memory");
         goto done;
     }
-    /* what the backend saw at planning time: shapes, no data */
-    if (!(shapes = calloc(n->n_inputs, sizeof *shapes))) {
+    /* what the backend saw at planning time, given with each weight */
+    rlx_tensor planned_out;
+    rlx_node_view planned;
+    if (!(shapes = planning_view(n, in, c->name, &planned_out, &planned))) {
         result(res, KIT_FAIL, "kit: out of memory");
         goto done;
     }
-    for (uint32_t i = 0; i < n->n_inputs; i++) {
-        shapes[i] = in[i];
-        shapes[i].data = NULL;
-    }
-    rlx_tensor planned_out = n->out;
-    planned_out.data = NULL;
-    const rlx_node_view planned = {.op = n->op,
-                                   .n_inputs = n->n_inputs,
-                                   .inputs = shapes,
-                                   .output = &planned_out,
-                                   .params = &n->p,
-                                   .name = c->name,
-                                   .output_id = -1};
     if (rlx_backend_features(r->tested) & RLX_BACKEND_PREPARES_WEIGHTS) {
         phase(r, "prepare_weight()");
         for (uint32_t i = 0; i < n->n_inputs; i++) {
@@ -461,21 +474,13 @@ static void run_op(kit_runner *r, const kit_check *c, kit_result *res) {
         result(res, KIT_FAIL, "kit: cannot build the case: %s", c->source == KIT_SRC_REF ? "out of memory" : why);
         return;
     }
-    /* planning time: shapes and params only, data pointers NULL */
-    rlx_tensor *plan = calloc(n.n_inputs, sizeof *plan);
-    if (!plan) {
+    rlx_tensor *plan, plan_out;
+    rlx_node_view v;
+    if (!(plan = planning_view(&n, n.in, c->name, &plan_out, &v))) {
         kit_node_free(&n);
         result(res, KIT_FAIL, "kit: out of memory");
         return;
     }
-    for (uint32_t i = 0; i < n.n_inputs; i++) {
-        plan[i] = n.in[i];
-        plan[i].data = NULL;
-    }
-    rlx_tensor plan_out = n.out;
-    plan_out.data = NULL;
-    rlx_node_view v = {
-        .op = n.op, .n_inputs = n.n_inputs, .inputs = plan, .output = &plan_out, .params = &n.p, .name = c->name};
     phase(r, "supports()");
     int claimed = rlx_backend_supports(r->tested, &v);
     const uint32_t prec = claimed ? rlx_backend_precision(r->tested, &v) : RLX_PRECISION_F32;

@@ -554,7 +554,7 @@ static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp) {
                         .K = rlx_iface_cols(&nd[p->mm0].inputs[0]),
                         .n_mm = p->glu ? 1 : p->n_mm,
                         .glu = p->glu};
-    int64_t chunks = 0;
+    int64_t chunks = 0, work = 0;
     for (uint32_t j = 0; j < p->n_mm; j++) {
         const rlx_node_view *m = &nd[p->mm0 + j];
         const int wdt = (int)m->inputs[1].dtype;
@@ -569,6 +569,7 @@ static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp) {
         f.mm[j].first = chunks;
         if (j < f.n_mm)
             chunks += (N + f.mm[j].chunk - 1) / f.mm[j].chunk;
+        work += f.M * N * f.K;
     }
     if (p->glu) {
         f.out = nd[end].output->data;
@@ -584,9 +585,6 @@ static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp) {
         f.out = nd[end].output->data;
         f.resid = nd[end].inputs[cpu_blas_reads(nd, end, 0, end - 1) ? 1 : 0].data;
     }
-    int64_t work = 0;
-    for (uint32_t j = 0; j < p->n_mm; j++)
-        work += f.M * f.mm[j].N * f.K;
     plugin_pool_run(s->pool, cpu_blas_fused_task, &f, chunks, work >= KERN_PAR_MIN);
     return RLX_OK;
 }

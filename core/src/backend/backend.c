@@ -20,6 +20,17 @@ static uint32_t op_minor(uint32_t op) { return op == RLX_OP_CONCAT ? 1 : 0; }
 /* A member the plugin's table has, NULL when it is shorter or the plugin predates 1.2. */
 #define MEMBER_12(iface, abi_minor, m) ((abi_minor) >= 2 && RLX_HAS(rlx_backend_iface, iface, m) ? (iface)->m : NULL)
 
+/* The detail a plugin gave with status rc (its host->error message, else the status's name),
+ * copied out, since the core's own rlx_error about it replaces the thread's message. */
+typedef struct plugin_why {
+    char text[512];
+} plugin_why;
+
+static const char *why_of(int rc, plugin_why *w) {
+    snprintf(w->text, sizeof w->text, "%s", *rlx_last_error() ? rlx_last_error() : rlx_status_str(rc));
+    return w->text;
+}
+
 rlx_backend_options rlx_backend_options_default(void) {
     return (rlx_backend_options){.size = sizeof(rlx_backend_options)};
 }
@@ -44,10 +55,10 @@ static rlx_status backend_new(const rlx_backend_iface *iface, uint32_t abi_minor
     rlx_error_clear();
     int rc = iface->open(rlx_host_table(), &o, &b->self);
     if (rc < 0) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", *rlx_last_error() ? rlx_last_error() : rlx_status_str(rc));
+        plugin_why why;
+        why_of(rc, &why);
         free(b);
-        return rlx_error(rc, "backend '%s' failed to open: %s", name, why);
+        return rlx_error(rc, "backend '%s' failed to open: %s", name, why.text);
     }
     pthread_mutex_lock(&live_lock);
     b->next_live = live;
@@ -186,10 +197,9 @@ static rlx_status prepare(rlx_backend *b, const rlx_weight_info *weight, void **
     if (rc >= 0)
         return RLX_OK;
     *handle = NULL;
-    char why[512];
-    snprintf(why, sizeof why, "%s", *rlx_last_error() ? rlx_last_error() : rlx_status_str(rc));
+    plugin_why why;
     return rlx_error(rc, "backend '%s' failed to prepare weight '%s' (input %u of %s): %s", b->name, weight->name,
-                     weight->input, rlx_op_name((int)weight->op), why);
+                     weight->input, rlx_op_name((int)weight->op), why_of(rc, &why));
 }
 
 rlx_status rlx__backend_prepared(rlx_backend *b, uint64_t owner, const rlx_weight_info *weight, void **handle) {
@@ -259,10 +269,9 @@ rlx_status rlx_backend_compute(rlx_backend *b, const rlx_node_view *node) {
     int rc = b->iface->compute(b->self, node);
     if (rc >= 0)
         return RLX_OK;
-    char why[512];
-    snprintf(why, sizeof why, "%s", *rlx_last_error() ? rlx_last_error() : rlx_status_str(rc));
+    plugin_why why;
     return rlx_error(rc, "backend '%s' failed on node '%s' (%s): %s", b->name, node->name, rlx_op_name((int)node->op),
-                     why);
+                     why_of(rc, &why));
 }
 
 rlx_status rlx__backend_compute_span(rlx_backend *b, void *span, const rlx_span *nodes) {
@@ -270,14 +279,14 @@ rlx_status rlx__backend_compute_span(rlx_backend *b, void *span, const rlx_span 
     int rc = b->compute_span(b->self, span, nodes);
     if (rc >= 0)
         return RLX_OK;
-    char why[512];
-    snprintf(why, sizeof why, "%s", *rlx_last_error() ? rlx_last_error() : rlx_status_str(rc));
+    plugin_why why;
+    why_of(rc, &why);
     const rlx_node_view *first = &nodes->nodes[0], *last = &nodes->nodes[nodes->n_nodes - 1];
     if (nodes->n_nodes == 1)
         return rlx_error(rc, "backend '%s' failed on node '%s' (%s): %s", b->name, first->name,
-                         rlx_op_name((int)first->op), why);
+                         rlx_op_name((int)first->op), why.text);
     return rlx_error(rc, "backend '%s' failed on the %u nodes '%s' to '%s': %s", b->name, nodes->n_nodes, first->name,
-                     last->name, why);
+                     last->name, why.text);
 }
 
 rlx_status rlx__backend_plan_span(rlx_backend *b, const rlx_span *run, uint32_t *n_taken, void **span) {
@@ -287,9 +296,8 @@ rlx_status rlx__backend_plan_span(rlx_backend *b, const rlx_span *run, uint32_t 
     int rc = b->plan_span(b->self, run, n_taken, span);
     const char *first = run->nodes[0].name;
     if (rc < 0) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", *rlx_last_error() ? rlx_last_error() : rlx_status_str(rc));
-        return rlx_error(rc, "backend '%s' failed to plan the nodes from '%s': %s", b->name, first, why);
+        plugin_why why;
+        return rlx_error(rc, "backend '%s' failed to plan the nodes from '%s': %s", b->name, first, why_of(rc, &why));
     }
     if (*n_taken < 1 || *n_taken > run->n_nodes) {
         if (*span)

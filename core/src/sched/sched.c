@@ -83,21 +83,13 @@ static void release(block *live, size_t *n_live, size_t offset) {
  * still reads (a span may write node i's output before reading node i-1's input). */
 static rlx_status plan_arena(rlx_plan *p) {
     const rlx_graph *g = p->g;
-    int *last_use = rlx__malloc((g->n_tensors + 1) * sizeof *last_use);
     block *live = rlx__malloc((g->n_nodes + 1) * sizeof *live);
     uint8_t *released = rlx__calloc(g->n_tensors + 1, 1);
-    if (!last_use || !live || !released) {
-        free(last_use);
+    if (!live || !released) {
         free(live);
         free(released);
         return rlx_error(RLX_E_NOMEM, "scheduler: out of memory");
     }
-    for (uint32_t t = 0; t < g->n_tensors; t++)
-        last_use[t] = g->tensors[t].is_output ? (int)g->n_nodes : g->tensors[t].producer;
-    for (uint32_t i = 0; i < g->n_nodes; i++)
-        for (uint32_t k = 0; k < g->nodes[i].n_inputs; k++)
-            if (last_use[g->nodes[i].inputs[k]] < (int)i)
-                last_use[g->nodes[i].inputs[k]] = (int)i;
     size_t n_live = 0, peak = 0;
     for (uint32_t c = 0; c < p->n_calls; c++) {
         const uint32_t first = p->calls[c].first, last = first + p->calls[c].n - 1;
@@ -113,13 +105,14 @@ static rlx_status plan_arena(rlx_plan *p) {
         for (uint32_t i = first; i <= last; i++)
             for (uint32_t k = 0; k <= g->nodes[i].n_inputs; k++) {
                 int t = k < g->nodes[i].n_inputs ? g->nodes[i].inputs[k] : g->nodes[i].output;
-                if (g->tensors[t].role == RLX_ROLE_ACTIVATION && last_use[t] <= (int)last && !released[t]) {
+                /* an activation is the output of its producer, which build_views gave a last use */
+                if (g->tensors[t].role == RLX_ROLE_ACTIVATION && p->last_use[g->tensors[t].producer] <= last &&
+                    !released[t]) {
                     release(live, &n_live, p->offsets[t]);
                     released[t] = 1;
                 }
             }
     }
-    free(last_use);
     free(live);
     free(released);
     p->arena_bytes = peak;
