@@ -21,7 +21,8 @@
  * - Members marked "1.2" are optional: the core calls one only when the plugin's descriptor says
  *   abi_minor >= 2 and the table's size covers it, and otherwise uses the documented default.
  * - The core never shows a backend an op newer than the abi_minor its descriptor names: a
- *   plugin built for 1.0 is not asked about CONCAT (1.1), which the reference kernels run. */
+ *   plugin built for 1.0 is not asked about CONCAT (1.1), which the reference kernels run, nor
+ *   one built before 1.3 about a node with a quantized input. */
 #ifndef RLX_BACKEND_IFACE_H
 #define RLX_BACKEND_IFACE_H
 
@@ -40,6 +41,17 @@ typedef enum rlx_dtype {
     RLX_DTYPE_BF16 = 1,
     RLX_DTYPE_F16 = 2,
     RLX_DTYPE_I32 = 3,
+    /* ABI 1.3: block-quantized weights, with the block layouts of the GGUF format (rlx/quant_iface.h
+     * declares them and their dequantization). A tensor of these types is quantized along its
+     * innermost dimension, a whole number of blocks per row; only weights have them. */
+    RLX_DTYPE_Q4_0 = 4, /* 32 values: F16 scale, 16 bytes of 4-bit values */
+    RLX_DTYPE_Q4_1 = 5, /* 32 values: F16 scale and minimum, 16 bytes of 4-bit values */
+    RLX_DTYPE_Q5_0 = 6, /* 32 values: F16 scale, 4 bytes of 5th bits, 16 bytes of 4-bit values */
+    RLX_DTYPE_Q5_1 = 7, /* 32 values: F16 scale and minimum, 5th bits, 4-bit values */
+    RLX_DTYPE_Q8_0 = 8, /* 32 values: F16 scale, 32 signed bytes */
+    RLX_DTYPE_Q4_K = 9, /* 256 values: 8 sub-blocks with 6-bit scales and minimums */
+    RLX_DTYPE_Q5_K = 10,
+    RLX_DTYPE_Q6_K = 11, /* 256 values: 16 sub-blocks with 8-bit scales */
     RLX_DTYPE_COUNT
 } rlx_dtype;
 
@@ -74,7 +86,8 @@ typedef struct rlx_tensor {
  *   CONCAT      (a F32[T,A], b F32[T,B])                        -> F32[T,A+B]  rows side by side
  *               (ABI 1.1; backends built for 1.0 do not claim it and the reference kernel runs it)
  * Weights (table, w, router, expert matrices) may be F32, BF16 or F16; bias and norm weights
- * likewise. */
+ * likewise. From ABI 1.3 the table, w and the expert matrices may also be block-quantized
+ * (RLX_DTYPE_Q*, rlx/quant_iface.h), K a whole number of blocks. */
 typedef enum rlx_op {
     RLX_OP_EMBED = 1,
     RLX_OP_MATMUL = 2,
@@ -247,6 +260,71 @@ static inline size_t rlx_iface_dtype_size(uint32_t dtype) {
     default:
         return 0;
     }
+}
+
+/* Values per block of dtype: 32 or 256 for the quantized types, 1 for the others; 0 for an
+ * unknown dtype. */
+static inline int64_t rlx_iface_dtype_block(uint32_t dtype) {
+    switch (dtype) {
+    case RLX_DTYPE_F32:
+    case RLX_DTYPE_I32:
+    case RLX_DTYPE_BF16:
+    case RLX_DTYPE_F16:
+        return 1;
+    case RLX_DTYPE_Q4_0:
+    case RLX_DTYPE_Q4_1:
+    case RLX_DTYPE_Q5_0:
+    case RLX_DTYPE_Q5_1:
+    case RLX_DTYPE_Q8_0:
+        return 32;
+    case RLX_DTYPE_Q4_K:
+    case RLX_DTYPE_Q5_K:
+    case RLX_DTYPE_Q6_K:
+        return 256;
+    default:
+        return 0;
+    }
+}
+
+/* Bytes of one block of dtype (of one element for the unquantized types); 0 when unknown. */
+static inline size_t rlx_iface_dtype_block_bytes(uint32_t dtype) {
+    switch (dtype) {
+    case RLX_DTYPE_Q4_0:
+        return 18;
+    case RLX_DTYPE_Q4_1:
+        return 20;
+    case RLX_DTYPE_Q5_0:
+        return 22;
+    case RLX_DTYPE_Q5_1:
+        return 24;
+    case RLX_DTYPE_Q8_0:
+        return 34;
+    case RLX_DTYPE_Q4_K:
+        return 144;
+    case RLX_DTYPE_Q5_K:
+        return 176;
+    case RLX_DTYPE_Q6_K:
+        return 210;
+    default:
+        return rlx_iface_dtype_size(dtype);
+    }
+}
+
+/* True for the block-quantized dtypes (ABI 1.3). */
+static inline int rlx_iface_dtype_is_quantized(uint32_t dtype) { return rlx_iface_dtype_block(dtype) > 1; }
+
+/* Bytes of n consecutive values of dtype: 0 when the dtype is unknown or n is not a whole number
+ * of its blocks. */
+static inline size_t rlx_iface_row_bytes(uint32_t dtype, int64_t n) {
+    const int64_t block = rlx_iface_dtype_block(dtype);
+    if (block <= 0 || n < 0 || n % block != 0)
+        return 0;
+    return (size_t)(n / block) * rlx_iface_dtype_block_bytes(dtype);
+}
+
+/* Bytes of a row-major tensor: its rows times the bytes of one row (0 as rlx_iface_row_bytes). */
+static inline size_t rlx_iface_tensor_bytes(const rlx_tensor *t) {
+    return (size_t)rlx_iface_rows(t) * rlx_iface_row_bytes(t->dtype, rlx_iface_cols(t));
 }
 
 /* BF16 bits widened to F32: exact (BF16 is the upper half of an F32), NaN payloads kept. */

@@ -15,7 +15,14 @@ static rlx_backend *live;
 static atomic_uint_fast64_t last_owner;
 
 /* The ABI minor that introduced op: a backend built for an older one is never asked about it. */
-static uint32_t op_minor(uint32_t op) { return op == RLX_OP_CONCAT ? 1 : 0; }
+/* The ABI minor a node needs of a backend: 1 for CONCAT, 3 for a quantized input (a plugin built
+ * before 1.3 could not tell a block-quantized tensor from garbage). */
+static uint32_t node_minor(const rlx_node_view *node) {
+    for (uint32_t i = 0; i < node->n_inputs; i++)
+        if (rlx_iface_dtype_is_quantized(node->inputs[i].dtype))
+            return 3;
+    return node->op == RLX_OP_CONCAT ? 1 : 0;
+}
 
 /* A member the plugin's table has, NULL when it is shorter or the plugin predates 1.2. */
 #define MEMBER_12(iface, abi_minor, m) ((abi_minor) >= 2 && RLX_HAS(rlx_backend_iface, iface, m) ? (iface)->m : NULL)
@@ -238,7 +245,7 @@ void rlx_backend_release_weight(rlx_backend *b, void *handle) {
 const char *rlx_backend_name(const rlx_backend *b) { return b ? b->name : "?"; }
 
 int rlx_backend_supports(rlx_backend *b, const rlx_node_view *node) {
-    return op_minor(node->op) <= b->abi_minor && b->iface->supports(b->self, node) > 0;
+    return node_minor(node) <= b->abi_minor && b->iface->supports(b->self, node) > 0;
 }
 
 uint32_t rlx_backend_precision(rlx_backend *b, const rlx_node_view *node) {
