@@ -184,6 +184,12 @@ typedef enum rlx_precision {
      * (BF16) weights exactly and summed in F32: |y - exact| <= 2^-8 * sum_k |x_k w_k| plus the
      * F32 summation error. On MOE: the experts' matmul inputs likewise, the router exact. */
     RLX_PRECISION_BF16_ACT = 1,
+    /* ABI 1.3, on nodes with block-quantized weights: the MATMUL inputs x quantized to int8 in
+     * blocks of the weight's block length (32 or 256 values, scale d = max|x| / 127 of the block,
+     * round to nearest), each block's integer dot product exact, block results scaled and summed
+     * in F32: |y - exact| <= sum over blocks of d/2 * sum_k |w_k| (w dequantized exactly) plus the
+     * F32 summation error. On MOE: the experts' inputs likewise, the router exact. */
+    RLX_PRECISION_Q8_ACT = 2,
     RLX_PRECISION_COUNT
 } rlx_precision;
 
