@@ -33,7 +33,7 @@ double kit_default_tol(int slot) {
     case RLX_OP_MOE:
         return 2e-5;
     case KIT_TOL_MODEL:
-        return 1e-4; /* as tests/golden/check_golden.py */
+        return 1e-4; /* as tests/model/check_golden.py */
     default:
         return 0;
     }

@@ -645,7 +645,7 @@ static void run_model(kit_runner *r, const kit_check *c, kit_result *res) {
     /* a backend that rounds matmul inputs to BF16 is compared with the BF16-emulating
      * reference kernels and, loosely, with NumPy's exact logits (see KIT_BF16_UNIT). The
      * emulation rounds the inputs of every matmul, as a backend does on a model of one weight
-     * dtype (the kit's models); tests/golden/check_golden.py rounds exactly the declared nodes. */
+     * dtype (the kit's models); tests/model/check_golden.py rounds exactly the declared nodes. */
     uint32_t prec = RLX_PRECISION_F32, prec_decode = RLX_PRECISION_F32;
     if (rlx_session_precision(st, n_prompt, &prec) != RLX_OK || rlx_session_precision(st, 1, &prec_decode) != RLX_OK) {
         result(res, KIT_FAIL, "cannot plan the model on the backend: %s", rlx_last_error());

@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "golden"))
+sys.path.insert(0, os.path.join(HERE, "..", "model"))
 import make_model  # noqa: E402
 
 

@@ -17,7 +17,7 @@ BELOW and is not an error: the exit status is 0 whenever the measurement itself 
 errors (missing binary, a failing command, unparsable output, a broken model), 2 on bad usage.
 
 Without --model the bench model (Qwen3-0.6B shape, random BF16, ~1.2 GB) is generated once at
-BUILD_DIR/bench-model with tests/golden/make_model.py; it is reused when config.json exists.
+BUILD_DIR/bench-model with tests/model/make_model.py; it is reused when config.json exists.
 """
 import argparse
 import datetime
@@ -33,7 +33,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = "/usr/bin/python3"  # Debian's, with python3-numpy (not whatever python3 is on PATH)
-MAKE_MODEL = os.path.join(REPO, "tests", "golden", "make_model.py")
+MAKE_MODEL = os.path.join(REPO, "tests", "model", "make_model.py")
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 DTYPE_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,

@@ -4,7 +4,7 @@
   write_golden.py --model DIR
   write_golden.py --make KIND[/DTYPE] --out DIR     (builds the random model first)
 
-Uses the independent NumPy reference of the Hugging Face forward (tests/golden/qwen3_ref.py)
+Uses the independent NumPy reference of the Hugging Face forward (tests/model/qwen3_ref.py)
 and check_golden.py's choice of a well-conditioned prompt, then writes:
   DIR/rlx-golden.txt   "prompt N", "tokens a,b,...", "tol X" (prompt, then NumPy's greedy path)
   DIR/rlx-golden.f32   float32 logits of every position of `tokens`, row after row
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "golden"))
+sys.path.insert(0, os.path.join(HERE, "..", "model"))
 import check_golden  # noqa: E402
 import make_model  # noqa: E402
 import qwen3_ref as ref  # noqa: E402
@@ -40,7 +40,7 @@ def write(model_dir):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="existing model directory")
-    ap.add_argument("--make", help="KIND[/DTYPE] of tests/golden/make_model.py to build into --out")
+    ap.add_argument("--make", help="KIND[/DTYPE] of tests/model/make_model.py to build into --out")
     ap.add_argument("--out", help="model directory to build (with --make)")
     args = ap.parse_args(argv)
     if bool(args.model) == bool(args.make) or (args.make and not args.out):

@@ -15,7 +15,7 @@ Steps, each asserting:
      greedy ids as cpu-blas (on a prompt whose greedy path is well conditioned).
   5. `rlx-conformance --plugin example` passes with the ops it does not claim reported as
      NOT CLAIMED (attention, rope, ...), including the whole-model checks against NumPy.
-  6. tests/golden/check_golden.py passes with `-- --plugin example --plugin-dir ...`.
+  6. tests/model/check_golden.py passes with `-- --plugin example --plugin-dir ...`.
   7. pkg-config: --modversion, --variable=plugindir, and a C program compiled with
      `pkg-config --cflags --libs rlx` runs an ADD on the example backend.
   8. find_package(rlx): an application linking rlx::rlx runs an ADD on the installed cpu-blas;
@@ -112,7 +112,7 @@ def main():
     if not re.search(r"\bexample\b", out):
         raise Failure(f"rlx plugins --plugin-dir {exb} does not list 'example':\n{out}")
     model = os.path.join(work, "model")
-    run([py, os.path.join(args.source, "tests", "golden", "make_model.py"), "--kind", "dense-tied",
+    run([py, os.path.join(args.source, "tests", "model", "make_model.py"), "--kind", "dense-tied",
          "--seed", "1", "--out", model], env)
     run([py, os.path.join(args.source, "tests", "conformance", "write_golden.py"), "--model", model], env)
     with open(os.path.join(model, "rlx-golden.txt")) as f:
@@ -151,7 +151,7 @@ def main():
     print(f"sdk:    {summary.group(0)}")
 
     step("6. check_golden.py with the example backend")
-    out = run([py, os.path.join(args.source, "tests", "golden", "check_golden.py"), "--rlx", rlx,
+    out = run([py, os.path.join(args.source, "tests", "model", "check_golden.py"), "--rlx", rlx,
                "--model", model, "--workdir", os.path.join(work, "golden"), "--", "--plugin", "example",
                "--plugin-dir", exb], env)
     print("sdk:    " + out.strip().splitlines()[-1][:200])

@@ -15,7 +15,7 @@ import os
 import sys
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "golden"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model"))
 import make_model  # noqa: E402
 
 TARGET = dict(num_hidden_layers=4, max_window_layers=4)

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
-#include "model_fixture.h"
+#include "model/model_fixture.h"
 
 #define DATA RLX_TEST_DATA
 #define TARGET DATA "/spec-target"

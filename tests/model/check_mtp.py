@@ -6,7 +6,7 @@
 Builds two random models with two MTP layers each (make_model.py; layer 0 has its own
 final_layernorm, layer 1 falls back to model.norm): dense-tied f32 with the MTP tensors in its
 own safetensors, and dense-untied-bias bf16 with them in a separate file outside the model
-directory. For each model and MTP layer, rlx_mtp_probe (tests/golden/mtp_probe.c) writes the
+directory. For each model and MTP layer, rlx_mtp_probe (tests/model/mtp_probe.c) writes the
 target's final-normed hidden rows and logits and the MTP layer's logits and hidden output over
 the pairs (tokens[t+1], hidden[t]); all must match NumPy within LOGITS_TOL relative, NumPy
 computing the pairs from its own float64 hidden states. Then the errors: MTP tensors missing

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "golden"))
+sys.path.insert(0, os.path.join(HERE, "..", "model"))
 import make_model  # noqa: E402
 
 STATS = re.compile(r"rlx chat: (\d+) prompt tokens reused from the cache, (\d+) run at .*; (\d+) generated")
