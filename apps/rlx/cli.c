@@ -151,9 +151,10 @@ app_opt_group app_model_group(app_options *o) {
     opts[0] = (app_opt){'m',
                         "model",
                         NULL,
-                        "DIR",
-                        "Hugging Face model directory (config.json, *.safetensors); default:\n"
-                        "$RLX_MODEL, else the Brown target model shipped with rlx",
+                        "PATH",
+                        "Hugging Face model directory (config.json, *.safetensors) or GGUF file\n"
+                        "(the first shard of a split one); default: $RLX_MODEL, else the Brown\n"
+                        "target model shipped with rlx",
                         APP_OPT_STRING,
                         &o->model};
     return APP_OPT_GROUP("model:", opts);

@@ -12,7 +12,7 @@
 #include "common.h"
 
 static const char usage[] =
-    "usage: rlx bench [-m DIR] [-p 128,512] [-n 64] [-t 1,2] [-r 3] [-o md|json|jsonl | --json] [options]\n\n"
+    "usage: rlx bench [-m PATH] [-p 128,512] [-n 64] [-t 1,2] [-r 3] [-o md|json|jsonl | --json] [options]\n\n"
     "Measures, as llama-bench does, prefill of P-token prompts (test ppP) and N decode steps (test\n"
     "tgN), each from an empty context, R times after a warm-up run, for every thread count T.\n"
     "Reports the median and standard deviation of tokens/s, the peak resident memory of the\n"

@@ -16,7 +16,7 @@
 #include "rlx/text.h"
 
 static const char usage[] =
-    "usage: rlx chat [-m DIR] [--system TEXT] [--no-think] [-n N] [sampling options] [options]\n\n"
+    "usage: rlx chat [-m PATH] [--system TEXT] [--no-think] [-n N] [sampling options] [options]\n\n"
     "Reads your messages line by line from stdin and streams the model's replies. Commands:\n"
     "/reset forgets the conversation, /quit (or Ctrl-D) ends it; Ctrl-C stops a reply.\n\n";
 

@@ -9,7 +9,7 @@
 #include "rlx/text.h"
 
 static const char usage[] =
-    "usage: rlx generate [-m DIR] (-p TEXT | -f FILE | --tokens 1,5,3) [-n N] [--chat [--no-think]]\n"
+    "usage: rlx generate [-m PATH] (-p TEXT | -f FILE | --tokens 1,5,3) [-n N] [--chat [--no-think]]\n"
     "                    [sampling options] [--stats] [--spec NAME ...] [options]\n\n"
     "With --tokens, prints the generated token ids, space-separated, on one line. With --prompt\n"
     "or -f, encodes the text with the model's tokenizer.json and streams the generated text.\n"

@@ -4,7 +4,7 @@
 
 #include "common.h"
 
-static const char usage[] = "usage: rlx graph [-m DIR] [--positions N] [options]\n\n"
+static const char usage[] = "usage: rlx graph [-m PATH] [--positions N] [options]\n\n"
                             "Prints the graph for a run of N positions (default 1) with the backend of\n"
                             "each node, its precision and the activation arena size.\n\n";
 

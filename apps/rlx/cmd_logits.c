@@ -7,7 +7,7 @@
 
 #include "common.h"
 
-static const char usage[] = "usage: rlx logits [-m DIR] --tokens 1,5,3 [--all] --out FILE [options]\n\n"
+static const char usage[] = "usage: rlx logits [-m PATH] --tokens 1,5,3 [--all] --out FILE [options]\n\n"
                             "Writes the last position's vocab logits (or with --all every position's, row after\n"
                             "row) as raw little-endian float32 to FILE.\n\n";
 

@@ -16,7 +16,7 @@
 #include "common.h"
 
 static const char usage[] =
-    "usage: rlx perplexity [-m DIR] -f FILE [-c N] [--chunks K] [options]\n\n"
+    "usage: rlx perplexity [-m PATH] -f FILE [-c N] [--chunks K] [options]\n\n"
     "Perplexity of the model on the text of FILE ('-' for standard input), as llama.cpp's\n"
     "llama-perplexity computes it: the text's tokens are cut into chunks of N, each evaluated\n"
     "from an empty cache, and the second half of each chunk's predictions is scored. Prints the\n"

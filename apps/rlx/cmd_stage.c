@@ -13,7 +13,7 @@
 
 static const char usage[] =
     "usage: rlx stage --config FILE --stage I [options]\n"
-    "       rlx stage --listen HOST:PORT --model DIR --layers A-B [--plugin P] [--transport T] [options]\n\n"
+    "       rlx stage --listen HOST:PORT --model PATH --layers A-B [--plugin P] [--transport T] [options]\n\n"
     "Runs layers A-B (inclusive) of the model for pipeline drivers (rlx generate --config ...) and\n"
     "keeps their KV caches, until interrupted (SIGINT/SIGTERM: a clean exit with status 0). The\n"
     "stage that holds layer 0 embeds token ids; the one holding the last layer computes logits.\n"

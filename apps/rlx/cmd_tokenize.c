@@ -8,12 +8,12 @@
 #include "rlx/text.h"
 
 static const char tokenize_usage[] =
-    "usage: rlx tokenize [-m DIR] (-p TEXT | -f FILE) [--no-special]\n\n"
+    "usage: rlx tokenize [-m PATH] (-p TEXT | -f FILE) [--no-special]\n\n"
     "Prints the token ids of TEXT (or of FILE's bytes, '-' for stdin) on one line, separated by\n"
     "spaces, exactly as the Hugging Face tokenizer of DIR/tokenizer.json encodes them (no BOS/EOS\n"
     "is added).\n\n";
 
-static const char detokenize_usage[] = "usage: rlx detokenize [-m DIR] --ids 1,2,3 [--skip-special]\n\n"
+static const char detokenize_usage[] = "usage: rlx detokenize [-m PATH] --ids 1,2,3 [--skip-special]\n\n"
                                        "Prints the text of the token ids (no newline is added).\n\n";
 
 static int load(app_options *o, const char *cmd, rlx_tokenizer **tok) {

@@ -47,8 +47,8 @@ expect_out "tokenize empty" "" "$rlx" tokenize --model "$model" --text ""
 expect_out "detokenize" "hi<|im_end|>there" "$rlx" detokenize --model "$model" --ids 6023,151645,18532
 expect_out "detokenize --skip-special" "hithere" "$rlx" detokenize --model "$model" --skip-special --ids 6023,151645,18532
 expect_out "options before the verb" "6023" "$rlx" --model "$model" tokenize --text hi
-expect_out "tokenize --help" "usage: rlx tokenize [-m DIR] (-p TEXT | -f FILE) [--no-special]" sh -c "'$rlx' tokenize --help | head -1"
-expect_out "detokenize --help" "usage: rlx detokenize [-m DIR] --ids 1,2,3 [--skip-special]" sh -c "'$rlx' detokenize --help | head -1"
+expect_out "tokenize --help" "usage: rlx tokenize [-m PATH] (-p TEXT | -f FILE) [--no-special]" sh -c "'$rlx' tokenize --help | head -1"
+expect_out "detokenize --help" "usage: rlx detokenize [-m PATH] --ids 1,2,3 [--skip-special]" sh -c "'$rlx' detokenize --help | head -1"
 
 # Errors: one clear line, exit status 1.
 mkdir -p "$work/empty-model" "$work/broken-model"
@@ -84,9 +84,10 @@ expect_out "generate --tokens from tokenize" "$("$rlx" generate --tokens "$(echo
 expect_fail "generate -f and --prompt" "exactly one of --tokens, --prompt and -f" "$rlx" generate -f "$work/prompt.txt" --prompt x
 expect_fail "generate -f missing" "generate: cannot open $work/none.txt" "$rlx" generate -f "$work/none.txt"
 printf 'GGUF\003\000\000\000' >"$work/model.gguf"
-expect_fail "a GGUF model" "model.gguf is a file, not a model directory: GGUF files are not supported yet" \
+expect_fail "a truncated GGUF model" "model.gguf: truncated file: the tensor count at byte 8" \
     "$rlx" generate --model "$work/model.gguf" --prompt hi
-expect_fail "a file as the model" "prompt.txt is a file, not a model directory" "$rlx" generate --model "$work/prompt.txt" --prompt hi
+expect_fail "a file as the model" "prompt.txt is a file, but neither a GGUF file nor a model directory" \
+    "$rlx" generate --model "$work/prompt.txt" --prompt hi
 expect_fail "no ids" "--ids is required" "$rlx" detokenize --model "$model"
 
 echo "text cli: $passed passed, $failed failed"

@@ -83,7 +83,9 @@ typedef struct rlx_generation_defaults {
 /* Reads model_dir/generation_config.json into *out. A missing file is not an error (*out then
  * holds the defaults with no has_ flag set); a malformed file, a key of the wrong type or a
  * value the sampler would refuse is RLX_E_FORMAT naming the file and the key, and leaves *out
- * unchanged. Other keys are ignored. */
+ * unchanged. Other keys are ignored. For a GGUF file (which has no generation_config.json) the
+ * defaults are llama.cpp's (do_sample with temperature 0.8, top_k 40, top_p 0.95, min_p 0.05),
+ * as far as the file's general.sampling.* keys do not set others. */
 RLX_API rlx_status rlx_generation_config_load(const char *model_dir, rlx_generation_defaults *out);
 
 /* True when layer i of cfg uses a mixture-of-experts MLP. */

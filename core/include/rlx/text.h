@@ -42,7 +42,12 @@ typedef struct rlx_tokenizer rlx_tokenizer;
  * template, eos/pad/bos token names, added tokens missing from tokenizer.json) or
  * model_dir/chat_template.jinja. A missing or unreadable tokenizer.json is RLX_E_IO, text that
  * is not JSON or lacks a required part is RLX_E_FORMAT, an unsupported component is
- * RLX_E_UNSUPPORTED; each message names the file. On failure *out is NULL and nothing leaks. */
+ * RLX_E_UNSUPPORTED; each message names the file. On failure *out is NULL and nothing leaks.
+ * model_dir may also be a GGUF file: the tokenizer is then its tokenizer.ggml.* metadata (model
+ * gpt2, pre-tokenizer qwen2 or gpt2), which gives the ids the checkpoint's tokenizer.json gives:
+ * normal tokens form the BPE vocabulary, control tokens are the special added tokens and
+ * user-defined ones the other added tokens, unused (padding) ids are gaps; the special ids and
+ * the chat template come from the metadata too. */
 RLX_API rlx_status rlx_tokenizer_open(const char *model_dir, rlx_tokenizer **out);
 RLX_API void rlx_tokenizer_close(rlx_tokenizer *tok); /* NULL is a no-op */
 

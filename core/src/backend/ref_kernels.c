@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/backend_impl.h"
+#include "rlx/quant_iface.h"
 #include "util/alloc.h"
 
 float rlx__load(const void *data, uint32_t dtype, size_t i) {
@@ -53,27 +54,37 @@ static const int32_t *i32(const rlx_tensor *t) { return (const int32_t *)t->data
 static int ref_embed(const rlx_node_view *n) {
     const rlx_tensor *ids = &n->inputs[0], *table = &n->inputs[1];
     int64_t t_len = ids->shape[0], vocab = table->shape[0], h = table->shape[1];
+    const size_t row_bytes = rlx_iface_row_bytes(table->dtype, h);
     for (int64_t t = 0; t < t_len; t++) {
         int32_t id = i32(ids)[t];
         if (id < 0 || id >= vocab)
             return rlx_error(RLX_E_RANGE, "token id %d at position %lld is outside the vocabulary [0, %lld)", id,
                              (long long)t, (long long)vocab);
-        for (int64_t j = 0; j < h; j++)
-            f32(n->output)[t * h + j] = rlx__load(table->data, table->dtype, (size_t)(id * h + j));
+        rlx_iface_dequant_row(table->dtype, (const char *)table->data + (size_t)id * row_bytes, f32(n->output) + t * h,
+                              h);
     }
     return RLX_OK;
 }
 
-/* y[t, o] = sum_k x[t, k] * w[o, k] (+ bias[o]) */
-static void matvec_rows(const float *x, const rlx_tensor *w, const rlx_tensor *bias, float *y, int64_t rows,
-                        int64_t k_len, int64_t n_out) {
-    for (int64_t t = 0; t < rows; t++)
-        for (int64_t o = 0; o < n_out; o++) {
+/* y[t, o] = sum_k x[t, k] * w[o, k] (+ bias[o]), w widened (or dequantized) row by row into a
+ * scratch row of k_len floats. */
+static int matvec_rows(const float *x, const rlx_tensor *w, const rlx_tensor *bias, float *y, int64_t rows,
+                       int64_t k_len, int64_t n_out) {
+    float *row = rlx__malloc((size_t)(k_len > 0 ? k_len : 1) * sizeof *row);
+    if (!row)
+        return rlx_error(RLX_E_NOMEM, "matmul: out of memory");
+    const size_t row_bytes = rlx_iface_row_bytes(w->dtype, k_len);
+    for (int64_t o = 0; o < n_out; o++) {
+        rlx_iface_dequant_row(w->dtype, (const char *)w->data + (size_t)o * row_bytes, row, k_len);
+        for (int64_t t = 0; t < rows; t++) {
             double acc = bias ? rlx__load(bias->data, bias->dtype, (size_t)o) : 0.0;
             for (int64_t k = 0; k < k_len; k++)
-                acc += (double)x[t * k_len + k] * rlx__load(w->data, w->dtype, (size_t)(o * k_len + k));
+                acc += (double)x[t * k_len + k] * row[k];
             y[t * n_out + o] = (float)acc;
         }
+    }
+    free(row);
+    return RLX_OK;
 }
 
 static int ref_matmul(const rlx_node_view *n, int act_bf16) {
@@ -86,9 +97,10 @@ static int ref_matmul(const rlx_node_view *n, int act_bf16) {
             return rlx_error(RLX_E_NOMEM, "matmul: out of memory");
         in = matmul_inputs(in, rounded, len, 1);
     }
-    matvec_rows(in, w, n->n_inputs > 2 ? &n->inputs[2] : NULL, f32(n->output), x->shape[0], x->shape[1], w->shape[0]);
+    int rc = matvec_rows(in, w, n->n_inputs > 2 ? &n->inputs[2] : NULL, f32(n->output), x->shape[0], x->shape[1],
+                         w->shape[0]);
     free(rounded);
-    return RLX_OK;
+    return rc;
 }
 
 static int ref_rms_norm(const rlx_node_view *n) {
@@ -221,7 +233,7 @@ static int ref_moe(const rlx_node_view *n, int act_bf16) {
     float *up = gate + f;
     for (int64_t t = 0; t < t_len; t++) {
         const float *xt = f32(x) + t * h;
-        matvec_rows(xt, &n->inputs[1], NULL, logits, 1, h, e_len);
+        int rc = matvec_rows(xt, &n->inputs[1], NULL, logits, 1, h, e_len);
         double max = -INFINITY, sum = 0;
         for (int64_t e = 0; e < e_len; e++)
             max = logits[e] > max ? logits[e] : max;
@@ -248,11 +260,18 @@ static int ref_moe(const rlx_node_view *n, int act_bf16) {
         for (uint32_t k = 0; k < p->top_k; k++) {
             const rlx_tensor *w = &n->inputs[2 + 3 * chosen[k]];
             double weight = p->norm_topk ? prob[k] / picked_sum : prob[k];
-            matvec_rows(x_in, &w[0], NULL, gate, 1, h, f);
-            matvec_rows(x_in, &w[1], NULL, up, 1, h, f);
+            if (rc == RLX_OK)
+                rc = matvec_rows(x_in, &w[0], NULL, gate, 1, h, f);
+            if (rc == RLX_OK)
+                rc = matvec_rows(x_in, &w[1], NULL, up, 1, h, f);
             for (int64_t i = 0; i < f; i++)
                 gate[i] = silu(gate[i]) * up[i];
-            matvec_rows(matmul_inputs(gate, gate, f, act_bf16), &w[2], NULL, down, 1, f, h);
+            if (rc == RLX_OK)
+                rc = matvec_rows(matmul_inputs(gate, gate, f, act_bf16), &w[2], NULL, down, 1, f, h);
+            if (rc != RLX_OK) {
+                free(logits), free(gate), free(down), free(xr), free(chosen), free(prob);
+                return rc;
+            }
             for (int64_t i = 0; i < h; i++)
                 out[i] += (float)(weight * down[i]);
         }

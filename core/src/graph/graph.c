@@ -10,7 +10,9 @@
 size_t rlx_dtype_size(int dtype) { return dtype < 0 ? 0 : rlx_iface_dtype_size((uint32_t)dtype); }
 
 const char *rlx_dtype_name(int dtype) {
-    static const char *const names[] = {"f32", "bf16", "f16", "i32"};
+    static const char *const names[] = {"f32",  "bf16", "f16",  "i32",  "q4_0", "q4_1",
+                                        "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"};
+    _Static_assert(sizeof names / sizeof names[0] == RLX_DTYPE_COUNT, "a name per dtype");
     return dtype >= 0 && dtype < RLX_DTYPE_COUNT ? names[dtype] : "?";
 }
 
@@ -22,7 +24,7 @@ const char *rlx_op_name(int op) {
 
 int64_t rlx_tensor_numel(const rlx_tensor *t) { return rlx_iface_numel(t); }
 
-size_t rlx__tensor_nbytes(const rlx_tensor *t) { return (size_t)rlx_tensor_numel(t) * rlx_dtype_size((int)t->dtype); }
+size_t rlx__tensor_nbytes(const rlx_tensor *t) { return rlx_iface_tensor_bytes(t); }
 
 rlx_status rlx_graph_create(rlx_graph **out) {
     if (!out)
@@ -77,13 +79,19 @@ int rlx_graph_add_tensor(rlx_graph *g, rlx_tensor_role role, const char *name, r
         return rlx_error(RLX_E_INVALID, "rlx_graph_add_tensor: NULL argument");
     if (role == RLX_ROLE_ACTIVATION)
         return rlx_error(RLX_E_INVALID, "tensor '%s': activations are created by nodes", name);
-    if (rlx_dtype_size(dtype) == 0)
+    if ((int)dtype < 0 || rlx_iface_dtype_block((uint32_t)dtype) == 0)
         return rlx_error(RLX_E_INVALID, "tensor '%s': unknown dtype %d", name, (int)dtype);
     if (n_dims < 1 || n_dims > RLX_MAX_DIMS)
         return rlx_error(RLX_E_SHAPE, "tensor '%s': %u dimensions (1..%d allowed)", name, n_dims, RLX_MAX_DIMS);
     for (uint32_t i = 0; i < n_dims; i++)
         if (shape[i] <= 0)
             return rlx_error(RLX_E_SHAPE, "tensor '%s': dimension %u is %lld", name, i, (long long)shape[i]);
+    if (rlx_iface_dtype_is_quantized((uint32_t)dtype) && role != RLX_ROLE_WEIGHT)
+        return rlx_error(RLX_E_INVALID, "tensor '%s': only weights may be %s", name, rlx_dtype_name((int)dtype));
+    if (rlx_iface_row_bytes((uint32_t)dtype, shape[n_dims - 1]) == 0)
+        return rlx_error(RLX_E_SHAPE, "tensor '%s': rows of %lld values are not a whole number of %s blocks of %lld",
+                         name, (long long)shape[n_dims - 1], rlx_dtype_name((int)dtype),
+                         (long long)rlx_iface_dtype_block((uint32_t)dtype));
     if (role == RLX_ROLE_WEIGHT && !data)
         return rlx_error(RLX_E_INVALID, "weight '%s' has no data", name);
     return push_tensor(g, role, name, dtype, n_dims, shape, data);
@@ -141,12 +149,14 @@ static int want_rows(const infer_ctx *c, uint32_t i, int64_t cols, int64_t rows)
     return 0;
 }
 
-static int want_matrix(const infer_ctx *c, uint32_t i, int64_t rows, int64_t cols) {
+/* A weight matrix [rows, cols] (a dimension <= 0: any); quantized unless float_only. */
+static int want_matrix(const infer_ctx *c, uint32_t i, int64_t rows, int64_t cols, int float_only) {
     const rlx_tensor *t = input(c, i);
-    if (!is_weight_dtype(t->dtype) || t->n_dims != 2 || (rows > 0 && t->shape[0] != rows) ||
-        (cols > 0 && t->shape[1] != cols)) {
-        char want[64];
-        snprintf(want, sizeof want, "a f32/bf16/f16 matrix [%lld,%lld]", (long long)rows, (long long)cols);
+    const int dtype_ok = is_weight_dtype(t->dtype) || (!float_only && rlx_iface_dtype_is_quantized(t->dtype));
+    if (!dtype_ok || t->n_dims != 2 || (rows > 0 && t->shape[0] != rows) || (cols > 0 && t->shape[1] != cols)) {
+        char want[80];
+        snprintf(want, sizeof want, "a %s matrix [%lld,%lld]", float_only ? "f32/bf16/f16" : "float or quantized",
+                 (long long)rows, (long long)cols);
         return bad_input(c, i, want);
     }
     return 0;
@@ -183,14 +193,14 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
     case RLX_OP_EMBED: {
         if (x->dtype != RLX_DTYPE_I32 || x->n_dims != 1)
             return bad_input(c, 0, "i32[T] token ids");
-        CHECK(want_matrix(c, 1, -1, -1));
+        CHECK(want_matrix(c, 1, -1, -1, 0));
         out->shape[0] = x->shape[0];
         out->shape[1] = input(c, 1)->shape[1];
         return n == 2 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (embed): takes 2 inputs", c->node);
     }
     case RLX_OP_MATMUL: {
         CHECK(want_rows(c, 0, -1, -1));
-        CHECK(want_matrix(c, 1, -1, x->shape[1]));
+        CHECK(want_matrix(c, 1, -1, x->shape[1], 0));
         int64_t n_out = input(c, 1)->shape[0];
         if (n == 3)
             CHECK(want_vector(c, 2, n_out, RLX_DTYPE_F32));
@@ -263,12 +273,12 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
         if (n != 2 + 3 * p->n_experts)
             return rlx_error(RLX_E_INVALID, "node '%s' (moe): %u inputs, %u experts need %u", c->node, n, p->n_experts,
                              2 + 3 * p->n_experts);
-        CHECK(want_matrix(c, 1, p->n_experts, h));
+        CHECK(want_matrix(c, 1, p->n_experts, h, 1));
         int64_t f = input(c, 2)->shape[0];
         for (uint32_t e = 0; e < p->n_experts; e++) {
-            CHECK(want_matrix(c, 2 + 3 * e, f, h));
-            CHECK(want_matrix(c, 3 + 3 * e, f, h));
-            CHECK(want_matrix(c, 4 + 3 * e, h, f));
+            CHECK(want_matrix(c, 2 + 3 * e, f, h, 0));
+            CHECK(want_matrix(c, 3 + 3 * e, f, h, 0));
+            CHECK(want_matrix(c, 4 + 3 * e, h, f, 0));
         }
         out->shape[0] = x->shape[0];
         out->shape[1] = h;

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gguf.h"
 #include "model_internal.h"
 #include "rlx/model.h"
 #include "util/alloc.h"
@@ -505,9 +506,57 @@ static rlx_status parse_generation_defaults(const char *path, const cJSON *root,
     return RLX_OK;
 }
 
+/* A GGUF file has no generation_config.json: llama.cpp's sampling defaults (temperature 0.8,
+ * top-k 40, top-p 0.95, min-p 0.05), which its users expect, as far as the file's
+ * general.sampling.* keys (written from the checkpoint's generation_config.json) do not say
+ * otherwise. */
+static rlx_status gguf_generation_defaults(const char *path, rlx_generation_defaults *out) {
+    rlx__gguf *g;
+    rlx_status st = rlx__gguf_open(path, &g);
+    if (st != RLX_OK)
+        return st;
+    rlx_generation_defaults d = {.has_do_sample = 1,
+                                 .do_sample = 1,
+                                 .has_temperature = 1,
+                                 .temperature = 0.8f,
+                                 .has_top_k = 1,
+                                 .top_k = 40,
+                                 .has_top_p = 1,
+                                 .top_p = 0.95f,
+                                 .has_min_p = 1,
+                                 .min_p = 0.05f,
+                                 .repetition_penalty = 1.0f};
+    const struct {
+        const char *key;
+        float *value;
+    } floats[] = {{"general.sampling.temp", &d.temperature},
+                  {"general.sampling.top_p", &d.top_p},
+                  {"general.sampling.min_p", &d.min_p}};
+    for (size_t i = 0; i < sizeof floats / sizeof floats[0] && (st == RLX_OK || st == RLX_E_NOT_FOUND); i++) {
+        double v;
+        if ((st = rlx__gguf_float(g, floats[i].key, 1, &v)) == RLX_OK)
+            *floats[i].value = (float)v;
+    }
+    int64_t k;
+    if ((st == RLX_OK || st == RLX_E_NOT_FOUND) && (st = rlx__gguf_int(g, "general.sampling.top_k", 1, &k)) == RLX_OK)
+        d.top_k = k < 0 || k > INT32_MAX ? -1 : (int32_t)k;
+    if (st == RLX_E_NOT_FOUND)
+        st = RLX_OK;
+    if (st == RLX_OK &&
+        (!(d.temperature >= 0) || !(d.top_p > 0 && d.top_p <= 1) || !(d.min_p >= 0 && d.min_p <= 1) || d.top_k < 0))
+        st = rlx_error(RLX_E_FORMAT, "%s: a general.sampling.* value is out of range", path);
+    rlx__gguf_close(g);
+    if (st == RLX_OK)
+        *out = d;
+    return st;
+}
+
 rlx_status rlx_generation_config_load(const char *model_dir, rlx_generation_defaults *out) {
     if (!model_dir || !out)
         return rlx_error(RLX_E_INVALID, "rlx_generation_config_load: model_dir and out must not be NULL");
+    struct stat sb;
+    if (stat(model_dir, &sb) == 0 && S_ISREG(sb.st_mode) && rlx__is_gguf(model_dir))
+        return gguf_generation_defaults(model_dir, out);
     char path[4096];
     if (snprintf(path, sizeof path, "%s/generation_config.json", model_dir) >= (int)sizeof path)
         return rlx_error(RLX_E_INVALID, "%s: the model directory's path is too long", model_dir);

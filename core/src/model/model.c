@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "backend/backend_impl.h"
+#include "gguf.h"
 #include "graph/graph_impl.h"
 #include "model_internal.h"
 #include "rlx/model.h"
@@ -21,23 +22,14 @@
 #include "util/sized.h"
 
 struct rlx_model {
-    char *dir;
+    char *dir; /* the model directory, or the GGUF file (its first shard) */
+    int gguf;
     rlx_model_config cfg;
     rlx_weights *weights;
     rlx_weights **added; /* rlx_model_add_weights files, searched after the model's own */
     size_t n_added;
     uint64_t weight_owner; /* what backends prepared of its weights is released with it */
 };
-
-/* Whether the file at path starts with GGUF's magic. */
-static int model_is_gguf(const char *path) {
-    char magic[4] = {0};
-    FILE *f = fopen(path, "rb");
-    const int is = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
-    if (f)
-        fclose(f);
-    return is;
-}
 
 rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
     if (!model_dir || !out)
@@ -51,12 +43,21 @@ rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
     m->weight_owner = rlx__weight_owner_new();
     struct stat sb;
     if (stat(model_dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
-        rlx_model_close(m);
-        return rlx_error(
-            RLX_E_INVALID, "%s is a file, not a model directory%s", model_dir,
-            model_is_gguf(model_dir)
-                ? ": GGUF files are not supported yet; give a Hugging Face directory (config.json, *.safetensors)"
-                : " (config.json and *.safetensors)");
+        rlx_status rc = RLX_E_INVALID;
+        if (!rlx__is_gguf(model_dir))
+            rc =
+                rlx_error(RLX_E_INVALID,
+                          "%s is a file, but neither a GGUF file nor a model directory (config.json and *.safetensors)",
+                          model_dir);
+        else if ((rc = rlx_weights_open(model_dir, &m->weights)) == RLX_OK)
+            rc = rlx__model_config_from_gguf(m->weights, &m->cfg);
+        m->gguf = 1;
+        if (rc != RLX_OK) {
+            rlx_model_close(m);
+            return rc;
+        }
+        *out = m;
+        return RLX_OK;
     }
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model_dir);
@@ -303,7 +304,8 @@ static const rlx_weight *find_checked(const rlx_model *m, const need *n, rlx_sta
         return NULL;
     }
     if (!w) {
-        *rc = rlx_error(RLX_E_NOT_FOUND, "%s: tensor '%s' is missing from the safetensors", m->dir, n->name);
+        *rc = rlx_error(RLX_E_NOT_FOUND, "%s: tensor '%s' is missing from the %s", m->dir, n->name,
+                        m->gguf ? "GGUF file" : "safetensors");
         return NULL;
     }
     int ok = w->n_dims == n->n_dims && w->shape[0] == n->shape[0] && (n->n_dims == 1 || w->shape[1] == n->shape[1]);
@@ -316,13 +318,17 @@ static const rlx_weight *find_checked(const rlx_model *m, const need *n, rlx_sta
             snprintf(want, sizeof want, "%lld", (long long)n->shape[0]);
         else
             snprintf(want, sizeof want, "%lld,%lld", (long long)n->shape[0], (long long)n->shape[1]);
-        *rc = rlx_error(RLX_E_SHAPE, "%s: tensor '%s' has shape [%s], config.json implies [%s]", w->file, n->name, have,
-                        want);
+        *rc = rlx_error(RLX_E_SHAPE, "%s: tensor '%s' has shape [%s], %s implies [%s]", w->file, n->name, have,
+                        m->gguf ? "the GGUF metadata" : "config.json", want);
         return NULL;
     }
-    if (w->dtype != RLX_DTYPE_F32 && w->dtype != RLX_DTYPE_BF16 && w->dtype != RLX_DTYPE_F16) {
-        *rc = rlx_error(RLX_E_FORMAT, "%s: tensor '%s' has dtype %s; weights must be f32, bf16 or f16", w->file,
-                        n->name, rlx_dtype_name((int)w->dtype));
+    const int is_float = w->dtype == RLX_DTYPE_F32 || w->dtype == RLX_DTYPE_BF16 || w->dtype == RLX_DTYPE_F16;
+    /* matrices may be quantized, except a MoE router, whose logits pick the experts */
+    const size_t len = strlen(n->name);
+    const int router = len >= 15 && strcmp(n->name + len - 15, "mlp.gate.weight") == 0;
+    if (!is_float && !(n->n_dims == 2 && !router && rlx_iface_dtype_is_quantized(w->dtype))) {
+        *rc = rlx_error(RLX_E_FORMAT, "%s: tensor '%s' has dtype %s; %s must be f32, bf16 or f16", w->file, n->name,
+                        rlx_dtype_name((int)w->dtype), n->n_dims == 2 ? "a router" : "vectors (norms, biases)");
         return NULL;
     }
     return w;

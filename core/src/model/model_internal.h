@@ -26,4 +26,12 @@ rlx_status rlx__block_spec_read(const rlx_block_spec *in, rlx_block_spec *out);
 /* Maps one safetensors file (any name) as rlx_weights_open maps a model's, with the same checks. */
 rlx_status rlx__weights_open_file(const char *path, rlx_weights **out);
 
+/* The first (metadata-holding) GGUF file of weights opened from a GGUF model, else NULL. */
+struct rlx__gguf;
+const struct rlx__gguf *rlx__weights_gguf(const rlx_weights *w);
+
+/* The configuration of a GGUF model from its metadata (architectures qwen3 and qwen3moe) and
+ * its tensors (vocabulary rows, tied embeddings, attention bias); errors name the file and key. */
+rlx_status rlx__model_config_from_gguf(const rlx_weights *w, rlx_model_config *out);
+
 #endif

@@ -21,27 +21,12 @@
 #include <unistd.h>
 
 #include "model_internal.h"
+#include "weights_internal.h"
 #include "rlx/model.h"
 #include "util/alloc.h"
 
 /* The reference implementation's limit: a longer header means a corrupt length field. */
 #define HEADER_MAX 100000000u
-
-typedef struct st_file {
-    char *path;       /* model_dir/name, the rlx_weight.file of its tensors */
-    const char *name; /* file name part of path, as the index spells it */
-    void *map;        /* the whole file, PROT_READ; NULL until mapped */
-    size_t size;
-    char *names; /* this file's tensor names, NUL-terminated back to back */
-} st_file;
-
-struct rlx_weights {
-    st_file *files;
-    size_t n_files;      /* entries of files holding a path (and possibly a mapping) */
-    rlx_weight *tensors; /* sorted by name once all files are read */
-    size_t n_tensors;
-    size_t total_bytes;
-};
 
 static const struct {
     const char *name;
@@ -49,23 +34,9 @@ static const struct {
     uint64_t size;
 } dtypes[] = {{"F32", RLX_DTYPE_F32, 4}, {"BF16", RLX_DTYPE_BF16, 2}, {"F16", RLX_DTYPE_F16, 2}};
 
-static int cmp_name(const void *a, const void *b) {
-    return strcmp(((const rlx_weight *)a)->name, ((const rlx_weight *)b)->name);
-}
-
-static int cmp_data(const void *a, const void *b) {
-    const rlx_weight *x = a, *y = b;
-    uintptr_t px = (uintptr_t)x->data, py = (uintptr_t)y->data;
-    if (px != py)
-        return px < py ? -1 : 1;
-    return (x->nbytes > y->nbytes) - (x->nbytes < y->nbytes);
-}
-
-static int cmp_key(const void *key, const void *elem) { return strcmp(key, ((const rlx_weight *)elem)->name); }
-
 static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
-static int cmp_file_key(const void *key, const void *elem) { return strcmp(key, ((const st_file *)elem)->name); }
+static int cmp_file_key(const void *key, const void *elem) { return strcmp(key, ((const rlx__wfile *)elem)->name); }
 
 /* A non-negative JSON integer. */
 static int json_u64(const cJSON *item, uint64_t *out) {
@@ -76,24 +47,10 @@ static int json_u64(const cJSON *item, uint64_t *out) {
     return 1;
 }
 
-/* dir/name with a single separator (dir is not empty); NULL when out of memory. */
-static char *path_join(const char *dir, const char *name) {
-    size_t n = strlen(dir);
-    while (n > 0 && dir[n - 1] == '/')
-        n--;
-    char *p = rlx__malloc(n + 1 + strlen(name) + 1);
-    if (p) {
-        memcpy(p, dir, n);
-        p[n] = '/';
-        strcpy(p + n + 1, name);
-    }
-    return p;
-}
-
 // ---- one file
 
 /* Fills t from the header entry of one tensor; data is the file's data area of data_size bytes. */
-static rlx_status parse_tensor(const st_file *f, const cJSON *entry, const uint8_t *data, uint64_t data_size,
+static rlx_status parse_tensor(const rlx__wfile *f, const cJSON *entry, const uint8_t *data, uint64_t data_size,
                                rlx_weight *t) {
     const char *name = entry->string;
     if (!cJSON_IsObject(entry))
@@ -164,31 +121,8 @@ static rlx_status parse_tensor(const st_file *f, const cJSON *entry, const uint8
     return RLX_OK;
 }
 
-/* Checks the tensors of one file: no name twice, no two non-empty byte ranges sharing a byte.
- * Gaps between tensors are allowed; nothing here depends on the data area being packed. */
-static rlx_status check_file_tensors(const st_file *f, rlx_weight *t, size_t n) {
-    qsort(t, n, sizeof *t, cmp_name);
-    for (size_t i = 1; i < n; i++)
-        if (strcmp(t[i - 1].name, t[i].name) == 0)
-            return rlx_error(RLX_E_FORMAT, "%s: tensor '%s' appears twice in the header", f->path, t[i].name);
-    /* In start order, a tensor overlaps an earlier one iff it starts before the furthest end so far. */
-    qsort(t, n, sizeof *t, cmp_data);
-    const rlx_weight *reach = NULL; /* the non-empty tensor ending furthest so far */
-    for (size_t i = 0; i < n; i++) {
-        if (t[i].nbytes == 0)
-            continue;
-        const uint8_t *start = t[i].data, *end = start + t[i].nbytes;
-        if (reach && start < (const uint8_t *)reach->data + reach->nbytes)
-            return rlx_error(RLX_E_FORMAT, "%s: tensors '%s' and '%s' overlap in the data area", f->path, reach->name,
-                             t[i].name);
-        if (!reach || end > (const uint8_t *)reach->data + reach->nbytes)
-            reach = &t[i];
-    }
-    return RLX_OK;
-}
-
 /* Appends the tensors of a parsed header (an object) to w; data is the file's data area. */
-static rlx_status add_tensors(rlx_weights *w, st_file *f, const cJSON *header, const uint8_t *data,
+static rlx_status add_tensors(rlx_weights *w, rlx__wfile *f, const cJSON *header, const uint8_t *data,
                               uint64_t data_size) {
     size_t count = 0, name_bytes = 0;
     const cJSON *entry;
@@ -225,14 +159,14 @@ static rlx_status add_tensors(rlx_weights *w, st_file *f, const cJSON *header, c
         name += len;
         n++;
     }
-    rlx_status st = check_file_tensors(f, first, n);
+    rlx_status st = rlx__weights_check_file(f->path, first, n);
     if (st == RLX_OK)
         w->n_tensors += n;
     return st;
 }
 
 /* Validates the header of a mapped file and appends its tensors to w. */
-static rlx_status parse_header(rlx_weights *w, st_file *f) {
+static rlx_status parse_header(rlx_weights *w, rlx__wfile *f) {
     const uint8_t *base = f->map;
     uint64_t header_len = 0;
     for (int i = 0; i < 8; i++)
@@ -269,48 +203,16 @@ fail:
     return st;
 }
 
-/* Maps the whole file at f->path. */
-static rlx_status map_file(st_file *f) {
-    rlx_status st = RLX_OK;
-    struct stat sb;
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return rlx_error(RLX_E_IO, "%s: %s", f->path, strerror(errno));
-    if (fstat(fd, &sb) != 0) {
-        st = rlx_error(RLX_E_IO, "%s: %s", f->path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = rlx_error(RLX_E_IO, "%s: not a regular file", f->path);
-        goto fail;
-    }
-    if (sb.st_size < 8) {
-        st = rlx_error(RLX_E_FORMAT, "%s: %lld bytes is too short for the 8-byte header length", f->path,
-                       (long long)sb.st_size);
-        goto fail;
-    }
-    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-        st = rlx_error(RLX_E_IO, "%s: mmap: %s", f->path, strerror(errno));
-        goto fail;
-    }
-    f->map = map;
-    f->size = (size_t)sb.st_size;
-fail:
-    close(fd);
-    return st;
-}
-
 /* Appends a file entry for dir/name to w (w->files has room), maps it and reads its header. */
 static rlx_status add_file(rlx_weights *w, const char *dir, const char *name) {
-    st_file *f = &w->files[w->n_files];
+    rlx__wfile *f = &w->files[w->n_files];
     memset(f, 0, sizeof *f);
-    f->path = path_join(dir, name);
+    f->path = rlx__path_join(dir, name);
     if (!f->path)
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", dir);
     f->name = f->path + strlen(f->path) - strlen(name);
     w->n_files++; /* from here rlx_weights_close releases the entry */
-    rlx_status st = map_file(f);
+    rlx_status st = rlx__wfile_map(f, 8, "the 8-byte header length");
     return st == RLX_OK ? parse_header(w, f) : st;
 }
 
@@ -365,7 +267,7 @@ fail:
 static rlx_status check_index(const rlx_weights *w, const char *index_path, const cJSON *index) {
     const cJSON *e;
     cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(index, "weight_map")) {
-        const st_file *f = bsearch(e->valuestring, w->files, w->n_files, sizeof *w->files, cmp_file_key);
+        const rlx__wfile *f = bsearch(e->valuestring, w->files, w->n_files, sizeof *w->files, cmp_file_key);
         const rlx_weight *t = rlx_weights_find(w, e->string);
         if (!t)
             return rlx_error(RLX_E_FORMAT, "%s: tensor '%s' is mapped to %s, which does not contain it", index_path,
@@ -379,18 +281,6 @@ static rlx_status check_index(const rlx_weights *w, const char *index_path, cons
 
 // ---- public API
 
-/* Sorts the tensors of every file read into w by name (for lookups), rejecting a name held twice. */
-static rlx_status index_tensors(rlx_weights *w) {
-    qsort(w->tensors, w->n_tensors, sizeof *w->tensors, cmp_name);
-    for (size_t i = 0; i < w->n_tensors; i++) {
-        if (i > 0 && strcmp(w->tensors[i - 1].name, w->tensors[i].name) == 0)
-            return rlx_error(RLX_E_FORMAT, "tensor '%s' is in both %s and %s", w->tensors[i].name,
-                             w->tensors[i - 1].file, w->tensors[i].file);
-        w->total_bytes += w->tensors[i].nbytes;
-    }
-    return RLX_OK;
-}
-
 rlx_status rlx__weights_open_file(const char *path, rlx_weights **out) {
     *out = NULL;
     const char *slash = strrchr(path, '/');
@@ -402,7 +292,7 @@ rlx_status rlx__weights_open_file(const char *path, rlx_weights **out) {
     if (st == RLX_OK)
         st = add_file(w, dir, slash ? slash + 1 : path);
     if (st == RLX_OK)
-        st = index_tensors(w);
+        st = rlx__weights_index(w);
     free(dir);
     if (st != RLX_OK) {
         rlx_weights_close(w);
@@ -417,10 +307,13 @@ rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out) {
         *out = NULL;
     if (!model_dir || !model_dir[0] || !out)
         return rlx_error(RLX_E_INVALID, "rlx_weights_open: model_dir must be a non-empty path and out not NULL");
+    struct stat sb;
+    if (stat(model_dir, &sb) == 0 && S_ISREG(sb.st_mode) && rlx__is_gguf(model_dir))
+        return rlx__weights_open_gguf(model_dir, out);
     rlx_status st = RLX_OK;
     cJSON *index = NULL;
-    char *single = path_join(model_dir, "model.safetensors");
-    char *index_path = path_join(model_dir, "model.safetensors.index.json");
+    char *single = rlx__path_join(model_dir, "model.safetensors");
+    char *index_path = rlx__path_join(model_dir, "model.safetensors.index.json");
     rlx_weights *w = rlx__calloc(1, sizeof *w);
     if (!single || !index_path || !w) {
         st = rlx_error(RLX_E_NOMEM, "%s: out of memory", model_dir);
@@ -428,7 +321,6 @@ rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out) {
     }
 
     /* The single file wins when both exist, as in transformers' from_pretrained. */
-    struct stat sb;
     if (stat(single, &sb) == 0) {
         w->files = rlx__calloc(1, sizeof *w->files);
         if (w->files)
@@ -445,7 +337,7 @@ rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out) {
             st = open_shards(w, model_dir, index_path, index);
     }
     if (st == RLX_OK)
-        st = index_tensors(w);
+        st = rlx__weights_index(w);
     if (st == RLX_OK && index)
         st = check_index(w, index_path, index);
 fail:
@@ -459,31 +351,3 @@ fail:
     *out = w;
     return st;
 }
-
-void rlx_weights_close(rlx_weights *w) {
-    if (!w)
-        return;
-    for (size_t i = 0; i < w->n_files; i++) {
-        if (w->files[i].map)
-            munmap(w->files[i].map, w->files[i].size);
-        free(w->files[i].names);
-        free(w->files[i].path);
-    }
-    free(w->files);
-    free(w->tensors);
-    free(w);
-}
-
-size_t rlx_weights_count(const rlx_weights *w) { return w ? w->n_tensors : 0; }
-
-const rlx_weight *rlx_weights_at(const rlx_weights *w, size_t i) {
-    return w && i < w->n_tensors ? &w->tensors[i] : NULL;
-}
-
-const rlx_weight *rlx_weights_find(const rlx_weights *w, const char *name) {
-    if (!w || !name || w->n_tensors == 0)
-        return NULL;
-    return bsearch(name, w->tensors, w->n_tensors, sizeof *w->tensors, cmp_key);
-}
-
-size_t rlx_weights_total_bytes(const rlx_weights *w) { return w ? w->total_bytes : 0; }

@@ -121,4 +121,51 @@ void rlx__cache_deinit(text_cache *c);
 /* Recognises a chat template's text. */
 rlx_chat_template_kind rlx__chat_template_kind(const char *tmpl);
 
+/* Token ids are below this (tokenizer.json and GGUF vocabularies alike). */
+#define RLX_TEXT_MAX_TOKENS (1 << 24)
+
+/* A growable byte buffer reused across calls, and the byte-level alphabet once computed. */
+typedef struct text_scratch {
+    char *buf;
+    size_t cap;
+    int tables;
+    int16_t cp_to_byte[324];
+} text_scratch;
+
+/* Loading steps shared by the tokenizer.json and GGUF readers (tokenizer.c). path names the file
+ * in errors; cap is the capacity of tok->tokens. */
+rlx_status rlx__vocab_set(rlx_tokenizer *tok, const char *path, int32_t id, const char *str, size_t len, size_t *cap,
+                          text_scratch *scratch);
+rlx_status rlx__vocab_build_map(rlx_tokenizer *tok);
+void rlx__vocab_byte_tokens(rlx_tokenizer *tok);
+rlx_status rlx__merges_alloc(rlx_tokenizer *tok, size_t n);
+/* Splits merge "a b" (exactly one space) of len bytes into its two tokens. */
+rlx_status rlx__merge_parse(const char *path, uint32_t rank, const char *s, size_t len, const char **left,
+                            size_t *left_len, const char **right, size_t *right_len);
+rlx_status rlx__merge_add(rlx_tokenizer *tok, const char *path, uint32_t rank, const char *left, size_t left_len,
+                          const char *right, size_t right_len, text_scratch *scratch);
+
+/* GPT-2's pattern, which a ByteLevel pre-tokenizer with use_regex applies. */
+extern const char rlx__gpt2_pattern[];
+
+/* Compiles the pre-tokenizer's split pattern (a regex, or a literal string). */
+rlx_status rlx__pretok_regex(rlx_tokenizer *tok, const char *path, const char *pattern, int literal);
+
+/* One added token as tokenizer.json (or a GGUF vocabulary) describes it; id -1 lets the loader
+ * choose as Hugging Face's AddedVocabulary does. */
+typedef struct added_spec {
+    const char *content; /* NUL-terminated */
+    int special, lstrip, rstrip, single_word, normalized;
+    int32_t id;
+} added_spec;
+
+/* AddedVocabulary::add_tokens for one token (n_model: the model vocabulary's size; cap and
+ * added_cap: capacities of tok->tokens and tok->added). */
+rlx_status rlx__added_token(rlx_tokenizer *tok, const added_spec *spec, int32_t n_model, size_t *cap,
+                            size_t *added_cap);
+
+/* Loads the vocabulary, merges, added tokens, special ids and chat template of a GGUF file's
+ * tokenizer.ggml.* metadata (tokenizer_gguf.c). */
+rlx_status rlx__tokenizer_load_gguf(rlx_tokenizer *tok, const char *path, size_t *cap, size_t *added_cap);
+
 #endif

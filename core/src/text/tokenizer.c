@@ -8,15 +8,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
+#include "model/gguf.h"
 #include "model/model_internal.h"
 #include "text_internal.h"
 #include "util/alloc.h"
 
 /* Far above any tokenizer's vocabulary and merges (Qwen3: 151669 tokens, 151387 merges). */
-#define MAX_TOKENS (1 << 24)
 #define CHAT_TEMPLATE_MAX_BYTES (1 << 20)
 
 // ---- byte-level alphabet
@@ -190,7 +191,7 @@ static char *spell_out_space(const char *re) {
     return out;
 }
 
-static rlx_status compile_regex(rlx_tokenizer *tok, const char *path, const char *pattern, int literal) {
+rlx_status rlx__pretok_regex(rlx_tokenizer *tok, const char *path, const char *pattern, int literal) {
     char *widened = literal ? rlx__strdup(pattern) : spell_out_space(pattern);
     if (!widened)
         return rlx_error(RLX_E_NOMEM, "out of memory for a copy of the pre-tokenizer regex");
@@ -224,8 +225,7 @@ static rlx_status check_byte_level(const char *path, const cJSON *bl, int want_r
     return RLX_OK;
 }
 
-/* GPT-2's pattern, which a ByteLevel pre-tokenizer with use_regex applies. */
-static const char gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+const char rlx__gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 static rlx_status load_pre_tokenizer(rlx_tokenizer *tok, const char *path, const cJSON *pre) {
     rlx_status st;
@@ -235,7 +235,7 @@ static rlx_status load_pre_tokenizer(rlx_tokenizer *tok, const char *path, const
     if (strcmp(type, "ByteLevel") == 0) {
         if ((st = check_byte_level(path, pre, 1)) != RLX_OK)
             return st;
-        return compile_regex(tok, path, gpt2_pattern, 0);
+        return rlx__pretok_regex(tok, path, rlx__gpt2_pattern, 0);
     }
     const cJSON *list = get(pre, "pretokenizers");
     if (strcmp(type, "Sequence") != 0 || !cJSON_IsArray(list) || cJSON_GetArraySize(list) != 2 ||
@@ -262,9 +262,9 @@ static rlx_status load_pre_tokenizer(rlx_tokenizer *tok, const char *path, const
     const cJSON *regex = cJSON_IsObject(pattern) ? get(pattern, "Regex") : NULL;
     const cJSON *string = cJSON_IsObject(pattern) ? get(pattern, "String") : NULL;
     if (cJSON_IsString(regex))
-        return compile_regex(tok, path, regex->valuestring, 0);
+        return rlx__pretok_regex(tok, path, regex->valuestring, 0);
     if (cJSON_IsString(string))
-        return compile_regex(tok, path, string->valuestring, 1);
+        return rlx__pretok_regex(tok, path, string->valuestring, 1);
     return rlx_error(RLX_E_FORMAT, "%s: Split pre-tokenizer needs a pattern {\"Regex\": ...} or {\"String\": ...}",
                      path);
 }
@@ -307,6 +307,18 @@ static rlx_status check_decoder(const char *path, const cJSON *dec) {
 // ---- vocabulary, added tokens, merges
 
 /* tokens[] grows to hold id. */
+/* The ids of the 256 single-byte tokens, once the vocabulary is in. */
+void rlx__vocab_byte_tokens(rlx_tokenizer *tok) {
+    uint32_t byte_to_cp[256];
+    int16_t cp_to_byte[324];
+    byte_level_tables(byte_to_cp, cp_to_byte);
+    for (int b = 0; b < 256; b++) {
+        char s[2];
+        size_t n = utf8_put(byte_to_cp[b], s);
+        tok->byte_token[b] = rlx__vocab_find(tok, s, n);
+    }
+}
+
 static rlx_status ensure_id(rlx_tokenizer *tok, int32_t id, size_t *cap) {
     if (id < tok->n_tokens)
         return RLX_OK;
@@ -325,79 +337,84 @@ static rlx_status ensure_id(rlx_tokenizer *tok, int32_t id, size_t *cap) {
     return RLX_OK;
 }
 
-static rlx_status load_vocab(rlx_tokenizer *tok, const char *path, const cJSON *vocab, size_t *cap,
-                             const int16_t cp_to_byte[324], int32_t *n_model) {
+rlx_status rlx__vocab_set(rlx_tokenizer *tok, const char *path, int32_t id, const char *str, size_t len, size_t *cap,
+                          text_scratch *scratch) {
+    rlx_status st;
+    if ((st = ensure_id(tok, id, cap)) != RLX_OK)
+        return st;
+    text_token *t = &tok->tokens[id];
+    if (t->present)
+        return rlx_error(RLX_E_FORMAT, "%s: the vocabulary gives id %lld to both \"%.60s\" and \"%.*s\"", path,
+                         (long long)id, tok->strings + t->str, (int)(len < 60 ? len : 60), str);
+    if ((st = arena_add(tok, str, len, &t->str)) != RLX_OK)
+        return st;
+    t->str_len = (uint32_t)len;
+    t->present = 1;
+    t->in_model = 1;
+    /* What ByteLevel decoding makes of it: each character's byte, or the raw UTF-8 when a
+     * character is outside the byte-level alphabet (as tokenizers' ByteLevel decoder does). */
+    if (scratch->cap < len + 1) {
+        free(scratch->buf);
+        scratch->cap = len + 64;
+        if (!(scratch->buf = rlx__malloc(scratch->cap))) {
+            scratch->cap = 0;
+            return rlx_error(RLX_E_NOMEM, "out of memory");
+        }
+    }
+    if (!scratch->tables) {
+        uint32_t byte_to_cp[256];
+        byte_level_tables(byte_to_cp, scratch->cp_to_byte);
+        scratch->tables = 1;
+    }
+    const int16_t *cp_to_byte = scratch->cp_to_byte;
+    size_t nb = 0, i = 0;
+    int mapped = 1;
+    while (i < len) {
+        size_t cl;
+        size_t window = len - i < 4 ? len - i : 4; /* checks the character at i only */
+        if (rlx__utf8_check((const uint8_t *)str + i, window) == 0) {
+            mapped = 0;
+            break;
+        }
+        uint32_t cp = rlx__utf8_decode((const uint8_t *)str + i, &cl);
+        if (cp >= 324 || cp_to_byte[cp] < 0) {
+            mapped = 0;
+            break;
+        }
+        scratch->buf[nb++] = (char)cp_to_byte[cp];
+        i += cl;
+    }
+    if (mapped) {
+        if ((st = arena_add(tok, scratch->buf, nb, &t->bytes)) != RLX_OK)
+            return st;
+        t->bytes_len = (uint32_t)nb;
+    } else {
+        t->bytes = t->str;
+        t->bytes_len = t->str_len;
+    }
+    return RLX_OK;
+}
+
+static rlx_status load_vocab(rlx_tokenizer *tok, const char *path, const cJSON *vocab, size_t *cap, int32_t *n_model) {
     if (!cJSON_IsObject(vocab))
         return rlx_error(RLX_E_FORMAT, "%s: model.vocab must be an object of token -> id", path);
     int32_t count = 0;
-    char *bytes = NULL;
-    size_t bytes_cap = 0;
+    text_scratch scratch = {0};
     rlx_status st = RLX_OK;
-    for (const cJSON *e = vocab->child; e; e = e->next) {
+    for (const cJSON *e = vocab->child; e && st == RLX_OK; e = e->next) {
         int64_t id;
-        if (!rlx__json_int(e, &id) || id < 0 || id >= MAX_TOKENS) {
+        if (!rlx__json_int(e, &id) || id < 0 || id >= RLX_TEXT_MAX_TOKENS)
             st = rlx_error(RLX_E_FORMAT, "%s: model.vocab[\"%.60s\"] must be an id in [0, %d)", path, e->string,
-                           MAX_TOKENS);
-            goto done;
-        }
-        if ((st = ensure_id(tok, (int32_t)id, cap)) != RLX_OK)
-            goto done;
-        text_token *t = &tok->tokens[id];
-        if (t->present) {
-            st = rlx_error(RLX_E_FORMAT, "%s: model.vocab gives id %lld to both \"%.60s\" and \"%.60s\"", path,
-                           (long long)id, tok->strings + t->str, e->string);
-            goto done;
-        }
-        size_t len = strlen(e->string);
-        if ((st = arena_add(tok, e->string, len, &t->str)) != RLX_OK)
-            goto done;
-        t->str_len = (uint32_t)len;
-        t->present = 1;
-        t->in_model = 1;
-        /* What ByteLevel decoding makes of it: each character's byte, or the raw UTF-8 when a
-         * character is outside the byte-level alphabet (as tokenizers' ByteLevel decoder does). */
-        if (bytes_cap < len + 1) {
-            free(bytes);
-            bytes_cap = len + 64;
-            if (!(bytes = rlx__malloc(bytes_cap))) {
-                st = rlx_error(RLX_E_NOMEM, "out of memory");
-                goto done;
-            }
-        }
-        size_t nb = 0, i = 0;
-        int mapped = 1;
-        while (i < len) {
-            size_t cl;
-            size_t window = len - i < 4 ? len - i : 4; /* checks the character at i only */
-            if (rlx__utf8_check((const uint8_t *)e->string + i, window) == 0) {
-                mapped = 0;
-                break;
-            }
-            uint32_t cp = rlx__utf8_decode((const uint8_t *)e->string + i, &cl);
-            if (cp >= 324 || cp_to_byte[cp] < 0) {
-                mapped = 0;
-                break;
-            }
-            bytes[nb++] = (char)cp_to_byte[cp];
-            i += cl;
-        }
-        if (mapped) {
-            if ((st = arena_add(tok, bytes, nb, &t->bytes)) != RLX_OK)
-                goto done;
-            t->bytes_len = (uint32_t)nb;
-        } else {
-            t->bytes = t->str;
-            t->bytes_len = t->str_len;
-        }
-        count++;
+                           RLX_TEXT_MAX_TOKENS);
+        else if ((st = rlx__vocab_set(tok, path, (int32_t)id, e->string, strlen(e->string), cap, &scratch)) == RLX_OK)
+            count++;
     }
+    free(scratch.buf);
     *n_model = count;
-done:
-    free(bytes);
     return st;
 }
 
-static rlx_status build_vocab_map(rlx_tokenizer *tok) {
+rlx_status rlx__vocab_build_map(rlx_tokenizer *tok) {
     rlx_status st;
     free(tok->vocab_slots);
     tok->vocab_cap = pow2_at_least((size_t)tok->n_tokens * 2 + 16);
@@ -429,10 +446,7 @@ static rlx_status merge_insert(rlx_tokenizer *tok, int32_t a, int32_t b, uint32_
     }
 }
 
-static rlx_status load_merges(rlx_tokenizer *tok, const char *path, const cJSON *merges) {
-    if (!cJSON_IsArray(merges))
-        return rlx_error(RLX_E_FORMAT, "%s: model.merges must be a list", path);
-    size_t n = (size_t)cJSON_GetArraySize(merges);
+rlx_status rlx__merges_alloc(rlx_tokenizer *tok, size_t n) {
     tok->merge_cap = pow2_at_least(n * 2 + 16);
     tok->merge_keys = rlx__malloc(tok->merge_cap * sizeof *tok->merge_keys);
     tok->merge_rank = rlx__malloc(tok->merge_cap * sizeof *tok->merge_rank);
@@ -440,25 +454,58 @@ static rlx_status load_merges(rlx_tokenizer *tok, const char *path, const cJSON 
     if (!tok->merge_keys || !tok->merge_rank || !tok->merge_id)
         return rlx_error(RLX_E_NOMEM, "cannot allocate the merge table for %zu merges", n);
     memset(tok->merge_keys, 0xFF, tok->merge_cap * sizeof *tok->merge_keys);
-    char *joined = NULL;
-    size_t joined_cap = 0;
+    return RLX_OK;
+}
+
+rlx_status rlx__merge_add(rlx_tokenizer *tok, const char *path, uint32_t rank, const char *left, size_t left_len,
+                          const char *right, size_t right_len, text_scratch *scratch) {
+    int32_t a = rlx__vocab_find(tok, left, left_len), b = rlx__vocab_find(tok, right, right_len);
+    if (a < 0 || b < 0)
+        return rlx_error(RLX_E_FORMAT, "%s: merge %u: token \"%.*s\" is not in the vocabulary", path, rank,
+                         (int)(a < 0 ? left_len : right_len), a < 0 ? left : right);
+    if (scratch->cap < left_len + right_len + 1) {
+        free(scratch->buf);
+        scratch->cap = (left_len + right_len) * 2 + 16;
+        if (!(scratch->buf = rlx__malloc(scratch->cap))) {
+            scratch->cap = 0;
+            return rlx_error(RLX_E_NOMEM, "out of memory");
+        }
+    }
+    memcpy(scratch->buf, left, left_len);
+    memcpy(scratch->buf + left_len, right, right_len);
+    int32_t merged = rlx__vocab_find(tok, scratch->buf, left_len + right_len);
+    if (merged < 0)
+        return rlx_error(RLX_E_FORMAT, "%s: merge %u: the merged token \"%.*s\" is not in the vocabulary", path, rank,
+                         (int)(left_len + right_len), scratch->buf);
+    return merge_insert(tok, a, b, rank, merged);
+}
+
+rlx_status rlx__merge_parse(const char *path, uint32_t rank, const char *s, size_t len, const char **left,
+                            size_t *left_len, const char **right, size_t *right_len) {
+    /* "a b": exactly one space, as the Rust reader splits it */
+    const char *space = memchr(s, ' ', len);
+    if (!space || memchr(space + 1, ' ', len - (size_t)(space + 1 - s)))
+        return rlx_error(RLX_E_FORMAT, "%s: merge %u \"%.*s\" is not two tokens separated by one space", path, rank,
+                         (int)(len < 60 ? len : 60), s);
+    *left = s;
+    *left_len = (size_t)(space - s);
+    *right = space + 1;
+    *right_len = len - *left_len - 1;
+    return RLX_OK;
+}
+
+static rlx_status load_merges(rlx_tokenizer *tok, const char *path, const cJSON *merges) {
+    if (!cJSON_IsArray(merges))
+        return rlx_error(RLX_E_FORMAT, "%s: model.merges must be a list", path);
+    rlx_status st = rlx__merges_alloc(tok, (size_t)cJSON_GetArraySize(merges));
+    text_scratch scratch = {0};
     uint32_t rank = 0;
-    rlx_status st = RLX_OK;
-    for (const cJSON *e = merges->child; e; e = e->next, rank++) {
-        const char *left, *right;
-        size_t left_len, right_len;
+    for (const cJSON *e = merges->child; e && st == RLX_OK; e = e->next, rank++) {
+        const char *left = NULL, *right = NULL;
+        size_t left_len = 0, right_len = 0;
         if (cJSON_IsString(e)) {
-            /* "a b": exactly one space, as the Rust reader splits it */
-            const char *s = e->valuestring, *space = strchr(s, ' ');
-            if (!space || strchr(space + 1, ' ')) {
-                st = rlx_error(RLX_E_FORMAT, "%s: merge %u \"%.60s\" is not two tokens separated by one space", path,
-                               rank, s);
-                goto done;
-            }
-            left = s;
-            left_len = (size_t)(space - s);
-            right = space + 1;
-            right_len = strlen(right);
+            st = rlx__merge_parse(path, rank, e->valuestring, strlen(e->valuestring), &left, &left_len, &right,
+                                  &right_len);
         } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(e->child) &&
                    cJSON_IsString(e->child->next)) {
             left = e->child->valuestring;
@@ -467,47 +514,18 @@ static rlx_status load_merges(rlx_tokenizer *tok, const char *path, const cJSON 
             right_len = strlen(right);
         } else {
             st = rlx_error(RLX_E_FORMAT, "%s: merge %u must be a string \"a b\" or a pair [\"a\", \"b\"]", path, rank);
-            goto done;
         }
-        int32_t a = rlx__vocab_find(tok, left, left_len), b = rlx__vocab_find(tok, right, right_len);
-        if (a < 0 || b < 0) {
-            st = rlx_error(RLX_E_FORMAT, "%s: merge %u: token \"%.*s\" is not in the vocabulary", path, rank,
-                           (int)(a < 0 ? left_len : right_len), a < 0 ? left : right);
-            goto done;
-        }
-        if (joined_cap < left_len + right_len + 1) {
-            free(joined);
-            joined_cap = (left_len + right_len) * 2 + 16;
-            if (!(joined = rlx__malloc(joined_cap))) {
-                st = rlx_error(RLX_E_NOMEM, "out of memory");
-                goto done;
-            }
-        }
-        memcpy(joined, left, left_len);
-        memcpy(joined + left_len, right, right_len);
-        int32_t merged = rlx__vocab_find(tok, joined, left_len + right_len);
-        if (merged < 0) {
-            st = rlx_error(RLX_E_FORMAT, "%s: merge %u: the merged token \"%.*s\" is not in the vocabulary", path, rank,
-                           (int)(left_len + right_len), joined);
-            goto done;
-        }
-        if ((st = merge_insert(tok, a, b, rank, merged)) != RLX_OK)
-            goto done;
+        if (st == RLX_OK)
+            st = rlx__merge_add(tok, path, rank, left, left_len, right, right_len, &scratch);
     }
-done:
-    free(joined);
+    free(scratch.buf);
     return st;
 }
-
-typedef struct added_spec {
-    const char *content;
-    int special, lstrip, rstrip, single_word, normalized;
-} added_spec;
 
 /* AddedVocabulary::add_tokens for one token: a content already added is kept as it is; otherwise
  * the token takes its id from the model vocabulary if there, or the next id after both the
  * vocabulary and the added tokens. */
-static rlx_status add_token(rlx_tokenizer *tok, const added_spec *spec, int32_t n_model, size_t *cap,
+rlx_status rlx__added_token(rlx_tokenizer *tok, const added_spec *spec, int32_t n_model, size_t *cap,
                             size_t *added_cap) {
     rlx_status st;
     size_t len = strlen(spec->content);
@@ -516,8 +534,15 @@ static rlx_status add_token(rlx_tokenizer *tok, const added_spec *spec, int32_t 
     for (size_t i = 0; i < tok->n_added; i++)
         if (tok->added[i].len == len && memcmp(tok->strings + tok->added[i].off, spec->content, len) == 0)
             return RLX_OK;
-    int32_t id = rlx__vocab_find(tok, spec->content, len);
-    if (id < 0) {
+    int32_t id = spec->id >= 0 ? spec->id : rlx__vocab_find(tok, spec->content, len);
+    if (spec->id >= 0) {
+        if ((st = ensure_id(tok, id, cap)) != RLX_OK)
+            return st;
+        const text_token *t = &tok->tokens[id];
+        if (t->present && (t->str_len != len || memcmp(tok->strings + t->str, spec->content, len) != 0))
+            return rlx_error(RLX_E_FORMAT, "added token \"%.60s\" has id %d, which \"%.60s\" already has",
+                             spec->content, id, tok->strings + t->str);
+    } else if (id < 0) {
         int32_t max = -1;
         for (size_t i = 0; i < tok->n_added; i++)
             if (tok->added[i].id > max)
@@ -525,7 +550,7 @@ static rlx_status add_token(rlx_tokenizer *tok, const added_spec *spec, int32_t 
         id = max < 0 ? n_model : (max >= n_model || n_model == 0 ? max + 1 : n_model);
         while (id < tok->n_tokens && tok->tokens[id].present) /* a gap-free vocabulary never gets here */
             id++;
-        if (id >= MAX_TOKENS)
+        if (id >= RLX_TEXT_MAX_TOKENS)
             return rlx_error(RLX_E_FORMAT, "too many tokens");
         if ((st = ensure_id(tok, id, cap)) != RLX_OK)
             return st;
@@ -574,6 +599,7 @@ static rlx_status parse_added(const char *path, const char *where, const cJSON *
     if (!content)
         return rlx_error(RLX_E_FORMAT, "%s: %s needs a 'content' string", path, where);
     spec->content = content;
+    spec->id = -1;
     if ((st = opt_bool(path, where, obj, "special", 0, &spec->special)) != RLX_OK)
         return st;
     if ((st = opt_bool(path, where, obj, "lstrip", 0, &spec->lstrip)) != RLX_OK)
@@ -713,7 +739,7 @@ static rlx_status load_config(rlx_tokenizer *tok, const char *dir, int32_t n_mod
                     st = rlx_error(RLX_E_FORMAT, "%s: added_tokens_decoder[\"%s\"] must be an object", path,
                                    order[i]->string);
                 else if ((st = parse_added(path, "added_tokens_decoder entry", order[i], &spec)) == RLX_OK)
-                    st = add_token(tok, &spec, n_model, cap, added_cap);
+                    st = rlx__added_token(tok, &spec, n_model, cap, added_cap);
             }
             free(order);
             free(keys);
@@ -727,21 +753,21 @@ static rlx_status load_config(rlx_tokenizer *tok, const char *dir, int32_t n_mod
             if ((st = config_token(path, cfg, special_keys[i], &content)) != RLX_OK)
                 goto done;
             if (content) {
-                added_spec spec = {.content = content, .special = 1};
-                if ((st = add_token(tok, &spec, n_model, cap, added_cap)) != RLX_OK)
+                added_spec spec = {.content = content, .special = 1, .id = -1};
+                if ((st = rlx__added_token(tok, &spec, n_model, cap, added_cap)) != RLX_OK)
                     goto done;
             }
         }
         const cJSON *extra = get(cfg, "additional_special_tokens");
         if (cJSON_IsArray(extra)) {
             for (const cJSON *e = extra->child; e; e = e->next) {
-                added_spec spec = {.special = 1};
+                added_spec spec = {.special = 1, .id = -1};
                 if (cJSON_IsString(e))
                     spec.content = e->valuestring;
                 else if (cJSON_IsObject(e) &&
                          (st = parse_added(path, "additional_special_tokens entry", e, &spec)) != RLX_OK)
                     goto done;
-                if (spec.content && (st = add_token(tok, &spec, n_model, cap, added_cap)) != RLX_OK)
+                if (spec.content && (st = rlx__added_token(tok, &spec, n_model, cap, added_cap)) != RLX_OK)
                     goto done;
             }
         }
@@ -810,20 +836,13 @@ static rlx_status load_tokenizer_json(rlx_tokenizer *tok, const char *path, cons
     if ((st = check_decoder(path, get(root, "decoder"))) != RLX_OK)
         return st;
 
-    uint32_t byte_to_cp[256];
-    int16_t cp_to_byte[324];
-    byte_level_tables(byte_to_cp, cp_to_byte);
-    if ((st = load_vocab(tok, path, get(model, "vocab"), cap, cp_to_byte, n_model)) != RLX_OK)
+    if ((st = load_vocab(tok, path, get(model, "vocab"), cap, n_model)) != RLX_OK)
         return st;
-    if ((st = build_vocab_map(tok)) != RLX_OK)
+    if ((st = rlx__vocab_build_map(tok)) != RLX_OK)
         return st;
     if ((st = load_merges(tok, path, get(model, "merges"))) != RLX_OK)
         return st;
-    for (int b = 0; b < 256; b++) {
-        char s[2];
-        size_t n = utf8_put(byte_to_cp[b], s);
-        tok->byte_token[b] = rlx__vocab_find(tok, s, n);
-    }
+    rlx__vocab_byte_tokens(tok);
 
     const cJSON *added = get(root, "added_tokens");
     if (added && !cJSON_IsNull(added)) {
@@ -838,7 +857,7 @@ static rlx_status load_tokenizer_json(rlx_tokenizer *tok, const char *path, cons
             added_spec spec;
             if ((st = parse_added(path, where, e, &spec)) != RLX_OK)
                 return st;
-            if ((st = add_token(tok, &spec, *n_model, cap, added_cap)) != RLX_OK)
+            if ((st = rlx__added_token(tok, &spec, *n_model, cap, added_cap)) != RLX_OK)
                 return st;
         }
     }
@@ -866,14 +885,20 @@ rlx_status rlx_tokenizer_open(const char *model_dir, rlx_tokenizer **out) {
     cJSON *root = NULL;
     size_t cap = 0, added_cap = 0;
     int32_t n_model = 0;
-    if ((st = rlx__json_load(path, 0, &root)) != RLX_OK)
-        goto fail;
-    st = load_tokenizer_json(tok, path, root, &cap, &added_cap, &n_model);
-    cJSON_Delete(root);
-    if (st != RLX_OK)
-        goto fail;
-    if ((st = load_config(tok, model_dir, n_model, &cap, &added_cap)) != RLX_OK)
-        goto fail;
+    struct stat sb;
+    if (stat(model_dir, &sb) == 0 && S_ISREG(sb.st_mode) && rlx__is_gguf(model_dir)) {
+        if ((st = rlx__tokenizer_load_gguf(tok, model_dir, &cap, &added_cap)) != RLX_OK)
+            goto fail;
+    } else {
+        if ((st = rlx__json_load(path, 0, &root)) != RLX_OK)
+            goto fail;
+        st = load_tokenizer_json(tok, path, root, &cap, &added_cap, &n_model);
+        cJSON_Delete(root);
+        if (st != RLX_OK)
+            goto fail;
+        if ((st = load_config(tok, model_dir, n_model, &cap, &added_cap)) != RLX_OK)
+            goto fail;
+    }
     /* Normalized added tokens are matched against normalized text, so their content is NFC'd. */
     for (size_t i = 0; i < tok->n_added && tok->nfc; i++) {
         text_added *a = &tok->added[i];

@@ -1,0 +1,360 @@
+/* A GGUF file as a model: its tensors under the Hugging Face names the block builder reads, and
+ * its metadata as the model configuration, for the architectures qwen3 and qwen3moe.
+ *
+ * llama.cpp's converter keeps Qwen3's tensors as they are (no permutation: both use NeoX RoPE)
+ * and only renames them, stores dimensions innermost first (a [rows, cols] matrix is ne = [cols,
+ * rows]) and stacks the experts of a MoE layer into one [experts, rows, cols] tensor, which is
+ * split here into one view per expert. Tied embeddings are a file without output.weight. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_internal.h"
+#include "util/alloc.h"
+#include "weights_internal.h"
+
+/* llama.cpp's names of a layer's tensors (after "blk.N.") and the Hugging Face ones. */
+static const struct {
+    const char *gguf, *hf;
+    int experts; /* 1: a stacked [experts, rows, cols] tensor */
+} layer_names[] = {
+    {"attn_norm", "input_layernorm", 0},    {"attn_q", "self_attn.q_proj", 0},
+    {"attn_k", "self_attn.k_proj", 0},      {"attn_v", "self_attn.v_proj", 0},
+    {"attn_output", "self_attn.o_proj", 0}, {"attn_q_norm", "self_attn.q_norm", 0},
+    {"attn_k_norm", "self_attn.k_norm", 0}, {"ffn_norm", "post_attention_layernorm", 0},
+    {"ffn_gate", "mlp.gate_proj", 0},       {"ffn_up", "mlp.up_proj", 0},
+    {"ffn_down", "mlp.down_proj", 0},       {"ffn_gate_inp", "mlp.gate", 0},
+    {"ffn_gate_exps", "gate_proj", 1},      {"ffn_up_exps", "up_proj", 1},
+    {"ffn_down_exps", "down_proj", 1},
+};
+
+static const struct {
+    const char *gguf, *hf;
+} top_names[] = {
+    {"token_embd", "model.embed_tokens"},
+    {"output_norm", "model.norm"},
+    {"output", "lm_head"},
+};
+
+/* The Hugging Face name of GGUF tensor `name` into out (for a stacked expert tensor, a printf
+ * format taking the expert index); returns 1 for a stacked expert tensor, 0 otherwise. A name
+ * this table does not know keeps its GGUF spelling: the builder never asks for it. */
+static int hf_name(const char *name, char *out, size_t len) {
+    const char *dot = strrchr(name, '.'); /* ".weight" or ".bias" */
+    const size_t stem = dot ? (size_t)(dot - name) : strlen(name);
+    const char *suffix = dot ? dot : "";
+    unsigned layer;
+    int consumed = 0;
+    if (sscanf(name, "blk.%u.%n", &layer, &consumed) == 1 && consumed > 0) {
+        const char *part = name + consumed;
+        const size_t part_len = stem - (size_t)consumed;
+        for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {
+            if (strlen(layer_names[i].gguf) != part_len || strncmp(part, layer_names[i].gguf, part_len) != 0)
+                continue;
+            if (layer_names[i].experts)
+                snprintf(out, len, "model.layers.%u.mlp.experts.%%lld.%s%s", layer, layer_names[i].hf, suffix);
+            else
+                snprintf(out, len, "model.layers.%u.%s%s", layer, layer_names[i].hf, suffix);
+            return layer_names[i].experts;
+        }
+    } else {
+        for (size_t i = 0; i < sizeof top_names / sizeof top_names[0]; i++) {
+            if (strlen(top_names[i].gguf) == stem && strncmp(name, top_names[i].gguf, stem) == 0) {
+                snprintf(out, len, "%s%s", top_names[i].hf, suffix);
+                return 0;
+            }
+        }
+    }
+    snprintf(out, len, "%s", name);
+    return 0;
+}
+
+/* Appends the tensors of shard g to w under their Hugging Face names, the names stored in f. */
+static rlx_status add_shard_tensors(rlx_weights *w, rlx__wfile *f, const rlx__gguf *g) {
+    size_t count = 0, name_bytes = 0;
+    char name[256];
+    for (size_t i = 0; i < g->n_tensors; i++) {
+        const rlx__gguf_tensor *t = &g->tensors[i];
+        const int experts = hf_name(t->name, name, sizeof name);
+        if (experts && t->n_dims != 3)
+            return rlx_error(RLX_E_FORMAT, "%s: tensor '%s' stacks experts but has %u dimensions, not 3", g->path,
+                             t->name, t->n_dims);
+        const size_t n = experts ? (size_t)t->ne[2] : 1;
+        count += n;
+        name_bytes += n * (strlen(name) + 24);
+    }
+    if (count == 0)
+        return RLX_OK;
+    rlx_weight *grown = rlx__realloc(w->tensors, (w->n_tensors + count) * sizeof *grown);
+    if (!grown)
+        return rlx_error(RLX_E_NOMEM, "%s: cannot allocate the index of %zu tensors", g->path, count);
+    w->tensors = grown;
+    if (!(f->names = rlx__malloc(name_bytes)))
+        return rlx_error(RLX_E_NOMEM, "%s: cannot allocate %zu bytes of tensor names", g->path, name_bytes);
+
+    rlx_weight *first = w->tensors + w->n_tensors;
+    char *out = f->names;
+    size_t n = 0;
+    for (size_t i = 0; i < g->n_tensors; i++) {
+        const rlx__gguf_tensor *t = &g->tensors[i];
+        const int experts = hf_name(t->name, name, sizeof name);
+        const int64_t copies = experts ? t->ne[2] : 1;
+        const size_t bytes = t->nbytes / (size_t)copies;
+        for (int64_t e = 0; e < copies; e++) {
+            rlx_weight *x = &first[n++];
+            memset(x, 0, sizeof *x);
+            const int len = experts ? snprintf(out, 256 + 24, name, (long long)e) : snprintf(out, 256 + 24, "%s", name);
+            x->name = out;
+            out += len + 1;
+            x->dtype = t->dtype;
+            x->file = f->path;
+            x->data = t->data + (size_t)e * bytes;
+            x->nbytes = bytes;
+            /* GGUF lists dimensions innermost first; an expert's view drops the stacking one */
+            x->n_dims = experts ? 2 : t->n_dims;
+            for (uint32_t d = 0; d < RLX_MAX_DIMS; d++)
+                x->shape[d] = d < x->n_dims ? t->ne[x->n_dims - 1 - d] : 1;
+        }
+    }
+    rlx_status st = rlx__weights_check_file(g->path, first, n);
+    if (st == RLX_OK)
+        w->n_tensors += n;
+    return st;
+}
+
+/* For "DIR/NAME-00001-of-00004.gguf": the part before "-00001", its length, and 4. */
+static int split_name(const char *path, size_t *prefix_len, unsigned *count) {
+    const size_t n = strlen(path);
+    const char *tail = "-00000-of-00000.gguf";
+    if (n < strlen(tail))
+        return 0;
+    const char *p = path + n - strlen(tail);
+    unsigned index, total;
+    int used = 0;
+    if (sscanf(p, "-%5u-of-%5u.gguf%n", &index, &total, &used) != 2 || (size_t)used != strlen(tail))
+        return 0;
+    *prefix_len = (size_t)(p - path);
+    *count = total;
+    return index;
+}
+
+/* The split metadata of shard number `no` (0-based) of a set of `count`: when the file has the
+ * keys, they must agree with its name. */
+static rlx_status check_split(const rlx__gguf *g, unsigned no, unsigned count) {
+    int64_t v;
+    rlx_status st = rlx__gguf_int(g, "split.count", 1, &v);
+    if (st == RLX_OK && v != (int64_t)count)
+        return rlx_error(RLX_E_FORMAT,
+                         "%s: metadata key 'split.count' is %" PRId64 ", but the file name says %u shards", g->path, v,
+                         count);
+    if (st != RLX_OK && st != RLX_E_NOT_FOUND)
+        return st;
+    st = rlx__gguf_int(g, "split.no", 1, &v);
+    if (st == RLX_OK && v != (int64_t)no)
+        return rlx_error(RLX_E_FORMAT, "%s: metadata key 'split.no' is %" PRId64 ", but the file name says shard %u",
+                         g->path, v, no);
+    return st == RLX_E_NOT_FOUND ? RLX_OK : st;
+}
+
+rlx_status rlx__weights_open_gguf(const char *path, rlx_weights **out) {
+    *out = NULL;
+    size_t prefix_len = 0;
+    unsigned count = 1;
+    const int index = split_name(path, &prefix_len, &count);
+    if (index > 1)
+        return rlx_error(RLX_E_INVALID, "%s is shard %d of a split GGUF model; give the first, %.*s-00001-of-%05u.gguf",
+                         path, index, (int)prefix_len, path, count);
+    if (index == 1 && count == 0)
+        return rlx_error(RLX_E_INVALID, "%s: a split GGUF name with 0 shards", path);
+    if (!index)
+        count = 1;
+    rlx_weights *w = rlx__calloc(1, sizeof *w);
+    if (!w || !(w->files = rlx__calloc(count, sizeof *w->files)) || !(w->gguf = rlx__calloc(count, sizeof *w->gguf))) {
+        rlx_weights_close(w);
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
+    }
+    rlx_status st = RLX_OK;
+    for (unsigned i = 0; i < count && st == RLX_OK; i++) {
+        rlx__wfile *f = &w->files[w->n_files];
+        const size_t len = strlen(path) + 1;
+        if (!(f->path = rlx__malloc(len))) {
+            st = rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
+            break;
+        }
+        if (index)
+            snprintf(f->path, len, "%.*s-%05u-of-%05u.gguf", (int)prefix_len, path, i + 1, count);
+        else
+            memcpy(f->path, path, len);
+        const char *slash = strrchr(f->path, '/');
+        f->name = slash ? slash + 1 : f->path;
+        w->n_files++;
+        if ((st = rlx__gguf_open(f->path, &w->gguf[w->n_gguf])) != RLX_OK)
+            break;
+        const rlx__gguf *g = w->gguf[w->n_gguf++];
+        if (index)
+            st = check_split(g, i, count);
+        if (st == RLX_OK)
+            st = add_shard_tensors(w, f, g);
+    }
+    if (st == RLX_OK)
+        st = rlx__weights_index(w);
+    if (st != RLX_OK) {
+        rlx_weights_close(w);
+        return st;
+    }
+    *out = w;
+    return RLX_OK;
+}
+
+const struct rlx__gguf *rlx__weights_gguf(const rlx_weights *w) { return w && w->n_gguf ? w->gguf[0] : NULL; }
+
+// ---- configuration
+
+typedef struct cfg_reader {
+    const rlx__gguf *g;
+    char arch[32];
+    rlx_status st; /* the first error; later reads are skipped */
+} cfg_reader;
+
+static int64_t arch_int(cfg_reader *r, const char *name, int optional, int64_t dflt) {
+    char key[96];
+    int64_t v = dflt;
+    if (r->st != RLX_OK)
+        return dflt;
+    snprintf(key, sizeof key, "%s.%s", r->arch, name);
+    rlx_status st = rlx__gguf_int(r->g, key, optional, &v);
+    if (st == RLX_E_NOT_FOUND)
+        return dflt;
+    if (st == RLX_OK && (v <= 0 || v > INT32_MAX))
+        st = rlx_error(RLX_E_FORMAT, "%s: metadata key '%s' is %" PRId64 ", not a positive count", r->g->path, key, v);
+    r->st = st;
+    return v;
+}
+
+static double arch_float(cfg_reader *r, const char *name, double dflt) {
+    char key[96];
+    double v = dflt;
+    if (r->st != RLX_OK)
+        return dflt;
+    snprintf(key, sizeof key, "%s.%s", r->arch, name);
+    rlx_status st = rlx__gguf_float(r->g, key, 1, &v);
+    if (st == RLX_OK && !(v > 0))
+        st = rlx_error(RLX_E_FORMAT, "%s: metadata key '%s' is %g, not a positive number", r->g->path, key, v);
+    if (st != RLX_E_NOT_FOUND)
+        r->st = st;
+    return st == RLX_OK ? v : dflt;
+}
+
+/* Adds id to the EOS list once (ids outside the vocabulary are the caller's to reject). */
+static void add_eos(rlx_model_config *c, int64_t id) {
+    for (uint32_t i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == id)
+            return;
+    if (c->n_eos < RLX_MAX_EOS && id >= 0 && id <= INT32_MAX)
+        c->eos_ids[c->n_eos++] = (int32_t)id;
+}
+
+/* End-of-generation ids: the metadata's eos (and end-of-turn) ids, and the control tokens that
+ * end a turn or a text in Qwen's vocabulary, which Hugging Face's generation_config.json lists
+ * as EOS and llama.cpp recognises by their text. */
+static rlx_status config_eos(const rlx__gguf *g, rlx_model_config *c) {
+    static const char *const id_keys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"};
+    for (size_t i = 0; i < sizeof id_keys / sizeof id_keys[0]; i++) {
+        int64_t id;
+        rlx_status st = rlx__gguf_int(g, id_keys[i], 1, &id);
+        if (st == RLX_OK)
+            add_eos(c, id);
+        else if (st != RLX_E_NOT_FOUND)
+            return st;
+    }
+    const rlx__gguf_kv *tokens, *types;
+    if (rlx__gguf_array(g, "tokenizer.ggml.tokens", RLX_GGUF_STRING, 1, &tokens) != RLX_OK ||
+        rlx__gguf_array(g, "tokenizer.ggml.token_type", RLX_GGUF_I64, 1, &types) != RLX_OK ||
+        types->v.arr.n != tokens->v.arr.n)
+        return RLX_OK; /* the tokenizer reports a broken vocabulary itself */
+    const uint8_t *cursor = tokens->v.arr.data;
+    for (uint64_t i = 0; i < tokens->v.arr.n; i++) {
+        const rlx__gguf_str s = rlx__gguf_next_string(&cursor);
+        const int control = rlx__gguf_array_int(types, i) == 3;
+        if (control && ((s.len == 10 && memcmp(s.s, "<|im_end|>", 10) == 0) ||
+                        (s.len == 13 && memcmp(s.s, "<|endoftext|>", 13) == 0)))
+            add_eos(c, (int64_t)i);
+    }
+    int64_t bos;
+    rlx_status st = rlx__gguf_int(g, "tokenizer.ggml.bos_token_id", 1, &bos);
+    c->bos_id = st == RLX_OK && bos >= 0 && bos <= INT32_MAX ? (int32_t)bos : -1;
+    return st == RLX_E_NOT_FOUND || st == RLX_OK ? RLX_OK : st;
+}
+
+rlx_status rlx__model_config_from_gguf(const rlx_weights *w, rlx_model_config *out) {
+    const rlx__gguf *g = rlx__weights_gguf(w);
+    rlx_model_config c;
+    memset(&c, 0, sizeof c);
+    cfg_reader r = {.g = g};
+    rlx__gguf_str arch;
+    rlx_status st = rlx__gguf_string(g, "general.architecture", 0, &arch);
+    if (st != RLX_OK)
+        return st;
+    const int moe = arch.len == 8 && memcmp(arch.s, "qwen3moe", 8) == 0;
+    if (!moe && !(arch.len == 5 && memcmp(arch.s, "qwen3", 5) == 0))
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: architecture '%.*s' (rlx runs qwen3 and qwen3moe)", g->path,
+                         (int)(arch.len < 64 ? arch.len : 64), arch.s);
+    snprintf(r.arch, sizeof r.arch, "%.*s", (int)arch.len, arch.s);
+    snprintf(c.model_type, sizeof c.model_type, "%s", moe ? "qwen3_moe" : "qwen3");
+
+    const rlx_weight *embed = rlx_weights_find(w, "model.embed_tokens.weight");
+    if (!embed || embed->n_dims != 2)
+        return rlx_error(RLX_E_FORMAT, "%s: no 2-dimensional tensor 'token_embd.weight'", g->path);
+    c.hidden_size = arch_int(&r, "embedding_length", 0, 0);
+    c.num_hidden_layers = arch_int(&r, "block_count", 0, 0);
+    c.num_attention_heads = arch_int(&r, "attention.head_count", 0, 0);
+    c.num_key_value_heads = arch_int(&r, "attention.head_count_kv", 1, c.num_attention_heads);
+    c.max_position_embeddings = arch_int(&r, "context_length", 0, 0);
+    c.vocab_size = arch_int(&r, "vocab_size", 1, embed->shape[0]);
+    c.intermediate_size = arch_int(&r, "feed_forward_length", moe, 0);
+    c.rms_norm_eps = arch_float(&r, "attention.layer_norm_rms_epsilon", 1e-6);
+    c.rope_theta = arch_float(&r, "rope.freq_base", 10000.0); /* llama.cpp's default */
+    if (r.st != RLX_OK)
+        return r.st;
+    c.head_dim = arch_int(&r, "attention.key_length", 1, c.hidden_size / c.num_attention_heads);
+    const int64_t value_length = arch_int(&r, "attention.value_length", 1, c.head_dim);
+    if (moe) {
+        c.num_experts = arch_int(&r, "expert_count", 0, 0);
+        c.num_experts_per_tok = arch_int(&r, "expert_used_count", 0, 0);
+        c.moe_intermediate_size = arch_int(&r, "expert_feed_forward_length", 0, 0);
+        c.decoder_sparse_step = 1;
+        c.norm_topk_prob = 1; /* llama.cpp's qwen3moe graph always renormalises the top k */
+        if (c.intermediate_size == 0)
+            c.intermediate_size = c.moe_intermediate_size;
+    }
+    if (r.st != RLX_OK)
+        return r.st;
+    if (value_length != c.head_dim)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: attention value_length %" PRId64 " differs from key_length %" PRId64,
+                         g->path, value_length, c.head_dim);
+    rlx__gguf_str scaling;
+    char key[96];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", r.arch);
+    st = rlx__gguf_string(g, key, 1, &scaling);
+    if (st == RLX_OK && !(scaling.len == 4 && memcmp(scaling.s, "none", 4) == 0))
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: metadata key '%s' is '%.*s'; rlx runs unscaled RoPE only", g->path,
+                         key, (int)(scaling.len < 32 ? scaling.len : 32), scaling.s);
+    if (st != RLX_OK && st != RLX_E_NOT_FOUND)
+        return st;
+    if (c.num_hidden_layers > RLX_MAX_LAYERS)
+        return rlx_error(RLX_E_FORMAT, "%s: %" PRId64 " layers (rlx supports at most %d)", g->path, c.num_hidden_layers,
+                         RLX_MAX_LAYERS);
+    if (c.num_attention_heads % c.num_key_value_heads)
+        return rlx_error(RLX_E_FORMAT, "%s: %" PRId64 " attention heads are not a multiple of %" PRId64 " KV heads",
+                         g->path, c.num_attention_heads, c.num_key_value_heads);
+    if (moe && (c.num_experts_per_tok > c.num_experts))
+        return rlx_error(RLX_E_FORMAT, "%s: %" PRId64 " experts per token of %" PRId64, g->path, c.num_experts_per_tok,
+                         c.num_experts);
+    c.tie_word_embeddings = rlx_weights_find(w, "lm_head.weight") == NULL;
+    c.attention_bias = rlx_weights_find(w, "model.layers.0.self_attn.q_proj.bias") != NULL;
+    if ((st = config_eos(g, &c)) != RLX_OK)
+        return st;
+    *out = c;
+    return RLX_OK;
+}

@@ -1,0 +1,50 @@
+/* The weights container (rlx_weights) that the safetensors and GGUF readers fill: the files a
+ * model's tensors live in, mapped read-only, and the tensors sorted by name. */
+#ifndef RLX_WEIGHTS_INTERNAL_H
+#define RLX_WEIGHTS_INTERNAL_H
+
+#include <stddef.h>
+
+#include "gguf.h"
+#include "rlx/model.h"
+#include "rlx/status.h"
+
+typedef struct rlx__wfile {
+    char *path;       /* the rlx_weight.file of its tensors */
+    const char *name; /* file name part of path */
+    void *map;        /* the whole file, PROT_READ, owned; NULL until mapped (or for a GGUF file,
+                       * whose mapping its rlx__gguf owns) */
+    size_t size;
+    char *names; /* this file's tensor names, NUL-terminated back to back */
+} rlx__wfile;
+
+struct rlx_weights {
+    rlx__wfile *files;
+    size_t n_files;      /* entries of files holding a path (and possibly a mapping) */
+    rlx_weight *tensors; /* sorted by name once all files are read */
+    size_t n_tensors;
+    size_t total_bytes;
+    rlx__gguf **gguf; /* the shards of a GGUF model, in order, owned; NULL for safetensors */
+    size_t n_gguf;
+};
+
+/* dir/name with a single separator (dir is not empty); NULL when out of memory. */
+char *rlx__path_join(const char *dir, const char *name);
+
+/* Maps the whole regular file at f->path (read-only, private, lazily). A file shorter than
+ * min_size bytes is RLX_E_FORMAT saying it is too short for `what`. */
+rlx_status rlx__wfile_map(rlx__wfile *f, size_t min_size, const char *what);
+
+/* Checks the n tensors read from the file at path: no name twice, no two non-empty byte ranges
+ * sharing a byte (gaps are allowed). Reorders t. */
+rlx_status rlx__weights_check_file(const char *path, rlx_weight *t, size_t n);
+
+/* Sorts the tensors of every file read into w by name, rejecting a name held twice, and sums
+ * their bytes. */
+rlx_status rlx__weights_index(rlx_weights *w);
+
+/* Maps a GGUF model (one file, or the first shard "NAME-00001-of-0000N.gguf" of a split one,
+ * whose siblings are opened with it) as weights under their Hugging Face names (gguf.h). */
+rlx_status rlx__weights_open_gguf(const char *path, rlx_weights **out);
+
+#endif
