@@ -68,7 +68,13 @@ static rlx_tensor shape1(uint32_t dtype, int64_t n) {
     return (rlx_tensor){.dtype = dtype, .n_dims = 1, .shape = {n, 1, 1, 1}};
 }
 
+static void fill_quant(rng *r, rlx_tensor *t, float scale);
+
 static void fill(rng *r, rlx_tensor *t, float scale) {
+    if (rlx_iface_dtype_is_quantized(t->dtype)) {
+        fill_quant(r, t, scale);
+        return;
+    }
     int64_t n = rlx_tensor_numel(t);
     for (int64_t i = 0; i < n; i++) {
         float v = uniform(r) * scale;
@@ -83,6 +89,57 @@ static void fill(rng *r, rlx_tensor *t, float scale) {
 
 static const uint32_t dtypes[] = {RLX_DTYPE_F32, RLX_DTYPE_BF16, RLX_DTYPE_F16};
 
+/* The block-quantized weight types (ABI 1.3). */
+static const uint32_t qtypes[] = {RLX_DTYPE_Q4_0, RLX_DTYPE_Q4_1, RLX_DTYPE_Q5_0, RLX_DTYPE_Q5_1,
+                                  RLX_DTYPE_Q8_0, RLX_DTYPE_Q4_K, RLX_DTYPE_Q5_K, RLX_DTYPE_Q6_K};
+#define N_QTYPES 8
+
+/* Random blocks of a quantized tensor: every bit pattern of the packed values and sub-block scales
+ * is a valid block, so those are random bytes; the F16 block scales are set so that values are
+ * about `scale` in size (the largest stored integer times the scale factors), and minimums
+ * (Q4_1, Q5_1, and the K types' dmin) are random of either sign where the format has a sign. */
+static void fill_quant(rng *r, rlx_tensor *t, float scale) {
+    const size_t bytes = rlx_iface_tensor_bytes(t), block = rlx_iface_dtype_block_bytes(t->dtype);
+    uint8_t *p = t->data;
+    for (size_t i = 0; i < bytes; i++)
+        p[i] = (uint8_t)((uniform(r) * 0.5f + 0.5f) * 256.0f);
+    for (size_t b = 0; b < bytes; b += block) {
+        const float u = 0.5f + 0.5f * fabsf(uniform(r)), v = uniform(r);
+        uint16_t d, m;
+        switch (t->dtype) {
+        case RLX_DTYPE_Q4_0:
+        case RLX_DTYPE_Q5_0:
+        case RLX_DTYPE_Q8_0: /* (q - zero point) * d, |q - zero| <= 8, 16, 128 */
+            d = kit_f32_to_f16(u * scale /
+                               (t->dtype == RLX_DTYPE_Q4_0   ? 8.0f
+                                : t->dtype == RLX_DTYPE_Q5_0 ? 16.0f
+                                                             : 128.0f));
+            memcpy(p + b, &d, 2);
+            break;
+        case RLX_DTYPE_Q4_1:
+        case RLX_DTYPE_Q5_1: /* q * d + m, q < 16 or 32 */
+            d = kit_f32_to_f16(u * scale / (t->dtype == RLX_DTYPE_Q4_1 ? 15.0f : 31.0f));
+            m = kit_f32_to_f16(-scale * 0.5f + 0.1f * v * scale);
+            memcpy(p + b, &d, 2);
+            memcpy(p + b + 2, &m, 2);
+            break;
+        case RLX_DTYPE_Q4_K:
+        case RLX_DTYPE_Q5_K: /* d * sc * q - dmin * m, sc and m < 64, q < 16 or 32 */
+            d = kit_f32_to_f16(u * scale / (63.0f * (t->dtype == RLX_DTYPE_Q4_K ? 15.0f : 31.0f)));
+            m = kit_f32_to_f16(fabsf(v) * scale / (2.0f * 63.0f));
+            memcpy(p + b, &d, 2);
+            memcpy(p + b + 2, &m, 2);
+            break;
+        case RLX_DTYPE_Q6_K: /* d * sc * (q - 32), |sc| <= 128, |q - 32| <= 32 */
+            d = kit_f32_to_f16(u * scale / (128.0f * 32.0f));
+            memcpy(p + b + block - 2, &d, 2);
+            break;
+        default:
+            break;
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Case tables (KIT_SRC_REF)
 
@@ -92,6 +149,14 @@ static const struct {
                     {130, 96, 64}, {1, 3072, 1024}, {512, 64, 48},  {2, 1, 5}};
 
 static const struct { int64_t t, v, h; } embed_cases[] = {{1, 37, 19}, {5, 37, 19}, {9, 37, 19}, {512, 1000, 64}};
+
+/* Quantized weights: K a whole number of 256-value blocks (every type's block divides it); a
+ * decode row, a few rows, N not a multiple of any blocking, a prefill, a long K. */
+static const struct {
+    int64_t t, k, n;
+} qmatmul_cases[] = {{1, 256, 96}, {3, 512, 33}, {9, 1024, 64}, {130, 256, 48}, {1, 3072, 128}};
+
+static const struct { int64_t t, v, h; } qembed_cases[] = {{5, 37, 256}, {64, 300, 512}};
 
 static const struct {
     int64_t t, c, g;
@@ -147,9 +212,9 @@ static const struct {
 static int n_cases(uint32_t op) {
     switch (op) {
     case RLX_OP_EMBED:
-        return COUNT(embed_cases) * 3;
+        return COUNT(embed_cases) * 3 + COUNT(qembed_cases) * N_QTYPES;
     case RLX_OP_MATMUL:
-        return COUNT(matmul_cases) * 3 * 2;
+        return COUNT(matmul_cases) * 3 * 2 + COUNT(qmatmul_cases) * N_QTYPES;
     case RLX_OP_RMS_NORM:
         return COUNT(norm_cases) * 3;
     case RLX_OP_ROPE:
@@ -173,12 +238,26 @@ static void case_name(uint32_t op, int i, char *name, size_t len) {
     switch (op) {
     case RLX_OP_EMBED: {
         int r = i / 3;
+        if (i >= COUNT(embed_cases) * 3) {
+            const int q = i - COUNT(embed_cases) * 3;
+            snprintf(name, len, "embed T=%lld V=%lld H=%lld table=%s", (long long)qembed_cases[q / N_QTYPES].t,
+                     (long long)qembed_cases[q / N_QTYPES].v, (long long)qembed_cases[q / N_QTYPES].h,
+                     rlx_dtype_name((int)qtypes[q % N_QTYPES]));
+            break;
+        }
         snprintf(name, len, "embed T=%lld V=%lld H=%lld table=%s", (long long)embed_cases[r].t,
                  (long long)embed_cases[r].v, (long long)embed_cases[r].h, rlx_dtype_name((int)dtypes[i % 3]));
         break;
     }
     case RLX_OP_MATMUL: {
         int r = i / 6;
+        if (i >= COUNT(matmul_cases) * 6) {
+            const int q = i - COUNT(matmul_cases) * 6;
+            snprintf(name, len, "matmul T=%lld K=%lld N=%lld w=%s", (long long)qmatmul_cases[q / N_QTYPES].t,
+                     (long long)qmatmul_cases[q / N_QTYPES].k, (long long)qmatmul_cases[q / N_QTYPES].n,
+                     rlx_dtype_name((int)qtypes[q % N_QTYPES]));
+            break;
+        }
         snprintf(name, len, "matmul T=%lld K=%lld N=%lld w=%s%s", (long long)matmul_cases[r].t,
                  (long long)matmul_cases[r].k, (long long)matmul_cases[r].n, rlx_dtype_name((int)dtypes[(i / 2) % 3]),
                  i % 2 ? " +bias" : "");
@@ -279,24 +358,31 @@ int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
     rng r = {seed_of(c->name)};
     switch (c->op) {
     case RLX_OP_EMBED: {
-        int64_t t = embed_cases[i / 3].t, v = embed_cases[i / 3].v, h = embed_cases[i / 3].h;
+        const int q = i - COUNT(embed_cases) * 3;
+        int64_t t = q >= 0 ? qembed_cases[q / N_QTYPES].t : embed_cases[i / 3].t;
+        int64_t v = q >= 0 ? qembed_cases[q / N_QTYPES].v : embed_cases[i / 3].v;
+        int64_t h = q >= 0 ? qembed_cases[q / N_QTYPES].h : embed_cases[i / 3].h;
         if (node_alloc(n, c->op, 2))
             return -1;
         n->in[0] = shape1(RLX_DTYPE_I32, t);
-        n->in[1] = shape2(dtypes[i % 3], v, h);
+        n->in[1] = shape2(q >= 0 ? qtypes[q % N_QTYPES] : dtypes[i % 3], v, h);
         n->is_weight[1] = 1;
         n->out = shape2(RLX_DTYPE_F32, t, h);
         break;
     }
     case RLX_OP_MATMUL: {
-        int64_t t = matmul_cases[i / 6].t, k = matmul_cases[i / 6].k, nn = matmul_cases[i / 6].n;
-        uint32_t dt = dtypes[(i / 2) % 3];
-        if (node_alloc(n, c->op, i % 2 ? 3 : 2))
+        const int q = i - COUNT(matmul_cases) * 6;
+        int64_t t = q >= 0 ? qmatmul_cases[q / N_QTYPES].t : matmul_cases[i / 6].t;
+        int64_t k = q >= 0 ? qmatmul_cases[q / N_QTYPES].k : matmul_cases[i / 6].k;
+        int64_t nn = q >= 0 ? qmatmul_cases[q / N_QTYPES].n : matmul_cases[i / 6].n;
+        uint32_t dt = q >= 0 ? qtypes[q % N_QTYPES] : dtypes[(i / 2) % 3];
+        const int bias = q < 0 && i % 2;
+        if (node_alloc(n, c->op, bias ? 3 : 2))
             return -1;
         n->in[0] = shape2(RLX_DTYPE_F32, t, k);
         n->in[1] = shape2(dt, nn, k);
         n->is_weight[1] = 1;
-        if (i % 2) {
+        if (bias) {
             n->in[2] = shape1(dt, nn);
             n->is_weight[2] = 1;
         }
@@ -394,7 +480,7 @@ int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
         return 0;
     for (uint32_t k = 0; k < n->n_inputs; k++) {
         rlx_tensor *t = &n->in[k];
-        if (!(t->data = kit_alloc((size_t)rlx_tensor_numel(t) * rlx_dtype_size((int)t->dtype))))
+        if (!(t->data = kit_alloc(rlx_iface_tensor_bytes(t))))
             return -1;
     }
     /* scales keep every op's values O(1) */

@@ -48,7 +48,7 @@ static int tensor(cursor *c, rlx_tensor *t, uint32_t *flags, int with_data) {
     for (int d = 0; d < RLX_MAX_DIMS; d++)
         if (t->shape[d] < 1 || t->shape[d] > (1ll << 32))
             return -1;
-    size_t bytes = (size_t)rlx_tensor_numel(t) * rlx_dtype_size((int)t->dtype);
+    size_t bytes = rlx_iface_tensor_bytes(t);
     if ((size_t)(c->end - c->p) < bytes)
         return -1;
     if (with_data) {

@@ -35,6 +35,13 @@ enum { KIT_MODEL_VS_REF = 0, KIT_MODEL_VS_GOLDEN = 1, KIT_MODEL_GREEDY = 2, KIT_
 #define KIT_BF16_MODEL_EXACT 5e-2
 #define KIT_BF16_MODEL_EMULATED 1.2e-2
 
+/* Backends that declare RLX_PRECISION_Q8_ACT on a quantized MATMUL quantize each block of x
+ * (of the weight's block length) to int8 with d = max|x| / 127: an element moves by at most half
+ * a step, d/2, plus 127 times the rounding of d where the block stores it as F16 (2^-11 d), so
+ * |got - exact| <= 0.57 sum over blocks of d sum_k |w_k| (w dequantized exactly) + the op's F32
+ * tolerance. */
+#define KIT_Q8_STEP 0.57
+
 /* Tolerance slots: one per op (indexed by rlx_op) plus whole-model logits. */
 #define KIT_TOL_MODEL RLX_OP_COUNT
 #define KIT_N_TOL (RLX_OP_COUNT + 1)

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kit.h"
+#include "rlx/quant_iface.h"
 
 #define GUARD_BYTES 256
 #define MARKER_BITS 0x7fc5a5a5u /* a quiet NaN no arithmetic produces: "never written" */
@@ -149,7 +150,7 @@ static void keep_weights(kit_runner *r, kit_node *n) {
             r->cap_kept = cap;
         }
         r->kept[r->n_kept++] = n->in[i].data;
-        r->kept_bytes += (size_t)rlx_tensor_numel(&n->in[i]) * rlx_dtype_size((int)n->in[i].dtype);
+        r->kept_bytes += rlx_iface_tensor_bytes(&n->in[i]);
         n->in[i].data = NULL;
     }
     if (r->kept_bytes > KEEP_BUDGET && !r->o->builtin_ref) {
@@ -169,7 +170,7 @@ static uint64_t hash_bytes(const void *p, size_t n) {
     return h;
 }
 
-static size_t bytes_of(const rlx_tensor *t) { return (size_t)rlx_tensor_numel(t) * rlx_dtype_size((int)t->dtype); }
+static size_t bytes_of(const rlx_tensor *t) { return rlx_iface_tensor_bytes(t); }
 
 static int is_state(const kit_node *n, uint32_t i) { return n->op == RLX_OP_ATTENTION && (i == 4 || i == 5); }
 
@@ -190,6 +191,58 @@ static void where(const rlx_tensor *t, int64_t i, char *buf, size_t len) {
 /* The tolerance part of judge() for a MATMUL or MOE the backend computes with BF16-rounded
  * inputs (see KIT_BF16_UNIT): within the BF16 bound of the exact expectation `want`, and close
  * to the BF16-emulating reference kernels. tol is the op's F32 tolerance. */
+/* A MATMUL of a backend that declares RLX_PRECISION_Q8_ACT against the exact result, within
+ * KIT_Q8_STEP (kit.h) per element. */
+static void judge_q8(kit_runner *r, const kit_check *c, const kit_node *n, const float *got, const float *want,
+                     double scale, double tol, kit_result *res) {
+    const int64_t M = n->in[0].shape[0], K = n->in[0].shape[1], N = n->in[1].shape[0];
+    const int64_t block = rlx_iface_dtype_block(n->in[1].dtype);
+    const size_t row_bytes = rlx_iface_row_bytes(n->in[1].dtype, K);
+    float *w = kit_alloc((size_t)K * sizeof *w);
+    if (!w) {
+        result(res, KIT_FAIL, "kit: out of memory");
+        return;
+    }
+    double ratio = 0, err_x = 0, bound_x = 0;
+    int64_t at_x = 0;
+    for (int64_t o = 0; o < N; o++) {
+        rlx_iface_dequant_row(n->in[1].dtype, (const char *)n->in[1].data + (size_t)o * row_bytes, w, K);
+        for (int64_t m = 0; m < M; m++) {
+            const float *x = (const float *)n->in[0].data + m * K;
+            double bound = tol * scale;
+            for (int64_t b = 0; b < K; b += block) {
+                double amax = 0, wsum = 0;
+                for (int64_t k = b; k < b + block; k++) {
+                    amax = fmax(amax, fabs((double)x[k]));
+                    wsum += fabs((double)w[k]);
+                }
+                bound += KIT_Q8_STEP * amax / 127.0 * wsum;
+            }
+            const int64_t i = m * N + o;
+            const double d = fabs((double)got[i] - want[i]);
+            if (d / bound > ratio) {
+                ratio = d / bound;
+                err_x = d;
+                bound_x = bound;
+                at_x = i;
+            }
+        }
+    }
+    free(w);
+    res->err = err_x;
+    res->limit = bound_x;
+    if (ratio <= 1) {
+        result(res, KIT_PASS, "%s", "");
+        return;
+    }
+    char pos[64];
+    where(&n->out, at_x, pos, sizeof pos);
+    result(res, KIT_FAIL,
+           "backend '%s' (q8-act), node '%s': output%s = %.7g, exact %.7g: error %.3g beyond the bound %.3g of "
+           "8-bit activations",
+           rlx_backend_name(r->tested), c->name, pos, (double)got[at_x], (double)want[at_x], err_x, bound_x);
+}
+
 static void judge_bf16(kit_runner *r, const kit_check *c, const kit_node *n, const float *got, const float *want,
                        double scale, double tol, kit_result *res) {
     const int64_t numel = rlx_tensor_numel(&n->out);
@@ -212,13 +265,22 @@ static void judge_bf16(kit_runner *r, const kit_check *c, const kit_node *n, con
     double ratio = 0, err_x = 0, bound_x = 0;
     int64_t at_x = 0;
     const int64_t N = n->out.shape[n->out.n_dims - 1], K = n->in[0].shape[n->in[0].n_dims - 1];
+    float *w = kit_alloc((size_t)K * sizeof *w);
+    if (!w) {
+        free(emu);
+        result(res, KIT_FAIL, "kit: out of memory");
+        return;
+    }
     for (int64_t i = 0; i < numel; i++) {
         double bound = KIT_BF16_MOE_EXACT * scale;
         if (n->op == RLX_OP_MATMUL) {
             const float *x = (const float *)n->in[0].data + (i / N) * K;
+            rlx_iface_dequant_row(
+                n->in[1].dtype, (const char *)n->in[1].data + (size_t)(i % N) * rlx_iface_row_bytes(n->in[1].dtype, K),
+                w, K);
             double sum = 0;
             for (int64_t k = 0; k < K; k++)
-                sum += fabs((double)x[k] * kit_load(n->in[1].data, n->in[1].dtype, (size_t)((i % N) * K + k)));
+                sum += fabs((double)x[k] * w[k]);
             bound = KIT_BF16_UNIT * sum + tol * scale;
         }
         const double d = fabs((double)got[i] - want[i]);
@@ -229,6 +291,7 @@ static void judge_bf16(kit_runner *r, const kit_check *c, const kit_node *n, con
             at_x = i;
         }
     }
+    free(w);
     double scale_e = 1, err_e = 0;
     int64_t at_e = 0;
     for (int64_t i = 0; i < numel; i++)
@@ -438,6 +501,10 @@ static void judge(kit_runner *r, const kit_check *c, kit_node *n, uint32_t prec,
     double tol = kit_node_tol(r->o, n);
     if (prec == RLX_PRECISION_BF16_ACT && (n->op == RLX_OP_MATMUL || n->op == RLX_OP_MOE)) {
         judge_bf16(r, c, n, got, want, scale, tol, res);
+        goto done;
+    }
+    if (prec == RLX_PRECISION_Q8_ACT && n->op == RLX_OP_MATMUL) {
+        judge_q8(r, c, n, got, want, scale, tol, res);
         goto done;
     }
     res->err = worst;

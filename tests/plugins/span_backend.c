@@ -337,7 +337,9 @@ static const rlx_backend_iface iface = {
 static const rlx_plugin desc = {
     .size = sizeof(rlx_plugin),
     .abi_major = RLX_ABI_MAJOR,
-    .abi_minor = RLX_ABI_MINOR,
+    /* written for 1.2: it must never be offered what 1.3 added (quantized weights), which its
+     * supports() does not know to refuse */
+    .abi_minor = 2,
     .kind = RLX_PLUGIN_BACKEND,
     .name = "span",
     .version = "1.2.0",
