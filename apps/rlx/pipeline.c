@@ -293,9 +293,7 @@ int app_pipeline_launch(app_pipeline *p, app_options *o, const app_pipeline_opti
         return app_fail("out of memory");
     /* the layer ranges are checked before any stage is started */
     rlx_model_config cfg;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", p->model_dir);
-    if (rlx_model_config_load(path, &cfg) != RLX_OK)
+    if (rlx_model_config_load_model(p->model_dir, &cfg) != RLX_OK)
         return app_fail_rlx("cannot open model");
     uint32_t n_layers = (uint32_t)cfg.num_hidden_layers;
     rlx_layer_range ranges[MAX_STAGES];

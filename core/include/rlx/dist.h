@@ -70,8 +70,9 @@ extern "C" {
 
 /* The identity of the model in model_dir: SHA-256 over the bytes of config.json and, for every
  * safetensors file in name order, its size and header (the JSON that names every tensor with its
- * dtype, shape and byte range). The same files give the same id wherever they are; tensor data
- * is not read, so computing it costs no more than opening the model. */
+ * dtype, shape and byte range); for a GGUF model, over each shard's size and header (metadata and
+ * tensor index). The same files give the same id wherever they are; tensor data is not read, so
+ * computing it costs no more than opening the model. */
 RLX_API rlx_status rlx_model_id(const char *model_dir, char out[RLX_MODEL_ID_SIZE]);
 
 /* ---- layer split ---- */

@@ -62,6 +62,11 @@ typedef struct rlx_model_config {
  * RLX_MAX_LAYERS layers) is RLX_E_FORMAT with a message naming the file and the field. */
 RLX_API rlx_status rlx_model_config_load(const char *config_path, rlx_model_config *out);
 
+/* The configuration of the model at model_path: a directory's config.json with the EOS ids of
+ * its generation_config.json, or a GGUF file's metadata (its first shard for a split one).
+ * Errors as rlx_model_config_load's, naming the file. */
+RLX_API rlx_status rlx_model_config_load_model(const char *model_path, rlx_model_config *out);
+
 /* Adds the EOS ids of a generation_config.json (integer or list) to cfg; a missing file is
  * not an error, a malformed one is. */
 RLX_API rlx_status rlx_model_config_load_generation(const char *path, rlx_model_config *cfg);

@@ -205,15 +205,8 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
             rc = rlx_error(RLX_E_NOMEM, "driver: out of memory");
         }
     }
-    char path[4096];
-    if (rc == RLX_OK && snprintf(path, sizeof path, "%s/config.json", model_dir) >= (int)sizeof path)
-        rc = rlx_error(RLX_E_INVALID, "%s: path too long", model_dir);
     if (rc == RLX_OK)
-        rc = rlx_model_config_load(path, &d->cfg);
-    if (rc == RLX_OK) {
-        snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
-        rc = rlx_model_config_load_generation(path, &d->cfg);
-    }
+        rc = rlx_model_config_load_model(model_dir, &d->cfg);
     if (rc == RLX_OK) {
         rlx_layer_range *ranges = rlx__malloc(d->n_stages * sizeof *ranges);
         if (!ranges) {

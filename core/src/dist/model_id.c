@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "dist/dist_internal.h"
+#include "model/weights_internal.h"
 #include "util/alloc.h"
 
 #define HEADER_MAX (100u << 20) /* safetensors' own limit on the header */
@@ -62,10 +63,39 @@ static int by_name(const void *a, const void *b) {
     return strcmp(bx ? bx + 1 : x, by ? by + 1 : y);
 }
 
+static void hex_digest(rlx__sha256 *h, char out[RLX_MODEL_ID_SIZE]) {
+    uint8_t digest[32];
+    rlx__sha256_final(h, digest);
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", digest[i]);
+}
+
+/* A GGUF model: every shard's size and header (metadata and tensor index, up to the data). */
+static rlx_status gguf_model_id(const char *path, char out[RLX_MODEL_ID_SIZE]) {
+    rlx_weights *w;
+    rlx_status rc = rlx_weights_open(path, &w);
+    if (rc != RLX_OK)
+        return rc;
+    rlx__sha256 h;
+    rlx__sha256_init(&h);
+    for (size_t i = 0; i < w->n_gguf; i++) {
+        const rlx__gguf *g = w->gguf[i];
+        const uint64_t size = g->size;
+        rlx__sha256_update(&h, &size, sizeof size);
+        rlx__sha256_update(&h, g->map, g->data_offset);
+    }
+    rlx_weights_close(w);
+    hex_digest(&h, out);
+    return RLX_OK;
+}
+
 rlx_status rlx_model_id(const char *model_dir, char out[RLX_MODEL_ID_SIZE]) {
     if (!model_dir || !out)
         return rlx_error(RLX_E_INVALID, "rlx_model_id: NULL argument");
     out[0] = '\0';
+    struct stat sb;
+    if (stat(model_dir, &sb) == 0 && S_ISREG(sb.st_mode) && rlx__is_gguf(model_dir))
+        return gguf_model_id(model_dir, out);
     rlx__sha256 h;
     rlx__sha256_init(&h);
     char path[4096];
@@ -105,9 +135,6 @@ rlx_status rlx_model_id(const char *model_dir, char out[RLX_MODEL_ID_SIZE]) {
     rlx_weights_close(w);
     if (rc != RLX_OK)
         return rc;
-    uint8_t digest[32];
-    rlx__sha256_final(&h, digest);
-    for (int i = 0; i < 32; i++)
-        snprintf(out + 2 * i, 3, "%02x", digest[i]);
+    hex_digest(&h, out);
     return RLX_OK;
 }

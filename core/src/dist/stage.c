@@ -118,7 +118,7 @@ static int handshake(stage *st, void *conn, const Rlx__Envelope *e) {
     if (!h->model_id || strcmp(h->model_id, st->model_id) != 0) {
         refuse(st, conn, 0, RLX_E_INVALID,
                "model mismatch: the driver's model has id %.16s..., this stage serves %s with id %.16s... "
-               "(config.json or safetensors headers differ)",
+               "(config.json, safetensors or GGUF headers differ)",
                h->model_id ? h->model_id : "", rlx_model_dir(st->m), st->model_id);
         return -1;
     }

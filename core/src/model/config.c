@@ -578,3 +578,33 @@ int rlx_model_config_layer_is_moe(const rlx_model_config *cfg, int64_t layer) {
         return 0;
     return !cfg->layer_dense_mlp[layer] && (layer + 1) % cfg->decoder_sparse_step == 0;
 }
+
+rlx_status rlx__model_config_load_dir(const char *model_dir, rlx_model_config *out) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/config.json", model_dir) >= (int)sizeof path)
+        return rlx_error(RLX_E_INVALID, "%s: the model directory's path is too long", model_dir);
+    rlx_status rc = rlx_model_config_load(path, out);
+    if (rc == RLX_OK) {
+        snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+        rc = rlx_model_config_load_generation(path, out);
+    }
+    return rc;
+}
+
+rlx_status rlx_model_config_load_model(const char *model_path, rlx_model_config *out) {
+    if (!model_path || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_model_config_load_model: NULL argument");
+    struct stat sb;
+    if (stat(model_path, &sb) != 0 || S_ISDIR(sb.st_mode))
+        return rlx__model_config_load_dir(model_path, out);
+    if (!rlx__is_gguf(model_path))
+        return rlx_error(RLX_E_INVALID,
+                         "%s is a file, but neither a GGUF file nor a model directory (config.json and *.safetensors)",
+                         model_path);
+    rlx_weights *w;
+    rlx_status rc = rlx_weights_open(model_path, &w);
+    if (rc == RLX_OK)
+        rc = rlx__model_config_from_gguf(w, out);
+    rlx_weights_close(w);
+    return rc;
+}

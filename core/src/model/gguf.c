@@ -354,6 +354,7 @@ static rlx_status parse(rlx__gguf *g) {
     for (; g->n_tensors < n_tensors && st == RLX_OK; g->n_tensors++)
         st = rd_tensor(&r, &g->tensors[g->n_tensors], &offsets[g->n_tensors]);
     const size_t data_start = (at(&r) + g->alignment - 1) / g->alignment * g->alignment;
+    g->data_offset = data_start;
     for (size_t i = 0; i < g->n_tensors && st == RLX_OK; i++) {
         rlx__gguf_tensor *t = &g->tensors[i];
         if (offsets[i] % g->alignment)

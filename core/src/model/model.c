@@ -42,32 +42,17 @@ rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
     }
     m->weight_owner = rlx__weight_owner_new();
     struct stat sb;
-    if (stat(model_dir, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
-        rlx_status rc = RLX_E_INVALID;
-        if (!rlx__is_gguf(model_dir))
-            rc =
-                rlx_error(RLX_E_INVALID,
-                          "%s is a file, but neither a GGUF file nor a model directory (config.json and *.safetensors)",
-                          model_dir);
-        else if ((rc = rlx_weights_open(model_dir, &m->weights)) == RLX_OK)
-            rc = rlx__model_config_from_gguf(m->weights, &m->cfg);
-        m->gguf = 1;
-        if (rc != RLX_OK) {
-            rlx_model_close(m);
-            return rc;
-        }
-        *out = m;
-        return RLX_OK;
-    }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", model_dir);
-    rlx_status rc = rlx_model_config_load(path, &m->cfg);
-    if (rc == RLX_OK) {
-        snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
-        rc = rlx_model_config_load_generation(path, &m->cfg);
-    }
+    m->gguf = stat(model_dir, &sb) == 0 && !S_ISDIR(sb.st_mode);
+    rlx_status rc = RLX_OK;
+    if (m->gguf && !rlx__is_gguf(model_dir))
+        rc = rlx_error(RLX_E_INVALID,
+                       "%s is a file, but neither a GGUF file nor a model directory (config.json and *.safetensors)",
+                       model_dir);
     if (rc == RLX_OK)
         rc = rlx_weights_open(model_dir, &m->weights);
+    if (rc == RLX_OK)
+        rc =
+            m->gguf ? rlx__model_config_from_gguf(m->weights, &m->cfg) : rlx__model_config_load_dir(model_dir, &m->cfg);
     if (rc != RLX_OK) {
         rlx_model_close(m);
         return rc;

@@ -26,6 +26,9 @@ rlx_status rlx__block_spec_read(const rlx_block_spec *in, rlx_block_spec *out);
 /* Maps one safetensors file (any name) as rlx_weights_open maps a model's, with the same checks. */
 rlx_status rlx__weights_open_file(const char *path, rlx_weights **out);
 
+/* A model directory's config.json, with the EOS ids of its generation_config.json. */
+rlx_status rlx__model_config_load_dir(const char *model_dir, rlx_model_config *out);
+
 /* The first (metadata-holding) GGUF file of weights opened from a GGUF model, else NULL. */
 struct rlx__gguf;
 const struct rlx__gguf *rlx__weights_gguf(const rlx_weights *w);

@@ -281,10 +281,8 @@ static rlx_status pipeline_stages(rlx_runtime *rt, const rlx_driver_stage **stag
         *n = rt->o.n_stages;
         return RLX_OK;
     }
-    char path[4200];
     rlx_model_config cfg;
-    snprintf(path, sizeof path, "%s/config.json", rt->model_dir);
-    rlx_status rc = rlx_model_config_load(path, &cfg);
+    rlx_status rc = rlx_model_config_load_model(rt->model_dir, &cfg);
     if (rc != RLX_OK)
         return failed(rc, "cannot open model");
     *n = rlx_deploy_n_stages(rt->deploy);
