@@ -233,10 +233,12 @@ static const struct {
     {39, "MXFP4", -1},
 };
 
-static rlx_status tensor_type(const reader *r, const char *name, uint32_t ggml, uint32_t *dtype) {
+static rlx_status tensor_type(const reader *r, const char *name, uint32_t ggml, uint32_t *dtype,
+                              const char **type_name) {
     for (size_t i = 0; i < sizeof ggml_types / sizeof ggml_types[0]; i++) {
         if (ggml_types[i].ggml != ggml)
             continue;
+        *type_name = ggml_types[i].name;
         if (ggml_types[i].dtype < 0)
             return rlx_error(RLX_E_UNSUPPORTED,
                              "%s: tensor '%s' has type %s, which rlx does not run (it runs F32, F16, BF16, Q8_0, "
@@ -280,13 +282,14 @@ static rlx_status rd_tensor(reader *r, rlx__gguf_tensor *t, uint64_t *offset) {
     if ((st = rd_u32(r, "a tensor type", &ggml)) != RLX_OK || (st = rd_u64(r, "a tensor offset", offset)) != RLX_OK)
         return st;
     t->ggml_type = ggml;
-    if ((st = tensor_type(r, t->name, ggml, &t->dtype)) != RLX_OK)
+    const char *type_name = "";
+    if ((st = tensor_type(r, t->name, ggml, &t->dtype, &type_name)) != RLX_OK)
         return st;
     const size_t row = rlx_iface_row_bytes(t->dtype, t->ne[0]);
     if (row == 0)
         return rlx_error(RLX_E_FORMAT,
                          "%s: tensor '%s': rows of %" PRId64 " values are not a whole number of %s blocks of %" PRId64,
-                         r->path, t->name, t->ne[0], rlx_dtype_name((int)t->dtype), rlx_iface_dtype_block(t->dtype));
+                         r->path, t->name, t->ne[0], type_name, rlx_iface_dtype_block(t->dtype));
     const uint64_t rows = numel / (uint64_t)t->ne[0];
     if (rows > SIZE_MAX / row)
         return rlx_error(RLX_E_FORMAT, "%s: tensor '%s' is larger than the address space", r->path, t->name);
@@ -386,22 +389,20 @@ static rlx_status parse(rlx__gguf *g) {
     return st;
 }
 
-rlx_status rlx__gguf_open(const char *path, rlx__gguf **out) {
+/* A header parsed from size bytes at data, which the result borrows (owned: unmapped at close). */
+static rlx_status open_bytes(const char *path, const void *data, size_t size, int owned, rlx__gguf **out) {
     *out = NULL;
     rlx__gguf *g = rlx__calloc(1, sizeof *g);
-    rlx__wfile f = {.path = rlx__strdup(path)};
-    if (!g || !f.path) {
+    if (!g || !(g->path = rlx__strdup(path))) {
         free(g);
-        free(f.path);
+        if (owned)
+            munmap((void *)data, size);
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
     }
-    g->path = f.path;
-    rlx_status st = rlx__wfile_map(&f, 4, "the GGUF magic");
-    if (st == RLX_OK) {
-        g->map = f.map;
-        g->size = f.size;
-        st = parse(g);
-    }
+    g->map = data;
+    g->size = size;
+    g->owned = owned;
+    rlx_status st = parse(g);
     if (st != RLX_OK) {
         rlx__gguf_close(g);
         return st;
@@ -410,10 +411,24 @@ rlx_status rlx__gguf_open(const char *path, rlx__gguf **out) {
     return RLX_OK;
 }
 
+rlx_status rlx__gguf_parse(const char *path, const void *data, size_t size, rlx__gguf **out) {
+    return open_bytes(path, data, size, 0, out);
+}
+
+rlx_status rlx__gguf_open(const char *path, rlx__gguf **out) {
+    *out = NULL;
+    rlx__wfile f = {.path = rlx__strdup(path)};
+    if (!f.path)
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
+    rlx_status st = rlx__wfile_map(&f, 4, "the GGUF magic");
+    free(f.path);
+    return st == RLX_OK ? open_bytes(path, f.map, f.size, 1, out) : st;
+}
+
 void rlx__gguf_close(rlx__gguf *g) {
     if (!g)
         return;
-    if (g->map)
+    if (g->owned && g->map)
         munmap((void *)g->map, g->size);
     for (size_t i = 0; i < g->n_kv; i++)
         free(g->kv[i].key);

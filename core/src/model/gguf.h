@@ -68,10 +68,11 @@ typedef struct rlx__gguf {
     char *path;
     const uint8_t *map;
     size_t size;
+    int owned; /* map is this header's mapping of the file */
     uint32_t version;
     uint32_t alignment;
     size_t data_offset; /* where the data area starts: the header is the bytes before it */
-    rlx__gguf_kv *kv; /* sorted by key */
+    rlx__gguf_kv *kv;   /* sorted by key */
     size_t n_kv;
     rlx__gguf_tensor *tensors; /* in file order */
     size_t n_tensors;
@@ -84,6 +85,10 @@ typedef struct rlx__gguf {
  * tensor type rlx does not run). */
 rlx_status rlx__gguf_open(const char *path, rlx__gguf **out);
 void rlx__gguf_close(rlx__gguf *g);
+
+/* The same checks on a header already in memory (size bytes at data, borrowed until close):
+ * for fuzzing, and for callers that hold the bytes. path only names it in errors. */
+rlx_status rlx__gguf_parse(const char *path, const void *data, size_t size, rlx__gguf **out);
 
 /* True when the file at path starts with GGUF's magic. */
 int rlx__is_gguf(const char *path);
