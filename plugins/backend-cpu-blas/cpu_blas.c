@@ -7,7 +7,10 @@
  *     cblas_sgemm above;
  *   - BF16/F16 weights are used as stored: the GEMV kernels widen them on the fly up to
  *     gemv_m tokens, and above that a thread widens a tile of rows (1.5 MiB of F32) into its
- *     scratch and runs cblas_sgemm on it, so no whole-model F32 copy ever exists.
+ *     scratch and runs cblas_sgemm on it, so no whole-model F32 copy ever exists;
+ *   - block-quantized weights (GGUF Q4_0 ... Q6_K) never reach OpenBLAS: the library's
+ *     kern_qmatmul quantizes the activations to int8 blocks as llama.cpp does and runs integer
+ *     dot products (RLX_PRECISION_Q8_ACT), for MATMUL and MOE experts alike.
  * Decode attention splits the cache rows across threads (the library's split keys), prefill
  * attention runs sgemm per (KV head, block of queries). The library's kernels (AVX-512,
  * AVX2+FMA+F16C or portable C, chosen at open() from the CPU, option isa=...) do the rest:
@@ -194,6 +197,17 @@ static int cpu_blas_supports(void *self, const rlx_node_view *node) {
     return node_check(((const cpu_blas *)self)->host, "cpu-blas", node, false) == RLX_OK;
 }
 
+/* Matmuls on block-quantized weights quantize their activations to int8 blocks (kern_quant.h);
+ * everything else is F32 arithmetic on exactly widened weights. */
+static uint32_t cpu_blas_precision(void *self, const rlx_node_view *node) {
+    (void)self;
+    const bool quantized =
+        node->op == RLX_OP_MATMUL ? node->n_inputs > 1 && kern_quant_supported((int)node->inputs[1].dtype)
+        : node->op == RLX_OP_MOE  ? node->n_inputs > 2 && kern_quant_supported((int)node->inputs[2].dtype)
+                                  : false;
+    return quantized ? RLX_PRECISION_Q8_ACT : RLX_PRECISION_F32;
+}
+
 // ---------------------------------------------------------------------------------------------
 // MATMUL: y[M, N] = x[M, K] w[N, K]^T (+ bias), output features split across the pool
 
@@ -262,6 +276,8 @@ static int64_t cpu_blas_mm_chunk(const cpu_blas *s, int64_t M, int64_t K, int wd
 
 static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, const void *w, int wdt, int64_t N,
                            const float *bias, float *y) {
+    if (kern_quant_supported(wdt)) /* block-quantized: the library's integer kernels, not OpenBLAS */
+        return kern_qmatmul(&s->kern, x, M, K, w, wdt, N, bias, y);
     if (kern_matmul_trivial(M, K, N, bias, y))
         return RLX_OK;
     cpu_blas_mm mm = {.s = s, .x = x, .w = w, .bias = bias, .y = y, .M = M, .K = K, .N = N, .wdt = wdt};
@@ -426,10 +442,13 @@ static bool cpu_blas_reads(const rlx_node_view *nd, uint32_t i, uint32_t k, uint
     return nd[i].input_ids && k < nd[i].n_inputs && nd[i].input_ids[k] == nd[j].output_id;
 }
 
-/* A MATMUL a span can take: off the tiled path, its bias F32 or prepared (a span reads several
- * vectors at once, and the library's conversion buffer holds one). */
+/* A MATMUL a span can take: off the tiled path, its weight not block-quantized (those run
+ * kern_qmatmul, which quantizes its activations first and is a job of its own), its bias F32 or
+ * prepared (a span reads several vectors at once, and the library's conversion buffer holds
+ * one). */
 static bool cpu_blas_span_mm(const cpu_blas *s, const rlx_node_view *n) {
-    return n->op == RLX_OP_MATMUL && !cpu_blas_mm_tiled(s, rlx_iface_rows(&n->inputs[0]), (int)n->inputs[1].dtype) &&
+    return n->op == RLX_OP_MATMUL && !kern_quant_supported((int)n->inputs[1].dtype) &&
+           !cpu_blas_mm_tiled(s, rlx_iface_rows(&n->inputs[0]), (int)n->inputs[1].dtype) &&
            (n->n_inputs < 3 || !kern_vec_needs_copy(&s->kern, n, 2));
 }
 
@@ -607,6 +626,7 @@ static const rlx_backend_iface cpu_blas_iface = {
     .close = cpu_blas_close,
     .supports = cpu_blas_supports,
     .compute = cpu_blas_compute,
+    .precision = cpu_blas_precision,
     .describe = cpu_blas_describe,
     .prepare_weight = cpu_blas_prepare_weight,
     .release_weight = cpu_blas_release_weight,
@@ -622,7 +642,8 @@ static const rlx_plugin cpu_blas_plugin = {
     .kind = RLX_PLUGIN_BACKEND,
     .name = "cpu-blas",
     .version = "0.1.0",
-    .summary = "CPU backend: OpenBLAS plus AVX-512/AVX2 kernels on its own thread pool; F32/BF16/F16 weights",
+    .summary = "CPU backend: OpenBLAS plus AVX-512/AVX2 kernels on its own thread pool; F32/BF16/F16 and "
+               "GGUF-quantized weights",
     .iface = &cpu_blas_iface,
 };
 

@@ -368,8 +368,9 @@ fail:
 // ---------------------------------------------------------------------------------------------
 // Node validation: plugins/common/node_check.c
 
+/* Block-quantized weights are left to other backends for now (node_check would take them). */
 static int onednn_supports(void *self, const rlx_node_view *node) {
-    return node_check(((const onednn *)self)->host, "onednn", node, false) == RLX_OK;
+    return !node_has_quantized(node) && node_check(((const onednn *)self)->host, "onednn", node, false) == RLX_OK;
 }
 
 /* BF16 weights go to bf16 x bf16 primitives (activations rounded) where the CPU has them:
@@ -942,6 +943,9 @@ static int onednn_compute(void *self, const rlx_node_view *node) {
     const int rc = node_check(s->host, "onednn", node, true);
     if (rc < 0)
         return rc;
+    if (node_has_quantized(node))
+        return s->host->error(RLX_E_UNSUPPORTED, "onednn: node '%s': block-quantized weights are not supported",
+                              node->name ? node->name : "?");
     /* The thread-count ICV is per thread and calls may come from any thread: set it each time
      * (oneDNN reads it when it starts its parallel regions). */
     omp_set_num_threads(s->n_threads);
