@@ -57,12 +57,11 @@ static inline void kern_qb_add32(float acc[4], int64_t b, float dw, float dx, in
     acc[b & 3] += v;
 }
 
-static inline void kern_qb_addk(float acc[4], int64_t b, float dx, float dw, int32_t isum, float dmin, int32_t msum,
-                                int has_min) {
+static inline float kern_qb_valuek(float dx, float dw, int32_t isum, float dmin, int32_t msum, int has_min) {
     float v = (dx * dw) * (float)isum;
     if (has_min)
         v = v - (dx * dmin) * (float)msum;
-    acc[b & 3] += v;
+    return v;
 }
 
 static inline float kern_qb_total(const float acc[4]) { return (acc[0] + acc[2]) + (acc[1] + acc[3]); }

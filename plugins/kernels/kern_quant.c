@@ -197,7 +197,7 @@ static float kern_qc_rowk(int dt, const uint8_t *w, int64_t nb, const kern_q8_ro
             for (int s = 0; s < 8; s++)
                 msum += mn[s] * (bs[2 * s] + bs[2 * s + 1]);
         }
-        kern_qb_addk(acc, b, x->d[b], d, isum, dmin, msum, !six);
+        acc[b & 3] += kern_qb_valuek(x->d[b], d, isum, dmin, msum, !six);
     }
     return kern_qb_total(acc);
 }
