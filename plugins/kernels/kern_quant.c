@@ -293,40 +293,55 @@ static void kern_qmm_quantize(void *ctx, int ith, int64_t r0, int64_t r1) {
         kern_q8_quantize_row(j->dt, j->x + r * j->K, j->K, (char *)j->xq + (size_t)r * j->xq_stride);
 }
 
+int kern_q8_quantize(kern_ctx *c, int dt, const float *x, int64_t M, int64_t K, kern_buf *buf, size_t *stride) {
+    kern_qmm j = {.x = x, .M = M, .K = K, .dt = dt, .xq_stride = kern_q8_row_bytes(dt, K)};
+    if (j.xq_stride == 0)
+        return c->host->error(RLX_E_SHAPE, "%s: %lld values are not a whole number of blocks of dtype %d", c->plugin,
+                              (long long)K, dt);
+    const int rc = kern_reserve(c, buf, (size_t)M * j.xq_stride);
+    if (rc < 0)
+        return rc;
+    j.xq = buf->p;
+    c->par.parallel_for(c->par.self, M, 1, M * K, kern_qmm_quantize, &j);
+    *stride = j.xq_stride;
+    return RLX_OK;
+}
+
+void kern_qmatmul_part(const kern_qsimd *q, int dt, const void *xq, size_t stride, int64_t M, int64_t K, const void *w,
+                       int64_t cnt, const float *bias, float *y, int64_t ldy) {
+    const size_t w_row = rlx_iface_row_bytes((uint32_t)dt, K);
+    int64_t tile = (int64_t)(KERN_QTILE_BYTES / w_row);
+    tile = tile < 1 ? 1 : tile;
+    for (int64_t t0 = 0; t0 < cnt; t0 += tile) {
+        const int64_t t1 = t0 + tile < cnt ? t0 + tile : cnt;
+        for (int64_t m0 = 0; m0 < M; m0 += KERN_QGEMV_MAX_M) {
+            const int64_t mb = M - m0 < KERN_QGEMV_MAX_M ? M - m0 : KERN_QGEMV_MAX_M;
+            q->gemv[dt][mb - 1](w, K, (const char *)xq + (size_t)m0 * stride, stride, t0, t1, y + m0 * ldy, ldy);
+        }
+        if (bias)
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t n = t0; n < t1; n++)
+                    y[m * ldy + n] += bias[n];
+    }
+}
+
 static void kern_qmm_range(void *ctx, int ith, int64_t n0, int64_t n1) {
     const kern_qmm *j = ctx;
     (void)ith;
-    int64_t tile = (int64_t)(KERN_QTILE_BYTES / j->w_row);
-    tile = tile < 1 ? 1 : tile;
-    for (int64_t t0 = n0; t0 < n1; t0 += tile) {
-        const int64_t t1 = t0 + tile < n1 ? t0 + tile : n1;
-        for (int64_t m0 = 0; m0 < j->M; m0 += KERN_QGEMV_MAX_M) {
-            const int64_t mb = j->M - m0 < KERN_QGEMV_MAX_M ? j->M - m0 : KERN_QGEMV_MAX_M;
-            j->q->gemv[j->dt][mb - 1](j->w, j->K, (const char *)j->xq + (size_t)m0 * j->xq_stride, j->xq_stride, t0, t1,
-                                      j->y + m0 * j->N, j->N);
-        }
-        if (j->bias)
-            for (int64_t m = 0; m < j->M; m++)
-                for (int64_t n = t0; n < t1; n++)
-                    j->y[m * j->N + n] += j->bias[n];
-    }
+    kern_qmatmul_part(j->q, j->dt, j->xq, j->xq_stride, j->M, j->K, (const char *)j->w + (size_t)n0 * j->w_row, n1 - n0,
+                      j->bias ? j->bias + n0 : NULL, j->y + n0, j->N);
 }
 
 int kern_qmatmul(kern_ctx *c, const float *x, int64_t M, int64_t K, const void *w, int dt, int64_t N, const float *bias,
                  float *y) {
     if (kern_matmul_trivial(M, K, N, bias, y))
         return RLX_OK;
-    kern_qmm j = {.q = c->q, .x = x, .w = w, .bias = bias, .y = y, .M = M, .K = K, .N = N, .dt = dt};
-    j.xq_stride = kern_q8_row_bytes(dt, K);
+    kern_qmm j = {.q = c->q, .w = w, .bias = bias, .y = y, .M = M, .K = K, .N = N, .dt = dt};
     j.w_row = rlx_iface_row_bytes((uint32_t)dt, K);
-    if (j.xq_stride == 0 || j.w_row == 0)
-        return c->host->error(RLX_E_SHAPE, "%s: %lld values are not a whole number of blocks of dtype %d", c->plugin,
-                              (long long)K, dt);
-    const int rc = kern_reserve(c, &c->qx, (size_t)M * j.xq_stride);
+    const int rc = kern_q8_quantize(c, dt, x, M, K, &c->qx, &j.xq_stride);
     if (rc < 0)
         return rc;
     j.xq = c->qx.p;
-    c->par.parallel_for(c->par.self, M, 1, M * K, kern_qmm_quantize, &j);
     c->par.parallel_for(c->par.self, N, KERN_ROW_ALIGN, M * N * K, kern_qmm_range, &j);
     return RLX_OK;
 }

@@ -69,12 +69,23 @@ typedef struct kern_qsimd {
 const kern_qsimd *kern_qsimd_at(plugin_isa isa);
 
 struct kern_ctx;
+struct kern_buf;
 /* y[M, N] = x[M, K] dequant(w)[N, K]^T (+ bias[N] unless NULL) for w of a quantized dtype dt
  * with K a whole number of its blocks: x's rows are quantized once into c->qx (in parallel),
  * then the N output features are split over c->par, each range reading its weight rows once per
- * KERN_QGEMV_MAX_M rows of x. Any split gives the same bits. Returns RLX_OK or RLX_E_NOMEM
- * after host->error. */
+ * KERN_QGEMV_MAX_M rows of x. Any split gives the same bits. Returns RLX_OK, RLX_E_SHAPE (K is
+ * not whole blocks) or RLX_E_NOMEM after host->error. */
 int kern_qmatmul(struct kern_ctx *c, const float *x, int64_t M, int64_t K, const void *w, int dt, int64_t N,
                  const float *bias, float *y);
+
+/* The two steps of kern_qmatmul, for backends that run the second inside jobs of their own
+ * (cpu-blas's spans): the M rows of x quantized for dt into buf (parallel over c->par), rows
+ * *stride bytes apart; then, on any thread, the output features [0, cnt) of a part of the
+ * weight whose first row is w (and bias its first value, or NULL): y[m * ldy + r]. A part
+ * gives the same bits as kern_qmatmul does for those features. */
+int kern_q8_quantize(struct kern_ctx *c, int dt, const float *x, int64_t M, int64_t K, struct kern_buf *buf,
+                     size_t *stride);
+void kern_qmatmul_part(const kern_qsimd *q, int dt, const void *xq, size_t stride, int64_t M, int64_t K, const void *w,
+                       int64_t cnt, const float *bias, float *y, int64_t ldy);
 
 #endif
