@@ -23,13 +23,6 @@ static bool is_qmat(const rlx_tensor *t, int64_t n, int64_t k) {
     return is_mat(t, n, k);
 }
 
-bool node_has_quantized(const rlx_node_view *n) {
-    for (uint32_t i = 0; n->inputs && i < n->n_inputs; i++)
-        if (rlx_iface_dtype_is_quantized(n->inputs[i].dtype))
-            return true;
-    return false;
-}
-
 static bool is_vec(const rlx_tensor *t, uint32_t dt, int64_t n) { return t->dtype == dt && rlx_iface_numel(t) == n; }
 
 static int bad(const rlx_host *host, const char *plugin, bool report, int status, const rlx_node_view *n,
