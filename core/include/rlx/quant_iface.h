@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define RLX_QK 32   /* values per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 */
+#define RLX_QK 32    /* values per block of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 */
 #define RLX_QK_K 256 /* values per block of the K types */
 
 typedef struct rlx_block_q4_0 {
