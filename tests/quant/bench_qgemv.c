@@ -12,43 +12,9 @@
 
 #include "kern.h"
 #include "quant_host.h"
-#include "pool.h"
 
 /* Bytes of weight copies the cold runs cycle through: well past any L3. */
 #define BENCH_COLD_BYTES (256u << 20)
-
-// The pool as the library's parallel_for, cut as cpu-blas cuts it (about four chunks a thread).
-
-typedef struct bench_par {
-    plugin_pool *pool;
-    int n_threads;
-} bench_par;
-
-typedef struct bench_range {
-    kern_range_fn fn;
-    void *ctx;
-    int64_t n, chunk;
-} bench_range;
-
-static void bench_range_task(void *arg, int ith, int64_t chunk) {
-    const bench_range *r = arg;
-    const int64_t i0 = chunk * r->chunk;
-    r->fn(r->ctx, ith, i0, i0 + r->chunk < r->n ? i0 + r->chunk : r->n);
-}
-
-static void bench_parallel_for(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx) {
-    const bench_par *p = self;
-    int64_t c = (n + 4 * p->n_threads - 1) / (4 * p->n_threads);
-    c = (c + align - 1) / align * align;
-    bench_range r = {.fn = fn, .ctx = ctx, .n = n, .chunk = c};
-    plugin_pool_run(p->pool, bench_range_task, &r, (n + c - 1) / c, work >= KERN_PAR_MIN);
-}
-
-static void bench_parallel_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx) {
-    const bench_par *p = self;
-    bench_range r = {.fn = fn, .ctx = ctx, .n = n, .chunk = 1};
-    plugin_pool_run(p->pool, bench_range_task, &r, n, work >= KERN_PAR_MIN);
-}
 
 // The BF16 reference: the block GEMV over the pool, as cpu-blas runs a one-token matmul.
 
@@ -106,13 +72,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--reps"))
             reps = atoi(argv[i + 1]);
     }
-    bench_par bp = {.n_threads = n_threads};
-    if (plugin_pool_create(n_threads, 200000, &bp.pool) < 0)
+    quant_pool qp;
+    if (quant_pool_start(&qp, n_threads) < 0)
         return 1;
-    const kern_par par = {.self = &bp,
-                          .n_threads = n_threads,
-                          .parallel_for = bench_parallel_for,
-                          .parallel_tasks = bench_parallel_tasks};
+    const kern_par par = quant_pool_par(&qp);
     kern_ctx c;
     if (kern_init(&c, &quant_host, "bench", NULL, par) < 0)
         return 1;
@@ -147,6 +110,6 @@ int main(int argc, char **argv) {
     free(x);
     free(y);
     kern_deinit(&c);
-    plugin_pool_destroy(bp.pool);
+    plugin_pool_destroy(qp.pool);
     return 0;
 }

@@ -5,8 +5,9 @@
  *   - each output is within a few F32 roundings of the exact (double) dot product of the
  *     dequantized weights with the dequantized activations, and within the
  *     RLX_PRECISION_Q8_ACT bound of the product with the unquantized activations;
- *   - every level, and every way of cutting the rows over threads, gives the portable C
- *     level's bits, for one block or many, odd N and M = 1..9, with and without bias;
+ *   - every level, and every way of cutting the rows over threads (emulated cuts, and the
+ *     plugins' futex pool with 2 to 5 threads), gives the portable C level's bits, for one
+ *     block or many, odd N and M = 1..9, with and without bias;
  *   - EMBED dequantizes rows of quantized tables as rlx_iface_dequant_row does. */
 #include <math.h>
 #include <stdio.h>
@@ -359,6 +360,38 @@ static void test_qmatmul_levels_and_splits_agree(void **state) {
     }
 }
 
+/* Real threads: the futex pool with 2, 3 and 5 threads (more than this machine may have cores)
+ * on shapes big enough to be cut (KERN_PAR_MIN), every level against one serial C run. */
+static void test_qmatmul_threads_give_the_same_bits(void **state) {
+    (void)state;
+    const char *names[PLUGIN_ISA_COUNT];
+    const int n_levels = levels(names);
+    const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+    for (int t = 0; t < N_QTYPES; t++) {
+        const int dt = qtypes[t];
+        const int64_t K = 1024, N = 203, M = 6;
+        uint8_t *w = make_weight(dt, N, K);
+        float *x = make_x(M, K), *ref = malloc((size_t)(M * N) * sizeof(float)),
+              *y = malloc((size_t)(M * N) * sizeof(float));
+        run_qmatmul("c", serial, dt, w, x, M, K, N, NULL, ref);
+        for (int n_threads = 2; n_threads <= 5; n_threads += n_threads == 2 ? 1 : 2) {
+            quant_pool qp;
+            assert_int_equal(quant_pool_start(&qp, n_threads), 0);
+            for (int l = 0; l < n_levels; l++)
+                for (int rep = 0; rep < 3; rep++) {
+                    run_qmatmul(names[l], quant_pool_par(&qp), dt, w, x, M, K, N, NULL, y);
+                    if (memcmp(ref, y, (size_t)(M * N) * sizeof(float)))
+                        fail_msg("dtype %d at %s on %d threads differs from serial c", dt, names[l], n_threads);
+                }
+            plugin_pool_destroy(qp.pool);
+        }
+        free(y);
+        free(ref);
+        free(x);
+        free(w);
+    }
+}
+
 /* The kernels straight from each level's table, M = 1..4 on a row range in the middle. */
 static void test_gemv_tables_agree(void **state) {
     (void)state;
@@ -420,6 +453,7 @@ int main(void) {
         cmocka_unit_test(test_activation_quantizers_are_llama_cpps),
         cmocka_unit_test(test_gemv_tables_agree),
         cmocka_unit_test(test_qmatmul_levels_and_splits_agree),
+        cmocka_unit_test(test_qmatmul_threads_give_the_same_bits),
         cmocka_unit_test(test_embed_dequantizes_rows),
     };
     printf("quantized kernels at every level up to %s (%s)\n", plugin_isa_name(plugin_isa_best()),
