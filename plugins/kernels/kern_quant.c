@@ -42,8 +42,10 @@ static void kern_q8_quantize_32(const float *x, int64_t K, int8_t *qs, float *d,
     for (int64_t b = 0; b < K / RLX_QK; b++) {
         const float *xb = x + b * RLX_QK;
         float amax = 0.0f;
-        for (int j = 0; j < RLX_QK; j++)
-            amax = fmaxf(amax, fabsf(xb[j]));
+        for (int j = 0; j < RLX_QK; j++) {
+            const float a = fabsf(xb[j]);
+            amax = amax > a ? amax : a; /* llama.cpp's MAX (and maxps): NaN wins */
+        }
         const float db = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
         int sum = 0;
         for (int j = 0; j < RLX_QK; j++) {
@@ -234,6 +236,7 @@ KQC_FOR_M(RLX_DTYPE_Q6_K, q6_k)
 
 static const kern_qsimd kern_qsimd_c = {
     .isa = "c",
+    .quantize = kern_q8_quantize_row,
     .gemv = {[RLX_DTYPE_Q4_0] = KQC_ROW(q4_0),
              [RLX_DTYPE_Q4_1] = KQC_ROW(q4_1),
              [RLX_DTYPE_Q5_0] = KQC_ROW(q5_0),
@@ -290,11 +293,11 @@ static void kern_qmm_quantize(void *ctx, int ith, int64_t r0, int64_t r1) {
     const kern_qmm *j = ctx;
     (void)ith;
     for (int64_t r = r0; r < r1; r++)
-        kern_q8_quantize_row(j->dt, j->x + r * j->K, j->K, (char *)j->xq + (size_t)r * j->xq_stride);
+        j->q->quantize(j->dt, j->x + r * j->K, j->K, (char *)j->xq + (size_t)r * j->xq_stride);
 }
 
 int kern_q8_quantize(kern_ctx *c, int dt, const float *x, int64_t M, int64_t K, kern_buf *buf, size_t *stride) {
-    kern_qmm j = {.x = x, .M = M, .K = K, .dt = dt, .xq_stride = kern_q8_row_bytes(dt, K)};
+    kern_qmm j = {.q = c->q, .x = x, .M = M, .K = K, .dt = dt, .xq_stride = kern_q8_row_bytes(dt, K)};
     if (j.xq_stride == 0)
         return c->host->error(RLX_E_SHAPE, "%s: %lld values are not a whole number of blocks of dtype %d", c->plugin,
                               (long long)K, dt);

@@ -48,8 +48,9 @@ bool kern_quant_supported(int dt);
 /* Bytes of one quantized activation row of K values for weights of dtype dt (a multiple of 64;
  * 0 when K is not a whole number of blocks). */
 size_t kern_q8_row_bytes(int dt, int64_t K);
-/* Quantizes x[K] for weights of dtype dt into dst (kern_q8_row_bytes of it). Scalar, the same
- * code at every level. */
+/* Quantizes x[K] for weights of dtype dt into dst (kern_q8_row_bytes of it): the portable C
+ * quantizer, whose bytes every level's kern_qsimd.quantize gives too (max, products, rounding
+ * to nearest even and F16 conversions are exact operations, whatever the vector width). */
 void kern_q8_quantize_row(int dt, const float *x, int64_t K, void *dst);
 /* The parts of a row made by kern_q8_quantize_row. */
 kern_q8_row kern_q8_view(int dt, const void *row, int64_t K);
@@ -60,8 +61,9 @@ typedef void (*kern_qgemv_fn)(const void *w, int64_t K, const void *x, size_t x_
                               float *y, int64_t ldy);
 
 typedef struct kern_qsimd {
-    const char *isa;                                       /* "c", "avx2", "avx512", "avx512-vnni" */
-    kern_qgemv_fn gemv[RLX_DTYPE_COUNT][KERN_QGEMV_MAX_M]; /* NULL for unquantized dtypes */
+    const char *isa;                                                /* "c", "avx2", "avx512", "avx512-vnni" */
+    kern_qgemv_fn gemv[RLX_DTYPE_COUNT][KERN_QGEMV_MAX_M];          /* NULL for unquantized dtypes */
+    void (*quantize)(int dt, const float *x, int64_t K, void *dst); /* kern_q8_quantize_row's bytes */
 } kern_qsimd;
 
 /* The quantized kernels of level isa: for PLUGIN_ISA_AVX512, the VNNI ones when the CPU has

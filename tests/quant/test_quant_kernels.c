@@ -226,17 +226,23 @@ static void check_q8_row(int dt, const float *x, int64_t K, const void *row) {
     }
 }
 
+/* Every level's quantizer on rows with zero blocks, exact halves and ties of magnitude. */
 static void test_activation_quantizers_are_llama_cpps(void **state) {
     (void)state;
     for (int t = 0; t < N_QTYPES; t++) {
         const int64_t K = 1024;
         float *x = make_x(3, K);
         x[7] = 0.5f * (x[8] = 127.0f / 64.0f); /* exact halves after scaling */
+        for (int i = 0; i < 512; i++)          /* magnitudes tied, signs mixed: the first one decides Q8_K's sign */
+            x[2 * K + i] = (urand() & 1 ? 1.0f : -1.0f) * (i % 3 ? 0.5f : 1.0f);
         void *row = quant_host_alloc(kern_q8_row_bytes(qtypes[t], K), 64);
-        for (int m = 0; m < 3; m++) {
-            kern_q8_quantize_row(qtypes[t], x + m * K, K, row);
-            check_q8_row(qtypes[t], x + m * K, K, row);
-        }
+        const char *names[PLUGIN_ISA_COUNT];
+        for (int l = 0, n = levels(names); l < n; l++)
+            for (int m = 0; m < 3; m++) {
+                memset(row, 0x55, kern_q8_row_bytes(qtypes[t], K));
+                kern_qsimd_at((plugin_isa)l)->quantize(qtypes[t], x + m * K, K, row);
+                check_q8_row(qtypes[t], x + m * K, K, row);
+            }
         free(row);
         free(x);
     }
