@@ -1,12 +1,13 @@
 /* Matmuls on block-quantized weights (ABI 1.3, rlx/quant_iface.h) in the CPU kernel library:
  * y[M, N] = x[M, K] dequant(w)[N, K]^T the way llama.cpp computes it, so that rlx's results
  * track llama.cpp's on the same GGUF files (RLX_PRECISION_Q8_ACT):
- *   - each activation row is quantized once per call to int8 blocks (kern_q8_quantize_row):
+ *   - each activation row is quantized once per call to int8 blocks (kern_q8_quantize_row;
+ *     one row layout for all five 32-value types, so a span quantizes once per block length):
  *     blocks of 32 for the weight types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (llama.cpp's Q8_0 and, for
  *     the _1 types, Q8_1 with its scaled sum), blocks of 256 for Q4_K, Q5_K, Q6_K (Q8_K);
  *   - every block's integer dot product with a weight row is exact, the same integer at every
  *     ISA level;
- *   - the block results are scaled and summed in F32 in one fixed order (kern_qfinish.h), the
+ *   - the block results are scaled and summed in F32 in one fixed order (kern_qblock.h), the
  *     same at every level, so all levels give the same bits.
  * The 32-value rule is the one llama.cpp's x86 build runs (its AVX2/AVX quantize_row_q8_0 and
  * _q8_1, not the portable reference): d = amax / 127 kept as F16, q = x * (127 / amax) rounded
@@ -14,10 +15,15 @@
  * value of largest magnitude (the first one on ties) gives iscale = -127 / max, q =
  * nearest_int(iscale * x) at most 127, d = 1 / iscale (an F32), bsums the sums of each 16 q.
  *
+ * The bits are llama.cpp's for the quantized activations; the F32 scaling and summation order
+ * of the blocks is rlx's own (llama.cpp's differs per ISA), so outputs agree with llama.cpp's
+ * to F32 rounding, not bit for bit.
+ *
  * Levels: portable C (scalar integer sums), AVX2 (maddubs/madd), AVX-512 (the AVX2 kernels on
  * EVEX with 32 registers, and with AVX512-VNNI vpdpbusd for the 32-value types where the CPU has
- * it; the environment variable RLX_QUANT_VNNI=0 turns VNNI off, for testing the plain AVX-512
- * path on a VNNI machine). */
+ * it, a run-time choice inside the avx512 level, not a level of its own; the environment
+ * variable RLX_QUANT_VNNI=0 turns VNNI off, for testing the plain AVX-512 path on a VNNI
+ * machine). */
 #ifndef RLX_PLUGINS_KERN_QUANT_H
 #define RLX_PLUGINS_KERN_QUANT_H
 
