@@ -87,13 +87,13 @@ static void quantize_block32(int dt, const float *x, uint8_t *blk) {
         amax = fmaxf(amax, fabsf(x[j]));
     }
     const bool with_min = dt == RLX_DTYPE_Q4_1 || dt == RLX_DTYPE_Q5_1;
-    const int levels_ = dt == RLX_DTYPE_Q8_0 ? 127 : (dt == RLX_DTYPE_Q4_0 || dt == RLX_DTYPE_Q4_1) ? 15 : 31;
-    const float d = with_min ? (hi - lo) / (float)levels_ : amax / (float)(levels_ / 2);
-    const int zero = with_min || dt == RLX_DTYPE_Q8_0 ? 0 : levels_ / 2 + 1;
+    const int top = dt == RLX_DTYPE_Q8_0 ? 127 : (dt == RLX_DTYPE_Q4_0 || dt == RLX_DTYPE_Q4_1) ? 15 : 31;
+    const float d = with_min ? (hi - lo) / (float)top : amax / (float)(top / 2);
+    const int zero = with_min || dt == RLX_DTYPE_Q8_0 ? 0 : top / 2 + 1;
     int q[32];
     for (int j = 0; j < 32; j++) {
         const float v = with_min ? (x[j] - lo) / d : x[j] / d;
-        q[j] = dt == RLX_DTYPE_Q8_0 ? clampi((int)lrintf(v), -127, 127) : clampi((int)lrintf(v) + zero, 0, levels_);
+        q[j] = dt == RLX_DTYPE_Q8_0 ? clampi((int)lrintf(v), -127, 127) : clampi((int)lrintf(v) + zero, 0, top);
     }
     put_u16(blk, rlx_iface_f32_to_f16(d));
     if (with_min)
@@ -316,7 +316,7 @@ static void run_qmatmul(const char *isa, kern_par par, int dt, const uint8_t *w,
     kern_deinit(&c);
 }
 
-static void test_qmatmul_levels_and_splits_agree(void **state) {
+static void test_qmatmul_topand_splits_agree(void **state) {
     (void)state;
     static const shape shapes[] = {{1, 1, 1}, {1, 5, 2},  {3, 17, 3}, {4, 16, 4},  {5, 33, 5},
                                    {8, 7, 6}, {9, 20, 7}, {2, 3, 8},  {33, 19, 9}, {12, 40, 1}};
@@ -467,7 +467,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_activation_quantizers_are_llama_cpps),
         cmocka_unit_test(test_gemv_tables_agree),
-        cmocka_unit_test(test_qmatmul_levels_and_splits_agree),
+        cmocka_unit_test(test_qmatmul_topand_splits_agree),
         cmocka_unit_test(test_qmatmul_threads_give_the_same_bits),
         cmocka_unit_test(test_embed_dequantizes_rows),
     };
