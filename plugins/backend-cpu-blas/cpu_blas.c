@@ -7,7 +7,10 @@
  *     cblas_sgemm above;
  *   - BF16/F16 weights are used as stored: the GEMV kernels widen them on the fly up to
  *     gemv_m tokens, and above that a thread widens a tile of rows (1.5 MiB of F32) into its
- *     scratch and runs cblas_sgemm on it, so no whole-model F32 copy ever exists.
+ *     scratch and runs cblas_sgemm on it, so no whole-model F32 copy ever exists;
+ *   - block-quantized weights (GGUF Q4_0 ... Q6_K) never reach OpenBLAS: the library's
+ *     kern_qmatmul quantizes the activations to int8 blocks as llama.cpp does and runs integer
+ *     dot products (RLX_PRECISION_Q8_ACT), for MATMUL and MOE experts alike.
  * Decode attention splits the cache rows across threads (the library's split keys), prefill
  * attention runs sgemm per (KV head, block of queries). The library's kernels (AVX-512,
  * AVX2+FMA+F16C or portable C, chosen at open() from the CPU, option isa=...) do the rest:
@@ -23,6 +26,7 @@
 #include "openblas.h"
 #include "pool.h"
 #include "rlx/backend_iface.h"
+#include "rlx/quant_iface.h"
 
 /* Weight bytes per pool chunk when the GEMV kernels make several passes over it (L2-sized). */
 #define CPU_BLAS_GEMV_CHUNK_BYTES (256 * 1024)
@@ -43,6 +47,7 @@ typedef struct cpu_blas {
     size_t tile_bytes;      /* per-thread F32 tile of widened weight rows */
     kern_buf *tile;         /* [n_threads] */
     kern_buf span_x;        /* a span's normalised rows that nothing after it reads */
+    kern_buf span_xq[2];    /* a span's rows quantized for 32-value and for 256-value weight blocks */
     kern_buf *span_scratch; /* [n_threads] a fused SWIGLU's gate and up rows of one chunk */
     char describe[768];     /* rlx_backend_iface.describe */
 } cpu_blas;
@@ -129,6 +134,8 @@ static void cpu_blas_close(void *self) {
     kern_bufs_destroy(&s->kern, s->tile);
     kern_bufs_destroy(&s->kern, s->span_scratch);
     s->host->free(s->span_x.p);
+    s->host->free(s->span_xq[0].p);
+    s->host->free(s->span_xq[1].p);
     kern_deinit(&s->kern);
     s->host->free(s);
 }
@@ -194,6 +201,17 @@ static int cpu_blas_supports(void *self, const rlx_node_view *node) {
     return node_check(((const cpu_blas *)self)->host, "cpu-blas", node, false) == RLX_OK;
 }
 
+/* Matmuls on block-quantized weights quantize their activations to int8 blocks (kern_quant.h);
+ * everything else is F32 arithmetic on exactly widened weights. */
+static uint32_t cpu_blas_precision(void *self, const rlx_node_view *node) {
+    (void)self;
+    const bool quantized =
+        node->op == RLX_OP_MATMUL ? node->n_inputs > 1 && kern_quant_supported((int)node->inputs[1].dtype)
+        : node->op == RLX_OP_MOE  ? node->n_inputs > 2 && kern_quant_supported((int)node->inputs[2].dtype)
+                                  : false;
+    return quantized ? RLX_PRECISION_Q8_ACT : RLX_PRECISION_F32;
+}
+
 // ---------------------------------------------------------------------------------------------
 // MATMUL: y[M, N] = x[M, K] w[N, K]^T (+ bias), output features split across the pool
 
@@ -243,7 +261,7 @@ static void cpu_blas_mm_part(const cpu_blas *s, int ith, const float *x, int64_t
 static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk) {
     const cpu_blas_mm *mm = arg;
     const int64_t n0 = chunk * mm->chunk, n1 = n0 + mm->chunk < mm->N ? n0 + mm->chunk : mm->N;
-    const size_t row_bytes = (size_t)mm->K * rlx_iface_dtype_size((uint32_t)mm->wdt);
+    const size_t row_bytes = rlx_iface_row_bytes((uint32_t)mm->wdt, mm->K);
     cpu_blas_mm_part(mm->s, ith, mm->x, mm->M, mm->K, (const char *)mm->w + (size_t)n0 * row_bytes, mm->wdt, n1 - n0,
                      mm->bias ? mm->bias + n0 : NULL, mm->y + n0, mm->N);
 }
@@ -253,7 +271,7 @@ static int64_t cpu_blas_mm_chunk(const cpu_blas *s, int64_t M, int64_t K, int wd
     int64_t chunk = cpu_blas_chunk(s, N, KERN_ROW_ALIGN, 64);
     if (M > KERN_GEMV_MAX_M && M <= s->gemv_max_m) {
         /* Later passes over a chunk should find it in L2. */
-        int64_t cap = CPU_BLAS_GEMV_CHUNK_BYTES / (K * (int64_t)rlx_iface_dtype_size((uint32_t)wdt));
+        int64_t cap = CPU_BLAS_GEMV_CHUNK_BYTES / (int64_t)rlx_iface_row_bytes((uint32_t)wdt, K);
         cap = cap < KERN_ROW_ALIGN ? KERN_ROW_ALIGN : cap / KERN_ROW_ALIGN * KERN_ROW_ALIGN;
         chunk = chunk < cap ? chunk : cap;
     }
@@ -262,6 +280,8 @@ static int64_t cpu_blas_mm_chunk(const cpu_blas *s, int64_t M, int64_t K, int wd
 
 static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, const void *w, int wdt, int64_t N,
                            const float *bias, float *y) {
+    if (kern_quant_supported(wdt)) /* block-quantized: the library's integer kernels, not OpenBLAS */
+        return kern_qmatmul(&s->kern, x, M, K, w, wdt, N, bias, y);
     if (kern_matmul_trivial(M, K, N, bias, y))
         return RLX_OK;
     cpu_blas_mm mm = {.s = s, .x = x, .w = w, .bias = bias, .y = y, .M = M, .K = K, .N = N, .wdt = wdt};
@@ -410,7 +430,9 @@ static int cpu_blas_compute(void *self, const rlx_node_view *node) {
 //   MATMUL, ADD                               a projection and its residual, added per chunk.
 // Only matmuls off the tiled path fuse (M <= gemv_m or F32 weights): prefill's tiled BF16
 // matmuls are long jobs whose wake-ups cost nothing. Every chunk boundary, kernel and order of
-// operations is the one compute() uses node by node, so a span gives the same bits.
+// operations is the one compute() uses node by node, so a span gives the same bits. Matmuls on
+// block-quantized weights fuse too: the span quantizes x once per block length (32 or 256) for
+// all of them, and kern_qmatmul_part gives kern_qmatmul's bits whatever the chunks.
 
 #define CPU_BLAS_SPAN_MM 4
 
@@ -426,8 +448,9 @@ static bool cpu_blas_reads(const rlx_node_view *nd, uint32_t i, uint32_t k, uint
     return nd[i].input_ids && k < nd[i].n_inputs && nd[i].input_ids[k] == nd[j].output_id;
 }
 
-/* A MATMUL a span can take: off the tiled path, its bias F32 or prepared (a span reads several
- * vectors at once, and the library's conversion buffer holds one). */
+/* A MATMUL a span can take: off the tiled path (block-quantized weights: at most gemv_m rows),
+ * its bias F32 or prepared (a span reads several vectors at once, and the library's conversion
+ * buffer holds one). */
 static bool cpu_blas_span_mm(const cpu_blas *s, const rlx_node_view *n) {
     return n->op == RLX_OP_MATMUL && !cpu_blas_mm_tiled(s, rlx_iface_rows(&n->inputs[0]), (int)n->inputs[1].dtype) &&
            (n->n_inputs < 3 || !kern_vec_needs_copy(&s->kern, n, 2));
@@ -488,12 +511,27 @@ typedef struct cpu_blas_fused {
         int wdt;
         int64_t N, chunk, first; /* features, per chunk, and the job's first chunk of this matmul */
         const float *bias;
-        float *y; /* [M, N], NULL when nothing after the span reads it */
+        float *y;       /* [M, N], NULL when nothing after the span reads it */
+        const void *xq; /* block-quantized weights: x's rows quantized for them, xq_stride apart */
+        size_t xq_stride;
     } mm[CPU_BLAS_SPAN_MM];
     float *out;         /* glu: the SWIGLU's [M, N]; resid: the ADD's */
     const float *resid; /* resid: the residual [M, N] */
     kern_buf *scratch;  /* glu: per thread, gate and up rows of a chunk kept off the arena */
 } cpu_blas_fused;
+
+/* Features [n0, n0 + cnt) of matmul j of a fused job into y[m * ldy + r]: the chunk node-by-node
+ * execution computes alike (a quantized part gives kern_qmatmul's bits whatever the chunks). */
+static void cpu_blas_fused_mm(const cpu_blas_fused *f, uint32_t j, int ith, int64_t n0, int64_t cnt, float *y,
+                              int64_t ldy) {
+    const int wdt = f->mm[j].wdt;
+    const char *w = f->mm[j].w + (size_t)n0 * rlx_iface_row_bytes((uint32_t)wdt, f->K);
+    const float *bias = f->mm[j].bias ? f->mm[j].bias + n0 : NULL;
+    if (f->mm[j].xq)
+        kern_qmatmul_part(f->s->kern.q, wdt, f->mm[j].xq, f->mm[j].xq_stride, f->M, f->K, w, cnt, bias, y, ldy);
+    else
+        cpu_blas_mm_part(f->s, ith, f->x, f->M, f->K, w, wdt, cnt, bias, y, ldy);
+}
 
 static void cpu_blas_fused_task(void *arg, int ith, int64_t c) {
     const cpu_blas_fused *f = arg;
@@ -503,21 +541,18 @@ static void cpu_blas_fused_task(void *arg, int ith, int64_t c) {
         i++;
     const int64_t N = f->mm[i].N, n0 = (c - f->mm[i].first) * f->mm[i].chunk;
     const int64_t cnt = n0 + f->mm[i].chunk < N ? f->mm[i].chunk : N - n0;
-    const size_t row_bytes = (size_t)f->K * rlx_iface_dtype_size((uint32_t)f->mm[i].wdt);
     if (f->glu) {
         float *g = f->mm[0].y ? f->mm[0].y + n0 : f->scratch[ith].p;
         float *u = f->mm[1].y ? f->mm[1].y + n0 : (float *)f->scratch[ith].p + f->M * cnt;
         const int64_t ldg = f->mm[0].y ? N : cnt, ldu = f->mm[1].y ? N : cnt;
-        for (int j = 0; j < 2; j++)
-            cpu_blas_mm_part(f->s, ith, f->x, f->M, f->K, f->mm[j].w + (size_t)n0 * row_bytes, f->mm[j].wdt, cnt,
-                             f->mm[j].bias ? f->mm[j].bias + n0 : NULL, j ? u : g, j ? ldu : ldg);
+        for (uint32_t j = 0; j < 2; j++)
+            cpu_blas_fused_mm(f, j, ith, n0, cnt, j ? u : g, j ? ldu : ldg);
         for (int64_t m = 0; m < f->M; m++)
             k->swiglu(g + m * ldg, u + m * ldu, f->out + m * N + n0, cnt);
         return;
     }
     float *y = f->mm[i].y ? f->mm[i].y : f->out; /* resid with an unread projection: straight into the sum */
-    cpu_blas_mm_part(f->s, ith, f->x, f->M, f->K, f->mm[i].w + (size_t)n0 * row_bytes, f->mm[i].wdt, cnt,
-                     f->mm[i].bias ? f->mm[i].bias + n0 : NULL, y + n0, N);
+    cpu_blas_fused_mm(f, i, ith, n0, cnt, y + n0, N);
     if (f->resid)
         for (int64_t m = 0; m < f->M; m++)
             k->add(f->resid + m * N + n0, y + m * N + n0, f->out + m * N + n0, cnt);
@@ -555,6 +590,7 @@ static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp) {
                         .n_mm = p->glu ? 1 : p->n_mm,
                         .glu = p->glu};
     int64_t chunks = 0, work = 0;
+    bool xq_done[2] = {false, false};
     for (uint32_t j = 0; j < p->n_mm; j++) {
         const rlx_node_view *m = &nd[p->mm0 + j];
         const int wdt = (int)m->inputs[1].dtype;
@@ -567,6 +603,15 @@ static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp) {
         f.mm[j].chunk = p->glu && j ? f.mm[0].chunk : cpu_blas_mm_chunk(s, f.M, f.K, wdt, N);
         f.mm[j].y = (p->glu || p->resid) && sp->last_use[p->mm0 + j] < sp->n_nodes ? NULL : m->output->data;
         f.mm[j].first = chunks;
+        if (kern_quant_supported(wdt)) { /* x quantized once per block length for all of them */
+            const int fam = rlx_iface_dtype_block((uint32_t)wdt) == RLX_QK_K;
+            size_t stride = kern_q8_row_bytes(wdt, f.K);
+            if (!xq_done[fam] && (rc = kern_q8_quantize(&s->kern, wdt, f.x, f.M, f.K, &s->span_xq[fam], &stride)) < 0)
+                return rc;
+            xq_done[fam] = true;
+            f.mm[j].xq = s->span_xq[fam].p;
+            f.mm[j].xq_stride = stride;
+        }
         if (j < f.n_mm)
             chunks += (N + f.mm[j].chunk - 1) / f.mm[j].chunk;
         work += f.M * N * f.K;
@@ -607,6 +652,7 @@ static const rlx_backend_iface cpu_blas_iface = {
     .close = cpu_blas_close,
     .supports = cpu_blas_supports,
     .compute = cpu_blas_compute,
+    .precision = cpu_blas_precision,
     .describe = cpu_blas_describe,
     .prepare_weight = cpu_blas_prepare_weight,
     .release_weight = cpu_blas_release_weight,
@@ -622,7 +668,8 @@ static const rlx_plugin cpu_blas_plugin = {
     .kind = RLX_PLUGIN_BACKEND,
     .name = "cpu-blas",
     .version = "0.1.0",
-    .summary = "CPU backend: OpenBLAS plus AVX-512/AVX2 kernels on its own thread pool; F32/BF16/F16 weights",
+    .summary = "CPU backend: OpenBLAS plus AVX-512/AVX2 kernels on its own thread pool; F32/BF16/F16 and "
+               "GGUF-quantized weights",
     .iface = &cpu_blas_iface,
 };
 

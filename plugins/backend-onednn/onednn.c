@@ -16,6 +16,8 @@
  *     weights through the library's stream GEMV kernels, which widen them in registers; more
  *     rows widen one L2-sized tile of weight rows per thread at a time (F32 rows are used in
  *     place) and run a single-threaded oneDNN f32 matmul on it while it is hot.
+ * Block-quantized weights (GGUF Q4_0 ... Q6_K) take neither: the library's kern_qmatmul runs
+ * them as cpu-blas does, activations quantized to int8 blocks (RLX_PRECISION_Q8_ACT).
  * Packing a weight the core marks as a read-only mapping of a model file (RLX_WEIGHT_FILE_BACKED)
  * drops the mapped pages afterwards (option drop=1, the default): dropping them only lowers the
  * resident size, and any later read faults them back from the file. A node run outside a plan
@@ -373,9 +375,16 @@ static int onednn_supports(void *self, const rlx_node_view *node) {
 }
 
 /* BF16 weights go to bf16 x bf16 primitives (activations rounded) where the CPU has them:
- * every MATMUL on such weights, and the experts of a MOE (its router stays exact). */
+ * every MATMUL on such weights, and the experts of a MOE (its router stays exact). Block-
+ * quantized weights run the kernel library's integer kernels (activations quantized). */
 static uint32_t onednn_precision(void *self, const rlx_node_view *node) {
     const onednn *s = self;
+    const bool quantized = node->op == RLX_OP_MATMUL ? kern_quant_supported((int)node->inputs[1].dtype)
+                           : node->op == RLX_OP_MOE
+                               ? node->n_inputs > 2 && kern_quant_supported((int)node->inputs[2].dtype)
+                               : false;
+    if (quantized)
+        return RLX_PRECISION_Q8_ACT;
     const bool bf16_weights = node->op == RLX_OP_MATMUL ? node->inputs[1].dtype == RLX_DTYPE_BF16
                               : node->op == RLX_OP_MOE  ? node->n_inputs > 2 && node->inputs[2].dtype == RLX_DTYPE_BF16
                                                         : false;
@@ -849,9 +858,13 @@ static int onednn_path(onednn *s, const rlx_tensor *w, int64_t M, bool exact, bo
 }
 
 /* y[M, N] = x[M, K] w[N, K]^T (+ bias[N], F32) for any weight dtype, with w's prepared handle
- * (or NULL: a node run outside a plan, whose packed weight is made for this call alone). */
+ * (or NULL: a node run outside a plan, whose packed weight is made for this call alone).
+ * Block-quantized weights (GGUF) run the kernel library's kern_qmatmul, as on cpu-blas: oneDNN
+ * has no primitive for their layouts. */
 static int onednn_mm(onednn *s, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
                      const float *bias, float *y, bool exact) {
+    if (kern_quant_supported((int)w->dtype))
+        return kern_qmatmul(&s->kern, x, M, w->shape[1], w->data, (int)w->dtype, w->shape[0], bias, y);
     if (kern_matmul_trivial(M, w->shape[1], w->shape[0], bias, y))
         return RLX_OK;
     if (prepared && prepared->kind == ONEDNN_WEIGHT_PACKED)

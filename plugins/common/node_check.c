@@ -15,6 +15,14 @@ static bool is_mat(const rlx_tensor *t, int64_t n, int64_t k) {
     return is_weight_dt(t->dtype) && t->n_dims == 2 && t->shape[0] == n && t->shape[1] == k;
 }
 
+/* A weight matrix [n, k] of a weight dtype or of a block-quantized one with rows of whole
+ * blocks. */
+static bool is_qmat(const rlx_tensor *t, int64_t n, int64_t k) {
+    if (rlx_iface_dtype_is_quantized(t->dtype))
+        return t->n_dims == 2 && t->shape[0] == n && t->shape[1] == k && rlx_iface_row_bytes(t->dtype, k) != 0;
+    return is_mat(t, n, k);
+}
+
 static bool is_vec(const rlx_tensor *t, uint32_t dt, int64_t n) { return t->dtype == dt && rlx_iface_numel(t) == n; }
 
 static int bad(const rlx_host *host, const char *plugin, bool report, int status, const rlx_node_view *n,
@@ -42,14 +50,14 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
     const int64_t T = rlx_iface_rows(out), C = rlx_iface_cols(out);
     switch (n->op) {
     case RLX_OP_EMBED:
-        if (ni != 2 || !is_vec(&in[0], RLX_DTYPE_I32, T) || !is_mat(&in[1], in[1].shape[0], C))
+        if (ni != 2 || !is_vec(&in[0], RLX_DTYPE_I32, T) || !is_qmat(&in[1], in[1].shape[0], C))
             return bad(host, plugin, report, RLX_E_SHAPE, n, "want ids I32[T], table[V,H] -> F32[T,H]");
         return RLX_OK;
     case RLX_OP_MATMUL: {
         if (ni != 2 && ni != 3)
             return bad(host, plugin, report, RLX_E_INVALID, n, "want 2 or 3 inputs");
         const int64_t K = rlx_iface_cols(&in[0]);
-        if (!is_act(&in[0], T, K) || !is_mat(&in[1], C, K) ||
+        if (!is_act(&in[0], T, K) || !is_qmat(&in[1], C, K) ||
             (ni == 3 && (!is_weight_dt(in[2].dtype) || rlx_iface_numel(&in[2]) != C)))
             return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,K], w[N,K], bias[N] -> F32[T,N]");
         return RLX_OK;
@@ -100,7 +108,7 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
         for (int64_t e = 0; e < E; e++) {
             const rlx_tensor *g = &in[2 + 3 * e];
             const int64_t F = g->shape[0];
-            if (!is_mat(g, F, C) || !is_mat(g + 1, F, C) || !is_mat(g + 2, C, F))
+            if (!is_qmat(g, F, C) || !is_qmat(g + 1, F, C) || !is_qmat(g + 2, C, F))
                 return bad(host, plugin, report, RLX_E_SHAPE, n, "want gate, up [F,H] and down [H,F] per expert");
         }
         return RLX_OK;

@@ -11,7 +11,10 @@
 #include "rlx/backend_iface.h"
 
 /* RLX_OK when node n is one the in-tree kernels compute, else a status; with report, also a
- * message through host->error that starts with the plugin's name. */
+ * message through host->error that starts with the plugin's name. Block-quantized dtypes (ABI
+ * 1.3) are accepted for MATMUL's weight, EMBED's table and MOE's expert matrices when their
+ * innermost dimension is a whole number of blocks; bias, norm weights and the MOE router stay
+ * F32/BF16/F16. */
 int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n, bool report);
 
 #endif

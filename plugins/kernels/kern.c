@@ -13,6 +13,7 @@ int kern_init(kern_ctx *c, const rlx_host *host, const char *plugin, const char 
     if (rc < 0)
         return rc;
     c->k = kern_simd_at(level);
+    c->q = kern_qsimd_at(level);
     c->att = kern_bufs_create(c);
     return c->att ? RLX_OK : host->error(RLX_E_NOMEM, "%s: out of memory", plugin);
 }
@@ -26,6 +27,7 @@ void kern_deinit(kern_ctx *c) {
     h->free(c->parts.p);
     h->free(c->panels.p);
     h->free(c->moe.p);
+    h->free(c->qx.p);
     h->free(c->rope_cs.p);
     h->free(c->rope_pos.p);
     memset(c, 0, sizeof *c);

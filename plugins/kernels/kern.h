@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "isa.h"
+#include "kern_quant.h"
 #include "kern_simd.h"
 #include "rlx/backend_iface.h"
 
@@ -63,12 +64,14 @@ typedef struct kern_ctx {
     const rlx_host *host;
     const char *plugin; /* starts every message, e.g. "cpu-blas" */
     const kern_simd *k;
+    const kern_qsimd *q; /* the quantized kernels of the same level (kern_quant.h) */
     kern_par par;
     kern_buf *att;   /* [n_threads] attention scores and row pointers */
     kern_buf vec;    /* F32 copy of a small weight vector (bias, norm weight) */
     kern_buf parts;  /* split-key decode: every part's maxima, sums and outputs */
     kern_buf panels; /* panel attention: keys packed per KV head */
     kern_buf moe;    /* MoE routing and per-expert buffers */
+    kern_buf qx;     /* kern_qmatmul: the quantized activation rows */
     /* ROPE cos/sin rows cached for the latest (theta, head_dim, positions): every layer's q
      * and k rotations of one run share them. */
     kern_buf rope_cs;  /* [T, head_dim] F32: cos of head_dim/2 angles, then their sin; F64 inv_freq */
@@ -140,7 +143,8 @@ int64_t kern_tile_rows(size_t tile_bytes, int64_t K);
 // ---------------------------------------------------------------------------------------------
 // Row ops over plain arrays (kern_rows.c)
 
-/* y[t] = row ids[t] of table [V, cols] (dtype dt) as F32, for t < T; ids must be in range. */
+/* y[t] = row ids[t] of table [V, cols] (dtype dt) as F32, for t < T; ids must be in range. A
+ * block-quantized table (cols a whole number of blocks) is dequantized by rlx_iface_dequant_row. */
 void kern_embed(kern_ctx *c, const void *table, int dt, int64_t cols, const int32_t *ids, int64_t T, float *y);
 /* Each of `rows` rows of x[rows, cols] normalised in groups of g with F32 weights w[g]; y may be x. */
 void kern_rms_norm(kern_ctx *c, const float *x, const float *w, float *y, int64_t rows, int64_t cols, int64_t g,

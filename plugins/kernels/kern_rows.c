@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "kern.h"
+#include "rlx/quant_iface.h"
 
 /* The ROPE cos/sin table, a row job of its own beside the rlx_op ones. */
 #define KERN_ROPE_TABLE 0
@@ -31,9 +32,14 @@ static void kern_rows_range(void *ctx, int ith, int64_t r0, int64_t r1) {
     (void)ith;
     switch (j->op) {
     case RLX_OP_EMBED: {
-        const size_t row_bytes = (size_t)j->cols * rlx_iface_dtype_size((uint32_t)j->dt);
-        for (int64_t r = r0; r < r1; r++)
-            k->widen(j->dt, (const char *)j->table + (size_t)j->idx[r] * row_bytes, j->y + r * j->cols, j->cols);
+        const size_t row_bytes = rlx_iface_row_bytes((uint32_t)j->dt, j->cols);
+        for (int64_t r = r0; r < r1; r++) {
+            const char *row = (const char *)j->table + (size_t)j->idx[r] * row_bytes;
+            if (rlx_iface_dtype_is_quantized((uint32_t)j->dt)) /* the reference dequantizer: llama.cpp's bits */
+                rlx_iface_dequant_row((uint32_t)j->dt, row, j->y + r * j->cols, j->cols);
+            else
+                k->widen(j->dt, row, j->y + r * j->cols, j->cols);
+        }
         break;
     }
     case RLX_OP_RMS_NORM:

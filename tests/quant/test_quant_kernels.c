@@ -1,0 +1,477 @@
+/* The quantized matmul kernels of the CPU kernel library (plugins/kernels/kern_quant.h), for each
+ * of the eight GGUF weight types at every ISA level this CPU runs:
+ *   - the activation quantizers give llama.cpp's blocks bit for bit (restated here from its
+ *     x86 quantize_row_q8_0 / _q8_1 and quantize_row_q8_K_ref);
+ *   - each output is within a few F32 roundings of the exact (double) dot product of the
+ *     dequantized weights with the dequantized activations, and within the
+ *     RLX_PRECISION_Q8_ACT bound of the product with the unquantized activations;
+ *   - every level, and every way of cutting the rows over threads (emulated cuts, and the
+ *     plugins' futex pool with 2 to 5 threads), gives the portable C level's bits, for one
+ *     block or many, odd N and M = 1..9, with and without bias;
+ *   - EMBED dequantizes rows of quantized tables as rlx_iface_dequant_row does. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kern.h"
+#include "quant_host.h"
+#include "rlx/quant_iface.h"
+#include "testutil.h"
+
+// ---------------------------------------------------------------------------------------------
+// parallel_fors: one range, and small ranges in reverse order over "threads"
+
+static void one_range(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx) {
+    (void)self, (void)align, (void)work;
+    fn(ctx, 0, 0, n);
+}
+
+static void tasks_in_order(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx) {
+    (void)self, (void)work;
+    for (int64_t i = 0; i < n; i++)
+        fn(ctx, 0, i, i + 1);
+}
+
+/* Ranges of `*self` alignment units (1 to 3 in turn when 0), from the end backwards. */
+static void cut_ranges(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx) {
+    (void)work;
+    const int64_t fixed = *(const int64_t *)self;
+    int64_t units = (n + align - 1) / align, turn = 0;
+    while (units > 0) {
+        int64_t take = fixed ? fixed : 1 + turn % 3;
+        take = take < units ? take : units;
+        const int64_t i0 = (units - take) * align, i1 = units * align < n ? units * align : n;
+        fn(ctx, (int)(turn++ % 3), i0, i1);
+        units -= take;
+    }
+}
+
+static uint32_t rng = 1;
+
+static uint32_t urand(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 17;
+    rng ^= rng << 5;
+    return rng;
+}
+
+static float frand(void) { return (float)(urand() >> 8) / (float)(1u << 24) * 2.0f - 1.0f; }
+
+/* The ISA levels this CPU runs, by name. */
+static int levels(const char **names) {
+    int n = 0;
+    for (int i = 0; i <= (int)plugin_isa_best(); i++)
+        names[n++] = plugin_isa_name((plugin_isa)i);
+    return n;
+}
+
+static const int qtypes[] = {RLX_DTYPE_Q4_0, RLX_DTYPE_Q4_1, RLX_DTYPE_Q5_0, RLX_DTYPE_Q5_1,
+                             RLX_DTYPE_Q8_0, RLX_DTYPE_Q4_K, RLX_DTYPE_Q5_K, RLX_DTYPE_Q6_K};
+enum { N_QTYPES = sizeof qtypes / sizeof qtypes[0] };
+
+// ---------------------------------------------------------------------------------------------
+// Test-only weight quantizers: a scale from the largest magnitude, values rounded; for the K
+// types random stored bits (every value, scale and minimum the format allows) under random F16
+// super-block scales. None of this has to be a good quantizer, only valid blocks.
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+static void put_u16(uint8_t *p, uint16_t v) { memcpy(p, &v, sizeof v); }
+
+/* One 32-value block of dtype dt from x[32]. */
+static void quantize_block32(int dt, const float *x, uint8_t *blk) {
+    float lo = x[0], hi = x[0], amax = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        lo = fminf(lo, x[j]);
+        hi = fmaxf(hi, x[j]);
+        amax = fmaxf(amax, fabsf(x[j]));
+    }
+    const bool with_min = dt == RLX_DTYPE_Q4_1 || dt == RLX_DTYPE_Q5_1;
+    const int top = dt == RLX_DTYPE_Q8_0 ? 127 : (dt == RLX_DTYPE_Q4_0 || dt == RLX_DTYPE_Q4_1) ? 15 : 31;
+    const float d = with_min ? (hi - lo) / (float)top : amax / (float)(top / 2);
+    const int zero = with_min || dt == RLX_DTYPE_Q8_0 ? 0 : top / 2 + 1;
+    int q[32];
+    for (int j = 0; j < 32; j++) {
+        const float v = with_min ? (x[j] - lo) / d : x[j] / d;
+        q[j] = dt == RLX_DTYPE_Q8_0 ? clampi((int)lrintf(v), -127, 127) : clampi((int)lrintf(v) + zero, 0, top);
+    }
+    put_u16(blk, rlx_iface_f32_to_f16(d));
+    if (with_min)
+        put_u16(blk + 2, rlx_iface_f32_to_f16(lo));
+    if (dt == RLX_DTYPE_Q8_0) {
+        for (int j = 0; j < 32; j++)
+            blk[2 + j] = (uint8_t)(int8_t)q[j];
+        return;
+    }
+    const bool five = dt == RLX_DTYPE_Q5_0 || dt == RLX_DTYPE_Q5_1;
+    uint8_t *qs = blk + (with_min ? 4 : 2) + (five ? 4 : 0);
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        qs[j] = (uint8_t)((q[j] & 0xF) | (q[j + 16] & 0xF) << 4);
+        qh |= (uint32_t)(q[j] >> 4 & 1) << j | (uint32_t)(q[j + 16] >> 4 & 1) << (j + 16);
+    }
+    if (five)
+        memcpy(blk + (with_min ? 4 : 2), &qh, 4);
+}
+
+/* One K block: random stored bits, d (and dmin) from the scale of x. */
+static void random_block_k(int dt, float scale, uint8_t *blk) {
+    const size_t bytes = rlx_iface_dtype_block_bytes((uint32_t)dt);
+    for (size_t i = 0; i < bytes; i++)
+        blk[i] = (uint8_t)urand();
+    const uint16_t d = rlx_iface_f32_to_f16(scale * (0.5f + 0.5f * fabsf(frand())) / 64.0f);
+    if (dt == RLX_DTYPE_Q6_K) {
+        put_u16(blk + bytes - 2, d);
+    } else {
+        put_u16(blk, d);
+        put_u16(blk + 2, rlx_iface_f32_to_f16(scale * fabsf(frand()) / 64.0f));
+    }
+}
+
+/* A weight [N, K] of dtype dt; 32-value types from random floats, some blocks of random bits
+ * (so extreme stored values, Q8_0's -128 among them, occur). */
+static uint8_t *make_weight(int dt, int64_t N, int64_t K) {
+    const size_t row = rlx_iface_row_bytes((uint32_t)dt, K), bb = rlx_iface_dtype_block_bytes((uint32_t)dt);
+    const int64_t blk = rlx_iface_dtype_block((uint32_t)dt), nb = K / blk;
+    uint8_t *w = malloc((size_t)N * row);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *p = w + (size_t)n * row + (size_t)b * bb;
+            const float scale = 0.05f + 2.0f * fabsf(frand());
+            if (blk == RLX_QK_K) {
+                random_block_k(dt, scale, p);
+            } else if (urand() % 8 == 0) {
+                for (size_t i = 0; i < bb; i++)
+                    p[i] = (uint8_t)urand();
+                put_u16(p, rlx_iface_f32_to_f16(scale / 64.0f));
+                if (dt == RLX_DTYPE_Q4_1 || dt == RLX_DTYPE_Q5_1)
+                    put_u16(p + 2, rlx_iface_f32_to_f16(-scale * fabsf(frand())));
+            } else {
+                float x[32];
+                for (int j = 0; j < 32; j++)
+                    x[j] = scale * frand();
+                quantize_block32(dt, x, p);
+            }
+        }
+    return w;
+}
+
+/* Activations [M, K]: values of mixed magnitudes, some blocks all zero, some with ties. */
+static float *make_x(int64_t M, int64_t K) {
+    float *x = malloc((size_t)(M * K) * sizeof(float));
+    for (int64_t i = 0; i < M * K; i++) {
+        const int64_t blk = i / 32;
+        x[i] = blk % 11 == 5   ? 0.0f
+               : blk % 13 == 7 ? (float)((int)(urand() % 9) - 4) * 0.25f
+                               : frand() * (1.0f + (float)(blk % 5));
+    }
+    return x;
+}
+
+// ---------------------------------------------------------------------------------------------
+// (a) The activation quantizers against llama.cpp's rules, restated
+
+/* llama.cpp's nearest_int: the float trick that rounds to nearest even. */
+static int nearest_int(float f) {
+    float v = f + 12582912.f;
+    int32_t i;
+    memcpy(&i, &v, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+static void check_q8_row(int dt, const float *x, int64_t K, const void *row) {
+    const kern_q8_row r = kern_q8_view(dt, row, K);
+    if (rlx_iface_dtype_block((uint32_t)dt) == RLX_QK) {
+        for (int64_t b = 0; b < K / 32; b++) {
+            const float *xb = x + b * 32;
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++)
+                amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
+            const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+            int sum = 0;
+            for (int j = 0; j < 32; j++) {
+                const int q = (int)nearbyintf(xb[j] * id);
+                assert_int_equal(r.qs[b * 32 + j], q);
+                sum += q;
+            }
+            assert_int_equal(r.sums[b], sum);
+            const float d16 = rlx_iface_f16_to_f32(rlx_iface_f32_to_f16(d));
+            const float s16 = rlx_iface_f16_to_f32(rlx_iface_f32_to_f16(d * (float)sum));
+            assert_memory_equal(&r.d[b], &d16, sizeof d16);
+            assert_memory_equal(&r.s[b], &s16, sizeof s16);
+        }
+        return;
+    }
+    for (int64_t b = 0; b < K / 256; b++) {
+        const float *xb = x + b * 256;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 256; j++)
+            if (fabsf(xb[j]) > amax) {
+                amax = fabsf(xb[j]);
+                max = xb[j];
+            }
+        const float iscale = amax != 0.0f ? -127.f / max : 0.0f;
+        for (int j = 0; j < 256; j++) {
+            const int v = amax != 0.0f ? nearest_int(iscale * xb[j]) : 0;
+            assert_int_equal(r.qs[b * 256 + j], v < 127 ? v : 127);
+        }
+        for (int g = 0; g < 16; g++) {
+            int sum = 0;
+            for (int j = 0; j < 16; j++)
+                sum += r.qs[b * 256 + g * 16 + j];
+            assert_int_equal(r.sums[b * 16 + g], sum);
+        }
+        const float d = amax != 0.0f ? 1 / iscale : 0.0f;
+        assert_memory_equal(&r.d[b], &d, sizeof d);
+    }
+}
+
+/* Every level's quantizer on rows with zero blocks, exact halves and ties of magnitude. */
+static void test_activation_quantizers_are_llama_cpps(void **state) {
+    (void)state;
+    for (int t = 0; t < N_QTYPES; t++) {
+        const int64_t K = 1024;
+        float *x = make_x(3, K);
+        x[7] = 0.5f * (x[8] = 127.0f / 64.0f); /* exact halves after scaling */
+        for (int i = 0; i < 512; i++)          /* magnitudes tied, signs mixed: the first one decides Q8_K's sign */
+            x[2 * K + i] = (urand() & 1 ? 1.0f : -1.0f) * (i % 3 ? 0.5f : 1.0f);
+        void *row = quant_host_alloc(kern_q8_row_bytes(qtypes[t], K), 64);
+        const char *names[PLUGIN_ISA_COUNT];
+        for (int l = 0, n = levels(names); l < n; l++)
+            for (int m = 0; m < 3; m++) {
+                memset(row, 0x55, kern_q8_row_bytes(qtypes[t], K));
+                kern_qsimd_at((plugin_isa)l)->quantize(qtypes[t], x + m * K, K, row);
+                check_q8_row(qtypes[t], x + m * K, K, row);
+            }
+        free(row);
+        free(x);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// (b), (c) Accuracy against double-precision sums
+
+/* Checks y[M, N] (no bias) against the exact products of dequant(w) with dequant(q8(x)) and
+ * with x itself. */
+static void check_accuracy(int dt, const uint8_t *w, const float *x, int64_t M, int64_t K, int64_t N, const float *y) {
+    const size_t row = rlx_iface_row_bytes((uint32_t)dt, K), qrow = kern_q8_row_bytes(dt, K);
+    const int64_t blk = rlx_iface_dtype_block((uint32_t)dt);
+    float *wf = malloc((size_t)K * sizeof(float));
+    void *xq = quant_host_alloc(qrow, 64);
+    for (int64_t m = 0; m < M; m++) {
+        kern_q8_quantize_row(dt, x + m * K, K, xq);
+        const kern_q8_row r = kern_q8_view(dt, xq, K);
+        for (int64_t n = 0; n < N; n++) {
+            assert_int_equal(rlx_iface_dequant_row((uint32_t)dt, w + (size_t)n * row, wf, K), 0);
+            double exact_q = 0.0, exact = 0.0, mag = 0.0, bound = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                const double xd = (double)r.d[k / blk] * r.qs[k];
+                exact_q += (double)wf[k] * xd;
+                exact += (double)wf[k] * x[m * K + k];
+                mag += fabs((double)wf[k] * xd);
+                bound += fabs((double)r.d[k / blk]) / 2 * fabs((double)wf[k]);
+            }
+            if (dt == RLX_DTYPE_Q4_1 || dt == RLX_DTYPE_Q5_1) {
+                /* the minimum meets the activations through Q8_1's s = F16(d * sum q), not through
+                 * the sum of the dequantized activations: exact_q takes s, and the bound its
+                 * rounding (part of llama.cpp's Q8_1; the ABI's bound leaves it out) */
+                const uint8_t *wr = w + (size_t)n * row;
+                for (int64_t b = 0; b < K / 32; b++) {
+                    uint16_t mh;
+                    memcpy(&mh, wr + (size_t)b * rlx_iface_dtype_block_bytes((uint32_t)dt) + 2, sizeof mh);
+                    const double mw = rlx_iface_f16_to_f32(mh), sx = (double)r.d[b] * r.sums[b];
+                    exact_q += mw * ((double)r.s[b] - sx);
+                    bound += fabs(mw * ((double)r.s[b] - sx));
+                }
+            }
+            const double got = y[m * N + n];
+            /* F32 products and sums, about nb + 8 roundings deep, each at most 2^-24 relative */
+            const double slack = (double)(K / blk + 16) * 0x1p-23 * (mag + 1e-30);
+            if (fabs(got - exact_q) > slack)
+                fail_msg("dtype %d K %lld m %lld n %lld: %.9g, exact %.9g (slack %.3g)", dt, (long long)K, (long long)m,
+                         (long long)n, got, exact_q, slack);
+            if (fabs(got - exact) > bound + slack + 1e-30)
+                fail_msg("dtype %d K %lld m %lld n %lld: %.9g vs unquantized %.9g beyond the Q8_ACT bound %.3g", dt,
+                         (long long)K, (long long)m, (long long)n, got, exact, bound + slack);
+        }
+    }
+    free(xq);
+    free(wf);
+}
+
+// ---------------------------------------------------------------------------------------------
+// (d), (e) Every level and every split give the C level's bits
+
+typedef struct shape {
+    int64_t K_blocks, N, M;
+} shape;
+
+static void run_qmatmul(const char *isa, kern_par par, int dt, const uint8_t *w, const float *x, int64_t M, int64_t K,
+                        int64_t N, const float *bias, float *y) {
+    kern_ctx c;
+    assert_ok(kern_init(&c, &quant_host, "test", isa, par));
+    for (int64_t i = 0; i < M * N; i++)
+        y[i] = NAN; /* every output must be written */
+    assert_ok(kern_qmatmul(&c, x, M, K, w, dt, N, bias, y));
+    kern_deinit(&c);
+}
+
+static void test_qmatmul_topand_splits_agree(void **state) {
+    (void)state;
+    static const shape shapes[] = {{1, 1, 1}, {1, 5, 2},  {3, 17, 3}, {4, 16, 4},  {5, 33, 5},
+                                   {8, 7, 6}, {9, 20, 7}, {2, 3, 8},  {33, 19, 9}, {12, 40, 1}};
+    const char *names[PLUGIN_ISA_COUNT];
+    const int n_levels = levels(names);
+    static int64_t fixed[] = {0, 1, 2, 5};
+    for (int t = 0; t < N_QTYPES; t++) {
+        const int dt = qtypes[t];
+        const int64_t blk = rlx_iface_dtype_block((uint32_t)dt);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            /* the K types on fewer blocks: 256 values each */
+            const int64_t K = (blk == RLX_QK_K ? (shapes[s].K_blocks + 3) / 4 : shapes[s].K_blocks) * blk;
+            const int64_t N = shapes[s].N, M = shapes[s].M;
+            uint8_t *w = make_weight(dt, N, K);
+            float *x = make_x(M, K), *bias = malloc((size_t)N * sizeof(float));
+            for (int64_t n = 0; n < N; n++)
+                bias[n] = frand();
+            float *ref = malloc((size_t)(M * N) * sizeof(float)), *y = malloc((size_t)(M * N) * sizeof(float));
+            const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+            run_qmatmul("c", serial, dt, w, x, M, K, N, NULL, ref);
+            check_accuracy(dt, w, x, M, K, N, ref);
+            for (int l = 0; l < n_levels; l++) {
+                run_qmatmul(names[l], serial, dt, w, x, M, K, N, NULL, y);
+                if (memcmp(ref, y, (size_t)(M * N) * sizeof(float)))
+                    fail_msg("dtype %d at %s differs from c (K %lld N %lld M %lld)", dt, names[l], (long long)K,
+                             (long long)N, (long long)M);
+                for (size_t f = 0; f < sizeof fixed / sizeof fixed[0]; f++) {
+                    const kern_par cut = {.self = &fixed[f],
+                                          .n_threads = 3,
+                                          .parallel_for = cut_ranges,
+                                          .parallel_tasks = tasks_in_order};
+                    run_qmatmul(names[l], cut, dt, w, x, M, K, N, bias, y);
+                    for (int64_t i = 0; i < M * N; i++) {
+                        const float want = ref[i] + bias[i % N];
+                        if (memcmp(&want, &y[i], sizeof want))
+                            fail_msg("dtype %d at %s, split %lld: y[%lld] %.9g, want %.9g", dt, names[l],
+                                     (long long)fixed[f], (long long)i, y[i], want);
+                    }
+                }
+            }
+            free(y);
+            free(ref);
+            free(bias);
+            free(x);
+            free(w);
+        }
+    }
+}
+
+/* Real threads: the futex pool with 2, 3 and 5 threads (more than this machine may have cores)
+ * on shapes big enough to be cut (KERN_PAR_MIN), every level against one serial C run. */
+static void test_qmatmul_threads_give_the_same_bits(void **state) {
+    (void)state;
+    const char *names[PLUGIN_ISA_COUNT];
+    const int n_levels = levels(names);
+    const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+    for (int t = 0; t < N_QTYPES; t++) {
+        const int dt = qtypes[t];
+        const int64_t K = 1024, N = 203, M = 6;
+        uint8_t *w = make_weight(dt, N, K);
+        float *x = make_x(M, K), *ref = malloc((size_t)(M * N) * sizeof(float)),
+              *y = malloc((size_t)(M * N) * sizeof(float));
+        run_qmatmul("c", serial, dt, w, x, M, K, N, NULL, ref);
+        for (int n_threads = 2; n_threads <= 5; n_threads += n_threads == 2 ? 1 : 2) {
+            quant_pool qp;
+            assert_int_equal(quant_pool_start(&qp, n_threads), 0);
+            for (int l = 0; l < n_levels; l++)
+                for (int rep = 0; rep < 3; rep++) {
+                    run_qmatmul(names[l], quant_pool_par(&qp), dt, w, x, M, K, N, NULL, y);
+                    if (memcmp(ref, y, (size_t)(M * N) * sizeof(float)))
+                        fail_msg("dtype %d at %s on %d threads differs from serial c", dt, names[l], n_threads);
+                }
+            plugin_pool_destroy(qp.pool);
+        }
+        free(y);
+        free(ref);
+        free(x);
+        free(w);
+    }
+}
+
+/* The kernels straight from each level's table, M = 1..4 on a row range in the middle. */
+static void test_gemv_tables_agree(void **state) {
+    (void)state;
+    const char *names[PLUGIN_ISA_COUNT];
+    const int n_levels = levels(names);
+    for (int t = 0; t < N_QTYPES; t++) {
+        const int dt = qtypes[t];
+        const int64_t K = rlx_iface_dtype_block((uint32_t)dt) == RLX_QK ? 32 * 37 : 256 * 5, N = 23;
+        uint8_t *w = make_weight(dt, N, K);
+        float *x = make_x(KERN_QGEMV_MAX_M, K);
+        const size_t qrow = kern_q8_row_bytes(dt, K);
+        char *xq = quant_host_alloc(KERN_QGEMV_MAX_M * qrow, 64);
+        for (int m = 0; m < KERN_QGEMV_MAX_M; m++)
+            kern_q8_quantize_row(dt, x + m * K, K, xq + m * qrow);
+        for (int M = 1; M <= KERN_QGEMV_MAX_M; M++) {
+            float ref[KERN_QGEMV_MAX_M * N], y[KERN_QGEMV_MAX_M * N];
+            memset(ref, 0, sizeof ref);
+            kern_qsimd_at(PLUGIN_ISA_C)->gemv[dt][M - 1](w, K, xq, qrow, 3, N - 2, ref, N);
+            /* the avx512 level twice: as this CPU picks it (with VNNI if it has it), and with
+             * VNNI turned off */
+            for (int l = 0; l <= n_levels; l++) {
+                const plugin_isa isa = l < n_levels ? (plugin_isa)l : PLUGIN_ISA_AVX512;
+                if (l == n_levels && (isa != plugin_isa_best() || strcmp(kern_qsimd_at(isa)->isa, "avx512-vnni")))
+                    break;
+                if (l == n_levels)
+                    setenv("RLX_QUANT_VNNI", "0", 1);
+                const kern_qsimd *q = kern_qsimd_at(isa);
+                unsetenv("RLX_QUANT_VNNI");
+                memset(y, 0, sizeof y);
+                q->gemv[dt][M - 1](w, K, xq, qrow, 3, N - 2, y, N);
+                if (memcmp(ref, y, sizeof y))
+                    fail_msg("dtype %d M %d: level %s differs from c", dt, M, q->isa);
+            }
+        }
+        free(xq);
+        free(x);
+        free(w);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// EMBED of quantized tables
+
+static void test_embed_dequantizes_rows(void **state) {
+    (void)state;
+    const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+    const int32_t ids[5] = {3, 0, 6, 3, 1};
+    for (int t = 0; t < N_QTYPES; t++) {
+        const int dt = qtypes[t];
+        const int64_t cols = 2 * rlx_iface_dtype_block((uint32_t)dt), V = 7;
+        uint8_t *table = make_weight(dt, V, cols);
+        float y[5 * 512], want[512];
+        kern_ctx c;
+        assert_ok(kern_init(&c, &quant_host, "test", NULL, serial));
+        kern_embed(&c, table, dt, cols, ids, 5, y);
+        kern_deinit(&c);
+        for (int i = 0; i < 5; i++) {
+            rlx_iface_dequant_row((uint32_t)dt, table + (size_t)ids[i] * rlx_iface_row_bytes((uint32_t)dt, cols), want,
+                                  cols);
+            assert_memory_equal(y + i * cols, want, (size_t)cols * sizeof(float));
+        }
+        free(table);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_activation_quantizers_are_llama_cpps),
+        cmocka_unit_test(test_gemv_tables_agree),
+        cmocka_unit_test(test_qmatmul_topand_splits_agree),
+        cmocka_unit_test(test_qmatmul_threads_give_the_same_bits),
+        cmocka_unit_test(test_embed_dequantizes_rows),
+    };
+    printf("quantized kernels at every level up to %s (%s)\n", plugin_isa_name(plugin_isa_best()),
+           kern_qsimd_at(plugin_isa_best())->isa);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
