@@ -96,8 +96,9 @@ static const uint32_t qtypes[] = {RLX_DTYPE_Q4_0, RLX_DTYPE_Q4_1, RLX_DTYPE_Q5_0
 
 /* Random blocks of a quantized tensor: every bit pattern of the packed values and sub-block scales
  * is a valid block, so those are random bytes; the F16 block scales are set so that values are
- * about `scale` in size (the largest stored integer times the scale factors), and minimums
- * (Q4_1, Q5_1, and the K types' dmin) are random of either sign where the format has a sign. */
+ * typically about `scale` (the typical stored integer times the scale factors, converted exactly,
+ * subnormals included), and minimums (Q4_1, Q5_1, and the K types' dmin) are random, of either
+ * sign where the format has one. */
 static void fill_quant(rng *r, rlx_tensor *t, float scale) {
     const size_t bytes = rlx_iface_tensor_bytes(t), block = rlx_iface_dtype_block_bytes(t->dtype);
     uint8_t *p = t->data;
@@ -105,38 +106,38 @@ static void fill_quant(rng *r, rlx_tensor *t, float scale) {
         p[i] = (uint8_t)((uniform(r) * 0.5f + 0.5f) * 256.0f);
     for (size_t b = 0; b < bytes; b += block) {
         const float u = 0.5f + 0.5f * fabsf(uniform(r)), v = uniform(r);
-        uint16_t d, m;
+        uint16_t d = 0, m = 0;
+        size_t d_at = 0, m_at = 2;
         switch (t->dtype) {
-        case RLX_DTYPE_Q4_0:
+        case RLX_DTYPE_Q4_0: /* (q - 8) d: typically |q - 8| ~ 4 */
+            d = rlx_iface_f32_to_f16(u * scale / 4.0f);
+            break;
         case RLX_DTYPE_Q5_0:
-        case RLX_DTYPE_Q8_0: /* (q - zero point) * d, |q - zero| <= 8, 16, 128 */
-            d = kit_f32_to_f16(u * scale /
-                               (t->dtype == RLX_DTYPE_Q4_0   ? 8.0f
-                                : t->dtype == RLX_DTYPE_Q5_0 ? 16.0f
-                                                             : 128.0f));
-            memcpy(p + b, &d, 2);
+            d = rlx_iface_f32_to_f16(u * scale / 8.0f);
             break;
-        case RLX_DTYPE_Q4_1:
-        case RLX_DTYPE_Q5_1: /* q * d + m, q < 16 or 32 */
-            d = kit_f32_to_f16(u * scale / (t->dtype == RLX_DTYPE_Q4_1 ? 15.0f : 31.0f));
-            m = kit_f32_to_f16(-scale * 0.5f + 0.1f * v * scale);
-            memcpy(p + b, &d, 2);
-            memcpy(p + b + 2, &m, 2);
+        case RLX_DTYPE_Q8_0:
+            d = rlx_iface_f32_to_f16(u * scale / 64.0f);
             break;
-        case RLX_DTYPE_Q4_K:
-        case RLX_DTYPE_Q5_K: /* d * sc * q - dmin * m, sc and m < 64, q < 16 or 32 */
-            d = kit_f32_to_f16(u * scale / (63.0f * (t->dtype == RLX_DTYPE_Q4_K ? 15.0f : 31.0f)));
-            m = kit_f32_to_f16(fabsf(v) * scale / (2.0f * 63.0f));
-            memcpy(p + b, &d, 2);
-            memcpy(p + b + 2, &m, 2);
+        case RLX_DTYPE_Q4_1: /* q d + m, q < 16 or 32 */
+        case RLX_DTYPE_Q5_1:
+            d = rlx_iface_f32_to_f16(u * scale / (t->dtype == RLX_DTYPE_Q4_1 ? 8.0f : 16.0f));
+            m = rlx_iface_f32_to_f16(-scale + 0.2f * v * scale);
             break;
-        case RLX_DTYPE_Q6_K: /* d * sc * (q - 32), |sc| <= 128, |q - 32| <= 32 */
-            d = kit_f32_to_f16(u * scale / (128.0f * 32.0f));
-            memcpy(p + b + block - 2, &d, 2);
+        case RLX_DTYPE_Q4_K: /* d sc q - dmin mn, sc and mn < 64 (typically 32), q < 16 or 32 */
+        case RLX_DTYPE_Q5_K:
+            d = rlx_iface_f32_to_f16(u * scale / (32.0f * (t->dtype == RLX_DTYPE_Q4_K ? 8.0f : 16.0f)));
+            m = rlx_iface_f32_to_f16(fabsf(v) * scale / 32.0f);
+            break;
+        case RLX_DTYPE_Q6_K: /* d sc (q - 32), |sc| typically 64, |q - 32| typically 16 */
+            d = rlx_iface_f32_to_f16(u * scale / (64.0f * 16.0f));
+            d_at = block - 2;
             break;
         default:
             break;
         }
+        memcpy(p + b + d_at, &d, 2);
+        if (m)
+            memcpy(p + b + m_at, &m, 2);
     }
 }
 

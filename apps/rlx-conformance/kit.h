@@ -39,8 +39,10 @@ enum { KIT_MODEL_VS_REF = 0, KIT_MODEL_VS_GOLDEN = 1, KIT_MODEL_GREEDY = 2, KIT_
  * (of the weight's block length) to int8 with d = max|x| / 127: an element moves by at most half
  * a step, d/2, plus 127 times the rounding of d where the block stores it as F16 (2^-11 d), so
  * |got - exact| <= 0.57 sum over blocks of d sum_k |w_k| (w dequantized exactly) + the op's F32
- * tolerance. */
+ * tolerance; for weights with a block minimum m (Q4_1, Q5_1) the F16 rounding of the block's sum
+ * of x adds up to 2^-11 |m| |sum_k x_k|, which the kit allows twice over as 2^-10 |m| sum_k |x_k|. */
 #define KIT_Q8_STEP 0.57
+#define KIT_Q8_MIN_UNIT 0x1p-10
 
 /* Tolerance slots: one per op (indexed by rlx_op) plus whole-model logits. */
 #define KIT_TOL_MODEL RLX_OP_COUNT

@@ -210,13 +210,21 @@ static void judge_q8(kit_runner *r, const kit_check *c, const kit_node *n, const
         for (int64_t m = 0; m < M; m++) {
             const float *x = (const float *)n->in[0].data + m * K;
             double bound = tol * scale;
+            const int has_min = n->in[1].dtype == RLX_DTYPE_Q4_1 || n->in[1].dtype == RLX_DTYPE_Q5_1;
+            const uint8_t *wrow = (const uint8_t *)n->in[1].data + (size_t)o * row_bytes;
             for (int64_t b = 0; b < K; b += block) {
-                double amax = 0, wsum = 0;
+                double amax = 0, wsum = 0, xsum = 0;
                 for (int64_t k = b; k < b + block; k++) {
                     amax = fmax(amax, fabs((double)x[k]));
                     wsum += fabs((double)w[k]);
+                    xsum += fabs((double)x[k]);
                 }
                 bound += KIT_Q8_STEP * amax / 127.0 * wsum;
+                if (has_min) { /* the block's minimum: its second F16 */
+                    uint16_t wmin;
+                    memcpy(&wmin, wrow + (size_t)(b / block) * rlx_iface_dtype_block_bytes(n->in[1].dtype) + 2, 2);
+                    bound += KIT_Q8_MIN_UNIT * fabs((double)rlx_iface_f16_to_f32(wmin)) * xsum;
+                }
             }
             const int64_t i = m * N + o;
             const double d = fabs((double)got[i] - want[i]);

@@ -186,9 +186,12 @@ typedef enum rlx_precision {
     RLX_PRECISION_BF16_ACT = 1,
     /* ABI 1.3, on nodes with block-quantized weights: the MATMUL inputs x quantized to int8 in
      * blocks of the weight's block length (32 or 256 values, scale d = max|x| / 127 of the block,
-     * round to nearest), each block's integer dot product exact, block results scaled and summed
-     * in F32: |y - exact| <= sum over blocks of d/2 * sum_k |w_k| (w dequantized exactly) plus the
-     * F32 summation error. On MOE: the experts' inputs likewise, the router exact. */
+     * round to nearest; d may be stored as F16, as llama.cpp does), each block's integer dot
+     * product exact, block results scaled and summed in F32. Each x_k moves by at most half a
+     * step plus 127 times the F16 rounding of d, 0.57 d, so |y - exact| <= sum over blocks of
+     * 0.57 d sum_k |w_k| (w dequantized exactly), plus, for weights with a block minimum m (Q4_1,
+     * Q5_1), 2^-10 |m| sum_k |x_k| (the F16 rounding of the block's sum of x), plus the F32
+     * summation error. On MOE: the experts' inputs likewise, the router exact. */
     RLX_PRECISION_Q8_ACT = 2,
     RLX_PRECISION_COUNT
 } rlx_precision;
