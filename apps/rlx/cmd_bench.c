@@ -215,13 +215,21 @@ static void model_describe(const app_runtime *rt, model_info *m) {
         snprintf(m->desc, sizeof m->desc, "%s (pipeline)", slash && slash[1] ? slash + 1 : rt->model_dir);
         return;
     }
+    /* named after the dtype holding most of the bytes (a Q4_K_M file is mostly Q4_K) */
     const rlx_weights *w = rlx_model_weights(rt->model);
-    const rlx_weight *largest = NULL;
+    double dtype_bytes[RLX_DTYPE_COUNT] = {0};
+    int main_dtype = -1;
     for (size_t i = 0; i < rlx_weights_count(w); i++) {
         const rlx_weight *x = rlx_weights_at(w, i);
-        m->params += (double)x->nbytes / (double)rlx_dtype_size((int)x->dtype);
-        if (!largest || x->nbytes > largest->nbytes)
-            largest = x;
+        double numel = 1;
+        for (uint32_t d = 0; d < x->n_dims; d++)
+            numel *= (double)x->shape[d];
+        m->params += numel;
+        if (x->dtype < RLX_DTYPE_COUNT) {
+            dtype_bytes[x->dtype] += (double)x->nbytes;
+            if (main_dtype < 0 || dtype_bytes[x->dtype] > dtype_bytes[main_dtype])
+                main_dtype = (int)x->dtype;
+        }
     }
     m->bytes = (double)rlx_weights_total_bytes(w);
     char size[16];
@@ -230,8 +238,7 @@ static void model_describe(const app_runtime *rt, model_info *m) {
     else
         snprintf(size, sizeof size, "%.0fM", m->params / 1e6);
     char dtype[16] = "";
-    for (const char *c = largest ? rlx_dtype_name((int)largest->dtype) : ""; *c && strlen(dtype) < sizeof dtype - 1;
-         c++)
+    for (const char *c = main_dtype >= 0 ? rlx_dtype_name(main_dtype) : ""; *c && strlen(dtype) < sizeof dtype - 1; c++)
         dtype[strlen(dtype)] = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
     snprintf(m->desc, sizeof m->desc, "%s %s %s", rlx_model_config_of(rt->model)->model_type, size, dtype);
 }
