@@ -71,7 +71,7 @@ typedef struct rlx__gguf {
     uint32_t version;
     uint32_t alignment;
     size_t data_offset; /* where the data area starts: the header is the bytes before it */
-    rlx__gguf_kv *kv; /* sorted by key */
+    rlx__gguf_kv *kv;   /* sorted by key */
     size_t n_kv;
     rlx__gguf_tensor *tensors; /* in file order */
     size_t n_tensors;
