@@ -3,7 +3,8 @@
 independent reader tests/gguf/gguf_ref.py: the same metadata keys (rlx adds general.alignment),
 values of the hyperparameter and tokenizer keys, the same tensor names, shapes and per-tensor
 types; tensors of the simple types byte-identical where llama.cpp's source was the same, and for
-the K types the RMS error against the F32 file within 3 % of llama.cpp's, per tensor type.
+the K types the RMS error against the F32 file within 3 % of llama.cpp's, per tensor type (the
+blocks that are byte-identical to llama.cpp's are counted and shown, not required).
 
   compare_gguf.py --rlx BIN --model DIR --shared DIR --out DIR --type T [--type T ...] [--rms]
 
@@ -54,7 +55,8 @@ def compare(ours, ref, failures, what):
 
 
 def rms_table(ours, ref, f32):
-    """Per tensor type: (rlx RMS, llama.cpp RMS) over the tensors both hold in that type."""
+    """Per tensor type: (rlx RMS, llama.cpp RMS, blocks byte-identical, blocks) over the tensors
+    both hold in that type."""
     acc = {}
     for name, a in ours.tensor_by_name.items():
         b = ref.tensor_by_name.get(name)
@@ -63,11 +65,16 @@ def rms_table(ours, ref, f32):
         x = f32.tensor(name).astype(np.float64)
         e_ours = ((ours.tensor(name) - x) ** 2).sum()
         e_ref = ((ref.tensor(name) - x) ** 2).sum()
-        s = acc.setdefault(a.type_name, [0.0, 0.0, 0])
+        s = acc.setdefault(a.type_name, [0.0, 0.0, 0, 0, 0])
         s[0] += e_ours
         s[1] += e_ref
         s[2] += x.size
-    return {k: (np.sqrt(v[0] / v[2]), np.sqrt(v[1] / v[2])) for k, v in acc.items()}
+        bs = gguf_ref.GGML_TYPES[a.type][2]
+        ra = np.frombuffer(ours.raw(name), np.uint8).reshape(-1, bs)
+        rb = np.frombuffer(ref.raw(name), np.uint8).reshape(-1, bs)
+        s[3] += int((ra == rb).all(axis=1).sum())
+        s[4] += ra.shape[0]
+    return {k: (np.sqrt(v[0] / v[2]), np.sqrt(v[1] / v[2]), v[3], v[4]) for k, v in acc.items()}
 
 
 def main():
@@ -102,9 +109,10 @@ def main():
         ref = gguf_ref.read(ref_path)
         compare(ours, ref, failures, t)
         if f32 is not None:
-            for k, (a, b) in sorted(rms_table(ours, ref, f32).items()):
+            for k, (a, b, same, blocks) in sorted(rms_table(ours, ref, f32).items()):
                 ok = a <= 1.03 * b
-                print(f"{t}: {k}: RMS error rlx {a:.6g}, llama.cpp {b:.6g} ({100 * (a / b - 1):+.2f} %)")
+                print(f"{t}: {k}: RMS error rlx {a:.6g}, llama.cpp {b:.6g} ({100 * (a / b - 1):+.2f} %); "
+                      f"{same} of {blocks} blocks byte-identical")
                 if not ok:
                     failures.append(f"{t}: {k} RMS {a:.6g} is more than 3 % above llama.cpp's {b:.6g}")
         print(f"{t}: compared with {os.path.basename(ref_path)}")

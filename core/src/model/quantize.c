@@ -95,8 +95,10 @@ static void quant_q8_0(const float *x, rlx_block_q8_0 *b) {
 
 /* Affine fit of n values to levels 0..nmax: returns the scale s and stores the offset (as a
  * non-negative amount subtracted, value = s q - off) and the levels. Candidate inverse scales
- * (nmax + rmin + rdelta k) / (max - min), k = 0..nstep, are tried; each is refitted by weighted
- * least squares and kept when its weighted squared error is lower. */
+ * (nmax + rmin + rdelta k) / (max - min), k = 0..nstep, are tried, min being the best offset
+ * found so far; each is refitted by weighted least squares and kept when its weighted squared
+ * error is lower. (The operations and their order are those of llama.cpp's reference, so the
+ * bytes agree with its files.) */
 static float fit_affine(int n, int nmax, const float *x, const float *w, uint8_t *q, float *off, float rmin,
                         float rdelta, int nstep) {
     float lo = x[0], hi = x[0], sw = 0, swx = 0;
@@ -114,18 +116,21 @@ static float fit_affine(int n, int nmax, const float *x, const float *w, uint8_t
         return 0;
     }
     /* the spanning scale first */
-    float scale = (hi - lo) / (float)nmax, min = lo, best = 0;
+    const float span = (float)nmax / (hi - lo);
+    float scale = 1.0f / span, min = lo;
+    float best = 0;
     for (int i = 0; i < n; i++) {
-        q[i] = (uint8_t)clampi(nearest((x[i] - lo) / scale), 0, nmax);
+        q[i] = (uint8_t)clampi(nearest(span * (x[i] - lo)), 0, nmax);
         const float e = scale * q[i] + lo - x[i];
-        best += w[i] * e * e;
+        best += w[i] * (e * e);
     }
     uint8_t trial[32];
     for (int k = 0; k <= nstep; k++) {
-        const float iscale = ((float)nmax + rmin + rdelta * (float)k) / (hi - lo);
+        /* candidates are laid from the best offset so far, which moves the grid as it improves */
+        const float iscale = (rmin + rdelta * (float)k + (float)nmax) / (hi - min);
         float sl = 0, sll = 0, slx = 0;
         for (int i = 0; i < n; i++) {
-            const int l = clampi(nearest(iscale * (x[i] - lo)), 0, nmax);
+            const int l = clampi(nearest(iscale * (x[i] - min)), 0, nmax);
             trial[i] = (uint8_t)l;
             sl += w[i] * l;
             sll += w[i] * l * l;
@@ -142,7 +147,7 @@ static float fit_affine(int n, int nmax, const float *x, const float *w, uint8_t
         float err = 0;
         for (int i = 0; i < n; i++) {
             const float e = s * trial[i] + m - x[i];
-            err += w[i] * e * e;
+            err += w[i] * (e * e);
         }
         if (err < best) {
             best = err;
@@ -157,14 +162,16 @@ static float fit_affine(int n, int nmax, const float *x, const float *w, uint8_t
 
 /* Symmetric fit of n values to levels -nmax..nmax-1 with weights x^2: returns the scale (signed,
  * the sign of the value of largest magnitude); the largest value maps to -nmax for candidates
- * (nmax + 0.1 k) / max, k = -9..9, each refitted by least squares; the candidate maximising
- * (sum w x q)^2 / sum w q^2 (least weighted error after the refit) wins. */
+ * (nmax + 0.1 k) / max, k = 0 then -9..9, each refitted by least squares; the candidate
+ * maximising (sum w x q)^2 / sum w q^2 (least weighted error after the refit) wins. */
 static float fit_symmetric(int n, int nmax, const float *x) {
     const float max = signed_absmax(x, n);
     if (max == 0)
         return 0;
-    float best_scale = 0, best_num = 0, best_den = 0;
-    for (int k = -9; k <= 9; k++) {
+    float scale = 0, best = 0;
+    /* the nominal grid (k = 0) first, then the others; best = scale * sum w x q */
+    for (int step = 0; step <= 18; step++) {
+        const int k = step == 0 ? 0 : step <= 9 ? step - 10 : step - 9;
         const float iscale = -((float)nmax + 0.1f * (float)k) / max;
         float slx = 0, sll = 0;
         for (int i = 0; i < n; i++) {
@@ -173,13 +180,15 @@ static float fit_symmetric(int n, int nmax, const float *x) {
             slx += w * x[i] * l;
             sll += w * l * l;
         }
-        if (sll > 0 && (best_den == 0 || slx * slx * best_den > best_num * sll)) {
-            best_num = slx * slx;
-            best_den = sll;
-            best_scale = slx / sll;
+        if (step == 0) {
+            scale = sll > 0 ? slx / sll : 0;
+            best = scale * slx;
+        } else if (sll > 0 && slx * slx > best * sll) {
+            scale = slx / sll;
+            best = scale * slx;
         }
     }
-    return best_scale;
+    return scale;
 }
 
 /* Stores 6-bit scale sc and minimum m of sub-block s as rlx_iface_q4k_scale reads them. */
