@@ -458,8 +458,11 @@ rlx_status rlx__weights_quantize(rlx_weights *w, const rlx_model_config *c, cons
     float *row = NULL;
     int64_t row_cap = 0;
     rlx_status st = RLX_OK;
-    if (!(w->owned = rlx__calloc(w->n_tensors ? w->n_tensors : 1, sizeof *w->owned)))
+    /* room for one buffer per tensor more (a second call quantizes what the first left) */
+    void **owned = rlx__realloc(w->owned, (w->n_owned + w->n_tensors + 1) * sizeof *owned);
+    if (!owned)
         return rlx_error(RLX_E_NOMEM, "out of memory");
+    w->owned = owned;
     for (size_t i = 0; i < w->n_tensors && st == RLX_OK; i++) {
         rlx_weight *x = &w->tensors[i];
         char name[96];
