@@ -5,14 +5,17 @@
   that type (when /work/shared/gguf is there);
 - `--quant T` on the safetensors directory gives bit-identical logits (and so the same greedy
   text) as the GGUF file of type T (the same weights in the same kernels);
-- errors: an unknown type, --quant on a GGUF model, an output directory that does not exist
-  (the message names the file, and no partial file is left).
+- errors: an unknown type, --quant on a GGUF model, an output directory that does not exist,
+  a write that fails half way (a file size limit standing in for a full disk): the message
+  names the file, and no partial file is left.
 
   check_run.py --rlx BIN --model DIR --shared DIR --workdir DIR --type T [--type T ...] --quant T [--quant T ...]
 """
 import argparse
 import os
 import re
+import resource
+import signal
 import subprocess
 import sys
 import time
@@ -103,6 +106,20 @@ def main():
                             f"{p.stderr.strip()}")
     if os.path.exists(os.path.join(args.workdir, "no-such-dir")):
         failures.append("a partial output was left behind")
+    # a full disk, as a file size limit (SIGXFSZ ignored, so writes fail with EFBIG)
+    full = os.path.join(args.workdir, "full.gguf")
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (500000, 500000))
+
+    p = subprocess.run([args.rlx, "quantize", args.model, full, "--type", "q8_0", "-q"], capture_output=True,
+                       text=True, preexec_fn=limit)
+    if p.returncode == 0 or full + ".tmp" not in p.stderr or "File too large" not in p.stderr:
+        failures.append(f"a write failure: exit {p.returncode}, {p.stderr.strip()}")
+    if os.path.exists(full) or os.path.exists(full + ".tmp"):
+        failures.append("a failed write left a file behind")
+    print(f"write failure: {p.stderr.strip()}")
     return verdict(failures)
 
 

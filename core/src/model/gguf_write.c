@@ -346,7 +346,7 @@ static rlx_status write_file(const rlx_model *m, const rlx_tokenizer *tok, const
     FILE *f = fopen(tmp, "wb");
     if (!f) {
         free(h.p);
-        return rlx_error(RLX_E_IO, "%s: %s", tmp, strerror(errno));
+        return rlx_error(RLX_E_IO, "cannot create %s: %s", tmp, strerror(errno));
     }
     if (fwrite(h.p, 1, h.n, f) != h.n)
         st = rlx_error(RLX_E_IO, "%s: writing the header: %s", tmp, strerror(errno));
