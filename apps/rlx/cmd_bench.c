@@ -219,7 +219,10 @@ static void model_describe(const app_runtime *rt, model_info *m) {
     const rlx_weight *largest = NULL;
     for (size_t i = 0; i < rlx_weights_count(w); i++) {
         const rlx_weight *x = rlx_weights_at(w, i);
-        m->params += (double)x->nbytes / (double)rlx_dtype_size((int)x->dtype);
+        double elements = 1; /* from the shape: a quantized dtype has no per-element size */
+        for (uint32_t d = 0; d < x->n_dims; d++)
+            elements *= (double)x->shape[d];
+        m->params += elements;
         if (!largest || x->nbytes > largest->nbytes)
             largest = x;
     }
