@@ -1,5 +1,6 @@
 /* The GGUF writer's view of a tokenizer (tokenizer_export.h). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "text_internal.h"
 #include "tokenizer_export.h"
@@ -9,9 +10,12 @@ const char *rlx__tokenizer_token(const rlx_tokenizer *tok, int32_t id, size_t *l
     if (!tok || id < 0 || id >= tok->n_tokens || !tok->tokens[id].present)
         return NULL;
     const text_token *t = &tok->tokens[id];
+    const char *s = tok->strings + t->str;
     *len = t->str_len;
-    *type = !t->added ? 1 : t->special ? 3 : 4;
-    return tok->strings + t->str;
+    /* llama.cpp's converter also counts an added token that looks like one ("<|...|>") as control */
+    const int looks_special = t->str_len >= 4 && memcmp(s, "<|", 2) == 0 && memcmp(s + t->str_len - 2, "|>", 2) == 0;
+    *type = !t->added ? 1 : t->special || looks_special ? 3 : 4;
+    return s;
 }
 
 typedef struct ranked {

@@ -8,8 +8,9 @@
 #include "rlx/text.h"
 
 /* Token id's vocabulary string (byte-level spelling, as tokenizer.json and GGUF store it) and its
- * llama.cpp token type: 1 normal, 3 control (a special added token), 4 user-defined (another
- * added token); NULL for an id with no token. */
+ * llama.cpp token type: 1 normal, 3 control (a special added token, or an added one spelled
+ * "<|...|>", as llama.cpp's converter decides), 4 user-defined (another added token); NULL for an
+ * id with no token. */
 const char *rlx__tokenizer_token(const rlx_tokenizer *tok, int32_t id, size_t *len, int *type);
 
 /* The merges in rank order as (left id, right id) pairs: *pairs is malloc'd (2 * *n ids), the
