@@ -10,14 +10,10 @@ a dense layer, which llama.cpp's qwen3moe cannot hold, is refused naming the lay
 """
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 
-from qutil import gguf_ref, verdict
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model"))
-import make_model  # noqa: E402
+from qutil import gguf_ref, random_models, verdict
 
 
 def main():
@@ -25,14 +21,10 @@ def main():
     for a in ("--rlx", "--brown", "--workdir"):
         ap.add_argument(a, required=True)
     args = ap.parse_args()
-    os.makedirs(args.workdir, exist_ok=True)
-    make_model.build_variants(args.workdir, {"moe-all": ("moe", {"mlp_only_layers": []}, None, 0),
-                                             "moe-dense1": ("moe", {}, None, 0)}, 5, os.path.abspath(__file__))
+    models = random_models(args.workdir, {"moe-all": ("moe", {"mlp_only_layers": []}), "moe-dense1": ("moe", {})}, 5,
+                           args.brown, __file__)
     failures = []
-    for name in ("moe-all", "moe-dense1"):
-        for f in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(os.path.join(args.brown, f), os.path.join(args.workdir, name, f))
-    model = os.path.join(args.workdir, "moe-all")
+    model = models["moe-all"]
     # q4_k_m on 3 layers: use_more_bits picks layer 2 for ffn_down (Q6_K, whose 32-wide rows fall
     # back to Q8_0); the other layers' Q4_K falls back to Q5_0
     for t, want in (("q8_0", {"blk.0.attn_v": "Q8_0", "blk.1.ffn_down_exps": "Q8_0"}),
@@ -68,7 +60,7 @@ def main():
         if len(logits) == 2 and logits[0] != logits[1]:
             failures.append(f"{t}: --quant logits differ from the GGUF file's")
         print(f"{t}: {len(g.tensors)} tensors, --quant logits {'identical' if len(set(logits)) == 1 else 'DIFFER'}")
-    p = subprocess.run([args.rlx, "quantize", os.path.join(args.workdir, "moe-dense1"),
+    p = subprocess.run([args.rlx, "quantize", models["moe-dense1"],
                         os.path.join(args.workdir, "dense1.gguf"), "--type", "q8_0"], capture_output=True, text=True)
     if p.returncode == 0 or "layer 1 has a dense MLP" not in p.stderr:
         failures.append(f"a MoE model with a dense layer: exit {p.returncode}, {p.stderr.strip()}")

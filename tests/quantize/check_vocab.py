@@ -12,14 +12,10 @@ as from the directory.
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 
-from qutil import gguf_ref, verdict
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model"))
-import make_model  # noqa: E402
+from qutil import gguf_ref, random_models, verdict
 
 TEXTS = ["Hello 世界, it's 3.14!", "<think>\nx</think><|fim_prefix|>def f():\n    return 1<|im_end|>",
          "  spaces\tand\nnewlines  "]
@@ -30,13 +26,8 @@ def main():
     for a in ("--rlx", "--tokenizer", "--workdir"):
         ap.add_argument(a, required=True)
     args = ap.parse_args()
-    os.makedirs(args.workdir, exist_ok=True)
-    make_model.build_variants(args.workdir, {"qwen3-vocab": ("dense-tied", {"vocab_size": 151936,
-                                                                            "num_hidden_layers": 1}, None, 0)},
-                              7, os.path.abspath(__file__))
-    model = os.path.join(args.workdir, "qwen3-vocab")
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(args.tokenizer, f), os.path.join(model, f))
+    model = random_models(args.workdir, {"qwen3-vocab": ("dense-tied", {"vocab_size": 151936, "num_hidden_layers": 1})},
+                          7, args.tokenizer, __file__)["qwen3-vocab"]
     out = os.path.join(args.workdir, "qwen3-vocab-q8_0.gguf")
     subprocess.run([args.rlx, "quantize", model, out, "--type", "q8_0", "-q"], check=True, stdout=subprocess.DEVNULL)
     md = gguf_ref.read(out).metadata
