@@ -161,7 +161,7 @@ app_opt_group app_model_group(app_options *o) {
 }
 
 app_opt_group app_common_group(app_options *o) {
-    static app_opt opts[8];
+    static app_opt opts[9];
     const app_opt model = app_model_group(o).opts[0];
     app_opt list[] = {
         model,
@@ -185,6 +185,10 @@ app_opt_group app_common_group(app_options *o) {
          "say what each backend runs on (kernels, library cores, threads) and\n"
          "let the transport libraries log",
          APP_OPT_FLAG, &o->verbose},
+        {0, "quant", NULL, "TYPE",
+         "quantize a safetensors model's matrices in memory when loading it, as\n"
+         "rlx quantize --type TYPE would (q8_0, q4_0, q4_k_m, ...)",
+         APP_OPT_STRING, &o->quant},
     };
     memcpy(opts, list, sizeof opts);
     return APP_OPT_GROUP("options:", opts);

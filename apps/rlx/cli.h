@@ -27,6 +27,7 @@ typedef struct app_options {
     uint32_t threads;
     uint32_t ctx;
     int verbose;
+    const char *quant;             /* --quant TYPE: quantize a safetensors model's matrices when loading it */
     app_pipeline_options pipeline; /* --config, --stages, --launch, --transport, timeouts */
 } app_options;
 

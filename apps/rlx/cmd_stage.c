@@ -167,6 +167,7 @@ int cmd_stage(int argc, char **argv, app_options *o) {
     ro.place = o->place;
     ro.n_threads = threads;
     ro.kv_capacity = o->ctx;
+    ro.quant = o->quant;
     if (rlx_runtime_open(&ro, &rt) != RLX_OK) {
         status = app_fail("stage: %s", rlx_last_error());
         goto done;

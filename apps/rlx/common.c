@@ -43,6 +43,7 @@ static int runtime_options(app_runtime *rt, app_options *o, const app_spec_optio
     ro->draft_tokens = so->draft_tokens;
     ro->draft_model = so->draft_model;
     ro->spec_options = so->options;
+    ro->quant = o->quant;
     return 0;
 }
 

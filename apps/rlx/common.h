@@ -90,5 +90,6 @@ int cmd_chat(int argc, char **argv, app_options *o);
 int cmd_tokenize(int argc, char **argv, app_options *o);
 int cmd_detokenize(int argc, char **argv, app_options *o);
 int cmd_stage(int argc, char **argv, app_options *o);
+int cmd_quantize(int argc, char **argv, app_options *o);
 
 #endif

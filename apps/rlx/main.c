@@ -22,6 +22,7 @@ static const struct {
     {"graph", cmd_graph, "print the graph of a model and the backend of each node"},
     {"plugins", cmd_plugins, "list the plugins found"},
     {"stage", cmd_stage, "serve a layer range of a model to pipeline drivers"},
+    {"quantize", cmd_quantize, "write a model as a GGUF file of a quantization type"},
 };
 
 /* "usage: ...", the commands and a note: what `rlx --help` prints above the shared options. */

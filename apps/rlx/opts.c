@@ -173,7 +173,7 @@ int app_opts_parse(const app_command_spec *spec, int argc, char **argv, int stop
     struct option longs[2 * MAX_OPTS + 3];
     char shorts[3 + 2 * MAX_OPTS + 2];
     size_t nl = 0, ns = 0;
-    if (stop_at_operand)
+    if (stop_at_operand == 1)
         shorts[ns++] = '+';
     shorts[ns++] = ':'; /* report a missing value as ':', and let this code word every message */
     for (size_t i = 0; i < n; i++) {

@@ -50,7 +50,8 @@ typedef struct app_command_spec {
  * -h and --version are answered here. Returns 0 when parsed, 1 after reporting an error and 2
  * after printing help or the version (the command then exits 0). With stop_at_operand, parsing
  * ends at the first argument that is no option and *first_operand is its index (argc if none);
- * without it, an operand is an error. */
+ * with stop_at_operand 2 operands may stand anywhere: they are moved after the options (glibc's
+ * permutation) and *first_operand is the index of the first; without it, an operand is an error. */
 int app_opts_parse(const app_command_spec *spec, int argc, char **argv, int stop_at_operand, int *first_operand);
 
 /* Prints the option lines of the groups, each under its title. */

@@ -227,6 +227,10 @@ static void common_args(argv_builder *b, const app_options *o, const char *trans
         arg(b, "--place");
         arg(b, o->place);
     }
+    if (o->quant) {
+        arg(b, "--quant");
+        arg(b, o->quant);
+    }
     if (threads)
         arg_u32(b, "--threads", threads);
     if (o->verbose)

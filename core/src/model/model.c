@@ -17,6 +17,8 @@
 #include "gguf.h"
 #include "graph/graph_impl.h"
 #include "model_internal.h"
+#include "quantize.h"
+#include "weights_internal.h"
 #include "rlx/model.h"
 #include "util/alloc.h"
 #include "util/sized.h"
@@ -71,6 +73,18 @@ void rlx_model_close(rlx_model *m) {
     free(m->added);
     free(m->dir);
     free(m);
+}
+
+rlx_status rlx_model_quantize(rlx_model *m, const char *type, rlx_quantize_progress progress, void *ctx) {
+    if (!m || !type)
+        return rlx_error(RLX_E_INVALID, "rlx_model_quantize: NULL argument");
+    const rlx__qtype *q = rlx__qtype_find(type);
+    if (!q)
+        return rlx_error(RLX_E_INVALID, "unknown quantization type '%s' (one of %s)", type, rlx__qtype_names());
+    if (m->gguf)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: a GGUF model keeps its file's types; quantize it with rlx quantize",
+                         m->dir);
+    return rlx__weights_quantize(m->weights, &m->cfg, q, progress, ctx);
 }
 
 /* The tensor called name in the model's safetensors or an added file, or NULL. */

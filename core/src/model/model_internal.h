@@ -37,4 +37,10 @@ const struct rlx__gguf *rlx__weights_gguf(const rlx_weights *w);
  * its tensors (vocabulary rows, tied embeddings, attention bias); errors name the file and key. */
 rlx_status rlx__model_config_from_gguf(const rlx_weights *w, rlx_model_config *out);
 
+/* llama.cpp's name of the Hugging Face tensor hf into out ("blk.3.ffn_down.weight"; the stacked
+ * "blk.N.ffn_down_exps.weight" for an expert's), its layer (-1 for a top-level tensor), its place
+ * in gguf_model.c's table (the order llama.cpp's converter writes a layer in) and its expert
+ * index (-1 if none). Returns 0 for a name the table does not know. */
+int rlx__gguf_name_of(const char *hf, char *out, size_t len, int *layer, int *part, int64_t *expert);
+
 #endif

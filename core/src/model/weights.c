@@ -117,6 +117,9 @@ void rlx_weights_close(rlx_weights *w) {
     }
     for (size_t i = 0; i < w->n_gguf; i++)
         rlx__gguf_close(w->gguf[i]);
+    for (size_t i = 0; i < w->n_owned; i++)
+        free(w->owned[i]);
+    free(w->owned);
     free(w->gguf);
     free(w->files);
     free(w->tensors);

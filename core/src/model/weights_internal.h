@@ -26,7 +26,14 @@ struct rlx_weights {
     size_t total_bytes;
     rlx__gguf **gguf; /* the shards of a GGUF model, in order, owned; NULL for safetensors */
     size_t n_gguf;
+    void **owned; /* buffers of tensors quantized in memory (rlx_model_quantize), freed at close */
+    size_t n_owned;
 };
+
+/* Quantizes the matrices of w in memory as rlx_model_quantize documents (quantize.c). */
+struct rlx__qtype;
+rlx_status rlx__weights_quantize(rlx_weights *w, const rlx_model_config *c, const struct rlx__qtype *q,
+                                 rlx_quantize_progress progress, void *ctx);
 
 /* dir/name with a single separator (dir is not empty); NULL when out of memory. */
 char *rlx__path_join(const char *dir, const char *name);

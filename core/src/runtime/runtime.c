@@ -254,6 +254,8 @@ static rlx_status open_local(rlx_runtime *rt) {
         return rc;
     if ((rc = rlx_model_open(rt->model_dir, &rt->model)) != RLX_OK)
         return failed(rc, "cannot open model");
+    if (rt->o.quant && *rt->o.quant && (rc = rlx_model_quantize(rt->model, rt->o.quant, NULL, NULL)) != RLX_OK)
+        return failed(rc, "cannot quantize the model");
     if (rt->o.flags & RLX_RUNTIME_STAGE)
         return RLX_OK;
     const rlx_model_config *c = rlx_model_config_of(rt->model);
