@@ -8,9 +8,10 @@
  *   - BF16/F16 weights are used as stored: the GEMV kernels widen them on the fly up to
  *     gemv_m tokens, and above that a thread widens a tile of rows (1.5 MiB of F32) into its
  *     scratch and runs cblas_sgemm on it, so no whole-model F32 copy ever exists;
- *   - block-quantized weights (GGUF Q4_0 ... Q6_K) never reach OpenBLAS: the library's
+ *   - block-quantized weights (GGUF Q4_0 ... Q6_K): up to gemv_m tokens the library's
  *     kern_qmatmul quantizes the activations to int8 blocks as llama.cpp does and runs integer
- *     dot products (RLX_PRECISION_Q8_ACT), for MATMUL and MOE experts alike.
+ *     dot products (RLX_PRECISION_Q8_ACT), for MATMUL and MOE experts alike; above that, tiles
+ *     of rows are dequantized and multiplied by cblas_sgemm as BF16 tiles are.
  * Decode attention splits the cache rows across threads (the library's split keys), prefill
  * attention runs sgemm per (KV head, block of queries). The library's kernels (AVX-512,
  * AVX2+FMA+F16C or portable C, chosen at open() from the CPU, option isa=...) do the rest:
@@ -201,14 +202,20 @@ static int cpu_blas_supports(void *self, const rlx_node_view *node) {
     return node_check(((const cpu_blas *)self)->host, "cpu-blas", node, false) == RLX_OK;
 }
 
-/* Matmuls on block-quantized weights quantize their activations to int8 blocks (kern_quant.h);
- * everything else is F32 arithmetic on exactly widened weights. */
+static bool cpu_blas_mm_tiled(const cpu_blas *s, int64_t M, int wdt);
+
+/* Matmuls on block-quantized weights with at most gemv_m rows quantize their activations to int8
+ * blocks (kern_quant.h); longer ones multiply dequantized tiles in F32, as MOE experts may,
+ * whose rows per expert are known only at run time, so a MOE declares the looser bound.
+ * Everything else is F32 arithmetic on exactly widened weights. */
 static uint32_t cpu_blas_precision(void *self, const rlx_node_view *node) {
-    (void)self;
-    const bool quantized =
-        node->op == RLX_OP_MATMUL ? node->n_inputs > 1 && kern_quant_supported((int)node->inputs[1].dtype)
-        : node->op == RLX_OP_MOE  ? node->n_inputs > 2 && kern_quant_supported((int)node->inputs[2].dtype)
-                                  : false;
+    const cpu_blas *s = self;
+    const bool quantized = node->op == RLX_OP_MATMUL
+                               ? node->n_inputs > 1 && kern_quant_supported((int)node->inputs[1].dtype) &&
+                                     !cpu_blas_mm_tiled(s, rlx_iface_rows(&node->inputs[0]), (int)node->inputs[1].dtype)
+                           : node->op == RLX_OP_MOE
+                               ? node->n_inputs > 2 && kern_quant_supported((int)node->inputs[2].dtype)
+                               : false;
     return quantized ? RLX_PRECISION_Q8_ACT : RLX_PRECISION_F32;
 }
 
@@ -247,9 +254,14 @@ static void cpu_blas_mm_part(const cpu_blas *s, int ith, const float *x, int64_t
         cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)cnt, (int)K, 1.0f, x, (int)K,
                            (const float *)w, (int)K, 0.0f, y, (int)ldy);
     } else {
-        /* Widen one tile of weight rows and multiply it while it is still in cache. */
+        /* Widen (or dequantize) one tile of weight rows and multiply it while it is in cache. */
         float *tile = s->tile[ith].p;
-        s->kern.k->widen(wdt, w, tile, cnt * K);
+        if (rlx_iface_dtype_is_quantized((uint32_t)wdt))
+            for (int64_t r = 0; r < cnt; r++)
+                rlx_iface_dequant_row((uint32_t)wdt, w + (size_t)r * rlx_iface_row_bytes((uint32_t)wdt, K),
+                                      tile + r * K, K);
+        else
+            s->kern.k->widen(wdt, w, tile, cnt * K);
         cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)cnt, (int)K, 1.0f, x, (int)K, tile,
                            (int)K, 0.0f, y, (int)ldy);
     }
@@ -280,7 +292,10 @@ static int64_t cpu_blas_mm_chunk(const cpu_blas *s, int64_t M, int64_t K, int wd
 
 static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, const void *w, int wdt, int64_t N,
                            const float *bias, float *y) {
-    if (kern_quant_supported(wdt)) /* block-quantized: the library's integer kernels, not OpenBLAS */
+    /* block-quantized: the library's integer kernels for decode; prefill's rows amortise the
+     * dequantized tiles OpenBLAS multiplies (a compute-bound integer GEMM of its own is not yet
+     * faster than that) */
+    if (kern_quant_supported(wdt) && !cpu_blas_mm_tiled(s, M, wdt))
         return kern_qmatmul(&s->kern, x, M, K, w, wdt, N, bias, y);
     if (kern_matmul_trivial(M, K, N, bias, y))
         return RLX_OK;
