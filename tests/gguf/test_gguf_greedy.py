@@ -12,11 +12,11 @@ end-of-sequence token first, print llama.cpp's whole continuation: llama.cpp sto
 So the first 32 tokens are llama.cpp's, compared as text because llama.cpp's ids are not
 stored. Greedy decoding amplifies any numerical difference into a different token once two
 candidates are close, so this is an end-to-end check of the quantized matmuls, not of the
-dequantization alone: llama.cpp's CPU kernels quantize the activations to 8 bits (Q8_0/Q8_K)
-before the dot products with K-quant weights, and a backend that does not will diverge where
-the top two logits are that close. The test states the requirement as it is, and prints for a
-failing pair the index (from 0) of rlx's first generated token whose text leaves llama.cpp's
-continuation.
+dequantization alone: llama.cpp's CPU kernels quantize the activations to 8 bits (Q8_0 for
+Q4_0/Q8_0 weights, Q8_K for the K types) before the dot products and keep the KV cache in F16,
+and a backend that does not will take the other token where the top two logits are that
+close. The test states the requirement as it is, and prints for a failing pair the index (from
+0) of rlx's first generated token whose text leaves llama.cpp's continuation.
 Runs the default backend unless EXTRA_RLX_ARGS choose another. Exits 77 when the shared
 directory is absent.
 """
