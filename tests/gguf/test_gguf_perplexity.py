@@ -34,7 +34,7 @@ def main():
     ap.add_argument("--rlx", required=True)
     ap.add_argument("--shared", required=True)
     ap.add_argument("--only", nargs="*", help="file names to run (default: all)")
-    ap.add_argument("--timeout", type=float, default=3600, help="seconds per file")
+    ap.add_argument("--timeout", type=float, default=7200, help="seconds per file")
     ap.add_argument("rlx_args", nargs="*", help="extra rlx arguments, after --")
     args = ap.parse_args()
     shared = C.shared_gguf_dir(args.shared)
