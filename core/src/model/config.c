@@ -598,9 +598,7 @@ rlx_status rlx_model_config_load_model(const char *model_path, rlx_model_config 
     if (stat(model_path, &sb) != 0 || S_ISDIR(sb.st_mode))
         return rlx__model_config_load_dir(model_path, out);
     if (!rlx__is_gguf(model_path))
-        return rlx_error(RLX_E_INVALID,
-                         "%s is a file, but neither a GGUF file nor a model directory (config.json and *.safetensors)",
-                         model_path);
+        return rlx__gguf_not_gguf(model_path);
     rlx_weights *w;
     rlx_status rc = rlx_weights_open(model_path, &w);
     if (rc == RLX_OK)

@@ -68,7 +68,8 @@ static rlx_status rd_str(reader *r, const char *what, size_t max, rlx__gguf_str 
     if (st != RLX_OK)
         return st;
     if (len > (uint64_t)(r->end - r->p))
-        return rlx_error(RLX_E_FORMAT, "%s: %s at byte %zu claims %" PRIu64 " bytes, more than the file has left",
+        return rlx_error(RLX_E_FORMAT,
+                         "%s: %s at byte %zu claims a length of %" PRIu64 " bytes, more than the file has left",
                          r->path, what, at(r) - 8, len);
     if (max && len > max)
         return rlx_error(RLX_E_FORMAT, "%s: %s at byte %zu is %" PRIu64 " bytes long (at most %zu)", r->path, what,
@@ -154,7 +155,7 @@ static rlx_status rd_value(reader *r, rlx__gguf_kv *kv) {
         const size_t size = scalar_size(elem);
         if (n > left / size)
             return rlx_error(RLX_E_FORMAT,
-                             "%s: key '%s': an array of %" PRIu64
+                             "%s: key '%s': an array length of %" PRIu64
                              " %s values at byte %zu does not fit in the %zu bytes left",
                              r->path, kv->key, n, type_names[elem], at(r), left);
         r->p += n * size;
@@ -163,7 +164,8 @@ static rlx_status rd_value(reader *r, rlx__gguf_kv *kv) {
     /* every string takes at least its 8-byte length */
     if (n > left / 8)
         return rlx_error(RLX_E_FORMAT,
-                         "%s: key '%s': an array of %" PRIu64 " strings at byte %zu does not fit in the %zu bytes left",
+                         "%s: key '%s': an array length of %" PRIu64
+                         " strings at byte %zu does not fit in the %zu bytes left",
                          r->path, kv->key, n, at(r), left);
     for (uint64_t i = 0; i < n; i++) {
         rlx__gguf_str s;
@@ -272,8 +274,8 @@ static rlx_status rd_tensor(reader *r, rlx__gguf_tensor *t, uint64_t *offset) {
         if (d == 0 || d > (uint64_t)INT64_MAX)
             return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': dimension %u is %" PRIu64 "", r->path, t->name, i, d);
         if (numel > (uint64_t)INT64_MAX / d)
-            return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': its dimensions multiply past 2^63 elements", r->path,
-                             t->name);
+            return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': its dimensions overflow, multiplying past 2^63 elements",
+                             r->path, t->name);
         numel *= d;
         t->ne[i] = (int64_t)d;
     }
@@ -438,6 +440,34 @@ void rlx__gguf_close(rlx__gguf *g) {
     free(g->tensors);
     free(g->path);
     free(g);
+}
+
+/* Printable ASCII as itself, any other byte as \xNN: what a bad magic shows. */
+static void show_bytes(const unsigned char *b, size_t n, char *out, size_t cap) {
+    size_t used = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < n && used + 5 < cap; i++)
+        used += (size_t)snprintf(out + used, cap - used, b[i] >= 0x20 && b[i] < 0x7f && b[i] != '\'' ? "%c" : "\\x%02x",
+                                 b[i]);
+}
+
+rlx_status rlx__gguf_not_gguf(const char *path) {
+    unsigned char magic[4];
+    FILE *f = fopen(path, "rb");
+    const size_t n = f ? fread(magic, 1, 4, f) : 0;
+    if (f)
+        fclose(f);
+    char shown[24];
+    show_bytes(magic, n, shown, sizeof shown);
+    if (n < 4)
+        return rlx_error(RLX_E_INVALID,
+                         "%s is a file, but neither a GGUF file nor a model directory (config.json and *.safetensors): "
+                         "it has %zu bytes, fewer than the 4 of the GGUF magic",
+                         path, n);
+    return rlx_error(RLX_E_INVALID,
+                     "%s is a file, but neither a GGUF file nor a model directory (config.json and *.safetensors): "
+                     "it starts with '%s', not the GGUF magic 'GGUF'",
+                     path, shown);
 }
 
 int rlx__is_gguf(const char *path) {

@@ -92,6 +92,10 @@ rlx_status rlx__gguf_parse(const char *path, const void *data, size_t size, rlx_
 
 /* True when the file at path starts with GGUF's magic. */
 int rlx__is_gguf(const char *path);
+/* The error for a path that is a regular file but not a GGUF file (RLX_E_INVALID): a model is a
+ * GGUF file or a directory, so the message says both and shows the file's first bytes, which
+ * tells a truncated or mistyped file from, say, a tokenizer.json given as the model. */
+rlx_status rlx__gguf_not_gguf(const char *path);
 
 /* The value of key, or NULL. */
 const rlx__gguf_kv *rlx__gguf_find(const rlx__gguf *g, const char *key);

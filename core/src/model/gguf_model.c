@@ -246,6 +246,17 @@ rlx_status rlx__weights_open_gguf(const char *path, rlx_weights **out) {
 
 const struct rlx__gguf *rlx__weights_gguf(const rlx_weights *w) { return w && w->n_gguf ? w->gguf[0] : NULL; }
 
+const char *rlx__weights_gguf_name(const rlx_weights *w, const rlx_weight *t) {
+    for (size_t i = 0; w && t && i < w->n_gguf; i++)
+        for (size_t k = 0; k < w->gguf[i]->n_tensors; k++) {
+            const rlx__gguf_tensor *g = &w->gguf[i]->tensors[k];
+            const uint8_t *p = t->data;
+            if (p >= g->data && p < g->data + g->nbytes)
+                return g->name;
+        }
+    return NULL;
+}
+
 // ---- configuration
 
 typedef struct cfg_reader {

@@ -47,9 +47,7 @@ rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
     m->gguf = stat(model_dir, &sb) == 0 && !S_ISDIR(sb.st_mode);
     rlx_status rc = RLX_OK;
     if (m->gguf && !rlx__is_gguf(model_dir))
-        rc = rlx_error(RLX_E_INVALID,
-                       "%s is a file, but neither a GGUF file nor a model directory (config.json and *.safetensors)",
-                       model_dir);
+        rc = rlx__gguf_not_gguf(model_dir);
     if (rc == RLX_OK)
         rc = rlx_weights_open(model_dir, &m->weights);
     if (rc == RLX_OK)
@@ -317,8 +315,15 @@ static const rlx_weight *find_checked(const rlx_model *m, const need *n, rlx_sta
             snprintf(want, sizeof want, "%lld", (long long)n->shape[0]);
         else
             snprintf(want, sizeof want, "%lld,%lld", (long long)n->shape[0], (long long)n->shape[1]);
-        *rc = rlx_error(RLX_E_SHAPE, "%s: tensor '%s' has shape [%s], %s implies [%s]", w->file, n->name, have,
-                        m->gguf ? "the GGUF metadata" : "config.json", want);
+        const char *stored = m->gguf ? rlx__weights_gguf_name(m->weights, w) : NULL;
+        if (stored)
+            *rc = rlx_error(RLX_E_SHAPE,
+                            "%s: tensor '%s' (%s) has shape [%s], the GGUF metadata implies [%s] (shapes as [rows, "
+                            "columns]; GGUF lists the dimensions the other way round)",
+                            w->file, stored, n->name, have, want);
+        else
+            *rc = rlx_error(RLX_E_SHAPE, "%s: tensor '%s' has shape [%s], %s implies [%s]", w->file, n->name, have,
+                            m->gguf ? "the GGUF metadata" : "config.json", want);
         return NULL;
     }
     const int is_float = w->dtype == RLX_DTYPE_F32 || w->dtype == RLX_DTYPE_BF16 || w->dtype == RLX_DTYPE_F16;

@@ -32,6 +32,10 @@ rlx_status rlx__model_config_load_dir(const char *model_dir, rlx_model_config *o
 /* The first (metadata-holding) GGUF file of weights opened from a GGUF model, else NULL. */
 struct rlx__gguf;
 const struct rlx__gguf *rlx__weights_gguf(const rlx_weights *w);
+/* The name in the GGUF file of w's tensor t (for an expert's view, the stacked tensor holding
+ * it), or NULL when w is not a GGUF model or t is not one of its tensors: errors about a tensor
+ * name the one a user finds in the file besides rlx's Hugging Face name. */
+const char *rlx__weights_gguf_name(const rlx_weights *w, const rlx_weight *t);
 
 /* The configuration of a GGUF model from its metadata (architectures qwen3 and qwen3moe) and
  * its tensors (vocabulary rows, tied embeddings, attention bias); errors name the file and key. */

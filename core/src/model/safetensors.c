@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gguf.h"
 #include "model_internal.h"
 #include "weights_internal.h"
 #include "rlx/model.h"
@@ -308,8 +309,8 @@ rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out) {
     if (!model_dir || !model_dir[0] || !out)
         return rlx_error(RLX_E_INVALID, "rlx_weights_open: model_dir must be a non-empty path and out not NULL");
     struct stat sb;
-    if (stat(model_dir, &sb) == 0 && S_ISREG(sb.st_mode) && rlx__is_gguf(model_dir))
-        return rlx__weights_open_gguf(model_dir, out);
+    if (stat(model_dir, &sb) == 0 && S_ISREG(sb.st_mode))
+        return rlx__is_gguf(model_dir) ? rlx__weights_open_gguf(model_dir, out) : rlx__gguf_not_gguf(model_dir);
     rlx_status st = RLX_OK;
     cJSON *index = NULL;
     char *single = rlx__path_join(model_dir, "model.safetensors");
