@@ -10,13 +10,17 @@ after each (-n 48 --temp 0, stopping early at the end-of-text token). For each f
 llama.cpp's continuation and either generate all 32 tokens or, when it stops at an
 end-of-sequence token first, print llama.cpp's whole continuation: llama.cpp stopped there too.
 So the first 32 tokens are llama.cpp's, compared as text because llama.cpp's ids are not
-stored. Greedy decoding amplifies any numerical difference into a different token once two
-candidates are close, so this is an end-to-end check of the quantized matmuls, not of the
-dequantization alone: llama.cpp's CPU kernels quantize the activations to 8 bits (Q8_0 for
-Q4_0/Q8_0 weights, Q8_K for the K types) before the dot products and keep the KV cache in F16,
-and a backend that does not will take the other token where the top two logits are that
-close. The test states the requirement as it is, and prints for a failing pair the index (from
-0) of rlx's first generated token whose text leaves llama.cpp's continuation.
+stored.
+
+One exception, measured rather than assumed: a divergence at a near tie. llama.cpp wrote these
+continuations with its default flash attention, whose CPU kernel rounds Q, K and V to F16 and
+accumulates the weighted values in F16; rlx keeps attention in F32. Where two candidates are
+within a few thousandths of a logit, that rounding decides, and llama.cpp itself, run with
+-fa off, takes rlx's token there (on this data: llama.cpp d32676d77 with -fa off -ctk f32
+-ctv f32 prints exactly rlx's text for all 36 pairs, and the two pairs that leave the default
+run do so at gaps of 0.0014 and 0.0031). So when rlx's text leaves llama.cpp's at token k < 32,
+the pair still passes if rlx's logit margin there, between its own token and the first token of
+llama.cpp's remaining text, is below NEAR_TIE; any wider margin is a real difference and fails.
 Runs the default backend unless EXTRA_RLX_ARGS choose another. Exits 77 when the shared
 directory is absent.
 """
@@ -29,6 +33,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gguf_common as C  # noqa: E402
+
+# A margin a difference of F16 against F32 attention can flip (the measured ties are 0.0014 and
+# 0.0031; logits here are of size 10-30, and F16 keeps 11 bits), far below the margins of the
+# tokens the models choose with conviction.
+NEAR_TIE = 0.01
 
 
 def detokenize(rlx, model, ids):
@@ -52,6 +61,17 @@ def first_wrong_token(rlx, model, ids, want):
     return lo
 
 
+def tie_margin(rlx, model, logprobs, ids, at, rest):
+    """rlx's log-probability of its own token at generated position `at` minus that of the first
+    token of llama.cpp's remaining text `rest` (a difference of log-softmax values is the
+    difference of the logits), from the generation's own top log-probabilities, so the margin is
+    the one the decode steps had; infinite when llama.cpp's token is not among them."""
+    p = C.run([rlx, "tokenize", "-m", model, "-p", rest], timeout=60)
+    theirs = int(p.stdout.split()[0])
+    top = {e["id"]: e["logprob"] for e in logprobs[at]["top_logprobs"]}
+    return top[ids[at]] - top[theirs] if theirs in top else float("inf")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rlx", required=True)
@@ -71,7 +91,7 @@ def main():
             prompt, want = case["prompt"], case["continuation"]
             start = time.time()
             p = C.run([args.rlx, "generate", "-m", model, "-p", prompt, "-n", str(args.steps), "--temp", "0",
-                       "--json", *args.rlx_args], timeout=300)
+                       "--json", "--logprobs", "5", *args.rlx_args], timeout=300)
             took = time.time() - start
             label = "%s prompt %d %r" % (name, k, prompt)
             if p.returncode != 0:
@@ -88,8 +108,16 @@ def main():
                 continue
             at = first_wrong_token(args.rlx, model, ids, want)
             common = os.path.commonprefix([text, want])
-            why = ("stopped after %d tokens (%s) before llama.cpp's end" % (len(ids), out.get("stopped_by"))
-                   if want.startswith(text) else "diverges at token %d (character %d)" % (at, len(common)))
+            if not want.startswith(text):
+                rest = want[len(detokenize(args.rlx, model, ids[:at])):]
+                margin = tie_margin(args.rlx, model, out["logprobs"], ids, at, rest)
+                if 0 <= margin < NEAR_TIE:
+                    passes += 1
+                    rows.append((name, k, "tie", "leaves at token %d on a near tie (margin %.4f)" % (at, margin)))
+                    continue
+                why = "diverges at token %d (character %d), margin %.4f" % (at, len(common), margin)
+            else:
+                why = "stopped after %d tokens (%s) before llama.cpp's end" % (len(ids), out.get("stopped_by"))
             failures.append("%s: %s\n    rlx:       %r\n    llama.cpp: %r" % (label, why, text, want[:len(text) + 20]))
             rows.append((name, k, "FAIL", why))
     print("%-26s %-6s %-5s %s" % ("file", "prompt", "", "detail"))
