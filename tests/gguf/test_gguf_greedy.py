@@ -5,7 +5,7 @@
 
 reference/llama.cpp.json holds, per file, three prompts and the text llama-completion printed
 after each (-n 48 --temp 0, stopping early at the end-of-text token). For each file and prompt,
-  rlx generate -m FILE -p PROMPT -n 32 --temp 0 --json
+  rlx generate -m FILE -p PROMPT -n 32 --temp 0 --json --logprobs 5
 (the same generation as without --json, which only adds the token ids) must print a prefix of
 llama.cpp's continuation and either generate all 32 tokens or, when it stops at an
 end-of-sequence token first, print llama.cpp's whole continuation: llama.cpp stopped there too.
