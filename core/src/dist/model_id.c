@@ -93,9 +93,10 @@ rlx_status rlx_model_id(const char *model_dir, char out[RLX_MODEL_ID_SIZE]) {
     if (!model_dir || !out)
         return rlx_error(RLX_E_INVALID, "rlx_model_id: NULL argument");
     out[0] = '\0';
-    struct stat sb;
-    if (stat(model_dir, &sb) == 0 && S_ISREG(sb.st_mode) && rlx__is_gguf(model_dir))
-        return gguf_model_id(model_dir, out);
+    int gguf;
+    rlx_status rc = rlx__model_path_is_gguf(model_dir, &gguf);
+    if (rc != RLX_OK || gguf)
+        return rc != RLX_OK ? rc : gguf_model_id(model_dir, out);
     rlx__sha256 h;
     rlx__sha256_init(&h);
     char path[4096];
@@ -105,8 +106,8 @@ rlx_status rlx_model_id(const char *model_dir, char out[RLX_MODEL_ID_SIZE]) {
     if (fd < 0)
         return rlx_error(RLX_E_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    rlx_status rc = fstat(fd, &st) == 0 ? hash_range(&h, fd, path, 0, (uint64_t)st.st_size)
-                                        : rlx_error(RLX_E_IO, "%s: %s", path, strerror(errno));
+    rc = fstat(fd, &st) == 0 ? hash_range(&h, fd, path, 0, (uint64_t)st.st_size)
+                             : rlx_error(RLX_E_IO, "%s: %s", path, strerror(errno));
     close(fd);
     if (rc != RLX_OK)
         return rc;

@@ -554,16 +554,17 @@ static rlx_status gguf_generation_defaults(const char *path, rlx_generation_defa
 rlx_status rlx_generation_config_load(const char *model_dir, rlx_generation_defaults *out) {
     if (!model_dir || !out)
         return rlx_error(RLX_E_INVALID, "rlx_generation_config_load: model_dir and out must not be NULL");
-    struct stat sb;
-    if (stat(model_dir, &sb) == 0 && S_ISREG(sb.st_mode) && rlx__is_gguf(model_dir))
-        return gguf_generation_defaults(model_dir, out);
+    int gguf;
+    rlx_status st = rlx__model_path_is_gguf(model_dir, &gguf);
+    if (st != RLX_OK || gguf)
+        return st != RLX_OK ? st : gguf_generation_defaults(model_dir, out);
     char path[4096];
     if (snprintf(path, sizeof path, "%s/generation_config.json", model_dir) >= (int)sizeof path)
         return rlx_error(RLX_E_INVALID, "%s: the model directory's path is too long", model_dir);
     /* Hugging Face's GenerationConfig defaults */
     rlx_generation_defaults g = {.temperature = 1.0f, .top_k = 50, .top_p = 1.0f, .repetition_penalty = 1.0f};
     cJSON *root;
-    rlx_status st = rlx__json_load(path, 1, &root);
+    st = rlx__json_load(path, 1, &root);
     if (st == RLX_OK && root)
         st = parse_generation_defaults(path, root, &g);
     cJSON_Delete(root);
@@ -594,14 +595,12 @@ rlx_status rlx__model_config_load_dir(const char *model_dir, rlx_model_config *o
 rlx_status rlx_model_config_load_model(const char *model_path, rlx_model_config *out) {
     if (!model_path || !out)
         return rlx_error(RLX_E_INVALID, "rlx_model_config_load_model: NULL argument");
-    struct stat sb;
-    if (stat(model_path, &sb) != 0 || S_ISDIR(sb.st_mode))
-        return rlx__model_config_load_dir(model_path, out);
-    if (!rlx__is_gguf(model_path))
-        return rlx__gguf_not_gguf(model_path);
+    int gguf;
+    rlx_status rc = rlx__model_path_is_gguf(model_path, &gguf);
+    if (rc != RLX_OK || !gguf)
+        return rc != RLX_OK ? rc : rlx__model_config_load_dir(model_path, out);
     rlx_weights *w;
-    rlx_status rc = rlx_weights_open(model_path, &w);
-    if (rc == RLX_OK)
+    if ((rc = rlx_weights_open(model_path, &w)) == RLX_OK)
         rc = rlx__model_config_from_gguf(w, out);
     rlx_weights_close(w);
     return rc;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "gguf.h"
 #include "util/alloc.h"
@@ -468,6 +469,12 @@ rlx_status rlx__gguf_not_gguf(const char *path) {
                      "%s is a file, but neither a GGUF file nor a model directory (config.json and *.safetensors): "
                      "it starts with '%s', not the GGUF magic 'GGUF'",
                      path, shown);
+}
+
+rlx_status rlx__model_path_is_gguf(const char *path, int *gguf) {
+    struct stat sb;
+    *gguf = stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+    return *gguf && !rlx__is_gguf(path) ? rlx__gguf_not_gguf(path) : RLX_OK;
 }
 
 int rlx__is_gguf(const char *path) {

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "backend/backend_impl.h"
 #include "gguf.h"
@@ -43,11 +42,7 @@ rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", model_dir);
     }
     m->weight_owner = rlx__weight_owner_new();
-    struct stat sb;
-    m->gguf = stat(model_dir, &sb) == 0 && !S_ISDIR(sb.st_mode);
-    rlx_status rc = RLX_OK;
-    if (m->gguf && !rlx__is_gguf(model_dir))
-        rc = rlx__gguf_not_gguf(model_dir);
+    rlx_status rc = rlx__model_path_is_gguf(model_dir, &m->gguf);
     if (rc == RLX_OK)
         rc = rlx_weights_open(model_dir, &m->weights);
     if (rc == RLX_OK)

@@ -308,10 +308,10 @@ rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out) {
         *out = NULL;
     if (!model_dir || !model_dir[0] || !out)
         return rlx_error(RLX_E_INVALID, "rlx_weights_open: model_dir must be a non-empty path and out not NULL");
-    struct stat sb;
-    if (stat(model_dir, &sb) == 0 && S_ISREG(sb.st_mode))
-        return rlx__is_gguf(model_dir) ? rlx__weights_open_gguf(model_dir, out) : rlx__gguf_not_gguf(model_dir);
-    rlx_status st = RLX_OK;
+    int gguf;
+    rlx_status st = rlx__model_path_is_gguf(model_dir, &gguf);
+    if (st != RLX_OK || gguf)
+        return st != RLX_OK ? st : rlx__weights_open_gguf(model_dir, out);
     cJSON *index = NULL;
     char *single = rlx__path_join(model_dir, "model.safetensors");
     char *index_path = rlx__path_join(model_dir, "model.safetensors.index.json");
@@ -322,6 +322,7 @@ rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out) {
     }
 
     /* The single file wins when both exist, as in transformers' from_pretrained. */
+    struct stat sb;
     if (stat(single, &sb) == 0) {
         w->files = rlx__calloc(1, sizeof *w->files);
         if (w->files)

@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -885,14 +884,12 @@ rlx_status rlx_tokenizer_open(const char *model_dir, rlx_tokenizer **out) {
     cJSON *root = NULL;
     size_t cap = 0, added_cap = 0;
     int32_t n_model = 0;
-    struct stat sb;
-    if (stat(model_dir, &sb) == 0 && S_ISREG(sb.st_mode)) {
-        /* a file can only be a GGUF model; "FILE/tokenizer.json: Not a directory" would not say
-         * what is wrong with it */
-        if (!rlx__is_gguf(model_dir)) {
-            st = rlx__gguf_not_gguf(model_dir);
-            goto fail;
-        }
+    /* a file can only be a GGUF model; "FILE/tokenizer.json: Not a directory" would not say what
+     * is wrong with it */
+    int gguf;
+    if ((st = rlx__model_path_is_gguf(model_dir, &gguf)) != RLX_OK)
+        goto fail;
+    if (gguf) {
         if ((st = rlx__tokenizer_load_gguf(tok, model_dir, &cap, &added_cap)) != RLX_OK)
             goto fail;
     } else {
