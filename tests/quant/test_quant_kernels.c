@@ -10,11 +10,13 @@
  *     block or many, odd N and M = 1..9, with and without bias;
  *   - repacked weights (kern_qrp.h), packed at once or group by group, give kern_qmatmul's
  *     bits at every level, for M of decode and prefill, on any range of groups, with native
- *     tail rows, bias, and any cut over threads;
+ *     tail rows, bias, and any cut over threads; repacking a mapped file drops its pages;
  *   - EMBED dequantizes rows of quantized tables as rlx_iface_dequant_row does. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kern.h"
 #include "quant_host.h"
@@ -580,6 +582,68 @@ static void test_repacked_matmul_gives_native_bits(void **state) {
     plugin_pool_destroy(qp.pool);
 }
 
+/* Resident bytes of this process (mapped file pages included). */
+static size_t resident_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long size = 0, rss = 0;
+    assert_non_null(f);
+    assert_int_equal(fscanf(f, "%llu %llu", &size, &rss), 2);
+    fclose(f);
+    return (size_t)rss * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* A weight larger than KERN_QRP_PIECE, read-only mapped from a file and repacked with drop: the
+ * process holds the repacked copy in place of the mapped pages (its resident size grows by far
+ * less than the copy), and the copy, made while earlier pieces' pages were being dropped, still
+ * gives kern_qmatmul's bits on the (refaulted) file. */
+static void test_repacking_a_mapped_file_drops_its_pages(void **state) {
+    (void)state;
+    const int dt = RLX_DTYPE_Q4_0;
+    const int64_t K = 4096, N = 4096 + 5, M = 2;
+    const size_t bytes = (size_t)N * rlx_iface_row_bytes((uint32_t)dt, K);
+    assert_true(bytes > (size_t)KERN_QRP_PIECE); /* two pieces at least */
+    uint8_t *w = make_weight(dt, N, K);
+    char path[] = "/tmp/rlx_qrp_XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    unlink(path);
+    assert_int_equal(write(fd, w, bytes), (ssize_t)bytes);
+    const void *map = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    assert_true(map != MAP_FAILED);
+    close(fd);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    for (size_t i = 0; i < bytes; i += page) /* every page faulted in */
+        (void)((const volatile uint8_t *)map)[i];
+    const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+    kern_ctx c;
+    assert_ok(kern_init(&c, &quant_host, "test", NULL, serial));
+    const rlx_tensor tw = {.dtype = (uint32_t)dt, .n_dims = 2, .shape = {N, K, 1, 1}, .data = (void *)map};
+    const rlx_weight_info info = {.size = sizeof info,
+                                  .flags = RLX_WEIGHT_FILE_BACKED | RLX_WEIGHT_READ_ONLY,
+                                  .tensor = &tw,
+                                  .name = "w",
+                                  .op = RLX_OP_MATMUL,
+                                  .input = 1};
+    void *h;
+    const size_t before = resident_bytes();
+    assert_ok(kern_prepare_qrp(&c, &info, true, &h));
+    const size_t after = resident_bytes();
+    if (after > before + bytes / 4)
+        fail_msg("repacking %zu mapped bytes grew the resident size by %zu bytes", bytes, after - before);
+    float *x = make_x(M, K), *ref = malloc((size_t)(M * N) * sizeof(float)),
+          *y = malloc((size_t)(M * N) * sizeof(float));
+    assert_ok(kern_qrp_matmul(&c, x, M, h, NULL, y));
+    assert_ok(kern_qmatmul(&c, x, M, K, map, dt, N, NULL, ref));
+    assert_memory_equal(ref, y, (size_t)(M * N) * sizeof(float));
+    kern_release_qrp(&c, h);
+    kern_deinit(&c);
+    munmap((void *)map, bytes);
+    free(y);
+    free(ref);
+    free(x);
+    free(w);
+}
+
 // ---------------------------------------------------------------------------------------------
 // EMBED of quantized tables
 
@@ -613,6 +677,7 @@ int main(void) {
         cmocka_unit_test(test_qmatmul_threads_give_the_same_bits),
         cmocka_unit_test(test_repacked_kernels_give_native_bits),
         cmocka_unit_test(test_repacked_matmul_gives_native_bits),
+        cmocka_unit_test(test_repacking_a_mapped_file_drops_its_pages),
         cmocka_unit_test(test_embed_dequantizes_rows),
     };
     printf("quantized kernels at every level up to %s (%s)\n", plugin_isa_name(plugin_isa_best()),
