@@ -35,7 +35,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
