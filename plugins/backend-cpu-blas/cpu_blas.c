@@ -675,12 +675,14 @@ static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp) {
 static const char *cpu_blas_describe(void *self) { return ((const cpu_blas *)self)->describe; }
 
 /* Prepared weights: repacked copies of quantized matmul and expert weights whose type has a
- * repacked form (their mapped pages dropped piece by piece when the file backs them), F32 copies
- * of BF16/F16 norm weights and biases; other matmul weights are read as stored. */
+ * repacked form (their pages dropped piece by piece when they are a read-only mapping of the
+ * model file), F32 copies of BF16/F16 norm weights and biases; other matmul weights are read as
+ * stored. */
 static int cpu_blas_prepare_weight(void *self, const rlx_weight_info *w, void **handle) {
     const cpu_blas *s = self;
+    const uint32_t mapped = RLX_WEIGHT_FILE_BACKED | RLX_WEIGHT_READ_ONLY;
     if (kern_qrp_use(w))
-        return kern_prepare_qrp(&s->kern, w, (w->flags & RLX_WEIGHT_FILE_BACKED) != 0, handle);
+        return kern_prepare_qrp(&s->kern, w, (w->flags & mapped) == mapped, handle);
     return kern_prepare_vec(&s->kern, w, handle);
 }
 
