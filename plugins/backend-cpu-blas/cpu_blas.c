@@ -8,10 +8,14 @@
  *   - BF16/F16 weights are used as stored: the GEMV kernels widen them on the fly up to
  *     gemv_m tokens, and above that a thread widens a tile of rows (1.5 MiB of F32) into its
  *     scratch and runs cblas_sgemm on it, so no whole-model F32 copy ever exists;
- *   - block-quantized weights (GGUF Q4_0 ... Q6_K): up to gemv_m tokens the library's
- *     kern_qmatmul quantizes the activations to int8 blocks as llama.cpp does and runs integer
- *     dot products (RLX_PRECISION_Q8_ACT), for MATMUL and MOE experts alike; above that, tiles
- *     of rows are dequantized and multiplied by cblas_sgemm as BF16 tiles are.
+ *   - block-quantized weights (GGUF Q4_0 ... Q6_K): the library quantizes the activations to
+ *     int8 blocks as llama.cpp does and runs integer dot products (RLX_PRECISION_Q8_ACT), for
+ *     MATMUL and MOE experts alike. A weight of a type with a repacked form (kern_qrp.h) is
+ *     repacked once at prepare_weight into row-interleaved groups, in place of its mapped pages,
+ *     and kern_qrp runs it for every token count, decode and prefill; run outside a plan it
+ *     takes kern_qmatmul, the same bits. Types without one use kern_qmatmul up to gemv_m
+ *     tokens, and above that tiles of rows dequantized and multiplied by cblas_sgemm as BF16
+ *     tiles are.
  * Decode attention splits the cache rows across threads (the library's split keys), prefill
  * attention runs sgemm per (KV head, block of queries). The library's kernels (AVX-512,
  * AVX2+FMA+F16C or portable C, chosen at open() from the CPU, option isa=...) do the rest:
@@ -204,10 +208,11 @@ static int cpu_blas_supports(void *self, const rlx_node_view *node) {
 
 static bool cpu_blas_mm_tiled(const cpu_blas *s, int64_t M, int wdt);
 
-/* Matmuls on block-quantized weights with at most gemv_m rows quantize their activations to int8
- * blocks (kern_quant.h); longer ones multiply dequantized tiles in F32, as MOE experts may,
- * whose rows per expert are known only at run time, so a MOE declares the looser bound.
- * Everything else is F32 arithmetic on exactly widened weights. */
+/* Matmuls on block-quantized weights quantize their activations to int8 blocks (kern_quant.h):
+ * for every M on a type with a repacked form, else up to gemv_m rows, longer ones multiplying
+ * dequantized tiles in F32, as MOE experts may, whose rows per expert are known only at run
+ * time, so a MOE declares the looser bound. Everything else is F32 arithmetic on exactly
+ * widened weights. */
 static uint32_t cpu_blas_precision(void *self, const rlx_node_view *node) {
     const cpu_blas *s = self;
     const bool quantized = node->op == RLX_OP_MATMUL
@@ -233,8 +238,16 @@ typedef struct cpu_blas_mm {
     int wdt;
 } cpu_blas_mm;
 
+/* Whether a matmul multiplies widened (or dequantized) tiles with sgemm: more than gemv_m rows on
+ * BF16/F16 weights, or on quantized ones without a repacked form. */
 static bool cpu_blas_mm_tiled(const cpu_blas *s, int64_t M, int wdt) {
-    return M > s->gemv_max_m && wdt != RLX_DTYPE_F32;
+    return M > s->gemv_max_m && wdt != RLX_DTYPE_F32 && !kern_qrp_supported(wdt);
+}
+
+/* The repacked copy prepared for input k of n, or NULL. */
+static const kern_qrp_weight *cpu_blas_qrp(const cpu_blas *s, const rlx_node_view *n, uint32_t k) {
+    const kern_weight *h = kern_prepared(&s->kern, n, k);
+    return h && h->kind == KERN_WEIGHT_QRP ? (const kern_qrp_weight *)h : NULL;
 }
 
 /* Output features [0, cnt) of y = x w^T + bias for a part of the weight: w is its first row,
@@ -290,11 +303,14 @@ static int64_t cpu_blas_mm_chunk(const cpu_blas *s, int64_t M, int64_t K, int wd
     return chunk;
 }
 
+/* qrp: w's repacked copy, or NULL. */
 static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, const void *w, int wdt, int64_t N,
-                           const float *bias, float *y) {
-    /* block-quantized: the library's integer kernels for decode; prefill's rows amortise the
-     * dequantized tiles OpenBLAS multiplies (a compute-bound integer GEMM of its own is not yet
-     * faster than that) */
+                           const kern_qrp_weight *qrp, const float *bias, float *y) {
+    /* block-quantized: the library's integer kernels, on the repacked copy for every M; on
+     * native weights for decode, where prefill's rows amortise the dequantized tiles OpenBLAS
+     * multiplies for the types that have no repacked form */
+    if (qrp)
+        return kern_qrp_matmul(&s->kern, x, M, qrp, bias, y);
     if (kern_quant_supported(wdt) && !cpu_blas_mm_tiled(s, M, wdt))
         return kern_qmatmul(&s->kern, x, M, K, w, wdt, N, bias, y);
     if (kern_matmul_trivial(M, K, N, bias, y))
@@ -323,7 +339,7 @@ static int cpu_blas_matmul(cpu_blas *s, const rlx_node_view *n) {
     const int rc = kern_op_bias(&s->kern, n, &bias);
     return rc < 0 ? rc
                   : cpu_blas_mm_run(s, x->data, rlx_iface_rows(x), rlx_iface_cols(x), w->data, (int)w->dtype,
-                                    w->shape[0], bias, n->output->data);
+                                    w->shape[0], cpu_blas_qrp(s, n, 1), bias, n->output->data);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -393,9 +409,10 @@ static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n) {
 
 static int cpu_blas_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
                            float *y, bool exact) {
-    (void)prepared; /* matmuls read their weights as stored */
-    (void)exact;    /* every matmul here is exact */
-    return cpu_blas_mm_run(self, x, M, w->shape[1], w->data, (int)w->dtype, w->shape[0], NULL, y);
+    (void)exact; /* every matmul here is exact */
+    const kern_qrp_weight *qrp =
+        prepared && prepared->kind == KERN_WEIGHT_QRP ? (const kern_qrp_weight *)prepared : NULL;
+    return cpu_blas_mm_run(self, x, M, w->shape[1], w->data, (int)w->dtype, w->shape[0], qrp, NULL, y);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -443,11 +460,13 @@ static int cpu_blas_compute(void *self, const rlx_node_view *node) {
 //   [RMS_NORM,] MATMUL gate, MATMUL up, SWIGLU one job over chunks of features, each chunk's
 //                                             gate and up rows combined while in cache;
 //   MATMUL, ADD                               a projection and its residual, added per chunk.
-// Only matmuls off the tiled path fuse (M <= gemv_m or F32 weights): prefill's tiled BF16
-// matmuls are long jobs whose wake-ups cost nothing. Every chunk boundary, kernel and order of
-// operations is the one compute() uses node by node, so a span gives the same bits. Matmuls on
-// block-quantized weights fuse too: the span quantizes x once per block length (32 or 256) for
-// all of them, and kern_qmatmul_part gives kern_qmatmul's bits whatever the chunks.
+// Only matmuls off the tiled path fuse (M <= gemv_m, F32 weights, or quantized ones with a
+// repacked form): prefill's tiled BF16 matmuls are long jobs whose wake-ups cost nothing. Every
+// chunk boundary, kernel and order of operations is the one compute() uses node by node, so a
+// span gives the same bits. Matmuls on block-quantized weights fuse too: the span quantizes x
+// once per block length (32 or 256) for all of them, and kern_qmatmul_part and kern_qrp_part
+// (on the repacked copy, whose mapped pages a span must not fault back in) give kern_qmatmul's
+// bits whatever the chunks.
 
 #define CPU_BLAS_SPAN_MM 4
 
@@ -463,7 +482,7 @@ static bool cpu_blas_reads(const rlx_node_view *nd, uint32_t i, uint32_t k, uint
     return nd[i].input_ids && k < nd[i].n_inputs && nd[i].input_ids[k] == nd[j].output_id;
 }
 
-/* A MATMUL a span can take: off the tiled path (block-quantized weights: at most gemv_m rows),
+/* A MATMUL a span can take: off the tiled path (cpu_blas_mm_tiled),
  * its bias F32 or prepared (a span reads several vectors at once, and the library's conversion
  * buffer holds one). */
 static bool cpu_blas_span_mm(const cpu_blas *s, const rlx_node_view *n) {
@@ -529,6 +548,7 @@ typedef struct cpu_blas_fused {
         float *y;       /* [M, N], NULL when nothing after the span reads it */
         const void *xq; /* block-quantized weights: x's rows quantized for them, xq_stride apart */
         size_t xq_stride;
+        const kern_qrp_weight *qrp; /* the weight's repacked copy, or NULL */
     } mm[CPU_BLAS_SPAN_MM];
     float *out;         /* glu: the SWIGLU's [M, N]; resid: the ADD's */
     const float *resid; /* resid: the residual [M, N] */
@@ -542,7 +562,9 @@ static void cpu_blas_fused_mm(const cpu_blas_fused *f, uint32_t j, int ith, int6
     const int wdt = f->mm[j].wdt;
     const char *w = f->mm[j].w + (size_t)n0 * rlx_iface_row_bytes((uint32_t)wdt, f->K);
     const float *bias = f->mm[j].bias ? f->mm[j].bias + n0 : NULL;
-    if (f->mm[j].xq)
+    if (f->mm[j].qrp)
+        kern_qrp_part(f->mm[j].qrp, f->mm[j].xq, f->mm[j].xq_stride, f->M, n0, cnt, bias, y, ldy);
+    else if (f->mm[j].xq)
         kern_qmatmul_part(f->s->kern.q, wdt, f->mm[j].xq, f->mm[j].xq_stride, f->M, f->K, w, cnt, bias, y, ldy);
     else
         cpu_blas_mm_part(f->s, ith, f->x, f->M, f->K, w, wdt, cnt, bias, y, ldy);
@@ -613,6 +635,7 @@ static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp) {
         if ((rc = kern_op_bias(&s->kern, m, &f.mm[j].bias)) < 0)
             return rc;
         f.mm[j].w = m->inputs[1].data;
+        f.mm[j].qrp = cpu_blas_qrp(s, m, 1);
         f.mm[j].wdt = wdt;
         f.mm[j].N = N;
         f.mm[j].chunk = p->glu && j ? f.mm[0].chunk : cpu_blas_mm_chunk(s, f.M, f.K, wdt, N);
@@ -651,14 +674,24 @@ static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp) {
 
 static const char *cpu_blas_describe(void *self) { return ((const cpu_blas *)self)->describe; }
 
-/* Prepared weights: F32 copies of BF16/F16 norm weights and biases (the matmuls read their
- * weights as stored). */
+/* Prepared weights: repacked copies of quantized matmul and expert weights whose type has a
+ * repacked form (their pages dropped piece by piece when they are a read-only mapping of the
+ * model file), F32 copies of BF16/F16 norm weights and biases; other matmul weights are read as
+ * stored. */
 static int cpu_blas_prepare_weight(void *self, const rlx_weight_info *w, void **handle) {
-    return kern_prepare_vec(&((const cpu_blas *)self)->kern, w, handle);
+    const cpu_blas *s = self;
+    const uint32_t mapped = RLX_WEIGHT_FILE_BACKED | RLX_WEIGHT_READ_ONLY;
+    if (kern_qrp_use(w))
+        return kern_prepare_qrp(&s->kern, w, (w->flags & mapped) == mapped, handle);
+    return kern_prepare_vec(&s->kern, w, handle);
 }
 
 static void cpu_blas_release_weight(void *self, void *handle) {
-    kern_release_vec(&((const cpu_blas *)self)->kern, handle);
+    const cpu_blas *s = self;
+    if (((const kern_weight *)handle)->kind == KERN_WEIGHT_QRP)
+        kern_release_qrp(&s->kern, handle);
+    else
+        kern_release_vec(&s->kern, handle);
 }
 
 static const rlx_backend_iface cpu_blas_iface = {

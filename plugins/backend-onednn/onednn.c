@@ -16,8 +16,11 @@
  *     weights through the library's stream GEMV kernels, which widen them in registers; more
  *     rows widen one L2-sized tile of weight rows per thread at a time (F32 rows are used in
  *     place) and run a single-threaded oneDNN f32 matmul on it while it is hot.
- * Block-quantized weights (GGUF Q4_0 ... Q6_K) take neither: the library's kern_qmatmul runs
- * them as cpu-blas does, activations quantized to int8 blocks (RLX_PRECISION_Q8_ACT).
+ * Block-quantized weights (GGUF Q4_0 ... Q6_K) take neither: the kernel library runs them as
+ * cpu-blas does, activations quantized to int8 blocks (RLX_PRECISION_Q8_ACT); a type with a
+ * repacked form (kern_qrp.h) is repacked at prepare_weight into row-interleaved groups, which
+ * kern_qrp multiplies for every token count, and the others (or a node run outside a plan)
+ * take kern_qmatmul on the stored weight, the same bits.
  * Packing a weight the core marks as a read-only mapping of a model file (RLX_WEIGHT_FILE_BACKED)
  * drops the mapped pages afterwards (option drop=1, the default): dropping them only lowers the
  * resident size, and any later read faults them back from the file. A node run outside a plan
@@ -32,8 +35,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
@@ -559,17 +560,6 @@ static int onednn_layout_get(onednn *s, int64_t N, int64_t K, dnnl_data_type_t d
     return RLX_OK;
 }
 
-/* After packing rows of a weight mapped read-only from a model file: its pages hold nothing but
- * file contents, so MADV_DONTNEED only lowers the resident size, and a later read (EMBED rows of
- * a tied table, say) faults them back from the file. */
-static void onednn_drop_pages(const void *data, size_t bytes) {
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t a = (uintptr_t)data, b = a + bytes;
-    const uintptr_t lo = (a + page - 1) / page * page, hi = b / page * page;
-    if (hi > lo)
-        madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only: a failure changes nothing */
-}
-
 /* Output features per packing chunk of a weight in layout md: about pack_bytes of the plain
  * source, in whole blocks of the layout's N blocking (a chunk must start on a block). 0: pack
  * the weight in one reorder (a layout that is not a plain blocking, or a small weight). */
@@ -648,7 +638,7 @@ static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w, bool dr
         const int64_t cnt = rows && N - n0 > rows ? rows : N - n0;
         st = onednn_reorder_rows(s, &plain, w->data, e, n0, cnt);
         if (st == dnnl_success && rows && drop)
-            onednn_drop_pages((const char *)w->data + (size_t)n0 * (size_t)K * esz, (size_t)(cnt * K) * esz);
+            kern_drop_pages((const char *)w->data + (size_t)n0 * (size_t)K * esz, (size_t)(cnt * K) * esz);
     }
     if (st != dnnl_success) {
         char what[96];
@@ -656,7 +646,7 @@ static int onednn_pack(onednn *s, onednn_weight *e, const rlx_tensor *w, bool dr
         return onednn_fail(s, st, what);
     }
     if (!rows && drop)
-        onednn_drop_pages(w->data, (size_t)(N * K) * esz);
+        kern_drop_pages(w->data, (size_t)(N * K) * esz);
     return RLX_OK;
 }
 
@@ -859,10 +849,12 @@ static int onednn_path(onednn *s, const rlx_tensor *w, int64_t M, bool exact, bo
 
 /* y[M, N] = x[M, K] w[N, K]^T (+ bias[N], F32) for any weight dtype, with w's prepared handle
  * (or NULL: a node run outside a plan, whose packed weight is made for this call alone).
- * Block-quantized weights (GGUF) run the kernel library's kern_qmatmul, as on cpu-blas: oneDNN
- * has no primitive for their layouts. */
+ * Block-quantized weights (GGUF) run the kernel library's kernels, as on cpu-blas (their repacked
+ * copy when prepared, else kern_qmatmul): oneDNN has no primitive for their layouts. */
 static int onednn_mm(onednn *s, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
                      const float *bias, float *y, bool exact) {
+    if (prepared && prepared->kind == KERN_WEIGHT_QRP)
+        return kern_qrp_matmul(&s->kern, x, M, (const kern_qrp_weight *)prepared, bias, y);
     if (kern_quant_supported((int)w->dtype))
         return kern_qmatmul(&s->kern, x, M, w->shape[1], w->data, (int)w->dtype, w->shape[0], bias, y);
     if (kern_matmul_trivial(M, w->shape[1], w->shape[0], bias, y))
@@ -907,13 +899,17 @@ static int onednn_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor
 
 // ---------------------------------------------------------------------------------------------
 // Prepared weights (ABI 1.2): each matmul weight on the packed path is packed once, at planning
-// time, and released with its model; small BF16/F16 vectors get F32 copies.
+// time, and released with its model; quantized ones with a repacked form are repacked (kern.h);
+// small BF16/F16 vectors get F32 copies.
 
 static int onednn_prepare_weight(void *self, const rlx_weight_info *w, void **handle) {
     onednn *s = self;
     *handle = NULL;
     if (kern_is_vec_input(w->op, w->input))
         return kern_prepare_vec(&s->kern, w, handle);
+    const bool drop = s->drop && (w->flags & RLX_WEIGHT_FILE_BACKED) && (w->flags & RLX_WEIGHT_READ_ONLY);
+    if (kern_qrp_use(w))
+        return kern_prepare_qrp(&s->kern, w, drop, handle);
     const bool router = w->op == RLX_OP_MOE && w->input == 1;
     if (!(w->op == RLX_OP_MATMUL && w->input == 1) && !(w->op == RLX_OP_MOE && w->input >= 1))
         return RLX_OK;
@@ -927,7 +923,6 @@ static int onednn_prepare_weight(void *self, const rlx_weight_info *w, void **ha
     onednn_weight *e = s->host->alloc(sizeof *e, KERN_ALIGN);
     if (!e)
         return s->host->error(RLX_E_NOMEM, "onednn: out of memory");
-    const bool drop = s->drop && (w->flags & RLX_WEIGHT_FILE_BACKED) && (w->flags & RLX_WEIGHT_READ_ONLY);
     omp_set_num_threads(s->n_threads);
     if ((rc = onednn_weight_make(s, w->tensor, dt, M, drop, e)) < 0) {
         s->host->free(e);
@@ -941,6 +936,10 @@ static void onednn_release_weight(void *self, void *handle) {
     onednn *s = self;
     if (((const kern_weight *)handle)->kind == KERN_WEIGHT_VEC) {
         kern_release_vec(&s->kern, handle);
+        return;
+    }
+    if (((const kern_weight *)handle)->kind == KERN_WEIGHT_QRP) {
+        kern_release_qrp(&s->kern, handle);
         return;
     }
     onednn_weight_clear(s, handle);

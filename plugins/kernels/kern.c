@@ -14,6 +14,7 @@ int kern_init(kern_ctx *c, const rlx_host *host, const char *plugin, const char 
         return rc;
     c->k = kern_simd_at(level);
     c->q = kern_qsimd_at(level);
+    c->isa = level;
     c->att = kern_bufs_create(c);
     return c->att ? RLX_OK : host->error(RLX_E_NOMEM, "%s: out of memory", plugin);
 }

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "isa.h"
+#include "kern_qrp.h"
 #include "kern_quant.h"
 #include "kern_simd.h"
 #include "rlx/backend_iface.h"
@@ -65,6 +66,7 @@ typedef struct kern_ctx {
     const char *plugin; /* starts every message, e.g. "cpu-blas" */
     const kern_simd *k;
     const kern_qsimd *q; /* the quantized kernels of the same level (kern_quant.h) */
+    plugin_isa isa;      /* that level (the repacked kernels of kern_qrp.h are chosen by it) */
     kern_par par;
     kern_buf *att;   /* [n_threads] attention scores and row pointers */
     kern_buf vec;    /* F32 copy of a small weight vector (bias, norm weight) */
@@ -109,7 +111,7 @@ typedef struct kern_weight {
     const float *f32; /* KERN_WEIGHT_VEC: the F32 copy */
 } kern_weight;
 
-enum { KERN_WEIGHT_VEC = 1, KERN_WEIGHT_BACKEND = 16 };
+enum { KERN_WEIGHT_VEC = 1, KERN_WEIGHT_QRP = 2, KERN_WEIGHT_BACKEND = 16 };
 
 /* Whether input `input` of op is a small weight vector: an RMS_NORM weight or a MATMUL bias. */
 bool kern_is_vec_input(uint32_t op, uint32_t input);
@@ -127,6 +129,43 @@ int kern_vec(kern_ctx *c, const rlx_node_view *n, uint32_t k, const float **out)
 /* Whether kern_vec of input k of n needs c->vec (it is neither F32 nor prepared): a span that
  * reads several vectors at once must not rely on that. */
 bool kern_vec_needs_copy(const kern_ctx *c, const rlx_node_view *n, uint32_t k);
+
+// ---------------------------------------------------------------------------------------------
+// Repacked quantized weights (kern_qrp.h), as both backends prepare and multiply them
+
+/* Source bytes packed between two drops of the source pages: small enough that the weight is
+ * never resident twice, large enough that the madvise calls cost nothing. */
+#define KERN_QRP_PIECE (8 << 20)
+
+/* A KERN_WEIGHT_QRP handle: the repacked copy of a quantized [N, K] weight. */
+typedef struct kern_qrp_weight {
+    kern_weight base;
+    const kern_qrp_ops *ops; /* the repacked kernels of the context's level for dt */
+    const kern_qsimd *q;     /* the native kernels, for the N % 8 tail rows */
+    int dt;
+    int64_t N, K;
+    void *data; /* rlx_iface_tensor_bytes of it, KERN_ALIGN aligned */
+} kern_qrp_weight;
+
+/* Lowers the resident size of a read-only mapping of a model file by the whole pages inside
+ * [data, data + bytes): they hold nothing but file contents, so any later read (the EMBED rows
+ * of a tied table, say) faults them back from the file. Only for such mappings. */
+void kern_drop_pages(const void *data, size_t bytes);
+/* Whether a weight use is one the repacked kernels serve: a MATMUL's w or a MOE's expert
+ * weight, 2-D, of a type kern_qrp_supported, whole blocks per row. */
+bool kern_qrp_use(const rlx_weight_info *w);
+/* prepare_weight for such a use: a KERN_WEIGHT_QRP handle, packed in pieces of KERN_QRP_PIECE
+ * bytes, each piece's source pages dropped right after it when drop (the caller says so only
+ * for RLX_WEIGHT_FILE_BACKED weights). RLX_OK, or RLX_E_NOMEM after host->error. */
+int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, void **handle);
+void kern_release_qrp(const kern_ctx *c, void *handle);
+/* kern_qmatmul on a repacked weight: the same bits, for every M. */
+int kern_qrp_matmul(kern_ctx *c, const float *x, int64_t M, const kern_qrp_weight *w, const float *bias, float *y);
+/* kern_qmatmul_part on a repacked weight: features [n0, n0 + cnt) (n0 a multiple of
+ * KERN_QRP_ROWS) of rows xq quantized by kern_q8_quantize, into y[m * ldy + r], plus bias[r]
+ * unless NULL (bias and y start at feature n0); on any thread, the bits of kern_qrp_matmul. */
+void kern_qrp_part(const kern_qrp_weight *w, const void *xq, size_t stride, int64_t M, int64_t n0, int64_t cnt,
+                   const float *bias, float *y, int64_t ldy);
 
 // ---------------------------------------------------------------------------------------------
 // Matmul helpers: the parts of y[M, N] = x[M, K] w[N, K]^T (+ bias) every backend does alike

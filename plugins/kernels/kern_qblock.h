@@ -64,6 +64,10 @@ static inline float kern_qb_valuek(float dx, float dw, int32_t isum, float dmin,
     return v;
 }
 
+/* Whether the AVX-512 level runs its VNNI kernels: a run-time choice inside the level (no level
+ * of its own), made alike for the native and the repacked kernels (kern_quant.h). */
+bool kern_quant_vnni(void);
+
 static inline float kern_qb_total(const float acc[4]) { return (acc[0] + acc[2]) + (acc[1] + acc[3]); }
 
 #endif

@@ -250,8 +250,7 @@ static const kern_qsimd kern_qsimd_c = {
 /* kern_qsimd.c */
 extern const kern_qsimd kern_q_qsimd_avx2, kern_q_qsimd_avx512, kern_q_qsimd_avx512_vnni;
 
-/* AVX512-VNNI is a runtime choice inside the AVX-512 level (no level of its own). */
-static bool kern_q_vnni(void) {
+bool kern_quant_vnni(void) {
     const char *env = getenv("RLX_QUANT_VNNI");
     if (env && !strcmp(env, "0"))
         return false;
@@ -264,7 +263,7 @@ const kern_qsimd *kern_qsimd_at(plugin_isa isa) {
     case PLUGIN_ISA_AVX2:
         return &kern_q_qsimd_avx2;
     case PLUGIN_ISA_AVX512:
-        return kern_q_vnni() ? &kern_q_qsimd_avx512_vnni : &kern_q_qsimd_avx512;
+        return kern_quant_vnni() ? &kern_q_qsimd_avx512_vnni : &kern_q_qsimd_avx512;
     default:
         return &kern_qsimd_c;
     }

@@ -8,10 +8,15 @@
  *   - every level, and every way of cutting the rows over threads (emulated cuts, and the
  *     plugins' futex pool with 2 to 5 threads), gives the portable C level's bits, for one
  *     block or many, odd N and M = 1..9, with and without bias;
+ *   - repacked weights (kern_qrp.h), packed at once or group by group, give kern_qmatmul's
+ *     bits at every level, for M of decode and prefill, on any range of groups, with native
+ *     tail rows, bias, and any cut over threads; repacking a mapped file drops its pages;
  *   - EMBED dequantizes rows of quantized tables as rlx_iface_dequant_row does. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kern.h"
 #include "quant_host.h"
@@ -439,6 +444,207 @@ static void test_gemv_tables_agree(void **state) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// (f) Repacked weights (kern_qrp.h) give kern_qmatmul's bits
+
+/* The repacked copy of w: group by group in reverse order (as pieces would be), the native tail
+ * rows copied; checked against packing every group at once. */
+static uint8_t *repack(int dt, const uint8_t *w, int64_t N, int64_t K) {
+    const size_t bytes = (size_t)N * rlx_iface_row_bytes((uint32_t)dt, K);
+    const int64_t G = N / KERN_QRP_ROWS;
+    const size_t tail = (size_t)G * KERN_QRP_ROWS * rlx_iface_row_bytes((uint32_t)dt, K);
+    uint8_t *whole = quant_host_alloc(bytes, 64), *pieces = quant_host_alloc(bytes, 64);
+    memset(whole, 0xA5, bytes);
+    memset(pieces, 0x5A, bytes);
+    kern_qrp_pack(dt, w, K, 0, G, whole);
+    for (int64_t g = G; g > 0; g--)
+        kern_qrp_pack(dt, w, K, g - 1, g, pieces);
+    memcpy(whole + tail, w + tail, bytes - tail);
+    memcpy(pieces + tail, w + tail, bytes - tail);
+    if (memcmp(whole, pieces, bytes))
+        fail_msg("dtype %d: packing group by group differs from packing at once (N %lld K %lld)", dt, (long long)N,
+                 (long long)K);
+    free(pieces);
+    return whole;
+}
+
+/* Every level's repacked kernel, on the whole groups and on pieces of them, against the C
+ * level's kern_qmatmul on the native weight, for the M of decode and prefill alike. */
+static void test_repacked_kernels_give_native_bits(void **state) {
+    (void)state;
+    static const int64_t Ks[] = {1, 3, 8, 37}, Ns[] = {8, 16, 40}, Ms[] = {1, 2, 3, 4, 5, 7, 8, 12, 13, 33, 128};
+    const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+    int n_types = 0;
+    for (int t = 0; t < N_QTYPES; t++) {
+        const int dt = qtypes[t];
+        if (!kern_qrp_supported(dt))
+            continue;
+        n_types++;
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+                const int64_t K = Ks[ki] * rlx_iface_dtype_block((uint32_t)dt), N = Ns[ni], G = N / KERN_QRP_ROWS;
+                uint8_t *w = make_weight(dt, N, K), *wp = repack(dt, w, N, K);
+                for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                    const int64_t M = Ms[mi];
+                    const size_t qrow = kern_q8_row_bytes(dt, K);
+                    float *x = make_x(M, K), *ref = malloc((size_t)(M * N) * sizeof(float)),
+                          *y = malloc((size_t)(M * N) * sizeof(float));
+                    char *xq = quant_host_alloc((size_t)M * qrow, 64);
+                    for (int64_t m = 0; m < M; m++)
+                        kern_q8_quantize_row(dt, x + m * K, K, xq + m * qrow);
+                    run_qmatmul("c", serial, dt, w, x, M, K, N, NULL, ref);
+                    for (int l = 0; l <= (int)plugin_isa_best(); l++) {
+                        const kern_qrp_ops *ops = kern_qrp_ops_at((plugin_isa)l, dt);
+                        for (int64_t piece = 0; piece <= 3; piece++) {
+                            /* piece 0: all groups at once; else pieces of 1, 2, 3 groups, last first */
+                            for (int64_t i = 0; i < M * N; i++)
+                                y[i] = NAN;
+                            for (int64_t g1 = G; g1 > 0; g1 -= piece ? piece : G) {
+                                const int64_t g0 = piece && g1 - piece > 0 ? g1 - piece : 0;
+                                ops->matmul(wp, K, xq, qrow, M, g0, g1, y, N);
+                            }
+                            for (int64_t m = 0; m < M; m++)
+                                if (memcmp(ref + m * N, y + m * N, (size_t)N * sizeof(float)))
+                                    fail_msg("dtype %d at %s: repacked row %lld differs (K %lld N %lld M %lld, "
+                                             "pieces of %lld groups)",
+                                             dt, ops->isa, (long long)m, (long long)K, (long long)N, (long long)M,
+                                             (long long)piece);
+                        }
+                    }
+                    free(xq);
+                    free(y);
+                    free(ref);
+                    free(x);
+                }
+                free(wp);
+                free(w);
+            }
+    }
+    if (n_types == 0)
+        fail_msg("no type has a repacked form");
+}
+
+/* kern_prepare_qrp and kern_qrp_matmul as a backend uses them: N % 8 tail rows in the native
+ * layout, bias, cuts of every size and the futex pool, every level, against kern_qmatmul. */
+static void test_repacked_matmul_gives_native_bits(void **state) {
+    (void)state;
+    static const int64_t Ns[] = {1, 5, 13, 203}, Ms[] = {1, 3, 13, 40};
+    static int64_t fixed[] = {0, 1, 2, 5};
+    const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+    quant_pool qp;
+    assert_int_equal(quant_pool_start(&qp, 3), 0);
+    for (int t = 0; t < N_QTYPES; t++) {
+        const int dt = qtypes[t];
+        if (!kern_qrp_supported(dt))
+            continue;
+        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+            const int64_t K = 11 * rlx_iface_dtype_block((uint32_t)dt), N = Ns[ni];
+            uint8_t *w = make_weight(dt, N, K);
+            const rlx_tensor tw = {.dtype = (uint32_t)dt, .n_dims = 2, .shape = {N, K, 1, 1}, .data = w};
+            const rlx_weight_info info = {
+                .size = sizeof info, .tensor = &tw, .name = "w", .op = RLX_OP_MATMUL, .input = 1};
+            assert_true(kern_qrp_use(&info));
+            float *bias = malloc((size_t)N * sizeof(float));
+            for (int64_t n = 0; n < N; n++)
+                bias[n] = frand();
+            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                const int64_t M = Ms[mi];
+                float *x = make_x(M, K), *ref = malloc((size_t)(M * N) * sizeof(float)),
+                      *y = malloc((size_t)(M * N) * sizeof(float));
+                run_qmatmul("c", serial, dt, w, x, M, K, N, bias, ref);
+                for (int l = 0; l <= (int)plugin_isa_best(); l++)
+                    for (size_t f = 0; f <= sizeof fixed / sizeof fixed[0]; f++) {
+                        const kern_par cut = {.self = &fixed[f < 4 ? f : 0],
+                                              .n_threads = 3,
+                                              .parallel_for = cut_ranges,
+                                              .parallel_tasks = tasks_in_order};
+                        kern_ctx c;
+                        assert_ok(kern_init(&c, &quant_host, "test", plugin_isa_name((plugin_isa)l),
+                                            f < 4 ? cut : quant_pool_par(&qp)));
+                        void *h;
+                        assert_ok(kern_prepare_qrp(&c, &info, false, &h));
+                        for (int64_t i = 0; i < M * N; i++)
+                            y[i] = NAN;
+                        assert_ok(kern_qrp_matmul(&c, x, M, h, bias, y));
+                        if (memcmp(ref, y, (size_t)(M * N) * sizeof(float)))
+                            fail_msg("dtype %d at %s, cut %zu: repacked matmul differs (N %lld M %lld)", dt,
+                                     plugin_isa_name((plugin_isa)l), f, (long long)N, (long long)M);
+                        kern_release_qrp(&c, h);
+                        kern_deinit(&c);
+                    }
+                free(y);
+                free(ref);
+                free(x);
+            }
+            free(bias);
+            free(w);
+        }
+    }
+    plugin_pool_destroy(qp.pool);
+}
+
+/* Resident bytes of this process (mapped file pages included). */
+static size_t resident_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long size = 0, rss = 0;
+    assert_non_null(f);
+    assert_int_equal(fscanf(f, "%llu %llu", &size, &rss), 2);
+    fclose(f);
+    return (size_t)rss * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* A weight larger than KERN_QRP_PIECE, read-only mapped from a file and repacked with drop: the
+ * process holds the repacked copy in place of the mapped pages (its resident size grows by far
+ * less than the copy), and the copy, made while earlier pieces' pages were being dropped, still
+ * gives kern_qmatmul's bits on the (refaulted) file. */
+static void test_repacking_a_mapped_file_drops_its_pages(void **state) {
+    (void)state;
+    const int dt = RLX_DTYPE_Q4_0;
+    const int64_t K = 4096, N = 4096 + 5, M = 2;
+    const size_t bytes = (size_t)N * rlx_iface_row_bytes((uint32_t)dt, K);
+    assert_true(bytes > (size_t)KERN_QRP_PIECE); /* two pieces at least */
+    uint8_t *w = make_weight(dt, N, K);
+    char path[] = "/tmp/rlx_qrp_XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    unlink(path);
+    assert_int_equal(write(fd, w, bytes), (ssize_t)bytes);
+    const void *map = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+    assert_true(map != MAP_FAILED);
+    close(fd);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    for (size_t i = 0; i < bytes; i += page) /* every page faulted in */
+        (void)((const volatile uint8_t *)map)[i];
+    const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+    kern_ctx c;
+    assert_ok(kern_init(&c, &quant_host, "test", NULL, serial));
+    const rlx_tensor tw = {.dtype = (uint32_t)dt, .n_dims = 2, .shape = {N, K, 1, 1}, .data = (void *)map};
+    const rlx_weight_info info = {.size = sizeof info,
+                                  .flags = RLX_WEIGHT_FILE_BACKED | RLX_WEIGHT_READ_ONLY,
+                                  .tensor = &tw,
+                                  .name = "w",
+                                  .op = RLX_OP_MATMUL,
+                                  .input = 1};
+    void *h;
+    const size_t before = resident_bytes();
+    assert_ok(kern_prepare_qrp(&c, &info, true, &h));
+    const size_t after = resident_bytes();
+    if (after > before + bytes / 4)
+        fail_msg("repacking %zu mapped bytes grew the resident size by %zu bytes", bytes, after - before);
+    float *x = make_x(M, K), *ref = malloc((size_t)(M * N) * sizeof(float)),
+          *y = malloc((size_t)(M * N) * sizeof(float));
+    assert_ok(kern_qrp_matmul(&c, x, M, h, NULL, y));
+    assert_ok(kern_qmatmul(&c, x, M, K, map, dt, N, NULL, ref));
+    assert_memory_equal(ref, y, (size_t)(M * N) * sizeof(float));
+    kern_release_qrp(&c, h);
+    kern_deinit(&c);
+    munmap((void *)map, bytes);
+    free(y);
+    free(ref);
+    free(x);
+    free(w);
+}
+
+// ---------------------------------------------------------------------------------------------
 // EMBED of quantized tables
 
 static void test_embed_dequantizes_rows(void **state) {
@@ -469,6 +675,9 @@ int main(void) {
         cmocka_unit_test(test_gemv_tables_agree),
         cmocka_unit_test(test_qmatmul_topand_splits_agree),
         cmocka_unit_test(test_qmatmul_threads_give_the_same_bits),
+        cmocka_unit_test(test_repacked_kernels_give_native_bits),
+        cmocka_unit_test(test_repacked_matmul_gives_native_bits),
+        cmocka_unit_test(test_repacking_a_mapped_file_drops_its_pages),
         cmocka_unit_test(test_embed_dequantizes_rows),
     };
     printf("quantized kernels at every level up to %s (%s)\n", plugin_isa_name(plugin_isa_best()),

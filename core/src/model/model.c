@@ -30,6 +30,10 @@ struct rlx_model {
     rlx_weights **added; /* rlx_model_add_weights files, searched after the model's own */
     size_t n_added;
     uint64_t weight_owner; /* what backends prepared of its weights is released with it */
+    /* rlx_model_quantize replaced matrices by buffers of its own: not every weight is a page of
+     * the mapped files any more, so none is offered as RLX_WEIGHT_FILE_BACKED (a backend dropping
+     * such "pages" after repacking would zero what EMBED of a tied table reads later). */
+    bool quantized;
 };
 
 rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
@@ -77,6 +81,7 @@ rlx_status rlx_model_quantize(rlx_model *m, const char *type, rlx_quantize_progr
     if (m->gguf)
         return rlx_error(RLX_E_UNSUPPORTED, "%s: a GGUF model keeps its file's types; quantize it with rlx quantize",
                          m->dir);
+    m->quantized = true; /* also after a failure half way: some buffers may be in place */
     return rlx__weights_quantize(m->weights, &m->cfg, q, progress, ctx);
 }
 
@@ -550,7 +555,7 @@ rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec,
         free(ns.items);
         return b.rc;
     }
-    rlx__graph_set_weights(b.g, m->weight_owner, RLX_WEIGHT_FILE_BACKED | RLX_WEIGHT_READ_ONLY);
+    rlx__graph_set_weights(b.g, m->weight_owner, m->quantized ? 0 : RLX_WEIGHT_FILE_BACKED | RLX_WEIGHT_READ_ONLY);
     b.next = ns.items;
     b.end = ns.items + ns.n;
     memset(io, 0, sizeof *io);

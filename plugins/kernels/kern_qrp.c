@@ -1,0 +1,128 @@
+/* Repacked quantized weights (kern_qrp.h): the dispatch to each family of types, and what the
+ * backends do with them alike (kern.h): the prepared handle, packing in pieces with the source
+ * pages dropped behind, and the matmul over the backend's threads. */
+#include "kern_qrp.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kern.h"
+
+const kern_qrp_ops *kern_qrp_ops_at(plugin_isa isa, int dt) {
+    const kern_qrp_ops *ops = kern_qrp32_ops_at(isa, dt);
+    return ops;
+}
+
+int kern_qrp_supported(int dt) { return kern_qrp_ops_at(PLUGIN_ISA_C, dt) != NULL; }
+
+void kern_qrp_pack(int dt, const void *w, int64_t K, int64_t g0, int64_t g1, void *dst) {
+    kern_qrp32_pack(dt, w, K, g0, g1, dst);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backends
+
+void kern_drop_pages(const void *data, size_t bytes) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = (uintptr_t)data, b = a + bytes;
+    const uintptr_t lo = (a + page - 1) / page * page, hi = b / page * page;
+    if (hi > lo)
+        madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only: a failure changes nothing */
+}
+
+bool kern_qrp_use(const rlx_weight_info *w) {
+    const bool matmul_w = (w->op == RLX_OP_MATMUL && w->input == 1) || (w->op == RLX_OP_MOE && w->input >= 2);
+    return matmul_w && w->tensor->n_dims == 2 && kern_qrp_supported((int)w->tensor->dtype) &&
+           rlx_iface_row_bytes(w->tensor->dtype, w->tensor->shape[1]) != 0;
+}
+
+int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, void **handle) {
+    *handle = NULL;
+    const rlx_tensor *t = w->tensor;
+    const int dt = (int)t->dtype;
+    const int64_t N = t->shape[0], K = t->shape[1];
+    const size_t bytes = rlx_iface_tensor_bytes(t), row_bytes = rlx_iface_row_bytes(t->dtype, K);
+    kern_qrp_weight *h = c->host->alloc(sizeof *h, KERN_ALIGN);
+    void *data = c->host->alloc(bytes ? bytes : 1, KERN_ALIGN);
+    if (!h || !data) {
+        c->host->free(h);
+        c->host->free(data);
+        return c->host->error(RLX_E_NOMEM, "%s: out of memory for a repacked copy of '%s' (%zu bytes)", c->plugin,
+                              w->name, bytes);
+    }
+    *h = (kern_qrp_weight){.base = {.kind = KERN_WEIGHT_QRP},
+                           .ops = kern_qrp_ops_at(c->isa, dt),
+                           .q = c->q,
+                           .dt = dt,
+                           .N = N,
+                           .K = K,
+                           .data = data};
+    /* Pieces of about KERN_QRP_PIECE source bytes, whole groups: with drop, the mapped pages
+     * of one piece go as soon as its copy exists, so the weight is never resident twice. */
+    const int64_t G = N / KERN_QRP_ROWS, group_bytes = (int64_t)(KERN_QRP_ROWS * row_bytes);
+    int64_t per = KERN_QRP_PIECE / group_bytes;
+    per = per < 1 ? 1 : per;
+    for (int64_t g0 = 0; g0 < G; g0 += per) {
+        const int64_t g1 = g0 + per < G ? g0 + per : G;
+        kern_qrp_pack(dt, t->data, K, g0, g1, data);
+        if (drop)
+            kern_drop_pages((const char *)t->data + g0 * group_bytes, (size_t)((g1 - g0) * group_bytes));
+    }
+    const size_t tail = (size_t)G * (size_t)group_bytes;
+    memcpy((char *)data + tail, (const char *)t->data + tail, bytes - tail);
+    if (drop)
+        kern_drop_pages((const char *)t->data + tail, bytes - tail);
+    *handle = h;
+    return RLX_OK;
+}
+
+void kern_release_qrp(const kern_ctx *c, void *handle) {
+    kern_qrp_weight *h = handle;
+    c->host->free(h->data);
+    c->host->free(h);
+}
+
+void kern_qrp_part(const kern_qrp_weight *w, const void *xq, size_t stride, int64_t M, int64_t n0, int64_t cnt,
+                   const float *bias, float *y, int64_t ldy) {
+    const int64_t G = w->N / KERN_QRP_ROWS, n1 = n0 + cnt;
+    /* whole groups inside the part, then any native tail rows (n0 is a multiple of 8) */
+    const int64_t g0 = n0 / KERN_QRP_ROWS, g1 = n1 / KERN_QRP_ROWS < G ? n1 / KERN_QRP_ROWS : G;
+    if (g1 > g0)
+        w->ops->matmul(w->data, w->K, xq, stride, M, g0, g1, y - n0, ldy);
+    const int64_t t0 = g1 > g0 ? g1 * KERN_QRP_ROWS : n0;
+    if (n1 > t0)
+        kern_qmatmul_part(w->q, w->dt, xq, stride, M, w->K,
+                          (const char *)w->data + (size_t)t0 * rlx_iface_row_bytes((uint32_t)w->dt, w->K), n1 - t0,
+                          NULL, y + (t0 - n0), ldy);
+    if (bias)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < cnt; n++)
+                y[m * ldy + n] += bias[n];
+}
+
+typedef struct kern_qrp_job {
+    const kern_qrp_weight *w;
+    const float *bias;
+    float *y;
+    const void *xq;
+    size_t stride;
+    int64_t M;
+} kern_qrp_job;
+
+static void kern_qrp_range(void *ctx, int ith, int64_t n0, int64_t n1) {
+    const kern_qrp_job *j = ctx;
+    (void)ith;
+    kern_qrp_part(j->w, j->xq, j->stride, j->M, n0, n1 - n0, j->bias ? j->bias + n0 : NULL, j->y + n0, j->w->N);
+}
+
+int kern_qrp_matmul(kern_ctx *c, const float *x, int64_t M, const kern_qrp_weight *w, const float *bias, float *y) {
+    if (kern_matmul_trivial(M, w->K, w->N, bias, y))
+        return RLX_OK;
+    kern_qrp_job j = {.w = w, .bias = bias, .y = y, .M = M};
+    const int rc = kern_q8_quantize(c, w->dt, x, M, w->K, &c->qx, &j.stride);
+    if (rc < 0)
+        return rc;
+    j.xq = c->qx.p;
+    c->par.parallel_for(c->par.self, w->N, KERN_ROW_ALIGN, M * w->N * w->K, kern_qrp_range, &j);
+    return RLX_OK;
+}

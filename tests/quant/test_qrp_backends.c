@@ -1,0 +1,151 @@
+/* The backends' repacked quantized weights (kern_qrp.h, prepared at prepare_weight): a MATMUL
+ * given its prepared handle gives the bits it gives without one (native weights, kern_qmatmul),
+ * for decode and prefill token counts, N % 8 tails and a bias, on cpu-blas and onednn as built
+ * beside this test; and the types with a repacked form are prepared at all (so the comparison
+ * is not of one path with itself). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rlx/backend.h"
+#include "rlx/plugin.h"
+#include "rlx/quant_iface.h"
+#include "testutil.h"
+
+static uint32_t rng = 7;
+
+static uint32_t urand(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 17;
+    rng ^= rng << 5;
+    return rng;
+}
+
+/* Valid blocks of any type: random bytes, with every F16 in them (scales, minimums) kept small
+ * and finite by clearing bits 2 and 6 of each byte, as bench_qgemv does. */
+static uint8_t *random_weight(size_t bytes) {
+    uint8_t *w = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++)
+        w[i] = (uint8_t)(urand() & 0x3B);
+    return w;
+}
+
+static const rlx_op_params no_params;
+
+/* The MATMUL of inputs in into out, outside a plan. */
+static rlx_node_view matmul_view(const rlx_tensor *in, rlx_tensor *out, void *const *prepared) {
+    return (rlx_node_view){.op = RLX_OP_MATMUL,
+                           .n_inputs = 3,
+                           .inputs = in,
+                           .output = out,
+                           .params = &no_params,
+                           .name = "mm",
+                           .prepared = prepared,
+                           .output_id = -1};
+}
+
+/* y[M, N] of the MATMUL, its weight's prepared handle given or not. */
+static void run_matmul(rlx_backend *b, const rlx_tensor in[3], int64_t M, int64_t N, void *w_handle, float *y) {
+    rlx_tensor out = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {M, N, 1, 1}, .data = y};
+    void *prepared[3] = {NULL, w_handle, NULL};
+    const rlx_node_view v = matmul_view(in, &out, prepared);
+    for (int64_t i = 0; i < M * N; i++)
+        y[i] = NAN;
+    assert_int_equal(rlx_backend_supports(b, &v), 1);
+    if (rlx_backend_compute(b, &v) != RLX_OK)
+        fail_msg("compute: %s", rlx_last_error());
+}
+
+static void check_backend(const char *name) {
+    rlx_registry *reg;
+    rlx_plugin_handle *plugin;
+    assert_int_equal(rlx_registry_create(RLX_BUILD_PLUGIN_DIR, &reg), RLX_OK);
+    if (rlx_registry_load(reg, RLX_PLUGIN_BACKEND, name, &plugin) != RLX_OK) {
+        printf("  %s: not built (%s), skipped\n", name, rlx_last_error());
+        rlx_registry_destroy(reg);
+        return;
+    }
+    rlx_backend_options o = rlx_backend_options_default();
+    o.n_threads = 2;
+    rlx_backend *b;
+    if (rlx_backend_create(plugin, &o, &b) != RLX_OK)
+        fail_msg("%s: open: %s", name, rlx_last_error());
+    assert_true(rlx_backend_features(b) & RLX_BACKEND_PREPARES_WEIGHTS);
+    static const uint32_t types[] = {RLX_DTYPE_Q4_0, RLX_DTYPE_Q4_1, RLX_DTYPE_Q5_0, RLX_DTYPE_Q5_1, RLX_DTYPE_Q8_0};
+    static const int64_t Ms[] = {1, 3, 12, 13, 40}, Ns[] = {5, 200};
+    const int64_t K = 512;
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        for (size_t ni = 0; ni < sizeof Ns / sizeof Ns[0]; ni++) {
+            const int64_t N = Ns[ni];
+            uint8_t *w = random_weight((size_t)N * rlx_iface_row_bytes(types[t], K));
+            float *bias = malloc((size_t)N * sizeof(float));
+            for (int64_t n = 0; n < N; n++)
+                bias[n] = (float)(urand() % 2001) / 1000.0f - 1.0f;
+            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+                const int64_t M = Ms[mi];
+                float *x = malloc((size_t)(M * K) * sizeof(float)), *y0 = malloc((size_t)(M * N) * sizeof(float)),
+                      *y1 = malloc((size_t)(M * N) * sizeof(float));
+                for (int64_t i = 0; i < M * K; i++)
+                    x[i] = (float)(urand() % 2001) / 500.0f - 2.0f;
+                const rlx_tensor in[3] = {
+                    {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {M, K, 1, 1}, .data = x},
+                    {.dtype = types[t], .n_dims = 2, .shape = {N, K, 1, 1}, .data = w},
+                    {.dtype = RLX_DTYPE_F32, .n_dims = 1, .shape = {N, 1, 1, 1}, .data = bias},
+                };
+                /* what planning shows prepare_weight: the node without data */
+                rlx_tensor planned_in[3] = {in[0], in[1], in[2]}, planned_out = {
+                                                                      .dtype = RLX_DTYPE_F32,
+                                                                      .n_dims = 2,
+                                                                      .shape = {M, N, 1, 1},
+                                                                  };
+                for (int i = 0; i < 3; i++)
+                    planned_in[i].data = NULL;
+                const rlx_node_view planned = matmul_view(planned_in, &planned_out, NULL);
+                const rlx_weight_info info = {.size = sizeof info,
+                                              .tensor = &in[1],
+                                              .name = "mm.w",
+                                              .op = RLX_OP_MATMUL,
+                                              .input = 1,
+                                              .node = &planned};
+                void *h = NULL;
+                if (rlx_backend_prepare_weight(b, &info, &h) != RLX_OK)
+                    fail_msg("%s: prepare_weight: %s", name, rlx_last_error());
+                if (!h)
+                    fail_msg("%s did not repack a weight of dtype %u", name, types[t]);
+                run_matmul(b, in, M, N, NULL, y0);
+                run_matmul(b, in, M, N, h, y1);
+                rlx_backend_release_weight(b, h);
+                for (int64_t i = 0; i < M * N; i++)
+                    if (memcmp(&y0[i], &y1[i], sizeof y0[i]))
+                        fail_msg("%s, dtype %u, M %lld N %lld: y[%lld] %.9g repacked, %.9g native", name, types[t],
+                                 (long long)M, (long long)N, (long long)i, y1[i], y0[i]);
+                free(y1);
+                free(y0);
+                free(x);
+            }
+            free(bias);
+            free(w);
+        }
+    rlx_backend_destroy(b);
+    rlx_plugin_unload(plugin);
+    rlx_registry_destroy(reg);
+}
+
+static void test_cpu_blas_repacked_gives_native_bits(void **state) {
+    (void)state;
+    check_backend("cpu-blas");
+}
+
+static void test_onednn_repacked_gives_native_bits(void **state) {
+    (void)state;
+    check_backend("onednn");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cpu_blas_repacked_gives_native_bits),
+        cmocka_unit_test(test_onednn_repacked_gives_native_bits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
