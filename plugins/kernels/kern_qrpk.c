@@ -78,14 +78,22 @@ int kern_qrpk_pack(int dt, const void *w, int64_t K, int64_t g0, int64_t g1, voi
     for (int64_t g = g0; g < g1; g++)
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *o = (uint8_t *)dst + (size_t)(g * nb + b) * KERN_QRP_ROWS * bb;
-            for (int r = 0; r < KERN_QRP_ROWS; r++) {
-                const uint8_t *src = (const uint8_t *)w + (size_t)(g * KERN_QRP_ROWS + r) * row + (size_t)b * bb;
-                for (int i = 0; i < ty->n_fields; i++) {
-                    const krk_field f = ty->f[i];
-                    for (int k = 0; k < f.bytes / f.unit; k++)
-                        memcpy(o + KERN_QRP_ROWS * f.off + (KERN_QRP_ROWS * k + r) * f.unit, src + f.off + k * f.unit,
-                               f.unit);
+            const uint8_t *src[KERN_QRP_ROWS];
+            for (int r = 0; r < KERN_QRP_ROWS; r++)
+                src[r] = (const uint8_t *)w + (size_t)(g * KERN_QRP_ROWS + r) * row + (size_t)b * bb;
+            /* in the order of the destination, with copies of a constant size (single moves):
+             * a weight is repacked at load, at the speed of its reading */
+            for (int i = 0; i < ty->n_fields; i++) {
+                const krk_field f = ty->f[i];
+                uint8_t *of = o + KERN_QRP_ROWS * f.off;
+                if (f.unit == 2) {
+                    for (int r = 0; r < KERN_QRP_ROWS; r++)
+                        memcpy(of + 2 * r, src[r] + f.off, 2);
+                    continue;
                 }
+                for (int k = 0; k < f.bytes / 4; k++, of += 4 * KERN_QRP_ROWS)
+                    for (int r = 0; r < KERN_QRP_ROWS; r++)
+                        memcpy(of + 4 * r, src[r] + f.off + 4 * k, 4);
             }
         }
     return 1;
