@@ -10,13 +10,14 @@
 
 const kern_qrp_ops *kern_qrp_ops_at(plugin_isa isa, int dt) {
     const kern_qrp_ops *ops = kern_qrp32_ops_at(isa, dt);
-    return ops;
+    return ops ? ops : kern_qrpk_ops_at(isa, dt);
 }
 
 int kern_qrp_supported(int dt) { return kern_qrp_ops_at(PLUGIN_ISA_C, dt) != NULL; }
 
 void kern_qrp_pack(int dt, const void *w, int64_t K, int64_t g0, int64_t g1, void *dst) {
-    kern_qrp32_pack(dt, w, K, g0, g1, dst);
+    if (!kern_qrp32_pack(dt, w, K, g0, g1, dst))
+        kern_qrpk_pack(dt, w, K, g0, g1, dst);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -72,7 +72,8 @@ static void check_backend(const char *name) {
     if (rlx_backend_create(plugin, &o, &b) != RLX_OK)
         fail_msg("%s: open: %s", name, rlx_last_error());
     assert_true(rlx_backend_features(b) & RLX_BACKEND_PREPARES_WEIGHTS);
-    static const uint32_t types[] = {RLX_DTYPE_Q4_0, RLX_DTYPE_Q4_1, RLX_DTYPE_Q5_0, RLX_DTYPE_Q5_1, RLX_DTYPE_Q8_0};
+    static const uint32_t types[] = {RLX_DTYPE_Q4_0, RLX_DTYPE_Q4_1, RLX_DTYPE_Q5_0, RLX_DTYPE_Q5_1,
+                                     RLX_DTYPE_Q8_0, RLX_DTYPE_Q4_K, RLX_DTYPE_Q5_K, RLX_DTYPE_Q6_K};
     static const int64_t Ms[] = {1, 3, 12, 13, 40}, Ns[] = {5, 200};
     const int64_t K = 512;
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
