@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rlx/model.h"
 #include "rlx/status.h"
 
 #ifdef __cplusplus
@@ -55,7 +56,6 @@ RLX_API rlx_status rlx_tokenizer_open(const char *model_dir, rlx_tokenizer **out
  * file (Qwen3's 151k tokens and merges, a few milliseconds and a second walk of its metadata).
  * The tokenizer keeps nothing of the model, which may be closed first. Errors as
  * rlx_tokenizer_open's. */
-typedef struct rlx_model rlx_model;
 RLX_API rlx_status rlx_tokenizer_open_model(const rlx_model *model, rlx_tokenizer **out);
 RLX_API void rlx_tokenizer_close(rlx_tokenizer *tok); /* NULL is a no-op */
 
