@@ -334,7 +334,7 @@ int cmd_chat(int argc, char **argv, app_options *o) {
     rlx_stop_matcher *stopper = NULL;
     conversation c = {0};
     int status = app_generation_defaults(&rt, &sampling, &max_new, max_given);
-    if (!status && rlx_tokenizer_open(rt.model_dir, &tok) != RLX_OK)
+    if (!status && app_tokenizer_open(&rt, &tok) != RLX_OK)
         status = app_fail_rlx("chat: cannot load the tokenizer");
     if (!status && rlx_chat_template_of(tok) != RLX_CHAT_TEMPLATE_QWEN3)
         status = app_fail("chat: %s has no standard Qwen3 chat template", rt.model_dir);

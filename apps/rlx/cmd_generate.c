@@ -28,7 +28,7 @@ static int prompt_ids(const app_runtime *rt, const char *tokens, const char *pro
         *n = (size_t)count;
         return 0;
     }
-    if (rlx_tokenizer_open(rt->model_dir, tok) != RLX_OK)
+    if (app_tokenizer_open(rt, tok) != RLX_OK)
         return app_fail_rlx("generate: cannot load the tokenizer");
     char *rendered = NULL;
     if (chat) {
@@ -156,7 +156,7 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         status = fit_context(&rt, n, n_new, truncate, &skip, &max_new);
     /* the JSON object gives the text and each token's too when the model has a tokenizer, even for
      * a prompt of ids; without one it has the ids only */
-    if (!status && json && !tok && rlx_tokenizer_open(rt.model_dir, &tok) != RLX_OK)
+    if (!status && json && !tok && app_tokenizer_open(&rt, &tok) != RLX_OK)
         tok = NULL;
     rlx_sampler *sampler = NULL;
     app_output *out = NULL;

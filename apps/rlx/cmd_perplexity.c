@@ -7,7 +7,13 @@
  * N/2 .. N-2 are scored (their predictions have at least N/2 tokens of context), N - N/2 - 1 per
  * chunk. With nll = the mean over all scored positions of -log softmax(logits)[next token]:
  *   PPL = exp(nll), reported with exp(nll) * sqrt((mean(log p^2) - nll^2) / (count - 1)),
- * the standard error of the mean carried through exp to first order. */
+ * the standard error of the mean carried through exp to first order.
+ *
+ * A chunk's unscored first half runs as one forward that keeps no logits, its scored positions
+ * in slices whose logits stay within LOGITS_MAX_BYTES: all N rows of logits at once would be
+ * N * vocab floats (297 MiB for 512 rows of Qwen3's 151936), more than a quantized model's
+ * weights. The predictions are those of the whole chunk at once (a causal model's row j sees
+ * positions 0 .. j either way), up to the rounding of matmuls of another width. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +27,10 @@ static const char usage[] =
     "llama-perplexity computes it: the text's tokens are cut into chunks of N, each evaluated\n"
     "from an empty cache, and the second half of each chunk's predictions is scored. Prints the\n"
     "running perplexity after each chunk, then 'Final estimate: PPL = X +/- Y'.\n\n";
+
+/* The logits one forward may return: 7 rows of Qwen3's vocabulary, a whole chunk of a small
+ * one (1024 rows of Brown's 4096). */
+#define LOGITS_MAX_BYTES ((size_t)4 << 20)
 
 /* Adds -log p(next token) of logits rows [0, n) predicting ids[1 .. n] to *nll, and its square to *nll2. */
 static void score_rows(const float *logits, int64_t vocab, const int32_t *ids, uint32_t n, double *nll, double *nll2) {
@@ -64,7 +74,7 @@ int cmd_perplexity(int argc, char **argv, app_options *o) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     int status = 0;
-    if (rlx_tokenizer_open(rt.model_dir, &tok) != RLX_OK) {
+    if (app_tokenizer_open(&rt, &tok) != RLX_OK) {
         status = app_fail_rlx("perplexity: cannot load the tokenizer");
         goto done;
     }
@@ -73,6 +83,9 @@ int cmd_perplexity(int argc, char **argv, app_options *o) {
         status = app_fail_rlx("perplexity: cannot encode the text");
         goto done;
     }
+    /* nothing is decoded: the vocabulary and merges (11 MiB for Qwen3) need not outlive the encoding */
+    rlx_tokenizer_close(tok);
+    tok = NULL;
     uint32_t n_chunks = (uint32_t)(n_ids / chunk);
     if (n_chunks == 0) {
         status = app_fail("perplexity: %s has %zu tokens, fewer than one chunk of %u (lower -c)", file, n_ids, chunk);
@@ -85,14 +98,23 @@ int cmd_perplexity(int argc, char **argv, app_options *o) {
             n_chunks == 1 ? "" : "s", chunk, scored);
     double nll = 0, nll2 = 0;
     uint64_t count = 0;
+    const size_t row_bytes = (size_t)rt.lm.vocab * sizeof(float);
+    const uint32_t slice = row_bytes < LOGITS_MAX_BYTES ? (uint32_t)(LOGITS_MAX_BYTES / row_bytes) : 1;
     for (uint32_t c = 0; c < n_chunks; c++) {
         const int32_t *cids = ids + (size_t)c * chunk;
         const float *logits;
-        if (rt.lm.truncate(rt.lm.self, 0) != RLX_OK || rt.lm.forward(rt.lm.self, cids, chunk, 1, &logits) != RLX_OK) {
+        if (rt.lm.truncate(rt.lm.self, 0) != RLX_OK || rt.lm.forward(rt.lm.self, cids, first, 0, &logits) != RLX_OK) {
             status = app_fail_rlx("perplexity");
             goto done;
         }
-        score_rows(logits + (size_t)first * (size_t)rt.lm.vocab, rt.lm.vocab, cids + first, scored, &nll, &nll2);
+        for (uint32_t r = first; r < first + scored; r += slice) {
+            const uint32_t n = first + scored - r < slice ? first + scored - r : slice;
+            if (rt.lm.forward(rt.lm.self, cids + r, n, 1, &logits) != RLX_OK) {
+                status = app_fail_rlx("perplexity");
+                goto done;
+            }
+            score_rows(logits, rt.lm.vocab, cids + r, n, &nll, &nll2);
+        }
         count += scored;
         printf("[%u]%.4f,", c + 1, exp(nll / (double)count));
         fflush(stdout);

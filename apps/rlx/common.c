@@ -110,6 +110,10 @@ void app_runtime_close(app_runtime *rt) {
     memset(rt, 0, sizeof *rt);
 }
 
+rlx_status app_tokenizer_open(const app_runtime *rt, rlx_tokenizer **tok) {
+    return rt->model ? rlx_tokenizer_open_model(rt->model, tok) : rlx_tokenizer_open(rt->model_dir, tok);
+}
+
 const char *app_describe_context(const app_runtime *rt, uint32_t capacity, char *buf, size_t size) {
     const rlx_model_config *c = rt->runtime ? rlx_runtime_config(rt->runtime) : NULL;
     int64_t max_pos = c ? c->max_position_embeddings : 0;
@@ -267,7 +271,8 @@ int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *ma
     *p = rlx_sampler_params_default();
     p->greedy = 1; /* what none of the sources below decides */
     rlx_generation_defaults model;
-    if (rlx_generation_config_load(rt->model_dir, &model) != RLX_OK)
+    if ((rt->model ? rlx_generation_config_of(rt->model, &model) : rlx_generation_config_load(rt->model_dir, &model)) !=
+        RLX_OK)
         return app_fail_rlx("cannot read the model's sampling defaults");
     sampling_layer layer = model_layer(&model);
     apply_layer(p, &layer);

@@ -133,6 +133,9 @@ RLX_API void rlx_model_close(rlx_model *m);
 RLX_API const rlx_model_config *rlx_model_config_of(const rlx_model *m);
 RLX_API const rlx_weights *rlx_model_weights(const rlx_model *m);
 RLX_API const char *rlx_model_dir(const rlx_model *m);
+/* rlx_generation_config_load(rlx_model_dir(m)), read for a GGUF model from the header the model
+ * parsed at open rather than from a second parse of the file. */
+RLX_API rlx_status rlx_generation_config_of(const rlx_model *m, rlx_generation_defaults *out);
 /* Adds a safetensors file whose tensors blocks may use besides the model's own (an MTP head
  * shipped separately); a name in both is an RLX_E_FORMAT error. */
 RLX_API rlx_status rlx_model_add_weights(rlx_model *m, const char *safetensors_path);

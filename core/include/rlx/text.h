@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rlx/model.h"
 #include "rlx/status.h"
 
 #ifdef __cplusplus
@@ -49,6 +50,13 @@ typedef struct rlx_tokenizer rlx_tokenizer;
  * user-defined ones the other added tokens, unused (padding) ids are gaps; the special ids and
  * the chat template come from the metadata too. */
 RLX_API rlx_status rlx_tokenizer_open(const char *model_dir, rlx_tokenizer **out);
+
+/* The tokenizer of an open model, the one rlx_tokenizer_open(rlx_model_dir(model)) loads, but a
+ * GGUF model's comes from the header the model parsed at open instead of a second parse of the
+ * file (Qwen3's 151k tokens and merges, a few milliseconds and a second walk of its metadata).
+ * The tokenizer keeps nothing of the model, which may be closed first. Errors as
+ * rlx_tokenizer_open's. */
+RLX_API rlx_status rlx_tokenizer_open_model(const rlx_model *model, rlx_tokenizer **out);
 RLX_API void rlx_tokenizer_close(rlx_tokenizer *tok); /* NULL is a no-op */
 
 /* One more than the largest token id (vocabulary plus added tokens), as Hugging Face's

@@ -510,11 +510,8 @@ static rlx_status parse_generation_defaults(const char *path, const cJSON *root,
  * top-k 40, top-p 0.95, min-p 0.05), which its users expect, as far as the file's
  * general.sampling.* keys (written from the checkpoint's generation_config.json) do not say
  * otherwise. */
-static rlx_status gguf_generation_defaults(const char *path, rlx_generation_defaults *out) {
-    rlx__gguf *g;
-    rlx_status st = rlx__gguf_open(path, &g);
-    if (st != RLX_OK)
-        return st;
+static rlx_status gguf_generation_defaults(const rlx__gguf *g, rlx_generation_defaults *out) {
+    rlx_status st = RLX_OK;
     rlx_generation_defaults d = {.has_do_sample = 1,
                                  .do_sample = 1,
                                  .has_temperature = 1,
@@ -544,11 +541,17 @@ static rlx_status gguf_generation_defaults(const char *path, rlx_generation_defa
         st = RLX_OK;
     if (st == RLX_OK &&
         (!(d.temperature >= 0) || !(d.top_p > 0 && d.top_p <= 1) || !(d.min_p >= 0 && d.min_p <= 1) || d.top_k < 0))
-        st = rlx_error(RLX_E_FORMAT, "%s: a general.sampling.* value is out of range", path);
-    rlx__gguf_close(g);
+        st = rlx_error(RLX_E_FORMAT, "%s: a general.sampling.* value is out of range", g->path);
     if (st == RLX_OK)
         *out = d;
     return st;
+}
+
+rlx_status rlx_generation_config_of(const rlx_model *m, rlx_generation_defaults *out) {
+    if (!m || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_generation_config_of: m and out must not be NULL");
+    const rlx__gguf *g = rlx__weights_gguf(rlx_model_weights(m));
+    return g ? gguf_generation_defaults(g, out) : rlx_generation_config_load(rlx_model_dir(m), out);
 }
 
 rlx_status rlx_generation_config_load(const char *model_dir, rlx_generation_defaults *out) {
@@ -556,8 +559,13 @@ rlx_status rlx_generation_config_load(const char *model_dir, rlx_generation_defa
         return rlx_error(RLX_E_INVALID, "rlx_generation_config_load: model_dir and out must not be NULL");
     int gguf;
     rlx_status st = rlx__model_path_is_gguf(model_dir, &gguf);
-    if (st != RLX_OK || gguf)
-        return st != RLX_OK ? st : gguf_generation_defaults(model_dir, out);
+    if (st != RLX_OK || gguf) {
+        rlx__gguf *g = NULL;
+        if (st == RLX_OK && (st = rlx__gguf_open(model_dir, &g)) == RLX_OK)
+            st = gguf_generation_defaults(g, out);
+        rlx__gguf_close(g);
+        return st;
+    }
     char path[4096];
     if (snprintf(path, sizeof path, "%s/generation_config.json", model_dir) >= (int)sizeof path)
         return rlx_error(RLX_E_INVALID, "%s: the model directory's path is too long", model_dir);

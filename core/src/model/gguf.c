@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "gguf.h"
 #include "util/alloc.h"
@@ -426,6 +427,14 @@ rlx_status rlx__gguf_open(const char *path, rlx__gguf **out) {
     rlx_status st = rlx__wfile_map(&f, 4, "the GGUF magic");
     free(f.path);
     return st == RLX_OK ? open_bytes(path, f.map, f.size, 1, out) : st;
+}
+
+void rlx__gguf_release_header(const rlx__gguf *g) {
+    /* the page holding the data area's start may hold tensor bytes too, so it stays */
+    const long page = sysconf(_SC_PAGESIZE);
+    const size_t n = page > 0 ? g->data_offset / (size_t)page * (size_t)page : 0;
+    if (g->owned && n)
+        (void)madvise((void *)g->map, n, MADV_DONTNEED); /* advice: a failure only leaves them resident */
 }
 
 void rlx__gguf_close(rlx__gguf *g) {

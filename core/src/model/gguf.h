@@ -86,6 +86,13 @@ typedef struct rlx__gguf {
 rlx_status rlx__gguf_open(const char *path, rlx__gguf **out);
 void rlx__gguf_close(rlx__gguf *g);
 
+/* Drops this process's resident pages of the header (all but the page where the data area
+ * starts) from an opened file's mapping: the metadata is read once, at load (Qwen3's 151k token
+ * and merge strings are about 5.6 MiB), and would otherwise stay counted in the RSS beside the
+ * weights. Pointers into the header stay valid: a later read faults its pages back in from the
+ * file. A header from rlx__gguf_parse (bytes the caller holds) is left alone. */
+void rlx__gguf_release_header(const rlx__gguf *g);
+
 /* The same checks on a header already in memory (size bytes at data, borrowed until close):
  * for fuzzing, and for callers that hold the bytes. path only names it in errors. */
 rlx_status rlx__gguf_parse(const char *path, const void *data, size_t size, rlx__gguf **out);

@@ -246,6 +246,11 @@ rlx_status rlx__weights_open_gguf(const char *path, rlx_weights **out) {
 
 const struct rlx__gguf *rlx__weights_gguf(const rlx_weights *w) { return w && w->n_gguf ? w->gguf[0] : NULL; }
 
+void rlx__weights_release_gguf_headers(const rlx_weights *w) {
+    for (size_t i = 0; w && i < w->n_gguf; i++)
+        rlx__gguf_release_header(w->gguf[i]);
+}
+
 const char *rlx__weights_gguf_name(const rlx_weights *w, const rlx_weight *t) {
     for (size_t i = 0; w && t && i < w->n_gguf; i++)
         for (size_t k = 0; k < w->gguf[i]->n_tensors; k++) {

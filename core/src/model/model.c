@@ -56,6 +56,8 @@ rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
         rlx_model_close(m);
         return rc;
     }
+    /* the configuration was the last reader of the metadata: its pages need not stay resident */
+    rlx__weights_release_gguf_headers(m->weights);
     *out = m;
     return RLX_OK;
 }

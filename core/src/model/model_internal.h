@@ -32,6 +32,9 @@ rlx_status rlx__model_config_load_dir(const char *model_dir, rlx_model_config *o
 /* The first (metadata-holding) GGUF file of weights opened from a GGUF model, else NULL. */
 struct rlx__gguf;
 const struct rlx__gguf *rlx__weights_gguf(const rlx_weights *w);
+/* rlx__gguf_release_header on each file of weights opened from a GGUF model (a no-op for
+ * safetensors): for whoever has read what it needs from the metadata. */
+void rlx__weights_release_gguf_headers(const rlx_weights *w);
 /* The name in the GGUF file of w's tensor t (for an expert's view, the stacked tensor holding
  * it), or NULL when w is not a GGUF model or t is not one of its tensors: errors about a tensor
  * name the one a user finds in the file besides rlx's Hugging Face name. */

@@ -59,11 +59,13 @@ struct rlx_tokenizer {
     char *strings;
     size_t strings_len, strings_cap;
 
-    /* vocabulary string -> id (over tokens[]): hash high half << 32 | id + 1 */
+    /* vocabulary string -> id (over tokens[]): hash high half << 32 | id + 1; vocab_used of
+     * vocab_cap slots are taken, at most two thirds (vocab.c) */
     uint64_t *vocab_slots;
-    size_t vocab_cap;
+    size_t vocab_cap, vocab_used;
 
-    /* merge (left id, right id) -> rank and merged id */
+    /* merge (left id, right id) -> rank and merged id; at most two thirds full (the count is
+     * known before the table is made) */
     uint64_t *merge_keys; /* UINT64_MAX = empty */
     uint32_t *merge_rank;
     int32_t *merge_id;
@@ -110,8 +112,8 @@ rlx_status rlx__nfc(const char *s, size_t len, char **out, size_t *out_len);
 
 /* Looks a vocabulary string up; -1 when absent. */
 int32_t rlx__vocab_find(const rlx_tokenizer *tok, const char *s, size_t len);
-/* Adds token id (its string already in tok->strings) to the map, whose capacity the loader
- * made a power of two above twice the tokens (vocab.c). */
+/* Adds token id (its string already in tok->strings) to the map, growing it to stay at most two
+ * thirds full (vocab.c). */
 rlx_status rlx__vocab_insert(rlx_tokenizer *tok, int32_t id);
 
 /* The encoder's word cache. */
@@ -165,7 +167,10 @@ rlx_status rlx__added_token(rlx_tokenizer *tok, const added_spec *spec, int32_t 
                             size_t *added_cap);
 
 /* Loads the vocabulary, merges, added tokens, special ids and chat template of a GGUF file's
- * tokenizer.ggml.* metadata (tokenizer_gguf.c). */
-rlx_status rlx__tokenizer_load_gguf(rlx_tokenizer *tok, const char *path, size_t *cap, size_t *added_cap);
+ * tokenizer.ggml.* metadata (tokenizer_gguf.c): from g, a header the caller parsed (an open
+ * model's), else from the file at path, parsed for the call. */
+struct rlx__gguf;
+rlx_status rlx__tokenizer_load_gguf(rlx_tokenizer *tok, const char *path, const struct rlx__gguf *g, size_t *cap,
+                                    size_t *added_cap);
 
 #endif

@@ -383,11 +383,11 @@ rlx_status rlx__vocab_set(rlx_tokenizer *tok, const char *path, int32_t id, cons
         scratch->buf[nb++] = (char)cp_to_byte[cp];
         i += cl;
     }
-    if (mapped) {
+    if (mapped && (nb != len || memcmp(scratch->buf, str, len) != 0)) {
         if ((st = arena_add(tok, scratch->buf, nb, &t->bytes)) != RLX_OK)
             return st;
         t->bytes_len = (uint32_t)nb;
-    } else {
+    } else { /* not byte-level, or decoding to itself (most ASCII words): no second copy */
         t->bytes = t->str;
         t->bytes_len = t->str_len;
     }
@@ -416,7 +416,8 @@ static rlx_status load_vocab(rlx_tokenizer *tok, const char *path, const cJSON *
 rlx_status rlx__vocab_build_map(rlx_tokenizer *tok) {
     rlx_status st;
     free(tok->vocab_slots);
-    tok->vocab_cap = pow2_at_least((size_t)tok->n_tokens * 2 + 16);
+    tok->vocab_cap = pow2_at_least((size_t)tok->n_tokens * 3 / 2 + 16);
+    tok->vocab_used = 0;
     tok->vocab_slots = rlx__calloc(tok->vocab_cap, sizeof *tok->vocab_slots);
     if (!tok->vocab_slots)
         return rlx_error(RLX_E_NOMEM, "cannot allocate the vocabulary map");
@@ -446,7 +447,7 @@ static rlx_status merge_insert(rlx_tokenizer *tok, int32_t a, int32_t b, uint32_
 }
 
 rlx_status rlx__merges_alloc(rlx_tokenizer *tok, size_t n) {
-    tok->merge_cap = pow2_at_least(n * 2 + 16);
+    tok->merge_cap = pow2_at_least(n * 3 / 2 + 16);
     tok->merge_keys = rlx__malloc(tok->merge_cap * sizeof *tok->merge_keys);
     tok->merge_rank = rlx__malloc(tok->merge_cap * sizeof *tok->merge_rank);
     tok->merge_id = rlx__malloc(tok->merge_cap * sizeof *tok->merge_id);
@@ -863,12 +864,22 @@ static rlx_status load_tokenizer_json(rlx_tokenizer *tok, const char *path, cons
     return RLX_OK;
 }
 
-rlx_status rlx_tokenizer_open(const char *model_dir, rlx_tokenizer **out) {
-    if (!out)
-        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_open: out is NULL");
-    *out = NULL;
-    if (!model_dir)
-        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_open: model_dir is NULL");
+/* The token table and the string arena grew by doubling (and the table's new part was zeroed,
+ * so it is resident): cut both to what they hold, which nothing adds to after loading. A failed
+ * shrink keeps the larger block. */
+static void compact(rlx_tokenizer *tok) {
+    text_token *tokens = tok->n_tokens ? rlx__realloc(tok->tokens, (size_t)tok->n_tokens * sizeof *tokens) : NULL;
+    if (tokens)
+        tok->tokens = tokens;
+    char *strings = tok->strings_len ? rlx__realloc(tok->strings, tok->strings_len) : NULL;
+    if (strings) {
+        tok->strings = strings;
+        tok->strings_cap = tok->strings_len;
+    }
+}
+
+/* The tokenizer of model_dir, or of g (an open GGUF model's header, model_dir its path). */
+static rlx_status open_tokenizer(const char *model_dir, const struct rlx__gguf *g, rlx_tokenizer **out) {
     char path[4096];
     if ((size_t)snprintf(path, sizeof path, "%s/tokenizer.json", model_dir) >= sizeof path)
         return rlx_error(RLX_E_INVALID, "model directory path too long");
@@ -886,11 +897,11 @@ rlx_status rlx_tokenizer_open(const char *model_dir, rlx_tokenizer **out) {
     int32_t n_model = 0;
     /* a file can only be a GGUF model; "FILE/tokenizer.json: Not a directory" would not say what
      * is wrong with it */
-    int gguf;
-    if ((st = rlx__model_path_is_gguf(model_dir, &gguf)) != RLX_OK)
+    int gguf = g != NULL;
+    if (!g && (st = rlx__model_path_is_gguf(model_dir, &gguf)) != RLX_OK)
         goto fail;
     if (gguf) {
-        if ((st = rlx__tokenizer_load_gguf(tok, model_dir, &cap, &added_cap)) != RLX_OK)
+        if ((st = rlx__tokenizer_load_gguf(tok, model_dir, g, &cap, &added_cap)) != RLX_OK)
             goto fail;
     } else {
         if ((st = rlx__json_load(path, 0, &root)) != RLX_OK)
@@ -920,11 +931,30 @@ rlx_status rlx_tokenizer_open(const char *model_dir, rlx_tokenizer **out) {
     if ((st = build_matcher(tok, &tok->raw_matcher, 0)) != RLX_OK ||
         (st = build_matcher(tok, &tok->norm_matcher, 1)) != RLX_OK)
         goto fail;
+    compact(tok);
     *out = tok;
     return RLX_OK;
 fail:
     rlx_tokenizer_close(tok);
     return st;
+}
+
+rlx_status rlx_tokenizer_open(const char *model_dir, rlx_tokenizer **out) {
+    if (!out)
+        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_open: out is NULL");
+    *out = NULL;
+    if (!model_dir)
+        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_open: model_dir is NULL");
+    return open_tokenizer(model_dir, NULL, out);
+}
+
+rlx_status rlx_tokenizer_open_model(const rlx_model *model, rlx_tokenizer **out) {
+    if (!out)
+        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_open_model: out is NULL");
+    *out = NULL;
+    if (!model)
+        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_open_model: model is NULL");
+    return open_tokenizer(rlx_model_dir(model), rlx__weights_gguf(rlx_model_weights(model)), out);
 }
 
 void rlx_tokenizer_close(rlx_tokenizer *tok) {

@@ -128,12 +128,19 @@ static rlx_status load(rlx_tokenizer *tok, const rlx__gguf *g, size_t *cap, size
     return st == RLX_E_NOT_FOUND ? RLX_OK : st;
 }
 
-rlx_status rlx__tokenizer_load_gguf(rlx_tokenizer *tok, const char *path, size_t *cap, size_t *added_cap) {
-    rlx__gguf *g;
-    rlx_status st = rlx__gguf_open(path, &g);
+rlx_status rlx__tokenizer_load_gguf(rlx_tokenizer *tok, const char *path, const rlx__gguf *g, size_t *cap,
+                                    size_t *added_cap) {
+    if (g) {
+        rlx_status st = load(tok, g, cap, added_cap);
+        /* the strings were copied: the header's pages go back to what the model left resident */
+        rlx__gguf_release_header(g);
+        return st;
+    }
+    rlx__gguf *own;
+    rlx_status st = rlx__gguf_open(path, &own);
     if (st != RLX_OK)
         return st;
-    st = load(tok, g, cap, added_cap);
-    rlx__gguf_close(g);
+    st = load(tok, own, cap, added_cap);
+    rlx__gguf_close(own);
     return st;
 }
