@@ -27,8 +27,14 @@ void kern_drop_pages(const void *data, size_t bytes) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t a = (uintptr_t)data, b = a + bytes;
     const uintptr_t lo = (a + page - 1) / page * page, hi = b / page * page;
-    if (hi > lo)
-        madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice only: a failure changes nothing */
+    if (hi <= lo)
+        return;
+    /* The page cache may hold the file in 2 MiB folios that a fault maps whole (FilePmdMapped):
+     * a later read of a neighbour in the same 2 MiB, even another weight's packing, would map
+     * the dropped pages back. Out of huge mappings, the range is mapped page by page from then on
+     * and what is dropped stays dropped. Both calls are advice: a failure changes no result. */
+    madvise((void *)lo, hi - lo, MADV_NOHUGEPAGE);
+    madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
 bool kern_qrp_use(const rlx_weight_info *w) {

@@ -431,10 +431,8 @@ rlx_status rlx__gguf_open(const char *path, rlx__gguf **out) {
 
 void rlx__gguf_release_header(const rlx__gguf *g) {
     /* the page holding the data area's start may hold tensor bytes too, so it stays */
-    const long page = sysconf(_SC_PAGESIZE);
-    const size_t n = page > 0 ? g->data_offset / (size_t)page * (size_t)page : 0;
-    if (g->owned && n)
-        (void)madvise((void *)g->map, n, MADV_DONTNEED); /* advice: a failure only leaves them resident */
+    if (g->owned)
+        rlx__drop_mapped(g->map, g->data_offset);
 }
 
 void rlx__gguf_close(rlx__gguf *g) {

@@ -11,8 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "model_internal.h"
 #include "quantize.h"
@@ -454,7 +452,6 @@ uint32_t rlx__qtype_tensor(const rlx__qtype *q, const rlx__qtensor *t, int *fall
 
 rlx_status rlx__weights_quantize(rlx_weights *w, const rlx_model_config *c, const struct rlx__qtype *q,
                                  rlx_quantize_progress progress, void *ctx) {
-    const long page = sysconf(_SC_PAGESIZE);
     float *row = NULL;
     int64_t row_cap = 0;
     rlx_status st = RLX_OK;
@@ -497,11 +494,7 @@ rlx_status rlx__weights_quantize(rlx_weights *w, const rlx_model_config *c, cons
             rlx_iface_dequant_row(x->dtype, (const uint8_t *)x->data + (size_t)r * in_row, row, cols);
             rlx__quantize_row(dtype, row, dst + (size_t)r * out_row, cols);
         }
-        /* the source pages are file-backed and clean: dropping them only lowers RSS */
-        const uintptr_t start = ((uintptr_t)x->data + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
-        const uintptr_t end = ((uintptr_t)x->data + x->nbytes) / (uintptr_t)page * (uintptr_t)page;
-        if (end > start)
-            madvise((void *)start, end - start, MADV_DONTNEED);
+        rlx__drop_mapped(x->data, x->nbytes); /* file-backed and clean: only lowers RSS */
         const rlx_quantize_event ev = {name, x->dtype,     dtype,     fallback,
                                        i,    w->n_tensors, x->nbytes, (size_t)rows * out_row};
         w->total_bytes = w->total_bytes - x->nbytes + (size_t)rows * out_row;

@@ -41,6 +41,18 @@ char *rlx__path_join(const char *dir, const char *name) {
     return p;
 }
 
+void rlx__drop_mapped(const void *p, size_t n) {
+    const long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0)
+        return;
+    const uintptr_t lo = ((uintptr_t)p + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+    const uintptr_t hi = ((uintptr_t)p + n) / (uintptr_t)page * (uintptr_t)page;
+    if (hi <= lo)
+        return;
+    (void)madvise((void *)lo, hi - lo, MADV_NOHUGEPAGE);
+    (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 rlx_status rlx__wfile_map(rlx__wfile *f, size_t min_size, const char *what) {
     rlx_status st = RLX_OK;
     struct stat sb;

@@ -42,6 +42,12 @@ char *rlx__path_join(const char *dir, const char *name);
  * min_size bytes is RLX_E_FORMAT saying it is too short for `what`. */
 rlx_status rlx__wfile_map(rlx__wfile *f, size_t min_size, const char *what);
 
+/* Drops the resident pages wholly inside [p, p + n) of a file mapping (clean, so they are read
+ * back from the file if touched again), keeping the range out of 2 MiB mappings first: a fault
+ * anywhere in a 2 MiB page-cache folio maps all of it, so a neighbour's read would otherwise
+ * map the dropped pages back. Advice only: a failure leaves them resident, nothing else. */
+void rlx__drop_mapped(const void *p, size_t n);
+
 /* Checks the n tensors read from the file at path: no name twice, no two non-empty byte ranges
  * sharing a byte (gaps are allowed). Reorders t. */
 rlx_status rlx__weights_check_file(const char *path, rlx_weight *t, size_t n);
