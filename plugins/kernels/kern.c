@@ -16,7 +16,9 @@ int kern_init(kern_ctx *c, const rlx_host *host, const char *plugin, const char 
     c->q = kern_qsimd_at(level);
     c->isa = level;
     c->att = kern_bufs_create(c);
-    return c->att ? RLX_OK : host->error(RLX_E_NOMEM, "%s: out of memory", plugin);
+    if (!c->att)
+        return host->error(RLX_E_NOMEM, "%s: out of memory", plugin);
+    return kern_qrp_shared_init(c);
 }
 
 void kern_deinit(kern_ctx *c) {
@@ -24,6 +26,7 @@ void kern_deinit(kern_ctx *c) {
         return;
     const rlx_host *h = c->host;
     kern_bufs_destroy(c, c->att);
+    kern_qrp_shared_deinit(c);
     h->free(c->vec.p);
     h->free(c->parts.p);
     h->free(c->panels.p);

@@ -81,7 +81,10 @@ typedef struct kern_ctx {
     int64_t rope_t;
     uint32_t rope_d;
     float rope_theta;
+    struct kern_qrp_shared *qrp; /* the repacked copies alive, by source (kern_prepare_qrp) */
 } kern_ctx;
+
+typedef struct kern_qrp_shared kern_qrp_shared;
 
 /* Sets up c on the threads of par, with the kernels of the backend's isa option (NULL or "auto":
  * the best level of this CPU, at most $RLX_ISA; see plugin_isa_choose); plugin must outlive c.
@@ -144,7 +147,9 @@ typedef struct kern_qrp_weight {
     const kern_qsimd *q;     /* the native kernels, for the N % 8 tail rows */
     int dt;
     int64_t N, K;
-    void *data; /* rlx_iface_tensor_bytes of it, KERN_ALIGN aligned */
+    void *data;      /* rlx_iface_tensor_bytes of it, KERN_ALIGN aligned */
+    const void *src; /* the tensor it copies */
+    int refs;        /* uses sharing it (kern_prepare_qrp) */
 } kern_qrp_weight;
 
 /* Lowers the resident size of a read-only mapping of a model file by the whole pages inside
@@ -156,9 +161,17 @@ void kern_drop_pages(const void *data, size_t bytes);
 bool kern_qrp_use(const rlx_weight_info *w);
 /* prepare_weight for such a use: a KERN_WEIGHT_QRP handle, packed in pieces of KERN_QRP_PIECE
  * bytes, each piece's source pages dropped right after it when drop (the caller says so only
- * for RLX_WEIGHT_FILE_BACKED weights). RLX_OK, or RLX_E_NOMEM after host->error. */
+ * for RLX_WEIGHT_FILE_BACKED weights). Every use of one tensor gets the same handle (counted,
+ * kern_release_qrp frees it with the last). RLX_OK, or RLX_E_NOMEM after host->error. */
 int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, void **handle);
 void kern_release_qrp(const kern_ctx *c, void *handle);
+/* The live repacked copy of tensor t, or NULL. EMBED reads the rows of a tied table from the
+ * output MATMUL's copy: the table's mapped pages were dropped for it, and gathering rows from
+ * them would fault them back (a table no matmul reads is never copied: its rows are few). */
+const kern_qrp_weight *kern_qrp_find(const kern_ctx *c, const rlx_tensor *t);
+/* The table of c->qrp, made by kern_init and freed by kern_deinit (kern_qrp.c keeps it). */
+int kern_qrp_shared_init(kern_ctx *c);
+void kern_qrp_shared_deinit(kern_ctx *c);
 /* kern_qmatmul on a repacked weight: the same bits, for every M. */
 int kern_qrp_matmul(kern_ctx *c, const float *x, int64_t M, const kern_qrp_weight *w, const float *bias, float *y);
 /* kern_qmatmul_part on a repacked weight: features [n0, n0 + cnt) (n0 a multiple of

@@ -3,6 +3,8 @@
  * pages dropped behind, and the matmul over the backend's threads. */
 #include "kern_qrp.h"
 
+#include <pthread.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -18,6 +20,11 @@ int kern_qrp_supported(int dt) { return kern_qrp_ops_at(PLUGIN_ISA_C, dt) != NUL
 void kern_qrp_pack(int dt, const void *w, int64_t K, int64_t g0, int64_t g1, void *dst) {
     if (!kern_qrp32_pack(dt, w, K, g0, g1, dst))
         kern_qrpk_pack(dt, w, K, g0, g1, dst);
+}
+
+void kern_qrp_unpack(int dt, const void *wp, int64_t K, int64_t n, int64_t b, void *blk) {
+    if (!kern_qrp32_unpack(dt, wp, K, n, b, blk))
+        kern_qrpk_unpack(dt, wp, K, n, b, blk);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -43,8 +50,32 @@ bool kern_qrp_use(const rlx_weight_info *w) {
            rlx_iface_row_bytes(w->tensor->dtype, w->tensor->shape[1]) != 0;
 }
 
-int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, void **handle) {
-    *handle = NULL;
+struct kern_qrp_shared {
+    pthread_mutex_t lock;
+    kern_qrp_weight **w;
+    size_t n, cap;
+};
+
+int kern_qrp_shared_init(kern_ctx *c) {
+    c->qrp = c->host->alloc(sizeof *c->qrp, KERN_ALIGN);
+    if (!c->qrp)
+        return c->host->error(RLX_E_NOMEM, "%s: out of memory", c->plugin);
+    *c->qrp = (kern_qrp_shared){.w = NULL};
+    pthread_mutex_init(&c->qrp->lock, NULL);
+    return RLX_OK;
+}
+
+void kern_qrp_shared_deinit(kern_ctx *c) {
+    if (!c->qrp)
+        return;
+    pthread_mutex_destroy(&c->qrp->lock);
+    c->host->free(c->qrp->w);
+    c->host->free(c->qrp);
+    c->qrp = NULL;
+}
+
+/* A new copy of w's tensor, packed in pieces (see kern_prepare_qrp). */
+static kern_qrp_weight *kern_qrp_make(const kern_ctx *c, const rlx_weight_info *w, bool drop) {
     const rlx_tensor *t = w->tensor;
     const int dt = (int)t->dtype;
     const int64_t N = t->shape[0], K = t->shape[1];
@@ -54,8 +85,9 @@ int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, voi
     if (!h || !data) {
         c->host->free(h);
         c->host->free(data);
-        return c->host->error(RLX_E_NOMEM, "%s: out of memory for a repacked copy of '%s' (%zu bytes)", c->plugin,
-                              w->name, bytes);
+        c->host->error(RLX_E_NOMEM, "%s: out of memory for a repacked copy of '%s' (%zu bytes)", c->plugin, w->name,
+                       bytes);
+        return NULL;
     }
     *h = (kern_qrp_weight){.base = {.kind = KERN_WEIGHT_QRP},
                            .ops = kern_qrp_ops_at(c->isa, dt),
@@ -63,7 +95,9 @@ int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, voi
                            .dt = dt,
                            .N = N,
                            .K = K,
-                           .data = data};
+                           .data = data,
+                           .src = t->data,
+                           .refs = 1};
     /* Pieces of about KERN_QRP_PIECE source bytes, whole groups: with drop, the mapped pages
      * of one piece go as soon as its copy exists, so the weight is never resident twice. */
     const int64_t G = N / KERN_QRP_ROWS, group_bytes = (int64_t)(KERN_QRP_ROWS * row_bytes);
@@ -79,14 +113,74 @@ int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, voi
     memcpy((char *)data + tail, (const char *)t->data + tail, bytes - tail);
     if (drop)
         kern_drop_pages((const char *)t->data + tail, bytes - tail);
+    return h;
+}
+
+int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, void **handle) {
+    *handle = NULL;
+    const rlx_tensor *t = w->tensor;
+    kern_qrp_shared *sh = c->qrp;
+    int rc = RLX_OK;
+    kern_qrp_weight *shared = (kern_qrp_weight *)kern_qrp_find(c, t);
+    pthread_mutex_lock(&sh->lock);
+    if (shared) { /* uses are prepared one at a time (the core plans under its lock) */
+        shared->refs++;
+        *handle = shared;
+        goto out;
+    }
+    if (sh->n == sh->cap) {
+        const size_t cap = sh->cap ? 2 * sh->cap : 64;
+        kern_qrp_weight **grown = c->host->alloc(cap * sizeof *grown, KERN_ALIGN);
+        if (!grown) {
+            rc = c->host->error(RLX_E_NOMEM, "%s: out of memory", c->plugin);
+            goto out;
+        }
+        if (sh->n)
+            memcpy(grown, sh->w, sh->n * sizeof *grown);
+        c->host->free(sh->w);
+        sh->w = grown;
+        sh->cap = cap;
+    }
+    kern_qrp_weight *h = kern_qrp_make(c, w, drop);
+    if (!h) {
+        rc = RLX_E_NOMEM;
+        goto out;
+    }
+    sh->w[sh->n++] = h;
     *handle = h;
-    return RLX_OK;
+out:
+    pthread_mutex_unlock(&sh->lock);
+    return rc;
+}
+
+const kern_qrp_weight *kern_qrp_find(const kern_ctx *c, const rlx_tensor *t) {
+    kern_qrp_shared *sh = c->qrp;
+    const kern_qrp_weight *found = NULL;
+    pthread_mutex_lock(&sh->lock);
+    for (size_t i = 0; i < sh->n && !found; i++)
+        if (sh->w[i]->src == t->data && sh->w[i]->dt == (int)t->dtype && sh->w[i]->N == t->shape[0] &&
+            sh->w[i]->K == t->shape[1])
+            found = sh->w[i];
+    pthread_mutex_unlock(&sh->lock);
+    return found;
 }
 
 void kern_release_qrp(const kern_ctx *c, void *handle) {
     kern_qrp_weight *h = handle;
-    c->host->free(h->data);
-    c->host->free(h);
+    kern_qrp_shared *sh = c->qrp;
+    pthread_mutex_lock(&sh->lock);
+    const bool last = --h->refs == 0;
+    if (last)
+        for (size_t i = 0; i < sh->n; i++)
+            if (sh->w[i] == h) {
+                sh->w[i] = sh->w[--sh->n];
+                break;
+            }
+    pthread_mutex_unlock(&sh->lock);
+    if (last) {
+        c->host->free(h->data);
+        c->host->free(h);
+    }
 }
 
 void kern_qrp_part(const kern_qrp_weight *w, const void *xq, size_t stride, int64_t M, int64_t n0, int64_t cnt,

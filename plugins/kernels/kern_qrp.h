@@ -57,12 +57,19 @@ int kern_qrp_supported(int dt);
  * are copied by the caller. */
 void kern_qrp_pack(int dt, const void *w, int64_t K, int64_t g0, int64_t g1, void *dst);
 
-/* Per family of types, the parts kern_qrp_ops_at, kern_qrp_supported and kern_qrp_pack dispatch
- * to: the 32-value types (kern_qrp32.c) and the K types (kern_qrpk.c). Each returns NULL / 0 for
- * a type that is not its own. */
+/* Writes native block b of row n (one of the whole groups) of the repacked weight wp ([N, K] of
+ * dtype dt) into blk (rlx_iface_dtype_block_bytes of it): the bytes the native weight had, so
+ * rows are read back from the copy (EMBED of a table whose copy replaced the mapped pages). */
+void kern_qrp_unpack(int dt, const void *wp, int64_t K, int64_t n, int64_t b, void *blk);
+
+/* Per family of types, the parts kern_qrp_ops_at, kern_qrp_supported, kern_qrp_pack and
+ * kern_qrp_unpack dispatch to: the 32-value types (kern_qrp32.c) and the K types (kern_qrpk.c).
+ * Each returns NULL / 0 for a type that is not its own. */
 const kern_qrp_ops *kern_qrp32_ops_at(plugin_isa isa, int dt);
 int kern_qrp32_pack(int dt, const void *w, int64_t K, int64_t g0, int64_t g1, void *dst);
+int kern_qrp32_unpack(int dt, const void *wp, int64_t K, int64_t n, int64_t b, void *blk);
 const kern_qrp_ops *kern_qrpk_ops_at(plugin_isa isa, int dt);
 int kern_qrpk_pack(int dt, const void *w, int64_t K, int64_t g0, int64_t g1, void *dst);
+int kern_qrpk_unpack(int dt, const void *wp, int64_t K, int64_t n, int64_t b, void *blk);
 
 #endif

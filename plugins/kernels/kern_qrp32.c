@@ -76,6 +76,30 @@ int kern_qrp32_pack(int dt, const void *w, int64_t K, int64_t g0, int64_t g1, vo
     return 1;
 }
 
+int kern_qrp32_unpack(int dt, const void *wp, int64_t K, int64_t n, int64_t b, void *blk) {
+    if (!kern_qrp32_type(dt))
+        return 0;
+    const size_t bb = rlx_iface_dtype_block_bytes((uint32_t)dt);
+    const int64_t nb = K / RLX_QK, r = n % KERN_QRP_ROWS;
+    const uint8_t *ib =
+        (const uint8_t *)wp + ((size_t)(n / KERN_QRP_ROWS) * (size_t)nb + (size_t)b) * KERN_QRP_ROWS * bb;
+    uint8_t *o = blk;
+    memcpy(o + KQ_OFF_D, ib + 2 * r, 2);
+    if (kern_qb_has_min(dt))
+        memcpy(o + KQ_OFF_M, ib + kern_qrp32_off_m() + 2 * r, 2);
+    if (dt == RLX_DTYPE_Q5_0 || dt == RLX_DTYPE_Q5_1) {
+        uint32_t moved, qh = 0;
+        memcpy(&moved, ib + kern_qrp32_off_qh(dt) + 4 * r, 4);
+        for (int e = 0; e < RLX_QK; e++)
+            qh |= ((moved >> kern_qrp32_qh_bit(e)) & 1u) << e;
+        const uint8_t bytes[4] = {(uint8_t)qh, (uint8_t)(qh >> 8), (uint8_t)(qh >> 16), (uint8_t)(qh >> 24)};
+        memcpy(o + kern_qb_qh(dt), bytes, 4);
+    }
+    for (int c = 0; c < (dt == RLX_DTYPE_Q8_0 ? 8 : 4); c++)
+        memcpy(o + kern_qb_qs(dt) + 4 * c, ib + kern_qrp32_off_qs(dt) + 4 * (KERN_QRP_ROWS * c + r), 4);
+    return 1;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Portable C: each row of an interleaved block decoded to its integers, summed exactly
 

@@ -99,6 +99,28 @@ int kern_qrpk_pack(int dt, const void *w, int64_t K, int64_t g0, int64_t g1, voi
     return 1;
 }
 
+int kern_qrpk_unpack(int dt, const void *wp, int64_t K, int64_t n, int64_t b, void *blk) {
+    const int t = krk_index(dt);
+    if (t < 0)
+        return 0;
+    const krk_type *ty = &krk_types[t];
+    const size_t bb = rlx_iface_dtype_block_bytes((uint32_t)dt);
+    const int64_t nb = K / RLX_QK_K, r = n % KERN_QRP_ROWS;
+    const uint8_t *ib =
+        (const uint8_t *)wp + ((size_t)(n / KERN_QRP_ROWS) * (size_t)nb + (size_t)b) * KERN_QRP_ROWS * bb;
+    for (int i = 0; i < ty->n_fields; i++) {
+        const krk_field f = ty->f[i];
+        const uint8_t *in = ib + KERN_QRP_ROWS * f.off;
+        if (f.unit == 2) {
+            memcpy((uint8_t *)blk + f.off, in + 2 * r, 2);
+            continue;
+        }
+        for (int k = 0; k < f.bytes / 4; k++)
+            memcpy((uint8_t *)blk + f.off + 4 * k, in + 4 * (KERN_QRP_ROWS * k + r), 4);
+    }
+    return 1;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Portable C: row r of each interleaved block, its integers summed as kern_quant.c sums them
 

@@ -17,13 +17,34 @@ typedef struct kern_rows_job {
     const float *a; /* x, gate or first addend */
     const float *b; /* up, second addend, F32 norm weight or ROPE table */
     float *y;
-    const void *table; /* EMBED: [V, cols] of dtype dt */
+    const void *table;                /* EMBED: [V, cols] of dtype dt */
+    const kern_qrp_weight *table_qrp; /* or its repacked copy */
     int dt;
     const int32_t *idx; /* EMBED ids, ROPE positions */
     const double *inv_freq;
     int64_t g; /* RMS_NORM group size; ROPE head_dim / 2 */
     float eps;
 } kern_rows_job;
+
+/* EMBED rows [r0, r1) of a repacked table: each row's blocks put back in their native bytes,
+ * one at a time, then dequantized as the native rows are (the same values). */
+static void kern_embed_qrp(const kern_qrp_weight *w, const int32_t *idx, int64_t r0, int64_t r1, float *y) {
+    const uint32_t dt = (uint32_t)w->dt;
+    const int64_t bs = rlx_iface_dtype_block(dt), nb = w->K / bs, whole = w->N / KERN_QRP_ROWS * KERN_QRP_ROWS;
+    const size_t row_bytes = rlx_iface_row_bytes(dt, w->K);
+    uint8_t blk[256]; /* a native block: at most 210 bytes (Q6_K) */
+    for (int64_t r = r0; r < r1; r++) {
+        float *out = y + r * w->K;
+        if (idx[r] >= whole) { /* the native tail rows */
+            rlx_iface_dequant_row(dt, (const char *)w->data + (size_t)idx[r] * row_bytes, out, w->K);
+            continue;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            kern_qrp_unpack(w->dt, w->data, w->K, idx[r], b, blk);
+            rlx_iface_dequant_row(dt, blk, out + b * bs, bs);
+        }
+    }
+}
 
 /* Rows [r0, r1), or elements for SWIGLU and ADD. */
 static void kern_rows_range(void *ctx, int ith, int64_t r0, int64_t r1) {
@@ -33,6 +54,10 @@ static void kern_rows_range(void *ctx, int ith, int64_t r0, int64_t r1) {
     switch (j->op) {
     case RLX_OP_EMBED: {
         const size_t row_bytes = rlx_iface_row_bytes((uint32_t)j->dt, j->cols);
+        if (j->table_qrp) {
+            kern_embed_qrp(j->table_qrp, j->idx, r0, r1, j->y);
+            break;
+        }
         for (int64_t r = r0; r < r1; r++) {
             const char *row = (const char *)j->table + (size_t)j->idx[r] * row_bytes;
             if (rlx_iface_dtype_is_quantized((uint32_t)j->dt)) /* the reference dequantizer: llama.cpp's bits */
@@ -162,6 +187,17 @@ static int kern_op_embed(kern_ctx *c, const rlx_node_view *n) {
         if (id[t] < 0 || id[t] >= V)
             return c->host->error(RLX_E_RANGE, "%s: node '%s': token id %d at %lld outside [0, %lld)", c->plugin,
                                   n->name ? n->name : "?", id[t], (long long)t, (long long)V);
+    const kern_qrp_weight *copy = rlx_iface_dtype_is_quantized(tab->dtype) ? kern_qrp_find(c, tab) : NULL;
+    if (copy) {
+        kern_rows_job j = {.op = RLX_OP_EMBED,
+                           .cols = tab->shape[1],
+                           .y = n->output->data,
+                           .table_qrp = copy,
+                           .dt = (int)tab->dtype,
+                           .idx = id};
+        kern_rows_run(c, &j, T, tab->shape[1]);
+        return RLX_OK;
+    }
     kern_embed(c, tab->data, (int)tab->dtype, tab->shape[1], id, T, n->output->data);
     return RLX_OK;
 }

@@ -80,6 +80,17 @@ def ensure_gguf(rlx, src, workdir, qtype, timeout, log):
 
 
 def file_stats(path):
+    """The figures of one GGUF file, computed in a child process: reading a file of a gigabyte
+    here would raise this process's peak RSS, which a vfork()ed child inherits at exec and
+    wait4() then reports as rlx's or llama-bench's."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--file-stats", path], capture_output=True,
+                         text=True, timeout=600)
+    if out.returncode != 0:
+        raise BenchError(f"cannot read {path}: {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout)
+
+
+def read_file_stats(path):
     g = gguf_ref.read(path)
     names = {t.name: t for t in g.tensors}
     if "token_embd.weight" not in names:
@@ -178,6 +189,10 @@ def print_table(rows, args, log):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--file-stats":
+        print(json.dumps(read_file_stats(argv[1])))
+        return 0
     ap = argparse.ArgumentParser(description="rlx against llama-bench on the same quantized GGUF files.")
     ap.add_argument("--build", required=True, help="CMake build directory (Release)")
     ap.add_argument("--llama-bench", help="an already built llama-bench to run side by side")
