@@ -246,8 +246,7 @@ static bool cpu_blas_mm_tiled(const cpu_blas *s, int64_t M, int wdt) {
 
 /* The repacked copy prepared for input k of n, or NULL. */
 static const kern_qrp_weight *cpu_blas_qrp(const cpu_blas *s, const rlx_node_view *n, uint32_t k) {
-    const kern_weight *h = kern_prepared(&s->kern, n, k);
-    return h && h->kind == KERN_WEIGHT_QRP ? (const kern_qrp_weight *)h : NULL;
+    return kern_as_qrp(kern_prepared(&s->kern, n, k));
 }
 
 /* Output features [0, cnt) of y = x w^T + bias for a part of the weight: w is its first row,
@@ -410,9 +409,8 @@ static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n) {
 static int cpu_blas_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
                            float *y, bool exact) {
     (void)exact; /* every matmul here is exact */
-    const kern_qrp_weight *qrp =
-        prepared && prepared->kind == KERN_WEIGHT_QRP ? (const kern_qrp_weight *)prepared : NULL;
-    return cpu_blas_mm_run(self, x, M, w->shape[1], w->data, (int)w->dtype, w->shape[0], qrp, NULL, y);
+    return cpu_blas_mm_run(self, x, M, w->shape[1], w->data, (int)w->dtype, w->shape[0], kern_as_qrp(prepared), NULL,
+                           y);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -853,8 +853,9 @@ static int onednn_path(onednn *s, const rlx_tensor *w, int64_t M, bool exact, bo
  * copy when prepared, else kern_qmatmul): oneDNN has no primitive for their layouts. */
 static int onednn_mm(onednn *s, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
                      const float *bias, float *y, bool exact) {
-    if (prepared && prepared->kind == KERN_WEIGHT_QRP)
-        return kern_qrp_matmul(&s->kern, x, M, (const kern_qrp_weight *)prepared, bias, y);
+    const kern_qrp_weight *qrp = kern_as_qrp(prepared);
+    if (qrp)
+        return kern_qrp_matmul(&s->kern, x, M, qrp, bias, y);
     if (kern_quant_supported((int)w->dtype))
         return kern_qmatmul(&s->kern, x, M, w->shape[1], w->data, (int)w->dtype, w->shape[0], bias, y);
     if (kern_matmul_trivial(M, w->shape[1], w->shape[0], bias, y))

@@ -152,6 +152,11 @@ typedef struct kern_qrp_weight {
     int refs;        /* uses sharing it (kern_prepare_qrp) */
 } kern_qrp_weight;
 
+/* h as a repacked copy, or NULL when it is none (or NULL). */
+static inline const kern_qrp_weight *kern_as_qrp(const kern_weight *h) {
+    return h && h->kind == KERN_WEIGHT_QRP ? (const kern_qrp_weight *)h : NULL;
+}
+
 /* Lowers the resident size of a read-only mapping of a model file by the whole pages inside
  * [data, data + bytes): they hold nothing but file contents, so any later read (the EMBED rows
  * of a tied table, say) faults them back from the file. Only for such mappings. */

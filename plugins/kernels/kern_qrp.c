@@ -116,14 +116,23 @@ static kern_qrp_weight *kern_qrp_make(const kern_ctx *c, const rlx_weight_info *
     return h;
 }
 
+/* The live copy of tensor t in sh, or NULL; sh->lock held. */
+static kern_qrp_weight *kern_qrp_lookup(const kern_qrp_shared *sh, const rlx_tensor *t) {
+    for (size_t i = 0; i < sh->n; i++)
+        if (sh->w[i]->src == t->data && sh->w[i]->dt == (int)t->dtype && sh->w[i]->N == t->shape[0] &&
+            sh->w[i]->K == t->shape[1])
+            return sh->w[i];
+    return NULL;
+}
+
 int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, void **handle) {
     *handle = NULL;
     const rlx_tensor *t = w->tensor;
     kern_qrp_shared *sh = c->qrp;
     int rc = RLX_OK;
-    kern_qrp_weight *shared = (kern_qrp_weight *)kern_qrp_find(c, t);
     pthread_mutex_lock(&sh->lock);
-    if (shared) { /* uses are prepared one at a time (the core plans under its lock) */
+    kern_qrp_weight *shared = kern_qrp_lookup(sh, t);
+    if (shared) {
         shared->refs++;
         *handle = shared;
         goto out;
@@ -154,14 +163,9 @@ out:
 }
 
 const kern_qrp_weight *kern_qrp_find(const kern_ctx *c, const rlx_tensor *t) {
-    kern_qrp_shared *sh = c->qrp;
-    const kern_qrp_weight *found = NULL;
-    pthread_mutex_lock(&sh->lock);
-    for (size_t i = 0; i < sh->n && !found; i++)
-        if (sh->w[i]->src == t->data && sh->w[i]->dt == (int)t->dtype && sh->w[i]->N == t->shape[0] &&
-            sh->w[i]->K == t->shape[1])
-            found = sh->w[i];
-    pthread_mutex_unlock(&sh->lock);
+    pthread_mutex_lock(&c->qrp->lock);
+    const kern_qrp_weight *found = kern_qrp_lookup(c->qrp, t);
+    pthread_mutex_unlock(&c->qrp->lock);
     return found;
 }
 
