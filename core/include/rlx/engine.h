@@ -1,0 +1,152 @@
+/* The engine: many generation requests on one model at once (continuous batching).
+ *
+ * An engine owns a KV cache of n_slots sequences of slot_positions each, allocated once, and a
+ * worker thread. Each step it runs one forward pass over rows of several sequences: one decode
+ * row per running sequence, then chunks of the prompts of newly admitted ones up to a token
+ * budget, so running streams keep a steady pace while a long prompt is read. Requests beyond
+ * the free slots wait in a bounded queue; beyond that, rlx_engine_submit refuses them at once
+ * (RLX_E_BUSY), never growing memory. A new request reuses the longest prefix of its prompt that
+ * any slot holds (a shared system prompt is computed once, its KV rows copied).
+ *
+ * Batch invariance: a row's logits do not depend on the other rows of the step, on how a
+ * prompt was cut into chunks, or on which slot holds the sequence, wherever the backends'
+ * kernels keep their reduction order per row whatever the number of rows (the attention
+ * kernels and the quantized repacked matmuls do; BLAS sgemm does not). Each request samples
+ * with its own sampler and seed, so a request gives the same tokens alone or among others.
+ *
+ * Events are delivered on the worker thread, in order per request, through the request's
+ * callback: every generated token, then exactly one DONE. A callback must return quickly (copy
+ * what it needs and signal its own thread); returning non-zero from a TOKEN event finishes the
+ * request with RLX_FINISH_STOP (the caller matched a stop string). */
+#ifndef RLX_ENGINE_H
+#define RLX_ENGINE_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "rlx/gen.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The most alternatives a request may ask log-probabilities for (OpenAI's top_logprobs bound). */
+#define RLX_ENGINE_MAX_TOP_LOGPROBS 20
+
+/* Start from rlx_engine_options_default(); members are only appended (size says which). */
+typedef struct rlx_engine_options {
+    uint32_t size;
+    uint32_t n_slots;         /* sequences in flight; 0 = 4 */
+    uint32_t slot_positions;  /* KV positions per slot; 0 = min(max_position_embeddings, 4096) */
+    uint32_t max_queue;       /* requests waiting for a slot; 0 = 4 * n_slots */
+    uint32_t step_tokens;     /* the most rows of one forward pass; 0 = 512 (>= n_slots) */
+    uint32_t kv_dtype;        /* RLX_DTYPE_F32 (0) or RLX_DTYPE_F16 */
+    rlx_backend *const *backends; /* preference order, borrowed for the engine's lifetime */
+    size_t n_backends;
+    const rlx_place_rule *rules; /* borrowed; may be NULL */
+    size_t n_rules;
+} rlx_engine_options;
+
+static inline rlx_engine_options rlx_engine_options_default(void) {
+    rlx_engine_options o;
+    memset(&o, 0, sizeof o);
+    o.size = sizeof o;
+    return o;
+}
+
+typedef struct rlx_engine rlx_engine;
+
+/* Why a request ended. */
+typedef enum rlx_finish {
+    RLX_FINISH_NONE = 0,
+    RLX_FINISH_EOS = 1,       /* a stop id was generated (it was reported as a token) */
+    RLX_FINISH_LENGTH = 2,    /* max_tokens were generated */
+    RLX_FINISH_STOP = 3,      /* the callback returned non-zero */
+    RLX_FINISH_CONTEXT = 4,   /* the slot is full: the last token was reported, not fed */
+    RLX_FINISH_CANCELLED = 5, /* rlx_engine_cancel, or the engine was drained or destroyed */
+    RLX_FINISH_ERROR = 6,     /* status and message say why */
+} rlx_finish;
+
+typedef enum rlx_engine_event_kind {
+    RLX_ENGINE_TOKEN = 1,
+    RLX_ENGINE_DONE = 2,
+} rlx_engine_event_kind;
+
+/* Timings and counts of one request, complete in its DONE event. */
+typedef struct rlx_request_usage {
+    uint32_t n_prompt;    /* prompt tokens */
+    uint32_t n_cached;    /* of them, taken from a cached prefix instead of computed */
+    uint32_t n_generated; /* tokens reported */
+    double queue_seconds;  /* from submit to admission into a slot */
+    double prompt_seconds; /* from admission to the first token */
+    double decode_seconds; /* from the first token to the last */
+} rlx_request_usage;
+
+typedef struct rlx_engine_event {
+    uint32_t kind; /* rlx_engine_event_kind */
+    uint64_t id;   /* the request's */
+    /* TOKEN */
+    int32_t token;
+    float logprob;          /* log-softmax of the raw logits at token, when logprobs were asked for */
+    uint32_t n_top;         /* alternatives below, best first */
+    const int32_t *top_ids; /* borrowed for the call */
+    const float *top_logprobs;
+    /* DONE */
+    uint32_t finish;     /* rlx_finish */
+    rlx_status status;   /* RLX_OK unless finish is RLX_FINISH_ERROR */
+    const char *message; /* the error, borrowed for the call; "" otherwise */
+    rlx_request_usage usage;
+} rlx_engine_event;
+
+typedef int (*rlx_engine_event_fn)(void *ctx, const rlx_engine_event *ev);
+
+typedef struct rlx_request {
+    uint32_t size;         /* sizeof(rlx_request) */
+    const int32_t *prompt; /* n_prompt >= 1 ids, copied by submit */
+    uint32_t n_prompt;
+    uint32_t max_tokens; /* 0 = until a stop id or the slot is full */
+    rlx_sampler_params sampler;
+    int logprobs;          /* 1: report each token's log-probability */
+    uint32_t top_logprobs; /* alternatives per token, at most RLX_ENGINE_MAX_TOP_LOGPROBS */
+    const int32_t *stop_ids; /* ids that end the request; NULL = the model's EOS ids; copied */
+    uint32_t n_stop_ids;
+    rlx_engine_event_fn on_event; /* required */
+    void *ctx;
+} rlx_request;
+
+/* Creates an engine on model m (borrowed, with the backends, for the engine's lifetime) and
+ * starts its worker. The KV cache is mapped once: untouched pages cost nothing, so
+ * n_slots * slot_positions may exceed what is ever used. */
+RLX_API rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts, rlx_engine **out);
+/* Cancels every request (each gets its DONE with RLX_FINISH_CANCELLED), stops the worker and
+ * frees everything. NULL is a no-op. */
+RLX_API void rlx_engine_destroy(rlx_engine *e);
+
+/* Queues a request and returns its id (> 0) in *id. RLX_E_BUSY when the queue is full,
+ * RLX_E_RANGE when the prompt does not fit in a slot, RLX_E_INVALID for bad parameters (the
+ * message names the field). Submit never waits. After a successful submit exactly one DONE
+ * event follows, possibly before submit returns. */
+RLX_API rlx_status rlx_engine_submit(rlx_engine *e, const rlx_request *req, uint64_t *id);
+/* Ends a request early (its slot is free for the next step): its DONE event says
+ * RLX_FINISH_CANCELLED unless it had finished already. An unknown or finished id is a no-op. */
+RLX_API void rlx_engine_cancel(rlx_engine *e, uint64_t id);
+/* Stops admitting new requests (submit says RLX_E_BUSY), waits up to timeout_ms for the
+ * running and queued ones to finish, then cancels those left. Returns the number cancelled. */
+RLX_API uint32_t rlx_engine_drain(rlx_engine *e, uint32_t timeout_ms);
+
+/* Counters since creation, for /metrics. */
+typedef struct rlx_engine_stats {
+    uint64_t requests_done, requests_cancelled, requests_failed, requests_refused;
+    uint64_t prompt_tokens, cached_tokens, generated_tokens;
+    uint64_t steps;
+    double busy_seconds; /* time spent in forward passes and sampling */
+    uint32_t running, queued;
+    uint32_t n_slots, slot_positions;
+    uint64_t kv_positions_used; /* summed over the slots now */
+} rlx_engine_stats;
+RLX_API void rlx_engine_stats_of(rlx_engine *e, rlx_engine_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
