@@ -489,6 +489,60 @@ static void test_stress_submit_and_cancel(void **state) {
         }
 }
 
+/* Over an lm (here a session; a pipeline driver or a speculator in the server) requests take
+ * turns on one slot: queued ones run in order, each equals its solo run, the prefix the lm holds
+ * from the previous request is reused, and cancel ends a running request. */
+static void test_engine_over_an_lm(void **state) {
+    (void)state;
+    rlx_session *s = new_session();
+    rlx_lm lm;
+    assert_ok(rlx_session_lm(s, &lm));
+    rlx_engine_options o = rlx_engine_options_default();
+    o.n_slots = 2;
+    rlx_engine *e;
+    assert_int_equal(rlx_engine_create_lm(&lm, NULL, 0, &o, &e), RLX_E_UNSUPPORTED);
+    o.n_slots = 0;
+    o.max_queue = 3;
+    assert_ok(rlx_engine_create_lm(&lm, NULL, 0, &o, &e));
+    enum { N = 3 };
+    int32_t prompts[N][64];
+    uint32_t lens[N];
+    received r[N + 1];
+    uint64_t id;
+    for (int i = 0; i < N; i++) {
+        lens[i] = make_prompt(i, 20, prompts[i]);
+        received_init(&r[i]);
+        rlx_request q = greedy_request(prompts[i], lens[i], 5, &r[i]);
+        assert_ok(rlx_engine_submit(e, &q, &id));
+    }
+    for (int i = 0; i < N; i++)
+        wait_done(&r[i]);
+    for (int i = 0; i < N; i++)
+        expect_solo(prompts[i], lens[i], 5, &r[i]);
+    assert_int_equal(r[0].done.usage.n_cached, 0);
+    assert_int_equal(r[1].done.usage.n_cached, 20); /* the shared 20 tokens stayed in the lm */
+    /* a long request cancelled after its first token ends with CANCELLED */
+    received_init(&r[N]);
+    r[N].stop_after = 0;
+    rlx_request q = greedy_request(prompts[0], lens[0], 60, &r[N]);
+    assert_ok(rlx_engine_submit(e, &q, &id));
+    for (int spin = 0; spin < 12000; spin++) {
+        pthread_mutex_lock(&r[N].mu);
+        uint32_t got = r[N].n + r[N].n_done;
+        pthread_mutex_unlock(&r[N].mu);
+        if (got)
+            break;
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+    rlx_engine_cancel(e, id);
+    wait_done(&r[N]);
+    assert_true(r[N].done.finish == RLX_FINISH_CANCELLED || r[N].n == 60);
+    rlx_engine_destroy(e);
+    for (int i = 0; i <= N; i++)
+        received_destroy(&r[i]);
+    rlx_session_destroy(s);
+}
+
 static int setup(void **state) {
     (void)state;
     const char *name = getenv("RLX_BACKEND") ? getenv("RLX_BACKEND") : "cpu-blas";
@@ -528,6 +582,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_bad_requests_are_refused),
         cmocka_unit_test(test_logprobs_are_the_log_softmax),
         cmocka_unit_test(test_stress_submit_and_cancel),
+        cmocka_unit_test(test_engine_over_an_lm),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "rlx/gen.h"
+#include "rlx/speculator.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -118,6 +119,13 @@ typedef struct rlx_request {
  * starts its worker. The KV cache is mapped once: untouched pages cost nothing, so
  * n_slots * slot_positions may exceed what is ever used. */
 RLX_API rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts, rlx_engine **out);
+/* An engine over an lm rather than a model: a pipeline driver, or a session with a speculator
+ * (spec, with draft_tokens per round; NULL for none). Requests take turns on the lm, one slot,
+ * reusing the prefix the lm holds from the previous request (not with a speculator, which reads
+ * every prompt whole); the queue, events, cancel and drain are as above. Both are borrowed for
+ * the engine's lifetime. More than one slot is RLX_E_UNSUPPORTED. */
+RLX_API rlx_status rlx_engine_create_lm(const rlx_lm *lm, rlx_speculator *spec, uint32_t draft_tokens,
+                                        const rlx_engine_options *opts, rlx_engine **out);
 /* Cancels every request (each gets its DONE with RLX_FINISH_CANCELLED), stops the worker and
  * frees everything. NULL is a no-op. */
 RLX_API void rlx_engine_destroy(rlx_engine *e);

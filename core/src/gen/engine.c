@@ -15,6 +15,7 @@
 #include "rlx/engine.h"
 #include "rlx/model.h"
 #include "rlx/sched.h"
+#include "rlx/speculator.h"
 
 #include "gen/gen_internal.h"
 #include "util/alloc.h"
@@ -63,8 +64,16 @@ typedef struct engine_slot {
 } engine_slot;
 
 struct rlx_engine {
-    const rlx_model *m;
+    const rlx_model *m; /* batched mode; NULL over an lm */
+    /* lm mode: requests run one after another on lm (a pipeline driver, or a session with a
+     * speculator), with the speculator when there is one */
+    rlx_lm lm;
+    int over_lm;
+    rlx_speculator *spec;
+    uint32_t draft_tokens;
     int64_t vocab;
+    const int32_t *eos_ids;
+    uint32_t n_eos;
     rlx_backend **backends;
     size_t n_backends;
     rlx_place_rule *rules;
@@ -80,7 +89,6 @@ struct rlx_engine {
     /* the step's rows */
     int32_t *ids, *pos, *seq, *out_rows;
     uint32_t *out_slot;
-    float *logprob_work; /* [vocab] */
     pthread_t worker;
     int worker_started;
     pthread_mutex_t mu;
@@ -110,14 +118,80 @@ static void req_free(engine_req *r) {
 
 static void *engine_main(void *arg);
 
+/* Starts the worker of an engine whose members are set; destroys it on failure. */
+static rlx_status engine_start(rlx_engine *e, rlx_engine **out) {
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->wake, &ca);
+    pthread_cond_init(&e->idle, &ca);
+    pthread_condattr_destroy(&ca);
+    e->stats.n_slots = e->n_slots;
+    e->stats.slot_positions = e->capacity;
+    e->next_id = 1;
+    int err = pthread_create(&e->worker, NULL, engine_main, e);
+    if (err) {
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->wake);
+        pthread_cond_destroy(&e->idle);
+        rlx_engine_destroy(e);
+        return rlx_error(RLX_E_NOMEM, "engine: cannot start its worker thread: %s", strerror(err));
+    }
+    e->worker_started = 1;
+    *out = e;
+    return RLX_OK;
+}
+
+static rlx_status read_options(const rlx_engine_options *opts, rlx_engine_options *o) {
+    *o = rlx_engine_options_default();
+    return opts ? rlx__read_sized(o, sizeof *o, opts, offsetof(rlx_engine_options, rules), "rlx_engine_options")
+                : RLX_OK;
+}
+
+rlx_status rlx_engine_create_lm(const rlx_lm *lm, rlx_speculator *spec, uint32_t draft_tokens,
+                                const rlx_engine_options *opts, rlx_engine **out) {
+    if (!lm || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_engine_create_lm: NULL argument");
+    *out = NULL;
+    rlx_engine_options o;
+    rlx_status rc = read_options(opts, &o);
+    if (rc != RLX_OK)
+        return rc;
+    if (o.n_slots > 1)
+        return rlx_error(RLX_E_UNSUPPORTED,
+                         "%u slots over a pipeline or a speculator: requests take turns there, "
+                         "so an engine over an lm has one slot",
+                         o.n_slots);
+    if (spec && (draft_tokens == 0 || draft_tokens > RLX_SPEC_MAX_DRAFT))
+        return rlx_error(RLX_E_INVALID, "%u draft tokens: want 1 to %d", draft_tokens, RLX_SPEC_MAX_DRAFT);
+    rlx_engine *e = rlx__calloc(1, sizeof *e);
+    if (e)
+        e->n_slots = 1;
+    if (!e || !(e->slots = rlx__calloc(1, sizeof *e->slots)) ||
+        !(e->slots[0].tokens = rlx__malloc(lm->capacity(lm->self) * sizeof *e->slots[0].tokens))) {
+        rlx_engine_destroy(e);
+        return rlx_error(RLX_E_NOMEM, "engine: out of memory");
+    }
+    e->lm = *lm;
+    e->over_lm = 1;
+    e->spec = spec;
+    e->draft_tokens = draft_tokens;
+    e->vocab = lm->vocab;
+    e->eos_ids = lm->eos_ids;
+    e->n_eos = lm->n_eos;
+    e->capacity = lm->capacity(lm->self);
+    e->max_queue = o.max_queue ? o.max_queue : 4;
+    return engine_start(e, out);
+}
+
 rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts, rlx_engine **out) {
     if (!m || !out)
         return rlx_error(RLX_E_INVALID, "rlx_engine_create: NULL argument");
     *out = NULL;
-    rlx_engine_options o = rlx_engine_options_default();
-    rlx_status rc;
-    if (opts &&
-        (rc = rlx__read_sized(&o, sizeof o, opts, offsetof(rlx_engine_options, rules), "rlx_engine_options")) != RLX_OK)
+    rlx_engine_options o;
+    rlx_status rc = read_options(opts, &o);
+    if (rc != RLX_OK)
         return rc;
     const rlx_model_config *c = rlx_model_config_of(m);
     const rlx_block_spec spec = {.size = sizeof spec,
@@ -149,6 +223,8 @@ rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts,
         return rlx_error(RLX_E_NOMEM, "engine: out of memory");
     e->m = m;
     e->vocab = c->vocab_size;
+    e->eos_ids = c->eos_ids;
+    e->n_eos = c->n_eos;
     e->n_slots = o.n_slots;
     e->capacity = o.slot_positions;
     e->max_queue = o.max_queue;
@@ -158,7 +234,6 @@ rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts,
     e->row_bytes = (size_t)(c->num_key_value_heads * c->head_dim) *
                    (o.kv_dtype == RLX_DTYPE_F16 ? sizeof(uint16_t) : sizeof(float));
     e->layer_bytes = (size_t)e->n_slots * e->capacity * e->row_bytes;
-    e->next_id = 1;
     e->n_backends = o.n_backends;
     e->backends = rlx__calloc(o.n_backends + 1, sizeof *e->backends);
     e->n_rules = o.n_rules;
@@ -171,9 +246,8 @@ rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts,
     e->seq = rlx__malloc(e->step_tokens * sizeof *e->seq);
     e->out_rows = rlx__malloc(e->n_slots * sizeof *e->out_rows);
     e->out_slot = rlx__malloc(e->n_slots * sizeof *e->out_slot);
-    e->logprob_work = rlx__malloc((size_t)e->vocab * sizeof *e->logprob_work);
     if (!e->backends || !e->rules || !e->k_cache || !e->v_cache || !e->slots || !e->ids || !e->pos || !e->seq ||
-        !e->out_rows || !e->out_slot || !e->logprob_work)
+        !e->out_rows || !e->out_slot)
         goto nomem;
     for (size_t i = 0; i < o.n_backends; i++)
         e->backends[i] = o.backends[i];
@@ -185,25 +259,8 @@ rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts,
     for (uint32_t s = 0; s < e->n_slots; s++)
         if (!(e->slots[s].tokens = rlx__malloc(e->capacity * sizeof *e->slots[s].tokens)))
             goto nomem;
-    pthread_mutex_init(&e->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&e->wake, &ca);
-    pthread_cond_init(&e->idle, &ca);
-    pthread_condattr_destroy(&ca);
-    e->stats.n_slots = e->n_slots;
-    e->stats.slot_positions = e->capacity;
-    int err = pthread_create(&e->worker, NULL, engine_main, e);
-    if (err) {
-        rlx_engine_destroy(e);
-        return rlx_error(RLX_E_NOMEM, "engine: cannot start its worker thread: %s", strerror(err));
-    }
-    e->worker_started = 1;
-    *out = e;
-    return RLX_OK;
+    return engine_start(e, out);
 nomem:
-    e->worker_started = 0;
     rlx_engine_destroy(e);
     return rlx_error(RLX_E_NOMEM, "engine: out of memory for %u slots of %u positions", o.n_slots, o.slot_positions);
 }
@@ -276,7 +333,6 @@ void rlx_engine_destroy(rlx_engine *e) {
     free(e->seq);
     free(e->out_rows);
     free(e->out_slot);
-    free(e->logprob_work);
     free(e->backends);
     free(e->rules);
     free(e);
@@ -311,9 +367,8 @@ rlx_status rlx_engine_submit(rlx_engine *e, const rlx_request *req, uint64_t *id
     if (!q)
         return rlx_error(RLX_E_NOMEM, "request: out of memory");
     q->r = r;
-    const rlx_model_config *c = rlx_model_config_of(e->m);
-    const int32_t *stops = r.stop_ids ? r.stop_ids : c->eos_ids;
-    q->r.n_stop_ids = r.stop_ids ? r.n_stop_ids : c->n_eos;
+    const int32_t *stops = r.stop_ids ? r.stop_ids : e->eos_ids;
+    q->r.n_stop_ids = r.stop_ids ? r.n_stop_ids : e->n_eos;
     q->prompt = rlx__malloc(r.n_prompt * sizeof *q->prompt);
     q->stop_ids = rlx__malloc((q->r.n_stop_ids + 1) * sizeof *q->stop_ids);
     if (!q->prompt || !q->stop_ids) {
@@ -325,8 +380,7 @@ rlx_status rlx_engine_submit(rlx_engine *e, const rlx_request *req, uint64_t *id
         memcpy(q->stop_ids, stops, q->r.n_stop_ids * sizeof *q->stop_ids);
     q->r.prompt = q->prompt;
     q->r.stop_ids = q->stop_ids;
-    if ((rc = rlx_sampler_create(&r.sampler, e->vocab, &q->sampler)) != RLX_OK ||
-        (rc = rlx__sampler_accept_all(q->sampler, q->prompt, r.n_prompt)) != RLX_OK) {
+    if ((rc = rlx_sampler_create(&r.sampler, e->vocab, &q->sampler)) != RLX_OK) {
         req_free(q);
         return rc;
     }
@@ -452,6 +506,8 @@ static void admit(rlx_engine *e, engine_req *r) {
     sl->req = r;
     sl->n_valid = reuse;
     sl->state = SLOT_PROMPT;
+    /* the penalties see the whole prompt; the ids were checked by submit, so this cannot fail */
+    rlx__sampler_accept_all(r->sampler, r->prompt, r->r.n_prompt);
     r->n_cached = reuse;
     r->t_admit = rlx__now_seconds();
     e->stats.cached_tokens += reuse;
@@ -676,6 +732,115 @@ static int step(rlx_engine *e) {
     return 1;
 }
 
+/* The oldest queued request, now running; called with mu held. */
+static engine_req *pop_queued(rlx_engine *e) {
+    engine_req *r = e->queue_head;
+    e->queue_head = r->next;
+    if (!e->queue_head)
+        e->queue_tail = NULL;
+    r->next = NULL;
+    e->n_queued--;
+    e->n_running++;
+    e->stats.queued = e->n_queued;
+    return r;
+}
+
+// ---- lm mode ----
+
+typedef struct lm_run {
+    rlx_engine *e;
+    engine_req *r;
+    int32_t *held; /* the slot's tokens: what the lm holds, for the next request's prefix */
+    uint32_t n_held;
+} lm_run;
+
+static int lm_token(void *ctx, int32_t token, const float *logits) {
+    lm_run *run = ctx;
+    rlx_engine *e = run->e;
+    engine_req *r = run->r;
+    const double now = rlx__now_seconds();
+    if (r->t_first == 0)
+        r->t_first = now;
+    r->t_last = now;
+    r->n_generated++;
+    int32_t top_ids[RLX_ENGINE_MAX_TOP_LOGPROBS];
+    float top_lp[RLX_ENGINE_MAX_TOP_LOGPROBS];
+    rlx_engine_event ev = {.kind = RLX_ENGINE_TOKEN, .id = r->id, .token = token};
+    if (r->r.logprobs || r->r.top_logprobs) {
+        ev.logprob = log_probs(e, logits, token, r->r.top_logprobs, top_ids, top_lp);
+        ev.n_top = r->r.top_logprobs;
+        ev.top_ids = top_ids;
+        ev.top_logprobs = top_lp;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->stats.generated_tokens++;
+    const int cancelled = r->cancelled || e->closing;
+    pthread_mutex_unlock(&e->mu);
+    if (run->n_held < e->capacity)
+        run->held[run->n_held++] = token;
+    const int stop = r->r.on_event(r->r.ctx, &ev);
+    if (cancelled) {
+        r->cancelled = 1; /* read again by this thread alone */
+        return 1;
+    }
+    return stop;
+}
+
+/* Runs request r to its end on the lm: the prompt after the prefix the lm already holds (the
+ * whole prompt with a speculator, which must read it all), then generation with the request's
+ * stop ids as the lm's end-of-sequence ids. */
+static void run_on_lm(rlx_engine *e, engine_req *r) {
+    engine_slot *sl = &e->slots[0];
+    rlx_lm lm = e->lm;
+    lm.eos_ids = r->stop_ids;
+    lm.n_eos = r->r.n_stop_ids;
+    uint32_t keep = e->spec ? 0 : common_prefix(sl->tokens, sl->n_valid, r->prompt, r->r.n_prompt - 1);
+    if (keep > lm.length(lm.self))
+        keep = lm.length(lm.self);
+    r->t_admit = rlx__now_seconds();
+    r->n_cached = keep;
+    pthread_mutex_lock(&e->mu);
+    e->stats.cached_tokens += keep;
+    e->stats.prompt_tokens += r->r.n_prompt;
+    pthread_mutex_unlock(&e->mu);
+    rlx_status rc = lm.truncate(lm.self, keep);
+    const uint32_t room = e->capacity - keep;
+    const uint32_t max_new = r->r.max_tokens && r->r.max_tokens < room ? r->r.max_tokens : room;
+    /* the penalties see the kept prefix here, the rest as the loop feeds it */
+    if (rc == RLX_OK)
+        rc = rlx__sampler_accept_all(r->sampler, r->prompt, keep);
+    memcpy(sl->tokens + keep, r->prompt + keep, (r->r.n_prompt - keep) * sizeof *sl->tokens);
+    lm_run run = {.e = e, .r = r, .held = sl->tokens, .n_held = r->r.n_prompt};
+    sl->n_valid = 0; /* unknown while the lm runs */
+    uint32_t stop = RLX_GEN_STOP_NONE;
+    if (rc == RLX_OK && e->spec) {
+        rlx_spec_stats st;
+        rc = rlx_spec_generate_ex(&lm, e->spec, e->draft_tokens, r->sampler, r->prompt, r->r.n_prompt, max_new,
+                                  lm_token, &run, &st);
+        stop = st.gen.stop;
+    } else if (rc == RLX_OK) {
+        rlx_gen_stats st;
+        rc = rlx_generate_ex(&lm, r->sampler, r->prompt + keep, r->r.n_prompt - keep, max_new, lm_token, &run, &st);
+        stop = st.stop;
+    }
+    /* the lm holds the prompt and every generated token but the last */
+    const uint32_t held = lm.length(lm.self);
+    sl->n_valid = rc == RLX_OK && held <= run.n_held ? held : 0;
+    uint32_t finish = RLX_FINISH_ERROR;
+    if (rc == RLX_OK)
+        finish = stop == RLX_GEN_STOP_EOS        ? RLX_FINISH_EOS
+                 : stop == RLX_GEN_STOP_CONTEXT  ? RLX_FINISH_CONTEXT
+                 : stop == RLX_GEN_STOP_CALLBACK ? (r->cancelled ? RLX_FINISH_CANCELLED : RLX_FINISH_STOP)
+                 : r->r.max_tokens && r->n_generated >= r->r.max_tokens ? RLX_FINISH_LENGTH
+                                                                        : RLX_FINISH_CONTEXT;
+    pthread_mutex_lock(&e->mu);
+    sl->req = NULL;
+    e->n_running--;
+    pthread_mutex_unlock(&e->mu);
+    deliver_done(e, r, finish, rc, rc == RLX_OK ? NULL : rlx_last_error());
+    req_free(r);
+}
+
 static void *engine_main(void *arg) {
     rlx_engine *e = arg;
     for (;;) {
@@ -713,23 +878,21 @@ static void *engine_main(void *arg) {
             pthread_mutex_unlock(&e->mu);
             return NULL;
         }
-        while (e->queue_head && e->n_running < e->n_slots) {
-            engine_req *r = e->queue_head;
-            e->queue_head = r->next;
-            if (!e->queue_head)
-                e->queue_tail = NULL;
-            r->next = NULL;
-            e->n_queued--;
-            e->n_running++;
-            admit(e, r);
+        if (e->over_lm && e->queue_head) {
+            engine_req *r = pop_queued(e);
+            e->slots[0].req = r; /* where rlx_engine_cancel finds it */
+            pthread_mutex_unlock(&e->mu);
+            run_on_lm(e, r);
+            continue;
         }
-        e->stats.queued = e->n_queued;
+        while (e->queue_head && e->n_running < e->n_slots)
+            admit(e, pop_queued(e));
         uint64_t used = 0;
         for (uint32_t s = 0; s < e->n_slots; s++)
             used += e->slots[s].req ? e->slots[s].n_valid : 0;
         e->stats.kv_positions_used = used;
         pthread_mutex_unlock(&e->mu);
-        if (step(e))
+        if (!e->over_lm && step(e))
             continue;
         pthread_mutex_lock(&e->mu);
         pthread_cond_broadcast(&e->idle);
