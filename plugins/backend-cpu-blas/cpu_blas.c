@@ -47,7 +47,10 @@ typedef struct cpu_blas {
     plugin_pool *pool; /* plugins/common/pool.c */
     int64_t spin_ns;   /* the pool's, until open() starts it */
     int n_threads;
-    int gemv_max_m;         /* matmuls with at most this many rows of x use the GEMV kernels */
+    int gemv_max_m; /* matmuls with at most this many rows of x use the GEMV kernels */
+    /* batch_invariant=1: one kernel per weight type for every M (the GEMV kernels, whose rows do
+     * not depend on their neighbours), so a row's result never depends on the batch */
+    bool invariant;
     bool fuse;              /* plan spans of more than one node */
     size_t tile_bytes;      /* per-thread F32 tile of widened weight rows */
     kern_buf *tile;         /* [n_threads] */
@@ -74,7 +77,10 @@ static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64
  *   spin_us=N                how long an idle pool thread spins before sleeping (default 200)
  *   gemv_m=N                 largest token count using the GEMV kernels (default 12)
  *   fuse=0|1                 fuse neighbouring nodes into spans (default 1; 0 runs every node
- *                            by itself, to measure what fusion buys) */
+ *                            by itself, to measure what fusion buys)
+ *   batch_invariant=0|1      F32/BF16/F16 matmuls of every M on the GEMV kernels, so a row's bits
+ *                            do not depend on the other rows (default 0: sgemv for one row and
+ *                            sgemm past gemv_m, faster prefill) */
 static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_t isa_len) {
     const rlx_host *h = s->host;
     const char *cursor = extra;
@@ -93,6 +99,8 @@ static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_
             s->gemv_max_m = (int)v;
         } else if (rlx_iface_option_is(&o, "fuse") && rlx_iface_option_int(&o, 0, 1, &v)) {
             s->fuse = v != 0;
+        } else if (rlx_iface_option_is(&o, "batch_invariant") && rlx_iface_option_int(&o, 0, 1, &v)) {
+            s->invariant = v != 0;
         } else {
             return h->error(RLX_E_INVALID, "cpu-blas: unknown or out-of-range option '%.*s'", o.item_len, o.item);
         }
@@ -241,7 +249,7 @@ typedef struct cpu_blas_mm {
 /* Whether a matmul multiplies widened (or dequantized) tiles with sgemm: more than gemv_m rows on
  * BF16/F16 weights, or on quantized ones without a repacked form. */
 static bool cpu_blas_mm_tiled(const cpu_blas *s, int64_t M, int wdt) {
-    return M > s->gemv_max_m && wdt != RLX_DTYPE_F32 && !kern_qrp_supported(wdt);
+    return M > s->gemv_max_m && !s->invariant && wdt != RLX_DTYPE_F32 && !kern_qrp_supported(wdt);
 }
 
 /* The repacked copy prepared for input k of n, or NULL. */
@@ -253,11 +261,11 @@ static const kern_qrp_weight *cpu_blas_qrp(const cpu_blas *s, const rlx_node_vie
  * bias its first value (or NULL), and y[m * ldy + r] receives row m's feature r. */
 static void cpu_blas_mm_part(const cpu_blas *s, int ith, const float *x, int64_t M, int64_t K, const char *w, int wdt,
                              int64_t cnt, const float *bias, float *y, int64_t ldy) {
-    if (wdt == RLX_DTYPE_F32 && M == 1) {
+    if (wdt == RLX_DTYPE_F32 && M == 1 && !s->invariant) {
         /* OpenBLAS 0.3.21 does not route M = 1 sgemm to its much faster sgemv. */
         cpu_blas_ob->sgemv(CblasRowMajor, CblasNoTrans, (int)cnt, (int)K, 1.0f, (const float *)w, (int)K, x, 1, 0.0f, y,
                            1);
-    } else if (M <= s->gemv_max_m) {
+    } else if (M <= s->gemv_max_m || s->invariant) {
         for (int64_t m0 = 0; m0 < M; m0 += KERN_GEMV_MAX_M) {
             const int64_t mb = M - m0 < KERN_GEMV_MAX_M ? M - m0 : KERN_GEMV_MAX_M;
             s->kern.k->gemv_block[wdt][mb - 1](x + m0 * K, K, w, K, 0, cnt, y + m0 * ldy, ldy);
@@ -293,7 +301,7 @@ static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk) {
 /* Output features per pool chunk of a matmul that is not tiled. */
 static int64_t cpu_blas_mm_chunk(const cpu_blas *s, int64_t M, int64_t K, int wdt, int64_t N) {
     int64_t chunk = cpu_blas_chunk(s, N, KERN_ROW_ALIGN, 64);
-    if (M > KERN_GEMV_MAX_M && M <= s->gemv_max_m) {
+    if (M > KERN_GEMV_MAX_M && (M <= s->gemv_max_m || s->invariant)) {
         /* Later passes over a chunk should find it in L2. */
         int64_t cap = CPU_BLAS_GEMV_CHUNK_BYTES / (int64_t)rlx_iface_row_bytes((uint32_t)wdt, K);
         cap = cap < KERN_ROW_ALIGN ? KERN_ROW_ALIGN : cap / KERN_ROW_ALIGN * KERN_ROW_ALIGN;

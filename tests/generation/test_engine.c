@@ -202,15 +202,37 @@ static void test_concurrent_requests_equal_their_solo_runs(void **state) {
         lens[i] = make_prompt(i, 0, prompts[i]);
         received_init(&r[i]);
         rlx_request q = greedy_request(prompts[i], lens[i], 6 + (uint32_t)i % 5, &r[i]);
+        q.logprobs = 1;
         uint64_t id;
         assert_ok(rlx_engine_submit(e, &q, &id));
     }
     for (int i = 0; i < N; i++)
         wait_done(&r[i]);
+    int differ = 0;
     for (int i = 0; i < N; i++) {
         expect_solo(prompts[i], lens[i], 6 + (uint32_t)i % 5, &r[i]);
+        /* batch invariance, to the bit: the log-probabilities equal those of the request alone,
+         * its prompt in one pass of up to 64 rows instead of chunks of 8 beside other rows */
+        received alone;
+        received_init(&alone);
+        rlx_engine *e1 = new_engine(4, 96, 16, 64);
+        rlx_request q = greedy_request(prompts[i], lens[i], 6 + (uint32_t)i % 5, &alone);
+        q.logprobs = 1;
+        uint64_t id;
+        assert_ok(rlx_engine_submit(e1, &q, &id));
+        wait_done(&alone);
+        rlx_engine_destroy(e1);
+        for (uint32_t k = 0; k < alone.n; k++)
+            if (memcmp(&alone.logprobs[k], &r[i].logprobs[k], sizeof(float)) != 0) {
+                fprintf(stderr, "request %d token %u: log-probability %.9g alone, %.9g beside others\n", i, k,
+                        alone.logprobs[k], r[i].logprobs[k]);
+                differ++;
+            }
+        received_destroy(&alone);
         received_destroy(&r[i]);
     }
+    if (getenv("RLX_TEST_INVARIANT"))
+        assert_int_equal(differ, 0);
     rlx_engine_stats st;
     rlx_engine_stats_of(e, &st);
     assert_int_equal(st.requests_done, N);
@@ -551,8 +573,12 @@ static int setup(void **state) {
         fprintf(stderr, "setup: %s\n", rlx_last_error());
         return -1;
     }
+    /* RLX_TEST_INVARIANT: the backend in its batch-invariant mode, and the log-probabilities of a
+     * request beside others must equal those alone to the bit */
+    const rlx_backend_options bo = {.size = sizeof bo,
+                                    .extra = getenv("RLX_TEST_INVARIANT") ? "batch_invariant=1" : NULL};
     if (strcmp(name, "ref") != 0 && (rlx_registry_load(r, RLX_PLUGIN_BACKEND, name, &plugin) != RLX_OK ||
-                                     rlx_backend_create(plugin, NULL, &backend) != RLX_OK)) {
+                                     rlx_backend_create(plugin, &bo, &backend) != RLX_OK)) {
         fprintf(stderr, "setup: %s\n", rlx_last_error());
         return -1;
     }
