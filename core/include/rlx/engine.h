@@ -40,7 +40,8 @@ typedef struct rlx_engine_options {
     uint32_t n_slots;             /* sequences in flight; 0 = 4 */
     uint32_t slot_positions;      /* KV positions per slot; 0 = min(max_position_embeddings, 4096) */
     uint32_t max_queue;           /* requests waiting for a slot; 0 = 4 * n_slots */
-    uint32_t step_tokens;         /* the most rows of one forward pass; 0 = 512 (>= n_slots) */
+    uint32_t step_tokens;         /* the most rows of one forward pass; 0 = 128 (>= n_slots): a
+                                   * step of prompt rows stalls the running streams that long */
     uint32_t kv_dtype;            /* RLX_DTYPE_F32 (0) or RLX_DTYPE_F16 */
     rlx_backend *const *backends; /* preference order, borrowed for the engine's lifetime */
     size_t n_backends;

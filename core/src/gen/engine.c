@@ -207,7 +207,7 @@ rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts,
     o.n_slots = o.n_slots ? o.n_slots : 4;
     o.slot_positions = o.slot_positions ? o.slot_positions : (max_pos < 4096 ? max_pos : 4096);
     o.max_queue = o.max_queue ? o.max_queue : 4 * o.n_slots;
-    o.step_tokens = o.step_tokens ? o.step_tokens : 512;
+    o.step_tokens = o.step_tokens ? o.step_tokens : 128;
     if (o.slot_positions > max_pos)
         return rlx_error(RLX_E_RANGE, "a slot of %u positions exceeds the model's max_position_embeddings %u",
                          o.slot_positions, max_pos);
