@@ -114,8 +114,15 @@ void app_runtime_close(app_runtime *rt) {
     memset(rt, 0, sizeof *rt);
 }
 
+/* The open model whose parsed header serves the metadata: the runtime's, or over a pipeline the
+ * one the driver opened to split the layers; NULL when neither is open. */
+static const rlx_model *metadata_model(const app_runtime *rt) {
+    return rt->model ? rt->model : app_pipeline_model(rt->pipeline);
+}
+
 rlx_status app_tokenizer_open(const app_runtime *rt, rlx_tokenizer **tok) {
-    return rt->model ? rlx_tokenizer_open_model(rt->model, tok) : rlx_tokenizer_open(rt->model_dir, tok);
+    const rlx_model *m = metadata_model(rt);
+    return m ? rlx_tokenizer_open_model(m, tok) : rlx_tokenizer_open(rt->model_dir, tok);
 }
 
 const char *app_describe_context(const app_runtime *rt, uint32_t capacity, char *buf, size_t size) {
@@ -275,8 +282,8 @@ int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *ma
     *p = rlx_sampler_params_default();
     p->greedy = 1; /* what none of the sources below decides */
     rlx_generation_defaults model;
-    if ((rt->model ? rlx_generation_config_of(rt->model, &model) : rlx_generation_config_load(rt->model_dir, &model)) !=
-        RLX_OK)
+    const rlx_model *m = metadata_model(rt);
+    if ((m ? rlx_generation_config_of(m, &model) : rlx_generation_config_load(rt->model_dir, &model)) != RLX_OK)
         return app_fail_rlx("cannot read the model's sampling defaults");
     sampling_layer layer = model_layer(&model);
     apply_layer(p, &layer);

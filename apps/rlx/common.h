@@ -74,9 +74,9 @@ app_opt_group app_spec_group(app_spec_options *s);
 int app_runtime_open(app_runtime *rt, app_options *o, const app_spec_options *so);
 void app_runtime_close(app_runtime *rt);
 
-/* The model's tokenizer: from the open model when this process holds it (a GGUF model's comes
- * from the header parsed at open, not a second parse), else from the model path (a pipeline's
- * driver holds no weights). The status of rlx_tokenizer_open. */
+/* The model's tokenizer: from the open model when this process holds one, the runtime's or the
+ * one a pipeline's driver opened for its metadata (a GGUF model's comes from the header parsed
+ * at open, not a second parse), else from the model path. The status of rlx_tokenizer_open. */
 rlx_status app_tokenizer_open(const app_runtime *rt, rlx_tokenizer **tok);
 
 /* Resolves s->params from the command line over the defaults: the deployment file's

@@ -30,6 +30,7 @@ struct app_pipeline {
     pid_t pids[MAX_STAGES];
     uint32_t n_pids;
     char *model_dir;
+    rlx_model *model;                /* opened for its metadata: the driver reads none of its weights */
     char addresses[MAX_STAGES][300]; /* what launched stages reported */
 };
 
@@ -301,11 +302,11 @@ int app_pipeline_launch(app_pipeline *p, app_options *o, const app_pipeline_opti
         transport = "tcp";
     if (!(p->model_dir = strdup(model)))
         return app_fail("out of memory");
-    /* the layer ranges are checked before any stage is started */
-    rlx_model_config cfg;
-    if (rlx_model_config_load_model(p->model_dir, &cfg) != RLX_OK)
+    /* the layer ranges are checked before any stage is started; the tokenizer and the sampling
+     * defaults come from the same model later, a GGUF header parsed once for all three */
+    if (rlx_model_open(p->model_dir, &p->model) != RLX_OK)
         return app_fail_rlx("cannot open model");
-    uint32_t n_layers = (uint32_t)cfg.num_hidden_layers;
+    uint32_t n_layers = (uint32_t)rlx_model_config_of(p->model)->num_hidden_layers;
     rlx_layer_range ranges[MAX_STAGES];
     rlx_status rc =
         p->deploy ? rlx_deploy_driver_stages(p->deploy, n_layers, p->stages) : rlx_dist_split_even(n_layers, n, ranges);
@@ -384,11 +385,13 @@ void app_pipeline_close(app_pipeline *p) {
         return;
     stop_children(p);
     rlx_deploy_close(p->deploy);
+    rlx_model_close(p->model);
     free(p->model_dir);
     free(p);
 }
 
 const rlx_deploy *app_pipeline_deploy(const app_pipeline *p) { return p ? p->deploy : NULL; }
+const rlx_model *app_pipeline_model(const app_pipeline *p) { return p ? p->model : NULL; }
 
 void app_pipeline_describe(const rlx_runtime *rt) {
     const rlx_driver *d = rt ? rlx_runtime_driver(rt) : NULL;

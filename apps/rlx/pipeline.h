@@ -38,6 +38,10 @@ void app_pipeline_close(app_pipeline *p);
 /* The deployment file the pipeline runs (generation defaults, speculator), or NULL when p is
  * NULL or came from --stages. Borrowed until app_pipeline_close. */
 const rlx_deploy *app_pipeline_deploy(const app_pipeline *p);
+/* The model app_pipeline_launch opened for its metadata (configuration, tokenizer, sampling
+ * defaults; none of its weights is read), or NULL when p is NULL or not launched. Borrowed
+ * until app_pipeline_close. */
+const rlx_model *app_pipeline_model(const app_pipeline *p);
 
 /* One line per stage of the pipeline rt drives (address, layers, backend, resident memory) on
  * stderr, for --verbose. */

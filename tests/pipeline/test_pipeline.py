@@ -5,12 +5,13 @@ pipeline_probe) talking through a transport plugin, checked against the single-p
   test_pipeline.py CASE --rlx BIN --probe BIN --data DIR --plugins DIR
 
 CASE is one of parity-tcp, parity-grpc, mixed-backends, kv-cache, options-threads, protocol, faults-tcp,
-faults-grpc, netns. Exit status 0 passed, 1 failed, 77 skipped (the reason is printed).
+faults-grpc, netns, gguf-header. Exit status 0 passed, 1 failed, 77 skipped (the reason is printed).
 Every process runs with a timeout and is killed at the end, whatever happens."""
 import argparse
 import os
 import random
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -26,6 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ports import free_ports  # noqa: E402
 
 SKIP = 77
+BROWN_DRAFT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                           "share", "models", "brown", "draft")
 TOKENS = "1,5,3,7,9,11,2"
 N_NEW = 12
 
@@ -765,6 +768,43 @@ def case_netns(env):
         env.stop(s1)
 
 
+def case_gguf_header(env):
+    """A GGUF model's header is parsed once per process over a pipeline, each parse a mapping of
+    the file: a stage's at load (its model id hashes that parse); the driver's by the model the
+    command opens to split the layers, which its tokenizer and sampling defaults are read from,
+    and by rlx_driver_create, which takes a path and reads the configuration and the model id
+    from one parse. A text prompt, so the tokenizer is read; the same text as the local run."""
+    strace = shutil.which("strace")
+    if not strace:
+        raise Skip("strace is not installed")
+    gguf = os.path.join(env.tmp, "brown-draft-q8_0.gguf")
+    env.run([env.rlx, "quantize", BROWN_DRAFT, gguf, "--type", "q8_0", "-q"], timeout=120)
+    trace = os.path.join(env.tmp, "mmap.trace")
+    cmd = [env.rlx, "generate", "--model", gguf, "-p", "The old man", "-n", str(N_NEW), "--seed", "3"]
+    # LeakSanitizer cannot run under ptrace; the untraced local run below still checks for leaks
+    no_lsan = "ASAN_OPTIONS=" + ":".join(filter(None, [os.environ.get("ASAN_OPTIONS"), "detect_leaks=0"]))
+    traced, _ = env.run(["env", no_lsan, strace, "-f", "-y", "-e", "trace=mmap", "-o", trace, *cmd, "--stages", "2"],
+                        check=False)
+    if traced.returncode != 0 and "ptrace" in traced.stderr.lower():
+        raise Skip(f"strace cannot trace here: {traced.stderr.strip()}")
+    if traced.returncode != 0:
+        raise Fail(f"exit {traced.returncode}: strace ... {' '.join(cmd)} --stages 2\n{traced.stderr}")
+    local, _ = env.run(cmd)
+    if traced.stdout != local.stdout:
+        raise Fail(f"over 2 stages: {traced.stdout!r}\n  single process: {local.stdout!r}")
+    maps, driver = {}, None
+    with open(trace) as f:
+        for line in f:
+            pid = line.split(None, 1)[0]
+            driver = driver or pid
+            if " mmap(" in line and f"<{gguf}>" in line:
+                maps[pid] = maps.get(pid, 0) + 1
+    stages = sorted(n for pid, n in maps.items() if pid != driver)
+    if maps.get(driver) != 2 or stages != [1, 1]:
+        raise Fail(f"mappings of {gguf}: driver {maps.get(driver, 0)} (want 2), stages {stages} (want 1 each)")
+    log("ok: a GGUF header parsed twice in the driver, once in each stage; the same text as one process")
+
+
 CASES = {
     "parity-tcp": lambda env: case_parity(env, "tcp"),
     "parity-grpc": lambda env: case_parity(env, "grpc"),
@@ -776,6 +816,7 @@ CASES = {
     "faults-tcp": lambda env: case_faults(env, "tcp"),
     "faults-grpc": lambda env: case_faults(env, "grpc"),
     "netns": case_netns,
+    "gguf-header": case_gguf_header,
 }
 
 

@@ -1,6 +1,7 @@
 /* What the quantized-kernel test and benchmark hand the kernel library: an rlx_host (errors
  * printed to stderr, aligned allocations from libc) and a kern_par on the plugins' futex pool,
- * cut as cpu-blas cuts its jobs (about four chunks a thread, claimed dynamically). */
+ * cut as cpu-blas cuts its jobs (about four chunks a thread, claimed dynamically). All inline, so
+ * a test that needs the host alone includes it too. */
 #ifndef RLX_TESTS_QUANT_HOST_H
 #define RLX_TESTS_QUANT_HOST_H
 
@@ -12,7 +13,7 @@
 #include "pool.h"
 #include "rlx/backend_iface.h"
 
-static int quant_host_error(int status, const char *fmt, ...) {
+static inline int quant_host_error(int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
@@ -21,9 +22,9 @@ static int quant_host_error(int status, const char *fmt, ...) {
     return status;
 }
 
-static void quant_host_log(int level, const char *fmt, ...) { (void)level, (void)fmt; }
+static inline void quant_host_log(int level, const char *fmt, ...) { (void)level, (void)fmt; }
 
-static void *quant_host_alloc(size_t size, size_t align) {
+static inline void *quant_host_alloc(size_t size, size_t align) {
     return aligned_alloc(align, (size + align - 1) / align * align);
 }
 
@@ -46,13 +47,13 @@ typedef struct quant_range {
     int64_t n, chunk;
 } quant_range;
 
-static void quant_range_task(void *arg, int ith, int64_t chunk) {
+static inline void quant_range_task(void *arg, int ith, int64_t chunk) {
     const quant_range *r = arg;
     const int64_t i0 = chunk * r->chunk;
     r->fn(r->ctx, ith, i0, i0 + r->chunk < r->n ? i0 + r->chunk : r->n);
 }
 
-static void quant_parallel_for(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx) {
+static inline void quant_parallel_for(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx) {
     const quant_pool *p = self;
     int64_t c = (n + 4 * p->n_threads - 1) / (4 * p->n_threads);
     c = (c + align - 1) / align * align;
@@ -60,19 +61,19 @@ static void quant_parallel_for(void *self, int64_t n, int64_t align, int64_t wor
     plugin_pool_run(p->pool, quant_range_task, &r, (n + c - 1) / c, work >= KERN_PAR_MIN);
 }
 
-static void quant_parallel_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx) {
+static inline void quant_parallel_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx) {
     const quant_pool *p = self;
     quant_range r = {.fn = fn, .ctx = ctx, .n = n, .chunk = 1};
     plugin_pool_run(p->pool, quant_range_task, &r, n, work >= KERN_PAR_MIN);
 }
 
 /* Starts n_threads threads (counting the caller); plugin_pool_destroy(p->pool) stops them. */
-static int quant_pool_start(quant_pool *p, int n_threads) {
+static inline int quant_pool_start(quant_pool *p, int n_threads) {
     p->n_threads = n_threads;
     return plugin_pool_create(n_threads, 200000, &p->pool);
 }
 
-static kern_par quant_pool_par(quant_pool *p) {
+static inline kern_par quant_pool_par(quant_pool *p) {
     return (kern_par){.self = p,
                       .n_threads = p->n_threads,
                       .parallel_for = quant_parallel_for,

@@ -14,6 +14,15 @@
 #error "rlx puts host-order numbers on the wire, which the protocol defines as little-endian"
 #endif
 
+// ---- model id ----
+
+/* rlx_model_id of an open model, from the header it parsed for a GGUF model (whose pages it
+ * releases again after hashing them) rather than from a second parse of the file. */
+rlx_status rlx__model_id_of(const rlx_model *m, char out[RLX_MODEL_ID_SIZE]);
+/* rlx_model_config_load_model and rlx_model_id of one model path, a GGUF header parsed once for
+ * both. */
+rlx_status rlx__model_config_and_id(const char *model_path, rlx_model_config *cfg, char id[RLX_MODEL_ID_SIZE]);
+
 // ---- SHA-256 ----
 
 typedef struct rlx__sha256 {

@@ -206,7 +206,7 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
         }
     }
     if (rc == RLX_OK)
-        rc = rlx_model_config_load_model(model_dir, &d->cfg);
+        rc = rlx__model_config_and_id(model_dir, &d->cfg, d->model_id);
     if (rc == RLX_OK) {
         rlx_layer_range *ranges = rlx__malloc(d->n_stages * sizeof *ranges);
         if (!ranges) {
@@ -218,8 +218,6 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
             free(ranges);
         }
     }
-    if (rc == RLX_OK)
-        rc = rlx_model_id(model_dir, d->model_id);
     if (rc == RLX_OK)
         rc = rlx__net_open(o->transport, o->transport_options, &d->net);
     /* One deadline for connecting to all stages. A refused connection is retried until it:

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "dist/dist_internal.h"
+#include "model/model_internal.h"
 #include "model/weights_internal.h"
 #include "util/alloc.h"
 
@@ -70,12 +71,9 @@ static void hex_digest(rlx__sha256 *h, char out[RLX_MODEL_ID_SIZE]) {
         snprintf(out + 2 * i, 3, "%02x", digest[i]);
 }
 
-/* A GGUF model: every shard's size and header (metadata and tensor index, up to the data). */
-static rlx_status gguf_model_id(const char *path, char out[RLX_MODEL_ID_SIZE]) {
-    rlx_weights *w;
-    rlx_status rc = rlx_weights_open(path, &w);
-    if (rc != RLX_OK)
-        return rc;
+/* A GGUF model, from its opened files: every shard's size and header (metadata and tensor
+ * index, up to the data). */
+static void gguf_weights_id(const rlx_weights *w, char out[RLX_MODEL_ID_SIZE]) {
     rlx__sha256 h;
     rlx__sha256_init(&h);
     for (size_t i = 0; i < w->n_gguf; i++) {
@@ -84,9 +82,43 @@ static rlx_status gguf_model_id(const char *path, char out[RLX_MODEL_ID_SIZE]) {
         rlx__sha256_update(&h, &size, sizeof size);
         rlx__sha256_update(&h, g->map, g->data_offset);
     }
-    rlx_weights_close(w);
     hex_digest(&h, out);
+}
+
+static rlx_status gguf_model_id(const char *path, char out[RLX_MODEL_ID_SIZE]) {
+    rlx_weights *w;
+    rlx_status rc = rlx_weights_open(path, &w);
+    if (rc != RLX_OK)
+        return rc;
+    gguf_weights_id(w, out);
+    rlx_weights_close(w);
     return RLX_OK;
+}
+
+rlx_status rlx__model_id_of(const rlx_model *m, char out[RLX_MODEL_ID_SIZE]) {
+    const rlx_weights *w = rlx_model_weights(m);
+    if (!rlx__weights_gguf(w))
+        return rlx_model_id(rlx_model_dir(m), out);
+    gguf_weights_id(w, out);
+    /* the model released the header's pages after reading it, and hashing faulted them back */
+    rlx__weights_release_gguf_headers(w);
+    return RLX_OK;
+}
+
+rlx_status rlx__model_config_and_id(const char *model_path, rlx_model_config *cfg, char id[RLX_MODEL_ID_SIZE]) {
+    int gguf;
+    rlx_status rc = rlx__model_path_is_gguf(model_path, &gguf);
+    if (rc != RLX_OK)
+        return rc;
+    if (!gguf)
+        return (rc = rlx_model_config_load_model(model_path, cfg)) != RLX_OK ? rc : rlx_model_id(model_path, id);
+    rlx_weights *w;
+    if ((rc = rlx_weights_open(model_path, &w)) != RLX_OK)
+        return rc;
+    if ((rc = rlx__model_config_from_gguf(w, cfg)) == RLX_OK)
+        gguf_weights_id(w, id);
+    rlx_weights_close(w);
+    return rc;
 }
 
 rlx_status rlx_model_id(const char *model_dir, char out[RLX_MODEL_ID_SIZE]) {

@@ -412,7 +412,7 @@ rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *opts) {
                                .produce_logits = r.end == n_layers};
     rlx_status rc = rlx_model_check_block(m, &st.spec);
     if (rc == RLX_OK)
-        rc = rlx_model_id(rlx_model_dir(m), st.model_id);
+        rc = rlx__model_id_of(m, st.model_id);
     if (rc == RLX_OK && st.o.prefetch)
         rc = rlx_model_prefetch(m, &st.spec, NULL, NULL);
     if (rc != RLX_OK)
