@@ -2,7 +2,7 @@
 """Quantized GGUF benchmark: rlx against llama.cpp's llama-bench on the same files, in one run.
 
   quant_bench.py --build BUILD [--llama-bench PATH] [--types bf16,q8_0,q4_0,q4_k_m]
-                 [--plugins cpu-blas] [--threads 2] [-r 5] [-p 128] [-n 64] [--rounds 1]
+                 [--plugins cpu-blas] [--threads 2] [-r 5] [-p 128] [-n 64] [--rounds 1] [--cache-type f16]
                  [--model DIR] [--workdir DIR] [--tokenizer DIR] [--json FILE]
 
 The files: the Qwen3-0.6B-shaped bench model (run_bench.py generates it once, random BF16)
@@ -11,9 +11,10 @@ type by `rlx quantize` into WORKDIR (default BUILD/bench-gguf). llama.cpp reads 
 
 Each round runs the probe (read bandwidth), then for every type `rlx bench` with each plugin
 and, when --llama-bench names an already built llama-bench (this script never builds it),
-`llama-bench -m FILE -p P -n N -r R -t T -o json` right after it, and the probe again. The
-figures are medians over the repetitions and rounds; the ratios compare rlx with llama.cpp
-measured minutes apart on the same machine.
+`llama-bench -m FILE -p P -n N -r R -t T -ctk C -ctv C -o json` right after it, and the probe
+again. Both keep their KV cache in the --cache-type C (f16 by default, llama-bench's own
+default; rlx's is f32). The figures are medians over the repetitions and rounds; the ratios
+compare rlx with llama.cpp measured minutes apart on the same machine.
 
 Per type, from the GGUF header (tests/gguf/gguf_ref.py, the independent reader):
   bytes per decoded token = every tensor but the embedding table, plus the LM head (the
@@ -106,7 +107,7 @@ def read_file_stats(path):
 
 def run_llama(llama_bench, path, args, log):
     cmd = [llama_bench, "-m", path, "-p", str(args.prompt), "-n", str(args.decode), "-r", str(args.reps),
-           "-t", str(args.threads), "-o", "json"]
+           "-t", str(args.threads), "-ctk", args.cache_type, "-ctv", args.cache_type, "-o", "json"]
     stdout, wall, wait4_rss, others = run(cmd, args.timeout)
     try:
         tests = json.loads(stdout)
@@ -188,6 +189,8 @@ def main(argv=None):
     ap.add_argument("-p", "--prompt", type=int, default=128)
     ap.add_argument("-n", "--decode", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=1, help="passes over all types (medians over them)")
+    ap.add_argument("--cache-type", default="f16", choices=("f16", "f32"),
+                    help="KV cache type of both programs (default f16, llama-bench's own default)")
     ap.add_argument("--model", help="the BF16 safetensors source (default: generate BUILD/bench-model)")
     ap.add_argument("--workdir", help="where the GGUF files are kept (default BUILD/bench-gguf)")
     ap.add_argument("--tokenizer", help="directory with Qwen3's tokenizer.json (default: the npm copy)")
@@ -230,7 +233,8 @@ def main(argv=None):
             for qtype in types:
                 log(f"round {rnd + 1}, {qtype} ({files[qtype]['file_bytes'] / 1048576:.0f} MiB)")
                 for plugin in plugins:
-                    res, cmd = run_rlx(rlx, paths[qtype], args, log, plugin=plugin)
+                    res, cmd = run_rlx(rlx, paths[qtype], args, log, plugin=plugin,
+                                       extra=["-ctk", args.cache_type, "-ctv", args.cache_type])
                     rlx_runs.setdefault((qtype, plugin), []).append(dict(res, command=cmd))
                 if args.llama_bench:
                     llama_runs.setdefault(qtype, []).append(run_llama(args.llama_bench, paths[qtype], args, log))

@@ -280,11 +280,13 @@ def run_probe(probe, threads, timeout, log):
     return res
 
 
-def run_rlx(rlx, model, args, log, plugin=None):
-    """One `rlx bench` of model with the settings in args, on plugin (default args.plugin).
-    Returns (its JSON result with this run's wall time and wait4 peak RSS added, the command)."""
+def run_rlx(rlx, model, args, log, plugin=None, extra=()):
+    """One `rlx bench` of model with the settings in args, on plugin (default args.plugin), with
+    extra flags. Returns (its JSON result with this run's wall time and wait4 peak RSS added, the
+    command)."""
     cmd = [rlx, "bench", "--model", model, "-p", str(args.prompt), "-n", str(args.decode),
-           "-r", str(args.reps), "--threads", str(args.threads), "--plugin", plugin or args.plugin, "--json"]
+           "-r", str(args.reps), "--threads", str(args.threads), "--plugin", plugin or args.plugin, "--json",
+           *extra]
     stdout, wall, wait4_rss, others = run(cmd, args.timeout)
     res = last_json_object(stdout, "rlx bench")
     for key in ("pp_tps", "tg_tps", "peak_rss_mb"):
