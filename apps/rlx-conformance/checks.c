@@ -195,6 +195,32 @@ static const struct {
     {512, 16, 2, 64, 1024, 300, 256}, /* long prefill after a prefix, GQA 8, window */
 };
 
+/* ABI 1.4: caches of several slots (3-D, with seq), F32 or F16. A case's rows are a prompt
+ * chunk of t rows of slot 0 from position `first`, with one decode row of every other slot s
+ * (at att_decode_pos) inserted among them; each case runs with F32 and with F16 caches. */
+static const struct {
+    int64_t t, hq, hkv, d, slots, cap;
+    int32_t first;
+    uint32_t window;
+} att_slot_cases[] = {
+    {5, 8, 4, 16, 2, 32, 0, 0},        /* a short prompt and one decode row */
+    {1, 16, 8, 128, 4, 64, 40, 0},     /* decode rows of four slots, Qwen3's heads */
+    {12, 6, 3, 8, 3, 40, 20, 5},       /* a window inside the chunk */
+    {40, 8, 2, 64, 3, 700, 240, 0},    /* a chunk across position 256, decode rows far out */
+    {33, 16, 8, 128, 2, 1200, 500, 0}, /* Qwen3's heads, across 512 */
+    {20, 8, 1, 32, 5, 600, 250, 100},  /* GQA 8, window, across 256 */
+};
+
+/* The decode row of slot s >= 1 of slot case i: somewhere in the slot's cache. */
+static int32_t att_decode_pos(int i, int64_t s) {
+    return (int32_t)((att_slot_cases[i].first / 2 + 97 * s) % att_slot_cases[i].cap);
+}
+
+/* Slot cases come in pairs (F32, F16 caches); after all of them, the same cases again as
+ * invariance checks (kit_ref_invariance), which run only on F16 caches of the longer cases. */
+#define N_ATT_SLOT (COUNT(att_slot_cases) * 2)
+static const int att_invariance_cases[] = {3, 4, 5};
+
 static const struct { int64_t t, c; } ew_cases[] = {{1, 3072}, {5, 17}, {64, 1024}, {512, 96}, {1, 1}, {3, 1}};
 
 /* CONCAT widths: equal halves as the MTP head uses, uneven and one-column sides */
@@ -222,7 +248,7 @@ static int n_cases(uint32_t op) {
     case RLX_OP_ROPE:
         return COUNT(rope_cases);
     case RLX_OP_ATTENTION:
-        return COUNT(att_cases);
+        return COUNT(att_cases) + N_ATT_SLOT + COUNT(att_invariance_cases);
     case RLX_OP_SWIGLU:
     case RLX_OP_ADD:
     case RLX_OP_GATHER_LAST:
@@ -278,6 +304,18 @@ static void case_name(uint32_t op, int i, char *name, size_t len) {
                  (double)rope_cases[i].theta);
         break;
     case RLX_OP_ATTENTION:
+        if (i >= COUNT(att_cases)) {
+            const int inv = i - COUNT(att_cases) - N_ATT_SLOT,
+                      k = inv >= 0 ? att_invariance_cases[inv] : (i - COUNT(att_cases)) / 2;
+            snprintf(name, len,
+                     "attention %sslots=%lld T=%lld Hq=%lld Hkv=%lld D=%lld cache=%lld pos0=%d window=%u kv=%s",
+                     inv >= 0 ? "invariance " : "", (long long)att_slot_cases[k].slots,
+                     (long long)(att_slot_cases[k].t + att_slot_cases[k].slots - 1), (long long)att_slot_cases[k].hq,
+                     (long long)att_slot_cases[k].hkv, (long long)att_slot_cases[k].d, (long long)att_slot_cases[k].cap,
+                     att_slot_cases[k].first, att_slot_cases[k].window,
+                     inv >= 0 || (i - COUNT(att_cases)) % 2 ? "f16" : "f32");
+            break;
+        }
         snprintf(name, len, "attention T=%lld Hq=%lld Hkv=%lld D=%lld cache=%lld pos0=%d window=%u",
                  (long long)att_cases[i].t, (long long)att_cases[i].hq, (long long)att_cases[i].hkv,
                  (long long)att_cases[i].d, (long long)att_cases[i].cap, att_cases[i].first, att_cases[i].window);
@@ -355,6 +393,60 @@ static void moe_condition(rng *r, kit_node *n) {
     free(logits);
 }
 
+/* ATTENTION's inputs 0..5, output and params for t rows over caches shaped as `cache`. */
+static void att_shapes(kit_node *n, int64_t t, int64_t hq, int64_t hkv, int64_t d, uint32_t window, rlx_tensor cache) {
+    n->in[0] = shape2(RLX_DTYPE_F32, t, hq * d);
+    n->in[1] = shape2(RLX_DTYPE_F32, t, hkv * d);
+    n->in[2] = shape2(RLX_DTYPE_F32, t, hkv * d);
+    n->in[3] = shape1(RLX_DTYPE_I32, t);
+    n->in[4] = n->in[5] = cache;
+    n->out = shape2(RLX_DTYPE_F32, t, hq * d);
+    n->p.head_dim = (uint32_t)d;
+    n->p.n_heads = (uint32_t)hq;
+    n->p.n_kv_heads = (uint32_t)hkv;
+    n->p.window = window;
+    n->p.scale = 1.0f / sqrtf((float)d);
+}
+
+/* The shapes of slot case i (index past att_cases). */
+static int att_slot_node(int i, kit_node *n) {
+    const int inv = i - COUNT(att_cases) - N_ATT_SLOT;
+    const int k = inv >= 0 ? att_invariance_cases[inv] : (i - COUNT(att_cases)) / 2;
+    const uint32_t dt = inv >= 0 || (i - COUNT(att_cases)) % 2 ? RLX_DTYPE_F16 : RLX_DTYPE_F32;
+    const int64_t t = att_slot_cases[k].t + att_slot_cases[k].slots - 1, d = att_slot_cases[k].d;
+    const int64_t kv = att_slot_cases[k].hkv * d;
+    if (node_alloc(n, RLX_OP_ATTENTION, 7))
+        return -1;
+    att_shapes(
+        n, t, att_slot_cases[k].hq, att_slot_cases[k].hkv, d, att_slot_cases[k].window,
+        (rlx_tensor){.dtype = dt, .n_dims = 3, .shape = {att_slot_cases[k].slots, att_slot_cases[k].cap, kv, 1}});
+    n->in[6] = shape1(RLX_DTYPE_I32, t);
+    n->max_pos = (double)(att_slot_cases[k].cap - 1);
+    return 0;
+}
+
+/* Row positions and slots of slot case i: slot 0's prompt with slot s's decode row inserted
+ * before prompt row s * t / slots. */
+static void att_slot_rows(int i, int32_t *pos, int32_t *seq) {
+    const int inv = i - COUNT(att_cases) - N_ATT_SLOT;
+    const int k = inv >= 0 ? att_invariance_cases[inv] : (i - COUNT(att_cases)) / 2;
+    const int64_t t = att_slot_cases[k].t, slots = att_slot_cases[k].slots;
+    int64_t row = 0;
+    for (int64_t p = 0; p < t; p++) {
+        for (int64_t s = 1; s < slots; s++)
+            if (p == s * t / slots) {
+                pos[row] = att_decode_pos(k, s);
+                seq[row++] = (int32_t)s;
+            }
+        pos[row] = att_slot_cases[k].first + (int32_t)p;
+        seq[row++] = 0;
+    }
+}
+
+int kit_ref_invariance(const kit_check *c) {
+    return c->op == RLX_OP_ATTENTION && c->spec >= COUNT(att_cases) + N_ATT_SLOT;
+}
+
 int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
     int i = c->spec;
     rng r = {seed_of(c->name)};
@@ -415,21 +507,16 @@ int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
         break;
     }
     case RLX_OP_ATTENTION: {
-        int64_t t = att_cases[i].t, d = att_cases[i].d, q = att_cases[i].hq * d, kv = att_cases[i].hkv * d;
+        if (i >= COUNT(att_cases)) {
+            if (att_slot_node(i, n))
+                return -1;
+            break;
+        }
+        const int64_t t = att_cases[i].t, d = att_cases[i].d;
         if (node_alloc(n, c->op, 6))
             return -1;
-        n->in[0] = shape2(RLX_DTYPE_F32, t, q);
-        n->in[1] = shape2(RLX_DTYPE_F32, t, kv);
-        n->in[2] = shape2(RLX_DTYPE_F32, t, kv);
-        n->in[3] = shape1(RLX_DTYPE_I32, t);
-        n->in[4] = shape2(RLX_DTYPE_F32, att_cases[i].cap, kv);
-        n->in[5] = shape2(RLX_DTYPE_F32, att_cases[i].cap, kv);
-        n->out = shape2(RLX_DTYPE_F32, t, q);
-        n->p.head_dim = (uint32_t)d;
-        n->p.n_heads = (uint32_t)att_cases[i].hq;
-        n->p.n_kv_heads = (uint32_t)att_cases[i].hkv;
-        n->p.window = att_cases[i].window;
-        n->p.scale = 1.0f / sqrtf((float)d);
+        att_shapes(n, t, att_cases[i].hq, att_cases[i].hkv, d, att_cases[i].window,
+                   shape2(RLX_DTYPE_F32, att_cases[i].cap, att_cases[i].hkv * d));
         n->max_pos = (double)(att_cases[i].first + t - 1);
         break;
     }
@@ -516,8 +603,11 @@ int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
         fill(&r, &n->in[0], 2);
         fill(&r, &n->in[1], 2);
         fill(&r, &n->in[2], 1);
-        for (int64_t k = 0; k < n->in[3].shape[0]; k++)
-            ((int32_t *)n->in[3].data)[k] = att_cases[i].first + (int32_t)k;
+        if (i >= COUNT(att_cases))
+            att_slot_rows(i, n->in[3].data, n->in[6].data);
+        else
+            for (int64_t k = 0; k < n->in[3].shape[0]; k++)
+                ((int32_t *)n->in[3].data)[k] = att_cases[i].first + (int32_t)k;
         fill(&r, &n->in[4], 2); /* earlier positions */
         fill(&r, &n->in[5], 1);
         break;

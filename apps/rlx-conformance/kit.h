@@ -101,6 +101,9 @@ double kit_default_tol(int slot);
 int kit_enumerate(const kit_options *o, kit_check **list, size_t *n);
 /* Fills node with the random inputs of a KIT_SRC_REF check; shapes only when with_data is 0. */
 int kit_ref_node(const kit_check *c, kit_node *node, int with_data);
+/* Whether a KIT_SRC_REF check is an ATTENTION invariance check: its node computed as one batch,
+ * row by row, on one thread, and with slot 0's rows in other calls must give the same bits. */
+int kit_ref_invariance(const kit_check *c);
 /* Tolerance for the node's op in effect (default or --tolerance / --precision). */
 double kit_node_tol(const kit_options *o, const kit_node *node);
 

@@ -549,6 +549,127 @@ done:
     free(cache[1]);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Batch invariance (ATTENTION with slots, ABI 1.4): a row's bits must not depend on the batch
+
+/* Runs rows[0..m) of slot-form ATTENTION node n, gathered into a call of their own, on b over
+ * caches kc and vc, into out [m, Hq*D]. */
+static int run_rows(rlx_backend *b, const kit_node *n, const int64_t *rows, int64_t m, void *kc, void *vc, float *out,
+                    const char *name) {
+    rlx_tensor in[7];
+    memcpy(in, n->in, sizeof in);
+    void *buf[7] = {NULL};
+    int rc = RLX_E_NOMEM;
+    for (uint32_t i = 0; i < 7; i++) {
+        if (i == 4 || i == 5)
+            continue;
+        const size_t row_bytes = bytes_of(&n->in[i]) / (size_t)n->in[i].shape[0];
+        if (!(buf[i] = kit_alloc((size_t)m * row_bytes)))
+            goto done;
+        for (int64_t k = 0; k < m; k++)
+            memcpy((char *)buf[i] + k * row_bytes, (const char *)n->in[i].data + rows[k] * row_bytes, row_bytes);
+        in[i].shape[0] = m;
+        in[i].data = buf[i];
+    }
+    in[4].data = kc;
+    in[5].data = vc;
+    rlx_tensor o = n->out;
+    o.shape[0] = m;
+    o.data = out;
+    const rlx_node_view v = {
+        .op = n->op, .n_inputs = 7, .inputs = in, .output = &o, .params = &n->p, .name = name, .output_id = -1};
+    rc = rlx_backend_compute(b, &v);
+done:
+    for (uint32_t i = 0; i < 7; i++)
+        free(buf[i]);
+    return rc;
+}
+
+/* Node n (slot form, inputs filled) as one batch on the tested backend, then on an instance
+ * with another thread count, then each row in a call of its own (in order, so every row sees
+ * the cache rows written before it), then slot 0's rows in calls of 5 without the other
+ * slots' rows: every row's output must be the same bits every time. */
+static void judge_invariance(kit_runner *r, const kit_check *c, kit_node *n, kit_result *res) {
+    const char *bname = rlx_backend_name(r->tested);
+    const int64_t T = n->in[0].shape[0], cols = n->out.shape[1];
+    const size_t cache_bytes = bytes_of(&n->in[4]), row_bytes = (size_t)cols * sizeof(float);
+    const int32_t *pos = n->in[3].data, *seq = n->in[6].data;
+    float *batch = kit_alloc((size_t)T * row_bytes), *got = kit_alloc((size_t)T * row_bytes);
+    void *kc = kit_alloc(cache_bytes), *vc = kit_alloc(cache_bytes);
+    int64_t *rows = calloc((size_t)T, sizeof *rows);
+    rlx_backend *other = NULL;
+    if (!batch || !got || !kc || !vc || !rows) {
+        result(res, KIT_FAIL, "kit: out of memory");
+        goto done;
+    }
+    for (int64_t t = 0; t < T; t++)
+        rows[t] = t;
+    const char *what[4] = {NULL, "on another thread count", "in a call of its own", "in calls of 5 rows of its slot"};
+    for (int pass = 0; pass < 4; pass++) {
+        memcpy(kc, n->in[4].data, cache_bytes);
+        memcpy(vc, n->in[5].data, cache_bytes);
+        rlx_backend *b = r->tested;
+        if (pass == 1) {
+            rlx_backend_options bo = rlx_backend_options_default();
+            bo.n_threads = r->o->threads == 1 ? 2 : 1;
+            bo.extra = r->o->backend_opts;
+            phase(r, "open() with another thread count");
+            if ((r->o->builtin_ref ? rlx_backend_create_ref_opts(&bo, &other)
+                                   : rlx_backend_create(r->plugin, &bo, &other)) != RLX_OK) {
+                result(res, KIT_FAIL, "backend '%s' failed to open with %u threads: %s", bname, bo.n_threads,
+                       rlx_last_error());
+                goto done;
+            }
+            b = other;
+        }
+        phase(r, pass == 0 ? "compute()" : what[pass]);
+        int rc = RLX_OK;
+        int64_t done_rows = 0;
+        if (pass < 2) {
+            rc = run_rows(b, n, rows, T, kc, vc, pass ? got : batch, c->name);
+            done_rows = T;
+        } else {
+            /* rows[0..m) of this pass, in the batch's order */
+            int64_t m = 0;
+            for (int64_t t = 0; t < T; t++)
+                if (pass == 2 || seq[t] == 0)
+                    rows[m++] = t;
+            const int64_t step = pass == 2 ? 1 : 5;
+            for (int64_t k = 0; k < m && rc == RLX_OK; k += step) {
+                const int64_t cnt = m - k < step ? m - k : step;
+                rc = run_rows(b, n, rows + k, cnt, kc, vc, got + k * cols, c->name);
+            }
+            done_rows = m;
+        }
+        if (rc != RLX_OK) {
+            result(res, KIT_FAIL, "claimed the node, then failed it %s: %s", pass ? what[pass] : "", rlx_last_error());
+            goto done;
+        }
+        for (int64_t k = 0; pass > 0 && k < done_rows; k++) {
+            const int64_t t = pass < 2 ? k : rows[k];
+            if (memcmp(got + k * cols, batch + t * cols, row_bytes) != 0) {
+                result(res, KIT_FAIL,
+                       "backend '%s', node '%s': row %lld (slot %d, position %d) %s differs from the same row in the "
+                       "whole batch (a row's bits must not depend on the batch)",
+                       bname, c->name, (long long)t, seq[t], pos[t], what[pass]);
+                goto done;
+            }
+        }
+        for (int64_t t = 0; t < T; t++)
+            rows[t] = t;
+    }
+    res->err = 0;
+    res->limit = 0;
+    result(res, KIT_PASS, "%s", "bit for bit: alone, in slot chunks, and on another thread count");
+done:
+    rlx_backend_destroy(other);
+    free(batch);
+    free(got);
+    free(kc);
+    free(vc);
+    free(rows);
+}
+
 static void run_op(kit_runner *r, const kit_check *c, kit_result *res) {
     kit_node n;
     char why[512];
@@ -582,7 +703,10 @@ static void run_op(kit_runner *r, const kit_check *c, kit_result *res) {
             return;
         }
     }
-    judge(r, c, &n, prec, res);
+    if (kit_ref_invariance(c))
+        judge_invariance(r, c, &n, res);
+    else
+        judge(r, c, &n, prec, res);
     phase(r, "close() and open(), to release the weights it has seen");
     keep_weights(r, &n);
     kit_node_free(&n);

@@ -16,10 +16,10 @@
  *     takes kern_qmatmul, the same bits. Types without one use kern_qmatmul up to gemv_m
  *     tokens, and above that tiles of rows dequantized and multiplied by cblas_sgemm as BF16
  *     tiles are.
- * Decode attention splits the cache rows across threads (the library's split keys), prefill
- * attention runs sgemm per (KV head, block of queries). The library's kernels (AVX-512,
- * AVX2+FMA+F16C or portable C, chosen at open() from the CPU, option isa=...) do the rest:
- * norms, RoPE, SwiGLU, MoE routing, conversions. */
+ * Attention is the library's, batch-invariant (kern_att_run): a query's bits do not depend on
+ * the rest of the batch or on the thread count. The library's kernels (AVX-512, AVX2+FMA+F16C
+ * or portable C, chosen at open() from the CPU, option isa=...) do the rest: norms, RoPE,
+ * SwiGLU, MoE routing, conversions. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -35,8 +35,6 @@
 
 /* Weight bytes per pool chunk when the GEMV kernels make several passes over it (L2-sized). */
 #define CPU_BLAS_GEMV_CHUNK_BYTES (256 * 1024)
-/* Queries per prefill attention chunk; a chunk covers one KV head and all its query heads. */
-#define CPU_BLAS_ATT_TQ 32
 
 // ---------------------------------------------------------------------------------------------
 // Instance
@@ -350,68 +348,6 @@ static int cpu_blas_matmul(cpu_blas *s, const rlx_node_view *n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// ATTENTION: decode is the library's split keys; prefill is one pool chunk per (KV head, block
-// of CPU_BLAS_ATT_TQ queries), late (longer) blocks first, its scores from sgemm over the cache
-// slice the block can see.
-
-typedef struct cpu_blas_att {
-    const cpu_blas *s;
-    const kern_att *a;
-    int64_t n_blocks;
-} cpu_blas_att;
-
-/* sc holds the scores of the block, tq queries of one head, plus their 1 / sums. */
-static void cpu_blas_att_block(const cpu_blas_att *b, float *sc, int64_t kvh, int64_t blk) {
-    const kern_att *a = b->a;
-    const kern_simd *k = b->s->kern.k;
-    const int64_t D = a->D, t0 = blk * CPU_BLAS_ATT_TQ;
-    const int64_t nq = a->T - t0 < CPU_BLAS_ATT_TQ ? a->T - t0 : CPU_BLAS_ATT_TQ;
-    const int64_t ldq = a->Hq * D, ldk = a->Hkv * D, group = a->Hq / a->Hkv;
-    int64_t lo = INT64_MAX, hi = 0;
-    for (int64_t t = t0; t < t0 + nq; t++) {
-        const int64_t l = kern_att_lo(a, t);
-        lo = l < lo ? l : lo;
-        hi = a->pos[t] + 1 > hi ? a->pos[t] + 1 : hi;
-    }
-    const int64_t nk = hi - lo;
-    const float *kb = a->kc + lo * ldk + kvh * D, *vb = a->vc + lo * ldk + kvh * D;
-    float *inv = sc + nq * nk; /* [nq] 1 / softmax sums */
-    for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
-        const float *qh = a->q + t0 * ldq + h * D;
-        float *oh = a->out + t0 * ldq + h * D;
-        cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nq, (int)nk, (int)D, a->scale, qh, (int)ldq,
-                           kb, (int)ldk, 0.0f, sc, (int)nk);
-        for (int64_t r = 0; r < nq; r++)
-            inv[r] = 1.0f / k->softmax(sc + r * nk, nk, kern_att_lo(a, t0 + r) - lo, a->pos[t0 + r] + 1 - lo, NULL);
-        cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nq, (int)D, (int)nk, 1.0f, sc, (int)nk, vb,
-                           (int)ldk, 0.0f, oh, (int)ldq);
-        for (int64_t r = 0; r < nq; r++)
-            k->scal(inv[r], oh + r * ldq, D);
-    }
-}
-
-static void cpu_blas_att_task(void *arg, int ith, int64_t chunk) {
-    const cpu_blas_att *b = arg;
-    cpu_blas_att_block(b, b->s->kern.att[ith].p, chunk % b->a->Hkv, b->n_blocks - 1 - chunk / b->a->Hkv);
-}
-
-static int cpu_blas_attention(cpu_blas *s, const rlx_node_view *n) {
-    kern_att a;
-    int rc = kern_att_begin(&s->kern, n, &a);
-    if (rc < 0 || a.T == 0)
-        return rc;
-    if (a.T == 1)
-        return kern_att_split_keys(&s->kern, &a);
-    /* A block sees at most rows [first, hi) of the cache: bound its score matrix by that. */
-    const int64_t max_nk = a.hi - a.first, tq = a.T < CPU_BLAS_ATT_TQ ? a.T : CPU_BLAS_ATT_TQ;
-    if ((rc = kern_reserve_each(&s->kern, s->kern.att, (size_t)(tq * (max_nk + 1)) * sizeof(float))) < 0)
-        return rc;
-    cpu_blas_att b = {.s = s, .a = &a, .n_blocks = (a.T + CPU_BLAS_ATT_TQ - 1) / CPU_BLAS_ATT_TQ};
-    plugin_pool_run(s->pool, cpu_blas_att_task, &b, b.n_blocks * a.Hkv, a.T * max_nk * a.Hq * a.D >= KERN_PAR_MIN);
-    return RLX_OK;
-}
-
-// ---------------------------------------------------------------------------------------------
 // MOE: the library's, on these matmuls
 
 static int cpu_blas_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
@@ -436,8 +372,8 @@ static int cpu_blas_run(cpu_blas *s, const rlx_node_view *node) {
     switch (node->op) {
     case RLX_OP_MATMUL:
         return cpu_blas_matmul(s, node);
-    case RLX_OP_ATTENTION:
-        return cpu_blas_attention(s, node);
+    case RLX_OP_ATTENTION: /* the library's, batch-invariant (not sgemm: its blocking depends on T) */
+        return kern_op_attention(&s->kern, node);
     case RLX_OP_MOE:
         return kern_op_moe(&s->kern, node, &(kern_matmul){.run = cpu_blas_moe_mm, .self = s, .row_pad = 1});
     default:

@@ -887,12 +887,6 @@ static int onednn_matmul(onednn *s, const rlx_node_view *n) {
 // ---------------------------------------------------------------------------------------------
 // ATTENTION and MOE: the library's, on these threads and matmuls
 
-static int onednn_attention(onednn *s, const rlx_node_view *n) {
-    kern_att a;
-    const int rc = kern_att_begin(&s->kern, n, &a);
-    return rc < 0 || a.T == 0 ? rc : kern_att_panels(&s->kern, &a);
-}
-
 static int onednn_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
                          float *y, bool exact) {
     return onednn_mm(self, x, M, w, prepared, NULL, y, exact);
@@ -962,7 +956,7 @@ static int onednn_compute(void *self, const rlx_node_view *node) {
     case RLX_OP_MATMUL:
         return onednn_matmul(s, node);
     case RLX_OP_ATTENTION:
-        return onednn_attention(s, node);
+        return kern_op_attention(&s->kern, node);
     case RLX_OP_MOE:
         /* primitives exist per row count, so an expert's counts above 8 are padded to a
          * multiple of 16 to keep the number of shapes small */

@@ -2,6 +2,7 @@
 #include "node_check.h"
 
 #include <limits.h>
+#include <string.h>
 
 static bool is_weight_dt(uint32_t dt) { return dt == RLX_DTYPE_F32 || dt == RLX_DTYPE_BF16 || dt == RLX_DTYPE_F16; }
 
@@ -78,16 +79,23 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
             return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,n*D] (D even), pos I32[T]");
         return RLX_OK;
     case RLX_OP_ATTENTION: {
-        if (ni != 6 || !p)
-            return bad(host, plugin, report, RLX_E_INVALID, n, "want 6 inputs and params");
+        /* caches [C, Hkv*D] with 6 inputs, or (1.4) [S, C, Hkv*D] with seq I32[T] as the 7th;
+         * F32 or (1.4) F16, both alike */
+        const bool slots = ni > 4 && in[4].n_dims == 3;
+        if (ni != 6u + slots || !p)
+            return bad(host, plugin, report, RLX_E_INVALID, n, "want 6 inputs (7 with 3-D caches) and params");
         const int64_t D = p->head_dim, Hq = p->n_heads, Hkv = p->n_kv_heads;
         if (D < 1 || Hq < 1 || Hkv < 1 || Hq % Hkv || C != Hq * D)
             return bad(host, plugin, report, RLX_E_SHAPE, n, "want n_heads % n_kv_heads == 0, out F32[T,Hq*D]");
+        const rlx_tensor *kc = &in[4], *vc = &in[5];
         if (!is_act(&in[0], T, Hq * D) || !is_act(&in[1], T, Hkv * D) || !is_act(&in[2], T, Hkv * D) ||
-            !is_vec(&in[3], RLX_DTYPE_I32, T) || !is_act(&in[4], -1, Hkv * D) ||
-            !is_act(&in[5], rlx_iface_rows(&in[4]), Hkv * D))
+            !is_vec(&in[3], RLX_DTYPE_I32, T) || (slots && !is_vec(&in[6], RLX_DTYPE_I32, T)))
             return bad(host, plugin, report, RLX_E_SHAPE, n,
-                       "want q F32[T,Hq*D], k, v F32[T,Hkv*D], pos I32[T], caches F32[C,Hkv*D]");
+                       "want q F32[T,Hq*D], k, v F32[T,Hkv*D], pos I32[T] (and seq I32[T])");
+        if ((kc->dtype != RLX_DTYPE_F32 && kc->dtype != RLX_DTYPE_F16) || (kc->n_dims != 2 && kc->n_dims != 3) ||
+            rlx_iface_cols(kc) != Hkv * D || vc->dtype != kc->dtype || vc->n_dims != kc->n_dims ||
+            memcmp(vc->shape, kc->shape, sizeof kc->shape) != 0)
+            return bad(host, plugin, report, RLX_E_SHAPE, n, "want caches F32 or F16 [C,Hkv*D] or [S,C,Hkv*D], alike");
         return RLX_OK;
     }
     case RLX_OP_SWIGLU:
@@ -113,6 +121,11 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
         }
         return RLX_OK;
     }
+    case RLX_OP_GATHER_ROWS:
+        if (ni != 2 || !is_act(&in[0], -1, C) || in[0].n_dims != 2 || in[1].dtype != RLX_DTYPE_I32 ||
+            in[1].n_dims != 1 || in[1].shape[0] != T || out->n_dims != 2)
+            return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,C], idx I32[R] -> F32[R,C]");
+        return RLX_OK;
     default: /* includes CONCAT (ABI 1.1): a row copy, left to the reference kernels */
         return bad(host, plugin, report, RLX_E_UNSUPPORTED, n, "unknown op");
     }

@@ -28,8 +28,8 @@ void kern_deinit(kern_ctx *c) {
     kern_bufs_destroy(c, c->att);
     kern_qrp_shared_deinit(c);
     h->free(c->vec.p);
-    h->free(c->parts.p);
-    h->free(c->panels.p);
+    h->free(c->att_rows.p);
+    h->free(c->att_parts.p);
     h->free(c->moe.p);
     h->free(c->qx.p);
     h->free(c->rope_cs.p);

@@ -68,12 +68,12 @@ typedef struct kern_ctx {
     const kern_qsimd *q; /* the quantized kernels of the same level (kern_quant.h) */
     plugin_isa isa;      /* that level (the repacked kernels of kern_qrp.h are chosen by it) */
     kern_par par;
-    kern_buf *att;   /* [n_threads] attention scores and row pointers */
-    kern_buf vec;    /* F32 copy of a small weight vector (bias, norm weight) */
-    kern_buf parts;  /* split-key decode: every part's maxima, sums and outputs */
-    kern_buf panels; /* panel attention: keys packed per KV head */
-    kern_buf moe;    /* MoE routing and per-expert buffers */
-    kern_buf qx;     /* kern_qmatmul: the quantized activation rows */
+    kern_buf *att;      /* [n_threads] attention scores and row pointers */
+    kern_buf vec;       /* F32 copy of a small weight vector (bias, norm weight) */
+    kern_buf att_rows;  /* attention: the last position of each slot, then blocks and tasks */
+    kern_buf att_parts; /* attention: the chunks' results of decode rows */
+    kern_buf moe;       /* MoE routing and per-expert buffers */
+    kern_buf qx;        /* kern_qmatmul: the quantized activation rows */
     /* ROPE cos/sin rows cached for the latest (theta, head_dim, positions): every layer's q
      * and k rotations of one run share them. */
     kern_buf rope_cs;  /* [T, head_dim] F32: cos of head_dim/2 angles, then their sin; F64 inv_freq */
@@ -216,38 +216,48 @@ void kern_add(kern_ctx *c, const float *a, const float *b, float *y, int64_t n);
 /* xb[rows, cols] = x rounded to BF16, the activations of BF16 matmuls. */
 void kern_to_bf16(kern_ctx *c, const float *x, uint16_t *xb, int64_t rows, int64_t cols);
 
-/* Computes node n, one of EMBED, RMS_NORM, ROPE, SWIGLU, ADD and GATHER_LAST, already checked by
- * node_check. Returns RLX_OK or a status after host->error (an id outside the table, no memory). */
+/* Computes node n, one of EMBED, RMS_NORM, ROPE, SWIGLU, ADD, GATHER_LAST and GATHER_ROWS (1.4),
+ * already checked by node_check. Returns RLX_OK or a status after host->error (an id outside the
+ * table, a row index outside x, no memory). */
 int kern_op_rows(kern_ctx *c, const rlx_node_view *n);
 
 // ---------------------------------------------------------------------------------------------
 // Attention (kern_attention.c)
 
-/* One ATTENTION node after kern_att_begin: the new k/v rows are in the cache. */
+/* Keys per chunk of a query's visible range. Chunks start at multiples of this absolute
+ * position, so where a chunk boundary falls does not depend on the batch. */
+#define KERN_ATT_CHUNK 64
+/* Queries per block: consecutive rows of one slot scored together against the same keys. */
+#define KERN_ATT_TQ 16
+
+/* One ATTENTION node after kern_att_begin: its rows checked, its k/v rows in the cache. */
 typedef struct kern_att {
-    const float *q;       /* [T, Hq*D] */
-    const int32_t *pos;   /* [T] */
-    const float *kc, *vc; /* [C, Hkv*D] */
-    float *out;           /* [T, Hq*D] */
-    int64_t T, D, Hq, Hkv, window;
-    int64_t first, hi; /* every query sees only cache rows in [first, hi) */
+    const float *q;      /* [T, Hq*D] */
+    const int32_t *pos;  /* [T] */
+    const int32_t *seq;  /* [T] the slot of each row, or NULL: one sequence (slot 0) */
+    const void *kc, *vc; /* [S, C, Hkv*D] of dtype dt */
+    int dt;              /* RLX_DTYPE_F32 or RLX_DTYPE_F16 */
+    float *out;          /* [T, Hq*D] */
+    int64_t T, D, Hq, Hkv, C, window;
     float scale;
 } kern_att;
 
-/* Checks the positions of node n (an ATTENTION node that passed node_check), writes its k and v
- * rows into the cache and describes it in *a. Returns RLX_OK (with a->T == 0 there is nothing
- * to compute) or RLX_E_RANGE after host->error. */
+/* Checks the rows of node n (an ATTENTION node that passed node_check, ABI 1.4 forms included):
+ * every slot in [0, S) and position in [0, C) (else RLX_E_RANGE), each slot's rows at strictly
+ * increasing positions (else RLX_E_INVALID); only then writes the k and v rows into the cache
+ * (F16 caches: rounded to nearest even) and describes the node in *a. Returns RLX_OK (with
+ * a->T == 0 there is nothing to compute) or the status after host->error. */
 int kern_att_begin(kern_ctx *c, const rlx_node_view *n, kern_att *a);
-/* First cache row query t sees. */
-int64_t kern_att_lo(const kern_att *a, int64_t t);
-/* Attention of a single query (T == 1) with the visible cache rows split into parts across the
- * threads (flash-decoding): each part leaves per head its score maximum, sum of exponentials
- * and unnormalised output, which are then combined. */
-int kern_att_split_keys(kern_ctx *c, const kern_att *a);
-/* Attention of any T with one task per (KV head, block of queries), late (longer) blocks first,
- * scoring all query heads of the KV head at once: prefill reads keys from panels (att_pack)
- * made once per KV head, decode with a row or two per task reads the cache directly. */
-int kern_att_panels(kern_ctx *c, const kern_att *a);
+/* Computes every query of a, batch-invariantly: a query's output is the same bits whatever
+ * the other rows of the call, T, and the thread count. Its visible keys are cut at multiples of
+ * KERN_ATT_CHUNK; each chunk gives per query head a score maximum, a sum of exponentials and
+ * an unnormalised output, folded into the query's running ones in chunk order, with one set
+ * of kernels (kern_simd.h att_qk, softmax, att_pv) for every row. Tasks are (block of up to
+ * KERN_ATT_TQ consecutive rows of one slot, KV head), scoring all query heads of the KV head
+ * at once. Returns RLX_OK or RLX_E_NOMEM after host->error. */
+int kern_att_run(kern_ctx *c, const kern_att *a);
+/* kern_att_begin then kern_att_run. */
+int kern_op_attention(kern_ctx *c, const rlx_node_view *n);
 
 // ---------------------------------------------------------------------------------------------
 // MoE (kern_moe.c)

@@ -1,256 +1,472 @@
-/* ATTENTION in the kernel library: the cache update every backend does first, then two ways to
- * compute it, all in F32 like the reference. Split keys (flash-decoding) is for a single query:
- * its cache rows are cut into parts across the threads, each read whole and in order for all
- * heads. Panels take one task per (KV head, block of queries), taken dynamically, late (longer)
- * blocks first: a task scores all query heads of its KV head against the cache rows the block
- * can see, softmaxes each row and multiplies by V. Prefill tasks read keys from panels
- * (att_pack) made once per KV head and call, shared by all blocks; decode tasks, with a row or
- * two per key, read the cache directly. */
+/* ATTENTION in the kernel library, batch-invariant: a query's output is the same bits whatever
+ * else the call holds (other slots' rows, the other rows of its prompt chunk, T) and whatever
+ * the thread count, so concurrency never changes an answer.
+ *
+ * Every query follows one sequence of operations, fixed by its own position and window: its
+ * visible keys are cut into chunks at multiples of KERN_ATT_CHUNK (absolute positions, so a
+ * prompt chunk's start moves no boundary); per chunk and query head, scores (att_qk, each one
+ * fixed sum), a softmax over exactly the query's keys in the chunk (its maximum m and sum s),
+ * and the unnormalised output o = P V over the same keys (att_pv, from zero in key order); the
+ * chunk's (m, s, o) is folded into the query's running ones in chunk order (kern_att_fold),
+ * and the output is the final o times 1 / s. A block of a slot's consecutive rows scores all of
+ * them against the union of their keys at once (a key's score does not depend on which others
+ * are computed) and runs P V per query over its own keys only: a masked key's value is never
+ * multiplied by a zero, which would turn an infinite F16 value into a NaN. Tasks (block, KV
+ * head) write disjoint outputs, so how threads take them changes nothing. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
 #include "kern.h"
 
-/* Split keys: cache rows ahead of use to prefetch. A head's rows are Hkv*D floats apart (4 KiB
- * for Qwen3), so each starts a new page, where hardware prefetchers stop. */
-#define KERN_SPLIT_AHEAD 6
-/* Split keys: the fewest cache rows of a part. */
-#define KERN_SPLIT_MIN_ROWS 32
-/* Panels: queries per task. */
-#define KERN_PANEL_TQ 16
-/* Panels: tasks with at most this many query rows score keys straight from the cache. */
-#define KERN_PANEL_DIRECT_ROWS 4
-
-int kern_att_begin(kern_ctx *c, const rlx_node_view *n, kern_att *a) {
-    const rlx_tensor *in = n->inputs;
-    const rlx_op_params *p = n->params;
-    const int64_t T = rlx_iface_rows(&in[0]), C = rlx_iface_rows(&in[4]);
-    const int64_t D = p->head_dim, Hkv = p->n_kv_heads, kv = Hkv * D;
-    const int32_t *pos = in[3].data;
-    memset(a, 0, sizeof *a);
-    if (T == 0)
-        return RLX_OK;
-    int64_t lo = INT64_MAX, hi = 0;
-    for (int64_t t = 0; t < T; t++) {
-        if (pos[t] < 0 || pos[t] >= C)
-            return c->host->error(RLX_E_RANGE, "%s: node '%s': position %d of token %lld outside the cache [0, %lld)",
-                                  c->plugin, n->name ? n->name : "?", pos[t], (long long)t, (long long)C);
-        lo = pos[t] < lo ? pos[t] : lo;
-        hi = pos[t] + 1 > hi ? pos[t] + 1 : hi;
-    }
-    float *kc = in[4].data, *vc = in[5].data;
-    for (int64_t t = 0; t < T; t++) {
-        memcpy(kc + pos[t] * kv, (const float *)in[1].data + t * kv, (size_t)kv * sizeof(float));
-        memcpy(vc + pos[t] * kv, (const float *)in[2].data + t * kv, (size_t)kv * sizeof(float));
-    }
-    const int64_t first = p->window > 0 ? lo - (int64_t)p->window + 1 : 0;
-    *a = (kern_att){.q = in[0].data,
-                    .pos = pos,
-                    .kc = kc,
-                    .vc = vc,
-                    .out = n->output->data,
-                    .T = T,
-                    .D = D,
-                    .Hq = p->n_heads,
-                    .Hkv = Hkv,
-                    .window = p->window,
-                    .first = first > 0 ? first : 0,
-                    .hi = hi,
-                    .scale = p->scale};
-    return RLX_OK;
-}
-
-int64_t kern_att_lo(const kern_att *a, int64_t t) {
+static int64_t kern_att_first(const kern_att *a, int64_t t) {
     const int64_t lo = a->window > 0 ? (int64_t)a->pos[t] - a->window + 1 : 0;
     return lo > 0 ? lo : 0;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Split keys
-
-/* Part i covers cache rows [lo + i * rows, ...) of the nk visible ones and leaves in
- * part[i] = {max[Hq], sum[Hq], out[Hq, D]} its per-head results. */
-typedef struct kern_split_job {
-    const kern_ctx *c;
-    const kern_att *a;
-    int64_t lo, nk, rows;
-    float *part;
-} kern_split_job;
-
-static inline void kern_prefetch(const float *p, int64_t n) {
-    for (int64_t i = 0; i < n; i += 16)
-        _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
-}
-
-static void kern_split_part(const kern_split_job *d, float *sc, int64_t part) {
-    const kern_att *a = d->a;
-    const kern_simd *k = d->c->k;
-    const int64_t D = a->D, Hq = a->Hq, ldk = a->Hkv * D, group = Hq / a->Hkv;
-    const int64_t j0 = d->lo + part * d->rows, n = d->lo + d->nk - j0 < d->rows ? d->lo + d->nk - j0 : d->rows;
-    float *mx = d->part + part * Hq * (D + 2), *sum = mx + Hq, *out = sum + Hq;
-    for (int64_t j = 0; j < n; j++) {
-        const float *kr = a->kc + (j0 + j) * ldk;
-        if (j + KERN_SPLIT_AHEAD < n)
-            kern_prefetch(kr + KERN_SPLIT_AHEAD * ldk, ldk);
-        for (int64_t h = 0; h < Hq; h++)
-            sc[h * n + j] = k->dot(a->q + h * D, kr + h / group * D, D) * a->scale;
-    }
-    for (int64_t h = 0; h < Hq; h++)
-        sum[h] = k->softmax(sc + h * n, n, 0, n, &mx[h]);
-    memset(out, 0, (size_t)(Hq * D) * sizeof(float));
-    for (int64_t j = 0; j < n; j++) {
-        const float *vr = a->vc + (j0 + j) * ldk;
-        if (j + KERN_SPLIT_AHEAD < n)
-            kern_prefetch(vr + KERN_SPLIT_AHEAD * ldk, ldk);
-        for (int64_t h = 0; h < Hq; h++)
-            k->axpy(sc[h * n + j], vr + h / group * D, out + h * D, D);
-    }
-}
-
-static void kern_split_range(void *ctx, int ith, int64_t i0, int64_t i1) {
-    const kern_split_job *d = ctx;
-    for (int64_t i = i0; i < i1; i++)
-        kern_split_part(d, d->c->att[ith].p, i);
-}
-
-int kern_att_split_keys(kern_ctx *c, const kern_att *a) {
-    const kern_simd *k = c->k;
-    const int64_t D = a->D, Hq = a->Hq, lo = kern_att_lo(a, 0), nk = a->pos[0] + 1 - lo;
-    /* about four parts per thread, so a slow thread delays little */
-    const int64_t per = 4 * (int64_t)c->par.n_threads, want = (nk + per - 1) / per;
-    const int64_t rows = want < KERN_SPLIT_MIN_ROWS ? KERN_SPLIT_MIN_ROWS : want, n_parts = (nk + rows - 1) / rows;
-    int rc;
-    if ((rc = kern_reserve(c, &c->parts, (size_t)(n_parts * Hq * (D + 2)) * sizeof(float))) < 0 ||
-        (rc = kern_reserve_each(c, c->att, (size_t)(Hq * rows) * sizeof(float))) < 0)
+static int kern_att_rows_ok(kern_ctx *c, const rlx_node_view *n, int64_t S, int64_t C) {
+    const rlx_tensor *in = n->inputs;
+    const int64_t T = rlx_iface_rows(&in[0]);
+    const int32_t *pos = in[3].data, *seq = n->n_inputs > 6 ? in[6].data : NULL;
+    const char *name = n->name ? n->name : "?";
+    int rc = kern_reserve(c, &c->att_rows, (size_t)S * sizeof(int32_t));
+    if (rc < 0)
         return rc;
-    float *part = c->parts.p;
-    kern_split_job d = {.c = c, .a = a, .lo = lo, .nk = nk, .rows = rows, .part = part};
-    c->par.parallel_tasks(c->par.self, n_parts, nk * Hq * D, kern_split_range, &d);
-    /* out = sum_c e^(max_c - max) out_c / sum_c e^(max_c - max) sum_c */
-    for (int64_t h = 0; h < Hq; h++) {
-        float m = part[h];
-        for (int64_t i = 1; i < n_parts; i++)
-            m = part[i * Hq * (D + 2) + h] > m ? part[i * Hq * (D + 2) + h] : m;
-        float *oh = a->out + h * D, total = 0.0f;
-        memset(oh, 0, (size_t)D * sizeof(float));
-        for (int64_t i = 0; i < n_parts; i++) {
-            const float *pc = part + i * Hq * (D + 2);
-            const float f = expf(pc[h] - m);
-            total += f * pc[Hq + h];
-            k->axpy(f, pc + 2 * Hq + h * D, oh, D);
-        }
-        k->scal(1.0f / total, oh, D);
+    int32_t *last = c->att_rows.p;
+    for (int64_t s = 0; s < S; s++)
+        last[s] = -1;
+    for (int64_t t = 0; t < T; t++) {
+        const int32_t slot = seq ? seq[t] : 0, at = pos[t];
+        if (slot < 0 || slot >= S)
+            return c->host->error(RLX_E_RANGE, "%s: node '%s': row %lld: slot %d is outside the cache's %lld slots",
+                                  c->plugin, name, (long long)t, slot, (long long)S);
+        if (at < 0 || at >= C)
+            return c->host->error(RLX_E_RANGE,
+                                  "%s: node '%s': row %lld: position %d is outside the KV cache of %lld positions",
+                                  c->plugin, name, (long long)t, at, (long long)C);
+        if (at <= last[slot])
+            return c->host->error(RLX_E_INVALID,
+                                  "%s: node '%s': row %lld: position %d of slot %d does not follow position %d of an "
+                                  "earlier row (a slot's rows take strictly increasing positions)",
+                                  c->plugin, name, (long long)t, at, slot, last[slot]);
+        last[slot] = at;
     }
     return RLX_OK;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Panels
+int kern_att_begin(kern_ctx *c, const rlx_node_view *n, kern_att *a) {
+    const rlx_tensor *in = n->inputs;
+    const rlx_op_params *p = n->params;
+    const rlx_tensor *kc = &in[4];
+    const int64_t T = rlx_iface_rows(&in[0]), D = p->head_dim, kv = (int64_t)p->n_kv_heads * D;
+    const int64_t S = kc->n_dims == 3 ? kc->shape[0] : 1, C = kc->shape[kc->n_dims - 2];
+    memset(a, 0, sizeof *a);
+    if (T == 0)
+        return RLX_OK;
+    int rc = kern_att_rows_ok(c, n, S, C);
+    if (rc < 0)
+        return rc;
+    const int32_t *pos = in[3].data, *seq = n->n_inputs > 6 ? in[6].data : NULL;
+    const int dt = (int)kc->dtype;
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t row = ((seq ? seq[t] : 0) * C + pos[t]) * kv;
+        const float *k = (const float *)in[1].data + t * kv, *v = (const float *)in[2].data + t * kv;
+        if (dt == RLX_DTYPE_F16) {
+            c->k->to_f16(k, (uint16_t *)kc->data + row, kv);
+            c->k->to_f16(v, (uint16_t *)in[5].data + row, kv);
+        } else {
+            memcpy((float *)kc->data + row, k, (size_t)kv * sizeof(float));
+            memcpy((float *)in[5].data + row, v, (size_t)kv * sizeof(float));
+        }
+    }
+    *a = (kern_att){.q = in[0].data,
+                    .pos = pos,
+                    .seq = seq,
+                    .kc = kc->data,
+                    .vc = in[5].data,
+                    .dt = dt,
+                    .out = n->output->data,
+                    .T = T,
+                    .D = D,
+                    .Hq = p->n_heads,
+                    .Hkv = p->n_kv_heads,
+                    .C = C,
+                    .window = p->window,
+                    .scale = p->scale};
+    return RLX_OK;
+}
 
-typedef struct kern_panel_job {
+// ---------------------------------------------------------------------------------------------
+// Tasks. Two shapes, one arithmetic: a block of many queries is a task per KV head, walking its
+// chunks in order and folding each into the outputs as it goes; a block of one or two queries
+// (decode) is a task per chunk over every head, whose (m, s, o) are kept and folded in chunk
+// order afterwards, so a long context spreads across threads. Chunks are read in sub-blocks of
+// KERN_ATT_SUB keys for every head at once: a cache row (Hkv*D values) is read whole, a page
+// at a time, as in the older split-keys kernel. Which shape a block takes changes no bit.
+
+/* Keys per sub-block of a decode chunk. */
+#define KERN_ATT_SUB 16
+/* Blocks of at most this many queries take the decode shape. */
+#define KERN_ATT_SPLIT_ROWS 2
+/* Chunks per decode-shape task, read as one stream (each still a result of its own). */
+#define KERN_ATT_SPLIT_CHUNKS 4
+
+/* A block: rows [t0, t0 + nq) of one slot, at increasing positions; together they see cache
+ * rows [lo, hi) of the slot. A decode-shape block keeps its chunks' results at part. */
+typedef struct kern_att_block {
+    int64_t t0, nq, lo, hi;
+    int64_t c_first, n_chunks; /* chunks: [c_first, c_first + n_chunks) * KERN_ATT_CHUNK */
+    float *part;               /* decode shape: [n_chunks][nq * Hq][D + 2] (o, m, s), else NULL */
+} kern_att_block;
+
+/* A task: block `block`, and its KV head (many queries) or its chunks from index *
+ * KERN_ATT_SPLIT_CHUNKS on (decode shape). */
+typedef struct kern_att_task {
+    int64_t block, index;
+} kern_att_task;
+
+typedef struct kern_att_job {
     const kern_ctx *c;
     const kern_att *a;
-    float *panels;    /* [Hkv][np, D] keys from cache row a->first on, or NULL (direct) */
-    int64_t np;       /* keys per KV head in panels: the visible range, in whole panels */
-    int64_t rows_max; /* query rows of a task: query heads per KV head times queries per block */
-    int64_t lds;      /* score row stride: the widest key range of a block, in whole panels */
-    int64_t n_blocks;
-} kern_panel_job;
+    const kern_att_block *blocks;
+    const kern_att_task *tasks;
+    int64_t n_tasks, rows_max; /* query rows of a task: query heads (per KV head, or all of them)
+                                * times queries */
+    const int64_t *merges;     /* decode-shape blocks, for the fold after the tasks */
+} kern_att_job;
 
-/* Byte offsets of a task's buffers in its thread's scratch: scores [rows_max, lds], 1 / softmax
- * sums [rows_max], then query and output row pointers. */
-typedef struct kern_panel_layout {
-    size_t inv, qp, op, total;
-} kern_panel_layout;
+/* Byte offsets of a task's buffers in its thread's scratch: scores [rows_max, KERN_ATT_CHUNK],
+ * running maxima and sums [rows_max], a chunk's outputs [group, D], query and output row
+ * pointers [rows_max], and one KV head's keys and values of a chunk [KERN_ATT_CHUNK, D] each. */
+typedef struct kern_att_layout {
+    size_t mx, sum, oc, qp, op, kp, vp, total;
+} kern_att_layout;
 
-static kern_panel_layout kern_panel_sizes(const kern_panel_job *j) {
-    kern_panel_layout l;
-    const size_t rows = (size_t)j->rows_max;
-    l.inv = kern_align_up(rows * (size_t)j->lds * sizeof(float));
-    l.qp = l.inv + kern_align_up(rows * sizeof(float));
+static kern_att_layout kern_att_sizes(const kern_att_job *j) {
+    const size_t rows = (size_t)j->rows_max, group = (size_t)(j->a->Hq / j->a->Hkv), D = (size_t)j->a->D;
+    const size_t panel = kern_align_up(KERN_ATT_CHUNK * D * (j->a->dt == RLX_DTYPE_F16 ? 2 : 4));
+    kern_att_layout l;
+    l.mx = kern_align_up(rows * KERN_ATT_CHUNK * sizeof(float));
+    l.sum = l.mx + kern_align_up(rows * sizeof(float));
+    l.oc = l.sum + kern_align_up(rows * sizeof(float));
+    l.qp = l.oc + kern_align_up(group * D * sizeof(float));
     l.op = l.qp + kern_align_up(rows * sizeof(float *));
-    l.total = l.op + kern_align_up(rows * sizeof(float *));
+    l.kp = l.op + kern_align_up(rows * sizeof(float *));
+    l.vp = l.kp + panel;
+    l.total = l.vp + panel;
     return l;
 }
 
-static void kern_panel_task(const kern_panel_job *j, char *buf, int64_t kvh, int64_t blk) {
+/* Rows [0, n) of one head's slice of a cache (rows ld values apart), as n contiguous rows of D
+ * values: the same values, read many times from a few pages instead of one page per key. */
+static void kern_att_gather(const char *src, int64_t ld, int64_t n, int64_t D, size_t esz, char *dst) {
+    for (int64_t i = 0; i < n; i++)
+        memcpy(dst + (size_t)(i * D) * esz, src + (size_t)(i * ld) * esz, (size_t)D * esz);
+}
+
+/* Folds a chunk's maximum m, sum s and outputs o[D] into a query head's running mx, sum and
+ * out[D]; the same operations in the same order for every query. */
+static void kern_att_fold(const kern_simd *k, float *mx, float *sum, float *out, float m, float s, const float *o,
+                          int64_t D) {
+    const float top = m > *mx ? m : *mx, keep = expf(*mx - top), add = expf(m - top);
+    *sum = *sum * keep + s * add;
+    k->scal(keep, out, D);
+    k->axpy(add, o, out, D);
+    *mx = top;
+}
+
+/* The queries of block b meeting chunk [c0, c1): [*ta, *tb) from *ta on (positions and first
+ * keys increase through a block), and the union of their keys in it, [*k0, *k1). False when
+ * there are none (a gap between windows). */
+static bool kern_att_active(const kern_att *a, const kern_att_block *b, int64_t c0, int64_t c1, int64_t *ta,
+                            int64_t *tb, int64_t *k0, int64_t *k1) {
+    while (*ta < b->nq && a->pos[b->t0 + *ta] < c0)
+        ++*ta;
+    *tb = *ta;
+    while (*tb < b->nq && kern_att_first(a, b->t0 + *tb) < c1)
+        ++*tb;
+    if (*tb == *ta)
+        return false;
+    const int64_t first = kern_att_first(a, b->t0 + *ta), last = a->pos[b->t0 + *tb - 1] + 1;
+    *k0 = first > c0 ? first : c0;
+    *k1 = last < c1 ? last : c1;
+    return true;
+}
+
+/* Query t's keys in chunk [c0, c1), chunk-local: [*lo, *hi). */
+static void kern_att_keys(const kern_att *a, int64_t t, int64_t c0, int64_t c1, int64_t *lo, int64_t *hi) {
+    const int64_t first = kern_att_first(a, t), last = a->pos[t] + 1;
+    *lo = (first > c0 ? first : c0) - c0;
+    *hi = (last < c1 ? last : c1) - c0;
+}
+
+/* Many queries: block b, KV head kvh, every chunk in order. */
+static void kern_att_heads(const kern_att_job *j, char *buf, const kern_att_block *b, int64_t kvh) {
     const kern_att *a = j->a;
     const kern_simd *k = j->c->k;
-    const kern_panel_layout l = kern_panel_sizes(j);
-    const int64_t D = a->D, t0 = blk * KERN_PANEL_TQ;
-    const int64_t nq = a->T - t0 < KERN_PANEL_TQ ? a->T - t0 : KERN_PANEL_TQ;
-    const int64_t ldq = a->Hq * D, ldk = a->Hkv * D, group = a->Hq / a->Hkv, rows = group * nq;
-    float *sc = (float *)buf, *inv = (float *)(buf + l.inv);
+    const kern_att_layout l = kern_att_sizes(j);
+    const int64_t D = a->D, ldq = a->Hq * D, ldk = a->Hkv * D, group = a->Hq / a->Hkv, rows = group * b->nq;
+    const size_t esz = a->dt == RLX_DTYPE_F16 ? 2 : 4;
+    float *sc = (float *)buf, *mx = (float *)(buf + l.mx), *sum = (float *)(buf + l.sum), *oc = (float *)(buf + l.oc);
     const float **qp = (const float **)(buf + l.qp);
     float **op = (float **)(buf + l.op);
-    int64_t lo = INT64_MAX, hi = 0;
-    for (int64_t t = t0; t < t0 + nq; t++) {
-        const int64_t first = kern_att_lo(a, t);
-        lo = first < lo ? first : lo;
-        hi = a->pos[t] + 1 > hi ? a->pos[t] + 1 : hi;
-    }
-    /* row r is query t0 + r % nq of query head kvh * group + r / nq */
+    /* row r is query t0 + r / group, head kvh * group + r % group: a query's heads are adjacent,
+     * as they share its keys in P V */
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t h = kvh * group + r / nq, t = t0 + r % nq;
+        const int64_t t = b->t0 + r / group, h = kvh * group + r % group;
         qp[r] = a->q + t * ldq + h * D;
         op[r] = a->out + t * ldq + h * D;
+        sum[r] = 0.0f; /* no chunk yet: every chunk adds at least exp(0) */
+        memset(op[r], 0, (size_t)D * sizeof(float));
     }
-    if (j->panels) {
-        /* start at a panel boundary; the extra keys before lo are masked below */
-        lo = a->first + (lo - a->first) / k->att_pw * k->att_pw;
-        k->att_qk(qp, rows, j->panels + (kvh * j->np + lo - a->first) * D, hi - lo, D, a->scale, sc, j->lds);
-    } else {
-        for (int64_t r = 0; r < rows; r += 2)
-            k->att_qk_direct(qp + r, rows - r < 2 ? rows - r : 2, a->kc + lo * ldk + kvh * D, ldk, hi - lo, D, a->scale,
-                             sc + r * j->lds, j->lds);
+    float *cp[64]; /* group <= 64: checked by kern_att_run */
+    for (int64_t g = 0; g < group; g++)
+        cp[g] = oc + g * D;
+    const int64_t slot = a->seq ? a->seq[b->t0] : 0;
+    const char *kb = (const char *)a->kc + (size_t)(slot * a->C * ldk + kvh * D) * esz;
+    const char *vb = (const char *)a->vc + (size_t)(slot * a->C * ldk + kvh * D) * esz;
+    int64_t ta = 0, tb, k0, k1;
+    for (int64_t ci = 0; ci < b->n_chunks; ci++) {
+        const int64_t c0 = (b->c_first + ci) * KERN_ATT_CHUNK,
+                      c1 = c0 + KERN_ATT_CHUNK < b->hi ? c0 + KERN_ATT_CHUNK : b->hi;
+        if (!kern_att_active(a, b, c0, c1, &ta, &tb, &k0, &k1))
+            continue;
+        /* the chunk's keys and values of this head, contiguous (column j is cache row k0 + j) */
+        char *kp = buf + l.kp, *vp = buf + l.vp;
+        kern_att_gather(kb + (size_t)(k0 * ldk) * esz, ldk, k1 - k0, D, esz, kp);
+        kern_att_gather(vb + (size_t)(k0 * ldk) * esz, ldk, k1 - k0, D, esz, vp);
+        /* scores in chunk-local columns: a query's softmax lanes start where its keys do */
+        k->att_qk(a->dt, qp + ta * group, (tb - ta) * group, kp, vp, D, k1 - k0, D, a->scale, sc + (k0 - c0),
+                  KERN_ATT_CHUNK);
+        for (int64_t t = ta; t < tb; t++) {
+            int64_t lo, hi;
+            kern_att_keys(a, b->t0 + t, c0, c1, &lo, &hi);
+            const int64_t r0 = t * group;
+            float *p = sc + (r0 - ta * group) * KERN_ATT_CHUNK;
+            float m[64], s[64];
+            for (int64_t g = 0; g < group; g++)
+                s[g] = k->softmax(p + g * KERN_ATT_CHUNK, hi, lo, hi, &m[g]);
+            const bool first_chunk = sum[r0] == 0.0f;
+            if (!first_chunk)
+                memset(oc, 0, (size_t)(group * D) * sizeof(float));
+            k->att_pv(a->dt, p + lo, KERN_ATT_CHUNK, group, vp + (size_t)((c0 + lo - k0) * D) * esz, D, hi - lo, D,
+                      first_chunk ? op + r0 : cp);
+            for (int64_t g = 0; g < group; g++) {
+                if (first_chunk) {
+                    mx[r0 + g] = m[g];
+                    sum[r0 + g] = s[g];
+                } else {
+                    kern_att_fold(k, &mx[r0 + g], &sum[r0 + g], op[r0 + g], m[g], s[g], cp[g], D);
+                }
+            }
+        }
     }
-    const int64_t nk = hi - lo;
-    for (int64_t r = 0; r < rows; r++) {
-        const int64_t t = t0 + r % nq;
-        inv[r] = 1.0f / k->softmax(sc + r * j->lds, nk, kern_att_lo(a, t) - lo, a->pos[t] + 1 - lo, NULL);
-    }
-    k->att_pv(sc, j->lds, rows, a->vc + lo * ldk + kvh * D, ldk, nk, D, op, inv);
+    for (int64_t r = 0; r < rows; r++)
+        k->scal(1.0f / sum[r], op[r], D);
 }
 
-static void kern_panel_pack_range(void *ctx, int ith, int64_t h0, int64_t h1) {
-    const kern_panel_job *j = ctx;
+/* Brings [p, p + bytes), whole cache rows of every head, into the caches ahead of a decode
+ * chunk's use: keys into L1 (used right away), values into L2 (used after the chunk's softmax). */
+static void kern_att_prefetch(const char *p, int64_t bytes, bool l1) {
+    for (int64_t b = 0; b < bytes; b += 64)
+        if (l1)
+            _mm_prefetch(p + b, _MM_HINT_T0);
+        else
+            _mm_prefetch(p + b, _MM_HINT_T1);
+}
+
+/* Decode shape: block b, chunk ci, every head; (o, m, s) of each query head into b->part (s = 0
+ * for a query the chunk does not meet). */
+static void kern_att_chunk(const kern_att_job *j, char *buf, const kern_att_block *b, int64_t ci, bool more) {
     const kern_att *a = j->a;
-    const int64_t D = a->D, kv = a->Hkv * D;
+    const kern_simd *k = j->c->k;
+    const kern_att_layout l = kern_att_sizes(j);
+    const int64_t D = a->D, Hq = a->Hq, Hkv = a->Hkv, ldq = Hq * D, ldk = Hkv * D, group = Hq / Hkv;
+    const size_t esz = a->dt == RLX_DTYPE_F16 ? 2 : 4;
+    float *sc = (float *)buf, *part = b->part + ci * b->nq * Hq * (D + 2);
+    const float **qp = (const float **)(buf + l.qp);
+    float **op = (float **)(buf + l.op);
+    const int64_t c0 = (b->c_first + ci) * KERN_ATT_CHUNK,
+                  c1 = c0 + KERN_ATT_CHUNK < b->hi ? c0 + KERN_ATT_CHUNK : b->hi;
+    for (int64_t r = 0; r < b->nq * Hq; r++)
+        part[r * (D + 2) + D + 1] = 0.0f;
+    int64_t ta = 0, tb, k0, k1;
+    if (!kern_att_active(a, b, c0, c1, &ta, &tb, &k0, &k1))
+        return;
+    /* rows by KV head, then query, then head of the group: row kvh * rows_h + (t - ta) * group + g */
+    const int64_t rows_h = (tb - ta) * group;
+    for (int64_t kvh = 0; kvh < Hkv; kvh++)
+        for (int64_t t = ta; t < tb; t++)
+            for (int64_t g = 0; g < group; g++) {
+                const int64_t r = kvh * rows_h + (t - ta) * group + g, h = kvh * group + g;
+                qp[r] = a->q + (b->t0 + t) * ldq + h * D;
+                op[r] = part + (t * Hq + h) * (D + 2);
+                memset(op[r], 0, (size_t)D * sizeof(float));
+            }
+    const int64_t slot = a->seq ? a->seq[b->t0] : 0;
+    const char *kb = (const char *)a->kc + (size_t)(slot * a->C * ldk) * esz;
+    const char *vb = (const char *)a->vc + (size_t)(slot * a->C * ldk) * esz;
+    const int64_t row_bytes = ldk * (int64_t)esz;
+    if (ci % KERN_ATT_SPLIT_CHUNKS == 0) /* a task's first chunk; the others were fetched ahead */
+        kern_att_prefetch(kb + k0 * row_bytes, (k1 - k0 < KERN_ATT_SUB ? k1 - k0 : KERN_ATT_SUB) * row_bytes, true);
+    for (int64_t j0 = k0; j0 < k1; j0 += KERN_ATT_SUB) {
+        const int64_t n = k1 - j0 < KERN_ATT_SUB ? k1 - j0 : KERN_ATT_SUB;
+        /* the next sub-block's keys, of this chunk or (more) the task's next one */
+        const int64_t end = more && j0 + n == k1 ? (c1 + KERN_ATT_SUB < b->hi ? c1 + KERN_ATT_SUB : b->hi) : k1;
+        const int64_t next = end - j0 - n < KERN_ATT_SUB ? end - j0 - n : KERN_ATT_SUB;
+        for (int64_t kvh = 0; kvh < Hkv; kvh++) {
+            /* whole rows, spread over the heads' calls: the next keys, and these values for P V */
+            const int64_t bytes = (next * row_bytes + Hkv - 1) / Hkv, vbytes = (n * row_bytes + Hkv - 1) / Hkv;
+            if (next > 0)
+                kern_att_prefetch(kb + (j0 + n) * row_bytes + kvh * bytes, bytes, true);
+            kern_att_prefetch(vb + j0 * row_bytes + kvh * vbytes, vbytes, false);
+            k->att_qk(a->dt, qp + kvh * rows_h, rows_h, kb + (size_t)(j0 * ldk + kvh * D) * esz,
+                      vb + (size_t)(j0 * ldk + kvh * D) * esz, ldk, n, D, a->scale,
+                      sc + kvh * rows_h * KERN_ATT_CHUNK + (j0 - c0), KERN_ATT_CHUNK);
+        }
+    }
+    for (int64_t kvh = 0; kvh < Hkv; kvh++)
+        for (int64_t t = ta; t < tb; t++) {
+            int64_t lo, hi;
+            kern_att_keys(a, b->t0 + t, c0, c1, &lo, &hi);
+            for (int64_t g = 0; g < group; g++) {
+                const int64_t r = kvh * rows_h + (t - ta) * group + g;
+                float *o = op[r];
+                o[D + 1] = k->softmax(sc + r * KERN_ATT_CHUNK, hi, lo, hi, &o[D]);
+            }
+        }
+    for (int64_t j0 = k0; j0 < k1; j0 += KERN_ATT_SUB) {
+        const int64_t j1 = k1 - j0 < KERN_ATT_SUB ? k1 : j0 + KERN_ATT_SUB;
+        for (int64_t kvh = 0; kvh < Hkv; kvh++)
+            for (int64_t t = ta; t < tb; t++) {
+                int64_t lo, hi;
+                kern_att_keys(a, b->t0 + t, c0, c1, &lo, &hi);
+                lo = lo + c0 > j0 ? lo + c0 : j0; /* absolute, within the sub-block */
+                hi = hi + c0 < j1 ? hi + c0 : j1;
+                if (lo >= hi)
+                    continue;
+                const int64_t r = kvh * rows_h + (t - ta) * group;
+                k->att_pv(a->dt, sc + r * KERN_ATT_CHUNK + (lo - c0), KERN_ATT_CHUNK, group,
+                          vb + (size_t)(lo * ldk + kvh * D) * esz, ldk, hi - lo, D, op + r);
+            }
+    }
+}
+
+static void kern_att_range(void *ctx, int ith, int64_t i0, int64_t i1) {
+    const kern_att_job *j = ctx;
+    for (int64_t i = i0; i < i1; i++) {
+        const kern_att_task *t = &j->tasks[i];
+        const kern_att_block *b = &j->blocks[t->block];
+        if (b->part)
+            for (int64_t ci = t->index * KERN_ATT_SPLIT_CHUNKS;
+                 ci < b->n_chunks && ci < (t->index + 1) * KERN_ATT_SPLIT_CHUNKS; ci++)
+                kern_att_chunk(j, j->c->att[ith].p, b, ci,
+                               ci + 1 < b->n_chunks && ci + 1 < (t->index + 1) * KERN_ATT_SPLIT_CHUNKS);
+        else
+            kern_att_heads(j, j->c->att[ith].p, b, t->index);
+    }
+}
+
+/* Decode-shape blocks: each query head's chunks folded in chunk order, as kern_att_heads folds
+ * them, into its output. */
+static void kern_att_merge(void *ctx, int ith, int64_t i0, int64_t i1) {
+    const kern_att_job *j = ctx;
+    const kern_att *a = j->a;
+    const int64_t D = a->D, Hq = a->Hq, stride = Hq * (D + 2);
     (void)ith;
-    for (int64_t h = h0; h < h1; h++)
-        j->c->k->att_pack(a->kc + a->first * kv + h * D, kv, a->hi - a->first, D, j->panels + h * j->np * D);
+    for (int64_t i = i0; i < i1; i++) {
+        const kern_att_block *b = &j->blocks[j->merges[i]];
+        for (int64_t r = 0; r < b->nq * Hq; r++) {
+            float *out = a->out + (b->t0 + r / Hq) * Hq * D + r % Hq * D, mx = 0.0f, sum = 0.0f;
+            for (int64_t ci = 0; ci < b->n_chunks; ci++) {
+                const float *o = b->part + ci * b->nq * stride + r * (D + 2);
+                if (o[D + 1] == 0.0f) /* the chunk does not meet this query */
+                    continue;
+                if (sum == 0.0f) {
+                    memcpy(out, o, (size_t)D * sizeof(float));
+                    mx = o[D];
+                    sum = o[D + 1];
+                } else {
+                    kern_att_fold(j->c->k, &mx, &sum, out, o[D], o[D + 1], o, D);
+                }
+            }
+            j->c->k->scal(1.0f / sum, out, D);
+        }
+    }
 }
 
-static void kern_panel_range(void *ctx, int ith, int64_t i0, int64_t i1) {
-    const kern_panel_job *j = ctx;
-    const int64_t Hkv = j->a->Hkv;
-    for (int64_t i = i0; i < i1; i++)
-        kern_panel_task(j, j->c->att[ith].p, i % Hkv, j->n_blocks - 1 - i / Hkv);
-}
-
-int kern_att_panels(kern_ctx *c, const kern_att *a) {
-    const int64_t T = a->T, Hkv = a->Hkv;
-    /* Every query sees at most cache rows [first, hi), which bounds a block's score rows (plus
-     * the alignment of its start to a panel boundary). */
-    const int64_t pw = c->k->att_pw, np = (a->hi - a->first + pw - 1) / pw * pw;
-    kern_panel_job j = {.c = c,
-                        .a = a,
-                        .np = np,
-                        .rows_max = a->Hq / Hkv * (T < KERN_PANEL_TQ ? T : KERN_PANEL_TQ),
-                        .lds = np + pw,
-                        .n_blocks = (T + KERN_PANEL_TQ - 1) / KERN_PANEL_TQ};
-    int rc = kern_reserve_each(c, c->att, kern_panel_sizes(&j).total);
+int kern_att_run(kern_ctx *c, const kern_att *a) {
+    const int64_t T = a->T, D = a->D, Hq = a->Hq, Hkv = a->Hkv, group = Hq / Hkv;
+    if (T == 0)
+        return RLX_OK;
+    if (group > 64)
+        return c->host->error(RLX_E_UNSUPPORTED, "%s: attention with %lld query heads per KV head (at most 64)",
+                              c->plugin, (long long)group);
+    /* blocks: runs of consecutive rows of one slot, at most KERN_ATT_TQ each; at most T blocks
+     * and T * max(Hkv, chunks of the cache) tasks */
+    const int64_t max_chunks = (a->C + KERN_ATT_CHUNK - 1) / KERN_ATT_CHUNK;
+    const size_t blocks_bytes = kern_align_up((size_t)T * sizeof(kern_att_block));
+    const size_t tasks_bytes =
+        kern_align_up((size_t)(T * (Hkv > max_chunks ? Hkv : max_chunks)) * sizeof(kern_att_task));
+    const size_t merges_bytes = kern_align_up((size_t)T * sizeof(int64_t));
+    int rc = kern_reserve(c, &c->att_rows, blocks_bytes + tasks_bytes + merges_bytes);
     if (rc < 0)
         return rc;
-    const bool packed = j.rows_max > KERN_PANEL_DIRECT_ROWS;
-    if (packed && (rc = kern_reserve(c, &c->panels, (size_t)(Hkv * np * a->D) * sizeof(float))) < 0)
+    kern_att_block *blocks = c->att_rows.p;
+    kern_att_task *tasks = (kern_att_task *)((char *)c->att_rows.p + blocks_bytes);
+    int64_t *merges = (int64_t *)((char *)c->att_rows.p + blocks_bytes + tasks_bytes);
+    int64_t n_blocks = 0, work = 0;
+    for (int64_t t = 0; t < T; t++) {
+        kern_att_block *b = n_blocks ? &blocks[n_blocks - 1] : NULL;
+        if (!b || b->nq == KERN_ATT_TQ || (a->seq && a->seq[t] != a->seq[b->t0])) {
+            b = &blocks[n_blocks++];
+            *b = (kern_att_block){.t0 = t, .lo = kern_att_first(a, t)};
+        }
+        b->nq++;
+        b->hi = a->pos[t] + 1;
+        work += (b->hi - kern_att_first(a, t)) * Hq * D;
+    }
+    /* the decode shape's partial results, one buffer for all its blocks */
+    size_t part_floats = 0;
+    for (int64_t i = 0; i < n_blocks; i++) {
+        kern_att_block *b = &blocks[i];
+        b->c_first = b->lo / KERN_ATT_CHUNK;
+        b->n_chunks = (b->hi - 1) / KERN_ATT_CHUNK - b->c_first + 1;
+        if (b->nq <= KERN_ATT_SPLIT_ROWS)
+            part_floats += (size_t)(b->n_chunks * b->nq * Hq * (D + 2));
+    }
+    if (part_floats && (rc = kern_reserve(c, &c->att_parts, part_floats * sizeof(float))) < 0)
         return rc;
-    j.panels = packed ? c->panels.p : NULL;
-    /* the packing is decided by the whole job's work, so both run on the same threads */
-    const int64_t work = T * (a->hi - a->first) * a->Hq * a->D;
-    if (packed)
-        c->par.parallel_for(c->par.self, Hkv, 1, work, kern_panel_pack_range, &j);
-    c->par.parallel_tasks(c->par.self, j.n_blocks * Hkv, work, kern_panel_range, &j);
+    int64_t n_tasks = 0, n_merges = 0, rows_max = 0;
+    size_t at = 0;
+    for (int64_t i = n_blocks - 1; i >= 0; i--) { /* late blocks, usually the longer ones, first */
+        kern_att_block *b = &blocks[i];
+        if (b->nq <= KERN_ATT_SPLIT_ROWS) {
+            b->part = (float *)c->att_parts.p + at;
+            at += (size_t)(b->n_chunks * b->nq * Hq * (D + 2));
+            for (int64_t g = 0; g * KERN_ATT_SPLIT_CHUNKS < b->n_chunks; g++)
+                tasks[n_tasks++] = (kern_att_task){.block = i, .index = g};
+            merges[n_merges++] = i;
+            rows_max = b->nq * Hq > rows_max ? b->nq * Hq : rows_max;
+        } else {
+            b->part = NULL;
+            for (int64_t h = 0; h < Hkv; h++)
+                tasks[n_tasks++] = (kern_att_task){.block = i, .index = h};
+            rows_max = b->nq * group > rows_max ? b->nq * group : rows_max;
+        }
+    }
+    kern_att_job j = {
+        .c = c, .a = a, .blocks = blocks, .tasks = tasks, .n_tasks = n_tasks, .rows_max = rows_max, .merges = merges};
+    if ((rc = kern_reserve_each(c, c->att, kern_att_sizes(&j).total)) < 0)
+        return rc;
+    c->par.parallel_tasks(c->par.self, n_tasks, work, kern_att_range, &j);
+    if (n_merges)
+        c->par.parallel_for(c->par.self, n_merges, 1, (int64_t)part_floats, kern_att_merge, &j);
     return RLX_OK;
+}
+
+int kern_op_attention(kern_ctx *c, const rlx_node_view *n) {
+    kern_att a;
+    const int rc = kern_att_begin(c, n, &a);
+    return rc < 0 ? rc : kern_att_run(c, &a);
 }

@@ -1,5 +1,5 @@
 /* Row ops of the kernel library: EMBED, RMS_NORM, ROPE (and its cos/sin table), SWIGLU, ADD,
- * GATHER_LAST and BF16 rounding, each row (or range of elements) independent of the others, so
+ * GATHER_LAST, GATHER_ROWS and BF16 rounding, each row (or range of elements) independent of the others, so
  * any split across threads gives the same bits. */
 #include <math.h>
 #include <string.h>
@@ -223,6 +223,19 @@ static int kern_op_gather_last(const rlx_node_view *n) {
     return RLX_OK;
 }
 
+static int kern_op_gather_rows(const kern_ctx *c, const rlx_node_view *n) {
+    const rlx_tensor *x = &n->inputs[0], *idx = &n->inputs[1];
+    const int64_t T = rlx_iface_rows(x), C = rlx_iface_cols(x), R = rlx_iface_numel(idx);
+    const int32_t *at = idx->data;
+    for (int64_t r = 0; r < R; r++) {
+        if (at[r] < 0 || at[r] >= T)
+            return c->host->error(RLX_E_RANGE, "%s: node '%s': index %lld is %d, outside the %lld rows of x", c->plugin,
+                                  n->name ? n->name : "?", (long long)r, at[r], (long long)T);
+        memcpy((float *)n->output->data + r * C, (const float *)x->data + at[r] * C, (size_t)C * sizeof(float));
+    }
+    return RLX_OK;
+}
+
 int kern_op_rows(kern_ctx *c, const rlx_node_view *n) {
     const rlx_tensor *in = n->inputs;
     switch (n->op) {
@@ -241,6 +254,8 @@ int kern_op_rows(kern_ctx *c, const rlx_node_view *n) {
         return RLX_OK;
     case RLX_OP_GATHER_LAST:
         return kern_op_gather_last(n);
+    case RLX_OP_GATHER_ROWS:
+        return kern_op_gather_rows(c, n);
     default:
         return c->host->error(RLX_E_UNSUPPORTED, "%s: node '%s': op %u is not a row op", c->plugin,
                               n->name ? n->name : "?", n->op);

@@ -29,8 +29,6 @@ static inline float kern_pow2i(int n) {
 #define KS_BLOCK_R(m) ((m) == 1 ? 4 : (m) == 2 ? 2 : 1)
 #define KS_NREGS 16
 #define KS_STREAM_U(m) ((m) <= 2 ? 4 : (m) <= 4 ? 2 : 1)
-#define KS_ATT_PW 8
-#define KS_QK_R 4
 #define VW 1
 #define VF float
 #define VZERO() 0.0f
@@ -49,6 +47,7 @@ static inline float kern_pow2i(int n) {
 #define VLD_BF16(p) rlx_iface_bf16_to_f32(*(p))
 #define VLD_F16(p) rlx_iface_f16_to_f32(*(p))
 #define VST_BF16(p, v) (*(p) = rlx_iface_f32_to_bf16(v))
+#define VST_F16(p, v) (*(p) = rlx_iface_f32_to_f16(v))
 #define VROUND(v) rintf(v)
 #define VPOW2I(n) kern_pow2i((int)(n))
 #include "kern_simd.inc"
@@ -89,8 +88,6 @@ static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx2(ui
 #define KS_BLOCK_R(m) ((m) == 1 ? 8 : (m) == 2 ? 4 : (m) <= 4 ? 2 : 1)
 #define KS_NREGS 16
 #define KS_STREAM_U(m) ((m) <= 2 ? 4 : (m) <= 4 ? 2 : 1)
-#define KS_ATT_PW 16
-#define KS_QK_R 6
 #define VW 8
 #define VF __m256
 #define VZERO() _mm256_setzero_ps()
@@ -110,6 +107,8 @@ static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx2(ui
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define VLD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define VST_BF16(p, v) kern_st_bf16_avx2(p, v)
+#define VST_F16(p, v)                                                                                                  \
+    _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
 #define VROUND(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define VPOW2I(n)                                                                                                      \
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
@@ -135,8 +134,6 @@ static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx512(
 #define KS_BLOCK_R(m) ((m) == 1 ? 8 : (m) <= 4 ? 4 : 2)
 #define KS_NREGS 32
 #define KS_STREAM_U(m) ((m) <= 4 ? 4 : 2)
-#define KS_ATT_PW 32
-#define KS_QK_R 12
 #define VW 16
 #define VF __m512
 #define VZERO() _mm512_setzero_ps()
@@ -156,6 +153,8 @@ static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx512(
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define VLD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define VST_BF16(p, v) kern_st_bf16_avx512(p, v)
+#define VST_F16(p, v)                                                                                                  \
+    _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
 #define VROUND(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 #define VPOW2I(n)                                                                                                      \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))

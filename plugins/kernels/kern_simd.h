@@ -42,15 +42,19 @@ typedef struct kern_simd {
     /* Unnormalised softmax of s[lo..hi) in place, the rest of s[0..n) zeroed; returns the sum
      * of the exponentials and stores the maximum in *max_out unless it is NULL. */
     float (*softmax)(float *s, int64_t n, int64_t lo, int64_t hi, float *max_out);
-    /* Attention on keys packed in panels of att_pw (kern_attention.c says how they combine). */
-    int64_t att_pw;
-    void (*att_pack)(const float *k, int64_t ldk, int64_t nk, int64_t D, float *panel);
-    void (*att_qk)(const float *const *q, int64_t rows, const float *panel, int64_t nk, int64_t D, float scale,
-                   float *s, int64_t lds);
-    void (*att_qk_direct)(const float *const *q, int64_t rows, const float *k, int64_t ldk, int64_t nk, int64_t D,
-                          float scale, float *s, int64_t lds);
-    void (*att_pv)(const float *p, int64_t ldp, int64_t rows, const float *v, int64_t ldv, int64_t nk, int64_t D,
-                   float *const *o, const float *inv);
+    /* dst[0..n) = src[0..n) as F16, rounded to nearest even (infinity past 65504) */
+    void (*to_f16)(const float *src, uint16_t *dst, int64_t n);
+    /* Attention, each score and output row one fixed sum whatever else the call computes
+     * (kern_simd.inc), so a query's bits do not depend on the batch. Keys and values are rows
+     * ldk (ldv) values apart, of dtype dt: RLX_DTYPE_F32 or RLX_DTYPE_F16.
+     * s[r * lds + j] = scale * q[r] . k[j] for r < rows, j < nk; prefetches the values v of the
+     * same keys for att_pv. */
+    void (*att_qk)(int dt, const float *const *q, int64_t rows, const void *k, const void *v, int64_t ldk, int64_t nk,
+                   int64_t D, float scale, float *s, int64_t lds);
+    /* o[r][0..D) += sum_{j < nk} p[r * ldp + j] v[j] for r < rows, in key order (keys cut into
+     * several calls give the same bits as one call) */
+    void (*att_pv)(int dt, const float *p, int64_t ldp, int64_t rows, const void *v, int64_t ldv, int64_t nk, int64_t D,
+                   float *const *o);
 } kern_simd;
 
 /* The table of level isa; never NULL for a level below PLUGIN_ISA_COUNT. */

@@ -15,7 +15,9 @@
  *                     instead of rounding it to nearest: within the loose bound, not the mode
  *   BROKEN_UNDECLARED rounds x of F32 MATMUL to BF16 correctly but does not declare it
  *   BROKEN_OLD_MINOR  as BROKEN_UNDECLARED, declaring it in a `precision` member while built
- *                     for ABI 1.1, whose tables have no such member: the core must not read it */
+ *                     for ABI 1.1, whose tables have no such member: the core must not read it
+ *   BROKEN_VARIANT    claims ATTENTION over slots (ABI 1.4) and fills each output with the
+ *                     call's row count: a row's bits depend on the batch */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -55,6 +57,8 @@ static int b_supports(void *self, const rlx_node_view *n) {
     return n->op == RLX_OP_SWIGLU;
 #elif defined(BROKEN_HANG)
     return n->op == RLX_OP_GATHER_LAST;
+#elif defined(BROKEN_VARIANT)
+    return n->op == RLX_OP_ATTENTION && n->n_inputs == 7;
 #else
     return 0;
 #endif
@@ -130,6 +134,9 @@ static int b_compute(void *self, const rlx_node_view *n) {
     matmul_x(n, 0);
 #elif defined(BROKEN_UNDECLARED) || defined(BROKEN_OLD_MINOR)
     matmul_x(n, 1);
+#elif defined(BROKEN_VARIANT)
+    for (int64_t i = 0; i < len; i++)
+        y[i] = (float)n->inputs[0].shape[0];
 #endif
     return RLX_OK;
 }

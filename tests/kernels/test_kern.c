@@ -1,7 +1,8 @@
 /* The CPU kernel library (plugins/kernels): at every ISA level this CPU runs, the row ops give
  * the same bits however the backend's parallel_for cuts the rows, and every item is run
- * exactly once; the two attention paths agree with each other and with a double-precision
- * reference; MoE routing picks the reference's experts (ties to the lower index) and weights. */
+ * exactly once; attention (slots, F16 caches, windows) agrees with a double-precision
+ * reference and gives a row the same bits alone, in any batch, in any chunking of its prompt
+ * and on one thread or two; MoE routing picks the reference's experts (ties to the lower index) and weights. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,99 +183,245 @@ static void test_row_ops_do_not_depend_on_the_split(void **state) {
 // ---------------------------------------------------------------------------------------------
 // Attention
 
-enum { D = 20, HQ = 4, HKV = 2, C = 90 };
+enum { D = 20, HQ = 4, HKV = 2, KV = HKV * D, SLOTS = 3, C = 700 };
 
-/* out[HQ * D] of the query at position p in cache rows [lo, p], in double. */
-static void attention_ref(const float *q, const float *kc, const float *vc, int64_t lo, int64_t p, float scale,
-                          double *out) {
+/* The inputs of the query at (slot, pos): the same whatever call it is in. */
+static void att_row(int32_t slot, int32_t pos, float *q, float *k, float *v) {
+    const uint32_t saved = rng;
+    rng = 1000u * (uint32_t)slot + (uint32_t)pos + 1u;
+    fill(q, HQ * D);
+    fill(k, KV);
+    fill(v, KV);
+    rng = saved;
+}
+
+/* One ATTENTION call through the library: rows t < n at (seq[t], pos[t]) (seq NULL: one
+ * sequence, caches [C, KV]) over caches of dtype dt, output [n, HQ * D]. */
+static int att_call(kern_ctx *c, const int32_t *seq, const int32_t *pos, int64_t n, uint32_t dt, uint32_t window,
+                    void *kc, void *vc, float *out) {
+    float *q = malloc((size_t)n * HQ * D * sizeof *q), *k = malloc((size_t)n * KV * sizeof *k),
+          *v = malloc((size_t)n * KV * sizeof *v);
+    for (int64_t t = 0; t < n; t++)
+        att_row(seq ? seq[t] : 0, pos[t], q + t * HQ * D, k + t * KV, v + t * KV);
+    const rlx_op_params p = {.scale = 0.3f, .head_dim = D, .n_heads = HQ, .n_kv_heads = HKV, .window = window};
+    const rlx_tensor cache = seq ? (rlx_tensor){.dtype = dt, .n_dims = 3, .shape = {SLOTS, C, KV, 1}}
+                                 : (rlx_tensor){.dtype = dt, .n_dims = 2, .shape = {C, KV, 1, 1}};
+    rlx_tensor in[7] = {
+        {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {n, HQ * D, 1, 1}, .data = q},
+        {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {n, KV, 1, 1}, .data = k},
+        {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {n, KV, 1, 1}, .data = v},
+        {.dtype = RLX_DTYPE_I32, .n_dims = 1, .shape = {n, 1, 1, 1}, .data = (void *)pos},
+        cache,
+        cache,
+        {.dtype = RLX_DTYPE_I32, .n_dims = 1, .shape = {n, 1, 1, 1}, .data = (void *)seq},
+    };
+    in[4].data = kc;
+    in[5].data = vc;
+    rlx_tensor o = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {n, HQ * D, 1, 1}, .data = out};
+    const rlx_node_view node = {
+        .op = RLX_OP_ATTENTION, .n_inputs = seq ? 7 : 6, .inputs = in, .output = &o, .params = &p, .name = "att"};
+    const int rc = kern_op_attention(c, &node);
+    free(q), free(k), free(v);
+    return rc;
+}
+
+/* Caches of every slot, with random earlier positions. */
+static void *att_cache(uint32_t dt, uint32_t seed) {
+    const size_t n = (size_t)SLOTS * C * KV;
+    void *c = malloc(n * sizeof(float));
+    const uint32_t saved = rng;
+    rng = seed;
+    for (size_t i = 0; i < n; i++) {
+        const float x = frand();
+        if (dt == RLX_DTYPE_F16)
+            ((uint16_t *)c)[i] = rlx_iface_f32_to_f16(x);
+        else
+            ((float *)c)[i] = x;
+    }
+    rng = saved;
+    return c;
+}
+
+static void *att_copy(const void *c) {
+    void *d = malloc((size_t)SLOTS * C * KV * sizeof(float));
+    memcpy(d, c, (size_t)SLOTS * C * KV * sizeof(float));
+    return d;
+}
+
+/* out[HQ * D] of the query at (slot, pos) over cache rows [lo, pos] of the slot, in double. */
+static void att_ref(uint32_t dt, const void *kc, const void *vc, int32_t slot, int32_t pos, int64_t lo, float scale,
+                    double *out) {
+    float q[HQ * D], k[KV], v[KV];
+    att_row(slot, pos, q, k, v);
+    const int64_t base = (int64_t)slot * C * KV;
+    double *s = malloc((size_t)C * sizeof *s);
     for (int h = 0; h < HQ; h++) {
         const int kvh = h / (HQ / HKV);
-        double s[C], mx = -INFINITY, sum = 0.0;
-        for (int64_t j = lo; j <= p; j++) {
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t j = lo; j <= pos; j++) {
             s[j] = 0.0;
             for (int d = 0; d < D; d++)
-                s[j] += (double)q[h * D + d] * kc[j * HKV * D + kvh * D + d];
+                s[j] += (double)q[h * D + d] * rlx_iface_load_f32(dt, kc, base + j * KV + kvh * D + d);
             s[j] *= scale;
             mx = s[j] > mx ? s[j] : mx;
         }
-        for (int64_t j = lo; j <= p; j++)
+        for (int64_t j = lo; j <= pos; j++)
             sum += s[j] = exp(s[j] - mx);
         for (int d = 0; d < D; d++) {
             double o = 0.0;
-            for (int64_t j = lo; j <= p; j++)
-                o += s[j] * vc[j * HKV * D + kvh * D + d];
+            for (int64_t j = lo; j <= pos; j++)
+                o += s[j] * rlx_iface_load_f32(dt, vc, base + j * KV + kvh * D + d);
             out[h * D + d] = o / sum;
         }
     }
+    free(s);
 }
 
-static void test_attention_paths_agree_with_the_reference(void **state) {
+/* A batch of several slots: a prompt chunk of slot 0 crossing chunk boundaries (two blocks),
+ * a decode row of slot 2, and a prompt of slot 1 interleaved with slot 0's rows. */
+enum { BATCH = 26 };
+static const int32_t batch_seq[BATCH] = {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 2};
+static const int32_t batch_pos[BATCH] = {3,   250, 251, 252, 253, 254, 255, 256, 257, 258, 259, 260, 261,
+                                         262, 263, 264, 265, 4,   266, 267, 268, 269, 510, 511, 512, 600};
+
+static void test_attention_agrees_with_the_reference(void **state) {
     (void)state;
     const char *names[PLUGIN_ISA_COUNT];
-    static float kc[C * HKV * D], vc[C * HKV * D];
-    float q[HQ * D], k[HKV * D], v[HKV * D], split[HQ * D], panels[HQ * D];
-    const int32_t pos = 80;
-    rng = 7;
-    fill(kc, C * HKV * D);
-    fill(vc, C * HKV * D);
-    fill(q, HQ * D);
-    fill(k, HKV * D);
-    fill(v, HKV * D);
+    static const uint32_t dts[2] = {RLX_DTYPE_F32, RLX_DTYPE_F16};
     for (int l = 0, n = levels(names); l < n; l++)
-        for (uint32_t window = 0; window <= 50; window += 50) {
-            const rlx_op_params p = {.scale = 0.3f, .head_dim = D, .n_heads = HQ, .n_kv_heads = HKV, .window = window};
-            const rlx_tensor in[6] = {
-                {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {1, HQ * D}, .data = q},
-                {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {1, HKV * D}, .data = k},
-                {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {1, HKV * D}, .data = v},
-                {.dtype = RLX_DTYPE_I32, .n_dims = 1, .shape = {1}, .data = (void *)&pos},
-                {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {C, HKV * D}, .data = kc},
-                {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {C, HKV * D}, .data = vc},
-            };
-            rlx_tensor out = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {1, HQ * D}, .data = split};
-            const rlx_node_view node = {
-                .op = RLX_OP_ATTENTION, .n_inputs = 6, .inputs = in, .output = &out, .params = &p, .name = "att"};
-            kern_ctx c;
-            kern_att a;
-            assert_ok(kern_init(&c, &host, "test", names[l], shuffled));
-            assert_ok(kern_att_begin(&c, &node, &a));
-            assert_ok(kern_att_split_keys(&c, &a));
-            expect_each_item_once(1);
-            out.data = panels;
-            assert_ok(kern_att_begin(&c, &node, &a));
-            assert_ok(kern_att_panels(&c, &a));
-            memset(item_runs, 0, sizeof item_runs);
-            double ref[HQ * D];
-            attention_ref(q, kc, vc, window ? pos - window + 1 : 0, pos, p.scale, ref);
-            for (int i = 0; i < HQ * D; i++) {
-                assert_float_equal(split[i], ref[i], 1e-5);
-                assert_float_equal(panels[i], ref[i], 1e-5);
+        for (int d = 0; d < 2; d++)
+            for (uint32_t window = 0; window <= 100; window += 100) {
+                const uint32_t dt = dts[d];
+                void *kc = att_cache(dt, 5), *vc = att_cache(dt, 6);
+                static float out[BATCH * HQ * D];
+                kern_ctx c;
+                assert_ok(kern_init(&c, &host, "test", names[l], shuffled));
+                assert_ok(att_call(&c, batch_seq, batch_pos, BATCH, dt, window, kc, vc, out));
+                memset(item_runs, 0, sizeof item_runs);
+                for (int t = 0; t < BATCH; t++) {
+                    double ref[HQ * D];
+                    const int64_t lo = window && batch_pos[t] >= (int32_t)window ? batch_pos[t] - window + 1 : 0;
+                    att_ref(dt, kc, vc, batch_seq[t], batch_pos[t], lo, 0.3f, ref);
+                    for (int i = 0; i < HQ * D; i++)
+                        if (fabs(out[t * HQ * D + i] - ref[i]) > 2e-5)
+                            fail_msg("%s %s window %u: row %d value %d is %g, expected %g", names[l],
+                                     rlx_dtype_name((int)dt), window, t, i, (double)out[t * HQ * D + i], ref[i]);
+                    /* the row's k and v as the cache stores them */
+                    float q[HQ * D], k[KV], v[KV];
+                    att_row(batch_seq[t], batch_pos[t], q, k, v);
+                    const int64_t row = ((int64_t)batch_seq[t] * C + batch_pos[t]) * KV;
+                    for (int i = 0; i < KV; i++) {
+                        const float want =
+                            dt == RLX_DTYPE_F16 ? rlx_iface_f16_to_f32(rlx_iface_f32_to_f16(v[i])) : v[i];
+                        assert_true(rlx_iface_load_f32(dt, vc, row + i) == want);
+                    }
+                }
+                kern_deinit(&c);
+                free(kc), free(vc);
             }
-            kern_deinit(&c);
+}
+
+/* Rows [from, from + n) of slot `slot`'s prompt computed by several calls of `step` rows each
+ * (the last shorter), into out[(pos - from) * HQ * D]. */
+static void att_chunked(kern_ctx *c, int one_sequence, int32_t slot, int32_t from, int32_t n, int32_t step, uint32_t dt,
+                        uint32_t window, void *kc, void *vc, float *out) {
+    int32_t seq[512], pos[512];
+    for (int32_t t0 = 0; t0 < n; t0 += step) {
+        const int32_t m = n - t0 < step ? n - t0 : step;
+        for (int32_t t = 0; t < m; t++)
+            seq[t] = slot, pos[t] = from + t0 + t;
+        assert_ok(att_call(c, one_sequence ? NULL : seq, pos, m, dt, window, kc, vc, out + (int64_t)t0 * HQ * D));
+    }
+}
+
+/* The same prompt rows as one call, cut into chunks of 100 and of 7 rows, one row at a time,
+ * and on one "thread" or two: the same bits. With one sequence (2-D caches), as 1.3 has it. */
+static void test_attention_rows_do_not_depend_on_the_chunks(void **state) {
+    (void)state;
+    enum { FROM = 200, N = 300 };
+    const char *names[PLUGIN_ISA_COUNT];
+    for (int l = 0, n = levels(names); l < n; l++)
+        for (uint32_t window = 0; window <= 100; window += 100) {
+            static float want[N * HQ * D], got[N * HQ * D];
+            static const int32_t steps[4] = {N, 100, 7, 1};
+            kern_ctx one, two;
+            assert_ok(kern_init(&one, &host, "test", names[l], serial));
+            assert_ok(kern_init(&two, &host, "test", names[l], shuffled));
+            void *kc = att_cache(RLX_DTYPE_F32, 5), *vc = att_cache(RLX_DTYPE_F32, 6);
+            att_chunked(&one, 1, 0, FROM, N, N, RLX_DTYPE_F32, window, kc, vc, want);
+            for (int s = 0; s < 8; s++) {
+                void *kc2 = att_cache(RLX_DTYPE_F32, 5), *vc2 = att_cache(RLX_DTYPE_F32, 6);
+                att_chunked(s < 4 ? &two : &one, 1, 0, FROM, N, steps[s % 4], RLX_DTYPE_F32, window, kc2, vc2, got);
+                for (int t = 0; t < N; t++)
+                    if (memcmp(got + t * HQ * D, want + t * HQ * D, HQ * D * sizeof(float)) != 0)
+                        fail_msg("%s window %u: row at %d differs in chunks of %d on %d thread(s)", names[l], window,
+                                 FROM + t, steps[s % 4], s < 4 ? 2 : 1);
+                free(kc2), free(vc2);
+            }
+            memset(item_runs, 0, sizeof item_runs);
+            free(kc), free(vc);
+            kern_deinit(&one);
+            kern_deinit(&two);
         }
 }
 
-static void test_attention_rejects_a_position_outside_the_cache(void **state) {
+/* Each row of the batch above computed alone, and in the batch: the same bits, for both
+ * cache dtypes and on one or two "threads"; slot 0's prompt also chunked differently. */
+static void test_attention_rows_do_not_depend_on_the_batch(void **state) {
     (void)state;
-    float x[HQ * D] = {0}, kc[4 * HKV * D];
-    const int32_t pos = 4;
-    const rlx_op_params p = {.scale = 1.0f, .head_dim = D, .n_heads = HQ, .n_kv_heads = HKV};
-    const rlx_tensor in[6] = {
-        {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {1, HQ * D}, .data = x},
-        {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {1, HKV * D}, .data = x},
-        {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {1, HKV * D}, .data = x},
-        {.dtype = RLX_DTYPE_I32, .n_dims = 1, .shape = {1}, .data = (void *)&pos},
-        {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {4, HKV * D}, .data = kc},
-        {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {4, HKV * D}, .data = kc},
-    };
-    rlx_tensor out = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {1, HQ * D}, .data = x};
-    const rlx_node_view node = {
-        .op = RLX_OP_ATTENTION, .n_inputs = 6, .inputs = in, .output = &out, .params = &p, .name = "layers.0.attn"};
+    const char *names[PLUGIN_ISA_COUNT];
+    static const uint32_t dts[2] = {RLX_DTYPE_F32, RLX_DTYPE_F16};
+    for (int l = 0, n = levels(names); l < n; l++)
+        for (int d = 0; d < 2; d++)
+            for (uint32_t window = 0; window <= 100; window += 100) {
+                const uint32_t dt = dts[d];
+                static float batch[BATCH * HQ * D], alone[HQ * D], chunked[BATCH * HQ * D];
+                kern_ctx one, two;
+                assert_ok(kern_init(&one, &host, "test", names[l], serial));
+                assert_ok(kern_init(&two, &host, "test", names[l], shuffled));
+                void *kc = att_cache(dt, 5), *vc = att_cache(dt, 6);
+                void *kc2 = att_copy(kc), *vc2 = att_copy(vc);
+                assert_ok(att_call(&two, batch_seq, batch_pos, BATCH, dt, window, kc, vc, batch));
+                /* alone, in the batch's order, on one thread: each row after the ones before it */
+                for (int t = 0; t < BATCH; t++) {
+                    assert_ok(att_call(&one, batch_seq + t, batch_pos + t, 1, dt, window, kc2, vc2, alone));
+                    if (memcmp(alone, batch + t * HQ * D, sizeof alone) != 0)
+                        fail_msg("%s %s window %u: row %d (slot %d at %d) alone differs from the batch", names[l],
+                                 rlx_dtype_name((int)dt), window, t, batch_seq[t], batch_pos[t]);
+                }
+                assert_memory_equal(kc, kc2, (size_t)SLOTS * C * KV * rlx_iface_dtype_size(dt));
+                /* slot 0's rows 250..269 in calls of 3, with none of the other slots' rows */
+                free(kc2), free(vc2);
+                kc2 = att_cache(dt, 5), vc2 = att_cache(dt, 6);
+                att_chunked(&two, 0, 0, 250, 20, 3, dt, window, kc2, vc2, chunked);
+                for (int t = 1; t <= 16; t++) /* batch rows 1..16 are slot 0 at 250..265 */
+                    if (memcmp(chunked + (t - 1) * HQ * D, batch + t * HQ * D, HQ * D * sizeof(float)) != 0)
+                        fail_msg("%s %s window %u: slot 0 at %d in chunks of 3 differs from the batch", names[l],
+                                 rlx_dtype_name((int)dt), window, batch_pos[t]);
+                memset(item_runs, 0, sizeof item_runs);
+                free(kc), free(vc), free(kc2), free(vc2);
+                kern_deinit(&one);
+                kern_deinit(&two);
+            }
+}
+
+static void test_attention_rejects_rows_outside_the_cache_or_out_of_order(void **state) {
+    (void)state;
     kern_ctx c;
-    kern_att a;
     assert_ok(kern_init(&c, &host, "test", "c", serial));
-    assert_int_equal(kern_att_begin(&c, &node, &a), RLX_E_RANGE);
-    assert_non_null(strstr(host_msg, "test: node 'layers.0.attn': position 4"));
+    void *kc = att_cache(RLX_DTYPE_F16, 5), *vc = att_cache(RLX_DTYPE_F16, 6), *before = att_copy(kc);
+    float out[3 * HQ * D];
+    assert_int_equal(att_call(&c, (int32_t[]){0, 3}, (int32_t[]){1, 1}, 2, RLX_DTYPE_F16, 0, kc, vc, out), RLX_E_RANGE);
+    assert_non_null(strstr(host_msg, "test: node 'att': row 1: slot 3 is outside the cache's 3 slots"));
+    assert_int_equal(att_call(&c, NULL, (int32_t[]){C}, 1, RLX_DTYPE_F16, 0, kc, vc, out), RLX_E_RANGE);
+    assert_non_null(strstr(host_msg, "test: node 'att': row 0: position 700 is outside the KV cache of 700"));
+    assert_int_equal(att_call(&c, (int32_t[]){2, 1, 2}, (int32_t[]){9, 9, 9}, 3, RLX_DTYPE_F16, 0, kc, vc, out),
+                     RLX_E_INVALID);
+    assert_non_null(strstr(host_msg, "row 2: position 9 of slot 2 does not follow position 9"));
+    assert_int_equal(att_call(&c, NULL, (int32_t[]){5, 4}, 2, RLX_DTYPE_F16, 0, kc, vc, out), RLX_E_INVALID);
+    /* refused calls write nothing */
+    assert_memory_equal(kc, before, (size_t)SLOTS * C * KV * 2);
+    free(kc), free(vc), free(before);
     kern_deinit(&c);
 }
 
@@ -302,8 +449,10 @@ static void test_moe_route_takes_ties_in_expert_order(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_row_ops_do_not_depend_on_the_split),
-        cmocka_unit_test(test_attention_paths_agree_with_the_reference),
-        cmocka_unit_test(test_attention_rejects_a_position_outside_the_cache),
+        cmocka_unit_test(test_attention_agrees_with_the_reference),
+        cmocka_unit_test(test_attention_rows_do_not_depend_on_the_chunks),
+        cmocka_unit_test(test_attention_rows_do_not_depend_on_the_batch),
+        cmocka_unit_test(test_attention_rejects_rows_outside_the_cache_or_out_of_order),
         cmocka_unit_test(test_moe_route_takes_ties_in_expert_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

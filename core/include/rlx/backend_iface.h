@@ -89,6 +89,9 @@ typedef struct rlx_tensor {
  *               ABI 1.4, F16 caches: k_cache and v_cache (always of one dtype and shape) may be
  *               F16; a row is stored rounded to nearest even (rlx_iface_f32_to_f16, inf past
  *               65504) and read back widened exactly, so a query sees the stored values.
+ *               A backend claiming the slot form computes it batch-invariantly: a row's output
+ *               is the same bits whatever else the call holds and however many threads run
+ *               it (the conformance kit checks this); the in-tree backends do so for every form.
  *   SWIGLU      (gate F32[T,F], up F32[T,F])                    -> F32[T,F]  silu(gate) * up
  *   ADD         (a F32[T,C], b F32[T,C])                        -> F32[T,C]
  *   GATHER_LAST (x F32[T,C])                                    -> F32[1,C]  row T-1
