@@ -190,7 +190,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
     rlx_tokenizer *tok = NULL;
     int status = 1;
     char err[256];
-    if (serve_http_start(&s, a.host, (uint16_t)a.port, a.max_connections, &http, err, sizeof err) < 0) {
+    if (serve_http_start(&s, a.host, (uint16_t)a.port, a.max_connections, o->verbose, &http, err, sizeof err) < 0) {
         app_fail("serve: %s", err);
         goto done;
     }

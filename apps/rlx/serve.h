@@ -121,9 +121,9 @@ void serve_job_release(serve_job *j);
 typedef struct serve_http serve_http;
 
 /* Starts listening on host:port (port 0: any free one) with a thread per connection, at most
- * max_connections at once. On failure err holds a message. */
-int serve_http_start(serve_server *s, const char *host, uint16_t port, uint32_t max_connections, serve_http **out,
-                     char *err, size_t err_len);
+ * max_connections at once; verbose lets libmicrohttpd log. On failure err holds a message. */
+int serve_http_start(serve_server *s, const char *host, uint16_t port, uint32_t max_connections, int verbose,
+                     serve_http **out, char *err, size_t err_len);
 uint16_t serve_http_port(const serve_http *h);
 /* Stops accepting connections; those open keep being served. */
 void serve_http_quiesce(serve_http *h);

@@ -530,8 +530,8 @@ static void log_mhd(void *cls, const char *fmt, va_list ap) {
     vfprintf(stderr, fmt, ap);
 }
 
-int serve_http_start(serve_server *s, const char *host, uint16_t port, uint32_t max_connections, serve_http **out,
-                     char *err, size_t err_len) {
+int serve_http_start(serve_server *s, const char *host, uint16_t port, uint32_t max_connections, int verbose,
+                     serve_http **out, char *err, size_t err_len) {
     *out = NULL;
     char service[8];
     snprintf(service, sizeof service, "%u", port);
@@ -550,7 +550,10 @@ int serve_http_start(serve_server *s, const char *host, uint16_t port, uint32_t 
         return -1;
     }
     h->server = s;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_ERROR_LOG;
+    /* MHD's own log says every client that went away mid-stream ("application error"): only with -v */
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC;
+    if (verbose)
+        flags |= MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     /* the logger first: MHD reports the options after it through it */

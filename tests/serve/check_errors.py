@@ -103,6 +103,13 @@ def main():
     ap.add_argument("--rlx", required=True)
     args = ap.parse_args()
     c = Checks()
+    for flags, says in ((["--spec", "draft"], "--spec"), (["--config", "share/deploy/two-stages.yaml"], "--config"),
+                        (["--api-key", "a", "--api-key-file", "/dev/null"], "not both"),
+                        (["-c", "512", "--slot-ctx", "64"], "not both"), (["--port", "70000"], "--port")):
+        p = subprocess.run([args.rlx, "serve"] + flags, capture_output=True, text=True, timeout=60)
+        lines = p.stderr.splitlines()
+        c.check(p.returncode == 1 and len(lines) == 1 and lines[0].startswith("rlx: serve: ") and says in lines[0],
+                f"rlx serve {' '.join(flags)}: exit {p.returncode}, {p.stderr!r}")
     with Server(args.rlx, ["--api-key", KEY, "--max-body", str(MAX_BODY), "--max-tokens-limit", "1000",
                            "--slot-ctx", "1024", "--parallel", "1", "--queue", "1"]) as s:
         _, _, before = curl(s, "/metrics")
