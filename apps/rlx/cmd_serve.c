@@ -180,6 +180,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                       .completion_default = 16};
     s.api_key_len = s.api_key ? strlen(s.api_key) : 0;
     atomic_init(&s.phase, SERVE_LOADING);
+    pthread_mutex_init(&s.latency_mu, NULL);
     sigset_t stop;
     sigemptyset(&stop);
     sigaddset(&stop, SIGTERM);
@@ -219,6 +220,7 @@ done:
     rlx_engine_destroy(s.engine);
     rlx_tokenizer_close(tok);
     app_runtime_close(&rt);
+    pthread_mutex_destroy(&s.latency_mu);
     free(key_file_text);
     return status;
 }

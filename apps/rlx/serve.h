@@ -9,6 +9,7 @@
 #ifndef RLX_APP_SERVE_H
 #define RLX_APP_SERVE_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +24,12 @@ enum serve_phase { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };
 #define SERVE_STATUS_CODES(X) X(200) X(400) X(401) X(404) X(405) X(413) X(500) X(503) X(504)
 #define SERVE_COUNT_SLOT(code) +1
 enum { SERVE_N_STATUS_CODES = 0 SERVE_STATUS_CODES(SERVE_COUNT_SLOT) };
+
+/* Seconds summed over the finished requests, by stage, for /metrics. */
+typedef struct serve_latency {
+    uint64_t requests;
+    double queue, prompt, decode; /* waiting for a slot; admission to first token; first to last */
+} serve_latency;
 
 typedef struct serve_server {
     /* fixed before the HTTP daemon starts */
@@ -42,6 +49,8 @@ typedef struct serve_server {
     /* for /metrics */
     atomic_uint_fast64_t responses[SERVE_N_STATUS_CODES];
     atomic_uint_fast64_t invalid_requests; /* generation requests refused with a 4xx */
+    pthread_mutex_t latency_mu;
+    serve_latency latency;
 } serve_server;
 
 /* Counts a response of status code for /metrics. */

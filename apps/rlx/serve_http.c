@@ -341,6 +341,18 @@ static enum MHD_Result metrics(request *r) {
            "Generated tokens per busy second since the start (rate() of the counters gives recent ones).");
     buf_printf(&b, "rlx_generated_tokens_per_second %.3f\n",
                st.busy_seconds > 0 ? (double)st.generated_tokens / st.busy_seconds : 0.0);
+    pthread_mutex_lock(&s->latency_mu);
+    const serve_latency lat = s->latency;
+    pthread_mutex_unlock(&s->latency_mu);
+    metric(&b, "rlx_request_stage_seconds", "summary",
+           "Seconds the finished requests spent per stage: queue (waiting for a slot), prompt (from admission to "
+           "the first token), decode (from the first token to the last).");
+    buf_printf(&b, "rlx_request_stage_seconds_sum{stage=\"queue\"} %.6f\n", lat.queue);
+    buf_printf(&b, "rlx_request_stage_seconds_count{stage=\"queue\"} %llu\n", (unsigned long long)lat.requests);
+    buf_printf(&b, "rlx_request_stage_seconds_sum{stage=\"prompt\"} %.6f\n", lat.prompt);
+    buf_printf(&b, "rlx_request_stage_seconds_count{stage=\"prompt\"} %llu\n", (unsigned long long)lat.requests);
+    buf_printf(&b, "rlx_request_stage_seconds_sum{stage=\"decode\"} %.6f\n", lat.decode);
+    buf_printf(&b, "rlx_request_stage_seconds_count{stage=\"decode\"} %llu\n", (unsigned long long)lat.requests);
     metric(&b, "rlx_requests_running", "gauge", "Requests holding a slot.");
     buf_printf(&b, "rlx_requests_running %u\n", st.running);
     metric(&b, "rlx_requests_queued", "gauge", "Requests waiting for a slot.");

@@ -166,6 +166,13 @@ static int on_event(void *ctx, const rlx_engine_event *ev) {
     snprintf(j->message, sizeof j->message, "%s", ev->message ? ev->message : "");
     j->usage = ev->usage;
     pthread_cond_broadcast(&j->cv);
+    serve_server *srv = j->server;
+    pthread_mutex_lock(&srv->latency_mu);
+    srv->latency.requests++;
+    srv->latency.queue += ev->usage.queue_seconds;
+    srv->latency.prompt += ev->usage.prompt_seconds;
+    srv->latency.decode += ev->usage.decode_seconds;
+    pthread_mutex_unlock(&srv->latency_mu);
     unref_locked(j);
     return 0;
 }

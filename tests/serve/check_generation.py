@@ -166,6 +166,11 @@ def load(c, s):
         t.join(timeout=600)
     c.check(done[0] == LOAD_REQUESTS and not lost,
             f"load test: {done[0]} of {LOAD_REQUESTS} answered in {time.monotonic() - start:.1f} s; lost {lost[:3]}")
+    finished = sum(metric(s, 'rlx_requests_total{outcome="%s"}' % o) for o in ("completed", "cancelled", "failed"))
+    counted = metric(s, 'rlx_request_stage_seconds_count{stage="decode"}')
+    c.check(finished >= LOAD_REQUESTS and counted == finished and metric(s, "rlx_generated_tokens_total") > 0 and
+            metric(s, 'rlx_request_stage_seconds_sum{stage="prompt"}') > 0,
+            f"/metrics: {finished} requests finished, {counted} in the stage latencies")
 
 
 def metric(s, name):
