@@ -22,6 +22,7 @@ double kit_default_tol(int slot) {
     case RLX_OP_ADD:
     case RLX_OP_GATHER_LAST:
     case RLX_OP_CONCAT:
+    case RLX_OP_GATHER_ROWS:
         return 0; /* copies and one rounding: exact */
     case RLX_OP_SWIGLU:
         return 1e-6;

@@ -6,8 +6,8 @@
  *   norm_topk; f64 max_pos
  *   n_inputs tensors, then the expected output tensor (F32), each:
  *     u32 dtype u32 n_dims u32 flags (1 = weight) u32 0, i64 shape[4], numel * size bytes
- *   u32 n_states, then for each: u32 input index, the expected F32 contents of that input after
- *   the call (ATTENTION's caches: inputs 4 and 5, in that order). */
+ *   u32 n_states, then for each: u32 input index, the expected contents of that input after the
+ *   call, in its dtype (ATTENTION's caches, F32 or F16: inputs 4 and 5, in that order). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,9 +132,9 @@ int kit_fixture_read(const char *path, kit_node *n, char *name, size_t name_len,
         goto bad;
     for (uint32_t s = 0; s < n_states; s++) {
         uint32_t idx = u32(&c);
-        if (c.bad || idx != 4 + s || idx >= n_inputs || n->in[idx].dtype != RLX_DTYPE_F32)
+        if (c.bad || idx != 4 + s || idx >= n_inputs)
             goto bad;
-        size_t bytes = (size_t)rlx_tensor_numel(&n->in[idx]) * 4;
+        size_t bytes = rlx_iface_tensor_bytes(&n->in[idx]);
         if ((size_t)(c.end - c.p) < bytes)
             goto bad;
         if (with_data) {

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 OPS = {"embed": 1, "matmul": 2, "rms_norm": 3, "rope": 4, "attention": 5, "swiglu": 6, "add": 7,
-       "gather_last": 8, "moe": 9, "concat": 10}
+       "gather_last": 8, "moe": 9, "concat": 10, "gather_rows": 11}
 DTYPE_CODE = {"f32": 0, "bf16": 1, "f16": 2, "i32": 3}
 DTYPES = ("f32", "bf16", "f16")
 SEED = 20240601
@@ -113,6 +113,33 @@ def op_attention(q, k, v, pos, k_cache, v_cache, hq, hkv, d, window, scale):
     return out, kc, vc
 
 
+def op_attention_slots(q, k, v, pos, seq, k_cache, v_cache, cache_dtype, hq, hkv, d, window, scale):
+    """ATTENTION of ABI 1.4: caches [S, C, Hkv*D] (or [C, Hkv*D] when seq is None) of cache_dtype;
+    every row's k and v are stored first (as float16 when the cache is), then each query row
+    attends to positions <= its own of its own slot only. Row by row, as the definition reads."""
+    store = np.float16 if cache_dtype == "f16" else np.float32
+    kc = (k_cache if seq is not None else k_cache[None]).copy()
+    vc = (v_cache if seq is not None else v_cache[None]).copy()
+    slot = seq if seq is not None else np.zeros(len(pos), dtype=np.int64)
+    for t in range(len(pos)):
+        kc[slot[t], pos[t]] = k[t].astype(store).astype(np.float64)
+        vc[slot[t], pos[t]] = v[t].astype(store).astype(np.float64)
+    out = np.zeros((len(pos), hq * d))
+    group = hq // hkv
+    for t in range(len(pos)):
+        lo = max(0, pos[t] - window + 1) if window else 0
+        for h in range(hq):
+            kvh = h // group
+            keys = kc[slot[t], lo:pos[t] + 1, kvh * d:(kvh + 1) * d]
+            vals = vc[slot[t], lo:pos[t] + 1, kvh * d:(kvh + 1) * d]
+            s = keys @ q[t, h * d:(h + 1) * d] * scale
+            p = np.exp(s - s.max())
+            out[t, h * d:(h + 1) * d] = (p / p.sum()) @ vals
+    if seq is None:
+        kc, vc = kc[0], vc[0]
+    return out, kc, vc
+
+
 def moe_top(logits, k):
     """Experts by descending logit, ties to the lower index (as torch.topk)."""
     return np.argsort(-logits, kind="stable")[:k]
@@ -152,7 +179,8 @@ class Case:
         data.append(Tensor(f32(self.out), "f32").record())
         data.append(struct.pack("<I", len(self.states)))
         for index, values in self.states:
-            data.append(struct.pack("<I", index) + f32(values).tobytes())
+            stored = np.asarray(values).astype("<f2" if self.inputs[index].dtype == "f16" else "<f4")
+            data.append(struct.pack("<I", index) + stored.tobytes())
         return b"".join(data)
 
 
@@ -221,6 +249,43 @@ def cases():
                         [q, k, v, Tensor(pos, "i32"), kc, vc], y,
                         {"head_dim": d, "n_heads": hq, "n_kv_heads": hkv, "window": window, "scale": scale},
                         max_pos=first + t - 1, states=((4, kc2), (5, vc2))))
+
+    # ABI 1.4: slots (caches [S, C, Hkv*D], row t in slot seq[t]) and F16 caches. Rows of several
+    # slots interleaved, decode rows of many slots, a window, a prompt chunk after a prefix
+    # crossing positions 256 and 512, and both F16 forms; F16 inputs of magnitude up to 600 so
+    # that their rounding is coarse (steps of 0.5) and shows in the output.
+    for name, hq, hkv, d, slots, cap, rows, window, dt in [
+            ("interleaved", 4, 2, 16, 3, 24, [(0, 5), (1, 0), (0, 6), (2, 10), (1, 1), (0, 7)], 0, "f32"),
+            ("decode", 8, 1, 32, 4, 64, [(3, 63), (0, 0), (2, 31), (1, 17)], 0, "f32"),
+            ("window", 6, 3, 8, 2, 40, [(1, 20), (0, 3), (1, 21), (1, 22), (0, 4)], 8, "f32"),
+            ("chunk", 8, 2, 16, 2, 600, [(1, 599)] + [(0, p) for p in range(250, 530)], 0, "f32"),
+            ("interleaved", 4, 2, 16, 3, 24, [(0, 5), (1, 0), (0, 6), (2, 10), (1, 1), (0, 7)], 0, "f16"),
+            ("chunk", 8, 2, 16, 2, 600, [(0, p) for p in range(250, 290)] + [(1, 599)], 64, "f16"),
+            ("one sequence", 8, 2, 16, None, 32, [(None, p) for p in range(3, 8)], 0, "f16")]:
+        t = len(rows)
+        seq = None if slots is None else np.array([r[0] for r in rows])
+        pos = np.array([r[1] for r in rows])
+        big = 600.0 if dt == "f16" else 2.0
+        shape = (cap, hkv * d) if slots is None else (slots, cap, hkv * d)
+        q = Tensor(uniform(rng, (t, hq * d), 2.0 / big), "f32")
+        k = Tensor(uniform(rng, (t, hkv * d), big), "f32")
+        v = Tensor(uniform(rng, (t, hkv * d), big), "f32")
+        kc = Tensor(uniform(rng, shape, big), dt)
+        vc = Tensor(uniform(rng, shape, big), dt)
+        scale = float(np.float32(1.0 / np.sqrt(d)))
+        y, kc2, vc2 = op_attention_slots(q.value, k.value, v.value, pos, seq, kc.value, vc.value, dt, hq, hkv, d,
+                                         window, scale)
+        ins = [q, k, v, Tensor(pos, "i32"), kc, vc] + ([] if seq is None else [Tensor(seq, "i32")])
+        out.append(Case("attention",
+                        f"attention {name} T={t} Hq={hq} Hkv={hkv} D={d} slots={slots or 0} cache={cap} "
+                        f"window={window} kv={dt}",
+                        ins, y, {"head_dim": d, "n_heads": hq, "n_kv_heads": hkv, "window": window, "scale": scale},
+                        max_pos=int(pos.max()), states=((4, kc2), (5, vc2))))
+
+    for t, c, idx in [(7, 17, [6, 0, 6, 3]), (1, 64, [0]), (130, 96, [129, 5, 64])]:
+        x = Tensor(uniform(rng, (t, c), 4.0), "f32")
+        out.append(Case("gather_rows", f"gather_rows T={t} C={c} R={len(idx)}", [x, Tensor(np.array(idx), "i32")],
+                        x.value[idx]))
 
     for t, c in [(1, 3072), (5, 17), (64, 256), (1, 1)]:
         a = Tensor(uniform(rng, (t, c), 4.0), "f32")

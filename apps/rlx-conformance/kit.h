@@ -71,9 +71,9 @@ typedef struct kit_node {
     uint8_t *is_weight; /* n_inputs flags: WEIGHT role (the backend may keep the pointer) */
     rlx_tensor out;     /* F32; data NULL until run */
     rlx_op_params p;
-    float *want;          /* expected output (NumPy), NULL: compare with the reference kernels */
-    float *want_cache[2]; /* ATTENTION: expected k_cache and v_cache after the call (NumPy) */
-    double max_pos;       /* largest position the node reads (informational) */
+    float *want;         /* expected output (NumPy), NULL: compare with the reference kernels */
+    void *want_cache[2]; /* ATTENTION: expected k_cache and v_cache after the call (NumPy), in their dtype */
+    double max_pos;      /* largest position the node reads (informational) */
 } kit_node;
 
 typedef struct kit_options {

@@ -360,8 +360,8 @@ static void judge(kit_runner *r, const kit_check *c, kit_node *n, uint32_t prec,
     const char *bname = rlx_backend_name(r->tested);
     int64_t numel = rlx_tensor_numel(&n->out);
     size_t out_bytes = (size_t)numel * 4;
-    float *want = n->want, *want_cache[2] = {n->want_cache[0], n->want_cache[1]};
-    float *ref_out = NULL, *ref_cache[2] = {NULL, NULL}, *cache[2] = {NULL, NULL};
+    float *want = n->want, *ref_out = NULL;
+    void *want_cache[2] = {n->want_cache[0], n->want_cache[1]}, *ref_cache[2] = {NULL, NULL}, *cache[2] = {NULL, NULL};
     void **prepared = NULL;
     rlx_tensor *shapes = NULL;
     uint64_t *hashes = calloc(n->n_inputs, sizeof *hashes);
@@ -497,12 +497,21 @@ static void judge(kit_runner *r, const kit_check *c, kit_node *n, uint32_t prec,
         }
     }
     for (uint32_t s = 0; s < 2 && n->op == RLX_OP_ATTENTION; s++) {
+        /* caches compared bit for bit in their own dtype (F16 rows rounded to nearest even); a
+         * row of a 3-D cache is named by slot and position */
         const rlx_tensor *t = &n->in[4 + s];
-        int64_t cols = t->shape[1];
-        for (int64_t row = 0; row < t->shape[0]; row++)
-            if (memcmp(cache[s] + row * cols, want_cache[s] + row * cols, (size_t)cols * 4) != 0) {
-                result(res, KIT_FAIL, "backend '%s': %s row %lld after node '%s' differs from the expected cache",
-                       bname, s ? "v_cache" : "k_cache", (long long)row, c->name);
+        const int64_t cap = t->shape[t->n_dims - 2];
+        const size_t row_bytes = rlx_iface_row_bytes(t->dtype, rlx_iface_cols(t));
+        for (int64_t row = 0; row < rlx_iface_rows(t); row++)
+            if (memcmp((const char *)cache[s] + row * row_bytes, (const char *)want_cache[s] + row * row_bytes,
+                       row_bytes) != 0) {
+                char which[64];
+                if (t->n_dims == 3)
+                    snprintf(which, sizeof which, "slot %lld row %lld", (long long)(row / cap), (long long)(row % cap));
+                else
+                    snprintf(which, sizeof which, "row %lld", (long long)row);
+                result(res, KIT_FAIL, "backend '%s': %s %s after node '%s' differs from the expected cache", bname,
+                       s ? "v_cache" : "k_cache", which, c->name);
                 goto done;
             }
     }

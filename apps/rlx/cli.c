@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "rlx/graph.h"
 #include "rlx/status.h"
 
 int app_fail(const char *fmt, ...) {
@@ -160,8 +161,30 @@ app_opt_group app_model_group(app_options *o) {
     return APP_OPT_GROUP("model:", opts);
 }
 
+/* f32 or f16 (llama.cpp's names; its quantized cache types are not supported) */
+static int parse_cache_type(const char *opt, const char *value, void *target) {
+    if (strcmp(value, "f32") == 0)
+        *(uint32_t *)target = RLX_DTYPE_F32;
+    else if (strcmp(value, "f16") == 0)
+        *(uint32_t *)target = RLX_DTYPE_F16;
+    else {
+        app_fail("%s: '%s' is not a KV cache type rlx has: f32 or f16", opt, value);
+        return -1;
+    }
+    return 0;
+}
+
+int app_kv_dtype(const app_options *o) {
+    if (o->cache_type_k != o->cache_type_v) {
+        app_fail("--cache-type-k %s and --cache-type-v %s differ: rlx keeps K and V in one type",
+                 rlx_dtype_name((int)o->cache_type_k), rlx_dtype_name((int)o->cache_type_v));
+        return -1;
+    }
+    return (int)o->cache_type_k;
+}
+
 app_opt_group app_common_group(app_options *o) {
-    static app_opt opts[9];
+    static app_opt opts[11];
     const app_opt model = app_model_group(o).opts[0];
     app_opt list[] = {
         model,
@@ -189,6 +212,10 @@ app_opt_group app_common_group(app_options *o) {
          "quantize a safetensors model's matrices in memory when loading it, as\n"
          "rlx quantize --type TYPE would (q8_0, q4_0, q4_k_m, ...)",
          APP_OPT_STRING, &o->quant},
+        {0, "cache-type-k", NULL, "TYPE", "KV cache type of the keys, f32 (default) or f16 (-ctk; half the memory)",
+         APP_OPT_CUSTOM, &o->cache_type_k, .parse = parse_cache_type},
+        {0, "cache-type-v", NULL, "TYPE", "KV cache type of the values, as --cache-type-k (-ctv)", APP_OPT_CUSTOM,
+         &o->cache_type_v, .parse = parse_cache_type},
     };
     memcpy(opts, list, sizeof opts);
     return APP_OPT_GROUP("options:", opts);

@@ -27,7 +27,9 @@ typedef struct app_options {
     uint32_t threads;
     uint32_t ctx;
     int verbose;
-    const char *quant;             /* --quant TYPE: quantize a safetensors model's matrices when loading it */
+    const char *quant; /* --quant TYPE: quantize a safetensors model's matrices when loading it */
+    /* --cache-type-k / --cache-type-v (-ctk, -ctv): the KV cache's rlx_dtype, F32 unless given */
+    uint32_t cache_type_k, cache_type_v;
     app_pipeline_options pipeline; /* --config, --stages, --launch, --transport, timeouts */
 } app_options;
 
@@ -62,6 +64,10 @@ int app_parse_tokens(const char *opt, const char *text, int32_t **out);
 char *app_read_file(const char *what, const char *path, int drop_final_newline, size_t *len);
 /* log(sum(exp(row[0 .. n)))), computed stably: log_softmax(row)[i] = row[i] - this. */
 double app_log_sum_exp(const float *row, int64_t n);
+
+/* The KV cache dtype the options ask for: RLX_DTYPE_F32 or RLX_DTYPE_F16; -1 after reporting
+ * --cache-type-k and --cache-type-v that differ (rlx stores K and V in one dtype). */
+int app_kv_dtype(const app_options *o);
 
 /* Logical cores this process may run on (sched_getaffinity), at least 1. */
 uint32_t app_usable_cores(void);

@@ -255,7 +255,7 @@ typedef struct bench_row {
 
 static void print_json_row(const bench_row *r, uint32_t reps, const model_info *m, const char *model_dir,
                            const char *backend, const host_info *h, const char *describe, double rss_mb,
-                           const char *test_time) {
+                           const char *test_time, const char *kv_type) {
     double mean_s = 0, mean_ts = 0;
     for (uint32_t i = 0; i < reps; i++)
         mean_s += r->seconds[i] / reps, mean_ts += r->samples[i] / reps;
@@ -277,7 +277,7 @@ static void print_json_row(const bench_row *r, uint32_t reps, const model_info *
     printf("], \"samples_ts\": [");
     for (uint32_t i = 0; i < reps; i++)
         printf("%s%.6f", i ? ", " : "", r->samples[i]);
-    printf("], \"peak_rss_mb\": %.1f", rss_mb);
+    printf("], \"type_k\": \"%s\", \"type_v\": \"%s\", \"peak_rss_mb\": %.1f", kv_type, kv_type, rss_mb);
     print_host_json(h, describe);
     printf("}");
 }
@@ -418,13 +418,16 @@ int cmd_bench(int argc, char **argv, app_options *o) {
     double rss_mb = (double)ru.ru_maxrss / 1024.0;
     host_info host;
     host_describe(&host);
+    const char *kv_type = o->cache_type_k == RLX_DTYPE_F16 ? "f16" : "f32";
     if (json) {
         double pp_tps = 0, tg_tps = 0;
         for (size_t i = 0; i < n_rows; i++)
             *(rows[i].p ? &pp_tps : &tg_tps) = rows[i].median;
         printf("{\"backend\": \"%s\", \"threads\": %u, \"prompt\": %u, \"decode\": %u, \"repetitions\": %u, "
-               "\"pp_tps\": %.3f, \"tg_tps\": %.3f, \"peak_rss_mb\": %.1f, \"weights_mb\": %.1f",
-               backend, threads.v[0], prompts.v[0], gens.v[0], reps, pp_tps, tg_tps, rss_mb, model.bytes / 1048576.0);
+               "\"pp_tps\": %.3f, \"tg_tps\": %.3f, \"peak_rss_mb\": %.1f, \"weights_mb\": %.1f, \"type_k\": \"%s\", "
+               "\"type_v\": \"%s\"",
+               backend, threads.v[0], prompts.v[0], gens.v[0], reps, pp_tps, tg_tps, rss_mb, model.bytes / 1048576.0,
+               kv_type, kv_type);
         print_host_json(&host, describe);
         printf("}\n");
     } else if (output == OUT_MD) {
@@ -441,7 +444,7 @@ int cmd_bench(int argc, char **argv, app_options *o) {
             printf("[\n");
         for (size_t i = 0; i < n_rows; i++) {
             print_json_row(&rows[i], reps, &model, o->model ? o->model : "", backend, &host, describe, rss_mb,
-                           test_time);
+                           test_time, kv_type);
             printf(output == OUT_JSON && i + 1 < n_rows ? ",\n" : "\n");
         }
         if (output == OUT_JSON)

@@ -168,6 +168,12 @@ int cmd_stage(int argc, char **argv, app_options *o) {
     ro.n_threads = threads;
     ro.kv_capacity = o->ctx;
     ro.quant = o->quant;
+    const int kv_dtype = app_kv_dtype(o);
+    if (kv_dtype < 0) {
+        status = 1;
+        goto done;
+    }
+    ro.kv_dtype = (uint32_t)kv_dtype;
     if (rlx_runtime_open(&ro, &rt) != RLX_OK) {
         status = app_fail("stage: %s", rlx_last_error());
         goto done;

@@ -44,6 +44,10 @@ static int runtime_options(app_runtime *rt, app_options *o, const app_spec_optio
     ro->draft_model = so->draft_model;
     ro->spec_options = so->options;
     ro->quant = o->quant;
+    const int kv_dtype = app_kv_dtype(o);
+    if (kv_dtype < 0)
+        return 1;
+    ro->kv_dtype = (uint32_t)kv_dtype;
     return 0;
 }
 

@@ -166,9 +166,28 @@ static int unknown_long(const char *cmd, const char *typed, const struct option 
     return app_fail("%s: unknown option '%s' (see rlx %s --help)", cmd, typed, cmd);
 }
 
+/* llama.cpp's multi-letter options after a single dash, which getopt would read as -c with the
+ * value "tk": rewritten to our long names where the command has them. */
+static const struct {
+    const char *llama, *name;
+} llama_spellings[] = {{"-ctk", "cache-type-k"}, {"-ctv", "cache-type-v"}};
+
+static void rewrite_llama_spellings(const opt_ref *refs, size_t n, int argc, char **argv) {
+    static char longer[sizeof llama_spellings / sizeof llama_spellings[0]][32];
+    for (size_t k = 0; k < sizeof llama_spellings / sizeof llama_spellings[0]; k++) {
+        if (!taken(refs, n, llama_spellings[k].name, 0))
+            continue;
+        snprintf(longer[k], sizeof longer[k], "--%s", llama_spellings[k].name);
+        for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
+            if (strcmp(argv[i], llama_spellings[k].llama) == 0)
+                argv[i] = longer[k];
+    }
+}
+
 int app_opts_parse(const app_command_spec *spec, int argc, char **argv, int stop_at_operand, int *first_operand) {
     opt_ref refs[MAX_OPTS];
     size_t n = collect(spec, refs);
+    rewrite_llama_spellings(refs, n, argc, argv);
     /* each option's long name and alias, then --help and --version */
     struct option longs[2 * MAX_OPTS + 3];
     char shorts[3 + 2 * MAX_OPTS + 2];

@@ -231,6 +231,12 @@ static void common_args(argv_builder *b, const app_options *o, const char *trans
         arg(b, "--quant");
         arg(b, o->quant);
     }
+    if (o->cache_type_k == RLX_DTYPE_F16) { /* the stages hold the cache */
+        arg(b, "--cache-type-k");
+        arg(b, "f16");
+        arg(b, "--cache-type-v");
+        arg(b, "f16");
+    }
     if (threads)
         arg_u32(b, "--threads", threads);
     if (o->verbose)

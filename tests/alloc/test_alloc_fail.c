@@ -1,9 +1,10 @@
 /* Allocation failures, SQLite's way: a scenario (load a tokenizer, encode a prompt, open a
  * model, plan it on a plugin backend and the reference kernels, sample with penalties,
  * generate, decode the text; or open the model through the runtime with placement and
- * generate) is run once per allocation it makes, with that allocation made to fail. Each run must end in an error that says memory ran out, or, where a failure only
+ * generate; or run a request through the batched engine) is run once per allocation it makes, with that allocation made to fail. Each run must end in an error that says memory ran out, or, where a failure only
  * costs a cache, in exactly the text of a run without failures; never a crash. The sanitizer
  * build finds what a failure path leaks or touches after freeing. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -98,11 +99,85 @@ static rlx_status runtime_scenario(char *out, size_t out_size) {
     return rc;
 }
 
+/* What the engine scenario's request received. */
+typedef struct engine_got {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t tokens[8];
+    uint32_t n;
+    int done;
+    rlx_status status;
+    char message[256];
+} engine_got;
+
+static int engine_event(void *ctx, const rlx_engine_event *ev) {
+    engine_got *g = ctx;
+    pthread_mutex_lock(&g->mu);
+    if (ev->kind == RLX_ENGINE_TOKEN && g->n < 8)
+        g->tokens[g->n++] = ev->token;
+    if (ev->kind == RLX_ENGINE_DONE) {
+        g->done = 1;
+        g->status = ev->status;
+        snprintf(g->message, sizeof g->message, "%s", ev->message);
+        pthread_cond_broadcast(&g->cv);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return 0;
+}
+
+/* The batched engine: its slots, queue and worker, a request with log-probabilities on the
+ * cpu-blas backend; an error the worker met comes back in the DONE event and is raised here. */
+static rlx_status engine_scenario(char *out, size_t out_size) {
+    rlx_model *m = NULL;
+    rlx_backend *b = NULL;
+    rlx_engine *e = NULL;
+    engine_got g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    const int32_t prompt[] = {11, 200, 31, 7};
+    rlx_status rc;
+    if ((rc = rlx_model_open(MODEL, &m)) < 0 || (rc = rlx_backend_create(plugin, NULL, &b)) < 0)
+        goto done;
+    rlx_engine_options o = rlx_engine_options_default();
+    o.n_slots = 2;
+    o.slot_positions = 32;
+    o.backends = &b;
+    o.n_backends = 1;
+    rlx_request q = {.size = sizeof q,
+                     .prompt = prompt,
+                     .n_prompt = 4,
+                     .max_tokens = 8,
+                     .logprobs = 1,
+                     .top_logprobs = 2,
+                     .on_event = engine_event,
+                     .ctx = &g};
+    q.sampler = rlx_sampler_params_default();
+    q.sampler.greedy = 1;
+    uint64_t id;
+    if ((rc = rlx_engine_create(m, &o, &e)) < 0 || (rc = rlx_engine_submit(e, &q, &id)) < 0)
+        goto done;
+    pthread_mutex_lock(&g.mu);
+    while (!g.done)
+        pthread_cond_wait(&g.cv, &g.mu); /* the engine delivers exactly one DONE per request */
+    pthread_mutex_unlock(&g.mu);
+    if ((rc = g.status) < 0)
+        rlx_error(rc, "%s", g.message);
+    else {
+        size_t len = 0;
+        for (uint32_t i = 0; i < g.n && len < out_size; i++)
+            len += (size_t)snprintf(out + len, out_size - len, "%d ", g.tokens[i]);
+    }
+done:
+    rlx_engine_destroy(e);
+    rlx_backend_destroy(b);
+    rlx_model_close(m);
+    return rc;
+}
+
 typedef struct scenario_case {
     rlx_status (*run)(char *out, size_t out_size);
 } scenario_case;
 
-static const scenario_case session_case = {session_scenario}, runtime_case = {runtime_scenario};
+static const scenario_case session_case = {session_scenario}, runtime_case = {runtime_scenario},
+                           engine_case = {engine_scenario};
 
 static void test_every_allocation_fails_cleanly(void **state) {
     rlx_status (*scenario)(char *out, size_t out_size) = ((const scenario_case *)*state)->run;
@@ -158,6 +233,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_prestate(test_every_allocation_fails_cleanly, (void *)&session_case),
         cmocka_unit_test_prestate(test_every_allocation_fails_cleanly, (void *)&runtime_case),
+        cmocka_unit_test_prestate(test_every_allocation_fails_cleanly, (void *)&engine_case),
     };
     const int failed = cmocka_run_group_tests(tests, NULL, NULL);
     rlx_plugin_unload(plugin);

@@ -2,11 +2,13 @@
 """The command line a llama.cpp user expects, through the CLI on the shipped Brown model:
 llama.cpp's spellings (-m, -p, -f, -n, -t, -c, -s, --ctx-size, --temp 0), --version on every
 command, --help generated from the same table that parses (every option it lists is accepted),
-random seeds by default and fixed by --seed, and one clear line for bad or pointless options.
+random seeds by default and fixed by --seed, -ctk/-ctv f16 caches, and one clear line for bad or
+pointless options.
 
   check_options.py --rlx BIN --conformance BIN --workdir DIR
 """
 import argparse
+import array
 import os
 import re
 import subprocess
@@ -100,6 +102,30 @@ def check_seeds(rlx):
            f"--seed 7 twice: {x.stdout!r} {y.stdout!r} {x.stderr!r}")
 
 
+def check_kv_cache_types(rlx, work):
+    """-ctk/-ctv f16 (llama.cpp's spellings) store the cache in F16: the logits move, by about F16's
+    rounding, and a mismatched pair or an unknown type is one clear line."""
+    tokens = "785,3283,315,279,1879,572,264,2632,13,576"
+    rows = {}
+    for kv, extra in (("f32", []), ("f16", ["-ctk", "f16", "-ctv", "f16"]),
+                      ("f16-long", ["--cache-type-k", "f16", "--cache-type-v", "f16"])):
+        out = os.path.join(work, f"logits-{kv}.bin")
+        p = run([rlx, "logits", "--tokens", tokens, "--all", "--out", out] + extra)
+        expect(p.returncode == 0, f"logits with {extra}: {p.stderr!r}")
+        with open(out, "rb") as f:
+            rows[kv] = f.read()
+    a, b = array.array("f", rows["f32"]), array.array("f", rows["f16"])
+    diff = max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) else float("inf")
+    scale = max(abs(x) for x in a)
+    # the first position attends only to itself, so a cache round trip moves later rows only
+    expect(0 < diff < 0.02 * scale, f"F16 cache: logits moved by {diff} (scale {scale}); want > 0 and < 2 %")
+    expect(rows["f16"] == rows["f16-long"], "-ctk/-ctv and --cache-type-k/-v give different logits")
+    gen = [rlx, "generate", "-p", "hi", "-n", "2"]
+    expect_error(run(gen + ["-ctk", "f16"]), r"--cache-type-k f16 and --cache-type-v f32 differ", "-ctk alone")
+    expect_error(run(gen + ["-ctk", "q4_0", "-ctv", "q4_0"]), r"'q4_0' is not a KV cache type rlx has: f32 or f16",
+                 "a cache type rlx lacks")
+
+
 def check_errors(rlx):
     gen = [rlx, "generate", "-p", "hi", "-n", "2"]
     expect_error(run(gen + ["--ctx", "0"]), r"--ctx must be at least 1 \(got 0\)", "--ctx 0")
@@ -139,6 +165,7 @@ def main():
     check_version_and_help(args.rlx, args.conformance)
     check_spellings(args.rlx, args.workdir)
     check_seeds(args.rlx)
+    check_kv_cache_types(args.rlx, args.workdir)
     check_errors(args.rlx)
     for f in failures:
         print("FAIL:", f)

@@ -22,7 +22,8 @@
  *   abi_minor >= 2 and the table's size covers it, and otherwise uses the documented default.
  * - The core never shows a backend an op newer than the abi_minor its descriptor names: a
  *   plugin built for 1.0 is not asked about CONCAT (1.1), which the reference kernels run, nor
- *   one built before 1.3 about a node with a quantized input. */
+ *   one built before 1.3 about a node with a quantized input, nor one built before 1.4 about
+ *   GATHER_ROWS or an ATTENTION with slots (7 inputs) or F16 caches. */
 #ifndef RLX_BACKEND_IFACE_H
 #define RLX_BACKEND_IFACE_H
 
@@ -72,10 +73,22 @@ typedef struct rlx_tensor {
  *   ROPE        (x F32[T,n*D], pos I32[T])                      -> F32[T,n*D]; NeoX rotate-half
  *               over the whole head_dim with base rope_theta
  *   ATTENTION   (q F32[T,Hq*D], k F32[T,Hkv*D], v F32[T,Hkv*D], pos I32[T],
- *                k_cache F32[C,Hkv*D], v_cache F32[C,Hkv*D])   -> F32[T,Hq*D]
+ *                k_cache [C,Hkv*D], v_cache [C,Hkv*D])           -> F32[T,Hq*D]
  *               writes row t of k and v into cache row pos[t], then lets query t attend to
  *               cache rows j <= pos[t] (and pos[t] - j < window when window > 0), GQA with
- *               Hq/Hkv queries per KV head, softmax scaled by `scale`
+ *               Hq/Hkv queries per KV head, softmax scaled by `scale`. Every row is written
+ *               before any query reads. pos[t] outside [0, C) is RLX_E_RANGE.
+ *               ABI 1.4, slots: the caches may be [S,C,Hkv*D], S sequences of C positions, and
+ *               a 7th input seq I32[T] is then required: row t belongs to slot seq[t] in [0, S)
+ *               (else RLX_E_RANGE), writes slot seq[t] row pos[t] and attends to rows of its own
+ *               slot only. Within one call the rows of a slot must have strictly increasing
+ *               positions, in row order (else RLX_E_INVALID): no two rows write one cache row,
+ *               and a batch is a slot's next rows, decode or a prompt chunk, as an engine
+ *               sends them. 2-D caches (one sequence) take no 7th input and any positions
+ *               that are distinct.
+ *               ABI 1.4, F16 caches: k_cache and v_cache (always of one dtype and shape) may be
+ *               F16; a row is stored rounded to nearest even (rlx_iface_f32_to_f16, inf past
+ *               65504) and read back widened exactly, so a query sees the stored values.
  *   SWIGLU      (gate F32[T,F], up F32[T,F])                    -> F32[T,F]  silu(gate) * up
  *   ADD         (a F32[T,C], b F32[T,C])                        -> F32[T,C]
  *   GATHER_LAST (x F32[T,C])                                    -> F32[1,C]  row T-1
@@ -85,6 +98,8 @@ typedef struct rlx_tensor {
  *               when norm_topk_prob), output = sum_k p_k * down_e(silu(gate_e x) * up_e x)
  *   CONCAT      (a F32[T,A], b F32[T,B])                        -> F32[T,A+B]  rows side by side
  *               (ABI 1.1; backends built for 1.0 do not claim it and the reference kernel runs it)
+ *   GATHER_ROWS (x F32[T,C], idx I32[R])                        -> F32[R,C]  row r = x row idx[r]
+ *               (ABI 1.4); idx[r] outside [0, T) is RLX_E_RANGE; an index may repeat
  * Weights (table, w, router, expert matrices) may be F32, BF16 or F16; bias and norm weights
  * likewise. From ABI 1.3 the table, w and the expert matrices may also be block-quantized
  * (RLX_DTYPE_Q*, rlx/quant_iface.h), K a whole number of blocks. */
@@ -99,6 +114,7 @@ typedef enum rlx_op {
     RLX_OP_GATHER_LAST = 8,
     RLX_OP_MOE = 9,
     RLX_OP_CONCAT = 10,
+    RLX_OP_GATHER_ROWS = 11, /* ABI 1.4 */
     RLX_OP_COUNT
 } rlx_op;
 

@@ -36,11 +36,11 @@ extern "C" {
 /* Start from rlx_engine_options_default(); members are only appended (size says which). */
 typedef struct rlx_engine_options {
     uint32_t size;
-    uint32_t n_slots;         /* sequences in flight; 0 = 4 */
-    uint32_t slot_positions;  /* KV positions per slot; 0 = min(max_position_embeddings, 4096) */
-    uint32_t max_queue;       /* requests waiting for a slot; 0 = 4 * n_slots */
-    uint32_t step_tokens;     /* the most rows of one forward pass; 0 = 512 (>= n_slots) */
-    uint32_t kv_dtype;        /* RLX_DTYPE_F32 (0) or RLX_DTYPE_F16 */
+    uint32_t n_slots;             /* sequences in flight; 0 = 4 */
+    uint32_t slot_positions;      /* KV positions per slot; 0 = min(max_position_embeddings, 4096) */
+    uint32_t max_queue;           /* requests waiting for a slot; 0 = 4 * n_slots */
+    uint32_t step_tokens;         /* the most rows of one forward pass; 0 = 512 (>= n_slots) */
+    uint32_t kv_dtype;            /* RLX_DTYPE_F32 (0) or RLX_DTYPE_F16 */
     rlx_backend *const *backends; /* preference order, borrowed for the engine's lifetime */
     size_t n_backends;
     const rlx_place_rule *rules; /* borrowed; may be NULL */
@@ -74,9 +74,9 @@ typedef enum rlx_engine_event_kind {
 
 /* Timings and counts of one request, complete in its DONE event. */
 typedef struct rlx_request_usage {
-    uint32_t n_prompt;    /* prompt tokens */
-    uint32_t n_cached;    /* of them, taken from a cached prefix instead of computed */
-    uint32_t n_generated; /* tokens reported */
+    uint32_t n_prompt;     /* prompt tokens */
+    uint32_t n_cached;     /* of them, taken from a cached prefix instead of computed */
+    uint32_t n_generated;  /* tokens reported */
     double queue_seconds;  /* from submit to admission into a slot */
     double prompt_seconds; /* from admission to the first token */
     double decode_seconds; /* from the first token to the last */
@@ -106,8 +106,8 @@ typedef struct rlx_request {
     uint32_t n_prompt;
     uint32_t max_tokens; /* 0 = until a stop id or the slot is full */
     rlx_sampler_params sampler;
-    int logprobs;          /* 1: report each token's log-probability */
-    uint32_t top_logprobs; /* alternatives per token, at most RLX_ENGINE_MAX_TOP_LOGPROBS */
+    int logprobs;            /* 1: report each token's log-probability */
+    uint32_t top_logprobs;   /* alternatives per token, at most RLX_ENGINE_MAX_TOP_LOGPROBS */
     const int32_t *stop_ids; /* ids that end the request; NULL = the model's EOS ids; copied */
     uint32_t n_stop_ids;
     rlx_engine_event_fn on_event; /* required */

@@ -32,6 +32,9 @@ typedef struct rlx_session_options {
     size_t n_backends;
     const rlx_place_rule *rules; /* per-op placement overriding the order, borrowed; may be NULL */
     size_t n_rules;
+    /* appended: the caches' rlx_dtype, RLX_DTYPE_F32 (0) or RLX_DTYPE_F16 (rows rounded to the
+     * nearest F16 as they are written: half the memory, llama.cpp's default) */
+    uint32_t kv_dtype;
 } rlx_session_options;
 
 typedef struct rlx_session rlx_session;

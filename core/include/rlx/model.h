@@ -204,6 +204,33 @@ RLX_API rlx_status rlx_model_prefetch(const rlx_model *m, const rlx_block_spec *
 RLX_API rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec, uint32_t n_tokens,
                                          uint32_t kv_capacity, rlx_graph **graph, rlx_block_io *io);
 
+/* What rlx_model_build_block_ex builds. Start from zero with size set; members are only appended. */
+typedef struct rlx_build_options {
+    uint32_t size;        /* sizeof(rlx_build_options) the caller was built with */
+    uint32_t n_tokens;    /* rows per run, >= 1 */
+    uint32_t kv_capacity; /* KV positions (per slot with n_slots) */
+    /* 0: one sequence, as rlx_model_build_block (2-D caches, rows at consecutive positions).
+     * >= 1: rows of up to n_slots sequences in one run (ABI 1.4 attention): 3-D caches
+     * [n_slots, kv_capacity, kv_heads * head_dim], an I32[T] input naming each row's slot, and
+     * positions given per row. */
+    uint32_t n_slots;
+    uint32_t kv_dtype; /* rlx_dtype of the caches: RLX_DTYPE_F32 (0) or RLX_DTYPE_F16 */
+    /* With produce_logits and n_slots: the LM head runs on n_out_rows rows picked by an I32 input
+     * (rlx_batch_io.out_rows) instead of every row; 0 = every row (all_logits) or the last. */
+    uint32_t n_out_rows;
+} rlx_build_options;
+
+/* The tensor ids of a block built by rlx_model_build_block_ex. */
+typedef struct rlx_batch_io {
+    rlx_block_io block;
+    int seq;      /* I32[T] slot of each row with n_slots, else -1 */
+    int out_rows; /* I32[n_out_rows] rows the logits are computed for, else -1 */
+} rlx_batch_io;
+
+/* rlx_model_build_block with the cache layout and dtype of `o` (see rlx_build_options). */
+RLX_API rlx_status rlx_model_build_block_ex(const rlx_model *m, const rlx_block_spec *spec, const rlx_build_options *o,
+                                            rlx_graph **graph, rlx_batch_io *io);
+
 /* ---- quantization and GGUF output ---- */
 
 /* One tensor quantized or written, reported as it is done. */

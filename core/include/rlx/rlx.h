@@ -15,6 +15,7 @@
 
 #include "rlx/backend.h"
 #include "rlx/deploy.h"
+#include "rlx/engine.h"
 #include "rlx/dist.h"
 #include "rlx/gen.h"
 #include "rlx/graph.h"

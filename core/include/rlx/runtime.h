@@ -90,6 +90,8 @@ typedef struct rlx_runtime_options {
     /* Local runs and stages of a safetensors model: quantize its matrices in memory to this
      * type (rlx_model_quantize) before the session is made; NULL or "" for none. */
     const char *quant;
+    /* Local runs and stages: the KV cache's rlx_dtype, RLX_DTYPE_F32 (0) or RLX_DTYPE_F16. */
+    uint32_t kv_dtype;
 } rlx_runtime_options;
 
 /* Zeroes with size set: the model alone on cpu-blas, no speculator. */

@@ -14,10 +14,17 @@ static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
 static rlx_backend *live;
 static atomic_uint_fast64_t last_owner;
 
-/* The ABI minor that introduced op: a backend built for an older one is never asked about it. */
-/* The ABI minor a node needs of a backend: 1 for CONCAT, 3 for a quantized input (a plugin built
- * before 1.3 could not tell a block-quantized tensor from garbage). */
+/* The ABI minor a node needs of a backend, which is never asked about a node of a later one: 1
+ * for CONCAT, 3 for a quantized input (a plugin built before 1.3 could not tell a block-quantized
+ * tensor from garbage), 4 for GATHER_ROWS and for an ATTENTION with slots or F16 caches (an
+ * older plugin would read a 3-D cache as one sequence and F16 rows as F32). */
 static uint32_t node_minor(const rlx_node_view *node) {
+    if (node->op == RLX_OP_GATHER_ROWS)
+        return 4;
+    if (node->op == RLX_OP_ATTENTION &&
+        (node->n_inputs != 6 || node->inputs[4].n_dims != 2 || node->inputs[4].dtype != RLX_DTYPE_F32 ||
+         node->inputs[5].dtype != RLX_DTYPE_F32))
+        return 4;
     for (uint32_t i = 0; i < node->n_inputs; i++)
         if (rlx_iface_dtype_is_quantized(node->inputs[i].dtype))
             return 3;

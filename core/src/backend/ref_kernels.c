@@ -138,33 +138,81 @@ static int ref_rope(const rlx_node_view *n) {
     return RLX_OK;
 }
 
+/* ATTENTION's rows as a node passes them (slots and F16 caches from ABI 1.4): every seq and pos
+ * in range, and the rows of each slot at strictly increasing positions, checked before any
+ * cache row is written so that a rejected call changes nothing. */
+static int ref_attention_rows(const rlx_node_view *n, int64_t slots, int64_t cap) {
+    const int32_t *pos = i32(&n->inputs[3]), *seq = n->n_inputs > 6 ? i32(&n->inputs[6]) : NULL;
+    const int64_t t_len = n->inputs[0].shape[0];
+    int32_t *last = rlx__malloc((size_t)slots * sizeof *last);
+    if (!last)
+        return rlx_error(RLX_E_NOMEM, "attention: out of memory");
+    for (int64_t s = 0; s < slots; s++)
+        last[s] = -1;
+    int rc = RLX_OK;
+    for (int64_t t = 0; t < t_len && rc == RLX_OK; t++) {
+        const int32_t slot = seq ? seq[t] : 0, at = pos[t];
+        if (slot < 0 || slot >= slots)
+            rc = rlx_error(RLX_E_RANGE, "node '%s' (attention): row %lld: slot %d is outside the cache's %lld slots",
+                           n->name ? n->name : "?", (long long)t, slot, (long long)slots);
+        else if (at < 0 || at >= cap)
+            rc = rlx_error(RLX_E_RANGE,
+                           "node '%s' (attention): row %lld: position %d is outside the KV cache of %lld positions",
+                           n->name ? n->name : "?", (long long)t, at, (long long)cap);
+        else if (at <= last[slot])
+            rc = rlx_error(RLX_E_INVALID,
+                           "node '%s' (attention): row %lld: position %d of slot %d does not follow position %d of an "
+                           "earlier row (a slot's rows take strictly increasing positions)",
+                           n->name ? n->name : "?", (long long)t, at, slot, last[slot]);
+        else
+            last[slot] = at;
+    }
+    free(last);
+    return rc;
+}
+
+/* Stores src[n] into cache row dst of dtype F32 or F16 (rounded to nearest even). */
+static void ref_cache_store(void *cache, uint32_t dtype, int64_t row, const float *src, int64_t n) {
+    if (dtype == RLX_DTYPE_F16) {
+        uint16_t *dst = (uint16_t *)cache + row * n;
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = rlx_iface_f32_to_f16(src[i]);
+    } else {
+        memcpy((float *)cache + row * n, src, (size_t)n * sizeof(float));
+    }
+}
+
 static int ref_attention(const rlx_node_view *n) {
     const rlx_op_params *p = n->params;
     const rlx_tensor *q = &n->inputs[0], *k = &n->inputs[1], *v = &n->inputs[2], *pos = &n->inputs[3];
     const rlx_tensor *kc = &n->inputs[4], *vc = &n->inputs[5];
-    int64_t t_len = q->shape[0], d = p->head_dim, kv_cols = (int64_t)p->n_kv_heads * d, cap = kc->shape[0];
-    int64_t group = p->n_heads / p->n_kv_heads;
+    const int32_t *seq = n->n_inputs > 6 ? i32(&n->inputs[6]) : NULL;
+    const int64_t t_len = q->shape[0], d = p->head_dim, kv_cols = (int64_t)p->n_kv_heads * d;
+    const int64_t slots = kc->n_dims == 3 ? kc->shape[0] : 1, cap = kc->shape[kc->n_dims - 2];
+    const int64_t group = p->n_heads / p->n_kv_heads;
+    int rc = ref_attention_rows(n, slots, cap);
+    if (rc != RLX_OK)
+        return rc;
     for (int64_t t = 0; t < t_len; t++) {
-        int32_t at = i32(pos)[t];
-        if (at < 0 || at >= cap)
-            return rlx_error(RLX_E_RANGE, "position %d is outside the KV cache of %lld positions", at, (long long)cap);
-        memcpy(f32(kc) + at * kv_cols, f32(k) + t * kv_cols, (size_t)kv_cols * sizeof(float));
-        memcpy(f32(vc) + at * kv_cols, f32(v) + t * kv_cols, (size_t)kv_cols * sizeof(float));
+        const int64_t row = (seq ? seq[t] : 0) * cap + i32(pos)[t];
+        ref_cache_store(kc->data, kc->dtype, row, f32(k) + t * kv_cols, kv_cols);
+        ref_cache_store(vc->data, vc->dtype, row, f32(v) + t * kv_cols, kv_cols);
     }
     double *scores = rlx__malloc((size_t)cap * sizeof *scores);
     if (!scores)
         return rlx_error(RLX_E_NOMEM, "attention: out of memory");
     for (int64_t t = 0; t < t_len; t++) {
         int64_t at = i32(pos)[t], first = p->window && at + 1 > p->window ? at + 1 - p->window : 0;
+        const size_t base = (size_t)((seq ? seq[t] : 0) * cap * kv_cols); /* the row's slot */
         for (int64_t h = 0; h < p->n_heads; h++) {
             const float *qh = f32(q) + t * p->n_heads * d + h * d;
             int64_t kvh = h / group;
             double max = -INFINITY, sum = 0;
             for (int64_t j = first; j <= at; j++) {
-                const float *kj = f32(kc) + j * kv_cols + kvh * d;
+                const size_t kj = base + (size_t)(j * kv_cols + kvh * d);
                 double dot = 0;
                 for (int64_t i = 0; i < d; i++)
-                    dot += (double)qh[i] * kj[i];
+                    dot += (double)qh[i] * rlx__load(kc->data, kc->dtype, kj + (size_t)i);
                 scores[j] = dot * p->scale;
                 if (scores[j] > max)
                     max = scores[j];
@@ -177,7 +225,7 @@ static int ref_attention(const rlx_node_view *n) {
             for (int64_t i = 0; i < d; i++) {
                 double acc = 0;
                 for (int64_t j = first; j <= at; j++)
-                    acc += scores[j] * f32(vc)[j * kv_cols + kvh * d + i];
+                    acc += scores[j] * rlx__load(vc->data, vc->dtype, base + (size_t)(j * kv_cols + kvh * d + i));
                 out[i] = (float)(acc / sum);
             }
         }
@@ -205,6 +253,19 @@ static int ref_add(const rlx_node_view *n) {
 static int ref_gather_last(const rlx_node_view *n) {
     const rlx_tensor *x = &n->inputs[0];
     memcpy(n->output->data, f32(x) + (x->shape[0] - 1) * x->shape[1], (size_t)x->shape[1] * sizeof(float));
+    return RLX_OK;
+}
+
+static int ref_gather_rows(const rlx_node_view *n) {
+    const rlx_tensor *x = &n->inputs[0], *idx = &n->inputs[1];
+    const int64_t rows = x->shape[0], cols = x->shape[1];
+    for (int64_t r = 0; r < idx->shape[0]; r++) {
+        const int32_t at = i32(idx)[r];
+        if (at < 0 || at >= rows)
+            return rlx_error(RLX_E_RANGE, "node '%s' (gather_rows): index %lld is %d, outside the %lld rows of x",
+                             n->name ? n->name : "?", (long long)r, at, (long long)rows);
+        memcpy(f32(n->output) + r * cols, f32(x) + at * cols, (size_t)cols * sizeof(float));
+    }
     return RLX_OK;
 }
 
@@ -342,6 +403,8 @@ static int ref_compute(void *self, const rlx_node_view *n) {
         return ref_moe(n, r->act_bf16);
     case RLX_OP_CONCAT:
         return ref_concat(n);
+    case RLX_OP_GATHER_ROWS:
+        return ref_gather_rows(n);
     default:
         return rlx_error(RLX_E_UNSUPPORTED, "op %u", n->op);
     }

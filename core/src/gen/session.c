@@ -23,7 +23,7 @@ typedef struct plan_slot {
     uint64_t last_used;
     rlx_graph *graph;
     rlx_plan *plan;
-    rlx_block_io io;
+    rlx_batch_io io;
 } plan_slot;
 
 struct rlx_session {
@@ -34,20 +34,15 @@ struct rlx_session {
     rlx_place_rule *rules;
     size_t n_rules;
     uint32_t capacity, length;
-    size_t cache_bytes;         /* per layer and per k or v */
-    float **k_cache, **v_cache; /* per layer of the block: [capacity, kv_heads * head_dim] */
-    int32_t *positions;         /* [capacity] */
+    uint32_t kv_dtype;
+    size_t cache_bytes;        /* per layer and per k or v */
+    void **k_cache, **v_cache; /* per layer of the block: [capacity, kv_heads * head_dim] */
+    int32_t *positions;        /* [capacity] */
     plan_slot slots[PLAN_SLOTS];
     uint64_t clock;
     size_t last_peak;
     const float *hidden; /* emit_hidden: the last forward's final-normed rows, in its plan */
 };
-
-/* Anonymous mappings: untouched cache pages cost no memory, so a long capacity is cheap. */
-static float *map_zeroed(size_t bytes) {
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
 
 rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, const rlx_session_options *opts,
                               rlx_session **out) {
@@ -77,7 +72,13 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
     rlx__block_spec_read(spec, &s->spec); /* rlx_model_check_block read it already */
     s->capacity = capacity;
     uint32_t n_layers = spec->layer_end - spec->layer_start;
-    s->cache_bytes = (size_t)capacity * (size_t)(c->num_key_value_heads * c->head_dim) * sizeof(float);
+    if (o.kv_dtype != RLX_DTYPE_F32 && o.kv_dtype != RLX_DTYPE_F16) {
+        free(s);
+        return rlx_error(RLX_E_INVALID, "KV cache dtype %s: only f32 and f16 caches exist", rlx_dtype_name(o.kv_dtype));
+    }
+    s->kv_dtype = o.kv_dtype;
+    s->cache_bytes = (size_t)capacity * (size_t)(c->num_key_value_heads * c->head_dim) *
+                     (o.kv_dtype == RLX_DTYPE_F16 ? sizeof(uint16_t) : sizeof(float));
     s->k_cache = rlx__calloc(n_layers, sizeof *s->k_cache);
     s->v_cache = rlx__calloc(n_layers, sizeof *s->v_cache);
     s->positions = rlx__malloc(capacity * sizeof *s->positions);
@@ -94,7 +95,7 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
     for (uint32_t i = 0; i < capacity; i++)
         s->positions[i] = (int32_t)i;
     for (uint32_t l = 0; l < n_layers; l++)
-        if (!(s->k_cache[l] = map_zeroed(s->cache_bytes)) || !(s->v_cache[l] = map_zeroed(s->cache_bytes)))
+        if (!(s->k_cache[l] = rlx__map_zeroed(s->cache_bytes)) || !(s->v_cache[l] = rlx__map_zeroed(s->cache_bytes)))
             goto nomem;
     *out = s;
     return RLX_OK;
@@ -148,13 +149,15 @@ static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot *
     slot_clear(victim);
     rlx_block_spec spec = s->spec;
     spec.all_logits = (uint32_t)all_rows;
-    rlx_status rc = rlx_model_build_block(s->m, &spec, n, s->capacity, &victim->graph, &victim->io);
+    rlx_build_options bo = {.size = sizeof bo, .n_tokens = n, .kv_capacity = s->capacity, .kv_dtype = s->kv_dtype};
+    rlx_status rc = rlx_model_build_block_ex(s->m, &spec, &bo, &victim->graph, &victim->io);
     if (rc == RLX_OK)
         rc = rlx_plan_create_placed(victim->graph, s->backends, s->n_backends, s->rules, s->n_rules, &victim->plan);
-    for (uint32_t l = 0; rc == RLX_OK && l < victim->io.n_layers; l++) {
-        rc = rlx_plan_bind(victim->plan, victim->io.k_cache[l], s->k_cache[l]);
+    const rlx_block_io *io = &victim->io.block;
+    for (uint32_t l = 0; rc == RLX_OK && l < io->n_layers; l++) {
+        rc = rlx_plan_bind(victim->plan, io->k_cache[l], s->k_cache[l]);
         if (rc == RLX_OK)
-            rc = rlx_plan_bind(victim->plan, victim->io.v_cache[l], s->v_cache[l]);
+            rc = rlx_plan_bind(victim->plan, io->v_cache[l], s->v_cache[l]);
     }
     if (rc != RLX_OK) {
         slot_clear(victim);
@@ -186,16 +189,17 @@ static rlx_status run(rlx_session *s, const void *input, const float *hidden_in,
     rlx_status rc = get_plan(s, n, all_rows ? 1 : 0, &slot);
     if (rc != RLX_OK)
         return rc;
-    if ((rc = rlx_plan_bind(slot->plan, slot->io.input, (void *)input)) != RLX_OK ||
-        (hidden_in && (rc = rlx_plan_bind(slot->plan, slot->io.hidden_input, (void *)hidden_in)) != RLX_OK) ||
-        (rc = rlx_plan_bind(slot->plan, slot->io.positions, s->positions + s->length)) != RLX_OK ||
+    const rlx_block_io *io = &slot->io.block;
+    if ((rc = rlx_plan_bind(slot->plan, io->input, (void *)input)) != RLX_OK ||
+        (hidden_in && (rc = rlx_plan_bind(slot->plan, io->hidden_input, (void *)hidden_in)) != RLX_OK) ||
+        (rc = rlx_plan_bind(slot->plan, io->positions, s->positions + s->length)) != RLX_OK ||
         (rc = rlx_plan_run(slot->plan)) != RLX_OK)
         return rc;
     s->length += n;
     s->last_peak = rlx_plan_peak_bytes(slot->plan);
-    *out = rlx_plan_data(slot->plan, slot->io.output);
-    if (slot->io.hidden >= 0)
-        s->hidden = rlx_plan_data(slot->plan, slot->io.hidden);
+    *out = rlx_plan_data(slot->plan, io->output);
+    if (io->hidden >= 0)
+        s->hidden = rlx_plan_data(slot->plan, io->hidden);
     return RLX_OK;
 }
 

@@ -17,8 +17,9 @@ const char *rlx_dtype_name(int dtype) {
 }
 
 const char *rlx_op_name(int op) {
-    static const char *const names[] = {"?",      "embed", "matmul",      "rms_norm", "rope",  "attention",
-                                        "swiglu", "add",   "gather_last", "moe",      "concat"};
+    static const char *const names[] = {"?",      "embed", "matmul",      "rms_norm", "rope",   "attention",
+                                        "swiglu", "add",   "gather_last", "moe",      "concat", "gather_rows"};
+    _Static_assert(sizeof names / sizeof names[0] == RLX_OP_COUNT, "a name per op");
     return op > 0 && op < RLX_OP_COUNT ? names[op] : "?";
 }
 
@@ -174,6 +175,26 @@ static int want_vector(const infer_ctx *c, uint32_t i, int64_t n, rlx_dtype dtyp
     return 0;
 }
 
+/* ATTENTION's caches, inputs 4 and 5: both F32 or both F16 (1.4), of one shape, [C, kv_cols]
+ * or, with slots (1.4), [S, C, kv_cols]. */
+static int want_cache(const infer_ctx *c, int64_t kv_cols) {
+    const rlx_tensor *k = input(c, 4), *v = input(c, 5);
+    if ((k->dtype != RLX_DTYPE_F32 && k->dtype != RLX_DTYPE_F16) || (k->n_dims != 2 && k->n_dims != 3) ||
+        k->shape[k->n_dims - 1] != kv_cols) {
+        char want[80];
+        snprintf(want, sizeof want, "an f32 or f16 cache [C,%lld] or [S,C,%lld]", (long long)kv_cols,
+                 (long long)kv_cols);
+        return bad_input(c, 4, want);
+    }
+    if (v->dtype != k->dtype || v->n_dims != k->n_dims || memcmp(v->shape, k->shape, sizeof k->shape) != 0) {
+        char want[112], have[96];
+        shape_str(k, have, sizeof have);
+        snprintf(want, sizeof want, "%.96s, as k_cache", have);
+        return bad_input(c, 5, want);
+    }
+    return 0;
+}
+
 #define CHECK(expr)                                                                                                    \
     do {                                                                                                               \
         int rc_ = (expr);                                                                                              \
@@ -182,7 +203,7 @@ static int want_vector(const infer_ctx *c, uint32_t i, int64_t n, rlx_dtype dtyp
     } while (0)
 
 static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_params *p, rlx_tensor *out) {
-    static const uint32_t min_inputs[RLX_OP_COUNT] = {0, 2, 2, 2, 2, 6, 2, 2, 1, 2, 2};
+    static const uint32_t min_inputs[RLX_OP_COUNT] = {0, 2, 2, 2, 2, 6, 2, 2, 1, 2, 2, 2};
     if (n < min_inputs[op])
         return rlx_error(RLX_E_INVALID, "node '%s' (%s): %u inputs, needs %u", c->node, c->op, n, min_inputs[op]);
     out->dtype = RLX_DTYPE_F32;
@@ -245,11 +266,16 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
         CHECK(want_rows(c, 1, kv_cols, t));
         CHECK(want_rows(c, 2, kv_cols, t));
         CHECK(want_vector(c, 3, t, RLX_DTYPE_I32));
-        CHECK(want_rows(c, 4, kv_cols, -1));
-        CHECK(want_rows(c, 5, kv_cols, input(c, 4)->shape[0]));
+        CHECK(want_cache(c, kv_cols));
+        const int slots = input(c, 4)->n_dims == 3;
+        if (n != 6u + slots)
+            return rlx_error(RLX_E_INVALID, "node '%s' (attention): takes %u inputs with %s caches", c->node,
+                             6u + slots, slots ? "3-D [S,C,Hkv*D] (the 7th is seq I32[T])" : "2-D [C,Hkv*D]");
+        if (slots)
+            CHECK(want_vector(c, 6, t, RLX_DTYPE_I32));
         out->shape[0] = t;
         out->shape[1] = q_cols;
-        return n == 6 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (attention): takes 6 inputs", c->node);
+        return 0;
     }
     case RLX_OP_SWIGLU:
     case RLX_OP_ADD: {
@@ -295,6 +321,13 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
         out->shape[0] = x->shape[0];
         out->shape[1] = x->shape[1] + input(c, 1)->shape[1];
         return n == 2 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (concat): takes 2 inputs", c->node);
+    }
+    case RLX_OP_GATHER_ROWS: {
+        CHECK(want_rows(c, 0, -1, -1));
+        CHECK(want_vector(c, 1, -1, RLX_DTYPE_I32));
+        out->shape[0] = input(c, 1)->shape[0];
+        out->shape[1] = x->shape[1];
+        return n == 2 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (gather_rows): takes 2 inputs", c->node);
     }
     default:
         return rlx_error(RLX_E_INVALID, "node '%s': unknown op %u", c->node, op);

@@ -484,7 +484,8 @@ static int linear(builder *b, const rlx_model_config *c, const char *name, int x
     return node(b, RLX_OP_MATMUL, name, (int[]){x, w, bias}, 3, NULL);
 }
 
-static int build_layer(builder *b, const layer_desc *l, int x, int pos, int kc, int vc) {
+/* seq: the rows' slots with caches of several sequences, else -1 */
+static int build_layer(builder *b, const layer_desc *l, int x, int pos, int seq, int kc, int vc) {
     const rlx_model_config *c = &b->m->cfg;
     char name[96];
     rlx_op_params norm = {.eps = (float)c->rms_norm_eps, .layer = l->index};
@@ -504,7 +505,8 @@ static int build_layer(builder *b, const layer_desc *l, int x, int pos, int kc, 
     k = node2(b, RLX_OP_RMS_NORM, NAME("attn.k_norm"), k, weight(b), &norm);
     q = node2(b, RLX_OP_ROPE, NAME("attn.q_rope"), q, pos, &rope);
     k = node2(b, RLX_OP_ROPE, NAME("attn.k_rope"), k, pos, &rope);
-    int a = node(b, RLX_OP_ATTENTION, NAME("attn.attention"), (int[]){q, k, v, pos, kc, vc}, 6, &attn);
+    int a =
+        node(b, RLX_OP_ATTENTION, NAME("attn.attention"), (int[]){q, k, v, pos, kc, vc, seq}, seq >= 0 ? 7 : 6, &attn);
     int o = linear(b, c, NAME("attn.o_proj"), a);
     x = node2(b, RLX_OP_ADD, NAME("attn.residual"), x, o, NULL);
     h = node2(b, RLX_OP_RMS_NORM, NAME("post_attn_norm"), x, weight(b), &norm);
@@ -537,16 +539,43 @@ static int build_layer(builder *b, const layer_desc *l, int x, int pos, int kc, 
 
 rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec, uint32_t n_tokens,
                                  uint32_t kv_capacity, rlx_graph **graph, rlx_block_io *io) {
-    if (!m || !spec || !graph || !io)
+    if (!io)
         return rlx_error(RLX_E_INVALID, "rlx_model_build_block: NULL argument");
+    rlx_build_options o = {.size = sizeof o, .n_tokens = n_tokens, .kv_capacity = kv_capacity};
+    rlx_batch_io bio;
+    rlx_status rc = rlx_model_build_block_ex(m, spec, &o, graph, &bio);
+    *io = bio.block;
+    return rc;
+}
+
+rlx_status rlx_model_build_block_ex(const rlx_model *m, const rlx_block_spec *spec, const rlx_build_options *opts,
+                                    rlx_graph **graph, rlx_batch_io *bio) {
+    if (!m || !spec || !opts || !graph || !bio)
+        return rlx_error(RLX_E_INVALID, "rlx_model_build_block_ex: NULL argument");
     *graph = NULL;
+    memset(bio, 0, sizeof *bio);
+    bio->seq = bio->out_rows = -1;
+    rlx_block_io *io = &bio->block;
     rlx_block_spec sp;
     rlx_status rc = rlx__block_spec_read(spec, &sp);
     if (rc != RLX_OK)
         return rc;
     spec = &sp;
-    if (n_tokens == 0 || kv_capacity == 0 || n_tokens > kv_capacity)
+    rlx_build_options o = {.size = sizeof o};
+    if ((rc = rlx__read_sized(&o, sizeof o, opts, offsetof(rlx_build_options, n_slots), "rlx_build_options")) != RLX_OK)
+        return rc;
+    const uint32_t n_tokens = o.n_tokens, kv_capacity = o.kv_capacity;
+    if (n_tokens == 0 || kv_capacity == 0 || (o.n_slots == 0 && n_tokens > kv_capacity))
         return rlx_error(RLX_E_INVALID, "block of %u tokens with a KV cache of %u positions", n_tokens, kv_capacity);
+    if (o.kv_dtype != RLX_DTYPE_F32 && o.kv_dtype != RLX_DTYPE_F16)
+        return rlx_error(RLX_E_INVALID, "KV cache dtype %s: only f32 and f16 caches exist", rlx_dtype_name(o.kv_dtype));
+    if (o.n_out_rows && (!o.n_slots || !spec->produce_logits || o.n_out_rows > n_tokens))
+        return rlx_error(RLX_E_INVALID,
+                         "%u logits rows of %u: picking rows needs n_slots, a logits block and at most "
+                         "one pick per row",
+                         o.n_out_rows, n_tokens);
+    if (o.n_slots && (spec->mtp || spec->emit_hidden))
+        return rlx_error(RLX_E_UNSUPPORTED, "a block of several sequences has no MTP layer or hidden output yet");
     const rlx_model_config *c = &m->cfg;
     needs ns = {0};
     builder b = {.m = m};
@@ -564,7 +593,9 @@ rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec,
     io->hidden = io->hidden_input = -1;
     io->n_layers = spec->layer_end - spec->layer_start;
     int64_t t = n_tokens, hidden = c->hidden_size;
-    int64_t kv_shape[2] = {kv_capacity, c->num_key_value_heads * c->head_dim};
+    const int64_t kv_cols = c->num_key_value_heads * c->head_dim;
+    const int64_t kv_shape[3] = {o.n_slots, kv_capacity, kv_cols};
+    const uint32_t kv_dims = o.n_slots ? 3 : 2;
     rlx_op_params norm = {.eps = (float)c->rms_norm_eps, .layer = UINT32_MAX};
     int x;
     if (spec->embed_input) {
@@ -583,18 +614,21 @@ rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec,
         x = node2(&b, RLX_OP_MATMUL, "mtp.input_proj", ge, weight(&b), NULL);
     }
     io->positions = bound(&b, RLX_ROLE_INPUT, "positions", RLX_DTYPE_I32, 1, &t);
+    if (o.n_slots)
+        bio->seq = bound(&b, RLX_ROLE_INPUT, "slots", RLX_DTYPE_I32, 1, &t);
     for (uint32_t l = spec->layer_start; b.rc == RLX_OK && l < spec->layer_end; l++) {
         layer_desc desc = spec->mtp ? mtp_layer(c, l) : model_layer(c, l);
         char kname[64], vname[64];
         snprintf(kname, sizeof kname, "%sk_cache", desc.nodes);
         snprintf(vname, sizeof vname, "%sv_cache", desc.nodes);
-        int kc = bound(&b, RLX_ROLE_STATE, kname, RLX_DTYPE_F32, 2, kv_shape);
-        int vc = bound(&b, RLX_ROLE_STATE, vname, RLX_DTYPE_F32, 2, kv_shape);
+        const int64_t *shape = o.n_slots ? kv_shape : kv_shape + 1;
+        int kc = bound(&b, RLX_ROLE_STATE, kname, (rlx_dtype)o.kv_dtype, kv_dims, shape);
+        int vc = bound(&b, RLX_ROLE_STATE, vname, (rlx_dtype)o.kv_dtype, kv_dims, shape);
         if (b.rc != RLX_OK)
             break;
         io->k_cache[l - spec->layer_start] = kc;
         io->v_cache[l - spec->layer_start] = vc;
-        x = build_layer(&b, &desc, x, io->positions, kc, vc);
+        x = build_layer(&b, &desc, x, io->positions, bio->seq, kc, vc);
     }
     if (spec->produce_logits) {
         if (spec->emit_hidden) {
@@ -605,6 +639,11 @@ rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec,
                 b.rc = rlx_graph_mark_output(b.g, x);
             if (!spec->all_logits)
                 x = node(&b, RLX_OP_GATHER_LAST, "last_position", &x, 1, NULL);
+        } else if (o.n_out_rows) {
+            int64_t r = o.n_out_rows;
+            bio->out_rows = bound(&b, RLX_ROLE_INPUT, "logits_rows", RLX_DTYPE_I32, 1, &r);
+            x = node2(&b, RLX_OP_GATHER_ROWS, "logits_rows", x, bio->out_rows, NULL);
+            x = node2(&b, RLX_OP_RMS_NORM, "final_norm", x, weight(&b), &norm);
         } else {
             if (!spec->all_logits)
                 x = node(&b, RLX_OP_GATHER_LAST, "last_position", &x, 1, NULL);

@@ -138,7 +138,8 @@ PIN(rlx_session_options, backends, 8);
 PIN(rlx_session_options, n_backends, 16);
 PIN(rlx_session_options, rules, 24);
 PIN(rlx_session_options, n_rules, 32);
-_Static_assert(sizeof(rlx_session_options) == 40, "rlx_session_options size changed");
+PIN(rlx_session_options, kv_dtype, 40); /* appended: a speculator built before it gets F32 caches */
+_Static_assert(sizeof(rlx_session_options) == 48, "rlx_session_options size changed");
 
 PIN(rlx_place_rule, op, 0);
 PIN(rlx_place_rule, backend, 8);

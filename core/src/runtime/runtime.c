@@ -166,7 +166,8 @@ static rlx_session_options session_options(const rlx_runtime *rt) {
                                  .backends = rt->preferred,
                                  .n_backends = rt->n_preferred,
                                  .rules = rt->rules,
-                                 .n_rules = rt->n_rules};
+                                 .n_rules = rt->n_rules,
+                                 .kv_dtype = rt->o.kv_dtype};
 }
 
 // ---- speculator ----

@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "rlx/status.h"
 #include "util/alloc.h"
@@ -32,3 +33,10 @@ void *rlx__realloc(void *p, size_t size) { return must_fail() ? NULL : realloc(p
 char *rlx__strdup(const char *s) { return must_fail() ? NULL : strdup(s); }
 char *rlx__strndup(const char *s, size_t n) { return must_fail() ? NULL : strndup(s, n); }
 void *rlx__aligned_alloc(size_t align, size_t size) { return must_fail() ? NULL : aligned_alloc(align, size); }
+
+void *rlx__map_zeroed(size_t size) {
+    if (must_fail())
+        return NULL;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}

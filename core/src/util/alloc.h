@@ -12,5 +12,8 @@ void *rlx__realloc(void *p, size_t size);
 char *rlx__strdup(const char *s);
 char *rlx__strndup(const char *s, size_t n);
 void *rlx__aligned_alloc(size_t align, size_t size);
+/* Zeroed pages mapped anonymously (munmap them): untouched pages cost no memory, so a KV cache
+ * can be sized for its longest context. */
+void *rlx__map_zeroed(size_t size);
 
 #endif

@@ -1,0 +1,742 @@
+/* The batched engine (rlx/engine.h): slots of one KV cache, a bounded queue, and a worker that
+ * runs one forward pass per step over the rows of every running sequence.
+ *
+ * Locking: `mu` guards the queue, the cancel flags, the counters and the admission of requests
+ * into slots; the worker alone touches the slots' caches, plans and samplers, outside the lock,
+ * so a forward pass never holds it. Events are delivered by the worker without the lock held, so
+ * a callback may call rlx_engine_cancel or rlx_engine_submit. */
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "rlx/engine.h"
+#include "rlx/model.h"
+#include "rlx/sched.h"
+
+#include "gen/gen_internal.h"
+#include "util/alloc.h"
+#include "util/clock.h"
+#include "util/sized.h"
+
+/* Plans kept, keyed by (rows, logits rows): a steady decode of n streams reuses one. */
+#define ENGINE_PLANS 16
+/* How long the idle worker sleeps before it looks at the flags again without being woken. */
+#define ENGINE_IDLE_MS 200
+/* A prefix held by a busy slot is copied to the new request's slot from this many positions:
+ * below it, recomputing costs about what the copy does. */
+#define ENGINE_MIN_COPY 16
+
+typedef struct engine_plan {
+    uint32_t n_rows, n_out;
+    uint64_t last_used;
+    rlx_graph *graph;
+    rlx_plan *plan;
+    rlx_batch_io io;
+} engine_plan;
+
+typedef struct engine_req {
+    uint64_t id;
+    rlx_request r; /* prompt and stop_ids point at the copies below */
+    int32_t *prompt, *stop_ids;
+    rlx_sampler *sampler;
+    int cancelled; /* under mu */
+    double t_submit, t_admit, t_first, t_last;
+    uint32_t n_cached, n_generated;
+    struct engine_req *next; /* the queue */
+} engine_req;
+
+enum { SLOT_PROMPT = 0, SLOT_SAMPLE = 1, SLOT_DECODE = 2 };
+
+typedef struct engine_slot {
+    engine_req *req;  /* NULL: free */
+    int32_t *tokens;  /* [capacity] the ids whose K and V rows the slot holds, by position */
+    uint32_t n_valid; /* rows of tokens (and of the cache) that are valid */
+    /* PROMPT: rows of the prompt are left to run; SAMPLE: this step's pass ends the prompt and
+     * its last row's logits give the first token; DECODE: `pending` is the next row to feed */
+    int state;
+    int32_t pending;
+    int cancel;         /* the worker's copy of the request's flag, taken under mu */
+    uint64_t last_used; /* when it last finished a request: the least recent free slot is reused first */
+} engine_slot;
+
+struct rlx_engine {
+    const rlx_model *m;
+    int64_t vocab;
+    rlx_backend **backends;
+    size_t n_backends;
+    rlx_place_rule *rules;
+    size_t n_rules;
+    uint32_t n_slots, capacity, max_queue, step_tokens, kv_dtype;
+    uint32_t n_layers;
+    size_t row_bytes;          /* one position of one layer's K (or V) */
+    void **k_cache, **v_cache; /* per layer: [n_slots, capacity, kv] */
+    size_t layer_bytes;
+    engine_slot *slots;
+    engine_plan plans[ENGINE_PLANS];
+    uint64_t clock;
+    /* the step's rows */
+    int32_t *ids, *pos, *seq, *out_rows;
+    uint32_t *out_slot;
+    float *logprob_work; /* [vocab] */
+    pthread_t worker;
+    int worker_started;
+    pthread_mutex_t mu;
+    pthread_cond_t wake; /* work arrived, a cancel, or shutdown */
+    pthread_cond_t idle; /* the worker finished a step with nothing left */
+    engine_req *queue_head, *queue_tail;
+    uint32_t n_queued, n_running;
+    int closing, draining;
+    uint64_t next_id;
+    rlx_engine_stats stats;
+};
+
+static void plan_clear(engine_plan *p) {
+    rlx_plan_destroy(p->plan);
+    rlx_graph_destroy(p->graph);
+    memset(p, 0, sizeof *p);
+}
+
+static void req_free(engine_req *r) {
+    if (!r)
+        return;
+    rlx_sampler_destroy(r->sampler);
+    free(r->prompt);
+    free(r->stop_ids);
+    free(r);
+}
+
+static void *engine_main(void *arg);
+
+rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts, rlx_engine **out) {
+    if (!m || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_engine_create: NULL argument");
+    *out = NULL;
+    rlx_engine_options o = rlx_engine_options_default();
+    rlx_status rc;
+    if (opts &&
+        (rc = rlx__read_sized(&o, sizeof o, opts, offsetof(rlx_engine_options, rules), "rlx_engine_options")) != RLX_OK)
+        return rc;
+    const rlx_model_config *c = rlx_model_config_of(m);
+    const rlx_block_spec spec = {.size = sizeof spec,
+                                 .layer_start = 0,
+                                 .layer_end = (uint32_t)c->num_hidden_layers,
+                                 .embed_input = 1,
+                                 .produce_logits = 1};
+    if ((rc = rlx_model_check_block(m, &spec)) != RLX_OK)
+        return rc;
+    uint32_t max_pos = c->max_position_embeddings > 0 && c->max_position_embeddings < UINT32_MAX
+                           ? (uint32_t)c->max_position_embeddings
+                           : UINT32_MAX;
+    o.n_slots = o.n_slots ? o.n_slots : 4;
+    o.slot_positions = o.slot_positions ? o.slot_positions : (max_pos < 4096 ? max_pos : 4096);
+    o.max_queue = o.max_queue ? o.max_queue : 4 * o.n_slots;
+    o.step_tokens = o.step_tokens ? o.step_tokens : 512;
+    if (o.slot_positions > max_pos)
+        return rlx_error(RLX_E_RANGE, "a slot of %u positions exceeds the model's max_position_embeddings %u",
+                         o.slot_positions, max_pos);
+    if (o.n_slots > 1024 || o.step_tokens < o.n_slots || o.step_tokens > 65536)
+        return rlx_error(RLX_E_INVALID,
+                         "engine of %u slots with %u rows per step: want 1..1024 slots and "
+                         "n_slots <= step_tokens <= 65536",
+                         o.n_slots, o.step_tokens);
+    if (o.kv_dtype != RLX_DTYPE_F32 && o.kv_dtype != RLX_DTYPE_F16)
+        return rlx_error(RLX_E_INVALID, "KV cache dtype %s: only f32 and f16 caches exist", rlx_dtype_name(o.kv_dtype));
+    rlx_engine *e = rlx__calloc(1, sizeof *e);
+    if (!e)
+        return rlx_error(RLX_E_NOMEM, "engine: out of memory");
+    e->m = m;
+    e->vocab = c->vocab_size;
+    e->n_slots = o.n_slots;
+    e->capacity = o.slot_positions;
+    e->max_queue = o.max_queue;
+    e->step_tokens = o.step_tokens;
+    e->kv_dtype = o.kv_dtype;
+    e->n_layers = spec.layer_end;
+    e->row_bytes = (size_t)(c->num_key_value_heads * c->head_dim) *
+                   (o.kv_dtype == RLX_DTYPE_F16 ? sizeof(uint16_t) : sizeof(float));
+    e->layer_bytes = (size_t)e->n_slots * e->capacity * e->row_bytes;
+    e->next_id = 1;
+    e->n_backends = o.n_backends;
+    e->backends = rlx__calloc(o.n_backends + 1, sizeof *e->backends);
+    e->n_rules = o.n_rules;
+    e->rules = rlx__calloc(o.n_rules + 1, sizeof *e->rules);
+    e->k_cache = rlx__calloc(e->n_layers, sizeof *e->k_cache);
+    e->v_cache = rlx__calloc(e->n_layers, sizeof *e->v_cache);
+    e->slots = rlx__calloc(e->n_slots, sizeof *e->slots);
+    e->ids = rlx__malloc(e->step_tokens * sizeof *e->ids);
+    e->pos = rlx__malloc(e->step_tokens * sizeof *e->pos);
+    e->seq = rlx__malloc(e->step_tokens * sizeof *e->seq);
+    e->out_rows = rlx__malloc(e->n_slots * sizeof *e->out_rows);
+    e->out_slot = rlx__malloc(e->n_slots * sizeof *e->out_slot);
+    e->logprob_work = rlx__malloc((size_t)e->vocab * sizeof *e->logprob_work);
+    if (!e->backends || !e->rules || !e->k_cache || !e->v_cache || !e->slots || !e->ids || !e->pos || !e->seq ||
+        !e->out_rows || !e->out_slot || !e->logprob_work)
+        goto nomem;
+    for (size_t i = 0; i < o.n_backends; i++)
+        e->backends[i] = o.backends[i];
+    for (size_t i = 0; i < o.n_rules; i++)
+        e->rules[i] = o.rules[i];
+    for (uint32_t l = 0; l < e->n_layers; l++)
+        if (!(e->k_cache[l] = rlx__map_zeroed(e->layer_bytes)) || !(e->v_cache[l] = rlx__map_zeroed(e->layer_bytes)))
+            goto nomem;
+    for (uint32_t s = 0; s < e->n_slots; s++)
+        if (!(e->slots[s].tokens = rlx__malloc(e->capacity * sizeof *e->slots[s].tokens)))
+            goto nomem;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->wake, &ca);
+    pthread_cond_init(&e->idle, &ca);
+    pthread_condattr_destroy(&ca);
+    e->stats.n_slots = e->n_slots;
+    e->stats.slot_positions = e->capacity;
+    int err = pthread_create(&e->worker, NULL, engine_main, e);
+    if (err) {
+        rlx_engine_destroy(e);
+        return rlx_error(RLX_E_NOMEM, "engine: cannot start its worker thread: %s", strerror(err));
+    }
+    e->worker_started = 1;
+    *out = e;
+    return RLX_OK;
+nomem:
+    e->worker_started = 0;
+    rlx_engine_destroy(e);
+    return rlx_error(RLX_E_NOMEM, "engine: out of memory for %u slots of %u positions", o.n_slots, o.slot_positions);
+}
+
+/* The deadline timeout_ms from now on the condition variables' clock. */
+static struct timespec deadline_in(uint32_t timeout_ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+static void deliver_done(rlx_engine *e, engine_req *r, uint32_t finish, rlx_status status, const char *message) {
+    rlx_engine_event ev = {.kind = RLX_ENGINE_DONE,
+                           .id = r->id,
+                           .finish = finish,
+                           .status = status,
+                           .message = message ? message : "",
+                           .usage = {.n_prompt = r->r.n_prompt,
+                                     .n_cached = r->n_cached,
+                                     .n_generated = r->n_generated,
+                                     .queue_seconds = r->t_admit > 0 ? r->t_admit - r->t_submit : 0,
+                                     .prompt_seconds = r->t_first > 0 ? r->t_first - r->t_admit : 0,
+                                     .decode_seconds = r->t_first > 0 ? r->t_last - r->t_first : 0}};
+    /* counted first, so whoever the event wakes reads counters that include it */
+    pthread_mutex_lock(&e->mu);
+    if (finish == RLX_FINISH_CANCELLED)
+        e->stats.requests_cancelled++;
+    else if (finish == RLX_FINISH_ERROR)
+        e->stats.requests_failed++;
+    else
+        e->stats.requests_done++;
+    pthread_mutex_unlock(&e->mu);
+    r->r.on_event(r->r.ctx, &ev);
+}
+
+void rlx_engine_destroy(rlx_engine *e) {
+    if (!e)
+        return;
+    if (e->worker_started) {
+        pthread_mutex_lock(&e->mu);
+        e->closing = 1;
+        pthread_cond_broadcast(&e->wake);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->worker, NULL); /* it cancels every request on its way out */
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->wake);
+        pthread_cond_destroy(&e->idle);
+    }
+    for (int i = 0; i < ENGINE_PLANS; i++)
+        plan_clear(&e->plans[i]);
+    for (uint32_t l = 0; l < e->n_layers && e->k_cache && e->v_cache; l++) {
+        if (e->k_cache[l])
+            munmap(e->k_cache[l], e->layer_bytes);
+        if (e->v_cache[l])
+            munmap(e->v_cache[l], e->layer_bytes);
+    }
+    for (uint32_t s = 0; s < e->n_slots && e->slots; s++)
+        free(e->slots[s].tokens);
+    free(e->slots);
+    free(e->k_cache);
+    free(e->v_cache);
+    free(e->ids);
+    free(e->pos);
+    free(e->seq);
+    free(e->out_rows);
+    free(e->out_slot);
+    free(e->logprob_work);
+    free(e->backends);
+    free(e->rules);
+    free(e);
+}
+
+rlx_status rlx_engine_submit(rlx_engine *e, const rlx_request *req, uint64_t *id) {
+    if (!e || !req || !id)
+        return rlx_error(RLX_E_INVALID, "rlx_engine_submit: NULL argument");
+    *id = 0;
+    rlx_request r = {.size = sizeof r};
+    rlx_status rc = rlx__read_sized(&r, sizeof r, req, offsetof(rlx_request, ctx) + sizeof r.ctx, "rlx_request");
+    if (rc != RLX_OK)
+        return rc;
+    if (!r.on_event)
+        return rlx_error(RLX_E_INVALID, "request: on_event is required");
+    if (!r.prompt || r.n_prompt == 0)
+        return rlx_error(RLX_E_INVALID, "request: the prompt is empty");
+    if (r.n_prompt >= e->capacity)
+        return rlx_error(RLX_E_RANGE, "request: a prompt of %u tokens leaves no room in a slot of %u positions",
+                         r.n_prompt, e->capacity);
+    if (r.top_logprobs > RLX_ENGINE_MAX_TOP_LOGPROBS)
+        return rlx_error(RLX_E_INVALID, "request: top_logprobs %u exceeds %d", r.top_logprobs,
+                         RLX_ENGINE_MAX_TOP_LOGPROBS);
+    if (r.n_stop_ids && !r.stop_ids)
+        return rlx_error(RLX_E_INVALID, "request: %u stop ids but no array", r.n_stop_ids);
+    for (uint32_t i = 0; i < r.n_prompt; i++)
+        if (r.prompt[i] < 0 || r.prompt[i] >= e->vocab)
+            return rlx_error(RLX_E_RANGE,
+                             "request: token id %d (prompt position %u) is outside the vocabulary [0, %lld)",
+                             r.prompt[i], i, (long long)e->vocab);
+    engine_req *q = rlx__calloc(1, sizeof *q);
+    if (!q)
+        return rlx_error(RLX_E_NOMEM, "request: out of memory");
+    q->r = r;
+    const rlx_model_config *c = rlx_model_config_of(e->m);
+    const int32_t *stops = r.stop_ids ? r.stop_ids : c->eos_ids;
+    q->r.n_stop_ids = r.stop_ids ? r.n_stop_ids : c->n_eos;
+    q->prompt = rlx__malloc(r.n_prompt * sizeof *q->prompt);
+    q->stop_ids = rlx__malloc((q->r.n_stop_ids + 1) * sizeof *q->stop_ids);
+    if (!q->prompt || !q->stop_ids) {
+        req_free(q);
+        return rlx_error(RLX_E_NOMEM, "request: out of memory");
+    }
+    memcpy(q->prompt, r.prompt, r.n_prompt * sizeof *q->prompt);
+    if (q->r.n_stop_ids)
+        memcpy(q->stop_ids, stops, q->r.n_stop_ids * sizeof *q->stop_ids);
+    q->r.prompt = q->prompt;
+    q->r.stop_ids = q->stop_ids;
+    if ((rc = rlx_sampler_create(&r.sampler, e->vocab, &q->sampler)) != RLX_OK ||
+        (rc = rlx__sampler_accept_all(q->sampler, q->prompt, r.n_prompt)) != RLX_OK) {
+        req_free(q);
+        return rc;
+    }
+    q->t_submit = rlx__now_seconds();
+    pthread_mutex_lock(&e->mu);
+    if (e->closing || e->draining || e->n_queued >= e->max_queue) {
+        e->stats.requests_refused++;
+        const int why = e->closing || e->draining;
+        const uint32_t queued = e->n_queued;
+        pthread_mutex_unlock(&e->mu);
+        req_free(q);
+        return why ? rlx_error(RLX_E_BUSY, "the engine is shutting down and takes no new requests")
+                   : rlx_error(RLX_E_BUSY, "all %u slots are busy and %u requests wait already", e->n_slots, queued);
+    }
+    q->id = e->next_id++;
+    if (e->queue_tail)
+        e->queue_tail->next = q;
+    else
+        e->queue_head = q;
+    e->queue_tail = q;
+    e->n_queued++;
+    e->stats.queued = e->n_queued;
+    *id = q->id;
+    pthread_cond_broadcast(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+    return RLX_OK;
+}
+
+void rlx_engine_cancel(rlx_engine *e, uint64_t id) {
+    if (!e || id == 0)
+        return;
+    pthread_mutex_lock(&e->mu);
+    for (engine_req *r = e->queue_head; r; r = r->next)
+        if (r->id == id)
+            r->cancelled = 1;
+    for (uint32_t s = 0; s < e->n_slots; s++)
+        if (e->slots[s].req && e->slots[s].req->id == id)
+            e->slots[s].req->cancelled = 1;
+    pthread_cond_broadcast(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
+uint32_t rlx_engine_drain(rlx_engine *e, uint32_t timeout_ms) {
+    if (!e)
+        return 0;
+    struct timespec until = deadline_in(timeout_ms);
+    uint32_t cancelled = 0;
+    pthread_mutex_lock(&e->mu);
+    e->draining = 1;
+    while (e->n_queued + e->n_running > 0)
+        if (pthread_cond_timedwait(&e->idle, &e->mu, &until) == ETIMEDOUT)
+            break;
+    for (engine_req *r = e->queue_head; r; r = r->next)
+        if (!r->cancelled) {
+            r->cancelled = 1;
+            cancelled++;
+        }
+    for (uint32_t s = 0; s < e->n_slots; s++)
+        if (e->slots[s].req && !e->slots[s].req->cancelled) {
+            e->slots[s].req->cancelled = 1;
+            cancelled++;
+        }
+    pthread_cond_broadcast(&e->wake);
+    /* the worker delivers the cancellations; bound the wait as every wait is bounded */
+    struct timespec grace = deadline_in(timeout_ms < 1000 ? 1000 : timeout_ms);
+    while (e->n_queued + e->n_running > 0)
+        if (pthread_cond_timedwait(&e->idle, &e->mu, &grace) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&e->mu);
+    return cancelled;
+}
+
+void rlx_engine_stats_of(rlx_engine *e, rlx_engine_stats *out) {
+    if (!e || !out)
+        return;
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    out->running = e->n_running;
+    out->queued = e->n_queued;
+    pthread_mutex_unlock(&e->mu);
+}
+
+// ---- the worker ----
+
+static uint32_t common_prefix(const int32_t *a, uint32_t na, const int32_t *b, uint32_t nb) {
+    uint32_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+static void copy_prefix(rlx_engine *e, uint32_t from, uint32_t to, uint32_t n) {
+    const size_t slot_bytes = (size_t)e->capacity * e->row_bytes, bytes = (size_t)n * e->row_bytes;
+    for (uint32_t l = 0; l < e->n_layers; l++) {
+        memcpy((char *)e->k_cache[l] + to * slot_bytes, (char *)e->k_cache[l] + from * slot_bytes, bytes);
+        memcpy((char *)e->v_cache[l] + to * slot_bytes, (char *)e->v_cache[l] + from * slot_bytes, bytes);
+    }
+    memcpy(e->slots[to].tokens, e->slots[from].tokens, n * sizeof *e->slots[to].tokens);
+}
+
+/* Puts r into a free slot, reusing the longest prefix of its prompt the cache holds: in that
+ * free slot itself, or copied from a busy one. At least the prompt's last token is computed, for
+ * the logits of the first new token. Called by the worker with mu held. */
+static void admit(rlx_engine *e, engine_req *r) {
+    const uint32_t limit = r->r.n_prompt - 1;
+    int best_free = -1, best_any = -1;
+    uint32_t len_free = 0, len_any = 0;
+    for (uint32_t s = 0; s < e->n_slots; s++) {
+        engine_slot *sl = &e->slots[s];
+        uint32_t n = common_prefix(sl->tokens, sl->n_valid, r->prompt, limit);
+        if (!sl->req &&
+            (best_free < 0 || n > len_free || (n == len_free && sl->last_used < e->slots[best_free].last_used)))
+            best_free = (int)s, len_free = n;
+        if (sl->req && n > len_any)
+            best_any = (int)s, len_any = n;
+    }
+    engine_slot *sl = &e->slots[best_free];
+    uint32_t reuse = len_free;
+    if (best_any >= 0 && len_any >= ENGINE_MIN_COPY && len_any > len_free) {
+        copy_prefix(e, (uint32_t)best_any, (uint32_t)best_free, len_any);
+        reuse = len_any;
+    }
+    sl->req = r;
+    sl->n_valid = reuse;
+    sl->state = SLOT_PROMPT;
+    r->n_cached = reuse;
+    r->t_admit = rlx__now_seconds();
+    e->stats.cached_tokens += reuse;
+    e->stats.prompt_tokens += r->r.n_prompt;
+}
+
+static engine_plan *get_plan(rlx_engine *e, uint32_t n_rows, uint32_t n_out, rlx_status *rc) {
+    engine_plan *victim = &e->plans[0];
+    for (int i = 0; i < ENGINE_PLANS; i++) {
+        engine_plan *p = &e->plans[i];
+        if (p->plan && p->n_rows == n_rows && p->n_out == n_out) {
+            p->last_used = ++e->clock;
+            return p;
+        }
+        if (!p->plan || (victim->plan && p->last_used < victim->last_used))
+            victim = p;
+    }
+    plan_clear(victim);
+    const rlx_model_config *c = rlx_model_config_of(e->m);
+    const rlx_block_spec spec = {
+        .size = sizeof spec, .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
+    const rlx_build_options bo = {.size = sizeof bo,
+                                  .n_tokens = n_rows,
+                                  .kv_capacity = e->capacity,
+                                  .n_slots = e->n_slots,
+                                  .kv_dtype = e->kv_dtype,
+                                  .n_out_rows = n_out};
+    *rc = rlx_model_build_block_ex(e->m, &spec, &bo, &victim->graph, &victim->io);
+    if (*rc == RLX_OK)
+        *rc = rlx_plan_create_placed(victim->graph, e->backends, e->n_backends, e->rules, e->n_rules, &victim->plan);
+    const rlx_block_io *io = &victim->io.block;
+    for (uint32_t l = 0; *rc == RLX_OK && l < io->n_layers; l++) {
+        *rc = rlx_plan_bind(victim->plan, io->k_cache[l], e->k_cache[l]);
+        if (*rc == RLX_OK)
+            *rc = rlx_plan_bind(victim->plan, io->v_cache[l], e->v_cache[l]);
+    }
+    if (*rc != RLX_OK) {
+        plan_clear(victim);
+        return NULL;
+    }
+    victim->n_rows = n_rows;
+    victim->n_out = n_out;
+    victim->last_used = ++e->clock;
+    return victim;
+}
+
+/* Ends the request of slot s: its event, then the slot is free (its rows stay, for a later
+ * prompt with the same prefix). */
+static void finish_slot(rlx_engine *e, uint32_t s, uint32_t finish, rlx_status status, const char *message) {
+    engine_slot *sl = &e->slots[s];
+    engine_req *r = sl->req;
+    /* freed first, so whoever the event wakes sees the slot free (only this thread admits) */
+    pthread_mutex_lock(&e->mu);
+    sl->req = NULL;
+    sl->last_used = ++e->clock;
+    e->n_running--;
+    pthread_mutex_unlock(&e->mu);
+    deliver_done(e, r, finish, status, message);
+    req_free(r);
+}
+
+static int is_stop(const engine_req *r, int32_t token) {
+    for (uint32_t i = 0; i < r->r.n_stop_ids; i++)
+        if (r->stop_ids[i] == token)
+            return 1;
+    return 0;
+}
+
+/* log-softmax of the raw logits at token and the top alternatives, best first */
+static float log_probs(rlx_engine *e, const float *logits, int32_t token, uint32_t n_top, int32_t *top_ids,
+                       float *top_lp) {
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < e->vocab; i++)
+        mx = logits[i] > mx ? logits[i] : mx;
+    double sum = 0;
+    for (int64_t i = 0; i < e->vocab; i++)
+        sum += exp((double)logits[i] - mx);
+    const float lse = mx + (float)log(sum);
+    for (uint32_t k = 0; k < n_top; k++)
+        top_ids[k] = -1;
+    for (int64_t i = 0; i < e->vocab && n_top; i++) {
+        if (top_ids[n_top - 1] >= 0 && logits[i] <= logits[top_ids[n_top - 1]])
+            continue;
+        uint32_t k = n_top - 1;
+        while (k > 0 && (top_ids[k - 1] < 0 || logits[i] > logits[top_ids[k - 1]])) {
+            top_ids[k] = top_ids[k - 1];
+            k--;
+        }
+        top_ids[k] = (int32_t)i;
+    }
+    for (uint32_t k = 0; k < n_top; k++)
+        top_lp[k] = top_ids[k] >= 0 ? logits[top_ids[k]] - lse : -INFINITY;
+    return logits[token] - lse;
+}
+
+/* Samples the next token of slot s from its logits row and reports it; ends the request when
+ * it should end. */
+static void emit(rlx_engine *e, uint32_t s, const float *logits) {
+    engine_slot *sl = &e->slots[s];
+    engine_req *r = sl->req;
+    int32_t token = rlx_sampler_sample(r->sampler, logits);
+    rlx_status rc = rlx_sampler_accept(r->sampler, token);
+    if (rc != RLX_OK) {
+        finish_slot(e, s, RLX_FINISH_ERROR, rc, rlx_last_error());
+        return;
+    }
+    const double now = rlx__now_seconds();
+    if (r->t_first == 0)
+        r->t_first = now;
+    r->t_last = now;
+    r->n_generated++;
+    int32_t top_ids[RLX_ENGINE_MAX_TOP_LOGPROBS];
+    float top_lp[RLX_ENGINE_MAX_TOP_LOGPROBS];
+    rlx_engine_event ev = {.kind = RLX_ENGINE_TOKEN, .id = r->id, .token = token};
+    if (r->r.logprobs || r->r.top_logprobs) {
+        ev.logprob = log_probs(e, logits, token, r->r.top_logprobs, top_ids, top_lp);
+        ev.n_top = r->r.top_logprobs;
+        ev.top_ids = top_ids;
+        ev.top_logprobs = top_lp;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->stats.generated_tokens++;
+    pthread_mutex_unlock(&e->mu);
+    const int stop = r->r.on_event(r->r.ctx, &ev);
+    if (is_stop(r, token))
+        finish_slot(e, s, RLX_FINISH_EOS, RLX_OK, NULL);
+    else if (stop)
+        finish_slot(e, s, RLX_FINISH_STOP, RLX_OK, NULL);
+    else if (r->r.max_tokens && r->n_generated >= r->r.max_tokens)
+        finish_slot(e, s, RLX_FINISH_LENGTH, RLX_OK, NULL);
+    else if (sl->n_valid >= e->capacity)
+        finish_slot(e, s, RLX_FINISH_CONTEXT, RLX_OK, NULL);
+    else {
+        sl->state = SLOT_DECODE;
+        sl->pending = token;
+    }
+}
+
+/* One forward pass over every running slot; 0 when there was nothing to run. */
+static int step(rlx_engine *e) {
+    uint32_t n = 0, n_out = 0;
+    /* decode rows first: one per decoding slot, so their pace does not depend on prompts */
+    for (uint32_t s = 0; s < e->n_slots; s++) {
+        engine_slot *sl = &e->slots[s];
+        if (!sl->req || sl->state != SLOT_DECODE)
+            continue;
+        e->ids[n] = sl->pending;
+        e->pos[n] = (int32_t)sl->n_valid;
+        e->seq[n] = (int32_t)s;
+        e->out_rows[n_out] = (int32_t)n;
+        e->out_slot[n_out++] = s;
+        n++;
+    }
+    /* then prompt chunks, oldest request first, within the step's budget */
+    for (;;) {
+        int pick = -1;
+        for (uint32_t s = 0; s < e->n_slots; s++) {
+            engine_slot *sl = &e->slots[s];
+            if (sl->req && sl->state == SLOT_PROMPT && (pick < 0 || sl->req->id < e->slots[pick].req->id))
+                pick = (int)s;
+        }
+        if (pick < 0 || n == e->step_tokens)
+            break;
+        engine_slot *sl = &e->slots[pick];
+        uint32_t room = e->step_tokens - n, left = sl->req->r.n_prompt - sl->n_valid, take = left < room ? left : room;
+        for (uint32_t i = 0; i < take; i++) {
+            e->ids[n] = sl->req->prompt[sl->n_valid + i];
+            e->pos[n] = (int32_t)(sl->n_valid + i);
+            e->seq[n] = pick;
+            n++;
+        }
+        if (take == left) {
+            e->out_rows[n_out] = (int32_t)(n - 1);
+            e->out_slot[n_out++] = (uint32_t)pick;
+        }
+        /* the chunk's rows count as held from here; a failed pass forgets them below */
+        memcpy(sl->tokens + sl->n_valid, sl->req->prompt + sl->n_valid, take * sizeof *sl->tokens);
+        sl->n_valid += take;
+        if (take < left)
+            break;
+        sl->state = SLOT_SAMPLE;
+    }
+    if (n == 0)
+        return 0;
+    const double t0 = rlx__now_seconds();
+    rlx_status rc = RLX_OK;
+    /* a pass of prompt rows alone still has a plan with one logits row, which goes unused */
+    if (!n_out)
+        e->out_rows[0] = (int32_t)(n - 1);
+    engine_plan *p = get_plan(e, n, n_out ? n_out : 1, &rc);
+    const rlx_batch_io *io = p ? &p->io : NULL;
+    if (rc == RLX_OK && (rc = rlx_plan_bind(p->plan, io->block.input, e->ids)) == RLX_OK &&
+        (rc = rlx_plan_bind(p->plan, io->block.positions, e->pos)) == RLX_OK &&
+        (rc = rlx_plan_bind(p->plan, io->seq, e->seq)) == RLX_OK &&
+        (rc = rlx_plan_bind(p->plan, io->out_rows, e->out_rows)) == RLX_OK)
+        rc = rlx_plan_run(p->plan);
+    /* the decode rows are in the cache now */
+    for (uint32_t s = 0; s < e->n_slots; s++) {
+        engine_slot *sl = &e->slots[s];
+        if (sl->req && sl->state == SLOT_DECODE)
+            sl->tokens[sl->n_valid++] = sl->pending;
+    }
+    if (rc != RLX_OK) {
+        char message[512];
+        snprintf(message, sizeof message, "%s", rlx_last_error());
+        for (uint32_t s = 0; s < e->n_slots; s++) {
+            engine_slot *sl = &e->slots[s];
+            if (sl->req) {
+                sl->n_valid = 0; /* what the failed pass wrote is not trusted */
+                finish_slot(e, s, RLX_FINISH_ERROR, rc, message);
+            }
+        }
+        return 1;
+    }
+    const float *logits = rlx_plan_data(p->plan, io->block.output);
+    for (uint32_t k = 0; k < n_out; k++)
+        emit(e, e->out_slot[k], logits + (size_t)k * (size_t)e->vocab);
+    pthread_mutex_lock(&e->mu);
+    e->stats.steps++;
+    e->stats.busy_seconds += rlx__now_seconds() - t0;
+    pthread_mutex_unlock(&e->mu);
+    return 1;
+}
+
+static void *engine_main(void *arg) {
+    rlx_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        /* cancellations first: their slots are free for this step's admissions */
+        engine_req *cancelled = NULL;
+        for (engine_req **at = &e->queue_head; *at;) {
+            engine_req *r = *at;
+            if (r->cancelled || e->closing) {
+                *at = r->next;
+                r->next = cancelled;
+                cancelled = r;
+                e->n_queued--;
+            } else
+                at = &r->next;
+        }
+        e->queue_tail = NULL;
+        for (engine_req *r = e->queue_head; r; r = r->next)
+            e->queue_tail = r;
+        for (uint32_t s = 0; s < e->n_slots; s++)
+            e->slots[s].cancel = e->slots[s].req && (e->slots[s].req->cancelled || e->closing);
+        pthread_mutex_unlock(&e->mu);
+        for (engine_req *r = cancelled, *next; r; r = next) {
+            next = r->next;
+            deliver_done(e, r, RLX_FINISH_CANCELLED, RLX_OK, NULL);
+            req_free(r);
+        }
+        /* a slot cut short keeps the rows it computed, for a later prompt with that prefix */
+        for (uint32_t s = 0; s < e->n_slots; s++)
+            if (e->slots[s].cancel)
+                finish_slot(e, s, RLX_FINISH_CANCELLED, RLX_OK, NULL);
+        pthread_mutex_lock(&e->mu);
+        if (e->closing) {
+            pthread_cond_broadcast(&e->idle);
+            pthread_mutex_unlock(&e->mu);
+            return NULL;
+        }
+        while (e->queue_head && e->n_running < e->n_slots) {
+            engine_req *r = e->queue_head;
+            e->queue_head = r->next;
+            if (!e->queue_head)
+                e->queue_tail = NULL;
+            r->next = NULL;
+            e->n_queued--;
+            e->n_running++;
+            admit(e, r);
+        }
+        e->stats.queued = e->n_queued;
+        uint64_t used = 0;
+        for (uint32_t s = 0; s < e->n_slots; s++)
+            used += e->slots[s].req ? e->slots[s].n_valid : 0;
+        e->stats.kv_positions_used = used;
+        pthread_mutex_unlock(&e->mu);
+        if (step(e))
+            continue;
+        pthread_mutex_lock(&e->mu);
+        pthread_cond_broadcast(&e->idle);
+        if (!e->closing && !e->queue_head) {
+            struct timespec until = deadline_in(ENGINE_IDLE_MS);
+            pthread_cond_timedwait(&e->wake, &e->mu, &until);
+        }
+        pthread_mutex_unlock(&e->mu);
+    }
+}

@@ -1,0 +1,533 @@
+/* The batched engine on small random models: each request gives the tokens a session alone
+ * gives it, however many run beside it and whatever its slot; a shared prefix is reused and
+ * changes nothing; a full queue refuses at once; cancel and drain end requests with one DONE
+ * each; bad requests are refused naming the field; log-probabilities are the log-softmax of the
+ * session's logits; and threads submitting and cancelling at once lose nothing.
+ *
+ * RLX_BACKEND names the backend (cpu-blas by default, "ref" for the reference kernels),
+ * RLX_TEST_KV=f16 puts both the engine's and the sessions' caches in F16, and the model is the
+ * first argument (dense-tied-f32-s1 by default). */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "testutil.h"
+
+#define MAX_GEN 64
+#define MAX_REQS 64
+
+static const char *model_dir = RLX_TEST_DATA "/dense-tied-f32-s1";
+static rlx_model *model;
+static rlx_backend *backend;
+static rlx_plugin_handle *plugin;
+static int64_t vocab;
+static uint32_t kv_dtype = RLX_DTYPE_F32;
+
+/* What one request received, filled on the engine's worker. */
+typedef struct received {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t tokens[MAX_GEN];
+    float logprobs[MAX_GEN];
+    int32_t top_ids[MAX_GEN][4];
+    uint32_t n, n_done;
+    int events_after_done;
+    rlx_engine_event done;
+    int stop_after; /* > 0: ask to stop after this many tokens */
+} received;
+
+static void received_init(received *r) {
+    memset(r, 0, sizeof *r);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+}
+
+static void received_destroy(received *r) {
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+}
+
+static int on_event(void *ctx, const rlx_engine_event *ev) {
+    received *r = ctx;
+    pthread_mutex_lock(&r->mu);
+    int stop = 0;
+    if (r->n_done)
+        r->events_after_done++;
+    if (ev->kind == RLX_ENGINE_TOKEN) {
+        if (r->n < MAX_GEN) {
+            r->tokens[r->n] = ev->token;
+            r->logprobs[r->n] = ev->logprob;
+            for (uint32_t k = 0; k < ev->n_top && k < 4; k++)
+                r->top_ids[r->n][k] = ev->top_ids[k];
+        }
+        r->n++;
+        stop = r->stop_after > 0 && r->n >= (uint32_t)r->stop_after;
+    } else {
+        r->done = *ev;
+        r->done.message = "";
+        r->n_done++;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return stop;
+}
+
+/* Waits up to 120 s for the DONE event. */
+static void wait_done(received *r) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 120;
+    pthread_mutex_lock(&r->mu);
+    while (!r->n_done)
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
+            break;
+    int done = r->n_done;
+    pthread_mutex_unlock(&r->mu);
+    assert_true(done);
+}
+
+static rlx_engine *new_engine(uint32_t n_slots, uint32_t positions, uint32_t queue, uint32_t step_tokens) {
+    rlx_engine_options o = rlx_engine_options_default();
+    o.n_slots = n_slots;
+    o.slot_positions = positions;
+    o.max_queue = queue;
+    o.step_tokens = step_tokens;
+    o.backends = backend ? &backend : NULL;
+    o.n_backends = backend ? 1 : 0;
+    o.kv_dtype = kv_dtype;
+    rlx_engine *e;
+    assert_ok(rlx_engine_create(model, &o, &e));
+    return e;
+}
+
+static rlx_request greedy_request(const int32_t *prompt, uint32_t n, uint32_t max_tokens, received *r) {
+    rlx_request q = {.size = sizeof q, .prompt = prompt, .n_prompt = n, .max_tokens = max_tokens, .ctx = r};
+    q.sampler = rlx_sampler_params_default();
+    q.sampler.greedy = 1;
+    q.on_event = on_event;
+    /* no stop ids: random models hit their EOS by chance, which would shorten the comparison */
+    static const int32_t none = -1;
+    q.stop_ids = &none;
+    q.n_stop_ids = 1;
+    return q;
+}
+
+/* A whole-model session on the engine's backend and cache dtype. */
+static rlx_session *new_session(void) {
+    const rlx_model_config *c = rlx_model_config_of(model);
+    rlx_block_spec spec = {
+        .size = sizeof spec, .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
+    rlx_session_options o = {.size = sizeof o,
+                             .kv_capacity = 128,
+                             .backends = &backend,
+                             .n_backends = backend ? 1 : 0,
+                             .kv_dtype = kv_dtype};
+    rlx_session *s;
+    assert_ok(rlx_session_create(model, &spec, &o, &s));
+    return s;
+}
+
+/* The greedy tokens of a session alone: the reference every engine request must equal. */
+static uint32_t solo_greedy(const int32_t *prompt, uint32_t n, uint32_t max_new, int32_t *out) {
+    rlx_session *s = new_session();
+    const float *l;
+    uint32_t k = 0;
+    assert_ok(rlx_session_forward(s, prompt, n, 0, &l));
+    for (; k < max_new; k++) {
+        int32_t best = 0;
+        for (int64_t v = 1; v < vocab; v++)
+            best = l[v] > l[best] ? (int32_t)v : best;
+        out[k] = best;
+        if (k + 1 < max_new)
+            assert_ok(rlx_session_forward(s, &best, 1, 0, &l));
+    }
+    rlx_session_destroy(s);
+    return k;
+}
+
+/* Prompt i of a family sharing the first `shared` tokens. */
+static uint32_t make_prompt(int i, uint32_t shared, int32_t *out) {
+    uint32_t n = shared + 3 + (uint32_t)(i * 5) % 17;
+    for (uint32_t k = 0; k < n; k++)
+        out[k] = (int32_t)((k < shared ? k * 37 + 11 : k * 53 + (uint32_t)i * 101 + 7) % (uint32_t)vocab);
+    return n;
+}
+
+static void expect_solo(const int32_t *prompt, uint32_t n, uint32_t max_new, const received *r) {
+    int32_t want[MAX_GEN];
+    solo_greedy(prompt, n, max_new, want);
+    assert_int_equal(r->n, max_new);
+    for (uint32_t k = 0; k < max_new; k++)
+        if (r->tokens[k] != want[k]) {
+            fprintf(stderr, "token %u: engine %d, session alone %d\n", k, r->tokens[k], want[k]);
+            fail();
+        }
+    assert_int_equal(r->done.finish, RLX_FINISH_LENGTH);
+    assert_int_equal(r->done.usage.n_generated, max_new);
+    assert_int_equal(r->done.usage.n_prompt, n);
+}
+
+static void test_one_request_equals_session(void **state) {
+    (void)state;
+    rlx_engine *e = new_engine(2, 96, 4, 64);
+    int32_t prompt[64];
+    uint32_t n = make_prompt(0, 0, prompt);
+    received r;
+    received_init(&r);
+    rlx_request q = greedy_request(prompt, n, 12, &r);
+    uint64_t id;
+    assert_ok(rlx_engine_submit(e, &q, &id));
+    assert_true(id > 0);
+    wait_done(&r);
+    expect_solo(prompt, n, 12, &r);
+    rlx_engine_destroy(e);
+    assert_int_equal(r.n_done, 1);
+    assert_int_equal(r.events_after_done, 0);
+    received_destroy(&r);
+}
+
+/* Twelve requests on four slots with a small step budget: prompts are cut into chunks and mixed
+ * with other slots' decode rows, requests wait in the queue and take whichever slot is free,
+ * and each still gives its solo tokens. */
+static void test_concurrent_requests_equal_their_solo_runs(void **state) {
+    (void)state;
+    enum { N = 12 };
+    rlx_engine *e = new_engine(4, 96, 16, 8);
+    int32_t prompts[N][64];
+    uint32_t lens[N];
+    received r[N];
+    for (int i = 0; i < N; i++) {
+        lens[i] = make_prompt(i, 0, prompts[i]);
+        received_init(&r[i]);
+        rlx_request q = greedy_request(prompts[i], lens[i], 6 + (uint32_t)i % 5, &r[i]);
+        uint64_t id;
+        assert_ok(rlx_engine_submit(e, &q, &id));
+    }
+    for (int i = 0; i < N; i++)
+        wait_done(&r[i]);
+    for (int i = 0; i < N; i++) {
+        expect_solo(prompts[i], lens[i], 6 + (uint32_t)i % 5, &r[i]);
+        received_destroy(&r[i]);
+    }
+    rlx_engine_stats st;
+    rlx_engine_stats_of(e, &st);
+    assert_int_equal(st.requests_done, N);
+    assert_true(st.steps > 0);
+    assert_int_equal(st.running + st.queued, 0);
+    rlx_engine_destroy(e);
+}
+
+/* A second request with the first one's 24-token prefix takes those rows from the cache (copied
+ * from the busy slot, or kept in the freed one) and still gives its solo tokens. */
+static void test_shared_prefix_is_reused(void **state) {
+    (void)state;
+    rlx_engine *e = new_engine(2, 96, 4, 64);
+    int32_t a[64], b[64];
+    uint32_t na = make_prompt(1, 24, a), nb = make_prompt(2, 24, b);
+    received ra, rb;
+    received_init(&ra);
+    received_init(&rb);
+    rlx_request qa = greedy_request(a, na, 20, &ra);
+    uint64_t id;
+    assert_ok(rlx_engine_submit(e, &qa, &id));
+    /* wait for a's first token, so its prompt rows are in its slot while it decodes */
+    for (int spin = 0; spin < 12000; spin++) {
+        pthread_mutex_lock(&ra.mu);
+        uint32_t got = ra.n + ra.n_done;
+        pthread_mutex_unlock(&ra.mu);
+        if (got)
+            break;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    rlx_request qb = greedy_request(b, nb, 8, &rb);
+    assert_ok(rlx_engine_submit(e, &qb, &id));
+    wait_done(&ra);
+    wait_done(&rb);
+    assert_int_equal(rb.done.usage.n_cached, 24);
+    expect_solo(a, na, 20, &ra);
+    expect_solo(b, nb, 8, &rb);
+    /* the same prompt again, after both finished: all but its last token come from the cache */
+    received rc;
+    received_init(&rc);
+    rlx_request qc = greedy_request(b, nb, 8, &rc);
+    assert_ok(rlx_engine_submit(e, &qc, &id));
+    wait_done(&rc);
+    assert_int_equal(rc.done.usage.n_cached, nb - 1);
+    expect_solo(b, nb, 8, &rc);
+    rlx_engine_stats st;
+    rlx_engine_stats_of(e, &st);
+    assert_int_equal(st.cached_tokens, 24 + nb - 1);
+    rlx_engine_destroy(e);
+    received_destroy(&ra);
+    received_destroy(&rb);
+    received_destroy(&rc);
+}
+
+static void test_full_queue_refuses_and_cancel_ends(void **state) {
+    (void)state;
+    rlx_engine *e = new_engine(1, 96, 2, 64);
+    int32_t prompt[64];
+    uint32_t n = make_prompt(3, 0, prompt);
+    received r[4];
+    uint64_t ids[4];
+    for (int i = 0; i < 4; i++)
+        received_init(&r[i]);
+    /* one running (at most one token per step, 60 of them) and two queued fill the engine */
+    rlx_request q = greedy_request(prompt, n, 60, &r[0]);
+    assert_ok(rlx_engine_submit(e, &q, &ids[0]));
+    int refused = 0;
+    for (int i = 1; i < 4; i++) {
+        q = greedy_request(prompt, n, 60, &r[i]);
+        rlx_status rc = rlx_engine_submit(e, &q, &ids[i]);
+        if (rc == RLX_E_BUSY) {
+            assert_error_mentions("busy");
+            refused++;
+            r[i].n_done = 1; /* no event will come */
+        } else
+            assert_ok(rc);
+    }
+    /* the worker may have admitted the first before the others came: then exactly one is refused */
+    assert_true(refused >= 1);
+    for (int i = 0; i < 4; i++)
+        rlx_engine_cancel(e, ids[i]);
+    for (int i = 0; i < 4; i++)
+        wait_done(&r[i]);
+    for (int i = 0; i < 4; i++) {
+        if (ids[i]) {
+            assert_true(r[i].done.finish == RLX_FINISH_CANCELLED || r[i].done.finish == RLX_FINISH_LENGTH);
+            assert_int_equal(r[i].n_done, 1);
+        }
+    }
+    assert_int_equal(r[0].done.finish, RLX_FINISH_CANCELLED);
+    rlx_engine_cancel(e, 9999); /* unknown: nothing happens */
+    rlx_engine_stats st;
+    rlx_engine_stats_of(e, &st);
+    assert_int_equal(st.requests_refused, (uint64_t)refused);
+    rlx_engine_destroy(e);
+    for (int i = 0; i < 4; i++)
+        received_destroy(&r[i]);
+}
+
+/* A callback that asks to stop ends its request with FINISH_STOP after that token; drain lets a
+ * short request finish, cancels a long one at the deadline and then refuses new ones. */
+static void test_stop_from_callback_and_drain(void **state) {
+    (void)state;
+    rlx_engine *e = new_engine(2, 96, 4, 64);
+    int32_t prompt[64];
+    uint32_t n = make_prompt(4, 0, prompt);
+    received a, b, c;
+    received_init(&a);
+    received_init(&b);
+    received_init(&c);
+    a.stop_after = 3;
+    rlx_request q = greedy_request(prompt, n, 40, &a);
+    uint64_t id;
+    assert_ok(rlx_engine_submit(e, &q, &id));
+    wait_done(&a);
+    assert_int_equal(a.n, 3);
+    assert_int_equal(a.done.finish, RLX_FINISH_STOP);
+    q = greedy_request(prompt, n, 4, &b);
+    assert_ok(rlx_engine_submit(e, &q, &id));
+    q = greedy_request(prompt, n, 0, &c); /* unbounded: runs to the end of its slot */
+    assert_ok(rlx_engine_submit(e, &q, &id));
+    uint32_t cancelled = rlx_engine_drain(e, 100);
+    wait_done(&b);
+    wait_done(&c);
+    assert_int_equal(b.done.finish, RLX_FINISH_LENGTH);
+    assert_true(c.done.finish == RLX_FINISH_CANCELLED || c.done.finish == RLX_FINISH_CONTEXT);
+    assert_int_equal(cancelled, c.done.finish == RLX_FINISH_CANCELLED ? 1 : 0);
+    received d;
+    received_init(&d);
+    q = greedy_request(prompt, n, 4, &d);
+    assert_int_equal(rlx_engine_submit(e, &q, &id), RLX_E_BUSY);
+    assert_error_mentions("shutting down");
+    rlx_engine_destroy(e);
+    received_destroy(&a);
+    received_destroy(&b);
+    received_destroy(&c);
+    received_destroy(&d);
+}
+
+static void test_bad_requests_are_refused(void **state) {
+    (void)state;
+    rlx_engine *e = new_engine(1, 32, 4, 64);
+    int32_t prompt[40] = {0};
+    received r;
+    received_init(&r);
+    uint64_t id;
+    rlx_request q = greedy_request(prompt, 32, 4, &r);
+    assert_int_equal(rlx_engine_submit(e, &q, &id), RLX_E_RANGE);
+    assert_error_mentions("no room");
+    q = greedy_request(prompt, 4, 4, &r);
+    prompt[2] = (int32_t)vocab;
+    assert_int_equal(rlx_engine_submit(e, &q, &id), RLX_E_RANGE);
+    assert_error_mentions("prompt position 2");
+    prompt[2] = 1;
+    q.top_logprobs = RLX_ENGINE_MAX_TOP_LOGPROBS + 1;
+    assert_int_equal(rlx_engine_submit(e, &q, &id), RLX_E_INVALID);
+    assert_error_mentions("top_logprobs");
+    q = greedy_request(prompt, 4, 4, &r);
+    q.sampler.greedy = 0;
+    q.sampler.top_p = 2.0f;
+    assert_int_equal(rlx_engine_submit(e, &q, &id), RLX_E_INVALID);
+    q = greedy_request(prompt, 4, 4, &r);
+    q.on_event = NULL;
+    assert_int_equal(rlx_engine_submit(e, &q, &id), RLX_E_INVALID);
+    q = greedy_request(prompt, 0, 4, &r);
+    assert_int_equal(rlx_engine_submit(e, &q, &id), RLX_E_INVALID);
+    assert_int_equal(id, 0);
+    rlx_engine_destroy(e);
+    assert_int_equal(r.n_done, 0);
+    received_destroy(&r);
+    rlx_engine_options o = rlx_engine_options_default();
+    o.n_slots = 8;
+    o.step_tokens = 4;
+    rlx_engine *bad;
+    assert_int_equal(rlx_engine_create(model, &o, &bad), RLX_E_INVALID);
+    o = rlx_engine_options_default();
+    o.kv_dtype = RLX_DTYPE_BF16;
+    assert_int_equal(rlx_engine_create(model, &o, &bad), RLX_E_INVALID);
+}
+
+/* Each token's log-probability is the log-softmax of the session's logits at it, and the top
+ * alternatives are the largest logits, best first. */
+static void test_logprobs_are_the_log_softmax(void **state) {
+    (void)state;
+    rlx_engine *e = new_engine(1, 96, 4, 64);
+    int32_t prompt[64];
+    uint32_t n = make_prompt(5, 0, prompt);
+    received r;
+    received_init(&r);
+    rlx_request q = greedy_request(prompt, n, 2, &r);
+    q.logprobs = 1;
+    q.top_logprobs = 3;
+    uint64_t id;
+    assert_ok(rlx_engine_submit(e, &q, &id));
+    wait_done(&r);
+    rlx_session *s = new_session();
+    const float *l;
+    assert_ok(rlx_session_forward(s, prompt, n, 0, &l));
+    double mx = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < vocab; v++)
+        mx = fmax(mx, l[v]);
+    for (int64_t v = 0; v < vocab; v++)
+        sum += exp(l[v] - mx);
+    assert_true(fabs(r.logprobs[0] - (l[r.tokens[0]] - mx - log(sum))) < 1e-4);
+    assert_int_equal(r.top_ids[0][0], r.tokens[0]); /* greedy: the best is the one taken */
+    for (int k = 1; k < 3; k++) {
+        assert_true(l[r.top_ids[0][k]] <= l[r.top_ids[0][k - 1]]);
+        for (int64_t v = 0; v < vocab; v++) /* nothing outside the top beats the third */
+            if (v != r.top_ids[0][0] && v != r.top_ids[0][1] && v != r.top_ids[0][2])
+                assert_true(l[v] <= l[r.top_ids[0][2]]);
+    }
+    rlx_session_destroy(s);
+    rlx_engine_destroy(e);
+    received_destroy(&r);
+}
+
+/* Four threads submit 40 requests each and cancel every third at once; every accepted request
+ * gets exactly one DONE, the refused ones none, and the engine ends idle. */
+typedef struct stress_arg {
+    rlx_engine *e;
+    int32_t prompt[64];
+    uint32_t n;
+    received r[40];
+    int accepted[40];
+} stress_arg;
+
+static void *stress_thread(void *p) {
+    stress_arg *a = p;
+    for (int i = 0; i < 40; i++) {
+        rlx_request q = greedy_request(a->prompt, a->n, 2 + (uint32_t)i % 3, &a->r[i]);
+        uint64_t id;
+        rlx_status rc = rlx_engine_submit(a->e, &q, &id);
+        a->accepted[i] = rc == RLX_OK;
+        if (rc == RLX_OK && i % 3 == 0)
+            rlx_engine_cancel(a->e, id);
+        if (rc != RLX_OK && rc != RLX_E_BUSY)
+            return "unexpected status";
+    }
+    return NULL;
+}
+
+static void test_stress_submit_and_cancel(void **state) {
+    (void)state;
+    rlx_engine *e = new_engine(4, 64, 8, 32);
+    stress_arg args[4];
+    pthread_t th[4];
+    for (int t = 0; t < 4; t++) {
+        args[t].e = e;
+        args[t].n = make_prompt(t, 6, args[t].prompt);
+        for (int i = 0; i < 40; i++)
+            received_init(&args[t].r[i]);
+        assert_int_equal(pthread_create(&th[t], NULL, stress_thread, &args[t]), 0);
+    }
+    uint64_t accepted = 0;
+    for (int t = 0; t < 4; t++) {
+        void *res;
+        pthread_join(th[t], &res);
+        assert_null(res);
+        for (int i = 0; i < 40; i++)
+            if (args[t].accepted[i]) {
+                wait_done(&args[t].r[i]);
+                accepted++;
+            }
+    }
+    rlx_engine_stats st;
+    rlx_engine_stats_of(e, &st);
+    assert_int_equal(st.requests_done + st.requests_cancelled, accepted);
+    assert_int_equal(st.requests_refused, 160 - accepted);
+    assert_int_equal(st.requests_failed, 0);
+    rlx_engine_destroy(e);
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 40; i++) {
+            assert_int_equal(args[t].r[i].n_done, args[t].accepted[i] ? 1 : 0);
+            assert_int_equal(args[t].r[i].events_after_done, 0);
+            received_destroy(&args[t].r[i]);
+        }
+}
+
+static int setup(void **state) {
+    (void)state;
+    const char *name = getenv("RLX_BACKEND") ? getenv("RLX_BACKEND") : "cpu-blas";
+    rlx_registry *r;
+    if (rlx_model_open(model_dir, &model) != RLX_OK || rlx_registry_create(NULL, &r) != RLX_OK) {
+        fprintf(stderr, "setup: %s\n", rlx_last_error());
+        return -1;
+    }
+    if (strcmp(name, "ref") != 0 && (rlx_registry_load(r, RLX_PLUGIN_BACKEND, name, &plugin) != RLX_OK ||
+                                     rlx_backend_create(plugin, NULL, &backend) != RLX_OK)) {
+        fprintf(stderr, "setup: %s\n", rlx_last_error());
+        return -1;
+    }
+    rlx_registry_destroy(r);
+    vocab = rlx_model_config_of(model)->vocab_size;
+    kv_dtype = getenv("RLX_TEST_KV") && strcmp(getenv("RLX_TEST_KV"), "f16") == 0 ? RLX_DTYPE_F16 : RLX_DTYPE_F32;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    rlx_model_close(model);
+    rlx_backend_destroy(backend);
+    rlx_plugin_unload(plugin);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1)
+        model_dir = argv[1];
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_one_request_equals_session),
+        cmocka_unit_test(test_concurrent_requests_equal_their_solo_runs),
+        cmocka_unit_test(test_shared_prefix_is_reused),
+        cmocka_unit_test(test_full_queue_refuses_and_cancel_ends),
+        cmocka_unit_test(test_stop_from_callback_and_drain),
+        cmocka_unit_test(test_bad_requests_are_refused),
+        cmocka_unit_test(test_logprobs_are_the_log_softmax),
+        cmocka_unit_test(test_stress_submit_and_cancel),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

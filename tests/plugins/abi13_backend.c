@@ -1,0 +1,47 @@
+/* A backend built for ABI 1.3 whose supports() says yes to every node, as a careless author's
+ * might: it would read a 3-D cache as one sequence and F16 rows as F32. The core must never
+ * offer it what 1.4 added (GATHER_ROWS, ATTENTION with slots or F16 caches), and running a
+ * node it was offered fails loudly, so a test sees where each node went. */
+#include "rlx/backend_iface.h"
+
+static int abi13_open(const rlx_host *host, const rlx_backend_options *opts, void **self) {
+    (void)opts;
+    *self = (void *)host;
+    return RLX_OK;
+}
+
+static void abi13_close(void *self) { (void)self; }
+
+static int abi13_supports(void *self, const rlx_node_view *node) {
+    (void)self, (void)node;
+    return 1;
+}
+
+static int abi13_compute(void *self, const rlx_node_view *node) {
+    const rlx_host *host = self;
+    return host->error(RLX_E_UNSUPPORTED, "abi13: computes nothing (node '%s')", node->name);
+}
+
+static const rlx_backend_iface iface = {
+    .size = sizeof(rlx_backend_iface),
+    .open = abi13_open,
+    .close = abi13_close,
+    .supports = abi13_supports,
+    .compute = abi13_compute,
+};
+
+static const rlx_plugin desc = {
+    .size = sizeof(rlx_plugin),
+    .abi_major = RLX_ABI_MAJOR,
+    .abi_minor = 3,
+    .kind = RLX_PLUGIN_BACKEND,
+    .name = "abi13",
+    .version = "1.3.0",
+    .summary = "test backend: claims everything, built for ABI 1.3",
+    .iface = &iface,
+};
+
+RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) {
+    (void)host;
+    return &desc;
+}
