@@ -89,8 +89,12 @@ static int stop_pending(const sigset_t *stop) {
     return sigtimedwait(stop, NULL, &now) > 0;
 }
 
-static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, const serve_args *a) {
+static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, const serve_args *a,
+                       const app_options *o) {
     const rlx_model_config *cfg = rlx_runtime_config(rt->runtime);
+    const int kv_dtype = app_kv_dtype(o);
+    if (kv_dtype < 0)
+        return 1;
     if (rlx_tokenizer_open_model(rt->model, tok) != RLX_OK)
         return app_fail_rlx("serve: cannot load the tokenizer");
     rlx_backend *backends[RLX_RUNTIME_MAX_BACKENDS];
@@ -102,6 +106,7 @@ static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, co
     eo.n_slots = a->parallel;
     eo.slot_positions = a->total_ctx_given ? a->total_ctx / a->parallel : a->slot_ctx;
     eo.max_queue = a->queue;
+    eo.kv_dtype = (uint32_t)kv_dtype;
     eo.backends = backends;
     eo.n_backends = n_backends;
     eo.rules = rlx_runtime_rules(rt->runtime, &eo.n_rules);
@@ -198,7 +203,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
     const int v6 = strchr(a.host, ':') != NULL;
     fprintf(stderr, "rlx serve: listening on http://%s%s%s:%u (loading %s)\n", v6 ? "[" : "", a.host, v6 ? "]" : "",
             serve_http_port(http), o->model);
-    if (app_runtime_open_flags(&rt, o, NULL, RLX_RUNTIME_STAGE) || open_engine(&s, &rt, &tok, &a))
+    if (app_runtime_open_flags(&rt, o, NULL, RLX_RUNTIME_STAGE) || open_engine(&s, &rt, &tok, &a, o))
         goto done;
     if (stop_pending(&stop)) {
         status = 0;

@@ -96,7 +96,11 @@ def against_generate(c, s, rlx):
     c.check(text == ref["text"] and finish == "length", f"streamed chat {text!r} ({finish}) != {ref['text']!r}")
     c.check(first["object"] == "chat.completion.chunk" and first["choices"][0]["delta"].get("role") == "assistant",
             f"the first chunk carries no role: {first}")
-    c.check(last["choices"] == [] and usage == got["usage"], f"the usage chunk: {last} vs {got['usage']}")
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")  # cached_tokens: the 2nd run reuses the 1st's
+    c.check(last["choices"] == [] and usage and all(usage[k] == got["usage"][k] for k in counts),
+            f"the usage chunk: {last} vs {got['usage']}")
+    c.check(usage and usage["prompt_tokens_details"]["cached_tokens"] > 0,
+            f"the same chat again reused no cached prefix: {usage}")
 
     # a stop string from the middle of the reply: the text ends before it, as rlx generate's does
     full = completion(s, PROMPTS[0])["choices"][0]["text"]
