@@ -77,10 +77,15 @@ static void show_progress(void *ctx, size_t done, size_t total) {
 }
 
 int app_runtime_open(app_runtime *rt, app_options *o, const app_spec_options *so) {
+    return app_runtime_open_flags(rt, o, so, 0);
+}
+
+int app_runtime_open_flags(app_runtime *rt, app_options *o, const app_spec_options *so, uint32_t flags) {
     memset(rt, 0, sizeof *rt);
     if (app_pipeline_wanted(&o->pipeline) && app_pipeline_load(&rt->pipeline, &o->pipeline))
         return 1;
     rlx_runtime_options ro = rlx_runtime_options_default();
+    ro.flags = flags;
     rlx_runtime_backend main_backend;
     if (runtime_options(rt, o, so, &ro, &main_backend))
         return app_runtime_close(rt), 1;
@@ -97,7 +102,8 @@ int app_runtime_open(app_runtime *rt, app_options *o, const app_spec_options *so
         fputs("\r\033[K", stderr);
     if (rc != RLX_OK)
         return app_fail("%s", rlx_last_error()), app_runtime_close(rt), 1;
-    rt->lm = *rlx_runtime_lm(rt->runtime);
+    if (rlx_runtime_lm(rt->runtime))
+        rt->lm = *rlx_runtime_lm(rt->runtime);
     rt->model_dir = rlx_runtime_model_dir(rt->runtime);
     rt->model = rlx_runtime_model(rt->runtime);
     rt->session = rlx_runtime_session(rt->runtime);
@@ -189,8 +195,7 @@ int app_sampling_finish(app_sampling *s) {
     return 0;
 }
 
-/* A seed nobody chose: each run samples differently, and --stats tells the seed to repeat it. */
-static uint64_t fresh_seed(void) {
+uint64_t app_fresh_seed(void) {
     uint64_t seed;
     if (getrandom(&seed, sizeof seed, 0) == (ssize_t)sizeof seed)
         return seed;
@@ -305,7 +310,7 @@ int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *ma
                 : given->has_temperature ? "--temp 0"
                                          : "the deployment file's or model's default");
     s->seed_drawn = !s->has_seed && !(g && g->has_seed);
-    p->seed = s->has_seed ? s->seed : g && g->has_seed ? g->seed : fresh_seed();
+    p->seed = s->has_seed ? s->seed : g && g->has_seed ? g->seed : app_fresh_seed();
     if (!max_new_given && g && g->has_max_tokens)
         *max_new = g->max_tokens;
     return 0;

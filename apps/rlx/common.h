@@ -54,6 +54,8 @@ typedef struct app_sampling {
 } app_sampling;
 
 app_opt_group app_sampling_group(app_sampling *s);
+/* A seed nobody chose (getrandom, else the clock and the pid): each run samples differently. */
+uint64_t app_fresh_seed(void);
 /* Checks the combination of sampling options; 1 after reporting a conflict. */
 int app_sampling_finish(app_sampling *s);
 
@@ -72,6 +74,9 @@ app_opt_group app_spec_group(app_spec_options *s);
  * adds the speculator the command line names, or else the deployment file's. 1 after
  * reporting a failure, with everything closed. */
 int app_runtime_open(app_runtime *rt, app_options *o, const app_spec_options *so);
+/* app_runtime_open with RLX_RUNTIME_* flags: RLX_RUNTIME_STAGE opens the model and backends
+ * without a session (rt->lm and rt->session stay empty), for rlx serve's engine. */
+int app_runtime_open_flags(app_runtime *rt, app_options *o, const app_spec_options *so, uint32_t flags);
 void app_runtime_close(app_runtime *rt);
 
 /* The model's tokenizer: from the open model when this process holds one, the runtime's or the
@@ -96,5 +101,6 @@ int cmd_tokenize(int argc, char **argv, app_options *o);
 int cmd_detokenize(int argc, char **argv, app_options *o);
 int cmd_stage(int argc, char **argv, app_options *o);
 int cmd_quantize(int argc, char **argv, app_options *o);
+int cmd_serve(int argc, char **argv, app_options *o);
 
 #endif

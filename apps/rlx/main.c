@@ -23,6 +23,7 @@ static const struct {
     {"plugins", cmd_plugins, "list the plugins found"},
     {"stage", cmd_stage, "serve a layer range of a model to pipeline drivers"},
     {"quantize", cmd_quantize, "write a model as a GGUF file of a quantization type"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server (batched generation)"},
 };
 
 /* "usage: ...", the commands and a note: what `rlx --help` prints above the shared options. */

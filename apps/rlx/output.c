@@ -156,9 +156,7 @@ int app_output_token(app_output *o, int32_t token, const float *logits) {
     return o->failed || o->stopped;
 }
 
-/* A token's bytes as JSON: "token" (its text, invalid UTF-8 replaced by U+FFFD, since a
- * byte-level token can hold part of a character) and "bytes" (exact). */
-static void add_token_text(cJSON *obj, const rlx_tokenizer *tok, int32_t id) {
+void app_json_add_token_text(cJSON *obj, const rlx_tokenizer *tok, int32_t id) {
     char *text = NULL;
     size_t len = 0;
     if (rlx_tokenizer_decode(tok, &id, 1, 0, &text, &len) != RLX_OK)
@@ -193,7 +191,7 @@ static cJSON *logprob_item(const app_output *o, int32_t id, float logprob) {
     cJSON *item = cJSON_CreateObject();
     cJSON_AddNumberToObject(item, "id", id);
     if (o->opts.tok)
-        add_token_text(item, o->opts.tok, id);
+        app_json_add_token_text(item, o->opts.tok, id);
     cJSON_AddNumberToObject(item, "logprob", logprob);
     return item;
 }

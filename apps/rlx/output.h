@@ -44,4 +44,10 @@ int app_output_stopped(const app_output *o);
  * failure to write. */
 int app_output_finish(app_output *o, const app_finish *f);
 
+/* Adds a token's members to a JSON object: "token" (its text, invalid UTF-8 replaced by U+FFFD,
+ * since a byte-level token can hold part of a character) and "bytes" (exact), as OpenAI's
+ * logprobs give them (rlx serve uses it too). */
+struct cJSON;
+void app_json_add_token_text(struct cJSON *obj, const rlx_tokenizer *tok, int32_t id);
+
 #endif

@@ -1,0 +1,231 @@
+/* rlx serve: the OpenAI-compatible HTTP server. Opens the model and its backends through the
+ * runtime (without a session: the engine keeps its own KV cache for every slot), creates the
+ * batched engine over them and answers HTTP (serve_http.c, serve_openai.c) until SIGTERM or
+ * SIGINT, then stops accepting, drains the engine within --drain-timeout and exits 0.
+ *
+ * The HTTP daemon starts before the model is read, so /health says 503 while it loads, as
+ * llama-server's does. SIGTERM and SIGINT are blocked in every thread and taken by sigwait in
+ * the main one, so no handler runs inside the daemon's or the engine's threads. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "serve.h"
+
+static const char usage[] =
+    "usage: rlx serve [-m PATH] [--host ADDR] [--port N] [--parallel N] [-c N | --slot-ctx N]\n"
+    "                 [--api-key KEY | --api-key-file FILE] [limits] [options]\n\n"
+    "An OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions (streamed as\n"
+    "server-sent events with \"stream\": true), GET /v1/models, /health and /metrics (Prometheus).\n"
+    "Requests run together in --parallel slots of the batched engine; more wait in a queue of\n"
+    "--queue requests, and beyond that get 503 with Retry-After. Sampling follows OpenAI's\n"
+    "defaults (temperature 1, top_p 1), greedy at \"temperature\": 0. SIGTERM or SIGINT stops\n"
+    "accepting, lets the requests running finish within --drain-timeout, and exits 0.\n\n";
+
+typedef struct serve_args {
+    const char *host, *alias, *api_key, *api_key_file;
+    uint32_t port, parallel, total_ctx, slot_ctx, queue, max_tokens_limit, timeout_s, drain_s, max_connections;
+    uint64_t max_body;
+    int total_ctx_given, port_given;
+} serve_args;
+
+/* The id /v1/models lists: --alias, else the model's file or directory name. */
+static const char *model_id(const serve_args *a, const char *model, char *buf, size_t size) {
+    if (a->alias)
+        return a->alias;
+    snprintf(buf, size, "%s", model);
+    for (size_t n = strlen(buf); n > 1 && buf[n - 1] == '/'; n--)
+        buf[n - 1] = '\0';
+    const char *slash = strrchr(buf, '/');
+    return slash && slash[1] ? slash + 1 : buf;
+}
+
+static int check_args(const serve_args *a, const app_options *o, const app_spec_options *spec) {
+    if (app_pipeline_wanted(&o->pipeline))
+        return app_fail("serve: --config, --stages and --launch are not supported yet: the engine runs the model "
+                        "in this process (use -m MODEL)");
+    if (spec->name || spec->draft_tokens || spec->draft_model || spec->options)
+        return app_fail("serve: speculative decoding (--spec) is not supported yet by the batched engine");
+    if (a->api_key && a->api_key_file)
+        return app_fail("serve: give --api-key or --api-key-file, not both");
+    if (a->total_ctx_given && a->slot_ctx)
+        return app_fail("serve: give -c/--ctx-size (all slots together) or --slot-ctx (each slot), not both");
+    if (a->port > 65535)
+        return app_fail("serve: --port %u is not a TCP port (0-65535)", a->port);
+    if (a->total_ctx_given && a->total_ctx / a->parallel == 0)
+        return app_fail("serve: -c %u over --parallel %u slots leaves no position per slot", a->total_ctx, a->parallel);
+    return 0;
+}
+
+/* --api-key-file: the key is its first line. */
+static char *read_key(const char *path) {
+    size_t len;
+    char *text = app_read_file("serve: --api-key-file", path, 0, &len);
+    if (!text)
+        return NULL;
+    text[strcspn(text, "\r\n")] = '\0';
+    if (!*text) {
+        free(text);
+        app_fail("serve: --api-key-file %s: the first line is empty", path);
+        return NULL;
+    }
+    return text;
+}
+
+/* Waits for SIGTERM or SIGINT (blocked in every thread since before any was created). */
+static int wait_for_stop(const sigset_t *stop) {
+    int sig = 0;
+    while (sigwait(stop, &sig) != 0)
+        ;
+    return sig;
+}
+
+/* Whether a stop signal came while the model loaded (it waits, blocked, until asked). */
+static int stop_pending(const sigset_t *stop) {
+    const struct timespec now = {0, 0};
+    return sigtimedwait(stop, NULL, &now) > 0;
+}
+
+static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, const serve_args *a,
+                       const app_options *o) {
+    const rlx_model_config *cfg = rlx_runtime_config(rt->runtime);
+    const int kv_dtype = app_kv_dtype(o);
+    if (kv_dtype < 0)
+        return 1;
+    if (rlx_tokenizer_open_model(rt->model, tok) != RLX_OK)
+        return app_fail_rlx("serve: cannot load the tokenizer");
+    rlx_backend *backends[RLX_RUNTIME_MAX_BACKENDS];
+    size_t n_backends = 0;
+    for (rlx_backend *b;
+         n_backends < RLX_RUNTIME_MAX_BACKENDS && (b = rlx_runtime_backend_at(rt->runtime, n_backends)) != NULL;)
+        backends[n_backends++] = b;
+    rlx_engine_options eo = rlx_engine_options_default();
+    eo.n_slots = a->parallel;
+    eo.slot_positions = a->total_ctx_given ? a->total_ctx / a->parallel : a->slot_ctx;
+    eo.max_queue = a->queue;
+    eo.kv_dtype = (uint32_t)kv_dtype;
+    eo.backends = backends;
+    eo.n_backends = n_backends;
+    eo.rules = rlx_runtime_rules(rt->runtime, &eo.n_rules);
+    if (rlx_engine_create(rt->model, &eo, &s->engine) != RLX_OK)
+        return app_fail_rlx("serve: cannot create the engine");
+    rlx_engine_stats st;
+    rlx_engine_stats_of(s->engine, &st);
+    s->tok = *tok;
+    s->vocab = cfg->vocab_size;
+    s->slot_positions = st.slot_positions;
+    return 0;
+}
+
+int cmd_serve(int argc, char **argv, app_options *o) {
+    serve_args a = {.host = "127.0.0.1",
+                    .port = 8080,
+                    .parallel = 4,
+                    .max_body = 1 << 20,
+                    .timeout_s = 600,
+                    .drain_s = 10,
+                    .max_connections = 64};
+    app_spec_options spec = {0};
+    const app_opt own[] = {
+        {0, "host", NULL, "ADDR", "address to listen on (default 127.0.0.1; 0.0.0.0 or :: for every interface)",
+         APP_OPT_STRING, &a.host},
+        {0, "port", NULL, "N", "TCP port (default 8080; 0 picks a free one, printed at start)", APP_OPT_U32, &a.port},
+        {0, "parallel", NULL, "N", "slots: requests generated at once, batched together (default 4)", APP_OPT_U32,
+         &a.parallel, .min = 1},
+        {'c', "ctx-size", "ctx", "N",
+         "KV cache positions of all slots together, split evenly between them, as\n"
+         "llama-server's -c (default: each slot min(max_position_embeddings, 4096))",
+         APP_OPT_U32, &a.total_ctx, &a.total_ctx_given, .min = 1},
+        {0, "slot-ctx", NULL, "N", "KV cache positions of each slot (instead of -c)", APP_OPT_U32, &a.slot_ctx,
+         .min = 1},
+        {0, "queue", NULL, "N", "requests that may wait for a slot (default 4 x --parallel); more get 503", APP_OPT_U32,
+         &a.queue, .min = 1},
+        {0, "api-key", NULL, "KEY", "require 'Authorization: Bearer KEY' on every endpoint but /health", APP_OPT_STRING,
+         &a.api_key},
+        {0, "api-key-file", NULL, "FILE", "the same with the key read from FILE's first line (kept out of ps)",
+         APP_OPT_STRING, &a.api_key_file},
+        {0, "alias", NULL, "NAME", "the model id /v1/models lists (default: the model's file or directory name)",
+         APP_OPT_STRING, &a.alias},
+        {0, "max-body", NULL, "BYTES", "largest request body (default 1048576); larger ones get 413", APP_OPT_U64,
+         &a.max_body},
+        {0, "max-tokens-limit", NULL, "N",
+         "the most max_tokens a request may ask for (default 0: up to the end of\n"
+         "its slot); also the default of chat requests that give none",
+         APP_OPT_U32, &a.max_tokens_limit},
+        {0, "timeout", NULL, "S",
+         "seconds a request may wait for its next token, and an idle connection stays\n"
+         "open (default 600)",
+         APP_OPT_U32, &a.timeout_s, .min = 1},
+        {0, "drain-timeout", NULL, "S",
+         "on SIGTERM/SIGINT, seconds the running requests get to finish before they\n"
+         "are cancelled (default 10)",
+         APP_OPT_U32, &a.drain_s},
+        {0, "max-connections", NULL, "N", "connections served at once, one thread each (default 64)", APP_OPT_U32,
+         &a.max_connections, .min = 1},
+    };
+    const app_opt_group groups[] = {APP_OPT_GROUP("serve:", own), app_common_group(o), app_spec_group(&spec),
+                                    app_pipeline_group(&o->pipeline)};
+    int exit_status;
+    if (app_parse_command("serve", usage, groups, sizeof groups / sizeof groups[0], argc, argv, &exit_status))
+        return exit_status;
+    if (check_args(&a, o, &spec) || app_resolve_model(o))
+        return 1;
+    char *key_file_text = a.api_key_file ? read_key(a.api_key_file) : NULL;
+    if (a.api_key_file && !key_file_text)
+        return 1;
+    char id_buf[4096];
+    serve_server s = {.model_id = model_id(&a, o->model, id_buf, sizeof id_buf),
+                      .api_key = key_file_text ? key_file_text : a.api_key,
+                      .max_body = (size_t)a.max_body,
+                      .max_tokens_limit = a.max_tokens_limit,
+                      .timeout_s = a.timeout_s,
+                      .completion_default = 16};
+    s.api_key_len = s.api_key ? strlen(s.api_key) : 0;
+    atomic_init(&s.phase, SERVE_LOADING);
+    pthread_mutex_init(&s.latency_mu, NULL);
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGTERM);
+    sigaddset(&stop, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stop, NULL);
+    serve_http *http = NULL;
+    app_runtime rt = {0};
+    rlx_tokenizer *tok = NULL;
+    int status = 1;
+    char err[256];
+    if (serve_http_start(&s, a.host, (uint16_t)a.port, a.max_connections, o->verbose, &http, err, sizeof err) < 0) {
+        app_fail("serve: %s", err);
+        goto done;
+    }
+    const int v6 = strchr(a.host, ':') != NULL;
+    fprintf(stderr, "rlx serve: listening on http://%s%s%s:%u (loading %s)\n", v6 ? "[" : "", a.host, v6 ? "]" : "",
+            serve_http_port(http), o->model);
+    if (app_runtime_open_flags(&rt, o, NULL, RLX_RUNTIME_STAGE) || open_engine(&s, &rt, &tok, &a, o))
+        goto done;
+    if (stop_pending(&stop)) {
+        status = 0;
+        goto done;
+    }
+    atomic_store(&s.phase, SERVE_READY);
+    fprintf(stderr, "rlx serve: ready: model %s, %u slots of %u positions\n", s.model_id, a.parallel, s.slot_positions);
+    int sig = wait_for_stop(&stop);
+    atomic_store(&s.phase, SERVE_DRAINING);
+    serve_http_quiesce(http);
+    fprintf(stderr, "rlx serve: %s: draining (up to %u s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", a.drain_s);
+    uint32_t cancelled = rlx_engine_drain(s.engine, a.drain_s * 1000u);
+    /* the answers of the requests that finished are still on their way out */
+    serve_http_settle(http, 2000);
+    fprintf(stderr, "rlx serve: stopped (%u request%s cancelled)\n", cancelled, cancelled == 1 ? "" : "s");
+    status = 0;
+done:
+    serve_http_stop(http);
+    rlx_engine_destroy(s.engine);
+    rlx_tokenizer_close(tok);
+    app_runtime_close(&rt);
+    pthread_mutex_destroy(&s.latency_mu);
+    free(key_file_text);
+    return status;
+}

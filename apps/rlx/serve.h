@@ -1,0 +1,144 @@
+/* rlx serve: an OpenAI-compatible HTTP server over the batched engine (rlx/engine.h).
+ *
+ * cmd_serve.c   the command: options, opening the model and the engine, signals, draining
+ * serve_http.c  the HTTP side on libmicrohttpd: routing, the API key, body limits, error bodies,
+ *               /health, /models, /metrics, and the wait of each request for its engine events
+ * serve_openai.c the OpenAI side: request bodies to engine requests (strict types), the events
+ *               of a request to text (stop strings, streaming detokenization), and the response
+ *               objects and server-sent event chunks in OpenAI's shapes */
+#ifndef RLX_APP_SERVE_H
+#define RLX_APP_SERVE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rlx/engine.h"
+#include "rlx/text.h"
+
+/* What the server is doing: /health says 503 until it is ready and again once it drains. */
+enum serve_phase { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };
+
+/* The HTTP status codes the server answers with, counted for /metrics. */
+#define SERVE_STATUS_CODES(X) X(200) X(400) X(401) X(404) X(405) X(413) X(500) X(503) X(504)
+#define SERVE_COUNT_SLOT(code) +1
+enum { SERVE_N_STATUS_CODES = 0 SERVE_STATUS_CODES(SERVE_COUNT_SLOT) };
+
+/* Seconds summed over the finished requests, by stage, for /metrics. */
+typedef struct serve_latency {
+    uint64_t requests;
+    double queue, prompt, decode; /* waiting for a slot; admission to first token; first to last */
+} serve_latency;
+
+typedef struct serve_server {
+    /* fixed before the HTTP daemon starts */
+    const char *model_id; /* what /v1/models lists and responses echo when a request names none */
+    const char *api_key;  /* NULL: no key needed */
+    size_t api_key_len;
+    size_t max_body;             /* bytes of a request body */
+    uint32_t max_tokens_limit;   /* the most max_tokens a request may ask for; 0 = the slot's room */
+    uint32_t timeout_s;          /* the longest wait for a request's next engine event, and idle connections */
+    uint32_t completion_default; /* max_tokens of /v1/completions when the request gives none (OpenAI's 16) */
+    /* set once loaded (phase becomes SERVE_READY after them) */
+    rlx_engine *engine;
+    const rlx_tokenizer *tok;
+    int64_t vocab;
+    uint32_t slot_positions;
+    atomic_int phase;
+    /* for /metrics */
+    atomic_uint_fast64_t responses[SERVE_N_STATUS_CODES];
+    atomic_uint_fast64_t invalid_requests; /* generation requests refused with a 4xx */
+    pthread_mutex_t latency_mu;
+    serve_latency latency;
+} serve_server;
+
+/* Counts a response of status code for /metrics. */
+void serve_count_response(serve_server *s, unsigned code);
+
+// ---- errors ----
+
+/* An error to answer in OpenAI's shape {"error":{"message","type","param","code"}}. */
+typedef struct serve_error {
+    unsigned status;  /* HTTP status */
+    const char *type; /* "invalid_request_error", "authentication_error", "server_error", ... */
+    const char *code; /* NULL for null */
+    char param[64];   /* "" for null */
+    char message[512];
+    unsigned retry_after; /* seconds for a Retry-After header, 0 for none */
+} serve_error;
+
+void serve_error_set(serve_error *e, unsigned status, const char *type, const char *code, const char *param,
+                     const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* The error's JSON body, malloc'd (NULL when out of memory). */
+char *serve_error_json(const serve_error *e);
+
+// ---- growable byte buffers ----
+
+typedef struct serve_buf {
+    char *data;
+    size_t len, cap;
+    int failed; /* an append ran out of memory; the contents are incomplete */
+} serve_buf;
+
+void serve_buf_append(serve_buf *b, const char *data, size_t len);
+void serve_buf_free(serve_buf *b);
+
+// ---- jobs: one generation request ----
+
+typedef enum serve_endpoint { SERVE_CHAT = 0, SERVE_COMPLETION = 1 } serve_endpoint;
+
+typedef struct serve_job serve_job;
+
+/* Parses and checks a request body for endpoint ep (strict types, unknown fields ignored) and
+ * tokenizes its prompt. On failure *out is NULL and err says why (400, naming the field). */
+int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t len, serve_job **out,
+                    serve_error *err);
+/* Whether the client asked for server-sent events. */
+int serve_job_streams(const serve_job *j);
+/* Submits the job to the engine. On failure err says why (503 with Retry-After when the queue
+ * is full or the server drains, 400 for a prompt longer than a slot, 500 otherwise) and the job
+ * is still the caller's to release. */
+int serve_job_submit(serve_server *s, serve_job *j, serve_error *err);
+
+typedef enum serve_wait {
+    SERVE_WAIT_NEWS = 0, /* new text, log-probabilities or the end */
+    SERVE_WAIT_HANGUP,   /* the client closed its connection */
+    SERVE_WAIT_TIMEOUT,  /* nothing arrived for the server's timeout */
+} serve_wait;
+
+/* Waits until the job has news beyond what the connection consumed, the client at socket fd
+ * hangs up (checked every few milliseconds), or timeout_s seconds pass without news. */
+serve_wait serve_job_wait(serve_job *j, int fd, uint32_t timeout_s);
+/* Whether the engine has finished the job and everything it produced is consumed. */
+int serve_job_finished(serve_job *j);
+
+/* The whole response of a finished job: its JSON body and status (200, or the error's). */
+char *serve_job_response(serve_job *j, unsigned *status);
+/* Appends to out the server-sent events for what arrived since the last call (the first call
+ * also opens the stream); returns 1 once the stream is complete (the final chunk, the usage
+ * chunk when asked for, and "data: [DONE]" appended). */
+int serve_job_stream(serve_job *j, serve_buf *out);
+
+/* Gives up the connection's hold on j: a job the engine still runs is cancelled first (its slot
+ * is free for the next step), and j is freed once the engine has delivered its DONE. NULL is a
+ * no-op. */
+void serve_job_release(serve_job *j);
+
+// ---- the HTTP daemon ----
+
+typedef struct serve_http serve_http;
+
+/* Starts listening on host:port (port 0: any free one) with a thread per connection, at most
+ * max_connections at once; verbose lets libmicrohttpd log. On failure err holds a message. */
+int serve_http_start(serve_server *s, const char *host, uint16_t port, uint32_t max_connections, int verbose,
+                     serve_http **out, char *err, size_t err_len);
+uint16_t serve_http_port(const serve_http *h);
+/* Stops accepting connections; those open keep being served. */
+void serve_http_quiesce(serve_http *h);
+/* Waits up to timeout_ms for the generation requests being answered to finish sending. */
+void serve_http_settle(serve_http *h, uint32_t timeout_ms);
+/* Closes every connection and stops the daemon. NULL is a no-op. */
+void serve_http_stop(serve_http *h);
+
+#endif

@@ -1,0 +1,606 @@
+/* rlx serve's HTTP side, on libmicrohttpd.
+ *
+ * Threading: a thread per connection (MHD_USE_THREAD_PER_CONNECTION), at most
+ * --max-connections of them. A generation request blocks its connection's thread while it
+ * waits for engine events, which is what makes every wait simple to bound and a vanished client
+ * simple to notice: the waiting thread polls its own socket for the peer's hang-up between
+ * events and cancels the request at once. With MHD's internal polling and suspended connections
+ * instead, a suspended connection is not watched at all, so a client that closes while its
+ * request is queued or prefilling would hold its slot until the next token. The number of
+ * connections worth having is small anyway (slots plus queue plus idle keep-alives), and idle
+ * ones are closed after --timeout.
+ *
+ * Bodies: a Content-Length over --max-body is refused before any of the body is read; a
+ * chunked body is counted as it arrives and never buffered beyond the limit. Every endpoint but
+ * /health needs the API key when one is set, compared in constant time. */
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "serve.h"
+
+/* The size of the pieces a stream is sent in (MHD's buffer for the reader callback). */
+#define STREAM_BLOCK 16384
+
+struct serve_http {
+    serve_server *server;
+    struct MHD_Daemon *daemon;
+    uint16_t port;
+    atomic_uint answering; /* generation requests between submit and the end of their response */
+};
+
+// ---- errors and buffers ----
+
+void serve_count_response(serve_server *s, unsigned code) {
+    static const unsigned codes[] = {
+#define SERVE_CODE_ENTRY(code) code,
+        SERVE_STATUS_CODES(SERVE_CODE_ENTRY)
+#undef SERVE_CODE_ENTRY
+    };
+    for (size_t i = 0; i < SERVE_N_STATUS_CODES; i++)
+        if (codes[i] == code)
+            atomic_fetch_add(&s->responses[i], 1);
+}
+
+void serve_error_set(serve_error *e, unsigned status, const char *type, const char *code, const char *param,
+                     const char *fmt, ...) {
+    *e = (serve_error){.status = status, .type = type, .code = code};
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+char *serve_error_json(const serve_error *e) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "message", e->message);
+    cJSON_AddStringToObject(err, "type", e->type);
+    if (*e->param)
+        cJSON_AddStringToObject(err, "param", e->param);
+    else
+        cJSON_AddNullToObject(err, "param");
+    if (e->code)
+        cJSON_AddStringToObject(err, "code", e->code);
+    else
+        cJSON_AddNullToObject(err, "code");
+    char *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return json;
+}
+
+void serve_buf_append(serve_buf *b, const char *data, size_t len) {
+    if (b->failed || !len)
+        return;
+    if (b->len + len + 1 > b->cap) {
+        size_t cap = (b->len + len + 1) * 2;
+        char *grown = realloc(b->data, cap);
+        if (!grown) {
+            b->failed = 1;
+            return;
+        }
+        b->data = grown;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, data, len);
+    b->len += len;
+    b->data[b->len] = '\0';
+}
+
+void serve_buf_free(serve_buf *b) {
+    free(b->data);
+    *b = (serve_buf){0};
+}
+
+static void buf_printf(serve_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void buf_printf(serve_buf *b, const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    serve_buf_append(b, line, n < 0 ? 0 : (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+// ---- one connection's request ----
+
+typedef enum route {
+    ROUTE_NONE = 0,
+    ROUTE_HEALTH,
+    ROUTE_MODELS,
+    ROUTE_METRICS,
+    ROUTE_CHAT,
+    ROUTE_COMPLETIONS,
+} route;
+
+typedef struct request {
+    serve_http *http;
+    struct MHD_Connection *connection;
+    route route;
+    int answered; /* a response was queued before the body was read */
+    int too_large;
+    serve_buf body;
+    serve_job *job; /* a submitted generation */
+    int counted;    /* counted in http->answering */
+    serve_buf out;  /* a stream's bytes not yet handed to MHD */
+    size_t out_pos;
+    int stream_complete;
+} request;
+
+static const struct {
+    const char *path;
+    route route;
+    const char *method;
+} routes[] = {
+    {"/health", ROUTE_HEALTH, "GET"},
+    {"/v1/health", ROUTE_HEALTH, "GET"},
+    {"/v1/models", ROUTE_MODELS, "GET"},
+    {"/models", ROUTE_MODELS, "GET"},
+    {"/metrics", ROUTE_METRICS, "GET"},
+    {"/v1/chat/completions", ROUTE_CHAT, "POST"},
+    {"/chat/completions", ROUTE_CHAT, "POST"},
+    {"/v1/completions", ROUTE_COMPLETIONS, "POST"},
+    {"/completions", ROUTE_COMPLETIONS, "POST"},
+};
+
+static enum MHD_Result queue(request *r, unsigned status, const char *type, const char *body, size_t len) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!resp)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    enum MHD_Result rc = MHD_queue_response(r->connection, status, resp);
+    MHD_destroy_response(resp);
+    serve_count_response(r->http->server, status);
+    return rc;
+}
+
+static enum MHD_Result queue_json(request *r, unsigned status, char *json) {
+    if (!json)
+        return MHD_NO;
+    enum MHD_Result rc = queue(r, status, "application/json", json, strlen(json));
+    free(json);
+    return rc;
+}
+
+static enum MHD_Result queue_error(request *r, const serve_error *e) {
+    char *json = serve_error_json(e);
+    if (!json)
+        return MHD_NO;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(json), json, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(json);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    char seconds[16];
+    if (e->retry_after) {
+        snprintf(seconds, sizeof seconds, "%u", e->retry_after);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, seconds);
+    }
+    if (e->status == 401)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    for (size_t i = 0; e->status == 405 && i < sizeof routes / sizeof routes[0]; i++)
+        if (routes[i].route == r->route) {
+            MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, routes[i].method);
+            break;
+        }
+    enum MHD_Result rc = MHD_queue_response(r->connection, e->status, resp);
+    MHD_destroy_response(resp);
+    serve_count_response(r->http->server, e->status);
+    if ((r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS) && e->status >= 400 && e->status < 500)
+        atomic_fetch_add(&r->http->server->invalid_requests, 1);
+    return rc;
+}
+
+/* Compares the whole of both strings whatever they hold, so the time taken tells nothing of
+ * how much of a guess was right (only the key's length, which the loop runs over). */
+static int same_secret(const char *given, size_t given_len, const char *key, size_t key_len) {
+    unsigned char diff = given_len != key_len;
+    for (size_t i = 0; i < key_len; i++)
+        diff |= (unsigned char)((i < given_len ? given[i] : 0) ^ key[i]);
+    return diff == 0;
+}
+
+static int authorized(request *r, serve_error *e) {
+    const serve_server *s = r->http->server;
+    if (!s->api_key || r->route == ROUTE_HEALTH)
+        return 1;
+    const char *auth = MHD_lookup_connection_value(r->connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!auth) {
+        serve_error_set(e, 401, "authentication_error", "missing_api_key", "",
+                        "no API key given: send the header 'Authorization: Bearer KEY'");
+        return 0;
+    }
+    if (strncasecmp(auth, "Bearer ", 7) != 0) {
+        serve_error_set(e, 401, "authentication_error", "invalid_api_key", "",
+                        "the Authorization header must be 'Bearer KEY'");
+        return 0;
+    }
+    const char *given = auth + 7 + strspn(auth + 7, " ");
+    if (!same_secret(given, strlen(given), s->api_key, s->api_key_len)) {
+        serve_error_set(e, 401, "authentication_error", "invalid_api_key", "", "the API key is not valid");
+        return 0;
+    }
+    return 1;
+}
+
+/* What can be said before the body arrives: the path, the method, the key, the phase and a
+ * declared length. 1 when e holds the answer. */
+static int early_error(request *r, const char *url, const char *method, serve_error *e) {
+    const serve_server *s = r->http->server;
+    const char *method_wanted = NULL;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !r->route; i++)
+        if (strcmp(url, routes[i].path) == 0) {
+            r->route = routes[i].route;
+            method_wanted = routes[i].method;
+        }
+    if (!r->route) {
+        serve_error_set(e, 404, "invalid_request_error", "not_found", "",
+                        "no endpoint %s (this server has /v1/chat/completions, /v1/completions, /v1/models, "
+                        "/health and /metrics)",
+                        url);
+        return 1;
+    }
+    if (strcmp(method, method_wanted) != 0) {
+        serve_error_set(e, 405, "invalid_request_error", "method_not_allowed", "", "%s takes %s, not %s", url,
+                        method_wanted, method);
+        return 1;
+    }
+    if (!authorized(r, e))
+        return 1;
+    const int phase = atomic_load(&s->phase);
+    if (phase != SERVE_READY && r->route != ROUTE_HEALTH) {
+        serve_error_set(e, 503, "server_error", phase == SERVE_LOADING ? "loading" : "shutting_down", "",
+                        phase == SERVE_LOADING ? "the model is loading" : "the server is shutting down");
+        e->retry_after = phase == SERVE_LOADING ? 5 : 0;
+        return 1;
+    }
+    const char *length = MHD_lookup_connection_value(r->connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (length && strtoull(length, NULL, 10) > s->max_body) {
+        serve_error_set(e, 413, "invalid_request_error", "request_too_large", "",
+                        "the body of %s bytes is over the limit of %zu (--max-body)", length, s->max_body);
+        return 1;
+    }
+    return 0;
+}
+
+// ---- the simple endpoints ----
+
+static enum MHD_Result health(request *r) {
+    const int phase = atomic_load(&r->http->server->phase);
+    if (phase == SERVE_READY)
+        return queue(r, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    serve_error e;
+    serve_error_set(&e, 503, "server_error", phase == SERVE_LOADING ? "loading" : "shutting_down", "",
+                    phase == SERVE_LOADING ? "the model is loading" : "the server is shutting down");
+    return queue_error(r, &e);
+}
+
+static enum MHD_Result models(request *r) {
+    const serve_server *s = r->http->server;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", s->model_id);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)time(NULL));
+    cJSON_AddStringToObject(m, "owned_by", "rlx");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
+    char *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return queue_json(r, 200, json);
+}
+
+static void metric(serve_buf *b, const char *name, const char *type, const char *help) {
+    buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static enum MHD_Result metrics(request *r) {
+    serve_server *s = r->http->server;
+    rlx_engine_stats st;
+    rlx_engine_stats_of(s->engine, &st);
+    serve_buf b = {0};
+    metric(&b, "rlx_requests_total", "counter", "Generation requests by outcome.");
+    buf_printf(&b, "rlx_requests_total{outcome=\"completed\"} %llu\n", (unsigned long long)st.requests_done);
+    buf_printf(&b, "rlx_requests_total{outcome=\"cancelled\"} %llu\n", (unsigned long long)st.requests_cancelled);
+    buf_printf(&b, "rlx_requests_total{outcome=\"failed\"} %llu\n", (unsigned long long)st.requests_failed);
+    buf_printf(&b, "rlx_requests_total{outcome=\"refused\"} %llu\n", (unsigned long long)st.requests_refused);
+    buf_printf(&b, "rlx_requests_total{outcome=\"invalid\"} %llu\n",
+               (unsigned long long)atomic_load(&s->invalid_requests));
+    metric(&b, "rlx_http_responses_total", "counter", "HTTP responses by status code.");
+    static const unsigned codes[] = {
+#define SERVE_CODE_ENTRY(code) code,
+        SERVE_STATUS_CODES(SERVE_CODE_ENTRY)
+#undef SERVE_CODE_ENTRY
+    };
+    for (size_t i = 0; i < SERVE_N_STATUS_CODES; i++)
+        buf_printf(&b, "rlx_http_responses_total{code=\"%u\"} %llu\n", codes[i],
+                   (unsigned long long)atomic_load(&s->responses[i]));
+    metric(&b, "rlx_prompt_tokens_total", "counter", "Prompt tokens of the requests admitted.");
+    buf_printf(&b, "rlx_prompt_tokens_total %llu\n", (unsigned long long)st.prompt_tokens);
+    metric(&b, "rlx_prompt_tokens_cached_total", "counter", "Prompt tokens taken from a cached prefix.");
+    buf_printf(&b, "rlx_prompt_tokens_cached_total %llu\n", (unsigned long long)st.cached_tokens);
+    metric(&b, "rlx_generated_tokens_total", "counter", "Tokens generated.");
+    buf_printf(&b, "rlx_generated_tokens_total %llu\n", (unsigned long long)st.generated_tokens);
+    metric(&b, "rlx_engine_steps_total", "counter", "Forward passes of the engine.");
+    buf_printf(&b, "rlx_engine_steps_total %llu\n", (unsigned long long)st.steps);
+    metric(&b, "rlx_engine_busy_seconds_total", "counter", "Seconds spent in forward passes and sampling.");
+    buf_printf(&b, "rlx_engine_busy_seconds_total %.6f\n", st.busy_seconds);
+    metric(&b, "rlx_generated_tokens_per_second", "gauge",
+           "Generated tokens per busy second since the start (rate() of the counters gives recent ones).");
+    buf_printf(&b, "rlx_generated_tokens_per_second %.3f\n",
+               st.busy_seconds > 0 ? (double)st.generated_tokens / st.busy_seconds : 0.0);
+    pthread_mutex_lock(&s->latency_mu);
+    const serve_latency lat = s->latency;
+    pthread_mutex_unlock(&s->latency_mu);
+    metric(&b, "rlx_request_stage_seconds", "summary",
+           "Seconds the finished requests spent per stage: queue (waiting for a slot), prompt (from admission to "
+           "the first token), decode (from the first token to the last).");
+    buf_printf(&b, "rlx_request_stage_seconds_sum{stage=\"queue\"} %.6f\n", lat.queue);
+    buf_printf(&b, "rlx_request_stage_seconds_count{stage=\"queue\"} %llu\n", (unsigned long long)lat.requests);
+    buf_printf(&b, "rlx_request_stage_seconds_sum{stage=\"prompt\"} %.6f\n", lat.prompt);
+    buf_printf(&b, "rlx_request_stage_seconds_count{stage=\"prompt\"} %llu\n", (unsigned long long)lat.requests);
+    buf_printf(&b, "rlx_request_stage_seconds_sum{stage=\"decode\"} %.6f\n", lat.decode);
+    buf_printf(&b, "rlx_request_stage_seconds_count{stage=\"decode\"} %llu\n", (unsigned long long)lat.requests);
+    metric(&b, "rlx_requests_running", "gauge", "Requests holding a slot.");
+    buf_printf(&b, "rlx_requests_running %u\n", st.running);
+    metric(&b, "rlx_requests_queued", "gauge", "Requests waiting for a slot.");
+    buf_printf(&b, "rlx_requests_queued %u\n", st.queued);
+    metric(&b, "rlx_slots", "gauge", "Sequences the engine runs at once (--parallel).");
+    buf_printf(&b, "rlx_slots %u\n", st.n_slots);
+    metric(&b, "rlx_kv_cache_positions", "gauge", "KV cache positions in all slots.");
+    buf_printf(&b, "rlx_kv_cache_positions %llu\n", (unsigned long long)st.n_slots * st.slot_positions);
+    metric(&b, "rlx_kv_cache_positions_used", "gauge", "KV cache positions holding a sequence now.");
+    buf_printf(&b, "rlx_kv_cache_positions_used %llu\n", (unsigned long long)st.kv_positions_used);
+    metric(&b, "rlx_kv_cache_usage_ratio", "gauge", "The used share of the KV cache (0 to 1).");
+    const double total = (double)st.n_slots * st.slot_positions;
+    buf_printf(&b, "rlx_kv_cache_usage_ratio %.6f\n", total > 0 ? (double)st.kv_positions_used / total : 0.0);
+    if (b.failed) {
+        serve_buf_free(&b);
+        return MHD_NO;
+    }
+    enum MHD_Result rc = queue(r, 200, "text/plain; version=0.0.4", b.data, b.len);
+    serve_buf_free(&b);
+    return rc;
+}
+
+// ---- generation ----
+
+static int connection_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return info ? info->connect_fd : -1;
+}
+
+/* MHD times a connection out from its last send or receive; a long wait for the engine is
+ * activity of ours, so the clock restarts after it. */
+static void restart_idle_clock(request *r) {
+    MHD_set_connection_option(r->connection, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)r->http->server->timeout_s);
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    request *r = cls;
+    for (;;) {
+        if (r->out_pos < r->out.len) {
+            size_t n = r->out.len - r->out_pos < max ? r->out.len - r->out_pos : max;
+            memcpy(buf, r->out.data + r->out_pos, n);
+            r->out_pos += n;
+            if (r->out_pos == r->out.len)
+                r->out.len = r->out_pos = 0;
+            return (ssize_t)n;
+        }
+        if (r->out.failed)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (r->stream_complete)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        if (serve_job_stream(r->job, &r->out)) {
+            r->stream_complete = 1;
+            continue;
+        }
+        if (r->out.len)
+            continue;
+        serve_wait w = serve_job_wait(r->job, connection_fd(r->connection), r->http->server->timeout_s);
+        restart_idle_clock(r);
+        if (w == SERVE_WAIT_HANGUP)
+            return MHD_CONTENT_READER_END_WITH_ERROR; /* the completion callback cancels the job */
+        if (w == SERVE_WAIT_TIMEOUT) {
+            serve_error e;
+            serve_error_set(&e, 504, "server_error", "timeout", "", "no progress for %u s (--timeout)",
+                            r->http->server->timeout_s);
+            char *json = serve_error_json(&e);
+            serve_buf_append(&r->out, "data: ", 6);
+            serve_buf_append(&r->out, json ? json : "{}", json ? strlen(json) : 2);
+            serve_buf_append(&r->out, "\n\ndata: [DONE]\n\n", 16);
+            free(json);
+            r->stream_complete = 1;
+        }
+    }
+}
+
+static enum MHD_Result generate(request *r) {
+    serve_server *s = r->http->server;
+    serve_error e;
+    serve_job *job;
+    const serve_endpoint ep = r->route == ROUTE_CHAT ? SERVE_CHAT : SERVE_COMPLETION;
+    if (serve_job_parse(s, ep, r->body.data ? r->body.data : "", r->body.len, &job, &e) < 0)
+        return queue_error(r, &e);
+    if (serve_job_submit(s, job, &e) < 0) {
+        serve_job_release(job);
+        return queue_error(r, &e);
+    }
+    r->job = job;
+    r->counted = 1;
+    atomic_fetch_add(&r->http->answering, 1);
+    if (serve_job_streams(job)) {
+        struct MHD_Response *resp =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK, stream_reader, r, NULL);
+        if (!resp)
+            return MHD_NO;
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        enum MHD_Result rc = MHD_queue_response(r->connection, 200, resp);
+        MHD_destroy_response(resp);
+        serve_count_response(s, 200);
+        return rc;
+    }
+    serve_wait w = serve_job_wait(job, connection_fd(r->connection), s->timeout_s);
+    restart_idle_clock(r);
+    if (w == SERVE_WAIT_HANGUP)
+        return MHD_NO; /* nobody to answer; the completion callback cancels the job */
+    if (w == SERVE_WAIT_TIMEOUT) {
+        serve_error_set(&e, 504, "server_error", "timeout", "", "no progress for %u s (--timeout)", s->timeout_s);
+        return queue_error(r, &e);
+    }
+    unsigned status;
+    char *json = serve_job_response(job, &status);
+    return queue_json(r, status, json);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    serve_http *h = cls;
+    request *r = *con_cls;
+    serve_error e;
+    if (!r) {
+        if (!(r = calloc(1, sizeof *r)))
+            return MHD_NO;
+        *con_cls = r;
+        r->http = h;
+        r->connection = c;
+        if (early_error(r, url, method, &e)) {
+            r->answered = 1;
+            return queue_error(r, &e);
+        }
+        return MHD_YES;
+    }
+    if (r->answered) { /* MHD may still hand over a body it read with the headers */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        /* MHD takes a response only once the body is in, so the rest of one over the limit is
+         * read and dropped, and the 413 follows it */
+        if (r->body.len + *upload_size > h->server->max_body)
+            r->too_large = 1;
+        if (!r->too_large)
+            serve_buf_append(&r->body, upload, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (r->too_large) {
+        serve_error_set(&e, 413, "invalid_request_error", "request_too_large", "",
+                        "the body is over the limit of %zu bytes (--max-body)", h->server->max_body);
+        return queue_error(r, &e);
+    }
+    if (r->body.failed) {
+        serve_error_set(&e, 500, "server_error", NULL, "", "out of memory");
+        return queue_error(r, &e);
+    }
+    switch (r->route) {
+    case ROUTE_HEALTH:
+        return health(r);
+    case ROUTE_MODELS:
+        return models(r);
+    case ROUTE_METRICS:
+        return metrics(r);
+    default:
+        return generate(r);
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)c;
+    (void)toe;
+    serve_http *h = cls;
+    request *r = *con_cls;
+    if (!r)
+        return;
+    serve_job_release(r->job);
+    if (r->counted)
+        atomic_fetch_sub(&h->answering, 1);
+    serve_buf_free(&r->body);
+    serve_buf_free(&r->out);
+    free(r);
+    *con_cls = NULL;
+}
+
+static void log_mhd(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    fputs("rlx serve: http: ", stderr);
+    vfprintf(stderr, fmt, ap);
+}
+
+int serve_http_start(serve_server *s, const char *host, uint16_t port, uint32_t max_connections, int verbose,
+                     serve_http **out, char *err, size_t err_len) {
+    *out = NULL;
+    char service[8];
+    snprintf(service, sizeof service, "%u", port);
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    int gai = getaddrinfo(host, service, &hints, &ai);
+    if (gai != 0) {
+        snprintf(err, err_len, "--host %s: %s", host, gai_strerror(gai));
+        return -1;
+    }
+    serve_http *h = calloc(1, sizeof *h);
+    if (!h) {
+        freeaddrinfo(ai);
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    h->server = s;
+    /* MHD's own log says every client that went away mid-stream ("application error"): only with -v */
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC;
+    if (verbose)
+        flags |= MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    /* the logger first: MHD reports the options after it through it */
+    h->daemon = MHD_start_daemon(flags, port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
+                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
+                                 (unsigned)max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->timeout_s,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!h->daemon) {
+        snprintf(err, err_len, "cannot listen on %s port %u (in use, or not an address of this machine?)", host, port);
+        free(h);
+        return -1;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = info ? info->port : port;
+    *out = h;
+    return 0;
+}
+
+uint16_t serve_http_port(const serve_http *h) { return h->port; }
+
+void serve_http_quiesce(serve_http *h) {
+    MHD_socket fd = MHD_quiesce_daemon(h->daemon);
+    if (fd != MHD_INVALID_SOCKET)
+        close(fd);
+}
+
+void serve_http_settle(serve_http *h, uint32_t timeout_ms) {
+    for (uint32_t waited = 0; atomic_load(&h->answering) > 0 && waited < timeout_ms; waited += 10)
+        usleep(10000);
+}
+
+void serve_http_stop(serve_http *h) {
+    if (!h)
+        return;
+    MHD_stop_daemon(h->daemon);
+    free(h);
+}

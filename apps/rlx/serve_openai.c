@@ -1,0 +1,862 @@
+/* rlx serve's OpenAI side: a request body becomes an engine request, the engine's events become
+ * text, and the text becomes OpenAI's response objects or server-sent event chunks.
+ *
+ * A job is shared by two threads: the connection's (which parsed it and answers the client)
+ * and the engine's worker (which delivers its events). The worker turns tokens into text at
+ * once, streaming detokenizer then stop strings, so a completed stop string ends the request in
+ * the same step (its callback returns 1) and no byte of it is ever shown. Either side may be
+ * the last to let go of the job (a client gone mid-stream, or the engine's DONE after it), so
+ * it is reference-counted. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "common.h"
+#include "output.h"
+#include "serve.h"
+
+/* How often a waiting connection looks whether its client hung up. */
+#define HANGUP_POLL_MS 20
+/* OpenAI's bound on top_logprobs; completions' integer logprobs take the same. */
+#define MAX_TOP RLX_ENGINE_MAX_TOP_LOGPROBS
+
+typedef struct token_lp {
+    int32_t token;
+    float logprob;
+    uint32_t n_top;
+    int32_t top_ids[MAX_TOP];
+    float top_logprobs[MAX_TOP];
+    size_t text_offset; /* bytes of decoded text before this token's */
+} token_lp;
+
+struct serve_job {
+    serve_server *server;
+    serve_endpoint ep;
+    int stream, include_usage, logprobs;
+    uint32_t top_logprobs;
+    char id[48];
+    long long created;
+    char *model;
+    int32_t *prompt;
+    size_t n_prompt;
+    uint32_t max_tokens;
+    rlx_sampler_params sampler;
+    char *stops[APP_MAX_STOPS];
+    size_t n_stops;
+
+    /* the engine worker's alone */
+    rlx_detok *detok;
+    rlx_stop_matcher *stopper; /* NULL without stop strings */
+    size_t decoded;            /* bytes the detokenizer produced */
+
+    /* shared, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    uint64_t engine_id; /* 0 until submitted */
+    int stop_hit;       /* a stop string completed */
+    serve_buf text;     /* the reply's text so far, stop strings cut */
+    token_lp *lps;
+    size_t n_lps, cap_lps;
+    int done;
+    uint32_t finish;
+    rlx_status status;
+    char message[256];
+    rlx_request_usage usage;
+    int out_of_memory;
+    struct timespec last_news;
+
+    /* the connection's alone */
+    size_t text_sent, lps_sent;
+    int opened;
+};
+
+static void job_free(serve_job *j) {
+    rlx_detok_destroy(j->detok);
+    rlx_stop_matcher_destroy(j->stopper);
+    for (size_t i = 0; i < j->n_stops; i++)
+        free(j->stops[i]);
+    serve_buf_free(&j->text);
+    free(j->lps);
+    free(j->prompt);
+    free(j->model);
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+/* Drops one reference; the caller holds mu, which is released. */
+static void unref_locked(serve_job *j) {
+    int last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (last)
+        job_free(j);
+}
+
+// ---- the engine's events ----
+
+/* Decoded text through the stop strings into the reply; the caller holds mu. */
+static void take_text(serve_job *j, const char *text, size_t len) {
+    if (j->stop_hit)
+        return;
+    if (j->stopper && rlx_stop_matcher_push(j->stopper, text, len, &text, &len, &j->stop_hit) != RLX_OK) {
+        j->out_of_memory = 1;
+        return;
+    }
+    serve_buf_append(&j->text, text, len);
+}
+
+static void add_logprobs(serve_job *j, const rlx_engine_event *ev, size_t offset) {
+    if (j->n_lps == j->cap_lps) {
+        size_t cap = j->cap_lps ? 2 * j->cap_lps : 32;
+        token_lp *grown = realloc(j->lps, cap * sizeof *grown);
+        if (!grown) {
+            j->out_of_memory = 1;
+            return;
+        }
+        j->lps = grown;
+        j->cap_lps = cap;
+    }
+    token_lp *lp = &j->lps[j->n_lps++];
+    lp->token = ev->token;
+    lp->logprob = ev->logprob;
+    lp->n_top = ev->n_top < MAX_TOP ? ev->n_top : MAX_TOP;
+    memcpy(lp->top_ids, ev->top_ids, lp->n_top * sizeof *lp->top_ids);
+    memcpy(lp->top_logprobs, ev->top_logprobs, lp->n_top * sizeof *lp->top_logprobs);
+    lp->text_offset = offset;
+}
+
+static int on_event(void *ctx, const rlx_engine_event *ev) {
+    serve_job *j = ctx;
+    const char *text;
+    size_t len;
+    pthread_mutex_lock(&j->mu);
+    clock_gettime(CLOCK_MONOTONIC, &j->last_news);
+    if (ev->kind == RLX_ENGINE_TOKEN) {
+        if (!j->stop_hit && !j->out_of_memory) {
+            size_t offset = j->decoded;
+            if (rlx_detok_push(j->detok, ev->token, &text, &len) == RLX_OK) {
+                j->decoded += len;
+                take_text(j, text, len);
+            }
+            /* the token that completes a stop string belongs to no text the client sees */
+            if (j->logprobs && !j->stop_hit)
+                add_logprobs(j, ev, offset);
+        }
+        int stop = j->stop_hit || j->out_of_memory;
+        pthread_cond_broadcast(&j->cv);
+        pthread_mutex_unlock(&j->mu);
+        return stop;
+    }
+    if (!j->stop_hit && rlx_detok_flush(j->detok, &text, &len) == RLX_OK)
+        take_text(j, text, len);
+    if (j->stopper && !j->stop_hit) {
+        rlx_stop_matcher_flush(j->stopper, &text, &len);
+        serve_buf_append(&j->text, text, len);
+    }
+    j->done = 1;
+    j->finish = ev->finish;
+    j->status = ev->status;
+    snprintf(j->message, sizeof j->message, "%s", ev->message ? ev->message : "");
+    j->usage = ev->usage;
+    pthread_cond_broadcast(&j->cv);
+    serve_server *srv = j->server;
+    pthread_mutex_lock(&srv->latency_mu);
+    srv->latency.requests++;
+    srv->latency.queue += ev->usage.queue_seconds;
+    srv->latency.prompt += ev->usage.prompt_seconds;
+    srv->latency.decode += ev->usage.decode_seconds;
+    pthread_mutex_unlock(&srv->latency_mu);
+    unref_locked(j);
+    return 0;
+}
+
+// ---- parsing a request ----
+
+/* A member of the request that may be absent: NULL when missing or null, as OpenAI reads both. */
+static const cJSON *member(const cJSON *root, const char *name) {
+    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, name);
+    return item && !cJSON_IsNull(item) ? item : NULL;
+}
+
+static int bad(serve_error *e, const char *param, const char *fmt, const char *what) {
+    serve_error_set(e, 400, "invalid_request_error", "invalid_value", param, fmt, param, what);
+    return -1;
+}
+
+/* A number member in [lo, hi]: 1 when given, 0 when absent, -1 after setting e. */
+static int get_number(const cJSON *root, const char *name, double lo, double hi, double *out, serve_error *e) {
+    const cJSON *item = member(root, name);
+    if (!item)
+        return 0;
+    char range[64];
+    snprintf(range, sizeof range, "from %g to %g", lo, hi);
+    if (!cJSON_IsNumber(item) || !isfinite(item->valuedouble) || item->valuedouble < lo || item->valuedouble > hi)
+        return bad(e, name, "'%s' must be a number %s", range);
+    *out = item->valuedouble;
+    return 1;
+}
+
+/* An integer member in [lo, hi] (JSON numbers are doubles: exact up to 2^53). */
+static int get_integer(const cJSON *root, const char *name, double lo, double hi, double *out, serve_error *e) {
+    const cJSON *item = member(root, name);
+    if (!item)
+        return 0;
+    char range[64];
+    snprintf(range, sizeof range, "from %.0f to %.0f", lo, hi);
+    double v = cJSON_IsNumber(item) ? item->valuedouble : NAN;
+    if (!isfinite(v) || v != floor(v) || v < lo || v > hi)
+        return bad(e, name, "'%s' must be an integer %s", range);
+    *out = v;
+    return 1;
+}
+
+static int get_bool(const cJSON *root, const char *name, int *out, serve_error *e) {
+    const cJSON *item = member(root, name);
+    if (!item)
+        return 0;
+    if (!cJSON_IsBool(item))
+        return bad(e, name, "'%s' must be %s", "true or false");
+    *out = cJSON_IsTrue(item);
+    return 1;
+}
+
+static int get_string(const cJSON *root, const char *name, const char **out, serve_error *e) {
+    const cJSON *item = member(root, name);
+    if (!item)
+        return 0;
+    if (!cJSON_IsString(item))
+        return bad(e, name, "'%s' must be %s", "a string");
+    *out = item->valuestring;
+    return 1;
+}
+
+/* temperature, top_p, top_k, min_p, seed, the penalties: OpenAI's defaults when absent
+ * (temperature 1, top_p 1, nothing else), greedy at temperature 0. */
+static int parse_sampling(serve_job *j, const cJSON *root, serve_error *e) {
+    rlx_sampler_params *p = &j->sampler;
+    *p = rlx_sampler_params_default();
+    double v;
+    int rc;
+    if ((rc = get_number(root, "temperature", 0, 2, &v, e)) < 0)
+        return -1;
+    if (rc) {
+        p->temperature = (float)v;
+        p->greedy = v == 0;
+    }
+    if ((rc = get_number(root, "top_p", 0, 1, &v, e)) < 0)
+        return -1;
+    if (rc && v == 0) /* OpenAI takes 0: the limit of ever smaller nucleus sets is the argmax */
+        p->greedy = 1;
+    else if (rc)
+        p->top_p = (float)v;
+    if ((rc = get_integer(root, "top_k", 0, INT32_MAX, &v, e)) < 0)
+        return -1;
+    if (rc)
+        p->top_k = (int32_t)v;
+    /* repeat_penalty (and repeat_last_n below) are llama.cpp's extensions */
+    const struct {
+        const char *name;
+        double lo, hi;
+        float *target;
+    } floats[] = {{"min_p", 0, 1, &p->min_p},
+                  {"presence_penalty", -2, 2, &p->presence_penalty},
+                  {"frequency_penalty", -2, 2, &p->frequency_penalty},
+                  {"repeat_penalty", 0.01, 100, &p->repeat_penalty}};
+    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) {
+        if ((rc = get_number(root, floats[i].name, floats[i].lo, floats[i].hi, &v, e)) < 0)
+            return -1;
+        if (rc)
+            *floats[i].target = (float)v;
+    }
+    if ((rc = get_integer(root, "repeat_last_n", -1, INT32_MAX, &v, e)) < 0)
+        return -1;
+    if (rc)
+        p->repeat_last_n = (int32_t)v;
+    /* OpenAI's seeds are signed 64-bit; a negative one wraps to the same bits */
+    if ((rc = get_integer(root, "seed", -9007199254740992.0, 9007199254740992.0, &v, e)) < 0)
+        return -1;
+    p->seed = rc ? (uint64_t)(int64_t)v : app_fresh_seed();
+    return 0;
+}
+
+static int parse_stop(serve_job *j, const cJSON *root, serve_error *e) {
+    const cJSON *stop = member(root, "stop");
+    if (!stop)
+        return 0;
+    const cJSON *one = cJSON_IsString(stop) ? stop : NULL;
+    if (!one && (!cJSON_IsArray(stop) || cJSON_GetArraySize(stop) > APP_MAX_STOPS)) {
+        char what[64];
+        snprintf(what, sizeof what, "a string or an array of at most %d strings", APP_MAX_STOPS);
+        return bad(e, "stop", "'%s' must be %s", what);
+    }
+    for (const cJSON *s = one ? one : stop->child; s; s = one ? NULL : s->next) {
+        if (!cJSON_IsString(s) || !*s->valuestring)
+            return bad(e, "stop", "'%s' must hold %s", "non-empty strings");
+        if (!(j->stops[j->n_stops] = strdup(s->valuestring))) {
+            serve_error_set(e, 500, "server_error", NULL, "", "out of memory");
+            return -1;
+        }
+        j->n_stops++;
+    }
+    return 0;
+}
+
+/* logprobs: chat's is a boolean with top_logprobs beside it, completions' the number of
+ * alternatives (0 = the chosen token's log-probability alone). */
+static int parse_logprobs(serve_job *j, const cJSON *root, serve_error *e) {
+    double v;
+    int rc;
+    if (j->ep == SERVE_COMPLETION) {
+        if ((rc = get_integer(root, "logprobs", 0, MAX_TOP, &v, e)) < 0)
+            return -1;
+        j->logprobs = rc;
+        j->top_logprobs = rc ? (uint32_t)v : 0;
+        return 0;
+    }
+    if (get_bool(root, "logprobs", &j->logprobs, e) < 0 ||
+        (rc = get_integer(root, "top_logprobs", 0, MAX_TOP, &v, e)) < 0)
+        return -1;
+    if (rc && !j->logprobs)
+        return bad(e, "top_logprobs", "'%s' needs %s", "\"logprobs\": true");
+    j->top_logprobs = rc ? (uint32_t)v : 0;
+    return 0;
+}
+
+/* A message's content: a string, null, or an array of text parts (joined). */
+static int message_content(const cJSON *msg, char **out, serve_error *e) {
+    const cJSON *c = member(msg, "content");
+    *out = NULL;
+    if (!c)
+        return 0;
+    if (cJSON_IsString(c))
+        return (*out = strdup(c->valuestring))
+                   ? 0
+                   : (serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1);
+    if (!cJSON_IsArray(c))
+        return bad(e, "messages", "'%s' content must be %s", "a string or an array of text parts");
+    serve_buf b = {0};
+    for (const cJSON *part = c->child; part; part = part->next) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(text)) {
+            serve_buf_free(&b);
+            return bad(e, "messages", "'%s' content parts must be %s",
+                       "{\"type\": \"text\", \"text\": \"...\"} (images, audio and files are not supported)");
+        }
+        serve_buf_append(&b, text->valuestring, strlen(text->valuestring));
+    }
+    serve_buf_append(&b, "", 1);
+    if (b.failed) {
+        serve_buf_free(&b);
+        serve_error_set(e, 500, "server_error", NULL, "", "out of memory");
+        return -1;
+    }
+    *out = b.data;
+    return 0;
+}
+
+/* messages through the model's chat template; chat_template_kwargs.enable_thinking (llama.cpp's
+ * extension) picks Qwen3's non-thinking mode. */
+static int render_chat(serve_job *j, const cJSON *root, char **prompt, serve_error *e) {
+    const cJSON *msgs = member(root, "messages");
+    int n = cJSON_IsArray(msgs) ? cJSON_GetArraySize(msgs) : 0;
+    if (n == 0)
+        return bad(e, "messages", "'%s' must be %s", "a non-empty array of messages");
+    int think = 1;
+    const cJSON *kwargs = member(root, "chat_template_kwargs");
+    if (kwargs && (!cJSON_IsObject(kwargs) || get_bool(kwargs, "enable_thinking", &think, e) < 0))
+        return bad(e, "chat_template_kwargs", "'%s' must be %s", "an object with a boolean enable_thinking");
+    rlx_chat_message *m = calloc((size_t)n, sizeof *m);
+    char **contents = calloc((size_t)n, sizeof *contents);
+    int rc = m && contents ? 0 : (serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1);
+    int i = 0;
+    for (const cJSON *msg = msgs->child; msg && rc == 0; msg = msg->next, i++) {
+        static const char *const roles[] = {"system", "user", "assistant", "tool"};
+        const cJSON *role = cJSON_IsObject(msg) ? cJSON_GetObjectItemCaseSensitive(msg, "role") : NULL;
+        const char *r = cJSON_IsString(role) ? role->valuestring : "";
+        m[i].role = strcmp(r, "developer") == 0 ? "system" : NULL; /* OpenAI's newer name for system */
+        for (size_t k = 0; k < sizeof roles / sizeof roles[0] && !m[i].role; k++)
+            if (strcmp(r, roles[k]) == 0)
+                m[i].role = roles[k];
+        if (!m[i].role) {
+            rc = bad(e, "messages", "'%s' entries need a role of %s", "system, developer, user, assistant or tool");
+            break;
+        }
+        const char *reasoning = NULL;
+        if (get_string(msg, "reasoning_content", &reasoning, e) < 0 || message_content(msg, &contents[i], e) < 0) {
+            rc = -1;
+            break;
+        }
+        m[i].content = contents[i];
+        m[i].reasoning_content = reasoning;
+    }
+    if (rc == 0 && rlx_chat_render(j->server->tok, m, (size_t)n, 1, think, prompt) != RLX_OK) {
+        serve_error_set(e, 400, "invalid_request_error", "unsupported_chat_template", "messages",
+                        "cannot apply this model's chat template (%s); /v1/completions takes raw text",
+                        rlx_last_error());
+        rc = -1;
+    }
+    for (int k = 0; contents && k < n; k++)
+        free(contents[k]);
+    free(contents);
+    free(m);
+    return rc;
+}
+
+/* A prompt of token ids: the array holds integers only. */
+static int prompt_ids(serve_job *j, const cJSON *arr, serve_error *e) {
+    int n = cJSON_GetArraySize(arr);
+    if (!(j->prompt = malloc((size_t)(n ? n : 1) * sizeof *j->prompt))) {
+        serve_error_set(e, 500, "server_error", NULL, "", "out of memory");
+        return -1;
+    }
+    for (const cJSON *t = arr->child; t; t = t->next) {
+        double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
+        if (v != floor(v) || v < 0 || v >= (double)j->server->vocab) {
+            char what[96];
+            snprintf(what, sizeof what, "token ids from 0 to %lld", (long long)j->server->vocab - 1);
+            return bad(e, "prompt", "'%s' must hold %s", what);
+        }
+        j->prompt[j->n_prompt++] = (int32_t)v;
+    }
+    return 0;
+}
+
+/* The prompt of /v1/completions: a string, an array of one string, of token ids, or of one
+ * array of ids. Several prompts in one request are refused (n is 1 here, too). */
+static int completion_prompt(serve_job *j, const cJSON *root, char **text, serve_error *e) {
+    const cJSON *p = member(root, "prompt");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(p->child))
+        p = p->child;
+    if (cJSON_IsString(p))
+        return (*text = strdup(p->valuestring))
+                   ? 0
+                   : (serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1);
+    if (cJSON_IsArray(p) && (!p->child || cJSON_IsNumber(p->child)))
+        return prompt_ids(j, p, e);
+    return bad(e, "prompt", "'%s' must be %s", "a string or an array of token ids (one prompt per request)");
+}
+
+static void make_id(char *out, size_t size, const char *prefix) {
+    unsigned char r[12];
+    if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
+        uint64_t s = app_fresh_seed();
+        memcpy(r, &s, sizeof s);
+        memset(r + sizeof s, 0, sizeof r - sizeof s);
+    }
+    int n = snprintf(out, size, "%s", prefix);
+    for (size_t i = 0; i < sizeof r && (size_t)n + 2 < size; i++)
+        n += snprintf(out + n, size - (size_t)n, "%02x", r[i]);
+}
+
+/* Everything of a request but the prompt. */
+static int parse_options(serve_job *j, const cJSON *root, serve_error *e) {
+    serve_server *s = j->server;
+    const char *model = s->model_id;
+    double v;
+    int rc;
+    if (get_string(root, "model", &model, e) < 0 || get_bool(root, "stream", &j->stream, e) < 0)
+        return -1;
+    if (!(j->model = strdup(model)))
+        return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1;
+    const cJSON *so = member(root, "stream_options");
+    if (so && (!cJSON_IsObject(so) || get_bool(so, "include_usage", &j->include_usage, e) < 0))
+        return bad(e, "stream_options", "'%s' must be %s", "an object with a boolean include_usage");
+    if ((rc = get_integer(root, "n", 1, 128, &v, e)) < 0 || (rc && v != 1))
+        return rc < 0 ? -1 : bad(e, "n", "'%s' must be %s", "1 (one choice per request)");
+    const double limit = s->max_tokens_limit ? s->max_tokens_limit : (double)(UINT32_MAX - 1);
+    j->max_tokens = j->ep == SERVE_COMPLETION ? s->completion_default : 0;
+    if (s->max_tokens_limit && (j->max_tokens == 0 || j->max_tokens > s->max_tokens_limit))
+        j->max_tokens = s->max_tokens_limit;
+    for (int k = 0; k < 2; k++) { /* max_completion_tokens is OpenAI's newer name and wins */
+        const char *name = k ? "max_completion_tokens" : "max_tokens";
+        if ((rc = get_integer(root, name, 1, limit, &v, e)) < 0)
+            return -1;
+        if (rc)
+            j->max_tokens = (uint32_t)v;
+    }
+    return parse_sampling(j, root, e) < 0 || parse_stop(j, root, e) < 0 || parse_logprobs(j, root, e) < 0 ? -1 : 0;
+}
+
+int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t len, serve_job **out,
+                    serve_error *err) {
+    *out = NULL;
+    serve_job *j = calloc(1, sizeof *j);
+    if (!j)
+        return serve_error_set(err, 500, "server_error", NULL, "", "out of memory"), -1;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    j->server = s;
+    j->ep = ep;
+    j->created = (long long)time(NULL);
+    make_id(j->id, sizeof j->id, ep == SERVE_CHAT ? "chatcmpl-" : "cmpl-");
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    char *text = NULL;
+    int rc = -1;
+    if (!root) {
+        serve_error_set(err, 400, "invalid_request_error", "invalid_json", "",
+                        "the body is not valid JSON (error near byte %zu)",
+                        cJSON_GetErrorPtr() ? (size_t)(cJSON_GetErrorPtr() - body) : (size_t)0);
+        goto done;
+    }
+    if (!cJSON_IsObject(root)) {
+        serve_error_set(err, 400, "invalid_request_error", "invalid_json", "", "the body must be a JSON object");
+        goto done;
+    }
+    if (parse_options(j, root, err) < 0)
+        goto done;
+    if ((ep == SERVE_CHAT ? render_chat(j, root, &text, err) : completion_prompt(j, root, &text, err)) < 0)
+        goto done;
+    /* special tokens in the text are parsed, as rlx generate and Hugging Face's tokenizer(text) do */
+    if (text && rlx_tokenizer_encode(s->tok, text, strlen(text), 1, &j->prompt, &j->n_prompt) != RLX_OK) {
+        serve_error_set(err, 400, "invalid_request_error", "invalid_value", ep == SERVE_CHAT ? "messages" : "prompt",
+                        "cannot tokenize the prompt: %s", rlx_last_error());
+        goto done;
+    }
+    if (j->n_prompt == 0) {
+        serve_error_set(err, 400, "invalid_request_error", "invalid_value", ep == SERVE_CHAT ? "messages" : "prompt",
+                        "the prompt is empty (it encodes to no tokens)");
+        goto done;
+    }
+    if (rlx_detok_create(s->tok, RLX_DECODE_SKIP_SPECIAL, &j->detok) != RLX_OK ||
+        (j->n_stops && rlx_stop_matcher_create((const char *const *)j->stops, j->n_stops, &j->stopper) != RLX_OK)) {
+        serve_error_set(err, 500, "server_error", NULL, "", "%s", rlx_last_error());
+        goto done;
+    }
+    rc = 0;
+done:
+    cJSON_Delete(root);
+    free(text);
+    if (rc < 0) {
+        job_free(j);
+        return -1;
+    }
+    *out = j;
+    return 0;
+}
+
+int serve_job_streams(const serve_job *j) { return j->stream; }
+
+int serve_job_submit(serve_server *s, serve_job *j, serve_error *err) {
+    rlx_request req = {.size = sizeof req,
+                       .prompt = j->prompt,
+                       .n_prompt = (uint32_t)j->n_prompt,
+                       .max_tokens = j->max_tokens,
+                       .sampler = j->sampler,
+                       .logprobs = j->logprobs,
+                       .top_logprobs = j->top_logprobs,
+                       .on_event = on_event,
+                       .ctx = j};
+    pthread_mutex_lock(&j->mu);
+    j->refs++; /* the engine's, given back with the DONE event (which may come before submit returns) */
+    clock_gettime(CLOCK_MONOTONIC, &j->last_news);
+    pthread_mutex_unlock(&j->mu);
+    uint64_t id = 0;
+    rlx_status rc = rlx_engine_submit(s->engine, &req, &id);
+    pthread_mutex_lock(&j->mu);
+    if (rc != RLX_OK) {
+        j->refs--;
+    } else {
+        j->engine_id = id;
+    }
+    pthread_mutex_unlock(&j->mu);
+    if (rc == RLX_OK)
+        return 0;
+    if (rc == RLX_E_BUSY && atomic_load(&s->phase) == SERVE_DRAINING)
+        serve_error_set(err, 503, "server_error", "shutting_down", "", "the server is shutting down");
+    else if (rc == RLX_E_BUSY)
+        serve_error_set(err, 503, "server_error", "server_busy", "",
+                        "every slot is busy and the queue is full; retry later");
+    else if (rc == RLX_E_RANGE)
+        serve_error_set(err, 400, "invalid_request_error", "context_length_exceeded",
+                        j->ep == SERVE_CHAT ? "messages" : "prompt",
+                        "the prompt of %zu tokens does not fit a slot of %u positions (%s)", j->n_prompt,
+                        s->slot_positions, rlx_last_error());
+    else if (rc == RLX_E_INVALID)
+        serve_error_set(err, 400, "invalid_request_error", "invalid_value", "", "%s", rlx_last_error());
+    else
+        serve_error_set(err, 500, "server_error", NULL, "", "the engine refused the request: %s", rlx_last_error());
+    if (rc == RLX_E_BUSY)
+        err->retry_after = 1;
+    return -1;
+}
+
+static double seconds_since(const struct timespec *t) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)(now.tv_sec - t->tv_sec) + (double)(now.tv_nsec - t->tv_nsec) * 1e-9;
+}
+
+/* A client that closed its end (a killed process, a cancelled fetch): the peer's FIN or a reset. */
+static int hung_up(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+/* News for the connection: a streaming one takes every piece, the others only the end. */
+static int has_news(const serve_job *j) {
+    return j->done || (j->stream && (j->text.len > j->text_sent || j->n_lps > j->lps_sent));
+}
+
+serve_wait serve_job_wait(serve_job *j, int fd, uint32_t timeout_s) {
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        if (!has_news(j)) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += HANGUP_POLL_MS * 1000000L;
+            until.tv_sec += until.tv_nsec / 1000000000L;
+            until.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&j->cv, &j->mu, &until);
+        }
+        int news = has_news(j);
+        double quiet = seconds_since(&j->last_news);
+        pthread_mutex_unlock(&j->mu);
+        if (news)
+            return SERVE_WAIT_NEWS;
+        if (hung_up(fd))
+            return SERVE_WAIT_HANGUP;
+        if (quiet > timeout_s)
+            return SERVE_WAIT_TIMEOUT;
+    }
+}
+
+int serve_job_finished(serve_job *j) {
+    pthread_mutex_lock(&j->mu);
+    int finished = j->done && j->text.len == j->text_sent && j->n_lps == j->lps_sent;
+    pthread_mutex_unlock(&j->mu);
+    return finished;
+}
+
+void serve_job_release(serve_job *j) {
+    if (!j)
+        return;
+    pthread_mutex_lock(&j->mu);
+    uint64_t running = j->done ? 0 : j->engine_id;
+    pthread_mutex_unlock(&j->mu);
+    if (running)
+        rlx_engine_cancel(j->server->engine, running);
+    pthread_mutex_lock(&j->mu);
+    unref_locked(j);
+}
+
+// ---- responses ----
+
+/* An engine end that is no answer: an error, or a cancel by the drain of a shutdown. */
+static int end_error(const serve_job *j, serve_error *e) {
+    if (j->finish == RLX_FINISH_ERROR) {
+        serve_error_set(e, 500, "server_error", NULL, "", "generation failed: %s (%s)", j->message,
+                        rlx_status_str(j->status));
+        return 1;
+    }
+    if (j->finish == RLX_FINISH_CANCELLED) {
+        serve_error_set(e, 503, "server_error", "shutting_down", "",
+                        "the request was cancelled: the server is shutting down");
+        return 1;
+    }
+    if (j->out_of_memory) {
+        serve_error_set(e, 500, "server_error", NULL, "", "out of memory");
+        return 1;
+    }
+    return 0;
+}
+
+static const char *finish_reason(uint32_t finish) {
+    return finish == RLX_FINISH_LENGTH || finish == RLX_FINISH_CONTEXT ? "length" : "stop";
+}
+
+/* The log-probabilities of lps[0 .. n) in the endpoint's shape. */
+static cJSON *logprobs_json(const serve_job *j, const token_lp *lps, size_t n) {
+    const rlx_tokenizer *tok = j->server->tok;
+    cJSON *root = cJSON_CreateObject();
+    if (j->ep == SERVE_CHAT) {
+        cJSON *content = cJSON_AddArrayToObject(root, "content");
+        for (size_t i = 0; i < n; i++) {
+            cJSON *item = cJSON_CreateObject();
+            app_json_add_token_text(item, tok, lps[i].token);
+            cJSON_AddNumberToObject(item, "logprob", lps[i].logprob);
+            cJSON *top = cJSON_AddArrayToObject(item, "top_logprobs");
+            for (uint32_t k = 0; k < lps[i].n_top; k++) {
+                cJSON *alt = cJSON_CreateObject();
+                app_json_add_token_text(alt, tok, lps[i].top_ids[k]);
+                cJSON_AddNumberToObject(alt, "logprob", lps[i].top_logprobs[k]);
+                cJSON_AddItemToArray(top, alt);
+            }
+            cJSON_AddItemToArray(content, item);
+        }
+        cJSON_AddNullToObject(root, "refusal");
+        return root;
+    }
+    cJSON *tokens = cJSON_AddArrayToObject(root, "tokens");
+    cJSON *token_logprobs = cJSON_AddArrayToObject(root, "token_logprobs");
+    cJSON *top = cJSON_AddArrayToObject(root, "top_logprobs");
+    cJSON *offsets = cJSON_AddArrayToObject(root, "text_offset");
+    for (size_t i = 0; i < n; i++) {
+        cJSON *t = cJSON_CreateObject();
+        app_json_add_token_text(t, tok, lps[i].token);
+        cJSON *text = cJSON_DetachItemFromObjectCaseSensitive(t, "token");
+        cJSON_AddItemToArray(tokens, text ? text : cJSON_CreateString(""));
+        cJSON_Delete(t);
+        cJSON_AddItemToArray(token_logprobs, cJSON_CreateNumber(lps[i].logprob));
+        /* completions' alternatives are an object from token text to log-probability */
+        cJSON *alts = cJSON_CreateObject();
+        for (uint32_t k = 0; k < lps[i].n_top; k++) {
+            cJSON *a = cJSON_CreateObject();
+            app_json_add_token_text(a, tok, lps[i].top_ids[k]);
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(a, "token");
+            cJSON_AddNumberToObject(alts, cJSON_IsString(name) ? name->valuestring : "", lps[i].top_logprobs[k]);
+            cJSON_Delete(a);
+        }
+        cJSON_AddItemToArray(top, alts);
+        cJSON_AddItemToArray(offsets, cJSON_CreateNumber((double)lps[i].text_offset));
+    }
+    return root;
+}
+
+static cJSON *usage_json(const serve_job *j) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->usage.n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", j->usage.n_generated);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)j->usage.n_prompt + j->usage.n_generated);
+    cJSON *details = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(details, "cached_tokens", j->usage.n_cached);
+    return u;
+}
+
+/* The members every response and chunk opens with. */
+static cJSON *envelope(const serve_job *j, const char *object) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "id", j->id);
+    cJSON_AddStringToObject(root, "object", object);
+    cJSON_AddNumberToObject(root, "created", (double)j->created);
+    cJSON_AddStringToObject(root, "model", j->model);
+    cJSON_AddStringToObject(root, "system_fingerprint", "rlx-" RLX_APP_VERSION);
+    return root;
+}
+
+char *serve_job_response(serve_job *j, unsigned *status) {
+    serve_error e;
+    pthread_mutex_lock(&j->mu);
+    if (end_error(j, &e)) {
+        pthread_mutex_unlock(&j->mu);
+        *status = e.status;
+        return serve_error_json(&e);
+    }
+    const int chat = j->ep == SERVE_CHAT;
+    cJSON *root = envelope(j, chat ? "chat.completion" : "text_completion");
+    cJSON *choice = cJSON_CreateObject();
+    cJSON_AddNumberToObject(choice, "index", 0);
+    const char *text = j->text.len ? j->text.data : "";
+    char *copy = strndup(text, j->text.len);
+    if (chat) {
+        cJSON *msg = cJSON_AddObjectToObject(choice, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        cJSON_AddStringToObject(msg, "content", copy ? copy : "");
+        cJSON_AddNullToObject(msg, "refusal");
+    } else {
+        cJSON_AddStringToObject(choice, "text", copy ? copy : "");
+    }
+    free(copy);
+    if (j->logprobs)
+        cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, j->lps, j->n_lps));
+    else
+        cJSON_AddNullToObject(choice, "logprobs");
+    cJSON_AddStringToObject(choice, "finish_reason", finish_reason(j->finish));
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
+    cJSON_AddItemToObject(root, "usage", usage_json(j));
+    j->text_sent = j->text.len;
+    j->lps_sent = j->n_lps;
+    pthread_mutex_unlock(&j->mu);
+    char *body = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    *status = 200;
+    return body;
+}
+
+/* "data: JSON\n\n" of root, which is consumed. */
+static void add_event(serve_buf *out, cJSON *root) {
+    char *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!json) {
+        out->failed = 1;
+        return;
+    }
+    serve_buf_append(out, "data: ", 6);
+    serve_buf_append(out, json, strlen(json));
+    serve_buf_append(out, "\n\n", 2);
+    free(json);
+}
+
+/* A chunk of the stream: text (NULL for none) and the log-probabilities of lps[0 .. n_lps), with
+ * finish (NULL while the reply goes on). The first chat chunk carries the role. */
+static cJSON *chunk(serve_job *j, const char *text, size_t len, const token_lp *lps, size_t n_lps, const char *finish) {
+    const int chat = j->ep == SERVE_CHAT;
+    cJSON *root = envelope(j, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *choice = cJSON_CreateObject();
+    cJSON_AddNumberToObject(choice, "index", 0);
+    char *copy = strndup(text ? text : "", text ? len : 0);
+    if (chat) {
+        cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
+        if (!j->opened)
+            cJSON_AddStringToObject(delta, "role", "assistant");
+        if (text || !j->opened)
+            cJSON_AddStringToObject(delta, "content", copy ? copy : "");
+    } else {
+        cJSON_AddStringToObject(choice, "text", copy ? copy : "");
+    }
+    free(copy);
+    j->opened = 1;
+    if (j->logprobs && n_lps)
+        cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, lps, n_lps));
+    else
+        cJSON_AddNullToObject(choice, "logprobs");
+    if (finish)
+        cJSON_AddStringToObject(choice, "finish_reason", finish);
+    else
+        cJSON_AddNullToObject(choice, "finish_reason");
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
+    if (j->include_usage) /* OpenAI: with include_usage every chunk but the last has usage null */
+        cJSON_AddNullToObject(root, "usage");
+    return root;
+}
+
+int serve_job_stream(serve_job *j, serve_buf *out) {
+    pthread_mutex_lock(&j->mu);
+    if (!j->opened && j->ep == SERVE_CHAT)
+        add_event(out, chunk(j, NULL, 0, NULL, 0, NULL));
+    size_t new_text = j->text.len - j->text_sent, new_lps = j->n_lps - j->lps_sent;
+    if (new_text || new_lps)
+        add_event(out, chunk(j, j->text.data + j->text_sent, new_text, j->lps + j->lps_sent, new_lps, NULL));
+    j->text_sent = j->text.len;
+    j->lps_sent = j->n_lps;
+    int complete = j->done;
+    serve_error e;
+    if (complete && end_error(j, &e)) {
+        /* the status line went out with the first byte: the error travels as an event */
+        char *json = serve_error_json(&e);
+        serve_buf_append(out, "data: ", 6);
+        serve_buf_append(out, json ? json : "{}", json ? strlen(json) : 2);
+        serve_buf_append(out, "\n\n", 2);
+        free(json);
+    } else if (complete) {
+        add_event(out, chunk(j, j->ep == SERVE_CHAT ? NULL : "", 0, NULL, 0, finish_reason(j->finish)));
+        if (j->include_usage) {
+            cJSON *root = envelope(j, j->ep == SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
+            cJSON_AddArrayToObject(root, "choices");
+            cJSON_AddItemToObject(root, "usage", usage_json(j));
+            add_event(out, root);
+        }
+    }
+    if (complete)
+        serve_buf_append(out, "data: [DONE]\n\n", 14);
+    pthread_mutex_unlock(&j->mu);
+    return complete;
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/python3
+"""The official `openai` npm client (fetched from the npm registry into the build tree, once)
+against rlx serve with an API key: chat and completions, streamed and not, give `rlx generate`'s
+greedy text, finish reasons and usage; a bad field surfaces as the client's 400 error.
+Skips (status 77) when node or npm is missing, saying which.
+
+  check_openai.py --rlx BIN --npm DIR
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from serve_util import Checks, Server, generate, main_guard  # noqa: E402
+
+OPENAI = "openai@6.30.1"  # the last major that runs on Debian 12's and the image's Node 20
+KEY = "sk-npm-test"
+PROMPT = "The President said that"
+N = 10
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rlx", required=True)
+    ap.add_argument("--npm", required=True, help="folder to install the openai package into")
+    args = ap.parse_args()
+    for tool in ("node", "npm"):
+        if not shutil.which(tool):
+            print(f"SKIPPED: {tool} is not installed, so the openai npm client cannot be fetched and run")
+            return 77
+    fetch = subprocess.run([os.path.join(HERE, "..", "fetch_npm.sh"), args.npm, OPENAI], capture_output=True,
+                           text=True, timeout=600)
+    if fetch.returncode != 0:
+        print(f"FAIL cannot fetch {OPENAI}: {fetch.stdout}{fetch.stderr}")
+        return 1
+    c = Checks()
+    ref = generate(args.rlx, ["-p", PROMPT, "-n", str(N)])
+    ref_chat = generate(args.rlx, ["--chat", "-p", PROMPT, "-n", str(N)])
+    with Server(args.rlx, ["--api-key", KEY, "--parallel", "2", "--slot-ctx", "128"]) as s:
+        p = subprocess.run(["node", os.path.join(HERE, "openai_client.js"), args.npm, s.url() + "/v1", KEY, PROMPT,
+                            str(N)], capture_output=True, text=True, timeout=300)
+        c.check(p.returncode == 0, f"the openai client failed: {p.stderr[-2000:]}")
+        if p.returncode != 0:
+            return c.report()
+        out = json.loads(p.stdout)
+        c.check(out["models"] == ["target"], f"models.list: {out['models']}")
+        want_usage = {"prompt_tokens": ref_chat["n_prompt"], "completion_tokens": ref_chat["n_generated"],
+                      "total_tokens": ref_chat["n_prompt"] + ref_chat["n_generated"]}
+        for name in ("chat", "chat_stream"):
+            got = out[name]
+            usage = {k: got["usage"][k] for k in want_usage} if got["usage"] else None
+            c.check(got["text"] == ref_chat["text"] and got["finish"] == "length" and usage == want_usage,
+                    f"{name}: {got} against rlx generate --chat {ref_chat['text']!r}, usage {want_usage}")
+        c.check(out["chat_stream"]["role"] == "assistant", f"the stream's role: {out['chat_stream']}")
+        for name in ("completion", "completion_stream"):
+            got = out[name]
+            c.check(got["text"] == ref["text"] and got["finish"] == "length",
+                    f"{name}: {got} against rlx generate {ref['text']!r}")
+        c.check(out["completion"]["usage"]["completion_tokens"] == ref["n_generated"],
+                f"completion usage {out['completion']['usage']}")
+        e = out["error"]
+        c.check(e is not None and e["status"] == 400 and e["name"] == "BadRequestError" and "temperature" in e["message"],
+                f"a bad temperature through the client: {e}")
+    c.check(s.proc.returncode == 0, f"exit status {s.proc.returncode}: {s.stderr[-500:]}")
+    return c.report()
+
+
+if __name__ == "__main__":
+    main_guard(main)
