@@ -77,7 +77,7 @@ static int fit_context(const app_runtime *rt, size_t n, uint32_t n_new, int trun
 int cmd_generate(int argc, char **argv, app_options *o) {
     const char *tokens = NULL, *prompt = NULL, *file = NULL;
     uint32_t n_new = 16;
-    int stats = 0, chat = 0, no_think = 0, truncate = 0, n_given = 0, json = 0, logprobs_given = 0;
+    int stats = 0, chat = 0, no_think = 0, truncate = 0, n_given = 0, json = 0, logprobs_given = 0, ignore_eos = 0;
     uint32_t top_logprobs = 0;
     app_sampling sampling = {0};
     app_spec_options spec_options = {0};
@@ -103,6 +103,8 @@ int cmd_generate(int argc, char **argv, app_options *o) {
          "with --json: each token's log-probability under the model (softmax of its\n"
          "logits, before sampling settings) and its K most likely alternatives (0-20)",
          APP_OPT_U32, &top_logprobs, &logprobs_given},
+        {0, "ignore-eos", NULL, NULL, "do not stop at end-of-sequence ids (llama.cpp's --ignore-eos, for benchmarks)",
+         APP_OPT_FLAG, &ignore_eos},
         {0, "stats", NULL, NULL,
          "print the seed, prompt and generation speed on stderr (with --spec also\n"
          "the acceptance figures)",
@@ -146,6 +148,8 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         free(file_text);
         return 1;
     }
+    if (ignore_eos)
+        rt.lm.n_eos = 0;
     rlx_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     size_t n = 0;

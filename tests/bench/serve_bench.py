@@ -156,7 +156,7 @@ def rlx_generate_tps(args, log):
         if p.returncode != 0:
             raise BenchError(f"rlx generate failed: {p.stderr.strip()[-300:]}")
         stats = json.loads(p.stdout.strip().splitlines()[-1])
-        rates.append(stats["decode_tps"])
+        rates.append(stats["timings"]["generate_tokens_per_second"])
     log(f"rlx generate: {statistics.median(rates):.2f} tok/s (single stream)")
     return statistics.median(rates)
 
