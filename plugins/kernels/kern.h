@@ -252,9 +252,10 @@ int kern_att_begin(kern_ctx *c, const rlx_node_view *n, kern_att *a);
  * the other rows of the call, T, and the thread count. Its visible keys are cut at multiples of
  * KERN_ATT_CHUNK; each chunk gives per query head a score maximum, a sum of exponentials and
  * an unnormalised output, folded into the query's running ones in chunk order, with one set
- * of kernels (kern_simd.h att_qk, softmax, att_pv) for every row. Tasks are (block of up to
- * KERN_ATT_TQ consecutive rows of one slot, KV head), scoring all query heads of the KV head
- * at once. Returns RLX_OK or RLX_E_NOMEM after host->error. */
+ * of kernels (kern_simd.h att_qk, softmax, att_pv) for every row. Rows go in blocks of up to
+ * KERN_ATT_TQ consecutive rows of one slot: a task per (block, KV head), or for decode blocks
+ * per (block, a few chunks) over every head (kern_attention.c). Returns RLX_OK or
+ * RLX_E_UNSUPPORTED (more than 64 query heads per KV head) or RLX_E_NOMEM after host->error. */
 int kern_att_run(kern_ctx *c, const kern_att *a);
 /* kern_att_begin then kern_att_run. */
 int kern_op_attention(kern_ctx *c, const rlx_node_view *n);

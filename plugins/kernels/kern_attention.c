@@ -98,11 +98,12 @@ int kern_att_begin(kern_ctx *c, const rlx_node_view *n, kern_att *a) {
 
 // ---------------------------------------------------------------------------------------------
 // Tasks. Two shapes, one arithmetic: a block of many queries is a task per KV head, walking its
-// chunks in order and folding each into the outputs as it goes; a block of one or two queries
-// (decode) is a task per chunk over every head, whose (m, s, o) are kept and folded in chunk
-// order afterwards, so a long context spreads across threads. Chunks are read in sub-blocks of
-// KERN_ATT_SUB keys for every head at once: a cache row (Hkv*D values) is read whole, a page
-// at a time, as in the older split-keys kernel. Which shape a block takes changes no bit.
+// chunks in order (each chunk's keys and values of the head gathered contiguously first) and
+// folding each into the outputs as it goes; a block of one or two queries (decode) is a task
+// per KERN_ATT_SPLIT_CHUNKS chunks over every head, whose (m, s, o) per chunk are kept and
+// folded in chunk order afterwards, so a long context spreads across threads. Decode chunks are
+// read in sub-blocks of KERN_ATT_SUB keys for every head at once: a cache row (Hkv*D values) is
+// read whole, as the older split-keys kernel read it. Which shape a block takes changes no bit.
 
 /* Keys per sub-block of a decode chunk. */
 #define KERN_ATT_SUB 16
