@@ -1,54 +1,68 @@
 /* rlx serve: the OpenAI-compatible HTTP server. Opens the model and its backends through the
- * runtime (without a session: the engine keeps its own KV cache for every slot), creates the
- * batched engine over them and answers HTTP (serve_http.c, serve_openai.c) until SIGTERM or
- * SIGINT, then stops accepting, drains the engine within --drain-timeout and exits 0.
+ * runtime (without a session: the engine keeps its own KV cache for every slot) and creates the
+ * batched engine over them, or over a pipeline or with a speculator creates the engine over the
+ * runtime's lm (one slot); answers HTTP (serve_http.c, serve_openai.c) until SIGTERM or SIGINT,
+ * then stops accepting, drains the engine within --drain-timeout and exits 0.
  *
  * The HTTP daemon starts before the model is read, so /health says 503 while it loads, as
- * llama-server's does. SIGTERM and SIGINT are blocked in every thread and taken by sigwait in
- * the main one, so no handler runs inside the daemon's or the engine's threads. */
+ * llama-server's does. SIGTERM and SIGINT write their number to a pipe that the main thread
+ * reads; whichever thread the kernel picks runs only that write. Blocking them in every thread
+ * for sigwait instead would leak the blocked mask into the stage processes a pipeline launches,
+ * which could then not be stopped. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "serve.h"
 
 static const char usage[] =
     "usage: rlx serve [-m PATH] [--host ADDR] [--port N] [--parallel N] [-c N | --slot-ctx N]\n"
-    "                 [--api-key KEY | --api-key-file FILE] [limits] [options]\n\n"
+    "                 [--api-key KEY | --api-key-file FILE] [limits] [--config FILE | --spec NAME]\n"
+    "                 [options]\n\n"
     "An OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions (streamed as\n"
     "server-sent events with \"stream\": true), GET /v1/models, /health and /metrics (Prometheus).\n"
     "Requests run together in --parallel slots of the batched engine; more wait in a queue of\n"
     "--queue requests, and beyond that get 503 with Retry-After. Sampling follows OpenAI's\n"
     "defaults (temperature 1, top_p 1), greedy at \"temperature\": 0. SIGTERM or SIGINT stops\n"
-    "accepting, lets the requests running finish within --drain-timeout, and exits 0.\n\n";
+    "accepting, lets the requests running finish within --drain-timeout, and exits 0. Over a\n"
+    "pipeline (--config, --stages) or with --spec, requests take turns on one slot.\n\n";
 
 typedef struct serve_args {
     const char *host, *alias, *api_key, *api_key_file;
     uint32_t port, parallel, total_ctx, slot_ctx, queue, max_tokens_limit, timeout_s, drain_s, max_connections;
     uint64_t max_body;
-    int total_ctx_given, port_given;
+    int total_ctx_given, parallel_given;
 } serve_args;
 
 /* The id /v1/models lists: --alias, else the model's file or directory name. */
 static const char *model_id(const serve_args *a, const char *model, char *buf, size_t size) {
     if (a->alias)
         return a->alias;
-    snprintf(buf, size, "%s", model);
+    snprintf(buf, size, "%s", model ? model : "rlx");
     for (size_t n = strlen(buf); n > 1 && buf[n - 1] == '/'; n--)
         buf[n - 1] = '\0';
     const char *slash = strrchr(buf, '/');
     return slash && slash[1] ? slash + 1 : buf;
 }
 
+/* Over a pipeline (--config, --stages) or with a speculator (--spec, or the deployment file's),
+ * the engine runs the runtime's lm: requests take turns on one slot. */
+static int over_lm(const app_options *o, const app_spec_options *spec) {
+    return app_pipeline_wanted(&o->pipeline) || spec->name != NULL;
+}
+
 static int check_args(const serve_args *a, const app_options *o, const app_spec_options *spec) {
-    if (app_pipeline_wanted(&o->pipeline))
-        return app_fail("serve: --config, --stages and --launch are not supported yet: the engine runs the model "
-                        "in this process (use -m MODEL)");
-    if (spec->name || spec->draft_tokens || spec->draft_model || spec->options)
-        return app_fail("serve: speculative decoding (--spec) is not supported yet by the batched engine");
+    if (over_lm(o, spec) && a->parallel_given && a->parallel > 1)
+        return app_fail("serve: over a pipeline or with --spec requests take turns on one slot: --parallel %u "
+                        "cannot be (give --parallel 1 or leave it out)",
+                        a->parallel);
     if (a->api_key && a->api_key_file)
         return app_fail("serve: give --api-key or --api-key-file, not both");
     if (a->total_ctx_given && a->slot_ctx)
@@ -75,27 +89,43 @@ static char *read_key(const char *path) {
     return text;
 }
 
-/* Waits for SIGTERM or SIGINT (blocked in every thread since before any was created). */
-static int wait_for_stop(const sigset_t *stop) {
-    int sig = 0;
-    while (sigwait(stop, &sig) != 0)
-        ;
-    return sig;
+static int stop_pipe[2] = {-1, -1};
+
+static void on_stop_signal(int sig) {
+    const unsigned char c = (unsigned char)sig;
+    const ssize_t written = write(stop_pipe[1], &c, 1); /* a full pipe has a signal pending already */
+    (void)written;
 }
 
-/* Whether a stop signal came while the model loaded (it waits, blocked, until asked). */
-static int stop_pending(const sigset_t *stop) {
-    const struct timespec now = {0, 0};
-    return sigtimedwait(stop, NULL, &now) > 0;
+static int catch_stop_signals(void) {
+    if (pipe2(stop_pipe, O_CLOEXEC) != 0)
+        return app_fail("serve: pipe: %s", strerror(errno));
+    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    return 0;
 }
 
-static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, const serve_args *a,
-                       const app_options *o) {
-    const rlx_model_config *cfg = rlx_runtime_config(rt->runtime);
+/* The stop signal that came, waiting for one when wait. 0 when none came (without wait). */
+static int stop_signal(int wait) {
+    struct pollfd p = {.fd = stop_pipe[0], .events = POLLIN};
+    unsigned char c = 0;
+    for (;;) {
+        int n = poll(&p, 1, wait ? -1 : 0);
+        if (n > 0 && read(stop_pipe[0], &c, 1) == 1)
+            return c;
+        if (n == 0 || (n < 0 && errno != EINTR))
+            return 0;
+    }
+}
+
+static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, const serve_args *a, const app_options *o,
+                       int lm) {
     const int kv_dtype = app_kv_dtype(o);
     if (kv_dtype < 0)
         return 1;
-    if (rlx_tokenizer_open_model(rt->model, tok) != RLX_OK)
+    if (app_tokenizer_open(rt, tok) != RLX_OK)
         return app_fail_rlx("serve: cannot load the tokenizer");
     rlx_backend *backends[RLX_RUNTIME_MAX_BACKENDS];
     size_t n_backends = 0;
@@ -110,12 +140,14 @@ static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, co
     eo.backends = backends;
     eo.n_backends = n_backends;
     eo.rules = rlx_runtime_rules(rt->runtime, &eo.n_rules);
-    if (rlx_engine_create(rt->model, &eo, &s->engine) != RLX_OK)
+    rlx_status rc = lm ? rlx_engine_create_lm(&rt->lm, rt->spec, rt->draft_tokens, &eo, &s->engine)
+                       : rlx_engine_create(rt->model, &eo, &s->engine);
+    if (rc != RLX_OK)
         return app_fail_rlx("serve: cannot create the engine");
     rlx_engine_stats st;
     rlx_engine_stats_of(s->engine, &st);
     s->tok = *tok;
-    s->vocab = cfg->vocab_size;
+    s->vocab = rlx_runtime_config(rt->runtime)->vocab_size;
     s->slot_positions = st.slot_positions;
     return 0;
 }
@@ -134,7 +166,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
          APP_OPT_STRING, &a.host},
         {0, "port", NULL, "N", "TCP port (default 8080; 0 picks a free one, printed at start)", APP_OPT_U32, &a.port},
         {0, "parallel", NULL, "N", "slots: requests generated at once, batched together (default 4)", APP_OPT_U32,
-         &a.parallel, .min = 1},
+         &a.parallel, &a.parallel_given, .min = 1},
         {'c', "ctx-size", "ctx", "N",
          "KV cache positions of all slots together, split evenly between them, as\n"
          "llama-server's -c (default: each slot min(max_position_embeddings, 4096))",
@@ -171,26 +203,29 @@ int cmd_serve(int argc, char **argv, app_options *o) {
     int exit_status;
     if (app_parse_command("serve", usage, groups, sizeof groups / sizeof groups[0], argc, argv, &exit_status))
         return exit_status;
-    if (check_args(&a, o, &spec) || app_resolve_model(o))
+    if (check_args(&a, o, &spec) || (!app_pipeline_wanted(&o->pipeline) && app_resolve_model(o)))
         return 1;
+    const int lm = over_lm(o, &spec);
+    if (lm) { /* the session or the stages hold the one slot's cache */
+        a.parallel = 1;
+        o->ctx = a.total_ctx_given ? a.total_ctx : a.slot_ctx;
+    }
     char *key_file_text = a.api_key_file ? read_key(a.api_key_file) : NULL;
     if (a.api_key_file && !key_file_text)
         return 1;
     char id_buf[4096];
-    serve_server s = {.model_id = model_id(&a, o->model, id_buf, sizeof id_buf),
-                      .api_key = key_file_text ? key_file_text : a.api_key,
+    serve_server s = {.api_key = key_file_text ? key_file_text : a.api_key,
                       .max_body = (size_t)a.max_body,
                       .max_tokens_limit = a.max_tokens_limit,
                       .timeout_s = a.timeout_s,
                       .completion_default = 16};
     s.api_key_len = s.api_key ? strlen(s.api_key) : 0;
     atomic_init(&s.phase, SERVE_LOADING);
+    if (catch_stop_signals()) {
+        free(key_file_text);
+        return 1;
+    }
     pthread_mutex_init(&s.latency_mu, NULL);
-    sigset_t stop;
-    sigemptyset(&stop);
-    sigaddset(&stop, SIGTERM);
-    sigaddset(&stop, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stop, NULL);
     serve_http *http = NULL;
     app_runtime rt = {0};
     rlx_tokenizer *tok = NULL;
@@ -202,19 +237,24 @@ int cmd_serve(int argc, char **argv, app_options *o) {
     }
     const int v6 = strchr(a.host, ':') != NULL;
     fprintf(stderr, "rlx serve: listening on http://%s%s%s:%u (loading %s)\n", v6 ? "[" : "", a.host, v6 ? "]" : "",
-            serve_http_port(http), o->model);
-    if (app_runtime_open_flags(&rt, o, NULL, RLX_RUNTIME_STAGE) || open_engine(&s, &rt, &tok, &a, o))
+            serve_http_port(http), o->model ? o->model : o->pipeline.config);
+    if (app_runtime_open_flags(&rt, o, &spec, lm ? 0 : RLX_RUNTIME_STAGE) || open_engine(&s, &rt, &tok, &a, o, lm))
         goto done;
-    if (stop_pending(&stop)) {
+    s.model_id = model_id(&a, rt.model_dir, id_buf, sizeof id_buf);
+    if (stop_signal(0)) {
         status = 0;
         goto done;
     }
     atomic_store(&s.phase, SERVE_READY);
     fprintf(stderr, "rlx serve: ready: model %s, %u slots of %u positions\n", s.model_id, a.parallel, s.slot_positions);
-    int sig = wait_for_stop(&stop);
+    int sig = stop_signal(1);
     atomic_store(&s.phase, SERVE_DRAINING);
     serve_http_quiesce(http);
-    fprintf(stderr, "rlx serve: %s: draining (up to %u s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT", a.drain_s);
+    fprintf(stderr, "rlx serve: %s: draining (up to %u s)\n",
+            sig == SIGTERM  ? "SIGTERM"
+            : sig == SIGINT ? "SIGINT"
+                            : "stopping",
+            a.drain_s);
     uint32_t cancelled = rlx_engine_drain(s.engine, a.drain_s * 1000u);
     /* the answers of the requests that finished are still on their way out */
     serve_http_settle(http, 2000);
@@ -226,6 +266,10 @@ done:
     rlx_tokenizer_close(tok);
     app_runtime_close(&rt);
     pthread_mutex_destroy(&s.latency_mu);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    close(stop_pipe[0]);
+    close(stop_pipe[1]);
     free(key_file_text);
     return status;
 }

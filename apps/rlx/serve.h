@@ -1,6 +1,7 @@
 /* rlx serve: an OpenAI-compatible HTTP server over the batched engine (rlx/engine.h).
  *
- * cmd_serve.c   the command: options, opening the model and the engine, signals, draining
+ * cmd_serve.c   the command: options, opening the model (or pipeline) and the engine, signals,
+ *               draining
  * serve_http.c  the HTTP side on libmicrohttpd: routing, the API key, body limits, error bodies,
  *               /health, /models, /metrics, and the wait of each request for its engine events
  * serve_openai.c the OpenAI side: request bodies to engine requests (strict types), the events
@@ -33,14 +34,14 @@ typedef struct serve_latency {
 
 typedef struct serve_server {
     /* fixed before the HTTP daemon starts */
-    const char *model_id; /* what /v1/models lists and responses echo when a request names none */
-    const char *api_key;  /* NULL: no key needed */
+    const char *api_key; /* NULL: no key needed */
     size_t api_key_len;
     size_t max_body;             /* bytes of a request body */
     uint32_t max_tokens_limit;   /* the most max_tokens a request may ask for; 0 = the slot's room */
     uint32_t timeout_s;          /* the longest wait for a request's next engine event, and idle connections */
     uint32_t completion_default; /* max_tokens of /v1/completions when the request gives none (OpenAI's 16) */
     /* set once loaded (phase becomes SERVE_READY after them) */
+    const char *model_id; /* what /v1/models lists and responses echo when a request names none */
     rlx_engine *engine;
     const rlx_tokenizer *tok;
     int64_t vocab;

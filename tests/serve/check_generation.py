@@ -7,7 +7,9 @@
   - a client killed mid-stream frees its slot: with one slot, the next request completes at
     once and /metrics counts the cancel;
   - a bounded load test: 200 short requests from 8 keep-alive clients over loopback, none lost;
-  - SIGTERM during a stream exits 0 within --drain-timeout (plus start-up slack).
+  - SIGTERM during a stream exits 0 within --drain-timeout (plus start-up slack);
+  - with a speculator (--spec draft) and over a pipeline of 2 launched stages (the engine runs the
+    runtime's lm, one slot), completions streamed and not still give `rlx generate`'s text.
 
   check_generation.py --rlx BIN
 """
@@ -22,7 +24,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import Checks, Server, generate, main_guard, stream_text  # noqa: E402
+from serve_util import BROWN, Checks, Server, generate, main_guard, stream_text  # noqa: E402
 
 PROMPTS = ["The President said that", "In the morning the", "She looked at him and", "The city council voted",
            "It was a dark", "He had never seen", "The first thing to", "When the war ended"]
@@ -234,6 +236,20 @@ def sigterm(c, s):
     c.check(box.get("body", "").endswith("data: [DONE]\n\n"), f"the stream's end: {box.get('body', '')[-200:]!r}")
 
 
+def over_lm(c, rlx):
+    ref = generate(rlx, ["-p", PROMPTS[5], "-n", str(N)])
+    for flags in (["--spec", "draft", "--draft-model", os.path.join(os.path.dirname(BROWN), "draft")],
+                  ["--stages", "2"]):
+        with Server(rlx, flags + ["--slot-ctx", "128"]) as s:
+            got = completion(s, PROMPTS[5])["choices"][0]["text"]
+            status, _, body = s.request("POST", "/v1/completions", {"prompt": PROMPTS[5], "max_tokens": N,
+                                                                    "temperature": 0, "stream": True})
+            text, finish, _ = stream_text(body, chat=False)
+            c.check(got == ref["text"] and text == ref["text"] and finish == "length",
+                    f"{' '.join(flags)}: {got!r} / streamed {text!r} != rlx generate {ref['text']!r}")
+        c.check(s.proc.returncode == 0, f"{' '.join(flags)}: exit status {s.proc.returncode}: {s.stderr[-500:]}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rlx", required=True)
@@ -247,6 +263,7 @@ def main():
     with Server(args.rlx, ["--parallel", "1", "--slot-ctx", "256", "--drain-timeout", str(DRAIN_SECONDS)]) as s:
         killed_client(c, s)
         sigterm(c, s)
+    over_lm(c, args.rlx)
     return c.report()
 
 
