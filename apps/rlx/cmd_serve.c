@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -32,7 +33,9 @@ static const char usage[] =
     "--queue requests, and beyond that get 503 with Retry-After. Sampling follows OpenAI's\n"
     "defaults (temperature 1, top_p 1), greedy at \"temperature\": 0. SIGTERM or SIGINT stops\n"
     "accepting, lets the requests running finish within --drain-timeout, and exits 0. Over a\n"
-    "pipeline (--config, --stages) or with --spec, requests take turns on one slot.\n\n";
+    "pipeline (--config, --stages) or with --spec, requests take turns on one slot. An answer\n"
+    "never depends on the requests beside it: cpu-blas runs in its batch_invariant=1 mode\n"
+    "unless --backend-opts says batch_invariant=0 (faster F32/BF16 prefill, last bits may vary).\n\n";
 
 typedef struct serve_args {
     const char *host, *alias, *api_key, *api_key_file;
@@ -209,6 +212,17 @@ int cmd_serve(int argc, char **argv, app_options *o) {
     if (lm) { /* the session or the stages hold the one slot's cache */
         a.parallel = 1;
         o->ctx = a.total_ctx_given ? a.total_ctx : a.slot_ctx;
+    }
+    /* A request's answer must not depend on what runs beside it: cpu-blas keeps every row's bits
+     * only in its batch-invariant mode (quantized weights cost nothing there, F32/BF16 prefill
+     * some speed), so the server asks for it unless the options say otherwise. */
+    static char opts_buf[512]; /* o outlives this call: the command runs once per process */
+    const int cpu_blas = !o->plugin || strcasecmp(o->plugin, "cpu-blas") == 0;
+    if (!lm && cpu_blas && !(o->backend_opts && strstr(o->backend_opts, "batch_invariant"))) {
+        if (snprintf(opts_buf, sizeof opts_buf, "%s%sbatch_invariant=1", o->backend_opts ? o->backend_opts : "",
+                     o->backend_opts && *o->backend_opts ? "," : "") >= (int)sizeof opts_buf)
+            return app_fail("serve: --backend-opts is longer than %zu bytes", sizeof opts_buf - 32);
+        o->backend_opts = opts_buf;
     }
     char *key_file_text = a.api_key_file ? read_key(a.api_key_file) : NULL;
     if (a.api_key_file && !key_file_text)

@@ -39,6 +39,7 @@ struct serve_job {
     serve_server *server;
     serve_endpoint ep;
     int stream, include_usage, logprobs;
+    int ignore_eos; /* llama.cpp's extension: no end-of-sequence id ends the request */
     uint32_t top_logprobs;
     char id[48];
     long long created;
@@ -462,7 +463,8 @@ static int parse_options(serve_job *j, const cJSON *root, serve_error *e) {
     const char *model = s->model_id;
     double v;
     int rc;
-    if (get_string(root, "model", &model, e) < 0 || get_bool(root, "stream", &j->stream, e) < 0)
+    if (get_string(root, "model", &model, e) < 0 || get_bool(root, "stream", &j->stream, e) < 0 ||
+        get_bool(root, "ignore_eos", &j->ignore_eos, e) < 0)
         return -1;
     if (!(j->model = strdup(model)))
         return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1;
@@ -555,6 +557,11 @@ int serve_job_submit(serve_server *s, serve_job *j, serve_error *err) {
                        .top_logprobs = j->top_logprobs,
                        .on_event = on_event,
                        .ctx = j};
+    static const int32_t no_stop = -1; /* an id no vocabulary has */
+    if (j->ignore_eos) {
+        req.stop_ids = &no_stop;
+        req.n_stop_ids = 1;
+    }
     pthread_mutex_lock(&j->mu);
     j->refs++; /* the engine's, given back with the DONE event (which may come before submit returns) */
     clock_gettime(CLOCK_MONOTONIC, &j->last_news);
