@@ -64,6 +64,7 @@ static int on_event(void *ctx, const rlx_engine_event *ev) {
         }
         r->n++;
         stop = r->stop_after > 0 && r->n >= (uint32_t)r->stop_after;
+        pthread_cond_broadcast(&r->cv);
     } else {
         r->done = *ev;
         r->done.message = "";
@@ -86,6 +87,18 @@ static void wait_done(received *r) {
     int done = r->n_done;
     pthread_mutex_unlock(&r->mu);
     assert_true(done);
+}
+
+/* Waits up to 120 s for the first event of a request. */
+static void wait_first_event(received *r) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 120;
+    pthread_mutex_lock(&r->mu);
+    while (!r->n && !r->n_done)
+        if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
+            break;
+    pthread_mutex_unlock(&r->mu);
 }
 
 static rlx_engine *new_engine(uint32_t n_slots, uint32_t positions, uint32_t queue, uint32_t step_tokens) {
@@ -255,14 +268,7 @@ static void test_shared_prefix_is_reused(void **state) {
     uint64_t id;
     assert_ok(rlx_engine_submit(e, &qa, &id));
     /* wait for a's first token, so its prompt rows are in its slot while it decodes */
-    for (int spin = 0; spin < 12000; spin++) {
-        pthread_mutex_lock(&ra.mu);
-        uint32_t got = ra.n + ra.n_done;
-        pthread_mutex_unlock(&ra.mu);
-        if (got)
-            break;
-        nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
+    wait_first_event(&ra);
     rlx_request qb = greedy_request(b, nb, 8, &rb);
     assert_ok(rlx_engine_submit(e, &qb, &id));
     wait_done(&ra);
@@ -548,14 +554,7 @@ static void test_engine_over_an_lm(void **state) {
     r[N].stop_after = 0;
     rlx_request q = greedy_request(prompts[0], lens[0], 60, &r[N]);
     assert_ok(rlx_engine_submit(e, &q, &id));
-    for (int spin = 0; spin < 12000; spin++) {
-        pthread_mutex_lock(&r[N].mu);
-        uint32_t got = r[N].n + r[N].n_done;
-        pthread_mutex_unlock(&r[N].mu);
-        if (got)
-            break;
-        nanosleep(&(struct timespec){0, 1000000}, NULL);
-    }
+    wait_first_event(&r[N]);
     rlx_engine_cancel(e, id);
     wait_done(&r[N]);
     assert_true(r[N].done.finish == RLX_FINISH_CANCELLED || r[N].n == 60);

@@ -603,17 +603,9 @@ static float log_probs(rlx_engine *e, const float *logits, int32_t token, uint32
     return logits[token] - lse;
 }
 
-/* Samples the next token of slot s from its logits row and reports it; ends the request when
- * it should end. */
-static void emit(rlx_engine *e, uint32_t s, const float *logits) {
-    engine_slot *sl = &e->slots[s];
-    engine_req *r = sl->req;
-    int32_t token = rlx_sampler_sample(r->sampler, logits);
-    rlx_status rc = rlx_sampler_accept(r->sampler, token);
-    if (rc != RLX_OK) {
-        finish_slot(e, s, RLX_FINISH_ERROR, rc, rlx_last_error());
-        return;
-    }
+/* The TOKEN event of r's next token, drawn from the logits row; returns what the callback does.
+ * *cancelled says whether the request was cancelled (or the engine is closing) by then. */
+static int report_token(rlx_engine *e, engine_req *r, int32_t token, const float *logits, int *cancelled) {
     const double now = rlx__now_seconds();
     if (r->t_first == 0)
         r->t_first = now;
@@ -630,8 +622,24 @@ static void emit(rlx_engine *e, uint32_t s, const float *logits) {
     }
     pthread_mutex_lock(&e->mu);
     e->stats.generated_tokens++;
+    *cancelled = r->cancelled || e->closing;
     pthread_mutex_unlock(&e->mu);
-    const int stop = r->r.on_event(r->r.ctx, &ev);
+    return r->r.on_event(r->r.ctx, &ev);
+}
+
+/* Samples the next token of slot s from its logits row and reports it; ends the request when
+ * it should end (a cancel is taken at the start of the next step). */
+static void emit(rlx_engine *e, uint32_t s, const float *logits) {
+    engine_slot *sl = &e->slots[s];
+    engine_req *r = sl->req;
+    int32_t token = rlx_sampler_sample(r->sampler, logits);
+    rlx_status rc = rlx_sampler_accept(r->sampler, token);
+    if (rc != RLX_OK) {
+        finish_slot(e, s, RLX_FINISH_ERROR, rc, rlx_last_error());
+        return;
+    }
+    int cancelled;
+    const int stop = report_token(e, r, token, logits, &cancelled);
     if (is_stop(r, token))
         finish_slot(e, s, RLX_FINISH_EOS, RLX_OK, NULL);
     else if (stop)
@@ -758,27 +766,10 @@ static int lm_token(void *ctx, int32_t token, const float *logits) {
     lm_run *run = ctx;
     rlx_engine *e = run->e;
     engine_req *r = run->r;
-    const double now = rlx__now_seconds();
-    if (r->t_first == 0)
-        r->t_first = now;
-    r->t_last = now;
-    r->n_generated++;
-    int32_t top_ids[RLX_ENGINE_MAX_TOP_LOGPROBS];
-    float top_lp[RLX_ENGINE_MAX_TOP_LOGPROBS];
-    rlx_engine_event ev = {.kind = RLX_ENGINE_TOKEN, .id = r->id, .token = token};
-    if (r->r.logprobs || r->r.top_logprobs) {
-        ev.logprob = log_probs(e, logits, token, r->r.top_logprobs, top_ids, top_lp);
-        ev.n_top = r->r.top_logprobs;
-        ev.top_ids = top_ids;
-        ev.top_logprobs = top_lp;
-    }
-    pthread_mutex_lock(&e->mu);
-    e->stats.generated_tokens++;
-    const int cancelled = r->cancelled || e->closing;
-    pthread_mutex_unlock(&e->mu);
     if (run->n_held < e->capacity)
         run->held[run->n_held++] = token;
-    const int stop = r->r.on_event(r->r.ctx, &ev);
+    int cancelled;
+    const int stop = report_token(e, r, token, logits, &cancelled);
     if (cancelled) {
         r->cancelled = 1; /* read again by this thread alone */
         return 1;
