@@ -10,8 +10,9 @@ given, `llama-server --parallel MAX` on the GGUF file (llama.cpp is never built 
 path of one built elsewhere). For each number of concurrent streams, each stream sends one
 streaming /v1/completions request (greedy, `max_tokens` TOKENS, a prompt of its own so no
 server can reuse another's prefix) and the script measures:
-  - aggregate decode rate: all streams' generated tokens / the time from the first stream's
-    first token to the last stream's last token;
+  - aggregate decode rate: the text chunks (one per token) all streams received while every
+    stream was decoding (after the last first token, before the first stream ended) over that
+    window, so prompt reading does not count; with one stream, its tokens over its decode time;
   - time to first token (TTFT): from sending to the first content chunk, the median of the streams.
 Each figure is the median over REPS rounds. The servers run one after the other on the same
 host, with `lscpu` stored in the JSON, and `rlx generate` gives the single-stream reference
@@ -74,6 +75,7 @@ def one_stream(port, prompt, tokens, out, timeout):
     first = last = None
     n = 0
     usage = None
+    stamps = []
     try:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
         c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -96,11 +98,12 @@ def one_stream(port, prompt, tokens, out, timeout):
                     now = time.monotonic()
                     first = first or now
                     last = now
+                    stamps.append(now)
                     n += 1
     except (OSError, ValueError) as e:
         out["error"] = f"{type(e).__name__}: {e}"
         return
-    out.update(t0=t0, first=first, last=last, chunks=n,
+    out.update(t0=t0, first=first, last=last, chunks=n, stamps=stamps,
                tokens=(usage or {}).get("completion_tokens", n))
 
 
@@ -118,10 +121,18 @@ def round_of(port, streams, tokens, prompt_words, timeout, rep):
             raise BenchError(o["error"])
         if o["first"] is None:
             raise BenchError("a stream produced no text")
-    total = sum(o["tokens"] for o in outs)
-    span = max(o["last"] for o in outs) - min(o["first"] for o in outs)
     ttft = statistics.median(o["first"] - o["t0"] for o in outs)
-    return {"tokens": total, "decode_tps": total / span if span > 0 else 0.0, "ttft_s": ttft}
+    # Steady decode: the window in which every stream has its first token and none has ended,
+    # so no prompt is being read; the text chunks stamped in it over its length.
+    lo, hi = max(o["first"] for o in outs), min(o["last"] for o in outs)
+    in_window = sum(1 for o in outs for t in o["stamps"] if lo < t <= hi)
+    if hi - lo > 0.5 and in_window >= 2 * streams:
+        tps = in_window / (hi - lo)
+    else:  # too short a window (one stream, or staggered ends): everything over the whole span
+        total = sum(o["tokens"] for o in outs)
+        span = max(o["last"] for o in outs) - min(o["first"] for o in outs)
+        tps = total / span if span > 0 else 0.0
+    return {"decode_tps": tps, "ttft_s": ttft}
 
 
 def measure(name, cmd, port, args, log):
