@@ -17,7 +17,9 @@ static const char usage[] =
     "tgN), each from an empty context, R times after a warm-up run, for every thread count T.\n"
     "Reports the median and standard deviation of tokens/s, the peak resident memory of the\n"
     "process and what it ran on (the CPU and the backend's own description). Over a pipeline\n"
-    "(--config, --stages) it prints each stage's backend and memory on stderr first.\n\n";
+    "(--config, --stages) it prints each stage's backend and memory on stderr first, and after\n"
+    "the table each stage's milliseconds per step, the share of the time it worked, and the\n"
+    "bytes per token each way (-o json: \"stages\", --json: \"pp_stages\" and \"tg_stages\").\n\n";
 
 #define MAX_LIST 16
 
@@ -251,7 +253,85 @@ typedef struct bench_row {
     double samples[MAX_REPS]; /* tokens/s of each repetition */
     double seconds[MAX_REPS];
     double median, sd;
+    /* over a pipeline: each stage's share of the repetitions (steps, seconds, bytes) */
+    uint32_t n_stages;
+    rlx_driver_stage_stats *stages;
 } bench_row;
+
+/* Snapshots every stage's figures into a malloc'd array (NULL without a pipeline). */
+static rlx_driver_stage_stats *stage_snapshot(const rlx_runtime *rt, uint32_t *n) {
+    const rlx_driver *d = rlx_runtime_driver(rt);
+    *n = d ? rlx_driver_n_stages(d) : 0;
+    rlx_driver_stage_stats *s = *n ? calloc(*n, sizeof *s) : NULL;
+    for (uint32_t i = 0; s && i < *n; i++)
+        rlx_driver_stage_stats_get(d, i, &s[i]);
+    if (!s)
+        *n = 0;
+    return s;
+}
+
+/* What each stage took of a row's repetitions: after - before, into r->stages. */
+static void stage_share(bench_row *r, const rlx_runtime *rt, rlx_driver_stage_stats *before, uint32_t n) {
+    uint32_t n_after;
+    rlx_driver_stage_stats *after = stage_snapshot(rt, &n_after);
+    if (after && before && n_after == n) {
+        for (uint32_t i = 0; i < n; i++) {
+            after[i].steps -= before[i].steps;
+            after[i].seconds -= before[i].seconds;
+            after[i].bytes_sent -= before[i].bytes_sent;
+            after[i].bytes_received -= before[i].bytes_received;
+        }
+        r->stages = after;
+        r->n_stages = n;
+    } else {
+        free(after);
+    }
+    free(before);
+}
+
+/* Per stage of a row: milliseconds per forward step, the share of the wall time the stage
+ * worked (its compute and transfers as the driver waited for them), and the bytes per token each
+ * way. */
+static void stage_figures(const bench_row *r, uint32_t reps, uint32_t i, double *ms, double *busy, double *sent,
+                          double *received) {
+    double wall = 0;
+    for (uint32_t k = 0; k < reps; k++)
+        wall += r->seconds[k];
+    const rlx_driver_stage_stats *s = &r->stages[i];
+    const double tokens = (double)reps * (r->p ? r->p : r->n);
+    *ms = s->steps ? 1e3 * s->seconds / (double)s->steps : 0;
+    *busy = wall > 0 ? s->seconds / wall : 0;
+    *sent = (double)s->bytes_sent / tokens;
+    *received = (double)s->bytes_received / tokens;
+}
+
+/* `, "key": [{"stage": i, ...}, ...]` of a pipeline row; nothing without a pipeline. */
+static void print_stages_json(const bench_row *r, uint32_t reps, const char *key) {
+    if (!r->n_stages)
+        return;
+    printf(", \"%s\": [", key);
+    for (uint32_t i = 0; i < r->n_stages; i++) {
+        double ms, busy, sent, received;
+        stage_figures(r, reps, i, &ms, &busy, &sent, &received);
+        printf("%s{\"stage\": %u, \"steps\": %llu, \"ms_per_step\": %.3f, \"busy\": %.4f, "
+               "\"bytes_sent_per_token\": %.1f, \"bytes_received_per_token\": %.1f}",
+               i ? ", " : "", i, (unsigned long long)r->stages[i].steps, ms, busy, sent, received);
+    }
+    printf("]");
+}
+
+/* Under the markdown table: each pipeline stage's share of each test. */
+static void print_md_stages(const bench_row *rows, size_t n_rows, uint32_t reps) {
+    for (size_t k = 0; k < n_rows; k++)
+        for (uint32_t i = 0; i < rows[k].n_stages; i++) {
+            double ms, busy, sent, received;
+            stage_figures(&rows[k], reps, i, &ms, &busy, &sent, &received);
+            printf("%s%s%u t%u stage %u: %.2f ms per step, busy %.0f %% of the time, %.0f bytes per token sent, "
+                   "%.0f received\n",
+                   k == 0 && i == 0 ? "\n" : "", rows[k].p ? "pp" : "tg", rows[k].p ? rows[k].p : rows[k].n,
+                   rows[k].threads, i, ms, 100 * busy, sent, received);
+        }
+}
 
 static void print_json_row(const bench_row *r, uint32_t reps, const model_info *m, const char *model_dir,
                            const char *backend, const host_info *h, const char *describe, double rss_mb,
@@ -278,6 +358,7 @@ static void print_json_row(const bench_row *r, uint32_t reps, const model_info *
     for (uint32_t i = 0; i < reps; i++)
         printf("%s%.6f", i ? ", " : "", r->samples[i]);
     printf("], \"type_k\": \"%s\", \"type_v\": \"%s\", \"peak_rss_mb\": %.1f", kv_type, kv_type, rss_mb);
+    print_stages_json(r, reps, "stages");
     print_host_json(h, describe);
     printf("}");
 }
@@ -396,6 +477,8 @@ int cmd_bench(int argc, char **argv, app_options *o) {
                 status = app_fail_rlx("bench");
                 break;
             }
+            uint32_t n_stages;
+            rlx_driver_stage_stats *before = stage_snapshot(rt.runtime, &n_stages);
             for (uint32_t i = 0; i < reps; i++) {
                 if (run_test(&rt.lm, prompt, r->p, r->n, &r->seconds[i]) < 0) {
                     status = app_fail_rlx("bench");
@@ -403,6 +486,7 @@ int cmd_bench(int argc, char **argv, app_options *o) {
                 }
                 r->samples[i] = (r->p ? r->p : r->n) / r->seconds[i];
             }
+            stage_share(r, rt.runtime, before, n_stages);
             double sorted[MAX_REPS];
             memcpy(sorted, r->samples, reps * sizeof *sorted);
             r->median = median(sorted, reps);
@@ -428,10 +512,13 @@ int cmd_bench(int argc, char **argv, app_options *o) {
                "\"type_v\": \"%s\"",
                backend, threads.v[0], prompts.v[0], gens.v[0], reps, pp_tps, tg_tps, rss_mb, model.bytes / 1048576.0,
                kv_type, kv_type);
+        for (size_t i = 0; i < n_rows; i++)
+            print_stages_json(&rows[i], reps, rows[i].p ? "pp_stages" : "tg_stages");
         print_host_json(&host, describe);
         printf("}\n");
     } else if (output == OUT_MD) {
         print_md(rows, n_rows, &model, backend);
+        print_md_stages(rows, n_rows, reps);
         printf("\nhost: %s (%s family %d model %d), %u of %u cores usable, %s%s%s; peak RSS %.1f MiB; t/s is the "
                "median ± standard deviation of %u runs\n",
                host.cpu, host.vendor, host.family, host.model, host.usable, host.online, host.flags,
@@ -453,6 +540,8 @@ int cmd_bench(int argc, char **argv, app_options *o) {
     if (fflush(stdout) != 0)
         status = app_fail("bench: cannot write to stdout");
 done:
+    for (size_t i = 0; rows && i < n_rows; i++)
+        free(rows[i].stages);
     free(rows);
     free(prompt);
     return status;

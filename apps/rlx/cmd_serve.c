@@ -152,6 +152,7 @@ static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, co
     s->tok = *tok;
     s->vocab = rlx_runtime_config(rt->runtime)->vocab_size;
     s->slot_positions = st.slot_positions;
+    s->driver = rlx_runtime_driver(rt->runtime);
     return 0;
 }
 
@@ -251,7 +252,10 @@ int cmd_serve(int argc, char **argv, app_options *o) {
     }
     const int v6 = strchr(a.host, ':') != NULL;
     fprintf(stderr, "rlx serve: listening on http://%s%s%s:%u (loading %s)\n", v6 ? "[" : "", a.host, v6 ? "]" : "",
-            serve_http_port(http), o->model ? o->model : o->pipeline.config);
+            serve_http_port(http),
+            o->model             ? o->model
+            : o->pipeline.config ? o->pipeline.config
+                                 : "the default model");
     if (app_runtime_open_flags(&rt, o, &spec, lm ? 0 : RLX_RUNTIME_STAGE) || open_engine(&s, &rt, &tok, &a, o, lm))
         goto done;
     s.model_id = model_id(&a, rt.model_dir, id_buf, sizeof id_buf);

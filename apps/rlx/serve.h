@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rlx/dist.h"
 #include "rlx/engine.h"
 #include "rlx/text.h"
 
@@ -46,6 +47,7 @@ typedef struct serve_server {
     const rlx_tokenizer *tok;
     int64_t vocab;
     uint32_t slot_positions;
+    const rlx_driver *driver; /* the pipeline's driver, NULL without a pipeline */
     atomic_int phase;
     /* for /metrics */
     atomic_uint_fast64_t responses[SERVE_N_STATUS_CODES];

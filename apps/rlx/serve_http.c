@@ -306,6 +306,62 @@ static void metric(serve_buf *b, const char *name, const char *type, const char 
     buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* A label value in Prometheus's text format: backslash, quote and newline escaped. */
+static void label_value(serve_buf *b, const char *v) {
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"')
+            buf_printf(b, "\\%c", *v);
+        else if (*v == '\n')
+            buf_printf(b, "\\n");
+        else
+            buf_printf(b, "%c", *v);
+    }
+}
+
+/* `name{stage="i",address="...",layers="a-b"` of stage i, left open for more labels. */
+static void stage_series(serve_buf *b, const char *name, uint32_t i, const rlx_driver_stage_info *info) {
+    buf_printf(b, "%s{stage=\"%u\",address=\"", name, i);
+    label_value(b, info->address);
+    buf_printf(b, "\",layers=\"%u-%u\"", info->layers.start, info->layers.end - 1);
+}
+
+/* Over a pipeline: each stage's forward steps, their wall time (compute and both transfers, as
+ * the driver sees it) and the bytes each way. */
+static void pipeline_metrics(serve_buf *b, const rlx_driver *d) {
+    const uint32_t n = rlx_driver_n_stages(d);
+    rlx_driver_stage_info info[n ? n : 1];
+    rlx_driver_stage_stats st[n ? n : 1];
+    for (uint32_t i = 0; i < n; i++)
+        if (rlx_driver_stage_info_get(d, i, &info[i]) != RLX_OK || rlx_driver_stage_stats_get(d, i, &st[i]) != RLX_OK)
+            return;
+    metric(b, "rlx_pipeline_stage_step_seconds", "summary",
+           "Forward steps of each pipeline stage: seconds from sending a step to the stage's answer.");
+    for (uint32_t i = 0; i < n; i++) {
+        stage_series(b, "rlx_pipeline_stage_step_seconds_sum", i, &info[i]);
+        buf_printf(b, "} %.6f\n", st[i].seconds);
+        stage_series(b, "rlx_pipeline_stage_step_seconds_count", i, &info[i]);
+        buf_printf(b, "} %llu\n", (unsigned long long)st[i].steps);
+    }
+    metric(b, "rlx_pipeline_stage_last_step_seconds", "gauge", "Seconds of each pipeline stage's latest forward step.");
+    for (uint32_t i = 0; i < n; i++) {
+        stage_series(b, "rlx_pipeline_stage_last_step_seconds", i, &info[i]);
+        buf_printf(b, "} %.6f\n", st[i].last_seconds);
+    }
+    metric(b, "rlx_pipeline_stage_max_step_seconds", "gauge", "Seconds of each pipeline stage's slowest forward step.");
+    for (uint32_t i = 0; i < n; i++) {
+        stage_series(b, "rlx_pipeline_stage_max_step_seconds", i, &info[i]);
+        buf_printf(b, "} %.6f\n", st[i].max_seconds);
+    }
+    metric(b, "rlx_pipeline_stage_bytes_total", "counter",
+           "Bytes the driver sent to and received from each pipeline stage.");
+    for (uint32_t i = 0; i < n; i++) {
+        stage_series(b, "rlx_pipeline_stage_bytes_total", i, &info[i]);
+        buf_printf(b, ",direction=\"sent\"} %llu\n", (unsigned long long)st[i].bytes_sent);
+        stage_series(b, "rlx_pipeline_stage_bytes_total", i, &info[i]);
+        buf_printf(b, ",direction=\"received\"} %llu\n", (unsigned long long)st[i].bytes_received);
+    }
+}
+
 static enum MHD_Result metrics(request *r) {
     serve_server *s = r->http->server;
     rlx_engine_stats st;
@@ -366,6 +422,8 @@ static enum MHD_Result metrics(request *r) {
     metric(&b, "rlx_kv_cache_usage_ratio", "gauge", "The used share of the KV cache (0 to 1).");
     const double total = (double)st.n_slots * st.slot_positions;
     buf_printf(&b, "rlx_kv_cache_usage_ratio %.6f\n", total > 0 ? (double)st.kv_positions_used / total : 0.0);
+    if (s->driver)
+        pipeline_metrics(&b, s->driver);
     if (b.failed) {
         serve_buf_free(&b);
         return MHD_NO;

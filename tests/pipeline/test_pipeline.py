@@ -8,6 +8,7 @@ CASE is one of parity-tcp, parity-grpc, mixed-backends, kv-cache, options-thread
 faults-grpc, netns, gguf-header. Exit status 0 passed, 1 failed, 77 skipped (the reason is printed).
 Every process runs with a timeout and is killed at the end, whatever happens."""
 import argparse
+import json
 import os
 import random
 import select
@@ -327,6 +328,30 @@ def stage_lines(stderr):
     return [l for l in stderr.splitlines() if l.startswith("rlx stage ") and ": backend " in l]
 
 
+def check_bench_stages(env, model):
+    """rlx bench over stages reports each stage's steps, time and bytes per token: a step of each
+    repetition through every stage, ids into stage 0, hidden states between, logits out of the last."""
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    hidden, vocab = 4 * cfg["hidden_size"], 4 * cfg["vocab_size"]
+    p, _ = env.run([env.rlx, "bench", "--model", model, "--stages", "2", "-p", "8", "-n", "4", "-r", "2", "--json"])
+    try:
+        got = json.loads(p.stdout)
+        pp, tg = got["pp_stages"], got["tg_stages"]
+    except (ValueError, KeyError) as e:
+        raise Fail(f"bench --stages 2 --json: {e}: {p.stdout!r} {p.stderr[-400:]!r}")
+    ok = [s["stage"] for s in pp] == [0, 1] and [s["stage"] for s in tg] == [0, 1]
+    ok = ok and all(s["steps"] == 2 for s in pp) and all(s["steps"] == 8 for s in tg)
+    ok = ok and all(s["ms_per_step"] > 0 and 0 < s["busy"] <= 1 for s in pp + tg)
+    # a decode token: its id (plus framing) to stage 0, its hidden state back and on to stage 1, the
+    # logits of the vocabulary out of stage 1
+    ok = ok and tg[0]["bytes_sent_per_token"] < hidden and hidden <= tg[0]["bytes_received_per_token"] < 2 * hidden
+    ok = ok and hidden <= tg[1]["bytes_sent_per_token"] < 2 * hidden and vocab <= tg[1]["bytes_received_per_token"]
+    if not ok:
+        raise Fail(f"bench --stages 2: per-stage figures {pp} {tg} (hidden {hidden} B, logits {vocab} B)")
+    log("ok: rlx bench --stages 2 reports each stage's steps, time and bytes per token")
+
+
 def case_options_and_threads(env):
     env.need_transport("tcp")
     model = env.model("deep-dense-f32")
@@ -351,6 +376,7 @@ def case_options_and_threads(env):
     if len(lines) != 2 or not all("c kernels, 3 threads," in l for l in lines):
         raise Fail(f"--threads 3 --backend-opts isa=c did not reach both stages:\n{p.stderr}")
     log("ok: --threads and --backend-opts reach launched stages")
+    check_bench_stages(env, model)
     expect_failure(env, "--stages 2 --backend-opts isa=bogus",
                    [env.rlx, "generate", "--model", model, "--stages", "2", "--backend-opts", "isa=bogus",
                     "--tokens", TOKENS, "-n", "2"], ["cpu-blas", "isa 'bogus'", "before listening"], 60)

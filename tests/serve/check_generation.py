@@ -236,6 +236,25 @@ def sigterm(c, s):
     c.check(box.get("body", "").endswith("data: [DONE]\n\n"), f"the stream's end: {box.get('body', '')[-200:]!r}")
 
 
+def stage_metrics(c, s, n_stages):
+    """Per-stage latency over a pipeline: every stage answered each of the two requests' steps
+    (N tokens each, the first with the prompt), in some time, with bytes both ways; none
+    without a pipeline."""
+    _, _, body = s.request("GET", "/metrics")
+    body = body.decode()
+
+    def series(name):
+        return {int(m.group(1)): float(m.group(2)) for m in
+                re.finditer(r'^%s\{stage="(\d+)",address="[^"]+",layers="\d+-\d+"[^}]*\} (\S+)$' % name, body, re.M)}
+    steps, seconds = series("rlx_pipeline_stage_step_seconds_count"), series("rlx_pipeline_stage_step_seconds_sum")
+    sent = series("rlx_pipeline_stage_bytes_total")
+    c.check(sorted(steps) == list(range(n_stages)) and sorted(seconds) == list(range(n_stages)),
+            f"per-stage series for {n_stages} stages: {steps} {seconds}")
+    c.check(all(v >= 2 * N for v in steps.values()) and len(set(steps.values())) <= 1 and
+            all(v > 0 for v in seconds.values()) and all(v > 0 for v in sent.values()),
+            f"per-stage steps {steps}, seconds {seconds}, bytes {sent}")
+
+
 def over_lm(c, rlx):
     ref = generate(rlx, ["-p", PROMPTS[5], "-n", str(N)])
     for flags in (["--spec", "draft", "--draft-model", os.path.join(os.path.dirname(BROWN), "draft")],
@@ -247,6 +266,7 @@ def over_lm(c, rlx):
             text, finish, _ = stream_text(body, chat=False)
             c.check(got == ref["text"] and text == ref["text"] and finish == "length",
                     f"{' '.join(flags)}: {got!r} / streamed {text!r} != rlx generate {ref['text']!r}")
+            stage_metrics(c, s, 2 if "--stages" in flags else 0)
         c.check(s.proc.returncode == 0, f"{' '.join(flags)}: exit status {s.proc.returncode}: {s.stderr[-500:]}")
 
 

@@ -191,6 +191,21 @@ typedef struct rlx_driver_stats {
 
 RLX_API void rlx_driver_stats_get(const rlx_driver *d, rlx_driver_stats *out);
 
+/* One stage's share since the driver was created: the forward steps it answered and the wall
+ * time of each, from sending the step to the stage to its answer (the stage's compute plus both
+ * transfers), and the bytes each way (handshakes and truncations included). */
+typedef struct rlx_driver_stage_stats {
+    uint64_t steps;
+    double seconds;      /* summed over the steps */
+    double last_seconds; /* the latest step */
+    double max_seconds;
+    uint64_t bytes_sent;
+    uint64_t bytes_received;
+} rlx_driver_stage_stats;
+
+/* Both stats calls may run on another thread while this one drives (a server's /metrics). */
+RLX_API rlx_status rlx_driver_stage_stats_get(const rlx_driver *d, uint32_t i, rlx_driver_stage_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

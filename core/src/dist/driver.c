@@ -2,6 +2,7 @@
  * sends rows through the stages in order. Any transport failure or protocol violation makes the
  * driver unusable (the stages no longer agree on the session) and closes every connection, so
  * the surviving stages free the session at once. */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,7 @@ typedef struct drv_stage {
     char backend[64];
     uint64_t rss_bytes;
     uint32_t kv_capacity;
+    rlx_driver_stage_stats stats; /* under the driver's stats_mu */
 } drv_stage;
 
 struct rlx_driver {
@@ -42,6 +44,8 @@ struct rlx_driver {
     Rlx__Envelope *last; /* the last stage's reply: the logits handed out */
     int broken;
     char broken_msg[1024];
+    /* Another thread (a server's /metrics) may read the figures while this one drives. */
+    pthread_mutex_t stats_mu;
     rlx_driver_stats stats;
 };
 
@@ -88,8 +92,11 @@ static rlx_status send_to(rlx_driver *d, uint32_t i, const Rlx__Envelope *e) {
     rlx_status rc = rlx__net_send(&d->net, d->stages[i].conn, e, (int)d->timeout_ms, &bytes);
     if (rc != RLX_OK)
         return stage_fail(d, i, 1, rc, "cannot send %s: %s", rlx__envelope_kind(e), rlx_last_error());
+    pthread_mutex_lock(&d->stats_mu);
     d->stats.messages++;
     d->stats.bytes_sent += bytes;
+    d->stages[i].stats.bytes_sent += bytes;
+    pthread_mutex_unlock(&d->stats_mu);
     return RLX_OK;
 }
 
@@ -98,7 +105,10 @@ static rlx_status recv_from(rlx_driver *d, uint32_t i, uint32_t wait_ms, const c
     size_t bytes = 0;
     double t0 = rlx__now_seconds();
     rlx_status rc = rlx__net_recv(&d->net, d->stages[i].conn, e, (int)wait_ms, &bytes);
-    d->stats.wait_seconds += rlx__now_seconds() - t0;
+    const double waited = rlx__now_seconds() - t0;
+    pthread_mutex_lock(&d->stats_mu);
+    d->stats.wait_seconds += waited;
+    pthread_mutex_unlock(&d->stats_mu);
     if (rc == RLX_E_TIMEOUT && !d->stages[i].answered)
         return stage_fail(d, i, 1, rc,
                           "accepted the connection but never answered the handshake within %u ms (not "
@@ -114,9 +124,24 @@ static rlx_status recv_from(rlx_driver *d, uint32_t i, uint32_t wait_ms, const c
     if (rc != RLX_OK)
         return stage_fail(d, i, 1, rc, "bad answer to %s: %s", what, rlx_last_error());
     d->stages[i].answered = 1;
+    pthread_mutex_lock(&d->stats_mu);
     d->stats.messages++;
     d->stats.bytes_received += bytes;
+    d->stages[i].stats.bytes_received += bytes;
+    pthread_mutex_unlock(&d->stats_mu);
     return RLX_OK;
+}
+
+/* A forward step stage i answered, `seconds` from sending it to the answer. */
+static void count_step(rlx_driver *d, uint32_t i, double seconds) {
+    pthread_mutex_lock(&d->stats_mu);
+    rlx_driver_stage_stats *s = &d->stages[i].stats;
+    s->steps++;
+    s->seconds += seconds;
+    s->last_seconds = seconds;
+    if (seconds > s->max_seconds)
+        s->max_seconds = seconds;
+    pthread_mutex_unlock(&d->stats_mu);
 }
 
 static rlx_status error_reply(rlx_driver *d, uint32_t i, int fatal, const char *what, const Rlx__Envelope *e) {
@@ -188,6 +213,7 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
         free(d);
         return rlx_error(RLX_E_NOMEM, "driver: out of memory");
     }
+    pthread_mutex_init(&d->stats_mu, NULL);
     d->n_stages = o->n_stages;
     d->connect_ms = o->connect_timeout_ms ? o->connect_timeout_ms : RLX_DIST_CONNECT_TIMEOUT_MS;
     d->timeout_ms = o->timeout_ms ? o->timeout_ms : RLX_DIST_TIMEOUT_MS;
@@ -372,9 +398,12 @@ static rlx_status drv_forward(void *self, const int32_t *ids, uint32_t n, int al
     for (uint32_t i = 0; i < d->n_stages; i++) {
         int last = i + 1 == d->n_stages;
         Rlx__Envelope *r = NULL;
+        const double t0 = rlx__now_seconds();
         rc = send_to(d, i, &req);
         if (rc == RLX_OK)
             rc = recv_from(d, i, wait, "Activations", &r);
+        if (rc == RLX_OK && r->body_case == RLX__ENVELOPE__BODY_ACTIVATIONS)
+            count_step(d, i, rlx__now_seconds() - t0);
         if (rc == RLX_OK && r->body_case == RLX__ENVELOPE__BODY_ERROR) {
             /* the stage refused but is fine: roll the earlier stages back and stay usable */
             uint32_t length = d->length;
@@ -472,6 +501,7 @@ void rlx_driver_destroy(rlx_driver *d) {
         free(d->stages[i].source);
     }
     free(d->stages);
+    pthread_mutex_destroy(&d->stats_mu);
     free(d);
 }
 
@@ -490,7 +520,23 @@ rlx_status rlx_driver_stage_info_get(const rlx_driver *d, uint32_t i, rlx_driver
     return RLX_OK;
 }
 
+/* The figures are written under stats_mu by the driving thread; reading them through a const
+ * driver still takes the lock, the one part of *d that is not read-only here. */
 void rlx_driver_stats_get(const rlx_driver *d, rlx_driver_stats *out) {
-    if (d && out)
-        *out = d->stats;
+    if (!d || !out)
+        return;
+    pthread_mutex_t *mu = (pthread_mutex_t *)&d->stats_mu;
+    pthread_mutex_lock(mu);
+    *out = d->stats;
+    pthread_mutex_unlock(mu);
+}
+
+rlx_status rlx_driver_stage_stats_get(const rlx_driver *d, uint32_t i, rlx_driver_stage_stats *out) {
+    if (!d || !out || i >= d->n_stages)
+        return rlx_error(RLX_E_INVALID, "rlx_driver_stage_stats_get: no stage %u", i);
+    pthread_mutex_t *mu = (pthread_mutex_t *)&d->stats_mu;
+    pthread_mutex_lock(mu);
+    *out = d->stages[i].stats;
+    pthread_mutex_unlock(mu);
+    return RLX_OK;
 }
