@@ -190,23 +190,25 @@ static const kern_qrp32_level kern_qrp32_lc = KR_LEVEL("c", KR_C);
 
 /* Fully unrolls the loop that follows (trip counts of at most 8 here). */
 #define KR_UNROLL_ALL _Pragma("GCC unroll 16")
-/* Activation rows per micro-kernel: each unpacked interleaved block meets KR_MT rows of x, each
- * row keeping 4 F32 accumulators (its lanes b % 4). 4 rather than 2 is faster on AVX2 too
+/* Activation rows per micro-kernel (KR_MT): each unpacked interleaved block meets KR_MT rows of
+ * x, each row keeping 4 F32 accumulators (its lanes b % 4). 4 rather than 2 is faster on AVX2 too
  * although 16 accumulators and the block's 8 value vectors do not all fit its 16 registers
- * (bench_qgemv --m 128). */
-#define KR_MT 4
-
+ * (bench_qgemv --m 128); on VNNI, 8 rows share each unpacked block, their accumulators (updated
+ * once per block) partly on the stack. */
 #define SFX(name) kern_qrp32_##name##_avx2
 #define KR_TARGET __attribute__((target("avx2,fma,f16c")))
+#define KR_MT 4
 #include "kern_qrp32.inc"
 
 #define SFX(name) kern_qrp32_##name##_avx512
 #define KR_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+#define KR_MT 4
 #include "kern_qrp32.inc"
 
 #define SFX(name) kern_qrp32_##name##_avx512_vnni
 #define KR_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
 #define KR_VNNI 1
+#define KR_MT 8
 #include "kern_qrp32.inc"
 
 #define KR_AVX2(NAME) kern_qrp32_##NAME##_avx2

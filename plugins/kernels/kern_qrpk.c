@@ -214,26 +214,35 @@ static const kern_qrp_ops krk_c_ops[3] = {{"c", krk_c_q4k}, {"c", krk_c_q5k}, {"
 
 // ---------------------------------------------------------------------------------------------
 // The x86 levels: kern_qrpk.inc for AVX2 and for AVX-512 (the same 256-bit kernels on EVEX with
-// 32 registers). AVX512-VNNI adds nothing to these kernels: the int16 sums of maddubs carry a
-// whole sub-block before one madd applies its scale, which vpdpbusd's int32 sums could only do
-// with a 32-bit multiply per sub-block, a different kernel that this file does not have.
+// 32 registers), and inside the AVX-512 level a variant on AVX512-VNNI (kern_quant_vnni()): one
+// vpdpbusd per activation row and weight vector where maddubs and an int16 add were two, and a
+// 32-bit multiply per sub-block applying its scale where a madd did.
 
 /* Fully unrolls the loop that follows. */
 #define KRK_UNROLL_ALL _Pragma("GCC unroll 16")
 /* Bytes prefetched ahead of the interleaved block being read (the groups of a range are one
  * sequential stream). */
 #define KRK_AHEAD 1024
-/* Activation rows one pass over a group's blocks serves. */
-#define KRK_MR 4
 
 #define SFX(name) krk_##name##_avx2
 #define KQ_TARGET __attribute__((target("avx2,fma,f16c")))
 #define KQ_ISA_NAME "avx2"
+#define KQ_VNNI 0
+#define KQ_MR 4
 #include "kern_qrpk.inc"
 
 #define SFX(name) krk_##name##_avx512
 #define KQ_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
 #define KQ_ISA_NAME "avx512"
+#define KQ_VNNI 0
+#define KQ_MR 4
+#include "kern_qrpk.inc"
+
+#define SFX(name) krk_##name##_avx512_vnni
+#define KQ_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
+#define KQ_ISA_NAME "avx512-vnni"
+#define KQ_VNNI 1
+#define KQ_MR 8
 #include "kern_qrpk.inc"
 
 const kern_qrp_ops *kern_qrpk_ops_at(plugin_isa isa, int dt) {
@@ -244,7 +253,7 @@ const kern_qrp_ops *kern_qrpk_ops_at(plugin_isa isa, int dt) {
     case PLUGIN_ISA_AVX2:
         return &krk_ops_avx2[t];
     case PLUGIN_ISA_AVX512:
-        return &krk_ops_avx512[t];
+        return kern_quant_vnni() ? &krk_ops_avx512_vnni[t] : &krk_ops_avx512[t];
     default:
         return &krk_c_ops[t];
     }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "kern_qblock.h"
 #include "kern_qrp.h"
 #include "quant_host.h"
 #include "rlx/quant_iface.h"
@@ -175,16 +176,24 @@ static void test_repacked_matmul_gives_the_native_bits(void **state) {
                     for (int64_t i = 0; i < M * ldy; i++)
                         ref[i] = NAN;
                     kern_qmatmul_part(kern_qsimd_at(PLUGIN_ISA_C), dt, xq, stride, M, K, w, N, NULL, ref, ldy);
-                    for (int lv = 0; lv <= (int)plugin_isa_best(); lv++) {
+                    /* the avx512 level twice where the CPU has VNNI: its vpdpbusd variant, and
+                     * with it turned off (RLX_QUANT_VNNI=0) */
+                    const int vnni_too = plugin_isa_best() >= PLUGIN_ISA_AVX512 && kern_quant_vnni();
+                    for (int lv = 0; lv <= (int)plugin_isa_best() + vnni_too; lv++) {
+                        const int no_vnni = lv > (int)plugin_isa_best();
+                        if (no_vnni)
+                            setenv("RLX_QUANT_VNNI", "0", 1);
                         memcpy(y, ref, (size_t)(M * ldy) * sizeof(float));
                         for (int64_t m = 0; m < M; m++)
                             for (int64_t n = 0; n < N; n++)
                                 y[m * ldy + n] = -0.0f;
-                        repacked_matmul((plugin_isa)lv, dt, wp, N, K, xq, stride, M, y, ldy);
+                        const plugin_isa isa = no_vnni ? PLUGIN_ISA_AVX512 : (plugin_isa)lv;
+                        repacked_matmul(isa, dt, wp, N, K, xq, stride, M, y, ldy);
                         if (memcmp(ref, y, (size_t)(M * ldy) * sizeof(float)))
                             fail_msg("dtype %d K %lld N %lld M %lld: level %s differs from the native kernels", dt,
-                                     (long long)K, (long long)N, (long long)M,
-                                     kern_qrpk_ops_at((plugin_isa)lv, dt)->isa);
+                                     (long long)K, (long long)N, (long long)M, kern_qrpk_ops_at(isa, dt)->isa);
+                        if (no_vnni)
+                            unsetenv("RLX_QUANT_VNNI");
                     }
                 }
                 free(y);

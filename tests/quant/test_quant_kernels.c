@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "kern.h"
+#include "kern_qblock.h"
 #include "quant_host.h"
 #include "rlx/quant_iface.h"
 #include "testutil.h"
@@ -492,8 +493,15 @@ static void test_repacked_kernels_give_native_bits(void **state) {
                     for (int64_t m = 0; m < M; m++)
                         kern_q8_quantize_row(dt, x + m * K, K, xq + m * qrow);
                     run_qmatmul("c", serial, dt, w, x, M, K, N, NULL, ref);
-                    for (int l = 0; l <= (int)plugin_isa_best(); l++) {
-                        const kern_qrp_ops *ops = kern_qrp_ops_at((plugin_isa)l, dt);
+                    /* the avx512 level twice where the CPU has VNNI: with and without it */
+                    const int vnni_too = plugin_isa_best() >= PLUGIN_ISA_AVX512 && kern_quant_vnni();
+                    for (int l = 0; l <= (int)plugin_isa_best() + vnni_too; l++) {
+                        const int no_vnni = l > (int)plugin_isa_best();
+                        if (no_vnni)
+                            setenv("RLX_QUANT_VNNI", "0", 1);
+                        const kern_qrp_ops *ops = kern_qrp_ops_at(no_vnni ? PLUGIN_ISA_AVX512 : (plugin_isa)l, dt);
+                        if (no_vnni)
+                            unsetenv("RLX_QUANT_VNNI");
                         for (int64_t piece = 0; piece <= 3; piece++) {
                             /* piece 0: all groups at once; else pieces of 1, 2, 3 groups, last first */
                             for (int64_t i = 0; i < M * N; i++)
