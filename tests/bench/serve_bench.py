@@ -160,7 +160,7 @@ def measure(name, cmd, port, args, log):
 def rlx_generate_tps(args, log):
     """Single-stream decode rate of `rlx generate` on the same model (its --json statistics)."""
     cmd = [args.rlx, "generate", "--model", args.model, "--greedy", "-n", str(args.tokens), "--threads",
-           str(args.threads), "--ignore-eos", "--json", "-p", prompt_for(0, args.prompt_tokens)]
+           str(args.threads), "--ignore-eos", "--json", "-p", prompt_for(0, args.prompt_tokens)] + args.common.split()
     rates = []
     for _ in range(args.reps):
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -184,7 +184,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--extra", default="", help="more rlx serve flags, e.g. '--cache-type-k f16 --cache-type-v f16'")
+    ap.add_argument("--common", default="", help="rlx flags for both rlx serve and rlx generate, e.g. "
+                    "'--cache-type-k f16 --cache-type-v f16' (llama-server's default cache type)")
+    ap.add_argument("--extra", default="", help="more rlx serve flags")
     ap.add_argument("--out")
     args = ap.parse_args()
     args.streams = [int(x) for x in args.streams.split(",")]
@@ -204,7 +206,8 @@ def main():
         port = free_port()
         result["rlx"] = measure("rlx serve", [args.rlx, "serve", "--model", args.model, "--port", str(port),
                                               "--parallel", str(top), "--ctx-size", str(ctx), "--threads",
-                                              str(args.threads)] + args.extra.split(), port, args, log)
+                                              str(args.threads)] + args.common.split() + args.extra.split(), port, args,
+                             log)
         if args.llama_server:
             port = free_port()
             result["llama"] = measure("llama-server", [args.llama_server, "-m", args.llama_model or args.model,
