@@ -1,4 +1,6 @@
 /* Runtime setup, sampling and speculation options shared by the rlx model commands. */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,8 +155,33 @@ static int add_stop(const char *opt, const char *value, void *target) {
     return 0;
 }
 
+/* llama.cpp's -l TOKEN_ID(+|-)BIAS: "15043+1.5", "15043-1", "15043-inf" (a ban). */
+static int add_logit_bias(const char *opt, const char *value, void *target) {
+    app_sampling *s = target;
+    char *end;
+    errno = 0;
+    const long id = strtol(value, &end, 10);
+    if (end == value || errno || id < 0 || id > INT32_MAX || (*end != '+' && *end != '-'))
+        return app_fail("%s: '%s' is not TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1.5, 15043-inf)", opt, value), -1;
+    const char *num = end;
+    float bias;
+    if (!strcmp(num, "-inf"))
+        bias = -INFINITY;
+    else {
+        errno = 0;
+        const double v = strtod(num, &end);
+        if (end == num || *end || errno || !isfinite(v))
+            return app_fail("%s: '%s': the bias '%s' is not a finite number (or -inf)", opt, value, num), -1;
+        bias = (float)v;
+    }
+    if (s->n_biases == APP_MAX_LOGIT_BIAS)
+        return app_fail("%s: at most %d logit biases", opt, APP_MAX_LOGIT_BIAS), -1;
+    s->biases[s->n_biases++] = (rlx_logit_bias){(int32_t)id, bias};
+    return 0;
+}
+
 app_opt_group app_sampling_group(app_sampling *s) {
-    static app_opt opts[11];
+    static app_opt opts[12];
     app_opt list[] = {
         {0, "greedy", NULL, NULL, "always take the most likely token", APP_OPT_FLAG, &s->greedy},
         {0, "temp", NULL, "T", "sampling temperature (>= 0; 0 = greedy)", APP_OPT_FLOAT, &s->given.temperature,
@@ -181,6 +208,10 @@ app_opt_group app_sampling_group(app_sampling *s) {
          "end the reply before TEXT appears (repeatable; TEXT is never printed,\n"
          "even when it spans tokens)",
          APP_OPT_CUSTOM, s, .parse = add_stop},
+        {'l', "logit-bias", NULL, "ID(+|-)B",
+         "add B to token ID's logit before sampling, as llama.cpp's -l (repeatable;\n"
+         "ID-inf bans the token)",
+         APP_OPT_CUSTOM, s, .parse = add_logit_bias},
     };
     memcpy(opts, list, sizeof opts);
     return APP_OPT_GROUP("sampling (defaults: the deployment file's generation: section, else the model's\n"
@@ -309,6 +340,8 @@ int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *ma
                 s->greedy                ? "--greedy"
                 : given->has_temperature ? "--temp 0"
                                          : "the deployment file's or model's default");
+    p->logit_bias = s->n_biases ? s->biases : NULL;
+    p->n_logit_bias = (uint32_t)s->n_biases;
     s->seed_drawn = !s->has_seed && !(g && g->has_seed);
     p->seed = s->has_seed ? s->seed : g && g->has_seed ? g->seed : app_fresh_seed();
     if (!max_new_given && g && g->has_max_tokens)

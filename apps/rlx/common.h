@@ -32,6 +32,8 @@ const char *app_describe_context(const app_runtime *rt, uint32_t capacity, char 
 /* Sampling options shared by generate and chat: what the command line gave, and the parameters
  * resolved from it and the defaults (app_generation_defaults). */
 #define APP_MAX_STOPS 16
+/* -l/--logit-bias options a command takes. */
+#define APP_MAX_LOGIT_BIAS 64
 
 /* Sampling settings one source gives (the command line, a deployment file, a model's
  * generation_config.json): each value with a flag saying the source gave it. */
@@ -50,6 +52,8 @@ typedef struct app_sampling {
     int has_seed;
     const char *stops[APP_MAX_STOPS]; /* --stop, in order */
     size_t n_stops;
+    rlx_logit_bias biases[APP_MAX_LOGIT_BIAS]; /* -l/--logit-bias, in order */
+    size_t n_biases;
     int seed_drawn; /* no seed was given: params.seed was drawn at random */
 } app_sampling;
 

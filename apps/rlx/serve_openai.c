@@ -48,6 +48,7 @@ struct serve_job {
     size_t n_prompt;
     uint32_t max_tokens;
     rlx_sampler_params sampler;
+    rlx_logit_bias *biases; /* sampler.logit_bias, malloc'd */
     char *stops[APP_MAX_STOPS];
     size_t n_stops;
 
@@ -85,6 +86,7 @@ static void job_free(serve_job *j) {
         free(j->stops[i]);
     serve_buf_free(&j->text);
     free(j->lps);
+    free(j->biases);
     free(j->prompt);
     free(j->model);
     pthread_mutex_destroy(&j->mu);
@@ -287,6 +289,68 @@ static int parse_sampling(serve_job *j, const cJSON *root, serve_error *e) {
     return 0;
 }
 
+/* The most logit_bias entries a request may give (OpenAI takes 300). */
+#define SERVE_MAX_LOGIT_BIAS 1024
+
+/* logit_bias: OpenAI's object of token ids (decimal strings) to biases in [-100, 100], added to
+ * the logits before sampling; or llama.cpp's array of [id, bias] pairs. A bias of false (as
+ * llama.cpp takes it) bans the token. */
+static int parse_logit_bias(serve_job *j, const cJSON *root, serve_error *e) {
+    const cJSON *lb = member(root, "logit_bias");
+    if (!lb)
+        return 0;
+    static const char what[] = "an object of token ids to numbers from -100 to 100, or an array of [id, bias] pairs";
+    if ((!cJSON_IsObject(lb) && !cJSON_IsArray(lb)) || cJSON_GetArraySize(lb) > SERVE_MAX_LOGIT_BIAS)
+        return bad(e, "logit_bias", "'%s' must be %s (at most 1024)", what);
+    const int n = cJSON_GetArraySize(lb);
+    if (n == 0)
+        return 0;
+    if (!(j->biases = malloc((size_t)n * sizeof *j->biases)))
+        return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1;
+    int k = 0;
+    for (const cJSON *it = lb->child; it; it = it->next, k++) {
+        const cJSON *id = cJSON_IsArray(lb) ? cJSON_GetArrayItem(it, 0) : NULL, *bias = it;
+        double token = -1;
+        char *end = NULL;
+        if (cJSON_IsArray(lb)) {
+            bias = cJSON_GetArraySize(it) == 2 ? cJSON_GetArrayItem(it, 1) : NULL;
+            token = cJSON_IsNumber(id) ? id->valuedouble : -1;
+        } else if (it->string && *it->string) {
+            token = strtod(it->string, &end);
+            if (*end)
+                token = -1;
+        }
+        if (token < 0 || token != floor(token) || token >= (double)j->server->vocab || !bias ||
+            !(cJSON_IsFalse(bias) || (cJSON_IsNumber(bias) && bias->valuedouble >= -100 && bias->valuedouble <= 100))) {
+            serve_error_set(e, 400, "invalid_request_error", "invalid_value", "logit_bias",
+                            "'logit_bias' must be %s, with ids from 0 to %lld", what, (long long)j->server->vocab - 1);
+            return -1;
+        }
+        j->biases[k] = (rlx_logit_bias){(int32_t)token, cJSON_IsFalse(bias) ? -INFINITY : (float)bias->valuedouble};
+    }
+    j->sampler.logit_bias = j->biases;
+    j->sampler.n_logit_bias = (uint32_t)n;
+    return 0;
+}
+
+/* Known OpenAI fields whose meaning rlx does not provide: refused rather than ignored, since a
+ * client that sets them expects a different answer. */
+static int parse_unsupported(const cJSON *root, serve_error *e) {
+    const cJSON *item;
+    if ((item = member(root, "echo")) && !cJSON_IsFalse(item))
+        return bad(e, "echo", "'%s' is not supported: %s", "the prompt is not echoed back");
+    if ((item = member(root, "best_of")) && !(cJSON_IsNumber(item) && item->valuedouble == 1))
+        return bad(e, "best_of", "'%s' is not supported: %s", "one completion is generated per request");
+    if ((item = member(root, "suffix")) && !(cJSON_IsString(item) && !*item->valuestring))
+        return bad(e, "suffix", "'%s' is not supported: %s", "rlx does not insert text between a prefix and a suffix");
+    const cJSON *type;
+    if ((item = member(root, "response_format")) && !((type = cJSON_GetObjectItemCaseSensitive(item, "type")) &&
+                                                      cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
+        return bad(e, "response_format", "'%s' is not supported: %s",
+                   "only {\"type\": \"text\"} (rlx has no constrained JSON output)");
+    return 0;
+}
+
 static int parse_stop(serve_job *j, const cJSON *root, serve_error *e) {
     const cJSON *stop = member(root, "stop");
     if (!stop)
@@ -484,7 +548,10 @@ static int parse_options(serve_job *j, const cJSON *root, serve_error *e) {
         if (rc)
             j->max_tokens = (uint32_t)v;
     }
-    return parse_sampling(j, root, e) < 0 || parse_stop(j, root, e) < 0 || parse_logprobs(j, root, e) < 0 ? -1 : 0;
+    return parse_unsupported(root, e) < 0 || parse_sampling(j, root, e) < 0 || parse_logit_bias(j, root, e) < 0 ||
+                   parse_stop(j, root, e) < 0 || parse_logprobs(j, root, e) < 0
+               ? -1
+               : 0;
 }
 
 int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t len, serve_job **out,

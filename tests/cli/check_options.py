@@ -9,6 +9,7 @@ pointless options.
 """
 import argparse
 import array
+import json
 import os
 import re
 import subprocess
@@ -126,6 +127,28 @@ def check_kv_cache_types(rlx, work):
                  "a cache type rlx lacks")
 
 
+def check_logit_bias(rlx):
+    """-l/--logit-bias as llama.cpp spells it: ID-inf bans a token, ID+B favours one; bad values
+    and ids outside the vocabulary are one clear line."""
+    base = [rlx, "generate", "-p", "The President said that", "-n", "6", "--greedy", "--json"]
+
+    def tokens(extra):
+        p = run(base + extra)
+        expect(p.returncode == 0, f"generate {extra}: {p.stderr!r}")
+        return json.loads(p.stdout.strip().splitlines()[-1])["tokens"] if p.returncode == 0 else []
+    ref = tokens([])
+    banned = tokens(["-l", f"{ref[0]}-inf"])
+    expect(banned and ref[0] not in banned, f"-l {ref[0]}-inf: {banned} still has the token (greedy {ref})")
+    expect(tokens(["--logit-bias", f"{ref[0]}-inf"]) == banned, "--logit-bias and -l differ")
+    forced = tokens(["-l", "500+100"])
+    expect(forced == [500] * 6, f"-l 500+100: {forced}, want token 500 every time")
+    gen = [rlx, "generate", "-p", "hi", "-n", "2"]
+    expect_error(run(gen + ["-l", "x"]), r"-l: 'x' is not TOKEN_ID\+BIAS or TOKEN_ID-BIAS", "-l x")
+    expect_error(run(gen + ["-l", "5+nan"]), r"the bias '\+nan' is not a finite number", "-l 5+nan")
+    expect_error(run(gen + ["-l", "99999999-inf"]), r"logit bias on token 99999999, outside the vocabulary",
+                 "-l beyond the vocabulary")
+
+
 def check_errors(rlx):
     gen = [rlx, "generate", "-p", "hi", "-n", "2"]
     expect_error(run(gen + ["--ctx", "0"]), r"--ctx must be at least 1 \(got 0\)", "--ctx 0")
@@ -166,6 +189,7 @@ def main():
     check_spellings(args.rlx, args.workdir)
     check_seeds(args.rlx)
     check_kv_cache_types(args.rlx, args.workdir)
+    check_logit_bias(args.rlx)
     check_errors(args.rlx)
     for f in failures:
         print("FAIL:", f)

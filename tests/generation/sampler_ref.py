@@ -4,7 +4,9 @@ than from rlx's C, and a writer of cases for test_sampler.c.
 
   sampler_ref.py --out FILE [--seed S]
 
-The processors, in the order transformers' generate() applies them with do_sample=True:
+First the logit biases (OpenAI's and llama.cpp's logit_bias: added to the logits, a token listed
+twice gets the sum, -inf bans), as llama.cpp's sampler chain puts them before the penalties. Then
+the processors, in the order transformers' generate() applies them with do_sample=True:
   RepetitionPenaltyLogitsProcessor  score = where(score < 0, score * penalty, score / penalty)
                                     on the tokens of the window (each token once)
   OpenAI presence/frequency         logit -= presence * (count > 0) + frequency * count
@@ -25,6 +27,7 @@ or out and the C code is held to 1e-5 on every probability.
 Each case is written as lines:
   case NAME
   params GREEDY TEMPERATURE TOP_K TOP_P MIN_P REPEAT_PENALTY REPEAT_LAST_N PRESENCE FREQUENCY
+  bias N (ID BIAS)...
   history N ID...
   logits V X...
   probs V P...
@@ -45,7 +48,7 @@ def window_of(history, last_n):
 
 
 def penalties(logits, window, repeat_penalty, presence, frequency):
-    scores = logits.astype(np.float64).copy()
+    scores = logits.astype(np.float64).copy()  # a copy: the caller's array stays as it was
     if not window:
         return scores
     counts = np.bincount(np.array(window), minlength=len(scores))
@@ -99,9 +102,16 @@ def warp(scores, temperature, top_k, top_p, min_p, strict):
     return softmax(scores)
 
 
+def biased(logits, bias):
+    out = logits.astype(np.float64).copy()
+    for token, b in bias:
+        out[token] += b
+    return out
+
+
 def reference(logits, history, p, strict=False):
     window = window_of(history, p["repeat_last_n"])
-    scores = penalties(logits, window, p["repeat_penalty"], p["presence"], p["frequency"])
+    scores = penalties(biased(logits, p["bias"]), window, p["repeat_penalty"], p["presence"], p["frequency"])
     if p["greedy"] or p["temperature"] == 0:
         if strict:
             top2 = np.sort(scores)[-2:]
@@ -115,7 +125,7 @@ def reference(logits, history, p, strict=False):
 
 def params(**kw):
     p = dict(greedy=0, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, repeat_last_n=64,
-             presence=0.0, frequency=0.0)
+             presence=0.0, frequency=0.0, bias=[])
     p.update(kw)
     return p
 
@@ -141,6 +151,9 @@ def random_case(rng, i):
     if rng.random() < 0.5:
         p["frequency"] = f32(rng.uniform(-0.5, 1.0))
     p["repeat_last_n"] = int(rng.choice([-1, 0, 1, 3, 7, 64]))
+    if rng.random() < 0.3:  # at most 4 biases on a vocabulary of at least 5: never every token banned
+        p["bias"] = [(int(rng.integers(0, vocab)), f32(rng.uniform(-5, 5)) if rng.random() < 0.8 else -np.inf)
+                     for _ in range(int(rng.integers(1, 5)))]
     n_hist = int(rng.choice([0, 1, 5, 20, 90]))
     # a small alphabet of the vocabulary so tokens repeat and counts exceed 1
     alphabet = rng.choice(vocab, size=min(vocab, 6), replace=False)
@@ -172,6 +185,11 @@ def fixed_cases():
                                 presence=0.2, frequency=0.1, repeat_last_n=4), hist, logits
     yield "top-k-larger-than-vocab", params(top_k=50), [], logits
     yield "min-p-one-keeps-top", params(min_p=1.0), [], logits
+    yield "bias-bans-the-argmax", params(greedy=1, bias=[(3, -np.inf)]), [], logits
+    yield "bias-forces-a-token", params(temperature=0.7, bias=[(4, 100.0)]), [], logits
+    yield "bias-listed-twice-sums", params(bias=[(2, 1.0), (6, -0.5), (2, 1.5)]), [], logits
+    yield "bias-before-repeat-penalty", params(repeat_penalty=2.0, bias=[(1, 3.0), (0, -1.5)]), [1, 0], logits
+    yield "bias-ban-with-top-k", params(top_k=2, bias=[(3, -np.inf), (0, -np.inf)]), [], logits
 
 
 def write_case(f, name, p, history, logits, probs):
@@ -179,6 +197,7 @@ def write_case(f, name, p, history, logits, probs):
     f.write("params %d %.9g %d %.9g %.9g %.9g %d %.9g %.9g\n" % (
         p["greedy"], p["temperature"], p["top_k"], p["top_p"], p["min_p"], p["repeat_penalty"], p["repeat_last_n"],
         p["presence"], p["frequency"]))
+    f.write("bias %d %s\n" % (len(p["bias"]), " ".join("%d %.9g" % (t, b) for t, b in p["bias"])))
     f.write("history %d %s\n" % (len(history), " ".join(map(str, history))))
     f.write("logits %d %s\n" % (len(logits), " ".join("%.9g" % x for x in logits)))
     f.write("probs %d %s\n" % (len(probs), " ".join("%.17g" % x for x in probs)))
@@ -197,6 +216,9 @@ def self_check():
     # min-p 0.4: 0.3 >= 0.24 stays, 0.1 goes
     assert np.allclose(warp(x, 1.0, 0, 1.0, 0.4, False), [0, 2 / 3, 1 / 3])
     assert np.allclose(warp(x, 1.0, 2, 1.0, 0, False), [0, 2 / 3, 1 / 3])
+    # biases add, twice-listed ones sum, before the penalty: (2 + 1 + 1) / 2 for a seen token 0
+    b = biased(l, [(0, 1.0), (0, 1.0), (2, -np.inf)])
+    assert np.allclose(penalties(b, [0], 2.0, 0, 0)[[0, 1, 3]], [2.0, -1.0, 3.0]) and b[2] == -np.inf
 
 
 def main():

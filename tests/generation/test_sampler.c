@@ -2,8 +2,9 @@
  * (repetition penalty, temperature, top-k, top-p, min-p) and OpenAI's presence and frequency
  * penalties: every case's distribution, with its history fed through rlx_sampler_accept (and
  * again after rlx_sampler_reset_history), within 1e-5 and with exactly the same tokens
- * filtered out. Also: draws follow the distribution, the parameters are checked, and the
- * history refuses ids outside the vocabulary. */
+ * filtered out; the logit biases before them (added, summed when a token is listed twice, -inf
+ * banning). Also: draws follow the distribution, the parameters are checked, and the history
+ * refuses ids outside the vocabulary. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,10 +15,12 @@
 #define MAX_VOCAB 512
 #define MAX_HISTORY 512
 #define TOLERANCE 1e-5
+#define MAX_BIAS 16
 
 typedef struct sampler_case {
     char name[64];
     rlx_sampler_params p;
+    rlx_logit_bias bias[MAX_BIAS];
     int32_t history[MAX_HISTORY];
     int n_history;
     float logits[MAX_VOCAB];
@@ -40,6 +43,12 @@ static int read_case(FILE *f, sampler_case *c) {
                             &c->p.frequency_penalty),
                      9);
     c->p.greedy = greedy;
+    assert_int_equal(fscanf(f, " bias %d", &n), 1);
+    assert_true(n >= 0 && n <= MAX_BIAS);
+    for (int i = 0; i < n; i++) /* glibc's %f reads "-inf" */
+        assert_int_equal(fscanf(f, "%d %f", &c->bias[i].token, &c->bias[i].bias), 2);
+    c->p.logit_bias = n ? c->bias : NULL;
+    c->p.n_logit_bias = (uint32_t)n;
     assert_int_equal(fscanf(f, " history %d", &c->n_history), 1);
     assert_true(c->n_history >= 0 && c->n_history <= MAX_HISTORY);
     for (int i = 0; i < c->n_history; i++)
@@ -79,7 +88,7 @@ static void test_matches_numpy_reference(void **state) {
     if (!f)
         fail_msg("%s: cannot open (written by the make_sampler_cases fixture)", CASES);
     static sampler_case c;
-    int n_cases = 0, n_greedy = 0, n_penalised = 0, n_wrapped = 0;
+    int n_cases = 0, n_greedy = 0, n_penalised = 0, n_wrapped = 0, n_biased = 0, n_banned = 0;
     const int32_t noise[] = {0, 1, 1, 2, 0, 3, 4, 1};
     while (read_case(f, &c)) {
         rlx_sampler *s;
@@ -105,13 +114,18 @@ static void test_matches_numpy_reference(void **state) {
         n_penalised += c.n_history > 0 && c.p.repeat_last_n != 0 &&
                        (c.p.repeat_penalty != 1 || c.p.presence_penalty != 0 || c.p.frequency_penalty != 0);
         n_wrapped += c.p.repeat_last_n > 0 && c.n_history > c.p.repeat_last_n;
+        n_biased += c.p.n_logit_bias > 0;
+        for (uint32_t i = 0; i < c.p.n_logit_bias; i++)
+            n_banned += c.bias[i].bias == -INFINITY;
         rlx_sampler_destroy(s);
         n_cases++;
     }
     fclose(f);
-    print_message("%d cases: %d greedy, %d penalised, %d with a history longer than the window\n", n_cases, n_greedy,
-                  n_penalised, n_wrapped);
-    assert_true(n_cases >= 400 && n_greedy >= 20 && n_penalised >= 100 && n_wrapped >= 50);
+    print_message("%d cases: %d greedy, %d penalised, %d with a history longer than the window, %d with logit biases "
+                  "(%d bans)\n",
+                  n_cases, n_greedy, n_penalised, n_wrapped, n_biased, n_banned);
+    assert_true(n_cases >= 400 && n_greedy >= 20 && n_penalised >= 100 && n_wrapped >= 50 && n_biased >= 80 &&
+                n_banned >= 20);
 }
 
 /* 20000 draws of a penalised, filtered distribution land within 5 standard deviations of it. */
@@ -171,7 +185,28 @@ static void test_parameters_are_checked(void **state) {
     p = d, p.repeat_last_n = -2, expect_refused(p, "repeat-last-n must be >= -1");
     p = d, p.presence_penalty = NAN, expect_refused(p, "presence and frequency penalties must be finite");
     p = d, p.frequency_penalty = -INFINITY, expect_refused(p, "presence and frequency");
+    const rlx_logit_bias outside = {16, 1}, nan = {3, NAN}, plus_inf = {3, INFINITY}, negative = {-1, 1};
+    p = d, p.logit_bias = &outside, p.n_logit_bias = 1, expect_refused(p, "token 16, outside the vocabulary [0, 16)");
+    p = d, p.logit_bias = &negative, p.n_logit_bias = 1, expect_refused(p, "token -1, outside the vocabulary");
+    p = d, p.logit_bias = &nan, p.n_logit_bias = 1, expect_refused(p, "logit bias of token 3 is nan");
+    p = d, p.logit_bias = &plus_inf, p.n_logit_bias = 1, expect_refused(p, "a finite number or -inf");
+    p = d, p.logit_bias = NULL, p.n_logit_bias = 2, expect_refused(p, "2 logit biases but a NULL list");
+    rlx_logit_bias all[17];
+    for (int i = 0; i < 16; i++)
+        all[i] = (rlx_logit_bias){i, -INFINITY};
+    all[16] = (rlx_logit_bias){5, 2}; /* listed again: still banned, -inf + 2 */
+    p = d, p.logit_bias = all, p.n_logit_bias = 17, expect_refused(p, "the logit biases ban every token");
     rlx_sampler *s;
+    /* the list is copied: the sampler keeps the distinct ids after the caller's array is gone */
+    p = d, p.logit_bias = all, p.n_logit_bias = 17, p.greedy = 1;
+    all[0].bias = 0;
+    assert_ok(rlx_sampler_create(&p, 16, &s));
+    for (int i = 0; i < 17; i++)
+        all[i] = (rlx_logit_bias){0, -INFINITY};
+    const float flat[16] = {0};
+    assert_int_equal(rlx_sampler_sample(s, flat), 0);
+    assert_int_equal(rlx_sampler_params_of(s).n_logit_bias, 16);
+    rlx_sampler_destroy(s);
     assert_int_equal(rlx_sampler_create(&d, 0, &s), RLX_E_INVALID);
     /* the edges that are allowed */
     p = d, p.temperature = 0, p.min_p = 1, p.repeat_last_n = -1, p.presence_penalty = -2, p.frequency_penalty = -2;

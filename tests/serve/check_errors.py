@@ -162,6 +162,19 @@ def main():
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, "logprobs"),
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
              "top_logprobs"),
+            ("/v1/completions", {"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias"),
+            ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+            ("/v1/completions", {"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias"),
+            ("/v1/completions", {"prompt": "x", "logit_bias": {"5": "1"}}, "logit_bias"),
+            ("/v1/completions", {"prompt": "x", "logit_bias": [[5]]}, "logit_bias"),
+            ("/v1/completions", {"prompt": "x", "logit_bias": 5}, "logit_bias"),
+            ("/v1/completions", {"prompt": "x", "logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
+            # known fields whose meaning rlx does not provide are refused, not ignored
+            ("/v1/completions", {"prompt": "x", "echo": True}, "echo"),
+            ("/v1/completions", {"prompt": "x", "best_of": 2}, "best_of"),
+            ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                      "response_format": {"type": "json_object"}}, "response_format"),
         ]
         for path, body, param in wrong:
             expect_error(c, s, f"{path} {json.dumps(body)}", path, json.dumps(body), 400, param=param)

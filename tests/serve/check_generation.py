@@ -80,6 +80,17 @@ def against_generate(c, s, rlx):
     text, finish, _ = stream_text(body, chat=False)
     c.check(status == 200 and text == ref["text"] and finish == "length",
             f"streamed completions {text!r} ({finish}) != {ref['text']!r}")
+    # logit_bias as OpenAI spells it (a ban of the greedy text's first two tokens, a nudge) and as
+    # llama.cpp does (pairs, false bans): the text of rlx generate -l with the same biases
+    first, second = ref["tokens"][0], ref["tokens"][1]
+    biased = generate(rlx, ["-p", PROMPTS[0], "-n", str(N), "-l", f"{first}-inf", "-l", f"{second}-100",
+                            "-l", "7+2.5"])
+    got = completion(s, PROMPTS[0], logit_bias={str(first): -100, str(second): -100, "7": 2.5})
+    pairs = completion(s, PROMPTS[0], logit_bias=[[first, False], [second, -100], [7, 2.5]])
+    texts = [got["choices"][0]["text"], pairs["choices"][0]["text"]]
+    c.check(biased["tokens"][0] != first and first not in biased["tokens"] and
+            all(t == biased["text"] for t in texts),
+            f"logit_bias: {texts} != rlx generate -l {biased['text']!r} (banned {first}, {second})")
 
     ref = generate(rlx, ["--chat", "-p", PROMPTS[1], "-n", str(N)])
     got = chat(s, PROMPTS[1])

@@ -124,6 +124,13 @@ RLX_API rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out);
  * takes the defaults for the rest; a speculator reads what propose() hands it with
  * rlx_sampler_params_read. Both helpers are static inline, so each side gets the defaults of the
  * header it was built with. */
+/* A bias added to one token's logit before the penalties and the filters (OpenAI's and
+ * llama.cpp's logit_bias): -INFINITY bans the token. */
+typedef struct rlx_logit_bias {
+    int32_t token;
+    float bias;
+} rlx_logit_bias;
+
 typedef struct rlx_sampler_params {
     uint32_t size;     /* sizeof(rlx_sampler_params) the writer was built with */
     int greedy;        /* 1: argmax of the penalised logits; temperature and the filters are ignored */
@@ -138,6 +145,10 @@ typedef struct rlx_sampler_params {
     int32_t repeat_last_n;   /* the penalties' window: the last n tokens of the context; 0 = no penalties, -1 = all */
     float presence_penalty;  /* 0 = off: subtracted from the logit of every token in the window */
     float frequency_penalty; /* 0 = off: subtracted once per occurrence in the window */
+    /* appended with logit biases: n_logit_bias entries, read (copied) by rlx_sampler_create; a
+     * token listed twice gets the sum */
+    const rlx_logit_bias *logit_bias;
+    uint32_t n_logit_bias;
 } rlx_sampler_params;
 
 /* The size of the first version: the members up to seed. */
@@ -158,7 +169,9 @@ static inline rlx_sampler_params rlx_sampler_params_default(void) {
                                 .repeat_penalty = 1.0f,
                                 .repeat_last_n = 64,
                                 .presence_penalty = 0.0f,
-                                .frequency_penalty = 0.0f};
+                                .frequency_penalty = 0.0f,
+                                .logit_bias = NULL,
+                                .n_logit_bias = 0};
 }
 
 /* The parameters at src as this header lays them out: the members src's size covers (it may
@@ -173,13 +186,15 @@ static inline rlx_sampler_params rlx_sampler_params_read(const rlx_sampler_param
 /* Reads p as rlx_sampler_params_read does (a size below RLX_SAMPLER_PARAMS_SIZE_1 is
  * RLX_E_INVALID), checks every parameter (RLX_E_INVALID naming it: a negative or non-finite
  * temperature, top_k < 0, top_p outside (0, 1], min_p outside [0, 1], repeat_penalty <= 0, repeat_last_n < -1, a
- * non-finite penalty) and creates a sampler with an empty history that the caller destroys. */
+ * non-finite penalty, a logit bias on a token outside the vocabulary, NaN or +infinity, or one
+ * that bans every token) and creates a sampler with an empty history that the caller destroys.
+ * The logit biases are copied: p->logit_bias may be freed once this returns. */
 RLX_API rlx_status rlx_sampler_create(const rlx_sampler_params *p, int64_t vocab, rlx_sampler **out);
 RLX_API void rlx_sampler_destroy(rlx_sampler *s);
 /* Draws one token from logits[vocab]. The same seed, history and logits give the same tokens.
  * Does not add the token to the history (rlx_sampler_accept does). */
 RLX_API int32_t rlx_sampler_sample(rlx_sampler *s, const float *logits);
-/* The distribution the sampler draws from (after the penalties, temperature, top-k, top-p and
+/* The distribution the sampler draws from (after the logit biases, the penalties, temperature, top-k, top-p and
  * min-p), written to probs[vocab]; greedy puts 1 on the argmax. Speculative decoding needs it. */
 RLX_API void rlx_sampler_probs(rlx_sampler *s, const float *logits, float *probs);
 RLX_API rlx_sampler_params rlx_sampler_params_of(const rlx_sampler *s);

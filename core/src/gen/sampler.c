@@ -31,6 +31,10 @@ struct rlx_sampler {
     int32_t *present; /* [vocab] the n_present distinct ids of the window, in no order */
     int32_t *slot;    /* [vocab] index of an id in present, while its count is > 0 */
     int64_t n_present;
+    /* logit biases: bias[vocab] (NULL without any) and the distinct biased ids, whose copy
+     * p.logit_bias points at */
+    float *bias;
+    rlx_logit_bias *biased;
 };
 
 static uint64_t splitmix64(uint64_t *x) {
@@ -80,6 +84,48 @@ static rlx_status check_params(const rlx_sampler_params *p) {
     return RLX_OK;
 }
 
+/* s->bias and s->biased from p's list, summing a token listed twice; s->p.logit_bias then
+ * points at the sampler's own copy of the distinct ids. */
+static rlx_status copy_biases(rlx_sampler *s, const rlx_sampler_params *p) {
+    if (!p->logit_bias)
+        return rlx_error(RLX_E_INVALID, "%u logit biases but a NULL list", p->n_logit_bias);
+    unsigned char *listed = rlx__calloc((size_t)s->vocab, 1);
+    if (!listed || !(s->bias = rlx__calloc((size_t)s->vocab, sizeof *s->bias)) ||
+        !(s->biased = rlx__malloc((size_t)p->n_logit_bias * sizeof *s->biased))) {
+        free(listed);
+        return rlx_error(RLX_E_NOMEM, "sampler: out of memory for %u logit biases", p->n_logit_bias);
+    }
+    uint32_t n = 0;
+    rlx_status rc = RLX_OK;
+    for (uint32_t i = 0; i < p->n_logit_bias && rc == RLX_OK; i++) {
+        const rlx_logit_bias b = p->logit_bias[i];
+        if (b.token < 0 || b.token >= s->vocab)
+            rc = rlx_error(RLX_E_INVALID, "logit bias on token %d, outside the vocabulary [0, %lld)", b.token,
+                           (long long)s->vocab);
+        else if (isnan(b.bias) || b.bias == INFINITY)
+            rc = rlx_error(RLX_E_INVALID, "the logit bias of token %d is %g: a finite number or -inf", b.token,
+                           (double)b.bias);
+        else {
+            if (!listed[b.token]++)
+                s->biased[n++] = (rlx_logit_bias){b.token, 0};
+            s->bias[b.token] += b.bias;
+        }
+    }
+    free(listed);
+    if (rc != RLX_OK)
+        return rc;
+    int64_t banned = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        s->biased[k].bias = s->bias[s->biased[k].token];
+        banned += s->biased[k].bias == -INFINITY;
+    }
+    if (banned == s->vocab)
+        return rlx_error(RLX_E_INVALID, "the logit biases ban every token of the vocabulary");
+    s->p.logit_bias = s->biased;
+    s->p.n_logit_bias = n;
+    return RLX_OK;
+}
+
 rlx_status rlx_sampler_create(const rlx_sampler_params *p, int64_t vocab, rlx_sampler **out) {
     if (!p || !out || vocab <= 0 || vocab > INT32_MAX)
         return rlx_error(RLX_E_INVALID, "rlx_sampler_create: NULL argument or a vocabulary not in [1, 2^31)");
@@ -111,6 +157,10 @@ rlx_status rlx_sampler_create(const rlx_sampler_params *p, int64_t vocab, rlx_sa
         if (p->repeat_last_n > 0 && !(s->ring = rlx__malloc((size_t)p->repeat_last_n * sizeof *s->ring)))
             goto nomem;
     }
+    if (p->n_logit_bias && (rc = copy_biases(s, p)) != RLX_OK) {
+        rlx_sampler_destroy(s);
+        return rc;
+    }
     uint64_t seed = p->seed;
     for (int i = 0; i < 4; i++)
         s->state[i] = splitmix64(&seed);
@@ -129,6 +179,8 @@ void rlx_sampler_destroy(rlx_sampler *s) {
     free(s->count);
     free(s->present);
     free(s->slot);
+    free(s->bias);
+    free(s->biased);
     free(s);
 }
 
@@ -193,18 +245,25 @@ static float penalized(const rlx_sampler_params *p, float logit, int32_t count) 
     return logit - p->presence_penalty - p->frequency_penalty * (float)count;
 }
 
-/* The argmax of the penalised logits, the lowest id among equals (as torch.argmax). */
+/* Token i's logit after its bias and its penalties (it was seen count[i] times). */
+static float adjusted(const rlx_sampler *s, int64_t i, float logit) {
+    if (s->bias)
+        logit += s->bias[i];
+    return s->penalize && s->count[i] ? penalized(&s->p, logit, s->count[i]) : logit;
+}
+
+/* The argmax of the biased and penalised logits, the lowest id among equals (as torch.argmax). */
 static int32_t argmax(const rlx_sampler *s, const float *logits) {
     int64_t best = 0;
-    if (!s->penalize || s->n_present == 0) {
+    if (!s->bias && (!s->penalize || s->n_present == 0)) {
         for (int64_t i = 1; i < s->vocab; i++)
             if (logits[i] > logits[best])
                 best = i;
         return (int32_t)best;
     }
-    float best_logit = s->count[0] ? penalized(&s->p, logits[0], s->count[0]) : logits[0];
+    float best_logit = adjusted(s, 0, logits[0]);
     for (int64_t i = 1; i < s->vocab; i++) {
-        float l = s->count[i] ? penalized(&s->p, logits[i], s->count[i]) : logits[i];
+        const float l = adjusted(s, i, logits[i]);
         if (l > best_logit) {
             best_logit = l;
             best = i;
@@ -252,11 +311,16 @@ static int64_t distribution(rlx_sampler *s, const float *logits) {
     int64_t n = s->vocab;
     for (int64_t i = 0; i < n; i++)
         s->cand[i] = (candidate){logits[i] / s->p.temperature, (int32_t)i};
-    if (s->penalize) /* cand[id] is still token id's */
+    /* cand[id] is still token id's */
+    if (s->penalize)
         for (int64_t i = 0; i < s->n_present; i++) {
             int32_t id = s->present[i];
-            s->cand[id].logit = penalized(&s->p, logits[id], s->count[id]) / s->p.temperature;
+            s->cand[id].logit = adjusted(s, id, logits[id]) / s->p.temperature;
         }
+    for (uint32_t i = 0; i < s->p.n_logit_bias; i++) {
+        const int32_t id = s->biased[i].token;
+        s->cand[id].logit = adjusted(s, id, logits[id]) / s->p.temperature;
+    }
     if (s->p.top_k > 0 && s->p.top_k < n) {
         select_top(s->cand, n, s->p.top_k);
         n = s->p.top_k;

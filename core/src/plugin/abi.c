@@ -120,7 +120,10 @@ PIN(rlx_sampler_params, repeat_penalty, 36);
 PIN(rlx_sampler_params, repeat_last_n, 40);
 PIN(rlx_sampler_params, presence_penalty, 44);
 PIN(rlx_sampler_params, frequency_penalty, 48);
-_Static_assert(sizeof(rlx_sampler_params) == 56, "rlx_sampler_params size changed");
+/* a writer of the 56-byte version (through frequency_penalty and its padding) has no biases */
+PIN(rlx_sampler_params, logit_bias, 56);
+PIN(rlx_sampler_params, n_logit_bias, 64);
+_Static_assert(sizeof(rlx_sampler_params) == 72, "rlx_sampler_params size changed");
 
 PIN(rlx_spec_update, size, 0);
 PIN(rlx_spec_update, tokens, 8);
