@@ -138,7 +138,7 @@ static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, co
     rlx_engine_options eo = rlx_engine_options_default();
     eo.n_slots = a->parallel;
     eo.slot_positions = a->total_ctx_given ? a->total_ctx / a->parallel : a->slot_ctx;
-    eo.max_queue = a->queue;
+    eo.max_queue = a->queue ? a->queue : 512;
     eo.kv_dtype = (uint32_t)kv_dtype;
     eo.backends = backends;
     eo.n_backends = n_backends;
@@ -163,7 +163,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                     .max_body = 1 << 20,
                     .timeout_s = 600,
                     .drain_s = 10,
-                    .max_connections = 64};
+                    .max_connections = 1024};
     app_spec_options spec = {0};
     const app_opt own[] = {
         {0, "host", NULL, "ADDR", "address to listen on (default 127.0.0.1; 0.0.0.0 or :: for every interface)",
@@ -177,8 +177,10 @@ int cmd_serve(int argc, char **argv, app_options *o) {
          APP_OPT_U32, &a.total_ctx, &a.total_ctx_given, .min = 1},
         {0, "slot-ctx", NULL, "N", "KV cache positions of each slot (instead of -c)", APP_OPT_U32, &a.slot_ctx,
          .min = 1},
-        {0, "queue", NULL, "N", "requests that may wait for a slot (default 4 x --parallel); more get 503", APP_OPT_U32,
-         &a.queue, .min = 1},
+        {0, "queue", NULL, "N",
+         "requests that may wait for a slot, each holding its connection and prompt\n"
+         "(default 512); more get 503",
+         APP_OPT_U32, &a.queue, .min = 1},
         {0, "api-key", NULL, "KEY", "require 'Authorization: Bearer KEY' on every endpoint but /health", APP_OPT_STRING,
          &a.api_key},
         {0, "api-key-file", NULL, "FILE", "the same with the key read from FILE's first line (kept out of ps)",
@@ -199,8 +201,10 @@ int cmd_serve(int argc, char **argv, app_options *o) {
          "on SIGTERM/SIGINT, seconds the running requests get to finish before they\n"
          "are cancelled (default 10)",
          APP_OPT_U32, &a.drain_s},
-        {0, "max-connections", NULL, "N", "connections served at once, one thread each (default 64)", APP_OPT_U32,
-         &a.max_connections, .min = 1},
+        {0, "max-connections", NULL, "N",
+         "connections served at once, one thread each (default 1024); up to 256 more\n"
+         "get 503 with Retry-After, beyond that the connection is refused",
+         APP_OPT_U32, &a.max_connections, .min = 1},
     };
     const app_opt_group groups[] = {APP_OPT_GROUP("serve:", own), app_common_group(o), app_spec_group(&spec),
                                     app_pipeline_group(&o->pipeline)};

@@ -37,7 +37,16 @@ struct serve_http {
     struct MHD_Daemon *daemon;
     uint16_t port;
     atomic_uint answering; /* generation requests between submit and the end of their response */
+    /* open connections, and the --max-connections past which they get a 503 at once: the daemon
+     * itself admits SERVE_OVERFLOW_CONNECTIONS more, so a client over the limit hears why
+     * rather than having its connection reset */
+    atomic_uint connections;
+    uint32_t max_connections;
 };
+
+/* Connections over --max-connections that are still answered (with a 503) before the daemon
+ * refuses the TCP connection itself. */
+#define SERVE_OVERFLOW_CONNECTIONS 256
 
 // ---- errors and buffers ----
 
@@ -259,6 +268,13 @@ static int early_error(request *r, const char *url, const char *method, serve_er
     }
     if (!authorized(r, e))
         return 1;
+    if (r->route != ROUTE_HEALTH && atomic_load(&r->http->connections) > r->http->max_connections) {
+        serve_error_set(e, 503, "server_error", "too_many_connections", "",
+                        "%u connections are open, over the limit of %u (--max-connections); retry shortly",
+                        atomic_load(&r->http->connections), r->http->max_connections);
+        e->retry_after = 1;
+        return 1;
+    }
     const int phase = atomic_load(&s->phase);
     if (phase != SERVE_READY && r->route != ROUTE_HEALTH) {
         serve_error_set(e, 503, "server_error", phase == SERVE_LOADING ? "loading" : "shutting_down", "",
@@ -594,6 +610,17 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
 }
 
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
+                          enum MHD_ConnectionNotificationCode code) {
+    serve_http *h = cls;
+    (void)c;
+    (void)socket_ctx;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED)
+        atomic_fetch_add(&h->connections, 1);
+    else if (code == MHD_CONNECTION_NOTIFY_CLOSED)
+        atomic_fetch_sub(&h->connections, 1);
+}
+
 static void log_mhd(void *cls, const char *fmt, va_list ap) {
     (void)cls;
     fputs("rlx serve: http: ", stderr);
@@ -620,6 +647,8 @@ int serve_http_start(serve_server *s, const char *host, uint16_t port, uint32_t 
         return -1;
     }
     h->server = s;
+    h->max_connections = max_connections;
+    atomic_init(&h->connections, 0);
     /* MHD's own log says every client that went away mid-stream ("application error"): only with -v */
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC;
     if (verbose)
@@ -629,8 +658,9 @@ int serve_http_start(serve_server *s, const char *host, uint16_t port, uint32_t 
     /* the logger first: MHD reports the options after it through it */
     h->daemon = MHD_start_daemon(flags, port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
                                  MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)max_connections, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->timeout_s,
-                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_END);
+                                 (unsigned)(max_connections + SERVE_OVERFLOW_CONNECTIONS),
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
+                                 on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->daemon) {
         snprintf(err, err_len, "cannot listen on %s port %u (in use, or not an address of this machine?)", host, port);

@@ -98,6 +98,32 @@ def busy(c, s):
         c.check(False, "the held requests were not cancelled when their clients went away")
 
 
+def too_many_connections(c, rlx):
+    """--max-connections 2 with two silent clients: a third hears 503 too_many_connections with a
+    Retry-After (not a reset connection), /health still answers, and once they go it is served."""
+    with Server(rlx, ["--max-connections", "2", "--parallel", "1"]) as s:
+        idle = [socket.create_connection(("127.0.0.1", s.port), timeout=30) for _ in range(2)]
+        deadline, e = time.monotonic() + 30, None
+        while time.monotonic() < deadline:  # the daemon counts a connection once it accepts it
+            st, head, body = curl(s, "/v1/models", key=None)
+            if st == 503:
+                e = error_of(body)
+                break
+            time.sleep(0.05)
+        c.check(e is not None and e["code"] == "too_many_connections" and "--max-connections" in e["message"] and
+                re.search(r"^Retry-After: \d+", head, re.I | re.M) is not None,
+                f"a connection over --max-connections: {st} {head!r} {body[:200]!r}")
+        st, _, _ = curl(s, "/health", key=None)
+        c.check(st == 200, f"/health over the connection limit: {st}")
+        for sock in idle:
+            sock.close()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and curl(s, "/v1/models", key=None)[0] != 200:
+            time.sleep(0.05)
+        st, _, body = curl(s, "/v1/models", key=None)
+        c.check(st == 200, f"after the idle clients left: {st} {body[:200]}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rlx", required=True)
@@ -198,6 +224,7 @@ def main():
         c.check("# TYPE rlx_requests_total counter" in metrics and "rlx_kv_cache_usage_ratio" in metrics,
                 f"/metrics is Prometheus text: {metrics[:300]}")
     c.check(s.proc.returncode == 0, f"exit status {s.proc.returncode} after SIGTERM: {s.stderr[-500:]}")
+    too_many_connections(c, args.rlx)
     return c.report()
 
 
