@@ -54,7 +54,7 @@ static void report_ready(void *ctx, const char *address) {
 typedef struct stage_args {
     const char *config, *listen, *layers, *transport;
     uint32_t index, timeout_ms;
-    int has_index, first, last, ready_fd, no_prefetch;
+    int has_index, first, last, ready_fd, no_prefetch, once;
 } stage_args;
 
 static int parse_ready_fd(const char *opt, const char *value, void *target) {
@@ -74,7 +74,7 @@ static int parse_args(stage_args *a, app_options *o, int argc, char **argv) {
         {0, "listen", NULL, "ADDR", "address to listen on (port 0 picks a free one; it is logged)", APP_OPT_STRING,
          &a->listen},
         {0, "layers", NULL, "A-B", "the layer range, inclusive", APP_OPT_STRING, &a->layers},
-        {0, "transport", NULL, "NAME", "transport plugin (tcp, grpc; default tcp or the file's)", APP_OPT_STRING,
+        {0, "transport", NULL, "NAME", "transport plugin (tcp, grpc, mpi; default tcp or the file's)", APP_OPT_STRING,
          &a->transport},
         {0, "first", NULL, NULL, "assert that the range starts at layer 0", APP_OPT_FLAG, &a->first},
         {0, "last", NULL, NULL, "assert that the range ends at the model's last layer", APP_OPT_FLAG, &a->last},
@@ -84,6 +84,8 @@ static int parse_args(stage_args *a, app_options *o, int argc, char **argv) {
          &a->no_prefetch},
         {0, "ready-fd", NULL, "N", "write the bound address and a newline to descriptor N once listening",
          APP_OPT_CUSTOM, &a->ready_fd, .parse = parse_ready_fd},
+        {0, "once", NULL, NULL, "exit after serving one driver (what a stage mpirun or srun started does)",
+         APP_OPT_FLAG, &a->once},
         {'v', "verbose", NULL, NULL, "log connections and sessions, not only problems", APP_OPT_FLAG, &o->verbose},
     };
     const app_opt_group groups[] = {APP_OPT_GROUP("stage:", own), app_common_group(o)};
@@ -232,6 +234,7 @@ int cmd_stage(int argc, char **argv, app_options *o) {
     so.stop = &stop_requested;
     so.on_listening = report_ready;
     so.ctx = &a.ready_fd;
+    so.max_drivers = a.once ? 1 : 0;
     if (rlx_runtime_serve_stage(rt, transport, &so) != RLX_OK)
         status = app_fail("stage: %s", rlx_last_error());
 done:

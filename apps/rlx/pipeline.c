@@ -1,7 +1,11 @@
 /* Commands over a pipeline: reads a deployment (or --stages N), launches local stage processes
  * when asked (fork/exec of this program's `stage` command, each reporting its bound address on
  * a pipe once it listens), and puts a pipeline driver behind app_runtime's rlx_lm. Launched
- * stages are stopped (SIGTERM, then SIGKILL after a grace period) and reaped on every path. */
+ * stages are stopped (SIGTERM, then SIGKILL after a grace period) and reaped on every path.
+ *
+ * Under a launcher (mpirun, srun) with --config, every rank runs the same command line: rank 0
+ * drives, and rank k execs this program's `stage` command for stage k-1 of the file with the
+ * arguments a launched stage would get, plus --once, so the job ends with its driver. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -9,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -32,6 +37,7 @@ struct app_pipeline {
     char *model_dir;
     rlx_model *model;                /* opened for its metadata: the driver reads none of its weights */
     char addresses[MAX_STAGES][300]; /* what launched stages reported */
+    int rank;                        /* under a launcher with --config: this process's rank; else 0 */
 };
 
 static int parse_stages(const char *opt, const char *value, void *target) {
@@ -52,7 +58,7 @@ app_opt_group app_pipeline_group(app_pipeline_options *po) {
          &po->launch},
         {0, "stages", NULL, "N", "split the model over N stage processes launched on loopback ports", APP_OPT_CUSTOM,
          &po->stages, .parse = parse_stages},
-        {0, "transport", NULL, "NAME", "transport plugin between driver and stages (tcp, grpc; default tcp)",
+        {0, "transport", NULL, "NAME", "transport plugin between driver and stages (tcp, grpc, mpi; default tcp)",
          APP_OPT_STRING, &po->transport},
         {0, "timeout", NULL, "MS", "how long to wait for a stage's control answers (default 5000)", APP_OPT_U32,
          &po->timeout_ms, .min = 1},
@@ -248,8 +254,83 @@ static void common_args(argv_builder *b, const app_options *o, const char *trans
     }
     if (po->timeout_ms)
         arg_u32(b, "--timeout", po->timeout_ms);
-    arg(b, "--ready-fd");
-    arg(b, "3");
+}
+
+// ---- launchers ----
+
+/* The rank and size a launcher gave this process: Open MPI's mpirun, MPICH's (PMI) or a Slurm
+ * job step's srun (not a batch script, whose SLURM_PROCID is set too). The launcher's name, or
+ * NULL when the process was not started by one. */
+static const char *launcher_rank(int *rank, int *size) {
+    static const struct {
+        const char *name, *rank, *size;
+    } known[] = {
+        {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+        {"the MPI launcher", "PMI_RANK", "PMI_SIZE"},
+        {"srun", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS"},
+    };
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
+        const char *r = getenv(known[i].rank), *n = getenv(known[i].size);
+        char *end_r, *end_n;
+        if (!r || !n)
+            continue;
+        long rv = strtol(r, &end_r, 10), nv = strtol(n, &end_n, 10);
+        if (*r && *n && !*end_r && !*end_n && nv >= 1 && rv >= 0 && rv < nv && nv <= INT32_MAX) {
+            *rank = (int)rv;
+            *size = (int)nv;
+            return known[i].name;
+        }
+    }
+    return NULL;
+}
+
+/* Checks a deployment run under a launcher (every rank reaches the same verdict) and records
+ * this process's rank. */
+static int check_launched(app_pipeline *p, const app_pipeline_options *po) {
+    int rank, size;
+    const char *launcher = launcher_rank(&rank, &size);
+    if (!launcher || !po->config)
+        return 0;
+    uint32_t n = rlx_deploy_n_stages(p->deploy);
+    if ((uint32_t)size != n + 1)
+        return app_fail("%s: %s started %d process%s; the file's %u stage%s need %u (rank 0 drives, rank k runs "
+                        "stage k-1): start it with -n %u",
+                        po->config, launcher, size, size == 1 ? "" : "es", n, n == 1 ? "" : "s", n + 1, n + 1);
+    if (po->launch)
+        return app_fail("%s starts the stages itself: drop --launch", launcher);
+    const char *transport = po->transport ? po->transport : rlx_deploy_transport(p->deploy);
+    for (uint32_t i = 0; strcasecmp(transport, "mpi") == 0 && i < n; i++) {
+        char want[32];
+        const rlx_deploy_stage *ds = rlx_deploy_stage_at(p->deploy, i);
+        snprintf(want, sizeof want, "rank:%u", i + 1);
+        if (strcasecmp(ds->address, want) != 0)
+            return app_fail("%s:%u: stage %u has address %s, but under %s it runs as rank %u: write %s", po->config,
+                            ds->line, i, ds->address, launcher, i + 1, want);
+    }
+    p->rank = rank;
+    return 0;
+}
+
+/* On rank k >= 1 of a launched deployment: becomes `rlx stage` for stage k-1 of the file, with
+ * the options a stage the driver launched would inherit. Returns only on failure (1). */
+static int exec_stage_rank(const app_pipeline *p, const app_options *o, const app_pipeline_options *po) {
+    argv_builder b = {.n = 0};
+    char index_text[16];
+    snprintf(index_text, sizeof index_text, "%d", p->rank - 1);
+    common_args(&b, o, po->transport, po, o->threads);
+    arg(&b, "--config");
+    arg(&b, po->config);
+    arg(&b, "--stage");
+    arg(&b, index_text);
+    arg(&b, "--once");
+    if (o->model) {
+        arg(&b, "--model");
+        arg(&b, o->model);
+    }
+    b.v[b.n] = NULL;
+    fflush(NULL);
+    execv("/proc/self/exe", b.v);
+    return app_fail("rank %d: cannot run /proc/self/exe stage: %s", p->rank, strerror(errno));
 }
 
 // ---- open and close ----
@@ -262,11 +343,16 @@ int app_pipeline_load(app_pipeline **out, const app_pipeline_options *po) {
         return app_fail("--launch starts the stages of a --config file (--stages N launches its own)");
     if (!po->config && !po->stages)
         return app_fail("--transport and the timeouts apply to pipelines: add --config FILE or --stages N");
+    if (po->stages && po->transport && strcasecmp(po->transport, "mpi") == 0)
+        return app_fail("--stages starts its own stage processes, which share no MPI job: with --transport mpi, "
+                        "start the driver and the stages with mpirun -n N+1 ... --config FILE");
     app_pipeline *p = calloc(1, sizeof *p);
     if (!p)
         return app_fail("out of memory");
     if (po->config && rlx_deploy_open(po->config, &p->deploy) != RLX_OK)
         return app_fail_rlx("pipeline"), app_pipeline_close(p), 1;
+    if (check_launched(p, po))
+        return app_pipeline_close(p), 1;
     *out = p;
     return 0;
 }
@@ -280,6 +366,8 @@ static uint32_t core_share(uint32_t n_local) {
 
 int app_pipeline_launch(app_pipeline *p, app_options *o, const app_pipeline_options *po, int driver_computes,
                         rlx_runtime_options *ro, uint32_t *threads_share) {
+    if (p->rank > 0)
+        return exec_stage_rank(p, o, po);
     const char *model = o->model, *transport = po->transport;
     uint32_t n = po->stages;
     if (p->deploy) {
@@ -335,6 +423,8 @@ int app_pipeline_launch(app_pipeline *p, app_options *o, const app_pipeline_opti
         argv_builder b = {.n = 0};
         char range_text[32], index_text[16];
         common_args(&b, o, po->transport || !p->deploy ? transport : NULL, po, threads);
+        arg(&b, "--ready-fd");
+        arg(&b, "3");
         if (p->deploy) {
             snprintf(index_text, sizeof index_text, "%u", i);
             arg(&b, "--config");

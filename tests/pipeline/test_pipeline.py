@@ -5,7 +5,7 @@ pipeline_probe) talking through a transport plugin, checked against the single-p
   test_pipeline.py CASE --rlx BIN --probe BIN --data DIR --plugins DIR
 
 CASE is one of parity-tcp, parity-grpc, mixed-backends, kv-cache, options-threads, protocol, faults-tcp,
-faults-grpc, netns, gguf-header. Exit status 0 passed, 1 failed, 77 skipped (the reason is printed).
+faults-grpc, netns, gguf-header, mpi. Exit status 0 passed, 1 failed, 77 skipped (the reason is printed).
 Every process runs with a timeout and is killed at the end, whatever happens."""
 import argparse
 import json
@@ -831,6 +831,161 @@ def case_gguf_header(env):
     log("ok: a GGUF header parsed twice in the driver, once in each stage; the same text as one process")
 
 
+class Mpirun:
+    """mpirun (Open MPI) with what it needs on one machine: --oversubscribe (more ranks than cores),
+    --allow-run-as-root as root, no binding (ranks share the cores), and the shared-memory and
+    loopback transports only, so no InfiniBand or UCX probing of a container's devices. Each run is
+    tagged through the environment, so its processes can be found (and one killed)."""
+
+    def __init__(self, env):
+        self.env = env
+        self.path = shutil.which("mpirun")
+        if not self.path:
+            raise Skip("mpirun is not installed (Debian: apt-get install openmpi-bin libopenmpi-dev)")
+        self.base = [self.path, "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader,tcp",
+                     "--mca", "pml", "ob1", "--mca", "btl_vader_single_copy_mechanism", "none"]
+        if os.geteuid() == 0:
+            self.base.append("--allow-run-as-root")
+        # Open MPI is built without frame pointers: only the slow unwinder reaches the frames of
+        # its own leaks, which the suppressions name (tests/transport/lsan.supp)
+        asan = os.environ.get("ASAN_OPTIONS", "")
+        self.environ = {**os.environ, "ASAN_OPTIONS": ":".join(filter(None, [asan, "fast_unwind_on_malloc=0"]))}
+
+    def env_for(self, tag):
+        return {**self.environ, "RLX_TEST_MPI_TAG": tag}
+
+    def cmd(self, n, args, recovery=False):
+        return self.base + (["--enable-recovery"] if recovery else []) + ["-n", str(n), self.env.rlx, *args]
+
+    def ranks(self, tag):
+        """{rank: pid} of the live processes of the run tagged tag."""
+        found = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+            except OSError:
+                continue
+            if f"RLX_TEST_MPI_TAG={tag}".encode() in environ:
+                for item in environ:
+                    if item.startswith(b"OMPI_COMM_WORLD_RANK="):
+                        found[int(item.split(b"=", 1)[1])] = int(pid)
+        return found
+
+
+def case_mpi(env):
+    """mpirun -n S+1 rlx ... --config FILE: rank 0 drives, rank k runs stage k-1, on every transport;
+    the ids equal the single-process run's, a wrong world size is refused on every rank, and a stage
+    rank that dies ends the driver with an error naming the stage, within its deadline."""
+    mpirun = Mpirun(env)
+    model = env.model("deep-dense-f32")
+    n = env.n_layers(model)
+    ref = env.reference(model)[0]
+    transports = [t for t in ("mpi", "tcp", "grpc") if env.has_plugin("transport", t)]
+    if "mpi" not in transports:
+        raise Skip(f"transport plugin 'mpi' is not built (no MPI library when configured; {env.plugins})")
+    if len(transports) < 3:
+        log(f"note: only {', '.join(transports)} are built")
+
+    def addresses(transport, k):
+        return [f"rank:{i + 1}" for i in range(k)] if transport == "mpi" else \
+            [f"127.0.0.1:{port}" for port in free_ports(k)]
+
+    def run(n_ranks, args, timeout=90):
+        tag = str(random.getrandbits(48))
+        p = subprocess.run(mpirun.cmd(n_ranks, args), capture_output=True, text=True, timeout=timeout,
+                           env=mpirun.env_for(tag))
+        if mpirun.ranks(tag):
+            raise Fail(f"processes of `{' '.join(args)}` still run after mpirun returned: {mpirun.ranks(tag)}")
+        return p
+
+    gen = ["--tokens", TOKENS, "-n", str(N_NEW), "--greedy", "--threads", "1"]
+    for transport in transports:
+        for k in (2, 3):
+            split = split_text(even(n, k))
+            cfg = env.config(f"mpi-{transport}-{k}.yaml", model, transport,
+                             [(a, r, None) for a, r in zip(addresses(transport, k), split)])
+            t0 = time.monotonic()
+            p = run(k + 1, ["generate", "--config", cfg, *gen])
+            if p.returncode != 0 or p.stdout.strip() != ref:
+                raise Fail(f"mpirun -n {k + 1} over {split} ({transport}): exit {p.returncode}, ids "
+                           f"{p.stdout.strip()!r}, want {ref!r}:\n{p.stderr}")
+            log(f"ok: mpirun -n {k + 1} generate over {k} stages {split} ({transport}): the single-process ids "
+                f"in {time.monotonic() - t0:.1f} s")
+    # a world that does not match the file: the same one-line error on every rank
+    cfg = env.config("mpi-size.yaml", model, "mpi", [(a, r, None) for a, r in zip(addresses("mpi", 2),
+                                                                                    split_text(even(n, 2)))])
+    for n_ranks in (2, 4):
+        p = run(n_ranks, ["generate", "--config", cfg, *gen])
+        want = f"mpirun started {n_ranks} processes; the file's 2 stages need 3"
+        count = p.stderr.count(want)
+        if p.returncode == 0 or count != n_ranks or "AddressSanitizer" in p.stderr:
+            raise Fail(f"mpirun -n {n_ranks} for 2 stages: exit {p.returncode}, {count} of {n_ranks} ranks said "
+                       f"'{want}':\n{p.stderr}")
+        log(f"ok: mpirun -n {n_ranks} for a file of 2 stages: every rank refused it")
+    # a stage's address that is not its rank
+    bad = env.config("mpi-bad-rank.yaml", model, "mpi", [("rank:2", "0-2", None), ("rank:1", "3-4", None)])
+    p = run(3, ["generate", "--config", bad, *gen])
+    if p.returncode == 0 or f"{bad}:4: stage 0 has address rank:2" not in p.stderr:
+        raise Fail(f"stage addresses out of rank order: exit {p.returncode}:\n{p.stderr}")
+    log("ok: a stage address that is not its rank is refused, naming the file's line")
+    # a stage rank dies mid-generation: the driver names it within its deadline (mpirun would end
+    # the job at the death; --enable-recovery lets the driver see it, as on a cluster it would)
+    for transport in transports:
+        cfg = env.config(f"mpi-kill-{transport}.yaml", model, transport,
+                         [(a, r, None) for a, r in zip(addresses(transport, 3), split_text(even(n, 3)))])
+        tag = str(random.getrandbits(48))
+        # 240 tokens (the test models' context is 256): killed at its first step, stage 1 has many left
+        args = ["generate", "--config", cfg, "--tokens", TOKENS, "-n", "240", "--ignore-eos", "--greedy",
+                "--threads", "1", "--timeout", "2000", "--compute-timeout", "100", "-v"]
+        proc = subprocess.Popen(mpirun.cmd(4, args, recovery=True), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=mpirun.env_for(tag))
+        env.procs.append(proc)
+        proc.log = open(os.devnull, "w+")
+        lines, seen = [], threading.Event()
+
+        def read_stderr():
+            for line in proc.stderr:
+                lines.append(line)
+                if "session" in line and "started" in line and "rlx stage 1" in line:
+                    seen.set()
+
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        if not seen.wait(60):
+            proc.kill()
+            raise Fail(f"{transport}: stage 1 never started a session:\n{''.join(lines)}")
+        victim = mpirun.ranks(tag).get(2)
+        if not victim:
+            raise Fail(f"{transport}: no process of rank 2 found")
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise Fail(f"{transport}: the job hangs after stage 1 (rank 2) was killed:\n{''.join(lines)}")
+        elapsed = time.monotonic() - t0
+        reader.join(10)
+        text = "".join(lines)
+        stage_addr = cfg_address(cfg, 1)
+        errors = [l for l in lines if l.startswith("rlx: ") and f"stage 1 ({stage_addr})" in l]
+        if not errors or elapsed > 15 or "AddressSanitizer" in text or "runtime error" in text:
+            raise Fail(f"{transport}: after killing stage 1, exit {proc.returncode} in {elapsed:.1f} s, "
+                       f"no error naming stage 1 ({stage_addr}):\n{text}")
+        left = mpirun.ranks(tag)
+        if left:
+            raise Fail(f"{transport}: processes still run after the job ended: {left}")
+        log(f"ok: stage 1 killed mid-generation under mpirun ({transport}): the driver failed in {elapsed:.1f} s: "
+            f"{errors[0].strip()}")
+
+
+def cfg_address(cfg, i):
+    """The address of stage i in a deployment file env.config wrote."""
+    with open(cfg) as f:
+        return [l.split("address:", 1)[1].strip() for l in f if "address:" in l][i]
+
+
 CASES = {
     "parity-tcp": lambda env: case_parity(env, "tcp"),
     "parity-grpc": lambda env: case_parity(env, "grpc"),
@@ -843,6 +998,7 @@ CASES = {
     "faults-grpc": lambda env: case_faults(env, "grpc"),
     "netns": case_netns,
     "gguf-header": case_gguf_header,
+    "mpi": case_mpi,
 }
 
 

@@ -28,15 +28,9 @@
 #endif
 #define PLUGIN_PATH RLX_BUILD_PLUGIN_DIR "/rlx-transport-" TRANSPORT_PLUGIN ".so"
 #define IS_TCP (strcmp(TRANSPORT_PLUGIN, "tcp") == 0)
-#define LONG_MS 20000 /* waits that must succeed: generous for ASan on a busy machine */
+#include "transport/transport_test.h"
 
 extern char **environ;
-
-typedef struct tr {
-    rlx_plugin_handle *h;
-    const rlx_transport_iface *it;
-    void *self;
-} tr;
 
 static tr g_tr; /* the plugin under test, loaded and opened by group_setup */
 
@@ -46,36 +40,9 @@ static void show_error(const char *what) {
         printf("  [%s] %s: %s\n", TRANSPORT_PLUGIN, what, rlx_last_error());
 }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static void sleep_ms(int ms) {
     const struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
     nanosleep(&ts, NULL);
-}
-
-static int load(tr *t, const char *options) {
-    memset(t, 0, sizeof *t);
-    int rc = rlx_plugin_load(PLUGIN_PATH, &t->h);
-    if (rc < 0)
-        return rc;
-    t->it = rlx_plugin_desc(t->h)->iface;
-    rc = t->it->open(rlx_host_table(), options, &t->self);
-    if (rc < 0) {
-        rlx_plugin_unload(t->h);
-        t->h = NULL;
-    }
-    return rc;
-}
-
-static void unload(tr *t) {
-    if (t->self)
-        t->it->close(t->self);
-    rlx_plugin_unload(t->h);
-    memset(t, 0, sizeof *t);
 }
 
 static int group_setup(void **state) {

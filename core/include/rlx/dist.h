@@ -112,15 +112,19 @@ typedef struct rlx_stage_options {
     /* Called once listening, with the bound address (for port 0); may be NULL. */
     void (*on_listening)(void *ctx, const char *bound_address);
     void *ctx;
+    /* Return RLX_OK once this many drivers were served: connections that sent at least one
+     * message, however they ended (a launcher's job ends with its driver). 0 = until *stop. */
+    uint32_t max_drivers;
 } rlx_stage_options;
 
 RLX_API rlx_stage_options rlx_stage_options_default(void);
 
-/* Serves the block of model m (borrowed) to drivers until *o->stop becomes non-zero, then frees
- * every session, closes the listener and returns RLX_OK. Connections that fail, drivers that
- * break the protocol or die are logged (rlx_log_set_handler) and dropped, and the stage goes
- * back to accepting. Fails early only when the block, the transport or the listen address
- * cannot be set up. Single-threaded: one forward at a time (the backends may use threads). */
+/* Serves the block of model m (borrowed) to drivers until *o->stop becomes non-zero (or
+ * o->max_drivers were served), then frees every session, closes the listener and returns
+ * RLX_OK. Connections that fail, drivers that break the protocol or die are logged
+ * (rlx_log_set_handler) and dropped, and the stage goes back to accepting. Fails early only when
+ * the block, the transport or the listen address cannot be set up. Single-threaded: one forward
+ * at a time (the backends may use threads). */
 RLX_API rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *o);
 
 /* ---- driver ---- */

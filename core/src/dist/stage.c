@@ -338,7 +338,8 @@ static rlx_status recv_polling(stage *st, void *conn, int serving, uint32_t limi
     }
 }
 
-static void serve_connection(stage *st, void *conn) {
+/* Serves one connection until it ends; 1 when a driver spoke on it (sent any message). */
+static int serve_connection(stage *st, void *conn) {
     Rlx__Envelope *e = NULL;
     rlx_status rc = recv_polling(st, conn, 0, st->o.timeout_ms, &e);
     if (rc != RLX_OK) {
@@ -347,7 +348,7 @@ static void serve_connection(stage *st, void *conn) {
                      rlx_last_error());
         if (rc == RLX_E_FORMAT)
             rlx__net_send_error(&st->net, conn, 0, RLX_E_FORMAT, rlx_last_error(), (int)st->o.timeout_ms);
-        return;
+        return rc == RLX_E_FORMAT;
     }
     int ok = handshake(st, conn, e) == 0;
     rlx__envelope_free(e);
@@ -388,6 +389,7 @@ static void serve_connection(stage *st, void *conn) {
         }
     }
     sessions_clear(st);
+    return 1;
 }
 
 rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *opts) {
@@ -435,7 +437,8 @@ rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *opts) {
              st.spec.embed_input ? ", embedding" : "", st.spec.produce_logits ? ", logits" : "", st.bound, st.net.name);
     if (st.o.on_listening)
         st.o.on_listening(st.o.ctx, st.bound);
-    while (!stopping(&st)) {
+    uint32_t n_drivers = 0;
+    while (!stopping(&st) && (!st.o.max_drivers || n_drivers < st.o.max_drivers)) {
         void *conn = NULL;
         int arc = st.net.t->accept(st.net.self, st.listener, (int)st.o.poll_ms, &conn);
         if (arc == RLX_E_TIMEOUT || (arc == RLX_OK && !conn))
@@ -448,7 +451,7 @@ rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *opts) {
         }
         st.conn_no++;
         rlx__log(RLX_LOG_INFO, "driver connection %llu accepted", (unsigned long long)st.conn_no);
-        serve_connection(&st, conn);
+        n_drivers += (uint32_t)serve_connection(&st, conn);
         st.net.t->conn_close(st.net.self, conn);
     }
     rlx__log(RLX_LOG_INFO, "stopping");
