@@ -309,16 +309,15 @@ static int parse_logit_bias(serve_job *j, const cJSON *root, serve_error *e) {
         return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1;
     int k = 0;
     for (const cJSON *it = lb->child; it; it = it->next, k++) {
-        const cJSON *id = cJSON_IsArray(lb) ? cJSON_GetArrayItem(it, 0) : NULL, *bias = it;
+        const cJSON *bias = it;
         double token = -1;
-        char *end = NULL;
         if (cJSON_IsArray(lb)) {
+            const cJSON *id = cJSON_GetArrayItem(it, 0);
             bias = cJSON_GetArraySize(it) == 2 ? cJSON_GetArrayItem(it, 1) : NULL;
             token = cJSON_IsNumber(id) ? id->valuedouble : -1;
-        } else if (it->string && *it->string) {
-            token = strtod(it->string, &end);
-            if (*end)
-                token = -1;
+        } else if (it->string && *it->string && strlen(it->string) <= 10 &&
+                   strspn(it->string, "0123456789") == strlen(it->string)) {
+            token = strtod(it->string, NULL); /* decimal digits only: not "1e3", " 5" or "0x10" */
         }
         if (token < 0 || token != floor(token) || token >= (double)j->server->vocab || !bias ||
             !(cJSON_IsFalse(bias) || (cJSON_IsNumber(bias) && bias->valuedouble >= -100 && bias->valuedouble <= 100))) {

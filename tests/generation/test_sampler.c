@@ -197,6 +197,16 @@ static void test_parameters_are_checked(void **state) {
     all[16] = (rlx_logit_bias){5, 2}; /* listed again: still banned, -inf + 2 */
     p = d, p.logit_bias = all, p.n_logit_bias = 17, expect_refused(p, "the logit biases ban every token");
     rlx_sampler *s;
+    /* one token listed 300 times (past a byte's count) is one distinct id whose biases sum */
+    static rlx_logit_bias many[300];
+    for (int i = 0; i < 300; i++)
+        many[i] = (rlx_logit_bias){7, 0.5f};
+    p = d, p.logit_bias = many, p.n_logit_bias = 300;
+    assert_ok(rlx_sampler_create(&p, 16, &s));
+    assert_int_equal(rlx_sampler_params_of(s).n_logit_bias, 1);
+    assert_true(rlx_sampler_params_of(s).logit_bias[0].token == 7 &&
+                rlx_sampler_params_of(s).logit_bias[0].bias == 150);
+    rlx_sampler_destroy(s);
     /* the list is copied: the sampler keeps the distinct ids after the caller's array is gone */
     p = d, p.logit_bias = all, p.n_logit_bias = 17, p.greedy = 1;
     all[0].bias = 0;

@@ -191,6 +191,8 @@ def main():
             ("/v1/completions", {"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias"),
             ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
             ("/v1/completions", {"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias"),
+            ("/v1/completions", {"prompt": "x", "logit_bias": {"0x10": 1}}, "logit_bias"),
+            ("/v1/completions", {"prompt": "x", "logit_bias": {"1e2": 1}}, "logit_bias"),
             ("/v1/completions", {"prompt": "x", "logit_bias": {"5": "1"}}, "logit_bias"),
             ("/v1/completions", {"prompt": "x", "logit_bias": [[5]]}, "logit_bias"),
             ("/v1/completions", {"prompt": "x", "logit_bias": 5}, "logit_bias"),

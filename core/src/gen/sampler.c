@@ -106,8 +106,10 @@ static rlx_status copy_biases(rlx_sampler *s, const rlx_sampler_params *p) {
             rc = rlx_error(RLX_E_INVALID, "the logit bias of token %d is %g: a finite number or -inf", b.token,
                            (double)b.bias);
         else {
-            if (!listed[b.token]++)
+            if (!listed[b.token]) {
+                listed[b.token] = 1;
                 s->biased[n++] = (rlx_logit_bias){b.token, 0};
+            }
             s->bias[b.token] += b.bias;
         }
     }
