@@ -36,6 +36,9 @@ typedef struct received {
     int events_after_done;
     rlx_engine_event done;
     int stop_after; /* > 0: ask to stop after this many tokens */
+    /* hold_at > 0: the callback of that token blocks the worker until release(), or for hold_ms
+     * when that is set, so a test knows what is running while it submits, cancels or drains */
+    int hold_at, hold_ms, released;
 } received;
 
 static void received_init(received *r) {
@@ -65,6 +68,18 @@ static int on_event(void *ctx, const rlx_engine_event *ev) {
         r->n++;
         stop = r->stop_after > 0 && r->n >= (uint32_t)r->stop_after;
         pthread_cond_broadcast(&r->cv);
+        if (r->hold_at > 0 && r->n == (uint32_t)r->hold_at) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            const long ms = r->hold_ms ? r->hold_ms : 120000;
+            until.tv_sec += ms / 1000;
+            until.tv_nsec += ms % 1000 * 1000000L;
+            if (until.tv_nsec >= 1000000000L)
+                until.tv_sec++, until.tv_nsec -= 1000000000L;
+            while (!r->released)
+                if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
+                    break;
+        }
     } else {
         r->done = *ev;
         r->done.message = "";
@@ -73,6 +88,13 @@ static int on_event(void *ctx, const rlx_engine_event *ev) {
     }
     pthread_mutex_unlock(&r->mu);
     return stop;
+}
+
+static void release(received *r) {
+    pthread_mutex_lock(&r->mu);
+    r->released = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
 }
 
 /* Waits up to 120 s for the DONE event. */
@@ -142,17 +164,24 @@ static rlx_session *new_session(void) {
     return s;
 }
 
-/* The greedy tokens of a session alone: the reference every engine request must equal. */
-static uint32_t solo_greedy(const int32_t *prompt, uint32_t n, uint32_t max_new, int32_t *out) {
+/* The greedy tokens of a session alone: the reference every engine request must equal. `gap[k]`
+ * is how far step k's best logit lies above the runner-up. */
+static uint32_t solo_greedy(const int32_t *prompt, uint32_t n, uint32_t max_new, int32_t *out, float *gap) {
     rlx_session *s = new_session();
     const float *l;
     uint32_t k = 0;
     assert_ok(rlx_session_forward(s, prompt, n, 0, &l));
     for (; k < max_new; k++) {
-        int32_t best = 0;
-        for (int64_t v = 1; v < vocab; v++)
-            best = l[v] > l[best] ? (int32_t)v : best;
+        int32_t best = 0, second = 1;
+        if (l[second] > l[best])
+            best = 1, second = 0;
+        for (int64_t v = 2; v < vocab; v++)
+            if (l[v] > l[best])
+                second = best, best = (int32_t)v;
+            else if (l[v] > l[second])
+                second = (int32_t)v;
         out[k] = best;
+        gap[k] = l[best] - l[second];
         if (k + 1 < max_new)
             assert_ok(rlx_session_forward(s, &best, 1, 0, &l));
     }
@@ -168,14 +197,24 @@ static uint32_t make_prompt(int i, uint32_t shared, int32_t *out) {
     return n;
 }
 
+/* Outside the batch-invariant mode a row's logits depend on its batch in the last bits (BLAS
+ * blocks the sums by M), so where the session alone saw two logits closer than any such rounding
+ * the engine may take either; the texts part there and nothing after is compared. A clear margin
+ * must give the same token; in the invariant mode every token must. */
+#define NEAR_TIE 1e-3f
+
 static void expect_solo(const int32_t *prompt, uint32_t n, uint32_t max_new, const received *r) {
     int32_t want[MAX_GEN];
-    solo_greedy(prompt, n, max_new, want);
+    float gap[MAX_GEN];
+    solo_greedy(prompt, n, max_new, want, gap);
     assert_int_equal(r->n, max_new);
     for (uint32_t k = 0; k < max_new; k++)
         if (r->tokens[k] != want[k]) {
-            fprintf(stderr, "token %u: engine %d, session alone %d\n", k, r->tokens[k], want[k]);
-            fail();
+            fprintf(stderr, "token %u: engine %d, session alone %d (its top two logits %.3g apart)\n", k, r->tokens[k],
+                    want[k], (double)gap[k]);
+            if (getenv("RLX_TEST_INVARIANT") || gap[k] >= NEAR_TIE)
+                fail();
+            break;
         }
     assert_int_equal(r->done.finish, RLX_FINISH_LENGTH);
     assert_int_equal(r->done.usage.n_generated, max_new);
@@ -293,6 +332,7 @@ static void test_shared_prefix_is_reused(void **state) {
     received_destroy(&rc);
 }
 
+/* A full queue refuses with BUSY; cancel ends a running request and queued ones. */
 static void test_full_queue_refuses_and_cancel_ends(void **state) {
     (void)state;
     rlx_engine *e = new_engine(1, 96, 2, 64);
@@ -302,37 +342,34 @@ static void test_full_queue_refuses_and_cancel_ends(void **state) {
     uint64_t ids[4];
     for (int i = 0; i < 4; i++)
         received_init(&r[i]);
-    /* one running (at most one token per step, 60 of them) and two queued fill the engine */
+    /* one running, held in its first token's callback so that it cannot finish, and two queued
+     * fill the engine: the fourth is refused */
+    r[0].hold_at = 1;
     rlx_request q = greedy_request(prompt, n, 60, &r[0]);
     assert_ok(rlx_engine_submit(e, &q, &ids[0]));
-    int refused = 0;
-    for (int i = 1; i < 4; i++) {
+    wait_first_event(&r[0]);
+    for (int i = 1; i < 3; i++) {
         q = greedy_request(prompt, n, 60, &r[i]);
-        rlx_status rc = rlx_engine_submit(e, &q, &ids[i]);
-        if (rc == RLX_E_BUSY) {
-            assert_error_mentions("busy");
-            refused++;
-            r[i].n_done = 1; /* no event will come */
-        } else
-            assert_ok(rc);
+        assert_ok(rlx_engine_submit(e, &q, &ids[i]));
     }
-    /* the worker may have admitted the first before the others came: then exactly one is refused */
-    assert_true(refused >= 1);
-    for (int i = 0; i < 4; i++)
+    q = greedy_request(prompt, n, 60, &r[3]);
+    assert_int_equal(rlx_engine_submit(e, &q, &ids[3]), RLX_E_BUSY);
+    assert_error_mentions("busy");
+    for (int i = 0; i < 3; i++)
         rlx_engine_cancel(e, ids[i]);
-    for (int i = 0; i < 4; i++)
+    release(&r[0]);
+    for (int i = 0; i < 3; i++) {
         wait_done(&r[i]);
-    for (int i = 0; i < 4; i++) {
-        if (ids[i]) {
-            assert_true(r[i].done.finish == RLX_FINISH_CANCELLED || r[i].done.finish == RLX_FINISH_LENGTH);
-            assert_int_equal(r[i].n_done, 1);
-        }
+        assert_int_equal(r[i].done.finish, RLX_FINISH_CANCELLED);
+        assert_int_equal(r[i].n_done, 1);
     }
-    assert_int_equal(r[0].done.finish, RLX_FINISH_CANCELLED);
+    assert_int_equal(r[0].n, 1);
+    assert_int_equal(r[1].n + r[2].n, 0);
     rlx_engine_cancel(e, 9999); /* unknown: nothing happens */
     rlx_engine_stats st;
     rlx_engine_stats_of(e, &st);
-    assert_int_equal(st.requests_refused, (uint64_t)refused);
+    assert_int_equal(st.requests_refused, 1);
+    assert_int_equal(st.requests_cancelled, 3);
     rlx_engine_destroy(e);
     for (int i = 0; i < 4; i++)
         received_destroy(&r[i]);
@@ -358,14 +395,18 @@ static void test_stop_from_callback_and_drain(void **state) {
     assert_int_equal(a.done.finish, RLX_FINISH_STOP);
     q = greedy_request(prompt, n, 4, &b);
     assert_ok(rlx_engine_submit(e, &q, &id));
-    q = greedy_request(prompt, n, 0, &c); /* unbounded: runs to the end of its slot */
+    /* c, unbounded, runs beside b and then sleeps 1.5 s in its sixth token's callback: b (4
+     * tokens, admitted first) is done by then, c still runs at the 1 s deadline */
+    c.hold_at = 6;
+    c.hold_ms = 1500;
+    q = greedy_request(prompt, n, 0, &c);
     assert_ok(rlx_engine_submit(e, &q, &id));
-    uint32_t cancelled = rlx_engine_drain(e, 100);
+    uint32_t cancelled = rlx_engine_drain(e, 1000);
     wait_done(&b);
     wait_done(&c);
     assert_int_equal(b.done.finish, RLX_FINISH_LENGTH);
-    assert_true(c.done.finish == RLX_FINISH_CANCELLED || c.done.finish == RLX_FINISH_CONTEXT);
-    assert_int_equal(cancelled, c.done.finish == RLX_FINISH_CANCELLED ? 1 : 0);
+    assert_int_equal(c.done.finish, RLX_FINISH_CANCELLED);
+    assert_int_equal(cancelled, 1);
     received d;
     received_init(&d);
     q = greedy_request(prompt, n, 4, &d);
