@@ -52,6 +52,17 @@ static void received_destroy(received *r) {
     pthread_cond_destroy(&r->cv);
 }
 
+/* The CLOCK_REALTIME instant ms milliseconds from now, for pthread_cond_timedwait. */
+static struct timespec after_ms(long ms) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += ms % 1000 * 1000000L;
+    if (t.tv_nsec >= 1000000000L)
+        t.tv_sec++, t.tv_nsec -= 1000000000L;
+    return t;
+}
+
 static int on_event(void *ctx, const rlx_engine_event *ev) {
     received *r = ctx;
     pthread_mutex_lock(&r->mu);
@@ -69,13 +80,7 @@ static int on_event(void *ctx, const rlx_engine_event *ev) {
         stop = r->stop_after > 0 && r->n >= (uint32_t)r->stop_after;
         pthread_cond_broadcast(&r->cv);
         if (r->hold_at > 0 && r->n == (uint32_t)r->hold_at) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            const long ms = r->hold_ms ? r->hold_ms : 120000;
-            until.tv_sec += ms / 1000;
-            until.tv_nsec += ms % 1000 * 1000000L;
-            if (until.tv_nsec >= 1000000000L)
-                until.tv_sec++, until.tv_nsec -= 1000000000L;
+            const struct timespec until = after_ms(r->hold_ms ? r->hold_ms : 120000);
             while (!r->released)
                 if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
                     break;
@@ -99,9 +104,7 @@ static void release(received *r) {
 
 /* Waits up to 120 s for the DONE event. */
 static void wait_done(received *r) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 120;
+    const struct timespec until = after_ms(120000);
     pthread_mutex_lock(&r->mu);
     while (!r->n_done)
         if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
@@ -113,9 +116,7 @@ static void wait_done(received *r) {
 
 /* Waits up to 120 s for the first event of a request. */
 static void wait_first_event(received *r) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += 120;
+    const struct timespec until = after_ms(120000);
     pthread_mutex_lock(&r->mu);
     while (!r->n && !r->n_done)
         if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
