@@ -18,8 +18,12 @@
  * MPI is initialised by the first open (MPI_THREAD_SERIALIZED: one mutex serialises every MPI
  * call of the process, so connections may still be used from several threads) and finalised when
  * the process exits with status 0. MPI_Finalize waits for every rank of the job, so a process
- * that fails exits without it: the launcher then ends the whole job instead of it hanging. The
- * plugin is linked with -z nodelete so that exit handler outlives an unload.
+ * that fails exits without it: the launcher then ends the whole job instead of it hanging. A
+ * process that ends well first meets the others' in a nonblocking barrier, for at most
+ * RLXM_EXIT_WAIT_MS: a rank that died or fails never comes, and under mpirun --enable-recovery
+ * (where a death does not end the job) MPI_Finalize would wait for it forever. Then the process
+ * says so and exits with status 1, without MPI_Finalize. The plugin is linked with -z nodelete
+ * so that exit handler outlives an unload.
  *
  * A send copies the message before posting it: a send that times out leaves its MPI requests
  * pending (Open MPI cannot cancel a send), and they must not point into the caller's buffer once
@@ -40,6 +44,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "rlx/transport_iface.h"
 
@@ -58,6 +63,10 @@
 /* How long closing waits for its CLOSE header or a cancelled receive before leaving them to
  * the pending list. */
 #define RLXM_CLOSE_WAIT_MS 200
+/* How long a process that ends well waits for every rank to end before MPI_Finalize. The ranks
+ * of a job end together (a stage stops when its driver's connection closes), so this is slack
+ * for freeing models, not for work. */
+#define RLXM_EXIT_WAIT_MS 5000
 
 /* Requests in flight and the buffer they use; freed once all have completed. */
 typedef struct rlxm_pending {
@@ -261,8 +270,8 @@ static int rlxm_send_header(const rlx_host *host, int peer, int tag, uint32_t ki
 
 // ---- MPI for the process ----
 
-/* Finalises MPI when the process ends well. on_exit, not atexit: a failing process must not
- * wait in MPI_Finalize for ranks that may never get there. */
+/* Finalises MPI when the process ends well and every rank has come to its end too. on_exit, not
+ * atexit: a failing process must not wait in MPI_Finalize for ranks that may never get there. */
 static void rlxm_at_exit(int status, void *arg) {
     (void)arg;
     pthread_mutex_lock(&g.mu);
@@ -270,6 +279,23 @@ static void rlxm_at_exit(int status, void *arg) {
         const int64_t deadline = rlxm_deadline(RLXM_CLOSE_WAIT_MS);
         while (g.orphans && rlxm_now_ns() < deadline)
             rlxm_reap();
+        MPI_Request barrier;
+        int all_ended = 0;
+        if (MPI_Ibarrier(MPI_COMM_WORLD, &barrier) == MPI_SUCCESS) {
+            const int64_t barrier_deadline = rlxm_deadline(RLXM_EXIT_WAIT_MS);
+            long sleep_ns = RLXM_SLEEP_FIRST_NS;
+            while (MPI_Test(&barrier, &all_ended, MPI_STATUS_IGNORE) == MPI_SUCCESS && !all_ended &&
+                   rlxm_pause(barrier_deadline, &sleep_ns))
+                ;
+        }
+        if (!all_ended) {
+            /* stderr itself: the application has let go of its log handler by now */
+            fprintf(stderr,
+                    "rlx: mpi: rank %d: not every rank of the job ended within %d ms (one died or failed); "
+                    "exiting with status 1, without MPI_Finalize\n",
+                    g.rank, RLXM_EXIT_WAIT_MS);
+            _exit(1);
+        }
         MPI_Finalize();
         g.ready = false;
     }

@@ -885,7 +885,7 @@ class Mpirun:
 
 def case_mpi(env):
     """mpirun -n S+1 rlx ... --config FILE: rank 0 drives, rank k runs stage k-1, on every transport;
-    the ids equal the single-process run's, a wrong world size is refused on every rank, and a stage
+    the ids equal the single-process run's, a wrong world size is refused by the ranks, and a stage
     rank that dies ends the driver with an error naming the stage, within its deadline."""
     mpirun = Mpirun(env)
     model = env.model("deep-dense-f32")
@@ -922,17 +922,21 @@ def case_mpi(env):
                            f"{p.stdout.strip()!r}, want {ref!r}:\n{p.stderr}")
             log(f"ok: mpirun -n {k + 1} generate over {k} stages {split} ({transport}): the single-process ids "
                 f"in {time.monotonic() - t0:.1f} s")
-    # a world that does not match the file: the same one-line error on every rank
+    # a world that does not match the file: every rank refuses it with the same one-line error.
+    # mpirun ends the job at the first rank's exit, so the others may be killed before they print
+    # (and with --enable-recovery it would exit 0): at least one says it, and none says another thing
     cfg = env.config("mpi-size.yaml", model, "mpi", [(a, r, None) for a, r in zip(addresses("mpi", 2),
                                                                                     split_text(even(n, 2)))])
     for n_ranks in (2, 4):
         p = run(n_ranks, ["generate", "--config", cfg, *gen])
         want = f"mpirun started {n_ranks} processes; the file's 2 stages need 3"
-        count = p.stderr.count(want)
-        if p.returncode == 0 or count != n_ranks or "AddressSanitizer" in p.stderr:
-            raise Fail(f"mpirun -n {n_ranks} for 2 stages: exit {p.returncode}, {count} of {n_ranks} ranks said "
-                       f"'{want}':\n{p.stderr}")
-        log(f"ok: mpirun -n {n_ranks} for a file of 2 stages: every rank refused it")
+        errors = [line for line in p.stderr.splitlines() if line.startswith("rlx: ")]
+        if p.returncode == 0 or not errors or any(want not in line for line in errors) or \
+                "AddressSanitizer" in p.stderr:
+            raise Fail(f"mpirun -n {n_ranks} for 2 stages: exit {p.returncode}, want only '{want}' errors:\n"
+                       f"{p.stderr}")
+        log(f"ok: mpirun -n {n_ranks} for a file of 2 stages: refused ({len(errors)} of {n_ranks} ranks printed "
+            f"the error before mpirun ended the job)")
     # a stage's address that is not its rank
     bad = env.config("mpi-bad-rank.yaml", model, "mpi", [("rank:2", "0-2", None), ("rank:1", "3-4", None)])
     p = run(3, ["generate", "--config", bad, *gen])
@@ -988,8 +992,13 @@ def case_mpi(env):
         left = mpirun.ranks(tag)
         if left:
             raise Fail(f"{transport}: processes still run after the job ended: {left}")
-        log(f"ok: stage 1 killed mid-generation under mpirun ({transport}): the driver failed in {elapsed:.1f} s: "
-            f"{errors[0].strip()}")
+        # the stages left alive end well, but must not wait in MPI_Finalize for the dead rank (which
+        # under --enable-recovery is forever): they say so and exit with status 1
+        gave_up = sum("not every rank of the job ended" in l for l in lines)
+        if not gave_up:
+            raise Fail(f"{transport}: no stage said it left without MPI_Finalize after rank 2 died:\n{text}")
+        log(f"ok: stage 1 killed mid-generation under mpirun ({transport}): the job ended in {elapsed:.1f} s "
+            f"({gave_up} ranks left without MPI_Finalize): {errors[0].strip()}")
 
 
 def cfg_address(cfg, i):
