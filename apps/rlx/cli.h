@@ -31,6 +31,7 @@ typedef struct app_options {
     /* --cache-type-k / --cache-type-v (-ctk, -ctv): the KV cache's rlx_dtype, F32 unless given */
     uint32_t cache_type_k, cache_type_v;
     app_pipeline_options pipeline; /* --config, --stages, --launch, --transport, timeouts */
+    uint32_t slots;                /* over a pipeline: sequences the stages keep (rlx serve --parallel) */
 } app_options;
 
 /* Prints "rlx: <message>" on stderr and returns 1 (the exit status for failures). */

@@ -1,7 +1,7 @@
 /* rlx serve: the OpenAI-compatible HTTP server. Opens the model and its backends through the
  * runtime (without a session: the engine keeps its own KV cache for every slot) and creates the
- * batched engine over them, or over a pipeline or with a speculator creates the engine over the
- * runtime's lm (one slot); answers HTTP (serve_http.c, serve_openai.c) until SIGTERM or SIGINT,
+ * batched engine over them; over a pipeline, the engine over the driver, whose stages keep the
+ * slots; with a speculator, the engine over the runtime's lm (one slot); answers HTTP (serve_http.c, serve_openai.c) until SIGTERM or SIGINT,
  * then stops accepting, drains the engine within --drain-timeout and exits 0.
  *
  * The HTTP daemon starts before the model is read, so /health says 503 while it loads, as
@@ -33,9 +33,11 @@ static const char usage[] =
     "--queue requests, and beyond that get 503 with Retry-After. Sampling follows OpenAI's\n"
     "defaults (temperature 1, top_p 1), greedy at \"temperature\": 0. SIGTERM or SIGINT stops\n"
     "accepting, lets the requests running finish within --drain-timeout, and exits 0. Over a\n"
-    "pipeline (--config, --stages) or with --spec, requests take turns on one slot. An answer\n"
-    "never depends on the requests beside it: cpu-blas runs in its batch_invariant=1 mode\n"
-    "unless --backend-opts says batch_invariant=0 (faster F32/BF16 prefill, last bits may vary).\n\n";
+    "pipeline (--config, --stages) the stages keep the slots and compute groups of them at once;\n"
+    "with --spec, requests take turns on one slot. An answer never depends on the requests beside\n"
+    "it: cpu-blas runs in its batch_invariant=1 mode unless --backend-opts says\n"
+    "batch_invariant=0 (faster F32/BF16 prefill, last bits may vary); stages that are not launched\n"
+    "by this command need the same --backend-opts themselves.\n\n";
 
 typedef struct serve_args {
     const char *host, *alias, *api_key, *api_key_file;
@@ -55,15 +57,17 @@ static const char *model_id(const serve_args *a, const char *model, char *buf, s
     return slash && slash[1] ? slash + 1 : buf;
 }
 
-/* Over a pipeline (--config, --stages) or with a speculator (--spec, or the deployment file's),
- * the engine runs the runtime's lm: requests take turns on one slot. */
+/* With a speculator (--spec, or the deployment file's) the engine runs the runtime's lm:
+ * requests take turns on one slot. A deployment file's speculator is known only once the file
+ * is read, so open_engine checks again. */
 static int over_lm(const app_options *o, const app_spec_options *spec) {
-    return app_pipeline_wanted(&o->pipeline) || spec->name != NULL;
+    (void)o;
+    return spec->name != NULL;
 }
 
 static int check_args(const serve_args *a, const app_options *o, const app_spec_options *spec) {
     if (over_lm(o, spec) && a->parallel_given && a->parallel > 1)
-        return app_fail("serve: over a pipeline or with --spec requests take turns on one slot: --parallel %u "
+        return app_fail("serve: with --spec requests take turns on one slot: --parallel %u "
                         "cannot be (give --parallel 1 or leave it out)",
                         a->parallel);
     if (a->api_key && a->api_key_file)
@@ -123,8 +127,7 @@ static int stop_signal(int wait) {
     }
 }
 
-static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, const serve_args *a, const app_options *o,
-                       int lm) {
+static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, serve_args *a, const app_options *o) {
     const int kv_dtype = app_kv_dtype(o);
     if (kv_dtype < 0)
         return 1;
@@ -135,16 +138,27 @@ static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, co
     for (rlx_backend *b;
          n_backends < RLX_RUNTIME_MAX_BACKENDS && (b = rlx_runtime_backend_at(rt->runtime, n_backends)) != NULL;)
         backends[n_backends++] = b;
+    rlx_driver *driver = rlx_runtime_driver(rt->runtime);
+    /* a speculator reads every prompt whole on the runtime's lm: requests take turns there */
+    const int lm = rt->spec != NULL;
+    if (lm && a->parallel_given && a->parallel > 1)
+        return app_fail("serve: with a speculator requests take turns on one slot: --parallel %u cannot be "
+                        "(give --parallel 1 or leave it out)",
+                        a->parallel);
+    if (lm)
+        a->parallel = 1;
     rlx_engine_options eo = rlx_engine_options_default();
     eo.n_slots = a->parallel;
-    eo.slot_positions = a->total_ctx_given ? a->total_ctx / a->parallel : a->slot_ctx;
+    /* over a pipeline the stages granted the slots' positions already */
+    eo.slot_positions = driver ? 0 : a->total_ctx_given ? a->total_ctx / a->parallel : a->slot_ctx;
     eo.max_queue = a->queue ? a->queue : 512;
     eo.kv_dtype = (uint32_t)kv_dtype;
     eo.backends = backends;
     eo.n_backends = n_backends;
     eo.rules = rlx_runtime_rules(rt->runtime, &eo.n_rules);
-    rlx_status rc = lm ? rlx_engine_create_lm(&rt->lm, rt->spec, rt->draft_tokens, &eo, &s->engine)
-                       : rlx_engine_create(rt->model, &eo, &s->engine);
+    rlx_status rc = lm       ? rlx_engine_create_lm(&rt->lm, rt->spec, rt->draft_tokens, &eo, &s->engine)
+                    : driver ? rlx_engine_create_pipeline(driver, &eo, &s->engine)
+                             : rlx_engine_create(rt->model, &eo, &s->engine);
     if (rc != RLX_OK)
         return app_fail_rlx("serve: cannot create the engine");
     rlx_engine_stats st;
@@ -152,7 +166,7 @@ static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, co
     s->tok = *tok;
     s->vocab = rlx_runtime_config(rt->runtime)->vocab_size;
     s->slot_positions = st.slot_positions;
-    s->driver = rlx_runtime_driver(rt->runtime);
+    s->driver = driver;
     return 0;
 }
 
@@ -213,10 +227,13 @@ int cmd_serve(int argc, char **argv, app_options *o) {
         return exit_status;
     if (check_args(&a, o, &spec) || (!app_pipeline_wanted(&o->pipeline) && app_resolve_model(o)))
         return 1;
-    const int lm = over_lm(o, &spec);
+    const int lm = over_lm(o, &spec), pipeline = app_pipeline_wanted(&o->pipeline);
     if (lm) { /* the session or the stages hold the one slot's cache */
         a.parallel = 1;
         o->ctx = a.total_ctx_given ? a.total_ctx : a.slot_ctx;
+    } else if (pipeline) { /* the stages hold every slot's cache */
+        o->slots = a.parallel;
+        o->ctx = a.total_ctx_given ? a.total_ctx / a.parallel : a.slot_ctx;
     }
     /* A request's answer must not depend on what runs beside it: cpu-blas keeps every row's bits
      * only in its batch-invariant mode (quantized weights cost nothing there, F32/BF16 prefill
@@ -260,7 +277,8 @@ int cmd_serve(int argc, char **argv, app_options *o) {
             o->model             ? o->model
             : o->pipeline.config ? o->pipeline.config
                                  : "the default model");
-    if (app_runtime_open_flags(&rt, o, &spec, lm ? 0 : RLX_RUNTIME_STAGE) || open_engine(&s, &rt, &tok, &a, o, lm))
+    if (app_runtime_open_flags(&rt, o, &spec, lm || pipeline ? 0 : RLX_RUNTIME_STAGE) ||
+        open_engine(&s, &rt, &tok, &a, o))
         goto done;
     s.model_id = model_id(&a, rt.model_dir, id_buf, sizeof id_buf);
     if (stop_signal(0)) {

@@ -41,6 +41,7 @@ static int runtime_options(app_runtime *rt, app_options *o, const app_spec_optio
     ro->n_threads = o->threads ? o->threads : share;
     ro->plugin_dir = o->plugin_dir;
     ro->kv_capacity = o->ctx;
+    ro->n_slots = o->slots;
     ro->speculator = so->name;
     ro->draft_tokens = so->draft_tokens;
     ro->draft_model = so->draft_model;

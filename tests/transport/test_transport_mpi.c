@@ -204,7 +204,7 @@ static void test_close_delivers_what_was_sent(void **state) {
 static void test_bad_addresses_and_options(void **state) {
     (void)state;
     void *x = NULL;
-    char other[16];
+    char other[32];
     snprintf(other, sizeof other, "rank:%d", 1 - g_rank);
     assert_int_equal(g_tr.it->listen(g_tr.self, other, &x), RLX_E_INVALID);
     assert_error_mentions("this process is rank");

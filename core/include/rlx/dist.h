@@ -29,6 +29,11 @@
  *   final-normed rows of every requested position to its Activations replies. A stage that
  *   predates the field leaves the echo false and the driver refuses it, naming the stage.
  * - Truncate (speculative decoding rolls the caches back) and EndSession are answered with Ack.
+ * - Slots (Hello.n_slots > 0): the connection also gets a batched KV cache of n_slots sequences
+ *   of kv_capacity positions, which Rows steps (rows of many sequences, each with its slot and
+ *   position) read and write and CopySlot copies between; steps carry a per-connection step
+ *   number that must increase. The stage keeps no lengths for slots: the driver says where each
+ *   row goes. A stage that predates slots answers n_slots 0 and the driver refuses it.
  * - A stage serves one driver connection at a time (another driver gets an Error saying so); its
  *   sessions belong to the connection and are freed on EndSession or when the connection dies.
  *
@@ -150,6 +155,10 @@ typedef struct rlx_driver_options {
     /* 1: the last stage also returns the final-normed hidden rows (rlx_lm.hidden, for an MTP
      * speculator); a stage that cannot is refused at the handshake */
     uint32_t emit_hidden;
+    /* > 0: every stage also keeps a batched KV cache of n_slots sequences of kv_capacity
+     * positions for this driver, run by rlx_driver_submit (the batched engine's pipeline mode);
+     * a stage that cannot is refused at the handshake */
+    uint32_t n_slots;
 } rlx_driver_options;
 
 typedef struct rlx_driver rlx_driver;
@@ -170,6 +179,47 @@ RLX_API void rlx_driver_destroy(rlx_driver *d);
  * forward sends the ids through the stages; truncate rolls every stage back; capacity is the
  * smallest the stages granted. The logits stay valid until the next call on d. */
 RLX_API rlx_status rlx_driver_lm(rlx_driver *d, rlx_lm *out);
+
+/* ---- slots: many sequences through the stages at once ----
+ *
+ * A driver created with n_slots runs steps of rows of many sequences (the Rows message): row r
+ * is position positions[r] of the sequence in slot slots[r], fed token ids[r]; rows of one slot
+ * come in position order, and a slot's positions before them must have been sent by earlier
+ * steps (or copied). The last stage returns the logits of the rows out_rows[0..n_out).
+ *
+ * Steps are pipelined: rlx_driver_submit queues a step and returns at once, a thread per stage
+ * sends each step to its stage as soon as the stage finished the one before, and hands the
+ * stage's rows on to the next stage's thread. So with two steps in flight stage 0 computes the
+ * second while stage 1 computes the first. Every stage takes the steps in submission order,
+ * and rlx_driver_wait hands the answers back in that order. A failed step (a stage that died,
+ * stalled past its deadline or refused) makes the driver unusable as a failed forward does:
+ * the steps behind it fail with the same message, naming the stage.
+ *
+ * rlx_driver_submit, rlx_driver_copy_slot and rlx_driver_wait are called from one thread (the
+ * engine's worker); the rlx_lm of rlx_driver_lm must not be used while steps are in flight. */
+typedef struct rlx_driver_rows {
+    const int32_t *ids;       /* [n] token ids */
+    const int32_t *positions; /* [n] */
+    const int32_t *slots;     /* [n] */
+    uint32_t n;
+    const int32_t *out_rows; /* [n_out] rows whose logits come back, 1 <= n_out <= n */
+    uint32_t n_out;
+} rlx_driver_rows;
+
+/* The slots the stages granted (0 for a driver without), and the positions of each. */
+RLX_API uint32_t rlx_driver_n_slots(const rlx_driver *d);
+RLX_API uint32_t rlx_driver_capacity(const rlx_driver *d);
+/* Queues a step (the rows are copied) and returns its ticket; never waits for a stage. The
+ * message names a row that is out of range. */
+RLX_API rlx_status rlx_driver_submit(rlx_driver *d, const rlx_driver_rows *rows, uint64_t *ticket);
+/* Queues a copy of positions [0, n) of slot `from` into slot `to` in every stage, after the steps
+ * queued before it (a new sequence sharing a prompt prefix with another). */
+RLX_API rlx_status rlx_driver_copy_slot(rlx_driver *d, uint32_t from, uint32_t to, uint32_t n);
+/* Waits for the oldest queued step: its ticket and its logits (n_out rows of vocab floats,
+ * valid until the next rlx_driver_wait). The wait is bounded by the stages' deadlines: every
+ * step queued ahead of it gets timeout_ms + rows * compute_ms_per_position per stage.
+ * RLX_E_INVALID when no step is queued. */
+RLX_API rlx_status rlx_driver_wait(rlx_driver *d, uint64_t *ticket, const float **logits);
 
 RLX_API const rlx_model_config *rlx_driver_config(const rlx_driver *d);
 RLX_API uint32_t rlx_driver_n_stages(const rlx_driver *d);

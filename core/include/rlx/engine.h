@@ -17,13 +17,18 @@
  * Events are delivered on the worker thread, in order per request, through the request's
  * callback: every generated token, then exactly one DONE. A callback must return quickly (copy
  * what it needs and signal its own thread); returning non-zero from a TOKEN event finishes the
- * request with RLX_FINISH_STOP (the caller matched a stop string). */
+ * request with RLX_FINISH_STOP (the caller matched a stop string).
+ *
+ * Over a pipeline (rlx_engine_create_pipeline) the slots are the stages' and the same holds: a
+ * row's logits are the bits the one-process engine computes, wherever the stages' kernels are
+ * batch invariant. */
 #ifndef RLX_ENGINE_H
 #define RLX_ENGINE_H
 
 #include <stdint.h>
 #include <string.h>
 
+#include "rlx/dist.h"
 #include "rlx/gen.h"
 #include "rlx/speculator.h"
 
@@ -127,6 +132,13 @@ RLX_API rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_option
  * the engine's lifetime. More than one slot is RLX_E_UNSUPPORTED. */
 RLX_API rlx_status rlx_engine_create_lm(const rlx_lm *lm, rlx_speculator *spec, uint32_t draft_tokens,
                                         const rlx_engine_options *opts, rlx_engine **out);
+/* An engine whose slots live in the stages of a pipeline: d (borrowed for the engine's
+ * lifetime, created with rlx_driver_options.n_slots) holds n_slots sequences of its capacity
+ * in every stage, and the engine batches and schedules them as rlx_engine_create does. The
+ * slots fall into min(n_slots, stages) groups that take turns through the stages, one step of
+ * each in flight, so every stage computes at once: while stage 1 runs one group's rows, stage 0
+ * runs the next group's. opts' n_slots and slot_positions are 0 or the driver's. */
+RLX_API rlx_status rlx_engine_create_pipeline(rlx_driver *d, const rlx_engine_options *opts, rlx_engine **out);
 /* Cancels every request (each gets its DONE with RLX_FINISH_CANCELLED), stops the worker and
  * frees everything. NULL is a no-op. */
 RLX_API void rlx_engine_destroy(rlx_engine *e);

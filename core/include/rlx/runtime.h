@@ -92,6 +92,9 @@ typedef struct rlx_runtime_options {
     const char *quant;
     /* Local runs and stages: the KV cache's rlx_dtype, RLX_DTYPE_F32 (0) or RLX_DTYPE_F16. */
     uint32_t kv_dtype;
+    /* Pipelines: > 0 makes every stage keep this many sequences of kv_capacity positions for
+     * the batched engine (rlx_driver_options.n_slots, rlx_engine_create_pipeline). */
+    uint32_t n_slots;
 } rlx_runtime_options;
 
 /* Zeroes with size set: the model alone on cpu-blas, no speculator. */

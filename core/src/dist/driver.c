@@ -2,6 +2,7 @@
  * sends rows through the stages in order. Any transport failure or protocol violation makes the
  * driver unusable (the stages no longer agree on the session) and closes every connection, so
  * the surviving stages free the session at once. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -18,6 +19,21 @@
 
 #define MESSAGE_LIMIT ((size_t)1 << 30) /* what every transport must carry */
 
+/* A step or a copy on its way through the stages (the slots' pipelined mode). */
+typedef struct drv_job {
+    struct drv_job *next;
+    uint64_t ticket;
+    int copy; /* CopySlot, else Rows */
+    uint32_t n, n_out;
+    int32_t *ids;                           /* [n] */
+    uint32_t *positions, *slots, *out_rows; /* [n], [n], [n_out] */
+    uint32_t from, to, n_copy;
+    uint32_t bound_ms;    /* what the job may take at the most, all stages together */
+    Rlx__Envelope *reply; /* the last stage's answer, whose rows the next stage takes */
+    rlx_status status;
+    char message[1024];
+} drv_job;
+
 typedef struct drv_stage {
     char *address;
     char *source; /* "deploy.yaml:7: " or NULL */
@@ -29,6 +45,7 @@ typedef struct drv_stage {
     uint64_t rss_bytes;
     uint32_t kv_capacity;
     rlx_driver_stage_stats stats; /* under the driver's stats_mu */
+    uint64_t rows_step;           /* the connection's Rows and CopySlot steps, by its thread */
 } drv_stage;
 
 struct rlx_driver {
@@ -42,14 +59,31 @@ struct rlx_driver {
     uint64_t session_id, step;
     uint32_t length, capacity;
     Rlx__Envelope *last; /* the last stage's reply: the logits handed out */
-    int broken;
+    int broken;          /* under pipe_mu once the stage threads run */
     char broken_msg[1024];
+    /* slots: a thread per stage, each taking jobs from its queue and handing them to the next
+     * stage's; queue n_stages holds the finished jobs. pipe_mu guards the queues, broken and
+     * the counts below. */
+    uint32_t n_slots;
+    pthread_t *threads;
+    uint32_t n_threads;
+    pthread_mutex_t pipe_mu;
+    pthread_cond_t *queue_cond; /* [n_stages + 1] */
+    drv_job **queue_head, **queue_tail;
+    int pipe_stop;
+    uint64_t next_ticket;
+    uint32_t n_queued;  /* jobs submitted and not yet waited for */
+    uint64_t queued_ms; /* their bound_ms summed */
+    drv_job *handed;    /* the job whose logits the last wait handed out */
     /* Another thread (a server's /metrics) may read the figures while this one drives. */
     pthread_mutex_t stats_mu;
     rlx_driver_stats stats;
 };
 
 rlx_driver_options rlx_driver_options_default(void) { return (rlx_driver_options){0}; }
+
+static rlx_status start_threads(rlx_driver *d);
+static void stop_threads(rlx_driver *d);
 
 static void close_all(rlx_driver *d) {
     for (uint32_t i = 0; i < d->n_stages; i++)
@@ -73,18 +107,27 @@ static rlx_status stage_fail(rlx_driver *d, uint32_t i, int fatal, rlx_status co
     va_end(ap);
     const drv_stage *s = &d->stages[i];
     rlx_error(code, "%sstage %u (%s): %s", s->source ? s->source : "", i, s->address, msg);
-    if (fatal && !d->broken) {
-        d->broken = 1;
-        snprintf(d->broken_msg, sizeof d->broken_msg, "%s", rlx_last_error());
-        close_all(d);
+    if (fatal) {
+        pthread_mutex_lock(&d->pipe_mu);
+        const int first = !d->broken;
+        if (first) {
+            d->broken = 1;
+            snprintf(d->broken_msg, sizeof d->broken_msg, "%s", rlx_last_error());
+        }
+        pthread_mutex_unlock(&d->pipe_mu);
+        /* the stage threads use the connections until they are joined: those close at destroy */
+        if (first && !d->n_threads)
+            close_all(d);
     }
     return code;
 }
 
-static rlx_status check_usable(const rlx_driver *d) {
-    if (d->broken)
-        return rlx_error(RLX_E_PEER, "the pipeline is down after an earlier failure: %s", d->broken_msg);
-    return RLX_OK;
+static rlx_status check_usable(rlx_driver *d) {
+    pthread_mutex_lock(&d->pipe_mu);
+    rlx_status rc =
+        d->broken ? rlx_error(RLX_E_PEER, "the pipeline is down after an earlier failure: %s", d->broken_msg) : RLX_OK;
+    pthread_mutex_unlock(&d->pipe_mu);
+    return rc;
 }
 
 static rlx_status send_to(rlx_driver *d, uint32_t i, const Rlx__Envelope *e) {
@@ -165,6 +208,7 @@ static rlx_status hello(rlx_driver *d, uint32_t i) {
     h.kv_capacity = d->kv_capacity;
     int want_hidden = d->emit_hidden && i + 1 == d->n_stages;
     h.emit_hidden = want_hidden;
+    h.n_slots = d->n_slots;
     Rlx__Envelope e = RLX__ENVELOPE__INIT, *r;
     e.body_case = RLX__ENVELOPE__BODY_HELLO;
     e.hello = &h;
@@ -194,6 +238,11 @@ static rlx_status hello(rlx_driver *d, uint32_t i) {
             rc = stage_fail(d, i, 1, RLX_E_UNSUPPORTED,
                             "does not return hidden states, which the speculator needs "
                             "(a stage older than this driver?)");
+        else if (hr->n_slots != d->n_slots)
+            rc = stage_fail(d, i, 1, RLX_E_UNSUPPORTED,
+                            "granted %u slots of the %u asked for (a stage older than this driver "
+                            "keeps none)",
+                            hr->n_slots, d->n_slots);
         else {
             snprintf(s->backend, sizeof s->backend, "%s", hr->backend ? hr->backend : "?");
             s->rss_bytes = hr->rss_bytes;
@@ -214,7 +263,9 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
         return rlx_error(RLX_E_NOMEM, "driver: out of memory");
     }
     pthread_mutex_init(&d->stats_mu, NULL);
+    pthread_mutex_init(&d->pipe_mu, NULL);
     d->n_stages = o->n_stages;
+    d->n_slots = o->n_slots;
     d->connect_ms = o->connect_timeout_ms ? o->connect_timeout_ms : RLX_DIST_CONNECT_TIMEOUT_MS;
     d->timeout_ms = o->timeout_ms ? o->timeout_ms : RLX_DIST_TIMEOUT_MS;
     d->per_position_ms = o->compute_ms_per_position ? o->compute_ms_per_position : RLX_DIST_COMPUTE_MS_PER_POSITION;
@@ -284,6 +335,10 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
     if (getrandom(&id, sizeof id, GRND_NONBLOCK) != (ssize_t)sizeof id)
         id = (uint64_t)time(NULL) * 6364136223846793005ull ^ (uint64_t)getpid();
     d->session_id = id ? id : 1;
+    if (d->n_slots && (rc = start_threads(d)) != RLX_OK) {
+        rlx_driver_destroy(d);
+        return rc;
+    }
     *out = d;
     return RLX_OK;
 }
@@ -473,9 +528,382 @@ rlx_status rlx_driver_lm(rlx_driver *d, rlx_lm *out) {
     return RLX_OK;
 }
 
+// ---- slots: the pipelined steps ----
+
+static void job_free(drv_job *j) {
+    if (!j)
+        return;
+    rlx__envelope_free(j->reply);
+    free(j->ids);
+    free(j);
+}
+
+/* The bound on a wait for one stage's answer to n rows. */
+static uint32_t rows_wait_ms(const rlx_driver *d, uint32_t n) {
+    const uint64_t ms = (uint64_t)d->timeout_ms + (uint64_t)n * d->per_position_ms;
+    return ms > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)ms;
+}
+
+/* Stage i's part of job j, on stage i's thread: the step's rows (token ids into stage 0, the
+ * previous stage's hidden rows into the others) out, the stage's rows back. */
+static rlx_status run_job(rlx_driver *d, uint32_t i, drv_job *j) {
+    drv_stage *st = &d->stages[i];
+    const int last = i + 1 == d->n_stages;
+    const uint64_t step = ++st->rows_step;
+    Rlx__Envelope req = RLX__ENVELOPE__INIT, *r = NULL;
+    Rlx__Rows rows = RLX__ROWS__INIT;
+    Rlx__CopySlot copy = RLX__COPY_SLOT__INIT;
+    if (j->copy) {
+        copy.step = step;
+        copy.from_slot = j->from;
+        copy.to_slot = j->to;
+        copy.n_positions = j->n_copy;
+        req.body_case = RLX__ENVELOPE__BODY_COPY_SLOT;
+        req.copy_slot = &copy;
+    } else {
+        rows.step = step;
+        rows.n_rows = j->n;
+        rows.n_positions = rows.n_slots = j->n;
+        rows.positions = j->positions;
+        rows.slots = j->slots;
+        if (last) {
+            rows.n_out_rows = j->n_out;
+            rows.out_rows = j->out_rows;
+        }
+        if (i == 0) {
+            rows.width = 1;
+            rows.dtype = RLX__DTYPE__DTYPE_I32;
+            rows.data.len = (size_t)j->n * sizeof(int32_t);
+            rows.data.data = (uint8_t *)j->ids;
+        } else {
+            rows.width = (uint32_t)d->cfg.hidden_size;
+            rows.dtype = RLX__DTYPE__DTYPE_F32;
+            rows.data = j->reply->rows->data;
+        }
+        req.body_case = RLX__ENVELOPE__BODY_ROWS;
+        req.rows = &rows;
+    }
+    const double t0 = rlx__now_seconds();
+    const char *what = j->copy ? "CopySlot" : "Rows";
+    rlx_status rc = send_to(d, i, &req);
+    if (rc == RLX_OK)
+        rc = recv_from(d, i, j->copy ? d->timeout_ms : rows_wait_ms(d, j->n), what, &r);
+    if (rc != RLX_OK)
+        return rc;
+    const uint32_t want_rows = last ? j->n_out : j->n;
+    const uint32_t want_width = (uint32_t)(last ? d->cfg.vocab_size : d->cfg.hidden_size);
+    if (r->body_case == RLX__ENVELOPE__BODY_ERROR) {
+        rc = error_reply(d, i, 1, what, r);
+    } else if (j->copy) {
+        if (r->body_case != RLX__ENVELOPE__BODY_ACK || r->ack->step != step)
+            rc = stage_fail(d, i, 1, RLX_E_FORMAT, "answered CopySlot step %llu with %s (step %llu)",
+                            (unsigned long long)step, rlx__envelope_kind(r),
+                            (unsigned long long)(r->body_case == RLX__ENVELOPE__BODY_ACK ? r->ack->step : 0));
+    } else if (r->body_case != RLX__ENVELOPE__BODY_ROWS || r->rows->step != step) {
+        rc = stage_fail(d, i, 1, RLX_E_FORMAT, "answered Rows step %llu with %s (step %llu)", (unsigned long long)step,
+                        rlx__envelope_kind(r),
+                        (unsigned long long)(r->body_case == RLX__ENVELOPE__BODY_ROWS ? r->rows->step : 0));
+    } else if (r->rows->n_rows != want_rows || r->rows->width != want_width ||
+               r->rows->dtype != RLX__DTYPE__DTYPE_F32 ||
+               r->rows->data.len != (size_t)want_rows * want_width * sizeof(float)) {
+        rc = stage_fail(d, i, 1, RLX_E_FORMAT,
+                        "answered with %u rows of %u %s values in %zu bytes, expected %u rows of %u F32 values",
+                        r->rows->n_rows, r->rows->width, rlx__dtype_name(r->rows->dtype), r->rows->data.len, want_rows,
+                        want_width);
+    }
+    if (rc != RLX_OK) {
+        rlx__envelope_free(r);
+        return rc;
+    }
+    if (!j->copy)
+        count_step(d, i, rlx__now_seconds() - t0);
+    /* the previous stage's rows were this request's data: they are sent now */
+    rlx__envelope_free(j->reply);
+    j->reply = j->copy ? NULL : r;
+    if (j->copy)
+        rlx__envelope_free(r);
+    return RLX_OK;
+}
+
+typedef struct drv_thread {
+    rlx_driver *d;
+    uint32_t i;
+} drv_thread;
+
+static void push_job(rlx_driver *d, uint32_t q, drv_job *j) {
+    j->next = NULL;
+    if (d->queue_tail[q])
+        d->queue_tail[q]->next = j;
+    else
+        d->queue_head[q] = j;
+    d->queue_tail[q] = j;
+    pthread_cond_signal(&d->queue_cond[q]);
+}
+
+static drv_job *pop_job(rlx_driver *d, uint32_t q) {
+    drv_job *j = d->queue_head[q];
+    if (j && !(d->queue_head[q] = j->next))
+        d->queue_tail[q] = NULL;
+    return j;
+}
+
+/* The deadline ms from now on the condition variables' clock. */
+static struct timespec deadline_in(uint64_t ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+/* Stage i's thread: runs each job of queue i on its stage and hands it to queue i + 1. Once the
+ * pipeline is down, jobs pass through unsent with its message. */
+static void *stage_thread(void *arg) {
+    const drv_thread *t = arg;
+    rlx_driver *d = t->d;
+    const uint32_t i = t->i;
+    pthread_mutex_lock(&d->pipe_mu);
+    for (;;) {
+        while (!d->queue_head[i] && !d->pipe_stop) {
+            /* idle: woken by a job or by destroy; the timeout only bounds a lost wake-up */
+            struct timespec until = deadline_in(1000);
+            pthread_cond_timedwait(&d->queue_cond[i], &d->pipe_mu, &until);
+        }
+        drv_job *j = pop_job(d, i);
+        if (!j)
+            break; /* stopping, nothing left */
+        if (j->status == RLX_OK && (d->broken || d->pipe_stop)) {
+            j->status = RLX_E_PEER;
+            snprintf(j->message, sizeof j->message,
+                     d->broken ? "the pipeline is down after an earlier failure: %s" : "%s",
+                     d->broken ? d->broken_msg : "the pipeline driver is closing");
+        }
+        if (j->status == RLX_OK) {
+            pthread_mutex_unlock(&d->pipe_mu);
+            rlx_status rc = run_job(d, i, j);
+            if (rc != RLX_OK) {
+                j->status = rc;
+                snprintf(j->message, sizeof j->message, "%s", rlx_last_error());
+            }
+            pthread_mutex_lock(&d->pipe_mu);
+        }
+        push_job(d, i + 1, j);
+    }
+    pthread_mutex_unlock(&d->pipe_mu);
+    return NULL;
+}
+
+static drv_thread *thread_args(rlx_driver *d) { return (drv_thread *)(d->threads + d->n_stages); }
+
+static rlx_status start_threads(rlx_driver *d) {
+    const uint32_t nq = d->n_stages + 1;
+    /* the threads' arguments live after their handles, in the same block */
+    d->threads = rlx__calloc(1, d->n_stages * (sizeof(pthread_t) + sizeof(drv_thread)));
+    d->queue_cond = rlx__calloc(nq, sizeof *d->queue_cond);
+    d->queue_head = rlx__calloc(nq, sizeof *d->queue_head);
+    d->queue_tail = rlx__calloc(nq, sizeof *d->queue_tail);
+    if (!d->threads || !d->queue_cond || !d->queue_head || !d->queue_tail)
+        return rlx_error(RLX_E_NOMEM, "driver: out of memory");
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    for (uint32_t q = 0; q < nq; q++)
+        pthread_cond_init(&d->queue_cond[q], &ca);
+    pthread_condattr_destroy(&ca);
+    for (uint32_t i = 0; i < d->n_stages; i++) {
+        drv_thread *t = &thread_args(d)[i];
+        *t = (drv_thread){.d = d, .i = i};
+        int err = pthread_create(&d->threads[i], NULL, stage_thread, t);
+        if (err)
+            return rlx_error(RLX_E_NOMEM, "driver: cannot start the thread of stage %u: %s", i, strerror(err));
+        d->n_threads++;
+    }
+    return RLX_OK;
+}
+
+/* Joins the stage threads (each ends its job in flight within its deadline and passes the rest
+ * on unsent) and frees every job. */
+static void stop_threads(rlx_driver *d) {
+    if (d->queue_cond) {
+        pthread_mutex_lock(&d->pipe_mu);
+        d->pipe_stop = 1;
+        for (uint32_t q = 0; q <= d->n_stages; q++)
+            pthread_cond_broadcast(&d->queue_cond[q]);
+        pthread_mutex_unlock(&d->pipe_mu);
+    }
+    for (uint32_t i = 0; i < d->n_threads; i++)
+        pthread_join(d->threads[i], NULL);
+    d->n_threads = 0;
+    if (d->queue_head)
+        for (uint32_t q = 0; q <= d->n_stages; q++)
+            for (drv_job *j; (j = pop_job(d, q));)
+                job_free(j);
+    job_free(d->handed);
+    d->handed = NULL;
+    if (d->queue_cond)
+        for (uint32_t q = 0; q <= d->n_stages; q++)
+            pthread_cond_destroy(&d->queue_cond[q]);
+    free(d->threads);
+    free(d->queue_cond);
+    free(d->queue_head);
+    free(d->queue_tail);
+    d->threads = NULL;
+    d->queue_cond = NULL;
+    d->queue_head = d->queue_tail = NULL;
+}
+
+uint32_t rlx_driver_n_slots(const rlx_driver *d) { return d ? d->n_slots : 0; }
+uint32_t rlx_driver_capacity(const rlx_driver *d) { return d ? d->capacity : 0; }
+
+/* Queues job j (its bound set here) for stage 0 and returns its ticket. */
+static uint64_t enqueue(rlx_driver *d, drv_job *j) {
+    j->bound_ms = 0;
+    for (uint32_t i = 0; i < d->n_stages; i++)
+        j->bound_ms += j->copy ? d->timeout_ms : rows_wait_ms(d, j->n);
+    pthread_mutex_lock(&d->pipe_mu);
+    const uint64_t ticket = j->ticket = ++d->next_ticket;
+    d->n_queued++;
+    d->queued_ms += j->bound_ms;
+    push_job(d, 0, j);
+    pthread_mutex_unlock(&d->pipe_mu);
+    return ticket;
+}
+
+static rlx_status slots_usable(rlx_driver *d, const char *what) {
+    if (!d->n_slots || !d->n_threads)
+        return rlx_error(RLX_E_INVALID, "%s: the driver was created without slots", what);
+    return check_usable(d);
+}
+
+rlx_status rlx_driver_submit(rlx_driver *d, const rlx_driver_rows *rows, uint64_t *ticket) {
+    if (!d || !rows || !ticket || !rows->ids || !rows->positions || !rows->slots || !rows->out_rows)
+        return rlx_error(RLX_E_INVALID, "rlx_driver_submit: NULL argument");
+    *ticket = 0;
+    rlx_status rc = slots_usable(d, "rlx_driver_submit");
+    if (rc != RLX_OK)
+        return rc;
+    const uint32_t n = rows->n, n_out = rows->n_out;
+    const int64_t vocab = d->cfg.vocab_size, hidden = d->cfg.hidden_size;
+    if (n == 0 || n_out == 0 || n_out > n)
+        return rlx_error(RLX_E_INVALID, "a step of %u rows with %u logits rows (want 1 <= logits rows <= rows)", n,
+                         n_out);
+    if ((size_t)n * (size_t)hidden * sizeof(float) > MESSAGE_LIMIT - 4096 ||
+        (size_t)n_out * (size_t)vocab * sizeof(float) > MESSAGE_LIMIT - 4096)
+        return rlx_error(RLX_E_RANGE, "a step of %u rows makes a message over the transports' 1 GiB limit", n);
+    for (uint32_t r = 0; r < n; r++) {
+        if (rows->ids[r] < 0 || rows->ids[r] >= vocab)
+            return rlx_error(RLX_E_RANGE, "row %u: token id %d is outside the vocabulary [0, %lld)", r, rows->ids[r],
+                             (long long)vocab);
+        if (rows->slots[r] < 0 || (uint32_t)rows->slots[r] >= d->n_slots)
+            return rlx_error(RLX_E_RANGE, "row %u: slot %d is not one of the %u slots", r, rows->slots[r], d->n_slots);
+        if (rows->positions[r] < 0 || (uint32_t)rows->positions[r] >= d->capacity)
+            return rlx_error(RLX_E_RANGE, "row %u: position %d is outside a slot of %u positions", r,
+                             rows->positions[r], d->capacity);
+    }
+    for (uint32_t k = 0; k < n_out; k++)
+        if (rows->out_rows[k] < 0 || (uint32_t)rows->out_rows[k] >= n)
+            return rlx_error(RLX_E_RANGE, "logits row %u names row %d of %u", k, rows->out_rows[k], n);
+    drv_job *j = rlx__calloc(1, sizeof *j);
+    /* ids, then positions, slots and out_rows, in one block */
+    if (j)
+        j->ids = rlx__malloc(((size_t)3 * n + n_out) * sizeof(int32_t));
+    if (!j || !j->ids) {
+        free(j);
+        return rlx_error(RLX_E_NOMEM, "driver: out of memory for a step of %u rows", n);
+    }
+    j->n = n;
+    j->n_out = n_out;
+    j->positions = (uint32_t *)(j->ids + n);
+    j->slots = j->positions + n;
+    j->out_rows = j->slots + n;
+    memcpy(j->ids, rows->ids, n * sizeof(int32_t));
+    memcpy(j->positions, rows->positions, n * sizeof(int32_t));
+    memcpy(j->slots, rows->slots, n * sizeof(int32_t));
+    memcpy(j->out_rows, rows->out_rows, n_out * sizeof(int32_t));
+    *ticket = enqueue(d, j);
+    return RLX_OK;
+}
+
+rlx_status rlx_driver_copy_slot(rlx_driver *d, uint32_t from, uint32_t to, uint32_t n) {
+    if (!d)
+        return rlx_error(RLX_E_INVALID, "rlx_driver_copy_slot: NULL driver");
+    rlx_status rc = slots_usable(d, "rlx_driver_copy_slot");
+    if (rc != RLX_OK)
+        return rc;
+    if (from >= d->n_slots || to >= d->n_slots || from == to || n == 0 || n > d->capacity)
+        return rlx_error(RLX_E_RANGE, "copying %u positions from slot %u to slot %u of %u slots of %u positions", n,
+                         from, to, d->n_slots, d->capacity);
+    drv_job *j = rlx__calloc(1, sizeof *j);
+    if (!j)
+        return rlx_error(RLX_E_NOMEM, "driver: out of memory");
+    j->copy = 1;
+    j->from = from;
+    j->to = to;
+    j->n_copy = n;
+    enqueue(d, j);
+    return RLX_OK;
+}
+
+rlx_status rlx_driver_wait(rlx_driver *d, uint64_t *ticket, const float **logits) {
+    if (!d || !ticket || !logits)
+        return rlx_error(RLX_E_INVALID, "rlx_driver_wait: NULL argument");
+    *ticket = 0;
+    *logits = NULL;
+    if (!d->n_threads)
+        return rlx_error(RLX_E_INVALID, "rlx_driver_wait: the driver was created without slots");
+    const uint32_t q = d->n_stages;
+    pthread_mutex_lock(&d->pipe_mu);
+    job_free(d->handed);
+    d->handed = NULL;
+    for (;;) {
+        if (d->n_queued == 0) {
+            pthread_mutex_unlock(&d->pipe_mu);
+            return rlx_error(RLX_E_INVALID, "rlx_driver_wait: no step is in flight");
+        }
+        /* every job ahead answers within its bound, so this one is late only if a thread is stuck */
+        const uint64_t limit_ms = d->queued_ms + 5000;
+        struct timespec until = deadline_in(limit_ms);
+        int late = 0;
+        while (!d->queue_head[q] && !late)
+            late = pthread_cond_timedwait(&d->queue_cond[q], &d->pipe_mu, &until) == ETIMEDOUT;
+        if (late) {
+            if (!d->broken) {
+                d->broken = 1;
+                snprintf(d->broken_msg, sizeof d->broken_msg, "no stage answered within %llu ms",
+                         (unsigned long long)limit_ms);
+            }
+            pthread_mutex_unlock(&d->pipe_mu);
+            return rlx_error(RLX_E_TIMEOUT, "the pipeline gave no answer within %llu ms", (unsigned long long)limit_ms);
+        }
+        drv_job *j = pop_job(d, q);
+        d->n_queued--;
+        d->queued_ms -= j->bound_ms;
+        if (j->copy && j->status == RLX_OK) {
+            job_free(j);
+            continue;
+        }
+        rlx_status rc = j->status;
+        if (rc != RLX_OK) {
+            rlx_error(rc, "%s", j->message);
+            job_free(j);
+        } else {
+            *ticket = j->ticket;
+            *logits = (const float *)j->reply->rows->data.data;
+            d->handed = j;
+        }
+        pthread_mutex_unlock(&d->pipe_mu);
+        return rc;
+    }
+}
+
 void rlx_driver_destroy(rlx_driver *d) {
     if (!d)
         return;
+    stop_threads(d);
     if (!d->broken && d->net.t) {
         Rlx__EndSession end = RLX__END_SESSION__INIT;
         end.session_id = d->session_id;
@@ -502,6 +930,7 @@ void rlx_driver_destroy(rlx_driver *d) {
     }
     free(d->stages);
     pthread_mutex_destroy(&d->stats_mu);
+    pthread_mutex_destroy(&d->pipe_mu);
     free(d);
 }
 

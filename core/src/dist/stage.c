@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "dist/dist_internal.h"
+#include "gen/gen_internal.h"
 #include "util/log.h"
 #include "util/alloc.h"
 
@@ -32,7 +33,14 @@ typedef struct stage {
     uint32_t kv_capacity; /* what the current connection's sessions get */
     int emit_hidden;      /* the current connection wants hidden rows with the logits */
     uint64_t conn_no;
+    /* the current connection's slots (Hello.n_slots), or NULL */
+    rlx__batch *batch;
+    uint32_t n_slots;
+    uint64_t rows_step; /* its last Rows or CopySlot step */
 } stage;
+
+/* The most slots one driver may ask for (the batched engine's own bound). */
+#define STAGE_MAX_SLOTS 1024
 
 rlx_stage_options rlx_stage_options_default(void) {
     return (rlx_stage_options){.session = {.size = sizeof(rlx_session_options)}, .prefetch = 1};
@@ -150,6 +158,26 @@ static int handshake(stage *st, void *conn, const Rlx__Envelope *e) {
                mine, (long long)st->cfg->num_hidden_layers);
         return -1;
     }
+    if (h->n_slots > STAGE_MAX_SLOTS) {
+        refuse(st, conn, 0, RLX_E_RANGE, "%u slots asked for, at most %d", h->n_slots, STAGE_MAX_SLOTS);
+        return -1;
+    }
+    if (h->n_slots) {
+        const rlx__batch_options bo = {.n_slots = h->n_slots,
+                                       .capacity = cap,
+                                       .kv_dtype = st->o.session.kv_dtype,
+                                       .backends = st->o.session.backends,
+                                       .n_backends = st->o.session.n_backends,
+                                       .rules = st->o.session.rules,
+                                       .n_rules = st->o.session.n_rules};
+        if (rlx__batch_create(st->m, &st->spec, &bo, &st->batch) != RLX_OK) {
+            refuse(st, conn, 0, RLX_E_NOMEM, "cannot keep %u slots of %u positions: %s", h->n_slots, cap,
+                   rlx_last_error());
+            return -1;
+        }
+        st->n_slots = h->n_slots;
+        st->rows_step = 0;
+    }
     st->kv_capacity = cap;
     st->emit_hidden = h->emit_hidden;
     Rlx__HelloReply r = RLX__HELLO_REPLY__INIT;
@@ -161,6 +189,7 @@ static int handshake(stage *st, void *conn, const Rlx__Envelope *e) {
     r.rss_bytes = resident_bytes();
     r.kv_capacity = cap;
     r.emit_hidden = st->emit_hidden;
+    r.n_slots = st->n_slots;
     Rlx__Envelope out = RLX__ENVELOPE__INIT;
     out.body_case = RLX__ENVELOPE__BODY_HELLO_REPLY;
     out.hello_reply = &r;
@@ -169,8 +198,8 @@ static int handshake(stage *st, void *conn, const Rlx__Envelope *e) {
                  (unsigned long long)st->conn_no, rlx_last_error());
         return -1;
     }
-    rlx__log(RLX_LOG_INFO, "driver connection %llu: stage %u of %u, layers %s, %u positions per session",
-             (unsigned long long)st->conn_no, h->stage_index, h->n_stages, mine, cap);
+    rlx__log(RLX_LOG_INFO, "driver connection %llu: stage %u of %u, layers %s, %u positions per session, %u slots",
+             (unsigned long long)st->conn_no, h->stage_index, h->n_stages, mine, cap, st->n_slots);
     return 0;
 }
 
@@ -304,6 +333,84 @@ static rlx_status on_end(stage *st, void *conn, const Rlx__EndSession *e) {
     return send_ack(st, conn, e->session_id, 0);
 }
 
+/* A step of the connection's slots: checks every row against the slots, runs them and answers
+ * with the hidden rows (or the logits of out_rows from the last stage). */
+static rlx_status on_rows(stage *st, void *conn, const Rlx__Rows *a) {
+    if (!st->batch)
+        return refuse(st, conn, 0, RLX_E_INVALID, "Rows from a driver that asked for no slots in its Hello");
+    if (a->step <= st->rows_step)
+        return refuse(st, conn, 0, RLX_E_INVALID, "Rows step %llu is out of order (the previous step was %llu)",
+                      (unsigned long long)a->step, (unsigned long long)st->rows_step);
+    st->rows_step = a->step;
+    const uint32_t n = a->n_rows;
+    const int embed = st->spec.embed_input != 0, logits = st->spec.produce_logits != 0;
+    const uint32_t in_width = embed ? 1 : (uint32_t)st->cfg->hidden_size;
+    const int in_dtype = embed ? RLX__DTYPE__DTYPE_I32 : RLX__DTYPE__DTYPE_F32;
+    const unsigned long long step = (unsigned long long)a->step;
+    if (n == 0 || a->n_positions != n || a->n_slots != n)
+        return refuse(st, conn, 0, RLX_E_INVALID, "Rows step %llu: %u rows with %zu positions and %zu slots", step, n,
+                      a->n_positions, a->n_slots);
+    if (a->width != in_width || (int)a->dtype != in_dtype || a->data.len != (size_t)n * in_width * 4)
+        return refuse(st, conn, 0, RLX_E_INVALID,
+                      "Rows step %llu: %zu bytes of %u %s values per row for %u rows, this stage takes rows of %u "
+                      "%s values (%s)",
+                      step, a->data.len, a->width, rlx__dtype_name(a->dtype), n, in_width,
+                      rlx__dtype_name((Rlx__DType)in_dtype), embed ? "token ids" : "hidden states");
+    if (logits ? a->n_out_rows == 0 || a->n_out_rows > n : a->n_out_rows != 0)
+        return refuse(st, conn, 0, RLX_E_INVALID, "Rows step %llu: %zu logits rows of %u rows to a stage %s", step,
+                      a->n_out_rows, n, logits ? "that returns logits (want 1 to the rows)" : "that returns no logits");
+    for (uint32_t r = 0; r < n; r++) {
+        if (a->slots[r] >= st->n_slots || a->positions[r] >= st->kv_capacity)
+            return refuse(st, conn, 0, RLX_E_RANGE,
+                          "Rows step %llu: row %u is position %u of slot %u, beyond %u slots of %u positions", step, r,
+                          a->positions[r], a->slots[r], st->n_slots, st->kv_capacity);
+        if (embed &&
+            (((const int32_t *)a->data.data)[r] < 0 || ((const int32_t *)a->data.data)[r] >= st->cfg->vocab_size))
+            return refuse(st, conn, 0, RLX_E_RANGE, "Rows step %llu: row %u: token id %d is outside the vocabulary",
+                          step, r, ((const int32_t *)a->data.data)[r]);
+    }
+    for (size_t k = 0; k < a->n_out_rows; k++)
+        if (a->out_rows[k] >= n)
+            return refuse(st, conn, 0, RLX_E_RANGE, "Rows step %llu: logits row %zu names row %u of %u", step, k,
+                          a->out_rows[k], n);
+    /* the values were checked to fit: the uint32 arrays are the int32 the block reads */
+    const float *out;
+    if (rlx__batch_run(st->batch, a->data.data, (const int32_t *)a->positions, (const int32_t *)a->slots, n,
+                       (const int32_t *)a->out_rows, (uint32_t)a->n_out_rows, &out) != RLX_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", rlx_last_error());
+        return refuse(st, conn, 0, RLX_E_INTERNAL, "Rows step %llu: %s", step, msg);
+    }
+    const uint32_t rows = logits ? (uint32_t)a->n_out_rows : n;
+    const uint32_t width = (uint32_t)(logits ? st->cfg->vocab_size : st->cfg->hidden_size);
+    Rlx__Rows r = RLX__ROWS__INIT;
+    r.step = a->step;
+    r.n_rows = rows;
+    r.width = width;
+    r.dtype = RLX__DTYPE__DTYPE_F32;
+    r.data.len = (size_t)rows * width * sizeof(float);
+    r.data.data = (uint8_t *)out;
+    Rlx__Envelope e = RLX__ENVELOPE__INIT;
+    e.body_case = RLX__ENVELOPE__BODY_ROWS;
+    e.rows = &r;
+    return rlx__net_send(&st->net, conn, &e, (int)st->o.timeout_ms, NULL);
+}
+
+static rlx_status on_copy_slot(stage *st, void *conn, const Rlx__CopySlot *c) {
+    if (!st->batch)
+        return refuse(st, conn, 0, RLX_E_INVALID, "CopySlot from a driver that asked for no slots in its Hello");
+    if (c->step <= st->rows_step)
+        return refuse(st, conn, 0, RLX_E_INVALID, "CopySlot step %llu is out of order (the previous step was %llu)",
+                      (unsigned long long)c->step, (unsigned long long)st->rows_step);
+    st->rows_step = c->step;
+    if (c->from_slot >= st->n_slots || c->to_slot >= st->n_slots || c->from_slot == c->to_slot ||
+        c->n_positions > st->kv_capacity)
+        return refuse(st, conn, 0, RLX_E_RANGE, "CopySlot of %u positions from slot %u to slot %u of %u slots of %u",
+                      c->n_positions, c->from_slot, c->to_slot, st->n_slots, st->kv_capacity);
+    rlx__batch_copy(st->batch, c->from_slot, c->to_slot, c->n_positions);
+    return send_ack(st, conn, 0, c->step);
+}
+
 // ---- connections ----
 
 /* A second driver while one is served: read its Hello (so closing does not reset the answer
@@ -377,6 +484,12 @@ static int serve_connection(stage *st, void *conn) {
         case RLX__ENVELOPE__BODY_END_SESSION:
             rc = on_end(st, conn, e->end_session);
             break;
+        case RLX__ENVELOPE__BODY_ROWS:
+            rc = on_rows(st, conn, e->rows);
+            break;
+        case RLX__ENVELOPE__BODY_COPY_SLOT:
+            rc = on_copy_slot(st, conn, e->copy_slot);
+            break;
         default:
             rc = refuse(st, conn, 0, RLX_E_INVALID, "unexpected %s after the handshake", rlx__envelope_kind(e));
             break;
@@ -389,6 +502,9 @@ static int serve_connection(stage *st, void *conn) {
         }
     }
     sessions_clear(st);
+    rlx__batch_destroy(st->batch);
+    st->batch = NULL;
+    st->n_slots = 0;
     return 1;
 }
 

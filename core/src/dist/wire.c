@@ -107,6 +107,10 @@ const char *rlx__envelope_kind(const Rlx__Envelope *e) {
         return "Ack";
     case RLX__ENVELOPE__BODY_ERROR:
         return "Error";
+    case RLX__ENVELOPE__BODY_ROWS:
+        return "Rows";
+    case RLX__ENVELOPE__BODY_COPY_SLOT:
+        return "CopySlot";
     default:
         return "an unknown message";
     }

@@ -1,5 +1,6 @@
 /* The batched engine (rlx/engine.h): slots of one KV cache, a bounded queue, and a worker that
- * runs one forward pass per step over the rows of every running sequence.
+ * runs one forward pass per step over the rows of every running sequence. Over a pipeline the
+ * caches are the stages' and the worker keeps one step per group of slots in flight.
  *
  * Locking: `mu` guards the queue, the cancel flags, the counters and the admission of requests
  * into slots; the worker alone touches the slots' caches, plans and samplers, outside the lock,
@@ -12,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "rlx/dist.h"
 #include "rlx/engine.h"
 #include "rlx/model.h"
 #include "rlx/sched.h"
@@ -22,21 +24,11 @@
 #include "util/clock.h"
 #include "util/sized.h"
 
-/* Plans kept, keyed by (rows, logits rows): a steady decode of n streams reuses one. */
-#define ENGINE_PLANS 16
 /* How long the idle worker sleeps before it looks at the flags again without being woken. */
 #define ENGINE_IDLE_MS 200
 /* A prefix held by a busy slot is copied to the new request's slot from this many positions:
  * below it, recomputing costs about what the copy does. */
 #define ENGINE_MIN_COPY 16
-
-typedef struct engine_plan {
-    uint32_t n_rows, n_out;
-    uint64_t last_used;
-    rlx_graph *graph;
-    rlx_plan *plan;
-    rlx_batch_io io;
-} engine_plan;
 
 typedef struct engine_req {
     uint64_t id;
@@ -63,8 +55,26 @@ typedef struct engine_slot {
     uint64_t last_used; /* when it last finished a request: the least recent free slot is reused first */
 } engine_slot;
 
+/* Over a pipeline, the slots fall into groups (slot s into group s % n_groups) that take turns
+ * through the stages: each group has at most one step in flight, and while the stages compute
+ * one group's step the worker samples another's logits and submits its next step. */
+typedef struct engine_group {
+    int busy;           /* a step of the group is in flight */
+    uint64_t ticket;    /* the driver's, of that step */
+    uint32_t n_out;     /* logits rows it returns, for the slots below */
+    uint32_t *out_slot; /* [n_slots] */
+} engine_group;
+
 struct rlx_engine {
-    const rlx_model *m; /* batched mode; NULL over an lm */
+    const rlx_model *m; /* batched mode; NULL over an lm or a pipeline */
+    rlx__batch *batch;  /* batched mode: the model over the slots */
+    /* pipeline mode: the slots live in the stages of d, which runs the steps */
+    rlx_driver *pipe;
+    engine_group *groups;
+    uint32_t n_groups;
+    uint32_t *in_flight; /* groups with a step in flight, oldest first: the driver answers in order */
+    uint32_t n_in_flight;
+    double busy_since; /* when the pipeline last went from idle to busy */
     /* lm mode: requests run one after another on lm (a pipeline driver, or a session with a
      * speculator), with the speculator when there is one */
     rlx_lm lm;
@@ -78,13 +88,8 @@ struct rlx_engine {
     size_t n_backends;
     rlx_place_rule *rules;
     size_t n_rules;
-    uint32_t n_slots, capacity, max_queue, step_tokens, kv_dtype;
-    uint32_t n_layers;
-    size_t row_bytes;          /* one position of one layer's K (or V) */
-    void **k_cache, **v_cache; /* per layer: [n_slots, capacity, kv] */
-    size_t layer_bytes;
+    uint32_t n_slots, capacity, max_queue, step_tokens;
     engine_slot *slots;
-    engine_plan plans[ENGINE_PLANS];
     uint64_t clock;
     /* the step's rows */
     int32_t *ids, *pos, *seq, *out_rows;
@@ -100,12 +105,6 @@ struct rlx_engine {
     uint64_t next_id;
     rlx_engine_stats stats;
 };
-
-static void plan_clear(engine_plan *p) {
-    rlx_plan_destroy(p->plan);
-    rlx_graph_destroy(p->graph);
-    memset(p, 0, sizeof *p);
-}
 
 static void req_free(engine_req *r) {
     if (!r)
@@ -185,6 +184,46 @@ rlx_status rlx_engine_create_lm(const rlx_lm *lm, rlx_speculator *spec, uint32_t
     return engine_start(e, out);
 }
 
+/* Allocates the slots and the step's rows of an engine whose n_slots, capacity and step_tokens
+ * are set. */
+static rlx_status alloc_slots(rlx_engine *e) {
+    e->slots = rlx__calloc(e->n_slots, sizeof *e->slots);
+    e->ids = rlx__malloc(e->step_tokens * sizeof *e->ids);
+    e->pos = rlx__malloc(e->step_tokens * sizeof *e->pos);
+    e->seq = rlx__malloc(e->step_tokens * sizeof *e->seq);
+    e->out_rows = rlx__malloc(e->n_slots * sizeof *e->out_rows);
+    e->out_slot = rlx__malloc(e->n_slots * sizeof *e->out_slot);
+    if (!e->slots || !e->ids || !e->pos || !e->seq || !e->out_rows || !e->out_slot)
+        return RLX_E_NOMEM;
+    for (uint32_t s = 0; s < e->n_slots; s++)
+        if (!(e->slots[s].tokens = rlx__malloc(e->capacity * sizeof *e->slots[s].tokens)))
+            return RLX_E_NOMEM;
+    return RLX_OK;
+}
+
+/* Checks the slot figures of o (defaults filled in) against a model of max_pos positions. */
+static rlx_status check_slots(rlx_engine_options *o, uint32_t max_pos) {
+    o->n_slots = o->n_slots ? o->n_slots : 4;
+    o->slot_positions = o->slot_positions ? o->slot_positions : (max_pos < 4096 ? max_pos : 4096);
+    o->max_queue = o->max_queue ? o->max_queue : 4 * o->n_slots;
+    o->step_tokens = o->step_tokens ? o->step_tokens : 128;
+    if (o->slot_positions > max_pos)
+        return rlx_error(RLX_E_RANGE, "a slot of %u positions exceeds the model's max_position_embeddings %u",
+                         o->slot_positions, max_pos);
+    if (o->n_slots > 1024 || o->step_tokens < o->n_slots || o->step_tokens > 65536)
+        return rlx_error(RLX_E_INVALID,
+                         "engine of %u slots with %u rows per step: want 1..1024 slots and "
+                         "n_slots <= step_tokens <= 65536",
+                         o->n_slots, o->step_tokens);
+    return RLX_OK;
+}
+
+static uint32_t max_positions(const rlx_model_config *c) {
+    return c->max_position_embeddings > 0 && c->max_position_embeddings < UINT32_MAX
+               ? (uint32_t)c->max_position_embeddings
+               : UINT32_MAX;
+}
+
 rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts, rlx_engine **out) {
     if (!m || !out)
         return rlx_error(RLX_E_INVALID, "rlx_engine_create: NULL argument");
@@ -199,25 +238,8 @@ rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts,
                                  .layer_end = (uint32_t)c->num_hidden_layers,
                                  .embed_input = 1,
                                  .produce_logits = 1};
-    if ((rc = rlx_model_check_block(m, &spec)) != RLX_OK)
+    if ((rc = rlx_model_check_block(m, &spec)) != RLX_OK || (rc = check_slots(&o, max_positions(c))) != RLX_OK)
         return rc;
-    uint32_t max_pos = c->max_position_embeddings > 0 && c->max_position_embeddings < UINT32_MAX
-                           ? (uint32_t)c->max_position_embeddings
-                           : UINT32_MAX;
-    o.n_slots = o.n_slots ? o.n_slots : 4;
-    o.slot_positions = o.slot_positions ? o.slot_positions : (max_pos < 4096 ? max_pos : 4096);
-    o.max_queue = o.max_queue ? o.max_queue : 4 * o.n_slots;
-    o.step_tokens = o.step_tokens ? o.step_tokens : 128;
-    if (o.slot_positions > max_pos)
-        return rlx_error(RLX_E_RANGE, "a slot of %u positions exceeds the model's max_position_embeddings %u",
-                         o.slot_positions, max_pos);
-    if (o.n_slots > 1024 || o.step_tokens < o.n_slots || o.step_tokens > 65536)
-        return rlx_error(RLX_E_INVALID,
-                         "engine of %u slots with %u rows per step: want 1..1024 slots and "
-                         "n_slots <= step_tokens <= 65536",
-                         o.n_slots, o.step_tokens);
-    if (o.kv_dtype != RLX_DTYPE_F32 && o.kv_dtype != RLX_DTYPE_F16)
-        return rlx_error(RLX_E_INVALID, "KV cache dtype %s: only f32 and f16 caches exist", rlx_dtype_name(o.kv_dtype));
     rlx_engine *e = rlx__calloc(1, sizeof *e);
     if (!e)
         return rlx_error(RLX_E_NOMEM, "engine: out of memory");
@@ -229,40 +251,76 @@ rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts,
     e->capacity = o.slot_positions;
     e->max_queue = o.max_queue;
     e->step_tokens = o.step_tokens;
-    e->kv_dtype = o.kv_dtype;
-    e->n_layers = spec.layer_end;
-    e->row_bytes = (size_t)(c->num_key_value_heads * c->head_dim) *
-                   (o.kv_dtype == RLX_DTYPE_F16 ? sizeof(uint16_t) : sizeof(float));
-    e->layer_bytes = (size_t)e->n_slots * e->capacity * e->row_bytes;
     e->n_backends = o.n_backends;
     e->backends = rlx__calloc(o.n_backends + 1, sizeof *e->backends);
     e->n_rules = o.n_rules;
     e->rules = rlx__calloc(o.n_rules + 1, sizeof *e->rules);
-    e->k_cache = rlx__calloc(e->n_layers, sizeof *e->k_cache);
-    e->v_cache = rlx__calloc(e->n_layers, sizeof *e->v_cache);
-    e->slots = rlx__calloc(e->n_slots, sizeof *e->slots);
-    e->ids = rlx__malloc(e->step_tokens * sizeof *e->ids);
-    e->pos = rlx__malloc(e->step_tokens * sizeof *e->pos);
-    e->seq = rlx__malloc(e->step_tokens * sizeof *e->seq);
-    e->out_rows = rlx__malloc(e->n_slots * sizeof *e->out_rows);
-    e->out_slot = rlx__malloc(e->n_slots * sizeof *e->out_slot);
-    if (!e->backends || !e->rules || !e->k_cache || !e->v_cache || !e->slots || !e->ids || !e->pos || !e->seq ||
-        !e->out_rows || !e->out_slot)
-        goto nomem;
+    if (!e->backends || !e->rules || alloc_slots(e) != RLX_OK) {
+        rlx_engine_destroy(e);
+        return rlx_error(RLX_E_NOMEM, "engine: out of memory for %u slots of %u positions", o.n_slots,
+                         o.slot_positions);
+    }
     for (size_t i = 0; i < o.n_backends; i++)
         e->backends[i] = o.backends[i];
     for (size_t i = 0; i < o.n_rules; i++)
         e->rules[i] = o.rules[i];
-    for (uint32_t l = 0; l < e->n_layers; l++)
-        if (!(e->k_cache[l] = rlx__map_zeroed(e->layer_bytes)) || !(e->v_cache[l] = rlx__map_zeroed(e->layer_bytes)))
-            goto nomem;
-    for (uint32_t s = 0; s < e->n_slots; s++)
-        if (!(e->slots[s].tokens = rlx__malloc(e->capacity * sizeof *e->slots[s].tokens)))
-            goto nomem;
+    const rlx__batch_options bo = {.n_slots = e->n_slots,
+                                   .capacity = e->capacity,
+                                   .kv_dtype = o.kv_dtype,
+                                   .backends = e->backends,
+                                   .n_backends = e->n_backends,
+                                   .rules = e->rules,
+                                   .n_rules = e->n_rules};
+    if ((rc = rlx__batch_create(m, &spec, &bo, &e->batch)) != RLX_OK) {
+        rlx_engine_destroy(e);
+        return rc;
+    }
     return engine_start(e, out);
-nomem:
-    rlx_engine_destroy(e);
-    return rlx_error(RLX_E_NOMEM, "engine: out of memory for %u slots of %u positions", o.n_slots, o.slot_positions);
+}
+
+rlx_status rlx_engine_create_pipeline(rlx_driver *d, const rlx_engine_options *opts, rlx_engine **out) {
+    if (!d || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_engine_create_pipeline: NULL argument");
+    *out = NULL;
+    rlx_engine_options o;
+    rlx_status rc = read_options(opts, &o);
+    if (rc != RLX_OK)
+        return rc;
+    const uint32_t n_slots = rlx_driver_n_slots(d);
+    if (!n_slots)
+        return rlx_error(RLX_E_INVALID, "the pipeline driver was created without slots (rlx_driver_options.n_slots)");
+    if ((o.n_slots && o.n_slots != n_slots) || (o.slot_positions && o.slot_positions != rlx_driver_capacity(d)))
+        return rlx_error(RLX_E_INVALID, "%u slots of %u positions asked of a pipeline whose stages hold %u of %u",
+                         o.n_slots, o.slot_positions, n_slots, rlx_driver_capacity(d));
+    o.n_slots = n_slots;
+    o.slot_positions = rlx_driver_capacity(d);
+    const rlx_model_config *c = rlx_driver_config(d);
+    if ((rc = check_slots(&o, max_positions(c))) != RLX_OK)
+        return rc;
+    rlx_engine *e = rlx__calloc(1, sizeof *e);
+    if (!e)
+        return rlx_error(RLX_E_NOMEM, "engine: out of memory");
+    e->pipe = d;
+    e->vocab = c->vocab_size;
+    e->eos_ids = c->eos_ids;
+    e->n_eos = c->n_eos;
+    e->n_slots = o.n_slots;
+    e->capacity = o.slot_positions;
+    e->max_queue = o.max_queue;
+    e->step_tokens = o.step_tokens;
+    /* one group per stage keeps every stage busy; more would only split the batches */
+    e->n_groups = rlx_driver_n_stages(d) < e->n_slots ? rlx_driver_n_stages(d) : e->n_slots;
+    e->groups = rlx__calloc(e->n_groups, sizeof *e->groups);
+    e->in_flight = rlx__calloc(e->n_groups, sizeof *e->in_flight);
+    rc = e->groups && e->in_flight ? alloc_slots(e) : RLX_E_NOMEM;
+    for (uint32_t g = 0; rc == RLX_OK && g < e->n_groups; g++)
+        if (!(e->groups[g].out_slot = rlx__calloc(e->n_slots, sizeof *e->groups[g].out_slot)))
+            rc = RLX_E_NOMEM;
+    if (rc != RLX_OK) {
+        rlx_engine_destroy(e);
+        return rlx_error(RLX_E_NOMEM, "engine: out of memory for %u slots", o.n_slots);
+    }
+    return engine_start(e, out);
 }
 
 /* The deadline timeout_ms from now on the condition variables' clock. */
@@ -315,19 +373,14 @@ void rlx_engine_destroy(rlx_engine *e) {
         pthread_cond_destroy(&e->wake);
         pthread_cond_destroy(&e->idle);
     }
-    for (int i = 0; i < ENGINE_PLANS; i++)
-        plan_clear(&e->plans[i]);
-    for (uint32_t l = 0; l < e->n_layers && e->k_cache && e->v_cache; l++) {
-        if (e->k_cache[l])
-            munmap(e->k_cache[l], e->layer_bytes);
-        if (e->v_cache[l])
-            munmap(e->v_cache[l], e->layer_bytes);
-    }
+    rlx__batch_destroy(e->batch);
+    for (uint32_t g = 0; g < e->n_groups && e->groups; g++)
+        free(e->groups[g].out_slot);
+    free(e->groups);
+    free(e->in_flight);
     for (uint32_t s = 0; s < e->n_slots && e->slots; s++)
         free(e->slots[s].tokens);
     free(e->slots);
-    free(e->k_cache);
-    free(e->v_cache);
     free(e->ids);
     free(e->pos);
     free(e->seq);
@@ -472,13 +525,28 @@ static uint32_t common_prefix(const int32_t *a, uint32_t na, const int32_t *b, u
     return i;
 }
 
-static void copy_prefix(rlx_engine *e, uint32_t from, uint32_t to, uint32_t n) {
-    const size_t slot_bytes = (size_t)e->capacity * e->row_bytes, bytes = (size_t)n * e->row_bytes;
-    for (uint32_t l = 0; l < e->n_layers; l++) {
-        memcpy((char *)e->k_cache[l] + to * slot_bytes, (char *)e->k_cache[l] + from * slot_bytes, bytes);
-        memcpy((char *)e->v_cache[l] + to * slot_bytes, (char *)e->v_cache[l] + from * slot_bytes, bytes);
+/* Copies slot `from`'s first n positions into slot `to`; 0 when it cannot (a pipeline that is
+ * down: the request then computes its prompt and meets the pipeline's error there). */
+static int copy_prefix(rlx_engine *e, uint32_t from, uint32_t to, uint32_t n) {
+    if (e->pipe) {
+        if (rlx_driver_copy_slot(e->pipe, from, to, n) != RLX_OK)
+            return 0;
+    } else {
+        rlx__batch_copy(e->batch, from, to, n);
     }
     memcpy(e->slots[to].tokens, e->slots[from].tokens, n * sizeof *e->slots[to].tokens);
+    return 1;
+}
+
+static uint32_t group_of(const rlx_engine *e, uint32_t s) { return e->n_groups ? s % e->n_groups : 0; }
+
+/* Running requests per group, so a new one goes where the fewest run (a group whose streams all
+ * wait on one another pipelines nothing). */
+static uint32_t group_load(const rlx_engine *e, uint32_t g) {
+    uint32_t n = 0;
+    for (uint32_t s = g; s < e->n_slots; s += e->n_groups)
+        n += e->slots[s].req != NULL;
+    return n;
 }
 
 /* Puts r into a free slot, reusing the longest prefix of its prompt the cache holds: in that
@@ -488,10 +556,14 @@ static void admit(rlx_engine *e, engine_req *r) {
     const uint32_t limit = r->r.n_prompt - 1;
     int best_free = -1, best_any = -1;
     uint32_t len_free = 0, len_any = 0;
+    uint32_t least = UINT32_MAX; /* the lightest group with a free slot */
+    for (uint32_t s = 0; e->n_groups && s < e->n_slots; s++)
+        if (!e->slots[s].req && group_load(e, group_of(e, s)) < least)
+            least = group_load(e, group_of(e, s));
     for (uint32_t s = 0; s < e->n_slots; s++) {
         engine_slot *sl = &e->slots[s];
         uint32_t n = common_prefix(sl->tokens, sl->n_valid, r->prompt, limit);
-        if (!sl->req &&
+        if (!sl->req && (!e->n_groups || group_load(e, group_of(e, s)) == least) &&
             (best_free < 0 || n > len_free || (n == len_free && sl->last_used < e->slots[best_free].last_used)))
             best_free = (int)s, len_free = n;
         if (sl->req && n > len_any)
@@ -499,10 +571,9 @@ static void admit(rlx_engine *e, engine_req *r) {
     }
     engine_slot *sl = &e->slots[best_free];
     uint32_t reuse = len_free;
-    if (best_any >= 0 && len_any >= ENGINE_MIN_COPY && len_any > len_free) {
-        copy_prefix(e, (uint32_t)best_any, (uint32_t)best_free, len_any);
+    if (best_any >= 0 && len_any >= ENGINE_MIN_COPY && len_any > len_free &&
+        copy_prefix(e, (uint32_t)best_any, (uint32_t)best_free, len_any))
         reuse = len_any;
-    }
     sl->req = r;
     sl->n_valid = reuse;
     sl->state = SLOT_PROMPT;
@@ -512,46 +583,6 @@ static void admit(rlx_engine *e, engine_req *r) {
     r->t_admit = rlx__now_seconds();
     e->stats.cached_tokens += reuse;
     e->stats.prompt_tokens += r->r.n_prompt;
-}
-
-static engine_plan *get_plan(rlx_engine *e, uint32_t n_rows, uint32_t n_out, rlx_status *rc) {
-    engine_plan *victim = &e->plans[0];
-    for (int i = 0; i < ENGINE_PLANS; i++) {
-        engine_plan *p = &e->plans[i];
-        if (p->plan && p->n_rows == n_rows && p->n_out == n_out) {
-            p->last_used = ++e->clock;
-            return p;
-        }
-        if (!p->plan || (victim->plan && p->last_used < victim->last_used))
-            victim = p;
-    }
-    plan_clear(victim);
-    const rlx_model_config *c = rlx_model_config_of(e->m);
-    const rlx_block_spec spec = {
-        .size = sizeof spec, .layer_end = (uint32_t)c->num_hidden_layers, .embed_input = 1, .produce_logits = 1};
-    const rlx_build_options bo = {.size = sizeof bo,
-                                  .n_tokens = n_rows,
-                                  .kv_capacity = e->capacity,
-                                  .n_slots = e->n_slots,
-                                  .kv_dtype = e->kv_dtype,
-                                  .n_out_rows = n_out};
-    *rc = rlx_model_build_block_ex(e->m, &spec, &bo, &victim->graph, &victim->io);
-    if (*rc == RLX_OK)
-        *rc = rlx_plan_create_placed(victim->graph, e->backends, e->n_backends, e->rules, e->n_rules, &victim->plan);
-    const rlx_block_io *io = &victim->io.block;
-    for (uint32_t l = 0; *rc == RLX_OK && l < io->n_layers; l++) {
-        *rc = rlx_plan_bind(victim->plan, io->k_cache[l], e->k_cache[l]);
-        if (*rc == RLX_OK)
-            *rc = rlx_plan_bind(victim->plan, io->v_cache[l], e->v_cache[l]);
-    }
-    if (*rc != RLX_OK) {
-        plan_clear(victim);
-        return NULL;
-    }
-    victim->n_rows = n_rows;
-    victim->n_out = n_out;
-    victim->last_used = ++e->clock;
-    return victim;
 }
 
 /* Ends the request of slot s: its event, then the slot is free (its rows stay, for a later
@@ -654,27 +685,32 @@ static void emit(rlx_engine *e, uint32_t s, const float *logits) {
     }
 }
 
-/* One forward pass over every running slot; 0 when there was nothing to run. */
-static int step(rlx_engine *e) {
+/* Gathers the rows of the next step of group g's slots (every slot with g < 0) into e->ids,
+ * e->pos and e->seq: one decode row per decoding slot first, so their pace does not depend on
+ * prompts, then prompt chunks, oldest request first, within the step's budget. The slots whose
+ * logits the step returns go to out_slot, their rows to e->out_rows (a step of prompt rows
+ * alone names its last row, whose logits go unused). The rows count as held from here: the
+ * caller forgets them when the step fails. Returns the number of rows. */
+static uint32_t gather_rows(rlx_engine *e, int g, uint32_t *out_slot, uint32_t *n_out_p) {
     uint32_t n = 0, n_out = 0;
-    /* decode rows first: one per decoding slot, so their pace does not depend on prompts */
     for (uint32_t s = 0; s < e->n_slots; s++) {
         engine_slot *sl = &e->slots[s];
-        if (!sl->req || sl->state != SLOT_DECODE)
+        if (!sl->req || sl->state != SLOT_DECODE || (g >= 0 && group_of(e, s) != (uint32_t)g))
             continue;
         e->ids[n] = sl->pending;
         e->pos[n] = (int32_t)sl->n_valid;
         e->seq[n] = (int32_t)s;
         e->out_rows[n_out] = (int32_t)n;
-        e->out_slot[n_out++] = s;
+        out_slot[n_out++] = s;
+        sl->tokens[sl->n_valid++] = sl->pending;
         n++;
     }
-    /* then prompt chunks, oldest request first, within the step's budget */
     for (;;) {
         int pick = -1;
         for (uint32_t s = 0; s < e->n_slots; s++) {
             engine_slot *sl = &e->slots[s];
-            if (sl->req && sl->state == SLOT_PROMPT && (pick < 0 || sl->req->id < e->slots[pick].req->id))
+            if (sl->req && sl->state == SLOT_PROMPT && (g < 0 || group_of(e, s) == (uint32_t)g) &&
+                (pick < 0 || sl->req->id < e->slots[pick].req->id))
                 pick = (int)s;
         }
         if (pick < 0 || n == e->step_tokens)
@@ -689,53 +725,109 @@ static int step(rlx_engine *e) {
         }
         if (take == left) {
             e->out_rows[n_out] = (int32_t)(n - 1);
-            e->out_slot[n_out++] = (uint32_t)pick;
+            out_slot[n_out++] = (uint32_t)pick;
         }
-        /* the chunk's rows count as held from here; a failed pass forgets them below */
         memcpy(sl->tokens + sl->n_valid, sl->req->prompt + sl->n_valid, take * sizeof *sl->tokens);
         sl->n_valid += take;
         if (take < left)
             break;
         sl->state = SLOT_SAMPLE;
     }
+    if (n && !n_out)
+        e->out_rows[0] = (int32_t)(n - 1);
+    *n_out_p = n_out;
+    return n;
+}
+
+/* A step of the running slots of group g (all with g < 0) failed: every request in them ends
+ * with the error, and what the step wrote is not trusted. */
+static void fail_slots(rlx_engine *e, int g, rlx_status rc, const char *why) {
+    char message[512];
+    snprintf(message, sizeof message, "%s", why);
+    for (uint32_t s = 0; s < e->n_slots; s++) {
+        engine_slot *sl = &e->slots[s];
+        if (sl->req && (g < 0 || group_of(e, s) == (uint32_t)g)) {
+            sl->n_valid = 0;
+            finish_slot(e, s, RLX_FINISH_ERROR, rc, message);
+        }
+    }
+}
+
+static void count_step(rlx_engine *e, double seconds) {
+    pthread_mutex_lock(&e->mu);
+    e->stats.steps++;
+    e->stats.busy_seconds += seconds;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* One forward pass over every running slot; 0 when there was nothing to run. */
+static int step(rlx_engine *e) {
+    uint32_t n_out;
+    const uint32_t n = gather_rows(e, -1, e->out_slot, &n_out);
     if (n == 0)
         return 0;
     const double t0 = rlx__now_seconds();
-    rlx_status rc = RLX_OK;
-    /* a pass of prompt rows alone still has a plan with one logits row, which goes unused */
-    if (!n_out)
-        e->out_rows[0] = (int32_t)(n - 1);
-    engine_plan *p = get_plan(e, n, n_out ? n_out : 1, &rc);
-    const rlx_batch_io *io = p ? &p->io : NULL;
-    if (rc == RLX_OK && (rc = rlx_plan_bind(p->plan, io->block.input, e->ids)) == RLX_OK &&
-        (rc = rlx_plan_bind(p->plan, io->block.positions, e->pos)) == RLX_OK &&
-        (rc = rlx_plan_bind(p->plan, io->seq, e->seq)) == RLX_OK &&
-        (rc = rlx_plan_bind(p->plan, io->out_rows, e->out_rows)) == RLX_OK)
-        rc = rlx_plan_run(p->plan);
-    /* the decode rows are in the cache now */
-    for (uint32_t s = 0; s < e->n_slots; s++) {
-        engine_slot *sl = &e->slots[s];
-        if (sl->req && sl->state == SLOT_DECODE)
-            sl->tokens[sl->n_valid++] = sl->pending;
-    }
+    const float *logits;
+    rlx_status rc = rlx__batch_run(e->batch, e->ids, e->pos, e->seq, n, e->out_rows, n_out ? n_out : 1, &logits);
     if (rc != RLX_OK) {
-        char message[512];
-        snprintf(message, sizeof message, "%s", rlx_last_error());
-        for (uint32_t s = 0; s < e->n_slots; s++) {
-            engine_slot *sl = &e->slots[s];
-            if (sl->req) {
-                sl->n_valid = 0; /* what the failed pass wrote is not trusted */
-                finish_slot(e, s, RLX_FINISH_ERROR, rc, message);
-            }
-        }
+        fail_slots(e, -1, rc, rlx_last_error());
         return 1;
     }
-    const float *logits = rlx_plan_data(p->plan, io->block.output);
     for (uint32_t k = 0; k < n_out; k++)
         emit(e, e->out_slot[k], logits + (size_t)k * (size_t)e->vocab);
+    count_step(e, rlx__now_seconds() - t0);
+    return 1;
+}
+
+/* Over a pipeline: submits the next step of every group that has none in flight (not once the
+ * engine closes), then takes the oldest step in flight back and samples its logits. 0 when
+ * nothing was in flight. */
+static int pipe_step(rlx_engine *e, int closing) {
+    for (uint32_t g = 0; g < e->n_groups && !closing; g++) {
+        engine_group *gr = &e->groups[g];
+        if (gr->busy)
+            continue;
+        const uint32_t n = gather_rows(e, (int)g, gr->out_slot, &gr->n_out);
+        if (n == 0)
+            continue;
+        const rlx_driver_rows rows = {.ids = e->ids,
+                                      .positions = e->pos,
+                                      .slots = e->seq,
+                                      .n = n,
+                                      .out_rows = e->out_rows,
+                                      .n_out = gr->n_out ? gr->n_out : 1};
+        rlx_status rc = rlx_driver_submit(e->pipe, &rows, &gr->ticket);
+        if (rc != RLX_OK) {
+            fail_slots(e, (int)g, rc, rlx_last_error());
+            continue;
+        }
+        if (e->n_in_flight == 0)
+            e->busy_since = rlx__now_seconds();
+        gr->busy = 1;
+        e->in_flight[e->n_in_flight++] = g;
+    }
+    if (e->n_in_flight == 0)
+        return 0;
+    const uint32_t g = e->in_flight[0];
+    engine_group *gr = &e->groups[g];
+    memmove(e->in_flight, e->in_flight + 1, --e->n_in_flight * sizeof *e->in_flight);
+    uint64_t ticket = 0;
+    const float *logits = NULL;
+    rlx_status rc = rlx_driver_wait(e->pipe, &ticket, &logits);
+    gr->busy = 0;
+    if (rc == RLX_OK && ticket != gr->ticket)
+        rc = rlx_error(RLX_E_INTERNAL, "the pipeline answered step %llu, expected step %llu",
+                       (unsigned long long)ticket, (unsigned long long)gr->ticket);
+    if (rc != RLX_OK) {
+        fail_slots(e, (int)g, rc, rlx_last_error());
+    } else {
+        for (uint32_t k = 0; k < gr->n_out; k++)
+            emit(e, gr->out_slot[k], logits + (size_t)k * (size_t)e->vocab);
+    }
     pthread_mutex_lock(&e->mu);
     e->stats.steps++;
-    e->stats.busy_seconds += rlx__now_seconds() - t0;
+    if (e->n_in_flight == 0)
+        e->stats.busy_seconds += rlx__now_seconds() - e->busy_since;
     pthread_mutex_unlock(&e->mu);
     return 1;
 }
@@ -851,8 +943,10 @@ static void *engine_main(void *arg) {
         e->queue_tail = NULL;
         for (engine_req *r = e->queue_head; r; r = r->next)
             e->queue_tail = r;
+        /* a slot whose step is in flight ends when the step is back */
         for (uint32_t s = 0; s < e->n_slots; s++)
-            e->slots[s].cancel = e->slots[s].req && (e->slots[s].req->cancelled || e->closing);
+            e->slots[s].cancel = e->slots[s].req && (e->slots[s].req->cancelled || e->closing) &&
+                                 !(e->pipe && e->groups[group_of(e, s)].busy);
         pthread_mutex_unlock(&e->mu);
         for (engine_req *r = cancelled, *next; r; r = next) {
             next = r->next;
@@ -864,6 +958,12 @@ static void *engine_main(void *arg) {
             if (e->slots[s].cancel)
                 finish_slot(e, s, RLX_FINISH_CANCELLED, RLX_OK, NULL);
         pthread_mutex_lock(&e->mu);
+        if (e->closing && e->n_in_flight) {
+            /* the steps in flight come back (or fail) within the driver's deadlines */
+            pthread_mutex_unlock(&e->mu);
+            pipe_step(e, 1);
+            continue;
+        }
         if (e->closing) {
             pthread_cond_broadcast(&e->idle);
             pthread_mutex_unlock(&e->mu);
@@ -883,7 +983,7 @@ static void *engine_main(void *arg) {
             used += e->slots[s].req ? e->slots[s].n_valid : 0;
         e->stats.kv_positions_used = used;
         pthread_mutex_unlock(&e->mu);
-        if (!e->over_lm && step(e))
+        if (e->pipe ? pipe_step(e, 0) : !e->over_lm && step(e))
             continue;
         pthread_mutex_lock(&e->mu);
         pthread_cond_broadcast(&e->idle);

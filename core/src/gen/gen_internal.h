@@ -3,6 +3,8 @@
 #define RLX_GEN_INTERNAL_H
 
 #include "rlx/gen.h"
+#include "rlx/model.h"
+#include "rlx/sched.h"
 
 /* Lets the rlx_token_fn of rlx_generate and rlx_spec_generate run the loops of their _ex forms. */
 typedef struct rlx__token_fn_adapter {
@@ -15,5 +17,33 @@ int rlx__call_token_fn(void *adapter, int32_t token, const float *logits);
 
 /* rlx_sampler_accept of ids[0..n) in order; stops at the first failure. */
 rlx_status rlx__sampler_accept_all(rlx_sampler *s, const int32_t *ids, uint32_t n);
+
+/* A block of a model run over rows of many sequences at once: the KV cache of n_slots sequences
+ * of `capacity` positions for the block's layers (mapped once, pages touched as written) and the
+ * plans of the row counts seen, kept by (rows, logits rows). The batched engine runs the whole
+ * model on one; a pipeline stage runs its layer range on one per driver connection. Not
+ * thread-safe: one caller at a time. */
+typedef struct rlx__batch rlx__batch;
+
+typedef struct rlx__batch_options {
+    uint32_t n_slots, capacity, kv_dtype;
+    rlx_backend *const *backends; /* borrowed for the batch's lifetime */
+    size_t n_backends;
+    const rlx_place_rule *rules; /* borrowed for the batch's lifetime */
+    size_t n_rules;
+} rlx__batch_options;
+
+/* spec: the block (its all_logits, emit_hidden and mtp must be 0). */
+rlx_status rlx__batch_create(const rlx_model *m, const rlx_block_spec *spec, const rlx__batch_options *o,
+                             rlx__batch **out);
+void rlx__batch_destroy(rlx__batch *b);
+/* Runs n rows: input is n token ids (a block that embeds) or n rows of hidden_size F32 values;
+ * row r is position pos[r] of slot seq[r]. A logits block computes the logits of rows
+ * out_rows[0..n_out) (n_out >= 1); other blocks ignore out_rows and return every row's hidden
+ * state. *out stays valid until the next run. Positions and slots are the caller's to check. */
+rlx_status rlx__batch_run(rlx__batch *b, const void *input, const int32_t *pos, const int32_t *seq, uint32_t n,
+                          const int32_t *out_rows, uint32_t n_out, const float **out);
+/* Copies positions [0, n) of slot `from` into slot `to`, every layer's K and V. */
+void rlx__batch_copy(rlx__batch *b, uint32_t from, uint32_t to, uint32_t n);
 
 #endif

@@ -322,6 +322,7 @@ static rlx_status open_pipeline(rlx_runtime *rt) {
         d.timeout_ms = or_default(o->timeout_ms, timeouts.control_ms);
         d.compute_ms_per_position = or_default(o->compute_ms_per_position, timeouts.per_position_ms);
         d.emit_hidden = (uint32_t)speculator_needs_hidden(rt);
+        d.n_slots = o->n_slots;
         if ((rc = rlx_driver_create(rt->model_dir, &d, &rt->driver)) != RLX_OK ||
             (rc = rlx_driver_lm(rt->driver, &rt->lm)) != RLX_OK)
             rc = failed(rc, "pipeline");

@@ -1,0 +1,154 @@
+/* A block over rows of many sequences (gen_internal.h): the slots' KV cache and a small cache
+ * of plans, shared by the batched engine and the pipeline stage. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "gen/gen_internal.h"
+#include "util/alloc.h"
+
+/* Plans kept, keyed by (rows, logits rows): a steady decode of n streams reuses one. */
+#define BATCH_PLANS 16
+
+typedef struct batch_plan {
+    uint32_t n_rows, n_out;
+    uint64_t last_used;
+    rlx_graph *graph;
+    rlx_plan *plan;
+    rlx_batch_io io;
+} batch_plan;
+
+struct rlx__batch {
+    const rlx_model *m;
+    rlx_block_spec spec;
+    rlx__batch_options o;
+    uint32_t n_layers;
+    size_t row_bytes;          /* one position of one layer's K (or V) */
+    size_t layer_bytes;        /* [n_slots, capacity] rows */
+    void **k_cache, **v_cache; /* per layer of the block */
+    batch_plan plans[BATCH_PLANS];
+    uint64_t clock;
+};
+
+static void plan_clear(batch_plan *p) {
+    rlx_plan_destroy(p->plan);
+    rlx_graph_destroy(p->graph);
+    memset(p, 0, sizeof *p);
+}
+
+void rlx__batch_destroy(rlx__batch *b) {
+    if (!b)
+        return;
+    for (int i = 0; i < BATCH_PLANS; i++)
+        plan_clear(&b->plans[i]);
+    for (uint32_t l = 0; l < b->n_layers && b->k_cache && b->v_cache; l++) {
+        if (b->k_cache[l])
+            munmap(b->k_cache[l], b->layer_bytes);
+        if (b->v_cache[l])
+            munmap(b->v_cache[l], b->layer_bytes);
+    }
+    free(b->k_cache);
+    free(b->v_cache);
+    free(b);
+}
+
+rlx_status rlx__batch_create(const rlx_model *m, const rlx_block_spec *spec, const rlx__batch_options *o,
+                             rlx__batch **out) {
+    *out = NULL;
+    if (spec->all_logits || spec->emit_hidden || spec->mtp || !o->n_slots || !o->capacity)
+        return rlx_error(RLX_E_INVALID, "batched block: no slots, no positions, or a block kind rows cannot run");
+    if (o->kv_dtype != RLX_DTYPE_F32 && o->kv_dtype != RLX_DTYPE_F16)
+        return rlx_error(RLX_E_INVALID, "KV cache dtype %s: only f32 and f16 caches exist",
+                         rlx_dtype_name(o->kv_dtype));
+    const rlx_model_config *c = rlx_model_config_of(m);
+    rlx__batch *b = rlx__calloc(1, sizeof *b);
+    if (!b)
+        return rlx_error(RLX_E_NOMEM, "batched block: out of memory");
+    b->m = m;
+    b->spec = *spec;
+    b->o = *o;
+    b->n_layers = spec->layer_end - spec->layer_start;
+    b->row_bytes = (size_t)(c->num_key_value_heads * c->head_dim) *
+                   (o->kv_dtype == RLX_DTYPE_F16 ? sizeof(uint16_t) : sizeof(float));
+    b->layer_bytes = (size_t)o->n_slots * o->capacity * b->row_bytes;
+    b->k_cache = rlx__calloc(b->n_layers, sizeof *b->k_cache);
+    b->v_cache = rlx__calloc(b->n_layers, sizeof *b->v_cache);
+    for (uint32_t l = 0; b->k_cache && b->v_cache && l < b->n_layers; l++)
+        if (!(b->k_cache[l] = rlx__map_zeroed(b->layer_bytes)) || !(b->v_cache[l] = rlx__map_zeroed(b->layer_bytes)))
+            break;
+    if (!b->k_cache || !b->v_cache || (b->n_layers && !b->v_cache[b->n_layers - 1])) {
+        rlx__batch_destroy(b);
+        return rlx_error(RLX_E_NOMEM, "out of memory for a KV cache of %u slots of %u positions", o->n_slots,
+                         o->capacity);
+    }
+    *out = b;
+    return RLX_OK;
+}
+
+static batch_plan *get_plan(rlx__batch *b, uint32_t n_rows, uint32_t n_out, rlx_status *rc) {
+    batch_plan *victim = &b->plans[0];
+    for (int i = 0; i < BATCH_PLANS; i++) {
+        batch_plan *p = &b->plans[i];
+        if (p->plan && p->n_rows == n_rows && p->n_out == n_out) {
+            p->last_used = ++b->clock;
+            return p;
+        }
+        if (!p->plan || (victim->plan && p->last_used < victim->last_used))
+            victim = p;
+    }
+    plan_clear(victim);
+    const rlx_build_options bo = {.size = sizeof bo,
+                                  .n_tokens = n_rows,
+                                  .kv_capacity = b->o.capacity,
+                                  .n_slots = b->o.n_slots,
+                                  .kv_dtype = b->o.kv_dtype,
+                                  .n_out_rows = n_out};
+    *rc = rlx_model_build_block_ex(b->m, &b->spec, &bo, &victim->graph, &victim->io);
+    if (*rc == RLX_OK)
+        *rc = rlx_plan_create_placed(victim->graph, b->o.backends, b->o.n_backends, b->o.rules, b->o.n_rules,
+                                     &victim->plan);
+    const rlx_block_io *io = &victim->io.block;
+    for (uint32_t l = 0; *rc == RLX_OK && l < io->n_layers; l++) {
+        *rc = rlx_plan_bind(victim->plan, io->k_cache[l], b->k_cache[l]);
+        if (*rc == RLX_OK)
+            *rc = rlx_plan_bind(victim->plan, io->v_cache[l], b->v_cache[l]);
+    }
+    if (*rc != RLX_OK) {
+        plan_clear(victim);
+        return NULL;
+    }
+    victim->n_rows = n_rows;
+    victim->n_out = n_out;
+    victim->last_used = ++b->clock;
+    return victim;
+}
+
+rlx_status rlx__batch_run(rlx__batch *b, const void *input, const int32_t *pos, const int32_t *seq, uint32_t n,
+                          const int32_t *out_rows, uint32_t n_out, const float **out) {
+    *out = NULL;
+    const int logits = b->spec.produce_logits != 0;
+    if (n == 0 || (logits && (n_out == 0 || n_out > n || !out_rows)))
+        return rlx_error(RLX_E_INVALID, "batched block: %u rows with %u logits rows", n, n_out);
+    rlx_status rc = RLX_OK;
+    batch_plan *p = get_plan(b, n, logits ? n_out : 0, &rc);
+    if (!p)
+        return rc;
+    const rlx_batch_io *io = &p->io;
+    /* the plan reads its inputs through these pointers during the run only */
+    if ((rc = rlx_plan_bind(p->plan, io->block.input, (void *)input)) != RLX_OK ||
+        (rc = rlx_plan_bind(p->plan, io->block.positions, (void *)pos)) != RLX_OK ||
+        (rc = rlx_plan_bind(p->plan, io->seq, (void *)seq)) != RLX_OK ||
+        (logits && (rc = rlx_plan_bind(p->plan, io->out_rows, (void *)out_rows)) != RLX_OK) ||
+        (rc = rlx_plan_run(p->plan)) != RLX_OK)
+        return rc;
+    *out = rlx_plan_data(p->plan, io->block.output);
+    return RLX_OK;
+}
+
+void rlx__batch_copy(rlx__batch *b, uint32_t from, uint32_t to, uint32_t n) {
+    const size_t slot_bytes = (size_t)b->o.capacity * b->row_bytes, bytes = (size_t)n * b->row_bytes;
+    for (uint32_t l = 0; l < b->n_layers; l++) {
+        memcpy((char *)b->k_cache[l] + to * slot_bytes, (char *)b->k_cache[l] + from * slot_bytes, bytes);
+        memcpy((char *)b->v_cache[l] + to * slot_bytes, (char *)b->v_cache[l] + from * slot_bytes, bytes);
+    }
+}
