@@ -67,6 +67,9 @@ extern "C" {
 #define RLX_DIST_TIMEOUT_MS 5000
 #define RLX_DIST_COMPUTE_MS_PER_POSITION 100
 #define RLX_DIST_POLL_MS 200
+#define RLX_DIST_RECOVERY_TIMEOUT_MS 30000
+/* The most standby addresses one stage may list. */
+#define RLX_DIST_MAX_STANDBY 8
 
 /* ---- model identity ---- */
 
@@ -141,7 +144,17 @@ typedef struct rlx_driver_stage {
      * "deploy.yaml:7: stage 1 (...)"; source_file NULL for none. Copied. */
     const char *source_file;
     uint32_t source_line;
+    /* Addresses of stand-by stages serving the same layers, tried in order (after the stage's
+     * own address) when the stage is lost; copied. */
+    const char *const *standby;
+    uint32_t n_standby;
 } rlx_driver_stage;
+
+/* Starts a replacement for lost stage `stage` (a launcher restarts the process it started:
+ * ends the old one, which may be stopped rather than dead, and starts another) and writes the
+ * address it listens on, within timeout_ms. Returns RLX_OK or a status with rlx_error's
+ * message. */
+typedef rlx_status (*rlx_driver_restart_fn)(void *ctx, uint32_t stage, char *address, size_t size, uint32_t timeout_ms);
 
 typedef struct rlx_driver_options {
     const rlx_plugin_handle *transport; /* a loaded transport plugin, borrowed for the driver's life */
@@ -159,6 +172,15 @@ typedef struct rlx_driver_options {
      * positions for this driver, run by rlx_driver_submit (the batched engine's pipeline mode);
      * a stage that cannot is refused at the handshake */
     uint32_t n_slots;
+    /* Recovery: a stage that dies, hangs up or stalls past its deadline mid-stream is replaced
+     * (restarted through `restart` when given, else reconnected at its address or one of its
+     * standby addresses once one answers the handshake) and every stream is replayed into it,
+     * within recovery_timeout_ms (0 = RLX_DIST_RECOVERY_TIMEOUT_MS); no_recovery = 1 fails at
+     * once instead, as before. */
+    uint32_t recovery_timeout_ms;
+    uint32_t no_recovery;
+    rlx_driver_restart_fn restart; /* may be NULL */
+    void *restart_ctx;
 } rlx_driver_options;
 
 typedef struct rlx_driver rlx_driver;
@@ -213,10 +235,12 @@ RLX_API uint32_t rlx_driver_capacity(const rlx_driver *d);
  * message names a row that is out of range. */
 RLX_API rlx_status rlx_driver_submit(rlx_driver *d, const rlx_driver_rows *rows, uint64_t *ticket);
 /* Queues a copy of positions [0, n) of slot `from` into slot `to` in every stage, after the steps
- * queued before it (a new sequence sharing a prompt prefix with another). */
-RLX_API rlx_status rlx_driver_copy_slot(rlx_driver *d, uint32_t from, uint32_t to, uint32_t n);
-/* Waits for the oldest queued step: its ticket and its logits (n_out rows of vocab floats,
- * valid until the next rlx_driver_wait). The wait is bounded by the stages' deadlines: every
+ * queued before it (a new sequence sharing a prompt prefix with another), and returns its
+ * ticket; rlx_driver_wait hands it back in its turn. Until then slot `from` must not be
+ * written (a lost stage is rebuilt from what the slots held). */
+RLX_API rlx_status rlx_driver_copy_slot(rlx_driver *d, uint32_t from, uint32_t to, uint32_t n, uint64_t *ticket);
+/* Waits for the oldest queued step or copy: its ticket and, for a step, its logits (n_out rows
+ * of vocab floats, valid until the next rlx_driver_wait; NULL for a copy). The wait is bounded by the stages' deadlines: every
  * step queued ahead of it gets timeout_ms + rows * compute_ms_per_position per stage.
  * RLX_E_INVALID when no step is queued. */
 RLX_API rlx_status rlx_driver_wait(rlx_driver *d, uint64_t *ticket, const float **logits);
@@ -241,6 +265,10 @@ typedef struct rlx_driver_stats {
     uint64_t bytes_sent;
     uint64_t bytes_received;
     double wait_seconds;
+    /* stages lost and replaced (their streams replayed), and the time that took */
+    uint64_t recoveries;
+    double recovery_seconds;      /* summed */
+    double last_recovery_seconds; /* the latest */
 } rlx_driver_stats;
 
 RLX_API void rlx_driver_stats_get(const rlx_driver *d, rlx_driver_stats *out);

@@ -95,6 +95,13 @@ typedef struct rlx_runtime_options {
     /* Pipelines: > 0 makes every stage keep this many sequences of kv_capacity positions for
      * the batched engine (rlx_driver_options.n_slots, rlx_engine_create_pipeline). */
     uint32_t n_slots;
+    /* Pipelines: recovery of a lost stage (rlx_driver_options): 0 = the file's, else
+     * RLX_DIST_RECOVERY_TIMEOUT_MS; no_recovery = 1 turns it off; restart (may be NULL) starts
+     * a replacement of a stage the caller launched. */
+    uint32_t recovery_timeout_ms;
+    uint32_t no_recovery;
+    rlx_driver_restart_fn stage_restart;
+    void *stage_restart_ctx;
 } rlx_runtime_options;
 
 /* Zeroes with size set: the model alone on cpu-blas, no speculator. */

@@ -14,6 +14,7 @@
 
 #include "dist/dist_internal.h"
 #include "util/alloc.h"
+#include "util/log.h"
 
 #include "util/clock.h"
 
@@ -46,6 +47,9 @@ typedef struct drv_stage {
     uint32_t kv_capacity;
     rlx_driver_stage_stats stats; /* under the driver's stats_mu */
     uint64_t rows_step;           /* the connection's Rows and CopySlot steps, by its thread */
+    char **standby;               /* [n_standby] addresses tried when the stage is lost */
+    uint64_t generation;          /* replacements so far, under pipe_mu once stage threads run */
+    uint32_t n_standby;
 } drv_stage;
 
 struct rlx_driver {
@@ -75,6 +79,20 @@ struct rlx_driver {
     uint32_t n_queued;  /* jobs submitted and not yet waited for */
     uint64_t queued_ms; /* their bound_ms summed */
     drv_job *handed;    /* the job whose logits the last wait handed out */
+    /* recovery */
+    uint32_t recovery_ms;
+    int no_recovery;
+    rlx_driver_restart_fn restart;
+    void *restart_ctx;
+    int defer_failures; /* a failed stage may yet be replaced: stage_fail does not break the driver */
+    int32_t *history;   /* lm: the session's ids by position, replayed into a replaced stage */
+    /* slots: what each position holds, by slot: the id and the ticket of the job that wrote it
+     * (0: never written), under pipe_mu; what a replaced stage is replayed from */
+    int32_t *log_ids;
+    uint64_t *log_tickets;
+    pthread_cond_t recover_cond; /* recovering or n_active changed */
+    int recovering;              /* a thread replaces a stage: the others start no job */
+    uint32_t n_active;           /* stage threads in the middle of a job */
     /* Another thread (a server's /metrics) may read the figures while this one drives. */
     pthread_mutex_t stats_mu;
     rlx_driver_stats stats;
@@ -94,8 +112,23 @@ static void close_all(rlx_driver *d) {
         }
 }
 
+/* The driver becomes unusable (the first message says why) and, unless stage threads still use
+ * the connections (they close at destroy), hangs up on every stage. */
+static void mark_broken(rlx_driver *d, const char *why) {
+    pthread_mutex_lock(&d->pipe_mu);
+    const int first = !d->broken;
+    if (first) {
+        d->broken = 1;
+        snprintf(d->broken_msg, sizeof d->broken_msg, "%s", why);
+    }
+    pthread_mutex_unlock(&d->pipe_mu);
+    if (first && !d->n_threads)
+        close_all(d);
+}
+
 /* Records "[source: ]stage i (address): ..." as the error and returns code. With `fatal`, the
- * driver becomes unusable and hangs up on every stage. */
+ * driver becomes unusable and hangs up on every stage, unless the caller may still replace the
+ * stage (defer_failures) and decides itself. */
 static rlx_status stage_fail(rlx_driver *d, uint32_t i, int fatal, rlx_status code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
@@ -107,18 +140,8 @@ static rlx_status stage_fail(rlx_driver *d, uint32_t i, int fatal, rlx_status co
     va_end(ap);
     const drv_stage *s = &d->stages[i];
     rlx_error(code, "%sstage %u (%s): %s", s->source ? s->source : "", i, s->address, msg);
-    if (fatal) {
-        pthread_mutex_lock(&d->pipe_mu);
-        const int first = !d->broken;
-        if (first) {
-            d->broken = 1;
-            snprintf(d->broken_msg, sizeof d->broken_msg, "%s", rlx_last_error());
-        }
-        pthread_mutex_unlock(&d->pipe_mu);
-        /* the stage threads use the connections until they are joined: those close at destroy */
-        if (first && !d->n_threads)
-            close_all(d);
-    }
+    if (fatal && !d->defer_failures)
+        mark_broken(d, rlx_last_error());
     return code;
 }
 
@@ -264,8 +287,17 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
     }
     pthread_mutex_init(&d->stats_mu, NULL);
     pthread_mutex_init(&d->pipe_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&d->recover_cond, &ca);
+    pthread_condattr_destroy(&ca);
     d->n_stages = o->n_stages;
     d->n_slots = o->n_slots;
+    d->recovery_ms = o->recovery_timeout_ms ? o->recovery_timeout_ms : RLX_DIST_RECOVERY_TIMEOUT_MS;
+    d->no_recovery = o->no_recovery != 0;
+    d->restart = o->restart;
+    d->restart_ctx = o->restart_ctx;
     d->connect_ms = o->connect_timeout_ms ? o->connect_timeout_ms : RLX_DIST_CONNECT_TIMEOUT_MS;
     d->timeout_ms = o->timeout_ms ? o->timeout_ms : RLX_DIST_TIMEOUT_MS;
     d->per_position_ms = o->compute_ms_per_position ? o->compute_ms_per_position : RLX_DIST_COMPUTE_MS_PER_POSITION;
@@ -280,6 +312,18 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
                    asprintf(&d->stages[i].source, "%s:%u: ", o->stages[i].source_file, o->stages[i].source_line) < 0) {
             d->stages[i].source = NULL; /* asprintf leaves it undefined */
             rc = rlx_error(RLX_E_NOMEM, "driver: out of memory");
+        } else if (o->stages[i].n_standby > RLX_DIST_MAX_STANDBY || (o->stages[i].n_standby && !o->stages[i].standby)) {
+            rc = rlx_error(RLX_E_INVALID, "stage %u: %u standby addresses (at most %d)", i, o->stages[i].n_standby,
+                           RLX_DIST_MAX_STANDBY);
+        } else if (o->stages[i].n_standby &&
+                   !(d->stages[i].standby = rlx__calloc(o->stages[i].n_standby, sizeof *d->stages[i].standby))) {
+            rc = rlx_error(RLX_E_NOMEM, "driver: out of memory");
+        }
+        for (uint32_t k = 0; rc == RLX_OK && k < o->stages[i].n_standby; k++) {
+            if (!o->stages[i].standby[k] || !(d->stages[i].standby[k] = rlx__strdup(o->stages[i].standby[k])))
+                rc = rlx_error(o->stages[i].standby[k] ? RLX_E_NOMEM : RLX_E_INVALID,
+                               "stage %u: standby %u: no address", i, k);
+            d->stages[i].n_standby = k + 1;
         }
     }
     if (rc == RLX_OK)
@@ -335,7 +379,14 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
     if (getrandom(&id, sizeof id, GRND_NONBLOCK) != (ssize_t)sizeof id)
         id = (uint64_t)time(NULL) * 6364136223846793005ull ^ (uint64_t)getpid();
     d->session_id = id ? id : 1;
-    if (d->n_slots && (rc = start_threads(d)) != RLX_OK) {
+    /* from here a failed stage may be replaced: whoever sees the failure decides */
+    d->defer_failures = 1;
+    if (!(d->history = rlx__malloc((size_t)d->capacity * sizeof *d->history)) ||
+        (d->n_slots && (!(d->log_ids = rlx__calloc((size_t)d->n_slots * d->capacity, sizeof *d->log_ids)) ||
+                        !(d->log_tickets = rlx__calloc((size_t)d->n_slots * d->capacity, sizeof *d->log_tickets)))))
+        rc = rlx_error(RLX_E_NOMEM, "driver: out of memory for the replay log of %u slots of %u positions",
+                       d->n_slots ? d->n_slots : 1, d->capacity);
+    if (rc != RLX_OK || (d->n_slots && (rc = start_threads(d)) != RLX_OK)) {
         rlx_driver_destroy(d);
         return rc;
     }
@@ -343,10 +394,113 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
     return RLX_OK;
 }
 
+// ---- replacing a lost stage ----
+
+/* The deadline ms from now on the condition variables' clock. */
+static struct timespec deadline_in(uint64_t ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+/* The bound on a wait for one stage's answer to n rows. */
+static uint32_t rows_wait_ms(const rlx_driver *d, uint32_t n) {
+    const uint64_t ms = (uint64_t)d->timeout_ms + (uint64_t)n * d->per_position_ms;
+    return ms > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)ms;
+}
+
+/* Tries to bring stage i back on one address within wait_ms: connect, then the handshake. */
+static rlx_status reconnect(rlx_driver *d, uint32_t i, const char *address, uint32_t wait_ms) {
+    drv_stage *s = &d->stages[i];
+    rlx_error_clear();
+    int crc = d->net.t->connect(d->net.self, address, (int)(wait_ms ? wait_ms : 1), &s->conn);
+    if (crc < 0) {
+        s->conn = NULL;
+        return rlx_error(crc, "%s: %s", address,
+                         crc == RLX_E_PEER   ? "connection refused"
+                         : *rlx_last_error() ? rlx_last_error()
+                                             : rlx_status_str(crc));
+    }
+    const uint32_t capacity = s->kv_capacity;
+    rlx_status rc = hello(d, i);
+    if (rc == RLX_OK && s->kv_capacity < capacity)
+        rc = rlx_error(RLX_E_RANGE, "%s grants %u positions, fewer than the %u the streams hold", address,
+                       s->kv_capacity, capacity);
+    if (rc != RLX_OK) {
+        char msg[700];
+        snprintf(msg, sizeof msg, "%s", rlx_last_error());
+        if (s->conn)
+            d->net.t->conn_close(d->net.self, s->conn);
+        s->conn = NULL;
+        return rlx_error(rc, "%s", msg);
+    }
+    return RLX_OK;
+}
+
+/* Replaces lost stage i before `deadline` (rlx__now_seconds): a launched stage is restarted
+ * through d->restart; otherwise its address and then its standby addresses are tried in turn
+ * until one answers the handshake (a supervisor may restart the stage where it was). The
+ * caller holds every connection (no stage thread runs a job). */
+static rlx_status replace_stage(rlx_driver *d, uint32_t i, double deadline) {
+    drv_stage *s = &d->stages[i];
+    if (s->conn)
+        d->net.t->conn_close(d->net.self, s->conn);
+    s->conn = NULL;
+    s->answered = 0;
+    s->has_session = 0;
+    s->rows_step = 0;
+    char last[800] = "";
+    for (;;) {
+        const double left = deadline - rlx__now_seconds();
+        if (left <= 0)
+            break;
+        const uint32_t left_ms = (uint32_t)(left * 1000) + 1;
+        if (d->restart) {
+            char address[256] = "";
+            rlx_error_clear();
+            rlx_status rc = d->restart(d->restart_ctx, i, address, sizeof address, left_ms);
+            if (rc == RLX_OK && (rc = reconnect(d, i, address, left_ms)) == RLX_OK) {
+                char *copy = rlx__strdup(address);
+                if (copy) {
+                    free(s->address);
+                    s->address = copy;
+                }
+                return RLX_OK;
+            }
+            snprintf(last, sizeof last, "restarting it failed: %s", rlx_last_error());
+            continue;
+        }
+        /* a short try at each address in turn, so a standby is reached while the address refuses */
+        for (uint32_t k = 0; k <= s->n_standby && deadline > rlx__now_seconds(); k++) {
+            const char *address = k ? s->standby[k - 1] : s->address;
+            const double try_left = deadline - rlx__now_seconds();
+            const uint32_t try_ms = try_left > 1.0 ? 1000 : (uint32_t)(try_left * 1000) + 1;
+            if (reconnect(d, i, address, try_ms) == RLX_OK) {
+                if (k) { /* the standby is the stage now; the lost address becomes its standby */
+                    char *lost = s->address;
+                    s->address = s->standby[k - 1];
+                    s->standby[k - 1] = lost;
+                }
+                return RLX_OK;
+            }
+            snprintf(last, sizeof last, "%s", rlx_last_error());
+        }
+    }
+    return rlx_error(RLX_E_PEER, "%s", *last ? last : "no time left to replace it");
+}
+
 // ---- the session ----
 
-/* Sends Truncate(length) to every stage holding the session and collects the Acks. */
-static rlx_status truncate_stages(rlx_driver *d, uint32_t n, uint32_t length) {
+/* Sends Truncate(length) to stages [0, n) that hold the session and collects the Acks. On a
+ * failure the other stages' Acks are still read, so no stale answer waits on a connection;
+ * *failed names the first stage that failed and *refused says it answered with an Error. */
+static rlx_status truncate_stages(rlx_driver *d, uint32_t n, uint32_t length, uint32_t *failed, int *refused) {
     uint64_t step = ++d->step;
     Rlx__Truncate t = RLX__TRUNCATE__INIT;
     t.session_id = d->session_id;
@@ -355,29 +509,46 @@ static rlx_status truncate_stages(rlx_driver *d, uint32_t n, uint32_t length) {
     Rlx__Envelope e = RLX__ENVELOPE__INIT;
     e.body_case = RLX__ENVELOPE__BODY_TRUNCATE;
     e.truncate = &t;
-    for (uint32_t i = 0; i < n; i++)
-        if (d->stages[i].has_session) {
-            rlx_status rc = send_to(d, i, &e);
-            if (rc != RLX_OK)
-                return rc;
-        }
+    int sent[n ? n : 1];
+    rlx_status first = RLX_OK;
+    char msg[1024] = "";
     for (uint32_t i = 0; i < n; i++) {
-        if (!d->stages[i].has_session)
+        rlx_status rc = RLX_OK;
+        sent[i] = 0;
+        if (d->stages[i].has_session && first == RLX_OK) {
+            rc = send_to(d, i, &e);
+            sent[i] = rc == RLX_OK;
+        }
+        if (rc != RLX_OK) {
+            first = rc;
+            *failed = i;
+            *refused = 0;
+            snprintf(msg, sizeof msg, "%s", rlx_last_error());
+        }
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (!sent[i])
             continue;
         Rlx__Envelope *r;
+        int refusal = 0;
         rlx_status rc = recv_from(d, i, d->timeout_ms, "Truncate", &r);
-        if (rc != RLX_OK)
-            return rc;
-        if (r->body_case == RLX__ENVELOPE__BODY_ERROR)
-            rc = error_reply(d, i, 1, "Truncate", r);
-        else if (r->body_case != RLX__ENVELOPE__BODY_ACK || r->ack->session_id != d->session_id || r->ack->step != step)
-            rc = stage_fail(d, i, 1, RLX_E_FORMAT, "answered Truncate with %s for another session or step",
-                            rlx__envelope_kind(r));
-        rlx__envelope_free(r);
-        if (rc != RLX_OK)
-            return rc;
+        if (rc == RLX_OK) {
+            if ((refusal = r->body_case == RLX__ENVELOPE__BODY_ERROR))
+                rc = error_reply(d, i, 1, "Truncate", r);
+            else if (r->body_case != RLX__ENVELOPE__BODY_ACK || r->ack->session_id != d->session_id ||
+                     r->ack->step != step)
+                rc = stage_fail(d, i, 1, RLX_E_FORMAT, "answered Truncate with %s for another session or step",
+                                rlx__envelope_kind(r));
+            rlx__envelope_free(r);
+        }
+        if (rc != RLX_OK && first == RLX_OK) {
+            first = rc;
+            *failed = i;
+            *refused = refusal;
+            snprintf(msg, sizeof msg, "%s", rlx_last_error());
+        }
     }
-    return RLX_OK;
+    return first == RLX_OK ? RLX_OK : rlx_error(first, "%s", msg);
 }
 
 /* hidden_rows: the hidden rows the reply must carry (0: none may come). */
@@ -407,6 +578,120 @@ static rlx_status check_rows(rlx_driver *d, uint32_t i, const Rlx__Envelope *r, 
     return RLX_OK;
 }
 
+/* Sends ids[0..n) at position `start` of the session through stages [0, through] as one step
+ * each; *out is the reply of stage `through`. On a failure *failed names the stage, and
+ * *refused says it answered with an Error (it is fine and kept its cache as it was). */
+static rlx_status session_rows(rlx_driver *d, const int32_t *ids, uint32_t n, uint32_t start, int all_rows,
+                               uint32_t through, Rlx__Envelope **out, uint32_t *failed, int *refused) {
+    *out = NULL;
+    *refused = 0;
+    const int64_t vocab = d->cfg.vocab_size, hidden = d->cfg.hidden_size;
+    const uint32_t rows = all_rows ? n : 1;
+    const uint64_t step = ++d->step;
+    const uint32_t wait = rows_wait_ms(d, n);
+    Rlx__Activations a = RLX__ACTIVATIONS__INIT;
+    a.session_id = d->session_id;
+    a.step = step;
+    a.start_position = start;
+    a.n_positions = n;
+    a.width = 1;
+    a.dtype = RLX__DTYPE__DTYPE_I32;
+    a.all_rows = all_rows ? 1 : 0;
+    a.data.len = (size_t)n * sizeof(int32_t);
+    a.data.data = (uint8_t *)ids;
+    Rlx__Envelope req = RLX__ENVELOPE__INIT, *prev = NULL;
+    req.body_case = RLX__ENVELOPE__BODY_ACTIVATIONS;
+    req.activations = &a;
+    for (uint32_t i = 0; i <= through; i++) {
+        const int last = i + 1 == d->n_stages;
+        Rlx__Envelope *r = NULL;
+        const double t0 = rlx__now_seconds();
+        rlx_status rc = send_to(d, i, &req);
+        if (rc == RLX_OK)
+            rc = recv_from(d, i, wait, "Activations", &r);
+        if (rc == RLX_OK && r->body_case == RLX__ENVELOPE__BODY_ACTIVATIONS)
+            count_step(d, i, rlx__now_seconds() - t0);
+        if (rc == RLX_OK && r->body_case == RLX__ENVELOPE__BODY_ERROR) {
+            *refused = 1;
+            rc = error_reply(d, i, 0, "Activations", r);
+        } else if (rc == RLX_OK) {
+            rc = check_rows(d, i, r, step, last ? rows : n, (uint32_t)(last ? vocab : hidden),
+                            last && d->emit_hidden ? n : 0);
+        }
+        rlx__envelope_free(prev);
+        prev = r;
+        if (rc != RLX_OK) {
+            rlx__envelope_free(prev);
+            *failed = i;
+            return rc;
+        }
+        d->stages[i].has_session = 1;
+        a.width = (uint32_t)hidden;
+        a.dtype = RLX__DTYPE__DTYPE_F32;
+        a.data = r->activations->data;
+    }
+    *out = prev;
+    return RLX_OK;
+}
+
+/* Positions a replay sends through the stages per step. */
+#define REPLAY_CHUNK 256
+
+/* Stage `lost` failed (the error is the last one) while d->length positions are the session:
+ * replaces it and brings every stage back to those positions (the live ones truncated to none,
+ * then all fed the session's ids again), so the session goes on as if nothing happened. A
+ * stage lost meanwhile is replaced the same way. Without recovery, or when no replacement
+ * answers within recovery_ms, the driver is broken with a message naming the stage. */
+static rlx_status recover_session(rlx_driver *d, uint32_t lost, rlx_status why) {
+    char cause[1024];
+    snprintf(cause, sizeof cause, "%s", rlx_last_error());
+    if (d->no_recovery) {
+        mark_broken(d, cause);
+        return rlx_error(why, "%s", cause);
+    }
+    const double t0 = rlx__now_seconds(), deadline = t0 + d->recovery_ms / 1000.0;
+    rlx_status rc = RLX_OK;
+    for (;;) {
+        rlx__log(RLX_LOG_WARN, "%s; replacing stage %u and replaying %u positions", cause, lost, d->length);
+        if ((rc = replace_stage(d, lost, deadline)) != RLX_OK) {
+            rlx_error(rc, "%s; not replaced within %u ms: %s", cause, d->recovery_ms, rlx_last_error());
+            break;
+        }
+        uint32_t failed = 0;
+        int refused = 0;
+        rc = truncate_stages(d, d->n_stages, 0, &failed, &refused);
+        for (uint32_t at = 0; rc == RLX_OK && at < d->length; at += REPLAY_CHUNK) {
+            const uint32_t m = d->length - at < REPLAY_CHUNK ? d->length - at : REPLAY_CHUNK;
+            Rlx__Envelope *r;
+            if ((rc = session_rows(d, d->history + at, m, at, 0, d->n_stages - 1, &r, &failed, &refused)) == RLX_OK)
+                rlx__envelope_free(r);
+        }
+        if (rc == RLX_OK)
+            break;
+        if (refused || rlx__now_seconds() >= deadline) {
+            rlx_error(rc, "%s; replaying the session failed: %s", cause, rlx_last_error());
+            break;
+        }
+        snprintf(cause, sizeof cause, "%s", rlx_last_error());
+        lost = failed;
+    }
+    if (rc != RLX_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", rlx_last_error());
+        mark_broken(d, msg);
+        return rlx_error(rc, "%s", msg);
+    }
+    const double took = rlx__now_seconds() - t0;
+    pthread_mutex_lock(&d->stats_mu);
+    d->stats.recoveries++;
+    d->stats.recovery_seconds += took;
+    d->stats.last_recovery_seconds = took;
+    pthread_mutex_unlock(&d->stats_mu);
+    rlx__log(RLX_LOG_WARN, "stage %u (%s) replaced and %u positions replayed in %.3f s", lost, d->stages[lost].address,
+             d->length, took);
+    return RLX_OK;
+}
+
 static rlx_status drv_forward(void *self, const int32_t *ids, uint32_t n, int all_rows, const float **logits) {
     rlx_driver *d = self;
     if (!ids || !logits || n == 0)
@@ -433,61 +718,39 @@ static rlx_status drv_forward(void *self, const int32_t *ids, uint32_t n, int al
                              (long long)vocab);
     rlx__envelope_free(d->last);
     d->last = NULL;
-    uint64_t step = ++d->step;
-    uint32_t wait = d->timeout_ms + (uint32_t)((uint64_t)n * d->per_position_ms > UINT32_MAX / 2
-                                                   ? UINT32_MAX / 2
-                                                   : (uint64_t)n * d->per_position_ms);
-    Rlx__Activations a = RLX__ACTIVATIONS__INIT;
-    a.session_id = d->session_id;
-    a.step = step;
-    a.start_position = d->length;
-    a.n_positions = n;
-    a.width = 1;
-    a.dtype = RLX__DTYPE__DTYPE_I32;
-    a.all_rows = all_rows ? 1 : 0;
-    a.data.len = (size_t)n * sizeof(int32_t);
-    a.data.data = (uint8_t *)ids;
-    Rlx__Envelope req = RLX__ENVELOPE__INIT, *prev = NULL;
-    req.body_case = RLX__ENVELOPE__BODY_ACTIVATIONS;
-    req.activations = &a;
-    for (uint32_t i = 0; i < d->n_stages; i++) {
-        int last = i + 1 == d->n_stages;
-        Rlx__Envelope *r = NULL;
-        const double t0 = rlx__now_seconds();
-        rc = send_to(d, i, &req);
-        if (rc == RLX_OK)
-            rc = recv_from(d, i, wait, "Activations", &r);
-        if (rc == RLX_OK && r->body_case == RLX__ENVELOPE__BODY_ACTIVATIONS)
-            count_step(d, i, rlx__now_seconds() - t0);
-        if (rc == RLX_OK && r->body_case == RLX__ENVELOPE__BODY_ERROR) {
-            /* the stage refused but is fine: roll the earlier stages back and stay usable */
-            uint32_t length = d->length;
-            char msg[1024];
-            rc = error_reply(d, i, 0, "Activations", r);
-            snprintf(msg, sizeof msg, "%s", rlx_last_error());
-            rlx__envelope_free(r);
-            r = NULL;
-            if (truncate_stages(d, i, length) == RLX_OK)
-                rlx_error(rc, "%s", msg);
-        } else if (rc == RLX_OK) {
-            rc = check_rows(d, i, r, step, last ? rows : n, (uint32_t)(last ? vocab : hidden),
-                            last && d->emit_hidden ? n : 0);
+    /* each try that fails on a lost stage replaces it; a stage that keeps failing ends this */
+    for (uint32_t attempt = 0;; attempt++) {
+        Rlx__Envelope *r;
+        uint32_t failed = 0;
+        int refused = 0;
+        rc = session_rows(d, ids, n, d->length, all_rows, d->n_stages - 1, &r, &failed, &refused);
+        if (rc == RLX_OK) {
+            memcpy(d->history + d->length, ids, n * sizeof *ids);
+            d->last = r;
+            d->length += n;
+            *logits = (const float *)r->activations->data.data;
+            return RLX_OK;
         }
-        rlx__envelope_free(prev);
-        prev = r;
-        if (rc != RLX_OK) {
-            rlx__envelope_free(prev);
+        if (refused) {
+            /* the stage refused but is fine: roll the earlier stages back and stay usable */
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", rlx_last_error());
+            uint32_t f2 = 0;
+            int r2 = 0;
+            rlx_status trc = truncate_stages(d, failed, d->length, &f2, &r2);
+            if (trc != RLX_OK && r2)
+                mark_broken(d, rlx_last_error());
+            if (trc != RLX_OK && (r2 || recover_session(d, f2, trc) != RLX_OK))
+                return trc;
+            return rlx_error(rc, "%s", msg);
+        }
+        if (attempt > d->n_stages) {
+            mark_broken(d, rlx_last_error());
             return rc;
         }
-        d->stages[i].has_session = 1;
-        a.width = (uint32_t)hidden;
-        a.dtype = RLX__DTYPE__DTYPE_F32;
-        a.data = r->activations->data;
+        if ((rc = recover_session(d, failed, rc)) != RLX_OK)
+            return rc;
     }
-    d->last = prev;
-    d->length += n;
-    *logits = (const float *)prev->activations->data.data;
-    return RLX_OK;
 }
 
 static rlx_status drv_truncate(void *self, uint32_t length) {
@@ -499,8 +762,18 @@ static rlx_status drv_truncate(void *self, uint32_t length) {
         return rlx_error(RLX_E_RANGE, "cannot truncate a session of %u positions to %u", d->length, length);
     if (length == d->length)
         return RLX_OK;
-    if ((rc = truncate_stages(d, d->n_stages, length)) == RLX_OK)
+    uint32_t failed = 0;
+    int refused = 0;
+    rc = truncate_stages(d, d->n_stages, length, &failed, &refused);
+    if (rc == RLX_OK || !refused) {
+        /* a lost stage is rebuilt at the new length */
+        const uint32_t was = d->length;
         d->length = length;
+        if (rc != RLX_OK && (rc = recover_session(d, failed, rc)) != RLX_OK)
+            d->length = was;
+        return rc;
+    }
+    mark_broken(d, rlx_last_error());
     return rc;
 }
 
@@ -538,15 +811,9 @@ static void job_free(drv_job *j) {
     free(j);
 }
 
-/* The bound on a wait for one stage's answer to n rows. */
-static uint32_t rows_wait_ms(const rlx_driver *d, uint32_t n) {
-    const uint64_t ms = (uint64_t)d->timeout_ms + (uint64_t)n * d->per_position_ms;
-    return ms > UINT32_MAX / 2 ? UINT32_MAX / 2 : (uint32_t)ms;
-}
-
 /* Stage i's part of job j, on stage i's thread: the step's rows (token ids into stage 0, the
  * previous stage's hidden rows into the others) out, the stage's rows back. */
-static rlx_status run_job(rlx_driver *d, uint32_t i, drv_job *j) {
+static rlx_status run_job(rlx_driver *d, uint32_t i, drv_job *j, int *refused) {
     drv_stage *st = &d->stages[i];
     const int last = i + 1 == d->n_stages;
     const uint64_t step = ++st->rows_step;
@@ -592,7 +859,7 @@ static rlx_status run_job(rlx_driver *d, uint32_t i, drv_job *j) {
         return rc;
     const uint32_t want_rows = last ? j->n_out : j->n;
     const uint32_t want_width = (uint32_t)(last ? d->cfg.vocab_size : d->cfg.hidden_size);
-    if (r->body_case == RLX__ENVELOPE__BODY_ERROR) {
+    if ((*refused = r->body_case == RLX__ENVELOPE__BODY_ERROR)) {
         rc = error_reply(d, i, 1, what, r);
     } else if (j->copy) {
         if (r->body_case != RLX__ENVELOPE__BODY_ACK || r->ack->step != step)
@@ -625,6 +892,138 @@ static rlx_status run_job(rlx_driver *d, uint32_t i, drv_job *j) {
     return RLX_OK;
 }
 
+/* Brings replaced stage k up to date: every slot's positions that stage k had been sent before
+ * the jobs still queued for it, fed again through stages 0..k (the others rewrite what they
+ * hold with the same bits, their kernels being batch invariant). Per slot that is the run of
+ * positions from 0 whose last writer came before those jobs: a later writer is itself queued
+ * and rewrites the position, and nothing reads past a slot's run before it is rewritten. Called
+ * with no job in flight; *bad names the stage that failed, UINT32_MAX when a stage refused. */
+static rlx_status replay_slots(rlx_driver *d, uint32_t k, uint32_t *bad) {
+    pthread_mutex_lock(&d->pipe_mu);
+    uint64_t before = d->next_ticket + 1;
+    for (uint32_t q = 0; q <= k; q++)
+        if (d->queue_head[q] && d->queue_head[q]->ticket < before)
+            before = d->queue_head[q]->ticket;
+    const size_t cap = d->capacity;
+    size_t total = 0;
+    for (uint32_t s = 0; s < d->n_slots; s++)
+        for (size_t p = 0; p < cap && d->log_tickets[s * cap + p] && d->log_tickets[s * cap + p] < before; p++)
+            total++;
+    int32_t *rows = total ? rlx__malloc(total * 3 * sizeof *rows) : NULL;
+    size_t n = 0;
+    for (uint32_t s = 0; rows && s < d->n_slots; s++)
+        for (size_t p = 0; p < cap && d->log_tickets[s * cap + p] && d->log_tickets[s * cap + p] < before; p++, n++) {
+            rows[n] = d->log_ids[s * cap + p];
+            rows[total + n] = (int32_t)p;
+            rows[2 * total + n] = (int32_t)s;
+        }
+    pthread_mutex_unlock(&d->pipe_mu);
+    *bad = UINT32_MAX;
+    if (total && !rows)
+        return rlx_error(RLX_E_NOMEM, "driver: out of memory replaying %zu positions", total);
+    rlx__log(RLX_LOG_INFO, "replaying %zu positions into stage %u", total, k);
+    rlx_status rc = RLX_OK;
+    for (size_t at = 0; rc == RLX_OK && at < total; at += REPLAY_CHUNK) {
+        uint32_t m = total - at < REPLAY_CHUNK ? (uint32_t)(total - at) : REPLAY_CHUNK, last_row = m - 1;
+        drv_job job = {.n = m,
+                       .n_out = 1,
+                       .ids = rows + at,
+                       .positions = (uint32_t *)(rows + total + at),
+                       .slots = (uint32_t *)(rows + 2 * total + at),
+                       .out_rows = &last_row};
+        for (uint32_t j = 0; rc == RLX_OK && j <= k; j++) {
+            int refused = 0;
+            if ((rc = run_job(d, j, &job, &refused)) != RLX_OK)
+                *bad = refused ? UINT32_MAX : j;
+        }
+        rlx__envelope_free(job.reply);
+    }
+    free(rows);
+    return rc;
+}
+
+/* Called by lost stage's thread with pipe_mu held (and returns with it held), the job that
+ * failed back at the head of its queue: waits until no other thread is in the middle of a job
+ * (each ends within its own deadline, and starts no other while this runs), replaces the stage,
+ * replays the slots into it (a stage lost meanwhile is replaced the same way) and lets the
+ * threads go on, within recovery_ms. `generation` is the stage's when the job began: a stage
+ * another thread replaced since is not replaced again. */
+static rlx_status recover_slots(rlx_driver *d, uint32_t lost, uint64_t generation) {
+    char cause[1024];
+    snprintf(cause, sizeof cause, "%s", rlx_last_error());
+    const double t0 = rlx__now_seconds(), deadline = t0 + d->recovery_ms / 1000.0;
+    while (d->recovering && !d->broken) {
+        struct timespec until = deadline_in(100);
+        pthread_cond_timedwait(&d->recover_cond, &d->pipe_mu, &until);
+    }
+    if (d->broken)
+        return rlx_error(RLX_E_PEER, "%s", d->broken_msg);
+    if (d->stages[lost].generation != generation)
+        return RLX_OK;
+    d->recovering = 1;
+    while (d->n_active > 0) {
+        struct timespec until = deadline_in(100);
+        pthread_cond_timedwait(&d->recover_cond, &d->pipe_mu, &until);
+    }
+    pthread_mutex_unlock(&d->pipe_mu);
+    uint8_t need[d->n_stages], dead[d->n_stages];
+    memset(need, 0, sizeof need);
+    memset(dead, 0, sizeof dead);
+    need[lost] = dead[lost] = 1;
+    rlx_status rc = RLX_OK;
+    for (;;) {
+        uint32_t k = 0;
+        while (k < d->n_stages && !need[k])
+            k++;
+        if (k == d->n_stages)
+            break;
+        if (dead[k]) {
+            rlx__log(RLX_LOG_WARN, "%s; replacing stage %u", cause, k);
+            if ((rc = replace_stage(d, k, deadline)) != RLX_OK) {
+                rlx_error(rc, "%s; not replaced within %u ms: %s", cause, d->recovery_ms, rlx_last_error());
+                break;
+            }
+            dead[k] = 0;
+            pthread_mutex_lock(&d->pipe_mu);
+            d->stages[k].generation++;
+            pthread_mutex_unlock(&d->pipe_mu);
+        }
+        uint32_t bad;
+        if ((rc = replay_slots(d, k, &bad)) == RLX_OK) {
+            need[k] = 0;
+            continue;
+        }
+        if (bad == UINT32_MAX || rlx__now_seconds() >= deadline) {
+            rlx_error(rc, "%s; replaying the streams into stage %u failed: %s", cause, k, rlx_last_error());
+            break;
+        }
+        snprintf(cause, sizeof cause, "%s", rlx_last_error());
+        need[bad] = dead[bad] = 1;
+    }
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", rlx_last_error());
+    const double took = rlx__now_seconds() - t0;
+    if (rc == RLX_OK) {
+        pthread_mutex_lock(&d->stats_mu);
+        d->stats.recoveries++;
+        d->stats.recovery_seconds += took;
+        d->stats.last_recovery_seconds = took;
+        pthread_mutex_unlock(&d->stats_mu);
+        rlx__log(RLX_LOG_WARN, "stage %u (%s) replaced and its streams replayed in %.3f s", lost,
+                 d->stages[lost].address, took);
+    }
+    pthread_mutex_lock(&d->pipe_mu);
+    d->recovering = 0;
+    if (rc != RLX_OK && !d->broken) {
+        d->broken = 1;
+        snprintf(d->broken_msg, sizeof d->broken_msg, "%s", msg);
+    }
+    pthread_cond_broadcast(&d->recover_cond);
+    for (uint32_t q = 0; q <= d->n_stages; q++)
+        pthread_cond_broadcast(&d->queue_cond[q]);
+    return rc == RLX_OK ? RLX_OK : rlx_error(rc, "%s", msg);
+}
+
 typedef struct drv_thread {
     rlx_driver *d;
     uint32_t i;
@@ -647,19 +1046,6 @@ static drv_job *pop_job(rlx_driver *d, uint32_t q) {
     return j;
 }
 
-/* The deadline ms from now on the condition variables' clock. */
-static struct timespec deadline_in(uint64_t ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += (time_t)(ms / 1000);
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
-
 /* Stage i's thread: runs each job of queue i on its stage and hands it to queue i + 1. Once the
  * pipeline is down, jobs pass through unsent with its message. */
 static void *stage_thread(void *arg) {
@@ -668,8 +1054,9 @@ static void *stage_thread(void *arg) {
     const uint32_t i = t->i;
     pthread_mutex_lock(&d->pipe_mu);
     for (;;) {
-        while (!d->queue_head[i] && !d->pipe_stop) {
-            /* idle: woken by a job or by destroy; the timeout only bounds a lost wake-up */
+        while ((!d->queue_head[i] || d->recovering) && !d->pipe_stop) {
+            /* idle: woken by a job, the end of a recovery or destroy; the timeout only bounds a
+             * lost wake-up */
             struct timespec until = deadline_in(1000);
             pthread_cond_timedwait(&d->queue_cond[i], &d->pipe_mu, &until);
         }
@@ -683,13 +1070,32 @@ static void *stage_thread(void *arg) {
                      d->broken ? d->broken_msg : "the pipeline driver is closing");
         }
         if (j->status == RLX_OK) {
+            const uint64_t generation = d->stages[i].generation;
+            d->n_active++;
             pthread_mutex_unlock(&d->pipe_mu);
-            rlx_status rc = run_job(d, i, j);
+            int refused = 0;
+            rlx_status rc = run_job(d, i, j, &refused);
+            pthread_mutex_lock(&d->pipe_mu);
+            d->n_active--;
+            pthread_cond_broadcast(&d->recover_cond);
+            if (rc != RLX_OK && !refused && !d->no_recovery && !d->pipe_stop && !d->broken) {
+                /* the job goes back to the head of its queue: the replaced stage runs it next */
+                j->next = d->queue_head[i];
+                d->queue_head[i] = j;
+                if (!d->queue_tail[i])
+                    d->queue_tail[i] = j;
+                if (recover_slots(d, i, generation) == RLX_OK)
+                    continue;
+                j = pop_job(d, i);
+            }
             if (rc != RLX_OK) {
                 j->status = rc;
-                snprintf(j->message, sizeof j->message, "%s", rlx_last_error());
+                snprintf(j->message, sizeof j->message, "%s", d->broken ? d->broken_msg : rlx_last_error());
+                if (!d->broken) {
+                    d->broken = 1;
+                    snprintf(d->broken_msg, sizeof d->broken_msg, "%s", j->message);
+                }
             }
-            pthread_mutex_lock(&d->pipe_mu);
         }
         push_job(d, i + 1, j);
     }
@@ -759,13 +1165,25 @@ static void stop_threads(rlx_driver *d) {
 uint32_t rlx_driver_n_slots(const rlx_driver *d) { return d ? d->n_slots : 0; }
 uint32_t rlx_driver_capacity(const rlx_driver *d) { return d ? d->capacity : 0; }
 
-/* Queues job j (its bound set here) for stage 0 and returns its ticket. */
+/* Queues job j (its bound set here) for stage 0, notes what it writes in the replay log and
+ * returns its ticket. */
 static uint64_t enqueue(rlx_driver *d, drv_job *j) {
     j->bound_ms = 0;
     for (uint32_t i = 0; i < d->n_stages; i++)
         j->bound_ms += j->copy ? d->timeout_ms : rows_wait_ms(d, j->n);
     pthread_mutex_lock(&d->pipe_mu);
     const uint64_t ticket = j->ticket = ++d->next_ticket;
+    const size_t cap = d->capacity;
+    if (j->copy) {
+        memcpy(d->log_ids + j->to * cap, d->log_ids + j->from * cap, j->n_copy * sizeof *d->log_ids);
+        for (uint32_t p = 0; p < j->n_copy; p++)
+            d->log_tickets[j->to * cap + p] = ticket;
+    } else {
+        for (uint32_t r = 0; r < j->n; r++) {
+            d->log_ids[j->slots[r] * cap + j->positions[r]] = j->ids[r];
+            d->log_tickets[j->slots[r] * cap + j->positions[r]] = ticket;
+        }
+    }
     d->n_queued++;
     d->queued_ms += j->bound_ms;
     push_job(d, 0, j);
@@ -828,9 +1246,10 @@ rlx_status rlx_driver_submit(rlx_driver *d, const rlx_driver_rows *rows, uint64_
     return RLX_OK;
 }
 
-rlx_status rlx_driver_copy_slot(rlx_driver *d, uint32_t from, uint32_t to, uint32_t n) {
-    if (!d)
-        return rlx_error(RLX_E_INVALID, "rlx_driver_copy_slot: NULL driver");
+rlx_status rlx_driver_copy_slot(rlx_driver *d, uint32_t from, uint32_t to, uint32_t n, uint64_t *ticket) {
+    if (!d || !ticket)
+        return rlx_error(RLX_E_INVALID, "rlx_driver_copy_slot: NULL argument");
+    *ticket = 0;
     rlx_status rc = slots_usable(d, "rlx_driver_copy_slot");
     if (rc != RLX_OK)
         return rc;
@@ -844,7 +1263,7 @@ rlx_status rlx_driver_copy_slot(rlx_driver *d, uint32_t from, uint32_t to, uint3
     j->from = from;
     j->to = to;
     j->n_copy = n;
-    enqueue(d, j);
+    *ticket = enqueue(d, j);
     return RLX_OK;
 }
 
@@ -859,13 +1278,13 @@ rlx_status rlx_driver_wait(rlx_driver *d, uint64_t *ticket, const float **logits
     pthread_mutex_lock(&d->pipe_mu);
     job_free(d->handed);
     d->handed = NULL;
-    for (;;) {
+    {
         if (d->n_queued == 0) {
             pthread_mutex_unlock(&d->pipe_mu);
             return rlx_error(RLX_E_INVALID, "rlx_driver_wait: no step is in flight");
         }
         /* every job ahead answers within its bound, so this one is late only if a thread is stuck */
-        const uint64_t limit_ms = d->queued_ms + 5000;
+        const uint64_t limit_ms = d->queued_ms + 5000 + (d->no_recovery ? 0 : d->recovery_ms);
         struct timespec until = deadline_in(limit_ms);
         int late = 0;
         while (!d->queue_head[q] && !late)
@@ -882,17 +1301,13 @@ rlx_status rlx_driver_wait(rlx_driver *d, uint64_t *ticket, const float **logits
         drv_job *j = pop_job(d, q);
         d->n_queued--;
         d->queued_ms -= j->bound_ms;
-        if (j->copy && j->status == RLX_OK) {
-            job_free(j);
-            continue;
-        }
         rlx_status rc = j->status;
         if (rc != RLX_OK) {
             rlx_error(rc, "%s", j->message);
             job_free(j);
         } else {
             *ticket = j->ticket;
-            *logits = (const float *)j->reply->rows->data.data;
+            *logits = j->copy ? NULL : (const float *)j->reply->rows->data.data;
             d->handed = j;
         }
         pthread_mutex_unlock(&d->pipe_mu);
@@ -927,10 +1342,17 @@ void rlx_driver_destroy(rlx_driver *d) {
     for (uint32_t i = 0; i < d->n_stages; i++) {
         free(d->stages[i].address);
         free(d->stages[i].source);
+        for (uint32_t k = 0; k < d->stages[i].n_standby; k++)
+            free(d->stages[i].standby[k]);
+        free(d->stages[i].standby);
     }
+    free(d->history);
+    free(d->log_ids);
+    free(d->log_tickets);
     free(d->stages);
     pthread_mutex_destroy(&d->stats_mu);
     pthread_mutex_destroy(&d->pipe_mu);
+    pthread_cond_destroy(&d->recover_cond);
     free(d);
 }
 

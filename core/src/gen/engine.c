@@ -24,6 +24,8 @@
 #include "util/clock.h"
 #include "util/sized.h"
 
+/* An in_flight entry that is a copy between slots, not a group's step. */
+#define COPY_IN_FLIGHT UINT32_MAX
 /* How long the idle worker sleeps before it looks at the flags again without being woken. */
 #define ENGINE_IDLE_MS 200
 /* A prefix held by a busy slot is copied to the new request's slot from this many positions:
@@ -53,6 +55,10 @@ typedef struct engine_slot {
     int32_t pending;
     int cancel;         /* the worker's copy of the request's flag, taken under mu */
     uint64_t last_used; /* when it last finished a request: the least recent free slot is reused first */
+    /* over a pipeline: the ticket of the latest copy out of this slot, which may still be on its
+     * way through the stages until a later step is back; the slot takes no new request until
+     * then, so a lost stage can be rebuilt from what the slots held */
+    uint64_t copy_ticket;
 } engine_slot;
 
 /* Over a pipeline, the slots fall into groups (slot s into group s % n_groups) that take turns
@@ -72,7 +78,10 @@ struct rlx_engine {
     rlx_driver *pipe;
     engine_group *groups;
     uint32_t n_groups;
-    uint32_t *in_flight; /* groups with a step in flight, oldest first: the driver answers in order */
+    /* groups with a step in flight and copies (COPY_IN_FLIGHT), oldest first: the driver answers
+     * in order */
+    uint32_t *in_flight;
+    uint64_t done_ticket; /* the latest step back from the pipeline */
     uint32_t n_in_flight;
     double busy_since; /* when the pipeline last went from idle to busy */
     /* lm mode: requests run one after another on lm (a pipeline driver, or a session with a
@@ -311,7 +320,9 @@ rlx_status rlx_engine_create_pipeline(rlx_driver *d, const rlx_engine_options *o
     /* one group per stage keeps every stage busy; more would only split the batches */
     e->n_groups = rlx_driver_n_stages(d) < e->n_slots ? rlx_driver_n_stages(d) : e->n_slots;
     e->groups = rlx__calloc(e->n_groups, sizeof *e->groups);
-    e->in_flight = rlx__calloc(e->n_groups, sizeof *e->in_flight);
+    /* a step per group, and a copy per slot at the most (a copy's slot takes no other request
+     * before the copy is back) */
+    e->in_flight = rlx__calloc(e->n_groups + e->n_slots, sizeof *e->in_flight);
     rc = e->groups && e->in_flight ? alloc_slots(e) : RLX_E_NOMEM;
     for (uint32_t g = 0; rc == RLX_OK && g < e->n_groups; g++)
         if (!(e->groups[g].out_slot = rlx__calloc(e->n_slots, sizeof *e->groups[g].out_slot)))
@@ -529,8 +540,9 @@ static uint32_t common_prefix(const int32_t *a, uint32_t na, const int32_t *b, u
  * down: the request then computes its prompt and meets the pipeline's error there). */
 static int copy_prefix(rlx_engine *e, uint32_t from, uint32_t to, uint32_t n) {
     if (e->pipe) {
-        if (rlx_driver_copy_slot(e->pipe, from, to, n) != RLX_OK)
+        if (rlx_driver_copy_slot(e->pipe, from, to, n, &e->slots[from].copy_ticket) != RLX_OK)
             return 0;
+        e->in_flight[e->n_in_flight++] = COPY_IN_FLIGHT;
     } else {
         rlx__batch_copy(e->batch, from, to, n);
     }
@@ -539,6 +551,18 @@ static int copy_prefix(rlx_engine *e, uint32_t from, uint32_t to, uint32_t n) {
 }
 
 static uint32_t group_of(const rlx_engine *e, uint32_t s) { return e->n_groups ? s % e->n_groups : 0; }
+
+/* A slot that may take a new request. */
+static int slot_open(const rlx_engine *e, uint32_t s) {
+    return !e->slots[s].req && e->slots[s].copy_ticket <= e->done_ticket;
+}
+
+static int any_slot_open(const rlx_engine *e) {
+    for (uint32_t s = 0; s < e->n_slots; s++)
+        if (slot_open(e, s))
+            return 1;
+    return 0;
+}
 
 /* Running requests per group, so a new one goes where the fewest run (a group whose streams all
  * wait on one another pipelines nothing). */
@@ -558,12 +582,12 @@ static void admit(rlx_engine *e, engine_req *r) {
     uint32_t len_free = 0, len_any = 0;
     uint32_t least = UINT32_MAX; /* the lightest group with a free slot */
     for (uint32_t s = 0; e->n_groups && s < e->n_slots; s++)
-        if (!e->slots[s].req && group_load(e, group_of(e, s)) < least)
+        if (slot_open(e, s) && group_load(e, group_of(e, s)) < least)
             least = group_load(e, group_of(e, s));
     for (uint32_t s = 0; s < e->n_slots; s++) {
         engine_slot *sl = &e->slots[s];
         uint32_t n = common_prefix(sl->tokens, sl->n_valid, r->prompt, limit);
-        if (!sl->req && (!e->n_groups || group_load(e, group_of(e, s)) == least) &&
+        if (slot_open(e, s) && (!e->n_groups || group_load(e, group_of(e, s)) == least) &&
             (best_free < 0 || n > len_free || (n == len_free && sl->last_used < e->slots[best_free].last_used)))
             best_free = (int)s, len_free = n;
         if (sl->req && n > len_any)
@@ -809,12 +833,20 @@ static int pipe_step(rlx_engine *e, int closing) {
     if (e->n_in_flight == 0)
         return 0;
     const uint32_t g = e->in_flight[0];
-    engine_group *gr = &e->groups[g];
     memmove(e->in_flight, e->in_flight + 1, --e->n_in_flight * sizeof *e->in_flight);
     uint64_t ticket = 0;
     const float *logits = NULL;
     rlx_status rc = rlx_driver_wait(e->pipe, &ticket, &logits);
+    if (g == COPY_IN_FLIGHT) {
+        /* a failed copy fails the steps after it, which end their requests */
+        if (rc == RLX_OK)
+            e->done_ticket = ticket;
+        return 1;
+    }
+    engine_group *gr = &e->groups[g];
     gr->busy = 0;
+    if (rc == RLX_OK)
+        e->done_ticket = ticket;
     if (rc == RLX_OK && ticket != gr->ticket)
         rc = rlx_error(RLX_E_INTERNAL, "the pipeline answered step %llu, expected step %llu",
                        (unsigned long long)ticket, (unsigned long long)gr->ticket);
@@ -976,7 +1008,7 @@ static void *engine_main(void *arg) {
             run_on_lm(e, r);
             continue;
         }
-        while (e->queue_head && e->n_running < e->n_slots)
+        while (e->queue_head && e->n_running < e->n_slots && any_slot_open(e))
             admit(e, pop_queued(e));
         uint64_t used = 0;
         for (uint32_t s = 0; s < e->n_slots; s++)

@@ -323,6 +323,10 @@ static rlx_status open_pipeline(rlx_runtime *rt) {
         d.compute_ms_per_position = or_default(o->compute_ms_per_position, timeouts.per_position_ms);
         d.emit_hidden = (uint32_t)speculator_needs_hidden(rt);
         d.n_slots = o->n_slots;
+        d.recovery_timeout_ms = or_default(o->recovery_timeout_ms, timeouts.recovery_ms);
+        d.no_recovery = o->no_recovery;
+        d.restart = o->stage_restart;
+        d.restart_ctx = o->stage_restart_ctx;
         if ((rc = rlx_driver_create(rt->model_dir, &d, &rt->driver)) != RLX_OK ||
             (rc = rlx_driver_lm(rt->driver, &rt->lm)) != RLX_OK)
             rc = failed(rc, "pipeline");
