@@ -9,13 +9,15 @@
 #include "opts.h"
 
 typedef struct app_pipeline_options {
-    const char *config;          /* --config FILE: a deployment file */
-    uint32_t stages;             /* --stages N: launch N local stages on free loopback ports */
-    int launch;                  /* --launch: start the config's local stages as child processes */
-    const char *transport;       /* --transport NAME (overrides the file; default tcp) */
-    uint32_t timeout_ms;         /* --timeout MS: control messages; 0 = the file's or the default */
-    uint32_t connect_timeout_ms; /* --connect-timeout MS */
-    uint32_t per_position_ms;    /* --compute-timeout MS: extra wait per position computed */
+    const char *config;           /* --config FILE: a deployment file */
+    uint32_t stages;              /* --stages N: launch N local stages on free loopback ports */
+    int launch;                   /* --launch: start the config's local stages as child processes */
+    const char *transport;        /* --transport NAME (overrides the file; default tcp) */
+    uint32_t timeout_ms;          /* --timeout MS: control messages; 0 = the file's or the default */
+    uint32_t connect_timeout_ms;  /* --connect-timeout MS */
+    uint32_t per_position_ms;     /* --compute-timeout MS: extra wait per position computed */
+    uint32_t recovery_timeout_ms; /* --recovery-timeout MS: replacing a lost stage; 0 = the file's */
+    int no_recovery;              /* --no-recovery: a lost stage ends the command at once */
 } app_pipeline_options;
 
 typedef struct app_options {
@@ -30,7 +32,7 @@ typedef struct app_options {
     const char *quant; /* --quant TYPE: quantize a safetensors model's matrices when loading it */
     /* --cache-type-k / --cache-type-v (-ctk, -ctv): the KV cache's rlx_dtype, F32 unless given */
     uint32_t cache_type_k, cache_type_v;
-    app_pipeline_options pipeline; /* --config, --stages, --launch, --transport, timeouts */
+    app_pipeline_options pipeline; /* --config, --stages, --launch, --transport, timeouts, recovery */
     uint32_t slots;                /* over a pipeline: sequences the stages keep (rlx serve --parallel) */
 } app_options;
 

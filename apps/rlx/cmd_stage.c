@@ -12,14 +12,16 @@
 #include "rlx/dist.h"
 
 static const char usage[] =
-    "usage: rlx stage --config FILE --stage I [options]\n"
+    "usage: rlx stage --config FILE --stage I [--standby K] [options]\n"
     "       rlx stage --listen HOST:PORT --model PATH --layers A-B [--plugin P] [--transport T] [options]\n\n"
     "Runs layers A-B (inclusive) of the model for pipeline drivers (rlx generate --config ...) and\n"
     "keeps their KV caches, until interrupted (SIGINT/SIGTERM: a clean exit with status 0). The\n"
     "stage that holds layer 0 embeds token ids; the one holding the last layer computes logits.\n"
     "With --config, the stage's address, backend, backend options, threads and layers come from\n"
-    "the deployment file; options given here override them. --place pins ops of the stage's block\n"
-    "to other backends, as for a model run in one process.\n\n";
+    "the deployment file; options given here override them. --standby K instead listens on the\n"
+    "stage's standby address K (0 = first), a stand-by stage the driver falls back on when the\n"
+    "stage is lost. --place pins ops of the stage's block to other backends, as for a model run in\n"
+    "one process.\n\n";
 
 static volatile sig_atomic_t stop_requested;
 
@@ -53,8 +55,8 @@ static void report_ready(void *ctx, const char *address) {
 
 typedef struct stage_args {
     const char *config, *listen, *layers, *transport;
-    uint32_t index, timeout_ms;
-    int has_index, first, last, ready_fd, no_prefetch, once;
+    uint32_t index, standby, timeout_ms;
+    int has_index, has_standby, first, last, ready_fd, no_prefetch, once;
 } stage_args;
 
 static int parse_ready_fd(const char *opt, const char *value, void *target) {
@@ -71,6 +73,8 @@ static int parse_args(stage_args *a, app_options *o, int argc, char **argv) {
     const app_opt own[] = {
         {0, "config", NULL, "FILE", "deployment file (YAML)", APP_OPT_STRING, &a->config},
         {0, "stage", NULL, "I", "which stage of the file to run (0 = first)", APP_OPT_U32, &a->index, &a->has_index},
+        {0, "standby", NULL, "K", "with --config and --stage: serve that stage at its standby address K (0 = first)",
+         APP_OPT_U32, &a->standby, &a->has_standby},
         {0, "listen", NULL, "ADDR", "address to listen on (port 0 picks a free one; it is logged)", APP_OPT_STRING,
          &a->listen},
         {0, "layers", NULL, "A-B", "the layer range, inclusive", APP_OPT_STRING, &a->layers},
@@ -99,8 +103,12 @@ static int parse_args(stage_args *a, app_options *o, int argc, char **argv) {
         a->transport = o->pipeline.transport;
     if (!a->timeout_ms)
         a->timeout_ms = o->pipeline.timeout_ms;
-    if (o->pipeline.stages || o->pipeline.launch)
-        return app_fail("stage: --stages and --launch are for drivers (rlx generate ...), not for a stage");
+    if (o->pipeline.stages || o->pipeline.launch || o->pipeline.recovery_timeout_ms || o->pipeline.no_recovery)
+        return app_fail("stage: --stages, --launch, --recovery-timeout and --no-recovery are for drivers (rlx "
+                        "generate ...), not for a stage");
+    if (a->has_standby && (!a->config || !a->has_index))
+        return app_fail("stage: --standby K needs --config FILE --stage I (it serves stage I's layers at the K-th "
+                        "address of its standby list)");
     if (a->config && !a->has_index)
         return app_fail("stage: --config needs --stage I (which stage of the file to run)");
     if (!a->config && (a->has_index || !a->listen || !a->layers))
@@ -135,8 +143,22 @@ int cmd_stage(int argc, char **argv, app_options *o) {
             status = app_fail("stage: %s names no model and no --model was given", a.config);
             goto done;
         }
+        if (a.has_standby && a.standby >= ds->n_standby) {
+            if (ds->n_standby)
+                status = app_fail("stage: %s:%u: stage %u has %u standby address%s; --standby %u is not one of them "
+                                  "(0-%u)",
+                                  a.config, ds->line, a.index, ds->n_standby, ds->n_standby == 1 ? "" : "es", a.standby,
+                                  ds->n_standby - 1);
+            else
+                status = app_fail("stage: %s:%u: stage %u has no standby addresses (list them under its 'standby' "
+                                  "key); --standby %u needs one",
+                                  a.config, ds->line, a.index, a.standby);
+            goto done;
+        }
+        /* a standby binds the address the driver will try, as a stage without listen does;
+         * --listen still wins, for a machine the driver knows by another name */
         if (!listen)
-            listen = ds->listen ? ds->listen : ds->address;
+            listen = a.has_standby ? ds->standby[a.standby] : ds->listen ? ds->listen : ds->address;
         if (!backend_name)
             backend_name = ds->backend;
         if (!backend_opts)
@@ -154,7 +176,9 @@ int cmd_stage(int argc, char **argv, app_options *o) {
         status = app_fail_rlx("stage: --listen");
         goto done;
     }
-    if (a.config)
+    if (a.has_standby)
+        snprintf(log.label, sizeof log.label, "%u standby %u (%s)", a.index, a.standby, listen);
+    else if (a.config)
         snprintf(log.label, sizeof log.label, "%u (%s)", a.index, listen);
     else
         snprintf(log.label, sizeof log.label, "%s", listen);

@@ -42,6 +42,8 @@ static int runtime_options(app_runtime *rt, app_options *o, const app_spec_optio
     ro->plugin_dir = o->plugin_dir;
     ro->kv_capacity = o->ctx;
     ro->n_slots = o->slots;
+    ro->recovery_timeout_ms = o->pipeline.recovery_timeout_ms;
+    ro->no_recovery = (uint32_t)o->pipeline.no_recovery;
     ro->speculator = so->name;
     ro->draft_tokens = so->draft_tokens;
     ro->draft_model = so->draft_model;
@@ -56,10 +58,11 @@ static int runtime_options(app_runtime *rt, app_options *o, const app_spec_optio
 
 /* With -v, what librlx and the plugins log (the backends' describe lines, a transport's own
  * account of a failed connect). */
-static void print_verbose_log(void *ctx, int level, const char *message) {
-    (void)ctx;
-    (void)level;
-    fprintf(stderr, "rlx: %s\n", message);
+/* Warnings (a pipeline stage lost and replaced) always; the rest with -v. */
+static void print_log(void *ctx, int level, const char *message) {
+    const int *verbose = ctx;
+    if (level <= RLX_LOG_WARN || *verbose)
+        fprintf(stderr, "rlx: %s\n", message);
 }
 
 /* The progress bar's state: drawn once the model is big enough to be worth one. */
@@ -98,8 +101,7 @@ int app_runtime_open_flags(app_runtime *rt, app_options *o, const app_spec_optio
         ro.progress = show_progress;
         ro.progress_ctx = &bar;
     }
-    if (o->verbose)
-        rlx_log_set_handler(print_verbose_log, NULL);
+    rlx_log_set_handler(print_log, &o->verbose);
     rlx_status rc = rlx_runtime_open(&ro, &rt->runtime);
     if (bar.drawn)
         fputs("\r\033[K", stderr);

@@ -38,6 +38,9 @@ struct app_pipeline {
     rlx_model *model;                /* opened for its metadata: the driver reads none of its weights */
     char addresses[MAX_STAGES][300]; /* what launched stages reported */
     int rank;                        /* under a launcher with --config: this process's rank; else 0 */
+    /* a launched stage's command line and its entry in pids (-1: not launched), to restart it */
+    char **launch_args[MAX_STAGES];
+    int child[MAX_STAGES];
 };
 
 static int parse_stages(const char *opt, const char *value, void *target) {
@@ -50,7 +53,7 @@ static int parse_stages(const char *opt, const char *value, void *target) {
 }
 
 app_opt_group app_pipeline_group(app_pipeline_options *po) {
-    static app_opt opts[7];
+    static app_opt opts[9];
     app_opt list[] = {
         {0, "config", NULL, "FILE", "run over the stages of a deployment file (YAML; see README.md)", APP_OPT_STRING,
          &po->config},
@@ -66,6 +69,11 @@ app_opt_group app_pipeline_group(app_pipeline_options *po) {
          APP_OPT_U32, &po->connect_timeout_ms, .min = 1},
         {0, "compute-timeout", NULL, "MS", "extra wait per position a stage computes (default 100)", APP_OPT_U32,
          &po->per_position_ms, .min = 1},
+        {0, "recovery-timeout", NULL, "MS",
+         "how long to spend replacing a lost stage and replaying into it (default 30000)", APP_OPT_U32,
+         &po->recovery_timeout_ms, .min = 1},
+        {0, "no-recovery", NULL, NULL, "end the command when a stage is lost instead of replacing it", APP_OPT_FLAG,
+         &po->no_recovery},
     };
     memcpy(opts, list, sizeof opts);
     return APP_OPT_GROUP("pipeline options (run the model over stage processes):", opts);
@@ -73,7 +81,7 @@ app_opt_group app_pipeline_group(app_pipeline_options *po) {
 
 int app_pipeline_wanted(const app_pipeline_options *po) {
     return po->config || po->stages || po->launch || po->transport || po->timeout_ms || po->connect_timeout_ms ||
-           po->per_position_ms;
+           po->per_position_ms || po->recovery_timeout_ms || po->no_recovery;
 }
 
 // ---- child processes ----
@@ -152,20 +160,20 @@ static int spawn_stage(app_pipeline *p, char **args, int *ready_fd) {
     return 0;
 }
 
-/* Waits for the stage's "address\n" line (copied to addr) or its exit. */
-static int wait_ready(app_pipeline *p, uint32_t child, uint32_t stage, int fd, char *addr, size_t size) {
+/* Waits up to limit_ms for the stage's "address\n" line (copied to addr) or its exit. */
+static int wait_ready(app_pipeline *p, uint32_t child, uint32_t stage, int fd, char *addr, size_t size, int limit_ms) {
     size_t len = 0;
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     while (len + 1 < size) {
-        int left = LAUNCH_TIMEOUT_MS - elapsed_ms(&t0);
+        int left = limit_ms - elapsed_ms(&t0);
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
         int r = left > 0 ? poll(&pfd, 1, left) : 0;
         if (r < 0 && errno == EINTR)
             continue;
         if (r == 0)
-            return app_fail("stage %u (pid %d) did not start listening within %d s", stage, (int)p->pids[child],
-                            LAUNCH_TIMEOUT_MS / 1000);
+            return app_fail("stage %u (pid %d) did not start listening within %.1f s", stage, (int)p->pids[child],
+                            limit_ms / 1000.0);
         ssize_t got = read(fd, addr + len, size - 1 - len);
         if (got < 0 && errno == EINTR)
             continue;
@@ -333,6 +341,57 @@ static int exec_stage_rank(const app_pipeline *p, const app_options *o, const ap
     return app_fail("rank %d: cannot run /proc/self/exe stage: %s", p->rank, strerror(errno));
 }
 
+// ---- restarting a lost stage ----
+
+/* Keeps a copy of launched stage i's command line, to start it again. */
+static int keep_args(app_pipeline *p, uint32_t i, const argv_builder *b) {
+    char **copy = calloc((size_t)b->n + 1, sizeof *copy);
+    for (int k = 0; copy && k < b->n; k++)
+        if (!(copy[k] = strdup(b->v[k]))) {
+            for (int j = 0; j < k; j++)
+                free(copy[j]);
+            free(copy);
+            copy = NULL;
+        }
+    if (!copy)
+        return app_fail("out of memory");
+    p->launch_args[i] = copy;
+    p->child[i] = (int)p->n_pids - 1;
+    return 0;
+}
+
+/* rlx_driver_restart_fn for the stages this command launched: ends the lost process (it may be
+ * stopped rather than dead) and starts it again with the same command line. Stages it did not
+ * launch are left to the driver's other ways (RLX_E_UNSUPPORTED). Runs on a driver thread while
+ * the main thread waits for the driver, so the children are not touched elsewhere meanwhile. */
+static rlx_status restart_stage(void *ctx, uint32_t stage, char *address, size_t size, uint32_t timeout_ms) {
+    app_pipeline *p = ctx;
+    if (stage >= MAX_STAGES || !p->launch_args[stage] || p->child[stage] < 0)
+        return rlx_error(RLX_E_UNSUPPORTED, "stage %u was not launched by this command", stage);
+    const int c = p->child[stage];
+    if (p->pids[c] > 0) {
+        kill(p->pids[c], SIGKILL);
+        waitpid(p->pids[c], NULL, 0);
+        p->pids[c] = 0;
+    }
+    int fd = -1;
+    /* the new process takes the old one's entry */
+    const uint32_t n_pids = p->n_pids;
+    p->n_pids = (uint32_t)c;
+    int failed = spawn_stage(p, p->launch_args[stage], &fd);
+    p->n_pids = n_pids;
+    if (!failed) {
+        failed = wait_ready(p, (uint32_t)c, stage, fd, p->addresses[stage], sizeof p->addresses[stage],
+                            timeout_ms < LAUNCH_TIMEOUT_MS ? (int)timeout_ms : LAUNCH_TIMEOUT_MS);
+        close(fd);
+    }
+    if (failed)
+        return rlx_error(RLX_E_PEER, "stage %u could not be restarted (the reason is above)", stage);
+    snprintf(address, size, "%s", p->addresses[stage]);
+    fprintf(stderr, "rlx: restarted stage %u (pid %d) on %s\n", stage, (int)p->pids[c], address);
+    return RLX_OK;
+}
+
 // ---- open and close ----
 
 int app_pipeline_load(app_pipeline **out, const app_pipeline_options *po) {
@@ -342,13 +401,18 @@ int app_pipeline_load(app_pipeline **out, const app_pipeline_options *po) {
     if (po->launch && !po->config)
         return app_fail("--launch starts the stages of a --config file (--stages N launches its own)");
     if (!po->config && !po->stages)
-        return app_fail("--transport and the timeouts apply to pipelines: add --config FILE or --stages N");
+        return app_fail("--transport, the timeouts and --no-recovery apply to pipelines: add --config FILE or "
+                        "--stages N");
+    if (po->recovery_timeout_ms && po->no_recovery)
+        return app_fail("--recovery-timeout bounds the recovery --no-recovery turns off: give one of them");
     if (po->stages && po->transport && strcasecmp(po->transport, "mpi") == 0)
         return app_fail("--stages starts its own stage processes, which share no MPI job: with --transport mpi, "
                         "start the driver and the stages with mpirun -n N+1 ... --config FILE");
     app_pipeline *p = calloc(1, sizeof *p);
     if (!p)
         return app_fail("out of memory");
+    for (uint32_t i = 0; i < MAX_STAGES; i++)
+        p->child[i] = -1;
     if (po->config && rlx_deploy_open(po->config, &p->deploy) != RLX_OK)
         return app_fail_rlx("pipeline"), app_pipeline_close(p), 1;
     if (check_launched(p, po))
@@ -444,13 +508,13 @@ int app_pipeline_launch(app_pipeline *p, app_options *o, const app_pipeline_opti
         }
         b.v[b.n] = NULL;
         child_of[i] = p->n_pids;
-        failed = spawn_stage(p, b.v, &ready[i]);
+        failed = spawn_stage(p, b.v, &ready[i]) || keep_args(p, i, &b);
     }
     for (uint32_t i = 0; i < n; i++) {
         if (ready[i] < 0)
             continue;
         if (!failed) {
-            if (wait_ready(p, child_of[i], i, ready[i], p->addresses[i], sizeof p->addresses[i]))
+            if (wait_ready(p, child_of[i], i, ready[i], p->addresses[i], sizeof p->addresses[i], LAUNCH_TIMEOUT_MS))
                 failed = 1;
             else if (!p->deploy)
                 p->stages[i].address = p->addresses[i];
@@ -467,6 +531,8 @@ int app_pipeline_launch(app_pipeline *p, app_options *o, const app_pipeline_opti
     ro->connect_timeout_ms = po->connect_timeout_ms;
     ro->timeout_ms = po->timeout_ms;
     ro->compute_ms_per_position = po->per_position_ms;
+    ro->stage_restart = restart_stage;
+    ro->stage_restart_ctx = p;
     return 0;
 }
 
@@ -474,6 +540,11 @@ void app_pipeline_close(app_pipeline *p) {
     if (!p)
         return;
     stop_children(p);
+    for (uint32_t i = 0; i < MAX_STAGES; i++) {
+        for (char **a = p->launch_args[i]; a && *a; a++)
+            free(*a);
+        free(p->launch_args[i]);
+    }
     rlx_deploy_close(p->deploy);
     rlx_model_close(p->model);
     free(p->model_dir);

@@ -2,8 +2,8 @@
 """The command line a llama.cpp user expects, through the CLI on the shipped Brown model:
 llama.cpp's spellings (-m, -p, -f, -n, -t, -c, -s, --ctx-size, --temp 0), --version on every
 command, --help generated from the same table that parses (every option it lists is accepted),
-random seeds by default and fixed by --seed, -ctk/-ctv f16 caches, and one clear line for bad or
-pointless options.
+random seeds by default and fixed by --seed, -ctk/-ctv f16 caches, one clear line for bad or
+pointless options, and `rlx stage --standby` listening on the deployment file's standby address.
 
   check_options.py --rlx BIN --conformance BIN --workdir DIR
 """
@@ -12,6 +12,8 @@ import array
 import json
 import os
 import re
+import select
+import socket
 import subprocess
 import sys
 
@@ -178,6 +180,68 @@ def check_errors(rlx):
     expect(graph.returncode == 0 and "f32[3," in graph.stdout, f"graph --positions 3: {graph.stderr!r}")
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_stage_standby(rlx, work):
+    """rlx stage --config FILE --stage I --standby K serves entry I at its K-th standby address
+    (0 = first); a K the entry lacks, --standby without --config and --stage, and the drivers'
+    recovery options are one clear line each."""
+    model = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "share", "models", "brown", "target")
+    ports = [free_port() for _ in range(4)]
+    cfg = os.path.join(work, "standby.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"model: {model}\nstages:\n"
+                f"  - address: 127.0.0.1:{ports[0]}\n"
+                f"    standby: [127.0.0.1:{ports[1]}, 127.0.0.1:{ports[2]}]\n"
+                f"  - address: 127.0.0.1:{ports[3]}\n")
+    stage = [rlx, "stage", "--config", cfg]
+    expect_error(run([rlx, "stage", "--standby", "0", "--listen", "127.0.0.1:0", "--layers", "0-3"]),
+                 r"stage: --standby K needs --config FILE --stage I", "--standby without --config")
+    expect_error(run(stage + ["--standby", "0"]), r"stage: --standby K needs --config FILE --stage I",
+                 "--standby without --stage")
+    expect_error(run(stage + ["--stage", "0", "--standby", "2"]),
+                 re.escape(f"{cfg}:3: stage 0 has 2 standby addresses; --standby 2 is not one of them (0-1)"),
+                 "--standby past the entry's list")
+    expect_error(run(stage + ["--stage", "1", "--standby", "0"]),
+                 re.escape(f"{cfg}:5: stage 1 has no standby addresses"), "--standby on an entry without any")
+    expect_error(run([rlx, "--no-recovery", "stage"] + stage[2:] + ["--stage", "0"]),
+                 r"--recovery-timeout and --no-recovery are for drivers", "--no-recovery before `stage`")
+    gen = [rlx, "generate", "-p", "hi", "-n", "2"]
+    expect_error(run(gen + ["--no-recovery"]), r"--no-recovery apply to pipelines: add --config FILE or --stages N",
+                 "--no-recovery without a pipeline")
+    expect_error(run(gen + ["--recovery-timeout", "1000"]), r"apply to pipelines", "--recovery-timeout alone")
+    expect_error(run(gen + ["--stages", "2", "--recovery-timeout", "1000", "--no-recovery"]),
+                 r"--recovery-timeout bounds the recovery --no-recovery turns off", "both recovery options")
+    expect_error(run(gen + ["--stages", "2", "--recovery-timeout", "0"]), r"--recovery-timeout must be at least 1",
+                 "--recovery-timeout 0")
+    # standby 1 of stage 0: bound where the file says, and named so in the stage's log
+    r, w = os.pipe()
+    errf = open(os.path.join(work, "standby-stage.log"), "w+")
+    p = subprocess.Popen(stage + ["--stage", "0", "--standby", "1", "--threads", "1", "--ready-fd", str(w), "-v"],
+                         stdout=subprocess.DEVNULL, stderr=errf, pass_fds=(w,))
+    os.close(w)
+    try:
+        ready = select.select([r], [], [], 60)[0]
+        line = os.read(r, 256).decode().strip() if ready else "(nothing within 60 s)"
+        expect(line == f"127.0.0.1:{ports[2]}", f"stage 0 --standby 1 listens on {line!r}, want 127.0.0.1:{ports[2]}")
+    finally:
+        os.close(r)
+        p.terminate()
+        p.wait(30)
+        errf.seek(0)
+        log = errf.read()
+        errf.close()
+    expect(p.returncode == 0, f"stage 0 --standby 1 exited {p.returncode} on SIGTERM: {log!r}")
+    # the entry's layers: the Brown model's 8 split evenly over the file's 2 stages
+    expect(f"rlx stage 0 standby 1 (127.0.0.1:{ports[2]}): serving layers 0-3," in log,
+           f"the standby's log does not name it and stage 0's layers: {log!r}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rlx", required=True)
@@ -191,6 +255,7 @@ def main():
     check_kv_cache_types(args.rlx, args.workdir)
     check_logit_bias(args.rlx)
     check_errors(args.rlx)
+    check_stage_standby(args.rlx, args.workdir)
     for f in failures:
         print("FAIL:", f)
     print(f"options: {'FAIL' if failures else 'PASS'} ({len(failures)} failures)")

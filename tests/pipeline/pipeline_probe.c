@@ -3,7 +3,8 @@
  *   pipeline_probe kv     COMMON            decode with the KV cache equals a full prefill, and a
  *                                           truncate (speculative rollback) recomputes the same rows
  *   pipeline_probe pause  COMMON [-n N]     prefill, print PREFILLED, wait for a line on stdin, then
- *                                           decode N tokens (the test breaks a stage meanwhile)
+ *                                           decode N tokens (the test breaks a stage meanwhile; the
+ *                                           driver does not replace it, so the fault is reported)
  *   pipeline_probe bench  COMMON [-p P] [-n N]  per-token time and bytes over the pipeline
  *   pipeline_probe raw    ADDR A-B COMMON   speaks the protocol by hand to a real stage: unknown
  *                                           sessions, replayed steps, bad handshakes, garbage
@@ -34,6 +35,7 @@ typedef struct probe {
     char addr[MAX_STAGES][256];
     uint32_t n_stages;
     uint32_t timeout_ms, n, p;
+    int no_recovery; /* pause: a broken stage is the failure under test, not replaced */
     rlx_registry *reg;
     rlx_plugin_handle *tp;
     const rlx_transport_iface *t;
@@ -108,6 +110,7 @@ static int driver_open(probe *p, rlx_driver **d, rlx_lm *lm) {
     o.n_stages = p->n_stages;
     o.timeout_ms = p->timeout_ms;
     o.connect_timeout_ms = 5000;
+    o.no_recovery = (uint32_t)p->no_recovery;
     if (rlx_driver_create(p->model, &o, d) != RLX_OK)
         return fail("driver: %s", rlx_last_error());
     rlx_driver_lm(*d, lm);
@@ -192,6 +195,7 @@ done:
 static int run_pause(probe *p) {
     rlx_driver *d;
     rlx_lm lm;
+    p->no_recovery = 1;
     if (driver_open(p, &d, &lm))
         return 1;
     int32_t ids[4] = {1, 5, 3, 7};

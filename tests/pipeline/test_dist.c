@@ -108,7 +108,8 @@ static void test_deploy_full_file(void **state) {
                                                "             top_p: 0.8, seed: 18446744073709551615,\n"
                                                "             min_p: 0.05, repeat_penalty: 1.1, repeat_last_n: -1,\n"
                                                "             presence_penalty: -0.5, frequency_penalty: 0.25}\n"
-                                               "timeouts: {connect_ms: 1000, control_ms: 2000, per_position_ms: 3}\n");
+                                               "timeouts: {connect_ms: 1000, control_ms: 2000, per_position_ms: 3,\n"
+                                               "           recovery_ms: 4}\n");
     rlx_deploy *d = NULL;
     assert_int_equal(rlx_deploy_open(path, &d), RLX_OK);
     char model[600];
@@ -144,7 +145,13 @@ static void test_deploy_full_file(void **state) {
     assert_true(g->min_p == 0.05f && g->repeat_penalty == 1.1f && g->presence_penalty == -0.5f &&
                 g->frequency_penalty == 0.25f);
     assert_int_equal(g->repeat_last_n, -1);
-    assert_int_equal(rlx_deploy_timeouts_of(d)->control_ms, 2000);
+    const rlx_deploy_timeouts *t = rlx_deploy_timeouts_of(d);
+    assert_int_equal(t->connect_ms, 1000);
+    assert_int_equal(t->control_ms, 2000);
+    assert_int_equal(t->per_position_ms, 3);
+    assert_int_equal(t->recovery_ms, 4);
+    assert_null(s0->standby);
+    assert_int_equal(s0->n_standby, 0);
     rlx_layer_range r[2];
     assert_int_equal(rlx_deploy_layers(d, 28, r), RLX_OK);
     assert_int_equal(r[0].end, 14);
@@ -168,6 +175,9 @@ static void test_deploy_defaults_and_even_split(void **state) {
     const rlx_deploy_generation *g = rlx_deploy_generation_of(d);
     assert_false(g->has_max_tokens || g->has_temperature || g->has_min_p || g->has_repeat_penalty ||
                  g->has_repeat_last_n || g->has_presence_penalty || g->has_frequency_penalty);
+    /* no timeouts: every one 0, so the driver's defaults apply */
+    const rlx_deploy_timeouts *t = rlx_deploy_timeouts_of(d);
+    assert_true(!t->connect_ms && !t->control_ms && !t->per_position_ms && !t->recovery_ms);
     rlx_layer_range r[3];
     assert_int_equal(rlx_deploy_layers(d, 7, r), RLX_OK);
     assert_int_equal(r[0].end, 3);
@@ -180,6 +190,57 @@ static void test_deploy_defaults_and_even_split(void **state) {
     assert_int_equal(rlx_deploy_open(path, &d), RLX_OK);
     g = rlx_deploy_generation_of(d);
     assert_true(g->has_temperature && g->temperature == 0 && g->has_repeat_last_n && g->repeat_last_n == 0);
+    rlx_deploy_close(d);
+}
+
+static void test_deploy_standby(void **state) {
+    (void)state;
+    /* a block list, a flow list and a single address (a list of one) */
+    const char *path = write_file("standby.yaml", "stages:\n"
+                                                  "  - address: 127.0.0.1:7101\n"
+                                                  "    standby:\n"
+                                                  "      - 127.0.0.1:7111\n"
+                                                  "      - '[::1]:7121'\n"
+                                                  "      - backup.example:7131\n"
+                                                  "  - {address: 127.0.0.1:7102, standby: [127.0.0.1:7112]}\n"
+                                                  "  - address: 127.0.0.1:7103\n"
+                                                  "  - address: 127.0.0.1:7104\n"
+                                                  "    standby: 127.0.0.1:7114\n");
+    rlx_deploy *d = NULL;
+    assert_int_equal(rlx_deploy_open(path, &d), RLX_OK);
+    const rlx_deploy_stage *s0 = rlx_deploy_stage_at(d, 0), *s1 = rlx_deploy_stage_at(d, 1),
+                           *s2 = rlx_deploy_stage_at(d, 2), *s3 = rlx_deploy_stage_at(d, 3);
+    assert_int_equal(s0->n_standby, 3);
+    assert_string_equal(s0->standby[0], "127.0.0.1:7111"); /* the order the driver tries them in */
+    assert_string_equal(s0->standby[1], "[::1]:7121");
+    assert_string_equal(s0->standby[2], "backup.example:7131");
+    assert_int_equal(s1->n_standby, 1);
+    assert_string_equal(s1->standby[0], "127.0.0.1:7112");
+    assert_null(s2->standby);
+    assert_int_equal(s2->n_standby, 0);
+    assert_int_equal(s3->n_standby, 1);
+    assert_string_equal(s3->standby[0], "127.0.0.1:7114");
+    /* the driver gets them with each stage */
+    rlx_driver_stage ds[4];
+    memset(ds, 0xff, sizeof ds);
+    assert_int_equal(rlx_deploy_driver_stages(d, 8, ds), RLX_OK);
+    for (uint32_t i = 0; i < 4; i++) {
+        const rlx_deploy_stage *s = rlx_deploy_stage_at(d, i);
+        assert_ptr_equal(ds[i].standby, s->standby);
+        assert_int_equal(ds[i].n_standby, s->n_standby);
+        assert_string_equal(ds[i].address, s->address);
+        assert_int_equal(ds[i].layers.start, 2 * i);
+    }
+    rlx_deploy_close(d);
+    /* RLX_DIST_MAX_STANDBY is allowed; the mpi transport's rank:K addresses are addresses too */
+    char text[1024];
+    int len = snprintf(text, sizeof text, "transport: mpi\nstages:\n  - address: rank:1\n    standby: [");
+    for (int i = 0; i < RLX_DIST_MAX_STANDBY; i++)
+        len += snprintf(text + len, sizeof text - (size_t)len, "%srank:%d", i ? ", " : "", i + 3);
+    snprintf(text + len, sizeof text - (size_t)len, "]\n  - address: rank:2\n");
+    assert_int_equal(rlx_deploy_open(write_file("mpi.yaml", text), &d), RLX_OK);
+    assert_int_equal(rlx_deploy_stage_at(d, 0)->n_standby, RLX_DIST_MAX_STANDBY);
+    assert_string_equal(rlx_deploy_stage_at(d, 0)->standby[RLX_DIST_MAX_STANDBY - 1], "rank:10");
     rlx_deploy_close(d);
 }
 
@@ -243,6 +304,35 @@ static void test_deploy_errors_name_file_and_line(void **state) {
     expect_bad("stages:\n  - address: a:1\nspeculator: {draft_tokens: 4}\n", 3, "needs a plugin");
     expect_bad("stages:\n  - address: a:1\nspeculator: {plugin: mtp, k: 4}\n", 3, "unknown key 'k' in speculator");
     expect_bad("stages:\n  - address: a:1\n  - address: [b\n", 4, "not valid YAML");
+    /* standby */
+    expect_bad("stages:\n  - address: a:1\n    standby: {host: b, port: 2}\n", 3,
+               "'standby' must be an address (host:port) or a list of addresses");
+    expect_bad("stages:\n  - address: a:1\n    standby:\n", 3, "'standby' must be an address");
+    expect_bad("stages:\n  - address: a:1\n    standby: []\n", 3, "'standby' is empty");
+    expect_bad("stages:\n  - address: a:1\n    standby:\n      - b:2\n      - [c:3]\n", 5,
+               "each 'standby' entry must be an address");
+    expect_bad("stages:\n  - address: a:1\n    standby:\n      - b:2\n      - nohost\n", 5,
+               "standby: address 'nohost' has no port");
+    expect_bad("stages:\n  - address: a:1\n    standby: b:0\n", 3, "standby: 'b:0': the port must be");
+    expect_bad("stages:\n  - address: a:1\n    standby: [b:1, b:2, b:3, b:4, b:5, b:6, b:7, b:8, b:9]\n", 3,
+               "'standby' lists 9 addresses; a stage may have at most 8");
+    expect_bad("stages:\n  - address: a:1\n    standby: [b:2, A:1]\n", 3,
+               "stage 0: standby A:1 is the stage's own address");
+    /* a later stage's address, found once every stage is read; the line is the standby's */
+    expect_bad("stages:\n  - address: a:1\n    standby:\n      - b:2\n      - c:3\n  - address: c:3\n", 5,
+               "stage 0: standby c:3 is the address of stage 1 (line 6)");
+    expect_bad("stages:\n  - address: a:1\n    standby:\n      - b:2\n      - B:2\n", 5,
+               "stage 0: standby B:2 is listed twice (line 4)");
+    expect_bad("stages:\n  - address: a:1\n    standby: b:2\n  - address: c:3\n    standby: [d:4, b:2]\n", 5,
+               "stage 1: standby b:2 is already a standby of stage 0 (line 3)");
+    expect_bad("stages:\n  - address: a:1\n    standby: b:2\n    standby: c:3\n", 4, "'standby' is given twice");
+    expect_bad("stages:\n  - address: a:1\n    stand_by: b:2\n", 3, "listen, standby)");
+    /* timeouts */
+    expect_bad("stages:\n  - address: a:1\ntimeouts: {recovery_ms: 0}\n", 3, "'recovery_ms' must be at least 1");
+    expect_bad("stages:\n  - address: a:1\ntimeouts:\n  recovery_ms: soon\n", 4,
+               "'recovery_ms' must be a non-negative integer");
+    expect_bad("stages:\n  - address: a:1\ntimeouts: {recover_ms: 5}\n", 3,
+               "unknown key 'recover_ms' in timeouts (known: connect_ms, control_ms, per_position_ms, recovery_ms)");
     expect_bad("", 1, "empty");
     expect_bad("- a\n- b\n", 1, "must be a mapping");
 }
@@ -300,6 +390,7 @@ int main(void) {
         cmocka_unit_test(test_parse_range),
         cmocka_unit_test(test_deploy_full_file),
         cmocka_unit_test(test_deploy_defaults_and_even_split),
+        cmocka_unit_test(test_deploy_standby),
         cmocka_unit_test(test_deploy_errors_name_file_and_line),
         cmocka_unit_test(test_deploy_missing_file),
         cmocka_unit_test(test_check_address),

@@ -129,7 +129,7 @@ def main():
     ap.add_argument("--rlx", required=True)
     args = ap.parse_args()
     c = Checks()
-    for flags, says in ((["--spec", "mtp", "--parallel", "2"], "one slot"), (["--stages", "2", "--parallel", "3"], "one slot"),
+    for flags, says in ((["--spec", "mtp", "--parallel", "2"], "one slot"),
                         (["--api-key", "a", "--api-key-file", "/dev/null"], "not both"),
                         (["-c", "512", "--slot-ctx", "64"], "not both"), (["--port", "70000"], "--port")):
         p = subprocess.run([args.rlx, "serve"] + flags, capture_output=True, text=True, timeout=60)

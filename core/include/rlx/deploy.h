@@ -9,6 +9,9 @@
  *       threads: 2                # optional
  *       backend_options: "isa=avx2"   # optional: the backend's "key=value,..." options
  *       listen: 0.0.0.0:7101      # optional: what the stage binds, if not address
+ *       standby: [10.0.0.5:7101]  # optional: stand-by stages for the same layers, tried in order
+ *                                 # when the stage is lost (one address, or a list of at most
+ *                                 # RLX_DIST_MAX_STANDBY); each is a process of its own
  *     - address: 127.0.0.1:7102
  *       backend: cpu-blas
  *   speculator: {plugin: draft, draft_tokens: 4, draft_model: models/qwen3-draft}   # optional;
@@ -16,10 +19,12 @@
  *   generation: {max_tokens: 64, temperature: 0.7, top_k: 20, top_p: 0.8, seed: 1}  # optional; also
  *                                 # min_p, repeat_penalty, repeat_last_n, presence_penalty and
  *                                 # frequency_penalty, as in rlx_sampler_params (gen.h)
- *   timeouts: {connect_ms: 10000, control_ms: 5000, per_position_ms: 100}          # optional
+ *   timeouts: {connect_ms: 10000, control_ms: 5000, per_position_ms: 100,          # optional
+ *              recovery_ms: 30000}
  *
- * Unknown or repeated keys, wrong types, a missing or empty stage list, malformed addresses and
- * layer ranges that leave a gap or overlap are RLX_E_FORMAT with "FILE:LINE: " in the message.
+ * Unknown or repeated keys, wrong types, a missing or empty stage list, malformed addresses,
+ * standby addresses that repeat an address or another standby, and layer ranges that leave a
+ * gap or overlap are RLX_E_FORMAT with "FILE:LINE: " in the message.
  * Command-line flags override the file; the application applies them. */
 #ifndef RLX_DEPLOY_H
 #define RLX_DEPLOY_H
@@ -43,6 +48,11 @@ typedef struct rlx_deploy_stage {
     rlx_layer_range layers;      /* [start, end) when has_layers */
     uint32_t threads;            /* 0 when not given */
     uint32_t line;               /* line of the stage's entry in the file (1-based) */
+    /* Stand-by stages serving the same layers, in the file's order: addresses checked as
+     * address is, distinct from every stage's address and from each other. NULL and 0 when
+     * not given. */
+    const char *const *standby;
+    uint32_t n_standby; /* at most RLX_DIST_MAX_STANDBY */
 } rlx_deploy_stage;
 
 typedef struct rlx_deploy_speculator {
@@ -72,6 +82,7 @@ typedef struct rlx_deploy_generation {
 /* Milliseconds; 0 when not given (the rlx_driver_options defaults then apply). */
 typedef struct rlx_deploy_timeouts {
     uint32_t connect_ms, control_ms, per_position_ms;
+    uint32_t recovery_ms; /* replacing a lost stage and replaying its streams; 0 when not given */
 } rlx_deploy_timeouts;
 
 /* Parses and checks the file at path. On success the caller owns *out (rlx_deploy_close). */
@@ -94,8 +105,9 @@ RLX_API const rlx_deploy_timeouts *rlx_deploy_timeouts_of(const rlx_deploy *d);
  * name the file, the line and the stage. */
 RLX_API rlx_status rlx_deploy_layers(const rlx_deploy *d, uint32_t n_layers, rlx_layer_range *out);
 
-/* The stages as a pipeline driver takes them (out[n_stages]): each one's address, its layers as
- * rlx_deploy_layers gives them and the file and line that configure it (strings borrowed from d).
+/* The stages as a pipeline driver takes them (out[n_stages]): each one's address, standby
+ * addresses, its layers as rlx_deploy_layers gives them and the file and line that configure it
+ * (strings borrowed from d).
  * Fails as rlx_deploy_layers does. */
 RLX_API rlx_status rlx_deploy_driver_stages(const rlx_deploy *d, uint32_t n_layers, rlx_driver_stage *out);
 

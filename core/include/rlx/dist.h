@@ -39,11 +39,21 @@
  *
  * Timeouts: every wait is bounded. Connecting (with retries while the stage is not yet
  * listening) gives up after connect_timeout_ms; a control message (handshake, Truncate,
- * EndSession) waits timeout_ms for its answer; an Activations request waits
+ * EndSession) waits timeout_ms for its answer; an Activations or Rows request waits
  * timeout_ms + n_positions * compute_ms_per_position, because a stage legitimately computes for
- * a long time on a long prompt. A dead, stalled or babbling stage thus fails the call within a
- * bounded time with a message naming the stage index and address; the driver then closes every
- * connection (so the other stages free the session) and refuses further calls. */
+ * a long time on a long prompt. A dead, stalled or babbling stage is thus noticed within a
+ * bounded time, with a message naming the stage index and address.
+ *
+ * Recovery: the driver then replaces the stage (restarting it through a callback when the caller
+ * launched it, else reconnecting to its address or to a standby address until one answers the
+ * handshake) and replays into it what it held: the session's ids so far, or every slot's
+ * positions, fed again through the stages before it, whose kernels rewrite the same values. The
+ * interrupted call then goes on, so the caller sees latency, not an error, and the tokens are
+ * the ones it would have had (exactly so where the stages' kernels are batch invariant). A stage
+ * that refused a request (an Error answer) is not replaced. When no replacement answers within
+ * recovery_timeout_ms, or with no_recovery, the call fails naming the stage; the driver then
+ * refuses further calls (and, outside the slots' threads, closes every connection so the other
+ * stages free the session at once). */
 #ifndef RLX_DIST_H
 #define RLX_DIST_H
 
@@ -152,8 +162,9 @@ typedef struct rlx_driver_stage {
 
 /* Starts a replacement for lost stage `stage` (a launcher restarts the process it started:
  * ends the old one, which may be stopped rather than dead, and starts another) and writes the
- * address it listens on, within timeout_ms. Returns RLX_OK or a status with rlx_error's
- * message. */
+ * address it listens on, within timeout_ms. Returns RLX_OK, RLX_E_UNSUPPORTED for a stage the
+ * caller did not start (the driver then tries its addresses), or another status with
+ * rlx_error's message. Called on a driver thread. */
 typedef rlx_status (*rlx_driver_restart_fn)(void *ctx, uint32_t stage, char *address, size_t size, uint32_t timeout_ms);
 
 typedef struct rlx_driver_options {

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <yaml.h>
 
@@ -25,6 +26,8 @@ struct rlx_deploy {
     rlx_deploy_generation generation;
     rlx_deploy_timeouts timeouts;
     uint32_t layers_line; /* line of the first explicit layers, for coverage errors */
+    /* the line of each stage's standby addresses, for errors found once every stage is read */
+    uint32_t (*standby_lines)[RLX_DIST_MAX_STANDBY];
 };
 
 typedef struct parse {
@@ -151,6 +154,37 @@ static rlx_status need_mapping(const parse *p, const char *what, const yaml_node
 
 // ---- stages ----
 
+/* standby: one address or a list of them; each is checked as `address` is, since the driver
+ * connects to it the same way. Duplicates are found by check_standby once every stage is read. */
+static rlx_status parse_standby(parse *p, rlx_deploy_stage *s, const yaml_node_t *v) {
+    const int one = v && v->type == YAML_SCALAR_NODE && *v->data.scalar.value;
+    if (!one && (!v || v->type != YAML_SEQUENCE_NODE))
+        return fail(p, v, "'standby' must be an address (host:port) or a list of addresses");
+    const size_t n = one ? 1 : (size_t)(v->data.sequence.items.top - v->data.sequence.items.start);
+    if (n == 0)
+        return fail(p, v, "'standby' is empty: list at least one address, or leave the key out");
+    if (n > RLX_DIST_MAX_STANDBY)
+        return fail(p, v, "'standby' lists %zu addresses; a stage may have at most %d", n, RLX_DIST_MAX_STANDBY);
+    char **list = rlx__calloc(n, sizeof *list);
+    if (!list)
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", p->d->path);
+    s->standby = (const char *const *)list;
+    uint32_t *lines = p->d->standby_lines[s - p->d->stages];
+    for (size_t i = 0; i < n; i++) {
+        const yaml_node_t *item = one ? v : yaml_document_get_node(p->doc, v->data.sequence.items.start[i]);
+        const char *text = scalar(item);
+        if (!text || !*text)
+            return fail(p, item, "each 'standby' entry must be an address (host:port)");
+        if (!(list[i] = rlx__strdup(text)))
+            return rlx_error(RLX_E_NOMEM, "%s: out of memory", p->d->path);
+        s->n_standby = (uint32_t)i + 1;
+        lines[i] = line_of(item);
+        if (rlx_deploy_check_address(text, 0) != RLX_OK)
+            return fail(p, item, "standby: %s", rlx_last_error());
+    }
+    return RLX_OK;
+}
+
 static rlx_status stage_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
     rlx_deploy_stage *s = ctx;
     rlx_status rc;
@@ -182,8 +216,47 @@ static rlx_status stage_pair(parse *p, void *ctx, const char *key, const yaml_no
         s->has_layers = 1;
         return RLX_OK;
     }
-    return fail(p, k, "unknown key '%s' in a stage (known: address, backend, backend_options, layers, threads, listen)",
+    if (strcmp(key, "standby") == 0)
+        return parse_standby(p, s, v);
+    return fail(p, k,
+                "unknown key '%s' in a stage (known: address, backend, backend_options, layers, threads, listen, "
+                "standby)",
                 key);
+}
+
+/* A standby must be a process of its own to take a lost stage's place: the driver tries the
+ * stage's own address before its standbys anyway, a process at another stage's address serves
+ * other layers (and this driver already), and one standby listed twice or for two stages is one
+ * process counted as two. Addresses compare without case, as host names and IPv6 digits do. */
+static rlx_status check_standby(const rlx_deploy *d) {
+    for (uint32_t i = 0; i < d->n_stages; i++) {
+        const rlx_deploy_stage *s = &d->stages[i];
+        for (uint32_t k = 0; k < s->n_standby; k++) {
+            const char *a = s->standby[k];
+            const uint32_t line = d->standby_lines[i][k];
+            for (uint32_t j = 0; j < d->n_stages; j++)
+                if (strcasecmp(a, d->stages[j].address) == 0)
+                    return j == i ? rlx_error(RLX_E_FORMAT,
+                                              "%s:%u: stage %u: standby %s is the stage's own address (a standby "
+                                              "must be another process, at another address)",
+                                              d->path, line, i, a)
+                                  : rlx_error(RLX_E_FORMAT,
+                                              "%s:%u: stage %u: standby %s is the address of stage %u (line %u): "
+                                              "a standby must be a process of its own",
+                                              d->path, line, i, a, j, d->stages[j].line);
+            /* against the standbys listed before this one, in file order */
+            for (uint32_t j = 0; j <= i; j++)
+                for (uint32_t m = 0; m < (j == i ? k : d->stages[j].n_standby); m++)
+                    if (strcasecmp(a, d->stages[j].standby[m]) == 0)
+                        return j == i ? rlx_error(RLX_E_FORMAT, "%s:%u: stage %u: standby %s is listed twice (line %u)",
+                                                  d->path, line, i, a, d->standby_lines[j][m])
+                                      : rlx_error(RLX_E_FORMAT,
+                                                  "%s:%u: stage %u: standby %s is already a standby of stage %u (line "
+                                                  "%u): a standby serves one stage",
+                                                  d->path, line, i, a, j, d->standby_lines[j][m]);
+        }
+    }
+    return RLX_OK;
 }
 
 static rlx_status parse_stages(parse *p, const yaml_node_t *v) {
@@ -195,7 +268,8 @@ static rlx_status parse_stages(parse *p, const yaml_node_t *v) {
     if (n > RLX_MAX_LAYERS)
         return fail(p, v, "%zu stages is more than any model has layers", n);
     rlx_deploy *d = p->d;
-    if (!(d->stages = rlx__calloc(n, sizeof *d->stages)))
+    if (!(d->stages = rlx__calloc(n, sizeof *d->stages)) ||
+        !(d->standby_lines = rlx__calloc(n, sizeof *d->standby_lines)))
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", d->path);
     for (size_t i = 0; i < n; i++) {
         const yaml_node_t *item = yaml_document_get_node(p->doc, v->data.sequence.items.start[i]);
@@ -210,6 +284,9 @@ static rlx_status parse_stages(parse *p, const yaml_node_t *v) {
         if (!s->address)
             return fail(p, item, "stage %zu has no address", i);
     }
+    rlx_status rc = check_standby(d);
+    if (rc != RLX_OK)
+        return rc;
     /* layers: on every stage or on none; consecutive ranges must meet exactly */
     for (uint32_t i = 0; i < d->n_stages; i++) {
         const rlx_deploy_stage *s = &d->stages[i], *prev = i ? &d->stages[i - 1] : NULL;
@@ -341,7 +418,10 @@ static rlx_status timeouts_pair(parse *p, void *ctx, const char *key, const yaml
         return get_u32(p, key, v, 1, &t->control_ms);
     if (strcmp(key, "per_position_ms") == 0)
         return get_u32(p, key, v, 1, &t->per_position_ms);
-    return fail(p, k, "unknown key '%s' in timeouts (known: connect_ms, control_ms, per_position_ms)", key);
+    if (strcmp(key, "recovery_ms") == 0)
+        return get_u32(p, key, v, 1, &t->recovery_ms);
+    return fail(p, k, "unknown key '%s' in timeouts (known: connect_ms, control_ms, per_position_ms, recovery_ms)",
+                key);
 }
 
 static rlx_status top_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
@@ -463,8 +543,12 @@ void rlx_deploy_close(rlx_deploy *d) {
         free((char *)d->stages[i].listen);
         free((char *)d->stages[i].backend);
         free((char *)d->stages[i].backend_options);
+        for (uint32_t k = 0; k < d->stages[i].n_standby; k++)
+            free((char *)d->stages[i].standby[k]);
+        free((void *)d->stages[i].standby);
     }
     free(d->stages);
+    free(d->standby_lines);
     free((char *)d->speculator.plugin);
     free((char *)d->speculator.draft_model);
     free((char *)d->speculator.options);
@@ -526,7 +610,9 @@ rlx_status rlx_deploy_driver_stages(const rlx_deploy *d, uint32_t n_layers, rlx_
         out[i] = (rlx_driver_stage){.address = d->stages[i].address,
                                     .layers = ranges[i],
                                     .source_file = d->path,
-                                    .source_line = d->stages[i].line};
+                                    .source_line = d->stages[i].line,
+                                    .standby = d->stages[i].standby,
+                                    .n_standby = d->stages[i].n_standby};
     free(ranges);
     return rc;
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -444,7 +445,7 @@ static rlx_status reconnect(rlx_driver *d, uint32_t i, const char *address, uint
 }
 
 /* Replaces lost stage i before `deadline` (rlx__now_seconds): a launched stage is restarted
- * through d->restart; otherwise its address and then its standby addresses are tried in turn
+ * through d->restart (which says RLX_E_UNSUPPORTED for a stage it did not start); otherwise its address and then its standby addresses are tried in turn
  * until one answers the handshake (a supervisor may restart the stage where it was). The
  * caller holds every connection (no stage thread runs a job). */
 static rlx_status replace_stage(rlx_driver *d, uint32_t i, double deadline) {
@@ -456,15 +457,20 @@ static rlx_status replace_stage(rlx_driver *d, uint32_t i, double deadline) {
     s->has_session = 0;
     s->rows_step = 0;
     char last[800] = "";
+    int restartable = d->restart != NULL;
     for (;;) {
         const double left = deadline - rlx__now_seconds();
         if (left <= 0)
             break;
         const uint32_t left_ms = (uint32_t)(left * 1000) + 1;
-        if (d->restart) {
+        if (restartable) {
             char address[256] = "";
             rlx_error_clear();
             rlx_status rc = d->restart(d->restart_ctx, i, address, sizeof address, left_ms);
+            if (rc == RLX_E_UNSUPPORTED) { /* not a stage the caller started: try its addresses */
+                restartable = 0;
+                continue;
+            }
             if (rc == RLX_OK && (rc = reconnect(d, i, address, left_ms)) == RLX_OK) {
                 char *copy = rlx__strdup(address);
                 if (copy) {
@@ -476,8 +482,12 @@ static rlx_status replace_stage(rlx_driver *d, uint32_t i, double deadline) {
             snprintf(last, sizeof last, "restarting it failed: %s", rlx_last_error());
             continue;
         }
-        /* a short try at each address in turn, so a standby is reached while the address refuses */
-        for (uint32_t k = 0; k <= s->n_standby && deadline > rlx__now_seconds(); k++) {
+        /* a short try at each address in turn, so a standby is reached while the address refuses;
+         * an MPI rank that died never comes back in the same job, only its standbys can */
+        const uint32_t first = strcasecmp(d->net.name, "mpi") == 0;
+        if (first > s->n_standby)
+            return rlx_error(RLX_E_PEER, "a lost MPI rank cannot come back, and the stage has no standby address");
+        for (uint32_t k = first; k <= s->n_standby && deadline > rlx__now_seconds(); k++) {
             const char *address = k ? s->standby[k - 1] : s->address;
             const double try_left = deadline - rlx__now_seconds();
             const uint32_t try_ms = try_left > 1.0 ? 1000 : (uint32_t)(try_left * 1000) + 1;
