@@ -376,6 +376,14 @@ static void pipeline_metrics(serve_buf *b, const rlx_driver *d) {
         stage_series(b, "rlx_pipeline_stage_bytes_total", i, &info[i]);
         buf_printf(b, ",direction=\"received\"} %llu\n", (unsigned long long)st[i].bytes_received);
     }
+    rlx_driver_stats all;
+    rlx_driver_stats_get(d, &all);
+    metric(b, "rlx_pipeline_recovery_seconds", "summary",
+           "Stages lost and replaced (their streams replayed): the seconds each recovery took.");
+    buf_printf(b, "rlx_pipeline_recovery_seconds_sum %.6f\n", all.recovery_seconds);
+    buf_printf(b, "rlx_pipeline_recovery_seconds_count %llu\n", (unsigned long long)all.recoveries);
+    metric(b, "rlx_pipeline_last_recovery_seconds", "gauge", "Seconds the latest recovery of a lost stage took.");
+    buf_printf(b, "rlx_pipeline_last_recovery_seconds %.6f\n", all.last_recovery_seconds);
 }
 
 static enum MHD_Result metrics(request *r) {

@@ -94,6 +94,8 @@ struct rlx_driver {
     pthread_cond_t recover_cond; /* recovering or n_active changed */
     int recovering;              /* a thread replaces a stage: the others start no job */
     uint32_t n_active;           /* stage threads in the middle of a job */
+    char **retired;              /* addresses of replaced stages, still lent out */
+    uint32_t n_retired;
     /* Another thread (a server's /metrics) may read the figures while this one drives. */
     pthread_mutex_t stats_mu;
     rlx_driver_stats stats;
@@ -268,9 +270,11 @@ static rlx_status hello(rlx_driver *d, uint32_t i) {
                             "keeps none)",
                             hr->n_slots, d->n_slots);
         else {
+            pthread_mutex_lock(&d->stats_mu);
             snprintf(s->backend, sizeof s->backend, "%s", hr->backend ? hr->backend : "?");
             s->rss_bytes = hr->rss_bytes;
             s->kv_capacity = hr->kv_capacity;
+            pthread_mutex_unlock(&d->stats_mu);
         }
     }
     rlx__envelope_free(r);
@@ -444,6 +448,22 @@ static rlx_status reconnect(rlx_driver *d, uint32_t i, const char *address, uint
     return RLX_OK;
 }
 
+/* Stage i listens at `address` now. rlx_driver_stage_info_get hands the old string out to other
+ * threads (a server's /metrics), so it is kept until the driver is destroyed. */
+static void set_address(rlx_driver *d, uint32_t i, const char *address) {
+    char *copy = rlx__strdup(address);
+    char **retired = copy ? realloc(d->retired, (d->n_retired + 1) * sizeof *retired) : NULL;
+    if (!retired) {
+        free(copy);
+        return; /* the messages keep naming the old address */
+    }
+    d->retired = retired;
+    pthread_mutex_lock(&d->stats_mu);
+    d->retired[d->n_retired++] = d->stages[i].address;
+    d->stages[i].address = copy;
+    pthread_mutex_unlock(&d->stats_mu);
+}
+
 /* Replaces lost stage i before `deadline` (rlx__now_seconds): a launched stage is restarted
  * through d->restart (which says RLX_E_UNSUPPORTED for a stage it did not start); otherwise its address and then its standby addresses are tried in turn
  * until one answers the handshake (a supervisor may restart the stage where it was). The
@@ -472,11 +492,7 @@ static rlx_status replace_stage(rlx_driver *d, uint32_t i, double deadline) {
                 continue;
             }
             if (rc == RLX_OK && (rc = reconnect(d, i, address, left_ms)) == RLX_OK) {
-                char *copy = rlx__strdup(address);
-                if (copy) {
-                    free(s->address);
-                    s->address = copy;
-                }
+                set_address(d, i, address);
                 return RLX_OK;
             }
             snprintf(last, sizeof last, "restarting it failed: %s", rlx_last_error());
@@ -493,9 +509,11 @@ static rlx_status replace_stage(rlx_driver *d, uint32_t i, double deadline) {
             const uint32_t try_ms = try_left > 1.0 ? 1000 : (uint32_t)(try_left * 1000) + 1;
             if (reconnect(d, i, address, try_ms) == RLX_OK) {
                 if (k) { /* the standby is the stage now; the lost address becomes its standby */
+                    pthread_mutex_lock(&d->stats_mu);
                     char *lost = s->address;
                     s->address = s->standby[k - 1];
                     s->standby[k - 1] = lost;
+                    pthread_mutex_unlock(&d->stats_mu);
                 }
                 return RLX_OK;
             }
@@ -1356,6 +1374,9 @@ void rlx_driver_destroy(rlx_driver *d) {
             free(d->stages[i].standby[k]);
         free(d->stages[i].standby);
     }
+    for (uint32_t k = 0; k < d->n_retired; k++)
+        free(d->retired[k]);
+    free(d->retired);
     free(d->history);
     free(d->log_ids);
     free(d->log_tickets);
@@ -1373,11 +1394,15 @@ rlx_status rlx_driver_stage_info_get(const rlx_driver *d, uint32_t i, rlx_driver
     if (!d || !out || i >= d->n_stages)
         return rlx_error(RLX_E_INVALID, "rlx_driver_stage_info_get: no stage %u", i);
     const drv_stage *s = &d->stages[i];
+    /* a replaced stage's figures change on a driver thread (the strings lent stay valid) */
+    pthread_mutex_t *mu = (pthread_mutex_t *)&d->stats_mu;
+    pthread_mutex_lock(mu);
     *out = (rlx_driver_stage_info){.address = s->address,
                                    .layers = s->layers,
                                    .backend = s->backend,
                                    .rss_bytes = s->rss_bytes,
                                    .kv_capacity = s->kv_capacity};
+    pthread_mutex_unlock(mu);
     return RLX_OK;
 }
 
