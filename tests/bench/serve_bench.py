@@ -132,7 +132,38 @@ def round_of(port, streams, tokens, prompt_words, timeout, rep):
         total = sum(o["tokens"] for o in outs)
         span = max(o["last"] for o in outs) - min(o["first"] for o in outs)
         tps = total / span if span > 0 else 0.0
-    return {"decode_tps": tps, "ttft_s": ttft}
+        lo, hi = min(o["first"] for o in outs), max(o["last"] for o in outs)
+    # window: the monotonic seconds the rate covers (callers line other figures up with it)
+    return {"decode_tps": tps, "ttft_s": ttft, "window": [lo, hi]}
+
+
+def stop_server(proc, grace=30):
+    """SIGTERM (the server drains), then SIGKILL after grace seconds; always reaped."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def measure_streams(port, args, log, streams=None, after_round=None):
+    """The rounds on a server that answers on port: a warm-up, then for each number of streams
+    (default args.streams) args.reps rounds and their medians. after_round(streams, result), when
+    given, runs after each round and may add figures to its result."""
+    round_of(port, 1, 4, args.prompt_tokens, args.timeout, 99)  # warm-up
+    res = {}
+    for s in args.streams if streams is None else streams:
+        rounds = []
+        for r in range(args.reps):
+            rounds.append(round_of(port, s, args.tokens, args.prompt_tokens, args.timeout, r))
+            if after_round:
+                after_round(s, rounds[-1])
+        res[s] = {"decode_tps": statistics.median(r["decode_tps"] for r in rounds),
+                  "ttft_s": statistics.median(r["ttft_s"] for r in rounds), "rounds": rounds}
+        log(f"  {s} streams: {res[s]['decode_tps']:8.2f} tok/s aggregate, TTFT {res[s]['ttft_s'] * 1000:7.1f} ms")
+    return res
 
 
 def measure(name, cmd, port, args, log):
@@ -140,21 +171,9 @@ def measure(name, cmd, port, args, log):
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_healthy(port, proc, args.timeout)
-        round_of(port, 1, 4, args.prompt_tokens, args.timeout, 99)  # warm-up
-        res = {}
-        for s in args.streams:
-            rounds = [round_of(port, s, args.tokens, args.prompt_tokens, args.timeout, r) for r in range(args.reps)]
-            res[s] = {"decode_tps": statistics.median(r["decode_tps"] for r in rounds),
-                      "ttft_s": statistics.median(r["ttft_s"] for r in rounds), "rounds": rounds}
-            log(f"  {s} streams: {res[s]['decode_tps']:8.2f} tok/s aggregate, TTFT {res[s]['ttft_s'] * 1000:7.1f} ms")
-        return res
+        return measure_streams(port, args, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
 
 
 def rlx_generate_tps(args, log):

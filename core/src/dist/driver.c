@@ -464,6 +464,13 @@ static void set_address(rlx_driver *d, uint32_t i, const char *address) {
     pthread_mutex_unlock(&d->stats_mu);
 }
 
+static int closing(rlx_driver *d) {
+    pthread_mutex_lock(&d->pipe_mu);
+    const int stop = d->pipe_stop;
+    pthread_mutex_unlock(&d->pipe_mu);
+    return stop;
+}
+
 /* Replaces lost stage i before `deadline` (rlx__now_seconds): a launched stage is restarted
  * through d->restart (which says RLX_E_UNSUPPORTED for a stage it did not start); otherwise its address and then its standby addresses are tried in turn
  * until one answers the handshake (a supervisor may restart the stage where it was). The
@@ -480,7 +487,7 @@ static rlx_status replace_stage(rlx_driver *d, uint32_t i, double deadline) {
     int restartable = d->restart != NULL;
     for (;;) {
         const double left = deadline - rlx__now_seconds();
-        if (left <= 0)
+        if (left <= 0 || closing(d))
             break;
         const uint32_t left_ms = (uint32_t)(left * 1000) + 1;
         if (restartable) {
@@ -1005,6 +1012,10 @@ static rlx_status recover_slots(rlx_driver *d, uint32_t lost, uint64_t generatio
             k++;
         if (k == d->n_stages)
             break;
+        if (closing(d)) {
+            rc = rlx_error(RLX_E_PEER, "%s; the driver is closing", cause);
+            break;
+        }
         if (dead[k]) {
             rlx__log(RLX_LOG_WARN, "%s; replacing stage %u", cause, k);
             if ((rc = replace_stage(d, k, deadline)) != RLX_OK) {
@@ -1082,7 +1093,8 @@ static void *stage_thread(void *arg) {
     const uint32_t i = t->i;
     pthread_mutex_lock(&d->pipe_mu);
     for (;;) {
-        while ((!d->queue_head[i] || d->recovering) && !d->pipe_stop) {
+        /* a recovery holds every connection until it ends, even when the driver is closing */
+        while (d->recovering || (!d->queue_head[i] && !d->pipe_stop)) {
             /* idle: woken by a job, the end of a recovery or destroy; the timeout only bounds a
              * lost wake-up */
             struct timespec until = deadline_in(1000);
