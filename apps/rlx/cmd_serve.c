@@ -267,16 +267,21 @@ int cmd_serve(int argc, char **argv, app_options *o) {
     rlx_tokenizer *tok = NULL;
     int status = 1;
     char err[256];
-    if (serve_http_start(&s, a.host, (uint16_t)a.port, a.max_connections, o->verbose, &http, err, sizeof err) < 0) {
+    /* under mpirun every rank runs this command, and all but rank 0 become stages while the
+     * runtime opens: only the driver listens for HTTP */
+    const int stage_rank = app_pipeline_stage_rank(&o->pipeline);
+    if (!stage_rank &&
+        serve_http_start(&s, a.host, (uint16_t)a.port, a.max_connections, o->verbose, &http, err, sizeof err) < 0) {
         app_fail("serve: %s", err);
         goto done;
     }
     const int v6 = strchr(a.host, ':') != NULL;
-    fprintf(stderr, "rlx serve: listening on http://%s%s%s:%u (loading %s)\n", v6 ? "[" : "", a.host, v6 ? "]" : "",
-            serve_http_port(http),
-            o->model             ? o->model
-            : o->pipeline.config ? o->pipeline.config
-                                 : "the default model");
+    if (!stage_rank)
+        fprintf(stderr, "rlx serve: listening on http://%s%s%s:%u (loading %s)\n", v6 ? "[" : "", a.host, v6 ? "]" : "",
+                serve_http_port(http),
+                o->model             ? o->model
+                : o->pipeline.config ? o->pipeline.config
+                                     : "the default model");
     if (app_runtime_open_flags(&rt, o, &spec, lm || pipeline ? 0 : RLX_RUNTIME_STAGE) ||
         open_engine(&s, &rt, &tok, &a, o))
         goto done;

@@ -292,6 +292,11 @@ static const char *launcher_rank(int *rank, int *size) {
     return NULL;
 }
 
+int app_pipeline_stage_rank(const app_pipeline_options *po) {
+    int rank, size;
+    return po->config && launcher_rank(&rank, &size) && rank > 0;
+}
+
 /* Checks a deployment run under a launcher (every rank reaches the same verdict) and records
  * this process's rank. */
 static int check_launched(app_pipeline *p, const app_pipeline_options *po) {

@@ -16,6 +16,9 @@ app_opt_group app_pipeline_group(app_pipeline_options *po);
 
 /* True when any pipeline option was given (app_pipeline_open then reports incomplete ones). */
 int app_pipeline_wanted(const app_pipeline_options *po);
+/* 1 when a launcher (mpirun, srun) started this process as a rank that becomes a stage of the
+ * --config file: it must open nothing of its own (rlx serve's HTTP port) before it does. */
+int app_pipeline_stage_rank(const app_pipeline_options *po);
 
 /* The first half of opening a pipeline: checks the option combination and reads the deployment
  * file of --config, so what it configures (the speculator) is known before any stage runs.
