@@ -246,6 +246,33 @@ def prepare_model(args, build, log):
     return source_model(bench, os.path.join(args.workdir, "padded-tokenizer"), pad), "brown-padded"
 
 
+def split_by_weights(config, n_stages):
+    """Inclusive (first, last) layer of each stage, balancing the weight bytes each stage reads per
+    decode step: a decoder layer's matrices, plus the LM head on the last stage (with tied
+    embeddings the first stage only gathers rows of the table). Decode reads every weight once
+    per step, so bytes stand for time; an even split leaves the last stage the slowest (the 0.6B
+    shape's LM head weighs as much as 10 layers)."""
+    h, q = config["hidden_size"], config["num_attention_heads"] * config.get("head_dim", 0)
+    kv = config["num_key_value_heads"] * config.get("head_dim", 0)
+    layer = h * q * 2 + h * kv * 2 + 3 * h * config["intermediate_size"]
+    head = config["vocab_size"] * h
+    n = config["num_hidden_layers"]
+    best = None
+    for last in range(1, n - n_stages + 2):
+        rest = split_even(n - last, n_stages - 1) if n_stages > 1 else []
+        counts = [b - a + 1 for a, b in rest] + [last]
+        if n_stages == 1:
+            counts = [n]
+        cost = max(c * layer + (head if i == len(counts) - 1 else 0) for i, c in enumerate(counts))
+        if best is None or cost < best[0]:
+            best = (cost, counts)
+    out, start = [], 0
+    for c in best[1]:
+        out.append((start, start + c - 1))
+        start += c
+    return out
+
+
 def split_even(n_layers, n_stages):
     """Inclusive (first, last) layer of each stage, as rlx_dist_split_even (core/src/dist/split.c)."""
     base, extra, start, out = n_layers // n_stages, n_layers % n_stages, 0, []
@@ -401,7 +428,8 @@ def measure_server(proc, port, args, streams, procs, log):
 
 def run_pipeline(n_stages, args, procs, log):
     threads = max(1, args.cores // n_stages)
-    layers = split_even(args.n_layers, n_stages)
+    layers = (split_by_weights(args.config, n_stages) if args.split == "weights"
+              else split_even(args.n_layers, n_stages))
     run_dir = os.path.join(args.workdir, f"s{n_stages}-{args.transport}")
     os.makedirs(run_dir, exist_ok=True)
     stages = [{"layers": layers[i], "threads": threads, "backend": args.plugin, "backend_options": args.backend_opts}
@@ -591,6 +619,9 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=3, help="rounds per server start")
     ap.add_argument("--rounds", type=int, default=1, help="server starts per configuration, taking turns")
     ap.add_argument("--goal-stages", type=int, default=2)
+    ap.add_argument("--split", default="weights", choices=("weights", "even"),
+                    help="layers per stage: balance the weight bytes each stage reads (the last holds the LM "
+                    "head), or even as --stages S splits them")
     ap.add_argument("--poll", type=float, default=0.25, help="seconds between /metrics readings")
     ap.add_argument("--timeout", type=float, default=600, help="seconds allowed for a start and a request")
     ap.add_argument("--extra", default="", help="more rlx serve flags (every server)")
@@ -636,7 +667,8 @@ def main(argv=None):
                 raise serve_bench.BenchError(str(e)) from e
         args.serve_model, tokenizer = prepare_model(args, build, log)
         with open(os.path.join(args.serve_model, "config.json")) as f:
-            args.n_layers = json.load(f)["num_hidden_layers"]
+            args.config = json.load(f)
+        args.n_layers = args.config["num_hidden_layers"]
         if max(args.stages) > args.n_layers:
             raise serve_bench.BenchError(f"{max(args.stages)} stages for {args.n_layers} layers")
         cpu = lscpu()

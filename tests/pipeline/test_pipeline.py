@@ -1023,6 +1023,24 @@ CASES = {
 }
 
 
+def run_case(env, name, fn):
+    """Runs case `name` (fn) and cleans up whatever happens: 0 passed, 1 failed, SKIP skipped,
+    each said on stdout."""
+    t0 = time.monotonic()
+    try:
+        fn()
+    except Skip as e:
+        log(f"SKIP: {name}: {e}")
+        return SKIP
+    except Fail as e:
+        log(f"FAIL: {name}: {e}")
+        return 1
+    finally:
+        env.cleanup()
+    log(f"passed: {name} in {time.monotonic() - t0:.1f} s")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("case", choices=sorted(CASES))
@@ -1032,19 +1050,7 @@ def main():
     ap.add_argument("--plugins", required=True)
     args = ap.parse_args()
     env = Env(args)
-    t0 = time.monotonic()
-    try:
-        CASES[args.case](env)
-    except Skip as e:
-        log(f"SKIP: {args.case}: {e}")
-        return SKIP
-    except Fail as e:
-        log(f"FAIL: {args.case}: {e}")
-        return 1
-    finally:
-        env.cleanup()
-    log(f"passed: {args.case} in {time.monotonic() - t0:.1f} s")
-    return 0
+    return run_case(env, args.case, lambda: CASES[args.case](env))
 
 
 if __name__ == "__main__":

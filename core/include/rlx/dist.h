@@ -256,6 +256,11 @@ RLX_API rlx_status rlx_driver_copy_slot(rlx_driver *d, uint32_t from, uint32_t t
  * RLX_E_INVALID when no step is queued. */
 RLX_API rlx_status rlx_driver_wait(rlx_driver *d, uint64_t *ticket, const float **logits);
 
+/* Makes a recovery in progress, and any later one, give up at once (within a connection attempt
+ * or a handshake's deadline): what waits on it fails with the stage's error. For a caller that
+ * shuts down and will not wait out recovery_timeout_ms; any thread may call it. */
+RLX_API void rlx_driver_stop_recovery(rlx_driver *d);
+
 RLX_API const rlx_model_config *rlx_driver_config(const rlx_driver *d);
 RLX_API uint32_t rlx_driver_n_stages(const rlx_driver *d);
 

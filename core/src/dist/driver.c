@@ -93,6 +93,7 @@ struct rlx_driver {
     uint64_t *log_tickets;
     pthread_cond_t recover_cond; /* recovering or n_active changed */
     int recovering;              /* a thread replaces a stage: the others start no job */
+    int recovery_stopped;        /* rlx_driver_stop_recovery: no recovery goes on */
     uint32_t n_active;           /* stage threads in the middle of a job */
     char **retired;              /* addresses of replaced stages, still lent out */
     uint32_t n_retired;
@@ -466,9 +467,17 @@ static void set_address(rlx_driver *d, uint32_t i, const char *address) {
 
 static int closing(rlx_driver *d) {
     pthread_mutex_lock(&d->pipe_mu);
-    const int stop = d->pipe_stop;
+    const int stop = d->pipe_stop || d->recovery_stopped;
     pthread_mutex_unlock(&d->pipe_mu);
     return stop;
+}
+
+void rlx_driver_stop_recovery(rlx_driver *d) {
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->pipe_mu);
+    d->recovery_stopped = 1;
+    pthread_mutex_unlock(&d->pipe_mu);
 }
 
 /* Replaces lost stage i before `deadline` (rlx__now_seconds): a launched stage is restarted
@@ -687,6 +696,10 @@ static rlx_status recover_session(rlx_driver *d, uint32_t lost, rlx_status why) 
     const double t0 = rlx__now_seconds(), deadline = t0 + d->recovery_ms / 1000.0;
     rlx_status rc = RLX_OK;
     for (;;) {
+        if (closing(d)) {
+            rc = rlx_error(RLX_E_PEER, "%s; the driver is closing", cause);
+            break;
+        }
         rlx__log(RLX_LOG_WARN, "%s; replacing stage %u and replaying %u positions", cause, lost, d->length);
         if ((rc = replace_stage(d, lost, deadline)) != RLX_OK) {
             rlx_error(rc, "%s; not replaced within %u ms: %s", cause, d->recovery_ms, rlx_last_error());

@@ -375,6 +375,10 @@ void rlx_engine_destroy(rlx_engine *e) {
     if (!e)
         return;
     if (e->worker_started) {
+        /* steps in flight come back within their deadlines, but a lost stage's replacement may
+         * take the whole recovery timeout: give it up, its requests are cancelled anyway */
+        if (e->pipe)
+            rlx_driver_stop_recovery(e->pipe);
         pthread_mutex_lock(&e->mu);
         e->closing = 1;
         pthread_cond_broadcast(&e->wake);
@@ -450,7 +454,8 @@ rlx_status rlx_engine_submit(rlx_engine *e, const rlx_request *req, uint64_t *id
     }
     q->t_submit = rlx__now_seconds();
     pthread_mutex_lock(&e->mu);
-    if (e->closing || e->draining || e->n_queued >= e->max_queue) {
+    /* requests the worker has yet to put into free slots are not the queue's */
+    if (e->closing || e->draining || e->n_queued + e->n_running >= e->n_slots + e->max_queue) {
         e->stats.requests_refused++;
         const int why = e->closing || e->draining;
         const uint32_t queued = e->n_queued;
