@@ -137,7 +137,8 @@ RLX_API rlx_status rlx_engine_create_lm(const rlx_lm *lm, rlx_speculator *spec, 
  * in every stage, and the engine batches and schedules them as rlx_engine_create does. The
  * slots fall into min(n_slots, stages) groups that take turns through the stages, one step of
  * each in flight, so every stage computes at once: while stage 1 runs one group's rows, stage 0
- * runs the next group's. opts' n_slots and slot_positions are 0 or the driver's. */
+ * runs the next group's. opts' n_slots and slot_positions are 0 or the driver's; the cache's
+ * dtype is the stages' own, and opts' backends and rules are not used. */
 RLX_API rlx_status rlx_engine_create_pipeline(rlx_driver *d, const rlx_engine_options *opts, rlx_engine **out);
 /* Cancels every request (each gets its DONE with RLX_FINISH_CANCELLED), stops the worker and
  * frees everything. NULL is a no-op. */

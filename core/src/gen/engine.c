@@ -320,8 +320,7 @@ rlx_status rlx_engine_create_pipeline(rlx_driver *d, const rlx_engine_options *o
     /* one group per stage keeps every stage busy; more would only split the batches */
     e->n_groups = rlx_driver_n_stages(d) < e->n_slots ? rlx_driver_n_stages(d) : e->n_slots;
     e->groups = rlx__calloc(e->n_groups, sizeof *e->groups);
-    /* a step per group, and a copy per slot at the most (a copy's slot takes no other request
-     * before the copy is back) */
+    /* a step per group, and copies (copy_prefix keeps to the room) */
     e->in_flight = rlx__calloc(e->n_groups + e->n_slots, sizeof *e->in_flight);
     rc = e->groups && e->in_flight ? alloc_slots(e) : RLX_E_NOMEM;
     for (uint32_t g = 0; rc == RLX_OK && g < e->n_groups; g++)
@@ -545,7 +544,10 @@ static uint32_t common_prefix(const int32_t *a, uint32_t na, const int32_t *b, u
  * down: the request then computes its prompt and meets the pipeline's error there). */
 static int copy_prefix(rlx_engine *e, uint32_t from, uint32_t to, uint32_t n) {
     if (e->pipe) {
-        if (rlx_driver_copy_slot(e->pipe, from, to, n, &e->slots[from].copy_ticket) != RLX_OK)
+        /* a request cancelled before its first step frees its slot for another copy while its
+         * own may still be on its way: past the list's room, the prompt is computed instead */
+        if (e->n_in_flight == e->n_groups + e->n_slots ||
+            rlx_driver_copy_slot(e->pipe, from, to, n, &e->slots[from].copy_ticket) != RLX_OK)
             return 0;
         e->in_flight[e->n_in_flight++] = COPY_IN_FLIGHT;
     } else {
