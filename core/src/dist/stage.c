@@ -333,15 +333,28 @@ static rlx_status on_end(stage *st, void *conn, const Rlx__EndSession *e) {
     return send_ack(st, conn, e->session_id, 0);
 }
 
+/* A Rows or CopySlot (`what`) needs the slots of the Hello and a step after the previous one:
+ * 1 and the step taken, or 0 after refusing (*rc the refusal's send status). */
+static int slot_step_in_order(stage *st, void *conn, const char *what, uint64_t step, rlx_status *rc) {
+    if (!st->batch) {
+        *rc = refuse(st, conn, 0, RLX_E_INVALID, "%s from a driver that asked for no slots in its Hello", what);
+        return 0;
+    }
+    if (step <= st->rows_step) {
+        *rc = refuse(st, conn, 0, RLX_E_INVALID, "%s step %llu is out of order (the previous step was %llu)", what,
+                     (unsigned long long)step, (unsigned long long)st->rows_step);
+        return 0;
+    }
+    st->rows_step = step;
+    return 1;
+}
+
 /* A step of the connection's slots: checks every row against the slots, runs them and answers
  * with the hidden rows (or the logits of out_rows from the last stage). */
 static rlx_status on_rows(stage *st, void *conn, const Rlx__Rows *a) {
-    if (!st->batch)
-        return refuse(st, conn, 0, RLX_E_INVALID, "Rows from a driver that asked for no slots in its Hello");
-    if (a->step <= st->rows_step)
-        return refuse(st, conn, 0, RLX_E_INVALID, "Rows step %llu is out of order (the previous step was %llu)",
-                      (unsigned long long)a->step, (unsigned long long)st->rows_step);
-    st->rows_step = a->step;
+    rlx_status rc;
+    if (!slot_step_in_order(st, conn, "Rows", a->step, &rc))
+        return rc;
     const uint32_t n = a->n_rows;
     const int embed = st->spec.embed_input != 0, logits = st->spec.produce_logits != 0;
     const uint32_t in_width = embed ? 1 : (uint32_t)st->cfg->hidden_size;
@@ -397,12 +410,9 @@ static rlx_status on_rows(stage *st, void *conn, const Rlx__Rows *a) {
 }
 
 static rlx_status on_copy_slot(stage *st, void *conn, const Rlx__CopySlot *c) {
-    if (!st->batch)
-        return refuse(st, conn, 0, RLX_E_INVALID, "CopySlot from a driver that asked for no slots in its Hello");
-    if (c->step <= st->rows_step)
-        return refuse(st, conn, 0, RLX_E_INVALID, "CopySlot step %llu is out of order (the previous step was %llu)",
-                      (unsigned long long)c->step, (unsigned long long)st->rows_step);
-    st->rows_step = c->step;
+    rlx_status rc;
+    if (!slot_step_in_order(st, conn, "CopySlot", c->step, &rc))
+        return rc;
     if (c->from_slot >= st->n_slots || c->to_slot >= st->n_slots || c->from_slot == c->to_slot ||
         c->n_positions > st->kv_capacity)
         return refuse(st, conn, 0, RLX_E_RANGE, "CopySlot of %u positions from slot %u to slot %u of %u slots of %u",

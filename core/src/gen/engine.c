@@ -233,6 +233,21 @@ static uint32_t max_positions(const rlx_model_config *c) {
                : UINT32_MAX;
 }
 
+/* A slotted engine of model configuration c and checked options o, its slots not allocated yet. */
+static rlx_engine *engine_new(const rlx_model_config *c, const rlx_engine_options *o) {
+    rlx_engine *e = rlx__calloc(1, sizeof *e);
+    if (!e)
+        return NULL;
+    e->vocab = c->vocab_size;
+    e->eos_ids = c->eos_ids;
+    e->n_eos = c->n_eos;
+    e->n_slots = o->n_slots;
+    e->capacity = o->slot_positions;
+    e->max_queue = o->max_queue;
+    e->step_tokens = o->step_tokens;
+    return e;
+}
+
 rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts, rlx_engine **out) {
     if (!m || !out)
         return rlx_error(RLX_E_INVALID, "rlx_engine_create: NULL argument");
@@ -249,17 +264,10 @@ rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts,
                                  .produce_logits = 1};
     if ((rc = rlx_model_check_block(m, &spec)) != RLX_OK || (rc = check_slots(&o, max_positions(c))) != RLX_OK)
         return rc;
-    rlx_engine *e = rlx__calloc(1, sizeof *e);
+    rlx_engine *e = engine_new(c, &o);
     if (!e)
         return rlx_error(RLX_E_NOMEM, "engine: out of memory");
     e->m = m;
-    e->vocab = c->vocab_size;
-    e->eos_ids = c->eos_ids;
-    e->n_eos = c->n_eos;
-    e->n_slots = o.n_slots;
-    e->capacity = o.slot_positions;
-    e->max_queue = o.max_queue;
-    e->step_tokens = o.step_tokens;
     e->n_backends = o.n_backends;
     e->backends = rlx__calloc(o.n_backends + 1, sizeof *e->backends);
     e->n_rules = o.n_rules;
@@ -306,17 +314,10 @@ rlx_status rlx_engine_create_pipeline(rlx_driver *d, const rlx_engine_options *o
     const rlx_model_config *c = rlx_driver_config(d);
     if ((rc = check_slots(&o, max_positions(c))) != RLX_OK)
         return rc;
-    rlx_engine *e = rlx__calloc(1, sizeof *e);
+    rlx_engine *e = engine_new(c, &o);
     if (!e)
         return rlx_error(RLX_E_NOMEM, "engine: out of memory");
     e->pipe = d;
-    e->vocab = c->vocab_size;
-    e->eos_ids = c->eos_ids;
-    e->n_eos = c->n_eos;
-    e->n_slots = o.n_slots;
-    e->capacity = o.slot_positions;
-    e->max_queue = o.max_queue;
-    e->step_tokens = o.step_tokens;
     /* one group per stage keeps every stage busy; more would only split the batches */
     e->n_groups = rlx_driver_n_stages(d) < e->n_slots ? rlx_driver_n_stages(d) : e->n_slots;
     e->groups = rlx__calloc(e->n_groups, sizeof *e->groups);
