@@ -338,6 +338,84 @@ static void hello_init(Rlx__Hello *h, char *model_id, rlx_layer_range r) {
     h->n_stages = 1;
 }
 
+/* Rows and CopySlot on a connection whose Hello asked for n_slots slots (to a first stage that
+ * does not make logits): every misuse is an Error naming it, a good step is answered. */
+static int raw_slots(probe *p, void *conn, const rlx_model_config *cfg, uint32_t n_slots) {
+    uint32_t positions[2] = {0, 1}, slots[2] = {0, 0}, out_rows[1] = {1};
+    int32_t ids[2] = {1, 2};
+    Rlx__Rows rows = RLX__ROWS__INIT;
+    rows.step = 1;
+    rows.n_rows = 2;
+    rows.n_positions = rows.n_slots = 2;
+    rows.positions = positions;
+    rows.slots = slots;
+    rows.width = 1;
+    rows.dtype = RLX__DTYPE__DTYPE_I32;
+    rows.data.len = sizeof ids;
+    rows.data.data = (uint8_t *)ids;
+    Rlx__Envelope e = RLX__ENVELOPE__INIT;
+    e.body_case = RLX__ENVELOPE__BODY_ROWS;
+    e.rows = &rows;
+    if (!n_slots)
+        return expect(p, conn, &e, "asked for no slots", "Rows from a driver without slots");
+    int rc = expect(p, conn, &e, NULL, "a step of two rows in slot 0");
+    if (!rc)
+        rc = expect(p, conn, &e, "out of order", "a replayed Rows step");
+    rows.step = 2;
+    slots[1] = n_slots;
+    if (!rc)
+        rc = expect(p, conn, &e, "beyond 2 slots", "a row in a slot past the slots");
+    slots[1] = 0;
+    positions[1] = 1u << 30;
+    rows.step = 3;
+    if (!rc)
+        rc = expect(p, conn, &e, "beyond 2 slots of", "a row past the slot's positions");
+    positions[1] = 1;
+    ids[1] = (int32_t)cfg->vocab_size;
+    rows.step = 4;
+    if (!rc)
+        rc = expect(p, conn, &e, "outside the vocabulary", "a row's token outside the vocabulary");
+    ids[1] = 2;
+    rows.n_positions = 1;
+    rows.step = 5;
+    if (!rc)
+        rc = expect(p, conn, &e, "with 1 positions", "rows without a position each");
+    rows.n_positions = 2;
+    rows.data.len = 4;
+    rows.step = 6;
+    if (!rc)
+        rc = expect(p, conn, &e, "this stage takes rows of 1 I32", "rows whose bytes do not match");
+    rows.data.len = sizeof ids;
+    rows.n_out_rows = 1;
+    rows.out_rows = out_rows;
+    rows.step = 7;
+    if (!rc)
+        rc = expect(p, conn, &e, "that returns no logits", "logits rows asked of a stage without logits");
+    rows.n_out_rows = 0;
+    Rlx__CopySlot copy = RLX__COPY_SLOT__INIT;
+    copy.step = 8;
+    copy.from_slot = 0;
+    copy.to_slot = 0;
+    copy.n_positions = 2;
+    e.body_case = RLX__ENVELOPE__BODY_COPY_SLOT;
+    e.copy_slot = &copy;
+    if (!rc)
+        rc = expect(p, conn, &e, "CopySlot of 2 positions", "a copy of a slot onto itself");
+    copy.step = 9;
+    copy.to_slot = 1;
+    if (!rc)
+        rc = expect(p, conn, &e, NULL, "a copy of slot 0 into slot 1");
+    e.body_case = RLX__ENVELOPE__BODY_ROWS;
+    e.rows = &rows; /* the body is a union */
+    rows.step = 10;
+    positions[0] = 2;
+    positions[1] = 3;
+    slots[0] = slots[1] = 1;
+    if (!rc)
+        rc = expect(p, conn, &e, NULL, "the copied slot goes on");
+    return rc;
+}
+
 static int run_raw(probe *p, const char *addr, rlx_layer_range r) {
     char id[RLX_MODEL_ID_SIZE];
     if (rlx_model_id(p->model, id) != RLX_OK)
@@ -467,6 +545,23 @@ static int run_raw(probe *p, const char *addr, rlx_layer_range r) {
         e.body_case = RLX__ENVELOPE__BODY_HELLO;
         e.hello = &h;
         rc = expect(p, conn, &e, NULL, "a new driver after the garbage");
+        if (!rc)
+            rc = raw_slots(p, conn, &cfg, 0);
+        p->t->conn_close(p->self, conn);
+    }
+    /* slots: a driver that asked for two; each misuse is refused and the stage serves on */
+    if (!rc && (rc = raw_connect(p, addr, &conn)) == 0) {
+        e.body_case = RLX__ENVELOPE__BODY_HELLO;
+        e.hello = &h;
+        h.n_slots = 100000;
+        rc = expect(p, conn, &e, "100000 slots asked for", "a Hello asking for too many slots");
+        p->t->conn_close(p->self, conn);
+    }
+    if (!rc && (rc = raw_connect(p, addr, &conn)) == 0) {
+        h.n_slots = 2;
+        rc = expect(p, conn, &e, NULL, "a Hello with 2 slots");
+        if (!rc)
+            rc = raw_slots(p, conn, &cfg, 2);
         p->t->conn_close(p->self, conn);
     }
     if (!rc)
