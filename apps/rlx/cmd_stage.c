@@ -209,7 +209,7 @@ int cmd_stage(int argc, char **argv, app_options *o) {
     uint32_t n_layers = (uint32_t)rlx_runtime_config(rt)->num_hidden_layers;
     if (dep) {
         rlx_layer_range *ranges = calloc(rlx_deploy_n_stages(dep), sizeof *ranges);
-        if (!ranges || rlx_deploy_layers(dep, n_layers, ranges) != RLX_OK) {
+        if (!ranges || rlx_deploy_layers(dep, rlx_runtime_config(rt), ranges) != RLX_OK) {
             status = ranges ? app_fail_rlx("stage") : app_fail("out of memory");
             free(ranges);
             goto done;

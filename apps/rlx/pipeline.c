@@ -463,10 +463,9 @@ int app_pipeline_launch(app_pipeline *p, app_options *o, const app_pipeline_opti
      * defaults come from the same model later, a GGUF header parsed once for all three */
     if (rlx_model_open(p->model_dir, &p->model) != RLX_OK)
         return app_fail_rlx("cannot open model");
-    uint32_t n_layers = (uint32_t)rlx_model_config_of(p->model)->num_hidden_layers;
     rlx_layer_range ranges[MAX_STAGES];
-    rlx_status rc =
-        p->deploy ? rlx_deploy_driver_stages(p->deploy, n_layers, p->stages) : rlx_dist_split_even(n_layers, n, ranges);
+    rlx_status rc = p->deploy ? rlx_deploy_driver_stages(p->deploy, rlx_model_config_of(p->model), p->stages)
+                              : rlx_dist_split_balanced(rlx_model_config_of(p->model), n, ranges);
     if (rc != RLX_OK)
         return app_fail_rlx("pipeline");
     int ready[MAX_STAGES];

@@ -14,6 +14,73 @@
 #include "rlx/deploy.h"
 #include "rlx/dist.h"
 
+/* A configuration that gives the layer count alone: no sizes, so every layer weighs the same. */
+static const rlx_model_config *layers_only(int64_t n_layers) {
+    static rlx_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.num_hidden_layers = n_layers;
+    return &cfg;
+}
+
+/* Qwen3-0.6B's shape (the benchmarks' model): its tied LM head reads 155.6M weights, a layer
+ * 15.7M, so the last stage gets fewer layers; Brown's (the shipped model) head is half a layer
+ * and its even split stays. Each split is the lightest heaviest stage, nearest to even. */
+static void test_split_balanced_weighs_the_lm_head(void **state) {
+    (void)state;
+    rlx_model_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.num_hidden_layers = 28;
+    cfg.hidden_size = 1024;
+    cfg.num_attention_heads = 16;
+    cfg.num_key_value_heads = 8;
+    cfg.head_dim = 128;
+    cfg.intermediate_size = 3072;
+    cfg.vocab_size = 151936;
+    rlx_layer_range r[4];
+    assert_int_equal(rlx_dist_split_balanced(&cfg, 2, r), RLX_OK);
+    assert_int_equal(r[0].start, 0);
+    assert_int_equal(r[0].end, 19);
+    assert_int_equal(r[1].end, 28);
+    /* 13 layers is the least the heaviest stage can weigh; of those splits, the nearest to even */
+    assert_int_equal(rlx_dist_split_balanced(&cfg, 3, r), RLX_OK);
+    assert_int_equal(r[0].end, 12);
+    assert_int_equal(r[1].end, 25);
+    assert_int_equal(r[2].end, 28);
+    assert_int_equal(rlx_dist_check_ranges(28, r, 3), RLX_OK);
+    assert_int_equal(rlx_dist_split_balanced(&cfg, 1, r), RLX_OK);
+    assert_int_equal(r[0].end, 28);
+    cfg.num_hidden_layers = 8; /* Brown: hidden 512, 8 heads and 4 KV heads of 64, MLP 2048, vocab 4096 */
+    cfg.hidden_size = 512;
+    cfg.num_attention_heads = 8;
+    cfg.num_key_value_heads = 4;
+    cfg.head_dim = 64;
+    cfg.intermediate_size = 2048;
+    cfg.vocab_size = 4096;
+    assert_int_equal(rlx_dist_split_balanced(&cfg, 2, r), RLX_OK);
+    assert_int_equal(r[0].end, 4);
+    assert_int_equal(rlx_dist_split_balanced(&cfg, 3, r), RLX_OK);
+    assert_int_equal(r[0].end, 3);
+    assert_int_equal(r[1].end, 6);
+    /* sparse layers weigh the experts a token uses: layers 0 and 1 of 4 are MoE here (2 and 3
+     * are in mlp_only_layers), each far heavier than a dense one, so they go to different stages */
+    cfg.num_hidden_layers = 4;
+    cfg.vocab_size = 16;
+    cfg.num_experts = 8;
+    cfg.num_experts_per_tok = 2;
+    cfg.moe_intermediate_size = 8192;
+    cfg.decoder_sparse_step = 1;
+    cfg.layer_dense_mlp[2] = cfg.layer_dense_mlp[3] = 1;
+    assert_true(rlx_model_config_layer_is_moe(&cfg, 1) && !rlx_model_config_layer_is_moe(&cfg, 2));
+    assert_int_equal(rlx_dist_split_balanced(&cfg, 2, r), RLX_OK);
+    assert_int_equal(r[0].end, 1);
+    /* no sizes: the even split; more stages than layers and no configuration are refused */
+    assert_int_equal(rlx_dist_split_balanced(layers_only(10), 4, r), RLX_OK);
+    assert_int_equal(r[0].end, 3);
+    assert_int_equal(r[1].end, 6);
+    assert_int_equal(rlx_dist_split_balanced(layers_only(3), 4, r), RLX_E_RANGE);
+    assert_int_equal(rlx_dist_split_balanced(NULL, 2, r), RLX_E_INVALID);
+}
+
 static void test_split_even_gives_earlier_stages_the_extra_layers(void **state) {
     (void)state;
     rlx_layer_range r[4];
@@ -153,12 +220,12 @@ static void test_deploy_full_file(void **state) {
     assert_null(s0->standby);
     assert_int_equal(s0->n_standby, 0);
     rlx_layer_range r[2];
-    assert_int_equal(rlx_deploy_layers(d, 28, r), RLX_OK);
+    assert_int_equal(rlx_deploy_layers(d, layers_only(28), r), RLX_OK);
     assert_int_equal(r[0].end, 14);
-    assert_int_equal(rlx_deploy_layers(d, 30, r), RLX_E_RANGE); /* the model has more layers */
+    assert_int_equal(rlx_deploy_layers(d, layers_only(30), r), RLX_E_RANGE); /* the model has more layers */
     assert_non_null(strstr(rlx_last_error(), "layers 28-29 are run by no stage"));
     assert_non_null(strstr(rlx_last_error(), ":10:"));
-    assert_int_equal(rlx_deploy_layers(d, 20, r), RLX_E_RANGE);
+    assert_int_equal(rlx_deploy_layers(d, layers_only(20), r), RLX_E_RANGE);
     assert_non_null(strstr(rlx_last_error(), "past the model's 20 layers"));
     rlx_deploy_close(d);
 }
@@ -179,11 +246,11 @@ static void test_deploy_defaults_and_even_split(void **state) {
     const rlx_deploy_timeouts *t = rlx_deploy_timeouts_of(d);
     assert_true(!t->connect_ms && !t->control_ms && !t->per_position_ms && !t->recovery_ms);
     rlx_layer_range r[3];
-    assert_int_equal(rlx_deploy_layers(d, 7, r), RLX_OK);
+    assert_int_equal(rlx_deploy_layers(d, layers_only(7), r), RLX_OK);
     assert_int_equal(r[0].end, 3);
     assert_int_equal(r[1].end, 5);
     assert_int_equal(r[2].end, 7);
-    assert_int_equal(rlx_deploy_layers(d, 2, r), RLX_E_RANGE);
+    assert_int_equal(rlx_deploy_layers(d, layers_only(2), r), RLX_E_RANGE);
     rlx_deploy_close(d);
     /* temperature 0 means greedy, as in rlx_sampler_params; 0 turns the penalties' window off */
     path = write_file("zero.yaml", "stages:\n  - address: a:1\ngeneration: {temperature: 0, repeat_last_n: 0}\n");
@@ -223,7 +290,7 @@ static void test_deploy_standby(void **state) {
     /* the driver gets them with each stage */
     rlx_driver_stage ds[4];
     memset(ds, 0xff, sizeof ds);
-    assert_int_equal(rlx_deploy_driver_stages(d, 8, ds), RLX_OK);
+    assert_int_equal(rlx_deploy_driver_stages(d, layers_only(8), ds), RLX_OK);
     for (uint32_t i = 0; i < 4; i++) {
         const rlx_deploy_stage *s = rlx_deploy_stage_at(d, i);
         assert_ptr_equal(ds[i].standby, s->standby);
@@ -386,6 +453,7 @@ static void test_model_id_is_stable_and_discriminating(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_even_gives_earlier_stages_the_extra_layers),
+        cmocka_unit_test(test_split_balanced_weighs_the_lm_head),
         cmocka_unit_test(test_check_ranges_names_gaps_and_overlaps),
         cmocka_unit_test(test_parse_range),
         cmocka_unit_test(test_deploy_full_file),

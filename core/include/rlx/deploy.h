@@ -5,7 +5,7 @@
  *   stages:                       # in pipeline order: the first embeds tokens, the last makes logits
  *     - address: 127.0.0.1:7101   # host:port the driver connects to
  *       backend: onednn           # backend plugin of this stage (default: the command line's)
- *       layers: 0-13              # optional, inclusive; all stages or none (then an even split)
+ *       layers: 0-13              # optional, inclusive; all stages or none (then split by weights)
  *       threads: 2                # optional
  *       backend_options: "isa=avx2"   # optional: the backend's "key=value,..." options
  *       listen: 0.0.0.0:7101      # optional: what the stage binds, if not address
@@ -100,16 +100,16 @@ RLX_API const rlx_deploy_speculator *rlx_deploy_speculator_of(const rlx_deploy *
 RLX_API const rlx_deploy_generation *rlx_deploy_generation_of(const rlx_deploy *d);
 RLX_API const rlx_deploy_timeouts *rlx_deploy_timeouts_of(const rlx_deploy *d);
 
-/* The layer range of every stage (out[n_stages]) for a model of n_layers: the file's ranges,
- * checked to cover the model exactly, or an even split when the file gives none. Failures
- * name the file, the line and the stage. */
-RLX_API rlx_status rlx_deploy_layers(const rlx_deploy *d, uint32_t n_layers, rlx_layer_range *out);
+/* The layer range of every stage (out[n_stages]) for the model of cfg: the file's ranges,
+ * checked to cover the model exactly, or rlx_dist_split_balanced when the file gives none.
+ * Failures name the file, the line and the stage. */
+RLX_API rlx_status rlx_deploy_layers(const rlx_deploy *d, const rlx_model_config *cfg, rlx_layer_range *out);
 
 /* The stages as a pipeline driver takes them (out[n_stages]): each one's address, standby
  * addresses, its layers as rlx_deploy_layers gives them and the file and line that configure it
  * (strings borrowed from d).
  * Fails as rlx_deploy_layers does. */
-RLX_API rlx_status rlx_deploy_driver_stages(const rlx_deploy *d, uint32_t n_layers, rlx_driver_stage *out);
+RLX_API rlx_status rlx_deploy_driver_stages(const rlx_deploy *d, const rlx_model_config *cfg, rlx_driver_stage *out);
 
 /* Checks "host:port": an IPv4 dotted quad, a host name or [IPv6], and a port in 1..65535
  * (0 too with allow_port_0). */

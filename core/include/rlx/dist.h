@@ -104,6 +104,16 @@ typedef struct rlx_layer_range {
  * stages get the extra layers. RLX_E_RANGE when there are more stages than layers. */
 RLX_API rlx_status rlx_dist_split_even(uint32_t n_layers, uint32_t n_stages, rlx_layer_range *out);
 
+/* Splits cfg's layers into n_stages contiguous ranges that balance the weights each stage reads
+ * per token: every decoder layer's matrices (of a sparse layer, the experts a token is routed to
+ * and the router) and, on the last stage, the LM head. Decode reads every weight once per step,
+ * so this balances the stages' time where an even split leaves the last stage the slowest (a
+ * Qwen3-0.6B's LM head weighs as much as 10 layers). Of the splits whose heaviest stage is
+ * lightest, the nearest to rlx_dist_split_even; a configuration without sizes (hidden_size 0)
+ * splits evenly. The driver and the stages compute it from the same config.json, so they agree.
+ * The default split of --stages and of deployment files without layers. */
+RLX_API rlx_status rlx_dist_split_balanced(const rlx_model_config *cfg, uint32_t n_stages, rlx_layer_range *out);
+
 /* Checks that ranges, in pipeline order, cover [0, n_layers) exactly: each non-empty, the first
  * starting at 0, each starting where the previous ended (no gap, no overlap) and the last ending
  * at n_layers. The message names the stage and the layers concerned. */

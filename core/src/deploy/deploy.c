@@ -574,11 +574,12 @@ const rlx_deploy_speculator *rlx_deploy_speculator_of(const rlx_deploy *d) {
 const rlx_deploy_generation *rlx_deploy_generation_of(const rlx_deploy *d) { return &d->generation; }
 const rlx_deploy_timeouts *rlx_deploy_timeouts_of(const rlx_deploy *d) { return &d->timeouts; }
 
-rlx_status rlx_deploy_layers(const rlx_deploy *d, uint32_t n_layers, rlx_layer_range *out) {
-    if (!d || !out)
+rlx_status rlx_deploy_layers(const rlx_deploy *d, const rlx_model_config *cfg, rlx_layer_range *out) {
+    if (!d || !cfg || !out)
         return rlx_error(RLX_E_INVALID, "rlx_deploy_layers: NULL argument");
+    const uint32_t n_layers = cfg->num_hidden_layers > 0 ? (uint32_t)cfg->num_hidden_layers : 0;
     if (!d->stages[0].has_layers) {
-        if (rlx_dist_split_even(n_layers, d->n_stages, out) != RLX_OK)
+        if (rlx_dist_split_balanced(cfg, d->n_stages, out) != RLX_OK)
             return rlx_error(RLX_E_RANGE, "%s:%u: %s", d->path, d->stages[0].line, rlx_last_error());
         return RLX_OK;
     }
@@ -599,13 +600,13 @@ rlx_status rlx_deploy_layers(const rlx_deploy *d, uint32_t n_layers, rlx_layer_r
     return rc == RLX_OK ? rc : rlx_error(rc, "%s:%u: %s", d->path, d->layers_line, rlx_last_error());
 }
 
-rlx_status rlx_deploy_driver_stages(const rlx_deploy *d, uint32_t n_layers, rlx_driver_stage *out) {
+rlx_status rlx_deploy_driver_stages(const rlx_deploy *d, const rlx_model_config *cfg, rlx_driver_stage *out) {
     if (!d || !out)
         return rlx_error(RLX_E_INVALID, "rlx_deploy_driver_stages: NULL argument");
     rlx_layer_range *ranges = rlx__calloc(d->n_stages, sizeof *ranges);
     if (!ranges)
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", d->path);
-    rlx_status rc = rlx_deploy_layers(d, n_layers, ranges);
+    rlx_status rc = rlx_deploy_layers(d, cfg, ranges);
     for (uint32_t i = 0; rc == RLX_OK && i < d->n_stages; i++)
         out[i] = (rlx_driver_stage){.address = d->stages[i].address,
                                     .layers = ranges[i],

@@ -19,6 +19,72 @@ rlx_status rlx_dist_split_even(uint32_t n_layers, uint32_t n_stages, rlx_layer_r
     return RLX_OK;
 }
 
+/* The weights a token reads in layer l: attention, and the MLP or the experts it is routed to
+ * (with the router). */
+static uint64_t layer_weights(const rlx_model_config *c, uint32_t l) {
+    const uint64_t h = (uint64_t)c->hidden_size, q = (uint64_t)(c->num_attention_heads * c->head_dim),
+                   kv = (uint64_t)(c->num_key_value_heads * c->head_dim);
+    const uint64_t attention = 2 * h * q + 2 * h * kv;
+    if (rlx_model_config_layer_is_moe(c, l))
+        return attention + (uint64_t)c->num_experts_per_tok * 3 * h * (uint64_t)c->moe_intermediate_size +
+               h * (uint64_t)c->num_experts;
+    return attention + 3 * h * (uint64_t)c->intermediate_size;
+}
+
+rlx_status rlx_dist_split_balanced(const rlx_model_config *cfg, uint32_t n_stages, rlx_layer_range *out) {
+    if (!cfg || !out || n_stages == 0)
+        return rlx_error(RLX_E_INVALID, "layer split: no configuration or no stages");
+    const uint32_t n =
+        cfg->num_hidden_layers > 0 && cfg->num_hidden_layers <= RLX_MAX_LAYERS ? (uint32_t)cfg->num_hidden_layers : 0;
+    rlx_status rc = rlx_dist_split_even(n, n_stages, out);
+    if (rc != RLX_OK || n_stages == 1 || cfg->hidden_size <= 0)
+        return rc; /* without sizes every layer weighs the same */
+    /* prefix[l]: the weights of layers [0, l); the last stage reads the LM head too */
+    uint64_t prefix[RLX_MAX_LAYERS + 1] = {0};
+    for (uint32_t l = 0; l < n; l++)
+        prefix[l + 1] = prefix[l] + layer_weights(cfg, l);
+    const uint64_t head = (uint64_t)cfg->vocab_size * (uint64_t)cfg->hidden_size;
+    /* best[k][j]: the smallest heaviest stage when stages k.. (the last one with the head) run
+     * layers [j, n); UINT64_MAX when they cannot (fewer layers than stages) */
+    uint64_t(*best)[RLX_MAX_LAYERS + 1] = calloc(n_stages + 1, sizeof *best);
+    if (!best)
+        return rlx_error(RLX_E_NOMEM, "layer split: out of memory");
+    for (uint32_t j = 0; j <= n; j++)
+        best[n_stages][j] = j == n ? 0 : UINT64_MAX;
+    for (uint32_t k = n_stages; k-- > 0;)
+        for (uint32_t j = 0; j <= n; j++) {
+            uint64_t b = UINT64_MAX;
+            for (uint32_t e = j + 1; e <= n; e++) {
+                if (best[k + 1][e] == UINT64_MAX)
+                    continue;
+                const uint64_t w = prefix[e] - prefix[j] + (k + 1 == n_stages ? head : 0);
+                const uint64_t m = w > best[k + 1][e] ? w : best[k + 1][e];
+                b = m < b ? m : b;
+            }
+            best[k][j] = b;
+        }
+    const uint64_t bound = best[0][0];
+    /* of the splits within that bound, the one nearest to the even split, front to back (the
+     * earlier stage takes the extra layer, as the even split gives it) */
+    uint32_t start = 0;
+    for (uint32_t k = 0; k < n_stages; k++) {
+        const uint32_t left = n_stages - k, share = (n - start + left - 1) / left;
+        uint32_t pick = 0, dist = UINT32_MAX;
+        for (uint32_t e = start + 1; e <= n; e++) {
+            const uint64_t w = prefix[e] - prefix[start] + (k + 1 == n_stages ? head : 0);
+            if (w > bound || best[k + 1][e] > bound)
+                continue;
+            const uint32_t len = e - start, d = len > share ? len - share : share - len;
+            if (d < dist || (d == dist && e > pick))
+                pick = e, dist = d;
+        }
+        out[k] = (rlx_layer_range){start, pick};
+        start = pick;
+    }
+    free(best);
+    return RLX_OK;
+}
+
 rlx_status rlx_dist_check_ranges(uint32_t n_layers, const rlx_layer_range *r, uint32_t n_stages) {
     if (!r || n_stages == 0)
         return rlx_error(RLX_E_INVALID, "layer ranges: no stages");

@@ -291,7 +291,7 @@ static rlx_status pipeline_stages(rlx_runtime *rt, const rlx_driver_stage **stag
     *n = rlx_deploy_n_stages(rt->deploy);
     if (!(*owned = rlx__calloc(*n, sizeof **owned)))
         return rlx_error(RLX_E_NOMEM, "runtime: out of memory");
-    if ((rc = rlx_deploy_driver_stages(rt->deploy, (uint32_t)cfg.num_hidden_layers, *owned)) != RLX_OK)
+    if ((rc = rlx_deploy_driver_stages(rt->deploy, &cfg, *owned)) != RLX_OK)
         return failed(rc, "pipeline");
     *stages = *owned;
     return RLX_OK;
