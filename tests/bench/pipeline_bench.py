@@ -5,9 +5,9 @@
                     [--cores 2] [--streams 1,4] [--parallel P] [--transport tcp|grpc|mpi]
                     [--tokens 64] [--prompt-tokens 32] [--reps 3] [--rounds 1] [--out FILE.json]
 
-For each S in --stages, starts S `rlx stage` processes on loopback (layers split evenly, as
-`--stages S` splits them; each with --cores / S threads, at least 1, so S > cores
-oversubscribes the cores), writes a deployment file naming them and runs
+For each S in --stages, starts S `rlx stage` processes on loopback (layers split as rlx splits
+them by default, balancing the weights each stage reads, or evenly with --split even; each with
+--cores / S threads, at least 1, so S > cores oversubscribes the cores), writes a deployment file naming them and runs
 `rlx serve --config FILE --parallel P` as their driver; with --transport mpi the stages are
 instead ranks 1..S of `mpirun -n S+1 rlx serve --config FILE` (the file's stage entries carry
 their threads and backend options). Then the reference: one process, `rlx serve --parallel
@@ -50,7 +50,6 @@ import re
 import select
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -246,33 +245,6 @@ def prepare_model(args, build, log):
     return source_model(bench, os.path.join(args.workdir, "padded-tokenizer"), pad), "brown-padded"
 
 
-def split_by_weights(config, n_stages):
-    """Inclusive (first, last) layer of each stage, balancing the weight bytes each stage reads per
-    decode step: a decoder layer's matrices, plus the LM head on the last stage (with tied
-    embeddings the first stage only gathers rows of the table). Decode reads every weight once
-    per step, so bytes stand for time; an even split leaves the last stage the slowest (the 0.6B
-    shape's LM head weighs as much as 10 layers)."""
-    h, q = config["hidden_size"], config["num_attention_heads"] * config.get("head_dim", 0)
-    kv = config["num_key_value_heads"] * config.get("head_dim", 0)
-    layer = h * q * 2 + h * kv * 2 + 3 * h * config["intermediate_size"]
-    head = config["vocab_size"] * h
-    n = config["num_hidden_layers"]
-    best = None
-    for last in range(1, n - n_stages + 2):
-        rest = split_even(n - last, n_stages - 1) if n_stages > 1 else []
-        counts = [b - a + 1 for a, b in rest] + [last]
-        if n_stages == 1:
-            counts = [n]
-        cost = max(c * layer + (head if i == len(counts) - 1 else 0) for i, c in enumerate(counts))
-        if best is None or cost < best[0]:
-            best = (cost, counts)
-    out, start = [], 0
-    for c in best[1]:
-        out.append((start, start + c - 1))
-        start += c
-    return out
-
-
 def split_even(n_layers, n_stages):
     """Inclusive (first, last) layer of each stage, as rlx_dist_split_even (core/src/dist/split.c)."""
     base, extra, start, out = n_layers // n_stages, n_layers % n_stages, 0, []
@@ -387,11 +359,14 @@ def serve_common(args, port, parallel):
 
 def write_deployment(path, model, transport, stages):
     """A deployment file (README.md, "The deployment file") for these stages."""
-    lines = [f"# written by tests/bench/pipeline_bench.py", f"model: {json.dumps(model)}", f"transport: {transport}",
+    lines = ["# written by tests/bench/pipeline_bench.py", f"model: {json.dumps(model)}", f"transport: {transport}",
              "stages:"]
     for st in stages:
         lines.append(f"  - address: {json.dumps(st['address'])}")
-        lines.append(f"    layers: {st['layers'][0]}-{st['layers'][1]}")
+        if st.get("listen"):
+            lines.append(f"    listen: {json.dumps(st['listen'])}")
+        if st["layers"]:
+            lines.append(f"    layers: {st['layers'][0]}-{st['layers'][1]}")
         lines.append(f"    backend: {st['backend']}")
         if st.get("backend_options"):
             lines.append(f"    backend_options: {json.dumps(st['backend_options'])}")
@@ -428,8 +403,9 @@ def measure_server(proc, port, args, streams, procs, log):
 
 def run_pipeline(n_stages, args, procs, log):
     threads = max(1, args.cores // n_stages)
-    layers = (split_by_weights(args.config, n_stages) if args.split == "weights"
-              else split_even(args.n_layers, n_stages))
+    # None: rlx's own split, which balances the weights each stage reads (rlx_dist_split_balanced);
+    # the stages take it from a deployment file without layers, as the driver does
+    layers = split_even(args.n_layers, n_stages) if args.split == "even" else [None] * n_stages
     run_dir = os.path.join(args.workdir, f"s{n_stages}-{args.transport}")
     os.makedirs(run_dir, exist_ok=True)
     stages = [{"layers": layers[i], "threads": threads, "backend": args.plugin, "backend_options": args.backend_opts}
@@ -448,10 +424,17 @@ def run_pipeline(n_stages, args, procs, log):
             cmd = args.mpirun + ["--tag-output", "-n", str(n_stages + 1), args.rlx, "serve", "--config", cfg] + \
                 serve_common(args, port, args.parallel)
         else:
+            # the stages read their entries from a file of their own: every one binds a free port
+            # (the address is a placeholder), and the driver's file then names the ports they took
+            for st in stages:
+                st["address"], st["listen"] = "127.0.0.1:1", "127.0.0.1:0"
+            stage_cfg = os.path.join(run_dir, "stages.yaml")
+            write_deployment(stage_cfg, args.serve_model, args.transport, stages)
+            for st in stages:
+                del st["listen"]
             for i, st in enumerate(stages):
                 r, w = os.pipe()
-                cmd = [args.rlx, "stage", "--listen", "127.0.0.1:0", "--layers", "%d-%d" % st["layers"], "--model",
-                       args.serve_model, "--transport", args.transport, "--threads", str(threads),
+                cmd = [args.rlx, "stage", "--config", stage_cfg, "--stage", str(i), "--transport", args.transport,
                        "--ready-fd", str(w)] + backend_args(args) + args.stage_extra.split()
                 commands.append(cmd)
                 try:
@@ -620,8 +603,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=1, help="server starts per configuration, taking turns")
     ap.add_argument("--goal-stages", type=int, default=2)
     ap.add_argument("--split", default="weights", choices=("weights", "even"),
-                    help="layers per stage: balance the weight bytes each stage reads (the last holds the LM "
-                    "head), or even as --stages S splits them")
+                    help="layers per stage: rlx's own split, which balances the weights each stage reads (the "
+                    "last holds the LM head), or an even split by layer count")
     ap.add_argument("--poll", type=float, default=0.25, help="seconds between /metrics readings")
     ap.add_argument("--timeout", type=float, default=600, help="seconds allowed for a start and a request")
     ap.add_argument("--extra", default="", help="more rlx serve flags (every server)")
@@ -667,8 +650,7 @@ def main(argv=None):
                 raise serve_bench.BenchError(str(e)) from e
         args.serve_model, tokenizer = prepare_model(args, build, log)
         with open(os.path.join(args.serve_model, "config.json")) as f:
-            args.config = json.load(f)
-        args.n_layers = args.config["num_hidden_layers"]
+            args.n_layers = json.load(f)["num_hidden_layers"]
         if max(args.stages) > args.n_layers:
             raise serve_bench.BenchError(f"{max(args.stages)} stages for {args.n_layers} layers")
         cpu = lscpu()
