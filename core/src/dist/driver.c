@@ -293,11 +293,7 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
     }
     pthread_mutex_init(&d->stats_mu, NULL);
     pthread_mutex_init(&d->pipe_mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&d->recover_cond, &ca);
-    pthread_condattr_destroy(&ca);
+    rlx__cond_init_monotonic(&d->recover_cond);
     d->n_stages = o->n_stages;
     d->n_slots = o->n_slots;
     d->recovery_ms = o->recovery_timeout_ms ? o->recovery_timeout_ms : RLX_DIST_RECOVERY_TIMEOUT_MS;
@@ -401,19 +397,6 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
 }
 
 // ---- replacing a lost stage ----
-
-/* The deadline ms from now on the condition variables' clock. */
-static struct timespec deadline_in(uint64_t ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += (time_t)(ms / 1000);
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
 
 /* The bound on a wait for one stage's answer to n rows. */
 static uint32_t rows_wait_ms(const rlx_driver *d, uint32_t n) {
@@ -1001,7 +984,7 @@ static rlx_status recover_slots(rlx_driver *d, uint32_t lost, uint64_t generatio
     snprintf(cause, sizeof cause, "%s", rlx_last_error());
     const double t0 = rlx__now_seconds(), deadline = t0 + d->recovery_ms / 1000.0;
     while (d->recovering && !d->broken) {
-        struct timespec until = deadline_in(100);
+        struct timespec until = rlx__deadline_in(100);
         pthread_cond_timedwait(&d->recover_cond, &d->pipe_mu, &until);
     }
     if (d->broken)
@@ -1010,7 +993,7 @@ static rlx_status recover_slots(rlx_driver *d, uint32_t lost, uint64_t generatio
         return RLX_OK;
     d->recovering = 1;
     while (d->n_active > 0) {
-        struct timespec until = deadline_in(100);
+        struct timespec until = rlx__deadline_in(100);
         pthread_cond_timedwait(&d->recover_cond, &d->pipe_mu, &until);
     }
     pthread_mutex_unlock(&d->pipe_mu);
@@ -1110,7 +1093,7 @@ static void *stage_thread(void *arg) {
         while (d->recovering || (!d->queue_head[i] && !d->pipe_stop)) {
             /* idle: woken by a job, the end of a recovery or destroy; the timeout only bounds a
              * lost wake-up */
-            struct timespec until = deadline_in(1000);
+            struct timespec until = rlx__deadline_in(1000);
             pthread_cond_timedwait(&d->queue_cond[i], &d->pipe_mu, &until);
         }
         drv_job *j = pop_job(d, i);
@@ -1167,12 +1150,8 @@ static rlx_status start_threads(rlx_driver *d) {
     d->queue_tail = rlx__calloc(nq, sizeof *d->queue_tail);
     if (!d->threads || !d->queue_cond || !d->queue_head || !d->queue_tail)
         return rlx_error(RLX_E_NOMEM, "driver: out of memory");
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     for (uint32_t q = 0; q < nq; q++)
-        pthread_cond_init(&d->queue_cond[q], &ca);
-    pthread_condattr_destroy(&ca);
+        rlx__cond_init_monotonic(&d->queue_cond[q]);
     for (uint32_t i = 0; i < d->n_stages; i++) {
         drv_thread *t = &thread_args(d)[i];
         *t = (drv_thread){.d = d, .i = i};
@@ -1338,7 +1317,7 @@ rlx_status rlx_driver_wait(rlx_driver *d, uint64_t *ticket, const float **logits
         }
         /* every job ahead answers within its bound, so this one is late only if a thread is stuck */
         const uint64_t limit_ms = d->queued_ms + 5000 + (d->no_recovery ? 0 : d->recovery_ms);
-        struct timespec until = deadline_in(limit_ms);
+        struct timespec until = rlx__deadline_in(limit_ms);
         int late = 0;
         while (!d->queue_head[q] && !late)
             late = pthread_cond_timedwait(&d->queue_cond[q], &d->pipe_mu, &until) == ETIMEDOUT;

@@ -129,12 +129,8 @@ static void *engine_main(void *arg);
 /* Starts the worker of an engine whose members are set; destroys it on failure. */
 static rlx_status engine_start(rlx_engine *e, rlx_engine **out) {
     pthread_mutex_init(&e->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&e->wake, &ca);
-    pthread_cond_init(&e->idle, &ca);
-    pthread_condattr_destroy(&ca);
+    rlx__cond_init_monotonic(&e->wake);
+    rlx__cond_init_monotonic(&e->idle);
     e->stats.n_slots = e->n_slots;
     e->stats.slot_positions = e->capacity;
     e->next_id = 1;
@@ -334,19 +330,6 @@ rlx_status rlx_engine_create_pipeline(rlx_driver *d, const rlx_engine_options *o
     return engine_start(e, out);
 }
 
-/* The deadline timeout_ms from now on the condition variables' clock. */
-static struct timespec deadline_in(uint32_t timeout_ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
-
 static void deliver_done(rlx_engine *e, engine_req *r, uint32_t finish, rlx_status status, const char *message) {
     rlx_engine_event ev = {.kind = RLX_ENGINE_DONE,
                            .id = r->id,
@@ -495,7 +478,7 @@ void rlx_engine_cancel(rlx_engine *e, uint64_t id) {
 uint32_t rlx_engine_drain(rlx_engine *e, uint32_t timeout_ms) {
     if (!e)
         return 0;
-    struct timespec until = deadline_in(timeout_ms);
+    struct timespec until = rlx__deadline_in(timeout_ms);
     uint32_t cancelled = 0;
     pthread_mutex_lock(&e->mu);
     e->draining = 1;
@@ -514,7 +497,7 @@ uint32_t rlx_engine_drain(rlx_engine *e, uint32_t timeout_ms) {
         }
     pthread_cond_broadcast(&e->wake);
     /* the worker delivers the cancellations; bound the wait as every wait is bounded */
-    struct timespec grace = deadline_in(timeout_ms < 1000 ? 1000 : timeout_ms);
+    struct timespec grace = rlx__deadline_in(timeout_ms < 1000 ? 1000 : timeout_ms);
     while (e->n_queued + e->n_running > 0)
         if (pthread_cond_timedwait(&e->idle, &e->mu, &grace) == ETIMEDOUT)
             break;
@@ -1028,7 +1011,7 @@ static void *engine_main(void *arg) {
         pthread_mutex_lock(&e->mu);
         pthread_cond_broadcast(&e->idle);
         if (!e->closing && !e->queue_head) {
-            struct timespec until = deadline_in(ENGINE_IDLE_MS);
+            struct timespec until = rlx__deadline_in(ENGINE_IDLE_MS);
             pthread_cond_timedwait(&e->wake, &e->mu, &until);
         }
         pthread_mutex_unlock(&e->mu);
