@@ -116,18 +116,32 @@ static void close_all(rlx_driver *d) {
         }
 }
 
+/* Marks the driver unusable, keeping the first reason; 1 when this was the first. pipe_mu held. */
+static int set_broken(rlx_driver *d, const char *why) {
+    if (d->broken)
+        return 0;
+    d->broken = 1;
+    snprintf(d->broken_msg, sizeof d->broken_msg, "%s", why);
+    return 1;
+}
+
 /* The driver becomes unusable (the first message says why) and, unless stage threads still use
  * the connections (they close at destroy), hangs up on every stage. */
 static void mark_broken(rlx_driver *d, const char *why) {
     pthread_mutex_lock(&d->pipe_mu);
-    const int first = !d->broken;
-    if (first) {
-        d->broken = 1;
-        snprintf(d->broken_msg, sizeof d->broken_msg, "%s", why);
-    }
+    const int first = set_broken(d, why);
     pthread_mutex_unlock(&d->pipe_mu);
     if (first && !d->n_threads)
         close_all(d);
+}
+
+/* A lost stage replaced and its streams replayed in `seconds`. */
+static void count_recovery(rlx_driver *d, double seconds) {
+    pthread_mutex_lock(&d->stats_mu);
+    d->stats.recoveries++;
+    d->stats.recovery_seconds += seconds;
+    d->stats.last_recovery_seconds = seconds;
+    pthread_mutex_unlock(&d->stats_mu);
 }
 
 /* Records "[source: ]stage i (address): ..." as the error and returns code. With `fatal`, the
@@ -464,9 +478,10 @@ void rlx_driver_stop_recovery(rlx_driver *d) {
 }
 
 /* Replaces lost stage i before `deadline` (rlx__now_seconds): a launched stage is restarted
- * through d->restart (which says RLX_E_UNSUPPORTED for a stage it did not start); otherwise its address and then its standby addresses are tried in turn
- * until one answers the handshake (a supervisor may restart the stage where it was). The
- * caller holds every connection (no stage thread runs a job). */
+ * through d->restart (which says RLX_E_UNSUPPORTED for a stage it did not start); otherwise its
+ * address and then its standby addresses are tried in turn until one answers the handshake (a
+ * supervisor may restart the stage where it was). The caller holds every connection (no stage
+ * thread runs a job). */
 static rlx_status replace_stage(rlx_driver *d, uint32_t i, double deadline) {
     drv_stage *s = &d->stages[i];
     if (s->conn)
@@ -605,11 +620,11 @@ static rlx_status check_rows(rlx_driver *d, uint32_t i, const Rlx__Envelope *r, 
     return RLX_OK;
 }
 
-/* Sends ids[0..n) at position `start` of the session through stages [0, through] as one step
- * each; *out is the reply of stage `through`. On a failure *failed names the stage, and
- * *refused says it answered with an Error (it is fine and kept its cache as it was). */
+/* Sends ids[0..n) at position `start` of the session through every stage, one step each; *out
+ * is the last stage's reply. On a failure *failed names the stage, and *refused says it answered
+ * with an Error (it is fine and kept its cache as it was). */
 static rlx_status session_rows(rlx_driver *d, const int32_t *ids, uint32_t n, uint32_t start, int all_rows,
-                               uint32_t through, Rlx__Envelope **out, uint32_t *failed, int *refused) {
+                               Rlx__Envelope **out, uint32_t *failed, int *refused) {
     *out = NULL;
     *refused = 0;
     const int64_t vocab = d->cfg.vocab_size, hidden = d->cfg.hidden_size;
@@ -629,7 +644,7 @@ static rlx_status session_rows(rlx_driver *d, const int32_t *ids, uint32_t n, ui
     Rlx__Envelope req = RLX__ENVELOPE__INIT, *prev = NULL;
     req.body_case = RLX__ENVELOPE__BODY_ACTIVATIONS;
     req.activations = &a;
-    for (uint32_t i = 0; i <= through; i++) {
+    for (uint32_t i = 0; i < d->n_stages; i++) {
         const int last = i + 1 == d->n_stages;
         Rlx__Envelope *r = NULL;
         const double t0 = rlx__now_seconds();
@@ -694,7 +709,7 @@ static rlx_status recover_session(rlx_driver *d, uint32_t lost, rlx_status why) 
         for (uint32_t at = 0; rc == RLX_OK && at < d->length; at += REPLAY_CHUNK) {
             const uint32_t m = d->length - at < REPLAY_CHUNK ? d->length - at : REPLAY_CHUNK;
             Rlx__Envelope *r;
-            if ((rc = session_rows(d, d->history + at, m, at, 0, d->n_stages - 1, &r, &failed, &refused)) == RLX_OK)
+            if ((rc = session_rows(d, d->history + at, m, at, 0, &r, &failed, &refused)) == RLX_OK)
                 rlx__envelope_free(r);
         }
         if (rc == RLX_OK)
@@ -713,11 +728,7 @@ static rlx_status recover_session(rlx_driver *d, uint32_t lost, rlx_status why) 
         return rlx_error(rc, "%s", msg);
     }
     const double took = rlx__now_seconds() - t0;
-    pthread_mutex_lock(&d->stats_mu);
-    d->stats.recoveries++;
-    d->stats.recovery_seconds += took;
-    d->stats.last_recovery_seconds = took;
-    pthread_mutex_unlock(&d->stats_mu);
+    count_recovery(d, took);
     rlx__log(RLX_LOG_WARN, "stage %u (%s) replaced and %u positions replayed in %.3f s", lost, d->stages[lost].address,
              d->length, took);
     return RLX_OK;
@@ -754,7 +765,7 @@ static rlx_status drv_forward(void *self, const int32_t *ids, uint32_t n, int al
         Rlx__Envelope *r;
         uint32_t failed = 0;
         int refused = 0;
-        rc = session_rows(d, ids, n, d->length, all_rows, d->n_stages - 1, &r, &failed, &refused);
+        rc = session_rows(d, ids, n, d->length, all_rows, &r, &failed, &refused);
         if (rc == RLX_OK) {
             memcpy(d->history + d->length, ids, n * sizeof *ids);
             d->last = r;
@@ -769,9 +780,11 @@ static rlx_status drv_forward(void *self, const int32_t *ids, uint32_t n, int al
             uint32_t f2 = 0;
             int r2 = 0;
             rlx_status trc = truncate_stages(d, failed, d->length, &f2, &r2);
-            if (trc != RLX_OK && r2)
+            if (trc != RLX_OK && r2) { /* a stage that refuses its own rollback is no longer in step */
                 mark_broken(d, rlx_last_error());
-            if (trc != RLX_OK && (r2 || recover_session(d, f2, trc) != RLX_OK))
+                return trc;
+            }
+            if (trc != RLX_OK && (trc = recover_session(d, f2, trc)) != RLX_OK)
                 return trc;
             return rlx_error(rc, "%s", msg);
         }
@@ -929,22 +942,29 @@ static rlx_status run_job(rlx_driver *d, uint32_t i, drv_job *j, int *refused) {
  * positions from 0 whose last writer came before those jobs: a later writer is itself queued
  * and rewrites the position, and nothing reads past a slot's run before it is rewritten. Called
  * with no job in flight; *bad names the stage that failed, UINT32_MAX when a stage refused. */
+/* How many positions of slot s, from 0, were last written by jobs before ticket `before`. */
+static size_t slot_run(const rlx_driver *d, uint32_t s, uint64_t before) {
+    const uint64_t *tickets = d->log_tickets + (size_t)s * d->capacity;
+    size_t p = 0;
+    while (p < d->capacity && tickets[p] && tickets[p] < before)
+        p++;
+    return p;
+}
+
 static rlx_status replay_slots(rlx_driver *d, uint32_t k, uint32_t *bad) {
     pthread_mutex_lock(&d->pipe_mu);
     uint64_t before = d->next_ticket + 1;
     for (uint32_t q = 0; q <= k; q++)
         if (d->queue_head[q] && d->queue_head[q]->ticket < before)
             before = d->queue_head[q]->ticket;
-    const size_t cap = d->capacity;
     size_t total = 0;
     for (uint32_t s = 0; s < d->n_slots; s++)
-        for (size_t p = 0; p < cap && d->log_tickets[s * cap + p] && d->log_tickets[s * cap + p] < before; p++)
-            total++;
+        total += slot_run(d, s, before);
     int32_t *rows = total ? rlx__malloc(total * 3 * sizeof *rows) : NULL;
     size_t n = 0;
     for (uint32_t s = 0; rows && s < d->n_slots; s++)
-        for (size_t p = 0; p < cap && d->log_tickets[s * cap + p] && d->log_tickets[s * cap + p] < before; p++, n++) {
-            rows[n] = d->log_ids[s * cap + p];
+        for (size_t p = 0, run = slot_run(d, s, before); p < run; p++, n++) {
+            rows[n] = d->log_ids[(size_t)s * d->capacity + p];
             rows[total + n] = (int32_t)p;
             rows[2 * total + n] = (int32_t)s;
         }
@@ -1039,20 +1059,14 @@ static rlx_status recover_slots(rlx_driver *d, uint32_t lost, uint64_t generatio
     snprintf(msg, sizeof msg, "%s", rlx_last_error());
     const double took = rlx__now_seconds() - t0;
     if (rc == RLX_OK) {
-        pthread_mutex_lock(&d->stats_mu);
-        d->stats.recoveries++;
-        d->stats.recovery_seconds += took;
-        d->stats.last_recovery_seconds = took;
-        pthread_mutex_unlock(&d->stats_mu);
+        count_recovery(d, took);
         rlx__log(RLX_LOG_WARN, "stage %u (%s) replaced and its streams replayed in %.3f s", lost,
                  d->stages[lost].address, took);
     }
     pthread_mutex_lock(&d->pipe_mu);
     d->recovering = 0;
-    if (rc != RLX_OK && !d->broken) {
-        d->broken = 1;
-        snprintf(d->broken_msg, sizeof d->broken_msg, "%s", msg);
-    }
+    if (rc != RLX_OK)
+        set_broken(d, msg);
     pthread_cond_broadcast(&d->recover_cond);
     for (uint32_t q = 0; q <= d->n_stages; q++)
         pthread_cond_broadcast(&d->queue_cond[q]);
@@ -1127,10 +1141,7 @@ static void *stage_thread(void *arg) {
             if (rc != RLX_OK) {
                 j->status = rc;
                 snprintf(j->message, sizeof j->message, "%s", d->broken ? d->broken_msg : rlx_last_error());
-                if (!d->broken) {
-                    d->broken = 1;
-                    snprintf(d->broken_msg, sizeof d->broken_msg, "%s", j->message);
-                }
+                set_broken(d, j->message);
             }
         }
         push_job(d, i + 1, j);
@@ -1310,41 +1321,36 @@ rlx_status rlx_driver_wait(rlx_driver *d, uint64_t *ticket, const float **logits
     pthread_mutex_lock(&d->pipe_mu);
     job_free(d->handed);
     d->handed = NULL;
-    {
-        if (d->n_queued == 0) {
-            pthread_mutex_unlock(&d->pipe_mu);
-            return rlx_error(RLX_E_INVALID, "rlx_driver_wait: no step is in flight");
-        }
-        /* every job ahead answers within its bound, so this one is late only if a thread is stuck */
-        const uint64_t limit_ms = d->queued_ms + 5000 + (d->no_recovery ? 0 : d->recovery_ms);
-        struct timespec until = rlx__deadline_in(limit_ms);
-        int late = 0;
-        while (!d->queue_head[q] && !late)
-            late = pthread_cond_timedwait(&d->queue_cond[q], &d->pipe_mu, &until) == ETIMEDOUT;
-        if (late) {
-            if (!d->broken) {
-                d->broken = 1;
-                snprintf(d->broken_msg, sizeof d->broken_msg, "no stage answered within %llu ms",
-                         (unsigned long long)limit_ms);
-            }
-            pthread_mutex_unlock(&d->pipe_mu);
-            return rlx_error(RLX_E_TIMEOUT, "the pipeline gave no answer within %llu ms", (unsigned long long)limit_ms);
-        }
-        drv_job *j = pop_job(d, q);
-        d->n_queued--;
-        d->queued_ms -= j->bound_ms;
-        rlx_status rc = j->status;
-        if (rc != RLX_OK) {
-            rlx_error(rc, "%s", j->message);
-            job_free(j);
-        } else {
-            *ticket = j->ticket;
-            *logits = j->copy ? NULL : (const float *)j->reply->rows->data.data;
-            d->handed = j;
-        }
+    if (d->n_queued == 0) {
         pthread_mutex_unlock(&d->pipe_mu);
-        return rc;
+        return rlx_error(RLX_E_INVALID, "rlx_driver_wait: no step is in flight");
     }
+    /* every job ahead answers within its bound, so this one is late only if a thread is stuck */
+    const uint64_t limit_ms = d->queued_ms + 5000 + (d->no_recovery ? 0 : d->recovery_ms);
+    struct timespec until = rlx__deadline_in(limit_ms);
+    int late = 0;
+    while (!d->queue_head[q] && !late)
+        late = pthread_cond_timedwait(&d->queue_cond[q], &d->pipe_mu, &until) == ETIMEDOUT;
+    if (late) {
+        rlx_error(RLX_E_TIMEOUT, "the pipeline gave no answer within %llu ms", (unsigned long long)limit_ms);
+        set_broken(d, rlx_last_error());
+        pthread_mutex_unlock(&d->pipe_mu);
+        return RLX_E_TIMEOUT;
+    }
+    drv_job *j = pop_job(d, q);
+    d->n_queued--;
+    d->queued_ms -= j->bound_ms;
+    rlx_status rc = j->status;
+    if (rc != RLX_OK) {
+        rlx_error(rc, "%s", j->message);
+        job_free(j);
+    } else {
+        *ticket = j->ticket;
+        *logits = j->copy ? NULL : (const float *)j->reply->rows->data.data;
+        d->handed = j;
+    }
+    pthread_mutex_unlock(&d->pipe_mu);
+    return rc;
 }
 
 void rlx_driver_destroy(rlx_driver *d) {
