@@ -38,7 +38,7 @@ struct app_pipeline {
     rlx_model *model;                /* opened for its metadata: the driver reads none of its weights */
     char addresses[MAX_STAGES][300]; /* what launched stages reported */
     int rank;                        /* under a launcher with --config: this process's rank; else 0 */
-    /* a launched stage's command line and its entry in pids (-1: not launched), to restart it */
+    /* a launched stage's entry in pids (-1: not launched) and its command line, to restart it */
     char **launch_args[MAX_STAGES];
     int child[MAX_STAGES];
 };
@@ -127,8 +127,9 @@ static void stop_children(app_pipeline *p) {
     p->n_pids = 0;
 }
 
-/* Starts `rlx ... stage ARGS --ready-fd 3`; *ready_fd is the read end of its readiness pipe. */
-static int spawn_stage(app_pipeline *p, char **args, int *ready_fd) {
+/* Starts `rlx ... stage ARGS --ready-fd 3` as child `child` (its entry in pids); *ready_fd is the
+ * read end of its readiness pipe. */
+static int spawn_stage(app_pipeline *p, uint32_t child, char **args, int *ready_fd) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0)
         return app_fail("cannot create a pipe: %s", strerror(errno));
@@ -155,7 +156,7 @@ static int spawn_stage(app_pipeline *p, char **args, int *ready_fd) {
         _exit(127);
     }
     close(fds[1]);
-    p->pids[p->n_pids++] = pid;
+    p->pids[child] = pid;
     *ready_fd = fds[0];
     return 0;
 }
@@ -361,7 +362,6 @@ static int keep_args(app_pipeline *p, uint32_t i, const argv_builder *b) {
     if (!copy)
         return app_fail("out of memory");
     p->launch_args[i] = copy;
-    p->child[i] = (int)p->n_pids - 1;
     return 0;
 }
 
@@ -380,11 +380,7 @@ static rlx_status restart_stage(void *ctx, uint32_t stage, char *address, size_t
         p->pids[c] = 0;
     }
     int fd = -1;
-    /* the new process takes the old one's entry */
-    const uint32_t n_pids = p->n_pids;
-    p->n_pids = (uint32_t)c;
-    int failed = spawn_stage(p, p->launch_args[stage], &fd);
-    p->n_pids = n_pids;
+    int failed = spawn_stage(p, (uint32_t)c, p->launch_args[stage], &fd); /* in the old one's entry */
     if (!failed) {
         failed = wait_ready(p, (uint32_t)c, stage, fd, p->addresses[stage], sizeof p->addresses[stage],
                             timeout_ms < LAUNCH_TIMEOUT_MS ? (int)timeout_ms : LAUNCH_TIMEOUT_MS);
@@ -469,7 +465,6 @@ int app_pipeline_launch(app_pipeline *p, app_options *o, const app_pipeline_opti
     if (rc != RLX_OK)
         return app_fail_rlx("pipeline");
     int ready[MAX_STAGES];
-    uint32_t child_of[MAX_STAGES];
     for (uint32_t i = 0; i < n; i++) {
         ready[i] = -1;
         if (!p->deploy)
@@ -511,14 +506,15 @@ int app_pipeline_launch(app_pipeline *p, app_options *o, const app_pipeline_opti
             arg(&b, p->model_dir);
         }
         b.v[b.n] = NULL;
-        child_of[i] = p->n_pids;
-        failed = spawn_stage(p, b.v, &ready[i]) || keep_args(p, i, &b);
+        p->child[i] = (int)p->n_pids++;
+        failed = spawn_stage(p, (uint32_t)p->child[i], b.v, &ready[i]) || keep_args(p, i, &b);
     }
     for (uint32_t i = 0; i < n; i++) {
         if (ready[i] < 0)
             continue;
         if (!failed) {
-            if (wait_ready(p, child_of[i], i, ready[i], p->addresses[i], sizeof p->addresses[i], LAUNCH_TIMEOUT_MS))
+            if (wait_ready(p, (uint32_t)p->child[i], i, ready[i], p->addresses[i], sizeof p->addresses[i],
+                           LAUNCH_TIMEOUT_MS))
                 failed = 1;
             else if (!p->deploy)
                 p->stages[i].address = p->addresses[i];

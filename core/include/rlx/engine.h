@@ -36,6 +36,9 @@
 extern "C" {
 #endif
 
+/* The most slots of one engine (and of one driver connection in a pipeline stage). */
+#define RLX_ENGINE_MAX_SLOTS 1024
+
 /* The most alternatives a request may ask log-probabilities for (OpenAI's top_logprobs bound). */
 #define RLX_ENGINE_MAX_TOP_LOGPROBS 20
 

@@ -10,6 +10,7 @@
 
 #include "dist/dist_internal.h"
 #include "gen/gen_internal.h"
+#include "rlx/engine.h"
 #include "util/log.h"
 #include "util/alloc.h"
 
@@ -38,9 +39,6 @@ typedef struct stage {
     uint32_t n_slots;
     uint64_t rows_step; /* its last Rows or CopySlot step */
 } stage;
-
-/* The most slots one driver may ask for (the batched engine's own bound). */
-#define STAGE_MAX_SLOTS 1024
 
 rlx_stage_options rlx_stage_options_default(void) {
     return (rlx_stage_options){.session = {.size = sizeof(rlx_session_options)}, .prefetch = 1};
@@ -158,8 +156,8 @@ static int handshake(stage *st, void *conn, const Rlx__Envelope *e) {
                mine, (long long)st->cfg->num_hidden_layers);
         return -1;
     }
-    if (h->n_slots > STAGE_MAX_SLOTS) {
-        refuse(st, conn, 0, RLX_E_RANGE, "%u slots asked for, at most %d", h->n_slots, STAGE_MAX_SLOTS);
+    if (h->n_slots > RLX_ENGINE_MAX_SLOTS) { /* the engine that drives them has no more */
+        refuse(st, conn, 0, RLX_E_RANGE, "%u slots asked for, at most %d", h->n_slots, RLX_ENGINE_MAX_SLOTS);
         return -1;
     }
     if (h->n_slots) {

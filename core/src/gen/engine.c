@@ -215,11 +215,11 @@ static rlx_status check_slots(rlx_engine_options *o, uint32_t max_pos) {
     if (o->slot_positions > max_pos)
         return rlx_error(RLX_E_RANGE, "a slot of %u positions exceeds the model's max_position_embeddings %u",
                          o->slot_positions, max_pos);
-    if (o->n_slots > 1024 || o->step_tokens < o->n_slots || o->step_tokens > 65536)
+    if (o->n_slots > RLX_ENGINE_MAX_SLOTS || o->step_tokens < o->n_slots || o->step_tokens > 65536)
         return rlx_error(RLX_E_INVALID,
-                         "engine of %u slots with %u rows per step: want 1..1024 slots and "
+                         "engine of %u slots with %u rows per step: want 1..%d slots and "
                          "n_slots <= step_tokens <= 65536",
-                         o->n_slots, o->step_tokens);
+                         o->n_slots, o->step_tokens, RLX_ENGINE_MAX_SLOTS);
     return RLX_OK;
 }
 
