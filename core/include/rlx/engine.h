@@ -128,7 +128,8 @@ typedef struct rlx_request {
  * starts its worker. The KV cache is mapped once: untouched pages cost nothing, so
  * n_slots * slot_positions may exceed what is ever used. */
 RLX_API rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts, rlx_engine **out);
-/* An engine over an lm rather than a model: a pipeline driver, or a session with a speculator
+/* An engine over an lm rather than a model: a pipeline driver's one sequence (for a speculator
+ * over a pipeline; rlx_engine_create_pipeline runs many), or a session with a speculator
  * (spec, with draft_tokens per round; NULL for none). Requests take turns on the lm, one slot,
  * reusing the prefix the lm holds from the previous request (not with a speculator, which reads
  * every prompt whole); the queue, events, cancel and drain are as above. Both are borrowed for

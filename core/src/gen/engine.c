@@ -164,8 +164,9 @@ rlx_status rlx_engine_create_lm(const rlx_lm *lm, rlx_speculator *spec, uint32_t
         return rc;
     if (o.n_slots > 1)
         return rlx_error(RLX_E_UNSUPPORTED,
-                         "%u slots over a pipeline or a speculator: requests take turns there, "
-                         "so an engine over an lm has one slot",
+                         "%u slots over an lm (a speculating session, or a pipeline's one sequence): "
+                         "requests take turns there, so it has one slot (rlx_engine_create_pipeline "
+                         "runs many over a pipeline)",
                          o.n_slots);
     if (spec && (draft_tokens == 0 || draft_tokens > RLX_SPEC_MAX_DRAFT))
         return rlx_error(RLX_E_INVALID, "%u draft tokens: want 1 to %d", draft_tokens, RLX_SPEC_MAX_DRAFT);
