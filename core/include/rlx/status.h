@@ -32,7 +32,8 @@ extern "C" {
     X(E_TIMEOUT, -11, "timed out")                                                                                     \
     X(E_PEER, -12, "peer failure")                                                                                     \
     X(E_INTERNAL, -13, "internal error")                                                                               \
-    X(E_BUSY, -14, "busy")
+    X(E_BUSY, -14, "busy")                                                                                             \
+    X(E_AUTH, -15, "authentication failed")
 
 typedef enum rlx_status {
 #define RLX_STATUS_ENUM_(name, code, text) RLX_##name = code,

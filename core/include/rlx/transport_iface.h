@@ -16,7 +16,28 @@
  *   option scanner); rlx_iface_split_address below parses the addresses, with nothing to link.
  * - Failures are returned (host->error), never logged as well. A library the transport wraps
  *   logs through host->log at RLX_LOG_DEBUG with a prefix naming it, so an application shows it
- *   only when asked to be verbose; nothing goes to stderr directly. */
+ *   only when asked to be verbose; nothing goes to stderr directly.
+ * - accept may run on one thread while other threads use connections accepted before; a stage
+ *   serves every connection on a thread of its own.
+ * - A receive allocates as the bytes arrive, never what a header claims before they do: a peer
+ *   that announces a 4 GiB message and sends nothing costs nothing.
+ *
+ * TLS (optional; the tcp and grpc transports offer it). Option keys, all paths to PEM files:
+ *   tls_ca=FILE    the certificate authority every peer's certificate must chain to
+ *   tls_cert=FILE  this process's certificate (may hold the chain after it)
+ *   tls_key=FILE   its private key
+ *   tls_name=NAME  connect only: the name the server's certificate must carry, instead of the
+ *                  host of the address
+ * The three files come together or not at all (RLX_E_INVALID at open, naming what is missing;
+ * unreadable or mismatched files fail open too). With them, every connection is TLS 1.3 or later
+ * and mutually authenticated: a listener's connections must present a certificate chaining to
+ * tls_ca, and connect checks that the server's certificate chains to tls_ca and names the host
+ * it connects to (a DNS name or IP address in its subjectAltName) or tls_name. An accepted
+ * connection finishes its TLS handshake inside its first recv or send, within their timeout,
+ * never inside accept, so a silent peer delays no other. A failed handshake is RLX_E_AUTH with
+ * the cause: "certificate verify failed: certificate has expired", "the peer presented no
+ * certificate", "the peer speaks plaintext (rlx frames without TLS)", "the stage does not speak
+ * TLS". */
 #ifndef RLX_TRANSPORT_IFACE_H
 #define RLX_TRANSPORT_IFACE_H
 
@@ -53,6 +74,12 @@ typedef struct rlx_transport_iface {
     int (*send)(void *self, void *conn, const void *data, size_t len, int timeout_ms); /* required */
     int (*recv)(void *self, void *conn, void **data, size_t *len, int timeout_ms);     /* required */
     void (*conn_close)(void *self, void *conn);                                        /* required */
+    /* Version 1.1 (optional: NULL, or absent from a plugin whose size ends before it) */
+    /* Sets the largest message recv accepts on conn from now on (at most the instance's own
+     * max_message): a longer one is RLX_E_FORMAT, found from its header before its payload is
+     * read where the framing allows. A stage lowers it before a peer has authenticated and
+     * raises it to what its model can legitimately send afterwards. */
+    int (*set_max_message)(void *self, void *conn, uint64_t max_message);
 } rlx_transport_iface;
 
 /* ---- helpers for transport authors (static inline: nothing to link) ---- */
