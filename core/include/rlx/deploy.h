@@ -20,7 +20,12 @@
  *                                 # min_p, repeat_penalty, repeat_last_n, presence_penalty and
  *                                 # frequency_penalty, as in rlx_sampler_params (gen.h)
  *   timeouts: {connect_ms: 10000, control_ms: 5000, per_position_ms: 100,          # optional
- *              recovery_ms: 30000}
+ *              recovery_ms: 30000, idle_ms: 120000}
+ *   auth: {token_file: secrets/pipeline.token}   # optional: the shared token (rlx_dist_security)
+ *   tls: {ca: pki/ca.pem, cert: pki/node.pem, key: pki/node.key}   # optional: mutual TLS; also
+ *                                 # name: the name stages' certificates carry, if not their host
+ *   limits: {connections: 16, sessions: 64, positions: 262144}     # optional: each stage's
+ * and in a stage's entry, optionally, its own certificate: tls: {cert: pki/s0.pem, key: pki/s0.key}
  *
  * Unknown or repeated keys, wrong types, a missing or empty stage list, malformed addresses,
  * standby addresses that repeat an address or another standby, and layer ranges that leave a
@@ -53,6 +58,9 @@ typedef struct rlx_deploy_stage {
      * not given. */
     const char *const *standby;
     uint32_t n_standby; /* at most RLX_DIST_MAX_STANDBY */
+    /* The stage's own certificate and key (tls: {cert, key} in its entry), resolved against the
+     * file's folder; NULL when not given (the file's tls: cert and key then serve). */
+    const char *tls_cert, *tls_key;
 } rlx_deploy_stage;
 
 typedef struct rlx_deploy_speculator {
@@ -83,7 +91,14 @@ typedef struct rlx_deploy_generation {
 typedef struct rlx_deploy_timeouts {
     uint32_t connect_ms, control_ms, per_position_ms;
     uint32_t recovery_ms; /* replacing a lost stage and replaying its streams; 0 when not given */
+    uint32_t idle_ms;     /* a stage closes a connection silent this long; 0 when not given */
 } rlx_deploy_timeouts;
+
+/* The stages' limits (rlx_stage_options); 0 when not given. */
+typedef struct rlx_deploy_limits {
+    uint32_t connections, sessions;
+    uint64_t positions;
+} rlx_deploy_limits;
 
 /* Parses and checks the file at path. On success the caller owns *out (rlx_deploy_close). */
 RLX_API rlx_status rlx_deploy_open(const char *path, rlx_deploy **out);
@@ -99,6 +114,12 @@ RLX_API const rlx_deploy_stage *rlx_deploy_stage_at(const rlx_deploy *d, uint32_
 RLX_API const rlx_deploy_speculator *rlx_deploy_speculator_of(const rlx_deploy *d);   /* NULL when absent */
 RLX_API const rlx_deploy_generation *rlx_deploy_generation_of(const rlx_deploy *d);
 RLX_API const rlx_deploy_timeouts *rlx_deploy_timeouts_of(const rlx_deploy *d);
+RLX_API const rlx_deploy_limits *rlx_deploy_limits_of(const rlx_deploy *d);
+/* The deployment's credentials (auth: and tls:) for the driver (stage < 0) or for stage `stage`
+ * (its entry's tls: cert and key in place of the file's, when given); paths resolved against the
+ * file's folder and borrowed from d, NULL when not given. A stage given no tls: cert while the
+ * file's tls: has none is RLX_E_FORMAT naming the line. insecure_listen is left 0. */
+RLX_API rlx_status rlx_deploy_security(const rlx_deploy *d, int stage, rlx_dist_security *out);
 
 /* The layer range of every stage (out[n_stages]) for the model of cfg: the file's ranges,
  * checked to cover the model exactly, or rlx_dist_split_balanced when the file gives none.

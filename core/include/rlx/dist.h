@@ -34,8 +34,12 @@
  *   position) read and write and CopySlot copies between; steps carry a per-connection step
  *   number that must increase. The stage keeps no lengths for slots: the driver says where each
  *   row goes. A stage that predates slots answers n_slots 0 and the driver refuses it.
- * - A stage serves one driver connection at a time (another driver gets an Error saying so); its
- *   sessions belong to the connection and are freed on EndSession or when the connection dies.
+ * - Authentication (rlx_dist_security): with a token, the stage answers a Hello with
+ *   AuthChallenge and the driver proves itself with AuthProof before the Hello is looked at.
+ * - Keepalive: a driver with nothing to send pings each stage (Ping, answered by Ack) at a third
+ *   of the idle timeout the stage gave in HelloReply.
+ * - A stage serves many driver connections at once; their sessions belong to the connection and
+ *   are freed on EndSession or when the connection dies.
  *
  * Timeouts: every wait is bounded. Connecting (with retries while the stage is not yet
  * listening) gives up after connect_timeout_ms; a control message (handshake, Truncate,
@@ -80,6 +84,40 @@ extern "C" {
 #define RLX_DIST_RECOVERY_TIMEOUT_MS 30000
 /* The most standby addresses one stage may list. */
 #define RLX_DIST_MAX_STANDBY 8
+/* A stage closes a driver connection that sent nothing for this long; drivers ping at a third. */
+#define RLX_DIST_IDLE_TIMEOUT_MS 120000
+#define RLX_DIST_MAX_CONNECTIONS 16 /* driver connections a stage serves at once */
+#define RLX_DIST_MAX_SESSIONS 64    /* sessions a stage holds at once, all connections together */
+/* Connections a stage holds before their handshake (and authentication) completed; more are
+ * closed at once. Each costs a thread and a few kB, never a session or KV cache. */
+#define RLX_DIST_MAX_HANDSHAKES 64
+/* A shared secret shorter than this is refused (a token is a password no person types). */
+#define RLX_DIST_MIN_TOKEN_BYTES 16
+
+/* ---- link security ----
+ *
+ * Who may use a stage. Without credentials a stage listens on loopback only (127.0.0.0/8, ::1,
+ * localhost) unless insecure_listen says otherwise. With credentials it refuses, before it
+ * allocates anything for it, every peer that does not prove it holds them, and the driver
+ * refuses a stage that does not prove it either:
+ * - TLS (tls_ca, tls_cert, tls_key): the transport runs TLS 1.3 with mutual authentication, both
+ *   sides' certificates chaining to tls_ca (the transport options tls_ca=, tls_cert=, tls_key=,
+ *   tls_name=, see transport_iface.h). Encrypts the link as well.
+ * - A shared token (auth_token_file): after the driver's Hello, the stage answers with a
+ *   challenge and its proof (HMAC-SHA256 of both sides' random nonces under the token) and the
+ *   driver answers with its own proof; the token never crosses the wire and a recorded exchange
+ *   does not replay. It authenticates the handshake, not the bytes after it: on a network an
+ *   attacker can write to, use TLS.
+ * Both may be given together. The token file's first line is the token: at least
+ * RLX_DIST_MIN_TOKEN_BYTES bytes, in a file that neither group nor others may read. */
+typedef struct rlx_dist_security {
+    const char *tls_ca;          /* PEM file: the authority peers' certificates chain to; NULL = no TLS */
+    const char *tls_cert;        /* PEM file: this process's certificate */
+    const char *tls_key;         /* PEM file: its private key */
+    const char *tls_name;        /* driver: the name stages' certificates carry, if not their address's host */
+    const char *auth_token_file; /* the shared token's file; NULL = none */
+    int insecure_listen;         /* stage: listen beyond loopback with no credentials at all */
+} rlx_dist_security;
 
 /* ---- model identity ---- */
 
@@ -135,7 +173,14 @@ typedef struct rlx_stage_options {
     int prefetch;                       /* 1: read the block's weights in before listening */
     uint32_t timeout_ms;                /* bound on a send or a handshake wait; 0 = RLX_DIST_TIMEOUT_MS */
     uint32_t poll_ms;                   /* how often *stop is looked at; 0 = RLX_DIST_POLL_MS */
-    uint32_t max_sessions;              /* sessions held at once; 0 = 64 */
+    /* Limits over all connections together; 0 = the default. */
+    uint32_t max_sessions;    /* sessions held at once; RLX_DIST_MAX_SESSIONS */
+    uint32_t max_connections; /* driver connections served at once; RLX_DIST_MAX_CONNECTIONS */
+    /* KV positions granted at once (each session and slot of every connection counts its
+     * capacity); 0 = as many as half the machine's memory holds for this stage's layers */
+    uint64_t max_positions;
+    uint32_t idle_timeout_ms; /* a connection that sends nothing for this long is closed; RLX_DIST_IDLE_TIMEOUT_MS */
+    rlx_dist_security security;
     const volatile sig_atomic_t *stop;  /* serve until *stop != 0 (a signal handler sets it) */
     /* Called once listening, with the bound address (for port 0); may be NULL. */
     void (*on_listening)(void *ctx, const char *bound_address);
@@ -149,10 +194,14 @@ RLX_API rlx_stage_options rlx_stage_options_default(void);
 
 /* Serves the block of model m (borrowed) to drivers until *o->stop becomes non-zero (or
  * o->max_drivers were served), then frees every session, closes the listener and returns
- * RLX_OK. Connections that fail, drivers that break the protocol or die are logged
- * (rlx_log_set_handler) and dropped, and the stage goes back to accepting. Fails early only when
- * the block, the transport or the listen address cannot be set up. Single-threaded: one forward
- * at a time (the backends may use threads). */
+ * RLX_OK. Every connection has a thread of its own, so one peer's silence or slow handshake
+ * delays no other; the forwards of all connections take turns (one at a time; the backends may
+ * use threads). Every receive has a deadline: the handshake's timeout_ms, then idle_timeout_ms.
+ * Until a peer has authenticated (o->security) its messages may be a few kB at most; after the
+ * Hello, as large as its sessions can legitimately send. Connections that fail, drivers that
+ * break the protocol or die are logged (rlx_log_set_handler) and dropped. Fails early only when
+ * the block, the credentials, the transport or the listen address cannot be set up, or the
+ * address is not loopback and there are no credentials (security.insecure_listen). */
 RLX_API rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *o);
 
 /* ---- driver ---- */
@@ -202,6 +251,7 @@ typedef struct rlx_driver_options {
     uint32_t no_recovery;
     rlx_driver_restart_fn restart; /* may be NULL */
     void *restart_ctx;
+    rlx_dist_security security; /* the credentials the stages require (insecure_listen unused) */
 } rlx_driver_options;
 
 typedef struct rlx_driver rlx_driver;

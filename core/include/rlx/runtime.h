@@ -102,6 +102,9 @@ typedef struct rlx_runtime_options {
     uint32_t no_recovery;
     rlx_driver_restart_fn stage_restart;
     void *stage_restart_ctx;
+    /* Pipelines: the credentials the stages require; each field left NULL takes the deployment
+     * file's (rlx_deploy_security), if any. */
+    rlx_dist_security security;
 } rlx_runtime_options;
 
 /* Zeroes with size set: the model alone on cpu-blas, no speculator. */

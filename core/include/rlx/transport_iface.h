@@ -22,6 +22,9 @@
  * - A receive allocates as the bytes arrive, never what a header claims before they do: a peer
  *   that announces a 4 GiB message and sends nothing costs nothing.
  *
+ * Every transport takes the option max_message=N[K|M|G], the largest message its recv accepts;
+ * a stage passes what its model can legitimately send.
+ *
  * TLS (optional; the tcp and grpc transports offer it). Option keys, all paths to PEM files:
  *   tls_ca=FILE    the certificate authority every peer's certificate must chain to
  *   tls_cert=FILE  this process's certificate (may hold the chain after it)
