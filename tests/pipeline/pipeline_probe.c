@@ -507,6 +507,19 @@ static int run_raw(probe *p, const char *addr, rlx_layer_range r) {
     t.length = 2;
     if (!rc)
         rc = expect(p, conn, &e, NULL, "Truncate");
+    /* a second driver is served alongside this one, and the first one's session is not its own */
+    void *other;
+    if (!rc && (rc = raw_connect(p, addr, &other)) == 0) {
+        e.body_case = RLX__ENVELOPE__BODY_HELLO;
+        e.hello = &h;
+        rc = expect(p, other, &e, NULL, "a second driver alongside the first");
+        t.step = 100;
+        e.body_case = RLX__ENVELOPE__BODY_TRUNCATE;
+        e.truncate = &t;
+        if (!rc)
+            rc = expect(p, other, &e, "unknown session", "another connection's session");
+        p->t->conn_close(p->self, other);
+    }
     Rlx__EndSession end = RLX__END_SESSION__INIT;
     end.session_id = 0x1234;
     e.body_case = RLX__ENVELOPE__BODY_END_SESSION;
@@ -518,14 +531,6 @@ static int run_raw(probe *p, const char *addr, rlx_layer_range r) {
     a.step = 7;
     if (!rc)
         rc = expect(p, conn, &e, "unknown session", "a message for an ended session");
-    /* a second driver while this one is connected is turned away */
-    void *other;
-    if (!rc && (rc = raw_connect(p, addr, &other)) == 0) {
-        e.body_case = RLX__ENVELOPE__BODY_HELLO;
-        e.hello = &h;
-        rc = expect(p, other, &e, "serving another driver", "a second driver");
-        p->t->conn_close(p->self, other);
-    }
     /* garbage that is not an Envelope: an Error, then the stage hangs up */
     if (!rc) {
         const char junk[] = "\xff\xff\xff\xff garbage, not protobuf";

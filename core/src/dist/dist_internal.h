@@ -36,6 +36,37 @@ void rlx__sha256_init(rlx__sha256 *s);
 void rlx__sha256_update(rlx__sha256 *s, const void *data, size_t len);
 void rlx__sha256_final(rlx__sha256 *s, uint8_t digest[32]);
 
+// ---- credentials (security.c) ----
+
+#define RLX__AUTH_NONCE_BYTES 32
+#define RLX__AUTH_PROOF_BYTES 32 /* HMAC-SHA256 */
+#define RLX__AUTH_STAGE_LABEL "rlx stage proof v1"
+#define RLX__AUTH_DRIVER_LABEL "rlx driver proof v1"
+
+/* One side's credentials, ready for the link. */
+typedef struct rlx__auth {
+    uint8_t *token; /* the shared token, NULL when none */
+    size_t token_len;
+    int tls;       /* the transport runs mutual TLS */
+    char *options; /* the transport's options: the caller's with the TLS files and max_message added */
+} rlx__auth;
+
+/* Checks the security options, reads the token file and builds the transport options from
+ * transport_options (may be NULL), the TLS files (and tls_name for a driver) and max_message
+ * (0: none; the caller's own max_message wins). */
+rlx_status rlx__auth_init(rlx__auth *a, const rlx_dist_security *s, const char *transport_options,
+                          uint64_t max_message, int driver);
+void rlx__auth_free(rlx__auth *a); /* wipes the token */
+rlx_status rlx__auth_nonce(uint8_t out[RLX__AUTH_NONCE_BYTES]);
+/* HMAC-SHA256(token, label || driver_nonce || stage_nonce); both nonces RLX__AUTH_NONCE_BYTES. */
+void rlx__auth_proof(const rlx__auth *a, const char *label, const uint8_t *driver_nonce, const uint8_t *stage_nonce,
+                     uint8_t out[RLX__AUTH_PROOF_BYTES]);
+/* Whether proof is that proof (compared in constant time). */
+int rlx__auth_proof_ok(const rlx__auth *a, const char *label, const uint8_t *driver_nonce, const uint8_t *stage_nonce,
+                       const uint8_t *proof, size_t proof_len);
+/* A host:port on 127.0.0.0/8, ::1 or localhost. */
+int rlx__address_is_loopback(const char *address);
+
 // ---- transport instances and messages ----
 
 typedef struct rlx__net {

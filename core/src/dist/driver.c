@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,11 +52,15 @@ typedef struct drv_stage {
     char **standby;               /* [n_standby] addresses tried when the stage is lost */
     uint64_t generation;          /* replacements so far, under pipe_mu once stage threads run */
     uint32_t n_standby;
+    uint32_t idle_ms;           /* the stage closes the connection after this long without a message */
+    atomic_llong last_heard_ms; /* when the stage last answered (rlx__now_seconds, ms) */
+    uint64_t pings;
 } drv_stage;
 
 struct rlx_driver {
     rlx_model_config cfg;
     char model_id[RLX_MODEL_ID_SIZE];
+    rlx__auth auth;
     rlx__net net;
     drv_stage *stages;
     uint32_t n_stages;
@@ -100,12 +105,19 @@ struct rlx_driver {
     /* Another thread (a server's /metrics) may read the figures while this one drives. */
     pthread_mutex_t stats_mu;
     rlx_driver_stats stats;
+    /* lm: the keeper pings idle stages between calls; lm_mu is held by every call and a ping */
+    pthread_mutex_t lm_mu;
+    pthread_cond_t keeper_cond;
+    pthread_t keeper;
+    int keeper_started, keeper_stop; /* under lm_mu */
 };
 
 rlx_driver_options rlx_driver_options_default(void) { return (rlx_driver_options){0}; }
 
 static rlx_status start_threads(rlx_driver *d);
 static void stop_threads(rlx_driver *d);
+static rlx_status start_keeper(rlx_driver *d);
+static void stop_keeper(rlx_driver *d);
 
 static void close_all(rlx_driver *d) {
     for (uint32_t i = 0; i < d->n_stages; i++)
@@ -208,6 +220,7 @@ static rlx_status recv_from(rlx_driver *d, uint32_t i, uint32_t wait_ms, const c
     if (rc != RLX_OK)
         return stage_fail(d, i, 1, rc, "bad answer to %s: %s", what, rlx_last_error());
     d->stages[i].answered = 1;
+    atomic_store(&d->stages[i].last_heard_ms, (long long)(rlx__now_seconds() * 1000));
     pthread_mutex_lock(&d->stats_mu);
     d->stats.messages++;
     d->stats.bytes_received += bytes;
@@ -230,11 +243,44 @@ static void count_step(rlx_driver *d, uint32_t i, double seconds) {
 
 static rlx_status error_reply(rlx_driver *d, uint32_t i, int fatal, const char *what, const Rlx__Envelope *e) {
     const Rlx__Error *err = e->error;
-    int code = err->code < 0 && err->code >= RLX_E_INTERNAL ? err->code : RLX_E_PEER;
+    int code = err->code < 0 && err->code >= RLX_E_AUTH ? err->code : RLX_E_PEER;
     return stage_fail(d, i, fatal, code, "refused %s: %s", what, err->message ? err->message : "(no message)");
 }
 
 // ---- handshake ----
+
+/* With a token: the stage's answer *r to a Hello carrying `nonce` must be an AuthChallenge whose
+ * proof shows the stage holds the token; the driver then proves it holds it too and *r becomes
+ * the stage's answer to that. An Error passes through to the caller. */
+static rlx_status prove(rlx_driver *d, uint32_t i, const uint8_t *nonce, Rlx__Envelope **r) {
+    if ((*r)->body_case == RLX__ENVELOPE__BODY_ERROR)
+        return RLX_OK;
+    if ((*r)->body_case != RLX__ENVELOPE__BODY_AUTH_CHALLENGE) {
+        rlx__envelope_free(*r);
+        return stage_fail(d, i, 1, RLX_E_AUTH,
+                          "answered without authenticating: it has no auth token, and this driver accepts only stages "
+                          "that prove they hold the deployment's (start the stage with the same --auth-token-file)");
+    }
+    const Rlx__AuthChallenge *ch = (*r)->auth_challenge;
+    if (ch->nonce.len != RLX__AUTH_NONCE_BYTES ||
+        !rlx__auth_proof_ok(&d->auth, RLX__AUTH_STAGE_LABEL, nonce, ch->nonce.data, ch->proof.data, ch->proof.len)) {
+        rlx__envelope_free(*r);
+        return stage_fail(d, i, 1, RLX_E_AUTH,
+                          "wrong auth token: the stage's proof does not match this driver's token (a stage of another "
+                          "deployment, or not a stage of ours)");
+    }
+    uint8_t stage_nonce[RLX__AUTH_NONCE_BYTES], proof[RLX__AUTH_PROOF_BYTES];
+    memcpy(stage_nonce, ch->nonce.data, sizeof stage_nonce);
+    rlx__envelope_free(*r);
+    rlx__auth_proof(&d->auth, RLX__AUTH_DRIVER_LABEL, nonce, stage_nonce, proof);
+    Rlx__AuthProof ap = RLX__AUTH_PROOF__INIT;
+    ap.proof = (ProtobufCBinaryData){sizeof proof, proof};
+    Rlx__Envelope e = RLX__ENVELOPE__INIT;
+    e.body_case = RLX__ENVELOPE__BODY_AUTH_PROOF;
+    e.auth_proof = &ap;
+    rlx_status rc = send_to(d, i, &e);
+    return rc == RLX_OK ? recv_from(d, i, d->timeout_ms, "the handshake", r) : rc;
+}
 
 static rlx_status hello(rlx_driver *d, uint32_t i) {
     drv_stage *s = &d->stages[i];
@@ -250,15 +296,26 @@ static rlx_status hello(rlx_driver *d, uint32_t i) {
     int want_hidden = d->emit_hidden && i + 1 == d->n_stages;
     h.emit_hidden = want_hidden;
     h.n_slots = d->n_slots;
+    uint8_t nonce[RLX__AUTH_NONCE_BYTES];
+    rlx_status rc = RLX_OK;
+    if (d->auth.token && (rc = rlx__auth_nonce(nonce)) == RLX_OK)
+        h.auth_nonce = (ProtobufCBinaryData){sizeof nonce, nonce};
     Rlx__Envelope e = RLX__ENVELOPE__INIT, *r;
     e.body_case = RLX__ENVELOPE__BODY_HELLO;
     e.hello = &h;
-    rlx_status rc = send_to(d, i, &e);
+    if (rc == RLX_OK)
+        rc = send_to(d, i, &e);
     if (rc == RLX_OK)
         rc = recv_from(d, i, d->timeout_ms, "the handshake", &r);
+    if (rc == RLX_OK && d->auth.token)
+        rc = prove(d, i, nonce, &r);
     if (rc != RLX_OK)
         return rc;
-    if (r->body_case == RLX__ENVELOPE__BODY_ERROR) {
+    if (r->body_case == RLX__ENVELOPE__BODY_AUTH_CHALLENGE) {
+        rc = stage_fail(d, i, 1, RLX_E_AUTH,
+                        "requires an auth token: give this driver the deployment's token (--auth-token-file, or "
+                        "auth: token_file in the deployment file)");
+    } else if (r->body_case == RLX__ENVELOPE__BODY_ERROR) {
         rc = error_reply(d, i, 1, "the handshake", r);
     } else if (r->body_case != RLX__ENVELOPE__BODY_HELLO_REPLY) {
         rc = stage_fail(d, i, 1, RLX_E_FORMAT, "answered the handshake with %s, not HelloReply", rlx__envelope_kind(r));
@@ -289,6 +346,7 @@ static rlx_status hello(rlx_driver *d, uint32_t i) {
             snprintf(s->backend, sizeof s->backend, "%s", hr->backend ? hr->backend : "?");
             s->rss_bytes = hr->rss_bytes;
             s->kv_capacity = hr->kv_capacity;
+            s->idle_ms = hr->idle_timeout_ms;
             pthread_mutex_unlock(&d->stats_mu);
         }
     }
@@ -307,6 +365,8 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
     }
     pthread_mutex_init(&d->stats_mu, NULL);
     pthread_mutex_init(&d->pipe_mu, NULL);
+    pthread_mutex_init(&d->lm_mu, NULL);
+    rlx__cond_init_monotonic(&d->keeper_cond);
     rlx__cond_init_monotonic(&d->recover_cond);
     d->n_stages = o->n_stages;
     d->n_slots = o->n_slots;
@@ -356,7 +416,9 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
         }
     }
     if (rc == RLX_OK)
-        rc = rlx__net_open(o->transport, o->transport_options, &d->net);
+        rc = rlx__auth_init(&d->auth, &o->security, o->transport_options, 0, 1);
+    if (rc == RLX_OK)
+        rc = rlx__net_open(o->transport, d->auth.options, &d->net);
     /* One deadline for connecting to all stages. A refused connection is retried until it:
      * the driver cannot tell a wrong address from a stage that is still reading its weights
      * (it listens only then), and retrying lets a deployment start in any order. Stages that
@@ -402,7 +464,7 @@ rlx_status rlx_driver_create(const char *model_dir, const rlx_driver_options *o,
                         !(d->log_tickets = rlx__calloc((size_t)d->n_slots * d->capacity, sizeof *d->log_tickets)))))
         rc = rlx_error(RLX_E_NOMEM, "driver: out of memory for the replay log of %u slots of %u positions",
                        d->n_slots ? d->n_slots : 1, d->capacity);
-    if (rc != RLX_OK || (d->n_slots && (rc = start_threads(d)) != RLX_OK)) {
+    if (rc != RLX_OK || (rc = d->n_slots ? start_threads(d) : start_keeper(d)) != RLX_OK) {
         rlx_driver_destroy(d);
         return rc;
     }
@@ -734,8 +796,7 @@ static rlx_status recover_session(rlx_driver *d, uint32_t lost, rlx_status why) 
     return RLX_OK;
 }
 
-static rlx_status drv_forward(void *self, const int32_t *ids, uint32_t n, int all_rows, const float **logits) {
-    rlx_driver *d = self;
+static rlx_status forward_locked(rlx_driver *d, const int32_t *ids, uint32_t n, int all_rows, const float **logits) {
     if (!ids || !logits || n == 0)
         return rlx_error(RLX_E_INVALID, "pipeline forward: NULL input or no positions");
     *logits = NULL;
@@ -797,8 +858,15 @@ static rlx_status drv_forward(void *self, const int32_t *ids, uint32_t n, int al
     }
 }
 
-static rlx_status drv_truncate(void *self, uint32_t length) {
+static rlx_status drv_forward(void *self, const int32_t *ids, uint32_t n, int all_rows, const float **logits) {
     rlx_driver *d = self;
+    pthread_mutex_lock(&d->lm_mu);
+    const rlx_status rc = forward_locked(d, ids, n, all_rows, logits);
+    pthread_mutex_unlock(&d->lm_mu);
+    return rc;
+}
+
+static rlx_status truncate_locked(rlx_driver *d, uint32_t length) {
     rlx_status rc = check_usable(d);
     if (rc != RLX_OK)
         return rc;
@@ -818,6 +886,14 @@ static rlx_status drv_truncate(void *self, uint32_t length) {
         return rc;
     }
     mark_broken(d, rlx_last_error());
+    return rc;
+}
+
+static rlx_status drv_truncate(void *self, uint32_t length) {
+    rlx_driver *d = self;
+    pthread_mutex_lock(&d->lm_mu);
+    const rlx_status rc = truncate_locked(d, length);
+    pthread_mutex_unlock(&d->lm_mu);
     return rc;
 }
 
@@ -843,6 +919,78 @@ rlx_status rlx_driver_lm(rlx_driver *d, rlx_lm *out) {
                     .hidden = d->emit_hidden ? drv_hidden : NULL,
                     .hidden_size = d->cfg.hidden_size};
     return RLX_OK;
+}
+
+// ---- keepalive ----
+
+/* Whether stage i has been silent for a third of its idle timeout (so it is time to ping it). */
+static int ping_due(const rlx_driver *d, uint32_t i, double now) {
+    const drv_stage *s = &d->stages[i];
+    return s->idle_ms && s->conn && now * 1000 - (double)atomic_load(&s->last_heard_ms) >= s->idle_ms / 3.0;
+}
+
+/* Keeps stage i from closing the connection as idle: a Ping, answered by an Ack echoing it. */
+static rlx_status ping(rlx_driver *d, uint32_t i) {
+    Rlx__Ping p = RLX__PING__INIT;
+    p.nonce = ++d->stages[i].pings;
+    Rlx__Envelope e = RLX__ENVELOPE__INIT, *r;
+    e.body_case = RLX__ENVELOPE__BODY_PING;
+    e.ping = &p;
+    rlx_status rc = send_to(d, i, &e);
+    if (rc == RLX_OK)
+        rc = recv_from(d, i, d->timeout_ms, "a keepalive Ping", &r);
+    if (rc != RLX_OK)
+        return rc;
+    if (r->body_case == RLX__ENVELOPE__BODY_ERROR)
+        rc = error_reply(d, i, 1, "a keepalive Ping", r);
+    else if (r->body_case != RLX__ENVELOPE__BODY_ACK || r->ack->step != p.nonce)
+        rc = stage_fail(d, i, 1, RLX_E_FORMAT, "answered a keepalive Ping with %s", rlx__envelope_kind(r));
+    rlx__envelope_free(r);
+    return rc;
+}
+
+/* The lm's keeper: between calls, pings every stage due (a lost one is replaced as a forward
+ * would replace it). A call in progress is traffic enough, so the keeper never waits for one. */
+static void *keeper_thread(void *arg) {
+    rlx_driver *d = arg;
+    pthread_mutex_lock(&d->lm_mu);
+    while (!d->keeper_stop) {
+        struct timespec until = rlx__deadline_in(250);
+        pthread_cond_timedwait(&d->keeper_cond, &d->lm_mu, &until);
+        for (uint32_t i = 0; i < d->n_stages && !d->keeper_stop && check_usable(d) == RLX_OK; i++) {
+            if (!ping_due(d, i, rlx__now_seconds()))
+                continue;
+            const rlx_status rc = ping(d, i);
+            if (rc != RLX_OK && recover_session(d, i, rc) != RLX_OK)
+                rlx__log(RLX_LOG_WARN, "%s", rlx_last_error());
+        }
+    }
+    pthread_mutex_unlock(&d->lm_mu);
+    return NULL;
+}
+
+static rlx_status start_keeper(rlx_driver *d) {
+    uint32_t idle = 0;
+    for (uint32_t i = 0; i < d->n_stages; i++)
+        idle |= d->stages[i].idle_ms;
+    if (!idle) /* stages that never close an idle connection */
+        return RLX_OK;
+    const int err = pthread_create(&d->keeper, NULL, keeper_thread, d);
+    if (err)
+        return rlx_error(RLX_E_NOMEM, "driver: cannot start the keepalive thread: %s", strerror(err));
+    d->keeper_started = 1;
+    return RLX_OK;
+}
+
+static void stop_keeper(rlx_driver *d) {
+    if (!d->keeper_started)
+        return;
+    pthread_mutex_lock(&d->lm_mu);
+    d->keeper_stop = 1;
+    pthread_cond_broadcast(&d->keeper_cond);
+    pthread_mutex_unlock(&d->lm_mu);
+    pthread_join(d->keeper, NULL);
+    d->keeper_started = 0;
 }
 
 // ---- slots: the pipelined steps ----
@@ -1104,11 +1252,27 @@ static void *stage_thread(void *arg) {
     pthread_mutex_lock(&d->pipe_mu);
     for (;;) {
         /* a recovery holds every connection until it ends, even when the driver is closing */
+        int due = 0;
         while (d->recovering || (!d->queue_head[i] && !d->pipe_stop)) {
-            /* idle: woken by a job, the end of a recovery or destroy; the timeout only bounds a
-             * lost wake-up */
-            struct timespec until = rlx__deadline_in(1000);
+            if ((due = !d->recovering && !d->broken && ping_due(d, i, rlx__now_seconds())))
+                break;
+            /* idle: woken by a job, the end of a recovery or destroy; the timeout bounds a lost
+             * wake-up and how late a ping may be */
+            struct timespec until = rlx__deadline_in(250);
             pthread_cond_timedwait(&d->queue_cond[i], &d->pipe_mu, &until);
+        }
+        if (due) { /* an idle connection is kept as a job would keep it, and lost the same way */
+            const uint64_t generation = d->stages[i].generation;
+            d->n_active++;
+            pthread_mutex_unlock(&d->pipe_mu);
+            const rlx_status rc = ping(d, i);
+            pthread_mutex_lock(&d->pipe_mu);
+            d->n_active--;
+            pthread_cond_broadcast(&d->recover_cond);
+            if (rc != RLX_OK && !d->pipe_stop && !d->broken &&
+                (d->no_recovery || recover_slots(d, i, generation) != RLX_OK))
+                set_broken(d, rlx_last_error());
+            continue;
         }
         drv_job *j = pop_job(d, i);
         if (!j)
@@ -1356,6 +1520,7 @@ rlx_status rlx_driver_wait(rlx_driver *d, uint64_t *ticket, const float **logits
 void rlx_driver_destroy(rlx_driver *d) {
     if (!d)
         return;
+    stop_keeper(d);
     stop_threads(d);
     if (!d->broken && d->net.t) {
         Rlx__EndSession end = RLX__END_SESSION__INIT;
@@ -1377,6 +1542,7 @@ void rlx_driver_destroy(rlx_driver *d) {
         close_all(d);
     rlx__envelope_free(d->last);
     rlx__net_close(&d->net);
+    rlx__auth_free(&d->auth);
     for (uint32_t i = 0; i < d->n_stages; i++) {
         free(d->stages[i].address);
         free(d->stages[i].source);
@@ -1393,7 +1559,9 @@ void rlx_driver_destroy(rlx_driver *d) {
     free(d->stages);
     pthread_mutex_destroy(&d->stats_mu);
     pthread_mutex_destroy(&d->pipe_mu);
+    pthread_mutex_destroy(&d->lm_mu);
     pthread_cond_destroy(&d->recover_cond);
+    pthread_cond_destroy(&d->keeper_cond);
     free(d);
 }
 

@@ -111,6 +111,12 @@ const char *rlx__envelope_kind(const Rlx__Envelope *e) {
         return "Rows";
     case RLX__ENVELOPE__BODY_COPY_SLOT:
         return "CopySlot";
+    case RLX__ENVELOPE__BODY_AUTH_CHALLENGE:
+        return "AuthChallenge";
+    case RLX__ENVELOPE__BODY_AUTH_PROOF:
+        return "AuthProof";
+    case RLX__ENVELOPE__BODY_PING:
+        return "Ping";
     default:
         return "an unknown message";
     }
