@@ -10,9 +10,18 @@
  *                                           sessions, replayed steps, bad handshakes, garbage
  *   pipeline_probe fake   MODE COMMON       a stage that misbehaves (MODE: version, model, garbage,
  *                                           silent, rows, hangup); prints LISTENING ADDR
+ *   pipeline_probe hold   ADDR A-B COMMON [--seconds S] [--nonce 1]
+ *                                           a Hello (with an auth nonce: then no AuthProof), its
+ *                                           answer, then silence: prints CLOSED AFTER X (seconds)
+ *                                           when the stage hangs up, or OPEN after S seconds
+ *   pipeline_probe abuse  ADDR A-B COMMON [-n N]   N short connections that each misbehave
+ *                                           (garbage, a Hello without a token, another model's
+ *                                           id, a silent hang-up); each is answered or closed
+ *   pipeline_probe limits ADDR A-B COMMON   against a stage with --max-connections 2
+ *                                           --max-sessions 2: the limits hold over connections
  *
  * COMMON: --model DIR --transport NAME [--plugin-dir DIR] [--stage ADDR=A-B ...] [--listen ADDR]
- *         [--timeout MS]
+ *         [--timeout MS] [--transport-options OPTS]
  * Exit status: 0 pass, 1 failure (the message says what), 3 an expected pipeline error. */
 #include <errno.h>
 #include <stdarg.h>
@@ -30,7 +39,9 @@
 #define MAX_STAGES 8
 
 typedef struct probe {
-    const char *model, *transport, *plugin_dir, *listen;
+    const char *model, *transport, *plugin_dir, *listen, *transport_options;
+    double seconds;
+    int nonce;
     rlx_driver_stage stages[MAX_STAGES];
     char addr[MAX_STAGES][256];
     uint32_t n_stages;
@@ -75,6 +86,12 @@ static int parse_common(probe *p, int argc, char **argv, int first) {
             p->listen = v;
         } else if (strcmp(a, "--timeout") == 0) {
             p->timeout_ms = (uint32_t)atoi(v);
+        } else if (strcmp(a, "--transport-options") == 0) {
+            p->transport_options = v;
+        } else if (strcmp(a, "--seconds") == 0) {
+            p->seconds = atof(v);
+        } else if (strcmp(a, "--nonce") == 0) {
+            p->nonce = atoi(v);
         } else if (strcmp(a, "-n") == 0) {
             p->n = (uint32_t)atoi(v);
         } else if (strcmp(a, "-p") == 0) {
@@ -98,7 +115,7 @@ static int parse_common(probe *p, int argc, char **argv, int first) {
         rlx_registry_load(p->reg, RLX_PLUGIN_TRANSPORT, p->transport, &p->tp) != RLX_OK)
         return fail("transport %s: %s", p->transport, rlx_last_error());
     p->t = rlx_plugin_desc(p->tp)->iface;
-    if (p->t->open(rlx_host_table(), NULL, &p->self) < 0)
+    if (p->t->open(rlx_host_table(), p->transport_options, &p->self) < 0)
         return fail("transport open: %s", rlx_last_error());
     return 0;
 }
@@ -649,6 +666,187 @@ static int run_fake(probe *p, const char *mode) {
     }
 }
 
+// ---- hold, abuse, limits: what a stage owes peers that do not play along ----
+
+static void fill_random(uint8_t *buf, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (uint8_t)rand();
+}
+
+/* Sends a Hello (with a nonce, as a driver holding a token would, and then no proof), reads its
+ * answer and stays silent until the stage hangs up or `seconds` pass. */
+static int run_hold(probe *p, const char *addr, rlx_layer_range r) {
+    char id[RLX_MODEL_ID_SIZE];
+    if (rlx_model_id(p->model, id) != RLX_OK)
+        return fail("model id: %s", rlx_last_error());
+    Rlx__Hello h;
+    hello_init(&h, id, r);
+    uint8_t nonce[32];
+    fill_random(nonce, sizeof nonce);
+    if (p->nonce)
+        h.auth_nonce = (ProtobufCBinaryData){sizeof nonce, nonce};
+    Rlx__Envelope e = RLX__ENVELOPE__INIT;
+    e.body_case = RLX__ENVELOPE__BODY_HELLO;
+    e.hello = &h;
+    void *conn;
+    if (raw_connect(p, addr, &conn))
+        return 1;
+    const double t0 = now();
+    if (send_env(p, conn, &e) < 0)
+        return fail("send Hello: %s", rlx_last_error());
+    Rlx__Envelope *ans = recv_env(p, conn, 5000);
+    if (!ans)
+        return fail("no answer to the Hello: %s", rlx_last_error());
+    printf("ANSWER %s\n", ans->body_case == RLX__ENVELOPE__BODY_HELLO_REPLY      ? "HelloReply"
+                          : ans->body_case == RLX__ENVELOPE__BODY_AUTH_CHALLENGE ? "AuthChallenge"
+                                                                                 : "other");
+    rlx__envelope__free_unpacked(ans, NULL);
+    fflush(stdout);
+    int rc = 0;
+    for (;;) {
+        void *data = NULL;
+        size_t len = 0;
+        const int got = p->t->recv(p->self, conn, &data, &len, 200);
+        if (got == RLX_OK) {
+            rlx_host_table()->free(data); /* an Error saying why, before the hang-up */
+            continue;
+        }
+        if (got != RLX_E_TIMEOUT) {
+            printf("CLOSED AFTER %.2f\n", now() - t0);
+            break;
+        }
+        if (now() - t0 >= p->seconds) {
+            printf("OPEN after %.2f\n", now() - t0);
+            break;
+        }
+    }
+    p->t->conn_close(p->self, conn);
+    return rc;
+}
+
+/* n connections, each misbehaving in one of four ways; every one must be answered (an Error) or
+ * closed by the stage within the timeout, never left hanging. */
+static int run_abuse(probe *p, const char *addr, rlx_layer_range r) {
+    char id[RLX_MODEL_ID_SIZE], other[RLX_MODEL_ID_SIZE];
+    if (rlx_model_id(p->model, id) != RLX_OK)
+        return fail("model id: %s", rlx_last_error());
+    memset(other, 'f', RLX_MODEL_ID_SIZE - 1);
+    other[RLX_MODEL_ID_SIZE - 1] = '\0';
+    uint32_t answered = 0, closed = 0;
+    for (uint32_t k = 0; k < p->n; k++) {
+        void *conn;
+        if (raw_connect(p, addr, &conn))
+            return 1;
+        Rlx__Hello h;
+        hello_init(&h, k % 4 == 2 ? other : id, r);
+        Rlx__Envelope e = RLX__ENVELOPE__INIT;
+        e.body_case = RLX__ENVELOPE__BODY_HELLO;
+        e.hello = &h;
+        uint8_t junk[512];
+        fill_random(junk, sizeof junk);
+        int sent = 0;
+        switch (k % 4) {
+        case 0:
+            sent = p->t->send(p->self, conn, junk, 1 + (size_t)rand() % sizeof junk, 2000) == RLX_OK;
+            break;
+        case 1:
+        case 2:
+            sent = send_env(p, conn, &e) == 0;
+            break;
+        default: /* connect and hang up at once */
+            break;
+        }
+        if (sent) {
+            Rlx__Envelope *ans = recv_env(p, conn, (int)(p->timeout_ms ? p->timeout_ms : 10000));
+            if (ans && ans->body_case == RLX__ENVELOPE__BODY_ERROR) {
+                if (strstr(ans->error->message, p->model))
+                    return fail("connection %u: the refusal names the stage's model directory: %s", k,
+                                ans->error->message);
+                answered++;
+            } else if (ans) {
+                /* a stage without a token accepts a Hello of its model: not abuse, but fine */
+                answered++;
+            } else {
+                closed++;
+            }
+            if (ans)
+                rlx__envelope__free_unpacked(ans, NULL);
+        }
+        p->t->conn_close(p->self, conn);
+    }
+    printf("ABUSE %u connections: %u answered, %u closed\n", p->n, answered, closed);
+    return 0;
+}
+
+/* Two connections and two sessions at the most, over all connections together. */
+static int run_limits(probe *p, const char *addr, rlx_layer_range r) {
+    char id[RLX_MODEL_ID_SIZE];
+    if (rlx_model_id(p->model, id) != RLX_OK)
+        return fail("model id: %s", rlx_last_error());
+    Rlx__Hello h;
+    hello_init(&h, id, r);
+    Rlx__Envelope e = RLX__ENVELOPE__INIT;
+    e.body_case = RLX__ENVELOPE__BODY_HELLO;
+    e.hello = &h;
+    void *c[3] = {NULL, NULL, NULL};
+    int rc = 0;
+    for (int k = 0; k < 3 && !rc; k++)
+        if (!(rc = raw_connect(p, addr, &c[k])))
+            rc = expect(p, c[k], &e, k < 2 ? NULL : "driver connections already", "a third connection");
+    if (c[2])
+        p->t->conn_close(p->self, c[2]);
+    int32_t ids[1] = {1};
+    Rlx__Activations a = RLX__ACTIVATIONS__INIT;
+    a.step = 1;
+    a.n_positions = 1;
+    a.width = 1;
+    a.dtype = RLX__DTYPE__DTYPE_I32;
+    a.data = (ProtobufCBinaryData){4, (uint8_t *)ids};
+    e.body_case = RLX__ENVELOPE__BODY_ACTIVATIONS;
+    e.activations = &a;
+    a.session_id = 1;
+    if (!rc)
+        rc = expect(p, c[0], &e, NULL, "session 1 on connection 1");
+    a.session_id = 2;
+    if (!rc)
+        rc = expect(p, c[1], &e, NULL, "session 2 on connection 2");
+    a.session_id = 3;
+    if (!rc)
+        rc = expect(p, c[1], &e, "as many sessions", "a third session, on connection 2");
+    Rlx__EndSession end = RLX__END_SESSION__INIT;
+    end.session_id = 1;
+    e.body_case = RLX__ENVELOPE__BODY_END_SESSION;
+    e.end_session = &end;
+    if (!rc)
+        rc = expect(p, c[0], &e, NULL, "session 1 ended");
+    e.body_case = RLX__ENVELOPE__BODY_ACTIVATIONS;
+    e.activations = &a;
+    a.step = 2;
+    if (!rc)
+        rc = expect(p, c[1], &e, NULL, "the third session, once the first ended");
+    for (int k = 0; k < 2; k++)
+        if (c[k])
+            p->t->conn_close(p->self, c[k]);
+    /* a connection closed gives its place to the next */
+    void *again;
+    if (!rc && !(rc = raw_connect(p, addr, &again))) {
+        e.body_case = RLX__ENVELOPE__BODY_HELLO;
+        e.hello = &h;
+        for (int tries = 0; tries < 50; tries++) { /* the stage sees the close within its poll */
+            rc = expect(p, again, &e, NULL, "a connection after two closed");
+            if (!rc)
+                break;
+            p->t->conn_close(p->self, again);
+            struct timespec ts = {0, 100000000L};
+            nanosleep(&ts, NULL);
+            if ((rc = raw_connect(p, addr, &again)))
+                break;
+        }
+        p->t->conn_close(p->self, again);
+    }
+    return rc;
+}
+
 int main(int argc, char **argv) {
     probe p = {0};
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -656,13 +854,17 @@ int main(int argc, char **argv) {
         return fail("usage: pipeline_probe kv|pause|bench|raw|fake ...");
     const char *cmd = argv[1];
     int rc;
-    if (strcmp(cmd, "raw") == 0) {
+    if (strcmp(cmd, "raw") == 0 || strcmp(cmd, "hold") == 0 || strcmp(cmd, "abuse") == 0 ||
+        strcmp(cmd, "limits") == 0) {
         if (argc < 4)
-            return fail("raw ADDR A-B COMMON");
+            return fail("%s ADDR A-B COMMON", cmd);
         rlx_layer_range r;
         if (rlx_dist_parse_range(argv[3], &r) != RLX_OK || parse_common(&p, argc, argv, 4))
             return 1;
-        rc = run_raw(&p, argv[2], r);
+        rc = strcmp(cmd, "raw") == 0     ? run_raw(&p, argv[2], r)
+             : strcmp(cmd, "hold") == 0  ? run_hold(&p, argv[2], r)
+             : strcmp(cmd, "abuse") == 0 ? run_abuse(&p, argv[2], r)
+                                         : run_limits(&p, argv[2], r);
     } else if (strcmp(cmd, "fake") == 0) {
         if (argc < 3 || parse_common(&p, argc, argv, 3))
             return 1;

@@ -1,0 +1,314 @@
+#!/usr/bin/python3
+"""Stage links no one can abuse, over real processes on loopback: authentication (a shared token,
+mutual TLS), and what a stage owes peers that do not play along.
+
+  test_security.py CASE --rlx BIN --data DIR --plugins DIR --probe BIN --certs SCRIPT
+
+CASE is one of
+  auth-T    stages and driver sharing a token through a deployment file give the single
+            process's ids; a wrong token, no token, a driver with a token at a stage without one,
+            and a token file others may read are each refused with the cause named, and the
+            stages serve on
+  tls-T     the same with mutual TLS (certificates from tests/transport/make_certs.sh); a driver
+            certificate of another CA, an expired stage certificate, a stage certificate for
+            another name (accepted once --tls-name says that name), plaintext against TLS and TLS
+            against plaintext are refused with the cause named
+  abuse-T   idle sockets and silent Hellos do not delay a real driver; a silent peer is closed
+            after the handshake timeout, a silent driver after the idle timeout, while a driver
+            that idles between calls is kept by its pings; limits on connections and sessions hold
+            over all connections; thousands of abusive connections leave the stage's memory flat;
+            (tcp) a frame header announcing 3 GiB costs no memory
+for T = tcp or grpc (77, skipped, when that transport's plugin is not built)."""
+import argparse
+import os
+import secrets
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+from test_pipeline import Env, Fail, crc32c, expect_failure, log, run_case  # noqa: E402
+
+MODEL = "deep-dense-f32"  # 5 layers
+SPLIT = [("0-2", "0-2"), ("3-4", "3-4")]
+
+
+def write_token(env, name, mode=0o600):
+    path = os.path.join(env.tmp, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    os.write(fd, (secrets.token_hex(32) + "\n").encode())
+    os.close(fd)
+    os.chmod(path, mode)
+    return path
+
+
+def two_stages(env, model, transport, extra0=(), extra1=None):
+    s0, a0 = env.stage(model, "0-2", transport, extra=list(extra0))
+    s1, a1 = env.stage(model, "3-4", transport, extra=list(extra0 if extra1 is None else extra1))
+    return (s0, a0), (s1, a1)
+
+
+def gen(env, cfg, *more):
+    return env.generate(["--config", cfg, *more])
+
+
+def refused_in_log(env, p, needle, what):
+    deadline = time.monotonic() + 10
+    while needle not in env.stage_log(p):
+        if time.monotonic() > deadline:
+            raise Fail(f"{what}: the stage's log does not say '{needle}':\n{env.stage_log(p)[-3000:]}")
+        time.sleep(0.1)
+    if "session" in env.stage_log(p).split(needle)[-1].split("\n")[0]:
+        raise Fail(f"{what}: the stage started a session for a peer it refused")
+
+
+def generate_cmd(env, cfg, *more):
+    return [env.rlx, "generate", "--tokens", "1,5,3,7", "-n", "4", "--greedy", "--config", cfg, *more]
+
+
+# ---- a shared token ----
+
+def case_auth(env, transport):
+    env.need_transport(transport)
+    model = env.model(MODEL)
+    ref = env.generate(["--model", model])
+    token, wrong = write_token(env, "pipeline.token"), write_token(env, "wrong.token")
+    (s0, a0), (s1, a1) = two_stages(env, model, transport, ["--auth-token-file", token])
+    if "drivers must authenticate" not in env.stage_log(s0):
+        raise Fail(f"the stage does not say it requires authentication:\n{env.stage_log(s0)}")
+    stages = [(a0, "0-2", None), (a1, "3-4", None)]
+    cfg = env.config("auth.yaml", model, transport, stages, extra=f"auth: {{token_file: {token}}}\n")
+    if gen(env, cfg) != ref:
+        raise Fail("a pipeline with a token: ids differ from the single process's")
+    log(f"ok: stages and driver sharing a token ({transport}) give the single process's ids")
+    expect_failure(env, "a driver with the wrong token", generate_cmd(env, cfg, "--auth-token-file", wrong),
+                   [f"stage 0 ({a0})", "wrong auth token"], 30, one_line=True)
+    refused_in_log(env, s0, "wrong auth token", "the wrong token")
+    plain = env.config("plain.yaml", model, transport, stages)
+    expect_failure(env, "a driver without a token", generate_cmd(env, plain), [f"stage 0 ({a0})", "requires an auth token"],
+                   30, one_line=True)
+    s2, a2 = env.stage(model, "0-4", transport)
+    lone = env.config("lone.yaml", model, transport, [(a2, "0-4", None)], extra=f"auth: {{token_file: {token}}}\n")
+    expect_failure(env, "a driver with a token at a stage without one", generate_cmd(env, lone),
+                   [f"stage 0 ({a2})", "answered without authenticating"], 30, one_line=True)
+    readable = write_token(env, "readable.token", 0o644)
+    expect_failure(env, "a token file others may read", generate_cmd(env, cfg, "--auth-token-file", readable),
+                   ["chmod 600"], 30, one_line=True)
+    short = os.path.join(env.tmp, "short.token")
+    with open(short, "w") as f:
+        f.write("tooshort\n")
+    os.chmod(short, 0o600)
+    expect_failure(env, "a stage given a short token",
+                   [env.rlx, "stage", "--listen", "127.0.0.1:0", "--model", model, "--layers", "0-4", "--transport",
+                    transport, "--auth-token-file", short], ["at least 16"], 30)
+    if gen(env, cfg) != ref:
+        raise Fail("after the refusals, the stages no longer serve the same ids")
+    log("ok: after every refusal the stages serve on")
+    for p in (s0, s1, s2):
+        env.stop(p)
+
+
+# ---- mutual TLS ----
+
+def make_certs(env, script):
+    out = os.path.join(env.tmp, "certs")
+    r = subprocess.run(["sh", script, out], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Fail(f"make_certs.sh failed: {r.stderr}")
+    return out
+
+
+def tls_flags(certs, name):
+    return ["--tls-ca", f"{certs}/ca.pem", "--tls-cert", f"{certs}/{name}.pem", "--tls-key", f"{certs}/{name}.key"]
+
+
+def case_tls(env, transport, certs_script):
+    env.need_transport(transport)
+    model = env.model(MODEL)
+    ref = env.generate(["--model", model])
+    c = make_certs(env, certs_script)
+    (s0, a0), (s1, a1) = two_stages(env, model, transport, tls_flags(c, "stage"))
+    stages = [(a0, "0-2", None), (a1, "3-4", None)]
+    tls = f"tls: {{ca: {c}/ca.pem, cert: {c}/driver.pem, key: {c}/driver.key}}\n"
+    cfg = env.config("tls.yaml", model, transport, stages, extra=tls)
+    if gen(env, cfg) != ref:
+        raise Fail("a pipeline over mutual TLS: ids differ from the single process's")
+    log(f"ok: stages and driver over mutual TLS ({transport}) give the single process's ids")
+    expect_failure(env, "a driver certificate of another CA",
+                   generate_cmd(env, cfg, "--tls-cert", f"{c}/other.pem", "--tls-key", f"{c}/other.key"),
+                   [f"stage 0 ({a0})"], 30, one_line=True)
+    plain = env.config("plain.yaml", model, transport, stages)
+    expect_failure(env, "a plaintext driver at TLS stages", generate_cmd(env, plain), [f"stage 0 ({a0})"], 30,
+                   one_line=True)
+    s2, a2 = env.stage(model, "0-4", transport, extra=tls_flags(c, "expired"))
+    one = [(a2, "0-4", None)]
+    expect_failure(env, "a stage with an expired certificate",
+                   generate_cmd(env, env.config("expired.yaml", model, transport, one, extra=tls)),
+                   [f"stage 0 ({a2})", "expired"], 30, one_line=True)
+    s3, a3 = env.stage(model, "0-4", transport, extra=tls_flags(c, "wrongname"))
+    named = env.config("named.yaml", model, transport, [(a3, "0-4", None)], extra=tls)
+    expect_failure(env, "a stage certificate for another name", generate_cmd(env, named), [f"stage 0 ({a3})"], 30,
+                   one_line=True)
+    if gen(env, named, "--tls-name", "elsewhere.invalid") != ref:
+        raise Fail("--tls-name naming the stage certificate's name: ids differ")
+    log("ok: --tls-name accepts the certificate's own name")
+    s4, a4 = env.stage(model, "0-4", transport)
+    expect_failure(env, "a TLS driver at a plaintext stage",
+                   generate_cmd(env, env.config("tls-at-plain.yaml", model, transport, [(a4, "0-4", None)], extra=tls)),
+                   [f"stage 0 ({a4})"], 30, one_line=True)
+    if gen(env, cfg) != ref:
+        raise Fail("after the refusals, the TLS stages no longer serve the same ids")
+    log("ok: after every refusal the TLS stages serve on")
+    for p in (s0, s1, s2, s3, s4):
+        env.stop(p)
+
+
+# ---- peers that do not play along ----
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise Fail(f"no VmRSS for process {pid}")
+
+
+def probe(env, mode, addr, layers, model, transport, *more, timeout=120):
+    p, _ = env.run([env.probe, mode, addr, layers, "--model", model, "--transport", transport, *more],
+                   timeout=timeout)
+    return p.stdout
+
+
+def host_port(addr):
+    host, port = addr.rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
+def case_abuse(env, transport):
+    env.need_transport(transport)
+    model = env.model(MODEL)
+    ref = env.generate(["--model", model])
+    s0, a0 = env.stage(model, "0-4", transport, extra=["--timeout", "2000", "--idle-timeout", "1500"])
+    cfg = env.config("abuse.yaml", model, transport, [(a0, "0-4", None)])
+    t0 = time.monotonic()
+    if gen(env, cfg) != ref:
+        raise Fail("the stage's ids differ from the single process's")
+    alone = time.monotonic() - t0
+
+    # idle sockets and silent Hellos at once: a real driver is served as fast as alone
+    idle = [socket.create_connection(host_port(a0)) for _ in range(8)]
+    holds = [subprocess.Popen([env.probe, "hold", a0, "0-4", "--model", model, "--transport", transport,
+                               "--seconds", "30"], stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    if gen(env, cfg) != ref:
+        raise Fail("beside idle sockets and silent Hellos: ids differ")
+    busy = time.monotonic() - t0
+    if busy > alone + 2.0:
+        raise Fail(f"8 idle sockets and 3 silent Hellos delayed a driver: {busy:.2f} s against {alone:.2f} s alone")
+    log(f"ok: 8 idle sockets and 3 silent Hellos: the driver took {busy:.2f} s ({alone:.2f} s alone)")
+    # the silent Hellos are closed after the idle timeout, the idle sockets after the handshake's
+    for h in holds:
+        out, _ = h.communicate(timeout=40)
+        if "ANSWER HelloReply" not in out or "CLOSED AFTER" not in out:
+            raise Fail(f"a silent driver was not closed: {out}")
+        after = float(out.split("CLOSED AFTER")[1].split()[0])
+        if not 1.3 <= after <= 4.0:
+            raise Fail(f"a silent driver was closed after {after} s, the idle timeout is 1.5 s")
+    log(f"ok: silent drivers closed after the idle timeout ({after:.2f} s)")
+    for sock in idle:  # grpc: gRPC's own handshake deadline closes them; they never reach the stage
+        sock.settimeout(10)
+        closed = False
+        try:
+            while sock.recv(4096):
+                pass
+            closed = True
+        except OSError:
+            pass
+        sock.close()
+        if transport == "tcp" and not closed:
+            raise Fail("an idle socket was still open 10 s after the handshake timeout (2 s)")
+    log("ok: idle sockets closed after the handshake timeout")
+
+    # a driver idle between calls for longer than the idle timeout keeps its session (pings)
+    p = subprocess.Popen([env.probe, "pause", "--model", model, "--transport", transport, "--stage", f"{a0}=0-4",
+                          "-n", "4"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    if "PREFILLED" not in line:
+        raise Fail(f"pause: no PREFILLED: {line} {p.stderr.read()}")
+    time.sleep(4.0)
+    out, err = p.communicate("go\n", timeout=60)
+    if p.returncode != 0:
+        raise Fail(f"a driver idle for 4 s (idle timeout 1.5 s) lost its stage: {err}")
+    log("ok: a driver idle for 4 s between calls was kept by its pings")
+
+    # abusive connections: answered or closed, never a path, memory flat
+    probe(env, "abuse", a0, "0-4", model, transport, "-n", "200")
+    before = rss_kib(s0.pid)
+    n = 2000 if transport == "tcp" else 600
+    out = probe(env, "abuse", a0, "0-4", model, transport, "-n", str(n), timeout=300)
+    after = rss_kib(s0.pid)
+    if after - before > 8 * 1024:
+        raise Fail(f"{n} abusive connections grew the stage from {before} to {after} KiB")
+    log(f"ok: {out.strip()}; the stage's memory {before} -> {after} KiB")
+
+    if transport == "tcp":  # a header's claim costs nothing (grpc: its transport test)
+        before = rss_kib(s0.pid)
+        sock = socket.create_connection(host_port(a0))
+        head = b"RLXT" + struct.pack("<HHQI", 1, 1, 3 << 30, 0)
+        sock.sendall(head + struct.pack("<I", crc32c(head)))
+        try:
+            sock.sendall(b"\0" * (1 << 20))
+        except OSError:
+            pass  # refused from the header: the stage hung up
+        sock.settimeout(10)
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except OSError:
+            pass
+        sock.close()
+        after = rss_kib(s0.pid)
+        if after - before > 8 * 1024:
+            raise Fail(f"a header announcing 3 GiB grew the stage from {before} to {after} KiB")
+        if b"exceeds" not in answer and b"limit" not in answer:
+            raise Fail(f"a header announcing 3 GiB: the stage's answer does not say the limit: {answer[:300]}")
+        log(f"ok: a frame header announcing 3 GiB: refused, memory {before} -> {after} KiB")
+    if gen(env, cfg) != ref:
+        raise Fail("after the abuse, the stage's ids differ")
+    env.stop(s0)
+
+    # limits over all connections together
+    s1, a1 = env.stage(model, "0-4", transport, extra=["--max-connections", "2", "--max-sessions", "2"])
+    print(probe(env, "limits", a1, "0-4", model, transport), end="")
+    log("ok: two connections and two sessions at most, over all connections")
+    env.stop(s1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("case")
+    ap.add_argument("--rlx", required=True)
+    ap.add_argument("--probe", required=True)
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--plugins", required=True)
+    ap.add_argument("--certs", required=True)
+    args = ap.parse_args()
+    cases = {}
+    for t in ("tcp", "grpc"):
+        cases[f"auth-{t}"] = lambda env, t=t: case_auth(env, t)
+        cases[f"tls-{t}"] = lambda env, t=t: case_tls(env, t, args.certs)
+        cases[f"abuse-{t}"] = lambda env, t=t: case_abuse(env, t)
+    if args.case not in cases:
+        ap.error(f"unknown case {args.case} (one of {', '.join(sorted(cases))})")
+    env = Env(args)
+    return run_case(env, args.case, lambda: cases[args.case](env))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
