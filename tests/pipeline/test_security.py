@@ -85,6 +85,9 @@ def case_auth(env, transport):
     if gen(env, cfg) != ref:
         raise Fail("a pipeline with a token: ids differ from the single process's")
     log(f"ok: stages and driver sharing a token ({transport}) give the single process's ids")
+    if env.generate(["--model", model, "--stages", "2", "--transport", transport, "--auth-token-file", token]) != ref:
+        raise Fail("stages the driver launched with its token: ids differ from the single process's")
+    log("ok: stages the driver launched share its token")
     expect_failure(env, "a driver with the wrong token", generate_cmd(env, cfg, "--auth-token-file", wrong),
                    [f"stage 0 ({a0})", "wrong auth token"], 30, one_line=True)
     refused_in_log(env, s0, "wrong auth token", "the wrong token")
@@ -138,6 +141,9 @@ def case_tls(env, transport, certs_script):
     if gen(env, cfg) != ref:
         raise Fail("a pipeline over mutual TLS: ids differ from the single process's")
     log(f"ok: stages and driver over mutual TLS ({transport}) give the single process's ids")
+    if env.generate(["--model", model, "--stages", "2", "--transport", transport, *tls_flags(c, "driver")]) != ref:
+        raise Fail("stages the driver launched with its TLS files: ids differ from the single process's")
+    log("ok: stages the driver launched use its TLS files")
     expect_failure(env, "a driver certificate of another CA",
                    generate_cmd(env, cfg, "--tls-cert", f"{c}/other.pem", "--tls-key", f"{c}/other.key"),
                    [f"stage 0 ({a0})"], 30, one_line=True)
