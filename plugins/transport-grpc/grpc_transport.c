@@ -1379,11 +1379,11 @@ static const char *grpct_tls_cause(grpct *t, const char *why, const char *host, 
                  verify != X509_V_OK ? X509_verify_cert_error_string(verify) : "see the libgrpc log lines");
         return out;
     }
-    if (!t->tls_probe)
-        return tls ? snprintf(out, size,
-                              "the stage speaks TLS and this process plaintext (give tls_ca, tls_cert and tls_key)"),
-               out : NULL;
-    if (!tls)
+    if (!t->tls_probe) {
+        if (!tls)
+            return NULL; /* plaintext both ends: not a TLS matter */
+        snprintf(out, size, "the stage speaks TLS and this process plaintext (give tls_ca, tls_cert and tls_key)");
+    } else if (!tls)
         snprintf(out, size, "the stage does not speak TLS (a plaintext stage, without tls_ options?)");
     else if (alert[0])
         snprintf(out, size, "the stage refused this process's certificate (tls_cert): %s", alert);

@@ -267,7 +267,9 @@ static void test_message_over_max_is_refused(void **state) {
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     if (getenv("RLX_TEST_VERBOSE"))
         printf("  receiver RSS %ld KiB before, peak %ld KiB\n", before, w.peak);
+#ifndef __SANITIZE_ADDRESS__ /* ASan's quarantine keeps what gRPC freed resident */
     assert_true(w.peak - before < (BIG_MESSAGE >> 10) + 32 * 1024);
+#endif
     srv.it->conn_close(srv.self, s);
     srv.it->listener_close(srv.self, l);
     unload(&srv);
