@@ -39,6 +39,28 @@
  * connections. With poller=off there is no thread: a peer's connect then completes only while
  * this process is inside a transport call, and conn_close blocks for up to linger_ms.
  *
+ * TLS (tls_ca, tls_cert, tls_key, tls_name; see transport_iface.h): the files are read and checked
+ * at open (a key that is not the certificate's fails there) and become one set of gRPC SSL
+ * credentials per instance. A listener requires and verifies a client certificate chaining to
+ * tls_ca; gRPC finishes every handshake before the call reaches a request_call slot, so a peer
+ * that fails it, or stays silent, is never accepted and holds no slot (gRPC runs handshakes
+ * concurrently: it delays no other client). connect verifies the server's certificate against
+ * tls_ca and the host of the address (IP literals match IP SANs) or tls_name. gRPC 1.51's C API
+ * cannot set a minimum TLS version: both ends offer TLS 1.2 and 1.3, and two rlx processes
+ * negotiate 1.3. When a handshake fails, gRPC says little ("Socket closed"); connect then runs a
+ * TLS handshake of its own with OpenSSL to tell why (grpct_tls_cause): RLX_E_AUTH "TLS handshake
+ * with HOST:PORT failed: certificate verify failed: certificate has expired", "...the stage
+ * refused this process's certificate: tls_cert expired on ...", "...the stage's certificate does
+ * not name 127.0.0.1 ...", "...the stage does not speak TLS ...", "...the stage speaks TLS and
+ * this process plaintext ...".
+ *
+ * Receive limits: gRPC's (GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, from max_message) is fixed per
+ * channel or server, so set_max_message's lower limit per connection is checked in recv once the
+ * message is in; a longer message is RLX_E_FORMAT and ends the stream with RESOURCE_EXHAUSTED,
+ * which the peer reports as RLX_E_FORMAT too. gRPC 1.51 buffers a message as its bytes arrive
+ * (never by its 5-byte header's claim) but applies its own limit only when the whole message is
+ * in: a peer can make a receiver hold one message of up to 4 GiB before it is refused.
+ *
  * gRPC's own log lines reach the host's log at RLX_LOG_DEBUG, prefixed "libgrpc" (see grpct_log);
  * nothing of gRPC is written to stderr directly.
  *
@@ -53,7 +75,10 @@
  *   keepalive_timeout_ms=N  how long a ping may go unanswered (default 20000): a peer that
  *                         vanished or froze without closing its socket is an error after about
  *                         keepalive_ms + keepalive_timeout_ms
- *   poller=on|off         the progress thread (default on) */
+ *   poller=on|off         the progress thread (default on)
+ *   tls_ca=FILE, tls_cert=FILE, tls_key=FILE  mutual TLS, all three or none (PEM files)
+ *   tls_name=NAME         connect: the name the server's certificate must carry instead of the
+ *                         address's host */
 #include <errno.h>
 #include <limits.h>
 #include <netdb.h>
@@ -78,6 +103,13 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/log.h>
 #include <grpc/support/time.h>
+#include <openssl/bio.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
 
 #include "rlx/transport_iface.h"
 
@@ -101,6 +133,12 @@
 #define GRPCT_QUIET_MS 2
 /* Bound on waiting for ops to finish after a cancel; they normally finish at once. */
 #define GRPCT_DRAIN_MS 10000
+/* Largest TLS file read at open: a certificate chain is a few KiB. */
+#define GRPCT_PEM_MAX (1 << 20)
+
+/* The TLS files, in the order their options are listed. */
+enum { GRPCT_TLS_CA, GRPCT_TLS_CERT, GRPCT_TLS_KEY, GRPCT_TLS_N };
+static const char *const grpct_tls_keys[GRPCT_TLS_N] = {"tls_ca", "tls_cert", "tls_key"};
 
 typedef enum grpct_op_kind {
     GRPCT_OP_INIT,   /* client: SEND+RECV_INITIAL_METADATA; server: SEND_INITIAL_METADATA */
@@ -151,6 +189,8 @@ typedef struct grpct_conn {
     grpc_metadata_array md_request;
     int cancelled;
     grpc_slice status_text;         /* SEND_STATUS_FROM_SERVER details */
+    uint64_t max_message;           /* the largest message recv accepts (set_max_message) */
+    size_t refused;                 /* the length of a message refused as over max_message, else 0 */
     bool close_posted;              /* conn_close sent our end of the stream */
     gpr_timespec expiry;            /* a closing connection is cancelled after this */
     bool linked;                    /* in t->conns (open connections) */
@@ -174,6 +214,12 @@ struct grpct {
     const rlx_host *host;
     int max_message, linger_ms, keepalive_ms, keepalive_timeout_ms;
     bool use_poller;
+    /* TLS (NULL when plaintext): made once at open from the tls_ files, shared by every
+     * listener and connection of the instance */
+    grpc_server_credentials *tls_server;
+    grpc_channel_credentials *tls_channel;
+    SSL_CTX *tls_probe;  /* this process's certificate, for grpct_tls_probe */
+    char tls_name[256];  /* tls_name, or "" to check the host of the address */
     pthread_mutex_t mu;  /* the lists */
     grpct_conn *conns;   /* open connections (connected or accepted, not closed yet) */
     grpct_conn *zombies; /* closed by the application, finished by the progress thread */
@@ -373,6 +419,7 @@ static grpct_conn *grpct_conn_new(grpct *t, bool is_server) {
     grpc_call_details_init(&c->details);
     c->status_details = grpc_empty_slice();
     c->status_text = grpc_empty_slice();
+    c->max_message = (uint64_t)t->max_message;
     return c;
 }
 
@@ -519,6 +566,14 @@ static int grpct_stream_error(grpct_conn *c, const char *doing, gpr_timespec dea
                     doing, c->peer);
 }
 
+/* The error for every call on a connection that refused a message over its max_message. */
+static int grpct_refused_error(const grpct_conn *c) {
+    return c->t->host->error(RLX_E_FORMAT,
+                             "grpc: receiving from %s: a message of %zu bytes exceeds this connection's max_message "
+                             "(%llu); the stream was ended",
+                             c->peer, c->refused, (unsigned long long)c->max_message);
+}
+
 // ---- the progress thread ----
 
 /* Advances every closed connection; destroys those that finished or ran out of time. */
@@ -594,7 +649,8 @@ static void grpct_leave(grpct *t) { atomic_fetch_sub(&t->active, 1); }
 
 // ---- open, close ----
 
-static int grpct_parse_options(grpct *t, const char *options) {
+/* Parses options into t, and the tls_ files' paths into tls_paths ("" when not given). */
+static int grpct_parse_options(grpct *t, const char *options, char tls_paths[GRPCT_TLS_N][RLX_IFACE_OPTION_VALUE_MAX]) {
     const char *cursor = options;
     rlx_iface_option o;
     char err[256];
@@ -602,8 +658,16 @@ static int grpct_parse_options(grpct *t, const char *options) {
     long long n;
     int rc;
     while ((rc = rlx_iface_option_next(&cursor, &o, err, sizeof err)) > 0) {
-        if (rlx_iface_option_is(&o, "max_message") &&
-            rlx_iface_option_size(&o, 1, (unsigned long long)INT_MAX + 1, &v)) {
+        int tls_file = GRPCT_TLS_N;
+        for (int k = 0; k < GRPCT_TLS_N; k++)
+            if (rlx_iface_option_is(&o, grpct_tls_keys[k]))
+                tls_file = k;
+        if (tls_file < GRPCT_TLS_N) {
+            memcpy(tls_paths[tls_file], o.value, o.value_len + 1);
+        } else if (rlx_iface_option_is(&o, "tls_name") && o.value_len < sizeof t->tls_name) {
+            memcpy(t->tls_name, o.value, o.value_len + 1);
+        } else if (rlx_iface_option_is(&o, "max_message") &&
+                   rlx_iface_option_size(&o, 1, (unsigned long long)INT_MAX + 1, &v)) {
             t->max_message = v > INT_MAX ? INT_MAX : (int)v; /* "2G" means the largest gRPC allows */
         } else if (rlx_iface_option_is(&o, "linger_ms") && rlx_iface_option_int(&o, 0, 600000, &n)) {
             t->linger_ms = (int)n;
@@ -616,11 +680,120 @@ static int grpct_parse_options(grpct *t, const char *options) {
         } else {
             return t->host->error(RLX_E_INVALID,
                                   "grpc: unknown or out-of-range option '%.*s' (known: max_message=N (max 2G), "
-                                  "linger_ms=N, keepalive_ms=N, keepalive_timeout_ms=N, poller=on|off)",
+                                  "linger_ms=N, keepalive_ms=N, keepalive_timeout_ms=N, poller=on|off, tls_ca=FILE, "
+                                  "tls_cert=FILE, tls_key=FILE, tls_name=NAME)",
                                   o.item_len, o.item);
         }
     }
     return rc < 0 ? t->host->error(rc, "grpc: %s", err) : RLX_OK;
+}
+
+/* Reads the PEM file at path (option key) into a terminated buffer from host->alloc. */
+static int grpct_read_pem(const grpct *t, const char *key, const char *path, char **out) {
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return t->host->error(RLX_E_IO, "grpc: %s '%s': cannot open it: %s", key, path, strerror(errno));
+    char *buf = t->host->alloc(GRPCT_PEM_MAX + 1, GRPCT_ALIGN);
+    if (!buf) {
+        fclose(f);
+        return t->host->error(RLX_E_NOMEM, "grpc: out of memory");
+    }
+    const size_t n = fread(buf, 1, GRPCT_PEM_MAX + 1, f);
+    const int read_errno = ferror(f) ? errno : 0;
+    fclose(f);
+    buf[n < GRPCT_PEM_MAX ? n : GRPCT_PEM_MAX] = '\0';
+    int rc = RLX_OK;
+    if (read_errno)
+        rc = t->host->error(RLX_E_IO, "grpc: %s '%s': cannot read it: %s", key, path, strerror(read_errno));
+    else if (n == 0)
+        rc = t->host->error(RLX_E_IO, "grpc: %s '%s' is empty", key, path);
+    else if (n > GRPCT_PEM_MAX)
+        rc =
+            t->host->error(RLX_E_IO, "grpc: %s '%s' is larger than %d bytes: not a PEM file", key, path, GRPCT_PEM_MAX);
+    if (rc < 0) {
+        OPENSSL_cleanse(buf, n < GRPCT_PEM_MAX ? n : GRPCT_PEM_MAX);
+        t->host->free(buf);
+        return rc;
+    }
+    *out = buf;
+    return RLX_OK;
+}
+
+/* A passphrase callback that has none: an encrypted key fails instead of prompting on a tty. */
+static int grpct_no_passphrase(char *buf, int size, int rwflag, void *u) {
+    (void)buf, (void)size, (void)rwflag, (void)u;
+    return -1;
+}
+
+/* Checks what gRPC would only find at the first handshake: that each file holds what its option
+ * names, and that the key belongs to the certificate. */
+static int grpct_tls_check(const grpct *t, char *const pem[GRPCT_TLS_N],
+                           const char tls_paths[GRPCT_TLS_N][RLX_IFACE_OPTION_VALUE_MAX]) {
+    BIO *bio[GRPCT_TLS_N];
+    for (int k = 0; k < GRPCT_TLS_N; k++)
+        bio[k] = BIO_new_mem_buf(pem[k], -1);
+    X509 *ca = bio[GRPCT_TLS_CA] ? PEM_read_bio_X509(bio[GRPCT_TLS_CA], NULL, grpct_no_passphrase, NULL) : NULL;
+    X509 *cert = bio[GRPCT_TLS_CERT] ? PEM_read_bio_X509(bio[GRPCT_TLS_CERT], NULL, grpct_no_passphrase, NULL) : NULL;
+    EVP_PKEY *key =
+        bio[GRPCT_TLS_KEY] ? PEM_read_bio_PrivateKey(bio[GRPCT_TLS_KEY], NULL, grpct_no_passphrase, NULL) : NULL;
+    int rc = RLX_OK;
+    if (!ca || !cert) {
+        const int k = ca ? GRPCT_TLS_CERT : GRPCT_TLS_CA;
+        rc = t->host->error(RLX_E_FORMAT, "grpc: %s '%s' holds no PEM certificate", grpct_tls_keys[k], tls_paths[k]);
+    } else if (!key) {
+        rc = t->host->error(RLX_E_FORMAT,
+                            "grpc: tls_key '%s' holds no PEM private key (or one encrypted with a passphrase)",
+                            tls_paths[GRPCT_TLS_KEY]);
+    } else if (X509_check_private_key(cert, key) != 1) {
+        rc = t->host->error(RLX_E_INVALID, "grpc: tls_key '%s' is not the private key of tls_cert '%s'",
+                            tls_paths[GRPCT_TLS_KEY], tls_paths[GRPCT_TLS_CERT]);
+    }
+    ERR_clear_error();
+    EVP_PKEY_free(key);
+    X509_free(cert);
+    X509_free(ca);
+    for (int k = 0; k < GRPCT_TLS_N; k++)
+        BIO_free(bio[k]);
+    return rc;
+}
+
+/* With the tls_ files given: reads and checks them and makes the instance's credentials (after
+ * grpc_init). gRPC 1.51's C API cannot raise the minimum TLS version (grpc_ssl_credentials keeps
+ * set_min_tls_version in C++ only): both ends offer TLS 1.2 and 1.3, and two rlx processes, both
+ * on OpenSSL 3, negotiate 1.3. */
+static int grpct_tls_setup(grpct *t, const char tls_paths[GRPCT_TLS_N][RLX_IFACE_OPTION_VALUE_MAX]) {
+    char *pem[GRPCT_TLS_N] = {NULL};
+    int rc = RLX_OK;
+    for (int k = 0; k < GRPCT_TLS_N && rc == RLX_OK; k++)
+        rc = grpct_read_pem(t, grpct_tls_keys[k], tls_paths[k], &pem[k]);
+    if (rc == RLX_OK)
+        rc = grpct_tls_check(t, pem, tls_paths);
+    if (rc == RLX_OK) {
+        /* gRPC copies the PEM text into the credentials. */
+        grpc_ssl_pem_key_cert_pair pair = {.private_key = pem[GRPCT_TLS_KEY], .cert_chain = pem[GRPCT_TLS_CERT]};
+        t->tls_server = grpc_ssl_server_credentials_create_ex(
+            pem[GRPCT_TLS_CA], &pair, 1, GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY, NULL);
+        t->tls_channel = grpc_ssl_credentials_create_ex(pem[GRPCT_TLS_CA], &pair, NULL, NULL);
+        t->tls_probe = SSL_CTX_new(TLS_client_method());
+        if (t->tls_probe &&
+            (SSL_CTX_load_verify_locations(t->tls_probe, tls_paths[GRPCT_TLS_CA], NULL) != 1 ||
+             SSL_CTX_use_certificate_chain_file(t->tls_probe, tls_paths[GRPCT_TLS_CERT]) != 1 ||
+             SSL_CTX_use_PrivateKey_file(t->tls_probe, tls_paths[GRPCT_TLS_KEY], SSL_FILETYPE_PEM) != 1)) {
+            SSL_CTX_free(t->tls_probe);
+            t->tls_probe = NULL;
+        }
+        ERR_clear_error();
+        if (!t->tls_server || !t->tls_channel || !t->tls_probe)
+            rc = t->host->error(RLX_E_INTERNAL, "grpc: cannot make TLS credentials from tls_cert '%s'",
+                                tls_paths[GRPCT_TLS_CERT]);
+    }
+    for (int k = 0; k < GRPCT_TLS_N; k++) {
+        if (pem[k])
+            OPENSSL_cleanse(pem[k], strlen(pem[k]));
+        t->host->free(pem[k]);
+    }
+    return rc;
 }
 
 static void grpct_listener_destroy(grpct_listener *l);
@@ -655,6 +828,11 @@ static void grpct_close(void *self) {
             ;
         grpc_completion_queue_destroy(t->poller_cq);
     }
+    if (t->tls_server)
+        grpc_server_credentials_release(t->tls_server);
+    if (t->tls_channel)
+        grpc_channel_credentials_release(t->tls_channel);
+    SSL_CTX_free(t->tls_probe);
     pthread_mutex_destroy(&t->mu);
     t->host->free(t);
     pthread_mutex_lock(&grpct_global_mu);
@@ -686,8 +864,30 @@ static int grpct_open(const rlx_host *host, const char *options, void **self) {
     t->keepalive_ms = GRPCT_DEFAULT_KEEPALIVE_MS;
     t->keepalive_timeout_ms = GRPCT_DEFAULT_KEEPALIVE_TIMEOUT_MS;
     t->use_poller = true;
-    int rc = grpct_parse_options(t, options);
+    /* A path as long as an option value: the files are read below, after the checks. */
+    char(*tls_paths)[RLX_IFACE_OPTION_VALUE_MAX] = host->alloc(GRPCT_TLS_N * sizeof *tls_paths, GRPCT_ALIGN);
+    if (!tls_paths) {
+        host->free(t);
+        return host->error(RLX_E_NOMEM, "grpc: out of memory");
+    }
+    memset(tls_paths, 0, GRPCT_TLS_N * sizeof *tls_paths);
+    int rc = grpct_parse_options(t, options, tls_paths);
+    int n_tls = 0;
+    char missing[64] = "";
+    for (int k = 0; k < GRPCT_TLS_N; k++) {
+        if (tls_paths[k][0])
+            n_tls++;
+        else
+            snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s", missing[0] ? ", " : "",
+                     grpct_tls_keys[k]);
+    }
+    if (rc == RLX_OK && n_tls > 0 && n_tls < GRPCT_TLS_N)
+        rc = host->error(RLX_E_INVALID, "grpc: TLS needs tls_ca, tls_cert and tls_key together: %s missing", missing);
+    else if (rc == RLX_OK && n_tls == 0 && t->tls_name[0])
+        rc = host->error(RLX_E_INVALID, "grpc: tls_name=%s without TLS: give tls_ca, tls_cert and tls_key too",
+                         t->tls_name);
     if (rc < 0) {
+        host->free(tls_paths);
         host->free(t);
         return rc;
     }
@@ -699,6 +899,12 @@ static int grpct_open(const rlx_host *host, const char *options, void **self) {
     }
     grpc_init();
     pthread_mutex_unlock(&grpct_global_mu);
+    rc = n_tls ? grpct_tls_setup(t, (const char(*)[RLX_IFACE_OPTION_VALUE_MAX])tls_paths) : RLX_OK;
+    host->free(tls_paths);
+    if (rc < 0) {
+        grpct_close(t);
+        return rc;
+    }
     if (t->use_poller) {
         t->poller_cq = grpc_completion_queue_create_for_next(NULL);
         if (!t->poller_cq || pthread_create(&t->poller, NULL, grpct_poller_main, t) != 0) {
@@ -870,10 +1076,13 @@ static int grpct_listen(void *self, const char *address, void **listener) {
         goto fail;
     }
     grpc_server_register_completion_queue(l->server, l->cq, NULL);
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    /* With TLS, gRPC completes the handshake (and verifies the client's certificate) before the
+     * first call: a peer that fails it or stays silent never reaches a request_call slot. */
+    grpc_server_credentials *creds = t->tls_server ? t->tls_server : grpc_insecure_server_credentials_create();
     grpct_last_log[0] = '\0';
     const int bound = grpc_server_add_http2_port(l->server, target, creds);
-    grpc_server_credentials_release(creds);
+    if (!t->tls_server)
+        grpc_server_credentials_release(creds);
     if (bound <= 0) {
         char cause[256] = "address in use, not local, or not resolvable";
         if (strstr(grpct_last_log, strerror(EADDRINUSE)))
@@ -1072,6 +1281,117 @@ static bool grpct_tcp_accepts(const char *host, unsigned port) {
     return accepted;
 }
 
+/* What gRPC's handshake errors hide ("Socket closed", "certificate verify failed"): a TLS
+ * handshake of our own with host:port, certificate and CA from ctx (or none), tells whether the
+ * peer speaks TLS at all, why its certificate fails verification (*verify, an X509_V_ERR_ code),
+ * and the alert with which it ends a connection whose certificate it refuses ("tlsv1 alert
+ * unknown ca"), written to alert ("" when none came within GRPCT_TCP_CHECK_MS). */
+static bool grpct_tls_probe(SSL_CTX *ctx, const char *host, unsigned port, long *verify, char *alert, size_t size) {
+    alert[0] = '\0';
+    *verify = X509_V_OK;
+    char service[16];
+    snprintf(service, sizeof service, "%u", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(host, service, &hints, &res) != 0)
+        return false;
+    int fd = -1;
+    for (const struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        const struct timeval tv = {.tv_sec = 0, .tv_usec = GRPCT_TCP_CHECK_MS * 1000};
+        if (fd >= 0 && (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+                        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0 ||
+                        connect(fd, ai->ai_addr, ai->ai_addrlen) != 0)) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    SSL *ssl = fd >= 0 ? SSL_new(ctx) : NULL;
+    bool tls = false;
+    if (ssl && SSL_set_fd(ssl, fd) == 1) {
+        SSL_set_verify(ssl, SSL_VERIFY_NONE, NULL);
+        ERR_clear_error();
+        int r = SSL_connect(ssl);
+        /* TLS 1.3 finishes the client's side before the server checks its certificate: the
+         * refusal arrives as an alert on the first read. */
+        tls = r == 1 || SSL_get_state(ssl) != TLS_ST_CW_CLNT_HELLO;
+        if (tls)
+            *verify = SSL_get_verify_result(ssl); /* computed even without SSL_VERIFY_PEER */
+        if (r == 1) {
+            char byte;
+            r = SSL_read(ssl, &byte, 1);
+        }
+        const unsigned long e = ERR_peek_last_error();
+        const char *reason = e ? ERR_reason_error_string(e) : NULL;
+        if (r <= 0 && reason && strstr(reason, "alert"))
+            snprintf(alert, size, "%s", reason);
+    }
+    ERR_clear_error();
+    SSL_free(ssl);
+    if (fd >= 0)
+        close(fd);
+    return tls;
+}
+
+/* Why a stage that ended the handshake without an alert (gRPC closes the socket) would refuse
+ * this process's certificate: it expired, or the stage does not trust the CA that signed it. */
+static void grpct_own_cert_cause(const grpct *t, char *out, size_t size) {
+    const X509 *own = SSL_CTX_get0_certificate(t->tls_probe);
+    const ASN1_TIME *not_after = own ? X509_get0_notAfter(own) : NULL;
+    BIO *bio = BIO_new(BIO_s_mem());
+    char date[64] = "";
+    if (not_after && X509_cmp_current_time(not_after) < 0 && bio && ASN1_TIME_print(bio, not_after) == 1) {
+        const int n = BIO_read(bio, date, sizeof date - 1);
+        date[n > 0 ? n : 0] = '\0';
+    }
+    BIO_free(bio);
+    if (date[0])
+        snprintf(out, size, "the stage refused this process's certificate: tls_cert expired on %s", date);
+    else
+        snprintf(out, size,
+                 "the stage closed the connection after the handshake: it refused this process's certificate "
+                 "(tls_cert is not signed by a CA the stage trusts?)");
+}
+
+/* The cause of a failed connect to host:port when it lies in TLS (or its absence), else NULL;
+ * why holds gRPC's reason from the probe call. */
+static const char *grpct_tls_cause(grpct *t, const char *why, const char *host, unsigned port, char *out, size_t size) {
+    const char *peer_name = strstr(why, "Peer name ");
+    if (t->tls_channel && peer_name) {
+        snprintf(out, size,
+                 "the stage's certificate does not name %s (%s); if the certificate is right, give its name as "
+                 "tls_name",
+                 host, peer_name);
+        return out;
+    }
+    const bool verify_failed = strstr(why, "certificate verify failed") != NULL;
+    if (!verify_failed && !strstr(why, "Socket closed") && !strstr(why, "andshake"))
+        return NULL;
+    SSL_CTX *plain = t->tls_probe ? NULL : SSL_CTX_new(TLS_client_method());
+    char alert[128];
+    long verify = X509_V_OK;
+    const bool tls = (t->tls_probe || plain) &&
+                     grpct_tls_probe(t->tls_probe ? t->tls_probe : plain, host, port, &verify, alert, sizeof alert);
+    SSL_CTX_free(plain);
+    if (t->tls_probe && verify_failed) {
+        snprintf(out, size, "certificate verify failed: %s (the stage's certificate, checked against tls_ca)",
+                 verify != X509_V_OK ? X509_verify_cert_error_string(verify) : "see the libgrpc log lines");
+        return out;
+    }
+    if (!t->tls_probe) {
+        if (!tls)
+            return NULL; /* plaintext both ends: not a TLS matter */
+        snprintf(out, size, "the stage speaks TLS and this process plaintext (give tls_ca, tls_cert and tls_key)");
+    } else if (!tls)
+        snprintf(out, size, "the stage does not speak TLS (a plaintext stage, without tls_ options?)");
+    else if (alert[0])
+        snprintf(out, size, "the stage refused this process's certificate (tls_cert): %s", alert);
+    else
+        grpct_own_cert_cause(t, out, size);
+    return out;
+}
+
 static int grpct_connect(void *self, const char *address, int timeout_ms, void **conn) {
     grpct *t = self;
     if (!t || !conn)
@@ -1089,10 +1409,18 @@ static int grpct_connect(void *self, const char *address, int timeout_ms, void *
         return t->host->error(RLX_E_NOMEM, "grpc: out of memory");
     snprintf(c->peer, sizeof c->peer, "%s", address);
     grpc_arg args[16];
-    const grpc_channel_args ch_args = {.num_args = grpct_common_args(t, args, false), .args = args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel_args ch_args = {.num_args = grpct_common_args(t, args, false), .args = args};
+    if (t->tls_name[0]) {
+        args[ch_args.num_args].type = GRPC_ARG_STRING;
+        args[ch_args.num_args].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+        args[ch_args.num_args++].value.string = t->tls_name;
+    }
+    /* gRPC checks the server's certificate against the host of address (a DNS or IP SAN), or
+     * against tls_name. */
+    grpc_channel_credentials *creds = t->tls_channel ? t->tls_channel : grpc_insecure_credentials_create();
     c->channel = grpc_channel_create(address, creds, &ch_args);
-    grpc_channel_credentials_release(creds);
+    if (!t->tls_channel)
+        grpc_channel_credentials_release(creds);
     if (!c->channel) {
         grpct_conn_destroy(c);
         return t->host->error(RLX_E_INTERNAL, "grpc: cannot create a channel to %s", address);
@@ -1118,6 +1446,15 @@ static int grpct_connect(void *self, const char *address, int timeout_ms, void *
         if (w->pending || !w->success)
             break; /* the deadline passed; conn_destroy ends a watch still pending */
         st = grpc_channel_check_connectivity_state(c->channel, 1);
+    }
+    char tls_why[512];
+    const char *tls_cause = st == GRPC_CHANNEL_TRANSIENT_FAILURE && !strstr(why, strerror(ECONNREFUSED))
+                                ? grpct_tls_cause(t, why, host, port, tls_why, sizeof tls_why)
+                                : NULL;
+    if (tls_cause) {
+        rc = t->host->error(RLX_E_AUTH, "grpc: TLS handshake with %s failed: %s", address, tls_cause);
+        grpct_conn_destroy(c);
+        return rc;
     }
     if (st != GRPC_CHANNEL_READY) {
         if (st == GRPC_CHANNEL_TRANSIENT_FAILURE && strstr(why, strerror(ECONNREFUSED))) {
@@ -1193,6 +1530,8 @@ static int grpct_send(void *self, void *conn, const void *data, size_t len, int 
     /* A server may still send after the client half-closed; a client's stream is over once its
      * status arrived. */
     const bool over = !c->ops[GRPCT_OP_STATUS].pending && (!c->is_server || c->cancelled);
+    if (c->refused)
+        return grpct_refused_error(c);
     if (c->send_failed || c->init_failed || over)
         return grpct_stream_error(c, "sending to", deadline);
     /* The payload is copied: gRPC may hold its slices after the send completes. */
@@ -1218,6 +1557,8 @@ static int grpct_recv(void *self, void *conn, void **data, size_t *len, int time
         return t ? t->host->error(RLX_E_INVALID, "grpc: recv: NULL argument") : RLX_E_INVALID;
     *data = NULL;
     *len = 0;
+    if (c->refused)
+        return grpct_refused_error(c);
     const gpr_timespec deadline = grpct_deadline(timeout_ms);
     while (!c->ready && !c->eof) {
         if (!grpct_pump(c, deadline))
@@ -1227,9 +1568,21 @@ static int grpct_recv(void *self, void *conn, void **data, size_t *len, int time
         return grpct_stream_error(c, "receiving from", deadline);
     grpc_byte_buffer *bb = c->ready;
     c->ready = NULL;
+    const size_t n = grpc_byte_buffer_length(bb);
+    if (n > c->max_message) {
+        /* gRPC's own limit is the instance's max_message, fixed when the channel or server was
+         * made; a lower one set on the connection is checked here, once the message is in. The
+         * stream ends: the peer's next call reports it (RESOURCE_EXHAUSTED, as gRPC's limit). */
+        grpc_byte_buffer_destroy(bb);
+        c->refused = n;
+        char why[160];
+        snprintf(why, sizeof why, "received message larger than max (%zu vs. %llu)", n,
+                 (unsigned long long)c->max_message);
+        grpc_call_cancel_with_status(c->call, GRPC_STATUS_RESOURCE_EXHAUSTED, why, NULL);
+        return grpct_refused_error(c);
+    }
     /* The next message may arrive while this one is copied out and processed. */
     int rc = grpct_post_recv(c);
-    const size_t n = grpc_byte_buffer_length(bb);
     uint8_t *buf = rc < 0 ? NULL : t->host->alloc(n ? n : 1, GRPCT_ALIGN);
     if (rc >= 0 && !buf)
         rc = t->host->error(RLX_E_NOMEM, "grpc: cannot allocate %zu bytes for a message from %s", n, c->peer);
@@ -1260,6 +1613,20 @@ static int grpct_recv(void *self, void *conn, void **data, size_t *len, int time
     }
     *data = buf;
     *len = n;
+    return RLX_OK;
+}
+
+static int grpct_set_max_message(void *self, void *conn, uint64_t max_message) {
+    grpct *t = self;
+    grpct_conn *c = conn;
+    if (!t || !c)
+        return t ? t->host->error(RLX_E_INVALID, "grpc: set_max_message: NULL argument") : RLX_E_INVALID;
+    if (max_message > (uint64_t)t->max_message)
+        return t->host->error(RLX_E_INVALID,
+                              "grpc: set_max_message on the stream with %s: %llu exceeds the transport's max_message "
+                              "(%d)",
+                              c->peer, (unsigned long long)max_message, t->max_message);
+    c->max_message = max_message;
     return RLX_OK;
 }
 
@@ -1364,6 +1731,7 @@ static const rlx_transport_iface grpct_iface = {
     .send = grpct_api_send,
     .recv = grpct_api_recv,
     .conn_close = grpct_api_conn_close,
+    .set_max_message = grpct_set_max_message,
 };
 
 static const rlx_plugin grpct_plugin = {
