@@ -18,6 +18,10 @@ typedef struct app_pipeline_options {
     uint32_t per_position_ms;     /* --compute-timeout MS: extra wait per position computed */
     uint32_t recovery_timeout_ms; /* --recovery-timeout MS: replacing a lost stage; 0 = the file's */
     int no_recovery;              /* --no-recovery: a lost stage ends the command at once */
+    /* --auth-token-file, --tls-ca, --tls-cert, --tls-key, --tls-name: the credentials the
+     * stages require (rlx_dist_security); each overrides the file's; launched stages inherit
+     * all but the name */
+    const char *auth_token_file, *tls_ca, *tls_cert, *tls_key, *tls_name;
 } app_pipeline_options;
 
 typedef struct app_options {
@@ -32,7 +36,7 @@ typedef struct app_options {
     const char *quant; /* --quant TYPE: quantize a safetensors model's matrices when loading it */
     /* --cache-type-k / --cache-type-v (-ctk, -ctv): the KV cache's rlx_dtype, F32 unless given */
     uint32_t cache_type_k, cache_type_v;
-    app_pipeline_options pipeline; /* --config, --stages, --launch, --transport, timeouts, recovery */
+    app_pipeline_options pipeline; /* --config, --stages, --launch, --transport, timeouts, recovery, credentials */
     uint32_t slots;                /* over a pipeline: sequences the stages keep (rlx serve --parallel) */
 } app_options;
 

@@ -21,7 +21,8 @@ static const char usage[] =
     "the deployment file; options given here override them. --standby K instead listens on the\n"
     "stage's standby address K (0 = first), a stand-by stage the driver falls back on when the\n"
     "stage is lost. --place pins ops of the stage's block to other backends, as for a model run in\n"
-    "one process.\n\n";
+    "one process. Without credentials (--auth-token-file, --tls-*, or the file's auth: and tls:)\n"
+    "a stage listens on loopback only, unless --insecure-listen.\n\n";
 
 static volatile sig_atomic_t stop_requested;
 
@@ -57,6 +58,9 @@ typedef struct stage_args {
     const char *config, *listen, *layers, *transport;
     uint32_t index, standby, timeout_ms;
     int has_index, has_standby, first, last, ready_fd, no_prefetch, once;
+    rlx_dist_security security; /* the command line's; the file's fill what it leaves out */
+    uint32_t idle_timeout_ms, max_connections, max_sessions;
+    uint64_t max_positions;
 } stage_args;
 
 static int parse_ready_fd(const char *opt, const char *value, void *target) {
@@ -91,6 +95,41 @@ static int parse_args(stage_args *a, app_options *o, int argc, char **argv) {
         {0, "once", NULL, NULL, "exit after serving one driver (what a stage mpirun or srun started does)",
          APP_OPT_FLAG, &a->once},
         {'v', "verbose", NULL, NULL, "log connections and sessions, not only problems", APP_OPT_FLAG, &o->verbose},
+        {0, "auth-token-file", NULL, "FILE",
+         "serve only drivers that prove they hold the shared token read from\n"
+         "FILE's first line (kept out of ps; default: the file's auth: token_file)",
+         APP_OPT_STRING, &a->security.auth_token_file},
+        {0, "tls-ca", NULL, "FILE",
+         "run TLS, serving only drivers whose certificates chain to this\n"
+         "authority (PEM; with --tls-cert and --tls-key; default: the file's)",
+         APP_OPT_STRING, &a->security.tls_ca},
+        {0, "tls-cert", NULL, "FILE",
+         "the certificate (PEM) this stage shows drivers (default: its entry's\n"
+         "tls: cert, else the file's)",
+         APP_OPT_STRING, &a->security.tls_cert},
+        {0, "tls-key", NULL, "FILE", "the private key (PEM) of --tls-cert (default: as --tls-cert)", APP_OPT_STRING,
+         &a->security.tls_key},
+        {0, "insecure-listen", NULL, NULL,
+         "listen beyond loopback with no credentials: anyone who reaches the\n"
+         "address may run the model and fill its memory",
+         APP_OPT_FLAG, &a->security.insecure_listen},
+        {0, "idle-timeout", NULL, "MS",
+         "close a driver connection that sent nothing for this long (default\n"
+         "120000, or the file's timeouts: idle_ms)",
+         APP_OPT_U32, &a->idle_timeout_ms, .min = 1},
+        {0, "max-connections", NULL, "N",
+         "driver connections served at once (default 16, or the file's limits:\n"
+         "connections)",
+         APP_OPT_U32, &a->max_connections, .min = 1},
+        {0, "max-sessions", NULL, "N",
+         "sessions held at once, all connections together (default 64, or the\n"
+         "file's limits: sessions)",
+         APP_OPT_U32, &a->max_sessions, .min = 1},
+        {0, "max-positions", NULL, "N",
+         "KV positions granted at once, all sessions together (default: what\n"
+         "half the memory holds for the stage's layers, or the file's limits:\n"
+         "positions)",
+         APP_OPT_U64, &a->max_positions, .min = 1},
     };
     const app_opt_group groups[] = {APP_OPT_GROUP("stage:", own), app_common_group(o)};
     int exit_status;
@@ -103,9 +142,19 @@ static int parse_args(stage_args *a, app_options *o, int argc, char **argv) {
         a->transport = o->pipeline.transport;
     if (!a->timeout_ms)
         a->timeout_ms = o->pipeline.timeout_ms;
-    if (o->pipeline.stages || o->pipeline.launch || o->pipeline.recovery_timeout_ms || o->pipeline.no_recovery)
-        return app_fail("stage: --stages, --launch, --recovery-timeout and --no-recovery are for drivers (rlx "
-                        "generate ...), not for a stage");
+    rlx_dist_security *sec = &a->security;
+    if (!sec->auth_token_file)
+        sec->auth_token_file = o->pipeline.auth_token_file;
+    if (!sec->tls_ca)
+        sec->tls_ca = o->pipeline.tls_ca;
+    if (!sec->tls_cert)
+        sec->tls_cert = o->pipeline.tls_cert;
+    if (!sec->tls_key)
+        sec->tls_key = o->pipeline.tls_key;
+    if (o->pipeline.stages || o->pipeline.launch || o->pipeline.recovery_timeout_ms || o->pipeline.no_recovery ||
+        o->pipeline.tls_name)
+        return app_fail("stage: --stages, --launch, --recovery-timeout, --no-recovery and --tls-name are for drivers "
+                        "(rlx generate ...), not for a stage");
     if (a->has_standby && (!a->config || !a->has_index))
         return app_fail("stage: --standby K needs --config FILE --stage I (it serves stage I's layers at the K-th "
                         "address of its standby list)");
@@ -114,6 +163,19 @@ static int parse_args(stage_args *a, app_options *o, int argc, char **argv) {
     if (!a->config && (a->has_index || !a->listen || !a->layers))
         return app_fail("stage: give --config FILE --stage I, or --listen ADDR --layers A-B (see rlx stage --help)");
     return 0;
+}
+
+/* The credentials of stage `index` of the file (its own certificate, else the file's) where the
+ * command line gave none. */
+static void file_security(rlx_dist_security *s, const rlx_deploy *dep, uint32_t index) {
+    rlx_dist_security file;
+    if (rlx_deploy_security(dep, (int)index, &file) != RLX_OK) /* index was checked against the file */
+        return;
+    const char **mine[] = {&s->tls_ca, &s->tls_cert, &s->tls_key, &s->auth_token_file};
+    const char *const theirs[] = {file.tls_ca, file.tls_cert, file.tls_key, file.auth_token_file};
+    for (size_t i = 0; i < sizeof mine / sizeof mine[0]; i++)
+        if (!*mine[i])
+            *mine[i] = theirs[i];
 }
 
 int cmd_stage(int argc, char **argv, app_options *o) {
@@ -169,6 +231,16 @@ int cmd_stage(int argc, char **argv, app_options *o) {
             transport = rlx_deploy_transport(dep);
         if (!a.timeout_ms)
             a.timeout_ms = rlx_deploy_timeouts_of(dep)->control_ms;
+        if (!a.idle_timeout_ms)
+            a.idle_timeout_ms = rlx_deploy_timeouts_of(dep)->idle_ms;
+        const rlx_deploy_limits *limits = rlx_deploy_limits_of(dep);
+        if (!a.max_connections)
+            a.max_connections = limits->connections;
+        if (!a.max_sessions)
+            a.max_sessions = limits->sessions;
+        if (!a.max_positions)
+            a.max_positions = limits->positions;
+        file_security(&a.security, dep, a.index);
     } else if (app_resolve_model(o)) {
         return 1;
     }
@@ -259,6 +331,11 @@ int cmd_stage(int argc, char **argv, app_options *o) {
     so.on_listening = report_ready;
     so.ctx = &a.ready_fd;
     so.max_drivers = a.once ? 1 : 0;
+    so.idle_timeout_ms = a.idle_timeout_ms;
+    so.max_connections = a.max_connections;
+    so.max_sessions = a.max_sessions;
+    so.max_positions = a.max_positions;
+    so.security = a.security;
     if (rlx_runtime_serve_stage(rt, transport, &so) != RLX_OK)
         status = app_fail("stage: %s", rlx_last_error());
 done:

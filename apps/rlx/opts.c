@@ -79,6 +79,8 @@ static int set_value(const app_opt *o, const char *spelled, const char *v) {
         unsigned long long x = strtoull(v, &end, 10);
         if (errno || end == v || *end || v[0] == '-')
             return app_fail("%s: '%s' is not a non-negative integer", spelled, v), -1;
+        if (x < o->min)
+            return app_fail("%s must be at least %u (got %llu)", spelled, o->min, x), -1;
         *(uint64_t *)o->target = x;
         return 0;
     }

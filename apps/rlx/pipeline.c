@@ -53,7 +53,7 @@ static int parse_stages(const char *opt, const char *value, void *target) {
 }
 
 app_opt_group app_pipeline_group(app_pipeline_options *po) {
-    static app_opt opts[9];
+    static app_opt opts[14];
     app_opt list[] = {
         {0, "config", NULL, "FILE", "run over the stages of a deployment file (YAML; see README.md)", APP_OPT_STRING,
          &po->config},
@@ -74,6 +74,22 @@ app_opt_group app_pipeline_group(app_pipeline_options *po) {
          &po->recovery_timeout_ms, .min = 1},
         {0, "no-recovery", NULL, NULL, "end the command when a stage is lost instead of replacing it", APP_OPT_FLAG,
          &po->no_recovery},
+        {0, "auth-token-file", NULL, "FILE",
+         "prove to the stages that this driver holds the shared token read from\n"
+         "FILE's first line (kept out of ps; default: the file's auth: token_file)",
+         APP_OPT_STRING, &po->auth_token_file},
+        {0, "tls-ca", NULL, "FILE",
+         "run TLS to the stages, whose certificates must chain to this authority\n"
+         "(PEM; with --tls-cert and --tls-key; default: the file's tls: ca)",
+         APP_OPT_STRING, &po->tls_ca},
+        {0, "tls-cert", NULL, "FILE", "the certificate (PEM) this driver shows the stages (default: the file's)",
+         APP_OPT_STRING, &po->tls_cert},
+        {0, "tls-key", NULL, "FILE", "the private key (PEM) of --tls-cert (default: the file's)", APP_OPT_STRING,
+         &po->tls_key},
+        {0, "tls-name", NULL, "NAME",
+         "the name the stages' certificates must carry, if not the host of their\n"
+         "address (default: the file's tls: name)",
+         APP_OPT_STRING, &po->tls_name},
     };
     memcpy(opts, list, sizeof opts);
     return APP_OPT_GROUP("pipeline options (run the model over stage processes):", opts);
@@ -81,7 +97,8 @@ app_opt_group app_pipeline_group(app_pipeline_options *po) {
 
 int app_pipeline_wanted(const app_pipeline_options *po) {
     return po->config || po->stages || po->launch || po->transport || po->timeout_ms || po->connect_timeout_ms ||
-           po->per_position_ms || po->recovery_timeout_ms || po->no_recovery;
+           po->per_position_ms || po->recovery_timeout_ms || po->no_recovery || po->auth_token_file || po->tls_ca ||
+           po->tls_cert || po->tls_key || po->tls_name;
 }
 
 // ---- child processes ----
@@ -207,7 +224,7 @@ static int is_local(const char *address) {
 }
 
 typedef struct argv_builder {
-    char *v[40];
+    char *v[48];
     int n;
     char buf[8][32];
     int nbuf;
@@ -263,6 +280,18 @@ static void common_args(argv_builder *b, const app_options *o, const char *trans
     }
     if (po->timeout_ms)
         arg_u32(b, "--timeout", po->timeout_ms);
+    /* the stages require what the driver shows (--tls-name is only the driver's check of them);
+     * never --insecure-listen: --stages binds loopback, and a file's stage that binds beyond it
+     * needs credentials as it would started by hand */
+    const char *const security[][2] = {{"--auth-token-file", po->auth_token_file},
+                                       {"--tls-ca", po->tls_ca},
+                                       {"--tls-cert", po->tls_cert},
+                                       {"--tls-key", po->tls_key}};
+    for (size_t i = 0; i < sizeof security / sizeof security[0]; i++)
+        if (security[i][1]) {
+            arg(b, security[i][0]);
+            arg(b, security[i][1]);
+        }
 }
 
 // ---- launchers ----
@@ -402,8 +431,8 @@ int app_pipeline_load(app_pipeline **out, const app_pipeline_options *po) {
     if (po->launch && !po->config)
         return app_fail("--launch starts the stages of a --config file (--stages N launches its own)");
     if (!po->config && !po->stages)
-        return app_fail("--transport, the timeouts and --no-recovery apply to pipelines: add --config FILE or "
-                        "--stages N");
+        return app_fail("--transport, the timeouts, the credentials (--auth-token-file, --tls-*) and --no-recovery "
+                        "apply to pipelines: add --config FILE or --stages N");
     if (po->recovery_timeout_ms && po->no_recovery)
         return app_fail("--recovery-timeout bounds the recovery --no-recovery turns off: give one of them");
     if (po->stages && po->transport && strcasecmp(po->transport, "mpi") == 0)
@@ -531,6 +560,11 @@ int app_pipeline_launch(app_pipeline *p, app_options *o, const app_pipeline_opti
     ro->connect_timeout_ms = po->connect_timeout_ms;
     ro->timeout_ms = po->timeout_ms;
     ro->compute_ms_per_position = po->per_position_ms;
+    ro->security = (rlx_dist_security){.tls_ca = po->tls_ca,
+                                       .tls_cert = po->tls_cert,
+                                       .tls_key = po->tls_key,
+                                       .tls_name = po->tls_name,
+                                       .auth_token_file = po->auth_token_file};
     ro->stage_restart = restart_stage;
     ro->stage_restart_ctx = p;
     return 0;

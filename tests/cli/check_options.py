@@ -3,7 +3,8 @@
 llama.cpp's spellings (-m, -p, -f, -n, -t, -c, -s, --ctx-size, --temp 0), --version on every
 command, --help generated from the same table that parses (every option it lists is accepted),
 random seeds by default and fixed by --seed, -ctk/-ctv f16 caches, one clear line for bad or
-pointless options, and `rlx stage --standby` listening on the deployment file's standby address.
+pointless options, `rlx stage --standby` listening on the deployment file's standby address, and
+the pipeline credentials and stage limits: listed, checked, and inherited by launched stages.
 
   check_options.py --rlx BIN --conformance BIN --workdir DIR
 """
@@ -21,6 +22,7 @@ COMMANDS = ["generate", "chat", "tokenize", "detokenize", "logits", "bench", "pe
             "stage", "quantize"]
 
 failures = []
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run(argv, stdin="", timeout=300):
@@ -210,7 +212,7 @@ def check_stage_standby(rlx, work):
     expect_error(run(stage + ["--stage", "1", "--standby", "0"]),
                  re.escape(f"{cfg}:5: stage 1 has no standby addresses"), "--standby on an entry without any")
     expect_error(run([rlx, "--no-recovery", "stage"] + stage[2:] + ["--stage", "0"]),
-                 r"--recovery-timeout and --no-recovery are for drivers", "--no-recovery before `stage`")
+                 r"--recovery-timeout, --no-recovery and --tls-name are for drivers", "--no-recovery before `stage`")
     gen = [rlx, "generate", "-p", "hi", "-n", "2"]
     expect_error(run(gen + ["--no-recovery"]), r"--no-recovery apply to pipelines: add --config FILE or --stages N",
                  "--no-recovery without a pipeline")
@@ -242,6 +244,129 @@ def check_stage_standby(rlx, work):
            f"the standby's log does not name it and stage 0's layers: {log!r}")
 
 
+SECURITY_FLAGS = ["--auth-token-file", "--tls-ca", "--tls-cert", "--tls-key"]
+CHAT = ["-n", "6", "--greedy", "--threads", "1", "--backend-opts", "batch_invariant=1"]
+
+
+def launched_stages(p):
+    """The argv of each stage process p launched, in launch order."""
+    children = open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()
+    return [open(f"/proc/{c}/cmdline", "rb").read().decode().split("\0")[:-1] for c in children]
+
+
+def chat_over_stages(rlx, extra, want_reply):
+    """One turn of rlx chat over launched stages: its reply (which must be want_reply, what one
+    process answers) and the launched stages' command lines; the chat must end with status 0."""
+    p = subprocess.Popen([rlx, "chat", *CHAT, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    stages = []
+    try:
+        p.stdin.write("Tell me about the city\n")
+        p.stdin.flush()
+        reply = p.stdout.readline().rstrip("\n")
+        if p.poll() is None:
+            stages = launched_stages(p)
+        p.stdin.close()
+        p.wait(120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    err = p.stderr.read()
+    expect(p.returncode == 0 and reply == want_reply,
+           f"chat {' '.join(extra)}: exit {p.returncode}, reply {reply!r} (want {want_reply!r}), stderr {err!r}")
+    return stages
+
+
+def flag_value(argv, flag):
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def check_stage_security(rlx, work):
+    """The credentials (--auth-token-file, --tls-*) on drivers and rlx stage, and a stage's limits:
+    listed in --help, refused where they mean nothing, and passed to the stages a driver launches,
+    with the pipeline still answering what one process answers (end to end once the core checks
+    them)."""
+    stage_help = run([rlx, "stage", "--help"]).stdout
+    for flag, words in (("--auth-token-file FILE", "FILE's first line (kept out of ps"),
+                        ("--tls-ca FILE", "chain to this"), ("--tls-cert FILE", "its entry's"),
+                        ("--tls-key FILE", "of --tls-cert"), ("--insecure-listen", "with no credentials"),
+                        ("--idle-timeout MS", "timeouts: idle_ms"), ("--max-connections N", "limits:"),
+                        ("--max-sessions N", "limits: sessions"), ("--max-positions N", "limits:")):
+        at = stage_help.find("  " + flag)
+        expect(at >= 0 and words in stage_help[at:at + 300], f"rlx stage --help: {flag} missing or without {words!r}")
+    expect("--tls-name" not in stage_help, "rlx stage --help lists the driver's --tls-name")
+    gen_help = run([rlx, "generate", "--help"]).stdout
+    for flag in SECURITY_FLAGS + ["--tls-name"]:
+        expect(re.search(rf"^  {flag} (FILE|NAME)", gen_help, re.M), f"rlx generate --help lacks {flag}")
+    expect("--insecure-listen" not in gen_help and "--max-sessions" not in gen_help,
+           "rlx generate --help lists a stage's own options")
+
+    gen = [rlx, "generate", "-p", "hi", "-n", "2"]
+    expect_error(run(gen + ["--auth-token-file", "t"]), r"the credentials \(--auth-token-file, --tls-\*\) and "
+                 r"--no-recovery apply to pipelines", "--auth-token-file without a pipeline")
+    expect_error(run(gen + ["--tls-name", "n"]), r"apply to pipelines", "--tls-name without a pipeline")
+    layers = ["--listen", "127.0.0.1:0", "--layers", "0-3"]
+    expect_error(run([rlx, "--tls-name", "n", "stage"] + layers), r"--tls-name are for drivers",
+                 "--tls-name before `stage`")
+    expect_error(run([rlx, "stage", "--tls-name", "n"] + layers), r"unknown option '--tls-name'",
+                 "--tls-name on a stage")
+    for flag in ("--max-positions", "--max-connections", "--max-sessions", "--idle-timeout"):
+        expect_error(run([rlx, "stage", flag, "0"] + layers), rf"{flag} must be at least 1 \(got 0\)", f"{flag} 0")
+    bad = os.path.join(work, "bad-tls.yaml")
+    with open(bad, "w") as f:
+        f.write("stages:\n  - address: 127.0.0.1:7101\n    tls: {cert: s.pem, key: s.key}\n")
+    expect_error(run([rlx, "stage", "--config", bad, "--stage", "0"]),
+                 re.escape(f"{bad}:3: stage 0's tls: gives its certificate, but the file has no top-level tls:"),
+                 "a stage's tls: without the file's")
+
+    # credentials for a launched pipeline: a token (0600, 32 bytes) and mutual TLS certificates
+    certs = os.path.join(work, "certs")
+    made = subprocess.run(["sh", os.path.join(REPO, "tests", "transport", "make_certs.sh"), certs],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        expect(False, f"make_certs.sh: {made.stderr!r}")
+        return
+    token = os.path.join(work, "pipeline.token")
+    with open(os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(os.urandom(16).hex() + "\n")
+    os.chmod(token, 0o600)
+    local = run([rlx, "chat", *CHAT], stdin="Tell me about the city\n")
+    want = local.stdout.splitlines()[0] if local.returncode == 0 and local.stdout else None
+    expect(want, f"one-process chat: exit {local.returncode}, {local.stderr!r}")
+    given = {"--auth-token-file": token, "--tls-ca": f"{certs}/ca.pem", "--tls-cert": f"{certs}/driver.pem",
+             "--tls-key": f"{certs}/driver.key"}
+    extra = ["--stages", "2", "--tls-name", "localhost"] + [x for kv in given.items() for x in kv]
+    stages = chat_over_stages(rlx, extra, want)
+    expect(len(stages) == 2, f"--stages 2 launched {len(stages)} stages: {stages}")
+    for argv in stages:
+        got = {flag: flag_value(argv, flag) for flag in SECURITY_FLAGS}
+        expect(got == given and "--tls-name" not in argv and "--insecure-listen" not in argv,
+               f"a launched stage's credentials are {got} (want {given}, no --tls-name): {argv}")
+    # a deployment file's credentials: a launched stage reads them from the file; a command-line
+    # value overrides the file's for the driver and the stages alike
+    ports = [free_port() for _ in range(2)]
+    cfg = os.path.join(certs, "secure.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"model: {os.path.join(REPO, 'share', 'models', 'brown', 'target')}\nstages:\n"
+                f"  - address: localhost:{ports[0]}\n    listen: 127.0.0.1:{ports[0]}\n"
+                f"    tls: {{cert: stage.pem, key: stage.key}}\n"
+                f"  - address: localhost:{ports[1]}\n    listen: 127.0.0.1:{ports[1]}\n"
+                f"auth: {{token_file: ../pipeline.token}}\n"
+                f"tls: {{ca: ca.pem, cert: driver.pem, key: driver.key}}\n"
+                f"limits: {{connections: 2, sessions: 8, positions: 4096}}\ntimeouts: {{idle_ms: 60000}}\n")
+    stages = chat_over_stages(rlx, ["--config", cfg, "--launch"], want)
+    expect(len(stages) == 2 and all(flag_value(a, "--config") == cfg and not set(SECURITY_FLAGS) & set(a)
+                                    for a in stages),
+           f"the file's stages were launched with credentials of their own: {stages}")
+    stages = chat_over_stages(rlx, ["--config", cfg, "--launch", "--tls-cert", f"{certs}/stage.pem",
+                                    "--tls-key", f"{certs}/stage.key"], want)
+    expect(len(stages) == 2 and all(flag_value(a, "--tls-cert") == f"{certs}/stage.pem" and
+                                    flag_value(a, "--tls-key") == f"{certs}/stage.key" and
+                                    "--auth-token-file" not in a for a in stages),
+           f"--tls-cert and --tls-key did not reach the file's launched stages alone: {stages}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rlx", required=True)
@@ -256,6 +381,7 @@ def main():
     check_logit_bias(args.rlx)
     check_errors(args.rlx)
     check_stage_standby(args.rlx, args.workdir)
+    check_stage_security(args.rlx, args.workdir)
     for f in failures:
         print("FAIL:", f)
     print(f"options: {'FAIL' if failures else 'PASS'} ({len(failures)} failures)")

@@ -393,15 +393,127 @@ static void test_deploy_errors_name_file_and_line(void **state) {
     expect_bad("stages:\n  - address: a:1\n    standby: b:2\n  - address: c:3\n    standby: [d:4, b:2]\n", 5,
                "stage 1: standby b:2 is already a standby of stage 0 (line 3)");
     expect_bad("stages:\n  - address: a:1\n    standby: b:2\n    standby: c:3\n", 4, "'standby' is given twice");
-    expect_bad("stages:\n  - address: a:1\n    stand_by: b:2\n", 3, "listen, standby)");
+    expect_bad("stages:\n  - address: a:1\n    stand_by: b:2\n", 3, "listen, standby, tls)");
     /* timeouts */
     expect_bad("stages:\n  - address: a:1\ntimeouts: {recovery_ms: 0}\n", 3, "'recovery_ms' must be at least 1");
     expect_bad("stages:\n  - address: a:1\ntimeouts:\n  recovery_ms: soon\n", 4,
                "'recovery_ms' must be a non-negative integer");
     expect_bad("stages:\n  - address: a:1\ntimeouts: {recover_ms: 5}\n", 3,
-               "unknown key 'recover_ms' in timeouts (known: connect_ms, control_ms, per_position_ms, recovery_ms)");
+               "unknown key 'recover_ms' in timeouts (known: connect_ms, control_ms, per_position_ms, recovery_ms, "
+               "idle_ms)");
+    expect_bad("stages:\n  - address: a:1\ntimeouts: {idle_ms: 0}\n", 3, "'idle_ms' must be at least 1");
+    /* limits */
+    expect_bad("stages:\n  - address: a:1\nlimits: {connections: 0}\n", 3, "'connections' must be at least 1");
+    expect_bad("stages:\n  - address: a:1\nlimits: {sessions: 4294967296}\n", 3,
+               "'sessions' must be an integer from 0 to 4294967295, not '4294967296'");
+    expect_bad("stages:\n  - address: a:1\nlimits:\n  positions: 0\n", 4, "'positions' must be at least 1");
+    expect_bad("stages:\n  - address: a:1\nlimits: {positions: -5}\n", 3, "'positions' must be a non-negative integer");
+    expect_bad("stages:\n  - address: a:1\nlimits: {conns: 4}\n", 3,
+               "unknown key 'conns' in limits (known: connections, sessions, positions)");
+    expect_bad("stages:\n  - address: a:1\nlimits: 16\n", 3, "'limits' must be a mapping");
+    /* auth */
+    expect_bad("stages:\n  - address: a:1\nauth: {}\n", 3, "auth: needs token_file");
+    expect_bad("stages:\n  - address: a:1\nauth: pipeline.token\n", 3, "'auth' must be a mapping");
+    expect_bad("stages:\n  - address: a:1\nauth: {token_file: ''}\n", 3, "'token_file' must be a non-empty string");
+    expect_bad("stages:\n  - address: a:1\nauth:\n  token_file: t\n  token: s3cret\n", 5,
+               "unknown key 'token' in auth (known: token_file)");
+    expect_bad("stages:\n  - address: a:1\nauth: {token_file: a}\nauth: {token_file: b}\n", 4, "'auth' is given twice");
+    /* tls: all three files at the top, cert and key in a stage, which needs the top's ca */
+    expect_bad("stages:\n  - address: a:1\ntls: {ca: ca.pem, cert: n.pem}\n", 3,
+               "tls: needs ca, cert and key together");
+    expect_bad("stages:\n  - address: a:1\ntls: {ca: ca.pem, cert: n.pem}\n", 3, "missing: key");
+    expect_bad("stages:\n  - address: a:1\ntls:\n  name: stage.internal\n", 4, "missing: ca, cert, key");
+    expect_bad("stages:\n  - address: a:1\ntls: {ca: c, cert: n, key: k, sni: x}\n", 3,
+               "unknown key 'sni' in tls (known: ca, cert, key, name)");
+    expect_bad("stages:\n  - address: a:1\ntls:\n  ca: [c]\n  cert: n\n  key: k\n", 4,
+               "'ca' must be a non-empty string");
+    expect_bad("stages:\n  - address: a:1\ntls:\n  ca: c\n  cert: n\n  key: k\n  ca: d\n", 7, "'ca' is given twice");
+    expect_bad("stages:\n  - address: a:1\ntls: on\n", 3, "'tls' must be a mapping");
+    expect_bad("stages:\n  - address: a:1\n    tls: {cert: s.pem}\ntls: {ca: c, cert: n, key: k}\n", 3,
+               "a stage's tls: needs both cert and key");
+    expect_bad("stages:\n  - address: a:1\n    tls: {cert: s.pem, key: s.key, ca: c}\n", 3,
+               "'ca' belongs in the file's top-level tls:");
+    expect_bad("stages:\n  - address: a:1\n    tls: {cert: s.pem, key: s.key, name: s}\n", 3,
+               "'name' belongs in the file's top-level tls:");
+    expect_bad("stages:\n  - address: a:1\n    tls: {cert: s.pem, key: s.key, chain: x}\n", 3,
+               "unknown key 'chain' in a stage's tls (known: cert, key)");
+    expect_bad("stages:\n  - address: a:1\n    tls: s.pem\n", 3, "a stage's 'tls' must be a mapping");
+    expect_bad("stages:\n  - address: a:1\n  - address: b:1\n    tls:\n      cert: s.pem\n      key: s.key\n", 5,
+               "stage 1's tls: gives its certificate, but the file has no top-level tls: with the ca");
     expect_bad("", 1, "empty");
     expect_bad("- a\n- b\n", 1, "must be a mapping");
+}
+
+/* auth:, tls: (the file's and a stage's own certificate), limits: and timeouts.idle_ms: relative
+ * paths land in the file's folder, absolute ones stay; a stage without its own certificate
+ * gets the file's; the driver alone gets the name. */
+static void test_deploy_security_and_limits(void **state) {
+    (void)state;
+    const char *path = write_file("secure.yaml", "stages:\n"
+                                                 "  - address: s0.internal:7101\n"
+                                                 "    tls: {cert: pki/s0.pem, key: /etc/rlx/s0.key}\n"
+                                                 "  - address: s1.internal:7102\n"
+                                                 "auth: {token_file: secrets/pipeline.token}\n"
+                                                 "tls:\n"
+                                                 "  ca: pki/ca.pem\n"
+                                                 "  cert: /etc/rlx/node.pem\n"
+                                                 "  key: pki/node.key\n"
+                                                 "  name: stage.internal\n"
+                                                 "limits: {connections: 4, sessions: 32, positions: 8589934592}\n"
+                                                 "timeouts: {idle_ms: 60000}\n");
+    char want[700];
+    rlx_deploy *d = NULL;
+    assert_int_equal(rlx_deploy_open(path, &d), RLX_OK);
+    const rlx_deploy_limits *l = rlx_deploy_limits_of(d);
+    assert_int_equal(l->connections, 4);
+    assert_int_equal(l->sessions, 32);
+    assert_true(l->positions == 8589934592ull);
+    assert_int_equal(rlx_deploy_timeouts_of(d)->idle_ms, 60000);
+    assert_int_equal(rlx_deploy_timeouts_of(d)->connect_ms, 0);
+
+    rlx_dist_security sec;
+    memset(&sec, 0xff, sizeof sec);
+    assert_int_equal(rlx_deploy_security(d, -1, &sec), RLX_OK);
+    snprintf(want, sizeof want, "%s/pki/ca.pem", tmpdir);
+    assert_string_equal(sec.tls_ca, want);
+    assert_string_equal(sec.tls_cert, "/etc/rlx/node.pem");
+    snprintf(want, sizeof want, "%s/pki/node.key", tmpdir);
+    assert_string_equal(sec.tls_key, want);
+    assert_string_equal(sec.tls_name, "stage.internal");
+    snprintf(want, sizeof want, "%s/secrets/pipeline.token", tmpdir);
+    assert_string_equal(sec.auth_token_file, want);
+    assert_int_equal(sec.insecure_listen, 0);
+
+    assert_int_equal(rlx_deploy_security(d, 0, &sec), RLX_OK); /* its own certificate */
+    snprintf(want, sizeof want, "%s/pki/s0.pem", tmpdir);
+    assert_string_equal(sec.tls_cert, want);
+    assert_string_equal(rlx_deploy_stage_at(d, 0)->tls_cert, want);
+    assert_string_equal(sec.tls_key, "/etc/rlx/s0.key");
+    snprintf(want, sizeof want, "%s/pki/ca.pem", tmpdir);
+    assert_string_equal(sec.tls_ca, want);
+    assert_null(sec.tls_name);
+    assert_non_null(strstr(sec.auth_token_file, "/secrets/pipeline.token"));
+
+    assert_int_equal(rlx_deploy_security(d, 1, &sec), RLX_OK); /* the file's */
+    assert_string_equal(sec.tls_cert, "/etc/rlx/node.pem");
+    assert_non_null(strstr(sec.tls_key, "/pki/node.key"));
+    assert_null(rlx_deploy_stage_at(d, 1)->tls_cert);
+    assert_null(rlx_deploy_stage_at(d, 1)->tls_key);
+
+    assert_int_equal(rlx_deploy_security(d, 2, &sec), RLX_E_INVALID);
+    assert_non_null(strstr(rlx_last_error(), "has 2 stages; stage 2 is not one of them"));
+    assert_int_equal(rlx_deploy_security(d, -1, NULL), RLX_E_INVALID);
+    rlx_deploy_close(d);
+
+    /* none given: no credentials, no limits */
+    assert_int_equal(rlx_deploy_open(write_file("plain.yaml", "stages:\n  - address: a:1\n"), &d), RLX_OK);
+    memset(&sec, 0xff, sizeof sec);
+    assert_int_equal(rlx_deploy_security(d, 0, &sec), RLX_OK);
+    assert_true(!sec.tls_ca && !sec.tls_cert && !sec.tls_key && !sec.tls_name && !sec.auth_token_file &&
+                !sec.insecure_listen);
+    l = rlx_deploy_limits_of(d);
+    assert_true(!l->connections && !l->sessions && !l->positions && !rlx_deploy_timeouts_of(d)->idle_ms);
+    rlx_deploy_close(d);
 }
 
 static void test_deploy_missing_file(void **state) {
@@ -460,6 +572,7 @@ int main(void) {
         cmocka_unit_test(test_deploy_defaults_and_even_split),
         cmocka_unit_test(test_deploy_standby),
         cmocka_unit_test(test_deploy_errors_name_file_and_line),
+        cmocka_unit_test(test_deploy_security_and_limits),
         cmocka_unit_test(test_deploy_missing_file),
         cmocka_unit_test(test_check_address),
         cmocka_unit_test(test_model_id_is_stable_and_discriminating),

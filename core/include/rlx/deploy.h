@@ -22,14 +22,18 @@
  *   timeouts: {connect_ms: 10000, control_ms: 5000, per_position_ms: 100,          # optional
  *              recovery_ms: 30000, idle_ms: 120000}
  *   auth: {token_file: secrets/pipeline.token}   # optional: the shared token (rlx_dist_security)
- *   tls: {ca: pki/ca.pem, cert: pki/node.pem, key: pki/node.key}   # optional: mutual TLS; also
- *                                 # name: the name stages' certificates carry, if not their host
+ *   tls: {ca: pki/ca.pem, cert: pki/node.pem, key: pki/node.key}   # optional: mutual TLS, the
+ *                                 # three together; also name: the name stages' certificates
+ *                                 # carry, if not their host (the driver's concern)
  *   limits: {connections: 16, sessions: 64, positions: 262144}     # optional: each stage's
  * and in a stage's entry, optionally, its own certificate: tls: {cert: pki/s0.pem, key: pki/s0.key}
+ * (both; it needs the top-level tls: for the ca). The files are not read here: the core reads
+ * them when a stage serves or a driver connects.
  *
- * Unknown or repeated keys, wrong types, a missing or empty stage list, malformed addresses,
- * standby addresses that repeat an address or another standby, and layer ranges that leave a
- * gap or overlap are RLX_E_FORMAT with "FILE:LINE: " in the message.
+ * Unknown or repeated keys, wrong types, empty values, a missing or empty stage list, malformed
+ * addresses, standby addresses that repeat an address or another standby, layer ranges that
+ * leave a gap or overlap, an incomplete tls: or auth:, and a stage's tls: without the file's are
+ * RLX_E_FORMAT with "FILE:LINE: " in the message.
  * Command-line flags override the file; the application applies them. */
 #ifndef RLX_DEPLOY_H
 #define RLX_DEPLOY_H
@@ -116,9 +120,10 @@ RLX_API const rlx_deploy_generation *rlx_deploy_generation_of(const rlx_deploy *
 RLX_API const rlx_deploy_timeouts *rlx_deploy_timeouts_of(const rlx_deploy *d);
 RLX_API const rlx_deploy_limits *rlx_deploy_limits_of(const rlx_deploy *d);
 /* The deployment's credentials (auth: and tls:) for the driver (stage < 0) or for stage `stage`
- * (its entry's tls: cert and key in place of the file's, when given); paths resolved against the
- * file's folder and borrowed from d, NULL when not given. A stage given no tls: cert while the
- * file's tls: has none is RLX_E_FORMAT naming the line. insecure_listen is left 0. */
+ * (its entry's tls: cert and key in place of the file's, when given; no tls_name, which is the
+ * driver's); paths resolved against the file's folder and borrowed from d, NULL when not given.
+ * insecure_listen is left 0. rlx_deploy_open checked that every stage has a complete set when
+ * the file has tls:, so this fails only for a stage past the end (RLX_E_INVALID). */
 RLX_API rlx_status rlx_deploy_security(const rlx_deploy *d, int stage, rlx_dist_security *out);
 
 /* The layer range of every stage (out[n_stages]) for the model of cfg: the file's ranges,

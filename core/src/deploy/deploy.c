@@ -25,7 +25,12 @@ struct rlx_deploy {
     rlx_deploy_speculator speculator;
     rlx_deploy_generation generation;
     rlx_deploy_timeouts timeouts;
-    uint32_t layers_line; /* line of the first explicit layers, for coverage errors */
+    rlx_deploy_limits limits;
+    /* auth: and tls:; paths as written until rlx_deploy_open resolves them */
+    char *token_file, *tls_ca, *tls_cert, *tls_key, *tls_name;
+    uint32_t tls_line;         /* line of the top-level tls: (0: none) */
+    uint32_t *stage_tls_lines; /* line of each stage's tls: (0: none), checked against tls: at the end */
+    uint32_t layers_line;      /* line of the first explicit layers, for coverage errors */
     /* the line of each stage's standby addresses, for errors found once every stage is read */
     uint32_t (*standby_lines)[RLX_DIST_MAX_STANDBY];
 };
@@ -185,6 +190,32 @@ static rlx_status parse_standby(parse *p, rlx_deploy_stage *s, const yaml_node_t
     return RLX_OK;
 }
 
+static rlx_status stage_tls_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
+    rlx_deploy_stage *s = ctx;
+    if (strcmp(key, "cert") == 0 || strcmp(key, "key") == 0) {
+        char *path = NULL;
+        rlx_status rc = get_string(p, key, v, &path);
+        *(key[0] == 'c' ? &s->tls_cert : &s->tls_key) = path;
+        return rc;
+    }
+    if (strcmp(key, "ca") == 0 || strcmp(key, "name") == 0)
+        return fail(p, k, "'%s' belongs in the file's top-level tls: (a stage's tls: gives its own cert and key)", key);
+    return fail(p, k, "unknown key '%s' in a stage's tls (known: cert, key)", key);
+}
+
+/* A stage's own certificate: cert and key together. Whether the file's tls: gives the authority
+ * they chain to is checked once the whole file is read (tls: may come after the stages). */
+static rlx_status parse_stage_tls(parse *p, rlx_deploy_stage *s, const yaml_node_t *v) {
+    rlx_status rc = need_mapping(p, "a stage's 'tls'", v);
+    if (rc == RLX_OK)
+        rc = each_pair(p, v, s, stage_tls_pair);
+    if (rc == RLX_OK && (!s->tls_cert || !s->tls_key))
+        rc = fail(p, v, "a stage's tls: needs both cert and key (the stage's certificate and its private key)");
+    if (rc == RLX_OK)
+        p->d->stage_tls_lines[s - p->d->stages] = line_of(v);
+    return rc;
+}
+
 static rlx_status stage_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
     rlx_deploy_stage *s = ctx;
     rlx_status rc;
@@ -218,9 +249,11 @@ static rlx_status stage_pair(parse *p, void *ctx, const char *key, const yaml_no
     }
     if (strcmp(key, "standby") == 0)
         return parse_standby(p, s, v);
+    if (strcmp(key, "tls") == 0)
+        return parse_stage_tls(p, s, v);
     return fail(p, k,
                 "unknown key '%s' in a stage (known: address, backend, backend_options, layers, threads, listen, "
-                "standby)",
+                "standby, tls)",
                 key);
 }
 
@@ -269,7 +302,8 @@ static rlx_status parse_stages(parse *p, const yaml_node_t *v) {
         return fail(p, v, "%zu stages is more than any model has layers", n);
     rlx_deploy *d = p->d;
     if (!(d->stages = rlx__calloc(n, sizeof *d->stages)) ||
-        !(d->standby_lines = rlx__calloc(n, sizeof *d->standby_lines)))
+        !(d->standby_lines = rlx__calloc(n, sizeof *d->standby_lines)) ||
+        !(d->stage_tls_lines = rlx__calloc(n, sizeof *d->stage_tls_lines)))
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", d->path);
     for (size_t i = 0; i < n; i++) {
         const yaml_node_t *item = yaml_document_get_node(p->doc, v->data.sequence.items.start[i]);
@@ -420,8 +454,70 @@ static rlx_status timeouts_pair(parse *p, void *ctx, const char *key, const yaml
         return get_u32(p, key, v, 1, &t->per_position_ms);
     if (strcmp(key, "recovery_ms") == 0)
         return get_u32(p, key, v, 1, &t->recovery_ms);
-    return fail(p, k, "unknown key '%s' in timeouts (known: connect_ms, control_ms, per_position_ms, recovery_ms)",
+    if (strcmp(key, "idle_ms") == 0)
+        return get_u32(p, key, v, 1, &t->idle_ms);
+    return fail(p, k,
+                "unknown key '%s' in timeouts (known: connect_ms, control_ms, per_position_ms, recovery_ms, idle_ms)",
                 key);
+}
+
+static rlx_status limits_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
+    rlx_deploy_limits *l = ctx;
+    if (strcmp(key, "connections") == 0)
+        return get_u32(p, key, v, 1, &l->connections);
+    if (strcmp(key, "sessions") == 0)
+        return get_u32(p, key, v, 1, &l->sessions);
+    if (strcmp(key, "positions") == 0) {
+        rlx_status rc = get_u64(p, key, v, UINT64_MAX, &l->positions);
+        if (rc == RLX_OK && l->positions == 0)
+            rc = fail(p, v, "'positions' must be at least 1");
+        return rc;
+    }
+    return fail(p, k, "unknown key '%s' in limits (known: connections, sessions, positions)", key);
+}
+
+static rlx_status auth_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
+    (void)ctx;
+    if (strcmp(key, "token_file") == 0)
+        return get_string(p, key, v, &p->d->token_file);
+    return fail(p, k, "unknown key '%s' in auth (known: token_file)", key);
+}
+
+static rlx_status tls_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
+    (void)ctx;
+    rlx_deploy *d = p->d;
+    char **field = strcmp(key, "ca") == 0     ? &d->tls_ca
+                   : strcmp(key, "cert") == 0 ? &d->tls_cert
+                   : strcmp(key, "key") == 0  ? &d->tls_key
+                   : strcmp(key, "name") == 0 ? &d->tls_name
+                                              : NULL;
+    if (!field)
+        return fail(p, k, "unknown key '%s' in tls (known: ca, cert, key, name)", key);
+    return get_string(p, key, v, field);
+}
+
+/* Mutual TLS needs all three files on every side: the authority to check the peer against, and
+ * a certificate with its key to show. A stage's entry may replace the last two. */
+static rlx_status parse_tls(parse *p, const yaml_node_t *v) {
+    rlx_deploy *d = p->d;
+    rlx_status rc = need_mapping(p, "'tls'", v);
+    if (rc == RLX_OK)
+        rc = each_pair(p, v, NULL, tls_pair);
+    if (rc == RLX_OK && (!d->tls_ca || !d->tls_cert || !d->tls_key)) {
+        char missing[32] = "";
+        const char *names[] = {d->tls_ca ? NULL : "ca", d->tls_cert ? NULL : "cert", d->tls_key ? NULL : "key"};
+        for (size_t i = 0; i < 3; i++)
+            if (names[i])
+                snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s%s", *missing ? ", " : "",
+                         names[i]);
+        rc = fail(p, v,
+                  "tls: needs ca, cert and key together (the authority the peers' certificates chain to, a "
+                  "certificate and its private key); missing: %s",
+                  missing);
+    }
+    if (rc == RLX_OK)
+        d->tls_line = line_of(v);
+    return rc;
 }
 
 static rlx_status top_pair(parse *p, void *ctx, const char *key, const yaml_node_t *k, const yaml_node_t *v) {
@@ -452,7 +548,24 @@ static rlx_status top_pair(parse *p, void *ctx, const char *key, const yaml_node
             rc = each_pair(p, v, &d->timeouts, timeouts_pair);
         return rc;
     }
-    return fail(p, k, "unknown key '%s' (known: model, transport, stages, speculator, generation, timeouts)", key);
+    if (strcmp(key, "limits") == 0) {
+        if ((rc = need_mapping(p, "'limits'", v)) == RLX_OK)
+            rc = each_pair(p, v, &d->limits, limits_pair);
+        return rc;
+    }
+    if (strcmp(key, "auth") == 0) {
+        if ((rc = need_mapping(p, "'auth'", v)) == RLX_OK)
+            rc = each_pair(p, v, NULL, auth_pair);
+        if (rc == RLX_OK && !d->token_file)
+            rc = fail(p, v, "auth: needs token_file (the file whose first line is the shared token)");
+        return rc;
+    }
+    if (strcmp(key, "tls") == 0)
+        return parse_tls(p, v);
+    return fail(p, k,
+                "unknown key '%s' (known: model, transport, stages, speculator, generation, timeouts, limits, auth, "
+                "tls)",
+                key);
 }
 
 /* Makes a relative path (the model's, the draft model's) relative to the deployment file's folder. */
@@ -470,6 +583,26 @@ static rlx_status resolve_path(rlx_deploy *d, char **path) {
     free(*path);
     *path = full;
     return RLX_OK;
+}
+
+/* resolve_path for the members the header declares const (the strings are d's own). */
+static rlx_status resolve_member(rlx_deploy *d, const char **path) {
+    char *owned = (char *)*path;
+    rlx_status rc = resolve_path(d, &owned);
+    *path = owned;
+    return rc;
+}
+
+/* Every path the file gives: the models, the token file and the certificates. */
+static rlx_status resolve_paths(rlx_deploy *d) {
+    char **own[] = {&d->model, &d->token_file, &d->tls_ca, &d->tls_cert, &d->tls_key};
+    rlx_status rc = resolve_member(d, &d->speculator.draft_model);
+    for (size_t i = 0; rc == RLX_OK && i < sizeof own / sizeof own[0]; i++)
+        rc = resolve_path(d, own[i]);
+    for (uint32_t i = 0; rc == RLX_OK && i < d->n_stages; i++)
+        if ((rc = resolve_member(d, &d->stages[i].tls_cert)) == RLX_OK)
+            rc = resolve_member(d, &d->stages[i].tls_key);
+    return rc;
 }
 
 rlx_status rlx_deploy_open(const char *path, rlx_deploy **out) {
@@ -519,9 +652,16 @@ rlx_status rlx_deploy_open(const char *path, rlx_deploy **out) {
         rc = rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
         goto done;
     }
-    char *draft_model = (char *)d->speculator.draft_model;
-    if ((rc = resolve_path(d, &d->model)) == RLX_OK && (rc = resolve_path(d, &draft_model)) == RLX_OK)
-        d->speculator.draft_model = draft_model;
+    for (uint32_t i = 0; i < d->n_stages; i++)
+        if (d->stage_tls_lines[i] && !d->tls_line) {
+            rc = rlx_error(RLX_E_FORMAT,
+                           "%s:%u: stage %u's tls: gives its certificate, but the file has no top-level tls: "
+                           "with the ca the peers' certificates chain to",
+                           path, d->stage_tls_lines[i], i);
+            goto done;
+        }
+    if ((rc = resolve_paths(d)) != RLX_OK)
+        goto done;
 done:
     if (have_doc)
         yaml_document_delete(&doc);
@@ -546,9 +686,17 @@ void rlx_deploy_close(rlx_deploy *d) {
         for (uint32_t k = 0; k < d->stages[i].n_standby; k++)
             free((char *)d->stages[i].standby[k]);
         free((void *)d->stages[i].standby);
+        free((char *)d->stages[i].tls_cert);
+        free((char *)d->stages[i].tls_key);
     }
     free(d->stages);
     free(d->standby_lines);
+    free(d->stage_tls_lines);
+    free(d->token_file);
+    free(d->tls_ca);
+    free(d->tls_cert);
+    free(d->tls_key);
+    free(d->tls_name);
     free((char *)d->speculator.plugin);
     free((char *)d->speculator.draft_model);
     free((char *)d->speculator.options);
@@ -573,6 +721,22 @@ const rlx_deploy_speculator *rlx_deploy_speculator_of(const rlx_deploy *d) {
 
 const rlx_deploy_generation *rlx_deploy_generation_of(const rlx_deploy *d) { return &d->generation; }
 const rlx_deploy_timeouts *rlx_deploy_timeouts_of(const rlx_deploy *d) { return &d->timeouts; }
+const rlx_deploy_limits *rlx_deploy_limits_of(const rlx_deploy *d) { return &d->limits; }
+
+rlx_status rlx_deploy_security(const rlx_deploy *d, int stage, rlx_dist_security *out) {
+    if (!d || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_deploy_security: NULL argument");
+    if (stage >= 0 && (uint32_t)stage >= d->n_stages)
+        return rlx_error(RLX_E_INVALID, "%s has %u stages; stage %d is not one of them", d->path, d->n_stages, stage);
+    const rlx_deploy_stage *s = stage >= 0 ? &d->stages[stage] : NULL;
+    const int own = s && s->tls_cert; /* parsing gave the stage's cert and key together */
+    *out = (rlx_dist_security){.tls_ca = d->tls_ca,
+                               .tls_cert = own ? s->tls_cert : d->tls_cert,
+                               .tls_key = own ? s->tls_key : d->tls_key,
+                               .tls_name = s ? NULL : d->tls_name,
+                               .auth_token_file = d->token_file};
+    return RLX_OK;
+}
 
 rlx_status rlx_deploy_layers(const rlx_deploy *d, const rlx_model_config *cfg, rlx_layer_range *out) {
     if (!d || !cfg || !out)

@@ -299,6 +299,19 @@ static rlx_status pipeline_stages(rlx_runtime *rt, const rlx_driver_stage **stag
 
 static uint32_t or_default(uint32_t given, uint32_t file) { return given ? given : file; }
 
+/* The caller's credentials, each one it leaves NULL taken from the deployment file. */
+static rlx_dist_security driver_security(const rlx_runtime *rt) {
+    rlx_dist_security s = rt->o.security, file = {0};
+    if (rt->deploy)
+        rlx_deploy_security(rt->deploy, -1, &file); /* the driver's: fails only for a stage index */
+    const char **mine[] = {&s.tls_ca, &s.tls_cert, &s.tls_key, &s.tls_name, &s.auth_token_file};
+    const char *const theirs[] = {file.tls_ca, file.tls_cert, file.tls_key, file.tls_name, file.auth_token_file};
+    for (size_t i = 0; i < sizeof mine / sizeof mine[0]; i++)
+        if (!*mine[i])
+            *mine[i] = theirs[i];
+    return s;
+}
+
 static rlx_status open_pipeline(rlx_runtime *rt) {
     const rlx_runtime_options *o = &rt->o;
     const char *transport = o->transport ? o->transport : rt->deploy ? rlx_deploy_transport(rt->deploy) : "tcp";
@@ -327,6 +340,7 @@ static rlx_status open_pipeline(rlx_runtime *rt) {
         d.no_recovery = o->no_recovery;
         d.restart = o->stage_restart;
         d.restart_ctx = o->stage_restart_ctx;
+        d.security = driver_security(rt);
         if ((rc = rlx_driver_create(rt->model_dir, &d, &rt->driver)) != RLX_OK ||
             (rc = rlx_driver_lm(rt->driver, &rt->lm)) != RLX_OK)
             rc = failed(rc, "pipeline");
