@@ -51,6 +51,13 @@ static void bytes(const uint8_t *p, size_t len) {
     fwrite(p, 1, len, seed);
 }
 
+/* A frame header announcing len bytes that never come. */
+static void announce(uint64_t len) {
+    uint8_t h[FRAME_HEADER_SIZE];
+    frame_header(h, NULL, len, FRAME_FLAG_NO_CRC);
+    fwrite(h, 1, sizeof h, seed);
+}
+
 static void envelope(const Rlx__Envelope *e) {
     uint8_t *p = malloc(rlx__envelope__get_packed_size(e) + 1);
     if (!p)
@@ -258,5 +265,8 @@ int main(int argc, char **argv) {
         begin("empty-envelope", MODE_ENVELOPES), bytes(garbage, 0), end();
     }
     begin("fix-checksums", MODE_FIX_CHECKSUMS), activations(0, 1, 1, 0, 2, 0), end();
+    /* A receive allocates as the bytes arrive, not what a header claims (transport_iface.h):
+     * announcing almost 4 GiB (under the default max_message) and sending nothing costs nothing. */
+    begin("announces-4g", 0), announce((4ull << 30) - 64), end();
     return 0;
 }
