@@ -170,17 +170,28 @@ static int64_t now_ms(void) {
 /* Sends out[] to the stage while reading what it answers (so neither side blocks on a full
  * socket), shuts the sending side, and reads until the stage closes. */
 static void talk(int port, const buffer *out) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    const int64_t deadline = now_ms() + DEADLINE_MS;
+    /* Non-blocking, since libFuzzer's timer signal interrupts a blocking connect. */
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        perror("fuzz_stage: connecting to the stage");
+    int err = fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) == 0 ? 0 : errno;
+    if (err == EINPROGRESS) {
+        struct pollfd p = {.fd = fd, .events = POLLOUT};
+        int64_t left;
+        while ((left = deadline - now_ms()) > 0 && poll(&p, 1, (int)left) <= 0)
+            ;
+        socklen_t len = sizeof err;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || (!err && !p.revents))
+            err = ETIMEDOUT;
+    }
+    if (fd < 0 || err) {
+        fprintf(stderr, "fuzz_stage: connecting to the stage: %s\n", strerror(fd < 0 ? errno : err));
         abort();
     }
     size_t sent = 0;
     int shut = 0;
     uint8_t sink[65536];
-    const int64_t deadline = now_ms() + DEADLINE_MS;
     for (;;) {
         if (sent == out->len && !shut) {
             shutdown(fd, SHUT_WR);
