@@ -4,8 +4,11 @@
  * comes from the plugin's own descriptor with max_message=1M, so lengths on both sides of the
  * limit are reached. Input: a mode byte, then the stream. With mode bit 0 the frames' checksums
  * are made right first (fuzz_frame.h), so mutated lengths, flags and versions get past the
- * header checksum. The stream is written to the socket, the socket shut, and recv called until
- * it fails; each message must be within the limit. */
+ * header checksum; with bit 1 the connection's limit is lowered to LOWERED_MAX by transport
+ * iface 1.1's set_max_message (when the plugin has it), as a stage does before its peer has
+ * authenticated. The stream is written to the socket, the socket shut, and recv called until it
+ * fails; each message must be within the limit. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -17,7 +20,7 @@
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-enum { MAX_MESSAGE = 1 << 20, RECV_TIMEOUT_MS = 1000 };
+enum { MAX_MESSAGE = 1 << 20, LOWERED_MAX = 4096, RECV_TIMEOUT_MS = 1000 };
 
 static const rlx_host *fuzz_host;
 static const rlx_transport_iface *iface;
@@ -61,13 +64,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         fprintf(stderr, "fuzz_tcp_frames: %s\n", rlx_last_error());
         abort();
     }
+    uint64_t limit = MAX_MESSAGE;
+    if ((data[0] & 2) && iface->size > offsetof(rlx_transport_iface, set_max_message) && iface->set_max_message) {
+        if (iface->set_max_message(instance, c, LOWERED_MAX) != RLX_OK) {
+            fprintf(stderr, "fuzz_tcp_frames: set_max_message: %s\n", rlx_last_error());
+            abort();
+        }
+        limit = LOWERED_MAX;
+    }
     size_t received = 0;
     void *message;
     size_t len;
     while (iface->recv(instance, c, &message, &len, RECV_TIMEOUT_MS) == RLX_OK) {
-        if (len > MAX_MESSAGE || len + FRAME_HEADER_SIZE > sent - received) {
-            fprintf(stderr, "recv returned %zu bytes (limit %d) after %zu of %zu bytes sent\n", len, MAX_MESSAGE,
-                    received, sent);
+        if (len > limit || len + FRAME_HEADER_SIZE > sent - received) {
+            fprintf(stderr, "recv returned %zu bytes (limit %llu) after %zu of %zu bytes sent\n", len,
+                    (unsigned long long)limit, received, sent);
             abort();
         }
         received += FRAME_HEADER_SIZE + len;

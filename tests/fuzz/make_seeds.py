@@ -13,7 +13,7 @@ the parser reports:
   text         a flag byte then text: plain, special tokens, invalid UTF-8, NUL-separated
                chat messages with roles and reasoning
   tcp_frames   a mode byte then frames: empty, small and several messages, no-checksum
-               frames, a frame over the 1M limit, a bad magic, version, flags and checksums,
+               frames, a frame over the 1M limit, frames around a lowered limit, a bad magic, version, flags and checksums,
                a stream cut in a header and in a payload
 """
 import json
@@ -146,6 +146,7 @@ TCP_FRAMES = {
     "cut-header": b"\x00" + frame(b"abc")[:10],
     "cut-payload": b"\x00" + frame(b"abcdef")[:27],
     "fix-checksums": b"\x01" + frame(b"one") + frame(b"two", flags=1) + frame(b"three"),
+    "lowered-limit": b"\x03" + frame(b"small") + frame(b"x" * 4096) + frame(b"y" * 4097) + frame(b"z"),
 }
 
 
