@@ -181,7 +181,7 @@ typedef struct rlx_stage_options {
     uint64_t max_positions;
     uint32_t idle_timeout_ms; /* a connection that sends nothing for this long is closed; RLX_DIST_IDLE_TIMEOUT_MS */
     rlx_dist_security security;
-    const volatile sig_atomic_t *stop;  /* serve until *stop != 0 (a signal handler sets it) */
+    const volatile sig_atomic_t *stop; /* serve until *stop != 0 (a signal handler sets it) */
     /* Called once listening, with the bound address (for port 0); may be NULL. */
     void (*on_listening)(void *ctx, const char *bound_address);
     void *ctx;

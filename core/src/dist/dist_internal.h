@@ -54,8 +54,8 @@ typedef struct rlx__auth {
 /* Checks the security options, reads the token file and builds the transport options from
  * transport_options (may be NULL), the TLS files (and tls_name for a driver) and max_message
  * (0: none; the caller's own max_message wins). */
-rlx_status rlx__auth_init(rlx__auth *a, const rlx_dist_security *s, const char *transport_options,
-                          uint64_t max_message, int driver);
+rlx_status rlx__auth_init(rlx__auth *a, const rlx_dist_security *s, const char *transport_options, uint64_t max_message,
+                          int driver);
 void rlx__auth_free(rlx__auth *a); /* wipes the token */
 rlx_status rlx__auth_nonce(uint8_t out[RLX__AUTH_NONCE_BYTES]);
 /* HMAC-SHA256(token, label || driver_nonce || stage_nonce); both nonces RLX__AUTH_NONCE_BYTES. */
