@@ -21,7 +21,7 @@
  *                                           --max-sessions 2: the limits hold over connections
  *
  * COMMON: --model DIR --transport NAME [--plugin-dir DIR] [--stage ADDR=A-B ...] [--listen ADDR]
- *         [--timeout MS] [--transport-options OPTS]
+ *         [--timeout MS] [--transport-options OPTS] [--auth-token-file FILE (the driver's)]
  * Exit status: 0 pass, 1 failure (the message says what), 3 an expected pipeline error. */
 #include <errno.h>
 #include <stdarg.h>
@@ -39,7 +39,7 @@
 #define MAX_STAGES 8
 
 typedef struct probe {
-    const char *model, *transport, *plugin_dir, *listen, *transport_options;
+    const char *model, *transport, *plugin_dir, *listen, *transport_options, *token_file;
     double seconds;
     int nonce;
     rlx_driver_stage stages[MAX_STAGES];
@@ -86,6 +86,8 @@ static int parse_common(probe *p, int argc, char **argv, int first) {
             p->listen = v;
         } else if (strcmp(a, "--timeout") == 0) {
             p->timeout_ms = (uint32_t)atoi(v);
+        } else if (strcmp(a, "--auth-token-file") == 0) {
+            p->token_file = v;
         } else if (strcmp(a, "--transport-options") == 0) {
             p->transport_options = v;
         } else if (strcmp(a, "--seconds") == 0) {
@@ -128,6 +130,7 @@ static int driver_open(probe *p, rlx_driver **d, rlx_lm *lm) {
     o.timeout_ms = p->timeout_ms;
     o.connect_timeout_ms = 5000;
     o.no_recovery = (uint32_t)p->no_recovery;
+    o.security.auth_token_file = p->token_file;
     if (rlx_driver_create(p->model, &o, d) != RLX_OK)
         return fail("driver: %s", rlx_last_error());
     rlx_driver_lm(*d, lm);

@@ -566,10 +566,10 @@ def case_protocol(env):
                    [f"{bad}:6:", "gap"], 10)
 
 
-def pause_and_break(env, model, transport, stages, ns, breaker, limit=4):
+def pause_and_break(env, model, transport, stages, ns, breaker, limit=4, extra=()):
     """Runs pipeline_probe pause over stages [(address, layers)], calls breaker() after the
     prefill and returns the probe's output, which must report a pipeline error within limit s."""
-    args = [env.probe, "pause", "--model", model, "--transport", transport, "--timeout", "1000", "-n", "50"]
+    args = [env.probe, "pause", "--model", model, "--transport", transport, "--timeout", "1000", "-n", "50", *extra]
     for addr, r in stages:
         args += ["--stage", f"{addr}={r}"]
     if ns:
@@ -777,17 +777,32 @@ def case_netns(env):
         ip("link", "set", "lo", "up", ns=ns)
     model = env.model("deep-dense-f32")
     ref = env.reference(model)
+    # beyond loopback a stage wants credentials, or to be told it may go without
+    expect_failure(env, "a stage without credentials on 10.77.0.1",
+                   [env.rlx, "stage", "--listen", "10.77.0.1:0", "--model", model, "--layers", "0-4"],
+                   ["will not listen on 10.77.0.1:0 without credentials", "--insecure-listen"], 30, ns=ns_a)
+    bare, _ = env.stage(model, "0-4", "tcp", listen="10.77.0.1:0", ns=ns_a, extra=["--insecure-listen"])
+    if "without authentication (--insecure-listen)" not in env.stage_log(bare):
+        raise Fail(f"a stage with --insecure-listen does not warn:\n{env.stage_log(bare)}")
+    env.stop(bare)
+    log("ok: without credentials a stage binds 10.77.0.1 only when told --insecure-listen, and warns")
+    token = os.path.join(env.tmp, "netns.token")
+    with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write("a token for the namespaces' stages, 0123456789abcdef\n")
+    auth = ["--auth-token-file", token]
     transports = ["tcp"] + (["grpc"] if env.has_plugin("transport", "grpc") else [])
     for transport in transports:
-        # stage 0 beside the driver in namespace a, stage 1 across the veth pair in namespace b
-        s0, a0 = env.stage(model, "0-2", transport, listen="10.77.0.1:0", ns=ns_a)
-        s1, a1 = env.stage(model, "3-4", transport, listen="10.77.0.2:0", ns=ns_b)
-        cfg = env.config(f"netns-{transport}.yaml", model, transport, [(a0, "0-2", None), (a1, "3-4", None)])
+        # stage 0 beside the driver in namespace a, stage 1 across the veth pair in namespace b,
+        # both requiring the deployment's token
+        s0, a0 = env.stage(model, "0-2", transport, listen="10.77.0.1:0", ns=ns_a, extra=auth)
+        s1, a1 = env.stage(model, "3-4", transport, listen="10.77.0.2:0", ns=ns_b, extra=auth)
+        cfg = env.config(f"netns-{transport}.yaml", model, transport, [(a0, "0-2", None), (a1, "3-4", None)],
+                         extra=f"auth: {{token_file: {token}}}\n")
         env.same(f"driver in {ns_a}, stage 1 at {a1} in {ns_b} ({transport})", ref,
                  env.generate(["--config", cfg], ns=ns_a), env.logits(["--config", cfg], ns=ns_a))
         # the link goes down mid-session: the driver's wait for stage 1 ends in a bounded, named failure
         out = pause_and_break(env, model, transport, [(a0, "0-2"), (a1, "3-4")], ns_a,
-                              lambda: ip("link", "set", "veth0", "down", ns=ns_a))
+                              lambda: ip("link", "set", "veth0", "down", ns=ns_a), extra=auth)
         if f"stage 1 ({a1})" not in out or "no answer" not in out:
             raise Fail(f"veth down mid-session: expected a timeout naming stage 1 ({a1}):\n{out}")
         log(f"ok: veth down mid-session ({transport}): {out.splitlines()[0]}")
