@@ -102,6 +102,9 @@ typedef struct rlx_runtime_options {
     uint32_t no_recovery;
     rlx_driver_restart_fn stage_restart;
     void *stage_restart_ctx;
+    /* Local runs and stages: every node's output is checked as it runs, and the first NaN or
+     * infinity stops the forward naming the node (rlx_session_options.check_finite). */
+    uint32_t check_finite;
 } rlx_runtime_options;
 
 /* Zeroes with size set: the model alone on cpu-blas, no speculator. */
