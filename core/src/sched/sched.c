@@ -377,19 +377,20 @@ rlx_status rlx_plan_bind(rlx_plan *p, int id, void *data) {
 #define FINITE_BLOCK 2048
 
 /* The first value of u[0 .. n) whose magnitude bits (u & 0x7fffffff) reach inf, the magnitude
- * of an infinity: each block is folded by max first, a loop that vectorizes, and searched only
- * when the fold reaches inf. Bit patterns go through memcpy, which compilers make plain loads. */
+ * of an infinity: each block is first folded by OR over the comparisons, a loop that vectorizes
+ * with SSE2 alone (magnitudes are non-negative as signed values, so the signed compare serves),
+ * and searched only when one compared true. Bit patterns go through memcpy, which compilers make
+ * plain loads. */
 static int64_t first_at_least32(const void *u, size_t n, uint32_t inf) {
     for (size_t at = 0; at < n; at += FINITE_BLOCK) {
         const size_t end = n - at < FINITE_BLOCK ? n : at + FINITE_BLOCK;
-        uint32_t top = 0;
+        int32_t bad = 0;
         for (size_t i = at; i < end; i++) {
-            uint32_t v;
-            memcpy(&v, (const uint32_t *)u + i, sizeof v);
-            v &= 0x7fffffffu;
-            top = v > top ? v : top;
+            int32_t v;
+            memcpy(&v, (const int32_t *)u + i, sizeof v);
+            bad |= (v & 0x7fffffff) >= (int32_t)inf;
         }
-        for (size_t i = at; top >= inf && i < end; i++) {
+        for (size_t i = at; bad && i < end; i++) {
             uint32_t v;
             memcpy(&v, (const uint32_t *)u + i, sizeof v);
             if ((v & 0x7fffffffu) >= inf)
@@ -403,14 +404,13 @@ static int64_t first_at_least32(const void *u, size_t n, uint32_t inf) {
 static int64_t first_at_least16(const void *u, size_t n, uint16_t inf) {
     for (size_t at = 0; at < n; at += FINITE_BLOCK) {
         const size_t end = n - at < FINITE_BLOCK ? n : at + FINITE_BLOCK;
-        uint16_t top = 0;
+        int16_t bad = 0;
         for (size_t i = at; i < end; i++) {
-            uint16_t v;
-            memcpy(&v, (const uint16_t *)u + i, sizeof v);
-            v &= 0x7fffu;
-            top = v > top ? v : top;
+            int16_t v;
+            memcpy(&v, (const int16_t *)u + i, sizeof v);
+            bad |= (int16_t)(v & 0x7fff) >= (int16_t)inf;
         }
-        for (size_t i = at; top >= inf && i < end; i++) {
+        for (size_t i = at; bad && i < end; i++) {
             uint16_t v;
             memcpy(&v, (const uint16_t *)u + i, sizeof v);
             if ((v & 0x7fffu) >= inf)
