@@ -184,7 +184,7 @@ int app_kv_dtype(const app_options *o) {
 }
 
 app_opt_group app_common_group(app_options *o) {
-    static app_opt opts[11];
+    static app_opt opts[12];
     const app_opt model = app_model_group(o).opts[0];
     app_opt list[] = {
         model,
@@ -216,6 +216,10 @@ app_opt_group app_common_group(app_options *o) {
          APP_OPT_CUSTOM, &o->cache_type_k, .parse = parse_cache_type},
         {0, "cache-type-v", NULL, "TYPE", "KV cache type of the values, as --cache-type-k (-ctv)", APP_OPT_CUSTOM,
          &o->cache_type_v, .parse = parse_cache_type},
+        {0, "check-finite", NULL, NULL,
+         "check every node's output as it runs and stop at the first NaN or\n"
+         "infinity, naming the node (slow: a debugging aid; launched stages inherit it)",
+         APP_OPT_FLAG, &o->check_finite},
     };
     memcpy(opts, list, sizeof opts);
     return APP_OPT_GROUP("options:", opts);

@@ -36,6 +36,7 @@ typedef struct app_options {
     const char *quant; /* --quant TYPE: quantize a safetensors model's matrices when loading it */
     /* --cache-type-k / --cache-type-v (-ctk, -ctv): the KV cache's rlx_dtype, F32 unless given */
     uint32_t cache_type_k, cache_type_v;
+    int check_finite;              /* --check-finite: every node's output is checked for NaN and infinity */
     app_pipeline_options pipeline; /* --config, --stages, --launch, --transport, timeouts, recovery, credentials */
     uint32_t slots;                /* over a pipeline: sequences the stages keep (rlx serve --parallel) */
 } app_options;

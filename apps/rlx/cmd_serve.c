@@ -156,6 +156,7 @@ static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, se
     eo.backends = backends;
     eo.n_backends = n_backends;
     eo.rules = rlx_runtime_rules(rt->runtime, &eo.n_rules);
+    eo.check_finite = (uint32_t)o->check_finite;
     rlx_status rc = lm       ? rlx_engine_create_lm(&rt->lm, rt->spec, rt->draft_tokens, &eo, &s->engine)
                     : driver ? rlx_engine_create_pipeline(driver, &eo, &s->engine)
                              : rlx_engine_create(rt->model, &eo, &s->engine);

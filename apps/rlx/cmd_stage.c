@@ -272,6 +272,7 @@ int cmd_stage(int argc, char **argv, app_options *o) {
         goto done;
     }
     ro.kv_dtype = (uint32_t)kv_dtype;
+    ro.check_finite = (uint32_t)o->check_finite;
     if (rlx_runtime_open(&ro, &rt) != RLX_OK) {
         status = app_fail("stage: %s", rlx_last_error());
         goto done;

@@ -53,6 +53,7 @@ static int runtime_options(app_runtime *rt, app_options *o, const app_spec_optio
     if (kv_dtype < 0)
         return 1;
     ro->kv_dtype = (uint32_t)kv_dtype;
+    ro->check_finite = (uint32_t)o->check_finite;
     return 0;
 }
 

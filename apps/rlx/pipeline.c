@@ -270,6 +270,8 @@ static void common_args(argv_builder *b, const app_options *o, const char *trans
         arg(b, "--cache-type-v");
         arg(b, "f16");
     }
+    if (o->check_finite) /* the stages compute */
+        arg(b, "--check-finite");
     if (threads)
         arg_u32(b, "--threads", threads);
     if (o->verbose)

@@ -341,6 +341,15 @@ static void test_rejects_bad_header_json(void **state) {
     header_fails(dir, "{'a': 5}", 0, "tensor 'a': header entry is not a JSON object");
 }
 
+/* A header without tensors used to pass as an empty file and reach qsort(NULL, 0, ...), undefined
+ * behaviour that UBSan reports; it is a model file that holds nothing to run. */
+static void test_rejects_no_tensors(void **state) {
+    const char *dir = *state;
+    header_fails(dir, "{}", 0, "holds no tensors (its header lists nothing)");
+    header_fails(dir, "{'__metadata__': {'format': 'pt'}}", 0, "holds no tensors (its header lists only __metadata__)");
+    header_fails(dir, "{'__metadata__': {}}   ", 16, "holds no tensors");
+}
+
 static void test_rejects_missing_fields(void **state) {
     const char *dir = *state;
     header_fails(dir, "{'w':{'shape':[1],'data_offsets':[0,4]}}", 4, "tensor 'w': missing field 'dtype'");
@@ -507,6 +516,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_rejects_bad_arguments_and_missing_files, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rejects_bad_length_prefix, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rejects_bad_header_json, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rejects_no_tensors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rejects_missing_fields, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rejects_bad_dtypes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rejects_bad_shapes, setup, teardown),

@@ -55,6 +55,10 @@ typedef struct rlx_engine_options {
     size_t n_backends;
     const rlx_place_rule *rules; /* borrowed; may be NULL */
     size_t n_rules;
+    /* appended: a local engine's plans check every node's output (rlx_session_options'
+     * check_finite); without it only the logits rows are checked, and a row that is not finite
+     * ends its request with an error */
+    uint32_t check_finite;
 } rlx_engine_options;
 
 static inline rlx_engine_options rlx_engine_options_default(void) {

@@ -35,6 +35,10 @@ typedef struct rlx_session_options {
     /* appended: the caches' rlx_dtype, RLX_DTYPE_F32 (0) or RLX_DTYPE_F16 (rows rounded to the
      * nearest F16 as they are written: half the memory, llama.cpp's default) */
     uint32_t kv_dtype;
+    /* appended: non-zero plans with RLX_PLAN_CHECK_FINITE, so a forward stops at the first node
+     * that writes a NaN or an infinity, naming it (a debugging mode: every node runs by itself
+     * and its output is scanned). Without it only the logits are checked (rlx_session_forward). */
+    uint32_t check_finite;
 } rlx_session_options;
 
 typedef struct rlx_session rlx_session;
@@ -53,7 +57,12 @@ RLX_API uint32_t rlx_session_capacity(const rlx_session *s);
  * n * hidden_size floats. With all_rows the output has a row per position, otherwise only the
  * last position's row (rows of vocab logits for a logits block, of hidden_size otherwise).
  * *out points into the session and stays valid until the next call on it. Token ids are
- * checked against the vocabulary and positions against the capacity before anything runs. */
+ * checked against the vocabulary and positions against the capacity before anything runs.
+ * The logits rows a logits block returns are checked to be finite: a NaN or an infinity is
+ * RLX_E_RANGE, "the logits of position P are not finite (NaN at vocabulary index I)", followed
+ * by the first node that wrote a value that is not finite, found by running the same positions
+ * again node by node (rlx_plan_run_checked) on this failure path only. The length is then
+ * unchanged. */
 RLX_API rlx_status rlx_session_forward(rlx_session *s, const void *input, uint32_t n, int all_rows, const float **out);
 
 /* For a session whose block spec sets emit_hidden: the final hidden rows (after the final norm)

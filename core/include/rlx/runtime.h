@@ -105,6 +105,9 @@ typedef struct rlx_runtime_options {
     /* Pipelines: the credentials the stages require; each field left NULL takes the deployment
      * file's (rlx_deploy_security), if any. */
     rlx_dist_security security;
+    /* Local runs and stages: every node's output is checked as it runs, and the first NaN or
+     * infinity stops the forward naming the node (rlx_session_options.check_finite). */
+    uint32_t check_finite;
 } rlx_runtime_options;
 
 /* Zeroes with size set: the model alone on cpu-blas, no speculator. */

@@ -36,6 +36,9 @@ enum {
     /* Every node by itself through compute(), even on backends that run spans: the per-node
      * results that fused spans are checked against. */
     RLX_PLAN_PER_NODE = 1u << 0,
+    /* Checks every F32, BF16 and F16 node output after its node runs (rlx_plan_run_checked on
+     * every run): a debugging mode that costs a pass over each output. */
+    RLX_PLAN_CHECK_FINITE = 1u << 1,
 };
 
 typedef struct rlx_plan_options {
@@ -65,6 +68,16 @@ RLX_API rlx_status rlx_plan_bind(rlx_plan *p, int tensor_id, void *data);
 /* Runs every node. Fails if an input or state is unbound, or a backend fails; the message
  * names the node and the backend. */
 RLX_API rlx_status rlx_plan_run(rlx_plan *p);
+
+/* Runs every node by itself through compute(), also those the plan runs in spans (the arena
+ * keeps every output of a span until the span would have ended, so running its nodes one by
+ * one is safe), and checks each F32, BF16 or F16 output as its node finishes. The first NaN or
+ * infinity stops the run with RLX_E_RANGE and a message naming the node, its op, the backend
+ * that computed it, and the first bad element and its kind: "node 'layers.2.mlp.down_proj'
+ * (matmul on cpu-blas) wrote +Inf at element 7 of its [1, 64] output". Integer outputs are
+ * not checked. Only a node's own output is checked, so the node named is the first to turn
+ * finite inputs into a non-finite value (or the first to read a non-finite weight or input). */
+RLX_API rlx_status rlx_plan_run_checked(rlx_plan *p);
 
 /* Data of a tensor after a run (outputs are kept to the end of the run; other activations
  * may have been overwritten). Valid until the next run or rlx_plan_destroy. */

@@ -331,7 +331,8 @@ static int handshake(stage_conn *c, const Rlx__Envelope *e) {
                                        .backends = st->o.session.backends,
                                        .n_backends = st->o.session.n_backends,
                                        .rules = st->o.session.rules,
-                                       .n_rules = st->o.session.n_rules};
+                                       .n_rules = st->o.session.n_rules,
+                                       .check_finite = st->o.session.check_finite};
         pthread_mutex_lock(&st->compute_mu);
         rlx_status rc = rlx__batch_create(st->m, &st->spec, &bo, &c->batch);
         pthread_mutex_unlock(&st->compute_mu);

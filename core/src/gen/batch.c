@@ -27,6 +27,7 @@ struct rlx__batch {
     size_t layer_bytes;        /* [n_slots, capacity] rows */
     void **k_cache, **v_cache; /* per layer of the block */
     batch_plan plans[BATCH_PLANS];
+    batch_plan *last; /* of the last run, for rlx__batch_trace_nonfinite */
     uint64_t clock;
 };
 
@@ -104,9 +105,14 @@ static batch_plan *get_plan(rlx__batch *b, uint32_t n_rows, uint32_t n_out, rlx_
                                   .kv_dtype = b->o.kv_dtype,
                                   .n_out_rows = n_out};
     *rc = rlx_model_build_block_ex(b->m, &b->spec, &bo, &victim->graph, &victim->io);
+    const rlx_plan_options po = {.size = sizeof po,
+                                 .flags = b->o.check_finite ? RLX_PLAN_CHECK_FINITE : 0,
+                                 .backends = b->o.backends,
+                                 .n_backends = b->o.n_backends,
+                                 .rules = b->o.rules,
+                                 .n_rules = b->o.n_rules};
     if (*rc == RLX_OK)
-        *rc = rlx_plan_create_placed(victim->graph, b->o.backends, b->o.n_backends, b->o.rules, b->o.n_rules,
-                                     &victim->plan);
+        *rc = rlx_plan_create_opts(victim->graph, &po, &victim->plan);
     const rlx_block_io *io = &victim->io.block;
     for (uint32_t l = 0; *rc == RLX_OK && l < io->n_layers; l++) {
         *rc = rlx_plan_bind(victim->plan, io->k_cache[l], b->k_cache[l]);
@@ -130,7 +136,7 @@ rlx_status rlx__batch_run(rlx__batch *b, const void *input, const int32_t *pos, 
     if (n == 0 || (logits && (n_out == 0 || n_out > n || !out_rows)))
         return rlx_error(RLX_E_INVALID, "batched block: %u rows with %u logits rows", n, n_out);
     rlx_status rc = RLX_OK;
-    batch_plan *p = get_plan(b, n, logits ? n_out : 0, &rc);
+    batch_plan *p = b->last = get_plan(b, n, logits ? n_out : 0, &rc);
     if (!p)
         return rc;
     const rlx_batch_io *io = &p->io;
@@ -143,6 +149,12 @@ rlx_status rlx__batch_run(rlx__batch *b, const void *input, const int32_t *pos, 
         return rc;
     *out = rlx_plan_data(p->plan, io->block.output);
     return RLX_OK;
+}
+
+rlx_status rlx__batch_trace_nonfinite(rlx__batch *b) {
+    if (!b->last)
+        return rlx_error(RLX_E_INVALID, "batched block: no run to trace");
+    return rlx_plan_run_checked(b->last->plan);
 }
 
 void rlx__batch_copy(rlx__batch *b, uint32_t from, uint32_t to, uint32_t n) {

@@ -284,7 +284,8 @@ rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts,
                                    .backends = e->backends,
                                    .n_backends = e->n_backends,
                                    .rules = e->rules,
-                                   .n_rules = e->n_rules};
+                                   .n_rules = e->n_rules,
+                                   .check_finite = o.check_finite};
     if ((rc = rlx__batch_create(m, &spec, &bo, &e->batch)) != RLX_OK) {
         rlx_engine_destroy(e);
         return rc;
@@ -675,12 +676,23 @@ static int report_token(rlx_engine *e, engine_req *r, int32_t token, const float
 }
 
 /* Samples the next token of slot s from its logits row and reports it; ends the request when
- * it should end (a cancel is taken at the start of the next step). */
-static void emit(rlx_engine *e, uint32_t s, const float *logits) {
+ * it should end (a cancel is taken at the start of the next step). With a non-NULL `unchecked`
+ * the row is checked to be finite first: one that is not ends the request with an error,
+ * followed by `unchecked` (what is known of where the value came from); the other slots go on,
+ * since rows of different slots do not mix. */
+static void emit(rlx_engine *e, uint32_t s, const float *logits, const char *unchecked) {
     engine_slot *sl = &e->slots[s];
     engine_req *r = sl->req;
+    rlx_status rc = unchecked ? rlx__logits_check(logits, e->vocab, sl->n_valid - 1) : RLX_OK;
+    if (rc != RLX_OK) {
+        char message[1024];
+        snprintf(message, sizeof message, "%s%s", rlx_last_error(), unchecked);
+        sl->n_valid = 0; /* its cache rows are not to be reused */
+        finish_slot(e, s, RLX_FINISH_ERROR, rc, message);
+        return;
+    }
     int32_t token = rlx_sampler_sample(r->sampler, logits);
-    rlx_status rc = rlx_sampler_accept(r->sampler, token);
+    rc = rlx_sampler_accept(r->sampler, token);
     if (rc != RLX_OK) {
         finish_slot(e, s, RLX_FINISH_ERROR, rc, rlx_last_error());
         return;
@@ -776,6 +788,29 @@ static void count_step(rlx_engine *e, double seconds) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* A step's logits hold a NaN or an infinity: keeps a copy of its rows in *kept (*logits points
+ * there after) and runs the step again node by node to name the node that first wrote such a
+ * value. Returns the text emit adds to a bad row's error: that node, or the hint. */
+static const char *trace_nonfinite(rlx_engine *e, const float **logits, uint32_t n_out, float **kept, char *trace,
+                                   size_t len) {
+    const size_t bytes = (size_t)n_out * (size_t)e->vocab * sizeof **logits;
+    if (!(*kept = rlx__malloc(bytes)))
+        return RLX__FINITE_HINT;
+    memcpy(*kept, *logits, bytes);
+    *logits = *kept;
+    const rlx_status rc = rlx__batch_trace_nonfinite(e->batch);
+    if (rc == RLX_OK)
+        snprintf(trace, len,
+                 "; run again node by node the step gives finite values, so the fused spans of a backend "
+                 "produced it");
+    else
+        snprintf(trace, len,
+                 rc == RLX_E_RANGE ? "; the first node to write a NaN or an infinity: %s"
+                                   : "; tracing it node by node failed: %s",
+                 rlx_last_error());
+    return trace;
+}
+
 /* One forward pass over every running slot; 0 when there was nothing to run. */
 static int step(rlx_engine *e) {
     uint32_t n_out;
@@ -789,8 +824,15 @@ static int step(rlx_engine *e) {
         fail_slots(e, -1, rc, rlx_last_error());
         return 1;
     }
+    float *kept = NULL;
+    char trace[512];
+    const char *unchecked = NULL;
+    for (uint32_t k = 0; k < n_out && !unchecked; k++)
+        if (rlx__logits_check(logits + (size_t)k * (size_t)e->vocab, e->vocab, 0) != RLX_OK)
+            unchecked = trace_nonfinite(e, &logits, n_out, &kept, trace, sizeof trace);
     for (uint32_t k = 0; k < n_out; k++)
-        emit(e, e->out_slot[k], logits + (size_t)k * (size_t)e->vocab);
+        emit(e, e->out_slot[k], logits + (size_t)k * (size_t)e->vocab, unchecked);
+    free(kept);
     count_step(e, rlx__now_seconds() - t0);
     return 1;
 }
@@ -846,7 +888,7 @@ static int pipe_step(rlx_engine *e, int closing) {
         fail_slots(e, (int)g, rc, rlx_last_error());
     } else {
         for (uint32_t k = 0; k < gr->n_out; k++)
-            emit(e, gr->out_slot[k], logits + (size_t)k * (size_t)e->vocab);
+            emit(e, gr->out_slot[k], logits + (size_t)k * (size_t)e->vocab, RLX__FINITE_HINT);
     }
     pthread_mutex_lock(&e->mu);
     e->stats.steps++;

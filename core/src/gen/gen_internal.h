@@ -15,6 +15,15 @@ typedef struct rlx__token_fn_adapter {
 /* An rlx_token_logits_fn whose ctx is an rlx__token_fn_adapter: calls its fn without the logits. */
 int rlx__call_token_fn(void *adapter, int32_t token, const float *logits);
 
+/* RLX_E_RANGE when row, the vocab logits of position `position`, holds a NaN or an infinity:
+ * "the logits of position P are not finite (NaN at vocabulary index I)". A vectorized pass,
+ * negligible next to the matmul that computed the row. */
+rlx_status rlx__logits_check(const float *row, int64_t vocab, uint32_t position);
+
+/* What the generation code adds to a failed rlx__logits_check when it cannot trace the value
+ * to its node itself (logits from a pipeline, or another lm). */
+#define RLX__FINITE_HINT "; the first layer or op that produced it is found with --check-finite"
+
 /* rlx_sampler_accept of ids[0..n) in order; stops at the first failure. */
 rlx_status rlx__sampler_accept_all(rlx_sampler *s, const int32_t *ids, uint32_t n);
 
@@ -31,6 +40,7 @@ typedef struct rlx__batch_options {
     size_t n_backends;
     const rlx_place_rule *rules; /* borrowed for the batch's lifetime */
     size_t n_rules;
+    uint32_t check_finite; /* plans with RLX_PLAN_CHECK_FINITE */
 } rlx__batch_options;
 
 /* spec: the block (its all_logits, emit_hidden and mtp must be 0). */
@@ -43,6 +53,11 @@ void rlx__batch_destroy(rlx__batch *b);
  * state. *out stays valid until the next run. Positions and slots are the caller's to check. */
 rlx_status rlx__batch_run(rlx__batch *b, const void *input, const int32_t *pos, const int32_t *seq, uint32_t n,
                           const int32_t *out_rows, uint32_t n_out, const float **out);
+/* Runs the plan of the last rlx__batch_run again node by node, checking every output
+ * (rlx_plan_run_checked), to trace a logit that is not finite to the node that first wrote
+ * such a value: RLX_E_RANGE naming it, or RLX_OK when this run finds every value finite. The
+ * inputs of the last run must be unchanged; its output is overwritten. */
+rlx_status rlx__batch_trace_nonfinite(rlx__batch *b);
 /* Copies positions [0, n) of slot `from` into slot `to`, every layer's K and V. */
 void rlx__batch_copy(rlx__batch *b, uint32_t from, uint32_t to, uint32_t n);
 

@@ -10,6 +10,7 @@
 
 #include "gen/gen_internal.h"
 #include "model/model_internal.h"
+#include "sched/finite.h"
 #include "util/clock.h"
 #include "util/sized.h"
 
@@ -35,6 +36,7 @@ struct rlx_session {
     size_t n_rules;
     uint32_t capacity, length;
     uint32_t kv_dtype;
+    uint32_t plan_flags;       /* RLX_PLAN_CHECK_FINITE with check_finite */
     size_t cache_bytes;        /* per layer and per k or v */
     void **k_cache, **v_cache; /* per layer of the block: [capacity, kv_heads * head_dim] */
     int32_t *positions;        /* [capacity] */
@@ -77,6 +79,7 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
         return rlx_error(RLX_E_INVALID, "KV cache dtype %s: only f32 and f16 caches exist", rlx_dtype_name(o.kv_dtype));
     }
     s->kv_dtype = o.kv_dtype;
+    s->plan_flags = o.check_finite ? RLX_PLAN_CHECK_FINITE : 0;
     s->cache_bytes = (size_t)capacity * (size_t)(c->num_key_value_heads * c->head_dim) *
                      (o.kv_dtype == RLX_DTYPE_F16 ? sizeof(uint16_t) : sizeof(float));
     s->k_cache = rlx__calloc(n_layers, sizeof *s->k_cache);
@@ -151,8 +154,14 @@ static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot *
     spec.all_logits = (uint32_t)all_rows;
     rlx_build_options bo = {.size = sizeof bo, .n_tokens = n, .kv_capacity = s->capacity, .kv_dtype = s->kv_dtype};
     rlx_status rc = rlx_model_build_block_ex(s->m, &spec, &bo, &victim->graph, &victim->io);
+    const rlx_plan_options po = {.size = sizeof po,
+                                 .flags = s->plan_flags,
+                                 .backends = s->backends,
+                                 .n_backends = s->n_backends,
+                                 .rules = s->rules,
+                                 .n_rules = s->n_rules};
     if (rc == RLX_OK)
-        rc = rlx_plan_create_placed(victim->graph, s->backends, s->n_backends, s->rules, s->n_rules, &victim->plan);
+        rc = rlx_plan_create_opts(victim->graph, &po, &victim->plan);
     const rlx_block_io *io = &victim->io.block;
     for (uint32_t l = 0; rc == RLX_OK && l < io->n_layers; l++) {
         rc = rlx_plan_bind(victim->plan, io->k_cache[l], s->k_cache[l]);
@@ -168,6 +177,39 @@ static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot *
     victim->last_used = ++s->clock;
     *out = victim;
     return RLX_OK;
+}
+
+rlx_status rlx__logits_check(const float *row, int64_t vocab, uint32_t position) {
+    const char *kind;
+    const int64_t at = rlx__first_nonfinite(RLX_DTYPE_F32, row, (size_t)vocab, &kind);
+    return at < 0 ? RLX_OK
+                  : rlx_error(RLX_E_RANGE, "the logits of position %u are not finite (%s at vocabulary index %lld)",
+                              position, kind, (long long)at);
+}
+
+/* Checks the logits rows of the forward just run over n positions from s->length. A bad row is
+ * traced to the first node that wrote a value that is not finite by running the plan again
+ * node by node: the same inputs rewrite the same cache rows, and only this failure path pays
+ * for the search. */
+static rlx_status check_logits(rlx_session *s, rlx_plan *plan, const float *rows, uint32_t n, int all_rows) {
+    const int64_t vocab = rlx_model_config_of(s->m)->vocab_size;
+    const uint32_t first = all_rows ? s->length : s->length + n - 1, n_rows = all_rows ? n : 1;
+    rlx_status rc = RLX_OK;
+    for (uint32_t r = 0; rc == RLX_OK && r < n_rows; r++)
+        rc = rlx__logits_check(rows + (size_t)r * (size_t)vocab, vocab, first + r);
+    if (rc == RLX_OK)
+        return RLX_OK;
+    char bad[256];
+    snprintf(bad, sizeof bad, "%s", rlx_last_error());
+    const rlx_status traced = rlx_plan_run_checked(plan);
+    if (traced == RLX_E_RANGE)
+        return rlx_error(RLX_E_RANGE, "%s; the first node to write a NaN or an infinity: %s", bad, rlx_last_error());
+    if (traced == RLX_OK)
+        return rlx_error(RLX_E_RANGE,
+                         "%s; run again node by node the same positions give finite values, so the fused spans "
+                         "of a backend produced it",
+                         bad);
+    return rlx_error(RLX_E_RANGE, "%s; tracing it node by node failed: %s", bad, rlx_last_error());
 }
 
 /* One graph run over n new positions; hidden_in is the MTP block's second input (else NULL). */
@@ -195,9 +237,12 @@ static rlx_status run(rlx_session *s, const void *input, const float *hidden_in,
         (rc = rlx_plan_bind(slot->plan, io->positions, s->positions + s->length)) != RLX_OK ||
         (rc = rlx_plan_run(slot->plan)) != RLX_OK)
         return rc;
+    const float *rows = rlx_plan_data(slot->plan, io->output);
+    if (s->spec.produce_logits && (rc = check_logits(s, slot->plan, rows, n, all_rows)) != RLX_OK)
+        return rc;
     s->length += n;
     s->last_peak = rlx_plan_peak_bytes(slot->plan);
-    *out = rlx_plan_data(slot->plan, io->output);
+    *out = rows;
     if (io->hidden >= 0)
         s->hidden = rlx_plan_data(slot->plan, io->hidden);
     return RLX_OK;
@@ -315,6 +360,13 @@ rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out) {
     return RLX_OK;
 }
 
+/* The logits row of lm's last position, checked to be finite. A session has checked and traced
+ * them already; logits from elsewhere (a pipeline) are checked here, before a token is drawn. */
+static rlx_status check_lm_logits(const rlx_lm *lm, const float *row) {
+    rlx_status rc = rlx__logits_check(row, lm->vocab, lm->length(lm->self) - 1);
+    return rc == RLX_OK ? RLX_OK : rlx_error(rc, "%s" RLX__FINITE_HINT, rlx_last_error());
+}
+
 rlx_status rlx_generate_ex(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
                            uint32_t max_new, rlx_token_logits_fn fn, void *ctx, rlx_gen_stats *stats) {
     if (!lm || !sampler || !prompt || n_prompt == 0)
@@ -325,6 +377,8 @@ rlx_status rlx_generate_ex(const rlx_lm *lm, rlx_sampler *sampler, const int32_t
     rlx_status rc = lm->forward(lm->self, prompt, n_prompt, 0, &logits);
     double t1 = rlx__now_seconds();
     st.prompt_seconds = t1 - t0;
+    if (rc == RLX_OK)
+        rc = check_lm_logits(lm, logits);
     if (rc == RLX_OK) /* after the forward, which names a bad id better */
         rc = rlx__sampler_accept_all(sampler, prompt, n_prompt);
     if (rc == RLX_OK && max_new == 0)
@@ -348,7 +402,8 @@ rlx_status rlx_generate_ex(const rlx_lm *lm, rlx_sampler *sampler, const int32_t
             st.stop = RLX_GEN_STOP_CONTEXT;
             break;
         }
-        rc = lm->forward(lm->self, &token, 1, 0, &logits);
+        if ((rc = lm->forward(lm->self, &token, 1, 0, &logits)) == RLX_OK)
+            rc = check_lm_logits(lm, logits);
     }
     st.generate_seconds = rlx__now_seconds() - t1;
     if (stats)

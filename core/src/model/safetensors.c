@@ -133,8 +133,9 @@ static rlx_status add_tensors(rlx_weights *w, rlx__wfile *f, const cJSON *header
             name_bytes += strlen(entry->string) + 1;
         }
     }
-    if (count == 0) /* valid, just empty */
-        return RLX_OK;
+    if (count == 0) /* a model file without weights is a mistake, and the index sorts none */
+        return rlx_error(RLX_E_FORMAT, "%s: holds no tensors (its header lists %s)", f->path,
+                         cJSON_GetArraySize(header) ? "only __metadata__" : "nothing");
     rlx_weight *grown = rlx__realloc(w->tensors, (w->n_tensors + count) * sizeof *grown);
     if (!grown)
         return rlx_error(RLX_E_NOMEM, "%s: cannot allocate the index of %zu tensors", f->path, count);

@@ -167,7 +167,8 @@ static rlx_session_options session_options(const rlx_runtime *rt) {
                                  .n_backends = rt->n_preferred,
                                  .rules = rt->rules,
                                  .n_rules = rt->n_rules,
-                                 .kv_dtype = rt->o.kv_dtype};
+                                 .kv_dtype = rt->o.kv_dtype,
+                                 .check_finite = rt->o.check_finite};
 }
 
 // ---- speculator ----

@@ -1,11 +1,13 @@
 /* Execution plans: backend assignment by capability query and an activation arena planned by
  * liveness (first fit over the blocks live at each step). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/backend_impl.h"
 #include "graph/graph_impl.h"
 #include "rlx/sched.h"
+#include "sched/finite.h"
 #include "util/alloc.h"
 
 #define ARENA_ALIGN 64
@@ -244,7 +246,9 @@ static rlx_status plan_calls(rlx_plan *p) {
         rlx_backend *b = p->assigned[i];
         plan_call *c = &p->calls[p->n_calls];
         *c = (plan_call){.backend = b, .first = i, .n = 1};
-        if (!(rlx_backend_features(b) & RLX_BACKEND_RUNS_SPANS) || (p->flags & RLX_PLAN_PER_NODE)) {
+        /* a checked plan runs node by node (rlx_plan_run_checked) */
+        if (!(rlx_backend_features(b) & RLX_BACKEND_RUNS_SPANS) ||
+            (p->flags & (RLX_PLAN_PER_NODE | RLX_PLAN_CHECK_FINITE))) {
             p->n_calls++;
             i++;
             continue;
@@ -368,22 +372,132 @@ rlx_status rlx_plan_bind(rlx_plan *p, int id, void *data) {
     return RLX_OK;
 }
 
-rlx_status rlx_plan_run(rlx_plan *p) {
-    if (!p)
-        return rlx_error(RLX_E_INVALID, "rlx_plan_run: plan is NULL");
+/* Values scanned per block before looking at the block's largest magnitude: small enough that
+ * a block stays in L1 for the second, scalar pass, large enough to amortise the test. */
+#define FINITE_BLOCK 2048
+
+/* The first value of u[0 .. n) whose magnitude bits (u & 0x7fffffff) reach inf, the magnitude
+ * of an infinity: each block is first folded by OR over the comparisons, a loop that vectorizes
+ * with SSE2 alone (magnitudes are non-negative as signed values, so the signed compare serves),
+ * and searched only when one compared true. Bit patterns go through memcpy, which compilers make
+ * plain loads. */
+static int64_t first_at_least32(const void *u, size_t n, uint32_t inf) {
+    for (size_t at = 0; at < n; at += FINITE_BLOCK) {
+        const size_t end = n - at < FINITE_BLOCK ? n : at + FINITE_BLOCK;
+        int32_t bad = 0;
+        for (size_t i = at; i < end; i++) {
+            int32_t v;
+            memcpy(&v, (const int32_t *)u + i, sizeof v);
+            bad |= (v & 0x7fffffff) >= (int32_t)inf;
+        }
+        for (size_t i = at; bad && i < end; i++) {
+            uint32_t v;
+            memcpy(&v, (const uint32_t *)u + i, sizeof v);
+            if ((v & 0x7fffffffu) >= inf)
+                return (int64_t)i;
+        }
+    }
+    return -1;
+}
+
+/* first_at_least32 for 16-bit values (magnitude bits u & 0x7fff). */
+static int64_t first_at_least16(const void *u, size_t n, uint16_t inf) {
+    for (size_t at = 0; at < n; at += FINITE_BLOCK) {
+        const size_t end = n - at < FINITE_BLOCK ? n : at + FINITE_BLOCK;
+        int16_t bad = 0;
+        for (size_t i = at; i < end; i++) {
+            int16_t v;
+            memcpy(&v, (const int16_t *)u + i, sizeof v);
+            bad |= (int16_t)(v & 0x7fff) >= (int16_t)inf;
+        }
+        for (size_t i = at; bad && i < end; i++) {
+            uint16_t v;
+            memcpy(&v, (const uint16_t *)u + i, sizeof v);
+            if ((v & 0x7fffu) >= inf)
+                return (int64_t)i;
+        }
+    }
+    return -1;
+}
+
+int64_t rlx__first_nonfinite(uint32_t dtype, const void *data, size_t n, const char **kind) {
+    const int wide = dtype == RLX_DTYPE_F32;
+    const uint32_t inf = wide ? 0x7f800000u : dtype == RLX_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+    if (!wide && dtype != RLX_DTYPE_BF16 && dtype != RLX_DTYPE_F16)
+        return -1;
+    const int64_t at = wide ? first_at_least32(data, n, inf) : first_at_least16(data, n, (uint16_t)inf);
+    if (at >= 0) {
+        uint32_t v = 0;
+        if (wide)
+            memcpy(&v, (const uint32_t *)data + at, sizeof v);
+        else {
+            uint16_t h;
+            memcpy(&h, (const uint16_t *)data + at, sizeof h);
+            v = (uint32_t)h << 16; /* the sign bit where F32 has it */
+        }
+        const uint32_t mag = wide ? v & 0x7fffffffu : (v >> 16) & 0x7fffu;
+        *kind = mag > inf ? "NaN" : v & 0x80000000u ? "-Inf" : "+Inf";
+    }
+    return at;
+}
+
+/* "[5, 64]" */
+static void shape_text(const rlx_tensor *t, char *text, size_t len) {
+    size_t at = (size_t)snprintf(text, len, "[");
+    for (uint32_t d = 0; d < t->n_dims && at < len; d++)
+        at += (size_t)snprintf(text + at, len - at, d ? ", %lld" : "%lld", (long long)t->shape[d]);
+    if (at < len)
+        snprintf(text + at, len - at, "]");
+}
+
+/* RLX_E_RANGE naming node i when its output holds a NaN or an infinity. */
+static rlx_status check_node(const rlx_plan *p, uint32_t i) {
+    const rlx_tensor *out = p->views[i].output;
+    if (out->dtype != RLX_DTYPE_F32 && out->dtype != RLX_DTYPE_BF16 && out->dtype != RLX_DTYPE_F16)
+        return RLX_OK; /* ids and positions: no value of theirs is "not finite" */
+    const size_t n = rlx__tensor_nbytes(out) / rlx_dtype_size((int)out->dtype);
+    const char *kind = NULL;
+    const int64_t at = rlx__first_nonfinite(out->dtype, out->data, n, &kind);
+    if (at < 0)
+        return RLX_OK;
+    char shape[96];
+    shape_text(out, shape, sizeof shape);
+    return rlx_error(RLX_E_RANGE, "node '%s' (%s on %s) wrote %s at element %lld of its %s output", p->views[i].name,
+                     rlx_op_name((int)p->views[i].op), rlx_backend_name(p->assigned[i]), kind, (long long)at, shape);
+}
+
+/* Every input and state bound, and the views pointing at this run's bindings. */
+static rlx_status prepare_run(rlx_plan *p) {
     for (uint32_t t = 0; t < p->g->n_tensors; t++)
         if (!p->tensors[t].data && p->g->tensors[t].role != RLX_ROLE_ACTIVATION)
             return rlx_error(RLX_E_INVALID, "tensor '%s' is not bound", p->g->tensors[t].name);
     for (size_t r = 0; r < p->n_rebind; r++)
         p->view_inputs[p->rebind[r].slot].data = p->tensors[p->rebind[r].tensor].data;
-    for (uint32_t c = 0; c < p->n_calls; c++) {
-        const plan_call *call = &p->calls[c];
-        rlx_status rc = call->fused ? rlx__backend_compute_span(call->backend, call->handle, &call->span)
-                                    : rlx_backend_compute(call->backend, &p->views[call->first]);
-        if (rc < 0)
-            return rc;
-    }
     return RLX_OK;
+}
+
+rlx_status rlx_plan_run_checked(rlx_plan *p) {
+    if (!p)
+        return rlx_error(RLX_E_INVALID, "rlx_plan_run_checked: plan is NULL");
+    rlx_status rc = prepare_run(p);
+    for (uint32_t i = 0; rc == RLX_OK && i < p->g->n_nodes; i++)
+        if ((rc = rlx_backend_compute(p->assigned[i], &p->views[i])) == RLX_OK)
+            rc = check_node(p, i);
+    return rc;
+}
+
+rlx_status rlx_plan_run(rlx_plan *p) {
+    if (!p)
+        return rlx_error(RLX_E_INVALID, "rlx_plan_run: plan is NULL");
+    if (p->flags & RLX_PLAN_CHECK_FINITE)
+        return rlx_plan_run_checked(p);
+    rlx_status rc = prepare_run(p);
+    for (uint32_t c = 0; rc == RLX_OK && c < p->n_calls; c++) {
+        const plan_call *call = &p->calls[c];
+        rc = call->fused ? rlx__backend_compute_span(call->backend, call->handle, &call->span)
+                         : rlx_backend_compute(call->backend, &p->views[call->first]);
+    }
+    return rc;
 }
 
 uint32_t rlx_plan_n_calls(const rlx_plan *p) { return p ? p->n_calls : 0; }
