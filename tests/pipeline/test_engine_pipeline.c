@@ -402,6 +402,9 @@ static void on_listening(void *ctx, const char *bound) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* The stages' idle timeout; 0 = the default (far beyond any test). */
+static uint32_t stage_idle_ms;
+
 static void *serve(void *arg) {
     stage_run *s = arg;
     rlx_stage_options o = rlx_stage_options_default();
@@ -415,6 +418,7 @@ static void *serve(void *arg) {
     o.backend_name = s->backend ? "cpu-blas" : "ref";
     o.timeout_ms = TIMEOUT_MS;
     o.poll_ms = 20; /* how soon the stop flag is seen */
+    o.idle_timeout_ms = stage_idle_ms;
     o.stop = &s->stop;
     o.on_listening = on_listening;
     o.ctx = s;
@@ -1336,6 +1340,49 @@ static void test_stalled_stage_is_replaced(void **state) {
     }
 }
 
+/* Stages that close a connection silent for 300 ms, and a pipeline idle for 1.5 s between two
+ * requests: the driver's threads ping each stage well within that, so the second request runs on
+ * the same connections, with no stage lost or replaced, and gives the local engine's tokens. */
+static void test_idle_pipeline_is_kept_by_pings(void **state) {
+    (void)state;
+    static spec specs[2];
+    static received want[2], got[2];
+    memset(specs, 0, sizeof specs);
+    uint64_t rng = 0x1d1e5eedULL;
+    for (int i = 0; i < 2; i++) {
+        random_ids(&rng, specs[i].prompt, 9 + 4 * (uint32_t)i);
+        specs[i].n_prompt = 9 + 4 * (uint32_t)i;
+        specs[i].max_tokens = 6;
+        specs[i].top = 1;
+    }
+    run_local(specs, 2, 2, want);
+    log_clear();
+    stage_idle_ms = 300;
+    pipeline_start(&pl, 2, 2, 16, 0, 0, NULL, 0);
+    for (int i = 0; i < 2; i++) {
+        received_init(&got[i]);
+        submit(pl.engine, &specs[i], &got[i]);
+        wait_all(&got[i], 1, "a request around an idle pause");
+        if (i == 0)
+            sleep_ms(1500);
+    }
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(got[i].done.finish, RLX_FINISH_LENGTH);
+        assert_true(same_tokens("after an idle pause", i, &got[i], &want[i], specs[i].max_tokens));
+    }
+    rlx_driver_stats ds;
+    rlx_driver_stats_get(pl.driver, &ds);
+    assert_int_equal(ds.recoveries, 0);
+    if (log_has("idle timeout", ""))
+        fail_msg("a stage closed an idle driver connection that its driver was pinging");
+    pipeline_stop(&pl);
+    stage_idle_ms = 0;
+    for (int i = 0; i < 2; i++) {
+        received_destroy(&want[i]);
+        received_destroy(&got[i]);
+    }
+}
+
 static int setup(void **state) {
     (void)state;
     if (rlx_model_open(model_dir, &model) != RLX_OK || rlx_plugin_load(TCP_PLUGIN, &tcp) != RLX_OK) {
@@ -1383,6 +1430,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_stalled_stage_is_replaced, cleanup),
         cmocka_unit_test_teardown(test_unreplaced_stage_fails_naming_it, cleanup),
         cmocka_unit_test_teardown(test_destroy_during_recovery_is_prompt, cleanup),
+        cmocka_unit_test_teardown(test_idle_pipeline_is_kept_by_pings, cleanup),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
