@@ -80,6 +80,9 @@
  *   keepalive_timeout_ms=N  how long a ping may go unanswered (default 20000): a peer that
  *                         vanished or froze without closing its socket is an error after about
  *                         keepalive_ms + keepalive_timeout_ms
+ *   handshake_ms=N        listeners: how long an accepted socket may take to finish its TLS
+ *                         handshake and send its HTTP/2 settings before it is closed (default
+ *                         5000; gRPC's own 120 s would let idle sockets hold descriptors)
  *   poller=on|off         the progress thread (default on)
  *   tls_ca=FILE, tls_cert=FILE, tls_key=FILE  mutual TLS, all three or none (PEM files)
  *   tls_name=NAME         connect: the name the server's certificate must carry instead of the
@@ -132,6 +135,7 @@
 #define GRPCT_DEFAULT_LINGER_MS 5000
 #define GRPCT_DEFAULT_KEEPALIVE_MS 30000
 #define GRPCT_DEFAULT_KEEPALIVE_TIMEOUT_MS 20000
+#define GRPCT_DEFAULT_HANDSHAKE_MS 5000
 /* The progress thread polls in slices of GRPCT_POLL_MS, and only after GRPCT_QUIET_MS without
  * any call from the application. */
 #define GRPCT_POLL_MS 10
@@ -217,7 +221,7 @@ struct grpct_listener {
 
 struct grpct {
     const rlx_host *host;
-    int max_message, linger_ms, keepalive_ms, keepalive_timeout_ms;
+    int max_message, linger_ms, keepalive_ms, keepalive_timeout_ms, handshake_ms;
     bool use_poller;
     /* TLS (NULL when plaintext): made once at open from the tls_ files, shared by every
      * listener and connection of the instance */
@@ -680,13 +684,15 @@ static int grpct_parse_options(grpct *t, const char *options, char tls_paths[GRP
             t->keepalive_ms = (int)n;
         } else if (rlx_iface_option_is(&o, "keepalive_timeout_ms") && rlx_iface_option_int(&o, 100, 3600000, &n)) {
             t->keepalive_timeout_ms = (int)n;
+        } else if (rlx_iface_option_is(&o, "handshake_ms") && rlx_iface_option_int(&o, 100, 600000, &n)) {
+            t->handshake_ms = (int)n;
         } else if (rlx_iface_option_is(&o, "poller") && (!strcmp(o.value, "on") || !strcmp(o.value, "off"))) {
             t->use_poller = !strcmp(o.value, "on");
         } else {
             return t->host->error(RLX_E_INVALID,
                                   "grpc: unknown or out-of-range option '%.*s' (known: max_message=N (max 2G), "
-                                  "linger_ms=N, keepalive_ms=N, keepalive_timeout_ms=N, poller=on|off, tls_ca=FILE, "
-                                  "tls_cert=FILE, tls_key=FILE, tls_name=NAME)",
+                                  "linger_ms=N, keepalive_ms=N, keepalive_timeout_ms=N, handshake_ms=N, poller=on|off, "
+                                  "tls_ca=FILE, tls_cert=FILE, tls_key=FILE, tls_name=NAME)",
                                   o.item_len, o.item);
         }
     }
@@ -868,6 +874,7 @@ static int grpct_open(const rlx_host *host, const char *options, void **self) {
     t->linger_ms = GRPCT_DEFAULT_LINGER_MS;
     t->keepalive_ms = GRPCT_DEFAULT_KEEPALIVE_MS;
     t->keepalive_timeout_ms = GRPCT_DEFAULT_KEEPALIVE_TIMEOUT_MS;
+    t->handshake_ms = GRPCT_DEFAULT_HANDSHAKE_MS;
     t->use_poller = true;
     /* A path as long as an option value: the files are read below, after the checks. */
     char(*tls_paths)[RLX_IFACE_OPTION_VALUE_MAX] = host->alloc(GRPCT_TLS_N * sizeof *tls_paths, GRPCT_ALIGN);
@@ -942,6 +949,9 @@ static size_t grpct_common_args(const grpct *t, grpc_arg *a, bool server) {
         a[n].type = GRPC_ARG_INTEGER, a[n].key = GRPC_ARG_HTTP2_MAX_PING_STRIKES, a[n++].value.integer = 0;
         /* gRPC sets SO_REUSEPORT by default: two stages could then bind one port silently. */
         a[n].type = GRPC_ARG_INTEGER, a[n].key = GRPC_ARG_ALLOW_REUSEPORT, a[n++].value.integer = 0;
+        /* A socket that never finishes TLS or never sends its HTTP/2 settings is closed then. */
+        a[n].type = GRPC_ARG_INTEGER, a[n].key = GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS;
+        a[n++].value.integer = t->handshake_ms;
     } else {
         /* Each connection gets its own subchannel (own TCP connection and backoff state),
          * retries buffer every message of a stream (useless here), and reconnect attempts

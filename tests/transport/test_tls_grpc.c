@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <spawn.h>
 #include <stdbool.h>
@@ -514,6 +515,9 @@ static void test_nobody_listening_is_retried(void **state) {
     unload(&srv);
 }
 
+/* A TLS record header announcing a 512-byte ClientHello, and its first bytes. */
+static const uint8_t half_hello[] = {0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03};
+
 /* A TCP connection to addr that sends prefix (len bytes) and then nothing; returns its socket. */
 static int silent_peer(const char *addr, const void *prefix, size_t len) {
     const char *colon = strrchr(addr, ':');
@@ -535,8 +539,6 @@ static void test_silent_peers_do_not_delay_accept(void **state) {
     void *l, *s = NULL, *c = NULL;
     char addr[128];
     listen_local(&srv, &l, addr, sizeof addr);
-    /* a TLS record header announcing a 512-byte ClientHello, and its first bytes */
-    static const uint8_t half_hello[] = {0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03};
     const int quiet = silent_peer(addr, NULL, 0), half = silent_peer(addr, half_hello, sizeof half_hello);
     assert_true(quiet >= 0 && half >= 0);
     assert_int_equal(srv.it->accept(srv.self, l, 300, &s), RLX_E_TIMEOUT);
@@ -558,6 +560,53 @@ static void test_silent_peers_do_not_delay_accept(void **state) {
     srv.it->listener_close(srv.self, l);
     unload(&cli);
     unload(&srv);
+}
+
+/* Milliseconds until the peer of fd closes it (a read gives 0 or an error), or -1 if it is still
+ * open after timeout_ms. */
+static double ms_until_closed(int fd, int timeout_ms) {
+    const double t0 = now_ms();
+    for (;;) {
+        const int left = timeout_ms - (int)(now_ms() - t0);
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&p, 1, left) <= 0)
+            return -1;
+        char buf[4096];
+        if (read(fd, buf, sizeof buf) <= 0)
+            return now_ms() - t0;
+    }
+}
+
+/* A socket that never finishes its handshake (TLS, or HTTP/2 settings on a plaintext listener)
+ * is closed after handshake_ms, not after gRPC's own 120 s: idle sockets hold no descriptor long. */
+static void test_unfinished_handshakes_closed_after_handshake_ms(void **state) {
+    (void)state;
+    /* the first 16 bytes of the 24-byte HTTP/2 client preface */
+    static const char half_preface[] = "PRI * HTTP/2.0\r\n";
+    for (int tls = 0; tls < 2; tls++) {
+        tr srv;
+        load_as(&srv, "ca", tls ? "stage" : NULL, "handshake_ms=500");
+        void *l;
+        char addr[128];
+        listen_local(&srv, &l, addr, sizeof addr);
+        const int quiet = silent_peer(addr, NULL, 0);
+        const int half = tls ? silent_peer(addr, half_hello, sizeof half_hello)
+                             : silent_peer(addr, half_preface, sizeof half_preface - 1);
+        assert_true(quiet >= 0 && half >= 0);
+        const double quiet_ms = ms_until_closed(quiet, 5000), half_ms = ms_until_closed(half, 5000);
+        if (getenv("RLX_TEST_VERBOSE"))
+            printf("  %s listener, handshake_ms=500: silent socket closed after %.0f ms, half handshake %.0f ms\n",
+                   tls ? "TLS" : "plaintext", quiet_ms, half_ms);
+        if (quiet_ms < 400 || quiet_ms > 3000 || half_ms < 0 || half_ms > 3000)
+            fail_msg("%s listener: sockets closed after %.0f and %.0f ms, want about 500 (handshake_ms)",
+                     tls ? "TLS" : "plaintext", quiet_ms, half_ms);
+        close(quiet);
+        close(half);
+        srv.it->listener_close(srv.self, l);
+        unload(&srv);
+    }
+    tr t;
+    assert_error_has(load(&t, "handshake_ms=50"), RLX_E_INVALID, "handshake_ms=50");
 }
 
 static void test_set_max_message(void **state) {
@@ -643,6 +692,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_plaintext_and_tls_mismatch),
         cmocka_unit_test(test_nobody_listening_is_retried),
         cmocka_unit_test(test_silent_peers_do_not_delay_accept),
+        cmocka_unit_test(test_unfinished_handshakes_closed_after_handshake_ms),
         cmocka_unit_test(test_set_max_message),
         cmocka_unit_test(test_tls_option_errors),
     };
