@@ -1698,13 +1698,16 @@ static void grpct_conn_close(void *self, void *conn) {
         return;
     grpct_conn_link(c, false);
     grpct_pump_ready(c);
-    if (grpct_conn_advance(c)) {
+    const bool done = grpct_conn_advance(c); /* sends our end of the stream now, not at the next reap */
+    if (done && !t->poller_started) {
         grpct_conn_destroy(c);
         return;
     }
     c->expiry = grpct_deadline(t->linger_ms);
     if (t->poller_started) {
-        /* The progress thread finishes the stream, so close returns at once. */
+        /* The progress thread finishes the stream and destroys the connection: gRPC's teardown of
+         * a finished call and its channel takes a few hundred microseconds, which a client
+         * closing after the server's status (or a peer that already left) need not wait for. */
         pthread_mutex_lock(&t->mu);
         c->next = t->zombies;
         t->zombies = c;
