@@ -20,7 +20,8 @@
  * reason obtained from a fail-fast probe call) before it starts the stream. A connection that
  * was refused until the deadline is RLX_E_PEER; a channel still CONNECTING then is RLX_E_TIMEOUT,
  * and a plain TCP connection (up to GRPCT_TCP_CHECK_MS past the deadline) tells whether
- * something accepted but never answered HTTP/2 or nothing answered at all.
+ * something accepted but never answered HTTP/2 or nothing answered at all. A peer that accepted
+ * the connection and failed the handshake for a TLS reason fails connect at once (see TLS).
  *
  * Closing is graceful, like closing a socket: conn_close hands the connection to the progress
  * thread, which lets the last send complete, half-closes (client) or sends an OK status
@@ -47,12 +48,16 @@
  * concurrently: it delays no other client). connect verifies the server's certificate against
  * tls_ca and the host of the address (IP literals match IP SANs) or tls_name. gRPC 1.51's C API
  * cannot set a minimum TLS version: both ends offer TLS 1.2 and 1.3, and two rlx processes
- * negotiate 1.3. When a handshake fails, gRPC says little ("Socket closed"); connect then runs a
- * TLS handshake of its own with OpenSSL to tell why (grpct_tls_cause): RLX_E_AUTH "TLS handshake
- * with HOST:PORT failed: certificate verify failed: certificate has expired", "...the stage
- * refused this process's certificate: tls_cert expired on ...", "...the stage's certificate does
- * not name 127.0.0.1 ...", "...the stage does not speak TLS ...", "...the stage speaks TLS and
- * this process plaintext ...".
+ * negotiate 1.3. When a handshake fails, gRPC says little ("Socket closed"); each time the
+ * channel fails with the connection not refused, connect runs a TLS handshake of its own with
+ * OpenSSL to tell why (grpct_tls_cause). A certain TLS cause ends connect at once, within a
+ * second, rather than at its deadline (gRPC would fail every retry alike): RLX_E_AUTH "TLS
+ * handshake with HOST:PORT failed: certificate verify failed: certificate has expired", "...the
+ * stage refused this process's certificate: tls_cert expired on ...", "...the stage's
+ * certificate does not name 127.0.0.1 ...", "...the stage does not speak TLS ...", "...the stage
+ * speaks TLS and this process plaintext ...". A refused connection (nothing listens yet: a stage
+ * still loading its weights), a stage that took our own handshake, or one that went silent is
+ * retried until the deadline as before.
  *
  * Receive limits: gRPC's (GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, from max_message) is fixed per
  * channel or server, so set_max_message's lower limit per connection is checked in recv once the
@@ -75,6 +80,9 @@
  *   keepalive_timeout_ms=N  how long a ping may go unanswered (default 20000): a peer that
  *                         vanished or froze without closing its socket is an error after about
  *                         keepalive_ms + keepalive_timeout_ms
+ *   handshake_ms=N        listeners: how long an accepted socket may take to finish its TLS
+ *                         handshake and send its HTTP/2 settings before it is closed (default
+ *                         5000; gRPC's own 120 s would let idle sockets hold descriptors)
  *   poller=on|off         the progress thread (default on)
  *   tls_ca=FILE, tls_cert=FILE, tls_key=FILE  mutual TLS, all three or none (PEM files)
  *   tls_name=NAME         connect: the name the server's certificate must carry instead of the
@@ -127,6 +135,7 @@
 #define GRPCT_DEFAULT_LINGER_MS 5000
 #define GRPCT_DEFAULT_KEEPALIVE_MS 30000
 #define GRPCT_DEFAULT_KEEPALIVE_TIMEOUT_MS 20000
+#define GRPCT_DEFAULT_HANDSHAKE_MS 5000
 /* The progress thread polls in slices of GRPCT_POLL_MS, and only after GRPCT_QUIET_MS without
  * any call from the application. */
 #define GRPCT_POLL_MS 10
@@ -212,7 +221,7 @@ struct grpct_listener {
 
 struct grpct {
     const rlx_host *host;
-    int max_message, linger_ms, keepalive_ms, keepalive_timeout_ms;
+    int max_message, linger_ms, keepalive_ms, keepalive_timeout_ms, handshake_ms;
     bool use_poller;
     /* TLS (NULL when plaintext): made once at open from the tls_ files, shared by every
      * listener and connection of the instance */
@@ -675,13 +684,15 @@ static int grpct_parse_options(grpct *t, const char *options, char tls_paths[GRP
             t->keepalive_ms = (int)n;
         } else if (rlx_iface_option_is(&o, "keepalive_timeout_ms") && rlx_iface_option_int(&o, 100, 3600000, &n)) {
             t->keepalive_timeout_ms = (int)n;
+        } else if (rlx_iface_option_is(&o, "handshake_ms") && rlx_iface_option_int(&o, 100, 600000, &n)) {
+            t->handshake_ms = (int)n;
         } else if (rlx_iface_option_is(&o, "poller") && (!strcmp(o.value, "on") || !strcmp(o.value, "off"))) {
             t->use_poller = !strcmp(o.value, "on");
         } else {
             return t->host->error(RLX_E_INVALID,
                                   "grpc: unknown or out-of-range option '%.*s' (known: max_message=N (max 2G), "
-                                  "linger_ms=N, keepalive_ms=N, keepalive_timeout_ms=N, poller=on|off, tls_ca=FILE, "
-                                  "tls_cert=FILE, tls_key=FILE, tls_name=NAME)",
+                                  "linger_ms=N, keepalive_ms=N, keepalive_timeout_ms=N, handshake_ms=N, poller=on|off, "
+                                  "tls_ca=FILE, tls_cert=FILE, tls_key=FILE, tls_name=NAME)",
                                   o.item_len, o.item);
         }
     }
@@ -863,6 +874,7 @@ static int grpct_open(const rlx_host *host, const char *options, void **self) {
     t->linger_ms = GRPCT_DEFAULT_LINGER_MS;
     t->keepalive_ms = GRPCT_DEFAULT_KEEPALIVE_MS;
     t->keepalive_timeout_ms = GRPCT_DEFAULT_KEEPALIVE_TIMEOUT_MS;
+    t->handshake_ms = GRPCT_DEFAULT_HANDSHAKE_MS;
     t->use_poller = true;
     /* A path as long as an option value: the files are read below, after the checks. */
     char(*tls_paths)[RLX_IFACE_OPTION_VALUE_MAX] = host->alloc(GRPCT_TLS_N * sizeof *tls_paths, GRPCT_ALIGN);
@@ -937,6 +949,9 @@ static size_t grpct_common_args(const grpct *t, grpc_arg *a, bool server) {
         a[n].type = GRPC_ARG_INTEGER, a[n].key = GRPC_ARG_HTTP2_MAX_PING_STRIKES, a[n++].value.integer = 0;
         /* gRPC sets SO_REUSEPORT by default: two stages could then bind one port silently. */
         a[n].type = GRPC_ARG_INTEGER, a[n].key = GRPC_ARG_ALLOW_REUSEPORT, a[n++].value.integer = 0;
+        /* A socket that never finishes TLS or never sends its HTTP/2 settings is closed then. */
+        a[n].type = GRPC_ARG_INTEGER, a[n].key = GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS;
+        a[n++].value.integer = t->handshake_ms;
     } else {
         /* Each connection gets its own subchannel (own TCP connection and backoff state),
          * retries buffer every message of a stream (useless here), and reconnect attempts
@@ -1281,12 +1296,35 @@ static bool grpct_tcp_accepts(const char *host, unsigned port) {
     return accepted;
 }
 
+/* What a TLS handshake of our own (grpct_tls_probe) found at a peer, from least to most TLS. */
+typedef enum grpct_tls_peer {
+    GRPCT_PEER_UNREACHED, /* no TCP connection: nothing listens (yet) */
+    GRPCT_PEER_MUTE,      /* it hung up or stayed silent without answering the ClientHello */
+    GRPCT_PEER_PLAIN,     /* it answered the ClientHello with bytes that are not TLS */
+    GRPCT_PEER_TLS_MUTE,  /* TLS: after the handshake it neither sent anything nor hung up */
+    GRPCT_PEER_REFUSED,   /* TLS: it ended the connection in or right after the handshake */
+    GRPCT_PEER_ACCEPTED   /* TLS: it sent its HTTP/2 settings: it took this process's certificate */
+} grpct_tls_peer;
+
+/* Whether an SSL call that returned r failed because the peer ended the connection (a close, a
+ * reset, or an alert) rather than by staying silent past the socket's timeout. */
+static bool grpct_tls_peer_ended(SSL *ssl, int r, int io_errno) {
+    const int err = SSL_get_error(ssl, r);
+    if (err == SSL_ERROR_ZERO_RETURN || err == SSL_ERROR_SSL)
+        return true; /* OpenSSL 3 reports an EOF inside a record as SSL_ERROR_SSL too */
+    return err == SSL_ERROR_SYSCALL && io_errno != EAGAIN && io_errno != EWOULDBLOCK && io_errno != EINTR;
+}
+
 /* What gRPC's handshake errors hide ("Socket closed", "certificate verify failed"): a TLS
- * handshake of our own with host:port, certificate and CA from ctx (or none), tells whether the
- * peer speaks TLS at all, why its certificate fails verification (*verify, an X509_V_ERR_ code),
- * and the alert with which it ends a connection whose certificate it refuses ("tlsv1 alert
- * unknown ca"), written to alert ("" when none came within GRPCT_TCP_CHECK_MS). */
-static bool grpct_tls_probe(SSL_CTX *ctx, const char *host, unsigned port, long *verify, char *alert, size_t size) {
+ * handshake of our own with host:port, certificate and CA from ctx (or none), offering HTTP/2
+ * (ALPN h2) as gRPC does, tells whether the peer speaks TLS at all, why its certificate fails
+ * verification (*verify, an X509_V_ERR_ code), and whether it then takes this process's
+ * certificate: a gRPC server that does sends its HTTP/2 settings at once, one that refuses it
+ * ends the connection, perhaps with an alert ("tlsv1 alert unknown ca", written to alert; ""
+ * when none came). Each wait is bounded by GRPCT_TCP_CHECK_MS. */
+static grpct_tls_peer grpct_tls_probe(SSL_CTX *ctx, const char *host, unsigned port, long *verify, char *alert,
+                                      size_t size) {
+    static const unsigned char alpn_h2[] = {2, 'h', '2'};
     alert[0] = '\0';
     *verify = X509_V_OK;
     char service[16];
@@ -1294,7 +1332,7 @@ static bool grpct_tls_probe(SSL_CTX *ctx, const char *host, unsigned port, long 
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV};
     struct addrinfo *res = NULL;
     if (getaddrinfo(host, service, &hints, &res) != 0)
-        return false;
+        return GRPCT_PEER_UNREACHED;
     int fd = -1;
     for (const struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
         fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -1307,21 +1345,33 @@ static bool grpct_tls_probe(SSL_CTX *ctx, const char *host, unsigned port, long 
         }
     }
     freeaddrinfo(res);
-    SSL *ssl = fd >= 0 ? SSL_new(ctx) : NULL;
-    bool tls = false;
-    if (ssl && SSL_set_fd(ssl, fd) == 1) {
+    if (fd < 0)
+        return GRPCT_PEER_UNREACHED;
+    SSL *ssl = SSL_new(ctx);
+    grpct_tls_peer found = GRPCT_PEER_MUTE;
+    if (ssl && SSL_set_fd(ssl, fd) == 1 && SSL_set_alpn_protos(ssl, alpn_h2, sizeof alpn_h2) == 0) {
         SSL_set_verify(ssl, SSL_VERIFY_NONE, NULL);
         ERR_clear_error();
+        errno = 0;
         int r = SSL_connect(ssl);
+        int io_errno = errno;
         /* TLS 1.3 finishes the client's side before the server checks its certificate: the
-         * refusal arrives as an alert on the first read. */
-        tls = r == 1 || SSL_get_state(ssl) != TLS_ST_CW_CLNT_HELLO;
+         * refusal (or the server's settings) arrives on the first read. */
+        const bool tls = r == 1 || SSL_get_state(ssl) != TLS_ST_CW_CLNT_HELLO;
         if (tls)
             *verify = SSL_get_verify_result(ssl); /* computed even without SSL_VERIFY_PEER */
         if (r == 1) {
             char byte;
+            errno = 0;
             r = SSL_read(ssl, &byte, 1);
+            io_errno = errno;
         }
+        const bool ended = r <= 0 && grpct_tls_peer_ended(ssl, r, io_errno);
+        if (tls)
+            found = r > 0 ? GRPCT_PEER_ACCEPTED : ended ? GRPCT_PEER_REFUSED : GRPCT_PEER_TLS_MUTE;
+        else if (SSL_get_error(ssl, r) == SSL_ERROR_SSL &&
+                 ERR_GET_REASON(ERR_peek_last_error()) != SSL_R_UNEXPECTED_EOF_WHILE_READING)
+            found = GRPCT_PEER_PLAIN; /* "wrong version number": it answered, not in TLS */
         const unsigned long e = ERR_peek_last_error();
         const char *reason = e ? ERR_reason_error_string(e) : NULL;
         if (r <= 0 && reason && strstr(reason, "alert"))
@@ -1329,9 +1379,8 @@ static bool grpct_tls_probe(SSL_CTX *ctx, const char *host, unsigned port, long 
     }
     ERR_clear_error();
     SSL_free(ssl);
-    if (fd >= 0)
-        close(fd);
-    return tls;
+    close(fd);
+    return found;
 }
 
 /* Why a stage that ended the handshake without an alert (gRPC closes the socket) would refuse
@@ -1354,8 +1403,11 @@ static void grpct_own_cert_cause(const grpct *t, char *out, size_t size) {
                  "(tls_cert is not signed by a CA the stage trusts?)");
 }
 
-/* The cause of a failed connect to host:port when it lies in TLS (or its absence), else NULL;
- * why holds gRPC's reason from the probe call. */
+/* The cause of a failed handshake with host:port when it lies in TLS (or its absence), else
+ * NULL; why holds gRPC's reason from the probe call. A cause is returned only when it is
+ * certain, so connect can fail on it at once: gRPC's own verdict on the stage's certificate, or
+ * what a handshake of our own (grpct_tls_probe) saw the stage do. A stage that took our
+ * handshake, went silent, or no longer listens leaves connect to retry. */
 static const char *grpct_tls_cause(grpct *t, const char *why, const char *host, unsigned port, char *out, size_t size) {
     const char *peer_name = strstr(why, "Peer name ");
     if (t->tls_channel && peer_name) {
@@ -1369,10 +1421,11 @@ static const char *grpct_tls_cause(grpct *t, const char *why, const char *host, 
     if (!verify_failed && !strstr(why, "Socket closed") && !strstr(why, "andshake"))
         return NULL;
     SSL_CTX *plain = t->tls_probe ? NULL : SSL_CTX_new(TLS_client_method());
-    char alert[128];
+    char alert[128] = "";
     long verify = X509_V_OK;
-    const bool tls = (t->tls_probe || plain) &&
-                     grpct_tls_probe(t->tls_probe ? t->tls_probe : plain, host, port, &verify, alert, sizeof alert);
+    const grpct_tls_peer peer = t->tls_probe || plain ? grpct_tls_probe(t->tls_probe ? t->tls_probe : plain, host, port,
+                                                                        &verify, alert, sizeof alert)
+                                                      : GRPCT_PEER_UNREACHED;
     SSL_CTX_free(plain);
     if (t->tls_probe && verify_failed) {
         snprintf(out, size, "certificate verify failed: %s (the stage's certificate, checked against tls_ca)",
@@ -1380,15 +1433,18 @@ static const char *grpct_tls_cause(grpct *t, const char *why, const char *host, 
         return out;
     }
     if (!t->tls_probe) {
-        if (!tls)
-            return NULL; /* plaintext both ends: not a TLS matter */
+        if (peer < GRPCT_PEER_TLS_MUTE)
+            return NULL; /* plaintext both ends, or nobody: not a TLS matter */
         snprintf(out, size, "the stage speaks TLS and this process plaintext (give tls_ca, tls_cert and tls_key)");
-    } else if (!tls)
+    } else if (peer == GRPCT_PEER_PLAIN) {
         snprintf(out, size, "the stage does not speak TLS (a plaintext stage, without tls_ options?)");
-    else if (alert[0])
+    } else if (peer != GRPCT_PEER_REFUSED) {
+        return NULL;
+    } else if (alert[0]) {
         snprintf(out, size, "the stage refused this process's certificate (tls_cert): %s", alert);
-    else
+    } else {
         grpct_own_cert_cause(t, out, size);
+    }
     return out;
 }
 
@@ -1429,11 +1485,20 @@ static int grpct_connect(void *self, const char *address, int timeout_ms, void *
     const gpr_timespec deadline = grpct_deadline(timeout_ms);
     const gpr_timespec limit = gpr_time_add(deadline, gpr_time_from_millis(2000, GPR_TIMESPAN));
     char why[320] = "no HTTP/2 answer (nothing listening there yet, or not an rlx grpc server)";
+    char tls_why[512];
+    const char *tls_cause = NULL;
     grpc_connectivity_state st = grpc_channel_check_connectivity_state(c->channel, 1);
     bool probed = false;
     while (st != GRPC_CHANNEL_READY && st != GRPC_CHANNEL_SHUTDOWN) {
-        if (st == GRPC_CHANNEL_TRANSIENT_FAILURE && !probed)
+        if (st == GRPC_CHANNEL_TRANSIENT_FAILURE && !probed) {
             grpct_probe(c, deadline, why, sizeof why);
+            /* Something listens and the handshake failed: when TLS is why, every retry until the
+             * deadline would fail alike. A refused connection (a stage still loading its
+             * weights) is retried. */
+            if (!strstr(why, strerror(ECONNREFUSED)) &&
+                (tls_cause = grpct_tls_cause(t, why, host, port, tls_why, sizeof tls_why)))
+                break;
+        }
         probed = st == GRPC_CHANNEL_TRANSIENT_FAILURE;
         if (grpct_passed(deadline))
             break;
@@ -1447,10 +1512,6 @@ static int grpct_connect(void *self, const char *address, int timeout_ms, void *
             break; /* the deadline passed; conn_destroy ends a watch still pending */
         st = grpc_channel_check_connectivity_state(c->channel, 1);
     }
-    char tls_why[512];
-    const char *tls_cause = st == GRPC_CHANNEL_TRANSIENT_FAILURE && !strstr(why, strerror(ECONNREFUSED))
-                                ? grpct_tls_cause(t, why, host, port, tls_why, sizeof tls_why)
-                                : NULL;
     if (tls_cause) {
         rc = t->host->error(RLX_E_AUTH, "grpc: TLS handshake with %s failed: %s", address, tls_cause);
         grpct_conn_destroy(c);
@@ -1637,13 +1698,16 @@ static void grpct_conn_close(void *self, void *conn) {
         return;
     grpct_conn_link(c, false);
     grpct_pump_ready(c);
-    if (grpct_conn_advance(c)) {
+    const bool done = grpct_conn_advance(c); /* sends our end of the stream now, not at the next reap */
+    if (done && !t->poller_started) {
         grpct_conn_destroy(c);
         return;
     }
     c->expiry = grpct_deadline(t->linger_ms);
     if (t->poller_started) {
-        /* The progress thread finishes the stream, so close returns at once. */
+        /* The progress thread finishes the stream and destroys the connection: gRPC's teardown of
+         * a finished call and its channel takes a few hundred microseconds, which a client
+         * closing after the server's status (or a peer that already left) need not wait for. */
         pthread_mutex_lock(&t->mu);
         c->next = t->zombies;
         t->zombies = c;
