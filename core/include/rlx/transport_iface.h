@@ -72,7 +72,8 @@ typedef struct rlx_transport_iface {
     /* Connects within timeout_ms, retrying while the peer is not yet listening. When the deadline
      * passes: RLX_E_PEER if the last attempt was refused (the host answered, nothing listens on
      * the port), RLX_E_TIMEOUT if nothing answered or a peer accepted but never completed the
-     * transport's own handshake (the message says which, when the transport can tell). */
+     * transport's own handshake (the message says which, when the transport can tell). A
+     * peer that answers but fails authentication (TLS) is RLX_E_AUTH at once, not retried. */
     int (*connect)(void *self, const char *address, int timeout_ms, void **conn);      /* required */
     int (*send)(void *self, void *conn, const void *data, size_t len, int timeout_ms); /* required */
     int (*recv)(void *self, void *conn, void **data, size_t *len, int timeout_ms);     /* required */
