@@ -10,10 +10,12 @@
  *                                           sessions, replayed steps, bad handshakes, garbage
  *   pipeline_probe fake   MODE COMMON       a stage that misbehaves (MODE: version, model, garbage,
  *                                           silent, rows, hangup); prints LISTENING ADDR
- *   pipeline_probe hold   ADDR A-B COMMON [--seconds S] [--nonce 1]
+ *   pipeline_probe hold   ADDR A-B COMMON [--seconds S] [--nonce 1] [--hello 0]
  *                                           a Hello (with an auth nonce: then no AuthProof), its
  *                                           answer, then silence: prints CLOSED AFTER X (seconds)
- *                                           when the stage hangs up, or OPEN after S seconds
+ *                                           when the stage hangs up, or OPEN after S seconds;
+ *                                           --hello 0: a connection (a gRPC call) that never
+ *                                           says a word
  *   pipeline_probe abuse  ADDR A-B COMMON [-n N]   N short connections that each misbehave
  *                                           (garbage, a Hello without a token, another model's
  *                                           id, a silent hang-up); each is answered or closed
@@ -41,7 +43,7 @@
 typedef struct probe {
     const char *model, *transport, *plugin_dir, *listen, *transport_options, *token_file;
     double seconds;
-    int nonce;
+    int nonce, no_hello;
     rlx_driver_stage stages[MAX_STAGES];
     char addr[MAX_STAGES][256];
     uint32_t n_stages;
@@ -94,6 +96,8 @@ static int parse_common(probe *p, int argc, char **argv, int first) {
             p->seconds = atof(v);
         } else if (strcmp(a, "--nonce") == 0) {
             p->nonce = atoi(v);
+        } else if (strcmp(a, "--hello") == 0) {
+            p->no_hello = atoi(v) == 0;
         } else if (strcmp(a, "-n") == 0) {
             p->n = (uint32_t)atoi(v);
         } else if (strcmp(a, "-p") == 0) {
@@ -695,16 +699,18 @@ static int run_hold(probe *p, const char *addr, rlx_layer_range r) {
     if (raw_connect(p, addr, &conn))
         return 1;
     const double t0 = now();
-    if (send_env(p, conn, &e) < 0)
-        return fail("send Hello: %s", rlx_last_error());
-    Rlx__Envelope *ans = recv_env(p, conn, 5000);
-    if (!ans)
-        return fail("no answer to the Hello: %s", rlx_last_error());
-    printf("ANSWER %s\n", ans->body_case == RLX__ENVELOPE__BODY_HELLO_REPLY      ? "HelloReply"
-                          : ans->body_case == RLX__ENVELOPE__BODY_AUTH_CHALLENGE ? "AuthChallenge"
-                                                                                 : "other");
-    rlx__envelope__free_unpacked(ans, NULL);
-    fflush(stdout);
+    if (!p->no_hello) {
+        if (send_env(p, conn, &e) < 0)
+            return fail("send Hello: %s", rlx_last_error());
+        Rlx__Envelope *ans = recv_env(p, conn, 5000);
+        if (!ans)
+            return fail("no answer to the Hello: %s", rlx_last_error());
+        printf("ANSWER %s\n", ans->body_case == RLX__ENVELOPE__BODY_HELLO_REPLY      ? "HelloReply"
+                              : ans->body_case == RLX__ENVELOPE__BODY_AUTH_CHALLENGE ? "AuthChallenge"
+                                                                                     : "other");
+        rlx__envelope__free_unpacked(ans, NULL);
+        fflush(stdout);
+    }
     int rc = 0;
     for (;;) {
         void *data = NULL;

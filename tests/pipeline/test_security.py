@@ -149,7 +149,7 @@ def case_tls(env, transport, certs_script):
                    generate_cmd(env, cfg, "--tls-cert", f"{c}/other.pem", "--tls-key", f"{c}/other.key"),
                    [f"stage 0 ({a0})"], 30, one_line=True)
     plain = env.config("plain.yaml", model, transport, stages)
-    expect_failure(env, "a plaintext driver at TLS stages", generate_cmd(env, plain), [f"stage 0 ({a0})"], 30,
+    expect_failure(env, "a plaintext driver at TLS stages", generate_cmd(env, plain), [f"stage 0 ({a0})", "TLS"], 30,
                    one_line=True)
     s2, a2 = env.stage(model, "0-4", transport, extra=tls_flags(c, "expired"))
     one = [(a2, "0-4", None)]
@@ -210,14 +210,25 @@ def case_abuse(env, transport):
     idle = [socket.create_connection(host_port(a0)) for _ in range(8)]
     holds = [subprocess.Popen([env.probe, "hold", a0, "0-4", "--model", model, "--transport", transport,
                                "--seconds", "30"], stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    # connections (on grpc: calls) that never send a Hello
+    mute = [subprocess.Popen([env.probe, "hold", a0, "0-4", "--model", model, "--transport", transport,
+                              "--seconds", "30", "--hello", "0"], stdout=subprocess.PIPE, text=True) for _ in range(3)]
     time.sleep(0.3)
     t0 = time.monotonic()
     if gen(env, cfg) != ref:
         raise Fail("beside idle sockets and silent Hellos: ids differ")
     busy = time.monotonic() - t0
     if busy > alone + 2.0:
-        raise Fail(f"8 idle sockets and 3 silent Hellos delayed a driver: {busy:.2f} s against {alone:.2f} s alone")
-    log(f"ok: 8 idle sockets and 3 silent Hellos: the driver took {busy:.2f} s ({alone:.2f} s alone)")
+        raise Fail(f"8 idle sockets, 3 connections without a Hello and 3 silent Hellos delayed a driver: {busy:.2f} s "
+                   f"against {alone:.2f} s alone")
+    log(f"ok: 8 idle sockets, 3 connections without a Hello and 3 silent Hellos: the driver took {busy:.2f} s "
+        f"({alone:.2f} s alone)")
+    for m in mute:  # closed after the stage's handshake timeout (--timeout 2000)
+        out, _ = m.communicate(timeout=40)
+        after = float(out.split("CLOSED AFTER")[1].split()[0]) if "CLOSED AFTER" in out else None
+        if after is None or not 1.8 <= after <= 5.0:
+            raise Fail(f"a connection that never sent a Hello was not closed after the handshake timeout (2 s): {out}")
+    log(f"ok: connections without a Hello closed after the handshake timeout ({after:.2f} s)")
     # the silent Hellos are closed after the idle timeout, the idle sockets after the handshake's
     for h in holds:
         out, _ = h.communicate(timeout=40)
@@ -256,7 +267,7 @@ def case_abuse(env, transport):
     # abusive connections: answered or closed, never a path, memory flat
     probe(env, "abuse", a0, "0-4", model, transport, "-n", "200")
     before = rss_kib(s0.pid)
-    n = 2000 if transport == "tcp" else 600
+    n = 2000
     out = probe(env, "abuse", a0, "0-4", model, transport, "-n", str(n), timeout=300)
     after = rss_kib(s0.pid)
     if after - before > 8 * 1024:

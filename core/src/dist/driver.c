@@ -307,6 +307,11 @@ static rlx_status hello(rlx_driver *d, uint32_t i) {
         rc = send_to(d, i, &e);
     if (rc == RLX_OK)
         rc = recv_from(d, i, d->timeout_ms, "the handshake", &r);
+    if (rc == RLX_E_PEER && !d->auth.tls && !s->answered) /* a TLS stage hangs up on plaintext */
+        return rlx_error(rc,
+                         "%s (a stage that requires TLS closes the connection of a driver without it: "
+                         "--tls-ca, --tls-cert, --tls-key, or tls: in the deployment file)",
+                         rlx_last_error());
     if (rc == RLX_OK && d->auth.token)
         rc = prove(d, i, nonce, &r);
     if (rc != RLX_OK)
