@@ -990,6 +990,7 @@ static rlx_status start_keeper(rlx_driver *d) {
 static void stop_keeper(rlx_driver *d) {
     if (!d->keeper_started)
         return;
+    rlx_driver_stop_recovery(d); /* a recovery the keeper runs gives up rather than holding destroy */
     pthread_mutex_lock(&d->lm_mu);
     d->keeper_stop = 1;
     pthread_cond_broadcast(&d->keeper_cond);
