@@ -195,6 +195,48 @@ def host_port(addr):
     return host.strip("[]"), int(port)
 
 
+def hpack_literal(index, value):
+    """A header field without indexing, its name from HPACK's static table (index < 15)."""
+    return bytes([index]) + bytes([len(value)]) + value
+
+
+def grpc_claim(addr, length):
+    """Over plaintext HTTP/2 (by hand: a client library would not lie), opens the rlx stream and
+    sends a gRPC message prefix announcing `length` bytes followed by 60 kB of them (within the
+    stream's initial flow-control window), then waits for the server to end the stream or the
+    connection; returns what it sent back."""
+    def frame(kind, flags, stream, payload):
+        return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+    host, port = addr
+    headers = (b"\x83\x86"  # :method POST, :scheme http
+               + hpack_literal(4, b"/rlx.Pipeline/Link") + hpack_literal(1, f"{host}:{port}".encode())
+               + b"\x0f\x10" + bytes([16]) + b"application/grpc"  # content-type (static index 31)
+               + b"\x00\x02te\x08trailers")
+    sock = socket.create_connection(addr)
+    sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"") + frame(1, 4, 1, headers)
+                 + frame(0, 0, 1, b"\0" + struct.pack(">I", length) + b"\0" * 60000))
+    sock.settimeout(15)
+    answer, buf, ended = b"", b"", False
+    try:  # frames until the server ends stream 1 (trailers, a reset) or the connection (GOAWAY)
+        while not ended and (chunk := sock.recv(65536)):
+            answer += chunk
+            buf += chunk
+            while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                n, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
+                stream = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+                buf = buf[9 + n:]
+                if kind == 4 and not flags & 1:
+                    sock.sendall(frame(4, 1, 0, b""))  # acknowledge the server's settings
+                ended = ended or kind == 7 or (stream == 1 and (kind == 3 or (kind == 1 and flags & 1)))
+    except OSError:
+        pass
+    sock.close()
+    if not ended:
+        raise Fail(f"the stage neither ended the stream of a 4 GiB claim nor the connection ({len(answer)} bytes)")
+    return answer
+
+
 def case_abuse(env, transport):
     env.need_transport(transport)
     model = env.model(MODEL)
@@ -274,7 +316,15 @@ def case_abuse(env, transport):
         raise Fail(f"{n} abusive connections grew the stage from {before} to {after} KiB")
     log(f"ok: {out.strip()}; the stage's memory {before} -> {after} KiB")
 
-    if transport == "tcp":  # a header's claim costs nothing (grpc: its transport test)
+    if transport == "grpc":  # a gRPC message prefix's claim costs nothing either
+        before = rss_kib(s0.pid)
+        answer = grpc_claim(host_port(a0), 0xFFFFFFF0)
+        after = rss_kib(s0.pid)
+        if after - before > 8 * 1024:
+            raise Fail(f"a gRPC message announcing 4 GiB grew the stage from {before} to {after} KiB")
+        log(f"ok: a gRPC message announcing 4 GiB with 60 kB sent: memory {before} -> {after} KiB, then "
+            f"{len(answer)} bytes of answer and the stream ended")
+    if transport == "tcp":  # a header's claim costs nothing
         before = rss_kib(s0.pid)
         sock = socket.create_connection(host_port(a0))
         head = b"RLXT" + struct.pack("<HHQI", 1, 1, 3 << 30, 0)
