@@ -5,16 +5,11 @@
  * memory must be kept apart (a child process spawned from this executable, see child_main) or a
  * peer must do what the plugin's options never let it (a raw socket, a gRPC client without a
  * certificate built here on the C core). */
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
-#include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,8 +28,6 @@
  * the handshake until then, to the same end. */
 #define CONNECT_MS 10000
 #define FAIL_FAST_MS 3000
-
-extern char **environ;
 
 static char g_dir[64]; /* the certificates */
 
@@ -84,9 +77,28 @@ static const char *tls_options(char *buf, size_t size, const char *ca, const cha
 /* An instance with the certificate NAME trusting CA (NULL name: plaintext). */
 static void load_as(tr *t, const char *ca, const char *name, const char *extra) {
     char options[1024];
-    const char *o = name ? tls_options(options, sizeof options, ca, name, extra) : extra;
-    if (load(t, o) < 0)
-        fail_msg("open with '%s': %s", o ? o : "", rlx_last_error());
+    load_ok(t, name ? tls_options(options, sizeof options, ca, name, extra) : extra);
+}
+
+/* A server with the certificate srv_name (srv_extra options after it) listening on 127.0.0.1,
+ * and a client with cli_name's; both trust the test CA. */
+typedef struct peers {
+    tr srv, cli;
+    void *l;
+    char addr[128];
+} peers;
+
+static void peers_open(peers *p, const char *srv_name, const char *srv_extra, const char *cli_name,
+                       const char *cli_extra) {
+    load_as(&p->srv, "ca", srv_name, srv_extra);
+    load_as(&p->cli, "ca", cli_name, cli_extra);
+    assert_ok(listen_local(&p->srv, &p->l, p->addr, sizeof p->addr));
+}
+
+static void peers_close(peers *p) {
+    p->srv.it->listener_close(p->srv.self, p->l);
+    unload(&p->cli);
+    unload(&p->srv);
 }
 
 static void assert_failed_fast(double t0, const char *what) {
@@ -96,110 +108,21 @@ static void assert_failed_fast(double t0, const char *what) {
                  CONNECT_MS);
 }
 
-static void sleep_ms(int ms) {
-    const struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
-
-/* A loopback port nothing listens on (bound, read and released). */
-static int free_port(void) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    const bool ok =
-        fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &len) == 0;
-    if (fd >= 0)
-        close(fd);
-    return ok ? ntohs(a.sin_port) : -1;
-}
-
-static void listen_local(tr *t, void **l, char *addr, size_t size) {
-    assert_ok(t->it->listen(t->self, "127.0.0.1:0", l));
-    assert_ok(t->it->bound_address(t->self, *l, addr, size));
-}
-
-static void fill(uint8_t *p, size_t n, uint64_t seed) {
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        p[i] = (uint8_t)x;
-    }
-}
-
-// ---- an echo server on its own thread ----
-
-typedef struct echo {
-    tr *t;
-    void *conn;
-    int n, rc;
-    char error[512];
-    pthread_t tid;
-} echo;
-
-static void *echo_main(void *arg) {
-    echo *e = arg;
-    for (;;) {
-        void *d;
-        size_t n;
-        int rc = e->t->it->recv(e->t->self, e->conn, &d, &n, LONG_MS);
-        if (rc == RLX_OK) {
-            rc = e->t->it->send(e->t->self, e->conn, d, n, LONG_MS);
-            free(d);
-        }
-        if (rc < 0) {
-            e->rc = rc;
-            snprintf(e->error, sizeof e->error, "%s", rlx_last_error());
-            break;
-        }
-        e->n++;
-    }
-    e->t->it->conn_close(e->t->self, e->conn);
-    return NULL;
-}
-
-static void roundtrip(tr *t, void *conn, size_t size, uint64_t seed) {
-    uint8_t *msg = malloc(size ? size : 1);
-    assert_non_null(msg);
-    fill(msg, size, seed);
-    assert_ok(t->it->send(t->self, conn, msg, size, LONG_MS));
-    void *back;
-    size_t n;
-    assert_ok(t->it->recv(t->self, conn, &back, &n, 60000));
-    assert_int_equal(n, size);
-    assert_true(size == 0 || memcmp(back, msg, size) == 0);
-    free(back);
-    free(msg);
-}
+// ---- messages echoed over a connection ----
 
 /* Connects cli to srv's listener at address, echoes messages of each size both ways, closes. */
 static void echo_over(tr *srv, tr *cli, void *l, const char *address, const size_t *sizes, int n_sizes) {
     void *c, *s;
-    assert_ok(cli->it->connect(cli->self, address, LONG_MS, &c));
-    assert_ok(srv->it->accept(srv->self, l, LONG_MS, &s));
-    echo e = {.t = srv, .conn = s};
-    assert_int_equal(pthread_create(&e.tid, NULL, echo_main, &e), 0);
+    connect_pair(srv, l, cli, address, &c, &s);
+    echo e;
+    echo_start(&e, srv, s);
     for (int i = 0; i < n_sizes; i++)
         roundtrip(cli, c, sizes[i], (uint64_t)i);
     cli->it->conn_close(cli->self, c);
-    pthread_join(e.tid, NULL);
-    if (e.rc != RLX_E_PEER)
-        fail_msg("echo server ended with %d: %s", e.rc, e.error);
-    assert_int_equal(e.n, n_sizes);
+    echo_join(&e, n_sizes);
 }
 
 // ---- a peer in another process ----
-
-/* Runs this executable as child MODE ARG; its stdout is readable from *out_fd when asked. */
-static pid_t spawn_child(const char *mode, const char *arg) {
-    char self[4096];
-    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
-        return -1;
-    self[n] = '\0';
-    char *argv[] = {self, "--child", (char *)mode, (char *)arg, NULL};
-    pid_t pid;
-    return posix_spawn(&pid, self, NULL, NULL, argv, environ) == 0 ? pid : -1;
-}
 
 enum { BIG_MESSAGE = 128 << 20 };
 
@@ -275,11 +198,11 @@ static void test_message_over_max_is_refused(void **state) {
     load_as(&srv, NULL, NULL, "max_message=1M");
     void *l, *s;
     char addr[128];
-    listen_local(&srv, &l, addr, sizeof addr);
+    assert_ok(listen_local(&srv, &l, addr, sizeof addr));
     rss_watch w = {.peak = rss_kib()};
     const long before = w.peak;
     assert_int_equal(pthread_create(&w.tid, NULL, rss_watch_main, &w), 0);
-    const pid_t pid = spawn_child("send-big", addr);
+    const pid_t pid = spawn_child("send-big", addr, NULL);
     assert_true(pid > 0);
     assert_ok(srv.it->accept(srv.self, l, LONG_MS, &s));
     void *d = NULL;
@@ -305,82 +228,65 @@ static void test_message_over_max_is_refused(void **state) {
 
 static void test_mutual_tls_roundtrip(void **state) {
     (void)state;
-    tr srv, cli;
-    load_as(&srv, "ca", "stage", NULL);
-    load_as(&cli, "ca", "driver", NULL);
-    void *l;
-    char addr[128], by_name[128];
-    listen_local(&srv, &l, addr, sizeof addr);
+    peers p;
+    peers_open(&p, "stage", NULL, "driver", NULL);
+    char by_name[128];
     static const size_t sizes[] = {0, 1, 100, 65537, 64u << 20, 5};
-    echo_over(&srv, &cli, l, addr, sizes, 6);
+    echo_over(&p.srv, &p.cli, p.l, p.addr, sizes, 6);
     /* the DNS name in the certificate works as well as its IP address */
-    snprintf(by_name, sizeof by_name, "localhost:%s", strrchr(addr, ':') + 1);
-    echo_over(&srv, &cli, l, by_name, sizes, 2);
-    srv.it->listener_close(srv.self, l);
-    unload(&cli);
-    unload(&srv);
+    snprintf(by_name, sizeof by_name, "localhost:%s", strrchr(p.addr, ':') + 1);
+    echo_over(&p.srv, &p.cli, p.l, by_name, sizes, 2);
+    peers_close(&p);
 }
 
-/* A connect from cli_name's certificate to a server with srv_name's, each trusting their CA,
+/* A connect from cli_name's certificate to a server with srv_name's, both trusting the test CA,
  * fails with RLX_E_AUTH mentioning text; the server's accept sees nobody. */
-static void expect_auth_failure(const char *srv_ca, const char *srv_name, const char *cli_ca, const char *cli_name,
-                                const char *cli_extra, const char *text) {
-    tr srv, cli;
-    load_as(&srv, srv_ca, srv_name, NULL);
-    load_as(&cli, cli_ca, cli_name, cli_extra);
-    void *l, *c = NULL, *s = NULL;
-    char addr[128], want[256];
-    listen_local(&srv, &l, addr, sizeof addr);
+static void expect_auth_failure(const char *srv_name, const char *cli_name, const char *cli_extra, const char *text) {
+    peers p;
+    peers_open(&p, srv_name, NULL, cli_name, cli_extra);
+    void *c = NULL, *s = NULL;
+    char want[256];
     const double t0 = now_ms();
-    const int rc = cli.it->connect(cli.self, addr, CONNECT_MS, &c);
+    const int rc = p.cli.it->connect(p.cli.self, p.addr, CONNECT_MS, &c);
     show_error(text);
     assert_error_has(rc, RLX_E_AUTH, text);
-    snprintf(want, sizeof want, "TLS handshake with %s failed", addr);
+    snprintf(want, sizeof want, "TLS handshake with %s failed", p.addr);
     assert_error_mentions(want);
     assert_failed_fast(t0, text);
     assert_null(c);
-    assert_int_equal(srv.it->accept(srv.self, l, 200, &s), RLX_E_TIMEOUT);
-    srv.it->listener_close(srv.self, l);
-    unload(&cli);
-    unload(&srv);
+    assert_int_equal(p.srv.it->accept(p.srv.self, p.l, 200, &s), RLX_E_TIMEOUT);
+    peers_close(&p);
 }
 
 static void test_client_cert_from_another_ca(void **state) {
     (void)state;
-    expect_auth_failure("ca", "stage", "ca", "other", NULL, "refused this process's certificate");
+    expect_auth_failure("stage", "other", NULL, "refused this process's certificate");
 }
 
 static void test_server_cert_from_another_ca(void **state) {
     (void)state;
-    expect_auth_failure("ca", "other", "ca", "driver", NULL, "certificate verify failed");
+    expect_auth_failure("other", "driver", NULL, "certificate verify failed");
 }
 
 static void test_expired_server_cert(void **state) {
     (void)state;
-    expect_auth_failure("ca", "expired", "ca", "driver", NULL, "certificate has expired");
+    expect_auth_failure("expired", "driver", NULL, "certificate has expired");
 }
 
 static void test_expired_client_cert(void **state) {
     (void)state;
-    expect_auth_failure("ca", "stage", "ca", "expired", NULL,
-                        "refused this process's certificate: tls_cert expired on Jan 31");
+    expect_auth_failure("stage", "expired", NULL, "refused this process's certificate: tls_cert expired on Jan 31");
 }
 
 static void test_wrong_server_name(void **state) {
     (void)state;
-    expect_auth_failure("ca", "wrongname", "ca", "driver", NULL, "127.0.0.1");
+    expect_auth_failure("wrongname", "driver", NULL, "127.0.0.1");
     /* the name the certificate carries, given as tls_name, is accepted */
-    tr srv, cli;
-    load_as(&srv, "ca", "wrongname", NULL);
-    load_as(&cli, "ca", "driver", "tls_name=elsewhere.invalid");
-    void *l;
-    char addr[128];
-    listen_local(&srv, &l, addr, sizeof addr);
+    peers p;
+    peers_open(&p, "wrongname", NULL, "driver", "tls_name=elsewhere.invalid");
     static const size_t sizes[] = {1000};
-    echo_over(&srv, &cli, l, addr, sizes, 1);
-    srv.it->listener_close(srv.self, l);
-    unload(&cli);
-    unload(&srv);
+    echo_over(&p.srv, &p.cli, p.l, p.addr, sizes, 1);
+    peers_close(&p);
 }
 
 /* Our options cannot make a TLS client without a certificate: this one is gRPC's own. */
@@ -390,7 +296,7 @@ static void test_client_without_certificate(void **state) {
     load_as(&srv, "ca", "stage", NULL);
     void *l, *s = NULL;
     char addr[128], path[128];
-    listen_local(&srv, &l, addr, sizeof addr);
+    assert_ok(listen_local(&srv, &l, addr, sizeof addr));
     snprintf(path, sizeof path, "%s/ca.pem", g_dir);
     FILE *f = fopen(path, "r");
     assert_non_null(f);
@@ -426,53 +332,33 @@ static void test_client_without_certificate(void **state) {
     unload(&srv);
 }
 
+/* A connect from client to a listener of server fails fast with RLX_E_AUTH mentioning text (and,
+ * with names_address, the listener's address); the server's accept sees nobody. */
+static void expect_mismatch(tr *server, tr *client, const char *what, const char *text, bool names_address) {
+    void *l, *c = NULL, *s = NULL;
+    char addr[128];
+    assert_ok(listen_local(server, &l, addr, sizeof addr));
+    const double t0 = now_ms();
+    const int rc = client->it->connect(client->self, addr, CONNECT_MS, &c);
+    show_error(what);
+    assert_failed_fast(t0, what);
+    assert_null(c);
+    assert_error_has(rc, RLX_E_AUTH, text);
+    if (names_address)
+        assert_error_mentions(addr);
+    assert_int_equal(server->it->accept(server->self, l, 200, &s), RLX_E_TIMEOUT);
+    server->it->listener_close(server->self, l);
+}
+
 static void test_plaintext_and_tls_mismatch(void **state) {
     (void)state;
     tr tls, plain;
     load_as(&tls, "ca", "stage", NULL);
     load_as(&plain, NULL, NULL, NULL);
-    void *l, *c = NULL, *s = NULL;
-    char addr[128], want[256];
-    /* a plaintext client at a TLS stage */
-    listen_local(&tls, &l, addr, sizeof addr);
-    double t0 = now_ms();
-    int rc = plain.it->connect(plain.self, addr, CONNECT_MS, &c);
-    show_error("plaintext client, TLS server");
-    assert_failed_fast(t0, "plaintext client, TLS server");
-    assert_null(c);
-    assert_error_has(rc, RLX_E_AUTH, "the stage speaks TLS");
-    snprintf(want, sizeof want, "%s", addr);
-    assert_error_mentions(want);
-    assert_int_equal(tls.it->accept(tls.self, l, 200, &s), RLX_E_TIMEOUT);
-    tls.it->listener_close(tls.self, l);
-    /* a TLS client at a plaintext stage */
-    listen_local(&plain, &l, addr, sizeof addr);
-    t0 = now_ms();
-    rc = tls.it->connect(tls.self, addr, CONNECT_MS, &c);
-    show_error("TLS client, plaintext server");
-    assert_failed_fast(t0, "TLS client, plaintext server");
-    assert_null(c);
-    assert_error_has(rc, RLX_E_AUTH, "the stage does not speak TLS");
-    assert_int_equal(plain.it->accept(plain.self, l, 200, &s), RLX_E_TIMEOUT);
-    plain.it->listener_close(plain.self, l);
+    expect_mismatch(&tls, &plain, "plaintext client, TLS server", "the stage speaks TLS", true);
+    expect_mismatch(&plain, &tls, "TLS client, plaintext server", "the stage does not speak TLS", false);
     unload(&plain);
     unload(&tls);
-}
-
-typedef struct late_listener {
-    tr *t;
-    char addr[64];
-    int rc;
-    void *l, *conn;
-} late_listener;
-
-/* Listens on ll->addr after 600 ms, as a stage that is still loading its weights, and accepts. */
-static void *late_listener_main(void *arg) {
-    late_listener *ll = arg;
-    sleep_ms(600);
-    if ((ll->rc = ll->t->it->listen(ll->t->self, ll->addr, &ll->l)) == RLX_OK)
-        ll->rc = ll->t->it->accept(ll->t->self, ll->l, LONG_MS, &ll->conn);
-    return NULL;
 }
 
 /* Failing fast is for a peer that answered: a port nothing listens on is retried to the deadline
@@ -482,7 +368,7 @@ static void test_nobody_listening_is_retried(void **state) {
     tr srv, cli;
     load_as(&srv, "ca", "stage", NULL);
     load_as(&cli, "ca", "driver", NULL);
-    late_listener ll = {.t = &srv};
+    late_listener ll = {.t = &srv, .delay_ms = 600};
     snprintf(ll.addr, sizeof ll.addr, "127.0.0.1:%d", free_port());
     void *c = NULL;
     double t0 = now_ms();
@@ -520,46 +406,38 @@ static const uint8_t half_hello[] = {0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0
 
 /* A TCP connection to addr that sends prefix (len bytes) and then nothing; returns its socket. */
 static int silent_peer(const char *addr, const void *prefix, size_t len) {
-    const char *colon = strrchr(addr, ':');
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
+    const int fd = raw_connect(addr);
+    if (fd >= 0 && len && write(fd, prefix, len) != (ssize_t)len) {
+        close(fd);
         return -1;
-    if (len && write(fd, prefix, len) != (ssize_t)len)
-        return -1;
+    }
     return fd;
 }
 
 static void test_silent_peers_do_not_delay_accept(void **state) {
     (void)state;
-    tr srv, cli;
-    load_as(&srv, "ca", "stage", NULL);
-    load_as(&cli, "ca", "driver", NULL);
-    void *l, *s = NULL, *c = NULL;
-    char addr[128];
-    listen_local(&srv, &l, addr, sizeof addr);
-    const int quiet = silent_peer(addr, NULL, 0), half = silent_peer(addr, half_hello, sizeof half_hello);
+    peers p;
+    peers_open(&p, "stage", NULL, "driver", NULL);
+    tr *srv = &p.srv, *cli = &p.cli;
+    void *s = NULL, *c = NULL;
+    const int quiet = silent_peer(p.addr, NULL, 0), half = silent_peer(p.addr, half_hello, sizeof half_hello);
     assert_true(quiet >= 0 && half >= 0);
-    assert_int_equal(srv.it->accept(srv.self, l, 300, &s), RLX_E_TIMEOUT);
+    assert_int_equal(srv->it->accept(srv->self, p.l, 300, &s), RLX_E_TIMEOUT);
     const double t0 = now_ms();
-    assert_ok(cli.it->connect(cli.self, addr, LONG_MS, &c));
-    assert_ok(srv.it->accept(srv.self, l, LONG_MS, &s));
+    connect_pair(srv, p.l, cli, p.addr, &c, &s);
     /* gRPC's own handshake timeout is 120 s: a wait for either silent peer would show */
     assert_true(now_ms() - t0 < 5000);
-    assert_ok(cli.it->send(cli.self, c, "hello", 5, LONG_MS));
+    assert_ok(cli->it->send(cli->self, c, "hello", 5, LONG_MS));
     void *d;
     size_t n;
-    assert_ok(srv.it->recv(srv.self, s, &d, &n, LONG_MS));
+    assert_ok(srv->it->recv(srv->self, s, &d, &n, LONG_MS));
     assert_int_equal(n, 5);
     free(d);
     close(quiet);
     close(half);
-    cli.it->conn_close(cli.self, c);
-    srv.it->conn_close(srv.self, s);
-    srv.it->listener_close(srv.self, l);
-    unload(&cli);
-    unload(&srv);
+    cli->it->conn_close(cli->self, c);
+    srv->it->conn_close(srv->self, s);
+    peers_close(&p);
 }
 
 /* Milliseconds until the peer of fd closes it (a read gives 0 or an error), or -1 if it is still
@@ -588,7 +466,7 @@ static void test_unfinished_handshakes_closed_after_handshake_ms(void **state) {
         load_as(&srv, "ca", tls ? "stage" : NULL, "handshake_ms=500");
         void *l;
         char addr[128];
-        listen_local(&srv, &l, addr, sizeof addr);
+        assert_ok(listen_local(&srv, &l, addr, sizeof addr));
         const int quiet = silent_peer(addr, NULL, 0);
         const int half = tls ? silent_peer(addr, half_hello, sizeof half_hello)
                              : silent_peer(addr, half_preface, sizeof half_preface - 1);
@@ -611,43 +489,38 @@ static void test_unfinished_handshakes_closed_after_handshake_ms(void **state) {
 
 static void test_set_max_message(void **state) {
     (void)state;
-    tr srv, cli;
-    load_as(&srv, "ca", "stage", "max_message=1M");
-    load_as(&cli, "ca", "driver", NULL);
-    void *l, *s, *c;
-    char addr[128];
-    listen_local(&srv, &l, addr, sizeof addr);
-    assert_ok(cli.it->connect(cli.self, addr, LONG_MS, &c));
-    assert_ok(srv.it->accept(srv.self, l, LONG_MS, &s));
-    assert_non_null(srv.it->set_max_message);
+    peers p;
+    peers_open(&p, "stage", "max_message=1M", "driver", NULL);
+    tr *srv = &p.srv, *cli = &p.cli;
+    void *s, *c;
+    connect_pair(srv, p.l, cli, p.addr, &c, &s);
+    assert_non_null(srv->it->set_max_message);
     /* not above the instance's own limit */
-    assert_error_has(srv.it->set_max_message(srv.self, s, 2u << 20), RLX_E_INVALID, "1048576");
-    assert_ok(srv.it->set_max_message(srv.self, s, 1000));
+    assert_error_has(srv->it->set_max_message(srv->self, s, 2u << 20), RLX_E_INVALID, "1048576");
+    assert_ok(srv->it->set_max_message(srv->self, s, 1000));
     uint8_t msg[2000];
     fill(msg, sizeof msg, 1);
     void *d = NULL;
     size_t n;
     /* up to the limit passes */
-    assert_ok(cli.it->send(cli.self, c, msg, 1000, LONG_MS));
-    assert_ok(srv.it->recv(srv.self, s, &d, &n, LONG_MS));
+    assert_ok(cli->it->send(cli->self, c, msg, 1000, LONG_MS));
+    assert_ok(srv->it->recv(srv->self, s, &d, &n, LONG_MS));
     assert_int_equal(n, 1000);
     free(d);
     d = NULL;
-    assert_ok(cli.it->send(cli.self, c, msg, 1001, LONG_MS));
-    int rc = srv.it->recv(srv.self, s, &d, &n, LONG_MS);
+    assert_ok(cli->it->send(cli->self, c, msg, 1001, LONG_MS));
+    int rc = srv->it->recv(srv->self, s, &d, &n, LONG_MS);
     show_error("receiver over set_max_message");
     assert_error_has(rc, RLX_E_FORMAT, "1001 bytes exceeds this connection's max_message (1000)");
     assert_null(d);
     /* the connection stays refused, and the sender hears why */
-    assert_error_has(srv.it->recv(srv.self, s, &d, &n, LONG_MS), RLX_E_FORMAT, "(1000)");
-    rc = cli.it->recv(cli.self, c, &d, &n, LONG_MS);
+    assert_error_has(srv->it->recv(srv->self, s, &d, &n, LONG_MS), RLX_E_FORMAT, "(1000)");
+    rc = cli->it->recv(cli->self, c, &d, &n, LONG_MS);
     show_error("sender over set_max_message");
     assert_error_has(rc, RLX_E_FORMAT, "larger than max (1001 vs. 1000)");
-    cli.it->conn_close(cli.self, c);
-    srv.it->conn_close(srv.self, s);
-    srv.it->listener_close(srv.self, l);
-    unload(&cli);
-    unload(&srv);
+    cli->it->conn_close(cli->self, c);
+    srv->it->conn_close(srv->self, s);
+    peers_close(&p);
 }
 
 static void test_tls_option_errors(void **state) {

@@ -2,9 +2,6 @@
  * message limit and its receive buffers that grow as bytes arrive. The certificates come from
  * make_certs.sh, run by the tls_tcp_certs fixture into TLS_CERT_DIR. Servers run on helper
  * threads that record what happened; cmocka assertions are made on the main thread only. */
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -38,340 +35,209 @@ static const char *tls_options(const char *name, const char *extra) {
     return b;
 }
 
-static void load_ok(tr *t, const char *options) {
-    if (load(t, options) < 0)
-        fail_msg("open with '%s' failed: %s", options ? options : "", rlx_last_error());
-}
-
-static int listen_local(tr *t, void **l, char *addr, size_t size) {
-    int rc = t->it->listen(t->self, "127.0.0.1:0", l);
-    return rc < 0 ? rc : t->it->bound_address(t->self, *l, addr, size);
-}
-
-/* Deterministic bytes, so the receiver can check them. */
-static void fill(uint8_t *p, size_t n, uint64_t seed) {
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (size_t i = 0; i < n; i++) {
-        if (i % 8 == 0)
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        p[i] = (uint8_t)(x >> (8 * (i % 8)));
-    }
-}
-
 // ---- a server on its own thread ----
 
-/* Accepts one connection, then echoes messages until an error ends it; records that error.
- * With send_first it first sends hello, so its TLS handshake runs inside a send. */
+/* Accepts one connection and echoes it (saying hello first with send_first, so that its TLS
+ * handshake runs inside a send); records how accept went. */
 typedef struct server {
     tr *t;
     void *l;
-    bool send_first;
-    int n_echoed;
-    int accept_rc, rc; /* accept's status; the status that ended the loop */
-    double accept_ms;  /* how long accept took */
-    char error[512];
-    pthread_t tid;
+    int accept_rc;
+    double accept_ms; /* how long accept took */
+    echo e;
 } server;
 
 static void *server_main(void *arg) {
     server *sv = arg;
-    tr *t = sv->t;
-    void *conn;
     const double t0 = now_ms();
-    sv->accept_rc = t->it->accept(t->self, sv->l, LONG_MS, &conn);
+    sv->accept_rc = sv->t->it->accept(sv->t->self, sv->l, LONG_MS, &sv->e.conn);
     sv->accept_ms = now_ms() - t0;
     if (sv->accept_rc < 0) {
-        snprintf(sv->error, sizeof sv->error, "%s", rlx_last_error());
+        snprintf(sv->e.error, sizeof sv->e.error, "%s", rlx_last_error());
         return NULL;
     }
-    int rc = sv->send_first ? t->it->send(t->self, conn, "hello", 5, LONG_MS) : RLX_OK;
-    while (rc == RLX_OK) {
-        void *d;
-        size_t n;
-        rc = t->it->recv(t->self, conn, &d, &n, LONG_MS);
-        if (rc == RLX_OK) {
-            rc = t->it->send(t->self, conn, d, n, LONG_MS);
-            free(d);
-            sv->n_echoed += rc == RLX_OK;
-        }
-    }
-    sv->rc = rc;
-    snprintf(sv->error, sizeof sv->error, "%s", rlx_last_error());
-    t->it->conn_close(t->self, conn);
-    return NULL;
+    return echo_main(&sv->e);
 }
 
 static void server_start(server *sv, tr *t, void *l, bool send_first) {
     memset(sv, 0, sizeof *sv);
     sv->t = t;
     sv->l = l;
-    sv->send_first = send_first;
-    assert_int_equal(pthread_create(&sv->tid, NULL, server_main, sv), 0);
+    sv->e.t = t;
+    sv->e.hello = send_first ? "hello" : NULL;
+    assert_int_equal(pthread_create(&sv->e.tid, NULL, server_main, sv), 0);
 }
 
 /* Joins the server, which must have ended with rc and a message mentioning text. */
 static void server_join(server *sv, int rc, const char *text) {
-    pthread_join(sv->tid, NULL);
-    show("server", sv->error);
+    const echo *e = &sv->e;
+    pthread_join(e->tid, NULL);
+    show("server", e->error);
     assert_ok(sv->accept_rc);
-    if (sv->rc != rc)
-        fail_msg("server ended with %d, want %d: %s", sv->rc, rc, sv->error);
-    if (!strstr(sv->error, text))
-        fail_msg("server's error does not mention '%s': %s", text, sv->error);
+    if (e->rc != rc)
+        fail_msg("server ended with %d, want %d: %s", e->rc, rc, e->error);
+    if (!strstr(e->error, text))
+        fail_msg("server's error does not mention '%s': %s", text, e->error);
 }
 
-static void roundtrip(tr *t, void *conn, size_t size, uint64_t seed) {
-    uint8_t *msg = malloc(size ? size : 1);
-    assert_non_null(msg);
-    fill(msg, size, seed);
-    assert_ok(t->it->send(t->self, conn, msg, size, LONG_MS));
-    void *back;
-    size_t n;
-    assert_ok(t->it->recv(t->self, conn, &back, &n, 60000));
-    assert_int_equal(n, size);
-    assert_true(size == 0 || memcmp(back, msg, size) == 0);
-    free(back);
-    free(msg);
+/* A stage listening on 127.0.0.1 with a server on its listener, and a driver to connect to it. */
+typedef struct session {
+    tr stage, driver;
+    void *l;
+    char addr[128];
+    server sv;
+} session;
+
+/* Listens with the stage (loaded) and starts the server (saying hello first with send_first). */
+static void session_listen(session *s, bool send_first) {
+    assert_ok(listen_local(&s->stage, &s->l, s->addr, sizeof s->addr));
+    server_start(&s->sv, &s->stage, s->l, send_first);
+}
+
+static void session_open(session *s, const char *stage_options, const char *driver_options, bool send_first) {
+    load_ok(&s->stage, stage_options);
+    load_ok(&s->driver, driver_options);
+    session_listen(s, send_first);
+}
+
+/* A connection from the driver that must succeed. */
+static void *session_connect(session *s) {
+    void *cli;
+    assert_ok(s->driver.it->connect(s->driver.self, s->addr, LONG_MS, &cli));
+    return cli;
+}
+
+/* Once the server is joined: closes the listener and both instances (a driver never loaded is
+ * all zero). */
+static void session_close(session *s) {
+    s->stage.it->listener_close(s->stage.self, s->l);
+    unload(&s->driver);
+    unload(&s->stage);
 }
 
 // ---- mutual TLS that works ----
 
 static void test_mutual_tls_roundtrips(void **state) {
     (void)state;
-    tr stage, driver;
-    load_ok(&stage, tls_options("stage", NULL));
-    load_ok(&driver, tls_options("driver", NULL));
-    void *l, *cli;
-    char addr[128];
-    assert_ok(listen_local(&stage, &l, addr, sizeof addr));
-    server sv;
-    server_start(&sv, &stage, l, false);
-    assert_ok(driver.it->connect(driver.self, addr, LONG_MS, &cli));
+    session s;
+    session_open(&s, tls_options("stage", NULL), tls_options("driver", NULL), false);
+    void *cli = session_connect(&s);
     static const size_t sizes[] = {0, 1, 24, 1000, 16360, 16361, 65536, 1000003};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        roundtrip(&driver, cli, sizes[i], i);
-    roundtrip(&driver, cli, 64u << 20, 42); /* 64 MiB each way, checked byte for byte */
-    roundtrip(&driver, cli, 5, 43);         /* the stream is still in step */
-    driver.it->conn_close(driver.self, cli);
-    server_join(&sv, RLX_E_PEER, "closed the connection");
-    assert_int_equal(sv.n_echoed, sizeof sizes / sizeof sizes[0] + 2);
-    stage.it->listener_close(stage.self, l);
-    unload(&driver);
-    unload(&stage);
+        roundtrip(&s.driver, cli, sizes[i], i);
+    roundtrip(&s.driver, cli, 64u << 20, 42); /* 64 MiB each way, checked byte for byte */
+    roundtrip(&s.driver, cli, 5, 43);         /* the stream is still in step */
+    s.driver.it->conn_close(s.driver.self, cli);
+    server_join(&s.sv, RLX_E_PEER, "closed the connection");
+    assert_int_equal(s.sv.e.n, sizeof sizes / sizeof sizes[0] + 2);
+    session_close(&s);
 }
 
 /* The stage speaks first: its handshake runs inside that send. */
 static void test_handshake_inside_first_send(void **state) {
     (void)state;
-    tr stage, driver;
-    load_ok(&stage, tls_options("stage", NULL));
-    load_ok(&driver, tls_options("driver", NULL));
-    void *l, *cli;
-    char addr[128];
-    assert_ok(listen_local(&stage, &l, addr, sizeof addr));
-    server sv;
-    server_start(&sv, &stage, l, true);
-    assert_ok(driver.it->connect(driver.self, addr, LONG_MS, &cli));
+    session s;
+    session_open(&s, tls_options("stage", NULL), tls_options("driver", NULL), true);
+    void *cli = session_connect(&s);
     void *d;
     size_t n;
-    assert_ok(driver.it->recv(driver.self, cli, &d, &n, LONG_MS));
+    assert_ok(s.driver.it->recv(s.driver.self, cli, &d, &n, LONG_MS));
     assert_int_equal(n, 5);
     assert_memory_equal(d, "hello", 5);
     free(d);
-    roundtrip(&driver, cli, 3000, 1);
-    driver.it->conn_close(driver.self, cli);
-    server_join(&sv, RLX_E_PEER, "closed the connection");
-    stage.it->listener_close(stage.self, l);
-    unload(&driver);
-    unload(&stage);
+    roundtrip(&s.driver, cli, 3000, 1);
+    s.driver.it->conn_close(s.driver.self, cli);
+    server_join(&s.sv, RLX_E_PEER, "closed the connection");
+    session_close(&s);
 }
 
 // ---- certificates that must be refused ----
 
-/* A stage with certificate stage_cert and a driver with driver_cert (extra options for the
- * driver): the driver's connect must end with connect_rc and a message with connect_text
- * (connect_rc RLX_OK: the driver learns it from its first recv, then recv_rc/recv_text), and
- * the stage's first recv with server_rc and server_text. */
-typedef struct refusal {
-    const char *stage_cert, *driver_cert, *driver_extra;
-    int connect_rc;
-    const char *connect_text;
-    int recv_rc;
-    const char *recv_text;
-    int server_rc;
-    const char *server_text;
-} refusal;
+/* Where the driver learns of the refusal: its connect fails, or the connect succeeds (TLS 1.3:
+ * the client finishes first) and its first recv fails. */
+typedef enum { AT_CONNECT, AT_FIRST_RECV } refused_at;
 
-static void expect_refusal(const refusal *r) {
-    tr stage, driver;
-    load_ok(&stage, tls_options(r->stage_cert, NULL));
-    load_ok(&driver, tls_options(r->driver_cert, r->driver_extra));
-    void *l, *cli = NULL;
-    char addr[128];
-    assert_ok(listen_local(&stage, &l, addr, sizeof addr));
-    server sv;
-    server_start(&sv, &stage, l, false);
-    const int rc = driver.it->connect(driver.self, addr, LONG_MS, &cli);
-    if (rc != r->connect_rc)
-        fail_msg("connect: want %d, got %d: %s", r->connect_rc, rc, rlx_last_error());
+/* A stage with certificate stage_cert and a driver with driver_cert (extra options for the
+ * driver): the driver's connect or first recv (at) must end with RLX_E_AUTH and a message with
+ * driver_text, and the stage's first recv with RLX_E_AUTH and server_text. */
+static void expect_refusal(const char *stage_cert, const char *driver_cert, const char *driver_extra, refused_at at,
+                           const char *driver_text, const char *server_text) {
+    session s;
+    session_open(&s, tls_options(stage_cert, NULL), tls_options(driver_cert, driver_extra), false);
+    void *cli = NULL;
+    const int connect_rc = at == AT_CONNECT ? RLX_E_AUTH : RLX_OK;
+    const int rc = s.driver.it->connect(s.driver.self, s.addr, LONG_MS, &cli);
+    if (rc != connect_rc)
+        fail_msg("connect: want %d, got %d: %s", connect_rc, rc, rlx_last_error());
     if (rc == RLX_OK) {
         void *d = (void *)&d;
         size_t n;
-        const int got = driver.it->recv(driver.self, cli, &d, &n, LONG_MS);
-        if (got != r->recv_rc)
-            fail_msg("recv: want %d, got %d: %s", r->recv_rc, got, rlx_last_error());
+        const int got = s.driver.it->recv(s.driver.self, cli, &d, &n, LONG_MS);
+        if (got != RLX_E_AUTH)
+            fail_msg("recv: want %d, got %d: %s", RLX_E_AUTH, got, rlx_last_error());
         assert_null(d);
         show("driver recv", rlx_last_error());
-        assert_error_mentions(r->recv_text);
-        assert_error_mentions(addr);
+        assert_error_mentions(driver_text);
+        assert_error_mentions(s.addr);
         /* the connection stays unusable: no half-trusted stream carries on */
-        assert_int_equal(driver.it->send(driver.self, cli, "x", 1, 1000), got);
-        driver.it->conn_close(driver.self, cli);
+        assert_int_equal(s.driver.it->send(s.driver.self, cli, "x", 1, 1000), got);
+        s.driver.it->conn_close(s.driver.self, cli);
     } else {
         assert_null(cli);
         show("driver connect", rlx_last_error());
-        assert_error_mentions(r->connect_text);
-        assert_error_mentions(addr);
+        assert_error_mentions(driver_text);
+        assert_error_mentions(s.addr);
     }
-    server_join(&sv, r->server_rc, r->server_text);
-    assert_int_equal(sv.n_echoed, 0);
-    stage.it->listener_close(stage.self, l);
-    unload(&driver);
-    unload(&stage);
+    server_join(&s.sv, RLX_E_AUTH, server_text);
+    assert_int_equal(s.sv.e.n, 0);
+    session_close(&s);
 }
 
 static void test_client_cert_from_wrong_ca(void **state) {
     (void)state;
-    const refusal r = {"stage",
-                       "other",
-                       NULL,
-                       RLX_OK,
-                       NULL,
-                       RLX_E_AUTH,
-                       "the peer refused the connection (its alert: tlsv1 alert unknown ca)",
-                       RLX_E_AUTH,
-                       "failed: certificate verify failed: unable to get local issuer certificate"};
-    expect_refusal(&r);
+    expect_refusal("stage", "other", NULL, AT_FIRST_RECV,
+                   "the peer refused the connection (its alert: tlsv1 alert unknown ca)",
+                   "failed: certificate verify failed: unable to get local issuer certificate");
 }
 
 static void test_server_cert_from_wrong_ca(void **state) {
     (void)state;
-    const refusal r = {"other",
-                       "driver",
-                       NULL,
-                       RLX_E_AUTH,
-                       "TLS handshake with 127.0.0.1:",
-                       0,
-                       NULL,
-                       RLX_E_AUTH,
-                       "the peer refused the connection (its alert: tlsv1 alert unknown ca)"};
-    expect_refusal(&r);
-    const refusal r2 = {"other",
-                        "driver",
-                        NULL,
-                        RLX_E_AUTH,
-                        "failed: certificate verify failed: unable to get local issuer certificate",
-                        0,
-                        NULL,
-                        RLX_E_AUTH,
-                        "alert"};
-    expect_refusal(&r2);
+    expect_refusal("other", "driver", NULL, AT_CONNECT, "TLS handshake with 127.0.0.1:",
+                   "the peer refused the connection (its alert: tlsv1 alert unknown ca)");
+    expect_refusal("other", "driver", NULL, AT_CONNECT,
+                   "failed: certificate verify failed: unable to get local issuer certificate", "alert");
 }
 
 static void test_expired_certificates(void **state) {
     (void)state;
-    const refusal server_expired = {"expired",
-                                    "driver",
-                                    NULL,
-                                    RLX_E_AUTH,
-                                    "failed: certificate verify failed: certificate has expired",
-                                    0,
-                                    NULL,
-                                    RLX_E_AUTH,
-                                    "its alert: sslv3 alert certificate expired"};
-    expect_refusal(&server_expired);
-    const refusal client_expired = {"stage",
-                                    "expired",
-                                    NULL,
-                                    RLX_OK,
-                                    NULL,
-                                    RLX_E_AUTH,
-                                    "its alert: sslv3 alert certificate expired",
-                                    RLX_E_AUTH,
-                                    "failed: certificate verify failed: certificate has expired"};
-    expect_refusal(&client_expired);
+    /* the stage's certificate expired */
+    expect_refusal("expired", "driver", NULL, AT_CONNECT, "failed: certificate verify failed: certificate has expired",
+                   "its alert: sslv3 alert certificate expired");
+    /* the driver's */
+    expect_refusal("stage", "expired", NULL, AT_FIRST_RECV, "its alert: sslv3 alert certificate expired",
+                   "failed: certificate verify failed: certificate has expired");
 }
 
 static void test_server_cert_for_another_name(void **state) {
     (void)state;
-    const refusal r = {"wrongname",
-                       "driver",
-                       NULL,
-                       RLX_E_AUTH,
-                       "certificate verify failed: IP address mismatch (the certificate does not name the host "
-                       "connected to; option tls_name",
-                       0,
-                       NULL,
-                       RLX_E_AUTH,
-                       "TLS handshake with 127.0.0.1:"};
-    expect_refusal(&r);
+    expect_refusal("wrongname", "driver", NULL, AT_CONNECT,
+                   "certificate verify failed: IP address mismatch (the certificate does not name the host "
+                   "connected to; option tls_name",
+                   "TLS handshake with 127.0.0.1:");
     /* tls_name says which name to expect instead of the address: the same stage then passes */
-    tr stage, driver;
-    load_ok(&stage, tls_options("wrongname", NULL));
-    load_ok(&driver, tls_options("driver", ",tls_name=elsewhere.invalid"));
-    void *l, *cli;
-    char addr[128];
-    assert_ok(listen_local(&stage, &l, addr, sizeof addr));
-    server sv;
-    server_start(&sv, &stage, l, false);
-    assert_ok(driver.it->connect(driver.self, addr, LONG_MS, &cli));
-    roundtrip(&driver, cli, 100, 7);
-    driver.it->conn_close(driver.self, cli);
-    server_join(&sv, RLX_E_PEER, "closed the connection");
-    stage.it->listener_close(stage.self, l);
-    unload(&driver);
-    unload(&stage);
+    session s;
+    session_open(&s, tls_options("wrongname", NULL), tls_options("driver", ",tls_name=elsewhere.invalid"), false);
+    void *cli = session_connect(&s);
+    roundtrip(&s.driver, cli, 100, 7);
+    s.driver.it->conn_close(s.driver.self, cli);
+    server_join(&s.sv, RLX_E_PEER, "closed the connection");
+    session_close(&s);
     /* and a name the certificate lacks fails by name, not by IP */
-    const refusal by_name = {"stage",
-                             "driver",
-                             ",tls_name=elsewhere.invalid",
-                             RLX_E_AUTH,
-                             "certificate verify failed: hostname mismatch",
-                             0,
-                             NULL,
-                             RLX_E_AUTH,
-                             "alert"};
-    expect_refusal(&by_name);
+    expect_refusal("stage", "driver", ",tls_name=elsewhere.invalid", AT_CONNECT,
+                   "certificate verify failed: hostname mismatch", "alert");
 }
 
 // ---- raw sockets and a raw OpenSSL client ----
-
-static int raw_connect(const char *addr) {
-    const char *colon = strrchr(addr, ':');
-    struct sockaddr_in a = {
-        .sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1)), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        close(fd);
-        fd = -1;
-    }
-    return fd;
-}
-
-/* A raw listening socket on 127.0.0.1; its address goes to addr. */
-static int raw_listen(char *addr, size_t size) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 4) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    snprintf(addr, size, "127.0.0.1:%u", ntohs(a.sin_port));
-    return fd;
-}
 
 /* A connect on its own thread, for a peer the main thread plays by hand. */
 typedef struct connector {
@@ -402,18 +268,14 @@ static void connector_start(connector *cn, tr *t, const char *addr) {
 /* A TLS 1.3 client that trusts the test CA but has no certificate of its own. */
 static void test_client_without_certificate(void **state) {
     (void)state;
-    tr stage;
-    load_ok(&stage, tls_options("stage", NULL));
-    void *l;
-    char addr[128];
-    assert_ok(listen_local(&stage, &l, addr, sizeof addr));
-    server sv;
-    server_start(&sv, &stage, l, false);
+    session s = {0};
+    load_ok(&s.stage, tls_options("stage", NULL));
+    session_listen(&s, false);
     SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
     assert_non_null(ctx);
     assert_int_equal(SSL_CTX_load_verify_file(ctx, TLS_CERT_DIR "/ca.pem"), 1);
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
-    const int fd = raw_connect(addr);
+    const int fd = raw_connect(s.addr);
     assert_true(fd >= 0);
     SSL *ssl = SSL_new(ctx);
     SSL_set_fd(ssl, fd);
@@ -429,56 +291,44 @@ static void test_client_without_certificate(void **state) {
     SSL_free(ssl);
     SSL_CTX_free(ctx);
     close(fd);
-    server_join(&sv, RLX_E_AUTH, "failed: the peer presented no certificate");
-    stage.it->listener_close(stage.self, l);
-    unload(&stage);
+    server_join(&s.sv, RLX_E_AUTH, "failed: the peer presented no certificate");
+    session_close(&s);
 }
 
 static void test_plaintext_client_to_tls_listener(void **state) {
     (void)state;
-    tr stage, plain;
-    load_ok(&stage, tls_options("stage", NULL));
-    load_ok(&plain, NULL);
-    void *l, *cli;
-    char addr[128];
-    assert_ok(listen_local(&stage, &l, addr, sizeof addr));
-    server sv;
-    server_start(&sv, &stage, l, false);
-    assert_ok(plain.it->connect(plain.self, addr, LONG_MS, &cli));
-    assert_ok(plain.it->send(plain.self, cli, "hello", 5, LONG_MS));
-    server_join(&sv, RLX_E_AUTH, "failed: the peer speaks plaintext (rlx frames without TLS)");
+    session s; /* its driver speaks plaintext */
+    session_open(&s, tls_options("stage", NULL), NULL, false);
+    void *cli = session_connect(&s);
+    assert_ok(s.driver.it->send(s.driver.self, cli, "hello", 5, LONG_MS));
+    server_join(&s.sv, RLX_E_AUTH, "failed: the peer speaks plaintext (rlx frames without TLS)");
     void *d;
     size_t n;
-    assert_int_equal(plain.it->recv(plain.self, cli, &d, &n, LONG_MS), RLX_E_PEER);
-    plain.it->conn_close(plain.self, cli);
-    stage.it->listener_close(stage.self, l);
-    unload(&plain);
-    unload(&stage);
+    assert_int_equal(s.driver.it->recv(s.driver.self, cli, &d, &n, LONG_MS), RLX_E_PEER);
+    s.driver.it->conn_close(s.driver.self, cli);
+    session_close(&s);
 }
 
 static void test_tls_client_to_plaintext_listener(void **state) {
     (void)state;
-    tr plain, driver;
-    load_ok(&plain, NULL);
-    load_ok(&driver, tls_options("driver", NULL));
-    void *l, *cli = NULL;
-    char addr[128], raddr[64];
-    assert_ok(listen_local(&plain, &l, addr, sizeof addr));
-    server sv;
-    server_start(&sv, &plain, l, false);
+    session s; /* its stage speaks plaintext */
+    session_open(&s, NULL, tls_options("driver", NULL), false);
+    tr *driver = &s.driver;
+    void *cli = NULL;
+    char raddr[64];
     /* the plaintext stage reads a ClientHello where a frame belongs, says so and hangs up */
-    assert_int_equal(driver.it->connect(driver.self, addr, LONG_MS, &cli), RLX_E_AUTH);
+    assert_int_equal(driver->it->connect(driver->self, s.addr, LONG_MS, &cli), RLX_E_AUTH);
     show("driver connect", rlx_last_error());
     assert_error_mentions("the stage does not speak TLS (it closed the connection without a TLS answer)");
     assert_null(cli);
-    server_join(&sv, RLX_E_AUTH, "speaks TLS but this endpoint has no TLS configured");
-    plain.it->listener_close(plain.self, l);
+    server_join(&s.sv, RLX_E_AUTH, "speaks TLS but this endpoint has no TLS configured");
+    s.stage.it->listener_close(s.stage.self, s.l);
 
     /* a peer that accepts and never answers: connect ends at its deadline, saying why */
     const int lfd = raw_listen(raddr, sizeof raddr);
     assert_true(lfd >= 0);
     const double t0 = now_ms();
-    assert_int_equal(driver.it->connect(driver.self, raddr, 300, &cli), RLX_E_TIMEOUT);
+    assert_int_equal(driver->it->connect(driver->self, raddr, 300, &cli), RLX_E_TIMEOUT);
     assert_true(now_ms() - t0 < 3000);
     show("driver connect to a silent peer", rlx_last_error());
     assert_error_mentions("the TLS handshake did not finish (the peer accepted the connection but never answered");
@@ -488,7 +338,7 @@ static void test_tls_client_to_plaintext_listener(void **state) {
 
     /* a plaintext peer that answers with an rlx frame (an Error, say) is named as such */
     connector cn;
-    connector_start(&cn, &driver, raddr);
+    connector_start(&cn, driver, raddr);
     fd = accept(lfd, NULL, NULL);
     assert_true(fd >= 0);
     static const uint8_t frame[24] = {'R', 'L', 'X', 'T', 1, 0, 0, 0, 5};
@@ -502,8 +352,8 @@ static void test_tls_client_to_plaintext_listener(void **state) {
                         cn.error);
     close(fd);
     close(lfd);
-    unload(&driver);
-    unload(&plain);
+    unload(&s.driver);
+    unload(&s.stage);
 }
 
 /* A peer that connects and says nothing holds up neither accept nor the next client. */
@@ -548,29 +398,8 @@ static void test_silent_peer_delays_nobody(void **state) {
 
 // ---- frame limits and allocation, from a raw socket ----
 
-static uint32_t crc32c(const void *data, size_t n) {
-    const uint8_t *p = data;
-    uint32_t c = ~0u;
-    while (n--) {
-        c ^= *p++;
-        for (int k = 0; k < 8; k++)
-            c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    }
-    return ~c;
-}
-
-/* A frame header as the tcp plugin writes it (little-endian hosts), without a payload checksum. */
-static void make_header(uint8_t h[24], uint64_t len) {
-    const uint16_t version = 1, flags = 1; /* TCP_FLAG_NO_CRC */
-    const uint32_t pcrc = 0;
-    memcpy(h, "RLXT", 4);
-    memcpy(h + 4, &version, 2);
-    memcpy(h + 6, &flags, 2);
-    memcpy(h + 8, &len, 8);
-    memcpy(h + 16, &pcrc, 4);
-    const uint32_t hcrc = crc32c(h, 20);
-    memcpy(h + 20, &hcrc, 4);
-}
+/* A frame header as the tcp plugin writes it, without a payload checksum. */
+static void make_header_no_crc(uint8_t h[24], uint64_t len) { make_header(h, 1, 1 /* TCP_FLAG_NO_CRC */, len, 0); }
 
 static void test_set_max_message(void **state) {
     (void)state;
@@ -578,14 +407,11 @@ static void test_set_max_message(void **state) {
     load_ok(&t, "max_message=1M");
     void *l, *srv;
     char addr[128];
-    assert_ok(listen_local(&t, &l, addr, sizeof addr));
-    const int fd = raw_connect(addr);
-    assert_true(fd >= 0);
-    assert_ok(t.it->accept(t.self, l, LONG_MS, &srv));
+    const int fd = raw_pair(&t, &l, addr, sizeof addr, &srv);
     assert_ok(t.it->set_max_message(t.self, srv, 1000));
     uint8_t h[24];
     /* a frame at the limit passes */
-    make_header(h, 1000);
+    make_header_no_crc(h, 1000);
     static uint8_t payload[1000];
     assert_int_equal(send(fd, h, 24, MSG_NOSIGNAL), 24);
     assert_int_equal(send(fd, payload, sizeof payload, MSG_NOSIGNAL), (ssize_t)sizeof payload);
@@ -595,7 +421,7 @@ static void test_set_max_message(void **state) {
     assert_int_equal(n, 1000);
     free(d);
     /* one over is refused from its header alone: no payload follows, yet recv answers at once */
-    make_header(h, 1001);
+    make_header_no_crc(h, 1001);
     assert_int_equal(send(fd, h, 24, MSG_NOSIGNAL), 24);
     const double t0 = now_ms();
     assert_int_equal(t.it->recv(t.self, srv, &d, &n, LONG_MS), RLX_E_FORMAT);
@@ -611,7 +437,7 @@ static void test_set_max_message(void **state) {
     assert_true(fd2 >= 0);
     assert_ok(t.it->accept(t.self, l, LONG_MS, &srv));
     assert_ok(t.it->set_max_message(t.self, srv, 1ull << 30));
-    make_header(h, (1u << 20) + 1);
+    make_header_no_crc(h, (1u << 20) + 1);
     assert_int_equal(send(fd2, h, 24, MSG_NOSIGNAL), 24);
     assert_int_equal(t.it->recv(t.self, srv, &d, &n, LONG_MS), RLX_E_FORMAT);
     assert_error_mentions("a message of 1048577 bytes exceeds the limit of 1048576 (option max_message)");
@@ -661,14 +487,11 @@ static void test_allocates_as_bytes_arrive(void **state) {
     load_ok(&t, NULL);
     void *l, *srv;
     char addr[128];
-    assert_ok(listen_local(&t, &l, addr, sizeof addr));
-    const int fd = raw_connect(addr);
-    assert_true(fd >= 0);
-    assert_ok(t.it->accept(t.self, l, LONG_MS, &srv));
+    const int fd = raw_pair(&t, &l, addr, sizeof addr, &srv);
     const size_t part = 1u << 20;
     uint8_t *bytes = calloc(1, 24 + part);
     assert_non_null(bytes);
-    make_header(bytes, 3ull << 30);
+    make_header_no_crc(bytes, 3ull << 30);
     writer w = {.fd = fd, .p = bytes, .n = 24 + part};
     assert_int_equal(pthread_create(&w.tid, NULL, writer_main, &w), 0);
     const uint64_t before = process_size();

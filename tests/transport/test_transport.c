@@ -4,19 +4,15 @@
  * started with posix_spawn of this same executable (see child_main), so no gRPC state is ever
  * forked. cmocka assertions are only made on the main thread; helper threads record results. */
 #include <arpa/inet.h>
-#include <errno.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -30,19 +26,12 @@
 #define IS_TCP (strcmp(TRANSPORT_PLUGIN, "tcp") == 0)
 #include "transport/transport_test.h"
 
-extern char **environ;
-
 static tr g_tr; /* the plugin under test, loaded and opened by group_setup */
 
 /* RLX_TEST_VERBOSE=1 prints the error messages the cases provoke, to read them. */
 static void show_error(const char *what) {
     if (getenv("RLX_TEST_VERBOSE"))
         printf("  [%s] %s: %s\n", TRANSPORT_PLUGIN, what, rlx_last_error());
-}
-
-static void sleep_ms(int ms) {
-    const struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
 }
 
 static int group_setup(void **state) {
@@ -60,103 +49,11 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-/* Deterministic bytes for message i (xorshift), so the receiver can check them. */
-static void fill(uint8_t *p, size_t n, uint64_t seed) {
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        memcpy(p + i, &x, 8);
-    }
-    for (; i < n; i++)
-        p[i] = (uint8_t)(i * 31 + seed);
-}
-
-static int listen_local(tr *t, void **l, char *addr, size_t size) {
-    int rc = t->it->listen(t->self, "127.0.0.1:0", l);
-    if (rc < 0)
-        return rc;
-    return t->it->bound_address(t->self, *l, addr, size);
-}
-
-/* A listener on 127.0.0.1, a client connection to it and the accepted server side. */
-static void make_pair(tr *t, void **l, void **cli, void **srv, char *addr, size_t size) {
-    assert_ok(listen_local(t, l, addr, size));
-    assert_ok(t->it->connect(t->self, addr, LONG_MS, cli));
-    assert_ok(t->it->accept(t->self, *l, LONG_MS, srv));
-}
-
-/* A port nobody listens on (just released by the kernel; nothing else here binds ports). */
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0)
-        return -1;
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-// ---- an echo server on its own thread ----
-
-typedef struct echo {
-    tr *t;
-    void *conn;
-    int n;  /* messages echoed */
-    int rc; /* how it ended */
-    char error[512];
-    pthread_t tid;
-} echo;
-
-static void *echo_main(void *arg) {
-    echo *e = arg;
-    for (;;) {
-        void *d;
-        size_t n;
-        int rc = e->t->it->recv(e->t->self, e->conn, &d, &n, LONG_MS);
-        if (rc == RLX_OK) {
-            rc = e->t->it->send(e->t->self, e->conn, d, n, LONG_MS);
-            free(d);
-        }
-        if (rc < 0) {
-            e->rc = rc;
-            snprintf(e->error, sizeof e->error, "%s", rlx_last_error());
-            break;
-        }
-        e->n++;
-    }
-    e->t->it->conn_close(e->t->self, e->conn);
-    return NULL;
-}
-
-static void echo_start(echo *e, tr *t, void *conn) {
-    memset(e, 0, sizeof *e);
-    e->t = t;
-    e->conn = conn;
-    assert_int_equal(pthread_create(&e->tid, NULL, echo_main, e), 0);
-}
-
-/* Joins the echo thread, which must have ended because the client closed its side. */
-static void echo_join(echo *e, int want_n) {
-    pthread_join(e->tid, NULL);
-    if (e->rc != RLX_E_PEER)
-        fail_msg("echo server ended with %d: %s", e->rc, e->error);
-    assert_int_equal(e->n, want_n);
-}
-
-static void roundtrip(tr *t, void *conn, size_t size, uint64_t seed) {
-    uint8_t *msg = malloc(size ? size : 1);
-    assert_non_null(msg);
-    fill(msg, size, seed);
-    assert_ok(t->it->send(t->self, conn, msg, size, LONG_MS));
-    void *back;
-    size_t n;
-    assert_ok(t->it->recv(t->self, conn, &back, &n, 60000));
-    assert_int_equal(n, size);
-    assert_true(size == 0 || memcmp(back, msg, size) == 0);
+/* A round trip whose buffer from recv starts on 16 bytes, as the host's allocator gives it. */
+static void roundtrip_aligned(tr *t, void *conn, size_t size, uint64_t seed) {
+    void *back = echo_back(t, conn, size, seed);
     assert_true(((uintptr_t)back & 15) == 0);
     free(back);
-    free(msg);
 }
 
 // ---- cases for every transport ----
@@ -171,7 +68,7 @@ static void test_echo_small_and_odd_sizes(void **state) {
     echo_start(&e, t, srv);
     static const size_t sizes[] = {0, 1, 7, 23, 24, 25, 100, 4096, 65535, 65536, 65537, 1000003};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
-        roundtrip(t, cli, sizes[i], i);
+        roundtrip_aligned(t, cli, sizes[i], i);
     t->it->conn_close(t->self, cli);
     echo_join(&e, sizeof sizes / sizeof sizes[0]);
     t->it->listener_close(t->self, l);
@@ -185,8 +82,8 @@ static void test_echo_64mib(void **state) {
     make_pair(t, &l, &cli, &srv, addr, sizeof addr);
     echo e;
     echo_start(&e, t, srv);
-    roundtrip(t, cli, 64u << 20, 42);
-    roundtrip(t, cli, 5, 43); /* the stream is still in step afterwards */
+    roundtrip_aligned(t, cli, 64u << 20, 42);
+    roundtrip_aligned(t, cli, 5, 43); /* the stream is still in step afterwards */
     t->it->conn_close(t->self, cli);
     echo_join(&e, 2);
     t->it->listener_close(t->self, l);
@@ -390,21 +287,6 @@ static void test_connect_to_nobody_fails_in_time(void **state) {
         fail_msg("the error should say the connection was refused: %s", rlx_last_error());
 }
 
-typedef struct late_listener {
-    tr *t;
-    char addr[64];
-    int delay_ms, rc;
-    void *l, *conn;
-} late_listener;
-
-static void *late_listener_main(void *arg) {
-    late_listener *ll = arg;
-    sleep_ms(ll->delay_ms);
-    if ((ll->rc = ll->t->it->listen(ll->t->self, ll->addr, &ll->l)) == RLX_OK)
-        ll->rc = ll->t->it->accept(ll->t->self, ll->l, LONG_MS, &ll->conn);
-    return NULL;
-}
-
 static void test_connect_retries_until_listener_appears(void **state) {
     (void)state;
     tr *t = &g_tr;
@@ -595,11 +477,10 @@ static void echo_once_at(tr *t, const char *listen_addr, const char *connect_hos
     const char *port = strrchr(bound, ':');
     assert_non_null(port);
     snprintf(addr, sizeof addr, "%s%s", connect_host, port);
-    assert_ok(t->it->connect(t->self, addr, LONG_MS, &cli));
-    assert_ok(t->it->accept(t->self, l, LONG_MS, &srv));
+    connect_pair(t, l, t, addr, &cli, &srv);
     echo e;
     echo_start(&e, t, srv);
-    roundtrip(t, cli, 1000, 1);
+    roundtrip_aligned(t, cli, 1000, 1);
     t->it->conn_close(t->self, cli);
     echo_join(&e, 1);
     t->it->listener_close(t->self, l);
@@ -648,8 +529,7 @@ static void test_receiver_limit_max_message(void **state) {
     void *l, *srv, *cli;
     char addr[128];
     assert_ok(listen_local(&small, &l, addr, sizeof addr));
-    assert_ok(t->it->connect(t->self, addr, LONG_MS, &cli));
-    assert_ok(small.it->accept(small.self, l, LONG_MS, &srv));
+    connect_pair(&small, l, t, addr, &cli, &srv);
     static uint8_t msg[2048];
     assert_ok(t->it->send(t->self, cli, msg, 1024, LONG_MS));
     void *d;
@@ -737,33 +617,6 @@ static void test_mismatched_transports_fail_cleanly(void **state) {
 }
 
 // ---- peers in another process ----
-
-static pid_t spawn_child(const char *mode, const char *addr, int *out_fd) {
-    int pfd[2] = {-1, -1};
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    if (out_fd) {
-        if (pipe(pfd) != 0)
-            return -1;
-        posix_spawn_file_actions_adddup2(&fa, pfd[1], STDOUT_FILENO);
-        posix_spawn_file_actions_addclose(&fa, pfd[0]);
-    }
-    char *argv[] = {"/proc/self/exe", "--child", (char *)mode, (char *)(addr ? addr : "-"), NULL};
-    pid_t pid;
-    char self[4096];
-    const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
-        return -1;
-    self[n] = '\0';
-    argv[0] = self;
-    const int rc = posix_spawn(&pid, self, &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (out_fd) {
-        close(pfd[1]);
-        *out_fd = pfd[0];
-    }
-    return rc == 0 ? pid : -1;
-}
 
 static pid_t spawn_server_child(const char *mode, char *addr, size_t size) {
     int fd;
@@ -901,6 +754,17 @@ static void test_server_dies_client_sees_peer_error(void **state) {
     t->it->conn_close(t->self, cli);
 }
 
+/* Listens on 127.0.0.1 and tells the parent where, on stdout (spawn_server_child reads it). */
+static int listen_and_tell(tr *t, void **l) {
+    char bound[128];
+    const int rc = listen_local(t, l, bound, sizeof bound);
+    if (rc < 0)
+        return rc;
+    printf("%s\n", bound);
+    fflush(stdout);
+    return rc;
+}
+
 static int child_main(const char *mode, const char *addr) {
     alarm(60);
     tr t;
@@ -925,11 +789,8 @@ static int child_main(const char *mode, const char *addr) {
     if (!strcmp(mode, "serve-once")) {
         void *l, *conn, *d;
         size_t n;
-        char bound[128];
-        if (listen_local(&t, &l, bound, sizeof bound) < 0)
+        if (listen_and_tell(&t, &l) < 0)
             return 5;
-        printf("%s\n", bound);
-        fflush(stdout);
         if (t.it->accept(t.self, l, LONG_MS, &conn) < 0 || t.it->recv(t.self, conn, &d, &n, LONG_MS) < 0) {
             fprintf(stderr, "child: %s\n", rlx_last_error());
             return 6;
@@ -939,11 +800,8 @@ static int child_main(const char *mode, const char *addr) {
     if (!strcmp(mode, "serve-then-freeze")) {
         void *l, *conn, *d;
         size_t n;
-        char bound[128];
-        if (listen_local(&t, &l, bound, sizeof bound) < 0)
+        if (listen_and_tell(&t, &l) < 0)
             return 5;
-        printf("%s\n", bound);
-        fflush(stdout);
         if (t.it->accept(t.self, l, LONG_MS, &conn) < 0 || t.it->recv(t.self, conn, &d, &n, LONG_MS) < 0 ||
             t.it->send(t.self, conn, d, n, LONG_MS) < 0)
             return 6;
@@ -954,11 +812,8 @@ static int child_main(const char *mode, const char *addr) {
     if (!strcmp(mode, "busy-listener")) {
         void *l, *conn, *d;
         size_t n;
-        char bound[128];
-        if (listen_local(&t, &l, bound, sizeof bound) < 0)
+        if (listen_and_tell(&t, &l) < 0)
             return 5;
-        printf("%s\n", bound);
-        fflush(stdout);
         sleep_ms(1500);
         if (t.it->accept(t.self, l, LONG_MS, &conn) < 0 || t.it->recv(t.self, conn, &d, &n, LONG_MS) < 0 ||
             t.it->send(t.self, conn, d, n, LONG_MS) < 0) {
@@ -979,16 +834,6 @@ static int child_main(const char *mode, const char *addr) {
 
 // ---- tcp wire format, from a raw socket ----
 
-static int raw_connect(const char *addr) {
-    const char *colon = strrchr(addr, ':');
-    struct sockaddr_in a = {
-        .sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1)), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0)
-        return -1;
-    return fd;
-}
-
 static void raw_name(int fd, char *buf, size_t size) {
     struct sockaddr_in a;
     socklen_t len = sizeof a;
@@ -996,37 +841,12 @@ static void raw_name(int fd, char *buf, size_t size) {
     snprintf(buf, size, "127.0.0.1:%u", ntohs(a.sin_port));
 }
 
-static uint32_t crc32c(const void *data, size_t n) {
-    const uint8_t *p = data;
-    uint32_t c = ~0u;
-    while (n--) {
-        c ^= *p++;
-        for (int k = 0; k < 8; k++)
-            c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-    }
-    return ~c;
-}
-
-/* A frame header as the tcp plugin writes it (little-endian; this test runs on x86-64/aarch64). */
-static void make_header(uint8_t h[24], uint16_t version, uint16_t flags, uint64_t len, uint32_t pcrc) {
-    memcpy(h, "RLXT", 4);
-    memcpy(h + 4, &version, 2);
-    memcpy(h + 6, &flags, 2);
-    memcpy(h + 8, &len, 8);
-    memcpy(h + 16, &pcrc, 4);
-    const uint32_t hcrc = crc32c(h, 20);
-    memcpy(h + 20, &hcrc, 4);
-}
-
 /* Accepts a raw connection, writes bytes on it, and expects recv to fail with rc. */
 static void expect_bad_frame(tr *t, const void *bytes, size_t n, int rc, const char *cause) {
     void *l, *srv;
     char addr[128], peer[64];
-    assert_ok(listen_local(t, &l, addr, sizeof addr));
-    const int fd = raw_connect(addr);
-    assert_true(fd >= 0);
+    const int fd = raw_pair(t, &l, addr, sizeof addr, &srv);
     raw_name(fd, peer, sizeof peer);
-    assert_ok(t->it->accept(t->self, l, LONG_MS, &srv));
     assert_int_equal(send(fd, bytes, n, MSG_NOSIGNAL), (ssize_t)n);
     void *d = (void *)&d;
     size_t len;
@@ -1080,8 +900,7 @@ static void test_tcp_max_message_option(void **state) {
     void *l, *srv, *cli;
     char addr[128];
     assert_ok(listen_local(&small, &l, addr, sizeof addr));
-    assert_ok(t->it->connect(t->self, addr, LONG_MS, &cli));
-    assert_ok(small.it->accept(small.self, l, LONG_MS, &srv));
+    connect_pair(&small, l, t, addr, &cli, &srv);
     uint8_t msg[2048] = {1};
     assert_ok(t->it->send(t->self, cli, msg, 1024, LONG_MS));
     assert_ok(t->it->send(t->self, cli, msg, 1025, LONG_MS));
@@ -1108,11 +927,8 @@ static void test_tcp_peer_closes_mid_frame(void **state) {
     tr *t = &g_tr;
     void *l, *srv;
     char addr[128], peer[64];
-    assert_ok(listen_local(t, &l, addr, sizeof addr));
-    const int fd = raw_connect(addr);
-    assert_true(fd >= 0);
+    const int fd = raw_pair(t, &l, addr, sizeof addr, &srv);
     raw_name(fd, peer, sizeof peer);
-    assert_ok(t->it->accept(t->self, l, LONG_MS, &srv));
     uint8_t f[24 + 10] = {0};
     make_header(f, 1, 0, 1000, 0);
     assert_int_equal(send(fd, f, sizeof f, MSG_NOSIGNAL), (ssize_t)sizeof f);
@@ -1136,10 +952,7 @@ static void test_tcp_frame_resumes_after_timeout(void **state) {
     tr *t = &g_tr;
     void *l, *srv;
     char addr[128];
-    assert_ok(listen_local(t, &l, addr, sizeof addr));
-    const int fd = raw_connect(addr);
-    assert_true(fd >= 0);
-    assert_ok(t->it->accept(t->self, l, LONG_MS, &srv));
+    const int fd = raw_pair(t, &l, addr, sizeof addr, &srv);
     uint8_t payload[300000];
     fill(payload, sizeof payload, 9);
     uint8_t h[24];
@@ -1175,14 +988,9 @@ static void test_tcp_wire_format(void **state) {
     char addr[128];
     assert_ok(listen_local(t, &l, addr, sizeof addr));
     /* a raw server: accept with the plain socket API */
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t alen = sizeof a;
-    assert_int_equal(bind(lfd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(lfd, 1), 0);
-    getsockname(lfd, (struct sockaddr *)&a, &alen);
     char raddr[64];
-    snprintf(raddr, sizeof raddr, "127.0.0.1:%u", ntohs(a.sin_port));
+    const int lfd = raw_listen(raddr, sizeof raddr);
+    assert_true(lfd >= 0);
     assert_ok(t->it->connect(t->self, raddr, LONG_MS, &cli));
     const int fd = accept(lfd, NULL, NULL);
     assert_true(fd >= 0);
