@@ -154,9 +154,7 @@ static void test_message_order(void **state) {
     if (p.rc < 0)
         fail_msg("server: %s", p.error);
     assert_int_equal(p.bad_at, -1);
-    t->it->conn_close(t->self, cli);
-    t->it->conn_close(t->self, srv);
-    t->it->listener_close(t->self, l);
+    pair_close(t, l, cli, srv);
 }
 
 enum { CONC_CONNS = 4, CONC_ROUNDS = 50 };
@@ -261,9 +259,7 @@ static void test_recv_times_out_and_conn_survives(void **state) {
         assert_memory_equal(d, "after", 5);
         free(d);
     }
-    t->it->conn_close(t->self, cli);
-    t->it->conn_close(t->self, srv);
-    t->it->listener_close(t->self, l);
+    pair_close(t, l, cli, srv);
 }
 
 static void test_connect_to_nobody_fails_in_time(void **state) {
@@ -333,9 +329,7 @@ static void test_send_times_out_when_peer_does_not_read(void **state) {
     show_error("send timeout");
     assert_true(dt >= 290 && dt < 3000);
     assert_error_mentions(addr);
-    t->it->conn_close(t->self, cli);
-    t->it->conn_close(t->self, srv);
-    t->it->listener_close(t->self, l);
+    pair_close(t, l, cli, srv);
 }
 
 typedef struct reader {
@@ -513,9 +507,7 @@ static void test_open_close_many_instances(void **state) {
         assert_ok(b.it->connect(b.self, addr, LONG_MS, &cli_b));
         unload(&b); /* close with a connection still open: the plugin releases it */
         assert_ok(a.it->send(a.self, srv, "x", 1, LONG_MS));
-        a.it->conn_close(a.self, cli);
-        a.it->conn_close(a.self, srv);
-        a.it->listener_close(a.self, l);
+        pair_close(&a, l, cli, srv);
         unload(&a);
     }
 }
@@ -568,9 +560,7 @@ static void test_plugin_unload_and_reload(void **state) {
         size_t n;
         assert_ok(g_tr.it->recv(g_tr.self, cli, &d, &n, LONG_MS));
         free(d);
-        g_tr.it->conn_close(g_tr.self, cli);
-        g_tr.it->conn_close(g_tr.self, srv);
-        g_tr.it->listener_close(g_tr.self, l);
+        pair_close(&g_tr, l, cli, srv);
     }
 }
 

@@ -91,6 +91,13 @@ static inline void make_pair(tr *t, void **l, void **cli, void **srv, char *addr
     connect_pair(t, *l, t, addr, cli, srv);
 }
 
+/* Closes both ends of a pair and its listener. */
+static inline void pair_close(tr *t, void *l, void *cli, void *srv) {
+    t->it->conn_close(t->self, cli);
+    t->it->conn_close(t->self, srv);
+    t->it->listener_close(t->self, l);
+}
+
 /* A loopback port nothing listens on (bound, read and released). */
 static inline int free_port(void) {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
