@@ -2,7 +2,7 @@
 """What link security costs a pipeline: plaintext, a shared token and mutual TLS, over tcp and grpc.
 
   link_bench.py --build BUILD_DIR [--model DIR] [--transports tcp,grpc] [--modes plain,token,tls]
-                [--rounds 3] [-p 128] [-n 64] [-r 3] [--threads 1] [--connect-reps 5]
+                [--rounds 3] [-p 128] [-n 64] [-r 3] [--threads 1] [--connect-reps 8]
                 [--quant TYPE] [--workdir DIR] [--timeout 600] [--out FILE.json]
 
 For every transport T and mode M (a configuration), starts 2 `rlx stage` processes on loopback
@@ -44,6 +44,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -163,17 +164,25 @@ def run_beside_stages(cmd, cfg, args):
     return stdout, wall, others
 
 
+def connect_wall(cmd, timeout):
+    """Wall seconds of one minimal driver run. A blocking wait: run_bench.run polls every 20 ms,
+    coarser than the handshakes' difference."""
+    t0 = time.monotonic()
+    res = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    wall = time.monotonic() - t0
+    if res.returncode != 0:
+        raise BenchError(f"exit status {res.returncode}: {' '.join(cmd)}\n{res.stderr[-2000:]}")
+    if not res.stdout.strip():
+        raise BenchError(f"{' '.join(cmd)} printed no token id")
+    return wall
+
+
 def measure(cfg, args, log):
     """One round of one configuration: connect wall times, then rlx bench."""
     for p in cfg["procs"]:
         if p.poll() is not None:
             raise BenchError(f"{cfg['transport']}/{cfg['mode']}: a stage exited ({p.returncode}):\n{log_tail(p)}")
-    connect = []
-    for _ in range(args.connect_reps):
-        stdout, wall, _ = run_beside_stages(cfg["connect_command"], cfg, args)
-        if not stdout.strip():
-            raise BenchError(f"{' '.join(cfg['connect_command'])} printed no token id")
-        connect.append(round(wall, 4))
+    connect = [round(connect_wall(cfg["connect_command"], args.timeout), 4) for _ in range(args.connect_reps)]
     stdout, wall, others = run_beside_stages(cfg["bench_command"], cfg, args)
     res = run_bench.last_json_object(stdout, "rlx bench")
     for key in ("pp_tps", "tg_tps"):
@@ -273,7 +282,7 @@ def main(argv=None):
     ap.add_argument("-n", "--decode", type=int, default=64, help="decode steps of the tg test")
     ap.add_argument("-r", "--reps", type=int, default=3, help="rlx bench repetitions")
     ap.add_argument("--threads", type=int, default=1, help="backend threads of each stage")
-    ap.add_argument("--connect-reps", type=int, default=5, help="timed minimal generate runs per round")
+    ap.add_argument("--connect-reps", type=int, default=8, help="timed minimal generate runs per round")
     ap.add_argument("--plugin", default="cpu-blas", help="the stages' backend plugin")
     ap.add_argument("--backend-opts", default="", help="the stages' backend options")
     ap.add_argument("--quant", help="quantize the weights in memory on the stages (e.g. q4_k_m)")
