@@ -127,18 +127,23 @@ def start_stages(transport, mode, args, procs, log):
     stage_file = write_deployment(stage_cfg, args, transport, mode, "stage", ["127.0.0.1:1"] * 2, "127.0.0.1:0")
     cfg = {"transport": transport, "mode": mode, "stage_commands": [], "stage_file": stage_file, "procs": [],
            "addresses": []}
-    for i in range(2):
-        r, w = os.pipe()
-        cmd = [args.rlx, "stage", "--config", stage_cfg, "--stage", str(i), "--ready-fd", str(w), "-v"] + args.quant_flags
-        cfg["stage_commands"].append(cmd)
-        try:
-            p = procs.start(cmd, os.path.join(run_dir, f"stage{i}.log"), pass_fds=(w,))
-        finally:
-            os.close(w)
-        cfg["procs"].append(p)
-        try:
+    ready = []
+    try:
+        # both load (and with --quant, quantize) at once: the start is not what is measured
+        for i in range(2):
+            r, w = os.pipe()
+            ready.append(r)
+            cmd = [args.rlx, "stage", "--config", stage_cfg, "--stage", str(i), "--ready-fd", str(w), "-v"] + \
+                args.quant_flags
+            cfg["stage_commands"].append(cmd)
+            try:
+                cfg["procs"].append(procs.start(cmd, os.path.join(run_dir, f"stage{i}.log"), pass_fds=(w,)))
+            finally:
+                os.close(w)
+        for i, (p, r) in enumerate(zip(cfg["procs"], ready)):
             cfg["addresses"].append(wait_ready_fd(p, r, args.timeout, f"{transport}/{mode} stage {i}"))
-        finally:
+    finally:
+        for r in ready:
             os.close(r)
     for i, p in enumerate(cfg["procs"]):
         if MODE_LOG[mode] not in log_text(p):
