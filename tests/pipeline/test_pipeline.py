@@ -102,8 +102,10 @@ class Env:
             raise Fail(f"exit {p.returncode}: {' '.join(cmd)}\n{p.stderr}")
         return p, elapsed
 
-    def stage(self, model, layers, transport, plugin="cpu-blas", listen="127.0.0.1:0", ns=None, extra=()):
-        """Starts `rlx stage` and waits until it listens; returns (process, address)."""
+    def stage(self, model, layers, transport, plugin="cpu-blas", listen="127.0.0.1:0", ns=None, extra=(),
+              environ=None):
+        """Starts `rlx stage` (in environ, default this process's environment) and waits until it
+        listens; returns (process, address)."""
         r, w = os.pipe()
         cmd = [self.rlx, "stage", "--listen", listen, "--model", model, "--layers", layers,
                "--transport", transport, "--plugin", plugin, "--threads", "1", "--ready-fd", str(w), "-v",
@@ -111,7 +113,7 @@ class Env:
         if ns:
             cmd = ["ip", "netns", "exec", ns] + cmd
         errf = open(os.path.join(self.tmp, f"stage-{len(self.procs)}.log"), "w+")
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf, pass_fds=(w,))
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf, pass_fds=(w,), env=environ)
         p.log = errf
         os.close(w)
         self.procs.append(p)

@@ -241,15 +241,9 @@ def start_measured_stage(env, model, transport, extra):
     """A stage whose resident memory the test reads. Under AddressSanitizer it runs without the
     quarantine, where freed memory stays resident (256 MB of it) to catch a use after free: its
     memory is then what the stage holds, as in a build without the sanitizer."""
-    saved = os.environ.get("ASAN_OPTIONS")
-    os.environ["ASAN_OPTIONS"] = (saved + ":" if saved else "") + "quarantine_size_mb=0:thread_local_quarantine_size_kb=0"
-    try:
-        return env.stage(model, "0-4", transport, extra=extra)
-    finally:
-        if saved is None:
-            del os.environ["ASAN_OPTIONS"]
-        else:
-            os.environ["ASAN_OPTIONS"] = saved
+    asan = os.environ.get("ASAN_OPTIONS")
+    no_quarantine = (asan + ":" if asan else "") + "quarantine_size_mb=0:thread_local_quarantine_size_kb=0"
+    return env.stage(model, "0-4", transport, extra=extra, environ={**os.environ, "ASAN_OPTIONS": no_quarantine})
 
 
 def case_abuse(env, transport):

@@ -185,8 +185,9 @@ typedef struct rlx_stage_options {
     /* Called once listening, with the bound address (for port 0); may be NULL. */
     void (*on_listening)(void *ctx, const char *bound_address);
     void *ctx;
-    /* Return RLX_OK once this many drivers were served: connections that sent at least one
-     * message, however they ended (a launcher's job ends with its driver). 0 = until *stop. */
+    /* Return RLX_OK once this many drivers were served: connections whose handshake the stage
+     * granted, however they ended (a launcher's job ends with its driver; a peer refused before
+     * that, garbage or a wrong credential, does not end a stage). 0 = until *stop. */
     uint32_t max_drivers;
 } rlx_stage_options;
 

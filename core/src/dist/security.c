@@ -84,11 +84,12 @@ static rlx_status append_option(char **out, size_t *len, const char *key, const 
     return RLX_OK;
 }
 
-/* Whether a "key=value,..." string sets key. */
+/* Whether a "key=value,..." string sets key (a malformed item is the transport's to refuse). */
 static int sets_option(const char *options, const char *key) {
-    const size_t n = strlen(key);
-    for (const char *p = options; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
-        if (strncmp(p, key, n) == 0 && p[n] == '=')
+    rlx_iface_option opt;
+    char err[8];
+    for (int got; (got = rlx_iface_option_next(&options, &opt, err, sizeof err)) != 0;)
+        if (got == 1 && rlx_iface_option_is(&opt, key))
             return 1;
     return 0;
 }
