@@ -13,11 +13,15 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -37,14 +41,40 @@ static const char usage[] =
     "with --spec, requests take turns on one slot. An answer never depends on the requests beside\n"
     "it: cpu-blas runs in its batch_invariant=1 mode unless --backend-opts says\n"
     "batch_invariant=0 (faster F32/BF16 prefill, last bits may vary); stages that are not launched\n"
-    "by this command need the same --backend-opts themselves.\n\n";
+    "by this command need the same --backend-opts themselves.\n\n"
+    "Without an API key the server listens on loopback only (unless --insecure-listen) and answers\n"
+    "only requests whose Host is localhost, a loopback address or --host; a request whose Origin is\n"
+    "not the server's own is refused unless --cors-origin allows it.\n\n";
+
+/* The most --cors-origin options. */
+#define MAX_CORS_ORIGINS 16
 
 typedef struct serve_args {
     const char *host, *alias, *api_key, *api_key_file;
     uint32_t port, parallel, total_ctx, slot_ctx, queue, max_tokens_limit, timeout_s, drain_s, max_connections;
+    uint32_t request_timeout_s, max_connections_per_ip;
     uint64_t max_body;
-    int total_ctx_given, parallel_given;
+    int total_ctx_given, parallel_given, api_key_given, insecure_listen;
+    const char *cors_origins[MAX_CORS_ORIGINS];
+    size_t n_cors_origins;
 } serve_args;
+
+/* --cors-origin: "*" or a scheme and authority, as a browser's Origin header says them. */
+static int parse_cors_origin(const char *opt, const char *value, void *target) {
+    serve_args *a = target;
+    const char *authority = strncmp(value, "http://", 7) == 0    ? value + 7
+                            : strncmp(value, "https://", 8) == 0 ? value + 8
+                                                                 : NULL;
+    if (strcmp(value, "*") != 0 && (!authority || !*authority || strchr(authority, '/')))
+        return app_fail("serve: %s: '%s' is not an origin: give '*' or scheme://host[:port] with no path, as browsers "
+                        "send it in Origin (e.g. http://localhost:3000)",
+                        opt, value),
+               -1;
+    if (a->n_cors_origins == MAX_CORS_ORIGINS)
+        return app_fail("serve: %s: at most %d origins (or '*' for any)", opt, MAX_CORS_ORIGINS), -1;
+    a->cors_origins[a->n_cors_origins++] = value;
+    return 0;
+}
 
 /* The id /v1/models lists: --alias, else the model's file or directory name. */
 static const char *model_id(const serve_args *a, const char *model, char *buf, size_t size) {
@@ -65,24 +95,106 @@ static int over_lm(const app_options *o, const app_spec_options *spec) {
     return spec->name != NULL;
 }
 
+/* The bounds of serve's numbers, each named in its error: a value past them would wrap or
+ * overflow where it is used (a connection limit plus the overflow, seconds into milliseconds). */
+static const struct {
+    const char *flag;
+    size_t offset;
+    uint32_t min, max;
+} u32_ranges[] = {
+    {"--port", offsetof(serve_args, port), 0, 65535},
+    {"--parallel", offsetof(serve_args, parallel), 1, RLX_ENGINE_MAX_SLOTS},
+    {"-c/--ctx-size", offsetof(serve_args, total_ctx), 0, 1u << 24},
+    {"--slot-ctx", offsetof(serve_args, slot_ctx), 0, 1u << 24},
+    {"--queue", offsetof(serve_args, queue), 0, 65536},
+    {"--max-tokens-limit", offsetof(serve_args, max_tokens_limit), 0, 1u << 24},
+    {"--timeout", offsetof(serve_args, timeout_s), 1, 86400},
+    {"--request-timeout", offsetof(serve_args, request_timeout_s), 1, 86400},
+    {"--drain-timeout", offsetof(serve_args, drain_s), 0, 86400},
+    {"--max-connections", offsetof(serve_args, max_connections), 1, 65536},
+    {"--max-connections-per-ip", offsetof(serve_args, max_connections_per_ip), 0, 65536},
+};
+
+/* The most bytes --max-body allows: a body is held whole in memory. */
+#define MAX_BODY_LIMIT (1ull << 30)
+
+static int check_ranges(const serve_args *a) {
+    for (size_t i = 0; i < sizeof u32_ranges / sizeof u32_ranges[0]; i++) {
+        const uint32_t v = *(const uint32_t *)((const char *)a + u32_ranges[i].offset);
+        if (v < u32_ranges[i].min || v > u32_ranges[i].max)
+            return app_fail("serve: %s %u is out of range (%u-%u)", u32_ranges[i].flag, v, u32_ranges[i].min,
+                            u32_ranges[i].max);
+    }
+    if (a->max_body < 1 || a->max_body > MAX_BODY_LIMIT)
+        return app_fail("serve: --max-body %llu is out of range (1-%llu)", (unsigned long long)a->max_body,
+                        MAX_BODY_LIMIT);
+    return 0;
+}
+
+/* Whether host is a loopback name or address: only this machine reaches it. */
+static int loopback_host(const char *host) {
+    struct in_addr v4;
+    struct in6_addr v6;
+    if (strcasecmp(host, "localhost") == 0)
+        return 1;
+    if (inet_pton(AF_INET, host, &v4) == 1)
+        return ntohl(v4.s_addr) >> 24 == 127;
+    return inet_pton(AF_INET6, host, &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
+/* A server without a key listens on loopback only unless told otherwise, as a stage does. */
+static int check_listen(const serve_args *a) {
+    if (a->api_key || a->api_key_file || loopback_host(a->host))
+        return 0;
+    if (!a->insecure_listen)
+        return app_fail("serve: will not listen on %s without an API key: anyone who reaches it could run this "
+                        "server. Give an API key (--api-key-file), listen on 127.0.0.1, or accept the risk with "
+                        "--insecure-listen",
+                        a->host);
+    fprintf(stderr,
+            "rlx serve: warning: listening on %s without an API key (--insecure-listen): anyone who reaches it can "
+            "use this server\n",
+            a->host);
+    return 0;
+}
+
 static int check_args(const serve_args *a, const app_options *o, const app_spec_options *spec) {
+    if (check_ranges(a))
+        return 1;
     if (over_lm(o, spec) && a->parallel_given && a->parallel > 1)
         return app_fail("serve: with --spec requests take turns on one slot: --parallel %u "
                         "cannot be (give --parallel 1 or leave it out)",
                         a->parallel);
     if (a->api_key && a->api_key_file)
         return app_fail("serve: give --api-key or --api-key-file, not both");
+    if (a->api_key_given && !*a->api_key)
+        return app_fail("serve: --api-key is empty: an empty key would let every request in (give a key, or leave "
+                        "the option out for a server without one)");
     if (a->total_ctx_given && a->slot_ctx)
         return app_fail("serve: give -c/--ctx-size (all slots together) or --slot-ctx (each slot), not both");
-    if (a->port > 65535)
-        return app_fail("serve: --port %u is not a TCP port (0-65535)", a->port);
     if (a->total_ctx_given && a->total_ctx / a->parallel == 0)
         return app_fail("serve: -c %u over --parallel %u slots leaves no position per slot", a->total_ctx, a->parallel);
-    return 0;
+    return check_listen(a);
 }
 
-/* --api-key-file: the key is its first line. */
+/* --api-key-file: the key is its first line. The file must be the owner's alone, as a stage's
+ * token file. */
 static char *read_key(const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        app_fail("serve: --api-key-file %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        app_fail("serve: --api-key-file %s is not a regular file", path);
+        return NULL;
+    }
+    if (sb.st_mode & 077) {
+        app_fail("serve: --api-key-file %s may be read or written by other users (mode %03o): chmod 600 it, the key "
+                 "is a password",
+                 path, (unsigned)(sb.st_mode & 0777));
+        return NULL;
+    }
     size_t len;
     char *text = app_read_file("serve: --api-key-file", path, 0, &len);
     if (!text)
@@ -177,12 +289,20 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                     .parallel = 4,
                     .max_body = 1 << 20,
                     .timeout_s = 600,
+                    .request_timeout_s = 30,
                     .drain_s = 10,
-                    .max_connections = 1024};
+                    .max_connections = 1024,
+                    .max_connections_per_ip = 128};
     app_spec_options spec = {0};
     const app_opt own[] = {
-        {0, "host", NULL, "ADDR", "address to listen on (default 127.0.0.1; 0.0.0.0 or :: for every interface)",
+        {0, "host", NULL, "ADDR",
+         "address to listen on (default 127.0.0.1; 0.0.0.0 or :: for every interface,\n"
+         "which needs an API key or --insecure-listen)",
          APP_OPT_STRING, &a.host},
+        {0, "insecure-listen", NULL, NULL,
+         "listen beyond loopback without an API key (anyone who reaches the port may\n"
+         "use the server; a warning on start)",
+         APP_OPT_FLAG, &a.insecure_listen},
         {0, "port", NULL, "N", "TCP port (default 8080; 0 picks a free one, printed at start)", APP_OPT_U32, &a.port},
         {0, "parallel", NULL, "N", "slots: requests generated at once, batched together (default 4)", APP_OPT_U32,
          &a.parallel, &a.parallel_given, .min = 1},
@@ -197,29 +317,44 @@ int cmd_serve(int argc, char **argv, app_options *o) {
          "(default 512); more get 503",
          APP_OPT_U32, &a.queue, .min = 1},
         {0, "api-key", NULL, "KEY", "require 'Authorization: Bearer KEY' on every endpoint but /health", APP_OPT_STRING,
-         &a.api_key},
-        {0, "api-key-file", NULL, "FILE", "the same with the key read from FILE's first line (kept out of ps)",
+         &a.api_key, &a.api_key_given},
+        {0, "api-key-file", NULL, "FILE",
+         "the same with the key read from FILE's first line (kept out of ps; the file\n"
+         "must be mode 600 or stricter)",
          APP_OPT_STRING, &a.api_key_file},
+        {0, "cors-origin", NULL, "ORIGIN",
+         "serve cross-origin requests of browser pages from ORIGIN (scheme://host[:port],\n"
+         "or * for any), with CORS headers and OPTIONS preflights; repeatable, up to 16",
+         APP_OPT_CUSTOM, &a, .parse = parse_cors_origin},
         {0, "alias", NULL, "NAME", "the model id /v1/models lists (default: the model's file or directory name)",
          APP_OPT_STRING, &a.alias},
-        {0, "max-body", NULL, "BYTES", "largest request body (default 1048576); larger ones get 413", APP_OPT_U64,
-         &a.max_body},
+        {0, "max-body", NULL, "BYTES", "largest request body (default 1048576, at most 1 GiB); larger ones get 413",
+         APP_OPT_U64, &a.max_body, .min = 1},
         {0, "max-tokens-limit", NULL, "N",
          "the most max_tokens a request may ask for (default 0: up to the end of\n"
-         "its slot); also the default of chat requests that give none",
+         "its slot; at most 16777216); also the default of chat requests that give none",
          APP_OPT_U32, &a.max_tokens_limit},
         {0, "timeout", NULL, "S",
-         "seconds a request may wait for its next token, and an idle connection stays\n"
-         "open (default 600)",
+         "seconds a request's engine may go without progress (its tokens, or while it\n"
+         "waits in the queue, the steps of the requests ahead) before a 504, and an\n"
+         "idle connection stays open while an answer is sent (default 600, at most 86400)",
          APP_OPT_U32, &a.timeout_s, .min = 1},
+        {0, "request-timeout", NULL, "S",
+         "seconds a connection has, from its start or its previous answer, to send a\n"
+         "whole request, headers and body (default 30, at most 86400); then it is closed",
+         APP_OPT_U32, &a.request_timeout_s, .min = 1},
         {0, "drain-timeout", NULL, "S",
          "on SIGTERM/SIGINT, seconds the running requests get to finish before they\n"
-         "are cancelled (default 10)",
+         "are cancelled (default 10, at most 86400)",
          APP_OPT_U32, &a.drain_s},
         {0, "max-connections", NULL, "N",
-         "connections served at once, one thread each (default 1024); up to 256 more\n"
-         "get 503 with Retry-After, beyond that the connection is refused",
+         "connections served at once, one thread each (default 1024, at most 65536); up\n"
+         "to 256 more get 503 with Retry-After, beyond that the connection is refused",
          APP_OPT_U32, &a.max_connections, .min = 1},
+        {0, "max-connections-per-ip", NULL, "N",
+         "connections one client address may hold open (default 128; 0: no limit, as\n"
+         "behind a proxy, whose address every client has); more are closed at once",
+         APP_OPT_U32, &a.max_connections_per_ip},
     };
     const app_opt_group groups[] = {APP_OPT_GROUP("serve:", own), app_common_group(o), app_spec_group(&spec),
                                     app_pipeline_group(&o->pipeline)};
@@ -255,6 +390,12 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                       .max_body = (size_t)a.max_body,
                       .max_tokens_limit = a.max_tokens_limit,
                       .timeout_s = a.timeout_s,
+                      .request_timeout_s = a.request_timeout_s,
+                      .max_connections = a.max_connections,
+                      .max_connections_per_ip = a.max_connections_per_ip,
+                      .listen_host = a.host,
+                      .cors_origins = a.cors_origins,
+                      .n_cors_origins = a.n_cors_origins,
                       .completion_default = 16};
     s.api_key_len = s.api_key ? strlen(s.api_key) : 0;
     atomic_init(&s.phase, SERVE_LOADING);
@@ -271,8 +412,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
     /* under mpirun every rank runs this command, and all but rank 0 become stages while the
      * runtime opens: only the driver listens for HTTP */
     const int stage_rank = app_pipeline_stage_rank(&o->pipeline);
-    if (!stage_rank &&
-        serve_http_start(&s, a.host, (uint16_t)a.port, a.max_connections, o->verbose, &http, err, sizeof err) < 0) {
+    if (!stage_rank && serve_http_start(&s, a.host, (uint16_t)a.port, o->verbose, &http, err, sizeof err) < 0) {
         app_fail("serve: %s", err);
         goto done;
     }
@@ -301,7 +441,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
             : sig == SIGINT ? "SIGINT"
                             : "stopping",
             a.drain_s);
-    uint32_t cancelled = rlx_engine_drain(s.engine, a.drain_s * 1000u);
+    uint32_t cancelled = rlx_engine_drain(s.engine, a.drain_s * 1000u); /* at most 86400 s: no overflow */
     /* the answers of the requests that finished are still on their way out */
     serve_http_settle(http, 2000);
     fprintf(stderr, "rlx serve: stopped (%u request%s cancelled)\n", cancelled, cancelled == 1 ? "" : "s");

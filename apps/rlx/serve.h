@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "rlx/dist.h"
 #include "rlx/engine.h"
@@ -23,7 +24,7 @@
 enum serve_phase { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };
 
 /* The HTTP status codes the server answers with, counted for /metrics. */
-#define SERVE_STATUS_CODES(X) X(200) X(400) X(401) X(404) X(405) X(413) X(500) X(503) X(504)
+#define SERVE_STATUS_CODES(X) X(200) X(204) X(400) X(401) X(403) X(404) X(405) X(413) X(500) X(503) X(504)
 #define SERVE_COUNT_SLOT(code) +1
 enum { SERVE_N_STATUS_CODES = 0 SERVE_STATUS_CODES(SERVE_COUNT_SLOT) };
 
@@ -37,9 +38,16 @@ typedef struct serve_server {
     /* fixed before the HTTP daemon starts */
     const char *api_key; /* NULL: no key needed */
     size_t api_key_len;
-    size_t max_body;             /* bytes of a request body */
-    uint32_t max_tokens_limit;   /* the most max_tokens a request may ask for; 0 = the slot's room */
-    uint32_t timeout_s;          /* the longest wait for a request's next engine event, and idle connections */
+    size_t max_body;                 /* bytes of a request body */
+    uint32_t max_tokens_limit;       /* the most max_tokens a request may ask for; 0 = the slot's room */
+    uint32_t timeout_s;              /* the longest wait for progress of a request's engine, and idle connections */
+    uint32_t request_timeout_s;      /* from a connection's start or its last answer, the time a whole request
+                                  * (headers and body) has to arrive */
+    uint32_t max_connections;        /* served at once; SERVE_OVERFLOW_CONNECTIONS more hear a 503 */
+    uint32_t max_connections_per_ip; /* open connections of one client address; 0 = no limit */
+    const char *listen_host;         /* --host: a name besides the loopback ones that Host may say */
+    const char *const *cors_origins; /* --cors-origin: origins whose cross-origin requests are served; "*" any */
+    size_t n_cors_origins;
     uint32_t completion_default; /* max_tokens of /v1/completions when the request gives none (OpenAI's 16) */
     /* set once loaded (phase becomes SERVE_READY after them) */
     const char *model_id; /* what /v1/models lists and responses echo when a request names none */
@@ -105,14 +113,20 @@ int serve_job_streams(const serve_job *j);
 int serve_job_submit(serve_server *s, serve_job *j, serve_error *err);
 
 typedef enum serve_wait {
-    SERVE_WAIT_NEWS = 0, /* new text, log-probabilities or the end */
-    SERVE_WAIT_HANGUP,   /* the client closed its connection */
-    SERVE_WAIT_TIMEOUT,  /* nothing arrived for the server's timeout */
+    SERVE_WAIT_NEWS = 0,     /* new text, log-probabilities or the end */
+    SERVE_WAIT_HANGUP,       /* the connection broke: the client reset it, or refused a write */
+    SERVE_WAIT_TIMEOUT,      /* neither the job nor the engine made progress for the server's timeout */
+    SERVE_WAIT_PEER_SHUTDOWN /* the client sent all it will (a FIN): a half-close or a close */
 } serve_wait;
 
-/* Waits until the job has news beyond what the connection consumed, the client at socket fd
- * hangs up (checked every few milliseconds), or timeout_s seconds pass without news. */
-serve_wait serve_job_wait(serve_job *j, int fd, uint32_t timeout_s);
+/* Waits until the job has news beyond what the connection consumed, the connection of socket
+ * fd breaks (checked every few milliseconds), or timeout_s seconds pass in which neither the
+ * job nor the engine progressed (a queued job waits while the requests ahead of it run). A FIN
+ * from the client is no hang-up: it ends the wait with SERVE_WAIT_PEER_SHUTDOWN only when
+ * report_shutdown, so that the caller can write something and learn from the reset that a
+ * closed client's kernel answers with whether the client is gone; a half-closed client, which
+ * still reads, gets its answer. */
+serve_wait serve_job_wait(serve_job *j, int fd, uint32_t timeout_s, int report_shutdown);
 /* Whether the engine has finished the job and everything it produced is consumed. */
 int serve_job_finished(serve_job *j);
 
@@ -128,14 +142,28 @@ int serve_job_stream(serve_job *j, serve_buf *out);
  * no-op. */
 void serve_job_release(serve_job *j);
 
+// ---- monotonic time, which a step of the wall clock does not move ----
+
+/* Seconds on CLOCK_MONOTONIC. */
+double serve_now(void);
+/* A condition variable whose timed waits take deadlines of serve_deadline_in. */
+void serve_cond_init(pthread_cond_t *cv);
+/* The deadline ms milliseconds from now, for a condition variable of serve_cond_init. */
+struct timespec serve_deadline_in(uint64_t ms);
+
 // ---- the HTTP daemon ----
+
+/* Connections over --max-connections that are still answered (with a 503) before the daemon
+ * refuses the TCP connection itself. */
+#define SERVE_OVERFLOW_CONNECTIONS 256
 
 typedef struct serve_http serve_http;
 
 /* Starts listening on host:port (port 0: any free one) with a thread per connection, at most
- * max_connections at once; verbose lets libmicrohttpd log. On failure err holds a message. */
-int serve_http_start(serve_server *s, const char *host, uint16_t port, uint32_t max_connections, int verbose,
-                     serve_http **out, char *err, size_t err_len);
+ * s->max_connections at once and s->max_connections_per_ip of one address; verbose lets
+ * libmicrohttpd log. On failure err holds a message. */
+int serve_http_start(serve_server *s, const char *host, uint16_t port, int verbose, serve_http **out, char *err,
+                     size_t err_len);
 uint16_t serve_http_port(const serve_http *h);
 /* Stops accepting connections; those open keep being served. */
 void serve_http_quiesce(serve_http *h);

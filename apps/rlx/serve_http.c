@@ -1,20 +1,33 @@
 /* rlx serve's HTTP side, on libmicrohttpd.
  *
  * Threading: a thread per connection (MHD_USE_THREAD_PER_CONNECTION), at most
- * --max-connections of them. A generation request blocks its connection's thread while it
- * waits for engine events, which is what makes every wait simple to bound and a vanished client
- * simple to notice: the waiting thread polls its own socket for the peer's hang-up between
- * events and cancels the request at once. With MHD's internal polling and suspended connections
- * instead, a suspended connection is not watched at all, so a client that closes while its
- * request is queued or prefilling would hold its slot until the next token. The number of
- * connections worth having is small anyway (slots plus queue plus idle keep-alives), and idle
- * ones are closed after --timeout.
+ * --max-connections of them and --max-connections-per-ip of one address. A generation request
+ * blocks its connection's thread while it waits for engine events, which is what makes every
+ * wait simple to bound and a vanished client simple to notice: the waiting thread polls its own
+ * socket between events for a reset and cancels the request at once. A FIN alone is no hang-up
+ * (a client may half-close after its request and still read the answer): a stream then sends
+ * an SSE comment, which a closed client's kernel answers with a reset. With MHD's internal
+ * polling and suspended connections instead, a suspended connection is not watched at all, so a
+ * client that closes while its request is queued or prefilling would hold its slot until the
+ * next token. The number of connections worth having is small anyway (slots plus queue plus
+ * idle keep-alives).
+ *
+ * Slow clients: MHD's own timeout (--timeout) counts from a connection's last byte, so a client
+ * that sends a byte a second keeps it forever. A whole request (headers and body) must arrive
+ * within --request-timeout of the connection's start or of its previous answer; the reaper
+ * thread shuts down the sockets past that deadline.
+ *
+ * Browsers: a page on another origin may POST a text/plain body without a preflight, and a
+ * DNS-rebinding page reaches the server under a name of its own. Without an API key, Host must
+ * name the server (a loopback name, --host, or an IP address); with or without one, a request
+ * whose Origin is not the server's own is refused unless --cors-origin allows it.
  *
  * Bodies: a Content-Length over --max-body is refused before any of the body is read; a
  * chunked body is counted as it arrives and never buffered beyond the limit. Every endpoint but
  * /health needs the API key when one is set, compared in constant time. */
 #include <arpa/inet.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,6 +45,14 @@
 /* The size of the pieces a stream is sent in (MHD's buffer for the reader callback). */
 #define STREAM_BLOCK 16384
 
+/* A connection's deadline for its next request, on the daemon's list for the reaper. */
+typedef struct conn_deadline {
+    struct conn_deadline *prev, *next;
+    int fd;
+    double at; /* serve_now() by which the request must be in; 0 while one is answered */
+    int shut;  /* the reaper shut the socket down */
+} conn_deadline;
+
 struct serve_http {
     serve_server *server;
     struct MHD_Daemon *daemon;
@@ -41,12 +62,43 @@ struct serve_http {
      * itself admits SERVE_OVERFLOW_CONNECTIONS more, so a client over the limit hears why
      * rather than having its connection reset */
     atomic_uint connections;
-    uint32_t max_connections;
+    /* the connections' deadlines; MHD closes a socket only after its CLOSED notification, which
+     * takes mu, so the reaper never shuts down a number reused by another connection */
+    pthread_mutex_t mu;
+    pthread_cond_t reaper_wake;
+    conn_deadline *deadlines;
+    int stopping;
+    pthread_t reaper;
+    int reaper_started;
 };
 
-/* Connections over --max-connections that are still answered (with a 503) before the daemon
- * refuses the TCP connection itself. */
-#define SERVE_OVERFLOW_CONNECTIONS 256
+// ---- monotonic time ----
+
+double serve_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void serve_cond_init(pthread_cond_t *cv) {
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
+struct timespec serve_deadline_in(uint64_t ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += (time_t)(ms / 1000);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
 
 // ---- errors and buffers ----
 
@@ -137,7 +189,8 @@ typedef struct request {
     serve_http *http;
     struct MHD_Connection *connection;
     route route;
-    int answered; /* a response was queued before the body was read */
+    const char *cors_origin; /* the allowed cross-origin request's Origin (MHD's copy), NULL otherwise */
+    int answered;            /* a response was queued before the body was read */
     int too_large;
     serve_buf body;
     serve_job *job; /* a submitted generation */
@@ -145,29 +198,56 @@ typedef struct request {
     serve_buf out;  /* a stream's bytes not yet handed to MHD */
     size_t out_pos;
     int stream_complete;
+    int probed; /* a stream sent its SSE comment after the client's FIN */
 } request;
+
+#define GET_METHODS "GET, HEAD, OPTIONS"
+#define POST_METHODS "POST, OPTIONS"
 
 static const struct {
     const char *path;
     route route;
     const char *method;
+    const char *allow; /* the Allow header: the method, HEAD for a GET, and OPTIONS for a preflight */
 } routes[] = {
-    {"/health", ROUTE_HEALTH, "GET"},
-    {"/v1/health", ROUTE_HEALTH, "GET"},
-    {"/v1/models", ROUTE_MODELS, "GET"},
-    {"/models", ROUTE_MODELS, "GET"},
-    {"/metrics", ROUTE_METRICS, "GET"},
-    {"/v1/chat/completions", ROUTE_CHAT, "POST"},
-    {"/chat/completions", ROUTE_CHAT, "POST"},
-    {"/v1/completions", ROUTE_COMPLETIONS, "POST"},
-    {"/completions", ROUTE_COMPLETIONS, "POST"},
+    {"/health", ROUTE_HEALTH, "GET", GET_METHODS},
+    {"/v1/health", ROUTE_HEALTH, "GET", GET_METHODS},
+    {"/v1/models", ROUTE_MODELS, "GET", GET_METHODS},
+    {"/models", ROUTE_MODELS, "GET", GET_METHODS},
+    {"/metrics", ROUTE_METRICS, "GET", GET_METHODS},
+    {"/v1/chat/completions", ROUTE_CHAT, "POST", POST_METHODS},
+    {"/chat/completions", ROUTE_CHAT, "POST", POST_METHODS},
+    {"/v1/completions", ROUTE_COMPLETIONS, "POST", POST_METHODS},
+    {"/completions", ROUTE_COMPLETIONS, "POST", POST_METHODS},
 };
+
+static const char *route_allow(route rt) {
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (routes[i].route == rt)
+            return routes[i].allow;
+    return NULL;
+}
+
+/* The headers every response of r carries: CORS's for an allowed cross-origin request. */
+static void add_common_headers(const request *r, struct MHD_Response *resp) {
+    if (!r->cors_origin)
+        return;
+    const serve_server *s = r->http->server;
+    int any = 0;
+    for (size_t i = 0; i < s->n_cors_origins; i++)
+        any |= strcmp(s->cors_origins[i], "*") == 0;
+    MHD_add_response_header(resp, "Access-Control-Allow-Origin", any ? "*" : r->cors_origin);
+    if (!any)
+        MHD_add_response_header(resp, "Vary", "Origin");
+    MHD_add_response_header(resp, "Access-Control-Expose-Headers", "Retry-After");
+}
 
 static enum MHD_Result queue(request *r, unsigned status, const char *type, const char *body, size_t len) {
     struct MHD_Response *resp = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!resp)
         return MHD_NO;
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    add_common_headers(r, resp);
     enum MHD_Result rc = MHD_queue_response(r->connection, status, resp);
     MHD_destroy_response(resp);
     serve_count_response(r->http->server, status);
@@ -199,11 +279,9 @@ static enum MHD_Result queue_error(request *r, const serve_error *e) {
     }
     if (e->status == 401)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
-    for (size_t i = 0; e->status == 405 && i < sizeof routes / sizeof routes[0]; i++)
-        if (routes[i].route == r->route) {
-            MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, routes[i].method);
-            break;
-        }
+    if (e->status == 405)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, route_allow(r->route));
+    add_common_headers(r, resp);
     enum MHD_Result rc = MHD_queue_response(r->connection, e->status, resp);
     MHD_destroy_response(resp);
     serve_count_response(r->http->server, e->status);
@@ -244,10 +322,115 @@ static int authorized(request *r, serve_error *e) {
     return 1;
 }
 
-/* What can be said before the body arrives: the path, the method, the key, the phase and a
- * declared length. 1 when e holds the answer. */
+/* The host of an authority, "host", "host:port" or "[v6]:port", without brackets; 0 when it
+ * is none or does not fit size. */
+static int authority_host(const char *authority, char *host, size_t size) {
+    const char *end;
+    if (authority[0] == '[') {
+        end = strchr(++authority, ']');
+        if (!end || (end[1] && end[1] != ':'))
+            return 0;
+    } else {
+        end = authority + strcspn(authority, ":");
+    }
+    const size_t n = (size_t)(end - authority);
+    if (n == 0 || n >= size)
+        return 0;
+    memcpy(host, authority, n);
+    host[n] = '\0';
+    return 1;
+}
+
+/* Whether a Host header names this server: a loopback name or address, --host's value, or any
+ * IP address when --host is every interface's. A DNS-rebinding page reaches the server only
+ * under a DNS name of its own, never under an address. */
+static int host_allowed(const serve_server *s, const char *host_header) {
+    char host[256];
+    if (!authority_host(host_header, host, sizeof host))
+        return 0;
+    struct in_addr v4, listen_v4;
+    struct in6_addr v6, listen_v6;
+    const int ip4 = inet_pton(AF_INET, host, &v4) == 1, ip6 = inet_pton(AF_INET6, host, &v6) == 1;
+    if (strcasecmp(host, "localhost") == 0 || (ip4 && ntohl(v4.s_addr) >> 24 == 127) ||
+        (ip6 && IN6_IS_ADDR_LOOPBACK(&v6)))
+        return 1;
+    const char *listen = s->listen_host ? s->listen_host : "";
+    if (strcasecmp(host, listen) == 0)
+        return 1;
+    const int every_interface = (inet_pton(AF_INET, listen, &listen_v4) == 1 && listen_v4.s_addr == INADDR_ANY) ||
+                                (inet_pton(AF_INET6, listen, &listen_v6) == 1 && IN6_IS_ADDR_UNSPECIFIED(&listen_v6));
+    return every_interface && (ip4 || ip6);
+}
+
+/* Whether Origin is the origin the request was sent to: a browser's same-origin request. */
+static int same_origin(const char *origin, const char *host_header) {
+    const char *authority = strncasecmp(origin, "http://", 7) == 0    ? origin + 7
+                            : strncasecmp(origin, "https://", 8) == 0 ? origin + 8
+                                                                      : NULL;
+    return authority && host_header && strcasecmp(authority, host_header) == 0;
+}
+
+static int cors_allowed(const serve_server *s, const char *origin) {
+    for (size_t i = 0; i < s->n_cors_origins; i++)
+        if (strcmp(s->cors_origins[i], "*") == 0 || strcasecmp(s->cors_origins[i], origin) == 0)
+            return 1;
+    return 0;
+}
+
+/* Host and Origin, which a browser sets and a page cannot: 1 when e holds the refusal. */
+static int browser_error(request *r, serve_error *e) {
+    const serve_server *s = r->http->server;
+    const char *host = MHD_lookup_connection_value(r->connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    /* with a key, a page that reaches the server under another name still lacks the key */
+    if (!s->api_key && host && !host_allowed(s, host)) {
+        serve_error_set(e, 400, "invalid_request_error", "host_not_allowed", "",
+                        "Host '%.200s' is not a name of this server: without an API key it answers to localhost, "
+                        "loopback addresses and --host only (a proxy in front should send one of them)",
+                        host);
+        return 1;
+    }
+    const char *origin = MHD_lookup_connection_value(r->connection, MHD_HEADER_KIND, "Origin");
+    if (!origin || same_origin(origin, host))
+        return 0;
+    if (cors_allowed(s, origin)) {
+        r->cors_origin = origin;
+        return 0;
+    }
+    serve_error_set(e, 403, "invalid_request_error", "origin_not_allowed", "",
+                    "cross-origin request from '%.200s' refused: start the server with --cors-origin %.200s to "
+                    "serve it",
+                    origin, origin);
+    return 1;
+}
+
+/* The answer to a CORS preflight (or any OPTIONS): the methods, and for an allowed origin the
+ * request headers it asked for. */
+static enum MHD_Result preflight(request *r) {
+    struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return MHD_NO;
+    const char *allow = route_allow(r->route);
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+    if (r->cors_origin) {
+        const char *asked =
+            MHD_lookup_connection_value(r->connection, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+        MHD_add_response_header(resp, "Access-Control-Allow-Methods", allow);
+        MHD_add_response_header(resp, "Access-Control-Allow-Headers", asked ? asked : "Authorization, Content-Type");
+        MHD_add_response_header(resp, "Access-Control-Max-Age", "600");
+    }
+    add_common_headers(r, resp);
+    enum MHD_Result rc = MHD_queue_response(r->connection, 204, resp);
+    MHD_destroy_response(resp);
+    serve_count_response(r->http->server, 204);
+    return rc;
+}
+
+/* What can be said before the body arrives: Host and Origin, the path, the method, the key, the
+ * phase and a declared length. 1 when e holds the answer. */
 static int early_error(request *r, const char *url, const char *method, serve_error *e) {
     const serve_server *s = r->http->server;
+    if (browser_error(r, e))
+        return 1;
     const char *method_wanted = NULL;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !r->route; i++)
         if (strcmp(url, routes[i].path) == 0) {
@@ -261,17 +444,20 @@ static int early_error(request *r, const char *url, const char *method, serve_er
                         url);
         return 1;
     }
-    if (strcmp(method, method_wanted) != 0) {
+    const int head = strcmp(method, "HEAD") == 0 && strcmp(method_wanted, "GET") == 0;
+    if (strcmp(method, method_wanted) != 0 && !head && strcmp(method, "OPTIONS") != 0) {
         serve_error_set(e, 405, "invalid_request_error", "method_not_allowed", "", "%s takes %s, not %s", url,
                         method_wanted, method);
         return 1;
     }
+    if (strcmp(method, "OPTIONS") == 0) /* a preflight carries no key: browsers send it without */
+        return 0;
     if (!authorized(r, e))
         return 1;
-    if (r->route != ROUTE_HEALTH && atomic_load(&r->http->connections) > r->http->max_connections) {
+    if (r->route != ROUTE_HEALTH && atomic_load(&r->http->connections) > s->max_connections) {
         serve_error_set(e, 503, "server_error", "too_many_connections", "",
                         "%u connections are open, over the limit of %u (--max-connections); retry shortly",
-                        atomic_load(&r->http->connections), r->http->max_connections);
+                        atomic_load(&r->http->connections), s->max_connections);
         e->retry_after = 1;
         return 1;
     }
@@ -492,10 +678,17 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         if (r->out.len)
             continue;
-        serve_wait w = serve_job_wait(r->job, connection_fd(r->connection), r->http->server->timeout_s);
+        serve_wait w = serve_job_wait(r->job, connection_fd(r->connection), r->http->server->timeout_s, !r->probed);
         restart_idle_clock(r);
         if (w == SERVE_WAIT_HANGUP)
             return MHD_CONTENT_READER_END_WITH_ERROR; /* the completion callback cancels the job */
+        if (w == SERVE_WAIT_PEER_SHUTDOWN) {
+            /* a comment, which SSE clients skip: a half-closed client reads on, a closed one's
+             * kernel answers with a reset that the next wait sees */
+            r->probed = 1;
+            serve_buf_append(&r->out, ":\n\n", 3);
+            continue;
+        }
         if (w == SERVE_WAIT_TIMEOUT) {
             serve_error e;
             serve_error_set(&e, 504, "server_error", "timeout", "", "no progress for %u s (--timeout)",
@@ -536,7 +729,9 @@ static enum MHD_Result generate(request *r) {
         serve_count_response(s, 200);
         return rc;
     }
-    serve_wait w = serve_job_wait(job, connection_fd(r->connection), s->timeout_s);
+    /* nothing may be written before the answer's status line, so a client's FIN tells nothing:
+     * a closed client is noticed by a reset, or when the answer cannot be written */
+    serve_wait w = serve_job_wait(job, connection_fd(r->connection), s->timeout_s, 0);
     restart_idle_clock(r);
     if (w == SERVE_WAIT_HANGUP)
         return MHD_NO; /* nobody to answer; the completion callback cancels the job */
@@ -547,6 +742,17 @@ static enum MHD_Result generate(request *r) {
     unsigned status;
     char *json = serve_job_response(job, &status);
     return queue_json(r, status, json);
+}
+
+/* Sets the deadline of connection c's next request: at seconds from now, or none (0). */
+static void set_deadline(serve_http *h, struct MHD_Connection *c, uint32_t seconds) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    conn_deadline *d = info ? info->socket_context : NULL;
+    if (!d)
+        return;
+    pthread_mutex_lock(&h->mu);
+    d->at = seconds && !d->shut ? serve_now() + seconds : 0;
+    pthread_mutex_unlock(&h->mu);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -563,7 +769,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         r->connection = c;
         if (early_error(r, url, method, &e)) {
             r->answered = 1;
+            set_deadline(h, c, 0);
             return queue_error(r, &e);
+        }
+        if (strcmp(method, "OPTIONS") == 0) {
+            r->answered = 1;
+            set_deadline(h, c, 0);
+            return preflight(r);
         }
         return MHD_YES;
     }
@@ -581,6 +793,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    set_deadline(h, c, 0); /* the whole request is in */
     if (r->too_large) {
         serve_error_set(&e, 413, "invalid_request_error", "request_too_large", "",
                         "the body is over the limit of %zu bytes (--max-body)", h->server->max_body);
@@ -603,10 +816,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)c;
     (void)toe;
     serve_http *h = cls;
     request *r = *con_cls;
+    set_deadline(h, c, h->server->request_timeout_s); /* a kept-alive connection's next request */
     if (!r)
         return;
     serve_job_release(r->job);
@@ -621,12 +834,66 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
                           enum MHD_ConnectionNotificationCode code) {
     serve_http *h = cls;
-    (void)c;
-    (void)socket_ctx;
-    if (code == MHD_CONNECTION_NOTIFY_STARTED)
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         atomic_fetch_add(&h->connections, 1);
-    else if (code == MHD_CONNECTION_NOTIFY_CLOSED)
+        const int fd = connection_fd(c);
+        conn_deadline *d = calloc(1, sizeof *d);
+        if (!d) { /* without a deadline the connection could be held forever: refuse it */
+            if (fd >= 0)
+                shutdown(fd, SHUT_RDWR);
+            return;
+        }
+        d->fd = fd;
+        pthread_mutex_lock(&h->mu);
+        d->at = serve_now() + h->server->request_timeout_s;
+        d->next = h->deadlines;
+        if (h->deadlines)
+            h->deadlines->prev = d;
+        h->deadlines = d;
+        pthread_mutex_unlock(&h->mu);
+        *socket_ctx = d;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
         atomic_fetch_sub(&h->connections, 1);
+        conn_deadline *d = *socket_ctx;
+        if (!d)
+            return;
+        pthread_mutex_lock(&h->mu);
+        if (d->prev)
+            d->prev->next = d->next;
+        else
+            h->deadlines = d->next;
+        if (d->next)
+            d->next->prev = d->prev;
+        pthread_mutex_unlock(&h->mu);
+        free(d);
+        *socket_ctx = NULL;
+    }
+}
+
+/* The reaper: shuts down the sockets whose request did not arrive by its deadline (MHD's thread
+ * of the connection then reads the end and closes it), waking at the earliest deadline. */
+static void *reap_slow_requests(void *arg) {
+    serve_http *h = arg;
+    pthread_mutex_lock(&h->mu);
+    while (!h->stopping) {
+        const double now = serve_now();
+        double next = now + 1.0;
+        for (conn_deadline *d = h->deadlines; d; d = d->next) {
+            if (!d->at)
+                continue;
+            if (d->at <= now) {
+                shutdown(d->fd, SHUT_RDWR);
+                d->at = 0;
+                d->shut = 1;
+            } else if (d->at < next) {
+                next = d->at;
+            }
+        }
+        const struct timespec until = serve_deadline_in((uint64_t)((next - now) * 1000.0) + 1);
+        pthread_cond_timedwait(&h->reaper_wake, &h->mu, &until);
+    }
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
 }
 
 static void log_mhd(void *cls, const char *fmt, va_list ap) {
@@ -635,8 +902,8 @@ static void log_mhd(void *cls, const char *fmt, va_list ap) {
     vfprintf(stderr, fmt, ap);
 }
 
-int serve_http_start(serve_server *s, const char *host, uint16_t port, uint32_t max_connections, int verbose,
-                     serve_http **out, char *err, size_t err_len) {
+int serve_http_start(serve_server *s, const char *host, uint16_t port, int verbose, serve_http **out, char *err,
+                     size_t err_len) {
     *out = NULL;
     char service[8];
     snprintf(service, sizeof service, "%u", port);
@@ -655,8 +922,16 @@ int serve_http_start(serve_server *s, const char *host, uint16_t port, uint32_t 
         return -1;
     }
     h->server = s;
-    h->max_connections = max_connections;
     atomic_init(&h->connections, 0);
+    pthread_mutex_init(&h->mu, NULL);
+    serve_cond_init(&h->reaper_wake);
+    if (pthread_create(&h->reaper, NULL, reap_slow_requests, h) != 0) {
+        freeaddrinfo(ai);
+        snprintf(err, err_len, "cannot start a thread");
+        serve_http_stop(h);
+        return -1;
+    }
+    h->reaper_started = 1;
     /* MHD's own log says every client that went away mid-stream ("application error"): only with -v */
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC;
     if (verbose)
@@ -666,13 +941,14 @@ int serve_http_start(serve_server *s, const char *host, uint16_t port, uint32_t 
     /* the logger first: MHD reports the options after it through it */
     h->daemon = MHD_start_daemon(flags, port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, log_mhd, NULL,
                                  MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)(max_connections + SERVE_OVERFLOW_CONNECTIONS),
+                                 (unsigned)(s->max_connections + SERVE_OVERFLOW_CONNECTIONS),
+                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->max_connections_per_ip,
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
                                  on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!h->daemon) {
         snprintf(err, err_len, "cannot listen on %s port %u (in use, or not an address of this machine?)", host, port);
-        free(h);
+        serve_http_stop(h);
         return -1;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
@@ -697,6 +973,16 @@ void serve_http_settle(serve_http *h, uint32_t timeout_ms) {
 void serve_http_stop(serve_http *h) {
     if (!h)
         return;
-    MHD_stop_daemon(h->daemon);
+    if (h->reaper_started) {
+        pthread_mutex_lock(&h->mu);
+        h->stopping = 1;
+        pthread_cond_signal(&h->reaper_wake);
+        pthread_mutex_unlock(&h->mu);
+        pthread_join(h->reaper, NULL);
+    }
+    if (h->daemon)
+        MHD_stop_daemon(h->daemon); /* each connection's CLOSED frees its deadline */
+    pthread_cond_destroy(&h->reaper_wake);
+    pthread_mutex_destroy(&h->mu);
     free(h);
 }

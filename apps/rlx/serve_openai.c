@@ -76,6 +76,7 @@ struct serve_job {
 
     /* the connection's alone */
     size_t text_sent, lps_sent;
+    uint64_t steps_seen; /* the engine's step count when the job last looked (for --timeout) */
     int opened;
 };
 
@@ -560,7 +561,7 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
     if (!j)
         return serve_error_set(err, 500, "server_error", NULL, "", "out of memory"), -1;
     pthread_mutex_init(&j->mu, NULL);
-    pthread_cond_init(&j->cv, NULL);
+    serve_cond_init(&j->cv);
     j->refs = 1;
     j->server = s;
     j->ep = ep;
@@ -613,6 +614,16 @@ done:
 
 int serve_job_streams(const serve_job *j) { return j->stream; }
 
+/* Whether the engine stepped since the job last looked: the requests ahead of a queued job, or
+ * the chunks of its own prompt, are progress the job's events do not show. */
+static int engine_progressed(serve_job *j) {
+    rlx_engine_stats st;
+    rlx_engine_stats_of(j->server->engine, &st);
+    const int stepped = st.steps != j->steps_seen;
+    j->steps_seen = st.steps;
+    return stepped;
+}
+
 int serve_job_submit(serve_server *s, serve_job *j, serve_error *err) {
     rlx_request req = {.size = sizeof req,
                        .prompt = j->prompt,
@@ -632,6 +643,7 @@ int serve_job_submit(serve_server *s, serve_job *j, serve_error *err) {
     j->refs++; /* the engine's, given back with the DONE event (which may come before submit returns) */
     clock_gettime(CLOCK_MONOTONIC, &j->last_news);
     pthread_mutex_unlock(&j->mu);
+    engine_progressed(j); /* from here on, a step of the engine counts as the job's progress */
     uint64_t id = 0;
     rlx_status rc = rlx_engine_submit(s->engine, &req, &id);
     pthread_mutex_lock(&j->mu);
@@ -668,10 +680,17 @@ static double seconds_since(const struct timespec *t) {
     return (double)(now.tv_sec - t->tv_sec) + (double)(now.tv_nsec - t->tv_nsec) * 1e-9;
 }
 
-/* A client that closed its end (a killed process, a cancelled fetch): the peer's FIN or a reset. */
-static int hung_up(int fd) {
+/* What the client's socket says without reading from it. A reset, or a write the client's
+ * kernel refused with one, breaks the connection (POLLERR, POLLHUP). A FIN alone (POLLRDHUP)
+ * says only that the client sent all it will: shutdown(SHUT_WR) after a request, which some
+ * clients and proxies do and which still reads the answer, looks the same as a close. */
+static serve_wait peer_state(int fd) {
     struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+    if (fd < 0 || poll(&p, 1, 0) <= 0)
+        return SERVE_WAIT_NEWS;
+    if (p.revents & (POLLERR | POLLHUP | POLLNVAL))
+        return SERVE_WAIT_HANGUP;
+    return p.revents & POLLRDHUP ? SERVE_WAIT_PEER_SHUTDOWN : SERVE_WAIT_NEWS;
 }
 
 /* News for the connection: a streaming one takes every piece, the others only the end. */
@@ -679,15 +698,11 @@ static int has_news(const serve_job *j) {
     return j->done || (j->stream && (j->text.len > j->text_sent || j->n_lps > j->lps_sent));
 }
 
-serve_wait serve_job_wait(serve_job *j, int fd, uint32_t timeout_s) {
+serve_wait serve_job_wait(serve_job *j, int fd, uint32_t timeout_s, int report_shutdown) {
     for (;;) {
         pthread_mutex_lock(&j->mu);
         if (!has_news(j)) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += HANGUP_POLL_MS * 1000000L;
-            until.tv_sec += until.tv_nsec / 1000000000L;
-            until.tv_nsec %= 1000000000L;
+            const struct timespec until = serve_deadline_in(HANGUP_POLL_MS);
             pthread_cond_timedwait(&j->cv, &j->mu, &until);
         }
         int news = has_news(j);
@@ -695,10 +710,16 @@ serve_wait serve_job_wait(serve_job *j, int fd, uint32_t timeout_s) {
         pthread_mutex_unlock(&j->mu);
         if (news)
             return SERVE_WAIT_NEWS;
-        if (hung_up(fd))
-            return SERVE_WAIT_HANGUP;
-        if (quiet > timeout_s)
-            return SERVE_WAIT_TIMEOUT;
+        const serve_wait peer = peer_state(fd);
+        if (peer == SERVE_WAIT_HANGUP || (peer == SERVE_WAIT_PEER_SHUTDOWN && report_shutdown))
+            return peer;
+        if (quiet > timeout_s) {
+            if (!engine_progressed(j))
+                return SERVE_WAIT_TIMEOUT;
+            pthread_mutex_lock(&j->mu);
+            clock_gettime(CLOCK_MONOTONIC, &j->last_news);
+            pthread_mutex_unlock(&j->mu);
+        }
     }
 }
 
