@@ -724,6 +724,7 @@ static enum MHD_Result generate(request *r) {
             return MHD_NO;
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        add_common_headers(r, resp);
         enum MHD_Result rc = MHD_queue_response(r->connection, 200, resp);
         MHD_destroy_response(resp);
         serve_count_response(s, 200);
