@@ -62,8 +62,13 @@ int app_parse_float(const char *opt, const char *text, float *out) {
     char *end;
     errno = 0;
     float v = strtof(text, &end);
-    if (errno || end == text || *end) {
+    if (end == text || *end) {
         app_fail("%s: '%s' is not a number", opt, text);
+        return -1;
+    }
+    /* ERANGE also flags an underflow (1e-40 is a subnormal float, 1e-50 is 0): that is a value */
+    if (errno == ERANGE && isinf(v)) {
+        app_fail("%s: '%s' is beyond the float range", opt, text);
         return -1;
     }
     *out = v;

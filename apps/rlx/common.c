@@ -188,8 +188,8 @@ app_opt_group app_sampling_group(app_sampling *s) {
     static app_opt opts[12];
     app_opt list[] = {
         {0, "greedy", NULL, NULL, "always take the most likely token", APP_OPT_FLAG, &s->greedy},
-        {0, "temp", NULL, "T", "sampling temperature (>= 0; 0 = greedy)", APP_OPT_FLOAT, &s->given.temperature,
-         &s->given.has_temperature},
+        {0, "temp", NULL, "T", "sampling temperature (>= 0; 0, or below 1.18e-38, = greedy)", APP_OPT_FLOAT,
+         &s->given.temperature, &s->given.has_temperature},
         {0, "top-k", NULL, "K", "keep the K most likely tokens (0 = all)", APP_OPT_INT, &s->given.top_k,
          &s->given.has_top_k},
         {0, "top-p", NULL, "P", "keep the smallest set of tokens whose probability reaches P (1 = off)", APP_OPT_FLOAT,

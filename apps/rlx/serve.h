@@ -107,6 +107,9 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
                     serve_error *err);
 /* Whether the client asked for server-sent events. */
 int serve_job_streams(const serve_job *j);
+/* The sampling parameters the request asked for (its logit biases included), as the engine
+ * gets them. */
+const rlx_sampler_params *serve_job_sampler(const serve_job *j);
 /* Submits the job to the engine. On failure err says why (503 with Retry-After when the queue
  * is full or the server drains, 400 for a prompt longer than a slot, 500 otherwise) and the job
  * is still the caller's to release. */

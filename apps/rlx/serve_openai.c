@@ -256,7 +256,9 @@ static int parse_sampling(serve_job *j, const cJSON *root, serve_error *e) {
     }
     if ((rc = get_number(root, "top_p", 0, 1, &v, e)) < 0)
         return -1;
-    if (rc && v == 0) /* OpenAI takes 0: the limit of ever smaller nucleus sets is the argmax */
+    /* OpenAI takes 0: the limit of ever smaller nucleus sets is the argmax; so is a top_p too
+     * small for a float (below 1.4e-45), which keeps the most likely token alone */
+    if (rc && (float)v == 0)
         p->greedy = 1;
     else if (rc)
         p->top_p = (float)v;
@@ -281,6 +283,10 @@ static int parse_sampling(serve_job *j, const cJSON *root, serve_error *e) {
     }
     if ((rc = get_integer(root, "repeat_last_n", -1, INT32_MAX, &v, e)) < 0)
         return -1;
+    /* a window wider than a slot sees the whole context, as -1 does: clamped, it means the same
+     * and the sampler's window is never wider than the positions the server holds */
+    if (rc && j->server->slot_positions && v > j->server->slot_positions)
+        v = j->server->slot_positions;
     if (rc)
         p->repeat_last_n = (int32_t)v;
     /* OpenAI's seeds are signed 64-bit; a negative one wraps to the same bits */
@@ -351,6 +357,10 @@ static int parse_unsupported(const cJSON *root, serve_error *e) {
     return 0;
 }
 
+/* The longest stop string: the matcher looks for every stop string at each byte generated, in the
+ * engine's worker, so its cost per token grows with their length (text/stop.c). */
+#define SERVE_MAX_STOP_BYTES 256
+
 static int parse_stop(serve_job *j, const cJSON *root, serve_error *e) {
     const cJSON *stop = member(root, "stop");
     if (!stop)
@@ -362,8 +372,11 @@ static int parse_stop(serve_job *j, const cJSON *root, serve_error *e) {
         return bad(e, "stop", "'%s' must be %s", what);
     }
     for (const cJSON *s = one ? one : stop->child; s; s = one ? NULL : s->next) {
-        if (!cJSON_IsString(s) || !*s->valuestring)
-            return bad(e, "stop", "'%s' must hold %s", "non-empty strings");
+        if (!cJSON_IsString(s) || !*s->valuestring || strlen(s->valuestring) > SERVE_MAX_STOP_BYTES) {
+            char what[64];
+            snprintf(what, sizeof what, "non-empty strings of at most %d bytes", SERVE_MAX_STOP_BYTES);
+            return bad(e, "stop", "'%s' must hold %s", what);
+        }
         if (!(j->stops[j->n_stops] = strdup(s->valuestring))) {
             serve_error_set(e, 500, "server_error", NULL, "", "out of memory");
             return -1;
@@ -521,6 +534,89 @@ static void make_id(char *out, size_t size, const char *prefix) {
         n += snprintf(out + n, size - (size_t)n, "%02x", r[i]);
 }
 
+/* The first NUL in the body, raw or as the escape \u0000 in a string, or NULL. cJSON hands out
+ * C strings, which a NUL would cut short without a word. body[0, len) is valid JSON, so quotes
+ * outside strings and backslashes inside them are its syntax. */
+static const char *nul_character(const char *body, size_t len) {
+    const char *raw = memchr(body, '\0', len), *end = body + len;
+    if (raw)
+        return raw;
+    int in_string = 0;
+    for (const char *p = body; p < end; p++) {
+        if (*p == '"')
+            in_string = !in_string;
+        else if (in_string && *p == '\\') {
+            if (end - p >= 6 && memcmp(p + 1, "u0000", 5) == 0)
+                return p;
+            p++; /* the escaped character, which may be a quote */
+        }
+    }
+    return NULL;
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* A key that an object of the tree holds twice (cJSON would keep both and read the first), or
+ * NULL; *failed is set when out of memory. Sorted names: an object of n keys costs n log n. */
+static const char *duplicate_key(const cJSON *item, int *failed) {
+    const int n = cJSON_IsObject(item) ? cJSON_GetArraySize(item) : 0;
+    const char *found = NULL;
+    if (n > 1) {
+        const char **names = malloc((size_t)n * sizeof *names);
+        if (!names) {
+            *failed = 1;
+            return NULL;
+        }
+        int k = 0;
+        for (const cJSON *c = item->child; c; c = c->next)
+            names[k++] = c->string;
+        qsort(names, (size_t)n, sizeof *names, by_name);
+        for (int i = 1; i < n && !found; i++)
+            if (strcmp(names[i - 1], names[i]) == 0)
+                found = names[i];
+        free(names);
+    }
+    for (const cJSON *c = item->child; c && !found && !*failed; c = c->next)
+        found = duplicate_key(c, failed);
+    return found;
+}
+
+/* The body as a JSON object, or NULL after setting e: invalid JSON (with the byte where it
+ * stops, this request's own), anything after the value, a NUL in it, a key given twice. */
+static cJSON *parse_body(const char *body, size_t len, serve_error *e) {
+    const char *end = body;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
+    if (!root) {
+        serve_error_set(e, 400, "invalid_request_error", "invalid_json", "",
+                        "the body is not valid JSON (error near byte %zu)", (size_t)(end - body));
+        return NULL;
+    }
+    size_t trailing = (size_t)(end - body); /* the body need not end in a NUL: no strspn */
+    while (trailing < len && strchr(" \t\r\n", body[trailing]) && body[trailing])
+        trailing++;
+    const char *nul = nul_character(body, len);
+    const char *twice = NULL;
+    int failed = 0;
+    if (trailing < len && (!nul || nul >= end))
+        serve_error_set(e, 400, "invalid_request_error", "invalid_json", "",
+                        "the body has data after its JSON value (at byte %zu)", trailing);
+    else if (nul)
+        serve_error_set(e, 400, "invalid_request_error", "invalid_value", "",
+                        "the body holds a NUL character (at byte %zu): text must not contain U+0000",
+                        (size_t)(nul - body));
+    else if (!cJSON_IsObject(root))
+        serve_error_set(e, 400, "invalid_request_error", "invalid_json", "", "the body must be a JSON object");
+    else if ((twice = duplicate_key(root, &failed)) != NULL)
+        serve_error_set(e, 400, "invalid_request_error", "invalid_json", "",
+                        "the body gives the key '%.64s' twice in one object", twice);
+    else if (failed)
+        serve_error_set(e, 500, "server_error", NULL, "", "out of memory");
+    else
+        return root;
+    cJSON_Delete(root);
+    return NULL;
+}
+
 /* Everything of a request but the prompt. */
 static int parse_options(serve_job *j, const cJSON *root, serve_error *e) {
     serve_server *s = j->server;
@@ -567,19 +663,11 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
     j->ep = ep;
     j->created = (long long)time(NULL);
     make_id(j->id, sizeof j->id, ep == SERVE_CHAT ? "chatcmpl-" : "cmpl-");
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    cJSON *root = parse_body(body, len, err);
     char *text = NULL;
     int rc = -1;
-    if (!root) {
-        serve_error_set(err, 400, "invalid_request_error", "invalid_json", "",
-                        "the body is not valid JSON (error near byte %zu)",
-                        cJSON_GetErrorPtr() ? (size_t)(cJSON_GetErrorPtr() - body) : (size_t)0);
+    if (!root)
         goto done;
-    }
-    if (!cJSON_IsObject(root)) {
-        serve_error_set(err, 400, "invalid_request_error", "invalid_json", "", "the body must be a JSON object");
-        goto done;
-    }
     if (parse_options(j, root, err) < 0)
         goto done;
     if ((ep == SERVE_CHAT ? render_chat(j, root, &text, err) : completion_prompt(j, root, &text, err)) < 0)
@@ -623,6 +711,8 @@ static int engine_progressed(serve_job *j) {
     j->steps_seen = st.steps;
     return stepped;
 }
+
+const rlx_sampler_params *serve_job_sampler(const serve_job *j) { return &j->sampler; }
 
 int serve_job_submit(serve_server *s, serve_job *j, serve_error *err) {
     rlx_request req = {.size = sizeof req,

@@ -3,13 +3,22 @@
  * penalties: every case's distribution, with its history fed through rlx_sampler_accept (and
  * again after rlx_sampler_reset_history), within 1e-5 and with exactly the same tokens
  * filtered out; the logit biases before them (added, summed when a token is listed twice, -inf
- * banning). Also: draws follow the distribution, the parameters are checked, and the history
- * refuses ids outside the vocabulary. */
+ * banning). Also: draws follow the distribution, the parameters are checked, the history
+ * refuses ids outside the vocabulary, temperatures down to the smallest float are greedy,
+ * extreme penalties give no NaN, and a window of 2^31 - 1 tokens costs what the tokens take. */
+#include <float.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "testutil.h"
+
+#ifdef __SANITIZE_ADDRESS__
+/* AddressSanitizer's count of the bytes malloc'd (its header, sanitizer/allocator_interface.h,
+ * comes with clang, not with Debian's gcc) */
+size_t __sanitizer_get_current_allocated_bytes(void);
+#endif
 
 #define CASES RLX_TEST_DATA "/sampler_cases.txt"
 #define MAX_VOCAB 512
@@ -246,12 +255,116 @@ static void test_accept_refuses_ids_outside_vocabulary(void **state) {
     rlx_sampler_destroy(s);
 }
 
+/* Every temperature below FLT_MIN is greedy, and those just above it, which divide logits past
+ * the float range, still draw the argmax: no NaN, never the least likely token. */
+static void test_tiny_temperatures_are_greedy(void **state) {
+    (void)state;
+    enum { V = 5 };
+    const float logits[V] = {100.0f, 300.0f, 200.0f, -300.0f, 299.0f};
+    const float tiny[] = {1e-45f, 1e-40f, FLT_MIN / 2, FLT_MIN, 1e-37f, 1e-30f};
+    for (size_t t = 0; t < sizeof tiny / sizeof tiny[0]; t++) {
+        rlx_sampler_params p = rlx_sampler_params_default();
+        p.temperature = tiny[t];
+        p.top_p = 0.9f; /* the filters see the same distribution */
+        p.min_p = 0.05f;
+        for (uint64_t seed = 0; seed < 20; seed++) {
+            p.seed = seed;
+            rlx_sampler *s;
+            assert_ok(rlx_sampler_create(&p, V, &s));
+            if (rlx_sampler_sample(s, logits) != 1)
+                fail_msg("temperature %g, seed %llu: not the argmax", (double)tiny[t], (unsigned long long)seed);
+            assert_int_equal(rlx_sampler_is_greedy(s), tiny[t] < FLT_MIN);
+            float probs[V];
+            rlx_sampler_probs(s, logits, probs);
+            for (int i = 0; i < V; i++)
+                if (probs[i] != (i == 1))
+                    fail_msg("temperature %g: probability %g for token %d", (double)tiny[t], (double)probs[i], i);
+            rlx_sampler_destroy(s);
+        }
+    }
+}
+
+/* Finite parameters that push penalised logits past FLT_MAX give a distribution still: the
+ * tokens pushed up share the top, those pushed down lose all mass; nothing is NaN. */
+static void test_extreme_penalties_stay_finite(void **state) {
+    (void)state;
+    enum { V = 3 };
+    const float logits[V] = {5.0f, 6.0f, 1.0f};
+    const int32_t history[] = {0, 1, 0, 1};
+    const struct {
+        float repeat_penalty, presence, frequency;
+        float want[V];
+    } cases[] = {{1e-38f, 0, 0, {0.5f, 0.5f, 0}}, /* 5 / 1e-38 and 6 / 1e-38: both past FLT_MAX */
+                 {1, 3e38f, 3e38f, {0, 0, 1}},    /* 5 - 3e38 - 6e38: below -FLT_MAX */
+                 {1e-38f, -3e38f, -3e38f, {0.5f, 0.5f, 0}}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        rlx_sampler_params p = rlx_sampler_params_default();
+        p.repeat_penalty = cases[c].repeat_penalty;
+        p.presence_penalty = cases[c].presence;
+        p.frequency_penalty = cases[c].frequency;
+        rlx_sampler *s;
+        assert_ok(rlx_sampler_create(&p, V, &s));
+        for (int i = 0; i < 4; i++)
+            assert_ok(rlx_sampler_accept(s, history[i]));
+        float probs[V];
+        rlx_sampler_probs(s, logits, probs);
+        for (int i = 0; i < V; i++)
+            if (!(fabsf(probs[i] - cases[c].want[i]) < 1e-6f))
+                fail_msg("case %zu: probability %g for token %d, not %g", c, (double)probs[i], i,
+                         (double)cases[c].want[i]);
+        const int32_t drawn = rlx_sampler_sample(s, logits);
+        assert_true(cases[c].want[drawn] > 0);
+        rlx_sampler_destroy(s);
+    }
+}
+
+/* Bytes the process holds on the heap now. */
+static size_t heap_bytes(void) {
+#ifdef __SANITIZE_ADDRESS__
+    return __sanitizer_get_current_allocated_bytes();
+#else
+    struct mallinfo2 m = mallinfo2();
+    return m.uordblks + m.hblkhd;
+#endif
+}
+
+/* A window of 2^31 - 1 tokens (as a client may ask) costs what the accepted tokens take, and
+ * still penalises the first of them: nothing has left it. */
+static void test_wide_window_costs_what_it_holds(void **state) {
+    (void)state;
+    enum { V = 16, ACCEPTED = 5000 };
+    rlx_sampler_params p = rlx_sampler_params_default();
+    p.greedy = 1;
+    p.repeat_penalty = 2;
+    p.repeat_last_n = INT32_MAX;
+    const size_t before = heap_bytes();
+    rlx_sampler *s;
+    assert_ok(rlx_sampler_create(&p, V, &s));
+    assert_ok(rlx_sampler_accept(s, 0));
+    for (int i = 1; i < ACCEPTED; i++)
+        assert_ok(rlx_sampler_accept(s, 1));
+    const size_t used = heap_bytes() - before;
+    if (used > 1u << 20)
+        fail_msg("a sampler that accepted %d tokens holds %zu bytes", ACCEPTED, used);
+    /* token 0, still in the window, falls from 1 to 0.5: below token 2's unpenalised 0.8 */
+    float logits[V];
+    for (int i = 0; i < V; i++)
+        logits[i] = -1.0f;
+    logits[0] = 1.0f;
+    logits[2] = 0.8f;
+    assert_int_equal(rlx_sampler_sample(s, logits), 2);
+    rlx_sampler_destroy(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matches_numpy_reference),
         cmocka_unit_test(test_draws_follow_probs),
         cmocka_unit_test(test_parameters_are_checked),
         cmocka_unit_test(test_accept_refuses_ids_outside_vocabulary),
+        cmocka_unit_test(test_tiny_temperatures_are_greedy),
+        cmocka_unit_test(test_extreme_penalties_stay_finite),
+        cmocka_unit_test(test_wide_window_costs_what_it_holds),
     };
     return cmocka_run_group_tests_name("sampler", tests, NULL, NULL);
 }

@@ -125,7 +125,10 @@ RLX_API rlx_status rlx_session_lm(rlx_session *s, rlx_lm *out);
  * penalties look at the sampler's history, the last repeat_last_n tokens the caller reported
  * with rlx_sampler_accept (rlx_generate and rlx_spec_generate report the prompt and every
  * generated token). Greedy, or temperature 0, takes the argmax of the penalised logits, as
- * Hugging Face does with do_sample=False and a repetition penalty.
+ * Hugging Face does with do_sample=False and a repetition penalty; so does a temperature below
+ * FLT_MIN, where the distribution would be the argmax's in double precision anyway. A window
+ * (repeat_last_n) wider than the tokens accepted costs only what they take. Penalties that would
+ * push a logit past the float range leave it at +-FLT_MAX.
  *
  * The struct crosses the speculator boundary both ways (propose() is handed the core's; a
  * speculator builds samplers from its own), so it is sized and members are only appended: the
@@ -143,7 +146,7 @@ typedef struct rlx_logit_bias {
 typedef struct rlx_sampler_params {
     uint32_t size;     /* sizeof(rlx_sampler_params) the writer was built with */
     int greedy;        /* 1: argmax of the penalised logits; temperature and the filters are ignored */
-    float temperature; /* >= 0; 0 is greedy */
+    float temperature; /* >= 0; 0, and anything below FLT_MIN (1.18e-38), is greedy */
     int32_t top_k;     /* 0 = off */
     float top_p;       /* 1 = off; in (0, 1] */
     uint64_t seed;

@@ -5,13 +5,25 @@
  *
  * The penalties need the window of the context they look at: a ring of its last repeat_last_n
  * ids plus, per id, its count in the window and its place in the list of the ids present, so a
- * token entering or leaving the window costs O(1) and penalising costs O(distinct ids). */
+ * token entering or leaving the window costs O(1) and penalising costs O(distinct ids). The ring
+ * grows with the tokens accepted, so a window wider than the context (repeat_last_n is the
+ * caller's, up to 2^31 - 1) costs no more than the context does.
+ *
+ * Tiny temperatures: probabilities are exp((logit - max) / T) in double, so no T > 0 overflows
+ * them. Below FLT_MIN (1.18e-38, the smallest normal float; 1 / T is no longer a float) the
+ * sampler is greedy: there every gap between two float logits of magnitude >= 2^-90 (spaced at
+ * least 2^-113, which is over 745 * FLT_MIN) gives the lower one exp(-gap / T) = 0 even in a
+ * double, so the distribution is the argmax's anyway. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gen/gen_internal.h"
 #include "util/alloc.h"
+
+/* The ring's first size: a window of the default 64 needs no growing. */
+#define RING_FIRST 64u
 
 typedef struct candidate {
     float logit;
@@ -25,11 +37,11 @@ struct rlx_sampler {
     candidate *cand; /* [vocab] */
     /* The history, kept only when a penalty is on (`penalize`). */
     int penalize;
-    int32_t *ring; /* [repeat_last_n] the window, oldest at ring_head once full; NULL for -1 */
-    uint32_t ring_head, ring_len;
-    int32_t *count;   /* [vocab] occurrences of each id in the window */
-    int32_t *present; /* [vocab] the n_present distinct ids of the window, in no order */
-    int32_t *slot;    /* [vocab] index of an id in present, while its count is > 0 */
+    int32_t *ring;                          /* [ring_cap] the window, oldest at ring_head once full; NULL for -1 */
+    uint32_t ring_head, ring_len, ring_cap; /* ring_cap grows to repeat_last_n as tokens come */
+    int32_t *count;                         /* [vocab] occurrences of each id in the window */
+    int32_t *present;                       /* [vocab] the n_present distinct ids of the window, in no order */
+    int32_t *slot;                          /* [vocab] index of an id in present, while its count is > 0 */
     int64_t n_present;
     /* logit biases: bias[vocab] (NULL without any) and the distinct biased ids, whose copy
      * p.logit_bias points at */
@@ -156,8 +168,6 @@ rlx_status rlx_sampler_create(const rlx_sampler_params *p, int64_t vocab, rlx_sa
         s->slot = rlx__malloc((size_t)vocab * sizeof *s->slot);
         if (!s->count || !s->present || !s->slot)
             goto nomem;
-        if (p->repeat_last_n > 0 && !(s->ring = rlx__malloc((size_t)p->repeat_last_n * sizeof *s->ring)))
-            goto nomem;
     }
     if (p->n_logit_bias && (rc = copy_biases(s, p)) != RLX_OK) {
         rlx_sampler_destroy(s);
@@ -209,8 +219,18 @@ rlx_status rlx_sampler_accept(rlx_sampler *s, int32_t token) {
                          (long long)s->vocab);
     if (!s->penalize)
         return RLX_OK;
-    if (s->ring) {
-        uint32_t window = (uint32_t)s->p.repeat_last_n;
+    if (s->p.repeat_last_n > 0) {
+        const uint32_t window = (uint32_t)s->p.repeat_last_n;
+        if (s->ring_len == s->ring_cap && s->ring_cap < window) {
+            /* not full yet, so not wrapped: ring_head == ring_len and the ids are in order */
+            uint32_t cap = s->ring_cap < RING_FIRST / 2 ? RING_FIRST : 2 * s->ring_cap;
+            cap = cap < window ? cap : window;
+            int32_t *grown = rlx__realloc(s->ring, (size_t)cap * sizeof *grown);
+            if (!grown)
+                return rlx_error(RLX_E_NOMEM, "sampler: out of memory for a window of %u tokens", cap);
+            s->ring = grown;
+            s->ring_cap = cap;
+        }
         if (s->ring_len == window)
             window_remove(s, s->ring[s->ring_head]);
         else
@@ -247,11 +267,18 @@ static float penalized(const rlx_sampler_params *p, float logit, int32_t count) 
     return logit - p->presence_penalty - p->frequency_penalty * (float)count;
 }
 
-/* Token i's logit after its bias and its penalties (it was seen count[i] times). */
+/* Token i's logit after its bias and its penalties (it was seen count[i] times). Extreme but
+ * finite parameters (a repeat penalty of 1e-30, penalties of 1e38) could push a logit past
+ * FLT_MAX: it stays at +-FLT_MAX, keeping its order, so no +-inf meets another in a
+ * difference (NaN). Only a bias of -inf bans a token. */
 static float adjusted(const rlx_sampler *s, int64_t i, float logit) {
     if (s->bias)
         logit += s->bias[i];
-    return s->penalize && s->count[i] ? penalized(&s->p, logit, s->count[i]) : logit;
+    if (logit == -INFINITY)
+        return logit;
+    if (s->penalize && s->count[i])
+        logit = penalized(&s->p, logit, s->count[i]);
+    return logit > FLT_MAX ? FLT_MAX : logit < -FLT_MAX ? -FLT_MAX : logit;
 }
 
 /* The argmax of the biased and penalised logits, the lowest id among equals (as torch.argmax). */
@@ -308,33 +335,36 @@ static void select_top(candidate *c, int64_t n, int64_t k) {
 }
 
 /* Fills s->cand[0..n) with the surviving candidates sorted by logit and their probabilities
- * (written over logit as probability); returns n. */
+ * (written over logit as probability); returns n. The candidates are sorted by their unscaled
+ * logits (temperature keeps the order), and scaled in double after the largest is subtracted:
+ * (logit - max) / T is <= 0 and finite for every T the sampler takes, and exp of it in [0, 1]. */
 static int64_t distribution(rlx_sampler *s, const float *logits) {
     int64_t n = s->vocab;
     for (int64_t i = 0; i < n; i++)
-        s->cand[i] = (candidate){logits[i] / s->p.temperature, (int32_t)i};
+        s->cand[i] = (candidate){logits[i], (int32_t)i};
     /* cand[id] is still token id's */
     if (s->penalize)
         for (int64_t i = 0; i < s->n_present; i++) {
             int32_t id = s->present[i];
-            s->cand[id].logit = adjusted(s, id, logits[id]) / s->p.temperature;
+            s->cand[id].logit = adjusted(s, id, logits[id]);
         }
     for (uint32_t i = 0; i < s->p.n_logit_bias; i++) {
         const int32_t id = s->biased[i].token;
-        s->cand[id].logit = adjusted(s, id, logits[id]) / s->p.temperature;
+        s->cand[id].logit = adjusted(s, id, logits[id]);
     }
     if (s->p.top_k > 0 && s->p.top_k < n) {
         select_top(s->cand, n, s->p.top_k);
         n = s->p.top_k;
     }
     qsort(s->cand, (size_t)n, sizeof *s->cand, by_logit_desc);
-    double max = s->cand[0].logit, sum = 0;
+    const double max = s->cand[0].logit, temperature = s->p.temperature;
+    double sum = 0;
     for (int64_t i = 0; i < n; i++)
-        sum += exp((double)s->cand[i].logit - max);
+        sum += exp(((double)s->cand[i].logit - max) / temperature);
     double cum = 0;
     int64_t keep = n;
     for (int64_t i = 0; i < n; i++) {
-        double prob = exp((double)s->cand[i].logit - max) / sum;
+        double prob = exp(((double)s->cand[i].logit - max) / temperature) / sum;
         s->cand[i].logit = (float)prob;
         cum += prob;
         /* top-p keeps the smallest prefix whose mass reaches top_p (at least one token) */
@@ -385,7 +415,8 @@ void rlx_sampler_probs(rlx_sampler *s, const float *logits, float *probs) {
 
 rlx_sampler_params rlx_sampler_params_of(const rlx_sampler *s) { return s->p; }
 
-int rlx_sampler_is_greedy(const rlx_sampler *s) { return s->p.greedy || s->p.temperature == 0; }
+/* below FLT_MIN the distribution is the argmax's (the comment at the top) */
+int rlx_sampler_is_greedy(const rlx_sampler *s) { return s->p.greedy || s->p.temperature < FLT_MIN; }
 
 double rlx_sampler_uniform(rlx_sampler *s) { return next_unit(s->state); }
 
