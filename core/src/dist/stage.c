@@ -53,9 +53,12 @@ typedef struct stage_conn {
     struct stage_conn *pending_prev, *pending_next;
     int pending;            /* in the list (under stage.mu) */
     atomic_int turned_away; /* evicted, or refused at the accept: say busy and close */
-    char busy[320];         /* why, for the peer (set under stage.mu before turned_away) */
-    int authenticated;      /* the peer proved the stage's credentials (so refusals may say more) */
-    int served;             /* past the handshake: counts against max_connections */
+    /* set with turned_away: why, for the peer; `quiet`: close without a word (too many are
+     * being told already); `refused`: turned away at its accept, its Hello perhaps on its way */
+    char busy[320];
+    int quiet, refused;
+    int authenticated; /* the peer proved the stage's credentials (so refusals may say more) */
+    int served;        /* past the handshake: counts against max_connections */
     stage_session *sessions;
     uint32_t n_sessions, cap_sessions;
     uint32_t kv_capacity; /* what this connection's sessions and slots get */
@@ -85,10 +88,11 @@ struct stage {
     uint32_t n_open;       /* connection threads alive */
     uint32_t n_handshakes; /* of them, not yet past the handshake: the pending list */
     uint32_t n_served;     /* of them, past it */
-    uint32_t n_leaving;    /* of them, turned away: answering "busy" before they close */
-    uint32_t n_sessions;   /* over all connections */
-    uint64_t n_positions;  /* KV positions granted over all connections */
-    uint32_t n_drivers;    /* connections that completed a handshake and ended */
+    uint32_t n_leaving;    /* of them, turned away: saying "busy" (n_told of them) before they close */
+    uint32_t n_told;
+    uint32_t n_sessions;  /* over all connections */
+    uint64_t n_positions; /* KV positions granted over all connections */
+    uint32_t n_drivers;   /* connections that completed a handshake and ended */
     uint64_t conn_no;
     stage_conn *pending_first, *pending_last; /* awaiting their handshake, oldest first */
 };
@@ -202,7 +206,10 @@ static void peer_host_of(const char *peer, char *out, size_t size) {
     } else if (inet_pton(AF_INET6, host, &a6) == 1 && !IN6_IS_ADDR_V4MAPPED(&a6)) {
         memset(a6.s6_addr + 8, 0, 8);
         char net[INET6_ADDRSTRLEN];
-        snprintf(out, size, "%s/64", inet_ntop(AF_INET6, &a6, net, sizeof net) ? net : host);
+        if (inet_ntop(AF_INET6, &a6, net, sizeof net))
+            snprintf(out, size, "%s/64", net);
+        else
+            snprintf(out, size, "%s", host);
     } else {
         snprintf(out, size, "%s", host);
     }
@@ -247,7 +254,8 @@ static stage_conn *choose_eviction(stage *st, const char *host, int *fits, uint3
     return NULL;
 }
 
-/* Caller holds st->mu: c (pending, or just accepted) answers "busy" and closes (in its thread). */
+/* Caller holds st->mu: c (pending, or just accepted) says "busy" and closes on its thread; without
+ * a word once RLX_DIST_MAX_HANDSHAKES others are saying it (each may wait on its peer a moment). */
 static void turn_away(stage *st, stage_conn *c, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static void turn_away(stage *st, stage_conn *c, const char *fmt, ...) {
@@ -255,21 +263,27 @@ static void turn_away(stage *st, stage_conn *c, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(c->busy, sizeof c->busy, fmt, ap);
     va_end(ap);
+    c->refused = !c->pending;
     if (c->pending)
         pending_unlink(st, c);
+    c->quiet = st->n_told >= RLX_DIST_MAX_HANDSHAKES;
+    st->n_told += !c->quiet;
     st->n_leaving++;
     atomic_store(&c->turned_away, 1);
 }
 
-/* Tells a connection that was turned away why, then lets it close. A Hello on its way is read
- * first: closing a socket with bytes unread resets it, and the peer might lose the answer. */
+/* Tells a connection that was turned away why, then lets it close. One refused at its accept
+ * may have its Hello on the way: it is read first, as closing a socket with bytes unread resets
+ * it and the peer might lose the answer. */
 static void say_busy(stage_conn *c) {
     stage *st = c->st;
     const uint32_t ms = st->o.timeout_ms < BUSY_ANSWER_MS ? st->o.timeout_ms : BUSY_ANSWER_MS;
-    rlx__log(RLX_LOG_WARN, "driver connection %llu (%s): turned away: %s", (unsigned long long)c->no,
-             *c->peer ? c->peer : "?", c->busy);
+    rlx__log(RLX_LOG_WARN, "driver connection %llu (%s): turned away%s: %s", (unsigned long long)c->no,
+             *c->peer ? c->peer : "?", c->quiet ? " without a word" : "", c->busy);
+    if (c->quiet)
+        return;
     Rlx__Envelope *e = NULL;
-    if (rlx__net_recv(&st->net, c->conn, &e, (int)ms, NULL) == RLX_OK)
+    if (c->refused && rlx__net_recv(&st->net, c->conn, &e, (int)ms, NULL) == RLX_OK)
         rlx__envelope_free(e);
     rlx__net_send_error(&st->net, c->conn, 0, RLX_E_BUSY, c->busy, (int)ms);
 }
@@ -847,6 +861,7 @@ static void *connection_thread(void *arg) {
         pending_unlink(st, c);
     } else {
         st->n_leaving--;
+        st->n_told -= !c->quiet;
     }
     st->n_open--;
     pthread_cond_broadcast(&st->changed);
@@ -859,8 +874,9 @@ static void *connection_thread(void *arg) {
 /* Hands an accepted connection to a thread of its own. When its host holds its share of the
  * places for connections awaiting their handshake, or every place is taken, an older pending
  * connection is evicted to make room (choose_eviction); when none may be, the new one is told
- * that the stage is busy. Those turned away answer on their own threads, at most
- * RLX_DIST_MAX_HANDSHAKES at once; beyond that a new connection is closed without a word. */
+ * that the stage is busy. Those turned away leave on their own threads (turn_away); the threads
+ * are bounded: beyond max_connections + 3 * RLX_DIST_MAX_HANDSHAKES (served, pending, saying
+ * busy, and leaving without a word, which takes at most poll_ms) a new one is closed at once. */
 static void start_connection(stage *st, void *conn) {
     stage_conn *c = rlx__calloc(1, sizeof *c);
     if (!c) {
@@ -878,8 +894,8 @@ static void start_connection(stage *st, void *conn) {
     int fits = 0, admitted = 0;
     uint32_t from_host = 0;
     const uint32_t n_pending = st->n_handshakes;
-    stage_conn *out =
-        st->n_leaving < RLX_DIST_MAX_HANDSHAKES ? choose_eviction(st, c->peer_host, &fits, &from_host) : NULL;
+    const int room = st->n_open < st->o.max_connections + 3u * RLX_DIST_MAX_HANDSHAKES;
+    stage_conn *out = room ? choose_eviction(st, c->peer_host, &fits, &from_host) : NULL;
     if (out && from_host)
         turn_away(st, out,
                   "the stage is busy: %u connections from this host are awaiting their handshake (at most %d), and "
@@ -893,7 +909,7 @@ static void start_connection(stage *st, void *conn) {
     if (out || fits) {
         pending_link(st, c);
         admitted = 1;
-    } else if (st->n_leaving < RLX_DIST_MAX_HANDSHAKES) {
+    } else if (room && st->n_told < RLX_DIST_MAX_HANDSHAKES) {
         turn_away(st, c,
                   "the stage is busy: %u connections are awaiting their handshake (at most %d), each from another "
                   "host and none waiting long enough to be dropped; try again in a few seconds",
@@ -919,13 +935,13 @@ static void start_connection(stage *st, void *conn) {
         if (c->pending)
             pending_unlink(st, c);
         else
-            st->n_leaving--;
+            st->n_leaving--, st->n_told -= !c->quiet;
         st->n_open--;
         pthread_mutex_unlock(&st->mu);
     }
     rlx__log(RLX_LOG_WARN, "connection %llu from %s closed at once: %s", (unsigned long long)c->no,
              *c->peer ? c->peer : "?",
-             admitted ? "no thread for it" : "too many connections are awaiting their handshake or being turned away");
+             admitted ? "no thread for it" : "too many connections are open, awaiting their handshake or leaving");
     st->net.t->conn_close(st->net.self, conn);
     free(c);
 }
