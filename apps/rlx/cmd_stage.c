@@ -42,8 +42,36 @@ static void print_log(void *ctx, int level, const char *message) {
         fprintf(stderr, "rlx stage %s: %s\n", l->label, message);
 }
 
+/* What the start line says, and where the log's label is relabelled with the bound address. */
+typedef struct stage_start {
+    stage_log *log;
+    int *ready_fd;
+    uint32_t index, standby;
+    int has_index, has_standby;
+    const char *transport;
+    rlx_layer_range layers;
+    const rlx_dist_security *security;
+} stage_start;
+
+static void label_stage(stage_log *log, const stage_start *s, const char *address) {
+    if (s->has_standby)
+        snprintf(log->label, sizeof log->label, "%u standby %u (%s)", s->index, s->standby, address);
+    else if (s->has_index)
+        snprintf(log->label, sizeof log->label, "%u (%s)", s->index, address);
+    else
+        snprintf(log->label, sizeof log->label, "%s", address);
+}
+
+/* Once listening (no connection thread logs yet): one line on stderr with the address the kernel
+ * bound (port 0 asked: the port it chose) and who may connect, unless a launcher reads the address
+ * from --ready-fd (its driver prints the stages it reached); then the --ready-fd line. */
 static void report_ready(void *ctx, const char *address) {
-    int fd = *(int *)ctx;
+    const stage_start *s = ctx;
+    label_stage(s->log, s, address);
+    int fd = *s->ready_fd;
+    if (fd < 0 || s->log->verbose)
+        fprintf(stderr, "rlx stage %s: listening (%s, layers %u-%u); %s\n", s->log->label, s->transport,
+                s->layers.start, s->layers.end - 1, rlx_dist_security_mode(s->security, address, s->transport));
     if (fd < 0)
         return;
     char line[300];
@@ -51,7 +79,7 @@ static void report_ready(void *ctx, const char *address) {
     if (len > 0 && len < (int)sizeof line && write(fd, line, (size_t)len) != len)
         fprintf(stderr, "rlx stage: cannot report readiness on descriptor %d: %s\n", fd, strerror(errno));
     close(fd);
-    *(int *)ctx = -1;
+    *s->ready_fd = -1;
 }
 
 typedef struct stage_args {
@@ -90,7 +118,9 @@ static int parse_args(stage_args *a, app_options *o, int argc, char **argv) {
          APP_OPT_U32, &a->timeout_ms, .min = 1},
         {0, "no-prefetch", NULL, NULL, "do not read the stage's weights in before listening", APP_OPT_FLAG,
          &a->no_prefetch},
-        {0, "ready-fd", NULL, "N", "write the bound address and a newline to descriptor N once listening",
+        {0, "ready-fd", NULL, "N",
+         "write the bound address and a newline to descriptor N once listening\n"
+         "(a launcher's way; the start line on stderr is then left out unless -v)",
          APP_OPT_CUSTOM, &a->ready_fd, .parse = parse_ready_fd},
         {0, "once", NULL, NULL, "exit after serving one driver (what a stage mpirun or srun started does)",
          APP_OPT_FLAG, &a->once},
@@ -248,12 +278,14 @@ int cmd_stage(int argc, char **argv, app_options *o) {
         status = app_fail_rlx("stage: --listen");
         goto done;
     }
-    if (a.has_standby)
-        snprintf(log.label, sizeof log.label, "%u standby %u (%s)", a.index, a.standby, listen);
-    else if (a.config)
-        snprintf(log.label, sizeof log.label, "%u (%s)", a.index, listen);
-    else
-        snprintf(log.label, sizeof log.label, "%s", listen);
+    stage_start start = {.log = &log,
+                         .ready_fd = &a.ready_fd,
+                         .index = a.index,
+                         .standby = a.standby,
+                         .has_index = a.config != NULL,
+                         .has_standby = a.has_standby,
+                         .security = &a.security};
+    label_stage(&log, &start, listen);
     rlx_log_set_handler(print_log, &log); /* with -v, the runtime's line per backend it opens */
     rlx_runtime_options ro = rlx_runtime_options_default();
     const rlx_runtime_backend backend = {.name = backend_name ? backend_name : "cpu-blas", .options = backend_opts};
@@ -329,8 +361,10 @@ int cmd_stage(int argc, char **argv, app_options *o) {
     so.prefetch = !a.no_prefetch;
     so.timeout_ms = a.timeout_ms;
     so.stop = &stop_requested;
+    start.transport = transport ? transport : "tcp";
+    start.layers = range;
     so.on_listening = report_ready;
-    so.ctx = &a.ready_fd;
+    so.ctx = &start;
     so.max_drivers = a.once ? 1 : 0;
     so.idle_timeout_ms = a.idle_timeout_ms;
     so.max_connections = a.max_connections;

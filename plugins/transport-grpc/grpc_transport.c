@@ -1691,6 +1691,16 @@ static int grpct_set_max_message(void *self, void *conn, uint64_t max_message) {
     return RLX_OK;
 }
 
+static int grpct_peer_address(void *self, void *conn, char *buf, size_t size) {
+    grpct *t = self;
+    grpct_conn *c = conn;
+    if (!t || !c || !buf || !size)
+        return t ? t->host->error(RLX_E_INVALID, "grpc: peer_address: NULL argument") : RLX_E_INVALID;
+    if ((size_t)snprintf(buf, size, "%s", c->peer) >= size)
+        return t->host->error(RLX_E_RANGE, "grpc: peer address %s does not fit in %zu bytes", c->peer, size);
+    return RLX_OK;
+}
+
 static void grpct_conn_close(void *self, void *conn) {
     grpct *t = self;
     grpct_conn *c = conn;
@@ -1796,6 +1806,7 @@ static const rlx_transport_iface grpct_iface = {
     .recv = grpct_api_recv,
     .conn_close = grpct_api_conn_close,
     .set_max_message = grpct_set_max_message,
+    .peer_address = grpct_peer_address,
 };
 
 static const rlx_plugin grpct_plugin = {

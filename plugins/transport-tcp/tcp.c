@@ -1192,6 +1192,13 @@ static int tcp_recv_broken(tcp *s, tcp_conn *c, int rc, const char *fmt, ...) {
 }
 
 static int tcp_recv_eof(tcp *s, tcp_conn *c) {
+    /* A TLS endpoint answers a plaintext frame with an alert record (type 21, version 3.x) and
+     * hangs up: say so, rather than a torn frame. */
+    if (!c->ssl && c->hdr_got >= 2 && c->hdr_got < TCP_HEADER_SIZE && c->hdr[0] == 0x15 && c->hdr[1] == 0x03)
+        return tcp_recv_broken(s, c, RLX_E_AUTH,
+                               "peer %s speaks TLS (it answered with a TLS alert and hung up) but this endpoint has no "
+                               "TLS configured (options tls_ca, tls_cert, tls_key)",
+                               c->peer);
     if (c->hdr_got == 0)
         return s->host->error(RLX_E_PEER, "tcp: peer %s closed the connection", c->peer);
     if (c->hdr_got < TCP_HEADER_SIZE)
@@ -1405,6 +1412,16 @@ static int tcp_set_max_message(void *self, void *conn, uint64_t max_message) {
     return RLX_OK;
 }
 
+static int tcp_peer_address(void *self, void *conn, char *buf, size_t size) {
+    tcp *s = self;
+    tcp_conn *c = conn;
+    if (!s || !c || !buf || !size)
+        return s ? s->host->error(RLX_E_INVALID, "tcp: peer_address: NULL argument") : RLX_E_INVALID;
+    if ((size_t)snprintf(buf, size, "%s", c->peer) >= size)
+        return s->host->error(RLX_E_RANGE, "tcp: peer address %s does not fit in %zu bytes", c->peer, size);
+    return RLX_OK;
+}
+
 // ---- plugin ----
 
 static const rlx_transport_iface tcp_iface = {
@@ -1420,6 +1437,7 @@ static const rlx_transport_iface tcp_iface = {
     .recv = tcp_recv,
     .conn_close = tcp_conn_close,
     .set_max_message = tcp_set_max_message,
+    .peer_address = tcp_peer_address,
 };
 
 static const rlx_plugin tcp_plugin = {

@@ -3,8 +3,9 @@
 llama.cpp's spellings (-m, -p, -f, -n, -t, -c, -s, --ctx-size, --temp 0), --version on every
 command, --help generated from the same table that parses (every option it lists is accepted),
 random seeds by default and fixed by --seed, -ctk/-ctv f16 caches, one clear line for bad or
-pointless options, `rlx stage --standby` listening on the deployment file's standby address, and
-the pipeline credentials and stage limits: listed, checked, and inherited by launched stages.
+pointless options, `rlx stage --standby` listening on the deployment file's standby address, the
+pipeline credentials and stage limits: listed, checked, and inherited by launched stages, and the
+line a stage started by hand prints once listening (the bound port, who may connect).
 
   check_options.py --rlx BIN --conformance BIN --workdir DIR
 """
@@ -17,6 +18,7 @@ import select
 import socket
 import subprocess
 import sys
+import time
 
 COMMANDS = ["generate", "chat", "tokenize", "detokenize", "logits", "bench", "perplexity", "graph", "plugins",
             "stage", "quantize"]
@@ -244,6 +246,52 @@ def check_stage_standby(rlx, work):
            f"the standby's log does not name it and stage 0's layers: {log!r}")
 
 
+def stage_start_line(argv, work, name):
+    """Starts a stage by hand (no --ready-fd) and returns (process, its log file, the line it prints
+    once listening, "" when none came within 60 s)."""
+    errf = open(os.path.join(work, f"{name}.log"), "w+")
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=errf)
+    line = ""
+    for _ in range(600):  # 60 s
+        errf.seek(0)
+        line = next((l for l in errf.read().splitlines() if ": listening (" in l), "")
+        if line or p.poll() is not None:
+            break
+        time.sleep(0.1)
+    return p, errf, line
+
+
+def check_stage_start_line(rlx, work):
+    """A stage started by hand says once, on stderr, where it listens (the port the kernel chose
+    for port 0) and who may connect; with -v its log lines carry that address, not the one asked."""
+    token = os.path.join(work, "start.token")
+    with open(os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(os.urandom(16).hex() + "\n")
+    base = [rlx, "stage", "--listen", "127.0.0.1:0", "--layers", "0-3", "--threads", "1", "--no-prefetch"]
+    for extra, mode in (([], "no credentials: drivers on this machine only (loopback)"),
+                        (["--auth-token-file", token, "-v"], "drivers must authenticate: the auth token")):
+        p, errf, line = stage_start_line(base + extra, work, "start-" + str(len(extra)))
+        try:
+            m = re.fullmatch(r"rlx stage 127\.0\.0\.1:(\d+): listening \(tcp, layers 0-3\); (.*)", line)
+            expect(m and m.group(1) != "0" and m.group(2) == mode,
+                   f"rlx stage {' '.join(extra)}: start line {line!r}, want the bound port and {mode!r}")
+            if m and "-v" in extra:  # a connection, logged under the bound address
+                socket.create_connection(("127.0.0.1", int(m.group(1))), timeout=10).close()
+                want = f"rlx stage 127.0.0.1:{m.group(1)}: driver connection 1 accepted"
+                for _ in range(300):
+                    errf.seek(0)
+                    log = errf.read()
+                    if want in log:
+                        break
+                    time.sleep(0.1)
+                expect(want in log and "127.0.0.1:0:" not in log.split(line)[-1],
+                       f"rlx stage -v: the log after the start line does not use the bound address: {log!r}")
+        finally:
+            p.terminate()
+            p.wait(30)
+            errf.close()
+
+
 SECURITY_FLAGS = ["--auth-token-file", "--tls-ca", "--tls-cert", "--tls-key"]
 CHAT = ["-n", "6", "--greedy", "--threads", "1", "--backend-opts", "batch_invariant=1"]
 
@@ -382,6 +430,7 @@ def main():
     check_errors(args.rlx)
     check_stage_standby(args.rlx, args.workdir)
     check_stage_security(args.rlx, args.workdir)
+    check_stage_start_line(args.rlx, args.workdir)
     for f in failures:
         print("FAIL:", f)
     print(f"options: {'FAIL' if failures else 'PASS'} ({len(failures)} failures)")

@@ -18,6 +18,10 @@ CASE is one of
             that idles between calls is kept by its pings; limits on connections and sessions hold
             over all connections; thousands of abusive connections leave the stage's memory flat;
             (tcp) a frame header announcing 3 GiB costs no memory
+  lockout-T 100 connections from the driver's host that never finish their handshake leave a
+            driver (with a token) its place, and some are told the stage is busy; 64 hosts each
+            holding a recent place make the driver's error say the stage is busy (not TLS), and it
+            is served once they leave
 for T = tcp or grpc (77, skipped, when that transport's plugin is not built)."""
 import argparse
 import os
@@ -200,22 +204,29 @@ def hpack_literal(index, value):
     return bytes([index]) + bytes([len(value)]) + value
 
 
-def grpc_claim(addr, length):
-    """Over plaintext HTTP/2 (by hand: a client library would not lie), opens the rlx stream and
-    sends a gRPC message prefix announcing `length` bytes followed by 60 kB of them (within the
-    stream's initial flow-control window), then waits for the server to end the stream or the
-    connection; returns what it sent back."""
-    def frame(kind, flags, stream, payload):
-        return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+def frame(kind, flags, stream, payload):
+    """An HTTP/2 frame."""
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
 
+
+def link_opening(addr):
+    """A plaintext HTTP/2 client's preface, its settings and the headers opening the rlx stream
+    (stream 1), as a gRPC client sends them."""
     host, port = addr
     headers = (b"\x83\x86"  # :method POST, :scheme http
                + hpack_literal(4, b"/rlx.Pipeline/Link") + hpack_literal(1, f"{host}:{port}".encode())
                + b"\x0f\x10" + bytes([16]) + b"application/grpc"  # content-type (static index 31)
                + b"\x00\x02te\x08trailers")
+    return b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"") + frame(1, 4, 1, headers)
+
+
+def grpc_claim(addr, length):
+    """Over plaintext HTTP/2 (by hand: a client library would not lie), opens the rlx stream and
+    sends a gRPC message prefix announcing `length` bytes followed by 60 kB of them (within the
+    stream's initial flow-control window), then waits for the server to end the stream or the
+    connection; returns what it sent back."""
     sock = socket.create_connection(addr)
-    sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"") + frame(1, 4, 1, headers)
-                 + frame(0, 0, 1, b"\0" + struct.pack(">I", length) + b"\0" * 60000))
+    sock.sendall(link_opening(addr) + frame(0, 0, 1, b"\0" + struct.pack(">I", length) + b"\0" * 60000))
     sock.settimeout(15)
     answer, buf, ended = b"", b"", False
     try:  # frames until the server ends stream 1 (trailers, a reset) or the connection (GOAWAY)
@@ -367,6 +378,111 @@ def case_abuse(env, transport):
     env.stop(s1)
 
 
+# ---- connections that never finish their handshake ----
+
+def idle_connection(addr, transport, source):
+    """A connection from host `source` (any 127.0.0.0/8 address is this machine) that never says a
+    word. On grpc a socket that does not speak HTTP/2 never reaches the stage, so the connection
+    opens the rlx stream by hand (a gRPC call), acknowledges the server's settings, and is silent."""
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.settimeout(30)
+    sock.connect(addr)
+    if transport == "grpc":
+        sock.sendall(link_opening(addr))
+        buf = b""
+        while True:  # the server's SETTINGS frame (type 4, not an ACK)
+            while len(buf) < 9 or len(buf) < 9 + int.from_bytes(buf[:3], "big"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise Fail("a gRPC stage closed an HTTP/2 connection before its settings")
+                buf += chunk
+            n, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
+            buf = buf[9 + n:]
+            if kind == 4 and not flags & 1:
+                sock.sendall(frame(4, 1, 0, b""))
+                break
+    return sock
+
+
+def told_busy(socks):
+    """How many of the idle connections the stage told that it is busy, within 20 s (a connection
+    turned away is given a second to speak first)."""
+    got = [b""] * len(socks)
+    for sock in socks:
+        sock.setblocking(False)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for k, sock in enumerate(socks):
+            try:
+                while chunk := sock.recv(65536):
+                    got[k] += chunk
+            except OSError:
+                pass
+        told = sum(b"the stage is busy" in g for g in got)
+        if told:
+            return told
+        time.sleep(0.2)
+    return 0
+
+
+def wait_log_count(env, p, needles, n, what):
+    """Waits (30 s at most) until the stage's log holds n lines with one of the needles."""
+    deadline = time.monotonic() + 30
+    while sum(env.stage_log(p).count(k) for k in needles) < n:
+        if time.monotonic() > deadline:
+            raise Fail(f"{what}: the stage's log shows fewer than {n} of {needles}:\n{env.stage_log(p)[-3000:]}")
+        time.sleep(0.1)
+
+
+def case_lockout(env, transport):
+    """Connections that connect and never finish their handshake cannot lock a real driver out: 100
+    from the driver's own host leave it its place (the oldest of them makes room, told that the
+    stage is busy); when 64 hosts each hold one place that is too recent to take (the stage's
+    handshake timeout is 60 s here), a driver is refused with the stage's real reason, not with a
+    guess about TLS, and is served once they leave."""
+    env.need_transport(transport)
+    model = env.model(MODEL)
+    ref = env.generate(["--model", model])
+    token = write_token(env, "pipeline.token")
+    s0, a0 = env.stage(model, "0-4", transport, extra=["--timeout", "60000", "--auth-token-file", token])
+    cfg = env.config("lockout.yaml", model, transport, [(a0, "0-4", None)], extra=f"auth: {{token_file: {token}}}\n")
+    n = 100
+    idle = [idle_connection(host_port(a0), transport, "127.0.0.1") for _ in range(n)]
+    wait_log_count(env, s0, [" accepted", " closed at once"], n, f"{n} idle connections")
+    t0 = time.monotonic()
+    if gen(env, cfg) != ref:
+        raise Fail(f"beside {n} idle connections from its host: ids differ from the single process's")
+    took = time.monotonic() - t0
+    if took > 30:  # the idle connections would have timed out only after 60 s
+        raise Fail(f"beside {n} idle connections a driver took {took:.1f} s")
+    log(f"ok: {n} idle connections from the driver's host ({transport}), stage with a token: the driver was served "
+        f"in {took:.1f} s")
+    told = told_busy(idle)
+    if not told:
+        raise Fail(f"none of the {n} idle connections evicted or turned away was told that the stage is busy")
+    log(f"ok: {told} of them were told that the stage is busy")
+    for sock in idle:
+        sock.close()
+    env.stop(s0)
+
+    s1, a1 = env.stage(model, "0-4", transport, extra=["--timeout", "60000"])
+    cfg = env.config("full.yaml", model, transport, [(a1, "0-4", None)])
+    hosts = [f"127.0.0.{k}" for k in range(2, 66)]
+    idle = [idle_connection(host_port(a1), transport, h) for h in hosts]
+    wait_log_count(env, s1, [" accepted"], len(hosts), f"{len(hosts)} idle connections from as many hosts")
+    p = expect_failure(env, "a driver at a stage whose 64 places are taken by 64 hosts", generate_cmd(env, cfg),
+                       [f"stage 0 ({a1})", "the stage is busy", "awaiting their handshake"], 30, one_line=True)
+    if "TLS" in p.stderr:
+        raise Fail(f"a stage refusing for being busy: the driver still speaks of TLS:\n{p.stderr}")
+    for sock in idle:
+        sock.close()
+    if gen(env, cfg) != ref:
+        raise Fail("once the idle connections left: ids differ from the single process's")
+    log("ok: once they left, the driver was served")
+    env.stop(s1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("case")
@@ -381,6 +497,7 @@ def main():
         cases[f"auth-{t}"] = lambda env, t=t: case_auth(env, t)
         cases[f"tls-{t}"] = lambda env, t=t: case_tls(env, t, args.certs)
         cases[f"abuse-{t}"] = lambda env, t=t: case_abuse(env, t)
+        cases[f"lockout-{t}"] = lambda env, t=t: case_lockout(env, t)
     if args.case not in cases:
         ap.error(f"unknown case {args.case} (one of {', '.join(sorted(cases))})")
     env = Env(args)

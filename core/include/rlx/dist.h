@@ -88,9 +88,15 @@ extern "C" {
 #define RLX_DIST_IDLE_TIMEOUT_MS 120000
 #define RLX_DIST_MAX_CONNECTIONS 16 /* driver connections a stage serves at once */
 #define RLX_DIST_MAX_SESSIONS 64    /* sessions a stage holds at once, all connections together */
-/* Connections a stage holds before their handshake (and authentication) completed; more are
- * closed at once. Each costs a thread and a few kB, never a session or KV cache. */
+/* Connections a stage holds before their handshake (and authentication) completed, in all and
+ * from one host (an IPv6 host: its /64 network). Each costs a thread and a few kB, never a
+ * session or KV cache. A new connection beyond either limit evicts an older pending one, as
+ * sshd's MaxStartups drops: its host's oldest, else the oldest of the host holding the most,
+ * else (every host holding one) the oldest once it has waited half the handshake timeout.
+ * When none may go, the new connection is told the stage is busy (RLX_E_BUSY), as is each
+ * evicted one, so a driver names the cause. */
 #define RLX_DIST_MAX_HANDSHAKES 64
+#define RLX_DIST_MAX_HANDSHAKES_PER_HOST 16
 /* A shared secret shorter than this is refused (a token is a password no person types). */
 #define RLX_DIST_MIN_TOKEN_BYTES 16
 
@@ -118,6 +124,14 @@ typedef struct rlx_dist_security {
     const char *auth_token_file; /* the shared token's file; NULL = none */
     int insecure_listen;         /* stage: listen beyond loopback with no credentials at all */
 } rlx_dist_security;
+
+/* How a stage with credentials s, listening on address over transport (its plugin's name), admits
+ * drivers, in the words of its start line: "drivers must authenticate: the auth token" (or TLS
+ * with a certificate of the CA, or both), "no credentials: drivers on this machine only (loopback)", "no credentials: the
+ * ranks of this MPI job only", or for a stage beyond loopback without credentials (which only
+ * insecure_listen allows) "no credentials (--insecure-listen): anyone who reaches the port ...".
+ * A static string. */
+RLX_API const char *rlx_dist_security_mode(const rlx_dist_security *s, const char *address, const char *transport);
 
 /* ---- model identity ---- */
 

@@ -84,6 +84,11 @@ typedef struct rlx_transport_iface {
      * read where the framing allows. A stage lowers it before a peer has authenticated and
      * raises it to what its model can legitimately send afterwards. */
     int (*set_max_message)(void *self, void *conn, uint64_t max_message);
+    /* Version 1.2 (optional, as 1.1) */
+    /* Writes the address of conn's peer as "host:port" (an IPv6 host in brackets) to buf. A stage
+     * counts the connections of one peer host still in their handshake, so that one host cannot
+     * take every place a driver needs. */
+    int (*peer_address)(void *self, void *conn, char *buf, size_t size);
 } rlx_transport_iface;
 
 /* ---- helpers for transport authors (static inline: nothing to link) ---- */

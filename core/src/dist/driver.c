@@ -307,11 +307,10 @@ static rlx_status hello(rlx_driver *d, uint32_t i) {
         rc = send_to(d, i, &e);
     if (rc == RLX_OK)
         rc = recv_from(d, i, d->timeout_ms, "the handshake", &r);
-    if (rc == RLX_E_PEER && !d->auth.tls && !s->answered) /* a TLS stage hangs up on plaintext */
-        return rlx_error(rc,
-                         "%s (a stage that requires TLS closes the connection of a driver without it: "
-                         "--tls-ca, --tls-cert, --tls-key, or tls: in the deployment file)",
-                         rlx_last_error());
+    /* A stage that refuses says why (busy, a wrong token, a mismatch), and a TLS stage's alert
+     * is named by the transport: a hang-up without a word has no cause to guess. */
+    if (rc == RLX_E_PEER && !s->answered)
+        return rlx_error(rc, "%s (before answering the handshake; the stage's log says why)", rlx_last_error());
     if (rc == RLX_OK && d->auth.token)
         rc = prove(d, i, nonce, &r);
     if (rc != RLX_OK)

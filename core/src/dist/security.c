@@ -184,3 +184,18 @@ int rlx__address_is_loopback(const char *address) {
         return (ntohl(v4.s_addr) >> 24) == 127;
     return inet_pton(AF_INET6, host, &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
+
+const char *rlx_dist_security_mode(const rlx_dist_security *s, const char *address, const char *transport) {
+    const int tls = s && s->tls_ca, token = s && s->auth_token_file;
+    if (tls && token)
+        return "drivers must authenticate: TLS with a certificate of the CA and the auth token";
+    if (tls)
+        return "drivers must authenticate: TLS with a certificate of the CA";
+    if (token)
+        return "drivers must authenticate: the auth token";
+    if (transport && !strcmp(transport, "mpi"))
+        return "no credentials: the ranks of this MPI job only";
+    if (address && rlx__address_is_loopback(address))
+        return "no credentials: drivers on this machine only (loopback)";
+    return "no credentials (--insecure-listen): anyone who reaches the port can use this stage";
+}

@@ -3,6 +3,7 @@
  * and Ping for its connection until it closes, stays silent past the idle timeout, or a stop is
  * asked for. The forwards of all connections take turns on one lock; limits on connections,
  * sessions and KV positions hold over all of them. Every wait polls the stop flag every poll_ms. */
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -28,6 +29,9 @@
 #define ROW_OVERHEAD 16u
 /* No transport carries more in one message (gRPC counts lengths in an int). */
 #define TRANSPORT_MAX_MESSAGE ((1ull << 31) - 1)
+/* A connection turned away for being busy gets this long (or the handshake timeout, if shorter)
+ * to finish sending its Hello and to read why; so a turned-away peer holds its thread briefly. */
+#define BUSY_ANSWER_MS 1000u
 
 typedef struct stage_session {
     uint64_t id;
@@ -37,11 +41,22 @@ typedef struct stage_session {
 
 typedef struct stage stage;
 
-/* One driver connection, owned by its thread. */
+/* One driver connection, owned by its thread. While it awaits its handshake it is also in the
+ * stage's list of pending connections (under stage.mu), where a newer connection may evict it. */
 typedef struct stage_conn {
     stage *st;
     void *conn;
     uint64_t no;
+    char peer[128];      /* "host:port", or "" when the transport cannot say */
+    char peer_host[128]; /* what counts as one peer: the host (an IPv6 host's /64 network) */
+    double accepted_at;  /* rlx__now_seconds() at the accept */
+    struct stage_conn *pending_prev, *pending_next;
+    int pending;            /* in the list (under stage.mu) */
+    atomic_int turned_away; /* evicted, or refused at the accept: say busy and close */
+    /* set with turned_away: why, for the peer; `quiet`: close without a word (too many are
+     * being told already); `refused`: turned away at its accept, its Hello perhaps on its way */
+    char busy[320];
+    int quiet, refused;
     int authenticated; /* the peer proved the stage's credentials (so refusals may say more) */
     int served;        /* past the handshake: counts against max_connections */
     stage_session *sessions;
@@ -71,12 +86,15 @@ struct stage {
     pthread_mutex_t mu;
     pthread_cond_t changed;
     uint32_t n_open;       /* connection threads alive */
-    uint32_t n_handshakes; /* of them, not yet past the handshake */
+    uint32_t n_handshakes; /* of them, not yet past the handshake: the pending list */
     uint32_t n_served;     /* of them, past it */
-    uint32_t n_sessions;   /* over all connections */
-    uint64_t n_positions;  /* KV positions granted over all connections */
-    uint32_t n_drivers;    /* connections that completed a handshake and ended */
+    uint32_t n_leaving;    /* of them, turned away: saying "busy" (n_told of them) before they close */
+    uint32_t n_told;
+    uint32_t n_sessions;  /* over all connections */
+    uint64_t n_positions; /* KV positions granted over all connections */
+    uint32_t n_drivers;   /* connections that completed a handshake and ended */
     uint64_t conn_no;
+    stage_conn *pending_first, *pending_last; /* awaiting their handshake, oldest first */
 };
 
 rlx_stage_options rlx_stage_options_default(void) {
@@ -148,6 +166,128 @@ static stage_session *session_find(stage_conn *c, uint64_t id) {
     return NULL;
 }
 
+// ---- connections awaiting their handshake ----
+
+/* Caller holds st->mu. */
+static void pending_link(stage *st, stage_conn *c) {
+    c->pending_prev = st->pending_last;
+    c->pending_next = NULL;
+    if (st->pending_last)
+        st->pending_last->pending_next = c;
+    else
+        st->pending_first = c;
+    st->pending_last = c;
+    c->pending = 1;
+    st->n_handshakes++;
+}
+
+/* Caller holds st->mu. */
+static void pending_unlink(stage *st, stage_conn *c) {
+    if (c->pending_prev)
+        c->pending_prev->pending_next = c->pending_next;
+    else
+        st->pending_first = c->pending_next;
+    if (c->pending_next)
+        c->pending_next->pending_prev = c->pending_prev;
+    else
+        st->pending_last = c->pending_prev;
+    c->pending_prev = c->pending_next = NULL;
+    c->pending = 0;
+    st->n_handshakes--;
+}
+
+/* What counts as one peer: its host, or for IPv6 its /64 network (one machine's usual share). */
+static void peer_host_of(const char *peer, char *out, size_t size) {
+    char host[128], err[8];
+    unsigned port;
+    struct in6_addr a6;
+    if (rlx_iface_split_address(peer, host, sizeof host, &port, err, sizeof err) != RLX_OK) {
+        snprintf(out, size, "%s", peer);
+    } else if (inet_pton(AF_INET6, host, &a6) == 1 && !IN6_IS_ADDR_V4MAPPED(&a6)) {
+        memset(a6.s6_addr + 8, 0, 8);
+        char net[INET6_ADDRSTRLEN];
+        if (inet_ntop(AF_INET6, &a6, net, sizeof net))
+            snprintf(out, size, "%s/64", net);
+        else
+            snprintf(out, size, "%s", host);
+    } else {
+        snprintf(out, size, "%s", host);
+    }
+}
+
+/* Caller holds st->mu. The pending connection to evict so that a new one from `host` gets its
+ * place, or NULL with *fits set when there is room, or NULL alone when no one may be evicted.
+ * The new connection's own host gives up its oldest when it holds its share; when the table is
+ * full, the host holding the most places gives up its oldest; and when every host holds one, the
+ * oldest connection goes once it has waited half the handshake timeout (one that came just now
+ * may be a driver in the middle of its handshake). */
+static stage_conn *choose_eviction(stage *st, const char *host, int *fits, uint32_t *from_host) {
+    uint32_t same = 0, most = 0;
+    stage_conn *oldest_same = NULL, *oldest_of_most = NULL;
+    for (stage_conn *p = st->pending_first; p; p = p->pending_next) {
+        if (!strcmp(p->peer_host, host) && !same++)
+            oldest_same = p;
+        uint32_t n = 0;
+        stage_conn *oldest = NULL;
+        for (stage_conn *q = st->pending_first; q; q = q->pending_next)
+            if (!strcmp(q->peer_host, p->peer_host) && !n++)
+                oldest = q;
+        if (oldest == p && n > most) {
+            most = n;
+            oldest_of_most = p;
+        }
+    }
+    *fits = 0;
+    *from_host = same;
+    if (same >= RLX_DIST_MAX_HANDSHAKES_PER_HOST)
+        return oldest_same;
+    if (st->n_handshakes < RLX_DIST_MAX_HANDSHAKES) {
+        *fits = 1;
+        return NULL;
+    }
+    *from_host = 0;
+    if (most >= 2)
+        return oldest_of_most;
+    stage_conn *first = st->pending_first;
+    if (first && (rlx__now_seconds() - first->accepted_at) * 1000.0 >= st->o.timeout_ms / 2.0)
+        return first;
+    return NULL;
+}
+
+/* Caller holds st->mu: c (pending, or just accepted) says "busy" and closes on its thread; without
+ * a word once RLX_DIST_MAX_HANDSHAKES others are saying it (each may wait on its peer a moment). */
+static void turn_away(stage *st, stage_conn *c, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void turn_away(stage *st, stage_conn *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->busy, sizeof c->busy, fmt, ap);
+    va_end(ap);
+    c->refused = !c->pending;
+    if (c->pending)
+        pending_unlink(st, c);
+    c->quiet = st->n_told >= RLX_DIST_MAX_HANDSHAKES;
+    st->n_told += !c->quiet;
+    st->n_leaving++;
+    atomic_store(&c->turned_away, 1);
+}
+
+/* Tells a connection that was turned away why, then lets it close. One refused at its accept
+ * may have its Hello on the way: it is read first, as closing a socket with bytes unread resets
+ * it and the peer might lose the answer. */
+static void say_busy(stage_conn *c) {
+    stage *st = c->st;
+    const uint32_t ms = st->o.timeout_ms < BUSY_ANSWER_MS ? st->o.timeout_ms : BUSY_ANSWER_MS;
+    rlx__log(RLX_LOG_WARN, "driver connection %llu (%s): turned away%s: %s", (unsigned long long)c->no,
+             *c->peer ? c->peer : "?", c->quiet ? " without a word" : "", c->busy);
+    if (c->quiet)
+        return;
+    Rlx__Envelope *e = NULL;
+    if (c->refused && rlx__net_recv(&st->net, c->conn, &e, (int)ms, NULL) == RLX_OK)
+        rlx__envelope_free(e);
+    rlx__net_send_error(&st->net, c->conn, 0, RLX_E_BUSY, c->busy, (int)ms);
+}
+
 /* Answers a request with an Error (and logs it); the connection stays up. Returns the send's status. */
 static rlx_status refuse(stage_conn *c, uint64_t session, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -183,6 +323,8 @@ static rlx_status recv_within(stage_conn *c, uint32_t limit_ms, Rlx__Envelope **
     for (;;) {
         if (stopping(st))
             return RLX_E_TIMEOUT;
+        if (atomic_load(&c->turned_away))
+            return rlx_error(RLX_E_BUSY, "%s", c->busy);
         const double left_ms = (deadline - rlx__now_seconds()) * 1000.0;
         if (left_ms <= 0)
             return rlx_error(RLX_E_TIMEOUT, "no message within %u ms", limit_ms);
@@ -308,12 +450,15 @@ static int handshake(stage_conn *c, const Rlx__Envelope *e) {
     }
     pthread_mutex_lock(&st->mu);
     const uint32_t n_served = st->n_served;
-    if (n_served < st->o.max_connections) {
+    const int evicted = atomic_load(&c->turned_away);
+    if (!evicted && n_served < st->o.max_connections) {
+        pending_unlink(st, c);
         st->n_served++;
-        st->n_handshakes--;
         c->served = 1;
     }
     pthread_mutex_unlock(&st->mu);
+    if (evicted)
+        return -1; /* connection_thread says why */
     if (!c->served) {
         refuse(c, 0, RLX_E_BUSY, "this stage serves %u driver connections already, its limit", n_served);
         return -1;
@@ -633,7 +778,7 @@ static void serve_connection(stage_conn *c) {
     set_max_message(st, c->conn, PRE_HANDSHAKE_MAX_MESSAGE);
     rlx_status rc = recv_within(c, st->o.timeout_ms, &e);
     if (rc != RLX_OK) {
-        if (!stopping(st))
+        if (!stopping(st) && rc != RLX_E_BUSY) /* turned away: connection_thread says why */
             rlx__log(RLX_LOG_WARN, "driver connection %llu: no handshake: %s", (unsigned long long)c->no,
                      rlx_last_error());
         if (rc == RLX_E_FORMAT)
@@ -696,6 +841,8 @@ static void *connection_thread(void *arg) {
     stage_conn *c = arg;
     stage *st = c->st;
     serve_connection(c);
+    if (atomic_load(&c->turned_away) && !stopping(st))
+        say_busy(c);
     sessions_clear(c);
     if (c->batch) {
         pthread_mutex_lock(&st->compute_mu);
@@ -710,8 +857,11 @@ static void *connection_thread(void *arg) {
         st->n_drivers++;
         if (st->o.max_drivers && st->n_drivers >= st->o.max_drivers)
             atomic_store(&st->quit, 1);
+    } else if (c->pending) {
+        pending_unlink(st, c);
     } else {
-        st->n_handshakes--;
+        st->n_leaving--;
+        st->n_told -= !c->quiet;
     }
     st->n_open--;
     pthread_cond_broadcast(&st->changed);
@@ -721,20 +871,55 @@ static void *connection_thread(void *arg) {
     return NULL;
 }
 
-/* Hands an accepted connection to a thread of its own, or closes it when RLX_DIST_MAX_HANDSHAKES
- * peers are still shaking hands. */
+/* Hands an accepted connection to a thread of its own. When its host holds its share of the
+ * places for connections awaiting their handshake, or every place is taken, an older pending
+ * connection is evicted to make room (choose_eviction); when none may be, the new one is told
+ * that the stage is busy. Those turned away leave on their own threads (turn_away); the threads
+ * are bounded: beyond max_connections + 3 * RLX_DIST_MAX_HANDSHAKES (served, pending, saying
+ * busy, and leaving without a word, which takes at most poll_ms) a new one is closed at once. */
 static void start_connection(stage *st, void *conn) {
-    stage_conn *c = NULL;
-    pthread_mutex_lock(&st->mu);
-    const int room = st->n_handshakes < RLX_DIST_MAX_HANDSHAKES;
-    const uint64_t no = ++st->conn_no;
-    if (room) {
-        st->n_open++;
-        st->n_handshakes++;
+    stage_conn *c = rlx__calloc(1, sizeof *c);
+    if (!c) {
+        rlx__log(RLX_LOG_WARN, "a connection closed at once: no memory for it");
+        st->net.t->conn_close(st->net.self, conn);
+        return;
     }
+    *c = (stage_conn){.st = st, .conn = conn, .accepted_at = rlx__now_seconds()};
+    if (RLX_HAS(rlx_transport_iface, st->net.t, peer_address) && st->net.t->peer_address &&
+        st->net.t->peer_address(st->net.self, conn, c->peer, sizeof c->peer) != RLX_OK)
+        c->peer[0] = '\0';
+    peer_host_of(c->peer, c->peer_host, sizeof c->peer_host);
+    pthread_mutex_lock(&st->mu);
+    c->no = ++st->conn_no;
+    int fits = 0, admitted = 0;
+    uint32_t from_host = 0;
+    const uint32_t n_pending = st->n_handshakes;
+    const int room = st->n_open < st->o.max_connections + 3u * RLX_DIST_MAX_HANDSHAKES;
+    stage_conn *out = room ? choose_eviction(st, c->peer_host, &fits, &from_host) : NULL;
+    if (out && from_host)
+        turn_away(st, out,
+                  "the stage is busy: %u connections from this host are awaiting their handshake (at most %d), and "
+                  "this one, waiting longest, made room for a newer one; try again",
+                  from_host, RLX_DIST_MAX_HANDSHAKES_PER_HOST);
+    else if (out)
+        turn_away(st, out,
+                  "the stage is busy: %u connections are awaiting their handshake (at most %d), and this one, the "
+                  "oldest of its host, made room for a newer one; try again",
+                  n_pending, RLX_DIST_MAX_HANDSHAKES);
+    if (out || fits) {
+        pending_link(st, c);
+        admitted = 1;
+    } else if (room && st->n_told < RLX_DIST_MAX_HANDSHAKES) {
+        turn_away(st, c,
+                  "the stage is busy: %u connections are awaiting their handshake (at most %d), each from another "
+                  "host and none waiting long enough to be dropped; try again in a few seconds",
+                  n_pending, RLX_DIST_MAX_HANDSHAKES);
+        admitted = 1;
+    }
+    if (admitted)
+        st->n_open++;
     pthread_mutex_unlock(&st->mu);
-    if (room && (c = rlx__calloc(1, sizeof *c))) {
-        *c = (stage_conn){.st = st, .conn = conn, .no = no};
+    if (admitted) {
         pthread_attr_t attr;
         pthread_t thread;
         pthread_attr_init(&attr);
@@ -742,21 +927,23 @@ static void start_connection(stage *st, void *conn) {
         const int err = pthread_create(&thread, &attr, connection_thread, c);
         pthread_attr_destroy(&attr);
         if (err == 0) {
-            rlx__log(RLX_LOG_INFO, "driver connection %llu accepted", (unsigned long long)no);
+            rlx__log(RLX_LOG_INFO, "driver connection %llu accepted from %s", (unsigned long long)c->no,
+                     *c->peer ? c->peer : "?");
             return;
         }
-        free(c);
-        c = NULL;
-    }
-    if (room) {
         pthread_mutex_lock(&st->mu);
+        if (c->pending)
+            pending_unlink(st, c);
+        else
+            st->n_leaving--, st->n_told -= !c->quiet;
         st->n_open--;
-        st->n_handshakes--;
         pthread_mutex_unlock(&st->mu);
     }
-    rlx__log(RLX_LOG_WARN, "connection %llu closed at once: %s", (unsigned long long)no,
-             room ? "no memory or thread for it" : "too many connections are still shaking hands");
+    rlx__log(RLX_LOG_WARN, "connection %llu from %s closed at once: %s", (unsigned long long)c->no,
+             *c->peer ? c->peer : "?",
+             admitted ? "no thread for it" : "too many connections are open, awaiting their handshake or leaving");
     st->net.t->conn_close(st->net.self, conn);
+    free(c);
 }
 
 /* KV positions whose cache takes half the machine's memory, for this stage's layers. */
@@ -780,15 +967,11 @@ static rlx_status check_listen_address(const stage *st) {
     const int credentials = st->auth.token || st->auth.tls;
     /* MPI ranks are reached through the job's own fabric, not an address a stranger can dial */
     const int network = strcmp(st->net.name, "mpi") != 0;
-    if (credentials) {
-        rlx__log(RLX_LOG_INFO, "drivers must authenticate: %s%s%s",
-                 st->auth.tls ? "TLS with a certificate of the CA" : "", st->auth.tls && st->auth.token ? " and " : "",
-                 st->auth.token ? "the auth token" : "");
-        return RLX_OK;
-    }
-    if (!network || rlx__address_is_loopback(st->o.address)) {
-        if (network)
-            rlx__log(RLX_LOG_INFO, "no credentials: drivers on this machine only (loopback)");
+    if (credentials || !network || rlx__address_is_loopback(st->o.address)) {
+        /* the credentials in force, the transport options' TLS files included */
+        const rlx_dist_security in_force = {.tls_ca = st->auth.tls ? "" : NULL,
+                                            .auth_token_file = st->auth.token ? "" : NULL};
+        rlx__log(RLX_LOG_INFO, "%s", rlx_dist_security_mode(&in_force, st->o.address, st->net.name));
         return RLX_OK;
     }
     if (!st->o.security.insecure_listen)
