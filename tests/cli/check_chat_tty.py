@@ -155,8 +155,8 @@ def check_typing_and_eof(rlx, socket, log):
 LONG = ("The jury said it did not find any evidence that the election was conducted badly. " * 130)[:10000]
 PASTED = ["a pasted message", "of three lines", "sent as one"]
 CONTINUED = ["a message typed on two lines", "thanks to a backslash"]
-# "rlx chat: this message takes N tokens, ..." or "rlx chat: 0 prompt tokens reused ..., N run ..."
-COUNT = re.compile(r"^rlx chat: (?:this message takes (\d+) tokens|\d+ prompt tokens reused from the cache, (\d+) run)")
+# "rlx: chat: this message takes N tokens, ..." or "rlx chat: 0 prompt tokens reused ..., N run ..."
+COUNT = re.compile(r"^rlx:? chat: (?:this message takes (\d+) tokens|\d+ prompt tokens reused from the cache, (\d+) run)")
 
 
 def counts(lines):
