@@ -167,15 +167,81 @@ app_opt_group app_model_group(app_options *o) {
 }
 
 /* f32 or f16 (llama.cpp's names; its quantized cache types are not supported) */
-static int parse_cache_type(const char *opt, const char *value, void *target) {
+static int parse_cache_type(const char *opt, const char *value, uint32_t *type) {
     if (strcmp(value, "f32") == 0)
-        *(uint32_t *)target = RLX_DTYPE_F32;
+        *type = RLX_DTYPE_F32;
     else if (strcmp(value, "f16") == 0)
-        *(uint32_t *)target = RLX_DTYPE_F16;
+        *type = RLX_DTYPE_F16;
     else {
         app_fail("%s: '%s' is not a KV cache type rlx has: f32 or f16", opt, value);
         return -1;
     }
+    return 0;
+}
+
+/* -ctk alone sets V too, and -ctv alone K: rlx keeps one type, and llama.cpp's users give the one
+ * they mean; a pair that differs is refused by app_kv_dtype. */
+static int parse_cache_type_k(const char *opt, const char *value, void *target) {
+    app_options *o = target;
+    if (parse_cache_type(opt, value, &o->cache_type_k))
+        return -1;
+    o->cache_type_k_given = 1;
+    if (!o->cache_type_v_given)
+        o->cache_type_v = o->cache_type_k;
+    return 0;
+}
+
+static int parse_cache_type_v(const char *opt, const char *value, void *target) {
+    app_options *o = target;
+    if (parse_cache_type(opt, value, &o->cache_type_v))
+        return -1;
+    o->cache_type_v_given = 1;
+    if (!o->cache_type_k_given)
+        o->cache_type_k = o->cache_type_v;
+    return 0;
+}
+
+/* llama.cpp's -ngl N (also "auto", "all"): rlx has no GPU offload, so a script that asks for it
+ * goes on with a warning rather than failing. */
+static int parse_gpu_layers(const char *opt, const char *value, void *target) {
+    (void)target;
+    char *end;
+    errno = 0;
+    long n = strtol(value, &end, 10);
+    const int number = !errno && end != value && !*end;
+    if (!number && strcmp(value, "auto") != 0 && strcmp(value, "all") != 0)
+        return app_fail("%s: '%s' is not a number of layers, auto or all", opt, value), -1;
+    if (!number || n != 0)
+        fprintf(stderr, "rlx: warning: %s %s: rlx has no GPU offload; every layer runs on the CPU (--plugin)\n", opt,
+                value);
+    return 0;
+}
+
+/* llama.cpp's -fa [on|off|auto]: every backend runs attention as one fused op of its own, so
+ * there is nothing to switch. */
+static int parse_flash_attn(const char *opt, const char *value, void *target) {
+    (void)target;
+    if (!app_is_flash_attn_value(value))
+        return app_fail("%s: '%s' is not on, off or auto", opt, value), -1;
+    fprintf(stderr, "rlx: note: %s has no effect: each backend runs attention as one fused op of its own\n", opt);
+    return 0;
+}
+
+int app_is_flash_attn_value(const char *value) {
+    static const char *const known[] = {"on", "off", "auto", "1", "0", "true", "false", "enabled", "disabled"};
+    for (size_t i = 0; value && i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(value, known[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* llama.cpp's -b and -ub: rlx runs a prompt's positions through the graph at once. */
+static int parse_batch_size(const char *opt, const char *value, void *target) {
+    uint32_t n;
+    (void)target;
+    if (app_parse_u32(opt, value, &n) < 0)
+        return -1;
+    fprintf(stderr, "rlx: note: %s has no effect: rlx runs all of a prompt's positions in one pass\n", opt);
     return 0;
 }
 
@@ -189,7 +255,7 @@ int app_kv_dtype(const app_options *o) {
 }
 
 app_opt_group app_common_group(app_options *o) {
-    static app_opt opts[12];
+    static app_opt opts[16];
     const app_opt model = app_model_group(o).opts[0];
     app_opt list[] = {
         model,
@@ -217,14 +283,25 @@ app_opt_group app_common_group(app_options *o) {
          "quantize a safetensors model's matrices in memory when loading it, as\n"
          "rlx quantize --type TYPE would (q8_0, q4_0, q4_k_m, ...)",
          APP_OPT_STRING, &o->quant},
-        {0, "cache-type-k", NULL, "TYPE", "KV cache type of the keys, f32 (default) or f16 (-ctk; half the memory)",
-         APP_OPT_CUSTOM, &o->cache_type_k, .parse = parse_cache_type},
-        {0, "cache-type-v", NULL, "TYPE", "KV cache type of the values, as --cache-type-k (-ctv)", APP_OPT_CUSTOM,
-         &o->cache_type_v, .parse = parse_cache_type},
+        {0, "cache-type-k", NULL, "TYPE",
+         "KV cache type, f32 (default) or f16 (-ctk; half the memory); rlx keeps K\n"
+         "and V in one type, so -ctk alone sets both",
+         APP_OPT_CUSTOM, o, .parse = parse_cache_type_k},
+        {0, "cache-type-v", NULL, "TYPE", "the same for the values (-ctv; alone it sets both too)", APP_OPT_CUSTOM, o,
+         .parse = parse_cache_type_v},
         {0, "check-finite", NULL, NULL,
          "check every node's output as it runs and stop at the first NaN or\n"
          "infinity, naming the node (slow: a debugging aid; launched stages inherit it)",
          APP_OPT_FLAG, &o->check_finite},
+        {0, "n-gpu-layers", "gpu-layers", "N", "llama.cpp's -ngl, taken with a warning: rlx has no GPU offload",
+         APP_OPT_CUSTOM, NULL, .parse = parse_gpu_layers},
+        {0, "flash-attn", NULL, "on|off",
+         "llama.cpp's -fa, taken with a note: each backend's attention is one fused\n"
+         "op (the value may be left out, as in llama.cpp's older versions)",
+         APP_OPT_CUSTOM, NULL, .parse = parse_flash_attn},
+        {'b', "batch-size", NULL, "N", "llama.cpp's, taken with a note: a prompt runs in one pass", APP_OPT_CUSTOM,
+         NULL, .parse = parse_batch_size},
+        {0, "ubatch-size", NULL, "N", "llama.cpp's -ub, the same", APP_OPT_CUSTOM, NULL, .parse = parse_batch_size},
     };
     memcpy(opts, list, sizeof opts);
     return APP_OPT_GROUP("options:", opts);

@@ -34,8 +34,10 @@ typedef struct app_options {
     uint32_t ctx;
     int verbose;
     const char *quant; /* --quant TYPE: quantize a safetensors model's matrices when loading it */
-    /* --cache-type-k / --cache-type-v (-ctk, -ctv): the KV cache's rlx_dtype, F32 unless given */
+    /* --cache-type-k / --cache-type-v (-ctk, -ctv): the KV cache's rlx_dtype, F32 unless given;
+     * one given alone sets both (rlx keeps K and V in one type) */
     uint32_t cache_type_k, cache_type_v;
+    int cache_type_k_given, cache_type_v_given;
     int check_finite;              /* --check-finite: every node's output is checked for NaN and infinity */
     app_pipeline_options pipeline; /* --config, --stages, --launch, --transport, timeouts, recovery, credentials */
     uint32_t slots;                /* over a pipeline: sequences the stages keep (rlx serve --parallel) */
@@ -76,6 +78,10 @@ double app_log_sum_exp(const float *row, int64_t n);
 /* The KV cache dtype the options ask for: RLX_DTYPE_F32 or RLX_DTYPE_F16; -1 after reporting
  * --cache-type-k and --cache-type-v that differ (rlx stores K and V in one dtype). */
 int app_kv_dtype(const app_options *o);
+
+/* Whether value is one of llama.cpp's --flash-attn values (on, off, auto, ...): the option's
+ * parser takes them, and "-fa" without one is read as "-fa on". */
+int app_is_flash_attn_value(const char *value);
 
 /* Logical cores this process may run on (sched_getaffinity), at least 1. */
 uint32_t app_usable_cores(void);

@@ -8,17 +8,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
-#include <termios.h>
 #include <unistd.h>
 
+#include "chat_input.h"
 #include "common.h"
 #include "rlx/text.h"
 
 static const char usage[] =
     "usage: rlx chat [-m PATH] [--system TEXT] [--no-think] [-n N] [sampling options] [options]\n\n"
-    "Reads your messages line by line from stdin and streams the model's replies. Commands:\n"
-    "/reset forgets the conversation, /quit (or Ctrl-D) ends it; Ctrl-C stops a reply.\n\n";
+    "Reads your messages from stdin and streams the model's replies. A message is a line; a line\n"
+    "ending in \\ goes on on the next, lines between two lines of \"\"\" are one message, and so is a\n"
+    "paste. Commands: /reset forgets the conversation, /quit (or Ctrl-D) ends it; Ctrl-C stops a\n"
+    "reply. On a terminal a line has no length limit (the reader edits it: Backspace, Ctrl-U,\n"
+    "Ctrl-W); a message is at most 16 MiB.\n\n";
 
 static volatile sig_atomic_t interrupted;
 
@@ -27,38 +29,9 @@ static void on_sigint(int sig) {
     interrupted = 1;
 }
 
-/* While a reply streams, keys typed on the terminal are neither echoed into it nor left for the
- * next prompt. Echo and line editing are off (ISIG stays, so Ctrl-C still stops the reply); the
- * saved settings come back after every turn, and from the handler of the signals that would
- * otherwise end the program with the terminal still silent. */
-static struct termios typing_saved;
-static volatile sig_atomic_t typing_muted;
-
-static void mute_typing(void) {
-    if (tcgetattr(STDIN_FILENO, &typing_saved) != 0)
-        return;
-    struct termios quiet = typing_saved;
-    quiet.c_lflag &= ~(tcflag_t)(ECHO | ICANON);
-    typing_muted = 1; /* before the change: a signal in between restores what is saved anyway */
-    if (tcsetattr(STDIN_FILENO, TCSANOW, &quiet) != 0)
-        typing_muted = 0;
-}
-
-static void unmute_typing(void) {
-    if (!typing_muted)
-        return;
-    int typed = 0; /* without ICANON this counts every key, not only finished lines */
-    if (ioctl(STDIN_FILENO, FIONREAD, &typed) != 0)
-        typed = 0;
-    tcsetattr(STDIN_FILENO, TCSAFLUSH, &typing_saved); /* TCSAFLUSH also discards what was typed */
-    typing_muted = 0;
-    if (typed > 0)
-        fprintf(stderr, "rlx chat: what you typed during the reply was discarded\n");
-}
-
+/* SIGTERM, SIGHUP and SIGQUIT end the program as they would, but with the terminal as it was. */
 static void on_fatal_signal(int sig) {
-    if (typing_muted)
-        tcsetattr(STDIN_FILENO, TCSANOW, &typing_saved);
+    chat_input_restore_terminal();
     raise(sig); /* SA_RESETHAND made it the default action, which runs once this handler returns */
 }
 
@@ -302,12 +275,19 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, rlx_s
 }
 
 int cmd_chat(int argc, char **argv, app_options *o) {
-    const char *system = NULL;
-    int no_think = 0, stats = 0, max_given = 0;
+    const char *system = NULL, *system_file = NULL;
+    int no_think = 0, stats = 0, max_given = 0, is_conversation = 0;
     uint32_t max_new = 512;
     app_sampling sampling = {0};
     const app_opt own[] = {
-        {0, "system", NULL, "TEXT", "a system message opening the conversation", APP_OPT_STRING, &system},
+        {0, "system", "system-prompt", "TEXT", "a system message opening the conversation (llama.cpp's -sys)",
+         APP_OPT_STRING, &system},
+        {0, "system-prompt-file", NULL, "FILE",
+         "the system message as the text of FILE, one final newline dropped\n"
+         "(llama.cpp's -sysf)",
+         APP_OPT_STRING, &system_file},
+        {0, "conversation", NULL, NULL, "llama.cpp's -cnv, taken: chat is always a conversation", APP_OPT_FLAG,
+         &is_conversation},
         {0, "no-think", NULL, NULL, "Qwen3's enable_thinking=false", APP_OPT_FLAG, &no_think},
         {'n', "n-predict", NULL, "N",
          "at most N tokens per reply (default 512; -1: until end-of-sequence); a\n"
@@ -326,9 +306,18 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         return exit_status;
     if (app_sampling_finish(&sampling))
         return 1;
-    app_runtime rt;
-    if (app_runtime_open(&rt, o, NULL))
+    if (system && system_file)
+        return app_fail("chat: give --system or --system-prompt-file, not both");
+    char *system_text = NULL;
+    size_t system_len;
+    if (system_file &&
+        !(system = system_text = app_read_file("chat: --system-prompt-file", system_file, 1, &system_len)))
         return 1;
+    app_runtime rt;
+    if (app_runtime_open(&rt, o, NULL)) {
+        free(system_text);
+        return 1;
+    }
     rlx_tokenizer *tok = NULL;
     rlx_sampler *sampler = NULL;
     rlx_stop_matcher *stopper = NULL;
@@ -345,9 +334,7 @@ int cmd_chat(int argc, char **argv, app_options *o) {
     if (!status && system)
         status = add_message(&c, "system", system);
     size_t n_fixed = c.n;
-    int tty = isatty(STDIN_FILENO);
-    if (!status && tty)
-        fprintf(stderr, "rlx chat: /reset forgets the conversation, /quit or Ctrl-D ends it, Ctrl-C stops a reply\n");
+    const int tty = isatty(STDIN_FILENO);
     struct sigaction sa = {.sa_handler = on_sigint}, old;
     sigaction(SIGINT, &sa, &old);
     static const int fatal[] = {SIGTERM, SIGHUP, SIGQUIT};
@@ -359,27 +346,19 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         if (tty && fatal_old[i].sa_handler != SIG_IGN)
             sigaction(fatal[i], &restore, NULL);
     }
-    char *line = NULL;
-    size_t cap = 0;
+    /* after the handlers: from here on a signal must put the terminal back */
+    chat_input *input = status ? NULL : chat_input_open(&interrupted);
+    if (!input)
+        status = 1;
+    if (!status && chat_input_is_terminal(input))
+        fprintf(stderr, "rlx chat: /reset forgets the conversation, /quit or Ctrl-D ends it, Ctrl-C stops a reply; "
+                        "end a line with \\ to go on, or put lines between two lines of \"\"\"\n");
     while (!status) {
-        if (tty) {
-            fputs("> ", stderr);
-            fflush(stderr);
-        }
         interrupted = 0;
-        ssize_t len = getline(&line, &cap, stdin);
-        if (len < 0) {
-            if (interrupted && !feof(stdin)) { /* Ctrl-C at the prompt: clear it and ask again */
-                clearerr(stdin);
-                fputc('\n', stderr);
-                continue;
-            }
-            if (tty) /* Ctrl-D: the shell's prompt starts on a line of its own */
-                fputc('\n', stderr);
+        const char *line;
+        size_t len;
+        if (chat_input_read(input, &line, &len) <= 0)
             break;
-        }
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-            line[--len] = '\0';
         if (len == 0)
             continue;
         if (strcmp(line, "/quit") == 0 || strcmp(line, "/exit") == 0)
@@ -393,11 +372,8 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         }
         if ((status = add_message(&c, "user", line)))
             break;
-        if (tty)
-            mute_typing();
         int failed = turn(&rt, tok, sampler, stopper, &c, n_fixed, !no_think, max_new, stats);
-        if (tty)
-            unmute_typing();
+        chat_input_discard_typed(input);
         if (failed == TURN_MODEL_GONE) {
             status = 1;
             break;
@@ -409,10 +385,10 @@ int cmd_chat(int argc, char **argv, app_options *o) {
                 status = 1;
         }
     }
+    chat_input_close(input);
     sigaction(SIGINT, &old, NULL);
     for (size_t i = 0; i < sizeof fatal / sizeof fatal[0]; i++)
         sigaction(fatal[i], &fatal_old[i], NULL);
-    free(line);
     clear_messages(&c, 0);
     free(c.msgs);
     free(c.cached);
@@ -420,5 +396,6 @@ int cmd_chat(int argc, char **argv, app_options *o) {
     rlx_stop_matcher_destroy(stopper);
     rlx_tokenizer_close(tok);
     app_runtime_close(&rt);
+    free(system_text);
     return status;
 }

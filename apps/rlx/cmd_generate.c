@@ -77,7 +77,8 @@ static int fit_context(const app_runtime *rt, size_t n, uint32_t n_new, int trun
 int cmd_generate(int argc, char **argv, app_options *o) {
     const char *tokens = NULL, *prompt = NULL, *file = NULL;
     uint32_t n_new = 16;
-    int stats = 0, chat = 0, no_think = 0, truncate = 0, n_given = 0, json = 0, logprobs_given = 0, ignore_eos = 0;
+    int stats = 0, chat = 0, no_think = 0, truncate = 0, n_given = 0, json = 0, logprobs_given = 0, ignore_eos = 0,
+        no_conversation = 0;
     uint32_t top_logprobs = 0;
     app_sampling sampling = {0};
     app_spec_options spec_options = {0};
@@ -91,6 +92,10 @@ int cmd_generate(int argc, char **argv, app_options *o) {
          APP_OPT_CUSTOM, &n_new, &n_given, .parse = app_parse_max_new},
         {0, "chat", NULL, NULL, "wrap the text as a user turn with the model's chat template", APP_OPT_FLAG, &chat},
         {0, "no-think", NULL, NULL, "with --chat: Qwen3's enable_thinking=false", APP_OPT_FLAG, &no_think},
+        {0, "no-conversation", NULL, NULL,
+         "llama.cpp's -no-cnv, taken: generate continues the prompt as it is\n"
+         "unless --chat",
+         APP_OPT_FLAG, &no_conversation},
         {0, "truncate", NULL, NULL,
          "drop the start of a prompt that leaves fewer than min(N, ctx/2) positions\n"
          "for the reply (a prompt longer than the context fails without it)",
@@ -128,6 +133,8 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         return app_fail("generate: --logprobs %u: at most %d alternatives", top_logprobs, APP_MAX_LOGPROBS);
     if (sampling.n_stops && tokens)
         return app_fail("generate: --stop matches text; with --tokens the output is ids");
+    if (no_conversation && chat)
+        return app_fail("generate: --no-conversation (-no-cnv) and --chat contradict each other");
     if (no_think && !chat)
         return app_fail("generate: --no-think only changes the chat template; it needs --chat");
     char *file_text = NULL;

@@ -184,6 +184,26 @@ static int add_logit_bias(const char *opt, const char *value, void *target) {
     return 0;
 }
 
+/* A seed, or llama.cpp's -1 for a new one each run. */
+static int parse_seed(const char *opt, const char *value, void *target) {
+    app_sampling *s = target;
+    if (strcmp(value, "-1") == 0) {
+        s->has_seed = 0;
+        s->random_seed = 1;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(value, &end, 10);
+    if (errno || end == value || *end || value[0] == '-')
+        return app_fail("%s: '%s' is not a seed (a non-negative integer, or -1 for a new one each run)", opt, value),
+               -1;
+    s->seed = v;
+    s->has_seed = 1;
+    s->random_seed = 0;
+    return 0;
+}
+
 app_opt_group app_sampling_group(app_sampling *s) {
     static app_opt opts[12];
     app_opt list[] = {
@@ -206,8 +226,8 @@ app_opt_group app_sampling_group(app_sampling *s) {
          APP_OPT_FLOAT, &s->given.presence_penalty, &s->given.has_presence_penalty},
         {0, "frequency-penalty", NULL, "A", "subtract A times a token's count in that window (OpenAI's; 0 = off)",
          APP_OPT_FLOAT, &s->given.frequency_penalty, &s->given.has_frequency_penalty},
-        {'s', "seed", NULL, "S", "random seed (default: a new one each run, printed by --stats)", APP_OPT_U64, &s->seed,
-         &s->has_seed},
+        {'s', "seed", NULL, "S", "random seed (default and -1: a new one each run, printed by --stats)", APP_OPT_CUSTOM,
+         s, .parse = parse_seed},
         {0, "stop", NULL, "TEXT",
          "end the reply before TEXT appears (repeatable; TEXT is never printed,\n"
          "even when it spans tokens)",
@@ -346,8 +366,9 @@ int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *ma
                                          : "the deployment file's or model's default");
     p->logit_bias = s->n_biases ? s->biases : NULL;
     p->n_logit_bias = (uint32_t)s->n_biases;
-    s->seed_drawn = !s->has_seed && !(g && g->has_seed);
-    p->seed = s->has_seed ? s->seed : g && g->has_seed ? g->seed : app_fresh_seed();
+    const int file_seed = !s->random_seed && g && g->has_seed;
+    s->seed_drawn = !s->has_seed && !file_seed;
+    p->seed = s->has_seed ? s->seed : file_seed ? g->seed : app_fresh_seed();
     if (!max_new_given && g && g->has_max_tokens)
         *max_new = g->max_tokens;
     return 0;

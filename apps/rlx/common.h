@@ -50,6 +50,7 @@ typedef struct app_sampling {
     app_sampling_values given; /* the other sampling options */
     uint64_t seed;
     int has_seed;
+    int random_seed;                  /* --seed -1 (llama.cpp's): a new seed, whatever the deployment file says */
     const char *stops[APP_MAX_STOPS]; /* --stop, in order */
     size_t n_stops;
     rlx_logit_bias biases[APP_MAX_LOGIT_BIAS]; /* -l/--logit-bias, in order */

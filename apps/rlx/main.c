@@ -26,15 +26,17 @@ static const struct {
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server (batched generation)"},
 };
 
-/* "usage: ...", the commands and a note: what `rlx --help` prints above the shared options. */
-static void usage_text(char *buf, size_t len) {
+/* "usage: ...", the commands and a note: what `rlx --help` prints above the shared options, or
+ * (options_follow 0) what `rlx` alone prints, which points to --help for them. */
+static void usage_text(char *buf, size_t len, int options_follow) {
     size_t n = (size_t)snprintf(buf, len, "usage: rlx [options] <command> [command options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0] && n < len; i++)
         n += (size_t)snprintf(buf + n, len - n, "  %-10s %s\n", commands[i].name, commands[i].summary);
     if (n < len)
-        snprintf(buf + n, len - n,
-                 "\n`rlx <command> --help` describes a command. The options shared by the model\n"
-                 "commands may also come before the command:\n\n");
+        snprintf(buf + n, len - n, "\n`rlx <command> --help` describes a command. %s",
+                 options_follow ? "The options shared by the model\ncommands may also come before the command:\n\n"
+                                : "`rlx --help` also lists the options\nshared by the model commands, which may come "
+                                  "before the command too.\n");
 }
 
 /* OpenMP runtimes busy-wait at every barrier: libgomp, which the onednn backend runs on, spins
@@ -53,14 +55,16 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     app_options o = {0};
     char usage[2048];
-    usage_text(usage, sizeof usage);
+    usage_text(usage, sizeof usage, 1);
     const app_opt_group groups[] = {app_common_group(&o), app_pipeline_group(&o.pipeline)};
-    app_command_spec spec = {.name = "rlx", .usage = usage, .groups = groups, .n_groups = 2};
+    /* no name: rlx's own messages say "rlx: unknown option", not "rlx: rlx: ..." */
+    app_command_spec spec = {.name = NULL, .usage = usage, .groups = groups, .n_groups = 2};
     int verb;
     int rc = app_opts_parse(&spec, argc, argv, 1, &verb);
     if (rc)
         return rc == 2 ? 0 : 1;
     if (verb >= argc) {
+        usage_text(usage, sizeof usage, 0);
         fputs(usage, stderr);
         return 1;
     }

@@ -153,8 +153,24 @@ void app_print_version(void) {
     printf("rlx %s (librlx %s; plugin ABI %d.%d)\n", RLX_APP_VERSION, rlx_version(), RLX_ABI_MAJOR, RLX_ABI_MINOR);
 }
 
+/* How the parser's messages name the command: "generate: ... (see rlx generate --help)", and
+ * for the options before a command "... (see rlx --help)". */
+typedef struct command_names {
+    char pre[48];  /* "generate: ", or "" */
+    char who[48];  /* "rlx generate", or "rlx before a command" */
+    char help[48]; /* "rlx generate --help", or "rlx --help" */
+} command_names;
+
+static command_names names_of(const char *cmd) {
+    command_names c;
+    snprintf(c.pre, sizeof c.pre, "%s%s", cmd ? cmd : "", cmd ? ": " : "");
+    snprintf(c.who, sizeof c.who, "rlx %s", cmd ? cmd : "before a command");
+    snprintf(c.help, sizeof c.help, "rlx %s%s--help", cmd ? cmd : "", cmd ? " " : "");
+    return c;
+}
+
 /* An unknown long option, or an abbreviation of several (getopt_long takes a unique one). */
-static int unknown_long(const char *cmd, const char *typed, const struct option *longs, size_t n) {
+static int unknown_long(const command_names *cmd, const char *typed, const struct option *longs, size_t n) {
     size_t len = strcspn(typed + 2, "=");
     char matches[256] = "";
     int count = 0;
@@ -163,33 +179,159 @@ static int unknown_long(const char *cmd, const char *typed, const struct option 
             snprintf(matches + strlen(matches), sizeof matches - strlen(matches), "%s--%s", count++ ? ", " : "",
                      longs[i].name);
     if (count > 1)
-        return app_fail("%s: option '%.*s' is ambiguous: %s (see rlx %s --help)", cmd, (int)len + 2, typed, matches,
-                        cmd);
-    return app_fail("%s: unknown option '%s' (see rlx %s --help)", cmd, typed, cmd);
+        return app_fail("%soption '%.*s' is ambiguous: %s (see %s)", cmd->pre, (int)len + 2, typed, matches, cmd->help);
+    return app_fail("%sunknown option '%s' (see %s)", cmd->pre, typed, cmd->help);
 }
 
-/* llama.cpp's multi-letter options after a single dash, which getopt would read as -c with the
- * value "tk": rewritten to our long names where the command has them. */
+/* llama.cpp's options spelled with one dash and several letters, which getopt would read as a
+ * cluster of short options ("-ngl 99" as -n with the value "gl"). Each is rewritten to its long
+ * name where the command takes that name (rlx keeps llama.cpp's long names where the meaning
+ * agrees); any other is refused by name, with what rlx offers instead where it offers something.
+ * The names are those of llama.cpp's common/arg.cpp. */
 static const struct {
-    const char *llama, *name;
-} llama_spellings[] = {{"-ctk", "cache-type-k"}, {"-ctv", "cache-type-v"}};
+    const char *llama, *name, *instead;
+} llama_spellings[] = {
+    {"-ctk", "cache-type-k", NULL},
+    {"-ctv", "cache-type-v", NULL},
+    {"-ngl", "n-gpu-layers", NULL},
+    {"-fa", "flash-attn", NULL},
+    {"-ub", "ubatch-size", NULL},
+    {"-np", "parallel", "rlx serve --parallel N"},
+    {"-sys", "system-prompt", "rlx chat --system TEXT"},
+    {"-sysf", "system-prompt-file", "rlx chat --system-prompt-file FILE"},
+    {"-cnv", "conversation", "rlx chat"},
+    {"-no-cnv", "no-conversation", "rlx generate, which continues a prompt without a chat template"},
+    {"-mli", "multiline-input", "rlx chat: end a line with \\ to go on, or put the lines between two \"\"\" lines"},
+    {"-st", "single-turn", "rlx generate --chat"},
+    {"-if", "interactive-first", "rlx chat"},
+    {"-tb", "threads-batch", "-t N, the threads of prompt and generation alike"},
+    {"-hf", "hf-repo", "-m PATH of a model downloaded beforehand"},
+    {"-hfr", "hf-repo", "-m PATH of a model downloaded beforehand"},
+    {"-hff", "hf-file", "-m PATH of a model downloaded beforehand"},
+    {"-hft", "hf-token", NULL},
+    {"-mu", "model-url", "-m PATH of a model downloaded beforehand"},
+    {"-dev", "device", "--plugin NAME: rlx runs on the CPU"},
+    {"-sm", "split-mode", "rlx runs on the CPU"},
+    {"-mg", "main-gpu", "rlx runs on the CPU"},
+    {"-ts", "tensor-split", "--stages N to split the layers over processes"},
+    {"-ot", "override-tensor", "--place OP=NAME"},
+    {"-kvo", "kv-offload", "rlx runs on the CPU"},
+    {"-nkvo", "no-kv-offload", "rlx runs on the CPU"},
+    {"-cmoe", "cpu-moe", "rlx runs on the CPU"},
+    {"-ncmoe", "n-cpu-moe", "rlx runs on the CPU"},
+    {"-nr", "no-repack", NULL},
+    {"-dio", "direct-io", NULL},
+    {"-ndio", "no-direct-io", NULL},
+    {"-lm", "load-mode", NULL},
+    {"-co", "color", NULL},
+    {"-sp", "special", NULL},
+    {"-lv", "verbosity", "-v"},
+    {"-to", "timeout", NULL},
+    {"-cb", "cont-batching", NULL},
+    {"-nocb", "no-cont-batching", NULL},
+    {"-sps", "slot-prompt-similarity", NULL},
+    {"-cram", "cache-ram", NULL},
+    {"-ctxcp", "ctx-checkpoints", NULL},
+    {"-kvu", "kv-unified", NULL},
+    {"-no-kvu", "no-kv-unified", NULL},
+    {"-dt", "defrag-thold", NULL},
+    {"-rea", "reasoning", "--no-think"},
+    {"-jf", "json-schema-file", NULL},
+    {"-bf", "binary-file", NULL},
+    {"-ptc", "print-token-count", NULL},
+    {"-gan", "grp-attn-n", NULL},
+    {"-gaw", "grp-attn-w", NULL},
+    {"-mm", "mmproj", NULL},
+    {"-mmu", "mmproj-url", NULL},
+    {"-lcs", "lookup-cache-static", NULL},
+    {"-lcd", "lookup-cache-dynamic", NULL},
+    {"-bs", "backend-sampling", NULL},
+    {"-Cr", "cpu-range", NULL},
+    {"-Cb", "cpu-mask-batch", NULL},
+    {"-Crb", "cpu-range-batch", NULL},
+    {"-ag", "agent", NULL},
+};
 
-static void rewrite_llama_spellings(const opt_ref *refs, size_t n, int argc, char **argv) {
-    static char longer[sizeof llama_spellings / sizeof llama_spellings[0]][32];
-    for (size_t k = 0; k < sizeof llama_spellings / sizeof llama_spellings[0]; k++) {
-        if (!taken(refs, n, llama_spellings[k].name, 0))
-            continue;
-        snprintf(longer[k], sizeof longer[k], "--%s", llama_spellings[k].name);
-        for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++)
-            if (strcmp(argv[i], llama_spellings[k].llama) == 0)
-                argv[i] = longer[k];
+/* Whether the option word (not its value) makes the next argument its value: "--model" or
+ * "-m", also at the end of a cluster ("-vm"), but not "--model=DIR" or "-mDIR". */
+static int value_follows(const opt_ref *refs, size_t n, const char *word) {
+    if (word[0] != '-' || !word[1])
+        return 0;
+    if (word[1] == '-') {
+        if (strchr(word, '='))
+            return 0;
+        for (size_t i = 0; i < n; i++)
+            if (same_name(refs[i].opt->name, word + 2) ||
+                (!refs[i].taken_alias && same_name(refs[i].opt->alias, word + 2)))
+                return refs[i].opt->arg != NULL;
+        return 0;
     }
+    for (const char *c = word + 1; *c; c++)
+        for (size_t i = 0; i < n; i++)
+            if (refs[i].opt->short_name == *c && refs[i].opt->arg)
+                return c[1] == '\0'; /* a letter with a value takes the rest of the word, or the next one */
+    return 0;
+}
+
+/* Rewrites llama.cpp's single-dash spellings in argv to the long names they stand for (or
+ * refuses them, naming them); with stop_at_operand 1 only before the first operand. 0, or 1
+ * after reporting. */
+static int rewrite_llama_spellings(const command_names *cmd, const opt_ref *refs, size_t n, int argc, char **argv,
+                                   int stop_at_operand) {
+    static char longer[sizeof llama_spellings / sizeof llama_spellings[0]][40];
+    /* llama.cpp's older -fa took no value: alone, it means on */
+    static char flash_on[] = "--flash-attn=on";
+    for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
+        if (argv[i][0] != '-' || !argv[i][1]) {
+            if (stop_at_operand == 1)
+                break;
+            continue;
+        }
+        size_t k = 0;
+        while (k < sizeof llama_spellings / sizeof llama_spellings[0] && strcmp(argv[i], llama_spellings[k].llama) != 0)
+            k++;
+        if (k == sizeof llama_spellings / sizeof llama_spellings[0]) {
+            if (strcmp(argv[i], "--flash-attn") == 0 && !app_is_flash_attn_value(i + 1 < argc ? argv[i + 1] : NULL))
+                argv[i] = flash_on;
+            else if (value_follows(refs, n, argv[i]))
+                i++;
+            continue;
+        }
+        const char *name = llama_spellings[k].name, *instead = llama_spellings[k].instead;
+        if (!taken(refs, n, name, 0))
+            return app_fail("%s'%s' is llama.cpp's --%s, which %s does not take%s%s (see %s)", cmd->pre, argv[i], name,
+                            cmd->who, instead ? "; instead: " : "", instead ? instead : "", cmd->help);
+        if (strcmp(name, "flash-attn") == 0 && !app_is_flash_attn_value(i + 1 < argc ? argv[i + 1] : NULL)) {
+            argv[i] = flash_on;
+            continue;
+        }
+        snprintf(longer[k], sizeof longer[k], "--%s", name);
+        argv[i] = longer[k];
+        if (value_follows(refs, n, argv[i]))
+            i++;
+    }
+    return 0;
+}
+
+static int is_cluster(const char *word) { return word[0] == '-' && word[1] && word[1] != '-' && word[2]; }
+
+/* The word of several letters after one dash in which getopt found the unknown letter c, or
+ * NULL: getopt moves optind past a word once its last letter is read, and stays on it before. */
+static const char *cluster_of(int argc, char **argv, int c) {
+    if (optind > 0 && optind - 1 < argc && is_cluster(argv[optind - 1]) &&
+        argv[optind - 1][strlen(argv[optind - 1]) - 1] == c)
+        return argv[optind - 1];
+    if (optind < argc && is_cluster(argv[optind]) && strchr(argv[optind] + 1, c))
+        return argv[optind];
+    return NULL;
 }
 
 int app_opts_parse(const app_command_spec *spec, int argc, char **argv, int stop_at_operand, int *first_operand) {
     opt_ref refs[MAX_OPTS];
     size_t n = collect(spec, refs);
-    rewrite_llama_spellings(refs, n, argc, argv);
+    const command_names cmd = names_of(spec->name);
+    if (rewrite_llama_spellings(&cmd, refs, n, argc, argv, stop_at_operand))
+        return 1;
     /* each option's long name and alias, then --help and --version */
     struct option longs[2 * MAX_OPTS + 3];
     char shorts[3 + 2 * MAX_OPTS + 2];
@@ -217,7 +359,6 @@ int app_opts_parse(const app_command_spec *spec, int argc, char **argv, int stop
     shorts[ns] = '\0';
     optind = 0; /* glibc: start over, as each command parses its own argv */
     opterr = 0;
-    const char *cmd = spec->name;
     for (int c; (c = getopt_long(argc, argv, shorts, longs, NULL)) != -1;) {
         if (c == 'h' || c == help_val) {
             fputs(spec->usage, stdout);
@@ -231,13 +372,18 @@ int app_opts_parse(const app_command_spec *spec, int argc, char **argv, int stop
         if (c == '?' || c == ':') {
             const char *typed = argv[optind - 1];
             if (c == ':')
-                return app_fail("%s: option %s needs a value (see rlx %s --help)", cmd, typed, cmd);
+                return app_fail("%soption %s needs a value (see %s)", cmd.pre, typed, cmd.help);
             if (optopt >= LONG_BASE)
-                return app_fail("%s: option --%s takes no value (see rlx %s --help)", cmd,
-                                refs[optopt - LONG_BASE].opt->name, cmd);
+                return app_fail("%soption --%s takes no value (see %s)", cmd.pre, refs[optopt - LONG_BASE].opt->name,
+                                cmd.help);
+            const char *cluster = optopt ? cluster_of(argc, argv, optopt) : NULL;
+            if (cluster)
+                return app_fail("%sunknown option '-%c' in '%s' (one dash takes one letter; --NAME is a long option; "
+                                "see %s)",
+                                cmd.pre, optopt, cluster, cmd.help);
             if (optopt)
-                return app_fail("%s: unknown option '-%c' (see rlx %s --help)", cmd, optopt, cmd);
-            return unknown_long(cmd, typed, longs, nl);
+                return app_fail("%sunknown option '-%c' (see %s)", cmd.pre, optopt, cmd.help);
+            return unknown_long(&cmd, typed, longs, nl);
         }
         const app_opt *o = NULL;
         char spelled[80];
@@ -262,6 +408,6 @@ int app_opts_parse(const app_command_spec *spec, int argc, char **argv, int stop
         return 0;
     }
     if (optind < argc)
-        return app_fail("%s: unexpected argument '%s' (see rlx %s --help)", cmd, argv[optind], cmd);
+        return app_fail("%sunexpected argument '%s' (see %s)", cmd.pre, argv[optind], cmd.help);
     return 0;
 }

@@ -39,7 +39,7 @@ typedef struct app_opt_group {
 #define APP_OPT_GROUP(title, array) ((app_opt_group){(title), (array), sizeof(array) / sizeof((array)[0])})
 
 typedef struct app_command_spec {
-    const char *name;  /* "generate": prefixes errors */
+    const char *name;  /* "generate": prefixes errors; NULL for rlx's own options, before a command */
     const char *usage; /* the --help text before the option lines */
     const app_opt_group *groups;
     size_t n_groups;
@@ -51,7 +51,9 @@ typedef struct app_command_spec {
  * after printing help or the version (the command then exits 0). With stop_at_operand, parsing
  * ends at the first argument that is no option and *first_operand is its index (argc if none);
  * with stop_at_operand 2 operands may stand anywhere: they are moved after the options (glibc's
- * permutation) and *first_operand is the index of the first; without it, an operand is an error. */
+ * permutation) and *first_operand is the index of the first; without it, an operand is an error.
+ * llama.cpp's options of several letters after one dash (-ctk, -ngl, ...) are rewritten in argv to
+ * the long names they stand for, or refused by name. */
 int app_opts_parse(const app_command_spec *spec, int argc, char **argv, int stop_at_operand, int *first_operand);
 
 /* Prints the option lines of the groups, each under its title. */

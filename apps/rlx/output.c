@@ -201,7 +201,10 @@ static char *json_object(const app_output *o, const app_finish *f) {
     cJSON *root = cJSON_CreateObject();
     if (o->opts.tok)
         cJSON_AddStringToObject(root, "text", o->text ? o->text : "");
-    cJSON_AddItemToObject(root, "tokens", cJSON_CreateIntArray(o->ids, (int)o->n_ids));
+    /* built by hand: cJSON_CreateIntArray returns NULL for no ids, which would drop the key (-n 0) */
+    cJSON *tokens = cJSON_AddArrayToObject(root, "tokens");
+    for (size_t i = 0; i < o->n_ids; i++)
+        cJSON_AddItemToArray(tokens, cJSON_CreateNumber(o->ids[i]));
     const int length = strcmp(f->stopped_by, "max_tokens") == 0 || strcmp(f->stopped_by, "context") == 0;
     cJSON_AddStringToObject(root, "finish_reason", length ? "length" : "stop");
     cJSON_AddStringToObject(root, "stopped_by", f->stopped_by);

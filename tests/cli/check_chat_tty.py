@@ -3,12 +3,16 @@
 model. Keys typed while a reply streams are neither echoed into it nor read as the next message
 (a note says they were discarded); Ctrl-C stops a reply and typing echoes again; Ctrl-D at the
 prompt ends the program with status 0 and leaves the cursor on a new line; SIGTERM during a
-reply leaves the terminal echoing. Exit status 77 (skipped) without tmux.
+reply leaves the terminal echoing. Messages reach the model whole, as the same messages through a
+pipe do (--stats and the context's refusal give their token counts): a line of 10000 bytes (a
+terminal's canonical mode cut it at 4095), a multi-line paste (bracketed, and as bare lines
+arriving at once), a line continued with a trailing backslash. Exit status 77 (skipped) without tmux.
 
   check_chat_tty.py --rlx BIN --workdir DIR
 """
 import argparse
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -146,6 +150,78 @@ def check_typing_and_eof(rlx, socket, log):
           "\n".join(lines))
 
 
+# a message longer than the Brown model's context (1024 positions), so the chat refuses it and
+# says how many tokens it takes: a message cut anywhere takes fewer
+LONG = ("The jury said it did not find any evidence that the election was conducted badly. " * 130)[:10000]
+PASTED = ["a pasted message", "of three lines", "sent as one"]
+CONTINUED = ["a message typed on two lines", "thanks to a backslash"]
+# "rlx: chat: this message takes N tokens, ..." or "rlx chat: 0 prompt tokens reused ..., N run ..."
+COUNT = re.compile(r"^rlx:? chat: (?:this message takes (\d+) tokens|\d+ prompt tokens reused from the cache, (\d+) run)")
+
+
+def counts(lines):
+    return [int(m.group(1) or m.group(2)) for m in map(COUNT.match, lines) if m]
+
+
+def check_whole_messages(rlx, socket, workdir, log):
+    """Each message (after /reset, so each is counted alone) takes as many tokens typed or pasted on a
+    terminal as it does through a pipe, where the same text comes as lines."""
+    argv = [rlx, "chat", "--greedy", "-n", "1", "--stats"]
+    piped = "\n".join([LONG, "/reset", '"""', *PASTED, '"""', "/reset", '"""', *PASTED, '"""', "/reset",
+                       CONTINUED[0] + "\\", CONTINUED[1]]) + "\n"
+    p = subprocess.run(argv, input=piped, capture_output=True, text=True, timeout=DEADLINE)
+    want = counts(p.stderr.splitlines())
+    if not check(p.returncode == 0 and len(want) == 4 and len(set(want[1:3])) == 1,
+                 "the messages through a pipe (a long line, a \"\"\" block, a backslash continuation)",
+                 f"exit {p.returncode}, counts {want}, stderr:\n{p.stderr}"):
+        return
+    pane = Pane(socket, "whole", " ".join(map(shlex.quote, argv)) + f"; exec sleep {DEADLINE * 4}")
+    pane.wait("rlx chat's prompt", at_prompt)
+
+    def sent(n, what):
+        lines = pane.wait(what, lambda lines: len(counts(lines)) >= n and at_prompt(lines))
+        return counts(lines)[n - 1], lines
+
+    def reset():
+        done = sum(line == "rlx chat: conversation cleared" for line in pane.lines())
+        pane.keys("/reset", literal=True)
+        pane.keys("Enter")
+        pane.wait("/reset", lambda lines: sum(line == "rlx chat: conversation cleared" for line in lines) > done
+                  and at_prompt(lines))
+
+    pane.keys(LONG, literal=True)
+    pane.keys("Enter")
+    got, lines = sent(1, "the answer to the long line")
+    check(got == want[0] and f"> {LONG}" in lines, f"a line of {len(LONG)} bytes on a terminal reaches the model "
+          f"whole: {got} tokens (through a pipe {want[0]}) and echoed whole", "\n".join(lines[-8:]))
+    buffer = os.path.join(workdir, "paste.txt")
+    with open(buffer, "w") as f:
+        f.write("\n".join(PASTED))
+    for n, bracketed in ((2, True), (3, False)):
+        reset()
+        subprocess.run(pane.tmux + ["load-buffer", buffer], check=True)
+        # -p: the paste is marked, as a terminal marks it for a program that asks (bracketed paste);
+        # without it the lines arrive bare, at once, with carriage returns as typed Enter keys would
+        subprocess.run(pane.tmux + ["paste-buffer", "-t", pane.name] + (["-p"] if bracketed else []), check=True)
+        pane.wait("the pasted lines", lambda lines: lines[-1] == f"... {PASTED[-1]}")
+        pane.keys("Enter")
+        got, lines = sent(n, "the answer to the paste")
+        shown = [f"> {PASTED[0]}"] + [f"... {line}" for line in PASTED[1:]]
+        check(got == want[n - 1] and "\n".join(shown) in "\n".join(lines),
+              f"a {'bracketed' if bracketed else 'bare'} paste of {len(PASTED)} lines is one message: {got} tokens "
+              f"(a \"\"\" block through a pipe {want[n - 1]})", "\n".join(lines[-12:]))
+    reset()
+    pane.keys(CONTINUED[0] + "\\", literal=True)
+    pane.keys("Enter")
+    pane.wait("the continuation prompt", lambda lines: lines[-1] == "...")
+    pane.keys(CONTINUED[1], literal=True)
+    pane.keys("Enter")
+    got, lines = sent(4, "the answer to the continued line")
+    check(got == want[3], f"a line ending in a backslash goes on on the next: {got} tokens (through a pipe {want[3]})",
+          "\n".join(lines[-8:]))
+    log.write("\n".join(pane.lines()) + "\n")
+
+
 def check_sigterm(rlx, socket, workdir, log):
     """SIGTERM while a reply streams: the program dies of it, and the terminal echoes again."""
     pid_file = os.path.join(workdir, "chat.pid")
@@ -186,6 +262,7 @@ def main():
     try:
         with open(os.path.join(args.workdir, "panes.log"), "w") as log:
             check_typing_and_eof(os.path.abspath(args.rlx), socket, log)
+            check_whole_messages(os.path.abspath(args.rlx), socket, args.workdir, log)
             check_sigterm(os.path.abspath(args.rlx), socket, args.workdir, log)
     except TimeoutError as e:
         failures.append(str(e))

@@ -2,9 +2,11 @@
 """The command line a llama.cpp user expects, through the CLI on the shipped Brown model:
 llama.cpp's spellings (-m, -p, -f, -n, -t, -c, -s, --ctx-size, --temp 0), --version on every
 command, --help generated from the same table that parses (every option it lists is accepted),
-random seeds by default and fixed by --seed, -ctk/-ctv f16 caches, one clear line for bad or
-pointless options, `rlx stage --standby` listening on the deployment file's standby address, the
-pipeline credentials and stage limits: listed, checked, and inherited by launched stages, and the
+random seeds by default and fixed by --seed (-1: random), -ctk/-ctv f16 caches (either alone sets
+both), llama.cpp's single-dash spellings of several letters (-ngl, -fa, -ub, -sys, ...) taken or
+refused by name, one clear line for bad or pointless options and for a model path that is wrong,
+`rlx` alone and --json -n 0, `rlx stage --standby` listening on the deployment file's standby address,
+the pipeline credentials and stage limits: listed, checked, and inherited by launched stages, and the
 line a stage started by hand prints once listening (the bound port, who may connect).
 
   check_options.py --rlx BIN --conformance BIN --workdir DIR
@@ -127,8 +129,15 @@ def check_kv_cache_types(rlx, work):
     # the first position attends only to itself, so a cache round trip moves later rows only
     expect(0 < diff < 0.02 * scale, f"F16 cache: logits moved by {diff} (scale {scale}); want > 0 and < 2 %")
     expect(rows["f16"] == rows["f16-long"], "-ctk/-ctv and --cache-type-k/-v give different logits")
+    # rlx keeps one type: either spelling alone sets both, and a pair that differs is refused
+    for alone in (["-ctk", "f16"], ["-ctv", "f16"]):
+        out = os.path.join(work, "logits-alone.bin")
+        p = run([rlx, "logits", "--tokens", tokens, "--all", "--out", out] + alone)
+        expect(p.returncode == 0 and open(out, "rb").read() == rows["f16"],
+               f"{' '.join(alone)} alone does not give the F16 cache of -ctk f16 -ctv f16: {p.stderr!r}")
     gen = [rlx, "generate", "-p", "hi", "-n", "2"]
-    expect_error(run(gen + ["-ctk", "f16"]), r"--cache-type-k f16 and --cache-type-v f32 differ", "-ctk alone")
+    expect_error(run(gen + ["-ctk", "f16", "-ctv", "f32"]), r"--cache-type-k f16 and --cache-type-v f32 differ",
+                 "-ctk and -ctv that differ")
     expect_error(run(gen + ["-ctk", "q4_0", "-ctv", "q4_0"]), r"'q4_0' is not a KV cache type rlx has: f32 or f16",
                  "a cache type rlx lacks")
 
@@ -182,6 +191,115 @@ def check_errors(rlx):
            f"--top-k and --seed with --temp 0: exit {idle.returncode}, stderr {idle.stderr!r}")
     graph = run([rlx, "graph", "--positions", "3"])
     expect(graph.returncode == 0 and "f32[3," in graph.stdout, f"graph --positions 3: {graph.stderr!r}")
+
+
+def check_llama_spellings(rlx):
+    """llama.cpp's options of several letters after one dash are read as llama.cpp means them, not
+    as clusters of short options (-ngl 99 was -n with the value 'gl'): those with a meaning in rlx
+    work, -ngl and its long names go on with a warning, and the others are refused by name."""
+    base = [rlx, "generate", "-p", "The city of", "-n", "6", "--greedy"]
+    want = run(base)
+    expect(want.returncode == 0 and want.stdout.strip(), f"generate --greedy: {want.stderr!r}")
+    for extra, note in ((["-ngl", "99"], r"^rlx: warning: --n-gpu-layers 99: rlx has no GPU offload"),
+                        (["--n-gpu-layers", "all"], r"^rlx: warning: --n-gpu-layers all: rlx has no GPU offload"),
+                        (["--gpu-layers", "0"], None),
+                        (["-fa"], r"^rlx: note: --flash-attn has no effect"),
+                        (["-fa", "off"], r"^rlx: note: --flash-attn has no effect"),
+                        (["-ub", "128", "-b", "512"], r"^rlx: note: --ubatch-size has no effect"),
+                        (["-no-cnv"], None), (["--seed", "-1"], None)):
+        p = run(base + extra)
+        expect(p.returncode == 0 and p.stdout == want.stdout and
+               (re.search(note, p.stderr, re.M) if note else "warning" not in p.stderr),
+               f"generate {' '.join(extra)}: exit {p.returncode}, {p.stdout!r} (want {want.stdout!r}), "
+               f"stderr {p.stderr!r} (want {note!r})")
+    # before the command too, and -fa without a value does not take the next option as one
+    p = run([rlx, "-ngl", "99", "-fa", "generate", "-p", "The city of", "-n", "6", "--greedy"])
+    expect(p.returncode == 0 and p.stdout == want.stdout, f"-ngl 99 -fa before the command: {p.stderr!r}")
+    p = run([rlx, "generate", "-fa", "-p", "The city of", "-n", "6", "--greedy"])
+    expect(p.returncode == 0 and p.stdout == want.stdout, f"-fa before -p: {p.stderr!r}")
+    expect_error(run(base + ["-ngl", "x"]), r"--n-gpu-layers: 'x' is not a number of layers, auto or all", "-ngl x")
+    expect_error(run(base + ["-fa", "maybe"]), r"unexpected argument 'maybe'", "-fa maybe")
+    expect_error(run(base + ["-dev", "none"]), r"generate: '-dev' is llama.cpp's --device, which rlx generate does "
+                 r"not take; instead: --plugin NAME", "-dev")
+    expect_error(run(base + ["-np", "4"]), r"'-np' is llama.cpp's --parallel, which rlx generate does not take; "
+                 r"instead: rlx serve --parallel N", "-np on generate")
+    expect_error(run(base + ["-cnv"]), r"'-cnv' is llama.cpp's --conversation, which rlx generate does not take; "
+                 r"instead: rlx chat", "-cnv on generate")
+    expect_error(run([rlx, "chat", "-no-cnv"]), r"chat: '-no-cnv' is llama.cpp's --no-conversation", "-no-cnv on chat")
+    expect_error(run([rlx, "-sys", "x", "chat"]), r"^rlx: '-sys' is llama.cpp's --system-prompt, which rlx before a "
+                 r"command does not take", "-sys before the command")
+    expect_error(run(base + ["-xyz"]), r"unknown option '-x' in '-xyz' \(one dash takes one letter", "a cluster")
+    # a value that looks like llama.cpp's spelling stays a value
+    p = run(base + ["--stop", "-ngl"])
+    expect(p.returncode == 0 and "warning" not in p.stderr, f"--stop -ngl: {p.stderr!r}")
+    # -sys and -sysf are chat's --system
+    chat = [rlx, "chat", "-n", "6", "--greedy"]
+    ref = run(chat + ["--system", "Be brief."], stdin="Tell me about the city\n")
+    expect(ref.returncode == 0 and ref.stdout.strip(), f"chat --system: {ref.stderr!r}")
+    for extra in (["-sys", "Be brief."], ["--system-prompt", "Be brief."], ["-cnv", "-sys", "Be brief."]):
+        p = run(chat + extra, stdin="Tell me about the city\n")
+        expect(p.returncode == 0 and p.stdout == ref.stdout, f"chat {' '.join(extra)}: {p.stdout!r} (want "
+               f"{ref.stdout!r}) {p.stderr!r}")
+
+
+def check_seed_minus_one(rlx):
+    """--seed -1 is llama.cpp's random seed: a new one each run."""
+    base = [rlx, "generate", "-p", "The", "-n", "24", "--temp", "1.0", "--stats", "--seed", "-1"]
+    a, b = run(base), run(base)
+    seeds = [re.search(r"^rlx: seed (\d+) \(drawn", p.stderr, re.M) for p in (a, b)]
+    expect(all(seeds) and seeds[0].group(1) != seeds[1].group(1),
+           f"--seed -1 twice: {a.stderr!r} {b.stderr!r}")
+    expect_error(run(base[:-1] + ["-2"]), r"--seed: '-2' is not a seed \(a non-negative integer, or -1",
+                 "--seed -2")
+
+
+def check_usage_and_outputs(rlx, work):
+    """`rlx` alone lists the commands and points to --help (it ended mid-sentence); rlx's own
+    errors say "rlx:" once; --json -n 0 keeps its tokens key."""
+    p = run([rlx])
+    expect(p.returncode == 1 and "  generate " in p.stderr and p.stderr.endswith("before the command too.\n"),
+           f"rlx alone: exit {p.returncode}, {p.stderr!r}")
+    full = run([rlx, "--help"])
+    expect(full.returncode == 0 and re.search(r"may also come before the command:\n\noptions:\n  -m, --model",
+                                              full.stdout), f"rlx --help: {full.stdout[:600]!r}")
+    p = run([rlx, "-x"])
+    expect(p.returncode == 1 and p.stderr == "rlx: unknown option '-x' (see rlx --help)\n", f"rlx -x: {p.stderr!r}")
+    p = run([rlx, "--bogus"])
+    expect(p.stderr == "rlx: unknown option '--bogus' (see rlx --help)\n", f"rlx --bogus: {p.stderr!r}")
+    p = run([rlx, "generate", "-p", "hi", "-n", "0", "--json"])
+    out = json.loads(p.stdout) if p.returncode == 0 and p.stdout.strip() else {}
+    expect(out.get("tokens") == [] and out.get("n_generated") == 0 and out.get("text") == "",
+           f"generate --json -n 0: {p.stdout!r} {p.stderr!r}")
+
+
+def check_model_paths(rlx, work):
+    """-m names what is wrong with a path: that it does not exist, that a file is no model, that a
+    folder holds GGUF files (to be given as files) but no checkpoint; all said "no model.safetensors"."""
+    gen = [rlx, "generate", "-p", "hi", "-n", "2", "-m"]
+    missing = os.path.join(work, "nowhere")
+    expect_error(run(gen + [missing]), re.escape(f"{missing}: No such file or directory (the model is a GGUF file "
+                                                  "or a directory with config.json and *.safetensors)"),
+                 "a model path that does not exist")
+    typo = os.path.join(work, "x.gguf.nope")
+    expect_error(run(gen + [typo]), re.escape(f"{typo}: No such file or directory"), "a misspelled GGUF file")
+    junk = os.path.join(work, "notes.txt")
+    with open(junk, "w") as f:
+        f.write("not a model\n")
+    expect_error(run(gen + [junk]), re.escape(f"{junk} is a file, but neither a GGUF file nor a model directory"),
+                 "a file that is no model")
+    folder = os.path.join(work, "gguf-folder")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "Qwen3-0.6B-Q4_K_M.gguf"), "wb") as f:
+        f.write(b"GGUF")
+    expect_error(run(gen + [folder]), re.escape(f"{folder} is a directory with GGUF files (Qwen3-0.6B-Q4_K_M.gguf) "
+                                                "but no config.json or *.safetensors: give the GGUF file itself as "
+                                                f"the model, e.g. -m {folder}/Qwen3-0.6B-Q4_K_M.gguf"),
+                 "a folder of GGUF files")
+    empty = os.path.join(work, "empty-folder")
+    os.makedirs(empty, exist_ok=True)
+    expect_error(run(gen + [empty]), re.escape(f"{empty}: no model.safetensors or model.safetensors.index.json (a "
+                                               "model directory holds config.json and *.safetensors"),
+                 "an empty folder")
 
 
 def free_port():
@@ -428,6 +546,10 @@ def main():
     check_kv_cache_types(args.rlx, args.workdir)
     check_logit_bias(args.rlx)
     check_errors(args.rlx)
+    check_llama_spellings(args.rlx)
+    check_seed_minus_one(args.rlx)
+    check_usage_and_outputs(args.rlx, args.workdir)
+    check_model_paths(args.rlx, args.workdir)
     check_stage_standby(args.rlx, args.workdir)
     check_stage_security(args.rlx, args.workdir)
     check_stage_start_line(args.rlx, args.workdir)

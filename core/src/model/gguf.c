@@ -2,6 +2,7 @@
  * left before it is used, so a corrupt or hostile header ends in an error naming the file, the
  * key or tensor and the byte offset, never in a read past the mapping or an allocation sized by
  * the file's say-so: counts are bounded by the bytes that could hold them. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -480,7 +481,14 @@ rlx_status rlx__gguf_not_gguf(const char *path) {
 
 rlx_status rlx__model_path_is_gguf(const char *path, int *gguf) {
     struct stat sb;
-    *gguf = stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+    *gguf = 0;
+    /* said here, before "no model.safetensors" would send the user looking inside a directory */
+    if (stat(path, &sb) != 0)
+        return rlx_error(errno == ENOENT ? RLX_E_NOT_FOUND : RLX_E_IO,
+                         "%s: %s (the model is a GGUF file or a directory "
+                         "with config.json and *.safetensors)",
+                         path, strerror(errno));
+    *gguf = S_ISREG(sb.st_mode);
     return *gguf && !rlx__is_gguf(path) ? rlx__gguf_not_gguf(path) : RLX_OK;
 }
 

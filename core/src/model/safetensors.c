@@ -11,9 +11,11 @@
  * Alignment: the format promises none and writers pack tensors back to back after a header of any
  * length, so rlx_weight.data is only byte-aligned (a BF16 tensor may start at an odd multiple of 2).
  * The pointers are handed out as they are; kernels read them with memcpy or unaligned-safe loads. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -304,6 +306,39 @@ rlx_status rlx__weights_open_file(const char *path, rlx_weights **out) {
     return RLX_OK;
 }
 
+/* What a model directory without safetensors holds instead: GGUF files are named, as a user who
+ * gives the folder a GGUF download landed in means one of them. */
+static rlx_status no_safetensors(const char *model_dir) {
+    char found[512] = "";
+    size_t n_found = 0;
+    DIR *d = opendir(model_dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 5, ".gguf") != 0)
+            continue;
+        if (n_found++ < 4) {
+            size_t used = strlen(found);
+            snprintf(found + used, sizeof found - used, "%s%s", used ? ", " : "", e->d_name);
+        }
+    }
+    if (d)
+        closedir(d);
+    if (!n_found)
+        return rlx_error(RLX_E_IO,
+                         "%s: no model.safetensors or model.safetensors.index.json (a model directory holds "
+                         "config.json and *.safetensors; a GGUF model is given as its file)",
+                         model_dir);
+    char *config = rlx__path_join(model_dir, "config.json");
+    const int has_config = config && access(config, F_OK) == 0;
+    free(config);
+    const char *comma = strchr(found, ',');
+    return rlx_error(RLX_E_IO,
+                     "%s is a directory with GGUF files (%s%s) but no %s*.safetensors: give the GGUF file itself as "
+                     "the model, e.g. -m %s/%.*s",
+                     model_dir, found, n_found > 4 ? ", ..." : "", has_config ? "" : "config.json or ", model_dir,
+                     comma ? (int)(comma - found) : (int)strlen(found), found);
+}
+
 rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out) {
     if (out)
         *out = NULL;
@@ -335,7 +370,7 @@ rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out) {
     } else {
         st = rlx__json_load(index_path, 1, &index);
         if (st == RLX_OK && !index)
-            st = rlx_error(RLX_E_IO, "%s: no model.safetensors or model.safetensors.index.json", model_dir);
+            st = no_safetensors(model_dir);
         if (st == RLX_OK)
             st = open_shards(w, model_dir, index_path, index);
     }
