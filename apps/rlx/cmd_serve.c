@@ -43,7 +43,7 @@ typedef struct serve_args {
     const char *host, *alias, *api_key, *api_key_file;
     uint32_t port, parallel, total_ctx, slot_ctx, queue, max_tokens_limit, timeout_s, drain_s, max_connections;
     uint64_t max_body;
-    int total_ctx_given, parallel_given;
+    int total_ctx_given, parallel_given, special_in_content;
 } serve_args;
 
 /* The id /v1/models lists: --alias, else the model's file or directory name. */
@@ -220,6 +220,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
          "connections served at once, one thread each (default 1024); up to 256 more\n"
          "get 503 with Retry-After, beyond that the connection is refused",
          APP_OPT_U32, &a.max_connections, .min = 1},
+        {0, "special-in-content", NULL, NULL, APP_SPECIAL_IN_CONTENT_HELP, APP_OPT_FLAG, &a.special_in_content},
     };
     const app_opt_group groups[] = {APP_OPT_GROUP("serve:", own), app_common_group(o), app_spec_group(&spec),
                                     app_pipeline_group(&o->pipeline)};
@@ -255,7 +256,8 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                       .max_body = (size_t)a.max_body,
                       .max_tokens_limit = a.max_tokens_limit,
                       .timeout_s = a.timeout_s,
-                      .completion_default = 16};
+                      .completion_default = 16,
+                      .special_in_content = a.special_in_content};
     s.api_key_len = s.api_key ? strlen(s.api_key) : 0;
     atomic_init(&s.phase, SERVE_LOADING);
     if (catch_stop_signals()) {

@@ -41,6 +41,7 @@ typedef struct serve_server {
     uint32_t max_tokens_limit;   /* the most max_tokens a request may ask for; 0 = the slot's room */
     uint32_t timeout_s;          /* the longest wait for a request's next engine event, and idle connections */
     uint32_t completion_default; /* max_tokens of /v1/completions when the request gives none (OpenAI's 16) */
+    int special_in_content;      /* --special-in-content: special tokens in chat messages are parsed */
     /* set once loaded (phase becomes SERVE_READY after them) */
     const char *model_id; /* what /v1/models lists and responses echo when a request names none */
     rlx_engine *engine;
