@@ -40,6 +40,7 @@ typedef struct conversation {
     size_t n, cap;
     int32_t *cached; /* the ids the KV cache holds, in order */
     size_t n_cached, cap_cached;
+    int special_in_content; /* --special-in-content */
 } conversation;
 
 static int add_message(conversation *c, const char *role, const char *content) {
@@ -131,21 +132,24 @@ static int on_token(void *ctx, int32_t token) {
 }
 
 /* The ids of the conversation as the template renders it for a reply, leaving out the `drop`
- * messages after the first n_fixed. */
-static int render_ids(rlx_tokenizer *tok, const conversation *c, size_t n_fixed, size_t drop, int think, int32_t **ids,
-                      size_t *n) {
+ * messages after the first n_fixed; the encoding stops past max_ids, setting *over. */
+static int render_ids(rlx_tokenizer *tok, const conversation *c, size_t n_fixed, size_t drop, int think, size_t max_ids,
+                      int32_t **ids, size_t *n, int *over) {
     rlx_chat_message *view = malloc(c->n * sizeof *view);
     if (!view)
         return app_fail("chat: out of memory");
     memcpy(view, c->msgs, n_fixed * sizeof *view);
     memcpy(view + n_fixed, c->msgs + n_fixed + drop, (c->n - n_fixed - drop) * sizeof *view);
     char *rendered;
-    rlx_status rc = rlx_chat_render(tok, view, c->n - drop, 1, think, &rendered);
+    rlx_text_span *markup;
+    size_t n_markup;
+    rlx_status rc = rlx_chat_render_spans(tok, view, c->n - drop, 1, think, &rendered, &markup, &n_markup);
     free(view);
     if (rc != RLX_OK)
         return app_fail_rlx("chat: cannot apply the chat template");
-    rc = rlx_tokenizer_encode(tok, rendered, strlen(rendered), 1, ids, n);
+    rc = app_encode_chat(tok, rendered, markup, n_markup, c->special_in_content, max_ids, ids, n, over);
     free(rendered);
+    free(markup);
     if (rc != RLX_OK)
         return app_fail_rlx("chat: cannot encode the conversation");
     return 0;
@@ -159,10 +163,12 @@ static int fit_conversation(const app_runtime *rt, rlx_tokenizer *tok, conversat
                             int32_t **ids, size_t *n) {
     uint32_t capacity = rt->lm.capacity(rt->lm.self);
     size_t drop = 0, turns = 0;
+    int over = 0;
     for (;;) {
-        if (render_ids(tok, c, n_fixed, drop, think, ids, n))
+        /* a conversation that does not fit is not encoded past the context */
+        if (render_ids(tok, c, n_fixed, drop, think, capacity - 1, ids, n, &over))
             return 1;
-        if (*n < capacity)
+        if (!over && *n < capacity)
             break;
         free(*ids);
         *ids = NULL;
@@ -171,10 +177,10 @@ static int fit_conversation(const app_runtime *rt, rlx_tokenizer *tok, conversat
             next++;
         if (next == c->n) {
             char context[80];
-            return app_fail("chat: %s %zu tokens, which leaves no room for a reply in the context (%s); the "
-                            "conversation is kept as it was",
-                            n_fixed ? "the system prompt and this message take" : "this message takes", *n,
-                            app_describe_context(rt, capacity, context, sizeof context));
+            return app_fail("chat: %s more than %zu tokens, which leaves no room for a reply in the context (%s); "
+                            "the conversation is kept as it was",
+                            n_fixed ? "the system prompt and this message take" : "this message takes",
+                            (size_t)capacity - 1, app_describe_context(rt, capacity, context, sizeof context));
         }
         drop = next - n_fixed;
         turns++;
@@ -276,7 +282,7 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, rlx_s
 
 int cmd_chat(int argc, char **argv, app_options *o) {
     const char *system = NULL, *system_file = NULL;
-    int no_think = 0, stats = 0, max_given = 0, is_conversation = 0;
+    int no_think = 0, special_in_content = 0, stats = 0, max_given = 0, is_conversation = 0;
     uint32_t max_new = 512;
     app_sampling sampling = {0};
     const app_opt own[] = {
@@ -289,6 +295,7 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         {0, "conversation", NULL, NULL, "llama.cpp's -cnv, taken: chat is always a conversation", APP_OPT_FLAG,
          &is_conversation},
         {0, "no-think", NULL, NULL, "Qwen3's enable_thinking=false", APP_OPT_FLAG, &no_think},
+        {0, "special-in-content", NULL, NULL, APP_SPECIAL_IN_CONTENT_HELP, APP_OPT_FLAG, &special_in_content},
         {'n', "n-predict", NULL, "N",
          "at most N tokens per reply (default 512; -1: until end-of-sequence); a\n"
          "reply also stops at the end of the context (--ctx), and a message that does\n"
@@ -321,7 +328,7 @@ int cmd_chat(int argc, char **argv, app_options *o) {
     rlx_tokenizer *tok = NULL;
     rlx_sampler *sampler = NULL;
     rlx_stop_matcher *stopper = NULL;
-    conversation c = {0};
+    conversation c = {.special_in_content = special_in_content};
     int status = app_generation_defaults(&rt, &sampling, &max_new, max_given);
     if (!status && app_tokenizer_open(&rt, &tok) != RLX_OK)
         status = app_fail_rlx("chat: cannot load the tokenizer");

@@ -18,9 +18,11 @@ static const char usage[] =
 
 static int emit(void *ctx, int32_t token, const float *logits) { return app_output_token(ctx, token, logits); }
 
-/* The prompt's ids: parsed from --tokens, or the tokenizer's encoding of --prompt. */
+/* The prompt's ids: parsed from --tokens, or the tokenizer's encoding of --prompt, which stops
+ * once it passes max_ids (0: no limit), setting *over. */
 static int prompt_ids(const app_runtime *rt, const char *tokens, const char *prompt, int chat, int think,
-                      rlx_tokenizer **tok, int32_t **ids, size_t *n) {
+                      int special_in_content, size_t max_ids, rlx_tokenizer **tok, int32_t **ids, size_t *n,
+                      int *over) {
     if (tokens) {
         int count = app_parse_tokens("--tokens", tokens, ids);
         if (count < 0)
@@ -30,16 +32,22 @@ static int prompt_ids(const app_runtime *rt, const char *tokens, const char *pro
     }
     if (app_tokenizer_open(rt, tok) != RLX_OK)
         return app_fail_rlx("generate: cannot load the tokenizer");
-    char *rendered = NULL;
+    rlx_status rc;
     if (chat) {
         rlx_chat_message m = {.role = "user", .content = prompt};
-        if (rlx_chat_render(*tok, &m, 1, 1, think, &rendered) != RLX_OK)
+        char *rendered;
+        rlx_text_span *markup;
+        size_t n_markup;
+        if (rlx_chat_render_spans(*tok, &m, 1, 1, think, &rendered, &markup, &n_markup) != RLX_OK)
             return app_fail_rlx("generate: cannot apply the chat template");
-        prompt = rendered;
+        rc = app_encode_chat(*tok, rendered, markup, n_markup, special_in_content, max_ids, ids, n, over);
+        free(rendered);
+        free(markup);
+    } else {
+        /* special tokens in raw text are parsed, as Hugging Face's tokenizer(text) and llama.cpp do */
+        rlx_encode_options eo = {.size = sizeof eo, .parse_special = 1, .max_ids = max_ids};
+        rc = rlx_tokenizer_encode_ex(*tok, prompt, strlen(prompt), &eo, ids, n, over);
     }
-    /* special tokens in the text are parsed, as Hugging Face's tokenizer(text) does by default */
-    rlx_status rc = rlx_tokenizer_encode(*tok, prompt, strlen(prompt), 1, ids, n);
-    free(rendered);
     if (rc != RLX_OK)
         return app_fail_rlx("generate: cannot encode the prompt");
     if (*n == 0)
@@ -47,13 +55,13 @@ static int prompt_ids(const app_runtime *rt, const char *tokens, const char *pro
     return 0;
 }
 
-/* Fits a prompt of n tokens into rt's context: one longer than the context fails unless
- * truncate. With truncate, a prompt that leaves the reply less than min(n_new, capacity / 2)
+/* Fits a prompt of n tokens (more, when over) into rt's context: one longer than the context
+ * fails unless truncate. With truncate, a prompt that leaves the reply less than min(n_new, capacity / 2)
  * positions loses its first tokens down to capacity - min(n_new, capacity / 2): the reply gets
  * the room it asks for, but never at the cost of more than half the context, which stays the
  * prompt's. *skip is the number of prompt tokens dropped, *max_new is n_new limited to the room
  * that is left. 1 after reporting. */
-static int fit_context(const app_runtime *rt, size_t n, uint32_t n_new, int truncate, uint32_t *skip,
+static int fit_context(const app_runtime *rt, size_t n, int over, uint32_t n_new, int truncate, uint32_t *skip,
                        uint32_t *max_new) {
     uint32_t capacity = rt->lm.capacity(rt->lm.self);
     char context[80];
@@ -64,10 +72,10 @@ static int fit_context(const app_runtime *rt, size_t n, uint32_t n_new, int trun
             *skip = (uint32_t)(n - (capacity - room));
             fprintf(stderr, "rlx: prompt truncated to its last %u of %zu tokens\n", capacity - room, n);
         }
-    } else if (n > capacity) {
-        return app_fail("generate: a prompt of %zu tokens does not fit the context (%s); --truncate keeps its last "
-                        "tokens",
-                        n, app_describe_context(rt, capacity, context, sizeof context));
+    } else if (n > capacity || over) {
+        return app_fail("generate: a prompt of %s%zu tokens does not fit the context (%s); --truncate keeps its "
+                        "last tokens",
+                        over ? "more than " : "", n, app_describe_context(rt, capacity, context, sizeof context));
     }
     uint32_t room = capacity - (uint32_t)(n - *skip);
     *max_new = n_new < room ? n_new : room;
@@ -77,8 +85,8 @@ static int fit_context(const app_runtime *rt, size_t n, uint32_t n_new, int trun
 int cmd_generate(int argc, char **argv, app_options *o) {
     const char *tokens = NULL, *prompt = NULL, *file = NULL;
     uint32_t n_new = 16;
-    int stats = 0, chat = 0, no_think = 0, truncate = 0, n_given = 0, json = 0, logprobs_given = 0, ignore_eos = 0,
-        no_conversation = 0;
+    int stats = 0, chat = 0, no_think = 0, special_in_content = 0, truncate = 0, n_given = 0, json = 0,
+        logprobs_given = 0, ignore_eos = 0, no_conversation = 0;
     uint32_t top_logprobs = 0;
     app_sampling sampling = {0};
     app_spec_options spec_options = {0};
@@ -96,6 +104,8 @@ int cmd_generate(int argc, char **argv, app_options *o) {
          "llama.cpp's -no-cnv, taken: generate continues the prompt as it is\n"
          "unless --chat",
          APP_OPT_FLAG, &no_conversation},
+        {0, "special-in-content", NULL, NULL, "with --chat: " APP_SPECIAL_IN_CONTENT_HELP, APP_OPT_FLAG,
+         &special_in_content},
         {0, "truncate", NULL, NULL,
          "drop the start of a prompt that leaves fewer than min(N, ctx/2) positions\n"
          "for the reply (a prompt longer than the context fails without it)",
@@ -137,6 +147,9 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         return app_fail("generate: --no-conversation (-no-cnv) and --chat contradict each other");
     if (no_think && !chat)
         return app_fail("generate: --no-think only changes the chat template; it needs --chat");
+    if (special_in_content && !chat)
+        return app_fail("generate: --special-in-content is about chat messages; it needs --chat (special tokens "
+                        "in a raw prompt are always parsed)");
     char *file_text = NULL;
     size_t file_len;
     if (file && !(prompt = file_text = app_read_file("generate", file, 1, &file_len)))
@@ -160,11 +173,15 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     rlx_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
-    int status = prompt_ids(&rt, tokens, prompt, chat, !no_think, &tok, &ids, &n);
     uint32_t capacity = rt.lm.capacity(rt.lm.self), skip = 0, max_new = 0;
+    int over = 0;
+    /* a prompt longer than the context is refused, so its encoding stops there; --truncate keeps
+     * the end of the prompt and needs all of it */
+    int status = prompt_ids(&rt, tokens, prompt, chat, !no_think, special_in_content, truncate ? 0 : capacity, &tok,
+                            &ids, &n, &over);
     char context[80];
     if (!status)
-        status = fit_context(&rt, n, n_new, truncate, &skip, &max_new);
+        status = fit_context(&rt, n, over, n_new, truncate, &skip, &max_new);
     /* the JSON object gives the text and each token's too when the model has a tokenizer, even for
      * a prompt of ids; without one it has the ids only */
     if (!status && json && !tok && app_tokenizer_open(&rt, &tok) != RLX_OK)

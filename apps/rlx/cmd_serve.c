@@ -54,7 +54,7 @@ typedef struct serve_args {
     uint32_t port, parallel, total_ctx, slot_ctx, queue, max_tokens_limit, timeout_s, drain_s, max_connections;
     uint32_t request_timeout_s, max_connections_per_ip;
     uint64_t max_body;
-    int total_ctx_given, parallel_given, api_key_given, insecure_listen;
+    int total_ctx_given, parallel_given, api_key_given, insecure_listen, special_in_content;
     const char *cors_origins[MAX_CORS_ORIGINS];
     size_t n_cors_origins;
 } serve_args;
@@ -355,6 +355,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
          "connections one client address may hold open (default 128; 0: no limit, as\n"
          "behind a proxy, whose address every client has); more are closed at once",
          APP_OPT_U32, &a.max_connections_per_ip},
+        {0, "special-in-content", NULL, NULL, APP_SPECIAL_IN_CONTENT_HELP, APP_OPT_FLAG, &a.special_in_content},
     };
     const app_opt_group groups[] = {APP_OPT_GROUP("serve:", own), app_common_group(o), app_spec_group(&spec),
                                     app_pipeline_group(&o->pipeline)};
@@ -396,7 +397,8 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                       .listen_host = a.host,
                       .cors_origins = a.cors_origins,
                       .n_cors_origins = a.n_cors_origins,
-                      .completion_default = 16};
+                      .completion_default = 16,
+                      .special_in_content = a.special_in_content};
     s.api_key_len = s.api_key ? strlen(s.api_key) : 0;
     atomic_init(&s.phase, SERVE_LOADING);
     if (catch_stop_signals()) {

@@ -137,6 +137,17 @@ rlx_status app_tokenizer_open(const app_runtime *rt, rlx_tokenizer **tok) {
     return m ? rlx_tokenizer_open_model(m, tok) : rlx_tokenizer_open(rt->model_dir, tok);
 }
 
+rlx_status app_encode_chat(const rlx_tokenizer *tok, const char *text, const rlx_text_span *markup, size_t n_markup,
+                           int special_in_content, size_t max_ids, int32_t **ids, size_t *n_ids, int *truncated) {
+    static const rlx_text_span no_markup; /* a rendering may have none; NULL would mean "no spans" */
+    rlx_encode_options eo = {.size = sizeof eo, .parse_special = 1, .max_ids = max_ids};
+    if (!special_in_content) {
+        eo.special_spans = markup ? markup : &no_markup;
+        eo.n_special_spans = markup ? n_markup : 0;
+    }
+    return rlx_tokenizer_encode_ex(tok, text, strlen(text), &eo, ids, n_ids, truncated);
+}
+
 const char *app_describe_context(const app_runtime *rt, uint32_t capacity, char *buf, size_t size) {
     const rlx_model_config *c = rt->runtime ? rlx_runtime_config(rt->runtime) : NULL;
     int64_t max_pos = c ? c->max_position_embeddings : 0;

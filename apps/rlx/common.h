@@ -89,6 +89,19 @@ void app_runtime_close(app_runtime *rt);
  * at open, not a second parse), else from the model path. The status of rlx_tokenizer_open. */
 rlx_status app_tokenizer_open(const app_runtime *rt, rlx_tokenizer **tok);
 
+/* The help of --special-in-content (rlx serve, chat and generate --chat). */
+#define APP_SPECIAL_IN_CONTENT_HELP                                                                                    \
+    "parse special tokens (<|im_start|> ...) written inside chat messages, as\n"                                       \
+    "older rlx did: a message can then forge turns of other roles (by default\n"                                       \
+    "only the chat template's own markup is special and message text is text)"
+
+/* Encodes text rendered by rlx_chat_render_spans: special tokens count only in its markup spans,
+ * so that <|im_start|> typed in a message stays those characters, unless special_in_content
+ * (then everywhere). max_ids and *truncated as rlx_encode_options' and rlx_tokenizer_encode_ex's
+ * (0: no limit). The status of rlx_tokenizer_encode_ex. */
+rlx_status app_encode_chat(const rlx_tokenizer *tok, const char *text, const rlx_text_span *markup, size_t n_markup,
+                           int special_in_content, size_t max_ids, int32_t **ids, size_t *n_ids, int *truncated);
+
 /* Resolves s->params from the command line over the defaults: the deployment file's
  * generation: section (when rt runs one), else the model's generation_config.json, else greedy;
  * a random seed unless one was given. Sets *max_new from the file unless max_new_given. 1 after

@@ -441,8 +441,9 @@ static int message_content(const cJSON *msg, char **out, serve_error *e) {
 }
 
 /* messages through the model's chat template; chat_template_kwargs.enable_thinking (llama.cpp's
- * extension) picks Qwen3's non-thinking mode. */
-static int render_chat(serve_job *j, const cJSON *root, char **prompt, serve_error *e) {
+ * extension) picks Qwen3's non-thinking mode. *markup: the spans of the template's own text. */
+static int render_chat(serve_job *j, const cJSON *root, char **prompt, rlx_text_span **markup, size_t *n_markup,
+                       serve_error *e) {
     const cJSON *msgs = member(root, "messages");
     int n = cJSON_IsArray(msgs) ? cJSON_GetArraySize(msgs) : 0;
     if (n == 0)
@@ -475,7 +476,7 @@ static int render_chat(serve_job *j, const cJSON *root, char **prompt, serve_err
         m[i].content = contents[i];
         m[i].reasoning_content = reasoning;
     }
-    if (rc == 0 && rlx_chat_render(j->server->tok, m, (size_t)n, 1, think, prompt) != RLX_OK) {
+    if (rc == 0 && rlx_chat_render_spans(j->server->tok, m, (size_t)n, 1, think, prompt, markup, n_markup) != RLX_OK) {
         serve_error_set(e, 400, "invalid_request_error", "unsupported_chat_template", "messages",
                         "cannot apply this model's chat template (%s); /v1/completions takes raw text",
                         rlx_last_error());
@@ -665,17 +666,38 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
     make_id(j->id, sizeof j->id, ep == SERVE_CHAT ? "chatcmpl-" : "cmpl-");
     cJSON *root = parse_body(body, len, err);
     char *text = NULL;
-    int rc = -1;
+    rlx_text_span *markup = NULL;
+    size_t n_markup = 0;
+    int rc = -1, over = 0;
     if (!root)
         goto done;
     if (parse_options(j, root, err) < 0)
         goto done;
-    if ((ep == SERVE_CHAT ? render_chat(j, root, &text, err) : completion_prompt(j, root, &text, err)) < 0)
+    if ((ep == SERVE_CHAT ? render_chat(j, root, &text, &markup, &n_markup, err)
+                          : completion_prompt(j, root, &text, err)) < 0)
         goto done;
-    /* special tokens in the text are parsed, as rlx generate and Hugging Face's tokenizer(text) do */
-    if (text && rlx_tokenizer_encode(s->tok, text, strlen(text), 1, &j->prompt, &j->n_prompt) != RLX_OK) {
+    /* A prompt must leave a slot one position, so its encoding stops past slot_positions - 1 ids:
+     * an over-long prompt costs the tokens of a slot, not of the body. Special tokens in a raw
+     * completion prompt are parsed, as llama-server and Hugging Face's tokenizer(text) do; in chat
+     * messages they are text unless --special-in-content. */
+    const size_t max_ids = s->slot_positions > 1 ? s->slot_positions - 1 : 1;
+    rlx_status st = RLX_OK;
+    if (text && ep == SERVE_CHAT) {
+        st = app_encode_chat(s->tok, text, markup, n_markup, s->special_in_content, max_ids, &j->prompt, &j->n_prompt,
+                             &over);
+    } else if (text) {
+        rlx_encode_options eo = {.size = sizeof eo, .parse_special = 1, .max_ids = max_ids};
+        st = rlx_tokenizer_encode_ex(s->tok, text, strlen(text), &eo, &j->prompt, &j->n_prompt, &over);
+    }
+    if (st != RLX_OK) {
         serve_error_set(err, 400, "invalid_request_error", "invalid_value", ep == SERVE_CHAT ? "messages" : "prompt",
                         "cannot tokenize the prompt: %s", rlx_last_error());
+        goto done;
+    }
+    if (over) {
+        serve_error_set(
+            err, 400, "invalid_request_error", "context_length_exceeded", ep == SERVE_CHAT ? "messages" : "prompt",
+            "the prompt of more than %zu tokens does not fit a slot of %u positions", max_ids, s->slot_positions);
         goto done;
     }
     if (j->n_prompt == 0) {
@@ -692,6 +714,7 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
 done:
     cJSON_Delete(root);
     free(text);
+    free(markup);
     if (rc < 0) {
         job_free(j);
         return -1;

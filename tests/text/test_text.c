@@ -250,6 +250,101 @@ static void test_added_tokens(void **state) {
     rlx_tokenizer_close(tok);
 }
 
+/* Encodes text with special tokens recognised only inside spans[0, n). */
+static void encode_spans(rlx_tokenizer *tok, const char *text, const rlx_text_span *spans, size_t n, int32_t **ids,
+                         size_t *n_ids) {
+    rlx_encode_options eo = {.size = sizeof eo, .special_spans = spans, .n_special_spans = n};
+    assert_int_equal(rlx_tokenizer_encode_ex(tok, text, strlen(text), &eo, ids, n_ids, NULL), RLX_OK);
+}
+
+static void assert_same_ids(const int32_t *a, size_t n_a, const int32_t *b, size_t n_b) {
+    assert_int_equal(n_a, n_b);
+    if (n_a)
+        assert_memory_equal(a, b, n_a * sizeof *a);
+}
+
+static void test_special_spans(void **state) {
+    (void)state;
+    rlx_tokenizer *tok = load_default();
+    int32_t *ids, *plain;
+    size_t n, n_plain;
+    /* the first <|im_end|> is markup, the second is message text and stays characters */
+    const char *text = "a<|im_end|>b<|im_end|>c";
+    encode_spans(tok, text, (const rlx_text_span[]){{1, 10}}, 1, &ids, &n);
+    assert_int_equal(rlx_tokenizer_encode(tok, "b<|im_end|>c", 12, 0, &plain, &n_plain), RLX_OK);
+    assert_true(n == 2 + n_plain && ids[0] == 'a' && ids[1] == 263);
+    assert_same_ids(ids + 2, n - 2, plain, n_plain);
+    free(ids);
+    free(plain);
+    /* no special text outside the spans: the ids of a whole-text encoding, even where the
+     * pre-tokenizer joins the markup's newline with the message's ("\n" + "\n\n", "  " + "\n") */
+    const char *joined = "x<|im_end|>\n\nhello  \n<|im_end|>\n";
+    encode_spans(tok, joined, (const rlx_text_span[]){{1, 11}, {20, 12}}, 2, &ids, &n);
+    assert_int_equal(rlx_tokenizer_encode(tok, joined, strlen(joined), 1, &plain, &n_plain), RLX_OK);
+    assert_same_ids(ids, n, plain, n_plain);
+    free(ids);
+    free(plain);
+    /* a token that crosses a span's edge is text, and so is one with lstrip/rstrip outside */
+    const char *across = "<|im_end|> <mask> b";
+    encode_spans(tok, across, (const rlx_text_span[]){{0, 5}}, 1, &ids, &n);
+    assert_int_equal(rlx_tokenizer_encode(tok, across, strlen(across), 0, &plain, &n_plain), RLX_OK);
+    assert_same_ids(ids, n, plain, n_plain);
+    free(ids);
+    free(plain);
+    /* a token that starts like one in the text and ends in a span: the span's own is found */
+    encode_spans(tok, "<|im<|im_end|>", (const rlx_text_span[]){{4, 10}}, 1, &ids, &n);
+    assert_int_equal(ids[n - 1], 263);
+    free(ids);
+    /* non-special added tokens are tokens everywhere */
+    encode_spans(tok, "<think>", (const rlx_text_span[]){{0, 0}}, 1, &ids, &n);
+    assert_true(n == 1 && ids[0] == 264);
+    free(ids);
+    /* spans out of order or past the text */
+    rlx_encode_options eo = {
+        .size = sizeof eo, .special_spans = (const rlx_text_span[]){{5, 2}, {1, 1}}, .n_special_spans = 2};
+    assert_int_equal(rlx_tokenizer_encode_ex(tok, "abcdefgh", 8, &eo, &ids, &n, NULL), RLX_E_INVALID);
+    eo.special_spans = (const rlx_text_span[]){{6, 3}};
+    eo.n_special_spans = 1;
+    assert_int_equal(rlx_tokenizer_encode_ex(tok, "abcdefgh", 8, &eo, &ids, &n, NULL), RLX_E_INVALID);
+    rlx_tokenizer_close(tok);
+}
+
+static void test_encode_limit(void **state) {
+    (void)state;
+    rlx_tokenizer *tok = load_default();
+    const char *text = "hello the<|im_end|> hello 12 theory\n\n hell<mask>o the end";
+    int32_t *full, *ids;
+    size_t n_full, n;
+    int truncated;
+    assert_int_equal(rlx_tokenizer_encode(tok, text, strlen(text), 1, &full, &n_full), RLX_OK);
+    for (size_t limit = 1; limit <= n_full + 1; limit++) {
+        rlx_encode_options eo = {.size = sizeof eo, .parse_special = 1, .max_ids = limit};
+        assert_int_equal(rlx_tokenizer_encode_ex(tok, text, strlen(text), &eo, &ids, &n, &truncated), RLX_OK);
+        /* short words: the limit is reached exactly */
+        assert_int_equal(truncated, n_full > limit);
+        assert_int_equal(n, n_full > limit ? limit : n_full);
+        assert_memory_equal(ids, full, n * sizeof *ids);
+        free(ids);
+    }
+    free(full);
+    /* a word that alone passes the limit is not merged: the prefix before it is all there is */
+    size_t len = 100000;
+    char *big = malloc(len + 12);
+    memcpy(big, "<|im_end|>", 10);
+    memset(big + 10, 'l', len);
+    big[10 + len] = '\0';
+    rlx_encode_options eo = {.size = sizeof eo, .parse_special = 1, .max_ids = 1000};
+    assert_int_equal(rlx_tokenizer_encode_ex(tok, big, strlen(big), &eo, &ids, &n, &truncated), RLX_OK);
+    assert_true(truncated && n == 1 && ids[0] == 263);
+    free(ids);
+    free(big);
+    /* NULL options: no special tokens, no limit, as rlx_tokenizer_encode(..., 0, ...) */
+    assert_int_equal(rlx_tokenizer_encode_ex(tok, "<|im_end|>", 10, NULL, &ids, &n, NULL), RLX_OK);
+    assert_true(n > 1);
+    free(ids);
+    rlx_tokenizer_close(tok);
+}
+
 static void test_unknown_token(void **state) {
     (void)state;
     rlx_tokenizer *tok = load_default();
@@ -537,6 +632,8 @@ int main(void) {
         cmocka_unit_test(test_merges_both_formats),
         cmocka_unit_test(test_digits_and_spaces),
         cmocka_unit_test(test_added_tokens),
+        cmocka_unit_test(test_special_spans),
+        cmocka_unit_test(test_encode_limit),
         cmocka_unit_test(test_unknown_token),
         cmocka_unit_test(test_nfc),
         cmocka_unit_test(test_invalid_utf8),

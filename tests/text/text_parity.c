@@ -8,7 +8,10 @@
  *   u32 n, n int32 ids, decoded text (u32 length + bytes); all little-endian.
  * For an encode case the ids must match, decoding them must give Hugging Face's text, and the
  * streaming decoder fed one id at a time must emit only whole UTF-8 characters adding up to the
- * same text. chat.json holds conversations with the Jinja rendering and its ids. */
+ * same text, and an encoding limited to fewer ids than the text has must stop with a prefix of
+ * Hugging Face's ids. chat.json holds conversations with the Jinja rendering and its ids: the
+ * rendering must match, and so must its ids when the template's markup alone holds special
+ * tokens (rlx_chat_render_spans); a message holding special-token text keeps it as text. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +22,7 @@
 #include "rlx/text.h"
 
 static int failures, passes;
+static size_t limited_total, limited_kept; /* ids asked for and given by limited encodings */
 
 static void fail(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void fail(const char *name, const char *fmt, ...) {
@@ -153,6 +157,34 @@ static int check_stream(const rlx_tokenizer *tok, const char *name, const int32_
     return ok;
 }
 
+/* Encoding limited to fewer ids than the n_want the text has (half of them, and all but one)
+ * stops early with a prefix of the full encoding that stops short of the limit only where a long
+ * word alone would pass it. */
+static int check_limited(const rlx_tokenizer *tok, const char *name, const char *text, size_t text_len, int special,
+                         const int32_t *want, size_t n_want) {
+    const size_t limits[] = {n_want / 2, n_want - 1};
+    for (size_t k = 0; k < 2; k++) {
+        rlx_encode_options eo = {.size = sizeof eo, .parse_special = special, .max_ids = limits[k]};
+        int32_t *ids = NULL;
+        size_t n = 0;
+        int truncated = 0;
+        if (rlx_tokenizer_encode_ex(tok, text, text_len, &eo, &ids, &n, &truncated) != RLX_OK) {
+            fail(name, "encode with max_ids %zu: %s", limits[k], rlx_last_error());
+            return 0;
+        }
+        int ok = truncated && n <= limits[k] && (n == 0 || memcmp(ids, want, n * sizeof *ids) == 0);
+        free(ids);
+        if (!ok) {
+            fail(name, "max_ids %zu of %zu: truncated %d, %zu ids, not a prefix of the full encoding", limits[k],
+                 n_want, truncated, n);
+            return 0;
+        }
+        limited_total += limits[k];
+        limited_kept += n;
+    }
+    return 1;
+}
+
 static int run_cases(const rlx_tokenizer *tok, const char *path, size_t *n_texts, size_t *n_bytes, size_t *roundtrips) {
     size_t len;
     unsigned char *data = read_file(path, &len);
@@ -207,6 +239,8 @@ static int run_cases(const rlx_tokenizer *tok, const char *path, size_t *n_texts
                 }
             }
             free(ids);
+            if (ok && n_ids >= 2)
+                ok = check_limited(tok, name, text, text_len, flags & 1, want, n_ids);
         }
         char *text_out = NULL;
         size_t out_len = 0;
@@ -240,6 +274,57 @@ static int run_cases(const rlx_tokenizer *tok, const char *path, size_t *n_texts
     return 0;
 }
 
+/* Counts the special ids among ids[0, n). */
+static size_t count_special(const rlx_tokenizer *tok, const int32_t *ids, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += (size_t)rlx_tokenizer_is_special(tok, ids[i]);
+    return k;
+}
+
+/* 1 when a message's content or reasoning holds text that encodes to a special token. */
+static int content_has_special(const rlx_tokenizer *tok, const rlx_chat_message *m, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < 2; k++) {
+            const char *t = k ? m[i].reasoning_content : m[i].content;
+            int32_t *ids = NULL;
+            size_t n_ids = 0;
+            if (t && rlx_tokenizer_encode(tok, t, strlen(t), 1, &ids, &n_ids) == RLX_OK &&
+                count_special(tok, ids, n_ids)) {
+                free(ids);
+                return 1;
+            }
+            free(ids);
+        }
+    return 0;
+}
+
+/* A rendering whose messages hold special-token text: its special ids are exactly those of the
+ * markup, and the ids still decode to the rendering (the message text is there as characters). */
+static int check_special_stays_text(const rlx_tokenizer *tok, const char *name, const char *out,
+                                    const rlx_text_span *markup, size_t n_markup, const int32_t *ids, size_t n_ids) {
+    size_t in_markup = 0;
+    for (size_t k = 0; k < n_markup; k++) {
+        int32_t *mids = NULL;
+        size_t n_m = 0;
+        if (rlx_tokenizer_encode(tok, out + markup[k].off, markup[k].len, 1, &mids, &n_m) == RLX_OK)
+            in_markup += count_special(tok, mids, n_m);
+        free(mids);
+    }
+    char *text = NULL;
+    size_t len = 0;
+    int ok = count_special(tok, ids, n_ids) == in_markup &&
+             rlx_tokenizer_decode(tok, ids, n_ids, 0, &text, &len) == RLX_OK && len == strlen(out) &&
+             memcmp(text, out, len) == 0;
+    if (!ok)
+        fail(name,
+             "special-token text in a message: %zu special ids where the markup has %zu, or the ids do not "
+             "decode to the rendering",
+             count_special(tok, ids, n_ids), in_markup);
+    free(text);
+    return ok;
+}
+
 static int run_chat(const rlx_tokenizer *tok, const char *path) {
     size_t len;
     char *data = (char *)read_file(path, &len);
@@ -271,8 +356,10 @@ static int run_chat(const rlx_tokenizer *tok, const char *path) {
         int enable_thinking = !cJSON_IsFalse(think);
         const char *expected = cJSON_GetObjectItem(c, "expected")->valuestring;
         char *out = NULL;
+        rlx_text_span *markup = NULL;
+        size_t n_markup = 0;
         int ok = 1;
-        if (rlx_chat_render(tok, m, n, add_gen, enable_thinking, &out) != RLX_OK) {
+        if (rlx_chat_render_spans(tok, m, n, add_gen, enable_thinking, &out, &markup, &n_markup) != RLX_OK) {
             fail(name, "render: %s", rlx_last_error());
             ok = 0;
         } else if (strcmp(out, expected) != 0) {
@@ -283,8 +370,13 @@ static int run_chat(const rlx_tokenizer *tok, const char *path) {
             int32_t *ids = NULL;
             size_t n_ids = 0;
             const cJSON *want = cJSON_GetObjectItem(c, "ids");
-            if (rlx_tokenizer_encode(tok, out, strlen(out), 1, &ids, &n_ids) != RLX_OK ||
-                n_ids != (size_t)cJSON_GetArraySize(want)) {
+            rlx_encode_options eo = {.size = sizeof eo, .special_spans = markup, .n_special_spans = n_markup};
+            if (rlx_tokenizer_encode_ex(tok, out, strlen(out), &eo, &ids, &n_ids, NULL) != RLX_OK) {
+                fail(name, "encode with the markup spans: %s", rlx_last_error());
+                ok = 0;
+            } else if (content_has_special(tok, m, n)) {
+                ok = check_special_stays_text(tok, name, out, markup, n_markup, ids, n_ids);
+            } else if (n_ids != (size_t)cJSON_GetArraySize(want)) {
                 fail(name, "ids of the rendering differ in number");
                 ok = 0;
             } else {
@@ -299,6 +391,7 @@ static int run_chat(const rlx_tokenizer *tok, const char *path) {
             free(ids);
         }
         free(out);
+        free(markup);
         free(m);
         if (ok)
             passes++;
@@ -330,6 +423,7 @@ int main(int argc, char **argv) {
     if (failures > 40)
         printf("... and %d more failures\n", failures - 40);
     printf("encoded %zu texts (%zu bytes); %zu decode back to their text exactly\n", n_texts, n_bytes, roundtrips);
+    printf("limited encodings kept %zu of the %zu ids they allowed\n", limited_kept, limited_total);
     printf("text parity: %d passed, %d failed\n", passes, failures);
     return failures ? 1 : 0;
 }

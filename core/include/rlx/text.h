@@ -73,6 +73,40 @@ RLX_API int32_t rlx_tokenizer_vocab_size(const rlx_tokenizer *tok);
 RLX_API rlx_status rlx_tokenizer_encode(const rlx_tokenizer *tok, const char *text, size_t len, int parse_special,
                                         int32_t **ids, size_t *n_ids);
 
+/* A byte range [off, off + len) of a text. */
+typedef struct rlx_text_span {
+    size_t off, len;
+} rlx_text_span;
+
+/* Options of rlx_tokenizer_encode_ex. Zero-initialise, set size; members are only ever appended. */
+typedef struct rlx_encode_options {
+    uint32_t size;     /* sizeof(rlx_encode_options) */
+    int parse_special; /* as rlx_tokenizer_encode's, where special_spans is NULL */
+    /* Not NULL: special tokens are recognised only where the whole token lies inside one of these
+     * n_special_spans spans (sorted by offset, not overlapping, inside the text) and are plain
+     * text elsewhere (parse_special is then unused). Added tokens that are not special are
+     * recognised everywhere, as always. The text is still encoded as one piece: the pre-tokenizer
+     * and the merges see across span boundaries as they do in rlx_tokenizer_encode, so a text
+     * with no special-token text outside the spans gets exactly the ids of rlx_tokenizer_encode
+     * with parse_special. rlx_chat_render_spans gives the spans of a chat template's own markup,
+     * which keeps messages from forging roles with <|im_start|> in their text. */
+    const rlx_text_span *special_spans;
+    size_t n_special_spans;
+    /* Not 0: encoding stops as soon as the text is known to encode to more than max_ids ids, and
+     * *truncated says so; the ids are then a prefix of the full encoding with at most max_ids ids
+     * (fewer only when a word of over 256 bytes would pass the limit alone). The work then done is that
+     * of the prefix, besides the UTF-8 check of the whole text and NFC normalisation (which a
+     * normalizer applies to the text between added tokens, whole). */
+    size_t max_ids;
+} rlx_encode_options;
+
+/* rlx_tokenizer_encode with options (opts NULL: parse_special 0, no spans, no limit). truncated
+ * may be NULL; otherwise *truncated is 1 when max_ids stopped the encoding, else 0. Spans that
+ * are unsorted, overlap or reach past len are RLX_E_INVALID. */
+RLX_API rlx_status rlx_tokenizer_encode_ex(const rlx_tokenizer *tok, const char *text, size_t len,
+                                           const rlx_encode_options *opts, int32_t **ids, size_t *n_ids,
+                                           int *truncated);
+
 /* Flags of rlx_tokenizer_decode and rlx_detok_create. */
 enum rlx_decode_flags {
     RLX_DECODE_SKIP_SPECIAL = 1, /* drop special tokens, as skip_special_tokens=True */
@@ -176,6 +210,15 @@ RLX_API rlx_chat_template_kind rlx_chat_template_of(const rlx_tokenizer *tok);
  * RLX_E_NOT_FOUND. On success *out is a malloc'd NUL-terminated string the caller frees. */
 RLX_API rlx_status rlx_chat_render(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n,
                                    int add_generation_prompt, int enable_thinking, char **out);
+
+/* rlx_chat_render, and the spans of the rendering that are the template's own markup (the text it
+ * writes around the messages: <|im_start|>, role names, <|im_end|>, newlines, <think> wrappers);
+ * the rest is message content and reasoning. *markup is a malloc'd array of *n_markup spans,
+ * sorted and not adjacent, that the caller frees; it suits rlx_encode_options.special_spans, so
+ * that special-token text inside messages stays text. On failure *out and *markup are NULL. */
+RLX_API rlx_status rlx_chat_render_spans(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n,
+                                         int add_generation_prompt, int enable_thinking, char **out,
+                                         rlx_text_span **markup, size_t *n_markup);
 
 #ifdef __cplusplus
 }

@@ -138,6 +138,9 @@ typedef struct out_buf {
     char *v;
     size_t n, cap;
     int failed;
+    int track;            /* record the markup spans */
+    rlx_text_span *spans; /* the template's own text, adjacent pieces joined */
+    size_t n_spans, cap_spans;
 } out_buf;
 
 static void put_n(out_buf *b, const char *s, size_t n) {
@@ -160,7 +163,28 @@ static void put_n(out_buf *b, const char *s, size_t n) {
     b->v[b->n] = '\0';
 }
 
-static void put(out_buf *b, const char *s) { put_n(b, s, strlen(s)); }
+/* Text the template writes itself (markup); put_n alone is message text. */
+static void put(out_buf *b, const char *s) {
+    size_t at = b->n, n = strlen(s);
+    put_n(b, s, n);
+    if (!b->track || b->failed || n == 0)
+        return;
+    if (b->n_spans && b->spans[b->n_spans - 1].off + b->spans[b->n_spans - 1].len == at) {
+        b->spans[b->n_spans - 1].len += n;
+        return;
+    }
+    if (b->n_spans == b->cap_spans) {
+        size_t cap = b->cap_spans ? 2 * b->cap_spans : 16;
+        rlx_text_span *grown = rlx__realloc(b->spans, cap * sizeof *grown);
+        if (!grown) {
+            b->failed = 1;
+            return;
+        }
+        b->spans = grown;
+        b->cap_spans = cap;
+    }
+    b->spans[b->n_spans++] = (rlx_text_span){at, n};
+}
 
 /* A borrowed slice of a string. */
 typedef struct slice {
@@ -292,11 +316,16 @@ static void render_qwen3(const rlx_chat_message *msgs, size_t n, int add_generat
     }
 }
 
-rlx_status rlx_chat_render(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n, int add_generation_prompt,
-                           int enable_thinking, char **out) {
+rlx_status rlx_chat_render_spans(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n,
+                                 int add_generation_prompt, int enable_thinking, char **out, rlx_text_span **markup,
+                                 size_t *n_markup) {
     if (out)
         *out = NULL;
-    if (!tok || !out || (!msgs && n))
+    if (markup)
+        *markup = NULL;
+    if (n_markup)
+        *n_markup = 0;
+    if (!tok || !out || (!msgs && n) || (!markup) != (!n_markup))
         return rlx_error(RLX_E_INVALID, "rlx_chat_render: NULL argument");
     if (n == 0)
         return rlx_error(RLX_E_INVALID, "rlx_chat_render: no messages");
@@ -306,12 +335,22 @@ rlx_status rlx_chat_render(const rlx_tokenizer *tok, const rlx_chat_message *msg
     if (tok->chat_kind != RLX_CHAT_TEMPLATE_QWEN3)
         return rlx_error(RLX_E_UNSUPPORTED, "the model's chat template is not the standard Qwen3 template, the only "
                                             "one rlx implements");
-    out_buf b = {0};
+    out_buf b = {.track = markup != NULL};
     render_qwen3(msgs, n, add_generation_prompt, enable_thinking, &b);
     if (b.failed || !b.v) {
         free(b.v);
+        free(b.spans);
         return rlx_error(RLX_E_NOMEM, "cannot allocate the rendered chat");
     }
     *out = b.v;
+    if (markup) {
+        *markup = b.spans;
+        *n_markup = b.n_spans;
+    }
     return RLX_OK;
+}
+
+rlx_status rlx_chat_render(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n, int add_generation_prompt,
+                           int enable_thinking, char **out) {
+    return rlx_chat_render_spans(tok, msgs, n, add_generation_prompt, enable_thinking, out, NULL, NULL);
 }

@@ -5,6 +5,8 @@
  * its priority queue (lowest rank first, then leftmost; stale entries dropped when the pair at
  * their position no longer yields the same token). Words are BPE'd from their raw bytes: the
  * ByteLevel alphabet is a bijection, so byte i of a word is the symbol "bytes_to_unicode(i)". */
+#include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +14,7 @@
 
 #include "text_internal.h"
 #include "util/alloc.h"
+#include "util/sized.h"
 
 // ---- output ids
 
@@ -165,6 +168,14 @@ typedef struct encoder {
     const rlx_tokenizer *tok;
     ids_buf out;
     int parse_special;
+    /* With spans: special tokens count only inside spans[0, n_spans), offsets from span_base,
+     * the start of the text the current matcher splits. */
+    const rlx_text_span *spans;
+    size_t n_spans;
+    const char *span_base;
+    int norm_special; /* special tokens among the normalized added tokens (then spans need NFC'd) */
+    size_t limit;     /* max_ids, or SIZE_MAX */
+    int over;         /* the limit was passed: unwinding with ENCODE_STOP */
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit_stack;
@@ -175,6 +186,17 @@ typedef struct encoder {
     char *buf; /* byte-level spelling of a word for ignore_merges */
     size_t buf_cap;
 } encoder;
+
+/* What the encoding steps return to unwind once the limit is passed (e->over says so); not an
+ * error, so no message is set. */
+#define ENCODE_STOP RLX_E_RANGE
+
+static rlx_status check_limit(encoder *e) {
+    if (e->out.n <= e->limit)
+        return RLX_OK;
+    e->over = 1;
+    return ENCODE_STOP;
+}
 
 static int merge_find(const rlx_tokenizer *tok, int32_t a, int32_t b, uint32_t *rank, int32_t *id) {
     uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
@@ -321,18 +343,24 @@ static rlx_status bpe_word(encoder *e, const uint8_t *w, size_t n) {
 static rlx_status encode_word(encoder *e, const uint8_t *w, size_t n) {
     if (n == 0)
         return RLX_OK;
-    if (n > TEXT_CACHE_MAX_WORD)
-        return bpe_word(e, w, n);
+    rlx_status st = RLX_OK;
+    if (n > TEXT_CACHE_MAX_WORD) {
+        size_t most = e->tok->max_token_bytes;
+        if (e->limit != SIZE_MAX && most && (n + most - 1) / most > e->limit - e->out.n) {
+            e->over = 1; /* this word alone passes the limit: spare its merges (a long run costs n log n) */
+            return ENCODE_STOP;
+        }
+        return (st = bpe_word(e, w, n)) != RLX_OK ? st : check_limit(e);
+    }
     text_cache *cache = (text_cache *)&e->tok->cache; /* the cache is the one mutable part, under its lock */
     uint64_t h = hash_word(w, n);
-    rlx_status st = RLX_OK;
     if (cache_get(cache, h, w, n, &e->out, &st))
-        return st;
+        return st != RLX_OK ? st : check_limit(e);
     size_t before = e->out.n;
     if ((st = bpe_word(e, w, n)) != RLX_OK)
         return st;
     cache_put(cache, h, w, n, e->out.v + before, e->out.n - before);
-    return RLX_OK;
+    return check_limit(e);
 }
 
 // ---- pre-tokenizer
@@ -400,6 +428,26 @@ static size_t char_start_before(const char *s, size_t end) {
 
 typedef rlx_status (*text_fn)(encoder *e, const char *s, size_t len);
 
+/* Where a special token at s[start, stop) stands: 1 inside the markup spans (it is a token),
+ * 0 outside them all (it is text), -1 across a span's edge (neither: its first byte is text and
+ * matching resumes at the next one, as if the text were split there). */
+static int special_place(const encoder *e, const char *s, size_t start, size_t stop) {
+    if (!e->spans)
+        return e->parse_special ? 1 : 0;
+    size_t a = (size_t)(s - e->span_base) + start, z = (size_t)(s - e->span_base) + stop;
+    size_t lo = 0, hi = e->n_spans; /* the first span that ends after a */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (e->spans[mid].off + e->spans[mid].len <= a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == e->n_spans || e->spans[lo].off >= z)
+        return 0;
+    return e->spans[lo].off <= a && z <= e->spans[lo].off + e->spans[lo].len ? 1 : -1;
+}
+
 /* AddedVocabulary::split_with_indices over s with one matcher: matched tokens go to the output,
  * the text around them to on_text. */
 static rlx_status split_added(encoder *e, const text_matcher *m, const char *s, size_t len, text_fn on_text) {
@@ -422,8 +470,13 @@ static rlx_status split_added(encoder *e, const text_matcher *m, const char *s, 
         }
         size_t start = i, stop = i + found->len;
         i = stop;
-        if (!e->parse_special && found->special)
-            continue;
+        if (found->special) {
+            int place = special_place(e, s, start, stop);
+            if (place < 0)
+                i = start + 1;
+            if (place <= 0)
+                continue;
+        }
         if (found->single_word) {
             size_t cl;
             int word_before =
@@ -454,7 +507,7 @@ static rlx_status split_added(encoder *e, const text_matcher *m, const char *s, 
         }
         if (start > start_offset && (st = on_text(e, s + start_offset, start - start_offset)) != RLX_OK)
             return st;
-        if ((st = ids_push(&e->out, found->id)) != RLX_OK)
+        if ((st = ids_push(&e->out, found->id)) != RLX_OK || (st = check_limit(e)) != RLX_OK)
             return st;
         start_offset = stop;
     }
@@ -462,6 +515,67 @@ static rlx_status split_added(encoder *e, const text_matcher *m, const char *s, 
 }
 
 static rlx_status on_normalized_text(encoder *e, const char *s, size_t len) { return pre_tokenize(e, s, len); }
+
+/* The normalized added tokens over s[0, len) normalized span by span, for special tokens that
+ * match on normalized text and may only count inside spans: the NFC'd pieces are joined and the
+ * spans moved onto them. (Hugging Face normalizes the text between non-normalized added tokens
+ * whole; the pieces differ from that only where a markup edge falls inside a sequence that
+ * composes, which a template's markup, ending in a newline or a token, does not make.) */
+static rlx_status split_normalized_by_span(encoder *e, const char *s, size_t len) {
+    const size_t at = (size_t)(s - e->span_base);
+    const rlx_text_span *spans = e->spans;
+    const size_t n_spans = e->n_spans;
+    const char *base = e->span_base;
+    char *joined = NULL;
+    size_t joined_len = 0, n_local = 0;
+    rlx_text_span *local = rlx__malloc((n_spans + 1) * sizeof *local);
+    rlx_status st = local ? RLX_OK : rlx_error(RLX_E_NOMEM, "cannot allocate the spans of a text");
+    size_t k = 0;
+    while (k < n_spans && spans[k].off + spans[k].len <= at)
+        k++;
+    for (size_t p = 0; p < len && st == RLX_OK;) {
+        /* the piece from p to the next span edge, and whether it is inside a span */
+        size_t abs = at + p, end;
+        int inside = k < n_spans && spans[k].off <= abs;
+        if (inside)
+            end = spans[k].off + spans[k].len - at;
+        else
+            end = k < n_spans ? spans[k].off - at : len;
+        if (end > len)
+            end = len;
+        char *norm;
+        size_t norm_len;
+        if ((st = rlx__nfc(s + p, end - p, &norm, &norm_len)) != RLX_OK)
+            break;
+        char *grown = rlx__realloc(joined, joined_len + norm_len + 1);
+        if (!grown) {
+            free(norm);
+            st = rlx_error(RLX_E_NOMEM, "cannot allocate %zu bytes of normalized text", joined_len + norm_len);
+            break;
+        }
+        joined = grown;
+        memcpy(joined + joined_len, norm, norm_len);
+        free(norm);
+        if (inside && norm_len)
+            local[n_local++] = (rlx_text_span){joined_len, norm_len};
+        joined_len += norm_len;
+        if (inside)
+            k++;
+        p = end;
+    }
+    if (st == RLX_OK) {
+        e->spans = local;
+        e->n_spans = n_local;
+        e->span_base = joined;
+        st = split_added(e, &e->tok->norm_matcher, joined ? joined : "", joined_len, on_normalized_text);
+        e->spans = spans;
+        e->n_spans = n_spans;
+        e->span_base = base;
+    }
+    free(joined);
+    free(local);
+    return st;
+}
 
 /* A piece of raw text between non-normalized added tokens: normalize it, then split off the
  * normalized added tokens. */
@@ -476,6 +590,8 @@ static rlx_status on_raw_text(encoder *e, const char *s, size_t len) {
         i++;
     if (i == len)
         return split_added(e, &tok->norm_matcher, s, len, on_normalized_text);
+    if (e->spans && e->norm_special)
+        return split_normalized_by_span(e, s, len);
     char *norm;
     size_t norm_len;
     rlx_status st = rlx__nfc(s, len, &norm, &norm_len);
@@ -486,20 +602,44 @@ static rlx_status on_raw_text(encoder *e, const char *s, size_t len) {
     return st;
 }
 
-rlx_status rlx_tokenizer_encode(const rlx_tokenizer *tok, const char *text, size_t len, int parse_special,
-                                int32_t **ids, size_t *n_ids) {
+rlx_status rlx_tokenizer_encode_ex(const rlx_tokenizer *tok, const char *text, size_t len,
+                                   const rlx_encode_options *opts, int32_t **ids, size_t *n_ids, int *truncated) {
     if (ids)
         *ids = NULL;
     if (n_ids)
         *n_ids = 0;
+    if (truncated)
+        *truncated = 0;
     if (!tok || !ids || !n_ids || (!text && len))
         return rlx_error(RLX_E_INVALID, "rlx_tokenizer_encode: NULL argument");
+    rlx_encode_options o = {.size = sizeof o};
+    if (opts && rlx__read_sized(&o, sizeof o, opts, offsetof(rlx_encode_options, size) + sizeof o.size,
+                                "rlx_encode_options") != RLX_OK)
+        return RLX_E_INVALID;
+    if (o.n_special_spans && !o.special_spans)
+        return rlx_error(RLX_E_INVALID, "rlx_tokenizer_encode: %zu special spans but no array", o.n_special_spans);
+    for (size_t k = 0; o.special_spans && k < o.n_special_spans; k++) {
+        const rlx_text_span *sp = &o.special_spans[k];
+        size_t floor = k ? o.special_spans[k - 1].off + o.special_spans[k - 1].len : 0;
+        if (sp->off < floor || sp->off > len || sp->len > len - sp->off)
+            return rlx_error(RLX_E_INVALID,
+                             "rlx_tokenizer_encode: special span %zu (%zu bytes at %zu) is out of order or past "
+                             "the text's %zu bytes",
+                             k, sp->len, sp->off, len);
+    }
     size_t bad = rlx__utf8_check((const uint8_t *)text, len);
     if (bad < len)
         return rlx_error(RLX_E_INVALID, "text is not valid UTF-8: byte 0x%02X at offset %zu", (uint8_t)text[bad], bad);
     if (len == 0)
         return RLX_OK;
-    encoder e = {.tok = tok, .parse_special = parse_special};
+    encoder e = {.tok = tok,
+                 .parse_special = o.parse_special,
+                 .spans = o.special_spans,
+                 .n_spans = o.n_special_spans,
+                 .span_base = text,
+                 .limit = o.max_ids ? o.max_ids : SIZE_MAX};
+    for (size_t k = 0; k < tok->norm_matcher.n; k++)
+        e.norm_special |= tok->added[tok->norm_matcher.items[k]].special;
     rlx_status st = RLX_OK;
     if (!(e.md = pcre2_match_data_create_from_pattern(tok->re, NULL)) || !(e.mctx = pcre2_match_context_create(NULL))) {
         st = rlx_error(RLX_E_NOMEM, "cannot allocate regex match data");
@@ -510,9 +650,17 @@ rlx_status rlx_tokenizer_encode(const rlx_tokenizer *tok, const char *text, size
     pcre2_set_match_limit(e.mctx, UINT32_MAX);
     pcre2_set_depth_limit(e.mctx, UINT32_MAX);
     pcre2_set_heap_limit(e.mctx, 4u << 20); /* KiB: 4 GiB, only the interpreter without JIT uses it */
-    if ((st = ids_reserve(&e.out, len / 3 + 16)) != RLX_OK)
+    size_t guess = len / 3 + 16;
+    if ((st = ids_reserve(&e.out, guess < e.limit ? guess : e.limit + 1)) != RLX_OK)
         goto done;
     st = split_added(&e, &tok->raw_matcher, text, len, on_raw_text);
+    if (e.over) {
+        st = RLX_OK;
+        if (e.out.n > e.limit)
+            e.out.n = e.limit;
+        if (truncated)
+            *truncated = 1;
+    }
 done:
     pcre2_match_data_free(e.md);
     pcre2_match_context_free(e.mctx);
@@ -531,4 +679,10 @@ done:
     *ids = e.out.v;
     *n_ids = e.out.n;
     return RLX_OK;
+}
+
+rlx_status rlx_tokenizer_encode(const rlx_tokenizer *tok, const char *text, size_t len, int parse_special,
+                                int32_t **ids, size_t *n_ids) {
+    rlx_encode_options o = {.size = sizeof o, .parse_special = parse_special};
+    return rlx_tokenizer_encode_ex(tok, text, len, &o, ids, n_ids, NULL);
 }

@@ -72,6 +72,9 @@ struct rlx_tokenizer {
     size_t merge_cap;
 
     int32_t byte_token[256]; /* id of the single-byte token of each byte */
+    /* The most bytes one token of the BPE model stands for, when every byte has a token (else
+     * 0): a word of n bytes then merges into at least n / max_token_bytes ids. */
+    uint32_t max_token_bytes;
     int ignore_merges;
     int nfc;
 

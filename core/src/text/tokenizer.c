@@ -316,6 +316,13 @@ void rlx__vocab_byte_tokens(rlx_tokenizer *tok) {
         size_t n = utf8_put(byte_to_cp[b], s);
         tok->byte_token[b] = rlx__vocab_find(tok, s, n);
     }
+    tok->max_token_bytes = 0;
+    for (int b = 0; b < 256; b++)
+        if (tok->byte_token[b] < 0)
+            return;
+    for (int32_t id = 0; id < tok->n_tokens; id++)
+        if (tok->tokens[id].present && tok->tokens[id].in_model && tok->tokens[id].bytes_len > tok->max_token_bytes)
+            tok->max_token_bytes = tok->tokens[id].bytes_len;
 }
 
 static rlx_status ensure_id(rlx_tokenizer *tok, int32_t id, size_t *cap) {
