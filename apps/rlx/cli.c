@@ -297,7 +297,7 @@ app_opt_group app_common_group(app_options *o) {
          APP_OPT_CUSTOM, NULL, .parse = parse_gpu_layers},
         {0, "flash-attn", NULL, "on|off",
          "llama.cpp's -fa, taken with a note: each backend's attention is one fused\n"
-         "op (the value may be left out, as in llama.cpp's older versions)",
+         "op (-fa alone is -fa on, as in llama.cpp's older versions)",
          APP_OPT_CUSTOM, NULL, .parse = parse_flash_attn},
         {'b', "batch-size", NULL, "N", "llama.cpp's, taken with a note: a prompt runs in one pass", APP_OPT_CUSTOM,
          NULL, .parse = parse_batch_size},

@@ -279,7 +279,7 @@ static int value_follows(const opt_ref *refs, size_t n, const char *word) {
 static int rewrite_llama_spellings(const command_names *cmd, const opt_ref *refs, size_t n, int argc, char **argv,
                                    int stop_at_operand) {
     static char longer[sizeof llama_spellings / sizeof llama_spellings[0]][40];
-    /* llama.cpp's older -fa took no value: alone, it means on */
+    /* llama.cpp's older -fa took no value: alone, it means on (its --flash-attn takes one) */
     static char flash_on[] = "--flash-attn=on";
     for (int i = 1; i < argc && strcmp(argv[i], "--") != 0; i++) {
         if (argv[i][0] != '-' || !argv[i][1]) {
@@ -291,9 +291,7 @@ static int rewrite_llama_spellings(const command_names *cmd, const opt_ref *refs
         while (k < sizeof llama_spellings / sizeof llama_spellings[0] && strcmp(argv[i], llama_spellings[k].llama) != 0)
             k++;
         if (k == sizeof llama_spellings / sizeof llama_spellings[0]) {
-            if (strcmp(argv[i], "--flash-attn") == 0 && !app_is_flash_attn_value(i + 1 < argc ? argv[i + 1] : NULL))
-                argv[i] = flash_on;
-            else if (value_follows(refs, n, argv[i]))
+            if (value_follows(refs, n, argv[i]))
                 i++;
             continue;
         }
