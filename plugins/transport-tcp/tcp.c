@@ -573,6 +573,13 @@ static int tcp_recv_broken(tcp *s, tcp_conn *c, int rc, const char *fmt, ...) __
 static int tcp_tls_broken(tcp *s, tcp_conn *c, int rc, const char *what, int ssl_error, int err) {
     char why[320];
     const int cause_rc = tcp_tls_cause(c, ssl_error, err, why, sizeof why);
+    if (c->tls_server && tcp_is_frame_start(c->first, c->n_first)) {
+        /* A plaintext rlx peer: answer as TLS answers what it cannot read, with a fatal alert
+         * record (protocol_version), which that peer's recv names (tcp_recv_eof). Best effort:
+         * seven bytes into an empty socket buffer. */
+        static const uint8_t alert[7] = {0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x46};
+        (void)send(c->fd, alert, sizeof alert, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
     rc = tcp_recv_broken(s, c, cause_rc != RLX_E_AUTH ? cause_rc : rc, "%s with %s failed: %s", what, c->peer, why);
     memcpy(c->send_why, c->recv_why, sizeof c->send_why - 1);
     c->send_why[sizeof c->send_why - 1] = '\0';
@@ -1191,14 +1198,22 @@ static int tcp_recv_broken(tcp *s, tcp_conn *c, int rc, const char *fmt, ...) {
     return s->host->error(rc, "tcp: %s", c->recv_why);
 }
 
+/* A TLS endpoint answers a plaintext frame with an alert record (type 21, version 3.x) and hangs
+ * up: whether the torn header c holds is one. */
+static bool tcp_got_tls_alert(const tcp_conn *c) {
+    return !c->ssl && c->hdr_got >= 2 && c->hdr_got < TCP_HEADER_SIZE && c->hdr[0] == 0x15 && c->hdr[1] == 0x03;
+}
+
+static int tcp_tls_alert_error(tcp *s, tcp_conn *c) {
+    return tcp_recv_broken(s, c, RLX_E_AUTH,
+                           "peer %s speaks TLS (it answered with a TLS alert and hung up) but this endpoint has no TLS "
+                           "configured (options tls_ca, tls_cert, tls_key)",
+                           c->peer);
+}
+
 static int tcp_recv_eof(tcp *s, tcp_conn *c) {
-    /* A TLS endpoint answers a plaintext frame with an alert record (type 21, version 3.x) and
-     * hangs up: say so, rather than a torn frame. */
-    if (!c->ssl && c->hdr_got >= 2 && c->hdr_got < TCP_HEADER_SIZE && c->hdr[0] == 0x15 && c->hdr[1] == 0x03)
-        return tcp_recv_broken(s, c, RLX_E_AUTH,
-                               "peer %s speaks TLS (it answered with a TLS alert and hung up) but this endpoint has no "
-                               "TLS configured (options tls_ca, tls_cert, tls_key)",
-                               c->peer);
+    if (tcp_got_tls_alert(c))
+        return tcp_tls_alert_error(s, c);
     if (c->hdr_got == 0)
         return s->host->error(RLX_E_PEER, "tcp: peer %s closed the connection", c->peer);
     if (c->hdr_got < TCP_HEADER_SIZE)
@@ -1244,6 +1259,8 @@ static int tcp_read_some(tcp *s, tcp_conn *c, void *dst, size_t cap, int64_t dea
             const int err = errno;
             if (err == EINTR)
                 continue;
+            if (err == ECONNRESET && tcp_got_tls_alert(c)) /* it hung up with our frame unread */
+                return tcp_tls_alert_error(s, c);
             if (err != EAGAIN && err != EWOULDBLOCK)
                 return s->host->error(RLX_E_PEER, "tcp: receiving from %s failed%s: %s", c->peer,
                                       c->hdr_got ? " mid-frame" : "", strerror(err));

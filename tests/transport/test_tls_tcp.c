@@ -304,7 +304,9 @@ static void test_plaintext_client_to_tls_listener(void **state) {
     server_join(&s.sv, RLX_E_AUTH, "failed: the peer speaks plaintext (rlx frames without TLS)");
     void *d;
     size_t n;
-    assert_int_equal(s.driver.it->recv(s.driver.self, cli, &d, &n, LONG_MS), RLX_E_PEER);
+    /* the listener's TLS alert tells the plaintext side what the stage speaks */
+    assert_int_equal(s.driver.it->recv(s.driver.self, cli, &d, &n, LONG_MS), RLX_E_AUTH);
+    assert_error_mentions("speaks TLS (it answered with a TLS alert and hung up)");
     s.driver.it->conn_close(s.driver.self, cli);
     session_close(&s);
 }

@@ -920,17 +920,17 @@ static void start_connection(stage *st, void *conn) {
         st->n_open++;
     pthread_mutex_unlock(&st->mu);
     if (admitted) {
+        /* logged first: once started, the thread owns c and may free it at any time */
+        rlx__log(RLX_LOG_INFO, "driver connection %llu accepted from %s", (unsigned long long)c->no,
+                 *c->peer ? c->peer : "?");
         pthread_attr_t attr;
         pthread_t thread;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         const int err = pthread_create(&thread, &attr, connection_thread, c);
         pthread_attr_destroy(&attr);
-        if (err == 0) {
-            rlx__log(RLX_LOG_INFO, "driver connection %llu accepted from %s", (unsigned long long)c->no,
-                     *c->peer ? c->peer : "?");
+        if (err == 0)
             return;
-        }
         pthread_mutex_lock(&st->mu);
         if (c->pending)
             pending_unlink(st, c);
