@@ -52,6 +52,8 @@ typedef struct stage_conn {
     uint32_t n_slots;
     uint64_t rows_step; /* its last Rows or CopySlot step */
     uint64_t reserved;  /* KV positions held against max_positions */
+    pthread_t thread;
+    struct stage_conn *next_ended; /* on stage.ended */
 } stage_conn;
 
 struct stage {
@@ -77,6 +79,10 @@ struct stage {
     uint64_t n_positions;  /* KV positions granted over all connections */
     uint32_t n_drivers;    /* connections that completed a handshake and ended */
     uint64_t conn_no;
+    /* Connections whose thread has ended, for the accepting thread to join: a thread still on its
+     * way out when the stage returns would run beside the process's exit (its handlers, MPI_Finalize,
+     * LeakSanitizer's stop-the-world check) and touch this stage after it is gone. */
+    stage_conn *ended;
 };
 
 rlx_stage_options rlx_stage_options_default(void) {
@@ -713,12 +719,27 @@ static void *connection_thread(void *arg) {
     } else {
         st->n_handshakes--;
     }
+    c->next_ended = st->ended;
+    st->ended = c;
     st->n_open--;
     pthread_cond_broadcast(&st->changed);
     pthread_mutex_unlock(&st->mu);
-    free(c->sessions);
-    free(c);
     return NULL;
+}
+
+/* Joins the connection threads that have ended and frees their connections. */
+static void join_ended(stage *st) {
+    pthread_mutex_lock(&st->mu);
+    stage_conn *c = st->ended;
+    st->ended = NULL;
+    pthread_mutex_unlock(&st->mu);
+    while (c) {
+        stage_conn *next = c->next_ended;
+        pthread_join(c->thread, NULL);
+        free(c->sessions);
+        free(c);
+        c = next;
+    }
 }
 
 /* Hands an accepted connection to a thread of its own, or closes it when RLX_DIST_MAX_HANDSHAKES
@@ -735,13 +756,7 @@ static void start_connection(stage *st, void *conn) {
     pthread_mutex_unlock(&st->mu);
     if (room && (c = rlx__calloc(1, sizeof *c))) {
         *c = (stage_conn){.st = st, .conn = conn, .no = no};
-        pthread_attr_t attr;
-        pthread_t thread;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        const int err = pthread_create(&thread, &attr, connection_thread, c);
-        pthread_attr_destroy(&attr);
-        if (err == 0) {
+        if (pthread_create(&c->thread, NULL, connection_thread, c) == 0) {
             rlx__log(RLX_LOG_INFO, "driver connection %llu accepted", (unsigned long long)no);
             return;
         }
@@ -866,6 +881,7 @@ rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *opts) {
     while (!stopping(&st)) {
         void *conn = NULL;
         int arc = st.net.t->accept(st.net.self, st.listener, (int)st.o.poll_ms, &conn);
+        join_ended(&st);
         if (arc == RLX_E_TIMEOUT || (arc == RLX_OK && !conn))
             continue;
         if (arc < 0) { /* e.g. out of descriptors: keep serving, but do not spin */
@@ -885,6 +901,7 @@ done:
     while (st.n_open)
         pthread_cond_wait(&st.changed, &st.mu);
     pthread_mutex_unlock(&st.mu);
+    join_ended(&st);
     if (st.listener)
         st.net.t->listener_close(st.net.self, st.listener);
     rlx__net_close(&st.net);
