@@ -41,7 +41,7 @@ typedef struct stage_session {
 
 typedef struct stage stage;
 
-/* One driver connection, owned by its thread. While it awaits its handshake it is also in the
+/* One driver connection, owned by its thread (the accepting thread joins it and frees it). While it awaits its handshake it is also in the
  * stage's list of pending connections (under stage.mu), where a newer connection may evict it. */
 typedef struct stage_conn {
     stage *st;
@@ -67,6 +67,8 @@ typedef struct stage_conn {
     uint32_t n_slots;
     uint64_t rows_step; /* its last Rows or CopySlot step */
     uint64_t reserved;  /* KV positions held against max_positions */
+    pthread_t thread;
+    struct stage_conn *next_ended; /* on stage.ended */
 } stage_conn;
 
 struct stage {
@@ -95,6 +97,10 @@ struct stage {
     uint32_t n_drivers;   /* connections that completed a handshake and ended */
     uint64_t conn_no;
     stage_conn *pending_first, *pending_last; /* awaiting their handshake, oldest first */
+    /* Connections whose thread has ended, for the accepting thread to join: a thread still on its
+     * way out when the stage returns would run beside the process's exit (its handlers, MPI_Finalize,
+     * LeakSanitizer's stop-the-world check) and touch this stage after it is gone. */
+    stage_conn *ended;
 };
 
 rlx_stage_options rlx_stage_options_default(void) {
@@ -863,12 +869,27 @@ static void *connection_thread(void *arg) {
         st->n_leaving--;
         st->n_told -= !c->quiet;
     }
+    c->next_ended = st->ended;
+    st->ended = c;
     st->n_open--;
     pthread_cond_broadcast(&st->changed);
     pthread_mutex_unlock(&st->mu);
-    free(c->sessions);
-    free(c);
     return NULL;
+}
+
+/* Joins the connection threads that have ended and frees their connections. */
+static void join_ended(stage *st) {
+    pthread_mutex_lock(&st->mu);
+    stage_conn *c = st->ended;
+    st->ended = NULL;
+    pthread_mutex_unlock(&st->mu);
+    while (c) {
+        stage_conn *next = c->next_ended;
+        pthread_join(c->thread, NULL);
+        free(c->sessions);
+        free(c);
+        c = next;
+    }
 }
 
 /* Hands an accepted connection to a thread of its own. When its host holds its share of the
@@ -920,16 +941,10 @@ static void start_connection(stage *st, void *conn) {
         st->n_open++;
     pthread_mutex_unlock(&st->mu);
     if (admitted) {
-        /* logged first: once started, the thread owns c and may free it at any time */
+        /* logged first: once started, the thread owns c */
         rlx__log(RLX_LOG_INFO, "driver connection %llu accepted from %s", (unsigned long long)c->no,
                  *c->peer ? c->peer : "?");
-        pthread_attr_t attr;
-        pthread_t thread;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        const int err = pthread_create(&thread, &attr, connection_thread, c);
-        pthread_attr_destroy(&attr);
-        if (err == 0)
+        if (pthread_create(&c->thread, NULL, connection_thread, c) == 0)
             return;
         pthread_mutex_lock(&st->mu);
         if (c->pending)
@@ -1049,6 +1064,7 @@ rlx_status rlx_stage_serve(const rlx_model *m, const rlx_stage_options *opts) {
     while (!stopping(&st)) {
         void *conn = NULL;
         int arc = st.net.t->accept(st.net.self, st.listener, (int)st.o.poll_ms, &conn);
+        join_ended(&st);
         if (arc == RLX_E_TIMEOUT || (arc == RLX_OK && !conn))
             continue;
         if (arc < 0) { /* e.g. out of descriptors: keep serving, but do not spin */
@@ -1068,6 +1084,7 @@ done:
     while (st.n_open)
         pthread_cond_wait(&st.changed, &st.mu);
     pthread_mutex_unlock(&st.mu);
+    join_ended(&st);
     if (st.listener)
         st.net.t->listener_close(st.net.self, st.listener);
     rlx__net_close(&st.net);
