@@ -151,12 +151,13 @@ def check_typing_and_eof(rlx, socket, log):
 
 
 # a message longer than the Brown model's context (1024 positions), so the chat refuses it and
-# says how many tokens it takes: a message cut anywhere takes fewer
+# says how many tokens it takes (its tokenization stops past the context: "more than 1023"), and a
+# message cut short of the context anywhere takes fewer
 LONG = ("The jury said it did not find any evidence that the election was conducted badly. " * 130)[:10000]
 PASTED = ["a pasted message", "of three lines", "sent as one"]
 CONTINUED = ["a message typed on two lines", "thanks to a backslash"]
-# "rlx: chat: this message takes N tokens, ..." or "rlx chat: 0 prompt tokens reused ..., N run ..."
-COUNT = re.compile(r"^rlx:? chat: (?:this message takes (\d+) tokens|\d+ prompt tokens reused from the cache, (\d+) run)")
+# "rlx: chat: this message takes [more than] N tokens, ..." or "rlx chat: 0 prompt tokens reused ..., N run ..."
+COUNT = re.compile(r"^rlx:? chat: (?:this message takes (?:more than )?(\d+) tokens|\d+ prompt tokens reused from the cache, (\d+) run)")
 
 
 def counts(lines):

@@ -482,9 +482,10 @@ rlx_status rlx__gguf_not_gguf(const char *path) {
 rlx_status rlx__model_path_is_gguf(const char *path, int *gguf) {
     struct stat sb;
     *gguf = 0;
-    /* said here, before "no model.safetensors" would send the user looking inside a directory */
+    /* said here, before "no model.safetensors" would send the user looking inside a directory;
+     * RLX_E_IO, as text.h promises of a tokenizer.json that cannot be read */
     if (stat(path, &sb) != 0)
-        return rlx_error(errno == ENOENT ? RLX_E_NOT_FOUND : RLX_E_IO,
+        return rlx_error(RLX_E_IO,
                          "%s: %s (the model is a GGUF file or a directory "
                          "with config.json and *.safetensors)",
                          path, strerror(errno));
