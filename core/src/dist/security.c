@@ -20,6 +20,16 @@
 #include "dist/dist_internal.h"
 #include "util/alloc.h"
 
+/* OpenSSL frees its state from an atexit handler unless its first initialisation says not to.
+ * Threads of a library that outlive that library's own shutdown still use OpenSSL while the
+ * process exits: gRPC's event engine reconnects a channel in the background after the transport
+ * gave it up (a failed TLS handshake), and its new handshake then crashed on OpenSSL's destroyed
+ * locks or hung. Initialising OpenSSL when librlx loads, before any plugin is opened, keeps its
+ * state to the end; the process's memory goes back to the system anyway. */
+__attribute__((constructor)) static void keep_openssl_until_exit(void) {
+    OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
+}
+
 /* A token file is one line; anything longer than this is not one. */
 #define TOKEN_FILE_MAX 4096
 
