@@ -854,10 +854,12 @@ static void grpct_close(void *self) {
         grpc_shutdown_blocking();
     else
         grpc_shutdown();
-    if (--grpct_n_instances == 0) {
-        gpr_set_log_function(NULL); /* back to gRPC's default before this plugin can be unloaded */
+    /* grpct_log stays gRPC's log function: gRPC's threads outlive grpc_shutdown_blocking (a
+     * handshake the application gave up on still fails after it) and gRPC's default would write
+     * their lines to stderr. Without a host, grpct_log drops them; the plugin is never unmapped
+     * (-z nodelete), so the function stays valid. */
+    if (--grpct_n_instances == 0)
         atomic_store(&grpct_log_host, NULL);
-    }
     pthread_mutex_unlock(&grpct_global_mu);
 }
 
