@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -621,6 +622,34 @@ static pid_t spawn_server_child(const char *mode, char *addr, size_t size) {
     return pid;
 }
 
+/* Waits until the process has slept (state S in /proc/PID/stat) for stable_ms on end: a process
+ * that is only starved of CPU shows R, so a long sleep means it is blocked in a call. */
+static bool wait_until_blocked(pid_t pid, int stable_ms, int deadline_ms) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    const double t0 = now_ms();
+    double asleep_since = -1;
+    while (now_ms() - t0 < deadline_ms) {
+        char buf[512] = "";
+        FILE *f = fopen(path, "r");
+        if (!f)
+            return false;
+        const size_t n = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[n] = '\0';
+        const char *close_paren = strrchr(buf, ')'); /* the command name may hold spaces */
+        const bool asleep = close_paren && close_paren[1] == ' ' && close_paren[2] == 'S';
+        if (!asleep)
+            asleep_since = -1;
+        else if (asleep_since < 0)
+            asleep_since = now_ms();
+        else if (now_ms() - asleep_since >= stable_ms)
+            return true;
+        sleep_ms(10);
+    }
+    return false;
+}
+
 /* The child connects, says hello, then streams 64 MiB messages until killed. */
 static void test_peer_killed_mid_message(void **state) {
     (void)state;
@@ -636,7 +665,9 @@ static void test_peer_killed_mid_message(void **state) {
     assert_ok(t->it->recv(t->self, srv, &d, &n, LONG_MS));
     assert_int_equal(n, 5);
     free(d);
-    sleep_ms(300); /* the child is now blocked mid-message: the buffers and windows are full */
+    /* After the hello the child only runs until the buffers and windows are full: once it sleeps,
+     * it is blocked mid-message. Under load it may take long to get there, so no fixed sleep. */
+    assert_true(wait_until_blocked(pid, 300, 30000));
     kill(pid, SIGKILL);
     int status;
     waitpid(pid, &status, 0);
