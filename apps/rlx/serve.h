@@ -19,6 +19,9 @@
 #include "rlx/dist.h"
 #include "rlx/engine.h"
 #include "rlx/text.h"
+/* monotonic time and the waits on it, shared with librlx: a step of the wall clock moves none of
+ * the server's deadlines */
+#include "util/clock.h"
 
 /* What the server is doing: /health says 503 until it is ready and again once it drains. */
 enum serve_phase { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };
@@ -145,15 +148,6 @@ int serve_job_stream(serve_job *j, serve_buf *out);
  * is free for the next step), and j is freed once the engine has delivered its DONE. NULL is a
  * no-op. */
 void serve_job_release(serve_job *j);
-
-// ---- monotonic time, which a step of the wall clock does not move ----
-
-/* Seconds on CLOCK_MONOTONIC. */
-double serve_now(void);
-/* A condition variable whose timed waits take deadlines of serve_deadline_in. */
-void serve_cond_init(pthread_cond_t *cv);
-/* The deadline ms milliseconds from now, for a condition variable of serve_cond_init. */
-struct timespec serve_deadline_in(uint64_t ms);
 
 // ---- the HTTP daemon ----
 

@@ -49,7 +49,7 @@
 typedef struct conn_deadline {
     struct conn_deadline *prev, *next;
     int fd;
-    double at; /* serve_now() by which the request must be in; 0 while one is answered */
+    double at; /* rlx__now_seconds() by which the request must be in; 0 while one is answered */
     int shut;  /* the reaper shut the socket down */
 } conn_deadline;
 
@@ -71,34 +71,6 @@ struct serve_http {
     pthread_t reaper;
     int reaper_started;
 };
-
-// ---- monotonic time ----
-
-double serve_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-void serve_cond_init(pthread_cond_t *cv) {
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(cv, &ca);
-    pthread_condattr_destroy(&ca);
-}
-
-struct timespec serve_deadline_in(uint64_t ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += (time_t)(ms / 1000);
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
 
 // ---- errors and buffers ----
 
@@ -752,7 +724,7 @@ static void set_deadline(serve_http *h, struct MHD_Connection *c, uint32_t secon
     if (!d)
         return;
     pthread_mutex_lock(&h->mu);
-    d->at = seconds && !d->shut ? serve_now() + seconds : 0;
+    d->at = seconds && !d->shut ? rlx__now_seconds() + seconds : 0;
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -846,7 +818,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx
         }
         d->fd = fd;
         pthread_mutex_lock(&h->mu);
-        d->at = serve_now() + h->server->request_timeout_s;
+        d->at = rlx__now_seconds() + h->server->request_timeout_s;
         d->next = h->deadlines;
         if (h->deadlines)
             h->deadlines->prev = d;
@@ -877,7 +849,7 @@ static void *reap_slow_requests(void *arg) {
     serve_http *h = arg;
     pthread_mutex_lock(&h->mu);
     while (!h->stopping) {
-        const double now = serve_now();
+        const double now = rlx__now_seconds();
         double next = now + 1.0;
         for (conn_deadline *d = h->deadlines; d; d = d->next) {
             if (!d->at)
@@ -890,7 +862,7 @@ static void *reap_slow_requests(void *arg) {
                 next = d->at;
             }
         }
-        const struct timespec until = serve_deadline_in((uint64_t)((next - now) * 1000.0) + 1);
+        const struct timespec until = rlx__deadline_in((uint64_t)((next - now) * 1000.0) + 1);
         pthread_cond_timedwait(&h->reaper_wake, &h->mu, &until);
     }
     pthread_mutex_unlock(&h->mu);
@@ -925,7 +897,7 @@ int serve_http_start(serve_server *s, const char *host, uint16_t port, int verbo
     h->server = s;
     atomic_init(&h->connections, 0);
     pthread_mutex_init(&h->mu, NULL);
-    serve_cond_init(&h->reaper_wake);
+    rlx__cond_init_monotonic(&h->reaper_wake);
     if (pthread_create(&h->reaper, NULL, reap_slow_requests, h) != 0) {
         freeaddrinfo(ai);
         snprintf(err, err_len, "cannot start a thread");

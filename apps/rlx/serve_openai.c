@@ -658,7 +658,7 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
     if (!j)
         return serve_error_set(err, 500, "server_error", NULL, "", "out of memory"), -1;
     pthread_mutex_init(&j->mu, NULL);
-    serve_cond_init(&j->cv);
+    rlx__cond_init_monotonic(&j->cv);
     j->refs = 1;
     j->server = s;
     j->ep = ep;
@@ -815,7 +815,7 @@ serve_wait serve_job_wait(serve_job *j, int fd, uint32_t timeout_s, int report_s
     for (;;) {
         pthread_mutex_lock(&j->mu);
         if (!has_news(j)) {
-            const struct timespec until = serve_deadline_in(HANGUP_POLL_MS);
+            const struct timespec until = rlx__deadline_in(HANGUP_POLL_MS);
             pthread_cond_timedwait(&j->cv, &j->mu, &until);
         }
         int news = has_news(j);
