@@ -440,8 +440,9 @@ static int message_content(const cJSON *msg, char **out, serve_error *e) {
     return 0;
 }
 
-/* messages through the model's chat template; chat_template_kwargs.enable_thinking (llama.cpp's
- * extension) picks Qwen3's non-thinking mode. *markup: the spans of the template's own text. */
+/* messages through the model's chat template (or --chat-template-file's); chat_template_kwargs
+ * (llama.cpp's extension) become template variables, enable_thinking picking Qwen3's non-thinking
+ * mode. *markup: the spans of the template's own text. */
 static int render_chat(serve_job *j, const cJSON *root, char **prompt, rlx_text_span **markup, size_t *n_markup,
                        serve_error *e) {
     const cJSON *msgs = member(root, "messages");
@@ -476,12 +477,17 @@ static int render_chat(serve_job *j, const cJSON *root, char **prompt, rlx_text_
         m[i].content = contents[i];
         m[i].reasoning_content = reasoning;
     }
-    if (rc == 0 && rlx_chat_render_spans(j->server->tok, m, (size_t)n, 1, think, prompt, markup, n_markup) != RLX_OK) {
+    char *kwargs_json = kwargs ? cJSON_PrintUnformatted(kwargs) : NULL;
+    if (rc == 0 && kwargs && !kwargs_json)
+        rc = (serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1);
+    if (rc == 0 && app_chat_render(j->server->tok, m, (size_t)n, think, j->server->chat_template, kwargs_json, prompt,
+                                   markup, n_markup) != RLX_OK) {
         serve_error_set(e, 400, "invalid_request_error", "unsupported_chat_template", "messages",
                         "cannot apply this model's chat template (%s); /v1/completions takes raw text",
                         rlx_last_error());
         rc = -1;
     }
+    free(kwargs_json);
     for (int k = 0; contents && k < n; k++)
         free(contents[k]);
     free(contents);
