@@ -31,10 +31,10 @@
 
 rlx__jinja_limits rlx__jinja_limits_default(void) {
     return (rlx__jinja_limits){
-        .max_output = 64u << 20,
-        .max_memory = 512u << 20,
-        .max_steps = 4000000,
-        .max_depth = 100,
+        .max_output = 16u << 20,
+        .max_memory = 256u << 20,
+        .max_steps = 1000000,
+        .max_depth = 500,
     };
 }
 
@@ -46,6 +46,7 @@ typedef struct jerr {
     char msg[512];
     const char *src; /* the original template, to turn an offset into a line and column */
     size_t src_len;
+    uint32_t at; /* the statement being run: where errors without a position of their own are */
 } jerr;
 
 static void line_col(const jerr *e, uint32_t pos, unsigned *line, unsigned *col) {
@@ -69,6 +70,8 @@ static _Noreturn __attribute__((format(printf, 4, 5))) void fail(jerr *e, rlx_st
     va_start(ap, fmt);
     vsnprintf(detail, sizeof detail, fmt, ap);
     va_end(ap);
+    if (pos == UINT32_MAX)
+        pos = e->at;
     if (pos == UINT32_MAX) {
         snprintf(e->msg, sizeof e->msg, "chat template: %s", detail);
     } else {
@@ -1325,6 +1328,7 @@ rlx_status rlx__jinja_parse(const char *src, size_t len, rlx__jinja **out) {
     t->src_len = len;
     err->src = copy;
     err->src_len = len;
+    err->at = UINT32_MAX;
     /* scratch holds the preprocessing's intermediate texts and offsets, t->mem the AST */
     arena scratch = {.limit = 64 * (size_t)RLX_JINJA_MAX_SOURCE + (16u << 20), .err = err};
     t->mem = (arena){.limit = 64 * (size_t)RLX_JINJA_MAX_SOURCE + (16u << 20), .err = err};
@@ -2878,8 +2882,15 @@ static int run_test(ctx *c, const char *name, size_t name_n, const value *v, con
             return 0;
         return str_eq(map_case(c, v->s, IS("upper")), v->s);
     }
+    static const char *const with_argument[] = {"divisibleby", "equalto", "eq", "==", "sameas", "ne", "!=", "lt", "<",
+                                                "le",          "<=",      "gt", ">",  "ge",     ">=", "in", NULL};
+    int known = 0;
+    for (const char *const *t = with_argument; *t && !known; t++)
+        known = IS(*t);
+    if (!known)
+        rt_fail(c, at, "unknown test '%.*s'", (int)name_n, name);
     if (!other)
-        rt_fail(c, at, "test '%.*s' needs an argument or is unknown", (int)name_n, name);
+        rt_fail(c, at, "test '%.*s' needs an argument", (int)name_n, name);
     if (IS("divisibleby")) {
         int64_t d = want_int(c, other, 0, "divisibleby", at);
         if (d == 0 || v->t != V_INT)
@@ -3550,6 +3561,8 @@ static void exec_for(ctx *c, scope *sc, const node *x, obuf *out) {
 
 static void exec_stmt(ctx *c, scope *sc, const node *x, obuf *out) {
     enter_rt(c, x);
+    uint32_t outer = c->err->at;
+    c->err->at = x->pos;
     switch (x->kind) {
     case N_TEXT:
         obuf_raw(c, out, x->s, x->n);
@@ -3610,6 +3623,7 @@ static void exec_stmt(ctx *c, scope *sc, const node *x, obuf *out) {
         print_value(c, out, &v, x);
     }
     }
+    c->err->at = outer;
     c->depth--;
 }
 
@@ -3736,6 +3750,7 @@ rlx_status rlx__jinja_render(const rlx__jinja *t, const cJSON *data, const cJSON
         return rlx_error(RLX_E_NOMEM, "out of memory");
     err->src = t->src;
     err->src_len = t->src_len;
+    err->at = UINT32_MAX;
     ctx c = {.a = {.limit = lim->max_memory, .err = err}, .err = err, .lim = lim};
     char *text = NULL;
     rlx_text_span *spans = NULL;
