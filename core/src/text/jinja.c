@@ -827,7 +827,7 @@ static void parse_args(parser *p, node_list *into, int parameters) {
 static node *parse_member(parser *p, node *object);
 
 static node *parse_call(parser *p, node *callee) {
-    node *call = new_node(p, N_CALL, here(p));
+    node *call = new_node(p, N_CALL, callee->pos);
     call->a = callee;
     parse_args(p, &call->args, 0);
     node *x = parse_member(p, call);
