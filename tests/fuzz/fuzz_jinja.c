@@ -45,7 +45,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cJSON *trusted = cJSON_Parse("{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}");
     rlx__jinja *t = NULL;
     if (rlx__jinja_parse(text, tmpl_len, &t) == RLX_OK) {
-        rlx__jinja_limits limits = {.max_output = 1 << 20, .max_memory = 32 << 20, .max_steps = 100000, .max_depth = 200};
+        rlx__jinja_limits limits = {
+            .max_output = 1 << 20, .max_memory = 32 << 20, .max_steps = 100000, .max_depth = 200};
         char *out = NULL;
         size_t len = 0, n = 0;
         rlx_text_span *spans = NULL;
