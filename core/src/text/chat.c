@@ -19,16 +19,29 @@ rlx_chat_template_kind rlx__chat_template_kind(const char *tmpl) {
     return RLX_CHAT_TEMPLATE_JINJA;
 }
 
+/* Adds a string that msgs keeps alive for the call (no copy: a message may be megabytes). */
+static int add_ref(cJSON *obj, const char *name, const char *text) {
+    cJSON *item = cJSON_CreateStringReference(text);
+    if (!item || !cJSON_AddItemToObject(obj, name, item)) {
+        cJSON_Delete(item);
+        return 0;
+    }
+    return 1;
+}
+
 /* The messages as the template sees them: role, content and reasoning_content when present. */
 static cJSON *messages_of(const rlx_chat_message *msgs, size_t n) {
     cJSON *arr = cJSON_CreateArray();
     for (size_t i = 0; arr && i < n; i++) {
         cJSON *m = cJSON_CreateObject();
-        if (!m || !cJSON_AddItemToArray(arr, m) ||
-            !cJSON_AddStringToObject(m, "role", msgs[i].role ? msgs[i].role : "") ||
-            !cJSON_AddStringToObject(m, "content", msgs[i].content ? msgs[i].content : "") ||
-            (msgs[i].reasoning_content &&
-             !cJSON_AddStringToObject(m, "reasoning_content", msgs[i].reasoning_content))) {
+        if (!m) {
+            cJSON_Delete(arr);
+            return NULL;
+        }
+        cJSON_AddItemToArray(arr, m); /* cannot fail with both not NULL; arr owns m from here */
+        if (!add_ref(m, "role", msgs[i].role ? msgs[i].role : "") ||
+            !add_ref(m, "content", msgs[i].content ? msgs[i].content : "") ||
+            (msgs[i].reasoning_content && !add_ref(m, "reasoning_content", msgs[i].reasoning_content))) {
             cJSON_Delete(arr);
             return NULL;
         }

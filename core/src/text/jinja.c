@@ -1426,6 +1426,7 @@ typedef struct ctx {
     unsigned depth;
     unsigned loops; /* loops being run, for break and continue */
     enum { FLOW_NONE, FLOW_BREAK, FLOW_CONTINUE } flow;
+    struct obuf *out; /* the rendering (heap memory: freed by the entry point on failure) */
 } ctx;
 
 static const value undef = {.t = V_UNDEF};
@@ -1591,6 +1592,7 @@ typedef struct obuf {
     char *s;
     uint8_t *m; /* NULL until a byte of the caller's data arrives */
     size_t n, cap;
+    int heap; /* the rendering itself: malloc'd, handed to the caller without a copy */
 } obuf;
 
 static void obuf_reserve(ctx *c, obuf *b, size_t more) {
@@ -1602,6 +1604,18 @@ static void obuf_reserve(ctx *c, obuf *b, size_t more) {
     size_t cap = b->cap ? 2 * b->cap : 64;
     while (cap < b->n + more + 1)
         cap *= 2;
+    if (b->heap) {
+        char *s = realloc(b->s, cap);
+        if (s)
+            b->s = s;
+        uint8_t *m = s && b->m ? realloc(b->m, cap) : NULL;
+        if (m)
+            b->m = m;
+        if (!s || (b->m && !m))
+            fail(c->err, RLX_E_NOMEM, UINT32_MAX, "out of memory");
+        b->cap = cap;
+        return;
+    }
     char *s = arena_alloc(&c->a, cap);
     if (b->n)
         memcpy(s, b->s, b->n);
@@ -1620,7 +1634,8 @@ static void obuf_put(ctx *c, obuf *b, jstr s) {
     obuf_reserve(c, b, s.n);
     memcpy(b->s + b->n, s.s, s.n);
     if (s.m && !b->m) {
-        b->m = arena_alloc(&c->a, b->cap);
+        if (!(b->m = b->heap ? malloc(b->cap) : arena_alloc(&c->a, b->cap)))
+            fail(c->err, RLX_E_NOMEM, UINT32_MAX, "out of memory");
         memset(b->m, 0, b->n);
     }
     if (b->m) {
@@ -3193,9 +3208,7 @@ static int contains(ctx *c, const value *item, const value *in, const node *at) 
     return run_test(c, "in", 2, item, &a, at);
 }
 
-static value binary_op(ctx *c, scope *sc, const node *x) {
-    value l = eval(c, sc, x->a);
-    value r = eval(c, sc, x->b);
+static value binary_values(ctx *c, const node *x, value l, value r) {
     switch (x->op) {
     case OP_EQ:
         return vbool(loose_eq(l, r));
@@ -3252,6 +3265,52 @@ static value binary_op(ctx *c, scope *sc, const node *x) {
         return vstr(obuf_str(&b));
     }
     rt_fail(c, x, "unsupported operand types %s and %s", type_name(&l), type_name(&r));
+}
+
+static int concatenates(bin_op op, const value *l, const value *r) {
+    return (op == OP_ADD || op == OP_CONCAT) && !nullish(l) && !nullish(r) &&
+           (op == OP_CONCAT || l->t == V_STR || r->t == V_STR);
+}
+
+/* a + b ~ c + ...: a chain of + and ~ is built in one buffer once it becomes a string, rather
+ * than copying the text so far at every step (a message's content is copied once, not once per
+ * operator after it). With into, a chain that becomes a string is written there instead (what
+ * {{ }} prints), and undefined is returned. */
+static value binary_chain(ctx *c, scope *sc, const node *x, obuf *into) {
+    size_t n = 0;
+    for (const node *k = x; k->kind == N_BIN && (k->op == OP_ADD || k->op == OP_CONCAT); k = k->a)
+        n++;
+    const node **spine = arena_alloc(&c->a, mul_size(&c->a, n, sizeof *spine));
+    size_t i = n;
+    for (const node *k = x; i > 0; k = k->a)
+        spine[--i] = k;
+    value acc = eval(c, sc, spine[0]->a);
+    obuf built = {0};
+    int building = 0;
+    for (i = 0; i < n; i++) {
+        value r = eval(c, sc, spine[i]->b);
+        if (!concatenates(spine[i]->op, &acc, &r)) {
+            if (building) /* a string and none or undefined: an error */
+                binary_values(c, spine[i], vstr(lit("")), r);
+            acc = binary_values(c, spine[i], acc, r);
+            building = 0;
+            built = (obuf){0};
+            continue;
+        }
+        if (!building) {
+            obuf_put(c, into ? into : &built, to_str(c, &acc, spine[i]));
+            building = 1;
+        }
+        obuf_put(c, into ? into : &built, to_str(c, &r, spine[i]));
+        acc = vstr(lit("")); /* a string: what concatenates() needs to know */
+    }
+    return !building ? acc : into ? undef : vstr(obuf_str(&built));
+}
+
+static value binary_op(ctx *c, scope *sc, const node *x) {
+    if (x->op != OP_ADD && x->op != OP_CONCAT)
+        return binary_values(c, x, eval(c, sc, x->a), eval(c, sc, x->b));
+    return binary_chain(c, sc, x, NULL);
 }
 
 static value call_macro(ctx *c, const jfunc *f, const args *a, scope *caller_scope, const node *at);
@@ -3568,7 +3627,8 @@ static void exec_stmt(ctx *c, scope *sc, const node *x, obuf *out) {
         obuf_raw(c, out, x->s, x->n);
         break;
     case N_OUTPUT: {
-        value v = eval(c, sc, x->a);
+        int chain = x->a->kind == N_BIN && (x->a->op == OP_ADD || x->a->op == OP_CONCAT);
+        value v = chain ? binary_chain(c, sc, x->a, out) : eval(c, sc, x->a);
         print_value(c, out, &v, x);
         break;
     }
@@ -3745,68 +3805,76 @@ rlx_status rlx__jinja_render(const rlx__jinja *t, const cJSON *data, const cJSON
         return rlx_error(RLX_E_INVALID, "rlx__jinja_render: NULL argument");
     rlx__jinja_limits dflt = rlx__jinja_limits_default();
     const rlx__jinja_limits *lim = limits ? limits : &dflt;
+    /* everything the error path frees hangs off these two, which setjmp does not see change */
     jerr *err = malloc(sizeof *err);
-    if (!err)
+    ctx *c = calloc(1, sizeof *c);
+    obuf *o = calloc(1, sizeof *o);
+    if (!err || !c || !o) {
+        free(err);
+        free(c);
+        free(o);
         return rlx_error(RLX_E_NOMEM, "out of memory");
+    }
     err->src = t->src;
     err->src_len = t->src_len;
     err->at = UINT32_MAX;
-    ctx c = {.a = {.limit = lim->max_memory, .err = err}, .err = err, .lim = lim};
-    char *text = NULL;
-    rlx_text_span *spans = NULL;
+    *c = (ctx){.a = {.limit = lim->max_memory, .err = err}, .err = err, .lim = lim, .out = o};
+    o->heap = 1;
     if (setjmp(err->jb)) {
         rlx_status st = rlx_error(err->st, "%s", err->msg);
-        free(text);
-        free(spans);
-        arena_free(&c.a);
+        free(c->out->s);
+        free(c->out->m);
+        free(c->out);
+        arena_free(&c->a);
+        free(c);
         free(err);
         return st;
     }
-    scope *root = scope_new(&c, NULL);
-    scope_set(&c, root, "true", 4, vbool(1));
-    scope_set(&c, root, "false", 5, vbool(0));
-    scope_set(&c, root, "none", 4, none);
-    scope_set(&c, root, "True", 4, vbool(1));
-    scope_set(&c, root, "False", 5, vbool(0));
-    scope_set(&c, root, "None", 4, none);
-    set_global_fn(&c, root, "namespace", F_NAMESPACE);
-    set_global_fn(&c, root, "raise_exception", F_RAISE);
-    set_global_fn(&c, root, "range", F_RANGE);
-    set_global_fn(&c, root, "strftime_now", F_STRFTIME);
-    set_vars(&c, root, data, 1);
-    set_vars(&c, root, trusted, 0);
-    obuf o = {0};
-    exec_block(&c, scope_new(&c, root), &t->body, &o);
-    if (!(text = malloc(o.n + 1)))
-        fail(err, RLX_E_NOMEM, UINT32_MAX, "out of memory");
-    if (o.n)
-        memcpy(text, o.s, o.n);
-    text[o.n] = '\0';
-    size_t n_spans = 0;
+    scope *root = scope_new(c, NULL);
+    scope_set(c, root, "true", 4, vbool(1));
+    scope_set(c, root, "false", 5, vbool(0));
+    scope_set(c, root, "none", 4, none);
+    scope_set(c, root, "True", 4, vbool(1));
+    scope_set(c, root, "False", 5, vbool(0));
+    scope_set(c, root, "None", 4, none);
+    set_global_fn(c, root, "namespace", F_NAMESPACE);
+    set_global_fn(c, root, "raise_exception", F_RAISE);
+    set_global_fn(c, root, "range", F_RANGE);
+    set_global_fn(c, root, "strftime_now", F_STRFTIME);
+    set_vars(c, root, data, 1);
+    set_vars(c, root, trusted, 0);
+    exec_block(c, scope_new(c, root), &t->body, o);
+    obuf_reserve(c, o, 0); /* a buffer even for an empty rendering */
+    o->s[o->n] = '\0';
     if (markup) {
-        for (size_t i = 0; i < o.n; i++)
-            if ((!o.m || !o.m[i]) && (i == 0 || (o.m && o.m[i - 1])))
+        size_t n_spans = 0;
+        for (size_t i = 0; i < o->n; i++)
+            if ((!o->m || !o->m[i]) && (i == 0 || (o->m && o->m[i - 1])))
                 n_spans++;
-        if (n_spans && !(spans = malloc(n_spans * sizeof *spans)))
+        rlx_text_span *spans = n_spans ? malloc(n_spans * sizeof *spans) : NULL;
+        if (n_spans && !spans)
             fail(err, RLX_E_NOMEM, UINT32_MAX, "out of memory");
         size_t k = 0;
-        for (size_t i = 0; i < o.n;) {
-            if (o.m && o.m[i]) {
+        for (size_t i = 0; i < o->n;) {
+            if (o->m && o->m[i]) {
                 i++;
                 continue;
             }
             size_t start = i;
-            while (i < o.n && (!o.m || !o.m[i]))
+            while (i < o->n && (!o->m || !o->m[i]))
                 i++;
             spans[k++] = (rlx_text_span){start, i - start};
         }
         *markup = spans;
         *n_markup = n_spans;
     }
-    *out = text;
+    *out = o->s;
     if (out_len)
-        *out_len = o.n;
-    arena_free(&c.a);
+        *out_len = o->n;
+    free(o->m);
+    free(o);
+    arena_free(&c->a);
+    free(c);
     free(err);
     return RLX_OK;
 }
