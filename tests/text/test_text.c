@@ -565,6 +565,30 @@ static void test_config(void **state) {
     rlx_tokenizer_close(tok);
     remove_file("chat_template.jinja");
 
+    /* a list of named templates: "tool_use" when tools are given, else "default"; eos_token is the
+     * tokenizer's, kwargs are variables, messages_json passes tool calls through */
+    write_file("tokenizer_config.json",
+               "{\"eos_token\": \"<|im_end|>\", \"chat_template\": ["
+               "{\"name\": \"default\", \"template\": \"D:{{ messages[0].content }}{{ eos_token }}{{ x }}\"},"
+               "{\"name\": \"tool_use\", \"template\": \"T:{{ tools | length }}"
+               "{{ messages[0].tool_calls[0].function.arguments | tojson }}\"}]}");
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_OK);
+    rlx_chat_options co = {.size = sizeof co, .kwargs_json = "{\"x\": 7}"};
+    assert_int_equal(rlx_chat_render_ex(tok, &m, 1, &co, &out, NULL, NULL), RLX_OK);
+    assert_string_equal(out, "D:hi<|im_end|>7");
+    free(out);
+    co.tools_json = "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]";
+    co.messages_json = "[{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"type\": \"function\","
+                       " \"function\": {\"name\": \"f\", \"arguments\": {\"a\": [1, \"\u00e9\"]}}}]}]";
+    assert_int_equal(rlx_chat_render_ex(tok, NULL, 0, &co, &out, NULL, NULL), RLX_OK);
+    assert_string_equal(out, "T:1{\"a\": [1, \"\u00e9\"]}");
+    free(out);
+    co.kwargs_json = "[1]"; /* not an object */
+    assert_int_equal(rlx_chat_render_ex(tok, NULL, 0, &co, &out, NULL, NULL), RLX_E_INVALID);
+    assert_null(out);
+    assert_non_null(strstr(rlx_last_error(), "kwargs_json"));
+    rlx_tokenizer_close(tok);
+
     write_file("tokenizer_config.json", "{\"eos_token\": 5}");
     assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_E_FORMAT);
     assert_non_null(strstr(rlx_last_error(), "tokenizer_config.json"));
