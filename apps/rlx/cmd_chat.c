@@ -144,8 +144,8 @@ static int render_ids(rlx_tokenizer *tok, const conversation *c, size_t n_fixed,
     char *rendered;
     rlx_text_span *markup;
     size_t n_markup;
-    rlx_status rc =
-        app_chat_render(tok, view, c->n - drop, think, c->chat_template, NULL, &rendered, &markup, &n_markup);
+    rlx_status rc = app_chat_render(tok, &(app_chat){view, c->n - drop}, think, c->chat_template, NULL, &rendered,
+                                    &markup, &n_markup);
     free(view);
     if (rc != RLX_OK)
         return app_fail_rlx("chat: cannot apply the chat template");

@@ -38,7 +38,8 @@ static int prompt_ids(const app_runtime *rt, const char *tokens, const char *pro
         char *rendered;
         rlx_text_span *markup;
         size_t n_markup;
-        if (app_chat_render(*tok, &m, 1, think, chat_template, NULL, &rendered, &markup, &n_markup) != RLX_OK)
+        if (app_chat_render(*tok, &(app_chat){&m, 1}, think, chat_template, NULL, &rendered, &markup, &n_markup) !=
+            RLX_OK)
             return app_fail_rlx("generate: cannot apply the chat template");
         rc = app_encode_chat(*tok, rendered, markup, n_markup, special_in_content, max_ids, ids, n, over);
         free(rendered);

@@ -157,9 +157,8 @@ int app_chat_template_file(const char *cmd, const char *path, char **text) {
     return 0;
 }
 
-rlx_status app_chat_render(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n, int think,
-                           const char *chat_template, const char *kwargs_json, char **out, rlx_text_span **markup,
-                           size_t *n_markup) {
+rlx_status app_chat_render(const rlx_tokenizer *tok, const app_chat *chat, int think, const char *chat_template,
+                           const char *kwargs_json, char **out, rlx_text_span **markup, size_t *n_markup) {
     cJSON *kwargs = kwargs_json ? cJSON_Parse(kwargs_json) : cJSON_CreateObject();
     if (!cJSON_IsObject(kwargs)) {
         cJSON_Delete(kwargs);
@@ -173,7 +172,9 @@ rlx_status app_chat_render(const rlx_tokenizer *tok, const rlx_chat_message *msg
         return rlx_error(RLX_E_NOMEM, "out of memory");
     rlx_chat_options o = {
         .size = sizeof o, .add_generation_prompt = 1, .kwargs_json = text, .chat_template = chat_template};
-    rlx_status st = rlx_chat_render_ex(tok, msgs, n, &o, out, markup, n_markup);
+    o.messages_json = chat->messages_json;
+    o.tools_json = chat->tools_json;
+    rlx_status st = rlx_chat_render_ex(tok, chat->msgs, chat->n, &o, out, markup, n_markup);
     free(text);
     return st;
 }

@@ -103,12 +103,19 @@ rlx_status app_tokenizer_open(const app_runtime *rt, rlx_tokenizer **tok);
 /* Reads --chat-template-file FILE (NULL: none, *text stays NULL). 1 after reporting. */
 int app_chat_template_file(const char *cmd, const char *path, char **text);
 
-/* rlx_chat_render_spans with Qwen3's enable_thinking as think, through chat_template (the text
- * of --chat-template-file) or, when it is NULL, the model's template. kwargs_json: more
- * chat_template_kwargs (a JSON object) or NULL; its enable_thinking, if any, wins over think. */
-rlx_status app_chat_render(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n, int think,
-                           const char *chat_template, const char *kwargs_json, char **out, rlx_text_span **markup,
-                           size_t *n_markup);
+/* The chat a command renders: msgs, or (when messages_json is not NULL, msgs NULL and n 0) the
+ * messages as JSON with tool calls, and the tools (JSON, or NULL). */
+typedef struct app_chat {
+    const rlx_chat_message *msgs;
+    size_t n;
+    const char *messages_json, *tools_json;
+} app_chat;
+
+/* rlx_chat_render_spans of chat with Qwen3's enable_thinking as think, through chat_template
+ * (the text of --chat-template-file) or, when it is NULL, the model's template. kwargs_json:
+ * more chat_template_kwargs (a JSON object) or NULL; its enable_thinking, if any, wins. */
+rlx_status app_chat_render(const rlx_tokenizer *tok, const app_chat *chat, int think, const char *chat_template,
+                           const char *kwargs_json, char **out, rlx_text_span **markup, size_t *n_markup);
 
 /* Encodes text rendered by rlx_chat_render_spans: special tokens count only in its markup spans,
  * so that <|im_start|> typed in a message stays those characters, unless special_in_content
