@@ -2304,8 +2304,12 @@ static size_t slice_indexes(ctx *c, size_t n, const value *start, const value *s
     }
     *idx = arena_alloc(&c->a, mul_size(&c->a, n + 1, sizeof **idx));
     size_t k = 0;
-    for (int64_t i = a; step > 0 ? i < b : i > b; i += step)
+    for (int64_t i = a; step > 0 ? i < b : i > b;) {
         (*idx)[k++] = (size_t)i;
+        if (step > 0 ? step >= b - i : step <= b - i) /* the next index would pass the end (or overflow) */
+            break;
+        i += step;
+    }
     return k;
 }
 
@@ -3259,6 +3263,11 @@ static value binary_values(ctx *c, const node *x, value l, value r) {
     if (x->op == OP_MUL && ((l.t == V_STR && r.t == V_INT) || (l.t == V_INT && r.t == V_STR))) {
         jstr s = l.t == V_STR ? l.s : r.s;
         int64_t times = l.t == V_INT ? l.i : r.i;
+        if (s.n == 0 || times <= 0)
+            return vstr(lit(""));
+        if ((uint64_t)times > c->lim->max_output / s.n)
+            fail(c->err, RLX_E_RANGE, x->pos, "the rendered text would be larger than %zu MiB",
+                 c->lim->max_output >> 20);
         obuf b = {0};
         for (int64_t i = 0; i < times; i++)
             obuf_put(c, &b, s);
@@ -3366,9 +3375,11 @@ static value call(ctx *c, scope *sc, const node *x) {
         if (stepv == 0)
             rt_fail(c, x, "range step must not be zero");
         jlist *l = list_new(c, 8);
-        for (int64_t i = start; stepv > 0 ? i < stop : i > stop; i += stepv) {
+        for (int64_t i = start; stepv > 0 ? i < stop : i > stop;) {
             step(c, x);
             list_add(c, l, vint(i));
+            if (__builtin_add_overflow(i, stepv, &i))
+                break;
         }
         return vlist(l);
     }
