@@ -2130,13 +2130,13 @@ static jstr strip(jstr s, const jstr *chars, int left, int right) {
     return sub(s, a, b - a);
 }
 
+/* memmem: linear time, whatever the strings (a naive search is quadratic on repetitive text) */
 static const char *find_in(jstr hay, jstr needle, size_t from) {
+    if (from > hay.n)
+        return NULL;
     if (needle.n == 0)
-        return from <= hay.n ? hay.s + from : NULL;
-    for (size_t i = from; i + needle.n <= hay.n; i++)
-        if (memcmp(hay.s + i, needle.s, needle.n) == 0)
-            return hay.s + i;
-    return NULL;
+        return hay.s + from;
+    return memmem(hay.s + from, hay.n - from, needle.s, needle.n);
 }
 
 static int starts(jstr s, jstr p) { return s.n >= p.n && memcmp(s.s, p.s, p.n) == 0; }
@@ -2258,18 +2258,20 @@ static value split_str(ctx *c, jstr s, const jstr *sep, int64_t maxsplit, int fr
         list_add(c, l, vstr(sub(s, at_, s.n - at_)));
         return vlist(l);
     }
+    /* rightmost matches first: the leftmost ones of the reversed separator in the reversed text */
+    char *rs = arena_alloc(&c->a, s.n + 1), *rsep = arena_alloc(&c->a, sep->n);
+    for (size_t i = 0; i < s.n; i++)
+        rs[i] = s.s[s.n - 1 - i];
+    for (size_t i = 0; i < sep->n; i++)
+        rsep[i] = sep->s[sep->n - 1 - i];
     jlist *rev = list_new(c, 4);
     size_t end = s.n;
     int64_t done = 0;
     while (maxsplit < 0 || done < maxsplit) {
-        size_t h = SIZE_MAX;
-        for (size_t i = end >= sep->n ? end - sep->n + 1 : 0; i-- > 0;)
-            if (memcmp(s.s + i, sep->s, sep->n) == 0) {
-                h = i;
-                break;
-            }
-        if (h == SIZE_MAX)
+        const char *hit = find_in((jstr){rs, NULL, s.n}, (jstr){rsep, NULL, sep->n}, s.n - end);
+        if (!hit)
             break;
+        size_t h = s.n - (size_t)(hit - rs) - sep->n; /* where the match starts in s */
         list_add(c, rev, vstr(sub(s, h + sep->n, end - h - sep->n)));
         end = h;
         done++;
@@ -3039,19 +3041,23 @@ static value call_method(ctx *c, const jfunc *f, const args *a, const node *at) 
     if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "count")) {
         check_args(c, a, 1, NULL, m, at);
         jstr needle = want_str(c, arg(a, 0, NULL), "the substring", at);
-        int64_t found = -1, count = 0;
+        if (needle.n == 0) /* Python: found at 0 (rfind: at the end), counted between every character */
+            return vint(m[0] == 'f' ? 0 : (int64_t)cp_count(s) + (m[0] == 'c'));
+        int64_t found = -1, count = 0, cp = 0;
+        size_t counted = 0; /* the characters before byte counted are in cp */
         for (size_t from = 0; from <= s.n;) {
             const char *hit = find_in(s, needle, from);
             if (!hit)
                 break;
             size_t byte = (size_t)(hit - s.s);
-            int64_t cp = (int64_t)cp_count(sub(s, 0, byte));
+            cp += (int64_t)cp_count(sub(s, counted, byte - counted));
+            counted = byte;
             if (found < 0 || m[0] == 'r')
                 found = cp;
             count++;
             if (m[0] == 'f')
                 break;
-            from = byte + (needle.n ? needle.n : 1);
+            from = byte + needle.n;
         }
         return vint(m[0] == 'c' ? count : found);
     }
