@@ -1396,6 +1396,10 @@ struct jdict { /* insertion-ordered */
     jstr *k;
     value *v;
     size_t n, cap;
+    /* past a few keys, a hash index (entry + 1, 0 empty; at most half full), so that a dict of
+     * many keys (a client's JSON) is built in linear time */
+    uint32_t *slots;
+    size_t n_slots;
 };
 
 typedef struct scope scope;
@@ -1453,10 +1457,18 @@ static const char *type_name(const value *v) {
     return v->t == V_LIST && v->tuple ? "tuple" : names[v->t];
 }
 
-static void step(ctx *c, const node *at) {
-    if (++c->steps > c->lim->max_steps)
-        fail(c->err, RLX_E_RANGE, at->pos, "more than %" PRIu64 " loop iterations and macro calls", c->lim->max_steps);
+/* Counts work that allocates nothing, which the memory limit would not stop: a loop iteration or
+ * macro call is one step, a scan of a list one per item, of a string one per KiB. */
+static void charge(ctx *c, const node *at, uint64_t steps) {
+    c->steps += steps;
+    if (c->steps > c->lim->max_steps)
+        fail(c->err, RLX_E_RANGE, at->pos,
+             "more than %" PRIu64 " steps of work (loop iterations, macro calls, "
+             "scans of long lists and strings)",
+             c->lim->max_steps);
 }
+
+static void step(ctx *c, const node *at) { charge(c, at, 1); }
 
 static void enter_rt(ctx *c, const node *at) {
     if (++c->depth > c->lim->max_depth)
@@ -1492,11 +1504,31 @@ static jdict *dict_new(ctx *c) {
 
 static int str_eq(jstr a, jstr b) { return a.n == b.n && (a.n == 0 || memcmp(a.s, b.s, a.n) == 0); }
 
+static size_t key_hash(jstr k) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < k.n; i++)
+        h = (h ^ (unsigned char)k.s[i]) * 1099511628211ull;
+    return (size_t)(h ^ (h >> 29));
+}
+
 static value *dict_get(const jdict *d, jstr k) {
-    for (size_t i = 0; i < d->n; i++)
-        if (str_eq(d->k[i], k))
-            return &d->v[i];
+    if (!d->slots) {
+        for (size_t i = 0; i < d->n; i++)
+            if (str_eq(d->k[i], k))
+                return &d->v[i];
+        return NULL;
+    }
+    for (size_t at = key_hash(k) & (d->n_slots - 1); d->slots[at]; at = (at + 1) & (d->n_slots - 1))
+        if (str_eq(d->k[d->slots[at] - 1], k))
+            return &d->v[d->slots[at] - 1];
     return NULL;
+}
+
+static void dict_index(uint32_t *slots, size_t n_slots, jstr k, size_t entry) {
+    size_t at = key_hash(k) & (n_slots - 1);
+    while (slots[at])
+        at = (at + 1) & (n_slots - 1);
+    slots[at] = (uint32_t)entry + 1;
 }
 
 static void dict_set(ctx *c, jdict *d, jstr k, value v) {
@@ -1517,6 +1549,18 @@ static void dict_set(ctx *c, jdict *d, jstr k, value v) {
         d->v = nv;
         d->cap = cap;
     }
+    if (d->n >= 8 && 2 * (d->n + 1) > d->n_slots) {
+        if (d->n >= UINT32_MAX / 4)
+            fail(c->err, RLX_E_RANGE, UINT32_MAX, "a dict of more than %u keys", UINT32_MAX / 4);
+        size_t n_slots = d->n_slots ? 2 * d->n_slots : 32;
+        uint32_t *slots = arena_zalloc(&c->a, mul_size(&c->a, n_slots, sizeof *slots));
+        for (size_t i = 0; i < d->n; i++)
+            dict_index(slots, n_slots, d->k[i], i);
+        d->slots = slots;
+        d->n_slots = n_slots;
+    }
+    if (d->slots)
+        dict_index(d->slots, d->n_slots, k, d->n);
     d->k[d->n] = k;
     d->v[d->n++] = v;
 }
@@ -2656,8 +2700,10 @@ static value apply_filter(ctx *c, const char *name, size_t name_n, value v, cons
         return v;
     }
     if (IS("length") || IS("count")) {
-        if (v.t == V_STR)
+        if (v.t == V_STR) {
+            charge(c, at, v.s.n >> 10);
             return vint((int64_t)cp_count(v.s));
+        }
         if (v.t == V_LIST)
             return vint((int64_t)v.l->n);
         if (v.t == V_DICT)
@@ -2757,6 +2803,7 @@ static value apply_filter(ctx *c, const char *name, size_t name_n, value v, cons
             WRONG();
         jlist *l = list_new(c, v.l->n);
         for (size_t i = 0; i < v.l->n; i++) {
+            charge(c, at, l->n);
             int seen = 0;
             for (size_t k = 0; k < l->n && !seen; k++)
                 seen = strict_eq(&l->v[k], &v.l->v[i]);
@@ -2927,6 +2974,7 @@ static int run_test(ctx *c, const char *name, size_t name_n, const value *v, con
         return IS("lt") || IS("<") ? r < 0 : IS("le") || IS("<=") ? r <= 0 : IS("gt") || IS(">") ? r > 0 : r >= 0;
     }
     if (IS("in")) {
+        charge(c, at, other->t == V_LIST ? other->l->n : other->t == V_STR ? other->s.n >> 10 : 0);
         if (other->t == V_LIST) {
             for (size_t i = 0; i < other->l->n; i++)
                 if (strict_eq(v, &other->l->v[i]))
@@ -3041,6 +3089,7 @@ static value call_method(ctx *c, const jfunc *f, const args *a, const node *at) 
     if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "count")) {
         check_args(c, a, 1, NULL, m, at);
         jstr needle = want_str(c, arg(a, 0, NULL), "the substring", at);
+        charge(c, at, s.n >> 10);
         if (needle.n == 0) /* Python: found at 0 (rfind: at the end), counted between every character */
             return vint(m[0] == 'f' ? 0 : (int64_t)cp_count(s) + (m[0] == 'c'));
         int64_t found = -1, count = 0, cp = 0;
@@ -3112,8 +3161,10 @@ static value member(ctx *c, const value *obj, const value *prop, const node *at)
         }
         if (prop->t != V_STR)
             rt_fail(c, at, "a %s is indexed by integers, not %s", type_name(obj), type_name(prop));
-        if (str_eq(prop->s, lit("length")))
+        if (str_eq(prop->s, lit("length"))) {
+            charge(c, at, obj->t == V_STR ? obj->s.n >> 10 : 0);
             return vint((int64_t)(obj->t == V_STR ? cp_count(obj->s) : obj->l->n));
+        }
         const char *m = obj->t == V_STR ? method_named(str_methods, prop->s) : NULL;
         return m ? method(c, obj, m) : undef;
     }
@@ -3727,6 +3778,25 @@ static int index_key(const char *k, uint32_t *out) {
     return 1;
 }
 
+/* stable merge sort of n entries by their index keys */
+static void sort_index_keys(ctx *c, const cJSON **e, uint32_t *k, size_t n) {
+    const cJSON **te = arena_alloc(&c->a, mul_size(&c->a, n + 1, sizeof *te));
+    uint32_t *tk = arena_alloc(&c->a, mul_size(&c->a, n + 1, sizeof *tk));
+    for (size_t width = 1; width < n; width *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * width) {
+            size_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            size_t i = lo, m = mid, o = lo;
+            while (i < mid || m < hi) {
+                int left = m >= hi || (i < mid && k[i] <= k[m]);
+                te[o] = left ? e[i] : e[m];
+                tk[o++] = left ? k[i++] : k[m++];
+            }
+        }
+        memcpy(e, te, n * sizeof *e);
+        memcpy(k, tk, n * sizeof *k);
+    }
+}
+
 static jstr json_str(ctx *c, const char *s, int data) {
     size_t n = strlen(s);
     uint8_t *m = NULL;
@@ -3758,33 +3828,28 @@ static value from_json(ctx *c, const cJSON *j, int data, unsigned depth) {
     }
     if (!cJSON_IsObject(j))
         fail(c->err, RLX_E_INVALID, UINT32_MAX, "the input holds a JSON value of an unknown type");
-    jdict *d = dict_new(c);
-    uint32_t prev = 0;
-    for (int pass = 0; pass < 2; pass++) { /* index keys in ascending order, then the others */
-        for (;;) {
-            const cJSON *best = NULL;
-            uint32_t best_k = 0;
-            for (const cJSON *e = j->child; e; e = e->next) {
-                uint32_t k;
-                int idx = index_key(e->string ? e->string : "", &k);
-                if (pass == 0 && idx && (d->n == 0 || k > prev || !dict_get(d, lit(e->string))) &&
-                    (!best || k < best_k) && !dict_get(d, lit(e->string))) {
-                    best = e;
-                    best_k = k;
-                }
-                if (pass == 1 && !idx)
-                    dict_set(c, d, json_str(c, e->string ? e->string : "", data), from_json(c, e, data, depth + 1));
-            }
-            if (pass == 1 || !best)
-                break;
-            /* the last of duplicate keys wins, as JSON.parse has it */
-            const cJSON *last = best;
-            for (const cJSON *e = best->next; e; e = e->next)
-                if (e->string && strcmp(e->string, best->string) == 0)
-                    last = e;
-            dict_set(c, d, json_str(c, best->string, data), from_json(c, last, data, depth + 1));
-            prev = best_k;
+    /* JSON.parse's order: array-index keys ascending, then the others as written; a key given
+     * twice keeps its first place and its last value */
+    size_t n = 0, n_index = 0;
+    for (const cJSON *e = j->child; e; e = e->next)
+        n++;
+    const cJSON **index = arena_alloc(&c->a, mul_size(&c->a, n + 1, sizeof *index));
+    uint32_t *keys = arena_alloc(&c->a, mul_size(&c->a, n + 1, sizeof *keys));
+    for (const cJSON *e = j->child; e; e = e->next) {
+        uint32_t k;
+        if (index_key(e->string ? e->string : "", &k)) {
+            index[n_index] = e;
+            keys[n_index++] = k;
         }
+    }
+    sort_index_keys(c, index, keys, n_index);
+    jdict *d = dict_new(c);
+    for (size_t i = 0; i < n_index; i++)
+        dict_set(c, d, json_str(c, index[i]->string, data), from_json(c, index[i], data, depth + 1));
+    for (const cJSON *e = j->child; e; e = e->next) {
+        uint32_t k;
+        if (!index_key(e->string ? e->string : "", &k))
+            dict_set(c, d, json_str(c, e->string ? e->string : "", data), from_json(c, e, data, depth + 1));
     }
     return (value){.t = V_DICT, .d = d};
 }
