@@ -40,7 +40,8 @@ typedef struct conversation {
     size_t n, cap;
     int32_t *cached; /* the ids the KV cache holds, in order */
     size_t n_cached, cap_cached;
-    int special_in_content; /* --special-in-content */
+    int special_in_content;    /* --special-in-content */
+    const char *chat_template; /* --chat-template-file's text, or NULL for the model's */
 } conversation;
 
 static int add_message(conversation *c, const char *role, const char *content) {
@@ -143,7 +144,8 @@ static int render_ids(rlx_tokenizer *tok, const conversation *c, size_t n_fixed,
     char *rendered;
     rlx_text_span *markup;
     size_t n_markup;
-    rlx_status rc = rlx_chat_render_spans(tok, view, c->n - drop, 1, think, &rendered, &markup, &n_markup);
+    rlx_status rc = app_chat_render(tok, &(app_chat){view, c->n - drop}, think, c->chat_template, NULL, &rendered,
+                                    &markup, &n_markup);
     free(view);
     if (rc != RLX_OK)
         return app_fail_rlx("chat: cannot apply the chat template");
@@ -281,7 +283,7 @@ static int turn(app_runtime *rt, rlx_tokenizer *tok, rlx_sampler *sampler, rlx_s
 }
 
 int cmd_chat(int argc, char **argv, app_options *o) {
-    const char *system = NULL, *system_file = NULL;
+    const char *system = NULL, *system_file = NULL, *template_file = NULL;
     int no_think = 0, special_in_content = 0, stats = 0, max_given = 0, is_conversation = 0;
     uint32_t max_new = 512;
     app_sampling sampling = {0};
@@ -295,6 +297,7 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         {0, "conversation", NULL, NULL, "llama.cpp's -cnv, taken: chat is always a conversation", APP_OPT_FLAG,
          &is_conversation},
         {0, "no-think", NULL, NULL, "Qwen3's enable_thinking=false", APP_OPT_FLAG, &no_think},
+        {0, "chat-template-file", NULL, "FILE", APP_CHAT_TEMPLATE_FILE_HELP, APP_OPT_STRING, &template_file},
         {0, "special-in-content", NULL, NULL, APP_SPECIAL_IN_CONTENT_HELP, APP_OPT_FLAG, &special_in_content},
         {'n', "n-predict", NULL, "N",
          "at most N tokens per reply (default 512; -1: until end-of-sequence); a\n"
@@ -315,25 +318,30 @@ int cmd_chat(int argc, char **argv, app_options *o) {
         return 1;
     if (system && system_file)
         return app_fail("chat: give --system or --system-prompt-file, not both");
-    char *system_text = NULL;
+    char *system_text = NULL, *template_text = NULL;
     size_t system_len;
     if (system_file &&
         !(system = system_text = app_read_file("chat: --system-prompt-file", system_file, 1, &system_len)))
         return 1;
+    if (app_chat_template_file("chat", template_file, &template_text)) {
+        free(system_text);
+        return 1;
+    }
     app_runtime rt;
     if (app_runtime_open(&rt, o, NULL)) {
         free(system_text);
+        free(template_text);
         return 1;
     }
     rlx_tokenizer *tok = NULL;
     rlx_sampler *sampler = NULL;
     rlx_stop_matcher *stopper = NULL;
-    conversation c = {.special_in_content = special_in_content};
+    conversation c = {.special_in_content = special_in_content, .chat_template = template_text};
     int status = app_generation_defaults(&rt, &sampling, &max_new, max_given);
     if (!status && app_tokenizer_open(&rt, &tok) != RLX_OK)
         status = app_fail_rlx("chat: cannot load the tokenizer");
-    if (!status && rlx_chat_template_of(tok) != RLX_CHAT_TEMPLATE_QWEN3)
-        status = app_fail("chat: %s has no standard Qwen3 chat template", rt.model_dir);
+    if (!status && rlx_chat_template_of(tok) == RLX_CHAT_TEMPLATE_NONE && !template_file)
+        status = app_fail("chat: %s has no chat template (give one with --chat-template-file)", rt.model_dir);
     if (!status && rlx_sampler_create(&sampling.params, rt.lm.vocab, &sampler) != RLX_OK)
         status = app_fail_rlx("chat");
     if (!status && sampling.n_stops && rlx_stop_matcher_create(sampling.stops, sampling.n_stops, &stopper) != RLX_OK)
@@ -404,5 +412,6 @@ int cmd_chat(int argc, char **argv, app_options *o) {
     rlx_tokenizer_close(tok);
     app_runtime_close(&rt);
     free(system_text);
+    free(template_text);
     return status;
 }

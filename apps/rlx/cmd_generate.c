@@ -21,8 +21,8 @@ static int emit(void *ctx, int32_t token, const float *logits) { return app_outp
 /* The prompt's ids: parsed from --tokens, or the tokenizer's encoding of --prompt, which stops
  * once it passes max_ids (0: no limit), setting *over. */
 static int prompt_ids(const app_runtime *rt, const char *tokens, const char *prompt, int chat, int think,
-                      int special_in_content, size_t max_ids, rlx_tokenizer **tok, int32_t **ids, size_t *n,
-                      int *over) {
+                      const char *chat_template, int special_in_content, size_t max_ids, rlx_tokenizer **tok,
+                      int32_t **ids, size_t *n, int *over) {
     if (tokens) {
         int count = app_parse_tokens("--tokens", tokens, ids);
         if (count < 0)
@@ -38,7 +38,8 @@ static int prompt_ids(const app_runtime *rt, const char *tokens, const char *pro
         char *rendered;
         rlx_text_span *markup;
         size_t n_markup;
-        if (rlx_chat_render_spans(*tok, &m, 1, 1, think, &rendered, &markup, &n_markup) != RLX_OK)
+        if (app_chat_render(*tok, &(app_chat){&m, 1}, think, chat_template, NULL, &rendered, &markup, &n_markup) !=
+            RLX_OK)
             return app_fail_rlx("generate: cannot apply the chat template");
         rc = app_encode_chat(*tok, rendered, markup, n_markup, special_in_content, max_ids, ids, n, over);
         free(rendered);
@@ -83,7 +84,7 @@ static int fit_context(const app_runtime *rt, size_t n, int over, uint32_t n_new
 }
 
 int cmd_generate(int argc, char **argv, app_options *o) {
-    const char *tokens = NULL, *prompt = NULL, *file = NULL;
+    const char *tokens = NULL, *prompt = NULL, *file = NULL, *template_file = NULL;
     uint32_t n_new = 16;
     int stats = 0, chat = 0, no_think = 0, special_in_content = 0, truncate = 0, n_given = 0, json = 0,
         logprobs_given = 0, ignore_eos = 0, no_conversation = 0;
@@ -100,6 +101,8 @@ int cmd_generate(int argc, char **argv, app_options *o) {
          APP_OPT_CUSTOM, &n_new, &n_given, .parse = app_parse_max_new},
         {0, "chat", NULL, NULL, "wrap the text as a user turn with the model's chat template", APP_OPT_FLAG, &chat},
         {0, "no-think", NULL, NULL, "with --chat: Qwen3's enable_thinking=false", APP_OPT_FLAG, &no_think},
+        {0, "chat-template-file", NULL, "FILE", "with --chat: " APP_CHAT_TEMPLATE_FILE_HELP, APP_OPT_STRING,
+         &template_file},
         {0, "no-conversation", NULL, NULL,
          "llama.cpp's -no-cnv, taken: generate continues the prompt as it is\n"
          "unless --chat",
@@ -147,10 +150,12 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         return app_fail("generate: --no-conversation (-no-cnv) and --chat contradict each other");
     if (no_think && !chat)
         return app_fail("generate: --no-think only changes the chat template; it needs --chat");
+    if (template_file && !chat)
+        return app_fail("generate: --chat-template-file is the chat template; it needs --chat");
     if (special_in_content && !chat)
         return app_fail("generate: --special-in-content is about chat messages; it needs --chat (special tokens "
                         "in a raw prompt are always parsed)");
-    char *file_text = NULL;
+    char *file_text = NULL, *template_text = NULL;
     size_t file_len;
     if (file && !(prompt = file_text = app_read_file("generate", file, 1, &file_len)))
         return 1;
@@ -158,14 +163,20 @@ int cmd_generate(int argc, char **argv, app_options *o) {
         free(file_text);
         return app_fail("generate: %s holds a NUL byte; a prompt is text", file);
     }
+    if (app_chat_template_file("generate", template_file, &template_text)) {
+        free(file_text);
+        return 1;
+    }
     app_runtime rt;
     if (app_runtime_open(&rt, o, &spec_options)) {
         free(file_text);
+        free(template_text);
         return 1;
     }
     if (app_generation_defaults(&rt, &sampling, &n_new, n_given)) {
         app_runtime_close(&rt);
         free(file_text);
+        free(template_text);
         return 1;
     }
     if (ignore_eos)
@@ -177,8 +188,9 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     int over = 0;
     /* a prompt longer than the context is refused, so its encoding stops there; --truncate keeps
      * the end of the prompt and needs all of it */
-    int status = prompt_ids(&rt, tokens, prompt, chat, !no_think, special_in_content, truncate ? 0 : capacity, &tok,
-                            &ids, &n, &over);
+    int status = prompt_ids(&rt, tokens, prompt, chat, !no_think, template_text, special_in_content,
+                            truncate ? 0 : capacity, &tok, &ids, &n, &over);
+    free(template_text);
     char context[80];
     if (!status)
         status = fit_context(&rt, n, over, n_new, truncate, &skip, &max_new);

@@ -50,7 +50,7 @@ static const char usage[] =
 #define MAX_CORS_ORIGINS 16
 
 typedef struct serve_args {
-    const char *host, *alias, *api_key, *api_key_file;
+    const char *host, *alias, *api_key, *api_key_file, *chat_template_file;
     uint32_t port, parallel, total_ctx, slot_ctx, queue, max_tokens_limit, timeout_s, drain_s, max_connections;
     uint32_t request_timeout_s, max_connections_per_ip;
     uint64_t max_body;
@@ -356,6 +356,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
          "behind a proxy, whose address every client has); more are closed at once",
          APP_OPT_U32, &a.max_connections_per_ip},
         {0, "special-in-content", NULL, NULL, APP_SPECIAL_IN_CONTENT_HELP, APP_OPT_FLAG, &a.special_in_content},
+        {0, "chat-template-file", NULL, "FILE", APP_CHAT_TEMPLATE_FILE_HELP, APP_OPT_STRING, &a.chat_template_file},
     };
     const app_opt_group groups[] = {APP_OPT_GROUP("serve:", own), app_common_group(o), app_spec_group(&spec),
                                     app_pipeline_group(&o->pipeline)};
@@ -386,6 +387,11 @@ int cmd_serve(int argc, char **argv, app_options *o) {
     char *key_file_text = a.api_key_file ? read_key(a.api_key_file) : NULL;
     if (a.api_key_file && !key_file_text)
         return 1;
+    char *template_text;
+    if (app_chat_template_file("serve", a.chat_template_file, &template_text)) {
+        free(key_file_text);
+        return 1;
+    }
     char id_buf[4096];
     serve_server s = {.api_key = key_file_text ? key_file_text : a.api_key,
                       .max_body = (size_t)a.max_body,
@@ -398,11 +404,13 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                       .cors_origins = a.cors_origins,
                       .n_cors_origins = a.n_cors_origins,
                       .completion_default = 16,
-                      .special_in_content = a.special_in_content};
+                      .special_in_content = a.special_in_content,
+                      .chat_template = template_text};
     s.api_key_len = s.api_key ? strlen(s.api_key) : 0;
     atomic_init(&s.phase, SERVE_LOADING);
     if (catch_stop_signals()) {
         free(key_file_text);
+        free(template_text);
         return 1;
     }
     pthread_mutex_init(&s.latency_mu, NULL);
@@ -459,5 +467,6 @@ done:
     close(stop_pipe[0]);
     close(stop_pipe[1]);
     free(key_file_text);
+    free(template_text);
     return status;
 }

@@ -8,6 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "common.h"
 
 #define PROGRESS_MIN_BYTES ((size_t)256 << 20)
@@ -135,6 +137,46 @@ static const rlx_model *metadata_model(const app_runtime *rt) {
 rlx_status app_tokenizer_open(const app_runtime *rt, rlx_tokenizer **tok) {
     const rlx_model *m = metadata_model(rt);
     return m ? rlx_tokenizer_open_model(m, tok) : rlx_tokenizer_open(rt->model_dir, tok);
+}
+
+int app_chat_template_file(const char *cmd, const char *path, char **text) {
+    *text = NULL;
+    if (!path)
+        return 0;
+    char what[64];
+    snprintf(what, sizeof what, "%s: --chat-template-file", cmd);
+    size_t len;
+    *text = app_read_file(what, path, 0, &len);
+    if (!*text)
+        return 1;
+    if (strlen(*text) != len) {
+        free(*text);
+        *text = NULL;
+        return app_fail("%s: --chat-template-file %s holds a NUL byte", cmd, path);
+    }
+    return 0;
+}
+
+rlx_status app_chat_render(const rlx_tokenizer *tok, const app_chat *chat, int think, const char *chat_template,
+                           const char *kwargs_json, char **out, rlx_text_span **markup, size_t *n_markup) {
+    cJSON *kwargs = kwargs_json ? cJSON_Parse(kwargs_json) : cJSON_CreateObject();
+    if (!cJSON_IsObject(kwargs)) {
+        cJSON_Delete(kwargs);
+        return rlx_error(RLX_E_INVALID, "chat_template_kwargs must be a JSON object");
+    }
+    char *text = NULL;
+    if ((cJSON_HasObjectItem(kwargs, "enable_thinking") || cJSON_AddBoolToObject(kwargs, "enable_thinking", think)))
+        text = cJSON_PrintUnformatted(kwargs);
+    cJSON_Delete(kwargs);
+    if (!text)
+        return rlx_error(RLX_E_NOMEM, "out of memory");
+    rlx_chat_options o = {
+        .size = sizeof o, .add_generation_prompt = 1, .kwargs_json = text, .chat_template = chat_template};
+    o.messages_json = chat->messages_json;
+    o.tools_json = chat->tools_json;
+    rlx_status st = rlx_chat_render_ex(tok, chat->msgs, chat->n, &o, out, markup, n_markup);
+    free(text);
+    return st;
 }
 
 rlx_status app_encode_chat(const rlx_tokenizer *tok, const char *text, const rlx_text_span *markup, size_t n_markup,

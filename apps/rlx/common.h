@@ -95,6 +95,28 @@ rlx_status app_tokenizer_open(const app_runtime *rt, rlx_tokenizer **tok);
     "older rlx did: a message can then forge turns of other roles (by default\n"                                       \
     "only the chat template's own markup is special and message text is text)"
 
+/* The help of --chat-template-file (rlx serve, chat and generate --chat). */
+#define APP_CHAT_TEMPLATE_FILE_HELP                                                                                    \
+    "render chats with the Jinja chat template in FILE instead of the model's\n"                                       \
+    "own (tokenizer_config.json, chat_template.jinja or GGUF)"
+
+/* Reads --chat-template-file FILE (NULL: none, *text stays NULL). 1 after reporting. */
+int app_chat_template_file(const char *cmd, const char *path, char **text);
+
+/* The chat a command renders: msgs, or (when messages_json is not NULL, msgs NULL and n 0) the
+ * messages as JSON with tool calls, and the tools (JSON, or NULL). */
+typedef struct app_chat {
+    const rlx_chat_message *msgs;
+    size_t n;
+    const char *messages_json, *tools_json;
+} app_chat;
+
+/* rlx_chat_render_spans of chat with Qwen3's enable_thinking as think, through chat_template
+ * (the text of --chat-template-file) or, when it is NULL, the model's template. kwargs_json:
+ * more chat_template_kwargs (a JSON object) or NULL; its enable_thinking, if any, wins. */
+rlx_status app_chat_render(const rlx_tokenizer *tok, const app_chat *chat, int think, const char *chat_template,
+                           const char *kwargs_json, char **out, rlx_text_span **markup, size_t *n_markup);
+
 /* Encodes text rendered by rlx_chat_render_spans: special tokens count only in its markup spans,
  * so that <|im_start|> typed in a message stays those characters, unless special_in_content
  * (then everywhere). max_ids and *truncated as rlx_encode_options' and rlx_tokenizer_encode_ex's

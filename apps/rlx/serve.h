@@ -53,6 +53,7 @@ typedef struct serve_server {
     size_t n_cors_origins;
     uint32_t completion_default; /* max_tokens of /v1/completions when the request gives none (OpenAI's 16) */
     int special_in_content;      /* --special-in-content: special tokens in chat messages are parsed */
+    const char *chat_template;   /* --chat-template-file's text, or NULL: the model's template */
     /* set once loaded (phase becomes SERVE_READY after them) */
     const char *model_id; /* what /v1/models lists and responses echo when a request names none */
     rlx_engine *engine;

@@ -440,8 +440,60 @@ static int message_content(const cJSON *msg, char **out, serve_error *e) {
     return 0;
 }
 
-/* messages through the model's chat template; chat_template_kwargs.enable_thinking (llama.cpp's
- * extension) picks Qwen3's non-thinking mode. *markup: the spans of the template's own text. */
+/* The messages as JSON for a chat with tools: each validated message (role, flattened content,
+ * reasoning_content) with its tool_calls, tool_call_id and name; a tool call's arguments, which
+ * OpenAI sends as a JSON string, become the object templates expect (as llama.cpp does). NULL
+ * when out of memory. */
+static char *tool_messages_json(const cJSON *msgs, const rlx_chat_message *m) {
+    cJSON *arr = cJSON_CreateArray();
+    int i = 0;
+    for (const cJSON *msg = msgs->child; arr && msg; msg = msg->next, i++) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(arr, o) || !cJSON_AddStringToObject(o, "role", m[i].role) ||
+            !cJSON_AddStringToObject(o, "content", m[i].content ? m[i].content : "") ||
+            (m[i].reasoning_content && !cJSON_AddStringToObject(o, "reasoning_content", m[i].reasoning_content)))
+            goto fail;
+        static const char *const keys[] = {"tool_calls", "tool_call_id", "name"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+            const cJSON *v = member(msg, keys[k]);
+            cJSON *copy = v ? cJSON_Duplicate(v, 1) : NULL;
+            if (v && (!copy || !cJSON_AddItemToObject(o, keys[k], copy))) {
+                cJSON_Delete(copy);
+                goto fail;
+            }
+        }
+        const cJSON *calls = member(o, "tool_calls");
+        for (cJSON *call = cJSON_IsArray(calls) ? calls->child : NULL; call; call = call->next) {
+            cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+            cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+            cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+            if (cJSON_IsObject(parsed))
+                cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
+            else
+                cJSON_Delete(parsed);
+        }
+    }
+    char *text = arr ? cJSON_PrintUnformatted(arr) : NULL;
+    cJSON_Delete(arr);
+    return text;
+fail:
+    cJSON_Delete(arr);
+    return NULL;
+}
+
+/* Whether the request needs the messages as JSON: tools, or tool calls and results in messages. */
+static int has_tools(const cJSON *root, const cJSON *msgs) {
+    if (member(root, "tools"))
+        return 1;
+    for (const cJSON *msg = msgs->child; msg; msg = msg->next)
+        if (member(msg, "tool_calls") || member(msg, "tool_call_id") || member(msg, "name"))
+            return 1;
+    return 0;
+}
+
+/* messages through the model's chat template (or --chat-template-file's); chat_template_kwargs
+ * (llama.cpp's extension) become template variables, enable_thinking picking Qwen3's non-thinking
+ * mode; tools and tool calls reach the template too. *markup: the spans of the template's own text. */
 static int render_chat(serve_job *j, const cJSON *root, char **prompt, rlx_text_span **markup, size_t *n_markup,
                        serve_error *e) {
     const cJSON *msgs = member(root, "messages");
@@ -476,12 +528,27 @@ static int render_chat(serve_job *j, const cJSON *root, char **prompt, rlx_text_
         m[i].content = contents[i];
         m[i].reasoning_content = reasoning;
     }
-    if (rc == 0 && rlx_chat_render_spans(j->server->tok, m, (size_t)n, 1, think, prompt, markup, n_markup) != RLX_OK) {
+    const cJSON *tools = member(root, "tools");
+    if (rc == 0 && tools && !cJSON_IsArray(tools))
+        rc = bad(e, "tools", "'%s' must be %s", "an array of tool definitions");
+    int with_tools = rc == 0 && has_tools(root, msgs);
+    char *kwargs_json = kwargs ? cJSON_PrintUnformatted(kwargs) : NULL;
+    char *messages_json = with_tools ? tool_messages_json(msgs, m) : NULL;
+    char *tools_json = with_tools && tools ? cJSON_PrintUnformatted(tools) : NULL;
+    if (rc == 0 && ((kwargs && !kwargs_json) || (with_tools && !messages_json) || (with_tools && tools && !tools_json)))
+        rc = (serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1);
+    app_chat chat = with_tools ? (app_chat){.messages_json = messages_json, .tools_json = tools_json}
+                               : (app_chat){.msgs = m, .n = (size_t)n};
+    if (rc == 0 && app_chat_render(j->server->tok, &chat, think, j->server->chat_template, kwargs_json, prompt, markup,
+                                   n_markup) != RLX_OK) {
         serve_error_set(e, 400, "invalid_request_error", "unsupported_chat_template", "messages",
                         "cannot apply this model's chat template (%s); /v1/completions takes raw text",
                         rlx_last_error());
         rc = -1;
     }
+    free(kwargs_json);
+    free(messages_json);
+    free(tools_json);
     for (int k = 0; contents && k < n; k++)
         free(contents[k]);
     free(contents);

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """rlx chat through a pipe on a random-weight Qwen3 model with the real tokenizer: each reply
 arrives, the second turn reuses the KV cache of the first (only the new tokens run), /reset
-forgets it, and a closed stdin ends the program cleanly.
+forgets it, and a closed stdin ends the program cleanly. --chat-template-file renders with the
+given template instead of the model's (chat and generate --chat), and its errors name the line.
 
   check_chat.py --rlx BIN --tokenizer DIR --workdir DIR
 """
@@ -17,6 +18,38 @@ sys.path.insert(0, os.path.join(HERE, "..", "model"))
 import make_model  # noqa: E402
 
 STATS = re.compile(r"rlx chat: (\d+) prompt tokens reused from the cache, (\d+) run at .*; (\d+) generated")
+
+
+def check_template_file(args, model, default_run):
+    """A template that adds a system turn makes the first prompt longer; one that raises stops
+    generate --chat with its message and line."""
+    problems = []
+    custom = os.path.join(args.workdir, "custom.jinja")
+    with open(custom, "w") as f:
+        f.write("<|im_start|>system\nCustom template.<|im_end|>\n"
+                "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    p = subprocess.run([args.rlx, "chat", "--model", model, "-n", "2", "--greedy", "--stats",
+                        "--chat-template-file", custom], input="Hello there\n", capture_output=True, text=True,
+                       timeout=120)
+    stats = [tuple(map(int, m.groups())) for m in STATS.finditer(p.stderr)]
+    if p.returncode != 0 or len(stats) != 1:
+        problems.append(f"chat --chat-template-file: exit {p.returncode}, stats {stats}: {p.stderr.strip()}")
+    elif stats[0][1] <= default_run:
+        problems.append(f"chat --chat-template-file ran {stats[0][1]} prompt tokens, not more than the model's "
+                        f"template's {default_run}: the file was not used")
+    raising = os.path.join(args.workdir, "raising.jinja")
+    with open(raising, "w") as f:
+        f.write("ok\n{{ raise_exception('custom template used') }}")
+    p = subprocess.run([args.rlx, "generate", "--model", model, "-n", "2", "--chat", "-p", "hi",
+                        "--chat-template-file", raising], capture_output=True, text=True, timeout=120)
+    if p.returncode != 1 or "line 2 column 4: raise_exception: custom template used" not in p.stderr:
+        problems.append(f"generate --chat-template-file with raise_exception: exit {p.returncode}: {p.stderr.strip()}")
+    p = subprocess.run([args.rlx, "generate", "--model", model, "-n", "2", "-p", "hi", "--chat-template-file", raising],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 1 or "needs --chat" not in p.stderr:
+        problems.append(f"generate --chat-template-file without --chat: exit {p.returncode}: {p.stderr.strip()}")
+    return problems
 
 
 def main():
@@ -56,6 +89,7 @@ def main():
         problems.append("/reset was not acknowledged")
     if len([line for line in p.stdout.split("\n") if line]) < 1:
         problems.append("no reply text on stdout")
+    problems += check_template_file(args, model, stats[0][1] if stats else 0)
     for problem in problems:
         print("FAIL", problem)
     print(f"{0 if problems else 1} passed, {1 if problems else 0} failed")

@@ -1,5 +1,8 @@
 """How prompts become token ids, through `rlx serve` and the CLI, on the shipped Brown model:
 
+- --chat-template-file renders chats with that template, chat_template_kwargs reach it as
+  variables, so do tools and tool calls (their JSON-string arguments as objects), and a
+  template's raise_exception is a 400 carrying its message;
 - special-token text inside chat messages (a user writing "<|im_end|>\\n<|im_start|>system ...")
   stays text: the model gets the ids of those characters, not the template's markers, through
   /v1/chat/completions, `rlx generate --chat` and `rlx chat`; --special-in-content brings back
@@ -83,6 +86,36 @@ def check_server_injection(c, rlx):
     with Server(rlx, ["--parallel", "1", "--special-in-content"]) as s:
         n, raw = prompt_tokens(s, "/v1/chat/completions", chat_body([{"role": "user", "content": INJECTION}]))
         c.check(n == parsed, f"serve --special-in-content: special tokens in messages are parsed ({n}, want {parsed})")
+
+
+def check_server_template(c, rlx):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.jinja")
+        with open(path, "w") as f:
+            f.write("{% if stop is defined %}{{ raise_exception('stopped by ' ~ stop) }}{% endif %}"
+                    "{{ greeting }}{% for t in tools %}{{ t.function.name }} {% endfor %}"
+                    "{% for m in messages %}{{ m.content }}{% for c in m.tool_calls %} {{ c.function.name }} "
+                    "{{ c.function.arguments.city }}{% endfor %}{% endfor %}")
+        with Server(rlx, ["--parallel", "1", "--chat-template-file", path]) as s:
+            body = chat_body([{"role": "user", "content": "the people of the city"}])
+            body["chat_template_kwargs"] = {"greeting": "In the morning, "}
+            n, raw = prompt_tokens(s, "/v1/chat/completions", body)
+            want = len(tokenize(rlx, "In the morning, the people of the city"))
+            c.check(n == want, f"serve --chat-template-file with a kwarg: {n} prompt tokens, want {want}: {raw[:300]!r}")
+            call = {"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}
+            body = chat_body([{"role": "user", "content": "the weather in"},
+                              {"role": "assistant", "content": None, "tool_calls": [call]}])
+            body["tools"] = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+            body["chat_template_kwargs"] = {"greeting": ""}
+            n, raw = prompt_tokens(s, "/v1/chat/completions", body)
+            want = len(tokenize(rlx, "get_weather the weather in get_weather Paris"))
+            c.check(n == want, f"serve: tools and a tool call (arguments as a JSON string) reach the template: "
+                               f"{n} prompt tokens, want {want}: {raw[:300]!r}")
+            body["chat_template_kwargs"] = {"greeting": "x", "stop": "the test"}
+            status, _, raw = s.request("POST", "/v1/chat/completions", body)
+            c.check(status == 400 and b"raise_exception: stopped by the test" in raw,
+                    f"serve: a template's raise_exception is a 400 with its message: {status} {raw[:300]!r}")
 
 
 def cli_prompt_tokens(rlx, args, stdin=None):
@@ -191,6 +224,7 @@ def main():
     args = ap.parse_args()
     c = Checks()
     check_server_injection(c, args.rlx)
+    check_server_template(c, args.rlx)
     check_cli_injection(c, args.rlx)
     check_long_prompt(c, args.rlx)
     check_cli_long_prompt(c, args.rlx)

@@ -531,7 +531,7 @@ static void test_config(void **state) {
     write_file("tokenizer_config.json",
                "{\"eos_token\": \"<|im_end|>\", \"pad_token\": {\"content\": \"<think>\"}, \"bos_token\": null,"
                " \"added_tokens_decoder\": {\"300\": {\"content\": \"<extra>\", \"special\": true}},"
-               " \"chat_template\": \"{{ messages }}\"}");
+               " \"chat_template\": \"{{ messages[0].content }}{% frobnicate %}\"}");
     rlx_tokenizer *tok;
     assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_OK);
     assert_int_equal(rlx_tokenizer_eos_id(tok), 263);
@@ -540,12 +540,13 @@ static void test_config(void **state) {
     /* a token only tokenizer_config.json names gets the next id, as transformers adds it */
     assert_int_equal(rlx_tokenizer_token_id(tok, "<extra>"), 266);
     expect_ids(tok, "a<extra>", 1, (const int32_t[]){'a', 266}, 2);
+    /* a template the engine cannot parse: the error names the tag and the line */
     assert_int_equal(rlx_chat_template_of(tok), RLX_CHAT_TEMPLATE_UNKNOWN);
     rlx_chat_message m = {.role = "user", .content = "hi"};
     char *out = (char *)&out;
-    assert_int_equal(rlx_chat_render(tok, &m, 1, 1, 1, &out), RLX_E_UNSUPPORTED);
+    assert_int_equal(rlx_chat_render(tok, &m, 1, 1, 1, &out), RLX_E_FORMAT);
     assert_null(out);
-    assert_non_null(strstr(rlx_last_error(), "Qwen3"));
+    assert_non_null(strstr(rlx_last_error(), "line 1 column 29: unknown tag {% frobnicate %}"));
     rlx_tokenizer_close(tok);
 
     write_file("tokenizer_config.json", "{\"eos_token\": \"<|im_end|>\"}");
@@ -555,11 +556,38 @@ static void test_config(void **state) {
     rlx_tokenizer_close(tok);
 
     /* a separate chat_template.jinja is read when tokenizer_config.json has none */
-    write_file("chat_template.jinja", "{% for m in messages %}{{ m.content }}{% endfor %}");
+    write_file("chat_template.jinja", "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}");
     assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_OK);
-    assert_int_equal(rlx_chat_template_of(tok), RLX_CHAT_TEMPLATE_UNKNOWN);
+    assert_int_equal(rlx_chat_template_of(tok), RLX_CHAT_TEMPLATE_JINJA);
+    assert_int_equal(rlx_chat_render(tok, &m, 1, 1, 1, &out), RLX_OK);
+    assert_string_equal(out, "user:hi;");
+    free(out);
     rlx_tokenizer_close(tok);
     remove_file("chat_template.jinja");
+
+    /* a list of named templates: "tool_use" when tools are given, else "default"; eos_token is the
+     * tokenizer's, kwargs are variables, messages_json passes tool calls through */
+    write_file("tokenizer_config.json",
+               "{\"eos_token\": \"<|im_end|>\", \"chat_template\": ["
+               "{\"name\": \"default\", \"template\": \"D:{{ messages[0].content }}{{ eos_token }}{{ x }}\"},"
+               "{\"name\": \"tool_use\", \"template\": \"T:{{ tools | length }}"
+               "{{ messages[0].tool_calls[0].function.arguments | tojson }}\"}]}");
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_OK);
+    rlx_chat_options co = {.size = sizeof co, .kwargs_json = "{\"x\": 7}"};
+    assert_int_equal(rlx_chat_render_ex(tok, &m, 1, &co, &out, NULL, NULL), RLX_OK);
+    assert_string_equal(out, "D:hi<|im_end|>7");
+    free(out);
+    co.tools_json = "[{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]";
+    co.messages_json = "[{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"type\": \"function\","
+                       " \"function\": {\"name\": \"f\", \"arguments\": {\"a\": [1, \"\u00e9\"]}}}]}]";
+    assert_int_equal(rlx_chat_render_ex(tok, NULL, 0, &co, &out, NULL, NULL), RLX_OK);
+    assert_string_equal(out, "T:1{\"a\": [1, \"\u00e9\"]}");
+    free(out);
+    co.kwargs_json = "[1]"; /* not an object */
+    assert_int_equal(rlx_chat_render_ex(tok, NULL, 0, &co, &out, NULL, NULL), RLX_E_INVALID);
+    assert_null(out);
+    assert_non_null(strstr(rlx_last_error(), "kwargs_json"));
+    rlx_tokenizer_close(tok);
 
     write_file("tokenizer_config.json", "{\"eos_token\": 5}");
     assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_E_FORMAT);

@@ -1,4 +1,4 @@
-/* Text: the byte-level BPE tokenizer of a Hugging Face `tokenizer.json` and the Qwen3 chat
+/* Text: the byte-level BPE tokenizer of a Hugging Face `tokenizer.json` and the model's chat
  * template, so that token ids are bit-identical to the Hugging Face `tokenizers` library.
  *
  * Supported tokenizer.json (the Qwen2/Qwen3 family, also GPT-2-style byte-level BPE):
@@ -185,40 +185,73 @@ RLX_API void rlx_stop_matcher_reset(rlx_stop_matcher *m);
 
 // ---- chat template ----
 
+/* Chat templates are rendered by rlx's Jinja engine (docs/CHAT_TEMPLATES.md): the model's own
+ * template from tokenizer_config.json ("chat_template", a string or a list of named templates:
+ * "default", and "tool_use" when tools are given), chat_template.jinja or GGUF
+ * tokenizer.chat_template, with the variables Hugging Face's apply_chat_template passes:
+ * messages, tools, add_generation_prompt, bos_token and eos_token, and the
+ * chat_template_kwargs (Qwen3's enable_thinking). The output is byte-identical to
+ * @huggingface/jinja's on the templates the tests cover; a template feature the engine lacks is
+ * an error naming the template line, never a silently different prompt. */
 typedef struct rlx_chat_message {
-    const char *role;              /* "system", "user", "assistant" or "tool"; others are skipped */
+    const char *role;              /* "system", "user", "assistant", "tool" ... as the template knows them */
     const char *content;           /* NULL counts as "" */
     const char *reasoning_content; /* assistant only, optional: NULL = absent */
 } rlx_chat_message;
 
 typedef enum rlx_chat_template_kind {
     RLX_CHAT_TEMPLATE_NONE = 0,    /* the model has no chat template */
-    RLX_CHAT_TEMPLATE_UNKNOWN = 1, /* a template this library does not implement */
-    RLX_CHAT_TEMPLATE_QWEN3 = 2,   /* the standard Qwen3 template (thinking and non-thinking) */
+    RLX_CHAT_TEMPLATE_UNKNOWN = 1, /* a template the engine cannot parse (rendering says why) */
+    RLX_CHAT_TEMPLATE_QWEN3 = 2,   /* retired: was the hand-written Qwen3 template; no longer returned */
+    RLX_CHAT_TEMPLATE_JINJA = 3,   /* a template the Jinja engine parses */
 } rlx_chat_template_kind;
 
-/* Which template the model's tokenizer_config.json (or chat_template.jinja) holds, recognised by
- * its exact text (line endings and surrounding whitespace aside). */
+/* Whether the model has a chat template (tokenizer_config.json, chat_template.jinja or GGUF) and
+ * whether the engine parses it. */
 RLX_API rlx_chat_template_kind rlx_chat_template_of(const rlx_tokenizer *tok);
 
-/* Renders n >= 1 messages exactly as the standard Qwen3 Jinja template does with
- * add_generation_prompt and enable_thinking (0 renders the template's enable_thinking=false: an
- * empty <think>\n\n</think>\n\n after the generation prompt). Reasoning in <think>...</think> of
- * assistant turns before the last user query is stripped, later ones keep it, as the template
- * does. Tool definitions and tool_calls are not supported ("tool" messages are). A model whose
- * template is not the standard Qwen3 one is RLX_E_UNSUPPORTED, one without a template
- * RLX_E_NOT_FOUND. On success *out is a malloc'd NUL-terminated string the caller frees. */
+/* Renders n >= 1 messages through the model's chat template with add_generation_prompt and
+ * enable_thinking (passed as chat_template_kwargs {"enable_thinking": true/false}; templates
+ * that do not know it ignore it). A model without a template is RLX_E_NOT_FOUND; a template the
+ * engine cannot parse is RLX_E_FORMAT, one that fails while rendering RLX_E_FORMAT (or
+ * RLX_E_INVALID for the template's raise_exception, RLX_E_RANGE past a limit), each naming the
+ * template line. On success *out is a malloc'd NUL-terminated string the caller frees. */
 RLX_API rlx_status rlx_chat_render(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n,
                                    int add_generation_prompt, int enable_thinking, char **out);
 
-/* rlx_chat_render, and the spans of the rendering that are the template's own markup (the text it
- * writes around the messages: <|im_start|>, role names, <|im_end|>, newlines, <think> wrappers);
- * the rest is message content and reasoning. *markup is a malloc'd array of *n_markup spans,
- * sorted and not adjacent, that the caller frees; it suits rlx_encode_options.special_spans, so
- * that special-token text inside messages stays text. On failure *out and *markup are NULL. */
+/* rlx_chat_render, and the spans of the rendering that are the template's own text (its markup:
+ * <|im_start|>, role names written by the template, newlines, <think> wrappers, bos_token ...);
+ * every byte that comes from a message (contents, reasoning, roles, tool calls) or from tools
+ * and kwargs is outside them. *markup is a malloc'd array of *n_markup spans, sorted and not
+ * adjacent, that the caller frees; it suits rlx_encode_options.special_spans, so that
+ * special-token text inside messages stays text. On failure *out and *markup are NULL. */
 RLX_API rlx_status rlx_chat_render_spans(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n,
                                          int add_generation_prompt, int enable_thinking, char **out,
                                          rlx_text_span **markup, size_t *n_markup);
+
+/* Options of rlx_chat_render_ex. Zero-initialise, set size; members are only ever appended. */
+typedef struct rlx_chat_options {
+    uint32_t size;             /* sizeof(rlx_chat_options) */
+    int add_generation_prompt; /* end with the template's generation prompt */
+    /* Not NULL: the messages as a JSON array in the OpenAI / Hugging Face form (role, content,
+     * reasoning_content, tool_calls with "function": {"name", "arguments"} where arguments is an
+     * object, tool_call_id, name ...), given to the template as they are; msgs must then be
+     * NULL and n 0. The array may be empty. */
+    const char *messages_json;
+    const char *tools_json;  /* NULL, or a JSON array of tool definitions: the template's tools */
+    const char *kwargs_json; /* NULL, or a JSON object: chat_template_kwargs, each a variable */
+    /* NULL: the model's template ("tool_use" of a list of named templates when tools are given
+     * and it has one, else "default"); else this template's text, and tok may be NULL (the
+     * template then has no bos_token and eos_token). */
+    const char *chat_template;
+} rlx_chat_options;
+
+/* Renders msgs (or opts->messages_json) with the options, as rlx_chat_render_spans does (markup
+ * and n_markup may be NULL). opts NULL: no generation prompt, the model's template. JSON that
+ * does not parse or has the wrong shape is RLX_E_INVALID naming the option. */
+RLX_API rlx_status rlx_chat_render_ex(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n,
+                                      const rlx_chat_options *opts, char **out, rlx_text_span **markup,
+                                      size_t *n_markup);
 
 #ifdef __cplusplus
 }

@@ -87,6 +87,7 @@ struct rlx_tokenizer {
 
     int32_t eos_id, pad_id, bos_id;
     char *chat_template;
+    char *chat_template_tool_use; /* the "tool_use" one of a list of named templates, or NULL */
     rlx_chat_template_kind chat_kind;
 
     text_cache cache;
@@ -123,7 +124,7 @@ rlx_status rlx__vocab_insert(rlx_tokenizer *tok, int32_t id);
 rlx_status rlx__cache_init(text_cache *c);
 void rlx__cache_deinit(text_cache *c);
 
-/* Recognises a chat template's text. */
+/* Whether the Jinja engine parses a chat template (RLX_CHAT_TEMPLATE_JINJA or _UNKNOWN). */
 rlx_chat_template_kind rlx__chat_template_kind(const char *tmpl);
 
 /* Token ids are below this (tokenizer.json and GGUF vocabularies alike). */

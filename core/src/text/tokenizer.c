@@ -795,6 +795,11 @@ static rlx_status load_config(rlx_tokenizer *tok, const char *dir, int32_t n_mod
                 const cJSON *name = get(e, "name"), *t = get(e, "template");
                 if (cJSON_IsString(name) && strcmp(name->valuestring, "default") == 0 && cJSON_IsString(t))
                     tmpl = t->valuestring;
+                if (cJSON_IsString(name) && strcmp(name->valuestring, "tool_use") == 0 && cJSON_IsString(t) &&
+                    !tok->chat_template_tool_use && !(tok->chat_template_tool_use = rlx__strdup(t->valuestring))) {
+                    st = rlx_error(RLX_E_NOMEM, "out of memory");
+                    goto done;
+                }
             }
         } else if (ct && !cJSON_IsNull(ct)) {
             st = rlx_error(RLX_E_FORMAT, "%s: chat_template must be a string or a list of named templates", path);
@@ -978,6 +983,7 @@ void rlx_tokenizer_close(rlx_tokenizer *tok) {
     free(tok->raw_matcher.items);
     free(tok->norm_matcher.items);
     free(tok->chat_template);
+    free(tok->chat_template_tool_use);
     rlx__cache_deinit(&tok->cache);
     free(tok);
 }

@@ -124,6 +124,10 @@ static rlx_status load(rlx_tokenizer *tok, const rlx__gguf *g, size_t *cap, size
         if (!(tok->chat_template = rlx__strndup(tmpl.s, tmpl.len)))
             return rlx_error(RLX_E_NOMEM, "out of memory");
         tok->chat_kind = rlx__chat_template_kind(tok->chat_template);
+        /* llama.cpp writes the named templates of a list as tokenizer.chat_template.NAME */
+        if ((st = rlx__gguf_string(g, "tokenizer.chat_template.tool_use", 1, &tmpl)) == RLX_OK &&
+            !(tok->chat_template_tool_use = rlx__strndup(tmpl.s, tmpl.len)))
+            return rlx_error(RLX_E_NOMEM, "out of memory");
     }
     return st == RLX_E_NOT_FOUND ? RLX_OK : st;
 }
