@@ -359,7 +359,7 @@ def qwen3_expected_shapes(md, n_vocab):
 
 
 # The architectures rlx runs (core/src/model/arch/), by GGUF name.
-RLX_GGUF_ARCHS = {"qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
+RLX_GGUF_ARCHS = {"qwen3": "qwen3", "qwen3moe": "qwen3_moe", "qwen2": "qwen2"}
 
 
 def check_model(g):

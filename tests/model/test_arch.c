@@ -89,6 +89,14 @@ static void test_arch_info(void **state) {
     assert_int_equal(bigger.later, 77);
     rlx_model_close(m);
 
+    m = open_model("qwen2-tied-f32-s1"); /* Qwen2.5: q/k/v biases only, no q/k norms */
+    a = arch_info(m);
+    assert_string_equal(a.arch, "qwen2");
+    assert_int_equal(a.qk_norm, 0);
+    assert_int_equal(a.qkv_bias, 1);
+    assert_int_equal(a.o_bias, 0);
+    rlx_model_close(m);
+
     m = open_model("sliding-f32-s1");
     const uint32_t window[3] = {0, 4, 4}; /* sliding_window 4 from max_window_layers 1 */
     for (uint32_t i = 0; i < 3; i++) {
@@ -150,6 +158,13 @@ static void test_block_weights(void **state) {
     assert_int_equal(count_with(&l, ".bias"), 0);
     l = block_weights(m, 2, 3, 0, 1); /* a last stage still reads the table for its tied head */
     assert_int_equal(count_with(&l, "model.embed_tokens.weight"), 1);
+    rlx_model_close(m);
+
+    m = open_model("qwen2-tied-f32-s1");
+    l = block_weights(m, 0, 1, 0, 0);
+    assert_int_equal(l.n, 1 + 4 + 3 + 1 + 3); /* norm, q/k/v/o, q/k/v biases, norm, MLP */
+    assert_int_equal(count_with(&l, "q_norm") + count_with(&l, "k_norm"), 0);
+    assert_int_equal(count_with(&l, "o_proj.bias"), 0);
     rlx_model_close(m);
 
     m = open_model("dense-untied-bias-f32-s1");

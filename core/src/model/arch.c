@@ -5,7 +5,7 @@
 
 #include "arch.h"
 
-static const rlx__arch *const registry[] = {&rlx__arch_qwen3, &rlx__arch_qwen3_moe};
+static const rlx__arch *const registry[] = {&rlx__arch_qwen3, &rlx__arch_qwen3_moe, &rlx__arch_qwen2};
 #define N_ARCHS (sizeof registry / sizeof registry[0])
 
 /* Layer prefixes: every architecture so far keeps Hugging Face's and llama.cpp's. */

@@ -259,6 +259,7 @@ const rlx_weight *rlx__check_weight(const rlx_model *m, const char *name, const 
 
 extern const rlx__arch rlx__arch_qwen3;
 extern const rlx__arch rlx__arch_qwen3_moe;
+extern const rlx__arch rlx__arch_qwen2;
 
 /* Qwen3's tensor table (with Qwen3-MoE's expert rows, which a dense layer never applies) and its
  * attention configuration, which Qwen3-MoE shares (arch/qwen3.c). */
