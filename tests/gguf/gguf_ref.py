@@ -358,6 +358,10 @@ def qwen3_expected_shapes(md, n_vocab):
     return shapes
 
 
+# The architectures rlx runs (core/src/model/arch/), by GGUF name.
+RLX_GGUF_ARCHS = {"qwen3": "qwen3", "qwen3moe": "qwen3_moe", "qwen2": "qwen2"}
+
+
 def check_model(g):
     """Raise ValueError when a parsed file is not a loadable qwen3 model (missing architecture or
     hyperparameters, missing or extra tensors, shapes that disagree with the metadata)."""
@@ -365,6 +369,9 @@ def check_model(g):
     arch = md.get("general.architecture")
     if arch is None:
         raise ValueError("general.architecture is missing")
+    if arch not in RLX_GGUF_ARCHS:
+        raise ValueError("general.architecture is '%s', not one rlx runs (%s)" % (
+            arch, ", ".join("%s as GGUF %s" % (name, gguf) for gguf, name in RLX_GGUF_ARCHS.items())))
     if arch != "qwen3":
         raise ValueError("general.architecture is '%s', only 'qwen3' is checked here" % arch)
     for k in ("block_count", "embedding_length", "feed_forward_length", "attention.head_count"):

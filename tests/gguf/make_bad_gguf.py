@@ -189,6 +189,10 @@ def make_all(out_dir):
          ts=_replace_tensor(ts, "blk.0.attn_q.weight", dims=[40, 64], ttype=G.Q8_0, data=bytes(34 * 80)))
     case("missing_architecture", ["general.architecture"], "model", "no general.architecture key",
          md=[kv for kv in md if kv[0] != "general.architecture"])
+    # an architecture rlx has no file for: named, with the ones it runs by their GGUF names
+    case("unknown_architecture", ["'mamba'", "qwen3_moe", "qwen3moe"], "model",
+         "general.architecture is 'mamba'",
+         md=[(k, (G.STRING, "mamba")) if k == "general.architecture" else (k, v) for k, v in md])
     case("shape_mismatch_config", ["shape", "blk.0.attn_q.weight"], "model",
          "blk.0.attn_q.weight is [64, 32] but 4 heads of 16 need [64, 64]",
          ts=_replace_tensor(ts, "blk.0.attn_q.weight", dims=[N_EMBD, 32], data=bytes(4 * N_EMBD * 32)))

@@ -89,7 +89,8 @@ def model_from_gguf(path):
     m.config, m.directory, m.moe = config, path, False
     m.layers, m.hidden, m.heads = config["num_hidden_layers"], hidden, heads
     m.kv_heads, m.head_dim, m.eps = config["num_key_value_heads"], config["head_dim"], config["rms_norm_eps"]
-    m.rope_theta, m.bias, m.tied = config["rope_theta"], False, config["tie_word_embeddings"]
+    m.rope_theta, m.tied = config["rope_theta"], config["tie_word_embeddings"]
+    m.qkv_bias, m.o_bias, m.qk_norm = False, False, True
     m.window, m.sparse = [None] * m.layers, [False] * m.layers
     m.ckpt, m._cache, m.act_bf16 = Tensors(arrays), {}, frozenset()
     return m

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Write random-weight Qwen3 / Qwen3-MoE models in the real Hugging Face layout.
+"""Write random-weight Qwen3 / Qwen3-MoE / Qwen2 models in the real Hugging Face layout.
 
   make_model.py --kind KIND [--dtype f32|bf16|f16] [--shards N] [--seed S]
                 [--mtp-layers N [--mtp-file PATH]] --out DIR
@@ -77,6 +77,11 @@ KINDS = {
                     num_key_value_heads=2, head_dim=16, rope_theta=10000,
                     tie_word_embeddings=False, attention_bias=False, use_sliding_window=True,
                     sliding_window=4, max_window_layers=1),
+    # Qwen2.5-shaped (Qwen2ForCausalLM): q/k/v biases, no o bias, no q/k norms, tied embeddings
+    # like Qwen2.5-0.5B, head_dim hidden / heads (not stated, as Qwen2 configs leave it out).
+    "qwen2-tied": dict(SMALL, model_type="qwen2", num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=2, rope_theta=1000000.0, tie_word_embeddings=True,
+                       use_sliding_window=False, sliding_window=4, max_window_layers=2),
     # The demo model: the real Qwen3 vocabulary and special ids (it ships with the real
     # tokenizer.json), a small body: ~40 MB in BF16.
     "demo": dict(model_type="qwen3", vocab_size=151936, hidden_size=128, intermediate_size=384,
@@ -99,8 +104,9 @@ DEFAULT_DTYPE = {"bench": "bf16", "demo": "bf16"}  # the rest default to f32
 def make_config(kind, dtype):
     """config.json as transformers writes it: every field explicit, keys sorted."""
     k = KINDS[kind]
-    moe = k["model_type"] == "qwen3_moe"
-    return dict(k, architectures=["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
+    architecture = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                    "qwen2": "Qwen2ForCausalLM"}[k["model_type"]]
+    return dict(k, architectures=[architecture],
                 attention_dropout=0.0, hidden_act="silu", initializer_range=0.02,
                 rope_scaling=None, torch_dtype=DTYPES[dtype][1], transformers_version="4.51.0",
                 use_cache=True)
@@ -138,7 +144,12 @@ def tensor_specs(config, seed, mtp_layers=0):
         normal(name, (n,), NORM_STD, mean=1.0, into=into)
 
     c = config
-    H, V, D = c["hidden_size"], c["vocab_size"], c["head_dim"]
+    qwen2 = c["model_type"] == "qwen2"
+    H, V = c["hidden_size"], c["vocab_size"]
+    D = c.get("head_dim") or H // c["num_attention_heads"]
+    # Qwen3: a bias on every projection iff attention_bias, q/k norms; Qwen2: q/k/v biases only
+    qkv_bias = qwen2 or c["attention_bias"]
+    o_bias = not qwen2 and c["attention_bias"]
     q_dim, kv_dim = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
     head_std = LOGIT_STD / math.sqrt(H)  # the final norm makes the hidden state RMS ~1
     # Tied: the embedding is the LM head and gets its scale; RMSNorm absorbs it on the way in.
@@ -147,10 +158,11 @@ def tensor_specs(config, seed, mtp_layers=0):
     def decoder_layer(p, sparse, into):
         norm(p + "input_layernorm.weight", H, into)
         for proj, n_out in (("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim)):
-            linear(p + "self_attn." + proj, n_out, H, c["attention_bias"], into=into)
-        linear(p + "self_attn.o_proj", H, q_dim, c["attention_bias"], RESIDUAL_GAIN, into)
-        norm(p + "self_attn.q_norm.weight", D, into)
-        norm(p + "self_attn.k_norm.weight", D, into)
+            linear(p + "self_attn." + proj, n_out, H, qkv_bias, into=into)
+        linear(p + "self_attn.o_proj", H, q_dim, o_bias, RESIDUAL_GAIN, into)
+        if not qwen2:
+            norm(p + "self_attn.q_norm.weight", D, into)
+            norm(p + "self_attn.k_norm.weight", D, into)
         norm(p + "post_attention_layernorm.weight", H, into)
         if sparse:
             normal(p + "mlp.gate.weight", (c["num_experts"], H), ROUTER_STD / math.sqrt(H), into=into)

@@ -68,8 +68,8 @@ class Model:
     def __init__(self, directory, extra_weights=()):
         with open(os.path.join(directory, "config.json")) as f:
             c = json.load(f)
-        if c["model_type"] not in ("qwen3", "qwen3_moe"):
-            raise ValueError(f"model_type {c['model_type']!r} is not qwen3 or qwen3_moe")
+        if c["model_type"] not in ("qwen3", "qwen3_moe", "qwen2"):
+            raise ValueError(f"model_type {c['model_type']!r} is not qwen3, qwen3_moe or qwen2")
         self.config = c
         self.directory = directory
         self.moe = c["model_type"] == "qwen3_moe"
@@ -81,11 +81,17 @@ class Model:
         self.kv_heads = c["num_key_value_heads"]
         # Qwen3Config defaults head_dim to 128; Qwen3MoeConfig has no default and attention
         # falls back to hidden/heads. Released checkpoints always state it.
-        self.head_dim = c.get("head_dim") or (self.hidden // self.heads if self.moe else 128)
+        # Qwen2 (Qwen2.5) attention uses head_dim when stated, else hidden/heads.
+        qwen2 = c["model_type"] == "qwen2"
+        self.head_dim = c.get("head_dim") or (self.hidden // self.heads if self.moe or qwen2 else 128)
         self.eps = c["rms_norm_eps"]
         theta = c.get("rope_theta")  # newer transformers write rope_parameters instead
         self.rope_theta = theta if theta is not None else c["rope_parameters"]["rope_theta"]
-        self.bias = c.get("attention_bias", False)
+        # Qwen3: all four projections have a bias iff attention_bias, and q/k are RMS-normed per
+        # head. Qwen2: q, k and v always have a bias, o none, and there are no q/k norms.
+        self.qkv_bias = True if qwen2 else c.get("attention_bias", False)
+        self.o_bias = False if qwen2 else c.get("attention_bias", False)
+        self.qk_norm = not qwen2
         self.tied = c.get("tie_word_embeddings", False)
         self.window = self._sliding_windows(c)
         self.sparse = [self.moe and i not in (c.get("mlp_only_layers") or [])
@@ -197,13 +203,13 @@ def attention_mask(T, window):
 def attention(model, layer_prefix, window, h, cos, sin, dtype):
     p = layer_prefix + "self_attn."
     T, D = h.shape[0], model.head_dim
-    # q_norm / k_norm are RMSNorms over each head's D values, applied before RoPE.
-    # In HF Qwen3 all four projections, o_proj included, have a bias iff attention_bias.
-    q = rms_norm(linear(model, h, p + "q_proj", dtype, model.bias).reshape(T, model.heads, D),
-                 model.w(p + "q_norm.weight", dtype), model.eps)
-    k = rms_norm(linear(model, h, p + "k_proj", dtype, model.bias).reshape(T, model.kv_heads, D),
-                 model.w(p + "k_norm.weight", dtype), model.eps)
-    v = linear(model, h, p + "v_proj", dtype, model.bias).reshape(T, model.kv_heads, D)
+    # q_norm / k_norm (Qwen3) are RMSNorms over each head's D values, applied before RoPE.
+    q = linear(model, h, p + "q_proj", dtype, model.qkv_bias).reshape(T, model.heads, D)
+    k = linear(model, h, p + "k_proj", dtype, model.qkv_bias).reshape(T, model.kv_heads, D)
+    if model.qk_norm:
+        q = rms_norm(q, model.w(p + "q_norm.weight", dtype), model.eps)
+        k = rms_norm(k, model.w(p + "k_norm.weight", dtype), model.eps)
+    v = linear(model, h, p + "v_proj", dtype, model.qkv_bias).reshape(T, model.kv_heads, D)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     # GQA as HF repeat_kv: query head h reads kv head h // (heads / kv_heads).
     group = model.heads // model.kv_heads
@@ -213,7 +219,7 @@ def attention(model, layer_prefix, window, h, cos, sin, dtype):
     probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
     out = np.einsum("hts,shd->thd", probs, v).reshape(T, model.heads * D)
-    return linear(model, out, p + "o_proj", dtype, model.bias)
+    return linear(model, out, p + "o_proj", dtype, model.o_bias)
 
 
 def silu(x):

@@ -1,5 +1,6 @@
-/* Qwen3 models in Hugging Face layout: config.json, safetensors weights (mapped, never copied)
- * and the graph of one block, a contiguous layer range [layer_start, layer_end).
+/* Models in Hugging Face layout (config.json, safetensors weights, mapped, never copied) or GGUF
+ * files, of the architectures core/src/model/arch/ defines (docs/architectures.md), and the graph
+ * of one block, a contiguous layer range [layer_start, layer_end).
  *
  * A block built with embed_input takes token ids, otherwise the previous block's hidden states
  * F32[T, hidden]. A block built with produce_logits applies the final norm and the LM head,
@@ -21,9 +22,12 @@ extern "C" {
 #define RLX_MAX_LAYERS 1024
 
 /* Speculator plugins read the model's through rlx_model_config_of, so members are only appended
- * (their offsets are pinned in core/src/plugin/abi.c). */
+ * (their offsets are pinned in core/src/plugin/abi.c). What it cannot say about an architecture
+ * (q/k norms, which projections have biases, the RoPE variant, each layer's kind) is read with
+ * rlx_model_arch_info_of and rlx_model_layer_info_of. */
 typedef struct rlx_model_config {
-    char model_type[32]; /* "qwen3" or "qwen3_moe" */
+    char model_type[32]; /* config.json's model_type ("qwen3", "qwen3_moe"); for a GGUF file, the
+                          * architecture's name in rlx */
     int64_t vocab_size;
     int64_t hidden_size;
     int64_t intermediate_size;
@@ -35,7 +39,7 @@ typedef struct rlx_model_config {
     double rms_norm_eps;
     double rope_theta;
     int tie_word_embeddings;
-    int attention_bias;
+    int attention_bias; /* config.json's attention_bias (Qwen3: biases on q, k, v and o) */
     /* Sliding window: layer i uses a window of `sliding_window` positions when
      * layer_sliding[i] is set (from `layer_types`, or use_sliding_window with
      * i >= max_window_layers as Hugging Face derives it). */
@@ -57,8 +61,9 @@ typedef struct rlx_model_config {
     int32_t bos_id; /* -1 when absent */
 } rlx_model_config;
 
-/* Parses a Qwen3 or Qwen3-MoE config.json. Unknown fields are ignored; a missing required
- * field, a wrong JSON type or an impossible value (head counts that do not divide, more than
+/* Parses a config.json of an architecture rlx runs (its model_type picks it; another is
+ * RLX_E_FORMAT listing the ones there are). Unknown fields are ignored; a missing required field,
+ * a wrong JSON type or an impossible value (head counts that do not divide, more than
  * RLX_MAX_LAYERS layers) is RLX_E_FORMAT with a message naming the file and the field. */
 RLX_API rlx_status rlx_model_config_load(const char *config_path, rlx_model_config *out);
 
@@ -96,6 +101,28 @@ RLX_API rlx_status rlx_generation_config_load(const char *model_dir, rlx_generat
 /* True when layer i of cfg uses a mixture-of-experts MLP. */
 RLX_API int rlx_model_config_layer_is_moe(const rlx_model_config *cfg, int64_t layer);
 
+/* The RoPE variants (rlx_model_arch_info.rope_type). */
+#define RLX_ROPE_DEFAULT 0 /* rotate-half RoPE with rope_theta, unscaled */
+
+/* What a model's architecture-neutral description says beyond rlx_model_config. Sized: set size
+ * to sizeof(rlx_model_arch_info); the core writes the members the size covers (members are only
+ * appended). */
+typedef struct rlx_model_arch_info {
+    uint32_t size;
+    uint32_t qk_norm;   /* 1: q and k are RMS-normed per head before RoPE (Qwen3) */
+    uint32_t qkv_bias;  /* 1: the q, k and v projections have biases */
+    uint32_t o_bias;    /* 1: the attention output projection has one */
+    uint32_t rope_type; /* RLX_ROPE_* */
+    char arch[32];      /* the architecture's name in rlx ("qwen3", "qwen3_moe") */
+} rlx_model_arch_info;
+
+/* One layer's kind. Sized like rlx_model_arch_info. */
+typedef struct rlx_model_layer_info {
+    uint32_t size;
+    uint32_t window; /* sliding-window attention over this many positions, 0 = full attention */
+    uint32_t moe;    /* 1: mixture-of-experts MLP, 0: dense */
+} rlx_model_layer_info;
+
 /* ---- safetensors ---- */
 
 typedef struct rlx_weight {
@@ -131,6 +158,12 @@ typedef struct rlx_model rlx_model;
 RLX_API rlx_status rlx_model_open(const char *model_dir, rlx_model **out);
 RLX_API void rlx_model_close(rlx_model *m);
 RLX_API const rlx_model_config *rlx_model_config_of(const rlx_model *m);
+/* The model's rlx_model_arch_info into *out (out->size set by the caller; a size short of arch
+ * is RLX_E_INVALID). */
+RLX_API rlx_status rlx_model_arch_info_of(const rlx_model *m, rlx_model_arch_info *out);
+/* Layer `layer`'s rlx_model_layer_info into *out (out->size set by the caller); a layer outside
+ * the model is RLX_E_RANGE. */
+RLX_API rlx_status rlx_model_layer_info_of(const rlx_model *m, uint32_t layer, rlx_model_layer_info *out);
 RLX_API const rlx_weights *rlx_model_weights(const rlx_model *m);
 RLX_API const char *rlx_model_dir(const rlx_model *m);
 /* rlx_generation_config_load(rlx_model_dir(m)), read for a GGUF model from the header the model

@@ -1,7 +1,8 @@
-/* config.json and generation_config.json of Qwen3 and Qwen3-MoE checkpoints.
+/* config.json and generation_config.json: the model_type picks the architecture (arch.h), whose
+ * reader fills the architecture-neutral description with the helpers here.
  *
  * Field names, defaults and the per-layer flags derived from them follow the Hugging Face
- * Qwen3Config and Qwen3MoeConfig classes, so a checkpoint means the same here as in transformers.
+ * configuration classes (Qwen3Config, ...), so a checkpoint means the same here as in transformers.
  * Types are checked strictly (a count must be a JSON integer, a flag a JSON boolean): a 3.5 or a
  * "28" in a config is a broken file, not a value to guess at. JSON null in an optional field means
  * "use the default", as Python's None does in transformers. */
@@ -14,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "arch.h"
 #include "gguf.h"
 #include "model_internal.h"
 #include "rlx/model.h"
@@ -23,8 +25,7 @@
 #define JSON_MAX_BYTES (64 << 20)
 /* 2^53: beyond it a JSON number parsed into a double no longer holds every integer. */
 #define JSON_EXACT_INT 9007199254740992.0
-/* Marks a get_int() field without a default. */
-#define REQUIRED INT64_MIN
+#define REQUIRED RLX__REQUIRED
 
 // ---- JSON files
 
@@ -125,15 +126,15 @@ static void describe(const cJSON *item, char *buf, size_t size) {
         snprintf(buf, size, "%s", cJSON_IsArray(item) ? "an array" : "an object");
 }
 
-static rlx_status wrong_type(const char *path, const char *field, const char *expected, const cJSON *item) {
+rlx_status rlx__hf_wrong_type(const char *path, const char *field, const char *expected, const cJSON *item) {
     char got[64];
     describe(item, got, sizeof got);
     return rlx_error(RLX_E_FORMAT, "%s: field '%s' must be %s, got %s", path, field, expected, got);
 }
 
 /* An integer field in [min, max]; absent or null takes dflt, unless dflt is REQUIRED. */
-static rlx_status get_int(const char *path, const cJSON *obj, const char *key, int64_t dflt, int64_t min, int64_t max,
-                          int64_t *out) {
+rlx_status rlx__hf_int(const char *path, const cJSON *obj, const char *key, int64_t dflt, int64_t min, int64_t max,
+                       int64_t *out) {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!item || (cJSON_IsNull(item) && dflt != REQUIRED)) {
         if (dflt == REQUIRED)
@@ -143,7 +144,7 @@ static rlx_status get_int(const char *path, const cJSON *obj, const char *key, i
     }
     int64_t v;
     if (!rlx__json_int(item, &v))
-        return wrong_type(path, key, "an integer", item);
+        return rlx__hf_wrong_type(path, key, "an integer", item);
     if (v < min || v > max)
         return rlx_error(RLX_E_FORMAT, "%s: field '%s' is %" PRId64 ", must be in [%" PRId64 ", %" PRId64 "]", path,
                          key, v, min, max);
@@ -162,22 +163,22 @@ static rlx_status get_positive(const char *path, const cJSON *obj, const char *k
         return RLX_OK;
     }
     if (!cJSON_IsNumber(item))
-        return wrong_type(path, key, "a number", item);
+        return rlx__hf_wrong_type(path, key, "a number", item);
     double v = item->valuedouble;
     if (!(v > 0 && v <= 1e300)) /* 1e300 keeps out the infinity a literal like 1e999 parses to */
-        return wrong_type(path, key, "a positive number", item);
+        return rlx__hf_wrong_type(path, key, "a positive number", item);
     *out = v;
     return RLX_OK;
 }
 
-static rlx_status get_bool(const char *path, const cJSON *obj, const char *key, int dflt, int *out) {
+rlx_status rlx__hf_bool(const char *path, const cJSON *obj, const char *key, int dflt, int *out) {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!item || cJSON_IsNull(item)) {
         *out = dflt;
         return RLX_OK;
     }
     if (!cJSON_IsBool(item))
-        return wrong_type(path, key, "true or false", item);
+        return rlx__hf_wrong_type(path, key, "true or false", item);
     *out = cJSON_IsTrue(item);
     return RLX_OK;
 }
@@ -188,7 +189,7 @@ static rlx_status add_token_ids(const char *path, const char *key, const cJSON *
     if (!item || cJSON_IsNull(item))
         return RLX_OK;
     if (!cJSON_IsNumber(item) && !cJSON_IsArray(item))
-        return wrong_type(path, key, "an integer or a list of integers", item);
+        return rlx__hf_wrong_type(path, key, "an integer or a list of integers", item);
     int is_list = cJSON_IsArray(item);
     const cJSON *e = is_list ? item->child : item;
     for (int index = 0; e; index++, e = is_list ? e->next : NULL) {
@@ -199,7 +200,7 @@ static rlx_status add_token_ids(const char *path, const char *key, const cJSON *
                 snprintf(field, sizeof field, "%s[%d]", key, index);
             else
                 snprintf(field, sizeof field, "%s", key);
-            return wrong_type(path, field, "a token id (an integer >= 0)", e);
+            return rlx__hf_wrong_type(path, field, "a token id (an integer >= 0)", e);
         }
         uint32_t k = 0;
         while (k < *n && ids[k] != (int32_t)id)
@@ -216,21 +217,23 @@ static rlx_status add_token_ids(const char *path, const char *key, const cJSON *
 
 // ---- config.json
 
-static rlx_status get_model_type(const char *path, const cJSON *root, rlx_model_config *c) {
+static rlx_status get_arch(const char *path, const cJSON *root, rlx__model_desc *d) {
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     if (!item)
         return rlx_error(RLX_E_FORMAT, "%s: missing required field 'model_type'", path);
     if (!cJSON_IsString(item))
-        return wrong_type(path, "model_type", "a string", item);
-    if (strcmp(item->valuestring, "qwen3") != 0 && strcmp(item->valuestring, "qwen3_moe") != 0)
-        return rlx_error(RLX_E_FORMAT, "%s: field 'model_type' is \"%.64s\"; rlx runs \"qwen3\" and \"qwen3_moe\"",
-                         path, item->valuestring);
-    snprintf(c->model_type, sizeof c->model_type, "%s", item->valuestring);
+        return rlx__hf_wrong_type(path, "model_type", "a string", item);
+    char list[RLX__ARCH_LIST_SIZE];
+    if (!(d->arch = rlx__arch_by_hf(item->valuestring)))
+        return rlx_error(RLX_E_FORMAT,
+                         "%s: field 'model_type' is \"%.64s\", an architecture rlx does not run; it runs %s", path,
+                         item->valuestring, rlx__arch_list(list, sizeof list));
+    snprintf(d->cfg.model_type, sizeof d->cfg.model_type, "%s", item->valuestring);
     return RLX_OK;
 }
 
-/* layer_sliding[]: an explicit layer_types list wins; otherwise Hugging Face slides layers
- * i >= max_window_layers when use_sliding_window is set and sliding_window is not null. */
+/* An explicit layer_types list wins; otherwise Hugging Face slides layers i >= max_window_layers
+ * when use_sliding_window is set and sliding_window is not null. */
 static rlx_status get_layer_types(const char *path, const cJSON *root, int window_null, rlx_model_config *c) {
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(root, "layer_types");
     if (!types || cJSON_IsNull(types)) {
@@ -239,7 +242,7 @@ static rlx_status get_layer_types(const char *path, const cJSON *root, int windo
         return RLX_OK;
     }
     if (!cJSON_IsArray(types))
-        return wrong_type(path, "layer_types", "a list of strings", types);
+        return rlx__hf_wrong_type(path, "layer_types", "a list of strings", types);
     int n = cJSON_GetArraySize(types);
     if (n != c->num_hidden_layers)
         return rlx_error(RLX_E_FORMAT, "%s: field 'layer_types' has %d entries, num_hidden_layers is %" PRId64, path, n,
@@ -254,81 +257,37 @@ static rlx_status get_layer_types(const char *path, const cJSON *root, int windo
         } else {
             char field[32];
             snprintf(field, sizeof field, "layer_types[%d]", i);
-            return wrong_type(path, field, "\"full_attention\" or \"sliding_attention\"", e);
+            return rlx__hf_wrong_type(path, field, "\"full_attention\" or \"sliding_attention\"", e);
         }
         i++;
     }
     return RLX_OK;
 }
 
-static rlx_status get_sliding(const char *path, const cJSON *root, rlx_model_config *c) {
+rlx_status rlx__hf_read_qwen_sliding(const char *path, const cJSON *root, rlx__model_desc *d) {
+    rlx_model_config *c = &d->cfg;
     rlx_status st;
-    if ((st = get_bool(path, root, "use_sliding_window", 0, &c->use_sliding_window)) != RLX_OK)
+    if ((st = rlx__hf_bool(path, root, "use_sliding_window", 0, &c->use_sliding_window)) != RLX_OK)
         return st;
     /* Unlike the other optional fields, null here is meaningful: no window at all. */
     const cJSON *window = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
     int window_null = cJSON_IsNull(window);
     if (window_null)
         c->sliding_window = 0;
-    else if ((st = get_int(path, root, "sliding_window", 4096, 1, INT32_MAX, &c->sliding_window)) != RLX_OK)
+    else if ((st = rlx__hf_int(path, root, "sliding_window", 4096, 1, INT32_MAX, &c->sliding_window)) != RLX_OK)
         return st;
-    if ((st = get_int(path, root, "max_window_layers", c->num_hidden_layers, 0, INT32_MAX, &c->max_window_layers)) !=
-        RLX_OK)
+    if ((st = rlx__hf_int(path, root, "max_window_layers", c->num_hidden_layers, 0, INT32_MAX,
+                          &c->max_window_layers)) != RLX_OK)
         return st;
     if ((st = get_layer_types(path, root, window_null, c)) != RLX_OK)
         return st;
-    for (int64_t i = 0; i < c->num_hidden_layers; i++)
+    for (int64_t i = 0; i < c->num_hidden_layers; i++) {
         if (c->layer_sliding[i] && c->sliding_window == 0)
             return rlx_error(RLX_E_FORMAT,
                              "%s: field 'sliding_window' is null but layer %" PRId64 " uses sliding attention", path,
                              i);
-    return RLX_OK;
-}
-
-static rlx_status get_moe(const char *path, const cJSON *root, rlx_model_config *c) {
-    rlx_status st;
-    if ((st = get_int(path, root, "num_experts", 0, 0, INT32_MAX, &c->num_experts)) != RLX_OK)
-        return st;
-    if ((st = get_int(path, root, "decoder_sparse_step", 1, 1, INT32_MAX, &c->decoder_sparse_step)) != RLX_OK)
-        return st;
-    if ((st = get_bool(path, root, "norm_topk_prob", 0, &c->norm_topk_prob)) != RLX_OK)
-        return st;
-    if (c->num_experts > 0) {
-        if ((st = get_int(path, root, "num_experts_per_tok", REQUIRED, 1, INT32_MAX, &c->num_experts_per_tok)) !=
-            RLX_OK)
-            return st;
-        if (c->num_experts_per_tok > c->num_experts)
-            return rlx_error(RLX_E_FORMAT,
-                             "%s: field 'num_experts_per_tok' (%" PRId64 ") exceeds num_experts (%" PRId64 ")", path,
-                             c->num_experts_per_tok, c->num_experts);
-        if ((st = get_int(path, root, "moe_intermediate_size", REQUIRED, 1, INT32_MAX, &c->moe_intermediate_size)) !=
-            RLX_OK)
-            return st;
+        d->layers[i].window = c->layer_sliding[i] ? (uint32_t)c->sliding_window : 0;
     }
-    const cJSON *only = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers");
-    if (only && !cJSON_IsNull(only)) {
-        if (!cJSON_IsArray(only))
-            return wrong_type(path, "mlp_only_layers", "a list of layer indices", only);
-        int i = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, only) {
-            int64_t layer;
-            if (!rlx__json_int(e, &layer) || layer < 0 || layer >= c->num_hidden_layers) {
-                char field[40], expected[64];
-                snprintf(field, sizeof field, "mlp_only_layers[%d]", i);
-                snprintf(expected, sizeof expected, "a layer index in [0, %" PRId64 ")", c->num_hidden_layers);
-                return wrong_type(path, field, expected, e);
-            }
-            c->layer_dense_mlp[layer] = 1;
-            i++;
-        }
-    }
-    /* Qwen3-MoE needs intermediate_size only if some layer keeps a dense MLP. */
-    for (int64_t i = 0; i < c->num_hidden_layers; i++)
-        if (c->intermediate_size == 0 && !rlx_model_config_layer_is_moe(c, i))
-            return rlx_error(RLX_E_FORMAT,
-                             "%s: missing field 'intermediate_size', needed by the dense MLP of layer %" PRId64, path,
-                             i);
     return RLX_OK;
 }
 
@@ -347,90 +306,116 @@ static rlx_status check_rope_scaling(const char *path, const cJSON *root) {
                      cJSON_IsString(type) ? type->valuestring : "unknown");
 }
 
-static rlx_status parse_config(const char *path, const cJSON *root, rlx_model_config *c) {
+rlx_status rlx__hf_read_decoder(const char *path, const cJSON *root, const rlx__hf_defaults *def, rlx__model_desc *d) {
+    rlx_model_config *c = &d->cfg;
     rlx_status st;
-    if (!cJSON_IsObject(root))
-        return rlx_error(RLX_E_FORMAT, "%s: the top level is not a JSON object", path);
-    if ((st = get_model_type(path, root, c)) != RLX_OK)
+    if ((st = rlx__hf_int(path, root, "vocab_size", REQUIRED, 1, INT32_MAX, &c->vocab_size)) != RLX_OK)
         return st;
-    int moe = strcmp(c->model_type, "qwen3_moe") == 0;
-    if ((st = get_int(path, root, "vocab_size", REQUIRED, 1, INT32_MAX, &c->vocab_size)) != RLX_OK)
+    if ((st = rlx__hf_int(path, root, "hidden_size", REQUIRED, 1, INT32_MAX, &c->hidden_size)) != RLX_OK)
         return st;
-    if ((st = get_int(path, root, "hidden_size", REQUIRED, 1, INT32_MAX, &c->hidden_size)) != RLX_OK)
+    if ((st = rlx__hf_int(path, root, "intermediate_size", def->intermediate_optional ? 0 : REQUIRED, 1, INT32_MAX,
+                          &c->intermediate_size)) != RLX_OK)
         return st;
-    if ((st = get_int(path, root, "intermediate_size", moe ? 0 : REQUIRED, 1, INT32_MAX, &c->intermediate_size)) !=
+    if ((st = rlx__hf_int(path, root, "num_hidden_layers", REQUIRED, 1, RLX_MAX_LAYERS, &c->num_hidden_layers)) !=
         RLX_OK)
         return st;
-    if ((st = get_int(path, root, "num_hidden_layers", REQUIRED, 1, RLX_MAX_LAYERS, &c->num_hidden_layers)) != RLX_OK)
-        return st;
-    if ((st = get_int(path, root, "num_attention_heads", REQUIRED, 1, INT32_MAX, &c->num_attention_heads)) != RLX_OK)
+    if (!(d->layers = rlx__calloc((size_t)c->num_hidden_layers, sizeof *d->layers)))
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
+    if ((st = rlx__hf_int(path, root, "num_attention_heads", REQUIRED, 1, INT32_MAX, &c->num_attention_heads)) !=
+        RLX_OK)
         return st;
     if ((st = get_positive(path, root, "rms_norm_eps", 1, 0, &c->rms_norm_eps)) != RLX_OK)
         return st;
 
-    if ((st = get_int(path, root, "num_key_value_heads", c->num_attention_heads, 1, INT32_MAX,
-                      &c->num_key_value_heads)) != RLX_OK)
+    if ((st = rlx__hf_int(path, root, "num_key_value_heads", c->num_attention_heads, 1, INT32_MAX,
+                          &c->num_key_value_heads)) != RLX_OK)
         return st;
     if (c->num_attention_heads % c->num_key_value_heads != 0)
         return rlx_error(RLX_E_FORMAT,
                          "%s: field 'num_key_value_heads' (%" PRId64 ") does not divide num_attention_heads (%" PRId64
                          ")",
                          path, c->num_key_value_heads, c->num_attention_heads);
-    /* Hugging Face's Qwen3Config defaults head_dim to 128; Qwen3-MoE falls back to
-     * hidden_size / num_attention_heads. */
     const cJSON *head_dim = cJSON_GetObjectItemCaseSensitive(root, "head_dim");
-    if ((!head_dim || cJSON_IsNull(head_dim)) && moe && c->hidden_size % c->num_attention_heads != 0)
+    if ((!head_dim || cJSON_IsNull(head_dim)) && !def->head_dim && c->hidden_size % c->num_attention_heads != 0)
         return rlx_error(RLX_E_FORMAT,
                          "%s: field 'head_dim' is missing and hidden_size (%" PRId64
                          ") is not a multiple of num_attention_heads (%" PRId64 ")",
                          path, c->hidden_size, c->num_attention_heads);
-    if ((st = get_int(path, root, "head_dim", moe ? c->hidden_size / c->num_attention_heads : 128, 1, INT32_MAX,
-                      &c->head_dim)) != RLX_OK)
+    if ((st = rlx__hf_int(path, root, "head_dim",
+                          def->head_dim ? def->head_dim : c->hidden_size / c->num_attention_heads, 1, INT32_MAX,
+                          &c->head_dim)) != RLX_OK)
         return st;
     if (c->head_dim % 2 != 0) /* rotate-half RoPE pairs dimension i with i + head_dim / 2 */
         return rlx_error(RLX_E_FORMAT, "%s: field 'head_dim' is %" PRId64 "; rotary embeddings need an even size", path,
                          c->head_dim);
-    if ((st = get_int(path, root, "max_position_embeddings", 32768, 1, INT32_MAX, &c->max_position_embeddings)) !=
-        RLX_OK)
+    if ((st = rlx__hf_int(path, root, "max_position_embeddings", def->max_position_embeddings, 1, INT32_MAX,
+                          &c->max_position_embeddings)) != RLX_OK)
         return st;
     if ((st = get_positive(path, root, "rope_theta", 0, 10000.0, &c->rope_theta)) != RLX_OK)
         return st;
     if ((st = check_rope_scaling(path, root)) != RLX_OK)
         return st;
-    if ((st = get_bool(path, root, "tie_word_embeddings", 0, &c->tie_word_embeddings)) != RLX_OK)
-        return st;
-    if ((st = get_bool(path, root, "attention_bias", 0, &c->attention_bias)) != RLX_OK)
-        return st;
-    if ((st = get_sliding(path, root, c)) != RLX_OK)
-        return st;
+    d->rope_type = RLX__ROPE_DEFAULT;
+    return rlx__hf_bool(path, root, "tie_word_embeddings", 0, &c->tie_word_embeddings);
+}
 
-    c->decoder_sparse_step = 1;
-    if (moe) /* a dense qwen3 ignores MoE fields, as transformers' Qwen3Config does */
-        if ((st = get_moe(path, root, c)) != RLX_OK)
-            return st;
-
+static rlx_status parse_config(const char *path, const cJSON *root, rlx__model_desc *d) {
+    rlx_status st;
+    if (!cJSON_IsObject(root))
+        return rlx_error(RLX_E_FORMAT, "%s: the top level is not a JSON object", path);
+    if ((st = get_arch(path, root, d)) != RLX_OK)
+        return st;
+    if ((st = d->arch->read_hf(path, root, d)) != RLX_OK)
+        return st;
+    rlx_model_config *c = &d->cfg;
     int64_t bos;
-    if ((st = get_int(path, root, "bos_token_id", -1, 0, INT32_MAX, &bos)) != RLX_OK)
+    if ((st = rlx__hf_int(path, root, "bos_token_id", -1, 0, INT32_MAX, &bos)) != RLX_OK)
         return st;
     c->bos_id = (int32_t)bos;
     return add_token_ids(path, "eos_token_id", cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), c->eos_ids,
                          &c->n_eos);
 }
 
-rlx_status rlx_model_config_load(const char *config_path, rlx_model_config *out) {
-    if (!config_path || !out)
-        return rlx_error(RLX_E_INVALID, "rlx_model_config_load: config_path and out must not be NULL");
+void rlx__model_desc_free(rlx__model_desc *d) {
+    if (!d)
+        return;
+    free(d->layers);
+    d->layers = NULL;
+}
+
+void rlx__model_desc_project(rlx__model_desc *d) {
+    for (int64_t i = 0; i < d->cfg.num_hidden_layers; i++)
+        d->cfg.layer_sliding[i] = d->layers[i].window != 0;
+}
+
+static rlx_status desc_load_file(const char *config_path, rlx__model_desc *out) {
     cJSON *root;
     rlx_status st = rlx__json_load(config_path, 0, &root);
     if (st != RLX_OK)
         return st;
     /* Parsed aside so that *out is written only on success. */
-    rlx_model_config c;
-    memset(&c, 0, sizeof c);
-    st = parse_config(config_path, root, &c);
+    rlx__model_desc d;
+    memset(&d, 0, sizeof d);
+    st = parse_config(config_path, root, &d);
     cJSON_Delete(root);
-    if (st == RLX_OK)
-        *out = c;
+    if (st != RLX_OK) {
+        rlx__model_desc_free(&d);
+        return st;
+    }
+    rlx__model_desc_project(&d);
+    *out = d;
+    return RLX_OK;
+}
+
+rlx_status rlx_model_config_load(const char *config_path, rlx_model_config *out) {
+    if (!config_path || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_model_config_load: config_path and out must not be NULL");
+    rlx__model_desc d;
+    rlx_status st = desc_load_file(config_path, &d);
+    if (st == RLX_OK) {
+        *out = d.cfg;
+        rlx__model_desc_free(&d);
+    }
     return st;
 }
 
@@ -467,7 +452,7 @@ static rlx_status get_sampling_number(const char *path, const cJSON *root, const
     if (!item || cJSON_IsNull(item))
         return RLX_OK;
     if (!cJSON_IsNumber(item))
-        return wrong_type(path, key, "a number", item);
+        return rlx__hf_wrong_type(path, key, "a number", item);
     double v = item->valuedouble;
     if (!(min_open ? v > min : v >= min) || !(v <= max))
         return rlx_error(RLX_E_FORMAT, "%s: field '%s' is %g, must be %s", path, key, v, range);
@@ -482,7 +467,7 @@ static rlx_status parse_generation_defaults(const char *path, const cJSON *root,
         return rlx_error(RLX_E_FORMAT, "%s: the top level is not a JSON object", path);
     const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, "do_sample");
     g->has_do_sample = item && !cJSON_IsNull(item);
-    if ((st = get_bool(path, root, "do_sample", 0, &g->do_sample)) != RLX_OK)
+    if ((st = rlx__hf_bool(path, root, "do_sample", 0, &g->do_sample)) != RLX_OK)
         return st;
     /* 3.4e38: near FLT_MAX, so the float holds what the file says */
     if ((st = get_sampling_number(path, root, "temperature", 0, 0, 3.4e38, "a finite number >= 0", &g->temperature,
@@ -498,7 +483,7 @@ static rlx_status parse_generation_defaults(const char *path, const cJSON *root,
     item = cJSON_GetObjectItemCaseSensitive(root, "top_k");
     if (item && !cJSON_IsNull(item)) {
         int64_t k;
-        if ((st = get_int(path, root, "top_k", REQUIRED, 0, INT32_MAX, &k)) != RLX_OK)
+        if ((st = rlx__hf_int(path, root, "top_k", REQUIRED, 0, INT32_MAX, &k)) != RLX_OK)
             return st;
         g->top_k = (int32_t)k;
         g->has_top_k = 1;
@@ -588,15 +573,20 @@ int rlx_model_config_layer_is_moe(const rlx_model_config *cfg, int64_t layer) {
     return !cfg->layer_dense_mlp[layer] && (layer + 1) % cfg->decoder_sparse_step == 0;
 }
 
-rlx_status rlx__model_config_load_dir(const char *model_dir, rlx_model_config *out) {
-    char path[4096];
-    if (snprintf(path, sizeof path, "%s/config.json", model_dir) >= (int)sizeof path)
+/* dir/config.json and dir/generation_config.json into path and gen_path. */
+static rlx_status config_paths(const char *model_dir, char *path, char *gen_path, size_t len) {
+    if (snprintf(path, len, "%s/config.json", model_dir) >= (int)len)
         return rlx_error(RLX_E_INVALID, "%s: the model directory's path is too long", model_dir);
-    rlx_status rc = rlx_model_config_load(path, out);
-    if (rc == RLX_OK) {
-        snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
-        rc = rlx_model_config_load_generation(path, out);
-    }
+    snprintf(gen_path, len, "%s/generation_config.json", model_dir);
+    return RLX_OK;
+}
+
+rlx_status rlx__model_desc_load_dir(const char *model_dir, rlx__model_desc *out) {
+    char path[4096], gen_path[4096];
+    rlx_status rc = config_paths(model_dir, path, gen_path, sizeof path);
+    if (rc == RLX_OK && (rc = desc_load_file(path, out)) == RLX_OK &&
+        (rc = rlx_model_config_load_generation(gen_path, &out->cfg)) != RLX_OK)
+        rlx__model_desc_free(out);
     return rc;
 }
 
@@ -605,8 +595,15 @@ rlx_status rlx_model_config_load_model(const char *model_path, rlx_model_config 
         return rlx_error(RLX_E_INVALID, "rlx_model_config_load_model: NULL argument");
     int gguf;
     rlx_status rc = rlx__model_path_is_gguf(model_path, &gguf);
-    if (rc != RLX_OK || !gguf)
-        return rc != RLX_OK ? rc : rlx__model_config_load_dir(model_path, out);
+    if (rc != RLX_OK)
+        return rc;
+    if (!gguf) {
+        char path[4096], gen_path[4096];
+        if ((rc = config_paths(model_path, path, gen_path, sizeof path)) == RLX_OK &&
+            (rc = rlx_model_config_load(path, out)) == RLX_OK)
+            rc = rlx_model_config_load_generation(gen_path, out);
+        return rc;
+    }
     rlx_weights *w;
     if ((rc = rlx_weights_open(model_path, &w)) == RLX_OK)
         rc = rlx__model_config_from_gguf(w, out);

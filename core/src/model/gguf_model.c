@@ -1,5 +1,5 @@
-/* A GGUF file as a model: its tensors under the Hugging Face names the block builder reads, and
- * its metadata as the model configuration, for the architectures qwen3 and qwen3moe.
+/* A GGUF file as a model: its tensors under the Hugging Face names the block builder reads (its
+ * architecture's table maps them, arch.h), and its metadata as the model description.
  *
  * llama.cpp's converter keeps Qwen3's tensors as they are (no permutation: both use NeoX RoPE)
  * and only renames them, stores dimensions innermost first (a [rows, cols] matrix is ne = [cols,
@@ -10,110 +10,26 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch.h"
 #include "model_internal.h"
 #include "util/alloc.h"
 #include "weights_internal.h"
 
-/* llama.cpp's names of a layer's tensors (after "blk.N.") and the Hugging Face ones. */
-static const struct {
-    const char *gguf, *hf;
-    int experts; /* 1: a stacked [experts, rows, cols] tensor */
-} layer_names[] = {
-    {"attn_norm", "input_layernorm", 0},    {"attn_q", "self_attn.q_proj", 0},
-    {"attn_k", "self_attn.k_proj", 0},      {"attn_v", "self_attn.v_proj", 0},
-    {"attn_output", "self_attn.o_proj", 0}, {"attn_q_norm", "self_attn.q_norm", 0},
-    {"attn_k_norm", "self_attn.k_norm", 0}, {"ffn_norm", "post_attention_layernorm", 0},
-    {"ffn_gate", "mlp.gate_proj", 0},       {"ffn_up", "mlp.up_proj", 0},
-    {"ffn_down", "mlp.down_proj", 0},       {"ffn_gate_inp", "mlp.gate", 0},
-    {"ffn_gate_exps", "gate_proj", 1},      {"ffn_up_exps", "up_proj", 1},
-    {"ffn_down_exps", "down_proj", 1},
-};
-
-static const struct {
-    const char *gguf, *hf;
-} top_names[] = {
-    {"token_embd", "model.embed_tokens"},
-    {"output_norm", "model.norm"},
-    {"output", "lm_head"},
-};
-
-/* The Hugging Face name of GGUF tensor `name` into out (for a stacked expert tensor, a printf
- * format taking the expert index); returns 1 for a stacked expert tensor, 0 otherwise. A name
- * this table does not know keeps its GGUF spelling: the builder never asks for it. */
-static int hf_name(const char *name, char *out, size_t len) {
-    const char *dot = strrchr(name, '.'); /* ".weight" or ".bias" */
-    const size_t stem = dot ? (size_t)(dot - name) : strlen(name);
-    const char *suffix = dot ? dot : "";
-    unsigned layer;
-    int consumed = 0;
-    if (sscanf(name, "blk.%u.%n", &layer, &consumed) == 1 && consumed > 0) {
-        const char *part = name + consumed;
-        const size_t part_len = stem - (size_t)consumed;
-        for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {
-            if (strlen(layer_names[i].gguf) != part_len || strncmp(part, layer_names[i].gguf, part_len) != 0)
-                continue;
-            if (layer_names[i].experts)
-                snprintf(out, len, "model.layers.%u.mlp.experts.%%lld.%s%s", layer, layer_names[i].hf, suffix);
-            else
-                snprintf(out, len, "model.layers.%u.%s%s", layer, layer_names[i].hf, suffix);
-            return layer_names[i].experts;
-        }
-    } else {
-        for (size_t i = 0; i < sizeof top_names / sizeof top_names[0]; i++) {
-            if (strlen(top_names[i].gguf) == stem && strncmp(name, top_names[i].gguf, stem) == 0) {
-                snprintf(out, len, "%s%s", top_names[i].hf, suffix);
-                return 0;
-            }
-        }
-    }
-    snprintf(out, len, "%s", name);
-    return 0;
+/* Writes the Hugging Face name of an expert's view: pattern (from rlx__arch_hf_of_gguf) with its
+ * '*' replaced by the expert index; returns the length written. */
+static int expert_name(const char *pattern, int64_t e, char *out, size_t len) {
+    const char *star = strchr(pattern, '*');
+    return snprintf(out, len, "%.*s%lld%s", (int)(star - pattern), pattern, (long long)e, star + 1);
 }
 
-int rlx__gguf_name_of(const char *hf, char *out, size_t len, int *layer, int *part, int64_t *expert) {
-    const char *dot = strrchr(hf, '.');
-    if (!dot)
-        return 0;
-    const size_t stem = (size_t)(dot - hf);
-    *layer = -1;
-    *expert = -1;
-    for (size_t i = 0; i < sizeof top_names / sizeof top_names[0]; i++) {
-        if (strlen(top_names[i].hf) == stem && strncmp(hf, top_names[i].hf, stem) == 0) {
-            *part = (int)i;
-            snprintf(out, len, "%s%s", top_names[i].gguf, dot);
-            return 1;
-        }
-    }
-    unsigned l;
-    long long e;
-    int consumed = 0, used = 0;
-    if (sscanf(hf, "model.layers.%u.%n", &l, &consumed) != 1 || consumed == 0)
-        return 0;
-    const char *rest = hf + consumed;
-    const int experts = sscanf(rest, "mlp.experts.%lld.%n", &e, &used) == 1 && used > 0;
-    if (experts)
-        rest += used;
-    const size_t rest_len = (size_t)(dot - rest);
-    for (size_t i = 0; i < sizeof layer_names / sizeof layer_names[0]; i++) {
-        if (layer_names[i].experts != experts || strlen(layer_names[i].hf) != rest_len ||
-            strncmp(rest, layer_names[i].hf, rest_len) != 0)
-            continue;
-        *layer = (int)l;
-        *part = (int)i;
-        *expert = experts ? e : -1;
-        snprintf(out, len, "blk.%u.%s%s", l, layer_names[i].gguf, dot);
-        return 1;
-    }
-    return 0;
-}
-
-/* Appends the tensors of shard g to w under their Hugging Face names, the names stored in f. */
-static rlx_status add_shard_tensors(rlx_weights *w, rlx__wfile *f, const rlx__gguf *g) {
+/* Appends the tensors of shard g to w under their Hugging Face names in arch's table (the GGUF
+ * names without one), the names stored in f. */
+static rlx_status add_shard_tensors(rlx_weights *w, rlx__wfile *f, const rlx__gguf *g, const rlx__arch *arch) {
     size_t count = 0, name_bytes = 0;
     char name[256];
     for (size_t i = 0; i < g->n_tensors; i++) {
         const rlx__gguf_tensor *t = &g->tensors[i];
-        const int experts = hf_name(t->name, name, sizeof name);
+        const int experts = rlx__arch_hf_of_gguf(arch, t->name, name, sizeof name);
         if (experts && t->n_dims != 3)
             return rlx_error(RLX_E_FORMAT, "%s: tensor '%s' stacks experts but has %u dimensions, not 3", g->path,
                              t->name, t->n_dims);
@@ -135,13 +51,13 @@ static rlx_status add_shard_tensors(rlx_weights *w, rlx__wfile *f, const rlx__gg
     size_t n = 0;
     for (size_t i = 0; i < g->n_tensors; i++) {
         const rlx__gguf_tensor *t = &g->tensors[i];
-        const int experts = hf_name(t->name, name, sizeof name);
+        const int experts = rlx__arch_hf_of_gguf(arch, t->name, name, sizeof name);
         const int64_t copies = experts ? t->ne[2] : 1;
         const size_t bytes = t->nbytes / (size_t)copies;
         for (int64_t e = 0; e < copies; e++) {
             rlx_weight *x = &first[n++];
             memset(x, 0, sizeof *x);
-            const int len = experts ? snprintf(out, 256 + 24, name, (long long)e) : snprintf(out, 256 + 24, "%s", name);
+            const int len = experts ? expert_name(name, e, out, 256 + 24) : snprintf(out, 256 + 24, "%s", name);
             x->name = out;
             out += len + 1;
             x->dtype = t->dtype;
@@ -212,6 +128,7 @@ rlx_status rlx__weights_open_gguf(const char *path, rlx_weights **out) {
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
     }
     rlx_status st = RLX_OK;
+    const rlx__arch *arch = NULL;
     for (unsigned i = 0; i < count && st == RLX_OK; i++) {
         rlx__wfile *f = &w->files[w->n_files];
         const size_t len = strlen(path) + 1;
@@ -231,8 +148,12 @@ rlx_status rlx__weights_open_gguf(const char *path, rlx_weights **out) {
         const rlx__gguf *g = w->gguf[w->n_gguf++];
         if (index)
             st = check_split(g, i, count);
+        rlx__gguf_str name;
+        /* without a known architecture the names stay; the configuration then refuses the model */
+        if (i == 0 && rlx__gguf_string(g, "general.architecture", 1, &name) == RLX_OK)
+            arch = rlx__arch_by_gguf(name.s, name.len);
         if (st == RLX_OK)
-            st = add_shard_tensors(w, f, g);
+            st = add_shard_tensors(w, f, g, arch);
     }
     if (st == RLX_OK)
         st = rlx__weights_index(w);
@@ -264,13 +185,7 @@ const char *rlx__weights_gguf_name(const rlx_weights *w, const rlx_weight *t) {
 
 // ---- configuration
 
-typedef struct cfg_reader {
-    const rlx__gguf *g;
-    char arch[32];
-    rlx_status st; /* the first error; later reads are skipped */
-} cfg_reader;
-
-static int64_t arch_int(cfg_reader *r, const char *name, int optional, int64_t dflt) {
+int64_t rlx__gguf_cfg_int(rlx__gguf_cfg *r, const char *name, int optional, int64_t dflt) {
     char key[96];
     int64_t v = dflt;
     if (r->st != RLX_OK)
@@ -285,7 +200,7 @@ static int64_t arch_int(cfg_reader *r, const char *name, int optional, int64_t d
     return v;
 }
 
-static double arch_float(cfg_reader *r, const char *name, double dflt) {
+double rlx__gguf_cfg_float(rlx__gguf_cfg *r, const char *name, double dflt) {
     char key[96];
     double v = dflt;
     if (r->st != RLX_OK)
@@ -340,74 +255,87 @@ static rlx_status config_eos(const rlx__gguf *g, rlx_model_config *c) {
     return st == RLX_E_NOT_FOUND || st == RLX_OK ? RLX_OK : st;
 }
 
-rlx_status rlx__model_config_from_gguf(const rlx_weights *w, rlx_model_config *out) {
+rlx_status rlx__gguf_read_decoder(rlx__gguf_cfg *r, int ff_optional, rlx__model_desc *d) {
+    rlx_model_config *c = &d->cfg;
+    const char *path = r->path;
+    const rlx_weight *embed = rlx_weights_find(r->w, "model.embed_tokens.weight");
+    if (!embed || embed->n_dims != 2)
+        return rlx_error(RLX_E_FORMAT, "%s: no 2-dimensional tensor 'token_embd.weight'", path);
+    c->hidden_size = rlx__gguf_cfg_int(r, "embedding_length", 0, 0);
+    c->num_hidden_layers = rlx__gguf_cfg_int(r, "block_count", 0, 0);
+    c->num_attention_heads = rlx__gguf_cfg_int(r, "attention.head_count", 0, 0);
+    c->num_key_value_heads = rlx__gguf_cfg_int(r, "attention.head_count_kv", 1, c->num_attention_heads);
+    c->max_position_embeddings = rlx__gguf_cfg_int(r, "context_length", 0, 0);
+    c->vocab_size = rlx__gguf_cfg_int(r, "vocab_size", 1, embed->shape[0]);
+    c->intermediate_size = rlx__gguf_cfg_int(r, "feed_forward_length", ff_optional, 0);
+    c->rms_norm_eps = rlx__gguf_cfg_float(r, "attention.layer_norm_rms_epsilon", 1e-6);
+    c->rope_theta = rlx__gguf_cfg_float(r, "rope.freq_base", 10000.0); /* llama.cpp's default */
+    if (r->st != RLX_OK)
+        return r->st;
+    c->head_dim = rlx__gguf_cfg_int(r, "attention.key_length", 1, c->hidden_size / c->num_attention_heads);
+    const int64_t value_length = rlx__gguf_cfg_int(r, "attention.value_length", 1, c->head_dim);
+    if (r->st != RLX_OK)
+        return r->st;
+    if (value_length != c->head_dim)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: attention value_length %" PRId64 " differs from key_length %" PRId64,
+                         path, value_length, c->head_dim);
+    if (c->num_hidden_layers > RLX_MAX_LAYERS)
+        return rlx_error(RLX_E_FORMAT, "%s: %" PRId64 " layers (rlx supports at most %d)", path, c->num_hidden_layers,
+                         RLX_MAX_LAYERS);
+    if (c->num_attention_heads % c->num_key_value_heads)
+        return rlx_error(RLX_E_FORMAT, "%s: %" PRId64 " attention heads are not a multiple of %" PRId64 " KV heads",
+                         path, c->num_attention_heads, c->num_key_value_heads);
+    if (!(d->layers = rlx__calloc((size_t)c->num_hidden_layers, sizeof *d->layers)))
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
+    c->tie_word_embeddings = rlx_weights_find(r->w, "lm_head.weight") == NULL;
+    d->rope_type = RLX__ROPE_DEFAULT;
+    return RLX_OK;
+}
+
+/* Scaled RoPE in a GGUF file: refused until an architecture reads its parameters. */
+static rlx_status check_rope_scaling(const rlx__gguf_cfg *r) {
+    rlx__gguf_str scaling;
+    char key[96];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", r->arch);
+    rlx_status st = rlx__gguf_string(r->g, key, 1, &scaling);
+    if (st == RLX_OK && !(scaling.len == 4 && memcmp(scaling.s, "none", 4) == 0))
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: metadata key '%s' is '%.*s'; rlx runs unscaled RoPE only", r->path,
+                         key, (int)(scaling.len < 32 ? scaling.len : 32), scaling.s);
+    return st == RLX_E_NOT_FOUND ? RLX_OK : st;
+}
+
+rlx_status rlx__model_desc_from_gguf(const rlx_weights *w, rlx__model_desc *out) {
     const rlx__gguf *g = rlx__weights_gguf(w);
-    rlx_model_config c;
-    memset(&c, 0, sizeof c);
-    cfg_reader r = {.g = g};
+    rlx__model_desc d;
+    memset(&d, 0, sizeof d);
     rlx__gguf_str arch;
     rlx_status st = rlx__gguf_string(g, "general.architecture", 0, &arch);
     if (st != RLX_OK)
         return st;
-    const int moe = arch.len == 8 && memcmp(arch.s, "qwen3moe", 8) == 0;
-    if (!moe && !(arch.len == 5 && memcmp(arch.s, "qwen3", 5) == 0))
-        return rlx_error(RLX_E_UNSUPPORTED, "%s: architecture '%.*s' (rlx runs qwen3 and qwen3moe)", g->path,
-                         (int)(arch.len < 64 ? arch.len : 64), arch.s);
+    char list[RLX__ARCH_LIST_SIZE];
+    if (!(d.arch = rlx__arch_by_gguf(arch.s, arch.len)))
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: architecture '%.*s' is one rlx does not run; it runs %s", g->path,
+                         (int)(arch.len < 64 ? arch.len : 64), arch.s, rlx__arch_list(list, sizeof list));
+    rlx__gguf_cfg r = {.g = g, .w = w, .path = g->path};
     snprintf(r.arch, sizeof r.arch, "%.*s", (int)arch.len, arch.s);
-    snprintf(c.model_type, sizeof c.model_type, "%s", moe ? "qwen3_moe" : "qwen3");
-
-    const rlx_weight *embed = rlx_weights_find(w, "model.embed_tokens.weight");
-    if (!embed || embed->n_dims != 2)
-        return rlx_error(RLX_E_FORMAT, "%s: no 2-dimensional tensor 'token_embd.weight'", g->path);
-    c.hidden_size = arch_int(&r, "embedding_length", 0, 0);
-    c.num_hidden_layers = arch_int(&r, "block_count", 0, 0);
-    c.num_attention_heads = arch_int(&r, "attention.head_count", 0, 0);
-    c.num_key_value_heads = arch_int(&r, "attention.head_count_kv", 1, c.num_attention_heads);
-    c.max_position_embeddings = arch_int(&r, "context_length", 0, 0);
-    c.vocab_size = arch_int(&r, "vocab_size", 1, embed->shape[0]);
-    c.intermediate_size = arch_int(&r, "feed_forward_length", moe, 0);
-    c.rms_norm_eps = arch_float(&r, "attention.layer_norm_rms_epsilon", 1e-6);
-    c.rope_theta = arch_float(&r, "rope.freq_base", 10000.0); /* llama.cpp's default */
-    if (r.st != RLX_OK)
-        return r.st;
-    c.head_dim = arch_int(&r, "attention.key_length", 1, c.hidden_size / c.num_attention_heads);
-    const int64_t value_length = arch_int(&r, "attention.value_length", 1, c.head_dim);
-    if (moe) {
-        c.num_experts = arch_int(&r, "expert_count", 0, 0);
-        c.num_experts_per_tok = arch_int(&r, "expert_used_count", 0, 0);
-        c.moe_intermediate_size = arch_int(&r, "expert_feed_forward_length", 0, 0);
-        c.decoder_sparse_step = 1;
-        c.norm_topk_prob = 1; /* llama.cpp's qwen3moe graph always renormalises the top k */
-        if (c.intermediate_size == 0)
-            c.intermediate_size = c.moe_intermediate_size;
+    snprintf(d.cfg.model_type, sizeof d.cfg.model_type, "%s", d.arch->name);
+    if ((st = d.arch->read_gguf(&r, &d)) == RLX_OK && (st = check_rope_scaling(&r)) == RLX_OK)
+        st = config_eos(g, &d.cfg);
+    if (st != RLX_OK) {
+        rlx__model_desc_free(&d);
+        return st;
     }
-    if (r.st != RLX_OK)
-        return r.st;
-    if (value_length != c.head_dim)
-        return rlx_error(RLX_E_UNSUPPORTED, "%s: attention value_length %" PRId64 " differs from key_length %" PRId64,
-                         g->path, value_length, c.head_dim);
-    rlx__gguf_str scaling;
-    char key[96];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", r.arch);
-    st = rlx__gguf_string(g, key, 1, &scaling);
-    if (st == RLX_OK && !(scaling.len == 4 && memcmp(scaling.s, "none", 4) == 0))
-        return rlx_error(RLX_E_UNSUPPORTED, "%s: metadata key '%s' is '%.*s'; rlx runs unscaled RoPE only", g->path,
-                         key, (int)(scaling.len < 32 ? scaling.len : 32), scaling.s);
-    if (st != RLX_OK && st != RLX_E_NOT_FOUND)
-        return st;
-    if (c.num_hidden_layers > RLX_MAX_LAYERS)
-        return rlx_error(RLX_E_FORMAT, "%s: %" PRId64 " layers (rlx supports at most %d)", g->path, c.num_hidden_layers,
-                         RLX_MAX_LAYERS);
-    if (c.num_attention_heads % c.num_key_value_heads)
-        return rlx_error(RLX_E_FORMAT, "%s: %" PRId64 " attention heads are not a multiple of %" PRId64 " KV heads",
-                         g->path, c.num_attention_heads, c.num_key_value_heads);
-    if (moe && (c.num_experts_per_tok > c.num_experts))
-        return rlx_error(RLX_E_FORMAT, "%s: %" PRId64 " experts per token of %" PRId64, g->path, c.num_experts_per_tok,
-                         c.num_experts);
-    c.tie_word_embeddings = rlx_weights_find(w, "lm_head.weight") == NULL;
-    c.attention_bias = rlx_weights_find(w, "model.layers.0.self_attn.q_proj.bias") != NULL;
-    if ((st = config_eos(g, &c)) != RLX_OK)
-        return st;
-    *out = c;
+    rlx__model_desc_project(&d);
+    *out = d;
     return RLX_OK;
+}
+
+rlx_status rlx__model_config_from_gguf(const rlx_weights *w, rlx_model_config *out) {
+    rlx__model_desc d;
+    rlx_status st = rlx__model_desc_from_gguf(w, &d);
+    if (st == RLX_OK) {
+        *out = d.cfg;
+        rlx__model_desc_free(&d);
+    }
+    return st;
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "arch.h"
 #include "model_internal.h"
 #include "quantize.h"
 #include "rlx/quant_iface.h"
@@ -104,8 +105,9 @@ static uint32_t ggml_type(uint32_t dtype) {
 }
 
 /* The tensors of the model under llama.cpp's names, expert views stacked, in converter order. */
-static rlx_status collect(const rlx_weights *w, const rlx_model_config *c, const rlx__qtype *q, out_tensor **out,
+static rlx_status collect(const rlx_weights *w, const rlx__model_desc *desc, const rlx__qtype *q, out_tensor **out,
                           size_t *n_out) {
+    const rlx_model_config *c = &desc->cfg;
     const size_t n = rlx_weights_count(w);
     out_tensor *t = rlx__calloc(n ? n : 1, sizeof *t);
     if (!t)
@@ -116,8 +118,8 @@ static rlx_status collect(const rlx_weights *w, const rlx_model_config *c, const
         char name[96];
         int layer, part;
         int64_t expert;
-        if (!rlx__gguf_name_of(x->name, name, sizeof name, &layer, &part, &expert))
-            continue; /* MTP heads and other tensors llama.cpp's qwen3 has no name for */
+        if (!rlx__arch_gguf_of_hf(desc->arch, x->name, name, sizeof name, &layer, &part, &expert))
+            continue; /* MTP heads and other tensors the architecture has no GGUF name for */
         if (expert > 0)
             continue; /* gathered with expert 0 */
         out_tensor *o = &t[k++];
@@ -133,8 +135,9 @@ static rlx_status collect(const rlx_weights *w, const rlx_model_config *c, const
         o->src[0] = x;
         for (int64_t e = 1; e < o->n_src; e++) {
             char hf[160];
-            const char *tail = strstr(x->name, ".mlp.experts.0.") + strlen(".mlp.experts.0.");
-            snprintf(hf, sizeof hf, "model.layers.%d.mlp.experts.%lld.%s", layer, (long long)e, tail);
+            char prefix[32];
+            snprintf(prefix, sizeof prefix, "model.layers.%d.", layer);
+            rlx__tensor_hf_name(&desc->arch->tensors[part], prefix, e, hf, sizeof hf);
             if (!(o->src[e] = rlx_weights_find(w, hf)) || o->src[e]->n_dims != x->n_dims ||
                 memcmp(o->src[e]->shape, x->shape, sizeof x->shape) != 0) {
                 *out = t;
@@ -277,7 +280,7 @@ static rlx_status write_file(const rlx_model *m, const rlx_tokenizer *tok, const
                              out_tensor *t, size_t n, rlx_quantize_progress progress, void *ctx) {
     const rlx_model_config *c = rlx_model_config_of(m);
     const int moe = c->num_experts > 0;
-    const char *arch = moe ? "qwen3moe" : "qwen3";
+    const char *arch = rlx__model_desc_of(m)->arch->gguf_archs[0];
     char name[256];
     model_name(m, name, sizeof name);
     int64_t n_vocab = c->vocab_size;
@@ -413,7 +416,7 @@ rlx_status rlx_model_write_gguf(const rlx_model *m, const rlx_tokenizer *tok, co
                              rlx_model_dir(m), (long long)l);
     out_tensor *t = NULL;
     size_t n = 0;
-    rlx_status st = collect(rlx_model_weights(m), rlx_model_config_of(m), q, &t, &n);
+    rlx_status st = collect(rlx_model_weights(m), rlx__model_desc_of(m), q, &t, &n);
     char *tmp = NULL;
     if (st == RLX_OK && !(tmp = rlx__malloc(strlen(out_path) + 5)))
         st = rlx_error(RLX_E_NOMEM, "out of memory");

@@ -26,9 +26,6 @@ rlx_status rlx__block_spec_read(const rlx_block_spec *in, rlx_block_spec *out);
 /* Maps one safetensors file (any name) as rlx_weights_open maps a model's, with the same checks. */
 rlx_status rlx__weights_open_file(const char *path, rlx_weights **out);
 
-/* A model directory's config.json, with the EOS ids of its generation_config.json. */
-rlx_status rlx__model_config_load_dir(const char *model_dir, rlx_model_config *out);
-
 /* The first (metadata-holding) GGUF file of weights opened from a GGUF model, else NULL. */
 struct rlx__gguf;
 const struct rlx__gguf *rlx__weights_gguf(const rlx_weights *w);
@@ -40,14 +37,8 @@ void rlx__weights_release_gguf_headers(const rlx_weights *w);
  * name the one a user finds in the file besides rlx's Hugging Face name. */
 const char *rlx__weights_gguf_name(const rlx_weights *w, const rlx_weight *t);
 
-/* The configuration of a GGUF model from its metadata (architectures qwen3 and qwen3moe) and
- * its tensors (vocabulary rows, tied embeddings, attention bias); errors name the file and key. */
+/* The public configuration of a GGUF model from its metadata and tensors (rlx__model_desc_from_gguf's
+ * cfg); errors name the file and key. */
 rlx_status rlx__model_config_from_gguf(const rlx_weights *w, rlx_model_config *out);
-
-/* llama.cpp's name of the Hugging Face tensor hf into out ("blk.3.ffn_down.weight"; the stacked
- * "blk.N.ffn_down_exps.weight" for an expert's), its layer (-1 for a top-level tensor), its place
- * in gguf_model.c's table (the order llama.cpp's converter writes a layer in) and its expert
- * index (-1 if none). Returns 0 for a name the table does not know. */
-int rlx__gguf_name_of(const char *hf, char *out, size_t len, int *layer, int *part, int64_t *expert);
 
 #endif

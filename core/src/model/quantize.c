@@ -12,6 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "arch.h"
 #include "model_internal.h"
 #include "quantize.h"
 #include "rlx/quant_iface.h"
@@ -450,8 +451,9 @@ uint32_t rlx__qtype_tensor(const rlx__qtype *q, const rlx__qtensor *t, int *fall
 
 // ---- in-memory quantization of a safetensors model
 
-rlx_status rlx__weights_quantize(rlx_weights *w, const rlx_model_config *c, const struct rlx__qtype *q,
+rlx_status rlx__weights_quantize(rlx_weights *w, const rlx__model_desc *d, const struct rlx__qtype *q,
                                  rlx_quantize_progress progress, void *ctx) {
+    const rlx_model_config *c = &d->cfg;
     float *row = NULL;
     int64_t row_cap = 0;
     rlx_status st = RLX_OK;
@@ -465,7 +467,7 @@ rlx_status rlx__weights_quantize(rlx_weights *w, const rlx_model_config *c, cons
         char name[96];
         int layer, part;
         int64_t expert;
-        if (!rlx__gguf_name_of(x->name, name, sizeof name, &layer, &part, &expert))
+        if (!rlx__arch_gguf_of_hf(d->arch, x->name, name, sizeof name, &layer, &part, &expert))
             continue;
         const int64_t cols = x->shape[x->n_dims - 1];
         const rlx__qtensor qt = {name,           x->n_dims + (expert >= 0), cols, c->num_hidden_layers,

@@ -32,7 +32,8 @@ struct rlx_weights {
 
 /* Quantizes the matrices of w in memory as rlx_model_quantize documents (quantize.c). */
 struct rlx__qtype;
-rlx_status rlx__weights_quantize(rlx_weights *w, const rlx_model_config *c, const struct rlx__qtype *q,
+struct rlx__model_desc;
+rlx_status rlx__weights_quantize(rlx_weights *w, const struct rlx__model_desc *d, const struct rlx__qtype *q,
                                  rlx_quantize_progress progress, void *ctx);
 
 /* dir/name with a single separator (dir is not empty); NULL when out of memory. */

@@ -186,3 +186,15 @@ PIN(rlx_model_config, layer_dense_mlp, 1204);
 PIN(rlx_model_config, eos_ids, 2228);
 PIN(rlx_model_config, n_eos, 2260);
 PIN(rlx_model_config, bos_id, 2264);
+
+PIN(rlx_model_arch_info, size, 0);
+PIN(rlx_model_arch_info, qk_norm, 4);
+PIN(rlx_model_arch_info, qkv_bias, 8);
+PIN(rlx_model_arch_info, o_bias, 12);
+PIN(rlx_model_arch_info, rope_type, 16);
+PIN(rlx_model_arch_info, arch, 20);
+_Static_assert(sizeof(rlx_model_arch_info) == 52, "rlx_model_arch_info size changed");
+PIN(rlx_model_layer_info, size, 0);
+PIN(rlx_model_layer_info, window, 4);
+PIN(rlx_model_layer_info, moe, 8);
+_Static_assert(sizeof(rlx_model_layer_info) == 12, "rlx_model_layer_info size changed");

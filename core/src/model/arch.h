@@ -1,0 +1,272 @@
+/* Architectures as data: what the model layer knows about one architecture (Qwen3, Qwen3-MoE,
+ * ...) is one rlx__arch, defined in its own file under core/src/model/arch/ and listed in the
+ * registry (arch.c). docs/architectures.md says how to add one.
+ *
+ * An architecture names the Hugging Face model_types and GGUF general.architecture values it
+ * answers to, reads config.json or GGUF metadata into the architecture-neutral rlx__model_desc,
+ * lists its tensors by role (rlx__tensor: Hugging Face and GGUF names, when a layer has it,
+ * whether it may be absent) and builds a decoder layer from the shared blocks of blocks.c. The
+ * weights a block reads, the checks before a build and the names a GGUF file maps to are all
+ * derived from that one table, and the builder resolves weights by role: no second list exists
+ * that could disagree with it. */
+#ifndef RLX_MODEL_ARCH_H
+#define RLX_MODEL_ARCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "model_internal.h"
+#include "rlx/graph.h"
+#include "rlx/model.h"
+#include "rlx/status.h"
+
+struct rlx__gguf;
+
+/* Tensor roles, shared by every architecture (llama.cpp's LLM_TENSOR_* idea): a block asks for
+ * "the layer's q projection", the architecture's table says what it is called. */
+typedef enum rlx__role {
+    RLX__R_TOKEN_EMBD, /* top level: [vocab, hidden] */
+    RLX__R_OUTPUT_NORM,
+    RLX__R_OUTPUT,
+    RLX__R_ATTN_NORM, /* per layer */
+    RLX__R_ATTN_Q,
+    RLX__R_ATTN_Q_BIAS,
+    RLX__R_ATTN_K,
+    RLX__R_ATTN_K_BIAS,
+    RLX__R_ATTN_V,
+    RLX__R_ATTN_V_BIAS,
+    RLX__R_ATTN_O,
+    RLX__R_ATTN_O_BIAS,
+    RLX__R_ATTN_Q_NORM, /* per head, before RoPE */
+    RLX__R_ATTN_K_NORM,
+    RLX__R_FFN_NORM,
+    RLX__R_FFN_GATE,
+    RLX__R_FFN_UP,
+    RLX__R_FFN_DOWN,
+    RLX__R_FFN_ROUTER,   /* [experts, hidden] */
+    RLX__R_FFN_GATE_EXP, /* one per expert */
+    RLX__R_FFN_UP_EXP,
+    RLX__R_FFN_DOWN_EXP,
+    RLX__R_COUNT
+} rlx__role;
+
+/* When a layer (or the model, for a top-level role) has a tensor of the table. */
+typedef enum rlx__when {
+    RLX__ALWAYS,
+    RLX__IF_DENSE,    /* the layer's MLP is dense */
+    RLX__IF_MOE,      /* the layer's MLP is a mixture of experts */
+    RLX__IF_QKV_BIAS, /* rlx__model_desc.qkv_bias */
+    RLX__IF_O_BIAS,   /* rlx__model_desc.o_bias */
+    RLX__IF_UNTIED,   /* the LM head is not the embedding table */
+} rlx__when;
+
+/* One row of an architecture's tensor table. Names are whole for a top-level role, follow the
+ * layer prefix ("model.layers.N." / "blk.N.") for a layer's, and for an expert's the Hugging Face
+ * name holds one '*' for the expert index while the GGUF name is the stacked [experts, rows, cols]
+ * tensor. The shape follows from the role (arch.c). */
+typedef struct rlx__tensor {
+    rlx__role role;
+    const char *hf;
+    const char *gguf;
+    rlx__when when;
+    uint8_t optional; /* 1: used when the file has it, else the block does without */
+} rlx__tensor;
+
+/* How one layer is built. */
+typedef struct rlx__layer {
+    uint32_t window; /* sliding-window attention over this many positions, 0 = full attention */
+    uint8_t moe;     /* 1: mixture-of-experts MLP */
+} rlx__layer;
+
+typedef enum rlx__rope_type {
+    RLX__ROPE_DEFAULT, /* rotate-half RoPE, theta only */
+} rlx__rope_type;
+
+struct rlx__arch;
+
+/* The architecture-neutral description of a model: what the builder reads. cfg is the versioned
+ * public configuration (rlx/model.h), which holds the shape and counts; the rest is what that
+ * struct cannot say and plugins read through rlx_model_arch_info_of / rlx_model_layer_info_of. */
+typedef struct rlx__model_desc {
+    const struct rlx__arch *arch;
+    rlx_model_config cfg;
+    uint8_t qkv_bias, o_bias;
+    rlx__rope_type rope_type;
+    rlx__layer *layers; /* cfg.num_hidden_layers entries, owned (rlx__model_desc_free) */
+} rlx__model_desc;
+
+/* A GGUF model's metadata as an architecture reads it: keys under the file's own architecture
+ * prefix ("qwen3moe.expert_count"); the first error sticks and later reads return dflt. */
+typedef struct rlx__gguf_cfg {
+    const struct rlx__gguf *g;
+    const rlx_weights *w; /* its tensors, under their Hugging Face names */
+    const char *path;     /* the (first) file, for messages */
+    char arch[32];
+    rlx_status st;
+} rlx__gguf_cfg;
+
+typedef struct rlx__blk rlx__blk;
+
+typedef struct rlx__arch {
+    const char *name;              /* rlx's name, and the model_type given to a GGUF model */
+    const char *const *hf_types;   /* config.json model_type values, NULL-terminated */
+    const char *const *gguf_archs; /* general.architecture values, NULL-terminated */
+    /* Fill d (zeroed, arch set) from config.json; errors name path and the field. EOS and BOS
+     * ids are read by the caller. */
+    rlx_status (*read_hf)(const char *path, const cJSON *root, rlx__model_desc *d);
+    /* Fill d from GGUF metadata and tensor presence; errors name the file and key. */
+    rlx_status (*read_gguf)(rlx__gguf_cfg *r, rlx__model_desc *d);
+    const rlx__tensor *tensors; /* ended by a row whose hf is NULL */
+    /* One decoder layer: x is the residual stream in, the return value the stream out. */
+    int (*build_layer)(rlx__blk *b, int x);
+} rlx__arch;
+
+// ---- the registry (arch.c)
+
+/* The architecture answering to model_type / general.architecture, or NULL. */
+const rlx__arch *rlx__arch_by_hf(const char *model_type);
+const rlx__arch *rlx__arch_by_gguf(const char *name, size_t len);
+/* "qwen3 (model_type qwen3, GGUF qwen3), ..." into text (len bytes, truncated to fit), for error
+ * messages; returns text. */
+#define RLX__ARCH_LIST_SIZE 512
+const char *rlx__arch_list(char *text, size_t len);
+
+/* The table row of role in a, or NULL when a has no such tensor. */
+const rlx__tensor *rlx__arch_tensor(const rlx__arch *a, rlx__role role);
+/* Whether layer (NULL for a top-level role) of d has the row's tensor by its `when`. */
+int rlx__tensor_applies(const rlx__tensor *t, const rlx__model_desc *d, const rlx__layer *layer);
+/* The [rows, cols] (cols 0 for a vector) role implies under d. */
+void rlx__role_shape(rlx__role role, const rlx__model_desc *d, int64_t *rows, int64_t *cols);
+int rlx__role_is_expert(rlx__role role);
+int rlx__role_is_top(rlx__role role);
+/* The Hugging Face name of row t: prefix (a layer's, "" for a top-level role) + t->hf with the
+ * expert index for its '*'. */
+void rlx__tensor_hf_name(const rlx__tensor *t, const char *prefix, int64_t expert, char *out, size_t len);
+
+/* The Hugging Face name of GGUF tensor `name` under a's table into out, with "*" for the expert
+ * of a stacked tensor (returns 1 then, else 0). A name the table does not know keeps its GGUF
+ * spelling: no block asks for it. */
+int rlx__arch_hf_of_gguf(const rlx__arch *a, const char *name, char *out, size_t len);
+/* llama.cpp's name of the Hugging Face tensor hf into out ("blk.3.ffn_down.weight"; the stacked
+ * "blk.N.ffn_down_exps.weight" for an expert's), its layer (-1 for a top-level tensor), its place
+ * in a's table (the order llama.cpp's converter writes a layer in) and its expert index (-1 if
+ * none). Returns 0 for a name the table does not know. */
+int rlx__arch_gguf_of_hf(const rlx__arch *a, const char *hf, char *out, size_t len, int *layer, int *part,
+                         int64_t *expert);
+
+// ---- descriptions (config.c, gguf_model.c)
+
+void rlx__model_desc_free(rlx__model_desc *d);
+/* Sets the public configuration's per-layer window flags from d's layers, for plugins built
+ * against it. */
+void rlx__model_desc_project(rlx__model_desc *d);
+/* config.json (+ generation_config.json's EOS ids) of a model directory into d. */
+rlx_status rlx__model_desc_load_dir(const char *model_dir, rlx__model_desc *d);
+/* The metadata of a GGUF model (weights opened from it) into d. */
+rlx_status rlx__model_desc_from_gguf(const rlx_weights *w, rlx__model_desc *d);
+
+/* Helpers for the architectures' config.json readers: an integer in [min, max] (absent or null
+ * takes dflt, unless dflt is RLX__REQUIRED), a positive number, a boolean; errors name path and
+ * key, as config.c documents. */
+#define RLX__REQUIRED INT64_MIN
+rlx_status rlx__hf_int(const char *path, const cJSON *obj, const char *key, int64_t dflt, int64_t min, int64_t max,
+                       int64_t *out);
+rlx_status rlx__hf_bool(const char *path, const cJSON *obj, const char *key, int dflt, int *out);
+rlx_status rlx__hf_wrong_type(const char *path, const char *field, const char *expected, const cJSON *item);
+
+/* The fields every decoder-only Hugging Face config has (vocab_size, hidden_size,
+ * intermediate_size, num_hidden_layers, heads, rms_norm_eps, head_dim, max_position_embeddings,
+ * rope_theta and rope_scaling, tie_word_embeddings) into d, allocating d->layers (all dense,
+ * full attention). */
+typedef struct rlx__hf_defaults {
+    int intermediate_optional; /* 1: intermediate_size may be absent (0) */
+    int64_t head_dim;          /* head_dim's default; 0: hidden_size / num_attention_heads */
+    int64_t max_position_embeddings;
+} rlx__hf_defaults;
+rlx_status rlx__hf_read_decoder(const char *path, const cJSON *root, const rlx__hf_defaults *def, rlx__model_desc *d);
+/* Qwen2-style sliding windows (use_sliding_window, sliding_window, max_window_layers, or an explicit
+ * layer_types list) into cfg's fields and each layer's window. */
+rlx_status rlx__hf_read_qwen_sliding(const char *path, const cJSON *root, rlx__model_desc *d);
+
+/* Helpers for the GGUF readers: "ARCH.name" as a positive count (optional keys give dflt) or a
+ * positive number. */
+int64_t rlx__gguf_cfg_int(rlx__gguf_cfg *r, const char *name, int optional, int64_t dflt);
+double rlx__gguf_cfg_float(rlx__gguf_cfg *r, const char *name, double dflt);
+/* The keys llama.cpp writes for every decoder (embedding_length, block_count, head counts,
+ * context_length, vocab_size, feed_forward_length, rms epsilon, rope.freq_base, key/value
+ * lengths) into d, allocating d->layers; tie_word_embeddings from output.weight's absence. */
+rlx_status rlx__gguf_read_decoder(rlx__gguf_cfg *r, int ff_optional, rlx__model_desc *d);
+
+// ---- shared blocks (blocks.c)
+
+/* The model's tensors, for the block builder (model.c). */
+const rlx_weight *rlx__model_find(const rlx_model *m, const char *name);
+const rlx__model_desc *rlx__model_desc_of(const rlx_model *m);
+
+/* One layer being built. */
+typedef struct rlx__blk_layer {
+    char tensors[64]; /* Hugging Face name prefix of its tensors: "model.layers.3." */
+    char nodes[32];   /* graph name prefix: "layers.3." */
+    uint32_t index;   /* rlx_op_params.layer */
+    rlx__layer kind;
+} rlx__blk_layer;
+
+/* A graph under construction. The first failure stays in rc and makes later calls return -1
+ * without adding anything (one check at the end). */
+struct rlx__blk {
+    const rlx_model *m;
+    const rlx__model_desc *d;
+    rlx_graph *g;
+    const rlx__blk_layer *layer; /* the layer being built, NULL outside one */
+    int pos, seq, kc, vc;        /* positions, slots (-1: one sequence) and the layer's caches */
+    rlx_status rc;
+};
+
+/* The weight of role in the current layer (expert e of an expert role, else -1), declared in the
+ * graph once per name; its shape and dtype checked (rlx__check_weight). */
+int rlx__blk_weight(rlx__blk *b, rlx__role role, int64_t expert);
+/* Whether the current layer (or the model, for a top-level role) has role's tensor. */
+int rlx__blk_has(rlx__blk *b, rlx__role role);
+/* A top-level weight of the given name and shape (the MTP head's). */
+int rlx__blk_named_weight(rlx__blk *b, const char *name, int64_t rows, int64_t cols);
+int rlx__blk_input(rlx__blk *b, rlx_tensor_role role, const char *name, rlx_dtype dtype, uint32_t n_dims,
+                   const int64_t *shape);
+int rlx__blk_node(rlx__blk *b, rlx_op op, const char *name, const int *in, uint32_t n, const rlx_op_params *p);
+int rlx__blk_node2(rlx__blk *b, rlx_op op, const char *name, int x, int y, const rlx_op_params *p);
+/* Nodes are named after the current layer ("layers.3." + name), or name alone outside one. */
+int rlx__blk_rms_norm(rlx__blk *b, const char *name, int x, int weight);
+int rlx__blk_add(rlx__blk *b, const char *name, int x, int y);
+/* Self-attention of the current layer on h: q/k/v projections (with their biases when the layer
+ * has them), per-head q/k norms when it has them, RoPE, attention over the cache (sliding when
+ * the layer's window is set), the output projection. */
+int rlx__blk_attention(rlx__blk *b, int h);
+/* SwiGLU MLP: down(silu(gate(h)) * up(h)). */
+int rlx__blk_gated_mlp(rlx__blk *b, int h);
+/* Mixture of experts: a router picks top-k experts per row, each a SwiGLU MLP. */
+int rlx__blk_moe(rlx__blk *b, int h);
+/* The pre-norm decoder layer of the Llama family: x + attention(norm(x)), then + mlp(norm(x))
+ * with the layer's MLP dense or a mixture of experts. */
+int rlx__blk_decoder_layer(rlx__blk *b, int x);
+
+/* Checks the tensor found for name against the shape wanted ([rows] when cols is 0) and the
+ * dtypes a block reads; returns w, or NULL with *rc set (w NULL is a missing tensor). */
+const rlx_weight *rlx__check_weight(const rlx_model *m, const char *name, const rlx_weight *w, int64_t rows,
+                                    int64_t cols, int router, rlx_status *rc);
+
+// ---- the architectures (core/src/model/arch/*.c)
+
+extern const rlx__arch rlx__arch_qwen3;
+extern const rlx__arch rlx__arch_qwen3_moe;
+extern const rlx__arch rlx__arch_qwen2;
+
+/* Qwen3's tensor table (with Qwen3-MoE's expert rows, which a dense layer never applies) and its
+ * attention configuration, which Qwen3-MoE shares (arch/qwen3.c). */
+extern const rlx__tensor rlx__qwen3_tensors[];
+/* attention_bias (all four projections) and the sliding windows of a Qwen3 config.json. */
+rlx_status rlx__qwen3_read_hf_attention(const char *path, const cJSON *root, rlx__model_desc *d);
+/* The same from a GGUF file: biases are there when blk.0.attn_q.bias is. */
+void rlx__qwen3_read_gguf_attention(rlx__gguf_cfg *r, rlx__model_desc *d);
+
+#endif
