@@ -98,6 +98,15 @@ typedef struct rlx_encode_options {
      * of the prefix, besides the UTF-8 check of the whole text and NFC normalisation (which a
      * normalizer applies to the text between added tokens, whole). */
     size_t max_ids;
+    /* Not 0: the ids the model's files put around a text are added, as Hugging Face's
+     * encode(text, add_special_tokens=True) does: tokenizer.json's post_processor
+     * (TemplateProcessing "single"), or tokenizer_config.json's add_bos_token / add_eos_token
+     * where given; for a GGUF file tokenizer.ggml.add_bos_token / add_eos_token, else llama.cpp's
+     * default for its tokenizer (BOS for 'llama' and the Llama 3 pre-tokenizers). They count
+     * toward max_ids. Raw prompts want them (Llama 3, Mistral: a BOS; Qwen3: nothing); a chat
+     * template writes its own bos_token text, so a rendered chat is encoded without them, as
+     * Hugging Face's apply_chat_template does. */
+    int add_special;
 } rlx_encode_options;
 
 /* rlx_tokenizer_encode with options (opts NULL: parse_special 0, no spans, no limit). truncated
