@@ -1,10 +1,13 @@
 /* Decoding ids to UTF-8, whole or one token at a time.
  *
- * tokenizers' decode concatenates the bytes of the ByteLevel tokens between added tokens and
- * turns them into a string with String::from_utf8_lossy, which replaces each maximal invalid
- * subsequence by one U+FFFD; added tokens are appended as they are. A byte-at-a-time UTF-8
- * decoder with the same replacement rule (the WHATWG one) gives the same text whether the bytes
- * arrive at once or token by token, which is what the streaming decoder relies on. */
+ * tokenizers' decode passes every token (added ones too) through the decoder. ByteLevel
+ * concatenates the tokens' bytes and turns them into a string with String::from_utf8_lossy,
+ * which replaces each maximal invalid subsequence by one U+FFFD; a byte-at-a-time UTF-8 decoder
+ * with the same replacement rule (the WHATWG one) gives the same text whether the bytes arrive
+ * at once or token by token, which is what the streaming decoder relies on. The other decoders
+ * (TEXT) work on token strings: Replace (or Metaspace) is precomputed into each token's bytes,
+ * ByteFallback turns a run of <0xNN> tokens into its bytes when they are UTF-8 and into one
+ * U+FFFD per byte when not, and Strip (after Fuse) drops leading characters of the whole text. */
 #include <stdlib.h>
 #include <string.h>
 

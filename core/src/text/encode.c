@@ -1,10 +1,12 @@
-/* Encoding: added-token splitting, NFC, the pre-tokenizer regex and byte-level BPE.
+/* Encoding: added-token splitting, the normalizer, the pre-tokenizer and BPE.
  *
  * The order of steps and every tie-break follow tokenizers' TokenizerImpl::encode_single_sequence:
- * AddedVocabulary::extract_and_normalize, then the Split pre-tokenizer, then BPE::merge_word with
- * its priority queue (lowest rank first, then leftmost; stale entries dropped when the pair at
- * their position no longer yields the same token). Words are BPE'd from their raw bytes: the
- * ByteLevel alphabet is a bijection, so byte i of a word is the symbol "bytes_to_unicode(i)". */
+ * AddedVocabulary::extract_and_normalize, then the pre-tokenizer (Split regex, Metaspace, or the
+ * piece whole), then BPE::merge_word with its priority queue (lowest rank first, then leftmost;
+ * stale entries dropped when the pair at their position no longer yields the same token). With
+ * ByteLevel, words are BPE'd from their raw bytes: the alphabet is a bijection, so byte i of a
+ * word is the symbol "bytes_to_unicode(i)". Without it a word's symbols are its characters, as
+ * the vocabulary spells them, with byte fallback or the unknown token for the others. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>

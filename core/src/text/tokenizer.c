@@ -1,4 +1,5 @@
-/* Loading a Hugging Face tokenizer.json (byte-level BPE) and tokenizer_config.json.
+/* Loading a Hugging Face tokenizer.json (byte-level or SentencePiece-style BPE) and
+ * tokenizer_config.json.
  *
  * What is accepted, and how added tokens get their ids, follows the Rust `tokenizers` library
  * (TokenizerImpl deserialisation, AddedVocabulary::add_tokens) and transformers'
