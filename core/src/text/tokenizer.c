@@ -401,18 +401,23 @@ static rlx_status one_char(const char *path, const char *where, const char *s, c
     return RLX_OK;
 }
 
-/* A decoder step; *fused says whether a Fuse came before (a Strip must follow one: it then
- * strips the whole text, not each token). */
-static rlx_status load_decoder_step(rlx_tokenizer *tok, const char *path, const cJSON *dec, int *fused) {
+/* What a decoder's steps have had so far: a Fuse (a Strip must follow one: it then strips the
+ * whole text, not each token), a ByteLevel, any other step. */
+typedef struct decoder_seen {
+    int fused, byte_level, text;
+} decoder_seen;
+
+static rlx_status load_decoder_step(rlx_tokenizer *tok, const char *path, const cJSON *dec, decoder_seen *seen) {
     rlx_status st;
     const char *type = type_of(dec);
     if (!type)
         return rlx_error(RLX_E_FORMAT, "%s: decoder must be null or an object with a type", path);
     if (strcmp(type, "ByteLevel") == 0) {
-        tok->decode_kind = TEXT_DECODE_BYTE_LEVEL;
+        seen->byte_level = 1;
         return RLX_OK;
     }
-    tok->decode_kind = TEXT_DECODE_TEXT;
+    if (strcmp(type, "Sequence") != 0)
+        seen->text = 1;
     if (strcmp(type, "Replace") == 0) {
         const char *from, *to;
         if ((st = replace_pattern(path, "decoder", dec, &from, &to)) != RLX_OK)
@@ -425,7 +430,7 @@ static rlx_status load_decoder_step(rlx_tokenizer *tok, const char *path, const 
         return RLX_OK;
     }
     if (strcmp(type, "Fuse") == 0) {
-        *fused = 1;
+        seen->fused = 1;
         return RLX_OK;
     }
     if (strcmp(type, "Strip") == 0) {
@@ -437,7 +442,7 @@ static rlx_status load_decoder_step(rlx_tokenizer *tok, const char *path, const 
         if ((start && !rlx__json_int(start, &n_start)) || (stop && !rlx__json_int(stop, &n_stop)) || n_start < 0 ||
             n_start > 64 || n_stop < 0)
             return rlx_error(RLX_E_FORMAT, "%s: decoder Strip needs counts 'start' and 'stop' (0 to 64)", path);
-        if (n_stop > 0 || !*fused)
+        if (n_stop > 0 || !seen->fused)
             return rlx_error(RLX_E_UNSUPPORTED,
                              "%s: decoder Strip is supported only after a Fuse and with stop 0 (leading characters)",
                              path);
@@ -465,7 +470,7 @@ static rlx_status load_decoder_step(rlx_tokenizer *tok, const char *path, const 
         if (!cJSON_IsArray(list))
             return rlx_error(RLX_E_FORMAT, "%s: decoder Sequence needs a 'decoders' list", path);
         for (const cJSON *e = list->child; e; e = e->next)
-            if ((st = load_decoder_step(tok, path, e, fused)) != RLX_OK)
+            if ((st = load_decoder_step(tok, path, e, seen)) != RLX_OK)
                 return st;
         return RLX_OK;
     }
@@ -482,12 +487,12 @@ static rlx_status load_decoder(rlx_tokenizer *tok, const char *path, const cJSON
         tok->decode_kind = TEXT_DECODE_BYTE_LEVEL;
         return RLX_OK;
     }
-    int fused = 0;
-    rlx_status st = load_decoder_step(tok, path, dec, &fused);
-    if (st == RLX_OK && tok->decode_kind == TEXT_DECODE_BYTE_LEVEL &&
-        (tok->n_dec_replace || tok->dec_byte_fallback || tok->dec_strip))
+    decoder_seen seen = {0};
+    rlx_status st = load_decoder_step(tok, path, dec, &seen);
+    if (st == RLX_OK && seen.byte_level && seen.text)
         return rlx_error(RLX_E_UNSUPPORTED, "%s: a ByteLevel decoder combined with other decoders is not supported",
                          path);
+    tok->decode_kind = seen.byte_level ? TEXT_DECODE_BYTE_LEVEL : TEXT_DECODE_TEXT;
     if (st == RLX_OK && tok->dec_metaspace_first && tok->n_dec_replace > 1)
         return rlx_error(RLX_E_UNSUPPORTED, "%s: a Metaspace decoder combined with Replace decoders is not supported",
                          path);
