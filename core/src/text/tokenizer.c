@@ -457,7 +457,7 @@ static rlx_status load_decoder_step(rlx_tokenizer *tok, const char *path, const 
             (st = opt_bool(path, "decoder Metaspace", dec, "add_prefix_space", 1, &prefix)) != RLX_OK)
             return st;
         char c[5];
-        uint32_t c_len;
+        uint32_t c_len = 0;
         if ((st = one_char(path, "decoder Metaspace replacement", rep, c, &c_len)) != RLX_OK)
             return st;
         tok->dec_metaspace_first = scheme ? strcmp(scheme, "never") != 0 : prefix;
@@ -1237,7 +1237,7 @@ static rlx_status load_tokenizer_json(rlx_tokenizer *tok, const char *path, cons
     const cJSON *model = get(root, "model");
     if (!cJSON_IsObject(model))
         return rlx_error(RLX_E_FORMAT, "%s: missing the 'model' object", path);
-    const char *unk;
+    const char *unk = NULL;
     if ((st = check_model_options(tok, path, model, &unk)) != RLX_OK)
         return st;
     int ignore_merges;
