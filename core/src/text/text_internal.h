@@ -59,6 +59,17 @@ typedef enum { TEXT_PREPEND_NEVER, TEXT_PREPEND_FIRST, TEXT_PREPEND_ALWAYS } tex
  * replacement character as a space) applied, precomputed as its bytes. */
 typedef enum { TEXT_DECODE_BYTE_LEVEL, TEXT_DECODE_TEXT } text_decode_kind;
 
+/* The byte-level pre-tokenizers llama.cpp names in tokenizer.ggml.pre: the split regex of the
+ * tokenizer.json each stands for, whether that file normalizes to NFC, sets ignore_merges, and
+ * whether llama.cpp adds a BOS by default. The GGUF reader goes from name to pattern, the GGUF
+ * writer from pattern to name (the first entry of a pattern is its usual name). */
+typedef struct text_pretok_name {
+    const char *name, *pattern;
+    int nfc, ignore_merges, add_bos;
+} text_pretok_name;
+extern const text_pretok_name rlx__pretok_names[];
+extern const size_t rlx__n_pretok_names;
+
 typedef struct text_cache {
     pthread_mutex_t lock;
     uint64_t *hashes;  /* per slot */
@@ -130,6 +141,7 @@ struct rlx_tokenizer {
 
     pcre2_code *re;
     int re_jit;
+    const text_pretok_name *pre_name; /* the regex is one llama.cpp names, or NULL */
 
     text_added *added;
     size_t n_added;

@@ -257,6 +257,9 @@ rlx_status rlx__pretok_regex(rlx_tokenizer *tok, const char *path, const char *p
                          (const char *)msg, (size_t)err_off, pattern);
     }
     tok->re_jit = pcre2_jit_compile(tok->re, PCRE2_JIT_COMPLETE) == 0;
+    for (size_t i = 0; i < rlx__n_pretok_names && !literal && !tok->pre_name; i++)
+        if (strcmp(pattern, rlx__pretok_names[i].pattern) == 0)
+            tok->pre_name = &rlx__pretok_names[i];
     return RLX_OK;
 }
 
@@ -276,6 +279,18 @@ static rlx_status check_byte_level(const char *path, const cJSON *bl, int want_r
 }
 
 const char rlx__gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+/* Qwen2's and Llama 3's split patterns, as their tokenizer.json files have them */
+static const char qwen2_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+                                    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char llama3_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+                                     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+const text_pretok_name rlx__pretok_names[] = {
+    {"qwen2", qwen2_pattern, 1, 0, 0},    {"llama-bpe", llama3_pattern, 0, 1, 1},
+    {"llama3", llama3_pattern, 0, 1, 1},  {"llama-v3", llama3_pattern, 0, 1, 1},
+    {"gpt2", rlx__gpt2_pattern, 0, 0, 0}, {"default", rlx__gpt2_pattern, 0, 0, 0},
+};
+const size_t rlx__n_pretok_names = sizeof rlx__pretok_names / sizeof rlx__pretok_names[0];
 
 /* Metaspace: ' ' becomes the replacement character, prepended as prepend_scheme says (older files
  * have add_prefix_space instead: always or never), and with split every replacement starts a word. */

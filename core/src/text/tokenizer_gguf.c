@@ -28,13 +28,6 @@ enum {
     TOKEN_BYTE = 6
 };
 
-/* The split patterns of the tokenizer.json files that llama.cpp names by tokenizer.ggml.pre
- * (the Split pre-tokenizer's regex of each, as Hugging Face runs it). */
-static const char qwen2_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
-                                    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char llama3_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
-                                     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-
 static int str_is(rlx__gguf_str s, const char *lit) { return s.len == strlen(lit) && memcmp(s.s, lit, s.len) == 0; }
 
 /* A normalizer or decoder step over literal strings. */
@@ -86,21 +79,19 @@ static rlx_status pipeline(rlx_tokenizer *tok, const rlx__gguf *g, int *spm, int
     tok->decode_kind = TEXT_DECODE_BYTE_LEVEL;
     if ((st = rlx__gguf_string(g, "tokenizer.ggml.pre", 1, &pre)) != RLX_OK && st != RLX_E_NOT_FOUND)
         return st;
-    if (str_is(pre, "qwen2")) { /* Qwen2's tokenizer.json normalises to NFC */
-        if ((st = step(tok, tok->norm, &tok->n_norm, TEXT_NORM_NFC, "", NULL)) != RLX_OK)
+    for (size_t i = 0; i < rlx__n_pretok_names; i++) {
+        const text_pretok_name *p = &rlx__pretok_names[i];
+        if (!str_is(pre, p->name))
+            continue;
+        if (p->nfc && (st = step(tok, tok->norm, &tok->n_norm, TEXT_NORM_NFC, "", NULL)) != RLX_OK)
             return st;
-        return rlx__pretok_regex(tok, g->path, qwen2_pattern, 0);
+        tok->ignore_merges = p->ignore_merges;
+        *add_bos = p->add_bos;
+        return rlx__pretok_regex(tok, g->path, p->pattern, 0);
     }
-    if (str_is(pre, "llama-bpe") || str_is(pre, "llama3") || str_is(pre, "llama-v3")) {
-        tok->ignore_merges = 1; /* Llama 3's tokenizer.json sets it, and llama.cpp does for these */
-        *add_bos = 1;
-        return rlx__pretok_regex(tok, g->path, llama3_pattern, 0);
-    }
-    if (str_is(pre, "gpt2") || str_is(pre, "default"))
-        return rlx__pretok_regex(tok, g->path, rlx__gpt2_pattern, 0);
     return rlx_error(RLX_E_UNSUPPORTED,
                      "%s: tokenizer.ggml.pre '%.*s' (rlx runs the qwen2, llama-bpe (llama3, llama-v3) and gpt2 "
-                     "pre-tokenizers)",
+                     "(default) pre-tokenizers)",
                      g->path, (int)(pre.len < 32 ? pre.len : 32), pre.s);
 }
 
