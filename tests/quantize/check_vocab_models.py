@@ -4,7 +4,9 @@ SentencePiece-style one (the npm copies tests/text fetched, beside a one-layer r
 as many embedding rows as the tokenizer has ids): the kind llama.cpp would write
 (tokenizer.ggml.model gpt2 with pre llama-bpe, or llama with scores, byte and unknown token types
 and no merges), add_bos_token as the files say, and rlx tokenizes texts to the same ids from the
-GGUF file as from the directory, with and without --add-special and special-token parsing.
+GGUF file as from the directory, with and without --add-special and special-token parsing; and
+rlx generate's raw prompt gets the BOS these models ask for (its n_prompt counts the ids of
+tokenize --add-special, one more than without).
 
   check_vocab_models.py --rlx BIN --npm DIR --workdir DIR
 """
@@ -55,6 +57,16 @@ def main():
                 if ids[0] != ids[1] or not ids[0].strip():
                     failures.append(f"{name} {flags} {text!r}: ids from the GGUF file {ids[1].strip()} differ from "
                                     f"the directory's {ids[0].strip()}")
+        for m in (model, out):
+            counts = [len(subprocess.run([args.rlx, "tokenize", "-m", m, "-p", "Hello world"] + flags,
+                                         capture_output=True, text=True).stdout.split())
+                      for flags in ([], ["--add-special"])]
+            p = subprocess.run([args.rlx, "generate", "-m", m, "-p", "Hello world", "-n", "1", "--greedy", "--json"],
+                               capture_output=True, text=True, timeout=300)
+            n_prompt = json.loads(p.stdout)["n_prompt"] if p.returncode == 0 else None
+            if n_prompt != counts[1] or counts[1] != counts[0] + 1:
+                failures.append(f"{name} {os.path.basename(m)}: generate's prompt has {n_prompt} ids, tokenize "
+                                f"{counts[0]} and with --add-special {counts[1]} ({p.stderr.strip()[-200:]})")
         print(f"{name}: {len(types)} tokens, {kind}")
     return verdict(failures)
 
