@@ -45,8 +45,9 @@ static int prompt_ids(const app_runtime *rt, const char *tokens, const char *pro
         free(rendered);
         free(markup);
     } else {
-        /* special tokens in raw text are parsed, as Hugging Face's tokenizer(text) and llama.cpp do */
-        rlx_encode_options eo = {.size = sizeof eo, .parse_special = 1, .max_ids = max_ids};
+        /* special tokens in raw text are parsed, and the BOS the model wants is added (Llama 3,
+         * Mistral; not Qwen3), as Hugging Face's tokenizer(text) and llama.cpp do */
+        rlx_encode_options eo = {.size = sizeof eo, .parse_special = 1, .max_ids = max_ids, .add_special = 1};
         rc = rlx_tokenizer_encode_ex(*tok, prompt, strlen(prompt), &eo, ids, n, over);
     }
     if (rc != RLX_OK)

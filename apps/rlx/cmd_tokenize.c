@@ -8,10 +8,10 @@
 #include "rlx/text.h"
 
 static const char tokenize_usage[] =
-    "usage: rlx tokenize [-m PATH] (-p TEXT | -f FILE) [--no-special]\n\n"
+    "usage: rlx tokenize [-m PATH] (-p TEXT | -f FILE) [--no-special] [--add-special]\n\n"
     "Prints the token ids of TEXT (or of FILE's bytes, '-' for stdin) on one line, separated by\n"
     "spaces, exactly as the Hugging Face tokenizer of DIR/tokenizer.json encodes them (no BOS/EOS\n"
-    "is added).\n\n";
+    "is added unless --add-special).\n\n";
 
 static const char detokenize_usage[] = "usage: rlx detokenize [-m PATH] --ids 1,2,3 [--skip-special]\n\n"
                                        "Prints the text of the token ids (no newline is added).\n\n";
@@ -29,12 +29,16 @@ static int load(app_options *o, const char *cmd, rlx_tokenizer **tok) {
 
 int cmd_tokenize(int argc, char **argv, app_options *o) {
     const char *text = NULL, *file = NULL;
-    int no_special = 0;
+    int no_special = 0, add_special = 0;
     const app_opt own[] = {
         {'p', "prompt", "text", "TEXT", "the text to encode (UTF-8)", APP_OPT_STRING, &text},
         {'f', "file", NULL, "FILE", "encode the bytes of FILE instead ('-': standard input)", APP_OPT_STRING, &file},
         {0, "no-special", NULL, NULL, "treat special tokens such as <|im_end|> in the text as plain text", APP_OPT_FLAG,
          &no_special},
+        {0, "add-special", NULL, NULL,
+         "add the BOS/EOS the model's files ask for (as generate does for a raw prompt; Hugging Face's "
+         "add_special_tokens=True)",
+         APP_OPT_FLAG, &add_special},
     };
     const app_opt_group groups[] = {APP_OPT_GROUP("tokenize:", own), app_model_group(o)};
     int exit_status;
@@ -55,7 +59,8 @@ int cmd_tokenize(int argc, char **argv, app_options *o) {
     int32_t *ids = NULL;
     size_t n = 0;
     int status = 0;
-    if (rlx_tokenizer_encode(tok, file ? buf : text, file ? len : strlen(text), !no_special, &ids, &n) != RLX_OK) {
+    rlx_encode_options eo = {.size = sizeof eo, .parse_special = !no_special, .add_special = add_special};
+    if (rlx_tokenizer_encode_ex(tok, file ? buf : text, file ? len : strlen(text), &eo, &ids, &n, NULL) != RLX_OK) {
         status = app_fail_rlx(file ? "tokenize: cannot encode the file" : "tokenize: cannot encode the text");
     } else {
         for (size_t i = 0; i < n; i++)

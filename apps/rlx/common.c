@@ -182,6 +182,8 @@ rlx_status app_chat_render(const rlx_tokenizer *tok, const app_chat *chat, int t
 rlx_status app_encode_chat(const rlx_tokenizer *tok, const char *text, const rlx_text_span *markup, size_t n_markup,
                            int special_in_content, size_t max_ids, int32_t **ids, size_t *n_ids, int *truncated) {
     static const rlx_text_span no_markup; /* a rendering may have none; NULL would mean "no spans" */
+    /* no add_special: a chat template writes bos_token itself, and Hugging Face's
+     * apply_chat_template encodes without add_special_tokens, so there is never a second BOS */
     rlx_encode_options eo = {.size = sizeof eo, .parse_special = 1, .max_ids = max_ids};
     if (!special_in_content) {
         eo.special_spans = markup ? markup : &no_markup;

@@ -745,15 +745,16 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
         goto done;
     /* A prompt must leave a slot one position, so its encoding stops past slot_positions - 1 ids:
      * an over-long prompt costs the tokens of a slot, not of the body. Special tokens in a raw
-     * completion prompt are parsed, as llama-server and Hugging Face's tokenizer(text) do; in chat
-     * messages they are text unless --special-in-content. */
+     * completion prompt are parsed, and the model's BOS added where it wants one, as llama-server and
+     * Hugging Face's tokenizer(text) do; in chat messages they are text unless --special-in-content,
+     * and the template writes its own BOS. */
     const size_t max_ids = s->slot_positions > 1 ? s->slot_positions - 1 : 1;
     rlx_status st = RLX_OK;
     if (text && ep == SERVE_CHAT) {
         st = app_encode_chat(s->tok, text, markup, n_markup, s->special_in_content, max_ids, &j->prompt, &j->n_prompt,
                              &over);
     } else if (text) {
-        rlx_encode_options eo = {.size = sizeof eo, .parse_special = 1, .max_ids = max_ids};
+        rlx_encode_options eo = {.size = sizeof eo, .parse_special = 1, .max_ids = max_ids, .add_special = 1};
         st = rlx_tokenizer_encode_ex(s->tok, text, strlen(text), &eo, &j->prompt, &j->n_prompt, &over);
     }
     if (st != RLX_OK) {

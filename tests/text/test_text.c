@@ -53,9 +53,11 @@ static const char qwen_regex[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p
                                  "?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+";
 
 typedef struct tok_opts {
-    const char *normalizer; /* JSON, default {"type": "NFC"} */
-    int pair_merges;        /* merges as ["a", "b"] */
-    const char *bad_merge;  /* an extra merge entry, as JSON */
+    const char *normalizer;     /* JSON, default {"type": "NFC"} */
+    int pair_merges;            /* merges as ["a", "b"] */
+    const char *bad_merge;      /* an extra merge entry, as JSON */
+    const char *post_processor; /* JSON, default null */
+    const char *decoder;        /* JSON, default {"type": "ByteLevel"} */
 } tok_opts;
 
 static void write_file(const char *name, const char *text) {
@@ -95,7 +97,8 @@ static void write_tokenizer(const tok_opts *o) {
             "{\"Regex\": \"%s\"}, \"behavior\": \"Isolated\", \"invert\": false}, {\"type\": \"ByteLevel\", "
             "\"add_prefix_space\": false, \"trim_offsets\": false, \"use_regex\": false}]},\n",
             qwen_regex);
-    fprintf(f, "\"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"},\n");
+    fprintf(f, "\"post_processor\": %s, \"decoder\": %s,\n", o->post_processor ? o->post_processor : "null",
+            o->decoder ? o->decoder : "{\"type\": \"ByteLevel\"}");
     fprintf(f, "\"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, \"byte_fallback\": false, "
                "\"vocab\": {");
     for (int b = 0; b < 256; b++)
@@ -180,6 +183,88 @@ static void test_load_unsupported_normalizer(void **state) {
     rlx_tokenizer *tok;
     assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_E_UNSUPPORTED);
     assert_non_null(strstr(rlx_last_error(), "NFKC"));
+}
+
+/* A component the tokenizer does not implement is refused naming it, not run differently. */
+static void test_load_unsupported_components(void **state) {
+    (void)state;
+    static const struct {
+        tok_opts o;
+        const char *named;
+    } cases[] = {
+        {{.normalizer = "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \" +\"}, \"content\": \" \"}"}, "Regex"},
+        {{.post_processor = "{\"type\": \"RobertaProcessing\", \"sep\": [\"</s>\", 2], \"cls\": [\"<s>\", 0]}"},
+         "RobertaProcessing"},
+        {{.decoder = "{\"type\": \"WordPiece\", \"prefix\": \"##\"}"}, "WordPiece"},
+        {{.decoder = "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"Fuse\"}, {\"type\": \"Strip\", "
+                     "\"content\": \" \", \"start\": 0, \"stop\": 1}]}"},
+         "Strip"},
+        {{.decoder =
+              "{\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteLevel\"}, {\"type\": \"ByteFallback\"}]}"},
+         "ByteLevel decoder combined"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_tokenizer(&cases[i].o);
+        rlx_tokenizer *tok = (rlx_tokenizer *)&tok;
+        assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_E_UNSUPPORTED);
+        assert_null(tok);
+        assert_non_null(strstr(rlx_last_error(), cases[i].named));
+    }
+}
+
+/* add_special: the TemplateProcessing post-processor's single template, or tokenizer_config.json's
+ * add_bos_token / add_eos_token where given. */
+static void test_add_special(void **state) {
+    (void)state;
+    tok_opts o = {.post_processor =
+                      "{\"type\": \"Sequence\", \"processors\": [{\"type\": \"ByteLevel\"}, "
+                      "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": "
+                      "\"<mask>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}, "
+                      "{\"SpecialToken\": {\"id\": \"<|im_end|>\", \"type_id\": 0}}], \"special_tokens\": "
+                      "{\"<mask>\": {\"id\": \"<mask>\", \"ids\": [265]}, \"<|im_end|>\": {\"id\": "
+                      "\"<|im_end|>\", \"ids\": [263]}}}]}"};
+    write_tokenizer(&o);
+    rlx_tokenizer *tok;
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_OK);
+    int32_t *ids;
+    size_t n;
+    int truncated;
+    rlx_encode_options eo = {.size = sizeof eo, .add_special = 1};
+    assert_int_equal(rlx_tokenizer_encode_ex(tok, "hello", 5, &eo, &ids, &n, NULL), RLX_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(ids[0], 265);
+    assert_int_equal(ids[1], 262);
+    assert_int_equal(ids[2], 263);
+    free(ids);
+    /* an empty text still gets them, as Hugging Face's encode("") does */
+    assert_int_equal(rlx_tokenizer_encode_ex(tok, "", 0, &eo, &ids, &n, NULL), RLX_OK);
+    assert_int_equal(n, 2);
+    free(ids);
+    /* they count toward max_ids */
+    eo.max_ids = 1;
+    assert_int_equal(rlx_tokenizer_encode_ex(tok, "hello", 5, &eo, &ids, &n, &truncated), RLX_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(ids[0], 265);
+    assert_true(truncated);
+    free(ids);
+    expect_ids(tok, "hello", 1, (const int32_t[]){262}, 1); /* without add_special: the text alone */
+    rlx_tokenizer_close(tok);
+
+    /* add_bos_token / add_eos_token override the template */
+    write_file("tokenizer_config.json", "{\"bos_token\": \"<think>\", \"eos_token\": \"<|im_end|>\", "
+                                        "\"add_bos_token\": true, \"add_eos_token\": false}");
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_OK);
+    eo.max_ids = 0;
+    assert_int_equal(rlx_tokenizer_encode_ex(tok, "hello", 5, &eo, &ids, &n, NULL), RLX_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(ids[0], 264);
+    assert_int_equal(ids[1], 262);
+    free(ids);
+    rlx_tokenizer_close(tok);
+    write_file("tokenizer_config.json", "{\"add_bos_token\": true}");
+    assert_int_equal(rlx_tokenizer_open(dir, &tok), RLX_E_FORMAT);
+    assert_non_null(strstr(rlx_last_error(), "add_bos_token"));
+    remove_file("tokenizer_config.json");
 }
 
 static void test_load_bad_merge(void **state) {
@@ -656,6 +741,8 @@ int main(void) {
         cmocka_unit_test(test_load_malformed_json),
         cmocka_unit_test(test_load_missing_model),
         cmocka_unit_test(test_load_unsupported_normalizer),
+        cmocka_unit_test(test_load_unsupported_components),
+        cmocka_unit_test(test_add_special),
         cmocka_unit_test(test_load_bad_merge),
         cmocka_unit_test(test_merges_both_formats),
         cmocka_unit_test(test_digits_and_spaces),

@@ -1,17 +1,17 @@
-/* Text: the byte-level BPE tokenizer of a Hugging Face `tokenizer.json` and the model's chat
- * template, so that token ids are bit-identical to the Hugging Face `tokenizers` library.
- *
- * Supported tokenizer.json (the Qwen2/Qwen3 family, also GPT-2-style byte-level BPE):
- *   normalizer     null or NFC (also inside a Sequence);
- *   pre_tokenizer  Sequence[Split(Regex, behavior Isolated, invert false), ByteLevel(use_regex
- *                  false, add_prefix_space false)], or a ByteLevel with use_regex true (the GPT-2
- *                  regex), add_prefix_space false;
- *   model          BPE with merges as "a b" strings or [a, b] pairs, no dropout, no byte fallback,
- *                  no continuing_subword_prefix or end_of_word_suffix, ignore_merges either way;
- *   decoder        ByteLevel (or null).
+/* Text: the BPE tokenizer of a Hugging Face `tokenizer.json` (or a GGUF file's tokenizer.ggml.*)
+ * and the model's chat template, so that token ids are bit-identical to the Hugging Face
+ * `tokenizers` library. docs/tokenizers.md has the whole list; in short:
+ *   normalizer     null, NFC, Prepend, Replace (String pattern), Sequence of those;
+ *   pre_tokenizer  ByteLevel (GPT-2's regex), Sequence[Split(Regex, Isolated), ByteLevel]
+ *                  (Qwen2/3's, Llama 3's regex), Metaspace, or null (one word per piece);
+ *   model          BPE with merges as "a b" strings or [a, b] pairs, ignore_merges,
+ *                  byte_fallback, unk_token / fuse_unk; no dropout, continuing_subword_prefix
+ *                  or end_of_word_suffix;
+ *   decoder        ByteLevel, or Replace / ByteFallback / Fuse / Strip / Metaspace in a Sequence;
+ *   post_processor TemplateProcessing, ByteLevel (applied only with add_special).
  * Anything else is RLX_E_UNSUPPORTED naming the file and the component, rather than ids that
- * quietly differ from Hugging Face's. The post_processor is not applied: encoding gives what
- * Hugging Face's encode(text, add_special_tokens=False) gives (no BOS/EOS is ever added).
+ * quietly differ from Hugging Face's. Encoding gives what Hugging Face's encode(text,
+ * add_special_tokens=False) gives unless rlx_encode_options.add_special asks for the BOS/EOS.
  *
  * Encoding follows tokenizers' TokenizerImpl: added tokens are split off first (leftmost-longest
  * match; tokens with normalized=false on the raw text, then normalized=true ones on the
@@ -45,7 +45,9 @@ typedef struct rlx_tokenizer rlx_tokenizer;
  * is not JSON or lacks a required part is RLX_E_FORMAT, an unsupported component is
  * RLX_E_UNSUPPORTED; each message names the file. On failure *out is NULL and nothing leaks.
  * model_dir may also be a GGUF file: the tokenizer is then its tokenizer.ggml.* metadata (model
- * gpt2, pre-tokenizer qwen2 or gpt2), which gives the ids the checkpoint's tokenizer.json gives:
+ * gpt2 with pre-tokenizer qwen2, llama-bpe (llama3, llama-v3) or gpt2; or model llama, a
+ * SentencePiece BPE merged by tokenizer.ggml.scores as llama.cpp does), which gives the ids the
+ * checkpoint's tokenizer.json gives:
  * normal tokens form the BPE vocabulary, control tokens are the special added tokens and
  * user-defined ones the other added tokens, unused (padding) ids are gaps; the special ids and
  * the chat template come from the metadata too. */
@@ -98,6 +100,15 @@ typedef struct rlx_encode_options {
      * of the prefix, besides the UTF-8 check of the whole text and NFC normalisation (which a
      * normalizer applies to the text between added tokens, whole). */
     size_t max_ids;
+    /* Not 0: the ids the model's files put around a text are added, as Hugging Face's
+     * encode(text, add_special_tokens=True) does: tokenizer.json's post_processor
+     * (TemplateProcessing "single"), or tokenizer_config.json's add_bos_token / add_eos_token
+     * where given; for a GGUF file tokenizer.ggml.add_bos_token / add_eos_token, else llama.cpp's
+     * default for its tokenizer (BOS for 'llama' and the Llama 3 pre-tokenizers). They count
+     * toward max_ids. Raw prompts want them (Llama 3, Mistral: a BOS; Qwen3: nothing); a chat
+     * template writes its own bos_token text, so a rendered chat is encoded without them, as
+     * Hugging Face's apply_chat_template does. */
+    int add_special;
 } rlx_encode_options;
 
 /* rlx_tokenizer_encode with options (opts NULL: parse_special 0, no spans, no limit). truncated
@@ -144,7 +155,9 @@ RLX_API int32_t rlx_tokenizer_bos_id(const rlx_tokenizer *tok);
  * bytes of an incomplete UTF-8 sequence are held back until a later token completes it. Bytes
  * that can no longer become a valid character are emitted as U+FFFD at once (one per maximal
  * invalid subsequence), so nothing is held for longer than a character, and the concatenated
- * output of push and flush equals rlx_tokenizer_decode of the same ids with the same flags. */
+ * output of push and flush equals rlx_tokenizer_decode of the same ids with the same flags.
+ * Under a ByteFallback decoder a run of <0xNN> tokens is held until a token that is not a byte
+ * ends it (or flush): Hugging Face decodes the run whole, one U+FFFD a byte if it is not UTF-8. */
 typedef struct rlx_detok rlx_detok;
 
 /* tok is borrowed for the decoder's lifetime. */

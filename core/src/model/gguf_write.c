@@ -187,8 +187,17 @@ static void model_name(const rlx_model *m, char *out, size_t len) {
 }
 
 static rlx_status tokenizer_kv(buf *b, const rlx_tokenizer *tok, int64_t n_vocab, const rlx_model_config *c) {
-    kv_str(b, "tokenizer.ggml.model", "gpt2");
-    kv_str(b, "tokenizer.ggml.pre", "qwen2");
+    rlx__tokenizer_gguf_kind kind;
+    rlx_status st = rlx__tokenizer_gguf(tok, &kind);
+    if (st != RLX_OK)
+        return st;
+    const int spm = strcmp(kind.model, "llama") == 0;
+    kv_str(b, "tokenizer.ggml.model", kind.model);
+    kv_str(b, "tokenizer.ggml.pre", spm ? "default" : kind.pre);
+    if (spm) {
+        key(b, "tokenizer.ggml.add_space_prefix", RLX_GGUF_BOOL);
+        put(b, &(uint8_t){(uint8_t)kind.add_space_prefix}, 1);
+    }
     key(b, "tokenizer.ggml.tokens", RLX_GGUF_ARRAY);
     put_u32(b, RLX_GGUF_STRING);
     put_u64(b, (uint64_t)n_vocab);
@@ -203,6 +212,16 @@ static rlx_status tokenizer_kv(buf *b, const rlx_tokenizer *tok, int64_t n_vocab
         }
         put_str(b, s, len);
     }
+    if (spm) { /* SentencePiece merges by score, and a 'llama' vocabulary has no merges */
+        float *scores;
+        if ((st = rlx__tokenizer_scores(tok, n_vocab, &scores)) != RLX_OK)
+            return st;
+        key(b, "tokenizer.ggml.scores", RLX_GGUF_ARRAY);
+        put_u32(b, RLX_GGUF_F32);
+        put_u64(b, (uint64_t)n_vocab);
+        put(b, scores, (size_t)n_vocab * sizeof *scores);
+        free(scores);
+    }
     key(b, "tokenizer.ggml.token_type", RLX_GGUF_ARRAY);
     put_u32(b, RLX_GGUF_I32);
     put_u64(b, (uint64_t)n_vocab);
@@ -215,23 +234,24 @@ static rlx_status tokenizer_kv(buf *b, const rlx_tokenizer *tok, int64_t n_vocab
     }
     int32_t *pairs = NULL;
     size_t n_merges = 0;
-    rlx_status st = rlx__tokenizer_merges(tok, &pairs, &n_merges);
-    if (st != RLX_OK)
-        return st;
-    key(b, "tokenizer.ggml.merges", RLX_GGUF_ARRAY);
-    put_u32(b, RLX_GGUF_STRING);
-    put_u64(b, n_merges);
-    for (size_t i = 0; i < n_merges; i++) {
-        size_t la, lb;
-        int ta, tb;
-        const char *a = rlx__tokenizer_token(tok, pairs[2 * i], &la, &ta);
-        const char *z = rlx__tokenizer_token(tok, pairs[2 * i + 1], &lb, &tb);
-        put_u64(b, la + 1 + lb);
-        put(b, a, la);
-        put(b, " ", 1);
-        put(b, z, lb);
+    if (!spm) {
+        if ((st = rlx__tokenizer_merges(tok, &pairs, &n_merges)) != RLX_OK)
+            return st;
+        key(b, "tokenizer.ggml.merges", RLX_GGUF_ARRAY);
+        put_u32(b, RLX_GGUF_STRING);
+        put_u64(b, n_merges);
+        for (size_t i = 0; i < n_merges; i++) {
+            size_t la, lb;
+            int ta, tb;
+            const char *a = rlx__tokenizer_token(tok, pairs[2 * i], &la, &ta);
+            const char *z = rlx__tokenizer_token(tok, pairs[2 * i + 1], &lb, &tb);
+            put_u64(b, la + 1 + lb);
+            put(b, a, la);
+            put(b, " ", 1);
+            put(b, z, lb);
+        }
+        free(pairs);
     }
-    free(pairs);
     int32_t eos = rlx_tokenizer_eos_id(tok);
     if (eos < 0 && c->n_eos)
         eos = c->eos_ids[0];
@@ -244,7 +264,11 @@ static rlx_status tokenizer_kv(buf *b, const rlx_tokenizer *tok, int64_t n_vocab
     if (bos >= 0)
         kv_u32(b, "tokenizer.ggml.bos_token_id", (uint32_t)bos);
     key(b, "tokenizer.ggml.add_bos_token", RLX_GGUF_BOOL);
-    put(b, &(uint8_t){0}, 1);
+    put(b, &(uint8_t){(uint8_t)kind.add_bos}, 1);
+    if (kind.add_eos) {
+        key(b, "tokenizer.ggml.add_eos_token", RLX_GGUF_BOOL);
+        put(b, &(uint8_t){1}, 1);
+    }
     const char *tmpl = rlx__tokenizer_chat_template(tok);
     if (tmpl)
         kv_str(b, "tokenizer.chat_template", tmpl);

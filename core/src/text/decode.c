@@ -1,10 +1,13 @@
 /* Decoding ids to UTF-8, whole or one token at a time.
  *
- * tokenizers' decode concatenates the bytes of the ByteLevel tokens between added tokens and
- * turns them into a string with String::from_utf8_lossy, which replaces each maximal invalid
- * subsequence by one U+FFFD; added tokens are appended as they are. A byte-at-a-time UTF-8
- * decoder with the same replacement rule (the WHATWG one) gives the same text whether the bytes
- * arrive at once or token by token, which is what the streaming decoder relies on. */
+ * tokenizers' decode passes every token (added ones too) through the decoder. ByteLevel
+ * concatenates the tokens' bytes and turns them into a string with String::from_utf8_lossy,
+ * which replaces each maximal invalid subsequence by one U+FFFD; a byte-at-a-time UTF-8 decoder
+ * with the same replacement rule (the WHATWG one) gives the same text whether the bytes arrive
+ * at once or token by token, which is what the streaming decoder relies on. The other decoders
+ * (TEXT) work on token strings: Replace (or Metaspace) is precomputed into each token's bytes,
+ * ByteFallback turns a run of <0xNN> tokens into its bytes when they are UTF-8 and into one
+ * U+FFFD per byte when not, and Strip (after Fuse) drops leading characters of the whole text. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,24 +108,104 @@ static rlx_status utf8_finish(utf8_state *u, strbuf *out) {
     return sb_add(out, replacement, 3);
 }
 
+/* The decoder's state across the ids of one text. */
+typedef struct dec_state {
+    utf8_state u; /* ByteLevel: the UTF-8 sequence being assembled */
+    uint8_t *run; /* ByteFallback: the bytes of the current run of <0xNN> tokens */
+    size_t run_n, run_cap;
+    uint32_t strip_left; /* Strip: leading characters that may still be dropped */
+    size_t n_tokens;     /* tokens the decoder has seen (Metaspace treats the first apart) */
+} dec_state;
+
+static void dec_reset(const rlx_tokenizer *tok, dec_state *d) {
+    memset(&d->u, 0, sizeof d->u);
+    d->run_n = 0;
+    d->strip_left = tok->dec_strip;
+    d->n_tokens = 0;
+}
+
+/* Appends text, less what Strip still drops from the start of the whole text. */
+static rlx_status emit(const rlx_tokenizer *tok, dec_state *d, const char *p, size_t n, strbuf *out) {
+    const size_t cl = tok->dec_strip_len;
+    while (d->strip_left && n >= cl && memcmp(p, tok->dec_strip_char, cl) == 0) {
+        p += cl;
+        n -= cl;
+        d->strip_left--;
+    }
+    if (n)
+        d->strip_left = 0;
+    return sb_add(out, p, n);
+}
+
+/* ByteFallback ends a run of byte tokens: its bytes if they are UTF-8, else one U+FFFD a byte. */
+static rlx_status flush_run(const rlx_tokenizer *tok, dec_state *d, strbuf *out) {
+    rlx_status st = RLX_OK;
+    if (d->run_n && rlx__utf8_check(d->run, d->run_n) == d->run_n)
+        st = emit(tok, d, (const char *)d->run, d->run_n, out);
+    else
+        for (size_t i = 0; i < d->run_n && st == RLX_OK; i++)
+            st = emit(tok, d, replacement, 3, out);
+    d->run_n = 0;
+    return st;
+}
+
+/* What the end of the ids adds: a held run or UTF-8 sequence. */
+static rlx_status dec_finish(const rlx_tokenizer *tok, dec_state *d, strbuf *out) {
+    return tok->decode_kind == TEXT_DECODE_TEXT ? flush_run(tok, d, out) : utf8_finish(&d->u, out);
+}
+
+/* A TEXT decoder's token: Replace (or Metaspace) already applied to its bytes, ByteFallback
+ * runs collected, Strip on what is emitted. */
+static rlx_status decode_text(const rlx_tokenizer *tok, dec_state *d, const text_token *t, strbuf *out) {
+    const int first = d->n_tokens++ == 0;
+    if (t->fallback) {
+        if (d->run_n == d->run_cap) {
+            size_t cap = d->run_cap ? d->run_cap * 2 : 16;
+            uint8_t *grown = rlx__realloc(d->run, cap);
+            if (!grown)
+                return rlx_error(RLX_E_NOMEM, "cannot allocate %zu bytes of byte tokens", cap);
+            d->run = grown;
+            d->run_cap = cap;
+        }
+        d->run[d->run_n++] = (uint8_t)tok->strings[t->bytes];
+        return RLX_OK;
+    }
+    rlx_status st = flush_run(tok, d, out);
+    if (st != RLX_OK)
+        return st;
+    if (first && tok->dec_metaspace_first) { /* the first token's replacement characters vanish */
+        char *text;
+        size_t len;
+        if ((st = rlx__replace_all(tok->strings + t->str, t->str_len, tok->dec_ms_rep, tok->dec_ms_rep_len, "", 0,
+                                   &text, &len)) != RLX_OK)
+            return st;
+        st = emit(tok, d, text, len, out);
+        free(text);
+        return st;
+    }
+    return emit(tok, d, tok->strings + t->bytes, t->bytes_len, out);
+}
+
 /* Appends what id adds to the text. */
-static rlx_status decode_one(const rlx_tokenizer *tok, unsigned flags, utf8_state *u, int32_t id, strbuf *out) {
+static rlx_status decode_one(const rlx_tokenizer *tok, unsigned flags, dec_state *d, int32_t id, strbuf *out) {
     if (id < 0 || id >= tok->n_tokens || !tok->tokens[id].present) {
         if (flags & RLX_DECODE_STRICT)
             return rlx_error(RLX_E_RANGE, "token id %d is not in the vocabulary (%d ids)", id, tok->n_tokens);
         return RLX_OK;
     }
     const text_token *t = &tok->tokens[id];
+    if (t->added && t->special && (flags & RLX_DECODE_SKIP_SPECIAL))
+        return RLX_OK;
+    if (tok->decode_kind == TEXT_DECODE_TEXT)
+        return decode_text(tok, d, t, out);
     if (t->added) {
-        if (t->special && (flags & RLX_DECODE_SKIP_SPECIAL))
-            return RLX_OK;
-        rlx_status st = utf8_finish(u, out);
+        rlx_status st = utf8_finish(&d->u, out);
         return st == RLX_OK ? sb_add(out, tok->strings + t->bytes, t->bytes_len) : st;
     }
     const uint8_t *p = (const uint8_t *)tok->strings + t->bytes;
     rlx_status st = sb_reserve(out, t->bytes_len + 3);
     for (uint32_t i = 0; i < t->bytes_len && st == RLX_OK; i++)
-        st = utf8_feed(u, p[i], out);
+        st = utf8_feed(&d->u, p[i], out);
     return st;
 }
 
@@ -135,12 +218,14 @@ rlx_status rlx_tokenizer_decode(const rlx_tokenizer *tok, const int32_t *ids, si
     if (!tok || !text || (!ids && n))
         return rlx_error(RLX_E_INVALID, "rlx_tokenizer_decode: NULL argument");
     strbuf out = {0};
-    utf8_state u = {0};
+    dec_state d = {0};
+    dec_reset(tok, &d);
     rlx_status st = sb_reserve(&out, n * 4);
     for (size_t i = 0; i < n && st == RLX_OK; i++)
-        st = decode_one(tok, flags, &u, ids[i], &out);
+        st = decode_one(tok, flags, &d, ids[i], &out);
     if (st == RLX_OK)
-        st = utf8_finish(&u, &out);
+        st = dec_finish(tok, &d, &out);
+    free(d.run);
     if (st != RLX_OK) {
         free(out.v);
         return st;
@@ -157,7 +242,7 @@ rlx_status rlx_tokenizer_decode(const rlx_tokenizer *tok, const int32_t *ids, si
 struct rlx_detok {
     const rlx_tokenizer *tok;
     unsigned flags;
-    utf8_state u;
+    dec_state d;
     strbuf out;
 };
 
@@ -174,6 +259,7 @@ rlx_status rlx_detok_create(const rlx_tokenizer *tok, unsigned flags, rlx_detok 
     }
     d->tok = tok;
     d->flags = flags;
+    dec_reset(tok, &d->d);
     *out = d;
     return RLX_OK;
 }
@@ -182,6 +268,7 @@ void rlx_detok_destroy(rlx_detok *d) {
     if (!d)
         return;
     free(d->out.v);
+    free(d->d.run);
     free(d);
 }
 
@@ -190,7 +277,7 @@ rlx_status rlx_detok_push(rlx_detok *d, int32_t id, const char **text, size_t *l
         return rlx_error(RLX_E_INVALID, "rlx_detok_push: NULL argument");
     d->out.n = 0;
     d->out.v[0] = '\0';
-    rlx_status st = decode_one(d->tok, d->flags, &d->u, id, &d->out);
+    rlx_status st = decode_one(d->tok, d->flags, &d->d, id, &d->out);
     *text = d->out.v;
     *len = st == RLX_OK ? d->out.n : 0;
     if (st != RLX_OK)
@@ -203,7 +290,8 @@ rlx_status rlx_detok_flush(rlx_detok *d, const char **text, size_t *len) {
         return rlx_error(RLX_E_INVALID, "rlx_detok_flush: NULL argument");
     d->out.n = 0;
     d->out.v[0] = '\0';
-    rlx_status st = utf8_finish(&d->u, &d->out);
+    rlx_status st = dec_finish(d->tok, &d->d, &d->out);
+    dec_reset(d->tok, &d->d);
     *text = d->out.v;
     *len = st == RLX_OK ? d->out.n : 0;
     return st;

@@ -1,10 +1,12 @@
-/* Encoding: added-token splitting, NFC, the pre-tokenizer regex and byte-level BPE.
+/* Encoding: added-token splitting, the normalizer, the pre-tokenizer and BPE.
  *
  * The order of steps and every tie-break follow tokenizers' TokenizerImpl::encode_single_sequence:
- * AddedVocabulary::extract_and_normalize, then the Split pre-tokenizer, then BPE::merge_word with
- * its priority queue (lowest rank first, then leftmost; stale entries dropped when the pair at
- * their position no longer yields the same token). Words are BPE'd from their raw bytes: the
- * ByteLevel alphabet is a bijection, so byte i of a word is the symbol "bytes_to_unicode(i)". */
+ * AddedVocabulary::extract_and_normalize, then the pre-tokenizer (Split regex, Metaspace, or the
+ * piece whole), then BPE::merge_word with its priority queue (lowest rank first, then leftmost;
+ * stale entries dropped when the pair at their position no longer yields the same token). With
+ * ByteLevel, words are BPE'd from their raw bytes: the alphabet is a bijection, so byte i of a
+ * word is the symbol "bytes_to_unicode(i)". Without it a word's symbols are its characters, as
+ * the vocabulary spells them, with byte fallback or the unknown token for the others. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -183,8 +185,11 @@ typedef struct encoder {
     size_t syms_cap;
     bpe_merge *heap;
     size_t heap_n, heap_cap;
-    char *buf; /* byte-level spelling of a word for ignore_merges */
+    char *buf; /* byte-level spelling of a word for ignore_merges; Metaspace's rewritten piece */
     size_t buf_cap;
+    const char *text;      /* the text being encoded */
+    const char *norm_base; /* the normalized piece being split, and whether it starts the text */
+    int norm_at_origin;
 } encoder;
 
 /* What the encoding steps return to unwind once the limit is passed (e->over says so); not an
@@ -273,10 +278,54 @@ static rlx_status grow(void **p, size_t *cap, size_t need, size_t elem) {
     return RLX_OK;
 }
 
-/* Appends the BPE ids of one pre-tokenized word (raw bytes) to e->out. */
+/* The symbols of a word spelled as the vocabulary is (no ByteLevel): one per character that is a
+ * model token, else its <0xNN> tokens (byte_fallback), else the unknown token (runs fused with
+ * fuse_unk), else nothing, as BPE::merge_word makes them. *ns is the count. */
+static int32_t init_chars(encoder *e, const uint8_t *w, size_t n) {
+    const rlx_tokenizer *tok = e->tok;
+    int32_t ns = 0, unk_pending = 0;
+    for (size_t i = 0; i < n;) {
+        size_t cl;
+        rlx__utf8_decode(w + i, &cl);
+        int32_t id = rlx__vocab_find(tok, (const char *)w + i, cl);
+        if (id >= 0 && tok->tokens[id].in_model) {
+            if (unk_pending)
+                e->syms[ns++] = (bpe_symbol){.c = tok->unk_id, .len = 1};
+            unk_pending = 0;
+            e->syms[ns++] = (bpe_symbol){.c = id, .len = 1};
+        } else {
+            size_t k = 0;
+            while (tok->byte_fallback && k < cl && tok->fallback_token[w[i + k]] >= 0)
+                k++;
+            if (tok->byte_fallback && k == cl) { /* a pending unknown token stays pending, as there */
+                for (k = 0; k < cl; k++)
+                    e->syms[ns++] = (bpe_symbol){.c = tok->fallback_token[w[i + k]], .len = 1};
+            } else if (tok->unk_id >= 0) {
+                if (unk_pending && !tok->fuse_unk)
+                    e->syms[ns++] = (bpe_symbol){.c = tok->unk_id, .len = 1};
+                unk_pending = 1;
+            }
+        }
+        i += cl;
+    }
+    if (unk_pending)
+        e->syms[ns++] = (bpe_symbol){.c = tok->unk_id, .len = 1};
+    for (int32_t i = 0; i < ns; i++) {
+        e->syms[i].prev = i - 1;
+        e->syms[i].next = i + 1;
+    }
+    return ns;
+}
+
+/* Appends the BPE ids of one pre-tokenized word (raw bytes, or characters without ByteLevel) to
+ * e->out. */
 static rlx_status bpe_word(encoder *e, const uint8_t *w, size_t n) {
     const rlx_tokenizer *tok = e->tok;
-    if (tok->ignore_merges) { /* a word that is a whole vocabulary token is taken as it is */
+    if (tok->ignore_merges && !tok->byte_level) {
+        int32_t id = rlx__vocab_find(tok, (const char *)w, n);
+        if (id >= 0 && tok->tokens[id].in_model)
+            return ids_push(&e->out, id);
+    } else if (tok->ignore_merges) { /* a word that is a whole vocabulary token is taken as it is */
         rlx_status st = grow((void **)&e->buf, &e->buf_cap, n * 2 + 1, 1);
         if (st != RLX_OK)
             return st;
@@ -290,7 +339,7 @@ static rlx_status bpe_word(encoder *e, const uint8_t *w, size_t n) {
         if (id >= 0 && tok->tokens[id].in_model)
             return ids_push(&e->out, id);
     }
-    if (n == 1)
+    if (n == 1 && tok->byte_level)
         return tok->byte_token[w[0]] >= 0 ? ids_push(&e->out, tok->byte_token[w[0]]) : RLX_OK;
     rlx_status st = grow((void **)&e->syms, &e->syms_cap, n, sizeof *e->syms);
     if (st == RLX_OK)
@@ -298,12 +347,16 @@ static rlx_status bpe_word(encoder *e, const uint8_t *w, size_t n) {
     if (st != RLX_OK)
         return st;
     int32_t ns = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t c = tok->byte_token[w[i]];
-        if (c < 0) /* no token for this byte and no unk: tokenizers drops it */
-            continue;
-        e->syms[ns] = (bpe_symbol){.c = c, .prev = ns - 1, .next = ns + 1, .len = 1};
-        ns++;
+    if (!tok->byte_level) {
+        ns = init_chars(e, w, n);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            int32_t c = tok->byte_token[w[i]];
+            if (c < 0) /* no token for this byte and no unk: tokenizers drops it */
+                continue;
+            e->syms[ns] = (bpe_symbol){.c = c, .prev = ns - 1, .next = ns + 1, .len = 1};
+            ns++;
+        }
     }
     if (ns == 0)
         return RLX_OK;
@@ -380,9 +433,52 @@ static int regex_match(encoder *e, const char *s, size_t len, size_t at) {
     return rc;
 }
 
+/* Metaspace: spaces become the replacement, which is prepended unless there already (always, or
+ * first: only to the piece that starts the text); with split, each replacement starts a word
+ * (SplitDelimiterBehavior::MergedWithNext). */
+static rlx_status metaspace(encoder *e, const char *s, size_t len, int at_origin) {
+    const rlx_tokenizer *tok = e->tok;
+    const char *rep = tok->ms_rep;
+    const size_t rl = tok->ms_rep_len;
+    char *w;
+    size_t n;
+    rlx_status st = rlx__replace_all(s, len, " ", 1, rep, rl, &w, &n);
+    if (st != RLX_OK)
+        return st;
+    int prepend = tok->ms_prepend == TEXT_PREPEND_ALWAYS || (tok->ms_prepend == TEXT_PREPEND_FIRST && at_origin);
+    if (prepend && !(n >= rl && memcmp(w, rep, rl) == 0)) {
+        char *grown = rlx__realloc(w, n + rl + 1);
+        if (!grown) {
+            free(w);
+            return rlx_error(RLX_E_NOMEM, "cannot allocate %zu bytes of pre-tokenized text", n + rl);
+        }
+        w = grown;
+        memmove(w + rl, w, n + 1);
+        memcpy(w, rep, rl);
+        n += rl;
+    }
+    size_t start = 0;
+    for (size_t i = 1; tok->ms_split && st == RLX_OK && i + rl <= n; i++)
+        if (memcmp(w + i, rep, rl) == 0) {
+            st = encode_word(e, (const uint8_t *)w + start, i - start);
+            start = i;
+            i += rl - 1;
+        }
+    if (st == RLX_OK && start < n)
+        st = encode_word(e, (const uint8_t *)w + start, n - start);
+    free(w);
+    return st;
+}
+
 /* Split(Isolated): every match and every gap between matches is a word; empty matches are
- * skipped (the search resumes a character later), as onig's find_iter does. */
+ * skipped (the search resumes a character later), as onig's find_iter does. Without a regex the
+ * piece is one word, or Metaspace's words. */
 static rlx_status pre_tokenize(encoder *e, const char *s, size_t len) {
+    if (!e->tok->re) {
+        if (e->tok->metaspace)
+            return metaspace(e, s, len, e->norm_at_origin && s == e->norm_base);
+        return encode_word(e, (const uint8_t *)s, len);
+    }
     size_t prev = 0, at = 0;
     rlx_status st;
     while (at < len) {
@@ -581,8 +677,24 @@ static rlx_status split_normalized_by_span(encoder *e, const char *s, size_t len
  * normalized added tokens. */
 static rlx_status on_raw_text(encoder *e, const char *s, size_t len) {
     const rlx_tokenizer *tok = e->tok;
-    if (!tok->nfc)
+    e->norm_base = s;
+    e->norm_at_origin = s == e->text;
+    if (!tok->n_norm)
         return split_added(e, &tok->norm_matcher, s, len, on_normalized_text);
+    if (!tok->nfc) { /* Prepend, Replace: the piece whole, as tokenizers normalizes it */
+        if (e->spans && e->norm_special)
+            return rlx_error(RLX_E_UNSUPPORTED, "special spans with special tokens that are normalized by a Prepend or "
+                                                "Replace normalizer are not supported");
+        char *norm;
+        size_t norm_len;
+        rlx_status st = rlx__normalize(tok, s, len, &norm, &norm_len);
+        if (st != RLX_OK)
+            return st;
+        e->norm_base = norm;
+        st = split_added(e, &tok->norm_matcher, norm, norm_len, on_normalized_text);
+        free(norm);
+        return st;
+    }
     /* Code points below U+0300 (lead bytes below 0xCC) are NFC-stable and never compose with a
      * preceding character, so text made only of them needs no normalisation. */
     size_t i = 0;
@@ -597,6 +709,7 @@ static rlx_status on_raw_text(encoder *e, const char *s, size_t len) {
     rlx_status st = rlx__nfc(s, len, &norm, &norm_len);
     if (st != RLX_OK)
         return st;
+    e->norm_base = norm;
     st = split_added(e, &tok->norm_matcher, norm, norm_len, on_normalized_text);
     free(norm);
     return st;
@@ -630,9 +743,10 @@ rlx_status rlx_tokenizer_encode_ex(const rlx_tokenizer *tok, const char *text, s
     size_t bad = rlx__utf8_check((const uint8_t *)text, len);
     if (bad < len)
         return rlx_error(RLX_E_INVALID, "text is not valid UTF-8: byte 0x%02X at offset %zu", (uint8_t)text[bad], bad);
-    if (len == 0)
+    if (len == 0 && !(o.add_special && tok->n_prefix + tok->n_suffix))
         return RLX_OK;
     encoder e = {.tok = tok,
+                 .text = text,
                  .parse_special = o.parse_special,
                  .spans = o.special_spans,
                  .n_spans = o.n_special_spans,
@@ -641,19 +755,30 @@ rlx_status rlx_tokenizer_encode_ex(const rlx_tokenizer *tok, const char *text, s
     for (size_t k = 0; k < tok->norm_matcher.n; k++)
         e.norm_special |= tok->added[tok->norm_matcher.items[k]].special;
     rlx_status st = RLX_OK;
-    if (!(e.md = pcre2_match_data_create_from_pattern(tok->re, NULL)) || !(e.mctx = pcre2_match_context_create(NULL))) {
+    if (tok->re && (!(e.md = pcre2_match_data_create_from_pattern(tok->re, NULL)) ||
+                    !(e.mctx = pcre2_match_context_create(NULL)))) {
         st = rlx_error(RLX_E_NOMEM, "cannot allocate regex match data");
         goto done;
     }
     /* PCRE2's default limits stop `\s*[\r\n]+` on a run of 10^7 spaces (Oniguruma's retry limit
      * makes Hugging Face panic there); backtracking here is linear in the run, so lift them. */
-    pcre2_set_match_limit(e.mctx, UINT32_MAX);
-    pcre2_set_depth_limit(e.mctx, UINT32_MAX);
-    pcre2_set_heap_limit(e.mctx, 4u << 20); /* KiB: 4 GiB, only the interpreter without JIT uses it */
+    if (e.mctx) {
+        pcre2_set_match_limit(e.mctx, UINT32_MAX);
+        pcre2_set_depth_limit(e.mctx, UINT32_MAX);
+        pcre2_set_heap_limit(e.mctx, 4u << 20); /* KiB: 4 GiB, only the interpreter without JIT uses it */
+    }
     size_t guess = len / 3 + 16;
     if ((st = ids_reserve(&e.out, guess < e.limit ? guess : e.limit + 1)) != RLX_OK)
         goto done;
-    st = split_added(&e, &tok->raw_matcher, text, len, on_raw_text);
+    /* the post-processor's template around the one sequence (TemplateProcessing "single") */
+    for (int i = 0; o.add_special && i < tok->n_prefix && st == RLX_OK; i++)
+        if ((st = ids_push(&e.out, tok->prefix_ids[i])) == RLX_OK)
+            st = check_limit(&e);
+    if (st == RLX_OK)
+        st = split_added(&e, &tok->raw_matcher, text, len, on_raw_text);
+    for (int i = 0; o.add_special && i < tok->n_suffix && st == RLX_OK; i++)
+        if ((st = ids_push(&e.out, tok->suffix_ids[i])) == RLX_OK)
+            st = check_limit(&e);
     if (e.over) {
         st = RLX_OK;
         if (e.out.n > e.limit)

@@ -1,4 +1,5 @@
-/* Loading a Hugging Face tokenizer.json (byte-level BPE) and tokenizer_config.json.
+/* Loading a Hugging Face tokenizer.json (byte-level or SentencePiece-style BPE) and
+ * tokenizer_config.json.
  *
  * What is accepted, and how added tokens get their ids, follows the Rust `tokenizers` library
  * (TokenizerImpl deserialisation, AddedVocabulary::add_tokens) and transformers'
@@ -55,7 +56,7 @@ static size_t pow2_at_least(size_t n) {
 
 // ---- string arena
 
-static rlx_status arena_add(rlx_tokenizer *tok, const char *s, size_t len, uint32_t *off) {
+rlx_status rlx__arena_add(rlx_tokenizer *tok, const char *s, size_t len, uint32_t *off) {
     if (tok->strings_len + len + 1 > UINT32_MAX)
         return rlx_error(RLX_E_FORMAT, "tokenizer strings exceed 4 GiB");
     if (tok->strings_len + len + 1 > tok->strings_cap) {
@@ -109,6 +110,43 @@ static const char *type_of(const cJSON *obj) {
 
 // ---- components
 
+/* A Replace step's {"String": ...} pattern (a Regex pattern is refused by name). */
+static rlx_status replace_pattern(const char *path, const char *where, const cJSON *step, const char **from,
+                                  const char **to) {
+    const cJSON *pattern = get(step, "pattern");
+    const cJSON *string = cJSON_IsObject(pattern) ? get(pattern, "String") : NULL;
+    const cJSON *content = get(step, "content");
+    if (cJSON_IsObject(pattern) && get(pattern, "Regex"))
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: %s Replace with a Regex pattern is not supported (only String)", path,
+                         where);
+    if (!cJSON_IsString(string) || !*string->valuestring || !cJSON_IsString(content))
+        return rlx_error(RLX_E_FORMAT, "%s: %s Replace needs a pattern {\"String\": ...} and a content string", path,
+                         where);
+    *from = string->valuestring;
+    *to = content->valuestring;
+    return RLX_OK;
+}
+
+static rlx_status add_step(rlx_tokenizer *tok, const char *path, const char *where, text_norm_step *steps, int *n,
+                           text_norm_kind kind, const char *a, const char *b) {
+    rlx_status st;
+    if (*n == TEXT_MAX_NORM_STEPS)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: more than %d %s steps", path, TEXT_MAX_NORM_STEPS, where);
+    text_norm_step *step = &steps[(*n)++];
+    *step = (text_norm_step){.kind = kind};
+    if (a) {
+        step->a_len = (uint32_t)strlen(a);
+        if ((st = rlx__arena_add(tok, a, step->a_len, &step->a)) != RLX_OK)
+            return st;
+    }
+    if (b) {
+        step->b_len = (uint32_t)strlen(b);
+        if ((st = rlx__arena_add(tok, b, step->b_len, &step->b)) != RLX_OK)
+            return st;
+    }
+    return RLX_OK;
+}
+
 static rlx_status load_normalizer(rlx_tokenizer *tok, const char *path, const cJSON *norm) {
     rlx_status st;
     if (!norm || cJSON_IsNull(norm))
@@ -116,9 +154,21 @@ static rlx_status load_normalizer(rlx_tokenizer *tok, const char *path, const cJ
     const char *type = type_of(norm);
     if (!type)
         return rlx_error(RLX_E_FORMAT, "%s: normalizer must be null or an object with a type", path);
-    if (strcmp(type, "NFC") == 0) {
-        tok->nfc = 1;
-        return RLX_OK;
+    if (strcmp(type, "NFC") == 0)
+        return add_step(tok, path, "normalizer", tok->norm, &tok->n_norm, TEXT_NORM_NFC, NULL, NULL);
+    if (strcmp(type, "Prepend") == 0) {
+        const char *prepend;
+        if ((st = opt_string(path, "normalizer Prepend", norm, "prepend", &prepend)) != RLX_OK)
+            return st;
+        if (!prepend)
+            return rlx_error(RLX_E_FORMAT, "%s: normalizer Prepend needs a 'prepend' string", path);
+        return add_step(tok, path, "normalizer", tok->norm, &tok->n_norm, TEXT_NORM_PREPEND, prepend, NULL);
+    }
+    if (strcmp(type, "Replace") == 0) {
+        const char *from, *to;
+        if ((st = replace_pattern(path, "normalizer", norm, &from, &to)) != RLX_OK)
+            return st;
+        return add_step(tok, path, "normalizer", tok->norm, &tok->n_norm, TEXT_NORM_REPLACE, from, to);
     }
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *list = get(norm, "normalizers");
@@ -129,7 +179,8 @@ static rlx_status load_normalizer(rlx_tokenizer *tok, const char *path, const cJ
                 return st;
         return RLX_OK;
     }
-    return rlx_error(RLX_E_UNSUPPORTED, "%s: normalizer '%s' is not supported (only NFC)", path, type);
+    return rlx_error(RLX_E_UNSUPPORTED, "%s: normalizer '%s' is not supported (only NFC, Prepend, Replace, Sequence)",
+                     path, type);
 }
 
 /* Oniguruma, which Hugging Face compiles these patterns with, matches Unicode White_Space with
@@ -206,6 +257,9 @@ rlx_status rlx__pretok_regex(rlx_tokenizer *tok, const char *path, const char *p
                          (const char *)msg, (size_t)err_off, pattern);
     }
     tok->re_jit = pcre2_jit_compile(tok->re, PCRE2_JIT_COMPLETE) == 0;
+    for (size_t i = 0; i < rlx__n_pretok_names && !literal && !tok->pre_name; i++)
+        if (strcmp(pattern, rlx__pretok_names[i].pattern) == 0)
+            tok->pre_name = &rlx__pretok_names[i];
     return RLX_OK;
 }
 
@@ -225,28 +279,84 @@ static rlx_status check_byte_level(const char *path, const cJSON *bl, int want_r
 }
 
 const char rlx__gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+/* Qwen2's and Llama 3's split patterns, as their tokenizer.json files have them */
+static const char qwen2_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
+                                    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char llama3_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+                                     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
+const text_pretok_name rlx__pretok_names[] = {
+    {"qwen2", qwen2_pattern, 1, 0, 0},    {"llama-bpe", llama3_pattern, 0, 1, 1},
+    {"llama3", llama3_pattern, 0, 1, 1},  {"llama-v3", llama3_pattern, 0, 1, 1},
+    {"gpt2", rlx__gpt2_pattern, 0, 0, 0}, {"default", rlx__gpt2_pattern, 0, 0, 0},
+};
+const size_t rlx__n_pretok_names = sizeof rlx__pretok_names / sizeof rlx__pretok_names[0];
+
+/* Metaspace: ' ' becomes the replacement character, prepended as prepend_scheme says (older files
+ * have add_prefix_space instead: always or never), and with split every replacement starts a word. */
+static rlx_status load_metaspace(rlx_tokenizer *tok, const char *path, const cJSON *ms) {
+    rlx_status st;
+    const char *rep, *scheme;
+    int split, prefix;
+    if ((st = opt_string(path, "pre_tokenizer Metaspace", ms, "replacement", &rep)) != RLX_OK ||
+        (st = opt_string(path, "pre_tokenizer Metaspace", ms, "prepend_scheme", &scheme)) != RLX_OK ||
+        (st = opt_bool(path, "pre_tokenizer Metaspace", ms, "split", 1, &split)) != RLX_OK ||
+        (st = opt_bool(path, "pre_tokenizer Metaspace", ms, "add_prefix_space", 1, &prefix)) != RLX_OK)
+        return st;
+    size_t n = rep ? strlen(rep) : 0;
+    if (!rep || n == 0 || n > 4 || rlx__utf8_check((const uint8_t *)rep, n) != n ||
+        ((uint8_t)rep[0] < 0x80 && n != 1) ||
+        ((uint8_t)rep[0] >= 0x80 && n != (size_t)((uint8_t)rep[0] >= 0xF0   ? 4
+                                                  : (uint8_t)rep[0] >= 0xE0 ? 3
+                                                                            : 2)))
+        return rlx_error(RLX_E_FORMAT, "%s: pre_tokenizer Metaspace needs a one-character 'replacement'", path);
+    memcpy(tok->ms_rep, rep, n);
+    tok->ms_rep_len = (uint32_t)n;
+    if (!scheme)
+        tok->ms_prepend = prefix ? TEXT_PREPEND_ALWAYS : TEXT_PREPEND_NEVER;
+    else if (strcmp(scheme, "always") == 0)
+        tok->ms_prepend = TEXT_PREPEND_ALWAYS;
+    else if (strcmp(scheme, "first") == 0)
+        tok->ms_prepend = TEXT_PREPEND_FIRST;
+    else if (strcmp(scheme, "never") == 0)
+        tok->ms_prepend = TEXT_PREPEND_NEVER;
+    else
+        return rlx_error(RLX_E_FORMAT, "%s: pre_tokenizer Metaspace prepend_scheme '%s' (always, first or never)", path,
+                         scheme);
+    tok->metaspace = 1;
+    tok->ms_split = split;
+    return RLX_OK;
+}
 
 static rlx_status load_pre_tokenizer(rlx_tokenizer *tok, const char *path, const cJSON *pre) {
     rlx_status st;
+    if (!pre || cJSON_IsNull(pre))
+        return RLX_OK; /* each piece of text between added tokens is one word */
     const char *type = type_of(pre);
     if (!type)
         return rlx_error(RLX_E_FORMAT, "%s: pre_tokenizer must be an object with a type", path);
     if (strcmp(type, "ByteLevel") == 0) {
         if ((st = check_byte_level(path, pre, 1)) != RLX_OK)
             return st;
+        tok->byte_level = 1;
         return rlx__pretok_regex(tok, path, rlx__gpt2_pattern, 0);
     }
+    if (strcmp(type, "Metaspace") == 0)
+        return load_metaspace(tok, path, pre);
     const cJSON *list = get(pre, "pretokenizers");
+    if (strcmp(type, "Sequence") == 0 && cJSON_IsArray(list) && cJSON_GetArraySize(list) == 1)
+        return load_pre_tokenizer(tok, path, list->child);
     if (strcmp(type, "Sequence") != 0 || !cJSON_IsArray(list) || cJSON_GetArraySize(list) != 2 ||
         !type_of(list->child) || strcmp(type_of(list->child), "Split") != 0 || !type_of(list->child->next) ||
         strcmp(type_of(list->child->next), "ByteLevel") != 0)
-        return rlx_error(
-            RLX_E_UNSUPPORTED,
-            "%s: pre_tokenizer '%s' is not supported (only ByteLevel, or a Sequence of Split and ByteLevel)", path,
-            type);
+        return rlx_error(RLX_E_UNSUPPORTED,
+                         "%s: pre_tokenizer '%s' is not supported (only ByteLevel, Metaspace, or a Sequence of Split "
+                         "and ByteLevel)",
+                         path, type);
     const cJSON *split = list->child;
     if ((st = check_byte_level(path, list->child->next, 0)) != RLX_OK)
         return st;
+    tok->byte_level = 1;
     const char *behavior;
     int invert;
     if ((st = opt_string(path, "pre_tokenizer Split", split, "behavior", &behavior)) != RLX_OK)
@@ -268,7 +378,7 @@ static rlx_status load_pre_tokenizer(rlx_tokenizer *tok, const char *path, const
                      path);
 }
 
-static rlx_status check_model_options(const char *path, const cJSON *model) {
+static rlx_status check_model_options(rlx_tokenizer *tok, const char *path, const cJSON *model, const char **unk) {
     rlx_status st;
     const char *type = type_of(model);
     if (type && strcmp(type, "BPE") != 0)
@@ -276,11 +386,10 @@ static rlx_status check_model_options(const char *path, const cJSON *model) {
     const cJSON *dropout = get(model, "dropout");
     if (dropout && !cJSON_IsNull(dropout))
         return rlx_error(RLX_E_UNSUPPORTED, "%s: BPE dropout is not supported", path);
-    int byte_fallback;
-    if ((st = opt_bool(path, "model", model, "byte_fallback", 0, &byte_fallback)) != RLX_OK)
+    if ((st = opt_bool(path, "model", model, "byte_fallback", 0, &tok->byte_fallback)) != RLX_OK ||
+        (st = opt_bool(path, "model", model, "fuse_unk", 0, &tok->fuse_unk)) != RLX_OK ||
+        (st = opt_string(path, "model", model, "unk_token", unk)) != RLX_OK)
         return st;
-    if (byte_fallback)
-        return rlx_error(RLX_E_UNSUPPORTED, "%s: BPE byte_fallback is not supported", path);
     const char *s;
     if ((st = opt_string(path, "model", model, "continuing_subword_prefix", &s)) != RLX_OK)
         return st;
@@ -293,36 +402,200 @@ static rlx_status check_model_options(const char *path, const cJSON *model) {
     return RLX_OK;
 }
 
-static rlx_status check_decoder(const char *path, const cJSON *dec) {
-    if (!dec || cJSON_IsNull(dec))
-        return RLX_OK;
-    const char *type = type_of(dec);
-    if (!type || strcmp(type, "ByteLevel") != 0)
-        return rlx_error(RLX_E_UNSUPPORTED, "%s: decoder '%s' is not supported (only ByteLevel)", path,
-                         type ? type : "(no type)");
+/* One character (UTF-8, at most 4 bytes) of a decoder step into out. */
+static rlx_status one_char(const char *path, const char *where, const char *s, char out[5], uint32_t *len) {
+    size_t n = s ? strlen(s) : 0;
+    size_t cl = 0;
+    if (n > 0 && rlx__utf8_check((const uint8_t *)s, n) == n)
+        rlx__utf8_decode((const uint8_t *)s, &cl);
+    if (n == 0 || cl != n)
+        return rlx_error(RLX_E_FORMAT, "%s: %s needs a one-character string", path, where);
+    memcpy(out, s, n);
+    out[n] = '\0';
+    *len = (uint32_t)n;
     return RLX_OK;
+}
+
+/* What a decoder's steps have had so far: a Fuse (a Strip must follow one: it then strips the
+ * whole text, not each token), a ByteLevel, any other step. */
+typedef struct decoder_seen {
+    int fused, byte_level, text;
+} decoder_seen;
+
+static rlx_status load_decoder_step(rlx_tokenizer *tok, const char *path, const cJSON *dec, decoder_seen *seen) {
+    rlx_status st;
+    const char *type = type_of(dec);
+    if (!type)
+        return rlx_error(RLX_E_FORMAT, "%s: decoder must be null or an object with a type", path);
+    if (strcmp(type, "ByteLevel") == 0) {
+        seen->byte_level = 1;
+        return RLX_OK;
+    }
+    if (strcmp(type, "Sequence") != 0)
+        seen->text = 1;
+    if (strcmp(type, "Replace") == 0) {
+        const char *from, *to;
+        if ((st = replace_pattern(path, "decoder", dec, &from, &to)) != RLX_OK)
+            return st;
+        return add_step(tok, path, "decoder Replace", tok->dec_replace, &tok->n_dec_replace, TEXT_NORM_REPLACE, from,
+                        to);
+    }
+    if (strcmp(type, "ByteFallback") == 0) {
+        tok->dec_byte_fallback = 1;
+        return RLX_OK;
+    }
+    if (strcmp(type, "Fuse") == 0) {
+        seen->fused = 1;
+        return RLX_OK;
+    }
+    if (strcmp(type, "Strip") == 0) {
+        const char *content;
+        const cJSON *start = get(dec, "start"), *stop = get(dec, "stop");
+        int64_t n_start = 0, n_stop = 0;
+        if ((st = opt_string(path, "decoder Strip", dec, "content", &content)) != RLX_OK)
+            return st;
+        if ((start && !rlx__json_int(start, &n_start)) || (stop && !rlx__json_int(stop, &n_stop)) || n_start < 0 ||
+            n_start > 64 || n_stop < 0)
+            return rlx_error(RLX_E_FORMAT, "%s: decoder Strip needs counts 'start' and 'stop' (0 to 64)", path);
+        if (n_stop > 0 || !seen->fused)
+            return rlx_error(RLX_E_UNSUPPORTED,
+                             "%s: decoder Strip is supported only after a Fuse and with stop 0 (leading characters)",
+                             path);
+        tok->dec_strip = (uint32_t)n_start;
+        return one_char(path, "decoder Strip content", content, tok->dec_strip_char, &tok->dec_strip_len);
+    }
+    if (strcmp(type, "Metaspace") == 0) {
+        const char *rep, *scheme;
+        int prefix;
+        if ((st = opt_string(path, "decoder Metaspace", dec, "replacement", &rep)) != RLX_OK ||
+            (st = opt_string(path, "decoder Metaspace", dec, "prepend_scheme", &scheme)) != RLX_OK ||
+            (st = opt_bool(path, "decoder Metaspace", dec, "add_prefix_space", 1, &prefix)) != RLX_OK)
+            return st;
+        char c[5];
+        uint32_t c_len = 0;
+        if ((st = one_char(path, "decoder Metaspace replacement", rep, c, &c_len)) != RLX_OK)
+            return st;
+        tok->dec_metaspace_first = scheme ? strcmp(scheme, "never") != 0 : prefix;
+        memcpy(tok->dec_ms_rep, c, sizeof c);
+        tok->dec_ms_rep_len = c_len;
+        return add_step(tok, path, "decoder Replace", tok->dec_replace, &tok->n_dec_replace, TEXT_NORM_REPLACE, c, " ");
+    }
+    if (strcmp(type, "Sequence") == 0) {
+        const cJSON *list = get(dec, "decoders");
+        if (!cJSON_IsArray(list))
+            return rlx_error(RLX_E_FORMAT, "%s: decoder Sequence needs a 'decoders' list", path);
+        for (const cJSON *e = list->child; e; e = e->next)
+            if ((st = load_decoder_step(tok, path, e, seen)) != RLX_OK)
+                return st;
+        return RLX_OK;
+    }
+    return rlx_error(RLX_E_UNSUPPORTED,
+                     "%s: decoder '%s' is not supported (only ByteLevel, Metaspace, Replace, ByteFallback, Fuse, "
+                     "Strip and Sequence)",
+                     path, type);
+}
+
+static rlx_status load_decoder(rlx_tokenizer *tok, const char *path, const cJSON *dec) {
+    if (!dec || cJSON_IsNull(dec)) {
+        if (!tok->byte_level) /* Hugging Face joins the tokens with spaces then */
+            return rlx_error(RLX_E_UNSUPPORTED, "%s: a tokenizer without a decoder is not supported", path);
+        tok->decode_kind = TEXT_DECODE_BYTE_LEVEL;
+        return RLX_OK;
+    }
+    decoder_seen seen = {0};
+    rlx_status st = load_decoder_step(tok, path, dec, &seen);
+    if (st == RLX_OK && seen.byte_level && seen.text)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: a ByteLevel decoder combined with other decoders is not supported",
+                         path);
+    tok->decode_kind = seen.byte_level ? TEXT_DECODE_BYTE_LEVEL : TEXT_DECODE_TEXT;
+    if (st == RLX_OK && tok->dec_metaspace_first && tok->n_dec_replace > 1)
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: a Metaspace decoder combined with Replace decoders is not supported",
+                         path);
+    return st;
 }
 
 // ---- vocabulary, added tokens, merges
 
-/* tokens[] grows to hold id. */
-/* The ids of the 256 single-byte tokens, once the vocabulary is in. */
-void rlx__vocab_byte_tokens(rlx_tokenizer *tok) {
+/* The ids of the 256 single-byte tokens (ByteLevel) or <0xNN> tokens (byte fallback), and the
+ * unknown token, once the vocabulary is in. */
+void rlx__vocab_byte_tokens(rlx_tokenizer *tok, const char *unk) {
     uint32_t byte_to_cp[256];
     int16_t cp_to_byte[324];
     byte_level_tables(byte_to_cp, cp_to_byte);
+    int all_bytes = 1;
     for (int b = 0; b < 256; b++) {
-        char s[2];
+        char s[8];
         size_t n = utf8_put(byte_to_cp[b], s);
-        tok->byte_token[b] = rlx__vocab_find(tok, s, n);
+        int32_t byte_id = tok->byte_level ? rlx__vocab_find(tok, s, n) : -1;
+        tok->byte_token[b] = byte_id >= 0 && tok->tokens[byte_id].in_model ? byte_id : -1;
+        snprintf(s, sizeof s, "<0x%02X>", b);
+        int32_t id = tok->byte_fallback ? rlx__vocab_find(tok, s, 6) : -1;
+        tok->fallback_token[b] = id >= 0 && tok->tokens[id].in_model ? id : -1;
+        all_bytes &= tok->byte_level ? tok->byte_token[b] >= 0 : tok->fallback_token[b] >= 0;
     }
+    int32_t unk_id = unk ? rlx__vocab_find(tok, unk, strlen(unk)) : -1;
+    tok->unk_id = unk_id >= 0 && tok->tokens[unk_id].in_model ? unk_id : -1;
+    /* Every id then stands for at most max_token_bytes bytes of a word: ByteLevel words are raw
+     * bytes, other words are spelled as the vocabulary is (an unknown token may stand for more). */
     tok->max_token_bytes = 0;
-    for (int b = 0; b < 256; b++)
-        if (tok->byte_token[b] < 0)
-            return;
-    for (int32_t id = 0; id < tok->n_tokens; id++)
-        if (tok->tokens[id].present && tok->tokens[id].in_model && tok->tokens[id].bytes_len > tok->max_token_bytes)
-            tok->max_token_bytes = tok->tokens[id].bytes_len;
+    if (!all_bytes)
+        return;
+    for (int32_t id = 0; id < tok->n_tokens; id++) {
+        const text_token *t = &tok->tokens[id];
+        uint32_t n = tok->byte_level ? t->bytes_len : t->str_len;
+        if (t->present && t->in_model && n > tok->max_token_bytes)
+            tok->max_token_bytes = n;
+    }
+}
+
+/* "<0xNN>" with two hex digits, as tokenizers' ByteFallback decoder reads it: the byte, else -1. */
+static int fallback_byte(const char *s, size_t len) {
+    if (len != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>')
+        return -1;
+    int v = 0;
+    for (int i = 3; i < 5; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
+        if (d < 0)
+            return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* What a TEXT decoder makes of token t (its string already set): its byte for a <0xNN> token
+ * under ByteFallback, else the string with the decoder's Replace steps applied. */
+static rlx_status token_text(rlx_tokenizer *tok, text_token *t) {
+    rlx_status st;
+    int byte = tok->dec_byte_fallback ? fallback_byte(tok->strings + t->str, t->str_len) : -1;
+    if (byte >= 0) {
+        char b = (char)byte;
+        t->fallback = 1;
+        t->bytes_len = 1;
+        return rlx__arena_add(tok, &b, 1, &t->bytes);
+    }
+    t->fallback = 0;
+    t->bytes = t->str;
+    t->bytes_len = t->str_len;
+    for (int i = 0; i < tok->n_dec_replace; i++) {
+        const text_norm_step *r = &tok->dec_replace[i];
+        char *out;
+        size_t out_len;
+        /* the arena may move while the result is added: the step works on a copy's offsets */
+        if ((st = rlx__replace_all(tok->strings + t->bytes, t->bytes_len, tok->strings + r->a, r->a_len,
+                                   tok->strings + r->b, r->b_len, &out, &out_len)) != RLX_OK)
+            return st;
+        if (out_len != t->bytes_len || memcmp(out, tok->strings + t->bytes, out_len) != 0)
+            st = rlx__arena_add(tok, out, out_len, &t->bytes);
+        t->bytes_len = (uint32_t)out_len;
+        free(out);
+        if (st != RLX_OK)
+            return st;
+    }
+    return RLX_OK;
 }
 
 static rlx_status ensure_id(rlx_tokenizer *tok, int32_t id, size_t *cap) {
@@ -352,11 +625,13 @@ rlx_status rlx__vocab_set(rlx_tokenizer *tok, const char *path, int32_t id, cons
     if (t->present)
         return rlx_error(RLX_E_FORMAT, "%s: the vocabulary gives id %lld to both \"%.60s\" and \"%.*s\"", path,
                          (long long)id, tok->strings + t->str, (int)(len < 60 ? len : 60), str);
-    if ((st = arena_add(tok, str, len, &t->str)) != RLX_OK)
+    if ((st = rlx__arena_add(tok, str, len, &t->str)) != RLX_OK)
         return st;
     t->str_len = (uint32_t)len;
     t->present = 1;
     t->in_model = 1;
+    if (tok->decode_kind == TEXT_DECODE_TEXT)
+        return token_text(tok, t);
     /* What ByteLevel decoding makes of it: each character's byte, or the raw UTF-8 when a
      * character is outside the byte-level alphabet (as tokenizers' ByteLevel decoder does). */
     if (scratch->cap < len + 1) {
@@ -391,7 +666,7 @@ rlx_status rlx__vocab_set(rlx_tokenizer *tok, const char *path, int32_t id, cons
         i += cl;
     }
     if (mapped && (nb != len || memcmp(scratch->buf, str, len) != 0)) {
-        if ((st = arena_add(tok, scratch->buf, nb, &t->bytes)) != RLX_OK)
+        if ((st = rlx__arena_add(tok, scratch->buf, nb, &t->bytes)) != RLX_OK)
             return st;
         t->bytes_len = (uint32_t)nb;
     } else { /* not byte-level, or decoding to itself (most ASCII words): no second copy */
@@ -501,6 +776,66 @@ rlx_status rlx__merge_parse(const char *path, uint32_t rank, const char *s, size
     return RLX_OK;
 }
 
+typedef struct score_merge {
+    int32_t left, right, merged;
+    float score;
+} score_merge;
+
+static int by_score_desc(const void *pa, const void *pb) {
+    const score_merge *a = pa, *b = pb;
+    /* NaN sorts last; equal scores keep a stable order by merged id */
+    int an = a->score != a->score, bn = b->score != b->score;
+    if (an != bn)
+        return an - bn;
+    if (!an && a->score != b->score)
+        return a->score > b->score ? -1 : 1;
+    return (a->merged > b->merged) - (a->merged < b->merged);
+}
+
+rlx_status rlx__merges_from_scores(rlx_tokenizer *tok, const float *scores) {
+    size_t n = 0, cap = 0;
+    score_merge *m = NULL;
+    rlx_status st = RLX_OK;
+    for (int32_t id = 0; id < tok->n_tokens && st == RLX_OK; id++) {
+        const text_token *t = &tok->tokens[id];
+        if (!t->present || !t->in_model || t->str_len < 2)
+            continue;
+        const char *str = tok->strings + t->str;
+        size_t cl;
+        for (size_t k = 0; k < t->str_len; k += cl) {
+            rlx__utf8_decode((const uint8_t *)str + k, &cl);
+            if (k == 0)
+                continue;
+            int32_t a = rlx__vocab_find(tok, str, k), b = rlx__vocab_find(tok, str + k, t->str_len - k);
+            if (a < 0 || b < 0 || !tok->tokens[a].in_model || !tok->tokens[b].in_model)
+                continue;
+            if (n == cap) {
+                size_t grown_cap = cap ? cap * 2 : 4096;
+                score_merge *grown = rlx__realloc(m, grown_cap * sizeof *grown);
+                if (!grown) {
+                    st = rlx_error(RLX_E_NOMEM, "cannot allocate %zu merges", grown_cap);
+                    break;
+                }
+                m = grown;
+                cap = grown_cap;
+            }
+            m[n++] = (score_merge){.left = a, .right = b, .merged = id, .score = scores[id]};
+        }
+    }
+    if (st == RLX_OK)
+        st = rlx__merges_alloc(tok, n);
+    if (st == RLX_OK && n)
+        qsort(m, n, sizeof *m, by_score_desc);
+    uint32_t rank = 0;
+    for (size_t i = 0; i < n && st == RLX_OK; i++) {
+        if (i > 0 && by_score_desc(&(score_merge){.score = m[i - 1].score}, &(score_merge){.score = m[i].score}) != 0)
+            rank++;
+        st = merge_insert(tok, m[i].left, m[i].right, rank, m[i].merged);
+    }
+    free(m);
+    return st;
+}
+
 static rlx_status load_merges(rlx_tokenizer *tok, const char *path, const cJSON *merges) {
     if (!cJSON_IsArray(merges))
         return rlx_error(RLX_E_FORMAT, "%s: model.merges must be a list", path);
@@ -572,7 +907,7 @@ rlx_status rlx__added_token(rlx_tokenizer *tok, const added_spec *spec, int32_t 
     }
     text_token *t = &tok->tokens[id];
     uint32_t off;
-    if ((st = arena_add(tok, spec->content, len, &off)) != RLX_OK)
+    if ((st = rlx__arena_add(tok, spec->content, len, &off)) != RLX_OK)
         return st;
     if (!t->present) {
         t->str = off;
@@ -581,9 +916,12 @@ rlx_status rlx__added_token(rlx_tokenizer *tok, const added_spec *spec, int32_t 
         if ((st = rlx__vocab_insert(tok, id)) != RLX_OK)
             return st;
     }
-    /* added tokens decode to their content, bypassing the ByteLevel decoder */
+    /* added tokens decode to their content, bypassing the ByteLevel decoder (a TEXT decoder's
+     * steps apply to them as to any token) */
     t->bytes = off;
     t->bytes_len = (uint32_t)len;
+    if (tok->decode_kind == TEXT_DECODE_TEXT && (st = token_text(tok, t)) != RLX_OK)
+        return st;
     t->added = 1;
     t->special = (uint8_t)spec->special;
     text_added *a = &tok->added[tok->n_added++];
@@ -786,6 +1124,24 @@ static rlx_status load_config(rlx_tokenizer *tok, const char *dir, int32_t n_mod
         int32_t *ids[3] = {&tok->eos_id, &tok->pad_id, &tok->bos_id};
         for (int i = 0; i < 3; i++)
             *ids[i] = names[i] ? rlx__vocab_find(tok, names[i], strlen(names[i])) : -1;
+        /* add_bos_token / add_eos_token, where given, decide what add_special puts around the text
+         * (transformers rebuilds the post-processor from them), else the post-processor does */
+        static const char *const add_keys[2] = {"add_bos_token", "add_eos_token"};
+        for (int i = 0; i < 2; i++) {
+            int add;
+            const int32_t id = i == 0 ? tok->bos_id : tok->eos_id;
+            if (!cJSON_IsBool(get(cfg, add_keys[i])))
+                continue;
+            if ((st = opt_bool(path, "config", cfg, add_keys[i], 0, &add)) != RLX_OK)
+                goto done;
+            if (add && id < 0) {
+                st = rlx_error(RLX_E_FORMAT, "%s: %s is true but there is no %s token", path, add_keys[i],
+                               i == 0 ? "bos" : "eos");
+                goto done;
+            }
+            *(i == 0 ? &tok->n_prefix : &tok->n_suffix) = add ? 1 : 0;
+            (i == 0 ? tok->prefix_ids : tok->suffix_ids)[0] = id;
+        }
 
         const cJSON *ct = get(cfg, "chat_template");
         if (cJSON_IsString(ct)) {
@@ -824,6 +1180,75 @@ done:
 
 // ---- load
 
+/* One post-processor: what encoding with add_special puts around a single sequence. */
+static rlx_status load_post_processor(rlx_tokenizer *tok, const char *path, const cJSON *pp) {
+    rlx_status st;
+    if (!pp || cJSON_IsNull(pp))
+        return RLX_OK;
+    const char *type = type_of(pp);
+    if (!type)
+        return rlx_error(RLX_E_FORMAT, "%s: post_processor must be null or an object with a type", path);
+    if (strcmp(type, "ByteLevel") == 0) /* offsets only */
+        return RLX_OK;
+    if (strcmp(type, "Sequence") == 0) {
+        const cJSON *list = get(pp, "processors");
+        if (!cJSON_IsArray(list))
+            return rlx_error(RLX_E_FORMAT, "%s: post_processor Sequence needs a 'processors' list", path);
+        for (const cJSON *e = list->child; e; e = e->next)
+            if ((st = load_post_processor(tok, path, e)) != RLX_OK)
+                return st;
+        return RLX_OK;
+    }
+    if (strcmp(type, "TemplateProcessing") != 0)
+        return rlx_error(RLX_E_UNSUPPORTED,
+                         "%s: post_processor '%s' is not supported (only TemplateProcessing, ByteLevel, Sequence)",
+                         path, type);
+    const cJSON *single = get(pp, "single"), *specials = get(pp, "special_tokens");
+    if (!cJSON_IsArray(single))
+        return rlx_error(RLX_E_FORMAT, "%s: post_processor TemplateProcessing needs a 'single' list", path);
+    tok->n_prefix = tok->n_suffix = 0;
+    int seen_a = 0;
+    for (const cJSON *e = single->child; e; e = e->next) {
+        const cJSON *seq = cJSON_IsObject(e) ? get(e, "Sequence") : NULL;
+        const cJSON *sp = cJSON_IsObject(e) ? get(e, "SpecialToken") : NULL;
+        const cJSON *name = sp ? get(sp, "id") : seq ? get(seq, "id") : NULL;
+        if (!cJSON_IsString(name))
+            return rlx_error(RLX_E_FORMAT,
+                             "%s: post_processor TemplateProcessing: a 'single' item must be a "
+                             "Sequence or a SpecialToken with an id",
+                             path);
+        if (seq) {
+            if (strcmp(name->valuestring, "A") != 0 || seen_a)
+                return rlx_error(RLX_E_UNSUPPORTED,
+                                 "%s: post_processor TemplateProcessing 'single' must hold sequence A once", path);
+            seen_a = 1;
+            continue;
+        }
+        const cJSON *entry = cJSON_IsObject(specials) ? get(specials, name->valuestring) : NULL;
+        const cJSON *ids = entry ? get(entry, "ids") : NULL;
+        if (!cJSON_IsArray(ids))
+            return rlx_error(RLX_E_FORMAT, "%s: post_processor TemplateProcessing: special token '%.60s' has no ids",
+                             path, name->valuestring);
+        for (const cJSON *i = ids->child; i; i = i->next) {
+            int64_t id;
+            int *n = seen_a ? &tok->n_suffix : &tok->n_prefix;
+            int32_t *dst = seen_a ? tok->suffix_ids : tok->prefix_ids;
+            if (!rlx__json_int(i, &id) || id < 0 || id >= RLX_TEXT_MAX_TOKENS)
+                return rlx_error(RLX_E_FORMAT, "%s: post_processor TemplateProcessing: bad id for '%.60s'", path,
+                                 name->valuestring);
+            if (*n == 4)
+                return rlx_error(RLX_E_UNSUPPORTED,
+                                 "%s: post_processor TemplateProcessing adds more than 4 ids on "
+                                 "one side",
+                                 path);
+            dst[(*n)++] = (int32_t)id;
+        }
+    }
+    if (!seen_a)
+        return rlx_error(RLX_E_FORMAT, "%s: post_processor TemplateProcessing 'single' lacks sequence A", path);
+    return RLX_OK;
+}
+
 static rlx_status load_tokenizer_json(rlx_tokenizer *tok, const char *path, const cJSON *root, size_t *cap,
                                       size_t *added_cap, int32_t *n_model) {
     rlx_status st;
@@ -832,7 +1257,8 @@ static rlx_status load_tokenizer_json(rlx_tokenizer *tok, const char *path, cons
     const cJSON *model = get(root, "model");
     if (!cJSON_IsObject(model))
         return rlx_error(RLX_E_FORMAT, "%s: missing the 'model' object", path);
-    if ((st = check_model_options(path, model)) != RLX_OK)
+    const char *unk = NULL;
+    if ((st = check_model_options(tok, path, model, &unk)) != RLX_OK)
         return st;
     int ignore_merges;
     if ((st = opt_bool(path, "model", model, "ignore_merges", 0, &ignore_merges)) != RLX_OK)
@@ -840,12 +1266,11 @@ static rlx_status load_tokenizer_json(rlx_tokenizer *tok, const char *path, cons
     tok->ignore_merges = ignore_merges;
     if ((st = load_normalizer(tok, path, get(root, "normalizer"))) != RLX_OK)
         return st;
-    const cJSON *pre = get(root, "pre_tokenizer");
-    if (!pre || cJSON_IsNull(pre))
-        return rlx_error(RLX_E_UNSUPPORTED, "%s: a tokenizer without a pre_tokenizer is not supported", path);
-    if ((st = load_pre_tokenizer(tok, path, pre)) != RLX_OK)
+    if ((st = load_pre_tokenizer(tok, path, get(root, "pre_tokenizer"))) != RLX_OK)
         return st;
-    if ((st = check_decoder(path, get(root, "decoder"))) != RLX_OK)
+    if ((st = load_decoder(tok, path, get(root, "decoder"))) != RLX_OK)
+        return st;
+    if ((st = load_post_processor(tok, path, get(root, "post_processor"))) != RLX_OK)
         return st;
 
     if ((st = load_vocab(tok, path, get(model, "vocab"), cap, n_model)) != RLX_OK)
@@ -854,7 +1279,7 @@ static rlx_status load_tokenizer_json(rlx_tokenizer *tok, const char *path, cons
         return st;
     if ((st = load_merges(tok, path, get(model, "merges"))) != RLX_OK)
         return st;
-    rlx__vocab_byte_tokens(tok);
+    rlx__vocab_byte_tokens(tok, unk);
 
     const cJSON *added = get(root, "added_tokens");
     if (added && !cJSON_IsNull(added)) {
@@ -898,7 +1323,7 @@ static rlx_status open_tokenizer(const char *model_dir, const struct rlx__gguf *
     rlx_tokenizer *tok = rlx__calloc(1, sizeof *tok);
     if (!tok)
         return rlx_error(RLX_E_NOMEM, "cannot allocate a tokenizer");
-    tok->eos_id = tok->pad_id = tok->bos_id = -1;
+    tok->eos_id = tok->pad_id = tok->bos_id = tok->unk_id = -1;
     rlx_status st = rlx__cache_init(&tok->cache);
     if (st != RLX_OK) {
         free(tok);
@@ -925,20 +1350,29 @@ static rlx_status open_tokenizer(const char *model_dir, const struct rlx__gguf *
         if ((st = load_config(tok, model_dir, n_model, &cap, &added_cap)) != RLX_OK)
             goto fail;
     }
-    /* Normalized added tokens are matched against normalized text, so their content is NFC'd. */
-    for (size_t i = 0; i < tok->n_added && tok->nfc; i++) {
+    /* Normalized added tokens are matched against normalized text, so their content is normalized
+     * (AddedVocabulary::refresh_added_tokens). */
+    tok->nfc = tok->n_norm == 1 && tok->norm[0].kind == TEXT_NORM_NFC;
+    for (size_t i = 0; i < tok->n_added && tok->n_norm; i++) {
         text_added *a = &tok->added[i];
         if (!a->normalized)
             continue;
         char *norm;
         size_t norm_len;
-        if ((st = rlx__nfc(tok->strings + a->off, a->len, &norm, &norm_len)) != RLX_OK)
+        if ((st = rlx__normalize(tok, tok->strings + a->off, a->len, &norm, &norm_len)) != RLX_OK)
             goto fail;
-        st = arena_add(tok, norm, norm_len, &a->off);
+        st = rlx__arena_add(tok, norm, norm_len, &a->off);
         a->len = (uint32_t)norm_len;
         free(norm);
         if (st != RLX_OK)
             goto fail;
+    }
+    for (int i = 0; i < tok->n_prefix + tok->n_suffix; i++) {
+        int32_t id = i < tok->n_prefix ? tok->prefix_ids[i] : tok->suffix_ids[i - tok->n_prefix];
+        if (id < 0 || id >= tok->n_tokens || !tok->tokens[id].present) {
+            st = rlx_error(RLX_E_FORMAT, "%s: the post-processor adds id %d, which has no token", model_dir, id);
+            goto fail;
+        }
     }
     if ((st = build_matcher(tok, &tok->raw_matcher, 0)) != RLX_OK ||
         (st = build_matcher(tok, &tok->norm_matcher, 1)) != RLX_OK)
