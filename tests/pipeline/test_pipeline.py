@@ -35,13 +35,6 @@ N_NEW = 12
 
 
 
-def lsan_tracer_crash_only(stderr):
-    """True when a process failed only because LeakSanitizer's own tracer crashed at exit (it
-    races with gRPC's internal threads winding down): no sanitizer report of ours is in it."""
-    return ("Tracer caught signal" in stderr and "LeakSanitizer has encountered a fatal error" in stderr
-            and "ERROR: AddressSanitizer" not in stderr and "runtime error" not in stderr
-            and "detected memory leaks" not in stderr)
-
 class Skip(Exception):
     pass
 
@@ -81,10 +74,7 @@ class Env:
 
     # ---- processes ----
 
-    def run(self, cmd, timeout=60, ns=None, check=True, expect_error=False):
-        """Runs cmd; p.tracer_crashed says LeakSanitizer's tracer crashed at its exit, which hides
-        the exit status the program chose: taken as success, unless expect_error (the caller
-        then judges the program by its error message)."""
+    def run(self, cmd, timeout=60, ns=None, check=True):
         if ns:
             cmd = ["ip", "netns", "exec", ns] + cmd
         t0 = time.monotonic()
@@ -93,11 +83,6 @@ class Env:
         except subprocess.TimeoutExpired:
             raise Fail(f"timed out after {timeout} s: {' '.join(cmd)}")
         elapsed = time.monotonic() - t0
-        p.tracer_crashed = p.returncode != 0 and lsan_tracer_crash_only(p.stderr)
-        if p.tracer_crashed and not expect_error:
-            log(f"note: LeakSanitizer's tracer crashed after `{cmd[1]}` finished (a known LSan/gRPC-threads "
-                "issue at exit); its output is complete")
-            p.returncode = 0
         if check and p.returncode != 0:
             raise Fail(f"exit {p.returncode}: {' '.join(cmd)}\n{p.stderr}")
         return p, elapsed
@@ -150,12 +135,6 @@ class Env:
                 raise Fail(f"stage {p.pid} ignored SIGTERM for 10 s")
         if expect_clean and p.returncode != 0:
             text = self.stage_log(p)
-            # LeakSanitizer's own tracer sometimes crashes at exit while gRPC's internal threads
-            # wind down; that is the sanitizer's failure, not the stage's (which stopped cleanly)
-            if lsan_tracer_crash_only(text) and "stopping" in text:
-                log(f"note: stage {p.pid}: LeakSanitizer's tracer crashed at exit (a known LSan/gRPC-threads "
-                    "issue); the stage itself stopped cleanly")
-                return
             raise Fail(f"stage {p.pid} exited with {p.returncode} on SIGTERM: {text}")
 
     def cleanup(self):
@@ -473,34 +452,19 @@ def crc32c(data):
     return crc ^ 0xFFFFFFFF
 
 
-def own_lines(stderr):
-    """stderr's lines without those of LeakSanitizer's tracer crashing at exit (see
-    lsan_tracer_crash_only), which are the sanitizer's, not the program's."""
-    lines = stderr.splitlines()
-    if lsan_tracer_crash_only(stderr):
-        lines = [l for l in lines if not l.startswith(("==", "Tracer caught signal")) and l.strip()]
-    return lines
-
-
 def expect_failure(env, what, cmd, needles, limit_s, ns=None, one_line=False):
     """Runs cmd, which must fail within limit_s with every needle in its stderr; with one_line,
     stderr must be that single "rlx: ..." line and nothing else."""
-    p, elapsed = env.run(cmd, timeout=limit_s + 30, ns=ns, check=False, expect_error=True)
+    p, elapsed = env.run(cmd, timeout=limit_s + 30, ns=ns, check=False)
     if p.returncode == 0:
         raise Fail(f"{what}: succeeded, expected a failure\n{p.stdout}")
-    lines = own_lines(p.stderr)
-    if p.tracer_crashed:
-        # the tracer's abort replaced the exit status: the program failed if it said so
-        log(f"note: LeakSanitizer's tracer crashed after `{cmd[1]}` printed its error (a known "
-            "LSan/gRPC-threads issue at exit)")
-        if not any(l.startswith("rlx: ") for l in lines):
-            raise Fail(f"{what}: no 'rlx: ' error before the tracer crashed, expected a failure:\n{p.stderr}")
+    lines = p.stderr.splitlines()
     for needle in needles:
         if needle not in p.stderr:
             raise Fail(f"{what}: the error does not mention '{needle}':\n{p.stderr}")
     if elapsed > limit_s:
         raise Fail(f"{what}: failed only after {elapsed:.1f} s (limit {limit_s} s)")
-    if "AddressSanitizer" in p.stderr or "runtime error" in p.stderr or (p.returncode < 0 and not p.tracer_crashed):
+    if "AddressSanitizer" in p.stderr or "runtime error" in p.stderr or p.returncode < 0:
         raise Fail(f"{what}: crashed (status {p.returncode}):\n{p.stderr}")
     if one_line and (len(lines) != 1 or not lines[0].startswith("rlx: ")):
         raise Fail(f"{what}: stderr should be one 'rlx: ' line, got {len(lines)}:\n{p.stderr}")
@@ -590,10 +554,6 @@ def pause_and_break(env, model, transport, stages, ns, breaker, limit=4, extra=(
     except subprocess.TimeoutExpired:
         raise Fail("the driver hangs")
     elapsed = time.monotonic() - t0
-    if probe.returncode != 3 and lsan_tracer_crash_only(err) and "AGAIN failed" in out:
-        log("note: LeakSanitizer's tracer crashed after the probe reported (a known LSan/gRPC-threads issue at "
-            "exit); its output is complete")
-        probe.returncode = 3
     if probe.returncode != 3:
         raise Fail(f"expected a pipeline error, got status {probe.returncode}:\n{out}{err}")
     # the error itself must come within limit; closing the transport afterwards may linger a little
@@ -643,7 +603,7 @@ def case_port_in_use(env, model, transport):
                    one_line=True)
     p = expect_failure(env, f"a stage on a port in use, -v ({transport})", cmd + ["-v"], [addr, "the port is in use"],
                        30)
-    lines = own_lines(p.stderr)
+    lines = p.stderr.splitlines()
     if not lines[-1].startswith("rlx: ") or "in use" not in lines[-1]:
         raise Fail(f"-v: the last line should be rlx's error:\n{p.stderr}")
     if transport == "grpc" and not any(": libgrpc E " in l for l in lines):

@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "serve"))
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 from ports import free_ports  # noqa: E402
 from serve_util import sse_events, stream_text  # noqa: E402
-from test_pipeline import Env, Fail, log, lsan_tracer_crash_only, own_lines, run_case  # noqa: E402
+from test_pipeline import Env, Fail, log, run_case  # noqa: E402
 
 SOURCE = os.path.abspath(os.path.join(HERE, "..", ".."))
 # rlx serve needs a tokenizer, which the generated test models have not: the small shipped model
@@ -201,9 +201,7 @@ class BrakedDriver:
         return len(written)
 
     def finish(self, timeout=90):
-        """Reads to the end and waits for the driver: (status, stdout text, stderr text). A crash
-        of LeakSanitizer's tracer at exit (a known LSan/gRPC-threads issue) hides the status the
-        program chose: the caller judges it by its output, so it is returned as None."""
+        """Reads to the end and waits for the driver: (status, stdout text, stderr text)."""
         deadline = time.monotonic() + timeout
         while not self.eof:
             left = deadline - time.monotonic()
@@ -222,10 +220,6 @@ class BrakedDriver:
         self.ours.close()
         err = self.err.text()
         status = self.proc.returncode
-        if status != 0 and lsan_tracer_crash_only(err):
-            log(f"note: {self.what}: LeakSanitizer's tracer crashed at the driver's exit (a known LSan/gRPC-threads "
-                "issue); judged by its output")
-            status = None
         if sanitizer_report(err):
             raise Fail(f"{self.what}: a sanitizer report:\n{err}")
         return status, self.out.decode(), err
@@ -299,7 +293,7 @@ def driver_cmd(env, cfg, *extra):
 
 def same_ids(what, ref, status, out, err):
     ids = [int(t) for t in out.split()]
-    if status not in (0, None) or ids != ref:
+    if status != 0 or ids != ref:
         first = next((k for k, (a, b) in enumerate(zip(ids, ref)) if a != b), min(len(ids), len(ref)))
         raise Fail(f"{what}: exit {status}, {len(ids)} ids, first difference at {first}:\n  single process: {ref}\n"
                    f"  pipeline:       {ids}\n{err}")
@@ -490,7 +484,7 @@ def case_fail(env, transport):
         if status == 0 or ids != ref[:len(ids)] or len(ids) < written:
             raise Fail(f"{what}: exit {status}; {len(ids)} ids (wrote {written} before the fault), want a failure "
                        f"after a prefix of the single process's:\n  {ref}\n  {ids}\n{err}")
-        lines = own_lines(err)
+        lines = err.splitlines()
         errors = [l for l in lines if l.startswith("rlx: ") and "replacing stage" not in l]
         name = f"stage {victim} ({addrs[victim]})"
         if len(errors) != 1 or name not in errors[0]:
@@ -583,7 +577,7 @@ class Serve:
             raise Fail(f"{self.what}: rlx serve did not stop on SIGTERM:\n{self.err.text()}")
         self.err.join(10)
         err = self.err.text()
-        if self.proc.returncode != 0 and not lsan_tracer_crash_only(err):
+        if self.proc.returncode != 0:
             raise Fail(f"{self.what}: rlx serve exited with {self.proc.returncode} on SIGTERM:\n{err}")
         if sanitizer_report(err):
             raise Fail(f"{self.what}: a sanitizer report:\n{err}")

@@ -66,7 +66,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "serve"))
 from ports import free_ports  # noqa: E402
-from test_pipeline import Env, Fail, Mpirun, Skip, even, log, lsan_tracer_crash_only, run_case, split_text  # noqa: E402
+from test_pipeline import Env, Fail, Mpirun, Skip, even, log, run_case, split_text  # noqa: E402
 from serve_util import sse_events  # noqa: E402
 
 LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
@@ -294,7 +294,7 @@ class Serve:
                 self.proc.wait()
                 raise Fail(f"rlx serve did not exit within {DRAIN_SECONDS + 30} s of SIGTERM:\n{self.text()}")
         text = self.text()
-        if self.proc.returncode != 0 and not (lsan_tracer_crash_only(text) and "rlx serve: stopped" in text):
+        if self.proc.returncode != 0:
             raise Fail(f"rlx serve exited with {self.proc.returncode} after SIGTERM:\n{text}")
         if "ERROR: AddressSanitizer" in text or "runtime error" in text or "detected memory leaks" in text:
             raise Fail(f"rlx serve: a sanitizer report:\n{text}")

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "read_file.h"
 #include "rlx/model.h"
 #include "rlx/quant_iface.h"
 
@@ -23,22 +24,18 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
         if (strcmp(argv[1], types[i].name) == 0)
             dtype = (int)types[i].dtype;
-    FILE *f = fopen(argv[2], "rb");
-    if (dtype < 0 || !f) {
+    size_t size = 0;
+    float *x = dtype < 0 ? NULL : (float *)test_read_file(argv[2], &size);
+    if (!x) {
         fprintf(stderr, "quant_probe: bad type or input\n");
         return 2;
     }
-    fseek(f, 0, SEEK_END);
-    const long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    const int64_t n = size / 4;
-    float *x = malloc((size_t)size + 4);
+    const int64_t n = (int64_t)(size / 4);
     uint8_t *out = malloc((size_t)n * 4 + 4);
-    if (!x || !out || fread(x, 4, (size_t)n, f) != (size_t)n) {
-        fprintf(stderr, "quant_probe: cannot read the input\n");
+    if (!out) {
+        fprintf(stderr, "quant_probe: out of memory\n");
         return 2;
     }
-    fclose(f);
     const size_t bytes = rlx_iface_row_bytes((uint32_t)dtype, n);
     if (!bytes || rlx_quantize_row((uint32_t)dtype, x, out, n) != 0) {
         fprintf(stderr, "quant_probe: %lld values are not whole blocks of %s\n", (long long)n, argv[1]);

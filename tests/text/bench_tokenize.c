@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "read_file.h"
 #include "rlx/text.h"
 
 static double now(void) {
@@ -22,24 +23,16 @@ int main(int argc, char **argv) {
         return 2;
     }
     double mib = argc > 3 ? atof(argv[3]) : 1.0;
-    FILE *f = fopen(argv[2], "rb");
-    if (!f) {
-        perror(argv[2]);
-        return 1;
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *src = malloc((size_t)n + 1);
-    if (!src || n <= 0 || fread(src, 1, (size_t)n, f) != (size_t)n) {
+    size_t n;
+    char *src = test_read_file(argv[2], &n);
+    if (!src || n == 0) {
         fprintf(stderr, "cannot read %s\n", argv[2]);
         return 1;
     }
-    fclose(f);
     size_t len = (size_t)(mib * 1024 * 1024);
     char *text = malloc(len + 4);
-    for (size_t i = 0; i < len; i += (size_t)n)
-        memcpy(text + i, src, len - i < (size_t)n ? len - i : (size_t)n);
+    for (size_t i = 0; i < len; i += n)
+        memcpy(text + i, src, len - i < n ? len - i : n);
     while (len > 0 && ((unsigned char)text[len] & 0xC0) == 0x80) /* end on a character boundary */
         len--;
     free(src);

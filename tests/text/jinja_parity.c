@@ -13,25 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "read_file.h"
 #include "rlx/text.h"
-
-static char *read_all(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    if (buf)
-        buf[n] = '\0';
-    fclose(f);
-    return buf;
-}
 
 static int in_markup(const rlx_text_span *spans, size_t n, size_t off) {
     for (size_t i = 0; i < n; i++)
@@ -155,7 +138,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: jinja_parity CASES.json\n");
         return 2;
     }
-    char *text = read_all(argv[1]);
+    char *text = test_read_file(argv[1], NULL);
     cJSON *cases = text ? cJSON_Parse(text) : NULL;
     free(text);
     if (!cJSON_IsArray(cases)) {

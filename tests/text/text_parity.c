@@ -20,6 +20,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "read_file.h"
 #include "rlx/text.h"
 
 static int failures, passes;
@@ -61,26 +62,6 @@ static int utf8_valid(const unsigned char *s, size_t n) {
         i += need + 1;
     }
     return 1;
-}
-
-static unsigned char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    if (buf) {
-        buf[n] = 0;
-        *len = (size_t)n;
-    }
-    return buf;
 }
 
 typedef struct reader {
@@ -189,7 +170,7 @@ static int check_limited(const rlx_tokenizer *tok, const char *name, const char 
 
 static int run_cases(const rlx_tokenizer *tok, const char *path, size_t *n_texts, size_t *n_bytes, size_t *roundtrips) {
     size_t len;
-    unsigned char *data = read_file(path, &len);
+    unsigned char *data = (unsigned char *)test_read_file(path, &len);
     if (!data || len < 8 || memcmp(data, "RLXTCAS1", 8) != 0) {
         printf("cannot read %s\n", path);
         free(data);
@@ -330,7 +311,7 @@ static int check_special_stays_text(const rlx_tokenizer *tok, const char *name, 
 
 static int run_chat(const rlx_tokenizer *tok, const char *path) {
     size_t len;
-    char *data = (char *)read_file(path, &len);
+    char *data = test_read_file(path, &len);
     cJSON *root = data ? cJSON_Parse(data) : NULL;
     free(data);
     if (!cJSON_IsArray(root)) {
