@@ -1,9 +1,11 @@
 /* rlx perplexity: a model's perplexity on a text, by the method of llama.cpp's perplexity tool,
  * so the two figures can be compared directly (a new backend, a quantized model).
  *
- * The method: the whole text is tokenized (no BOS: Qwen3's tokenizers add none), cut into
- * floor(n_tokens / N) chunks of N tokens (-c), the tail dropped. Each chunk runs from an empty
- * KV cache in one forward pass; position j's logits predict token j + 1, and positions
+ * The method: the whole text is tokenized with the ids the model's files put around a text
+ * (Llama 3's and Mistral's BOS; Qwen3's tokenizers add none), cut into floor(n_tokens / N) chunks
+ * of N tokens (-c), the tail dropped. When the tokenizer adds a BOS, each chunk's first token is
+ * replaced by it, as llama-perplexity does, so every chunk starts as a prompt would. Each chunk
+ * runs from an empty KV cache in one forward pass; position j's logits predict token j + 1, and positions
  * N/2 .. N-2 are scored (their predictions have at least N/2 tokens of context), N - N/2 - 1 per
  * chunk. With nll = the mean over all scored positions of -log softmax(logits)[next token]:
  *   PPL = exp(nll), reported with exp(nll) * sqrt((mean(log p^2) - nll^2) / (count - 1)),
@@ -25,8 +27,9 @@ static const char usage[] =
     "usage: rlx perplexity [-m PATH] -f FILE [-c N] [--chunks K] [options]\n\n"
     "Perplexity of the model on the text of FILE ('-' for standard input), as llama.cpp's\n"
     "llama-perplexity computes it: the text's tokens are cut into chunks of N, each evaluated\n"
-    "from an empty cache, and the second half of each chunk's predictions is scored. Prints the\n"
-    "running perplexity after each chunk, then 'Final estimate: PPL = X +/- Y'.\n\n";
+    "from an empty cache (starting with the BOS token when the model's tokenizer adds one), and\n"
+    "the second half of each chunk's predictions is scored. Prints the running perplexity after\n"
+    "each chunk, then 'Final estimate: PPL = X +/- Y'.\n\n";
 
 /* The logits one forward may return: 7 rows of Qwen3's vocabulary, a whole chunk of a small
  * one (1024 rows of Brown's 4096). */
@@ -79,10 +82,14 @@ int cmd_perplexity(int argc, char **argv, app_options *o) {
         goto done;
     }
     /* special tokens in the text stay text, as llama-perplexity tokenizes it */
-    if (rlx_tokenizer_encode(tok, text, len, 0, &ids, &n_ids) != RLX_OK) {
+    const rlx_encode_options eo = {.size = sizeof eo, .add_special = 1};
+    if (rlx_tokenizer_encode_ex(tok, text, len, &eo, &ids, &n_ids, NULL) != RLX_OK) {
         status = app_fail_rlx("perplexity: cannot encode the text");
         goto done;
     }
+    /* the text is not parsed for special tokens, so a leading BOS is one the tokenizer added */
+    const int32_t bos = rlx_tokenizer_bos_id(tok);
+    const int starts_with_bos = bos >= 0 && n_ids > 0 && ids[0] == bos;
     /* nothing is decoded: the vocabulary and merges (11 MiB for Qwen3) need not outlive the encoding */
     rlx_tokenizer_close(tok);
     tok = NULL;
@@ -101,7 +108,9 @@ int cmd_perplexity(int argc, char **argv, app_options *o) {
     const size_t row_bytes = (size_t)rt.lm.vocab * sizeof(float);
     const uint32_t slice = row_bytes < LOGITS_MAX_BYTES ? (uint32_t)(LOGITS_MAX_BYTES / row_bytes) : 1;
     for (uint32_t c = 0; c < n_chunks; c++) {
-        const int32_t *cids = ids + (size_t)c * chunk;
+        int32_t *cids = ids + (size_t)c * chunk;
+        if (starts_with_bos)
+            cids[0] = bos;
         const float *logits;
         if (rt.lm.truncate(rt.lm.self, 0) != RLX_OK || rt.lm.forward(rt.lm.self, cids, first, 0, &logits) != RLX_OK) {
             status = app_fail_rlx("perplexity");
