@@ -6,129 +6,25 @@
  * Types are checked strictly (a count must be a JSON integer, a flag a JSON boolean): a 3.5 or a
  * "28" in a config is a broken file, not a value to guess at. JSON null in an optional field means
  * "use the default", as Python's None does in transformers. */
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "arch.h"
 #include "gguf.h"
 #include "model_internal.h"
 #include "rlx/model.h"
 #include "util/alloc.h"
+#include "util/json.h"
 
-/* Far above any config or safetensors index (a 20000-tensor index is ~2 MB); more is a wrong file. */
-#define JSON_MAX_BYTES (64 << 20)
-/* 2^53: beyond it a JSON number parsed into a double no longer holds every integer. */
-#define JSON_EXACT_INT 9007199254740992.0
 #define REQUIRED RLX__REQUIRED
-
-// ---- JSON files
-
-int rlx__json_int(const cJSON *item, int64_t *out) {
-    if (!cJSON_IsNumber(item))
-        return 0;
-    double v = item->valuedouble;
-    if (!(v >= -JSON_EXACT_INT && v <= JSON_EXACT_INT)) /* also rejects NaN and infinities */
-        return 0;
-    int64_t i = (int64_t)v;
-    if ((double)i != v)
-        return 0;
-    *out = i;
-    return 1;
-}
-
-/* A parse error's byte offset as "line L, column C (byte B)", which is what an editor can jump to. */
-static rlx_status malformed(const char *path, const char *text, size_t offset) {
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i < offset; i++) {
-        if (text[i] == '\n') {
-            line++;
-            col = 1;
-        } else {
-            col++;
-        }
-    }
-    return rlx_error(RLX_E_FORMAT, "%s: malformed JSON at line %zu, column %zu (byte %zu)", path, line, col, offset);
-}
-
-rlx_status rlx__json_load(const char *path, int missing_ok, cJSON **out) {
-    *out = NULL;
-    rlx_status st = RLX_OK;
-    char *text = NULL;
-    size_t len = 0;
-    struct stat sb;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (missing_ok && errno == ENOENT)
-            return RLX_OK;
-        return rlx_error(RLX_E_IO, "%s: %s", path, strerror(errno));
-    }
-    if (fstat(fd, &sb) != 0) {
-        st = rlx_error(RLX_E_IO, "%s: %s", path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = rlx_error(RLX_E_IO, "%s: not a regular file", path);
-        goto fail;
-    }
-    if (sb.st_size > JSON_MAX_BYTES) {
-        st = rlx_error(RLX_E_FORMAT, "%s: %lld bytes is too large for a JSON config (limit %d)", path,
-                       (long long)sb.st_size, JSON_MAX_BYTES);
-        goto fail;
-    }
-    text = rlx__malloc((size_t)sb.st_size + 1);
-    if (!text) {
-        st = rlx_error(RLX_E_NOMEM, "%s: cannot allocate %lld bytes", path, (long long)sb.st_size + 1);
-        goto fail;
-    }
-    while (len < (size_t)sb.st_size) {
-        ssize_t got = read(fd, text + len, (size_t)sb.st_size - len);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0) {
-            st = rlx_error(RLX_E_IO, "%s: %s", path, strerror(errno));
-            goto fail;
-        }
-        if (got == 0) /* the file shrank since fstat: parse what is there */
-            break;
-        len += (size_t)got;
-    }
-    text[len] = '\0';
-    /* The terminator is part of the buffer so cJSON checks that nothing but whitespace follows. */
-    const char *end = NULL;
-    *out = cJSON_ParseWithLengthOpts(text, len + 1, &end, 1);
-    if (!*out)
-        st = malformed(path, text, end ? (size_t)(end - text) : 0);
-fail:
-    free(text);
-    close(fd);
-    return st;
-}
 
 // ---- typed fields
 
-/* item as it appears in a "got ..." message. */
-static void describe(const cJSON *item, char *buf, size_t size) {
-    if (cJSON_IsNumber(item))
-        snprintf(buf, size, "%g", item->valuedouble);
-    else if (cJSON_IsString(item))
-        snprintf(buf, size, "the string \"%.40s\"", item->valuestring);
-    else if (cJSON_IsBool(item))
-        snprintf(buf, size, "%s", cJSON_IsTrue(item) ? "true" : "false");
-    else if (cJSON_IsNull(item))
-        snprintf(buf, size, "null");
-    else
-        snprintf(buf, size, "%s", cJSON_IsArray(item) ? "an array" : "an object");
-}
-
 rlx_status rlx__hf_wrong_type(const char *path, const char *field, const char *expected, const cJSON *item) {
     char got[64];
-    describe(item, got, sizeof got);
+    rlx__json_describe(item, got, sizeof got);
     return rlx_error(RLX_E_FORMAT, "%s: field '%s' must be %s, got %s", path, field, expected, got);
 }
 

@@ -1,23 +1,11 @@
-/* Helpers shared by the sources of core/src/model (config.json, the safetensors index). */
+/* Helpers shared by the sources of core/src/model. */
 #ifndef RLX_MODEL_INTERNAL_H
 #define RLX_MODEL_INTERNAL_H
 
 #include <stdint.h>
 
-#include <cjson/cJSON.h>
-
 #include "rlx/model.h"
 #include "rlx/status.h"
-
-/* Reads and parses the JSON file at path. On success *out is the document, which the caller frees
- * with cJSON_Delete. A file that cannot be read is RLX_E_IO naming path and the system error, except
- * that a missing file with missing_ok set is RLX_OK with *out NULL. Text that is not JSON is
- * RLX_E_FORMAT naming path and the line, column and byte offset of the error. */
-rlx_status rlx__json_load(const char *path, int missing_ok, cJSON **out);
-
-/* Stores the value of item in *out when it is a JSON number holding an integer that a double
- * represents exactly (|v| <= 2^53) and returns 1; returns 0 for anything else (3.5, "3", null). */
-int rlx__json_int(const cJSON *item, int64_t *out);
 
 /* The caller's block spec as this version lays it out: the members its size covers, 0 for the
  * rest (RLX_E_INVALID when the size does not reach produce_logits). */

@@ -27,6 +27,7 @@
 #include "weights_internal.h"
 #include "rlx/model.h"
 #include "util/alloc.h"
+#include "util/json.h"
 
 /* The reference implementation's limit: a longer header means a corrupt length field. */
 #define HEADER_MAX 100000000u
@@ -42,14 +43,6 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *c
 static int cmp_file_key(const void *key, const void *elem) { return strcmp(key, ((const rlx__wfile *)elem)->name); }
 
 /* A non-negative JSON integer. */
-static int json_u64(const cJSON *item, uint64_t *out) {
-    int64_t v;
-    if (!rlx__json_int(item, &v) || v < 0)
-        return 0;
-    *out = (uint64_t)v;
-    return 1;
-}
-
 // ---- one file
 
 /* Fills t from the header entry of one tensor; data is the file's data area of data_size bytes. */
@@ -87,7 +80,7 @@ static rlx_status parse_tensor(const rlx__wfile *f, const cJSON *entry, const ui
     const cJSON *dim;
     cJSON_ArrayForEach(dim, shape) {
         uint64_t d;
-        if (!json_u64(dim, &d))
+        if (!rlx__json_u64(dim, &d))
             return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", f->path, name,
                              i);
         t->shape[i++] = (int64_t)d;
@@ -97,8 +90,8 @@ static rlx_status parse_tensor(const rlx__wfile *f, const cJSON *entry, const ui
         t->shape[i] = 1;
 
     uint64_t begin, end;
-    if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 || !json_u64(offsets->child, &begin) ||
-        !json_u64(offsets->child->next, &end))
+    if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 || !rlx__json_u64(offsets->child, &begin) ||
+        !rlx__json_u64(offsets->child->next, &end))
         return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': field 'data_offsets' is not [begin, end] with integers >= 0",
                          f->path, name);
     if (begin > end)

@@ -16,6 +16,7 @@
 #include "model/model_internal.h"
 #include "text_internal.h"
 #include "util/alloc.h"
+#include "util/json.h"
 
 /* Far above any tokenizer's vocabulary and merges (Qwen3: 151669 tokens, 151387 merges). */
 #define CHAT_TEMPLATE_MAX_BYTES (1 << 20)

@@ -5,6 +5,7 @@
 #include <stdio.h>
 
 #include "model/arch.h"
+#include "util/json.h"
 
 static rlx_status read_hf_moe(const char *path, const cJSON *root, rlx_model_config *c) {
     rlx_status st;
