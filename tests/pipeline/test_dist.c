@@ -537,6 +537,55 @@ static void test_check_address(void **state) {
 
 // ---- model identity ----
 
+/* Appends n bytes of file path from its start (all of it when n is 0) to out; returns the count. */
+static size_t append_file(FILE *out, const char *path, size_t n) {
+    FILE *in = fopen(path, "rb");
+    assert_non_null(in);
+    char buf[65536];
+    size_t done = 0, got;
+    while ((!n || done < n) && (got = fread(buf, 1, !n || n - done > sizeof buf ? sizeof buf : n - done, in)) > 0) {
+        assert_int_equal(fwrite(buf, 1, got, out), got);
+        done += got;
+    }
+    fclose(in);
+    return done;
+}
+
+/* The id is SHA-256 over config.json, then per safetensors file its size (8 bytes, little-endian)
+ * and its first 8 + header-length bytes: the same bytes through coreutils' sha256sum, an
+ * implementation rlx does not use, give the same digest. */
+static void test_model_id_is_the_sha256_of_its_bytes(void **state) {
+    (void)state;
+    const char *dir = RLX_TEST_DATA "/dense-tied-f32-s1";
+    char id[RLX_MODEL_ID_SIZE], path[1200], stream[1200], cmd[2600], want[65] = "";
+    assert_int_equal(rlx_model_id(dir, id), RLX_OK);
+    snprintf(stream, sizeof stream, "%s/id-stream", tmpdir);
+    FILE *out = fopen(stream, "wb");
+    assert_non_null(out);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    append_file(out, path, 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *st = fopen(path, "rb");
+    uint8_t prefix[8];
+    assert_non_null(st);
+    assert_int_equal(fread(prefix, 1, 8, st), 8);
+    fseek(st, 0, SEEK_END);
+    const uint64_t size = (uint64_t)ftell(st);
+    fclose(st);
+    uint64_t header = 0;
+    for (int i = 0; i < 8; i++)
+        header |= (uint64_t)prefix[i] << (8 * i);
+    assert_int_equal(fwrite(&size, 1, 8, out), 8); /* the host is little-endian (dist_internal.h) */
+    assert_int_equal(append_file(out, path, 8 + header), 8 + header);
+    assert_int_equal(fclose(out), 0);
+    snprintf(cmd, sizeof cmd, "sha256sum %s", stream);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    assert_int_equal(fscanf(p, "%64s", want), 1);
+    pclose(p);
+    assert_string_equal(id, want);
+}
+
 static void test_model_id_is_stable_and_discriminating(void **state) {
     (void)state;
     char a[RLX_MODEL_ID_SIZE], b[RLX_MODEL_ID_SIZE], c[RLX_MODEL_ID_SIZE], cmd[1200];
@@ -576,6 +625,7 @@ int main(void) {
         cmocka_unit_test(test_deploy_missing_file),
         cmocka_unit_test(test_check_address),
         cmocka_unit_test(test_model_id_is_stable_and_discriminating),
+        cmocka_unit_test(test_model_id_is_the_sha256_of_its_bytes),
     };
     return cmocka_run_group_tests(tests, make_tmpdir, remove_tmpdir);
 }

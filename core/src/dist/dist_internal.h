@@ -1,5 +1,5 @@
-/* Helpers shared by the sources of core/src/dist: SHA-256 for the model id, and a transport
- * instance that moves rlx.Envelope messages (encoded with protobuf-c) with bounded waits. */
+/* Helpers shared by the sources of core/src/dist: link credentials, and a transport instance that
+ * moves rlx.Envelope messages (encoded with protobuf-c) with bounded waits. */
 #ifndef RLX_DIST_INTERNAL_H
 #define RLX_DIST_INTERNAL_H
 
@@ -13,28 +13,6 @@
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "rlx puts host-order numbers on the wire, which the protocol defines as little-endian"
 #endif
-
-// ---- model id ----
-
-/* rlx_model_id of an open model, from the header it parsed for a GGUF model (whose pages it
- * releases again after hashing them) rather than from a second parse of the file. */
-rlx_status rlx__model_id_of(const rlx_model *m, char out[RLX_MODEL_ID_SIZE]);
-/* rlx_model_config_load_model and rlx_model_id of one model path, a GGUF header parsed once for
- * both. */
-rlx_status rlx__model_config_and_id(const char *model_path, rlx_model_config *cfg, char id[RLX_MODEL_ID_SIZE]);
-
-// ---- SHA-256 ----
-
-typedef struct rlx__sha256 {
-    uint32_t h[8];
-    uint64_t n_bytes;
-    uint8_t block[64];
-    size_t fill;
-} rlx__sha256;
-
-void rlx__sha256_init(rlx__sha256 *s);
-void rlx__sha256_update(rlx__sha256 *s, const void *data, size_t len);
-void rlx__sha256_final(rlx__sha256 *s, uint8_t digest[32]);
 
 // ---- credentials (security.c) ----
 

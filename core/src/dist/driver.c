@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "dist/dist_internal.h"
+#include "model/model_internal.h"
 #include "util/alloc.h"
 #include "util/log.h"
 

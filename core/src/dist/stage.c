@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "dist/dist_internal.h"
+#include "model/model_internal.h"
 #include "gen/gen_internal.h"
 #include "rlx/engine.h"
 #include "util/alloc.h"

@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "rlx/dist.h"
 #include "rlx/model.h"
 #include "rlx/status.h"
 
@@ -28,5 +29,12 @@ const char *rlx__weights_gguf_name(const rlx_weights *w, const rlx_weight *t);
 /* The public configuration of a GGUF model from its metadata and tensors (rlx__model_desc_from_gguf's
  * cfg); errors name the file and key. */
 rlx_status rlx__model_config_from_gguf(const rlx_weights *w, rlx_model_config *out);
+
+/* rlx_model_id of an open model, from the header it parsed for a GGUF model (whose pages it
+ * releases again after hashing them) rather than from a second parse of the file. */
+rlx_status rlx__model_id_of(const rlx_model *m, char out[RLX_MODEL_ID_SIZE]);
+/* rlx_model_config_load_model and rlx_model_id of one model path, a GGUF header parsed once for
+ * both. */
+rlx_status rlx__model_config_and_id(const char *model_path, rlx_model_config *cfg, char id[RLX_MODEL_ID_SIZE]);
 
 #endif
