@@ -373,14 +373,16 @@ rlx_status rlx__gguf_read_decoder(rlx__gguf_cfg *r, int ff_optional, rlx__model_
     return read_rope_freqs(r, d);
 }
 
-/* Scaled RoPE in a GGUF file: refused until an architecture reads its parameters. */
+/* A RoPE scaling type in GGUF metadata (linear, yarn, ...): refused. Llama 3.1's scaling has no
+ * type key; its divisors are the rope_freqs tensor (read_rope_freqs). */
 static rlx_status check_rope_scaling(const rlx__gguf_cfg *r) {
     rlx__gguf_str scaling;
     char key[96];
     snprintf(key, sizeof key, "%s.rope.scaling.type", r->arch);
     rlx_status st = rlx__gguf_string(r->g, key, 1, &scaling);
     if (st == RLX_OK && !(scaling.len == 4 && memcmp(scaling.s, "none", 4) == 0))
-        return rlx_error(RLX_E_UNSUPPORTED, "%s: metadata key '%s' is '%.*s'; rlx runs unscaled RoPE only", r->path,
+        return rlx_error(RLX_E_UNSUPPORTED,
+                         "%s: metadata key '%s' is '%.*s'; rlx runs plain RoPE and Llama 3.1's (rope_freqs)", r->path,
                          key, (int)(scaling.len < 32 ? scaling.len : 32), scaling.s);
     return st == RLX_E_NOT_FOUND ? RLX_OK : st;
 }
