@@ -31,7 +31,8 @@ static void test_unknown_model_type(void **state) {
     rlx_model_config c;
     assert_int_equal(rlx_model_config_load(fixture_path(dir, "config.json"), &c), RLX_E_FORMAT);
     fixture_assert_error_has("config.json", "\"mamba\"", "qwen3 (model_type qwen3, GGUF qwen3)",
-                             "qwen3_moe (model_type qwen3_moe, GGUF qwen3moe)");
+                             "qwen3_moe (model_type qwen3_moe, GGUF qwen3moe)", "llama (model_type llama, GGUF llama)",
+                             "mistral (model_type mistral, GGUF none)");
     fixture_dir_remove(dir);
     free(dir);
 }
@@ -95,6 +96,27 @@ static void test_arch_info(void **state) {
     assert_int_equal(a.qk_norm, 0);
     assert_int_equal(a.qkv_bias, 1);
     assert_int_equal(a.o_bias, 0);
+    rlx_model_close(m);
+
+    m = open_model("llama-untied-bias-f32-s1"); /* attention_bias: all four projections */
+    a = arch_info(m);
+    assert_string_equal(a.arch, "llama");
+    assert_int_equal(a.qk_norm, 0);
+    assert_int_equal(a.qkv_bias, 1);
+    assert_int_equal(a.o_bias, 1);
+    assert_int_equal(a.rope_type, RLX_ROPE_DEFAULT);
+    rlx_model_close(m);
+
+    m = open_model("llama3-rope-f32-s1");
+    assert_int_equal(arch_info(m).rope_type, RLX_ROPE_LLAMA3);
+    rlx_model_close(m);
+
+    m = open_model("mistral-f32-s1"); /* every layer slides */
+    a = arch_info(m);
+    assert_string_equal(a.arch, "mistral");
+    assert_int_equal(a.qkv_bias + a.o_bias + a.qk_norm, 0);
+    for (uint32_t i = 0; i < 3; i++)
+        assert_int_equal(layer_info(m, i).window, 4);
     rlx_model_close(m);
 
     m = open_model("sliding-f32-s1");
@@ -165,6 +187,13 @@ static void test_block_weights(void **state) {
     assert_int_equal(l.n, 1 + 4 + 3 + 1 + 3); /* norm, q/k/v/o, q/k/v biases, norm, MLP */
     assert_int_equal(count_with(&l, "q_norm") + count_with(&l, "k_norm"), 0);
     assert_int_equal(count_with(&l, "o_proj.bias"), 0);
+    rlx_model_close(m);
+
+    m = open_model("llama-untied-bias-f32-s1"); /* attention_bias and mlp_bias */
+    l = block_weights(m, 0, 1, 0, 0);
+    assert_int_equal(l.n, 2 + 4 + 4 + 3 + 3); /* norms, q/k/v/o and their biases, MLP and its */
+    assert_int_equal(count_with(&l, "mlp.down_proj.bias"), 1);
+    assert_int_equal(count_with(&l, "q_norm"), 0);
     rlx_model_close(m);
 
     m = open_model("dense-untied-bias-f32-s1");
