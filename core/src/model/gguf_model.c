@@ -360,6 +360,15 @@ rlx_status rlx__gguf_read_decoder(rlx__gguf_cfg *r, int ff_optional, rlx__model_
     if (value_length != c->head_dim)
         return rlx_error(RLX_E_UNSUPPORTED, "%s: attention value_length %" PRId64 " differs from key_length %" PRId64,
                          path, value_length, c->head_dim);
+    /* RoPE over part of each head (llama.cpp's n_rot < head_dim): rlx turns every pair */
+    const int64_t rope_dims = rlx__gguf_cfg_int(r, "rope.dimension_count", 1, c->head_dim);
+    if (r->st != RLX_OK)
+        return r->st;
+    if (rope_dims != c->head_dim)
+        return rlx_error(RLX_E_UNSUPPORTED,
+                         "%s: metadata key '%s.rope.dimension_count' is %" PRId64 ", not head_dim %" PRId64
+                         "; rlx rotates whole heads",
+                         path, r->arch, rope_dims, c->head_dim);
     if (c->num_hidden_layers > RLX_MAX_LAYERS)
         return rlx_error(RLX_E_FORMAT, "%s: %" PRId64 " layers (rlx supports at most %d)", path, c->num_hidden_layers,
                          RLX_MAX_LAYERS);
