@@ -159,6 +159,7 @@ static rlx_status undo_qk_permutation(rlx_weights *w, const rlx__gguf *g, const 
         for (int64_t row = 0; row < rows; row++)
             memcpy(copy + (size_t)rlx__qk_hf_row(row, head_rows) * row_bytes,
                    (const uint8_t *)x->data + (size_t)row * row_bytes, row_bytes);
+        rlx__drop_mapped(x->data, x->nbytes); /* the file's order is not read again */
         w->owned[w->n_owned++] = copy;
         x->data = copy;
     }
