@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Write random-weight Qwen3 / Qwen3-MoE / Qwen2 models in the real Hugging Face layout.
+"""Write random-weight Qwen3 / Qwen3-MoE / Qwen2 / Llama / Mistral models in the real Hugging
+Face layout.
 
   make_model.py --kind KIND [--dtype f32|bf16|f16] [--shards N] [--seed S]
                 [--mtp-layers N [--mtp-file PATH]] --out DIR
@@ -82,6 +83,31 @@ KINDS = {
     "qwen2-tied": dict(SMALL, model_type="qwen2", num_hidden_layers=3, num_attention_heads=4,
                        num_key_value_heads=2, rope_theta=1000000.0, tie_word_embeddings=True,
                        use_sliding_window=False, sliding_window=4, max_window_layers=2),
+    # Llama 3.2-shaped (LlamaForCausalLM): no biases, no q/k norms, tied embeddings like
+    # Llama-3.2-1B, head_dim hidden / heads (not stated), rope_theta 500000, no rope_scaling.
+    "llama-tied": dict(SMALL, model_type="llama", num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=2, rope_theta=500000.0, tie_word_embeddings=True,
+                       attention_bias=False, mlp_bias=False, rope_scaling=None),
+    # Separate lm_head; attention_bias (q/k/v/o) and mlp_bias (gate/up/down) on, which
+    # LlamaConfig allows; head_dim 32 stated and 4 * 32 != hidden 64; 4 query heads share 1 kv head.
+    "llama-untied-bias": dict(SMALL, model_type="llama", num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                              rope_theta=10000.0, tie_word_embeddings=False, attention_bias=True,
+                              mlp_bias=True, rope_scaling=None),
+    # Llama 3.1/3.2 RoPE scaling ("llama3"): with head_dim 16, theta 10000 and an original
+    # context of 64, frequency pair 0 keeps its frequency, pairs 1-2 are smoothed and the rest
+    # divided by factor, so all three branches of the rule show in the logits.
+    "llama3-rope": dict(SMALL, model_type="llama", num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
+                        tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
+                        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                          high_freq_factor=4.0,
+                                          original_max_position_embeddings=64)),
+    # Mistral 7B-shaped (MistralForCausalLM): the Llama layer without biases, untied, every
+    # layer attends to the last sliding_window (4) positions: shorter than the test prompts.
+    "mistral": dict(SMALL, model_type="mistral", num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=None, rope_theta=10000.0,
+                    tie_word_embeddings=False, sliding_window=4),
     # The demo model: the real Qwen3 vocabulary and special ids (it ships with the real
     # tokenizer.json), a small body: ~40 MB in BF16.
     "demo": dict(model_type="qwen3", vocab_size=151936, hidden_size=128, intermediate_size=384,
@@ -105,11 +131,11 @@ def make_config(kind, dtype):
     """config.json as transformers writes it: every field explicit, keys sorted."""
     k = KINDS[kind]
     architecture = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                    "qwen2": "Qwen2ForCausalLM"}[k["model_type"]]
-    return dict(k, architectures=[architecture],
+                    "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
+                    "mistral": "MistralForCausalLM"}[k["model_type"]]
+    return dict(dict(rope_scaling=None), **k, architectures=[architecture],
                 attention_dropout=0.0, hidden_act="silu", initializer_range=0.02,
-                rope_scaling=None, torch_dtype=DTYPES[dtype][1], transformers_version="4.51.0",
-                use_cache=True)
+                torch_dtype=DTYPES[dtype][1], transformers_version="4.51.0", use_cache=True)
 
 
 def make_generation_config(config):
@@ -144,12 +170,15 @@ def tensor_specs(config, seed, mtp_layers=0):
         normal(name, (n,), NORM_STD, mean=1.0, into=into)
 
     c = config
-    qwen2 = c["model_type"] == "qwen2"
+    mt = c["model_type"]
     H, V = c["hidden_size"], c["vocab_size"]
     D = c.get("head_dim") or H // c["num_attention_heads"]
-    # Qwen3: a bias on every projection iff attention_bias, q/k norms; Qwen2: q/k/v biases only
-    qkv_bias = qwen2 or c["attention_bias"]
-    o_bias = not qwen2 and c["attention_bias"]
+    # Qwen3 and Llama: a bias on every projection iff attention_bias; Qwen2: q/k/v biases only;
+    # Mistral: none. Only Qwen3's have q/k norms; only Llama has mlp_bias.
+    qkv_bias = mt == "qwen2" or c.get("attention_bias", False)
+    o_bias = mt != "qwen2" and c.get("attention_bias", False)
+    qk_norm = mt in ("qwen3", "qwen3_moe")
+    mlp_bias = c.get("mlp_bias", False)
     q_dim, kv_dim = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
     head_std = LOGIT_STD / math.sqrt(H)  # the final norm makes the hidden state RMS ~1
     # Tied: the embedding is the LM head and gets its scale; RMSNorm absorbs it on the way in.
@@ -160,7 +189,7 @@ def tensor_specs(config, seed, mtp_layers=0):
         for proj, n_out in (("q_proj", q_dim), ("k_proj", kv_dim), ("v_proj", kv_dim)):
             linear(p + "self_attn." + proj, n_out, H, qkv_bias, into=into)
         linear(p + "self_attn.o_proj", H, q_dim, o_bias, RESIDUAL_GAIN, into)
-        if not qwen2:
+        if qk_norm:
             norm(p + "self_attn.q_norm.weight", D, into)
             norm(p + "self_attn.k_norm.weight", D, into)
         norm(p + "post_attention_layernorm.weight", H, into)
@@ -171,9 +200,9 @@ def tensor_specs(config, seed, mtp_layers=0):
         else:
             mlps = [(p + "mlp.", c["intermediate_size"])]
         for prefix, inter in mlps:
-            linear(prefix + "gate_proj", inter, H, into=into)
-            linear(prefix + "up_proj", inter, H, into=into)
-            linear(prefix + "down_proj", H, inter, gain=RESIDUAL_GAIN, into=into)
+            linear(prefix + "gate_proj", inter, H, mlp_bias, into=into)
+            linear(prefix + "up_proj", inter, H, mlp_bias, into=into)
+            linear(prefix + "down_proj", H, inter, mlp_bias, RESIDUAL_GAIN, into)
 
     for i in range(c["num_hidden_layers"]):
         sparse = (c["model_type"] == "qwen3_moe" and i not in c["mlp_only_layers"]
@@ -245,7 +274,7 @@ def build_variants(out_dir, variants, seed, generator):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="Write a random-weight Qwen3 model in HF layout.")
+    ap = argparse.ArgumentParser(description="Write a random-weight model in HF layout.")
     ap.add_argument("--kind", required=True, choices=sorted(KINDS))
     ap.add_argument("--dtype", choices=sorted(DTYPES),
                     help="storage dtype (default: bf16 for bench, f32 otherwise)")
