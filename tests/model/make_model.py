@@ -123,8 +123,17 @@ KINDS = {
                   rms_norm_eps=1e-6, rope_theta=1000000, tie_word_embeddings=True,
                   attention_bias=False, use_sliding_window=False, sliding_window=None,
                   max_window_layers=28, bos_token_id=151643, eos_token_id=151645),
+    # The shape of Llama-3.2-1B (config.json as released: GQA 32/8 heads of 64, tied embeddings,
+    # llama3 RoPE scaling), for benchmarks beside llama-bench: ~2.5 GB in BF16.
+    "bench-llama": dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+                        rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                          high_freq_factor=4.0, original_max_position_embeddings=8192),
+                        tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
+                        bos_token_id=128000, eos_token_id=128001),
 }
-DEFAULT_DTYPE = {"bench": "bf16", "demo": "bf16"}  # the rest default to f32
+DEFAULT_DTYPE = {"bench": "bf16", "bench-llama": "bf16", "demo": "bf16"}  # the rest default to f32
 
 
 def make_config(kind, dtype):
