@@ -66,6 +66,11 @@ def main():
         raise SystemExit("FAIL: ref/llama.cpp.json has no checkpoint %s: run make_refs.py --only %s"
                          % (args.model, args.model))
     files = sorted(n for n, e in ref["files"].items() if e["model"] == args.model)
+    # A file added to ref/ without its llama.cpp results would otherwise go untested.
+    unlisted = sorted(set(n for n in os.listdir(REF) if n.startswith(args.model + "-") and n.endswith(".gguf"))
+                      - set(files))
+    if unlisted:
+        raise SystemExit("FAIL: ref/llama.cpp.json has no results for %s" % ", ".join(unlisted))
     f32 = "%s-f32.gguf" % args.model
     if f32 not in files:
         raise SystemExit("FAIL: ref/llama.cpp.json has no %s" % f32)
