@@ -72,11 +72,12 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
         return RLX_OK;
     }
     case RLX_OP_ROPE:
-        if (ni != 2 || !p)
-            return bad(host, plugin, report, RLX_E_INVALID, n, "want 2 inputs and params");
+        if ((ni != 2 && ni != 3) || !p)
+            return bad(host, plugin, report, RLX_E_INVALID, n, "want 2 or 3 inputs and params");
         if (p->head_dim < 2 || p->head_dim % 2 || !is_act(&in[0], T, C) || C % p->head_dim ||
-            !is_vec(&in[1], RLX_DTYPE_I32, T))
-            return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,n*D] (D even), pos I32[T]");
+            !is_vec(&in[1], RLX_DTYPE_I32, T) || (ni == 3 && !is_vec(&in[2], RLX_DTYPE_F32, p->head_dim / 2)))
+            return bad(host, plugin, report, RLX_E_SHAPE, n,
+                       "want x F32[T,n*D] (D even), pos I32[T], factors F32[D/2] (1.5)");
         return RLX_OK;
     case RLX_OP_ATTENTION: {
         /* caches [C, Hkv*D] with 6 inputs, or (1.4) [S, C, Hkv*D] with seq I32[T] as the 7th;

@@ -34,6 +34,7 @@ void kern_deinit(kern_ctx *c) {
     h->free(c->qx.p);
     h->free(c->rope_cs.p);
     h->free(c->rope_pos.p);
+    h->free(c->rope_ff.p);
     memset(c, 0, sizeof *c);
 }
 

@@ -78,9 +78,11 @@ typedef struct kern_ctx {
      * and k rotations of one run share them. */
     kern_buf rope_cs;  /* [T, head_dim] F32: cos of head_dim/2 angles, then their sin; F64 inv_freq */
     kern_buf rope_pos; /* [T] int32 */
+    kern_buf rope_ff;  /* [head_dim/2] F32: the frequency factors of the table, if any */
     int64_t rope_t;
     uint32_t rope_d;
     float rope_theta;
+    bool rope_has_ff;
     struct kern_qrp_shared *qrp; /* the repacked copies alive, by source (kern_prepare_qrp) */
 } kern_ctx;
 
@@ -206,10 +208,11 @@ void kern_embed(kern_ctx *c, const void *table, int dt, int64_t cols, const int3
 /* Each of `rows` rows of x[rows, cols] normalised in groups of g with F32 weights w[g]; y may be x. */
 void kern_rms_norm(kern_ctx *c, const float *x, const float *w, float *y, int64_t rows, int64_t cols, int64_t g,
                    float eps);
-/* NeoX RoPE of x[T, cols] (heads of head_dim values) at positions pos[T]; y may be x. The cos/sin
- * rows are cached in c for the next call with the same positions. */
-int kern_rope(kern_ctx *c, const float *x, const int32_t *pos, float *y, int64_t T, int64_t cols, uint32_t head_dim,
-              float theta);
+/* NeoX RoPE of x[T, cols] (heads of head_dim values) at positions pos[T], each pair's angle
+ * divided by factors[i] when factors (head_dim/2 values) is not NULL; y may be x. The cos/sin
+ * rows are cached in c for the next call with the same positions, theta and factors. */
+int kern_rope(kern_ctx *c, const float *x, const int32_t *pos, const float *factors, float *y, int64_t T, int64_t cols,
+              uint32_t head_dim, float theta);
 /* y = silu(g) * u, and y = a + b, over n values; y may be either input. */
 void kern_swiglu(kern_ctx *c, const float *g, const float *u, float *y, int64_t n);
 void kern_add(kern_ctx *c, const float *a, const float *b, float *y, int64_t n);

@@ -113,34 +113,39 @@ void kern_rms_norm(kern_ctx *c, const float *x, const float *w, float *y, int64_
     kern_rows_run(c, &j, rows, 2 * cols);
 }
 
-/* Makes c->rope_cs hold the cos/sin rows for these positions, head_dim and theta. */
-static int kern_rope_table(kern_ctx *c, const int32_t *pos, int64_t T, uint32_t D, float theta) {
-    if (c->rope_t == T && c->rope_d == D && c->rope_theta == theta &&
-        !memcmp(c->rope_pos.p, pos, (size_t)T * sizeof *pos))
-        return RLX_OK;
+/* Makes c->rope_cs hold the cos/sin rows for these positions, head_dim, theta and factors. */
+static int kern_rope_table(kern_ctx *c, const int32_t *pos, const float *factors, int64_t T, uint32_t D, float theta) {
     const int64_t half = D / 2;
+    if (c->rope_t == T && c->rope_d == D && c->rope_theta == theta &&
+        !memcmp(c->rope_pos.p, pos, (size_t)T * sizeof *pos) && c->rope_has_ff == (factors != NULL) &&
+        (!factors || !memcmp(c->rope_ff.p, factors, (size_t)half * sizeof *factors)))
+        return RLX_OK;
     int rc;
     c->rope_t = -1;
     if ((rc = kern_reserve(c, &c->rope_cs, (size_t)(T * D) * sizeof(float) + (size_t)half * sizeof(double))) < 0 ||
-        (rc = kern_reserve(c, &c->rope_pos, (size_t)T * sizeof *pos)) < 0)
+        (rc = kern_reserve(c, &c->rope_pos, (size_t)T * sizeof *pos)) < 0 ||
+        (factors && (rc = kern_reserve(c, &c->rope_ff, (size_t)half * sizeof *factors)) < 0))
         return rc;
     double *inv = (double *)((float *)c->rope_cs.p + T * D); /* D even: 8-byte aligned */
     for (int64_t i = 0; i < half; i++)
-        inv[i] = pow((double)theta, -2.0 * (double)i / (double)D);
+        inv[i] = pow((double)theta, -2.0 * (double)i / (double)D) / (factors ? (double)factors[i] : 1.0);
     kern_rows_job j = {.op = KERN_ROPE_TABLE, .y = c->rope_cs.p, .idx = pos, .inv_freq = inv, .g = half};
     kern_rows_run(c, &j, T, 16 * half);
     memcpy(c->rope_pos.p, pos, (size_t)T * sizeof *pos);
+    if (factors)
+        memcpy(c->rope_ff.p, factors, (size_t)half * sizeof *factors);
+    c->rope_has_ff = factors != NULL;
     c->rope_t = T;
     c->rope_d = D;
     c->rope_theta = theta;
     return RLX_OK;
 }
 
-int kern_rope(kern_ctx *c, const float *x, const int32_t *pos, float *y, int64_t T, int64_t cols, uint32_t head_dim,
-              float theta) {
+int kern_rope(kern_ctx *c, const float *x, const int32_t *pos, const float *factors, float *y, int64_t T, int64_t cols,
+              uint32_t head_dim, float theta) {
     if (T == 0)
         return RLX_OK;
-    const int rc = kern_rope_table(c, pos, T, head_dim, theta);
+    const int rc = kern_rope_table(c, pos, factors, T, head_dim, theta);
     if (rc < 0)
         return rc;
     kern_rows_job j = {.op = RLX_OP_ROPE, .cols = cols, .a = x, .b = c->rope_cs.p, .y = y, .g = head_dim / 2};
@@ -244,8 +249,8 @@ int kern_op_rows(kern_ctx *c, const rlx_node_view *n) {
     case RLX_OP_RMS_NORM:
         return kern_op_rms_norm(c, n);
     case RLX_OP_ROPE:
-        return kern_rope(c, in[0].data, in[1].data, n->output->data, rlx_iface_rows(&in[0]), rlx_iface_cols(&in[0]),
-                         n->params->head_dim, n->params->rope_theta);
+        return kern_rope(c, in[0].data, in[1].data, n->n_inputs > 2 ? in[2].data : NULL, n->output->data,
+                         rlx_iface_rows(&in[0]), rlx_iface_cols(&in[0]), n->params->head_dim, n->params->rope_theta);
     case RLX_OP_SWIGLU:
         kern_swiglu(c, in[0].data, in[1].data, n->output->data, rlx_iface_numel(n->output));
         return RLX_OK;

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
-"""Independent NumPy reference of the Hugging Face Qwen3 / Qwen3-MoE forward pass.
+"""Independent NumPy reference of the Hugging Face Qwen3 / Qwen3-MoE / Qwen2 / Llama / Mistral
+forward pass.
 
-Follows transformers' Qwen3ForCausalLM and Qwen3MoeForCausalLM (eager attention, no KV cache:
+Follows transformers' Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen2ForCausalLM, LlamaForCausalLM
+(with rope_scaling type llama3) and MistralForCausalLM (eager attention, no KV cache:
 every call recomputes the whole sequence), computing in float64 by default from the stored
 weights widened exactly. It shares no code with rlx, so rlx is checked against it and never
 against itself.
@@ -68,32 +70,44 @@ class Model:
     def __init__(self, directory, extra_weights=()):
         with open(os.path.join(directory, "config.json")) as f:
             c = json.load(f)
-        if c["model_type"] not in ("qwen3", "qwen3_moe", "qwen2"):
-            raise ValueError(f"model_type {c['model_type']!r} is not qwen3, qwen3_moe or qwen2")
+        mt = c["model_type"]
+        if mt not in ("qwen3", "qwen3_moe", "qwen2", "llama", "mistral"):
+            raise ValueError(f"model_type {mt!r} is not qwen3, qwen3_moe, qwen2, llama or mistral")
         self.config = c
         self.directory = directory
-        self.moe = c["model_type"] == "qwen3_moe"
-        if c.get("rope_scaling") or c.get("hidden_act", "silu") != "silu":
-            raise ValueError("only plain RoPE (rope_scaling null) and silu are implemented")
+        self.moe = mt == "qwen3_moe"
+        if c.get("hidden_act", "silu") != "silu":
+            raise ValueError("only silu is implemented")
+        self.rope_scaling = c.get("rope_scaling")
+        if self.rope_scaling and self.rope_scaling.get("rope_type", self.rope_scaling.get("type")) not in (
+                "default", "llama3"):
+            raise ValueError("only plain RoPE and rope_scaling type llama3 are implemented")
         self.layers = c["num_hidden_layers"]
         self.hidden = c["hidden_size"]
         self.heads = c["num_attention_heads"]
         self.kv_heads = c["num_key_value_heads"]
         # Qwen3Config defaults head_dim to 128; Qwen3MoeConfig has no default and attention
         # falls back to hidden/heads. Released checkpoints always state it.
-        # Qwen2 (Qwen2.5) attention uses head_dim when stated, else hidden/heads.
-        qwen2 = c["model_type"] == "qwen2"
-        self.head_dim = c.get("head_dim") or (self.hidden // self.heads if self.moe or qwen2 else 128)
+        # Qwen2 (Qwen2.5), Llama and Mistral attention use head_dim when stated, else hidden/heads.
+        qwen2 = mt == "qwen2"
+        self.head_dim = c.get("head_dim") or (self.hidden // self.heads if mt != "qwen3" else 128)
         self.eps = c["rms_norm_eps"]
         theta = c.get("rope_theta")  # newer transformers write rope_parameters instead
         self.rope_theta = theta if theta is not None else c["rope_parameters"]["rope_theta"]
         # Qwen3: all four projections have a bias iff attention_bias, and q/k are RMS-normed per
-        # head. Qwen2: q, k and v always have a bias, o none, and there are no q/k norms.
+        # head. Qwen2: q, k and v always have a bias, o none, and there are no q/k norms. Llama:
+        # all four iff attention_bias, gate/up/down iff mlp_bias, no q/k norms. Mistral: none.
         self.qkv_bias = True if qwen2 else c.get("attention_bias", False)
         self.o_bias = False if qwen2 else c.get("attention_bias", False)
-        self.qk_norm = not qwen2
+        self.mlp_bias = mt == "llama" and c.get("mlp_bias", False)
+        self.qk_norm = mt in ("qwen3", "qwen3_moe")
         self.tied = c.get("tie_word_embeddings", False)
-        self.window = self._sliding_windows(c)
+        if mt == "llama":
+            self.window = [None] * self.layers
+        elif mt == "mistral":  # MistralConfig: sliding_window (default 4096) on every layer
+            self.window = [c.get("sliding_window", 4096)] * self.layers
+        else:
+            self.window = self._sliding_windows(c)
         self.sparse = [self.moe and i not in (c.get("mlp_only_layers") or [])
                        and c["num_experts"] > 0 and (i + 1) % c.get("decoder_sparse_step", 1) == 0
                        for i in range(self.layers)]
@@ -173,9 +187,27 @@ def linear(model, x, prefix, dtype, bias=False):
     return y + model.w(prefix + ".bias", dtype) if bias else y
 
 
-def rope_tables(positions, head_dim, theta, dtype):
-    """cos/sin [T, head_dim] for NeoX rotate-half RoPE; each half repeats the D/2 frequencies."""
+def llama3_inv_freq(inv_freq, scaling):
+    """transformers' _compute_llama3_parameters: frequencies whose wavelength exceeds
+    original_max_position_embeddings / low_freq_factor are divided by factor, those below
+    original / high_freq_factor kept, and those between interpolated (smoothed)."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled)
+
+
+def rope_tables(positions, head_dim, theta, dtype, scaling=None):
+    """cos/sin [T, head_dim] for NeoX rotate-half RoPE; each half repeats the D/2 frequencies
+    (scaled as rope_scaling type llama3 says, when given)."""
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
     angles = np.concatenate([angles, angles], axis=-1)
     return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
@@ -226,11 +258,12 @@ def silu(x):
     return x / (1.0 + np.exp(-x))
 
 
-def swiglu(model, x, prefix, dtype):
-    """down(silu(gate(x)) * up(x)), the Qwen3 MLP and each MoE expert."""
-    gate = linear(model, x, prefix + "gate_proj", dtype)
-    return linear(model, silu(gate) * linear(model, x, prefix + "up_proj", dtype),
-                  prefix + "down_proj", dtype)
+def swiglu(model, x, prefix, dtype, bias=False):
+    """down(silu(gate(x)) * up(x)), the Qwen3 MLP and each MoE expert (Llama's mlp_bias: each
+    projection with its bias)."""
+    gate = linear(model, x, prefix + "gate_proj", dtype, bias)
+    return linear(model, silu(gate) * linear(model, x, prefix + "up_proj", dtype, bias),
+                  prefix + "down_proj", dtype, bias)
 
 
 def moe(model, layer, x, dtype, trace):
@@ -282,7 +315,7 @@ def final_hidden(model, ids, dtype=np.float64, trace=None):
     """The hidden states after the final norm [T, hidden], which the LM head reads, for token
     ids at positions 0..T-1 (see forward for dtype and trace)."""
     x = embed(model, ids, dtype)
-    cos, sin = rope_tables(np.arange(len(x)), model.head_dim, model.rope_theta, dtype)
+    cos, sin = rope_tables(np.arange(len(x)), model.head_dim, model.rope_theta, dtype, model.rope_scaling)
     for i in range(model.layers):
         p = f"model.layers.{i}."
         if model.sparse[i]:
@@ -290,7 +323,7 @@ def final_hidden(model, ids, dtype=np.float64, trace=None):
                 return moe(model, i, h, dtype, trace)
         else:
             def mlp(h, p=p):
-                return swiglu(model, h, p + "mlp.", dtype)
+                return swiglu(model, h, p + "mlp.", dtype, model.mlp_bias)
         x = decoder_layer(model, p, x, cos, sin, model.window[i], mlp, dtype)
     return rms_norm(x, model.w("model.norm.weight", dtype), model.eps)
 
@@ -320,7 +353,7 @@ def mtp_forward(model, layer, ids, hidden, dtype=np.float64):
     if g.shape != e.shape:
         raise ValueError(f"{len(e)} ids need hidden rows of shape {e.shape}, got {g.shape}")
     x = np.concatenate([g, e], axis=-1) @ model.w(p + "input_proj.weight", dtype).T
-    cos, sin = rope_tables(np.arange(len(x)), model.head_dim, model.rope_theta, dtype)
+    cos, sin = rope_tables(np.arange(len(x)), model.head_dim, model.rope_theta, dtype, model.rope_scaling)
     block = p + "mtp_block."
     x = decoder_layer(model, block, x, cos, sin, None, lambda h: swiglu(model, h, block + "mlp.", dtype), dtype)
     norm = p + "final_layernorm.weight" if p + "final_layernorm.weight" in model.ckpt else "model.norm.weight"

@@ -35,6 +35,26 @@ static const char QWEN3_30B_A3B[] =
     "\"sliding_window\":null,\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\","
     "\"transformers_version\":\"4.51.0\",\"use_cache\":true,\"use_sliding_window\":false,\"vocab_size\":151936}";
 
+/* meta-llama/Llama-3.2-1B-Instruct config.json as published: tied head, head_dim stated, RoPE
+ * scaled as Llama 3.1 does. */
+static const char LLAMA_3_2_1B[] =
+    "{\"architectures\":[\"LlamaForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+    "\"bos_token_id\":128000,\"eos_token_id\":[128001,128008,128009],\"head_dim\":64,\"hidden_act\":\"silu\","
+    "\"hidden_size\":2048,\"initializer_range\":0.02,\"intermediate_size\":8192,\"max_position_embeddings\":131072,"
+    "\"mlp_bias\":false,\"model_type\":\"llama\",\"num_attention_heads\":32,\"num_hidden_layers\":16,"
+    "\"num_key_value_heads\":8,\"pretraining_tp\":1,\"rms_norm_eps\":1e-05,\"rope_scaling\":{\"factor\":32.0,"
+    "\"high_freq_factor\":4.0,\"low_freq_factor\":1.0,\"original_max_position_embeddings\":8192,"
+    "\"rope_type\":\"llama3\"},\"rope_theta\":500000.0,\"tie_word_embeddings\":true,\"torch_dtype\":\"bfloat16\","
+    "\"transformers_version\":\"4.45.0.dev0\",\"use_cache\":true,\"vocab_size\":128256}";
+
+/* mistralai/Mistral-7B-v0.1 config.json as published: no head_dim, a 4096-position window. */
+static const char MISTRAL_7B[] =
+    "{\"architectures\":[\"MistralForCausalLM\"],\"bos_token_id\":1,\"eos_token_id\":2,\"hidden_act\":\"silu\","
+    "\"hidden_size\":4096,\"initializer_range\":0.02,\"intermediate_size\":14336,\"max_position_embeddings\":32768,"
+    "\"model_type\":\"mistral\",\"num_attention_heads\":32,\"num_hidden_layers\":32,\"num_key_value_heads\":8,"
+    "\"rms_norm_eps\":1e-05,\"rope_theta\":10000.0,\"sliding_window\":4096,\"tie_word_embeddings\":false,"
+    "\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.34.0.dev0\",\"use_cache\":true,\"vocab_size\":32000}";
+
 /* The required fields only. */
 static const char MINIMAL[] =
     "{\"model_type\":\"qwen3\",\"vocab_size\":1000,\"hidden_size\":64,\"intermediate_size\":128,"
@@ -120,6 +140,67 @@ static void test_qwen3_0_6b(void **state) {
     assert_int_equal(c.n_eos, 1);
     assert_int_equal(c.eos_ids[0], 151645);
     assert_int_equal(c.bos_id, 151643);
+}
+
+static void test_llama_3_2_1b(void **state) {
+    rlx_model_config c;
+    load_ok(*state, LLAMA_3_2_1B, &c);
+    assert_string_equal(c.model_type, "llama");
+    assert_int_equal(c.vocab_size, 128256);
+    assert_int_equal(c.hidden_size, 2048);
+    assert_int_equal(c.num_hidden_layers, 16);
+    assert_int_equal(c.num_attention_heads, 32);
+    assert_int_equal(c.num_key_value_heads, 8);
+    assert_int_equal(c.head_dim, 64);
+    assert_int_equal(c.max_position_embeddings, 131072);
+    assert_true(c.rope_theta == 5e5);
+    assert_int_equal(c.tie_word_embeddings, 1);
+    assert_int_equal(c.attention_bias, 0);
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(c.layer_sliding[i], 0);
+    assert_int_equal(c.n_eos, 3);
+    assert_int_equal(c.eos_ids[2], 128009);
+    assert_int_equal(c.bos_id, 128000);
+
+    /* Without head_dim and the other optional fields: LlamaConfig's defaults. */
+    cJSON *root = cJSON_Parse(LLAMA_3_2_1B);
+    for (const char *const *f = (const char *const[]){"head_dim", "max_position_embeddings", "num_key_value_heads",
+                                                      "rope_theta", "tie_word_embeddings", NULL};
+         *f; f++)
+        cJSON_DeleteItemFromObjectCaseSensitive(root, *f);
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    load_ok(*state, text, &c);
+    cJSON_free(text);
+    assert_int_equal(c.head_dim, 64); /* 2048 / 32 */
+    assert_int_equal(c.max_position_embeddings, 2048);
+    assert_int_equal(c.num_key_value_heads, 32);
+    assert_true(c.rope_theta == 10000.0);
+    assert_int_equal(c.tie_word_embeddings, 0);
+}
+
+static void test_mistral_7b(void **state) {
+    rlx_model_config c;
+    load_ok(*state, MISTRAL_7B, &c);
+    assert_string_equal(c.model_type, "mistral");
+    assert_int_equal(c.head_dim, 128); /* 4096 / 32 */
+    assert_int_equal(c.num_key_value_heads, 8);
+    assert_int_equal(c.tie_word_embeddings, 0);
+    assert_int_equal(c.use_sliding_window, 1);
+    assert_int_equal(c.sliding_window, 4096);
+    for (int i = 0; i < 32; i++) /* every layer slides, unlike Qwen's max_window_layers rule */
+        assert_int_equal(c.layer_sliding[i], 1);
+
+    /* sliding_window null: full attention; absent: MistralConfig's 4096. */
+    assert_int_equal(
+        rlx_model_config_load(write_variant(*state, "variant.json", MISTRAL_7B, "sliding_window", "null"), &c), RLX_OK);
+    assert_int_equal(c.use_sliding_window, 0);
+    for (int i = 0; i < 32; i++)
+        assert_int_equal(c.layer_sliding[i], 0);
+    assert_int_equal(
+        rlx_model_config_load(write_variant(*state, "variant.json", MISTRAL_7B, "sliding_window", NULL), &c), RLX_OK);
+    assert_int_equal(c.sliding_window, 4096);
+    assert_int_equal(c.layer_sliding[31], 1);
 }
 
 static void test_qwen3_30b_a3b(void **state) {
@@ -443,7 +524,7 @@ static void test_wrong_types_and_values(void **state) {
     const struct {
         const char *field, *value, *needle;
     } cases[] = {
-        {"model_type", "\"llama\"", "field 'model_type' is \"llama\""},
+        {"model_type", "\"gemma\"", "field 'model_type' is \"gemma\""},
         {"model_type", "5", "field 'model_type' must be a string, got 5"},
         {"vocab_size", "\"151936\"", "field 'vocab_size' must be an integer, got the string \"151936\""},
         {"vocab_size", "-5", "field 'vocab_size' is -5, must be in [1, 2147483647]"},
@@ -462,7 +543,11 @@ static void test_wrong_types_and_values(void **state) {
         {"rms_norm_eps", "0", "field 'rms_norm_eps' must be a positive number, got 0"},
         {"rope_theta", "-1", "field 'rope_theta' must be a positive number, got -1"},
         {"rope_scaling", "{\"rope_type\": \"yarn\", \"factor\": 4.0}",
-         "field 'rope_scaling' (type yarn) is not supported"},
+         "field 'rope_scaling' (type yarn) is not supported; rlx runs plain RoPE and type llama3"},
+        {"rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}",
+         "field 'rope_scaling' (type linear) is not supported"},
+        {"rope_scaling", "{\"factor\": 2.0}", "field 'rope_scaling' (type unknown) is not supported"},
+        {"rope_scaling", "8", "field 'rope_scaling' must be an object or null, got 8"},
         {"max_position_embeddings", "40960.5", "field 'max_position_embeddings' must be an integer"},
         {"tie_word_embeddings", "1", "field 'tie_word_embeddings' must be true or false, got 1"},
         {"attention_bias", "\"false\"", "field 'attention_bias' must be true or false"},
@@ -505,6 +590,38 @@ static void test_wrong_types_and_values(void **state) {
     variant_fails(*state, text, "num_key_value_heads", NULL, "field 'head_dim' is missing and hidden_size (2048)");
     cJSON_free(text);
 
+    /* Llama: rope_scaling llama3 needs all four parameters, its bands in order */
+    const struct {
+        const char *field, *value, *needle;
+    } llama_cases[] = {
+        {"rope_scaling", "{\"rope_type\": \"dynamic\", \"factor\": 2.0}",
+         "field 'rope_scaling' (type dynamic) is not supported"},
+        {"rope_scaling",
+         "{\"rope_type\": \"llama3\", \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+         "\"original_max_position_embeddings\": 8192}",
+         "rope_scaling: missing required field 'factor'"},
+        {"rope_scaling",
+         "{\"rope_type\": \"llama3\", \"factor\": 32, \"low_freq_factor\": 1, "
+         "\"high_freq_factor\": 4}",
+         "rope_scaling: missing required field 'original_max_position_embeddings'"},
+        {"rope_scaling",
+         "{\"rope_type\": \"llama3\", \"factor\": -2, \"low_freq_factor\": 1, "
+         "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}",
+         "rope_scaling: field 'factor' must be a positive number, got -2"},
+        {"rope_scaling",
+         "{\"rope_type\": \"llama3\", \"factor\": 32, \"low_freq_factor\": 4, "
+         "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}",
+         "high_freq_factor (4) must be greater than low_freq_factor (4)"},
+        {"hidden_act", "\"gelu\"", "field 'hidden_act' must be \"silu\""},
+        {"mlp_bias", "1", "field 'mlp_bias' must be true or false, got 1"},
+        {"attention_bias", "\"no\"", "field 'attention_bias' must be true or false"},
+    };
+    for (size_t i = 0; i < sizeof llama_cases / sizeof llama_cases[0]; i++)
+        variant_fails(*state, LLAMA_3_2_1B, llama_cases[i].field, llama_cases[i].value, llama_cases[i].needle);
+    variant_fails(*state, MISTRAL_7B, "sliding_window", "0", "field 'sliding_window' is 0");
+    variant_fails(*state, MISTRAL_7B, "sliding_window", "\"4096\"", "field 'sliding_window' must be an integer");
+    variant_fails(*state, MISTRAL_7B, "hidden_act", "\"relu\"", "field 'hidden_act' must be \"silu\"");
+
     variant_fails(*state, MINIMAL, "layer_types",
                   "[\"full_attention\",\"global\",\"full_attention\",\"full_attention\"]",
                   "field 'layer_types[1]' must be \"full_attention\" or \"sliding_attention\", "
@@ -515,6 +632,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_qwen3_0_6b, setup, teardown),
         cmocka_unit_test_setup_teardown(test_qwen3_30b_a3b, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_llama_3_2_1b, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mistral_7b, setup, teardown),
         cmocka_unit_test_setup_teardown(test_moe_layer_pattern, setup, teardown),
         cmocka_unit_test_setup_teardown(test_moe_intermediate_size_needed_only_by_dense_layers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dense_model_ignores_moe_fields, setup, teardown),

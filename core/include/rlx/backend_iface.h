@@ -23,7 +23,8 @@
  * - The core never shows a backend an op newer than the abi_minor its descriptor names: a
  *   plugin built for 1.0 is not asked about CONCAT (1.1), which the reference kernels run, nor
  *   one built before 1.3 about a node with a quantized input, nor one built before 1.4 about
- *   GATHER_ROWS or an ATTENTION with slots (7 inputs) or F16 caches. */
+ *   GATHER_ROWS or an ATTENTION with slots (7 inputs) or F16 caches, nor one built before 1.5
+ *   about a ROPE with frequency factors (3 inputs). */
 #ifndef RLX_BACKEND_IFACE_H
 #define RLX_BACKEND_IFACE_H
 
@@ -70,8 +71,10 @@ typedef struct rlx_tensor {
  *   MATMUL      (x F32[T,K], w[N,K] [, bias[N]])                -> F32[T,N]  y = x w^T + b
  *   RMS_NORM    (x F32[T,C], w[G])                              -> F32[T,C]; C % G == 0, each
  *               group of G values is normalised on its own (G == D gives per-head norm)
- *   ROPE        (x F32[T,n*D], pos I32[T])                      -> F32[T,n*D]; NeoX rotate-half
- *               over the whole head_dim with base rope_theta
+ *   ROPE        (x F32[T,n*D], pos I32[T] [, factors F32[D/2]])  -> F32[T,n*D]; NeoX rotate-half
+ *               over the whole head_dim with base rope_theta: pair i (values i and i + D/2)
+ *               turns by pos * rope_theta^(-2i/D), divided by factors[i] when given (ABI 1.5;
+ *               llama.cpp's rope_freqs, Llama 3's frequency scaling)
  *   ATTENTION   (q F32[T,Hq*D], k F32[T,Hkv*D], v F32[T,Hkv*D], pos I32[T],
  *                k_cache [C,Hkv*D], v_cache [C,Hkv*D])           -> F32[T,Hq*D]
  *               writes row t of k and v into cache row pos[t], then lets query t attend to

@@ -103,6 +103,7 @@ RLX_API int rlx_model_config_layer_is_moe(const rlx_model_config *cfg, int64_t l
 
 /* The RoPE variants (rlx_model_arch_info.rope_type). */
 #define RLX_ROPE_DEFAULT 0 /* rotate-half RoPE with rope_theta, unscaled */
+#define RLX_ROPE_LLAMA3 1  /* the same with Llama 3.1's per-pair frequency scaling (rope_type llama3) */
 
 /* What a model's architecture-neutral description says beyond rlx_model_config. Sized: set size
  * to sizeof(rlx_model_arch_info); the core writes the members the size covers (members are only

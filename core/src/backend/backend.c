@@ -19,6 +19,8 @@ static atomic_uint_fast64_t last_owner;
  * tensor from garbage), 4 for GATHER_ROWS and for an ATTENTION with slots or F16 caches (an
  * older plugin would read a 3-D cache as one sequence and F16 rows as F32). */
 static uint32_t node_minor(const rlx_node_view *node) {
+    if (node->op == RLX_OP_ROPE && node->n_inputs > 2)
+        return 5;
     if (node->op == RLX_OP_GATHER_ROWS)
         return 4;
     if (node->op == RLX_OP_ATTENTION &&

@@ -122,6 +122,7 @@ static int ref_rms_norm(const rlx_node_view *n) {
 static int ref_rope(const rlx_node_view *n) {
     const rlx_tensor *x = &n->inputs[0];
     int64_t t_len = x->shape[0], cols = x->shape[1], d = n->params->head_dim, half = d / 2;
+    const float *factors = n->n_inputs > 2 ? f32(&n->inputs[2]) : NULL;
     for (int64_t t = 0; t < t_len; t++) {
         double pos = i32(&n->inputs[1])[t];
         for (int64_t h = 0; h < cols / d; h++) {
@@ -129,6 +130,8 @@ static int ref_rope(const rlx_node_view *n) {
             float *out = f32(n->output) + t * cols + h * d;
             for (int64_t i = 0; i < half; i++) {
                 double angle = pos * pow((double)n->params->rope_theta, -2.0 * (double)i / (double)d);
+                if (factors)
+                    angle /= (double)factors[i];
                 double c = cos(angle), s = sin(angle), x1 = in[i], x2 = in[i + half];
                 out[i] = (float)(x1 * c - x2 * s);
                 out[i + half] = (float)(x2 * c + x1 * s);

@@ -103,6 +103,11 @@ void rlx__graph_set_weights(rlx_graph *g, uint64_t owner, uint32_t flags) {
     g->weight_flags = flags;
 }
 
+void rlx__graph_weight_in_memory(rlx_graph *g, int id) {
+    if (id >= 0 && (uint32_t)id < g->n_tensors)
+        g->tensors[id].in_memory = 1;
+}
+
 // ---- shape inference ----
 
 typedef struct infer_ctx {
@@ -252,9 +257,14 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
                              p->head_dim, (long long)x->shape[1]);
         if (!(p->rope_theta > 0))
             return rlx_error(RLX_E_INVALID, "node '%s' (rope): rope_theta must be > 0", c->node);
+        if (n == 3) { /* frequency factors (1.5): F32 only, read as they are */
+            CHECK(want_vector(c, 2, p->head_dim / 2, RLX_DTYPE_F32));
+            if (input(c, 2)->dtype != RLX_DTYPE_F32)
+                return bad_input(c, 2, "f32[head_dim/2]");
+        }
         out->shape[0] = x->shape[0];
         out->shape[1] = x->shape[1];
-        return n == 2 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (rope): takes 2 inputs", c->node);
+        return n == 2 || n == 3 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (rope): takes 2 or 3 inputs", c->node);
     }
     case RLX_OP_ATTENTION: {
         if (p->head_dim == 0 || p->n_heads == 0 || p->n_kv_heads == 0 || p->n_heads % p->n_kv_heads)

@@ -10,6 +10,7 @@ typedef struct rlx__tensor_info {
     char *name;
     int producer; /* node index defining it, -1 for non-activations */
     int is_output;
+    int in_memory; /* a weight held in a buffer, not a page of a model file: no weight_flags */
 } rlx__tensor_info;
 
 typedef struct rlx__node {
@@ -35,6 +36,9 @@ struct rlx_graph {
 /* Declares that g's weights belong to owner (rlx__weight_owner_new) and are stored as flags
  * say. */
 void rlx__graph_set_weights(rlx_graph *g, uint64_t owner, uint32_t flags);
+/* Marks weight id as held in memory of its own (computed, or rewritten when the model was read):
+ * backends are offered it without the graph's RLX_WEIGHT_* flags, so none drops its "pages". */
+void rlx__graph_weight_in_memory(rlx_graph *g, int id);
 
 /* Bytes of tensor data (numel * dtype size). */
 size_t rlx__tensor_nbytes(const rlx_tensor *t);

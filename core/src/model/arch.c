@@ -5,7 +5,8 @@
 
 #include "arch.h"
 
-static const rlx__arch *const registry[] = {&rlx__arch_qwen3, &rlx__arch_qwen3_moe, &rlx__arch_qwen2};
+static const rlx__arch *const registry[] = {&rlx__arch_qwen3, &rlx__arch_qwen3_moe, &rlx__arch_qwen2, &rlx__arch_llama,
+                                            &rlx__arch_mistral};
 #define N_ARCHS (sizeof registry / sizeof registry[0])
 
 /* Layer prefixes: every architecture so far keeps Hugging Face's and llama.cpp's. */
@@ -29,6 +30,8 @@ const rlx__arch *rlx__arch_by_gguf(const char *name, size_t len) {
 }
 
 static void append_names(char *out, size_t len, size_t *at, const char *const *names) {
+    if (!*names)
+        *at += (size_t)snprintf(out + *at, len - *at, "none");
     for (const char *const *t = names; *t && *at < len; t++)
         *at += (size_t)snprintf(out + *at, len - *at, "%s%s", t == names ? "" : "/", *t);
 }
@@ -74,6 +77,9 @@ static const struct {
     [RLX__R_FFN_GATE] = {D_FF, D_HIDDEN},
     [RLX__R_FFN_UP] = {D_FF, D_HIDDEN},
     [RLX__R_FFN_DOWN] = {D_HIDDEN, D_FF},
+    [RLX__R_FFN_GATE_BIAS] = {D_FF, D_NONE},
+    [RLX__R_FFN_UP_BIAS] = {D_FF, D_NONE},
+    [RLX__R_FFN_DOWN_BIAS] = {D_HIDDEN, D_NONE},
     [RLX__R_FFN_ROUTER] = {D_EXPERTS, D_HIDDEN},
     [RLX__R_FFN_GATE_EXP] = {D_EXPERT_FF, D_HIDDEN},
     [RLX__R_FFN_UP_EXP] = {D_EXPERT_FF, D_HIDDEN},
@@ -136,6 +142,8 @@ int rlx__tensor_applies(const rlx__tensor *t, const rlx__model_desc *d, const rl
         return d->qkv_bias;
     case RLX__IF_O_BIAS:
         return d->o_bias;
+    case RLX__IF_MLP_BIAS:
+        return d->mlp_bias && layer && !layer->moe;
     case RLX__IF_UNTIED:
         return !d->cfg.tie_word_embeddings;
     }
@@ -207,4 +215,14 @@ int rlx__arch_gguf_of_hf(const rlx__arch *a, const char *hf, char *out, size_t l
         return 1;
     }
     return 0;
+}
+
+// ---- llama.cpp's q/k row order
+
+int64_t rlx__qk_hf_row(int64_t row, int64_t head_rows) {
+    /* within a head, GGUF row 2j + h holds Hugging Face row h * head_rows / 2 + j: the pairs
+     * rotate-half RoPE turns together (j, j + half) become neighbours for llama.cpp's interleaved
+     * RoPE */
+    const int64_t head = row / head_rows, within = row % head_rows;
+    return head * head_rows + (within % 2) * (head_rows / 2) + within / 2;
 }

@@ -45,6 +45,9 @@ typedef enum rlx__role {
     RLX__R_FFN_GATE,
     RLX__R_FFN_UP,
     RLX__R_FFN_DOWN,
+    RLX__R_FFN_GATE_BIAS, /* Llama's mlp_bias */
+    RLX__R_FFN_UP_BIAS,
+    RLX__R_FFN_DOWN_BIAS,
     RLX__R_FFN_ROUTER,   /* [experts, hidden] */
     RLX__R_FFN_GATE_EXP, /* one per expert */
     RLX__R_FFN_UP_EXP,
@@ -59,6 +62,7 @@ typedef enum rlx__when {
     RLX__IF_MOE,      /* the layer's MLP is a mixture of experts */
     RLX__IF_QKV_BIAS, /* rlx__model_desc.qkv_bias */
     RLX__IF_O_BIAS,   /* rlx__model_desc.o_bias */
+    RLX__IF_MLP_BIAS, /* rlx__model_desc.mlp_bias (a dense layer's gate, up and down) */
     RLX__IF_UNTIED,   /* the LM head is not the embedding table */
 } rlx__when;
 
@@ -82,7 +86,17 @@ typedef struct rlx__layer {
 
 typedef enum rlx__rope_type {
     RLX__ROPE_DEFAULT, /* rotate-half RoPE, theta only */
+    /* Llama 3.1's frequency scaling (Hugging Face rope_type "llama3"): pair i's frequency is
+     * divided by rope_freqs[i], computed from rope_scaling or read from GGUF rope_freqs */
+    RLX__ROPE_LLAMA3,
 } rlx__rope_type;
+
+/* rope_scaling of type llama3, as Hugging Face's _compute_llama3_parameters reads it (zero when
+ * the factors came from a GGUF file's rope_freqs instead). */
+typedef struct rlx__rope_llama3 {
+    double factor, low_freq_factor, high_freq_factor;
+    int64_t original_max_position_embeddings;
+} rlx__rope_llama3;
 
 struct rlx__arch;
 
@@ -92,8 +106,10 @@ struct rlx__arch;
 typedef struct rlx__model_desc {
     const struct rlx__arch *arch;
     rlx_model_config cfg;
-    uint8_t qkv_bias, o_bias;
+    uint8_t qkv_bias, o_bias, mlp_bias;
     rlx__rope_type rope_type;
+    rlx__rope_llama3 llama3;
+    float *rope_freqs;  /* RLX__ROPE_LLAMA3: cfg.head_dim / 2 frequency divisors, owned; else NULL */
     rlx__layer *layers; /* cfg.num_hidden_layers entries, owned (rlx__model_desc_free) */
 } rlx__model_desc;
 
@@ -116,11 +132,19 @@ typedef struct rlx__arch {
     /* Fill d (zeroed, arch set) from config.json; errors name path and the field. EOS and BOS
      * ids are read by the caller. */
     rlx_status (*read_hf)(const char *path, const cJSON *root, rlx__model_desc *d);
-    /* Fill d from GGUF metadata and tensor presence; errors name the file and key. */
+    /* Fill d from GGUF metadata and tensor presence; errors name the file and key (NULL when
+     * gguf_archs is empty: no GGUF file names the architecture). */
     rlx_status (*read_gguf)(rlx__gguf_cfg *r, rlx__model_desc *d);
     const rlx__tensor *tensors; /* ended by a row whose hf is NULL */
     /* One decoder layer: x is the residual stream in, the return value the stream out. */
     int (*build_layer)(rlx__blk *b, int x);
+    /* 1: llama.cpp's converter permutes the rows of each q and k head (and their biases) from
+     * Hugging Face's rotate-half layout into its interleaved-RoPE one (LlamaModel.permute); the
+     * GGUF reader undoes it and the GGUF writer does it, so the builder sees Hugging Face's
+     * layout either way. */
+    uint8_t gguf_qk_permuted;
+    /* The general.architecture rlx quantize writes; NULL: gguf_archs[0]. */
+    const char *gguf_write_arch;
 } rlx__arch;
 
 // ---- the registry (arch.c)
@@ -190,6 +214,16 @@ rlx_status rlx__hf_read_decoder(const char *path, const cJSON *root, const rlx__
  * layer_types list) into cfg's fields and each layer's window. */
 rlx_status rlx__hf_read_qwen_sliding(const char *path, const cJSON *root, rlx__model_desc *d);
 
+/* rope_scaling of config.json into d: null or type "default" keeps plain RoPE; "llama3" (all four
+ * of its parameters required, as transformers' _compute_llama3_parameters reads them) sets
+ * RLX__ROPE_LLAMA3 and its factors; any other type is refused naming it. Needs cfg.head_dim and
+ * cfg.rope_theta. */
+rlx_status rlx__hf_read_rope_scaling(const char *path, const cJSON *root, rlx__model_desc *d);
+
+/* llama.cpp's row permutation of a q or k tensor (LlamaModel.permute): the Hugging Face row that
+ * row `row` of the GGUF tensor holds, for heads of head_rows (even) rows each. */
+int64_t rlx__qk_hf_row(int64_t row, int64_t head_rows);
+
 /* Helpers for the GGUF readers: "ARCH.name" as a positive count (optional keys give dflt) or a
  * positive number. */
 int64_t rlx__gguf_cfg_int(rlx__gguf_cfg *r, const char *name, int optional, int64_t dflt);
@@ -204,6 +238,9 @@ rlx_status rlx__gguf_read_decoder(rlx__gguf_cfg *r, int ff_optional, rlx__model_
 /* The model's tensors, for the block builder (model.c). */
 const rlx_weight *rlx__model_find(const rlx_model *m, const char *name);
 const rlx__model_desc *rlx__model_desc_of(const rlx_model *m);
+/* Whether w (a tensor of m) lives in a buffer m's reader made (a GGUF q/k tensor put back in
+ * Hugging Face's row order), not in a page of the mapped file. */
+int rlx__model_weight_in_memory(const rlx_model *m, const rlx_weight *w);
 
 /* One layer being built. */
 typedef struct rlx__blk_layer {
@@ -260,6 +297,12 @@ const rlx_weight *rlx__check_weight(const rlx_model *m, const char *name, const 
 extern const rlx__arch rlx__arch_qwen3;
 extern const rlx__arch rlx__arch_qwen3_moe;
 extern const rlx__arch rlx__arch_qwen2;
+extern const rlx__arch rlx__arch_llama;
+extern const rlx__arch rlx__arch_mistral;
+
+/* Llama's tensor table (Mistral's too) and its hidden_act check ("silu" or absent) (arch/llama.c). */
+extern const rlx__tensor rlx__llama_tensors[];
+rlx_status rlx__llama_check_act(const char *path, const cJSON *root);
 
 /* Qwen3's tensor table (with Qwen3-MoE's expert rows, which a dense layer never applies) and its
  * attention configuration, which Qwen3-MoE shares (arch/qwen3.c). */

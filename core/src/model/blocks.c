@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "arch.h"
+#include "graph/graph_impl.h"
 #include "util/alloc.h"
 
 /* The node name of suffix in the current layer ("layers.3." + suffix), or suffix itself outside
@@ -29,6 +30,25 @@ static int declare(rlx__blk *b, const char *name, int64_t rows, int64_t cols, in
     id = rlx_graph_add_tensor(b->g, RLX_ROLE_WEIGHT, name, (rlx_dtype)w->dtype, w->n_dims, w->shape, w->data);
     if (id < 0)
         b->rc = id;
+    else if (rlx__model_weight_in_memory(b->m, w))
+        rlx__graph_weight_in_memory(b->g, id);
+    return id;
+}
+
+/* The RoPE frequency divisors of the description (RLX__ROPE_LLAMA3) as a weight, declared once;
+ * -1 without them. */
+static int rope_factors(rlx__blk *b) {
+    if (b->rc != RLX_OK || !b->d->rope_freqs)
+        return -1;
+    int id = rlx_graph_find_tensor(b->g, "rope_freqs");
+    if (id >= 0)
+        return id;
+    const int64_t half = b->d->cfg.head_dim / 2;
+    id = rlx_graph_add_tensor(b->g, RLX_ROLE_WEIGHT, "rope_freqs", RLX_DTYPE_F32, 1, &half, b->d->rope_freqs);
+    if (id < 0)
+        b->rc = id;
+    else
+        rlx__graph_weight_in_memory(b->g, id);
     return id;
 }
 
@@ -134,18 +154,20 @@ int rlx__blk_attention(rlx__blk *b, int h) {
         q = rlx__blk_rms_norm(b, "attn.q_norm", q, rlx__blk_weight(b, RLX__R_ATTN_Q_NORM, -1));
     if (rlx__blk_has(b, RLX__R_ATTN_K_NORM))
         k = rlx__blk_rms_norm(b, "attn.k_norm", k, rlx__blk_weight(b, RLX__R_ATTN_K_NORM, -1));
-    q = rlx__blk_node2(b, RLX_OP_ROPE, "attn.q_rope", q, b->pos, &rope);
-    k = rlx__blk_node2(b, RLX_OP_ROPE, "attn.k_rope", k, b->pos, &rope);
+    const int factors = rope_factors(b);
+    const uint32_t n_rope = factors >= 0 ? 3 : 2;
+    q = rlx__blk_node(b, RLX_OP_ROPE, "attn.q_rope", (int[]){q, b->pos, factors}, n_rope, &rope);
+    k = rlx__blk_node(b, RLX_OP_ROPE, "attn.k_rope", (int[]){k, b->pos, factors}, n_rope, &rope);
     const int in[7] = {q, k, v, b->pos, b->kc, b->vc, b->seq};
     int a = rlx__blk_node(b, RLX_OP_ATTENTION, "attn.attention", in, b->seq >= 0 ? 7 : 6, &attn);
     return linear(b, "attn.o_proj", a, RLX__R_ATTN_O, RLX__R_ATTN_O_BIAS);
 }
 
 int rlx__blk_gated_mlp(rlx__blk *b, int h) {
-    int gate = rlx__blk_node2(b, RLX_OP_MATMUL, "mlp.gate_proj", h, rlx__blk_weight(b, RLX__R_FFN_GATE, -1), NULL);
-    int up = rlx__blk_node2(b, RLX_OP_MATMUL, "mlp.up_proj", h, rlx__blk_weight(b, RLX__R_FFN_UP, -1), NULL);
+    int gate = linear(b, "mlp.gate_proj", h, RLX__R_FFN_GATE, RLX__R_FFN_GATE_BIAS);
+    int up = linear(b, "mlp.up_proj", h, RLX__R_FFN_UP, RLX__R_FFN_UP_BIAS);
     int act = rlx__blk_node2(b, RLX_OP_SWIGLU, "mlp.swiglu", gate, up, NULL);
-    return rlx__blk_node2(b, RLX_OP_MATMUL, "mlp.down_proj", act, rlx__blk_weight(b, RLX__R_FFN_DOWN, -1), NULL);
+    return linear(b, "mlp.down_proj", act, RLX__R_FFN_DOWN, RLX__R_FFN_DOWN_BIAS);
 }
 
 int rlx__blk_moe(rlx__blk *b, int h) {

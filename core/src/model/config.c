@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -291,19 +292,66 @@ rlx_status rlx__hf_read_qwen_sliding(const char *path, const cJSON *root, rlx__m
     return RLX_OK;
 }
 
-/* Scaled RoPE (YaRN, linear, dynamic) changes every position's angles; running such a model
- * with plain RoPE would give wrong results without any error, so refuse it. */
-static rlx_status check_rope_scaling(const char *path, const cJSON *root) {
+/* Llama 3.1's per-pair frequency divisors, as transformers' _compute_llama3_parameters scales
+ * inv_freq (and llama.cpp's converter writes them as rope_freqs): pairs whose wavelength is
+ * shorter than original_max_position_embeddings / high_freq_factor keep their frequency, those
+ * longer than original / low_freq_factor are divided by factor, and those between are smoothed. */
+static rlx_status llama3_factors(const char *path, rlx__model_desc *d) {
+    const rlx__rope_llama3 *p = &d->llama3;
+    const int64_t half = d->cfg.head_dim / 2;
+    if (!(d->rope_freqs = rlx__malloc((size_t)half * sizeof *d->rope_freqs)))
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
+    const double low_wavelen = (double)p->original_max_position_embeddings / p->low_freq_factor;
+    const double high_wavelen = (double)p->original_max_position_embeddings / p->high_freq_factor;
+    for (int64_t i = 0; i < half; i++) {
+        const double inv_freq = pow(d->cfg.rope_theta, -2.0 * (double)i / (double)d->cfg.head_dim);
+        const double wavelen = 6.283185307179586 / inv_freq; /* 2 pi */
+        double divisor = 1.0;
+        if (wavelen > low_wavelen) {
+            divisor = p->factor;
+        } else if (wavelen >= high_wavelen) {
+            const double smooth = ((double)p->original_max_position_embeddings / wavelen - p->low_freq_factor) /
+                                  (p->high_freq_factor - p->low_freq_factor);
+            divisor = 1.0 / ((1 - smooth) / p->factor + smooth);
+        }
+        d->rope_freqs[i] = (float)divisor;
+    }
+    d->rope_type = RLX__ROPE_LLAMA3;
+    return RLX_OK;
+}
+
+/* Scaled RoPE changes every position's angles; running a model of a scaling rlx does not know
+ * with plain RoPE would give wrong results without any error, so any other type is refused. */
+rlx_status rlx__hf_read_rope_scaling(const char *path, const cJSON *root, rlx__model_desc *d) {
+    d->rope_type = RLX__ROPE_DEFAULT;
     const cJSON *scaling = cJSON_GetObjectItemCaseSensitive(root, "rope_scaling");
     if (!scaling || cJSON_IsNull(scaling))
         return RLX_OK;
+    if (!cJSON_IsObject(scaling))
+        return rlx__hf_wrong_type(path, "rope_scaling", "an object or null", scaling);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(scaling, "rope_type");
     if (!type)
         type = cJSON_GetObjectItemCaseSensitive(scaling, "type");
     if (cJSON_IsString(type) && strcmp(type->valuestring, "default") == 0)
         return RLX_OK;
-    return rlx_error(RLX_E_FORMAT, "%s: field 'rope_scaling' (type %s) is not supported; only plain RoPE is", path,
-                     cJSON_IsString(type) ? type->valuestring : "unknown");
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "llama3") != 0)
+        return rlx_error(RLX_E_FORMAT,
+                         "%s: field 'rope_scaling' (type %.32s) is not supported; rlx runs plain RoPE and type llama3",
+                         path, cJSON_IsString(type) ? type->valuestring : "unknown");
+    char where[512];
+    snprintf(where, sizeof where, "%s: rope_scaling", path);
+    rlx__rope_llama3 *p = &d->llama3;
+    rlx_status st;
+    if ((st = get_positive(where, scaling, "factor", 1, 0, &p->factor)) != RLX_OK ||
+        (st = get_positive(where, scaling, "low_freq_factor", 1, 0, &p->low_freq_factor)) != RLX_OK ||
+        (st = get_positive(where, scaling, "high_freq_factor", 1, 0, &p->high_freq_factor)) != RLX_OK ||
+        (st = rlx__hf_int(where, scaling, "original_max_position_embeddings", REQUIRED, 1, INT32_MAX,
+                          &p->original_max_position_embeddings)) != RLX_OK)
+        return st;
+    if (!(p->high_freq_factor > p->low_freq_factor))
+        return rlx_error(RLX_E_FORMAT, "%s: high_freq_factor (%g) must be greater than low_freq_factor (%g)", where,
+                         p->high_freq_factor, p->low_freq_factor);
+    return llama3_factors(path, d);
 }
 
 rlx_status rlx__hf_read_decoder(const char *path, const cJSON *root, const rlx__hf_defaults *def, rlx__model_desc *d) {
@@ -353,9 +401,8 @@ rlx_status rlx__hf_read_decoder(const char *path, const cJSON *root, const rlx__
         return st;
     if ((st = get_positive(path, root, "rope_theta", 0, 10000.0, &c->rope_theta)) != RLX_OK)
         return st;
-    if ((st = check_rope_scaling(path, root)) != RLX_OK)
+    if ((st = rlx__hf_read_rope_scaling(path, root, d)) != RLX_OK)
         return st;
-    d->rope_type = RLX__ROPE_DEFAULT;
     return rlx__hf_bool(path, root, "tie_word_embeddings", 0, &c->tie_word_embeddings);
 }
 
@@ -381,6 +428,8 @@ void rlx__model_desc_free(rlx__model_desc *d) {
         return;
     free(d->layers);
     d->layers = NULL;
+    free(d->rope_freqs);
+    d->rope_freqs = NULL;
 }
 
 void rlx__model_desc_project(rlx__model_desc *d) {

@@ -2,7 +2,9 @@
  * architecture's table maps them, arch.h), and its metadata as the model description.
  *
  * llama.cpp's converter keeps Qwen3's tensors as they are (no permutation: both use NeoX RoPE)
- * and only renames them, stores dimensions innermost first (a [rows, cols] matrix is ne = [cols,
+ * and only renames them; for Llama (arch->gguf_qk_permuted) it permutes the rows of every q and
+ * k head for its interleaved RoPE, which the reader undoes into buffers of its own, so the
+ * builder runs the rotate-half RoPE of the Hugging Face layout on either. It stores dimensions innermost first (a [rows, cols] matrix is ne = [cols,
  * rows]) and stacks the experts of a MoE layer into one [experts, rows, cols] tensor, which is
  * split here into one view per expert. Tied embeddings are a file without output.weight. */
 #include <inttypes.h>
@@ -110,6 +112,59 @@ static rlx_status check_split(const rlx__gguf *g, unsigned no, unsigned count) {
     return st == RLX_E_NOT_FOUND ? RLX_OK : st;
 }
 
+/* The head count of a q tensor ("attention.head_count") or a k tensor ("attention.head_count_kv",
+ * the former when absent) of shard g, under the file's architecture prefix. */
+static rlx_status head_count(const rlx__gguf *g, const char *arch, int k, int64_t *out) {
+    char key[96];
+    snprintf(key, sizeof key, "%s.attention.head_count%s", arch, k ? "_kv" : "");
+    rlx_status st = rlx__gguf_int(g, key, k, out);
+    if (st == RLX_E_NOT_FOUND)
+        return head_count(g, arch, 0, out);
+    if (st == RLX_OK && (*out <= 0 || *out > INT32_MAX))
+        return rlx_error(RLX_E_FORMAT, "%s: metadata key '%s' is %" PRId64 ", not a positive count", g->path, key,
+                         *out);
+    return st;
+}
+
+/* Undoes llama.cpp's q/k row permutation (arch.h, gguf_qk_permuted) on every q and k weight and
+ * bias of w: each is copied into a buffer w owns, in Hugging Face's row order. */
+static rlx_status undo_qk_permutation(rlx_weights *w, const rlx__gguf *g, const char *arch) {
+    for (size_t i = 0; i < w->n_tensors; i++) {
+        rlx_weight *x = &w->tensors[i];
+        unsigned layer;
+        char which, kind[8];
+        int used = 0;
+        if (sscanf(x->name, "model.layers.%u.self_attn.%c_proj.%7s%n", &layer, &which, kind, &used) != 3 ||
+            x->name[used] != '\0' || (which != 'q' && which != 'k') ||
+            (strcmp(kind, "weight") != 0 && strcmp(kind, "bias") != 0))
+            continue;
+        int64_t heads;
+        rlx_status st = head_count(g, arch, which == 'k', &heads);
+        if (st != RLX_OK)
+            return st;
+        const int64_t rows = x->shape[0];
+        const int64_t head_rows = rows / heads;
+        if (rows % heads != 0 || head_rows % 2 != 0 || x->nbytes % (size_t)rows != 0)
+            return rlx_error(RLX_E_FORMAT,
+                             "%s: tensor '%s' has %" PRId64 " rows, not %" PRId64 " heads of an even size", g->path,
+                             rlx__weights_gguf_name(w, x) ? rlx__weights_gguf_name(w, x) : x->name, rows, heads);
+        void **owned = rlx__realloc(w->owned, (w->n_owned + 1) * sizeof *owned);
+        if (!owned)
+            return rlx_error(RLX_E_NOMEM, "%s: out of memory", g->path);
+        w->owned = owned;
+        uint8_t *copy = rlx__malloc(x->nbytes ? x->nbytes : 1);
+        if (!copy)
+            return rlx_error(RLX_E_NOMEM, "%s: cannot allocate %zu bytes for tensor '%s'", g->path, x->nbytes, x->name);
+        const size_t row_bytes = x->nbytes / (size_t)rows;
+        for (int64_t row = 0; row < rows; row++)
+            memcpy(copy + (size_t)rlx__qk_hf_row(row, head_rows) * row_bytes,
+                   (const uint8_t *)x->data + (size_t)row * row_bytes, row_bytes);
+        w->owned[w->n_owned++] = copy;
+        x->data = copy;
+    }
+    return RLX_OK;
+}
+
 rlx_status rlx__weights_open_gguf(const char *path, rlx_weights **out) {
     *out = NULL;
     size_t prefix_len = 0;
@@ -129,6 +184,7 @@ rlx_status rlx__weights_open_gguf(const char *path, rlx_weights **out) {
     }
     rlx_status st = RLX_OK;
     const rlx__arch *arch = NULL;
+    char arch_name[32] = "";
     for (unsigned i = 0; i < count && st == RLX_OK; i++) {
         rlx__wfile *f = &w->files[w->n_files];
         const size_t len = strlen(path) + 1;
@@ -150,13 +206,16 @@ rlx_status rlx__weights_open_gguf(const char *path, rlx_weights **out) {
             st = check_split(g, i, count);
         rlx__gguf_str name;
         /* without a known architecture the names stay; the configuration then refuses the model */
-        if (i == 0 && rlx__gguf_string(g, "general.architecture", 1, &name) == RLX_OK)
-            arch = rlx__arch_by_gguf(name.s, name.len);
+        if (i == 0 && rlx__gguf_string(g, "general.architecture", 1, &name) == RLX_OK &&
+            (arch = rlx__arch_by_gguf(name.s, name.len)))
+            snprintf(arch_name, sizeof arch_name, "%.*s", (int)name.len, name.s);
         if (st == RLX_OK)
             st = add_shard_tensors(w, f, g, arch);
     }
     if (st == RLX_OK)
         st = rlx__weights_index(w);
+    if (st == RLX_OK && arch && arch->gguf_qk_permuted)
+        st = undo_qk_permutation(w, w->gguf[0], arch_name);
     if (st != RLX_OK) {
         rlx_weights_close(w);
         return st;
@@ -255,6 +314,28 @@ static rlx_status config_eos(const rlx__gguf *g, rlx_model_config *c) {
     return st == RLX_E_NOT_FOUND || st == RLX_OK ? RLX_OK : st;
 }
 
+/* rope_freqs.weight, the per-pair frequency divisors llama.cpp's converter writes for Llama 3.1's
+ * rope_scaling (arch.h, RLX__ROPE_LLAMA3), into d when the file has it. */
+static rlx_status read_rope_freqs(const rlx__gguf_cfg *r, rlx__model_desc *d) {
+    const rlx_weight *t = rlx_weights_find(r->w, "rope_freqs.weight");
+    if (!t)
+        return RLX_OK;
+    const int64_t half = d->cfg.head_dim / 2;
+    if (t->dtype != RLX_DTYPE_F32 || t->n_dims != 1 || t->shape[0] != half)
+        return rlx_error(RLX_E_FORMAT, "%s: tensor 'rope_freqs.weight' is not F32 [%" PRId64 "] (head_dim / 2)",
+                         r->path, half);
+    if (!(d->rope_freqs = rlx__malloc((size_t)half * sizeof *d->rope_freqs)))
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", r->path);
+    memcpy(d->rope_freqs, t->data, (size_t)half * sizeof *d->rope_freqs);
+    for (int64_t i = 0; i < half; i++)
+        if (!(d->rope_freqs[i] > 0 && d->rope_freqs[i] < 1e30f))
+            return rlx_error(RLX_E_FORMAT,
+                             "%s: tensor 'rope_freqs.weight' holds %g at %" PRId64 ", not a positive factor", r->path,
+                             (double)d->rope_freqs[i], i);
+    d->rope_type = RLX__ROPE_LLAMA3;
+    return RLX_OK;
+}
+
 rlx_status rlx__gguf_read_decoder(rlx__gguf_cfg *r, int ff_optional, rlx__model_desc *d) {
     rlx_model_config *c = &d->cfg;
     const char *path = r->path;
@@ -289,7 +370,7 @@ rlx_status rlx__gguf_read_decoder(rlx__gguf_cfg *r, int ff_optional, rlx__model_
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", path);
     c->tie_word_embeddings = rlx_weights_find(r->w, "lm_head.weight") == NULL;
     d->rope_type = RLX__ROPE_DEFAULT;
-    return RLX_OK;
+    return read_rope_freqs(r, d);
 }
 
 /* Scaled RoPE in a GGUF file: refused until an architecture reads its parameters. */

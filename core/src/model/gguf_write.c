@@ -86,6 +86,7 @@ typedef struct out_tensor {
     uint32_t dtype;
     int fallback;
     size_t nbytes, offset;
+    int64_t head_rows; /* > 0: a q or k tensor written in llama.cpp's permuted row order */
 } out_tensor;
 
 static int cmp_out(const void *x, const void *y) {
@@ -104,15 +105,43 @@ static uint32_t ggml_type(uint32_t dtype) {
     return dtype < RLX_DTYPE_COUNT ? map[dtype] : 0;
 }
 
-/* The tensors of the model under llama.cpp's names, expert views stacked, in converter order. */
-static rlx_status collect(const rlx_weights *w, const rlx__model_desc *desc, const rlx__qtype *q, out_tensor **out,
-                          size_t *n_out) {
+/* The rows of each head of a q or k tensor (role) when the architecture's GGUF files hold them
+ * permuted (arch.h, gguf_qk_permuted), else 0. */
+static int64_t permuted_head_rows(const rlx__model_desc *d, rlx__role role) {
+    if (!d->arch->gguf_qk_permuted)
+        return 0;
+    if (role == RLX__R_ATTN_Q || role == RLX__R_ATTN_Q_BIAS || role == RLX__R_ATTN_K || role == RLX__R_ATTN_K_BIAS)
+        return d->cfg.head_dim;
+    return 0;
+}
+
+/* The tensors of the model under llama.cpp's names, expert views stacked, in converter order;
+ * rope_freqs (the description's RoPE factors, as rope, F32) first, as llama.cpp's converter
+ * writes it. */
+static rlx_status collect(const rlx_weights *w, const rlx__model_desc *desc, const rlx_weight *rope,
+                          const rlx__qtype *q, out_tensor **out, size_t *n_out) {
     const rlx_model_config *c = &desc->cfg;
     const size_t n = rlx_weights_count(w);
-    out_tensor *t = rlx__calloc(n ? n : 1, sizeof *t);
+    out_tensor *t = rlx__calloc(n + 1, sizeof *t);
     if (!t)
         return rlx_error(RLX_E_NOMEM, "out of memory");
     size_t k = 0;
+    if (rope->data) {
+        out_tensor *o = &t[k++];
+        snprintf(o->name, sizeof o->name, "rope_freqs.weight");
+        o->layer = o->part = -1;
+        o->n_src = 1;
+        if (!(o->src = rlx__calloc(1, sizeof *o->src))) {
+            *out = t;
+            *n_out = k;
+            return rlx_error(RLX_E_NOMEM, "out of memory");
+        }
+        o->src[0] = rope;
+        o->n_dims = 1;
+        o->ne[0] = rope->shape[0];
+        o->dtype = RLX_DTYPE_F32;
+        o->nbytes = rope->nbytes;
+    }
     for (size_t i = 0; i < n; i++) {
         const rlx_weight *x = rlx_weights_at(w, i);
         char name[96];
@@ -126,6 +155,7 @@ static rlx_status collect(const rlx_weights *w, const rlx__model_desc *desc, con
         snprintf(o->name, sizeof o->name, "%s", name);
         o->layer = layer;
         o->part = part;
+        o->head_rows = permuted_head_rows(desc, desc->arch->tensors[part].role);
         o->n_src = expert == 0 ? c->num_experts : 1;
         if (!(o->src = rlx__calloc((size_t)o->n_src, sizeof *o->src))) {
             *out = t;
@@ -284,7 +314,8 @@ static rlx_status write_tensor(FILE *f, const char *path, const out_tensor *o, f
         const size_t in_row = rlx_iface_row_bytes(x->dtype, cols);
         const int64_t rows = in_row ? (int64_t)(x->nbytes / in_row) : 0;
         for (int64_t r = 0; r < rows; r++) {
-            const uint8_t *src = (const uint8_t *)x->data + (size_t)r * in_row;
+            const int64_t from = o->head_rows ? rlx__qk_hf_row(r, o->head_rows) : r;
+            const uint8_t *src = (const uint8_t *)x->data + (size_t)from * in_row;
             const void *bytes = src;
             if (x->dtype != o->dtype) {
                 if (rlx_iface_dequant_row(x->dtype, src, row, cols) != 0 ||
@@ -300,11 +331,17 @@ static rlx_status write_tensor(FILE *f, const char *path, const out_tensor *o, f
     return RLX_OK;
 }
 
+/* The general.architecture a model is written as. */
+static const char *gguf_arch(const rlx__model_desc *d) {
+    return d->arch->gguf_write_arch ? d->arch->gguf_write_arch : d->arch->gguf_archs[0];
+}
+
 static rlx_status write_file(const rlx_model *m, const rlx_tokenizer *tok, const char *tmp, const rlx__qtype *q,
                              out_tensor *t, size_t n, rlx_quantize_progress progress, void *ctx) {
     const rlx_model_config *c = rlx_model_config_of(m);
+    const rlx__model_desc *d = rlx__model_desc_of(m);
     const int moe = c->num_experts > 0;
-    const char *arch = rlx__model_desc_of(m)->arch->gguf_archs[0];
+    const char *arch = gguf_arch(d);
     char name[256];
     model_name(m, name, sizeof name);
     int64_t n_vocab = c->vocab_size;
@@ -334,6 +371,12 @@ static rlx_status write_file(const rlx_model *m, const rlx_tokenizer *tok, const
     }
     kv_arch_u32(&kv, arch, "attention.key_length", c->head_dim);
     kv_arch_u32(&kv, arch, "attention.value_length", c->head_dim);
+    if (d->arch->gguf_qk_permuted) { /* what llama.cpp's LlamaModel adds */
+        kv_arch_u32(&kv, arch, "vocab_size", c->vocab_size);
+        kv_arch_u32(&kv, arch, "rope.dimension_count", c->head_dim);
+        if (d->layers[0].window)
+            kv_arch_u32(&kv, arch, "attention.sliding_window", d->layers[0].window);
+    }
     rlx_status st = tokenizer_kv(&kv, tok, n_vocab, c);
     if (st != RLX_OK) {
         free(kv.p);
@@ -358,8 +401,8 @@ static rlx_status write_file(const rlx_model *m, const rlx_tokenizer *tok, const
         offset += t[i].nbytes;
         put_str(&h, t[i].name, strlen(t[i].name));
         put_u32(&h, t[i].n_dims);
-        for (uint32_t d = 0; d < t[i].n_dims; d++)
-            put_u64(&h, (uint64_t)t[i].ne[d]);
+        for (uint32_t dim = 0; dim < t[i].n_dims; dim++)
+            put_u64(&h, (uint64_t)t[i].ne[dim]);
         put_u32(&h, ggml_type(t[i].dtype));
         put_u64(&h, t[i].offset);
     }
@@ -434,13 +477,23 @@ rlx_status rlx_model_write_gguf(const rlx_model *m, const rlx_tokenizer *tok, co
         return rlx_error(RLX_E_UNSUPPORTED,
                          "%s: norm_topk_prob is false; llama.cpp's qwen3moe always renormalises the top-k weights",
                          rlx_model_dir(m));
-    for (int64_t l = 0; c->use_sliding_window && l < c->num_hidden_layers; l++)
-        if (c->layer_sliding[l])
-            return rlx_error(RLX_E_UNSUPPORTED, "%s: layer %lld uses a sliding window, which llama.cpp's qwen3 has not",
-                             rlx_model_dir(m), (long long)l);
+    const rlx__model_desc *d = rlx__model_desc_of(m);
+    /* a llama file says one window for all layers (rlx's own key); the others none */
+    for (int64_t l = 0; l < c->num_hidden_layers; l++)
+        if (d->layers[l].window != (d->arch->gguf_qk_permuted ? d->layers[0].window : 0))
+            return rlx_error(RLX_E_UNSUPPORTED, "%s: layer %lld uses a sliding window, which llama.cpp's %s has not",
+                             rlx_model_dir(m), (long long)l, gguf_arch(d));
+    const int64_t half = c->head_dim / 2;
+    const rlx_weight rope = {.name = "rope_freqs",
+                             .dtype = RLX_DTYPE_F32,
+                             .n_dims = 1,
+                             .shape = {half, 1, 1, 1},
+                             .data = d->rope_freqs,
+                             .nbytes = d->rope_freqs ? (size_t)half * sizeof(float) : 0,
+                             .file = rlx_model_dir(m)};
     out_tensor *t = NULL;
     size_t n = 0;
-    rlx_status st = collect(rlx_model_weights(m), rlx__model_desc_of(m), q, &t, &n);
+    rlx_status st = collect(rlx_model_weights(m), d, &rope, q, &t, &n);
     char *tmp = NULL;
     if (st == RLX_OK && !(tmp = rlx__malloc(strlen(out_path) + 5)))
         st = rlx_error(RLX_E_NOMEM, "out of memory");

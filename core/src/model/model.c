@@ -128,6 +128,15 @@ int rlx_model_has_mtp(const rlx_model *m, uint32_t n) {
 
 const rlx_model_config *rlx_model_config_of(const rlx_model *m) { return &m->desc.cfg; }
 const rlx__model_desc *rlx__model_desc_of(const rlx_model *m) { return &m->desc; }
+
+int rlx__model_weight_in_memory(const rlx_model *m, const rlx_weight *w) {
+    if (m->quantized) /* every weight is offered without flags already */
+        return 0;
+    for (size_t i = 0; i < m->weights->n_owned; i++)
+        if (m->weights->owned[i] == w->data)
+            return 1;
+    return 0;
+}
 const rlx_weights *rlx_model_weights(const rlx_model *m) { return m->weights; }
 const char *rlx_model_dir(const rlx_model *m) { return m->dir; }
 

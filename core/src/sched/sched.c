@@ -220,7 +220,7 @@ static rlx_status prepare_weights(rlx_plan *p) {
             if (ti->role != RLX_ROLE_WEIGHT)
                 continue;
             const rlx_weight_info w = {.size = sizeof w,
-                                       .flags = g->weight_owner ? g->weight_flags : 0,
+                                       .flags = g->weight_owner && !ti->in_memory ? g->weight_flags : 0,
                                        .tensor = &p->tensors[nd->inputs[k]],
                                        .name = ti->name,
                                        .op = nd->op,
