@@ -35,12 +35,15 @@ QUANT = "Q8_0"
 PRE = "qwen2"  # the Brown tokenizer's pre-tokenizer, in llama.cpp's naming (convert.py)
 PYTHON = "/usr/bin/python3"  # Debian's, which has torch for the converter
 FINAL = re.compile(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)")
+RUNNING = re.compile(r"\[(\d+)\]([\d.]+),")
 END_OF_TEXT = " [end of text]\n"
 
 
 def run(cmd, **kw):
+    """Runs cmd; its output as text, where bytes that are not UTF-8 (a byte-level BPE model
+    can print part of a character) become U+FFFD, as rlx's JSON output has them."""
     print("+ " + " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", **kw)
     if p.returncode != 0:
         raise SystemExit("make_refs.py: %s exited %d:\n%s" % (cmd[0], p.returncode, p.stderr[-3000:]))
     return p
@@ -49,8 +52,13 @@ def run(cmd, **kw):
 def completion(bin_dir, model, prompt):
     """llama-completion's continuation of prompt: stdout is the prompt, the generated text, then
     " [end of text]\\n" if it stopped at an end-of-generation token, then "\\n\\n"."""
-    out = run([os.path.join(bin_dir, "llama-completion"), "-m", model, "-p", prompt, "-n", str(STEPS),
-               "--temp", "0", "-no-cnv", "-t", "2"], stdin=subprocess.DEVNULL).stdout
+    for _ in range(3):
+        out = run([os.path.join(bin_dir, "llama-completion"), "-m", model, "-p", prompt, "-n", str(STEPS),
+                   "--temp", "0", "-no-cnv", "-t", "2"], stdin=subprocess.DEVNULL).stdout
+        # The closing "\n\n" comes from llama.cpp's logging thread, which was seen to lose it at
+        # exit under load: without it the end of the text is uncertain, so run again.
+        if out.endswith("\n\n"):
+            break
     if not out.startswith(prompt) or not out.endswith("\n\n"):
         raise SystemExit("make_refs.py: unexpected llama-completion output %r" % out[-200:])
     text = out[len(prompt):-2]
@@ -60,11 +68,22 @@ def completion(bin_dir, model, prompt):
 
 
 def perplexity(bin_dir, model, text):
-    p = run([os.path.join(bin_dir, "llama-perplexity"), "-m", model, "-f", text, "-c", str(CONTEXT), "-t", "2"])
-    m = FINAL.search(p.stdout + p.stderr)
-    if not m:
-        raise SystemExit("make_refs.py: no final estimate from llama-perplexity on %s" % model)
-    return float(m.group(1)), float(m.group(2))
+    """llama-perplexity's final estimate, and its standard error when printed (else None).
+    Its log lines come from a logging thread that was seen to lose the last lines at exit
+    under load; the running estimates on stdout end with the final one, so when the "Final
+    estimate" line is lost the estimate after the last chunk is taken, provided it is there
+    (its index is the chunk count llama-perplexity announced); otherwise the (deterministic)
+    run is repeated."""
+    for _ in range(5):
+        p = run([os.path.join(bin_dir, "llama-perplexity"), "-m", model, "-f", text, "-c", str(CONTEXT), "-t", "2"])
+        m = FINAL.search(p.stderr + p.stdout)
+        if m:
+            return float(m.group(1)), float(m.group(2))
+        chunks = re.search(r"calculating perplexity over (\d+) chunks", p.stderr)
+        running = RUNNING.findall(p.stdout)
+        if chunks and running and int(running[-1][0]) == int(chunks.group(1)):
+            return float(running[-1][1]), None
+    raise SystemExit("make_refs.py: no final estimate from llama-perplexity on %s:\n%s" % (model, p.stderr[-1000:]))
 
 
 def main():
