@@ -72,10 +72,11 @@ def tie_margin(rlx, model, logprobs, ids, at, rest):
     return top[ids[at]] - top[theirs] if theirs in top else float("inf")
 
 
-def check_case(rlx, model, prompt, want, steps, rlx_args=()):
+def check_case(rlx, model, prompt, want, steps, rlx_args=(), near_tie=NEAR_TIE):
     """Greedy decoding of prompt by rlx on model (a GGUF file or a Hugging Face directory)
-    against llama.cpp's continuation `want`, as the module's docstring says. Returns (verdict,
-    detail, failure): verdict "pass", "tie", "error" or "FAIL"; failure is None or the message."""
+    against llama.cpp's continuation `want`, as the module's docstring says (near ties: margins
+    below near_tie). Returns (verdict, detail, failure): verdict "pass", "tie", "error" or
+    "FAIL"; failure is None or the message."""
     start = time.time()
     p = C.run([rlx, "generate", "-m", model, "-p", prompt, "-n", str(steps), "--temp", "0",
                "--json", "--logprobs", "5", *rlx_args], timeout=300)
@@ -92,7 +93,7 @@ def check_case(rlx, model, prompt, want, steps, rlx_args=()):
     if not want.startswith(text):
         rest = want[len(detokenize(rlx, model, ids[:at])):]
         margin = tie_margin(rlx, model, out["logprobs"], ids, at, rest)
-        if 0 <= margin < NEAR_TIE:
+        if 0 <= margin < near_tie:
             return "tie", "leaves at token %d on a near tie (margin %.4f)" % (at, margin), None
         why = "diverges at token %d (character %d), margin %.4f" % (at, len(common), margin)
     else:
