@@ -11,7 +11,8 @@ llama-perplexity, llama-quantize); nothing of it is copied here. For each checkp
   2. NAME-f32.gguf: convert.py (llama.cpp's convert_hf_to_gguf.py, naming the pre-tokenizer)
      --outtype f32;  NAME-q8_0.gguf: llama-quantize NAME-f32.gguf NAME-q8_0.gguf Q8_0;
   3. for each file: llama-completion -m FILE -p PROMPT -n 48 --temp 0 -no-cnv for PROMPTS
-     (the text printed after the prompt), and llama-perplexity -m FILE -f heldout.txt -c 256;
+     (the text printed after the prompt), as it is and with F32 attention (F32_ATTENTION), and
+     llama-perplexity -m FILE -f heldout.txt -c 256;
 and writes OUT/llama.cpp.json: the commands, llama.cpp's commit, each checkpoint's file digests
 (the test regenerates the checkpoint and checks them) and each file's results. llama.cpp runs
 with its defaults and 2 threads, as a user runs it.
@@ -32,6 +33,11 @@ PROMPTS = ["The jury said that the city", "In the morning, the people of the cit
 STEPS = 48
 CONTEXT = 256
 QUANT = "Q8_0"
+# llama.cpp's default attention on the CPU is flash attention over an F16 cache, which rounds Q,
+# K and V to F16; these flags keep it in F32, as rlx computes it. Random-weight models meet near
+# ties often enough that the rounding alone changes some continuations (README.md), so both are
+# recorded and the test compares with this one.
+F32_ATTENTION = ("-fa", "off", "-ctk", "f32", "-ctv", "f32")
 PRE = "qwen2"  # the Brown tokenizer's pre-tokenizer, in llama.cpp's naming (convert.py)
 PYTHON = "/usr/bin/python3"  # Debian's, which has torch for the converter
 FINAL = re.compile(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)")
@@ -49,12 +55,12 @@ def run(cmd, **kw):
     return p
 
 
-def completion(bin_dir, model, prompt):
+def completion(bin_dir, model, prompt, flags=()):
     """llama-completion's continuation of prompt: stdout is the prompt, the generated text, then
     " [end of text]\\n" if it stopped at an end-of-generation token, then "\\n\\n"."""
     for _ in range(3):
         out = run([os.path.join(bin_dir, "llama-completion"), "-m", model, "-p", prompt, "-n", str(STEPS),
-                   "--temp", "0", "-no-cnv", "-t", "2"], stdin=subprocess.DEVNULL).stdout
+                   "--temp", "0", "-no-cnv", "-t", "2", *flags], stdin=subprocess.DEVNULL).stdout
         # The closing "\n\n" comes from llama.cpp's logging thread, which was seen to lose it at
         # exit under load: without it the end of the text is uncertain, so run again.
         if out.endswith("\n\n"):
@@ -109,6 +115,7 @@ def main():
         "quantize_command": "llama-quantize NAME-f32.gguf NAME-%s.gguf %s" % (QUANT.lower(), QUANT),
         "greedy_command": "llama-completion -m FILE -p PROMPT -n %d --temp 0 -no-cnv -t 2 (text after the "
                           "prompt; stopped: it ended at an end-of-generation token)" % STEPS,
+        "greedy_f32_attention_command": "the greedy command with %s" % " ".join(F32_ATTENTION),
         "perplexity_command": "llama-perplexity -m FILE -f heldout.txt -c %d -t 2" % CONTEXT,
         "seed": arch_models.SEED,
     })
@@ -127,7 +134,8 @@ def main():
             ppl, err = perplexity(bin_dir, path, text)
             ref["files"][os.path.basename(path)] = {
                 "model": name, "perplexity": ppl, "perplexity_stderr": err,
-                "greedy": [completion(bin_dir, path, p) for p in PROMPTS]}
+                "greedy": [completion(bin_dir, path, p) for p in PROMPTS],
+                "greedy_f32_attention": [completion(bin_dir, path, p, F32_ATTENTION) for p in PROMPTS]}
     with open(ref_path, "w") as f:
         json.dump(ref, f, indent=1, sort_keys=True, ensure_ascii=False)
         f.write("\n")
