@@ -41,6 +41,8 @@ NEAR_TIE = 0.01
 
 
 def detokenize(rlx, model, ids):
+    if not ids:  # rlx's text of no tokens (when the first generated token already differs)
+        return ""
     p = C.run([rlx, "detokenize", "-m", model, "--ids", ",".join(map(str, ids))], timeout=60)
     if p.returncode != 0:
         raise SystemExit("FAIL: rlx detokenize exited %s: %s" % (p.returncode, p.stderr.decode(errors="replace")))
