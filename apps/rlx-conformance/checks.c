@@ -166,13 +166,16 @@ static const struct {
 } norm_cases[] = {{1, 1024, 1024, 1e-6f}, {5, 64, 16, 1e-6f},     {3, 2048, 128, 1e-6f}, {2, 7, 7, 1e-5f},
                   {4, 33, 11, 1e-6f},     {512, 256, 128, 1e-6f}, {1, 1, 1, 1e-6f}};
 
+/* factors: the node has ABI 1.5's third input, per-pair frequency divisors (Llama 3.1) */
 static const struct {
     int64_t t, heads, d;
     int32_t first;
     float theta;
-} rope_cases[] = {{1, 2, 16, 0, 10000},   {6, 4, 128, 0, 1000000},  {3, 3, 64, 1000, 1000000},
-                  {2, 1, 8, 5000, 10000}, {512, 8, 64, 0, 1000000}, {1, 16, 128, 30000, 1000000},
-                  {7, 5, 2, 11, 10000}};
+    int factors;
+} rope_cases[] = {{1, 2, 16, 0, 10000, 0},   {6, 4, 128, 0, 1000000, 0},  {3, 3, 64, 1000, 1000000, 0},
+                  {2, 1, 8, 5000, 10000, 0}, {512, 8, 64, 0, 1000000, 0}, {1, 16, 128, 30000, 1000000, 0},
+                  {7, 5, 2, 11, 10000, 0},   {5, 4, 64, 0, 500000, 1},    {3, 2, 128, 20000, 500000, 1},
+                  {1, 1, 2, 7, 10000, 1}};
 
 static const struct {
     int64_t t, hq, hkv, d, cap;
@@ -299,9 +302,9 @@ static void case_name(uint32_t op, int i, char *name, size_t len) {
         break;
     }
     case RLX_OP_ROPE:
-        snprintf(name, len, "rope T=%lld heads=%lld D=%lld pos0=%d theta=%g", (long long)rope_cases[i].t,
+        snprintf(name, len, "rope T=%lld heads=%lld D=%lld pos0=%d theta=%g%s", (long long)rope_cases[i].t,
                  (long long)rope_cases[i].heads, (long long)rope_cases[i].d, rope_cases[i].first,
-                 (double)rope_cases[i].theta);
+                 (double)rope_cases[i].theta, rope_cases[i].factors ? " factors" : "");
         break;
     case RLX_OP_ATTENTION:
         if (i >= COUNT(att_cases)) {
@@ -496,10 +499,14 @@ int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
     }
     case RLX_OP_ROPE: {
         int64_t t = rope_cases[i].t, cols = rope_cases[i].heads * rope_cases[i].d;
-        if (node_alloc(n, c->op, 2))
+        if (node_alloc(n, c->op, rope_cases[i].factors ? 3 : 2))
             return -1;
         n->in[0] = shape2(RLX_DTYPE_F32, t, cols);
         n->in[1] = shape1(RLX_DTYPE_I32, t);
+        if (rope_cases[i].factors) {
+            n->in[2] = shape1(RLX_DTYPE_F32, rope_cases[i].d / 2);
+            n->is_weight[2] = 1;
+        }
         n->out = shape2(RLX_DTYPE_F32, t, cols);
         n->p.head_dim = (uint32_t)rope_cases[i].d;
         n->p.rope_theta = rope_cases[i].theta;
@@ -598,6 +605,8 @@ int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
         fill(&r, &n->in[0], 1);
         for (int64_t k = 0; k < n->in[1].shape[0]; k++)
             ((int32_t *)n->in[1].data)[k] = rope_cases[i].first + (int32_t)k;
+        for (int64_t k = 0; n->n_inputs > 2 && k < n->in[2].shape[0]; k++) /* divisors in [1, 8) */
+            ((float *)n->in[2].data)[k] = 4.5f + 3.5f * uniform(&r);
         break;
     case RLX_OP_ATTENTION:
         fill(&r, &n->in[0], 2);

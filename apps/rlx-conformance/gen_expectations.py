@@ -77,10 +77,13 @@ def op_rms_norm(x, w, eps):
     return out.reshape(x.shape)
 
 
-def op_rope(x, pos, head_dim, theta):
+def op_rope(x, pos, head_dim, theta, factors=None):
+    """NeoX RoPE; pair i's frequency divided by factors[i] when given (ABI 1.5)."""
     t, cols = x.shape
     half = head_dim // 2
     inv_freq = theta ** (-np.arange(half, dtype=np.float64) * 2.0 / head_dim)
+    if factors is not None:
+        inv_freq = inv_freq / factors.astype(np.float64)
     angle = pos[:, None].astype(np.float64) * inv_freq[None, :]          # [T, half]
     cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
     h = x.reshape(t, cols // head_dim, head_dim)
@@ -229,6 +232,15 @@ def cases():
         theta32 = float(np.float32(theta))
         out.append(Case("rope", f"rope T={t} heads={heads} D={d} pos0={first} theta={theta:g}",
                         [x, Tensor(pos, "i32")], op_rope(x.value, pos, d, theta32),
+                        {"head_dim": d, "rope_theta": theta32}, max_pos=first + t - 1))
+    # with Llama 3.1-style frequency divisors (ABI 1.5), as F32 weights in [1, 8)
+    for t, heads, d, first, theta in [(5, 4, 64, 0, 5e5), (3, 2, 128, 20000, 5e5)]:
+        x = Tensor(uniform(rng, (t, heads * d), 1.0), "f32")
+        factors = Tensor(4.5 + 3.5 * uniform(rng, (d // 2,), 1.0), "f32", weight=True)
+        pos = np.arange(first, first + t)
+        theta32 = float(np.float32(theta))
+        out.append(Case("rope", f"rope T={t} heads={heads} D={d} pos0={first} theta={theta:g} factors",
+                        [x, Tensor(pos, "i32"), factors], op_rope(x.value, pos, d, theta32, factors.value),
                         {"head_dim": d, "rope_theta": theta32}, max_pos=first + t - 1))
 
     for t, hq, hkv, d, cap, first, window in [

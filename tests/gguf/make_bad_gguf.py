@@ -196,6 +196,17 @@ def make_all(out_dir):
     case("shape_mismatch_config", ["shape", "blk.0.attn_q.weight"], "model",
          "blk.0.attn_q.weight is [64, 32] but 4 heads of 16 need [64, 64]",
          ts=_replace_tensor(ts, "blk.0.attn_q.weight", dims=[N_EMBD, 32], data=bytes(4 * N_EMBD * 32)))
+    # Llama 3.1's RoPE divisors (rope_freqs.weight) must be head_dim / 2 positive F32 values
+    half = HEAD_DIM // 2
+    case("rope_freqs_length", ["rope_freqs.weight", "head_dim"], "model",
+         "rope_freqs.weight holds 3 values, head_dim / 2 is %d" % half,
+         ts=ts + [("rope_freqs.weight", [3], G.F32, np.ones(3, "<f4").tobytes())])
+    case("rope_freqs_zero", ["rope_freqs.weight", "positive"], "model", "rope_freqs.weight holds a 0",
+         ts=ts + [("rope_freqs.weight", [half], G.F32, np.zeros(half, "<f4").tobytes())])
+    case("rope_partial", ["qwen3.rope.dimension_count", "head_dim"], "model", "RoPE over half of each head",
+         md=md + [("qwen3.rope.dimension_count", (G.UINT32, HEAD_DIM // 2))])
+    case("rope_scaling_yarn", ["qwen3.rope.scaling.type", "yarn"], "model", "a YaRN-scaled RoPE",
+         md=md + [("qwen3.rope.scaling.type", (G.STRING, "yarn"))])
 
     with open(os.path.join(out_dir, "bad_gguf_cases.json"), "w") as f:
         json.dump(cases, f, indent=1, sort_keys=True)

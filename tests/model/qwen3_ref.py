@@ -67,6 +67,10 @@ class Checkpoints(Mapping):
 class Model:
     """A checkpoint directory: config.json plus safetensors, with the derived layer plan."""
 
+    # What __init__ derives beyond Qwen3's, at their plain values for a Model built without it
+    rope_scaling = None  # config.json's rope_scaling (type llama3 scales the frequencies)
+    mlp_bias = False  # Llama's mlp_bias: gate, up and down have biases
+
     def __init__(self, directory, extra_weights=()):
         with open(os.path.join(directory, "config.json")) as f:
             c = json.load(f)

@@ -31,7 +31,8 @@ static void test_unknown_model_type(void **state) {
     rlx_model_config c;
     assert_int_equal(rlx_model_config_load(fixture_path(dir, "config.json"), &c), RLX_E_FORMAT);
     fixture_assert_error_has("config.json", "\"mamba\"", "qwen3 (model_type qwen3, GGUF qwen3)",
-                             "qwen3_moe (model_type qwen3_moe, GGUF qwen3moe)");
+                             "qwen3_moe (model_type qwen3_moe, GGUF qwen3moe)", "llama (model_type llama, GGUF llama)",
+                             "mistral (model_type mistral, GGUF none)");
     fixture_dir_remove(dir);
     free(dir);
 }
@@ -48,16 +49,28 @@ static rlx_model_layer_info layer_info(const rlx_model *m, uint32_t layer) {
     return l;
 }
 
+/* The description of the golden model `name` says arch and these flags. */
+static void assert_arch(const char *name, const char *arch, uint32_t qk_norm, uint32_t qkv_bias, uint32_t o_bias,
+                        uint32_t rope_type) {
+    rlx_model *m = open_model(name);
+    const rlx_model_arch_info a = arch_info(m);
+    assert_string_equal(a.arch, arch);
+    assert_int_equal(a.qk_norm, qk_norm);
+    assert_int_equal(a.qkv_bias, qkv_bias);
+    assert_int_equal(a.o_bias, o_bias);
+    assert_int_equal(a.rope_type, rope_type);
+    rlx_model_close(m);
+}
+
 static void test_arch_info(void **state) {
     (void)state;
-    rlx_model *m = open_model("dense-untied-bias-f32-s1");
-    rlx_model_arch_info a = arch_info(m);
-    assert_string_equal(a.arch, "qwen3");
-    assert_int_equal(a.qk_norm, 1);
-    assert_int_equal(a.qkv_bias, 1);
-    assert_int_equal(a.o_bias, 1);
-    assert_int_equal(a.rope_type, RLX_ROPE_DEFAULT);
-    rlx_model_close(m);
+    assert_arch("dense-untied-bias-f32-s1", "qwen3", 1, 1, 1, RLX_ROPE_DEFAULT);
+    /* attention_bias: all four projections */
+    assert_arch("llama-untied-bias-f32-s1", "llama", 0, 1, 1, RLX_ROPE_DEFAULT);
+    assert_arch("llama3-rope-f32-s1", "llama", 0, 0, 0, RLX_ROPE_LLAMA3);
+    assert_arch("mistral-f32-s1", "mistral", 0, 0, 0, RLX_ROPE_DEFAULT);
+    rlx_model *m;
+    rlx_model_arch_info a;
 
     m = open_model("dense-tied-f32-s1");
     a = arch_info(m);
@@ -95,6 +108,11 @@ static void test_arch_info(void **state) {
     assert_int_equal(a.qk_norm, 0);
     assert_int_equal(a.qkv_bias, 1);
     assert_int_equal(a.o_bias, 0);
+    rlx_model_close(m);
+
+    m = open_model("mistral-f32-s1"); /* every layer slides */
+    for (uint32_t i = 0; i < 3; i++)
+        assert_int_equal(layer_info(m, i).window, 4);
     rlx_model_close(m);
 
     m = open_model("sliding-f32-s1");
@@ -165,6 +183,13 @@ static void test_block_weights(void **state) {
     assert_int_equal(l.n, 1 + 4 + 3 + 1 + 3); /* norm, q/k/v/o, q/k/v biases, norm, MLP */
     assert_int_equal(count_with(&l, "q_norm") + count_with(&l, "k_norm"), 0);
     assert_int_equal(count_with(&l, "o_proj.bias"), 0);
+    rlx_model_close(m);
+
+    m = open_model("llama-untied-bias-f32-s1"); /* attention_bias and mlp_bias */
+    l = block_weights(m, 0, 1, 0, 0);
+    assert_int_equal(l.n, 2 + 4 + 4 + 3 + 3); /* norms, q/k/v/o and their biases, MLP and its */
+    assert_int_equal(count_with(&l, "mlp.down_proj.bias"), 1);
+    assert_int_equal(count_with(&l, "q_norm"), 0);
     rlx_model_close(m);
 
     m = open_model("dense-untied-bias-f32-s1");

@@ -159,6 +159,7 @@ static rlx_status undo_qk_permutation(rlx_weights *w, const rlx__gguf *g, const 
         for (int64_t row = 0; row < rows; row++)
             memcpy(copy + (size_t)rlx__qk_hf_row(row, head_rows) * row_bytes,
                    (const uint8_t *)x->data + (size_t)row * row_bytes, row_bytes);
+        rlx__drop_mapped(x->data, x->nbytes); /* the file's order is not read again */
         w->owned[w->n_owned++] = copy;
         x->data = copy;
     }
@@ -360,6 +361,15 @@ rlx_status rlx__gguf_read_decoder(rlx__gguf_cfg *r, int ff_optional, rlx__model_
     if (value_length != c->head_dim)
         return rlx_error(RLX_E_UNSUPPORTED, "%s: attention value_length %" PRId64 " differs from key_length %" PRId64,
                          path, value_length, c->head_dim);
+    /* RoPE over part of each head (llama.cpp's n_rot < head_dim): rlx turns every pair */
+    const int64_t rope_dims = rlx__gguf_cfg_int(r, "rope.dimension_count", 1, c->head_dim);
+    if (r->st != RLX_OK)
+        return r->st;
+    if (rope_dims != c->head_dim)
+        return rlx_error(RLX_E_UNSUPPORTED,
+                         "%s: metadata key '%s.rope.dimension_count' is %" PRId64 ", not head_dim %" PRId64
+                         "; rlx rotates whole heads",
+                         path, r->arch, rope_dims, c->head_dim);
     if (c->num_hidden_layers > RLX_MAX_LAYERS)
         return rlx_error(RLX_E_FORMAT, "%s: %" PRId64 " layers (rlx supports at most %d)", path, c->num_hidden_layers,
                          RLX_MAX_LAYERS);
@@ -373,14 +383,16 @@ rlx_status rlx__gguf_read_decoder(rlx__gguf_cfg *r, int ff_optional, rlx__model_
     return read_rope_freqs(r, d);
 }
 
-/* Scaled RoPE in a GGUF file: refused until an architecture reads its parameters. */
+/* A RoPE scaling type in GGUF metadata (linear, yarn, ...): refused. Llama 3.1's scaling has no
+ * type key; its divisors are the rope_freqs tensor (read_rope_freqs). */
 static rlx_status check_rope_scaling(const rlx__gguf_cfg *r) {
     rlx__gguf_str scaling;
     char key[96];
     snprintf(key, sizeof key, "%s.rope.scaling.type", r->arch);
     rlx_status st = rlx__gguf_string(r->g, key, 1, &scaling);
     if (st == RLX_OK && !(scaling.len == 4 && memcmp(scaling.s, "none", 4) == 0))
-        return rlx_error(RLX_E_UNSUPPORTED, "%s: metadata key '%s' is '%.*s'; rlx runs unscaled RoPE only", r->path,
+        return rlx_error(RLX_E_UNSUPPORTED,
+                         "%s: metadata key '%s' is '%.*s'; rlx runs plain RoPE and Llama 3.1's (rope_freqs)", r->path,
                          key, (int)(scaling.len < 32 ? scaling.len : 32), scaling.s);
     return st == RLX_E_NOT_FOUND ? RLX_OK : st;
 }

@@ -305,9 +305,10 @@ static rlx_status tokenizer_kv(buf *b, const rlx_tokenizer *tok, int64_t n_vocab
     return RLX_OK;
 }
 
-/* Writes the data of tensor o at the file's position: row by row through F32. */
+/* Writes the data of tensor o at the file's position: row by row through F32 (a permuted bias
+ * value by value, each value a row of llama.cpp's permutation). */
 static rlx_status write_tensor(FILE *f, const char *path, const out_tensor *o, float *row, uint8_t *qrow) {
-    const int64_t cols = o->ne[0];
+    const int64_t cols = o->head_rows && o->n_dims == 1 ? 1 : o->ne[0];
     const size_t out_row = rlx_iface_row_bytes(o->dtype, cols);
     for (int64_t e = 0; e < o->n_src; e++) {
         const rlx_weight *x = o->src[e];
