@@ -41,6 +41,8 @@ NEAR_TIE = 0.01
 
 
 def detokenize(rlx, model, ids):
+    if not ids:  # rlx's text of no tokens (when the first generated token already differs)
+        return ""
     p = C.run([rlx, "detokenize", "-m", model, "--ids", ",".join(map(str, ids))], timeout=60)
     if p.returncode != 0:
         raise SystemExit("FAIL: rlx detokenize exited %s: %s" % (p.returncode, p.stderr.decode(errors="replace")))
@@ -72,6 +74,35 @@ def tie_margin(rlx, model, logprobs, ids, at, rest):
     return top[ids[at]] - top[theirs] if theirs in top else float("inf")
 
 
+def check_case(rlx, model, prompt, want, steps, rlx_args=(), near_tie=NEAR_TIE):
+    """Greedy decoding of prompt by rlx on model (a GGUF file or a Hugging Face directory)
+    against llama.cpp's continuation `want`, as the module's docstring says (near ties: margins
+    below near_tie). Returns (verdict, detail, failure): verdict "pass", "tie", "error" or
+    "FAIL"; failure is None or the message."""
+    start = time.time()
+    p = C.run([rlx, "generate", "-m", model, "-p", prompt, "-n", str(steps), "--temp", "0",
+               "--json", "--logprobs", "5", *rlx_args], timeout=300)
+    took = time.time() - start
+    if p.returncode != 0:
+        return "error", "", "rlx generate exited %s: %s" % (p.returncode, p.stderr.decode(errors="replace")[-400:])
+    out = json.loads(p.stdout)
+    text, ids = out["text"], out["tokens"]
+    complete = len(ids) == steps or text == want
+    if want.startswith(text) and complete:
+        return "pass", "%d tokens, %.1f s" % (len(ids), took), None
+    at = first_wrong_token(rlx, model, ids, want)
+    common = os.path.commonprefix([text, want])
+    if not want.startswith(text):
+        rest = want[len(detokenize(rlx, model, ids[:at])):]
+        margin = tie_margin(rlx, model, out["logprobs"], ids, at, rest)
+        if 0 <= margin < near_tie:
+            return "tie", "leaves at token %d on a near tie (margin %.4f)" % (at, margin), None
+        why = "diverges at token %d (character %d), margin %.4f" % (at, len(common), margin)
+    else:
+        why = "stopped after %d tokens (%s) before llama.cpp's end" % (len(ids), out.get("stopped_by"))
+    return "FAIL", why, "%s\n    rlx:       %r\n    llama.cpp: %r" % (why, text, want[:len(text) + 20])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rlx", required=True)
@@ -88,38 +119,13 @@ def main():
             continue
         model = os.path.join(shared, name)
         for k, case in enumerate(ref[name]["greedy"]):
-            prompt, want = case["prompt"], case["continuation"]
-            start = time.time()
-            p = C.run([args.rlx, "generate", "-m", model, "-p", prompt, "-n", str(args.steps), "--temp", "0",
-                       "--json", "--logprobs", "5", *args.rlx_args], timeout=300)
-            took = time.time() - start
-            label = "%s prompt %d %r" % (name, k, prompt)
-            if p.returncode != 0:
-                failures.append("%s: rlx generate exited %s: %s" % (label, p.returncode,
-                                                                    p.stderr.decode(errors="replace")[-400:]))
-                rows.append((name, k, "error", ""))
-                continue
-            out = json.loads(p.stdout)
-            text, ids = out["text"], out["tokens"]
-            complete = len(ids) == args.steps or text == want
-            if want.startswith(text) and complete:
-                passes += 1
-                rows.append((name, k, "pass", "%d tokens, %.1f s" % (len(ids), took)))
-                continue
-            at = first_wrong_token(args.rlx, model, ids, want)
-            common = os.path.commonprefix([text, want])
-            if not want.startswith(text):
-                rest = want[len(detokenize(args.rlx, model, ids[:at])):]
-                margin = tie_margin(args.rlx, model, out["logprobs"], ids, at, rest)
-                if 0 <= margin < NEAR_TIE:
-                    passes += 1
-                    rows.append((name, k, "tie", "leaves at token %d on a near tie (margin %.4f)" % (at, margin)))
-                    continue
-                why = "diverges at token %d (character %d), margin %.4f" % (at, len(common), margin)
+            verdict, detail, failure = check_case(args.rlx, model, case["prompt"], case["continuation"],
+                                                  args.steps, args.rlx_args)
+            rows.append((name, k, verdict, detail))
+            if failure:
+                failures.append("%s prompt %d %r: %s" % (name, k, case["prompt"], failure))
             else:
-                why = "stopped after %d tokens (%s) before llama.cpp's end" % (len(ids), out.get("stopped_by"))
-            failures.append("%s: %s\n    rlx:       %r\n    llama.cpp: %r" % (label, why, text, want[:len(text) + 20]))
-            rows.append((name, k, "FAIL", why))
+                passes += 1
     print("%-26s %-6s %-5s %s" % ("file", "prompt", "", "detail"))
     for name, k, verdict, detail in rows:
         print("%-26s %-6d %-5s %s" % (name, k, verdict, detail))

@@ -29,6 +29,19 @@ FINAL = re.compile(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)")
 REL_TOL = 0.003
 
 
+def rlx_perplexity(rlx, model, text, timeout, rlx_args=()):
+    """`rlx perplexity -m model -f text -c 256`: (PPL, seconds, None), or (None, seconds, why)."""
+    start = time.time()
+    p = C.run([rlx, "perplexity", "-m", model, "-f", text, "-c", "256", *rlx_args], timeout=timeout)
+    took = time.time() - start
+    out = p.stdout.decode(errors="replace")
+    m = FINAL.search(out)
+    if p.returncode != 0 or not m:
+        return None, took, "rlx perplexity exited %s without a final estimate (%.0f s): %s" % (
+            p.returncode, took, (p.stderr.decode(errors="replace") + out)[-400:])
+    return float(m.group(1)), took, None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rlx", required=True)
@@ -52,18 +65,11 @@ def main():
             failures.append("%s has no perplexity in reference/llama.cpp.json" % name)
             continue
         want = ref[name]["perplexity"]
-        start = time.time()
-        p = C.run([args.rlx, "perplexity", "-m", os.path.join(shared, name), "-f", text, "-c", "256",
-                   *args.rlx_args], timeout=args.timeout)
-        took = time.time() - start
-        out = p.stdout.decode(errors="replace")
-        m = FINAL.search(out)
-        if p.returncode != 0 or not m:
-            failures.append("%s: rlx perplexity exited %s without a final estimate (%.0f s): %s" % (
-                name, p.returncode, took, (p.stderr.decode(errors="replace") + out)[-400:]))
+        ppl, took, error = rlx_perplexity(args.rlx, os.path.join(shared, name), text, args.timeout, args.rlx_args)
+        if error:
+            failures.append("%s: %s" % (name, error))
             print("FAIL %-26s no figure (%.0f s)" % (name, took))
             continue
-        ppl = float(m.group(1))
         rel = (ppl - want) / want
         ok = abs(rel) <= REL_TOL
         print("%s %-26s rlx %.4f, llama.cpp %.4f: %+.3f %% (%.0f s)" % (

@@ -1,0 +1,146 @@
+#!/usr/bin/python3
+"""Writes the llama.cpp reference data of tests/llamacpp: GGUF files that llama.cpp's own
+converter and quantizer made from the checkpoints of arch_models.py, and what llama.cpp's own
+programs compute on them.
+
+  make_refs.py --llama-cpp DIR [--out DIR] [--workdir DIR] [--only NAME ...]
+
+DIR is a llama.cpp checkout with its programs built in DIR/build/bin (llama-completion,
+llama-perplexity, llama-quantize); nothing of it is copied here. For each checkpoint NAME:
+  1. arch_models.build(NAME): make_model.py's files plus the Brown tokenizer, into --workdir;
+  2. NAME-f32.gguf: convert.py (llama.cpp's convert_hf_to_gguf.py, naming the pre-tokenizer)
+     --outtype f32;  NAME-q8_0.gguf: llama-quantize NAME-f32.gguf NAME-q8_0.gguf Q8_0;
+  3. for each file: llama-completion -m FILE -p PROMPT -n 48 --temp 0 -no-cnv for PROMPTS
+     (the text printed after the prompt), as it is and with F32 attention (F32_ATTENTION), and
+     llama-perplexity -m FILE -f heldout.txt -c 256;
+and writes OUT/llama.cpp.json: the commands, llama.cpp's commit, each checkpoint's file digests
+(the test regenerates the checkpoint and checks them) and each file's results. llama.cpp runs
+with its defaults and 2 threads, as a user runs it.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import arch_models  # noqa: E402
+
+PROMPTS = ["The jury said that the city", "In the morning, the people of the city", "He looked at her and said"]
+STEPS = 48
+CONTEXT = 256
+QUANT = "Q8_0"
+# llama.cpp's default attention on the CPU is flash attention over an F16 cache, which rounds Q,
+# K and V to F16; these flags keep it in F32, as rlx computes it. Random-weight models meet near
+# ties often enough that the rounding alone changes some continuations (README.md), so both are
+# recorded and the test compares with this one.
+F32_ATTENTION = ("-fa", "off", "-ctk", "f32", "-ctv", "f32")
+PRE = "qwen2"  # the Brown tokenizer's pre-tokenizer, in llama.cpp's naming (convert.py)
+PYTHON = "/usr/bin/python3"  # Debian's, which has torch for the converter
+FINAL = re.compile(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)")
+RUNNING = re.compile(r"\[(\d+)\]([\d.]+),")
+END_OF_TEXT = " [end of text]\n"
+
+
+def run(cmd, **kw):
+    """Runs cmd; its output as text, where bytes that are not UTF-8 (a byte-level BPE model
+    can print part of a character) become U+FFFD, as rlx's JSON output has them."""
+    print("+ " + " ".join(cmd), flush=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", **kw)
+    if p.returncode != 0:
+        raise SystemExit("make_refs.py: %s exited %d:\n%s" % (cmd[0], p.returncode, p.stderr[-3000:]))
+    return p
+
+
+def completion(bin_dir, model, prompt, flags=()):
+    """llama-completion's continuation of prompt: stdout is the prompt, the generated text, then
+    " [end of text]\\n" if it stopped at an end-of-generation token, then "\\n\\n"."""
+    for _ in range(3):
+        out = run([os.path.join(bin_dir, "llama-completion"), "-m", model, "-p", prompt, "-n", str(STEPS),
+                   "--temp", "0", "-no-cnv", "-t", "2", *flags], stdin=subprocess.DEVNULL).stdout
+        # The closing "\n\n" comes from llama.cpp's logging thread, which was seen to lose it at
+        # exit under load: without it the end of the text is uncertain, so run again.
+        if out.endswith("\n\n"):
+            break
+    if not out.startswith(prompt) or not out.endswith("\n\n"):
+        raise SystemExit("make_refs.py: unexpected llama-completion output %r" % out[-200:])
+    text = out[len(prompt):-2]
+    stopped = text.endswith(END_OF_TEXT)
+    return {"prompt": prompt, "continuation": text[:-len(END_OF_TEXT)] if stopped else text,
+            "stopped": stopped}
+
+
+def perplexity(bin_dir, model, text):
+    """llama-perplexity's final estimate, and its standard error when printed (else None).
+    Its log lines come from a logging thread that was seen to lose the last lines at exit
+    under load; the running estimates on stdout end with the final one, so when the "Final
+    estimate" line is lost the estimate after the last chunk is taken, provided it is there
+    (its index is the chunk count llama-perplexity announced); otherwise the (deterministic)
+    run is repeated."""
+    for _ in range(5):
+        p = run([os.path.join(bin_dir, "llama-perplexity"), "-m", model, "-f", text, "-c", str(CONTEXT), "-t", "2"])
+        m = FINAL.search(p.stderr + p.stdout)
+        if m:
+            return float(m.group(1)), float(m.group(2))
+        chunks = re.search(r"calculating perplexity over (\d+) chunks", p.stderr)
+        running = RUNNING.findall(p.stdout)
+        if chunks and running and int(running[-1][0]) == int(chunks.group(1)):
+            return float(running[-1][1]), None
+    raise SystemExit("make_refs.py: no final estimate from llama-perplexity on %s:\n%s" % (model, p.stderr[-1000:]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-cpp", required=True, help="llama.cpp checkout with build/bin")
+    ap.add_argument("--out", default=os.path.join(HERE, "ref"))
+    ap.add_argument("--workdir", default="/tmp/rlx-llamacpp-refs")
+    ap.add_argument("--only", nargs="*", help="checkpoints to redo (default: all); others keep their entries")
+    args = ap.parse_args()
+    llama_cpp = os.path.abspath(args.llama_cpp)
+    bin_dir = os.path.join(llama_cpp, "build", "bin")
+    text = os.path.join(args.out, "heldout.txt")
+    commit = run(["git", "-C", llama_cpp, "rev-parse", "HEAD"]).stdout.strip()
+    ref_path = os.path.join(args.out, "llama.cpp.json")
+    ref = {"models": {}, "files": {}}
+    if args.only and os.path.exists(ref_path):
+        with open(ref_path) as f:
+            ref = json.load(f)
+    ref.update({
+        "producer": "llama.cpp commit %s, CPU build, 2 threads" % commit,
+        "converter_command": "%s convert.py --llama-cpp LLAMA_CPP --pre %s -- HF_DIR --outtype f32 "
+                             "--model-name rlx-test-NAME --outfile NAME-f32.gguf" % (PYTHON, PRE),
+        "quantize_command": "llama-quantize NAME-f32.gguf NAME-%s.gguf %s" % (QUANT.lower(), QUANT),
+        "greedy_command": "llama-completion -m FILE -p PROMPT -n %d --temp 0 -no-cnv -t 2 (text after the "
+                          "prompt; stopped: it ended at an end-of-generation token)" % STEPS,
+        "greedy_f32_attention_command": "the greedy command with %s" % " ".join(F32_ATTENTION),
+        "perplexity_command": "llama-perplexity -m FILE -f heldout.txt -c %d -t 2" % CONTEXT,
+        "seed": arch_models.SEED,
+    })
+    os.makedirs(args.workdir, exist_ok=True)
+    for name in args.only or sorted(arch_models.MODELS):
+        hf = os.path.join(args.workdir, name)
+        shutil.rmtree(hf, ignore_errors=True)
+        digests = arch_models.build(name, hf)
+        ref["models"][name] = {"kind": arch_models.MODELS[name][0], "sha256": digests}
+        f32 = os.path.join(args.out, "%s-f32.gguf" % name)
+        quant = os.path.join(args.out, "%s-%s.gguf" % (name, QUANT.lower()))
+        run([PYTHON, os.path.join(HERE, "convert.py"), "--llama-cpp", llama_cpp, "--pre", PRE, "--", hf,
+             "--outtype", "f32", "--model-name", "rlx-test-" + name, "--outfile", f32])
+        run([os.path.join(bin_dir, "llama-quantize"), f32, quant, QUANT])
+        for path in (f32, quant):
+            ppl, err = perplexity(bin_dir, path, text)
+            ref["files"][os.path.basename(path)] = {
+                "model": name, "perplexity": ppl, "perplexity_stderr": err,
+                "greedy": [completion(bin_dir, path, p) for p in PROMPTS],
+                "greedy_f32_attention": [completion(bin_dir, path, p, F32_ATTENTION) for p in PROMPTS]}
+    with open(ref_path, "w") as f:
+        json.dump(ref, f, indent=1, sort_keys=True, ensure_ascii=False)
+        f.write("\n")
+    print("wrote %s" % ref_path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+#!/usr/bin/python3
+"""rlx against llama.cpp on one architecture, from the Hugging Face checkpoint and from the GGUF
+files llama.cpp's own converter and quantizer wrote from it.
+
+  test_llamacpp.py --rlx BIN --model NAME --workdir DIR [--steps 32] [-- EXTRA_RLX_ARGS...]
+
+ref/llama.cpp.json (make_refs.py; the commands are in it and in README.md) holds, for checkpoint
+NAME of arch_models.py, the digests of the files llama.cpp converted, and for each GGUF file made
+from it what llama-completion and llama-perplexity computed. This test
+  1. writes the checkpoint again (arch_models.build) and checks that it hashes as the one
+     llama.cpp converted, so the committed results belong to these weights;
+  2. greedy: for each file, rlx generate -m FILE -p PROMPT -n 32 --temp 0 continues each prompt
+     with llama.cpp's text (tests/gguf/test_gguf_greedy.py's rule, near ties included), and so
+     does rlx on the checkpoint directory against llama.cpp on the F32 file (the same values).
+     llama.cpp's text is the one it writes with attention in F32 (-fa off -ctk f32 -ctv f32),
+     as rlx computes attention: its default flash attention over an F16 cache rounds Q, K and V
+     to F16, which on these random-weight models (logits up to ~20, top-2 gaps often of
+     hundredths) changes 8 of the 18 48-token continuations, at margins up to 0.05 (measured
+     on rlx's logits where rlx left the default text within 32 tokens: 0.0058, 0.0132, 0.0319,
+     0.0526); with F32 attention llama.cpp prints rlx's first 32 tokens in all of them (one
+     file, llama-q8_0.gguf, leaves at token 29 on a tie of 0.0094: its 8-bit activations);
+  3. perplexity: rlx perplexity -m FILE -f ref/heldout.txt -c 256 within 0.3 % of llama.cpp's
+     figure for each file, and on the checkpoint directory within 0.3 % of the F32 file's;
+  4. the NumPy reference (tests/model/qwen3_ref.py) on the checkpoint: rlx logits and greedy ids
+     on the checkpoint directory and on the F32 GGUF file within check_golden.py's bound, so a
+     tensor llama.cpp's converter reorders (Llama's Q and K rows) must be read back exactly.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path[:0] = [HERE, os.path.join(REPO, "tests", "gguf"), os.path.join(REPO, "tests", "model")]
+import arch_models  # noqa: E402
+import check_golden as golden  # noqa: E402
+import gguf_common as C  # noqa: E402
+import qwen3_ref  # noqa: E402
+import test_gguf_greedy as greedy  # noqa: E402
+import test_gguf_perplexity as perplexity  # noqa: E402
+
+REF = os.path.join(HERE, "ref")
+TEXT = os.path.join(REF, "heldout.txt")
+
+
+def checkpoint(name, entry, workdir):
+    """The checkpoint written again into workdir, or SystemExit if it is not the one converted."""
+    path = os.path.join(workdir, name)
+    shutil.rmtree(path, ignore_errors=True)
+    got = arch_models.build(name, path)
+    changed = sorted(f for f in set(got) | set(entry["sha256"]) if got.get(f) != entry["sha256"].get(f))
+    if changed:
+        raise SystemExit("FAIL: the %s checkpoint written now differs from the one llama.cpp converted in %s: "
+                         "make_model.py or arch_models.py changed; run make_refs.py again (README.md)"
+                         % (name, ", ".join(changed)))
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rlx", required=True)
+    ap.add_argument("--model", required=True, choices=sorted(arch_models.MODELS))
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per rlx command")
+    ap.add_argument("rlx_args", nargs="*", help="extra rlx arguments, after --")
+    args = ap.parse_args()
+    with open(os.path.join(REF, "llama.cpp.json")) as f:
+        ref = json.load(f)
+    if args.model not in ref["models"]:
+        raise SystemExit("FAIL: ref/llama.cpp.json has no checkpoint %s: run make_refs.py --only %s"
+                         % (args.model, args.model))
+    files = sorted(n for n, e in ref["files"].items() if e["model"] == args.model)
+    # A file added to ref/ without its llama.cpp results would otherwise go untested.
+    unlisted = sorted(set(n for n in os.listdir(REF) if n.startswith(args.model + "-") and n.endswith(".gguf"))
+                      - set(files))
+    if unlisted:
+        raise SystemExit("FAIL: ref/llama.cpp.json has no results for %s" % ", ".join(unlisted))
+    f32 = "%s-f32.gguf" % args.model
+    if f32 not in files:
+        raise SystemExit("FAIL: ref/llama.cpp.json has no %s" % f32)
+    os.makedirs(args.workdir, exist_ok=True)
+    hf = checkpoint(args.model, ref["models"][args.model], args.workdir)
+
+    # (what rlx reads, its label, the file whose llama.cpp results it must give)
+    subjects = [(hf, "%s (Hugging Face)" % args.model, f32)] + [(os.path.join(REF, n), n, n) for n in files]
+    failures, rows = [], []
+    for path, label, against in subjects:
+        want = ref["files"][against]
+        for k, (case, default) in enumerate(zip(want["greedy_f32_attention"], want["greedy"])):
+            verdict, detail, failure = greedy.check_case(args.rlx, path, case["prompt"], case["continuation"],
+                                                         args.steps, args.rlx_args)
+            if default["continuation"] != case["continuation"]:
+                detail += " (llama.cpp's default F16 attention leaves this text at character %d)" % len(
+                    os.path.commonprefix([default["continuation"], case["continuation"]]))
+            rows.append("%-22s greedy %d  %-5s %s" % (label, k, verdict, detail))
+            if failure:
+                failures.append("%s prompt %d %r: %s" % (label, k, case["prompt"], failure))
+        ppl, took, error = perplexity.rlx_perplexity(args.rlx, path, TEXT, args.timeout, args.rlx_args)
+        if error:
+            failures.append("%s: %s" % (label, error))
+            rows.append("%-22s perplexity FAIL no figure" % label)
+            continue
+        rel = (ppl - want["perplexity"]) / want["perplexity"]
+        ok = abs(rel) <= perplexity.REL_TOL
+        rows.append("%-22s perplexity %-5s rlx %.4f, llama.cpp %.4f (%s): %+.3f %% (%.1f s)" % (
+            label, "pass" if ok else "FAIL", ppl, want["perplexity"], against, 100 * rel, took))
+        if not ok:
+            failures.append("%s: PPL %.4f differs from llama.cpp's %.4f on %s by %+.3f %% (limit %.1f %%)" % (
+                label, ppl, want["perplexity"], against, 100 * rel, 100 * perplexity.REL_TOL))
+
+    model = qwen3_ref.load(hf)
+    case = golden.golden_case(model)
+    for path, label in ((hf, "%s (Hugging Face)" % args.model), (os.path.join(REF, f32), f32)):
+        try:
+            rlx = golden.Rlx(args.rlx, path, model.config["vocab_size"], args.rlx_args, args.timeout,
+                             os.path.join(args.workdir, "out", os.path.basename(path)))
+            weights, moe_layers = rlx.plan(len(case.sequence))
+            if weights or moe_layers:
+                detail = golden.check_bf16(rlx, model, case, weights, moe_layers)
+            else:
+                err_all, err_last = golden.check(rlx, case, golden.LOGITS_TOL)
+                detail = "logits max|diff| %.2g (all), %.2g (last); %d greedy ids match" % (
+                    err_all, err_last, len(case.generated))
+            rows.append("%-22s numpy  pass  %s" % (label, detail))
+        except golden.Failure as e:
+            failures.append("%s against the NumPy reference: %s" % (label, e))
+            rows.append("%-22s numpy  FAIL" % label)
+    for row in rows:
+        print(row)
+    return C.finish("llamacpp_%s" % args.model, failures, "%d checks" % len(rows))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
