@@ -13,11 +13,15 @@ llama-perplexity, llama-quantize); nothing of it is copied here. For each checkp
   3. for each file: llama-completion -m FILE -p PROMPT -n 48 --temp 0 -no-cnv for PROMPTS
      (the text printed after the prompt), as it is and with F32 attention (F32_ATTENTION), and
      llama-perplexity -m FILE -f heldout.txt -c 256;
+  4. for each of VARIANTS: a copy of one of those files with some tokenizer metadata changed,
+     written by llama.cpp's gguf-py (GGUFReader, GGUFWriter) into --workdir, not into OUT (the
+     test derives it again and checks its sha256), and step 3's results on it;
 and writes OUT/llama.cpp.json: the commands, llama.cpp's commit, each checkpoint's file digests
-(the test regenerates the checkpoint and checks them) and each file's results. llama.cpp runs
-with its defaults and 2 threads, as a user runs it.
+(the test regenerates the checkpoint and checks them) and each file's and variant's results.
+llama.cpp runs with its defaults and 2 threads, as a user runs it.
 """
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -40,6 +44,11 @@ QUANT = "Q8_0"
 F32_ATTENTION = ("-fa", "off", "-ctk", "f32", "-ctv", "f32")
 PRE = "qwen2"  # the Brown tokenizer's pre-tokenizer, in llama.cpp's naming (convert.py)
 PYTHON = "/usr/bin/python3"  # Debian's, which has torch for the converter
+# Derived files: name -> (the file of OUT it copies, metadata values it changes). The Brown
+# tokenizer adds no BOS; llama-bos-f32.gguf's does (its bos_token_id, <|endoftext|>, is already
+# set), so llama-perplexity puts a BOS first in every chunk and llama-completion before the
+# prompt, and rlx must do the same to agree.
+VARIANTS = {"llama-bos-f32.gguf": ("llama-f32.gguf", {"tokenizer.ggml.add_bos_token": True})}
 FINAL = re.compile(r"Final estimate: PPL = ([\d.]+) \+/- ([\d.]+)")
 RUNNING = re.compile(r"\[(\d+)\]([\d.]+),")
 END_OF_TEXT = " [end of text]\n"
@@ -92,6 +101,44 @@ def perplexity(bin_dir, model, text):
     raise SystemExit("make_refs.py: no final estimate from llama-perplexity on %s:\n%s" % (model, p.stderr[-1000:]))
 
 
+def variant(llama_cpp, src, dst, changes):
+    """Writes dst: src with the metadata values of changes (keys src already has) replaced, by
+    gguf-py, the GGUF library llama.cpp's converter writes with; returns dst's sha256."""
+    sys.path.insert(0, os.path.join(llama_cpp, "gguf-py"))
+    import gguf
+    reader = gguf.GGUFReader(src)
+    missing = sorted(set(changes) - set(reader.fields))
+    if missing or reader.get_field(gguf.Keys.Tokenizer.BOS_ID) is None:
+        raise SystemExit("make_refs.py: %s has no %s" % (src, ", ".join(missing or [gguf.Keys.Tokenizer.BOS_ID])))
+    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    writer = gguf.GGUFWriter(dst, arch=arch, endianess=reader.endianess)
+    for field in reader.fields.values():
+        # GGUF.* are the header's counts, not metadata; the writer adds general.architecture itself
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        array = field.types[0] == gguf.GGUFValueType.ARRAY
+        writer.add_key_value(field.name, changes.get(field.name, field.contents()), field.types[0],
+                             sub_type=field.types[-1] if array else None)
+    for t in reader.tensors:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in reader.tensors:
+        writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
+    writer.close()
+    with open(dst, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def results(bin_dir, path, text):
+    """What llama-perplexity and llama-completion compute on the GGUF file path."""
+    ppl, err = perplexity(bin_dir, path, text)
+    return {"perplexity": ppl, "perplexity_stderr": err,
+            "greedy": [completion(bin_dir, path, p) for p in PROMPTS],
+            "greedy_f32_attention": [completion(bin_dir, path, p, F32_ATTENTION) for p in PROMPTS]}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-cpp", required=True, help="llama.cpp checkout with build/bin")
@@ -117,6 +164,8 @@ def main():
                           "prompt; stopped: it ended at an end-of-generation token)" % STEPS,
         "greedy_f32_attention_command": "the greedy command with %s" % " ".join(F32_ATTENTION),
         "perplexity_command": "llama-perplexity -m FILE -f heldout.txt -c %d -t 2" % CONTEXT,
+        "variant_command": "gguf-py (LLAMA_CPP/gguf-py) GGUFReader on SOURCE, GGUFWriter writing its metadata "
+                           "(with the values of `metadata` replaced) and tensors in order to NAME",
         "seed": arch_models.SEED,
     })
     os.makedirs(args.workdir, exist_ok=True)
@@ -131,11 +180,13 @@ def main():
              "--outtype", "f32", "--model-name", "rlx-test-" + name, "--outfile", f32])
         run([os.path.join(bin_dir, "llama-quantize"), f32, quant, QUANT])
         for path in (f32, quant):
-            ppl, err = perplexity(bin_dir, path, text)
-            ref["files"][os.path.basename(path)] = {
-                "model": name, "perplexity": ppl, "perplexity_stderr": err,
-                "greedy": [completion(bin_dir, path, p) for p in PROMPTS],
-                "greedy_f32_attention": [completion(bin_dir, path, p, F32_ATTENTION) for p in PROMPTS]}
+            ref["files"][os.path.basename(path)] = {"model": name, **results(bin_dir, path, text)}
+    ref["variants"] = {}
+    for name, (source, changes) in sorted(VARIANTS.items()):
+        path = os.path.join(args.workdir, name)
+        digest = variant(llama_cpp, os.path.join(args.out, source), path, changes)
+        ref["variants"][name] = {"model": ref["files"][source]["model"], "source": source, "metadata": changes,
+                                 "sha256": digest, **results(bin_dir, path, text)}
     with open(ref_path, "w") as f:
         json.dump(ref, f, indent=1, sort_keys=True, ensure_ascii=False)
         f.write("\n")
