@@ -24,8 +24,13 @@ from it what llama-completion and llama-perplexity computed. This test
   4. the NumPy reference (tests/model/qwen3_ref.py) on the checkpoint: rlx logits and greedy ids
      on the checkpoint directory and on the F32 GGUF file within check_golden.py's bound, so a
      tensor llama.cpp's converter reorders (Llama's Q and K rows) must be read back exactly.
+Steps 2 and 3 run on ref/llama.cpp.json's variants of NAME's files too: a copy with tokenizer
+metadata changed (llama-bos-f32.gguf: its tokenizer adds a BOS, which llama-perplexity puts first
+in every chunk and llama-completion before the prompt), which make_refs.py wrote with llama.cpp's
+gguf-py and this test writes again with tests/gguf/gguf_ref.py, checking that the bytes hash alike.
 """
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -37,6 +42,7 @@ sys.path[:0] = [HERE, os.path.join(REPO, "tests", "gguf"), os.path.join(REPO, "t
 import arch_models  # noqa: E402
 import check_golden as golden  # noqa: E402
 import gguf_common as C  # noqa: E402
+import gguf_ref  # noqa: E402
 import qwen3_ref  # noqa: E402
 import test_gguf_greedy as greedy  # noqa: E402
 import test_gguf_perplexity as perplexity  # noqa: E402
@@ -55,6 +61,25 @@ def checkpoint(name, entry, workdir):
         raise SystemExit("FAIL: the %s checkpoint written now differs from the one llama.cpp converted in %s: "
                          "make_model.py or arch_models.py changed; run make_refs.py again (README.md)"
                          % (name, ", ".join(changed)))
+    return path
+
+
+def variant(name, entry, workdir):
+    """The variant written again into workdir (gguf_ref: the source file's metadata with entry's
+    values replaced, and its tensors), or SystemExit if it is not the file llama.cpp ran."""
+    src = gguf_ref.read(os.path.join(REF, entry["source"]))
+    metadata = []
+    for key, value in src.metadata.items():
+        vtype = src.value_types[key]
+        value = entry["metadata"].get(key, value)
+        metadata.append((key, (gguf_ref.ARRAY, (vtype[1], value)) if isinstance(vtype, tuple) else (vtype, value)))
+    tensors = [(t.name, t.dims, t.type, src.raw(t.name)) for t in src.tensors]
+    path = os.path.join(workdir, name)
+    digest = hashlib.sha256(gguf_ref.write(path, metadata, tensors, src.version, src.alignment)).hexdigest()
+    if digest != entry["sha256"]:
+        raise SystemExit("FAIL: %s written again from %s has sha256 %s, not the %s llama.cpp ran on: %s or "
+                         "gguf_ref.py's writer changed; run make_refs.py again (README.md)"
+                         % (name, entry["source"], digest, entry["sha256"], entry["source"]))
     return path
 
 
@@ -84,11 +109,13 @@ def main():
     os.makedirs(args.workdir, exist_ok=True)
     hf = checkpoint(args.model, ref["models"][args.model], args.workdir)
 
-    # (what rlx reads, its label, the file whose llama.cpp results it must give)
-    subjects = [(hf, "%s (Hugging Face)" % args.model, f32)] + [(os.path.join(REF, n), n, n) for n in files]
+    # (what rlx reads, its label, the file whose llama.cpp results it must give, those results)
+    subjects = [(hf, "%s (Hugging Face)" % args.model, f32, ref["files"][f32])]
+    subjects += [(os.path.join(REF, n), n, n, ref["files"][n]) for n in files]
+    subjects += [(variant(n, e, args.workdir), n, n, e)
+                 for n, e in sorted(ref["variants"].items()) if e["model"] == args.model]
     failures, rows = [], []
-    for path, label, against in subjects:
-        want = ref["files"][against]
+    for path, label, against, want in subjects:
         for k, (case, default) in enumerate(zip(want["greedy_f32_attention"], want["greedy"])):
             verdict, detail, failure = greedy.check_case(args.rlx, path, case["prompt"], case["continuation"],
                                                          args.steps, args.rlx_args)
