@@ -359,7 +359,7 @@ def qwen3_expected_shapes(md, n_vocab):
 
 
 # The architectures rlx runs (core/src/model/arch/), by GGUF name.
-RLX_GGUF_ARCHS = {"qwen3": "qwen3", "qwen3moe": "qwen3_moe", "qwen2": "qwen2"}
+RLX_GGUF_ARCHS = {"qwen3": "qwen3", "qwen3moe": "qwen3_moe", "qwen2": "qwen2", "llama": "llama"}
 
 
 def check_model(g):
@@ -388,7 +388,26 @@ def check_model(g):
         if t.dims != tuple(want):
             raise ValueError("tensor '%s' has shape %s (GGUF dims) but the metadata implies %s" % (
                 name, list(t.dims), list(want)))
-    extra = [t.name for t in g.tensors if t.name not in shapes and t.name != "output.weight"]
+    # RoPE as llama.cpp describes it: over the whole head (rope.dimension_count), unscaled or with
+    # Llama 3.1's divisors (rope_freqs.weight: head_dim / 2 positive F32 values); other scalings
+    # (yarn, linear) change the rotation and are not something this check knows
+    head_dim = md.get("qwen3.attention.key_length", md["qwen3.embedding_length"] // md["qwen3.attention.head_count"])
+    rope_dims = md.get("qwen3.rope.dimension_count", head_dim)
+    if rope_dims != head_dim:
+        raise ValueError("qwen3.rope.dimension_count is %d, not head_dim %d: a partial RoPE" % (rope_dims, head_dim))
+    scaling = md.get("qwen3.rope.scaling.type", "none")
+    if scaling != "none":
+        raise ValueError("qwen3.rope.scaling.type is '%s': only unscaled RoPE or rope_freqs is known" % scaling)
+    freqs = g.tensor_by_name.get("rope_freqs.weight")
+    if freqs is not None:
+        if freqs.dims != (head_dim // 2,) or freqs.type != F32:
+            raise ValueError("rope_freqs.weight has dims %s, type %s: head_dim / 2 = %d F32 values expected" % (
+                list(freqs.dims), type_name(freqs.type), head_dim // 2))
+        values = np.frombuffer(g.raw(freqs.name), dtype="<f4")
+        if not (values > 0).all():
+            raise ValueError("rope_freqs.weight holds a value that is not positive")
+    extra = [t.name for t in g.tensors
+             if t.name not in shapes and t.name not in ("output.weight", "rope_freqs.weight")]
     if extra:
         raise ValueError("unexpected tensor '%s' for qwen3" % extra[0])
 
