@@ -44,6 +44,7 @@ import check_golden as golden  # noqa: E402
 import gguf_common as C  # noqa: E402
 import gguf_ref  # noqa: E402
 import qwen3_ref  # noqa: E402
+import surfaces  # noqa: E402
 import test_gguf_greedy as greedy  # noqa: E402
 import test_gguf_perplexity as perplexity  # noqa: E402
 
@@ -90,6 +91,10 @@ def main():
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--timeout", type=float, default=600, help="seconds per rlx command")
+    ap.add_argument("--node", help="node, for step 5's chat check (with --npm)")
+    ap.add_argument("--npm", help="the directory holding node_modules/@huggingface/jinja (tests/text's fetch)")
+    ap.add_argument("--chat-template-of", metavar="TOKENIZER_CONFIG",
+                    help="step 5's chat check renders the GGUF files with this tokenizer_config.json's chat_template")
     ap.add_argument("rlx_args", nargs="*", help="extra rlx arguments, after --")
     args = ap.parse_args()
     with open(os.path.join(REF, "llama.cpp.json")) as f:
@@ -155,6 +160,34 @@ def main():
         except golden.Failure as e:
             failures.append("%s against the NumPy reference: %s" % (label, e))
             rows.append("%-22s numpy  FAIL" % label)
+    jinja = (args.node, args.npm) if args.node and args.npm else None
+    template = None
+    if args.chat_template_of:
+        with open(args.chat_template_of) as f:
+            template_text = json.load(f)["chat_template"]
+        template = os.path.join(args.workdir, "chat_template.jinja")
+        with open(template, "w") as f:
+            f.write(template_text)
+    # 5. the first prompt through a pipeline, speculative decoding, serve and chat (surfaces.py)
+    prompt = ref["files"][f32]["greedy_f32_attention"][0]["prompt"]
+    q8 = os.path.join(REF, "%s-q8_0.gguf" % args.model)
+    # the Q8_0 file proposes the model's own tokens nearly always; a draft of another architecture
+    # proposes tokens the model mostly rejects, so its KV cache must roll back
+    other = "%s-f32.gguf" % ("qwen2" if args.model != "qwen2" else "llama")
+    drafts = [("q8_0", q8), (other, os.path.join(REF, other))]
+    checks = [(hf, "%s (Hugging Face)" % args.model, None), (os.path.join(REF, f32), f32, template)]
+    for path, label, template_file in checks:
+        got, failed = surfaces.check(args.rlx, path, prompt, args.steps, args.timeout, drafts, jinja,
+                                      template_file)
+        rows += ["%-22s %s" % (label, r) for r in got]
+        failures += ["%s %s" % (label, f) for f in failed]
+    for path, label, _, _ in subjects[len(files) + 1:] if jinja else ():  # variants: a tokenizer adding a BOS
+        try:
+            rows.append("%-22s chat     pass  %s" % (label, surfaces.check_chat(
+                args.rlx, path, prompt, args.steps, args.timeout, jinja, template)))
+        except surfaces.Failure as e:
+            rows.append("%-22s chat     FAIL" % label)
+            failures.append("%s chat: %s" % (label, e))
     for row in rows:
         print(row)
     return C.finish("llamacpp_%s" % args.model, failures, "%d checks" % len(rows))
