@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -44,14 +45,13 @@ def main():
     for name in C.gguf_files(shared):
         cmd = [args.llama_perplexity, "-m", os.path.join(shared, name), "-f",
                os.path.join(shared, "brown-heldout.txt"), *ARGS]
-        # llama.cpp logs from a worker thread that now and then exits before the last lines are
-        # written: a run without its final line is run again, a few times at most.
-        for _ in range(3):
-            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3600)
-            out = p.stdout
-            final = FINAL.search(out)
-            if p.returncode != 0 or final:
-                break
+        # into a file: through a pipe, llama-perplexity (its logging thread) has been seen to exit
+        # before writing its last lines
+        with tempfile.TemporaryFile() as log:
+            p = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=3600)
+            log.seek(0)
+            out = log.read().decode(errors="replace")
+        final = FINAL.search(out)
         if p.returncode != 0 or not final:
             raise SystemExit("FAIL: %s exited %s without a final estimate: %s" % (name, p.returncode, out[-400:]))
         running = [(int(i), float(x)) for i, x in RUNNING.findall(out)]
