@@ -133,6 +133,8 @@ KINDS = {
                         tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
                         bos_token_id=128000, eos_token_id=128001),
 }
+# Real-size shapes for benchmarks (gigabytes): never built by the tests
+BENCH_KINDS = ("bench", "bench-llama")
 DEFAULT_DTYPE = {"bench": "bf16", "bench-llama": "bf16", "demo": "bf16"}  # the rest default to f32
 
 

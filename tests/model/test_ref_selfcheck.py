@@ -26,7 +26,7 @@ import make_models  # noqa: E402
 import qwen3_ref as ref  # noqa: E402
 import st  # noqa: E402
 
-SMALL_KINDS = [k for k in make_model.KINDS if k != "bench"]
+SMALL_KINDS = [k for k in make_model.KINDS if k not in make_model.BENCH_KINDS]
 TOKENS = [3, 17, 100, 42, 7, 250, 300, 11, 64, 5, 480, 2, 99, 31]  # longer than any window
 
 
