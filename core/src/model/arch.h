@@ -213,6 +213,9 @@ rlx_status rlx__hf_read_decoder(const char *path, const cJSON *root, const rlx__
 /* Qwen2-style sliding windows (use_sliding_window, sliding_window, max_window_layers, or an explicit
  * layer_types list) into cfg's fields and each layer's window. */
 rlx_status rlx__hf_read_qwen_sliding(const char *path, const cJSON *root, rlx__model_desc *d);
+/* A sliding window of window positions (0: none) on every layer, in cfg's fields and each layer's
+ * window (Mistral's rule; a GGUF file's ARCH.attention.sliding_window). */
+void rlx__desc_window_every_layer(rlx__model_desc *d, int64_t window);
 
 /* rope_scaling of config.json into d: null or type "default" keeps plain RoPE; "llama3" (all four
  * of its parameters required, as transformers' _compute_llama3_parameters reads them) sets

@@ -328,6 +328,13 @@ void rlx__model_desc_free(rlx__model_desc *d) {
     d->rope_freqs = NULL;
 }
 
+void rlx__desc_window_every_layer(rlx__model_desc *d, int64_t window) {
+    d->cfg.sliding_window = window;
+    d->cfg.use_sliding_window = window > 0;
+    for (int64_t i = 0; i < d->cfg.num_hidden_layers; i++)
+        d->layers[i].window = (uint32_t)window;
+}
+
 void rlx__model_desc_project(rlx__model_desc *d) {
     for (int64_t i = 0; i < d->cfg.num_hidden_layers; i++)
         d->cfg.layer_sliding[i] = d->layers[i].window != 0;

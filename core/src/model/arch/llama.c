@@ -80,13 +80,9 @@ static rlx_status read_gguf(rlx__gguf_cfg *r, rlx__model_desc *d) {
     if (st == RLX_OK && (window < 0 || window > INT32_MAX))
         st = rlx_error(RLX_E_FORMAT, "%s: metadata key '%s' is %lld, not a window size", r->path, key,
                        (long long)window);
-    if (st != RLX_OK)
-        return st;
-    d->cfg.sliding_window = window;
-    d->cfg.use_sliding_window = window > 0;
-    for (int64_t i = 0; i < d->cfg.num_hidden_layers; i++)
-        d->layers[i].window = (uint32_t)window;
-    return RLX_OK;
+    if (st == RLX_OK)
+        rlx__desc_window_every_layer(d, window);
+    return st;
 }
 
 static const char *const hf_types[] = {"llama", NULL};

@@ -11,17 +11,14 @@ static rlx_status read_hf(const char *path, const cJSON *root, rlx__model_desc *
     rlx_status st = rlx__hf_read_decoder(path, root, &defaults, d);
     if (st != RLX_OK || (st = rlx__llama_check_act(path, root)) != RLX_OK)
         return st;
-    rlx_model_config *c = &d->cfg;
-    c->decoder_sparse_step = 1;
-    const cJSON *window = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
-    if (window && cJSON_IsNull(window))
+    d->cfg.decoder_sparse_step = 1;
+    const cJSON *null_window = cJSON_GetObjectItemCaseSensitive(root, "sliding_window");
+    if (null_window && cJSON_IsNull(null_window))
         return RLX_OK;
-    if ((st = rlx__hf_int(path, root, "sliding_window", 4096, 1, INT32_MAX, &c->sliding_window)) != RLX_OK)
-        return st;
-    c->use_sliding_window = 1;
-    for (int64_t i = 0; i < c->num_hidden_layers; i++)
-        d->layers[i].window = (uint32_t)c->sliding_window;
-    return RLX_OK;
+    int64_t window;
+    if ((st = rlx__hf_int(path, root, "sliding_window", 4096, 1, INT32_MAX, &window)) == RLX_OK)
+        rlx__desc_window_every_layer(d, window);
+    return st;
 }
 
 static const char *const hf_types[] = {"mistral", NULL};
