@@ -495,7 +495,7 @@ rlx_status rlx_generation_config_load(const char *model_dir, rlx_generation_defa
     if (!model_dir || !out)
         return rlx_error(RLX_E_INVALID, "rlx_generation_config_load: model_dir and out must not be NULL");
     int gguf;
-    rlx_status st = rlx__model_path_is_gguf(model_dir, &gguf);
+    rlx_status st = rlx__weights_path_is_gguf(model_dir, &gguf);
     if (st != RLX_OK || gguf) {
         rlx__gguf *g = NULL;
         if (st == RLX_OK && (st = rlx__gguf_open(model_dir, &g)) == RLX_OK)
@@ -546,7 +546,7 @@ rlx_status rlx_model_config_load_model(const char *model_path, rlx_model_config 
     if (!model_path || !out)
         return rlx_error(RLX_E_INVALID, "rlx_model_config_load_model: NULL argument");
     int gguf;
-    rlx_status rc = rlx__model_path_is_gguf(model_path, &gguf);
+    rlx_status rc = rlx__weights_path_is_gguf(model_path, &gguf);
     if (rc != RLX_OK)
         return rc;
     if (!gguf) {

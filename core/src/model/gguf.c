@@ -2,13 +2,11 @@
  * left before it is used, so a corrupt or hostile header ends in an error naming the file, the
  * key or tensor and the byte offset, never in a read past the mapping or an allocation sized by
  * the file's say-so: counts are bounded by the bytes that could hold them. */
-#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "gguf.h"
@@ -477,20 +475,6 @@ rlx_status rlx__gguf_not_gguf(const char *path) {
                      "%s is a file, but neither a GGUF file nor a model directory (config.json and *.safetensors): "
                      "it starts with '%s', not the GGUF magic 'GGUF'",
                      path, shown);
-}
-
-rlx_status rlx__model_path_is_gguf(const char *path, int *gguf) {
-    struct stat sb;
-    *gguf = 0;
-    /* said here, before "no model.safetensors" would send the user looking inside a directory;
-     * RLX_E_IO, as text.h promises of a tokenizer.json that cannot be read */
-    if (stat(path, &sb) != 0)
-        return rlx_error(RLX_E_IO,
-                         "%s: %s (the model is a GGUF file or a directory "
-                         "with config.json and *.safetensors)",
-                         path, strerror(errno));
-    *gguf = S_ISREG(sb.st_mode);
-    return *gguf && !rlx__is_gguf(path) ? rlx__gguf_not_gguf(path) : RLX_OK;
 }
 
 int rlx__is_gguf(const char *path) {

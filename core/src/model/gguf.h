@@ -100,10 +100,6 @@ rlx_status rlx__gguf_parse(const char *path, const void *data, size_t size, rlx_
 /* True when the file at path starts with GGUF's magic. */
 int rlx__is_gguf(const char *path);
 
-/* How a model path is read: *gguf = 1 for a regular file, which must then be a GGUF file (else
- * the error of rlx__gguf_not_gguf), 0 for anything else (a directory in Hugging Face layout,
- * whose readers report what is missing). */
-rlx_status rlx__model_path_is_gguf(const char *path, int *gguf);
 /* The error for a path that is a regular file but not a GGUF file (RLX_E_INVALID): a model is a
  * GGUF file or a directory, so the message says both and shows the file's first bytes, which
  * tells a truncated or mistyped file from, say, a tokenizer.json given as the model. */

@@ -45,11 +45,10 @@ rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", model_dir);
     }
     m->weight_owner = rlx__weight_owner_new();
-    rlx_status rc = rlx__model_path_is_gguf(model_dir, &m->gguf);
+    rlx_status rc = rlx_weights_open(model_dir, &m->weights);
     if (rc == RLX_OK)
-        rc = rlx_weights_open(model_dir, &m->weights);
-    if (rc == RLX_OK)
-        rc = m->gguf ? rlx__model_desc_from_gguf(m->weights, &m->desc) : rlx__model_desc_load_dir(model_dir, &m->desc);
+        rc = (m->gguf = rlx__weights_gguf(m->weights) != NULL) ? rlx__model_desc_from_gguf(m->weights, &m->desc)
+                                                               : rlx__model_desc_load_dir(model_dir, &m->desc);
     if (rc != RLX_OK) {
         rlx_model_close(m);
         return rc;

@@ -135,7 +135,7 @@ rlx_status rlx__model_id_of(const rlx_model *m, char out[RLX_MODEL_ID_SIZE]) {
 
 rlx_status rlx__model_config_and_id(const char *model_path, rlx_model_config *cfg, char id[RLX_MODEL_ID_SIZE]) {
     int gguf;
-    rlx_status rc = rlx__model_path_is_gguf(model_path, &gguf);
+    rlx_status rc = rlx__weights_path_is_gguf(model_path, &gguf);
     if (rc != RLX_OK)
         return rc;
     if (!gguf)
@@ -154,7 +154,7 @@ rlx_status rlx_model_id(const char *model_dir, char out[RLX_MODEL_ID_SIZE]) {
         return rlx_error(RLX_E_INVALID, "rlx_model_id: NULL argument");
     out[0] = '\0';
     int gguf;
-    rlx_status rc = rlx__model_path_is_gguf(model_dir, &gguf);
+    rlx_status rc = rlx__weights_path_is_gguf(model_dir, &gguf);
     if (rc != RLX_OK || gguf)
         return rc != RLX_OK ? rc : gguf_model_id(model_dir, out);
     char path[4096];

@@ -15,6 +15,11 @@ rlx_status rlx__block_spec_read(const rlx_block_spec *in, rlx_block_spec *out);
 /* Maps one safetensors file (any name) as rlx_weights_open maps a model's, with the same checks. */
 rlx_status rlx__weights_open_file(const char *path, rlx_weights **out);
 
+/* Which reader a model path takes (weights.c decides it for every caller): *gguf = 1 for a
+ * regular file, which must then be a GGUF file (else the error of rlx__gguf_not_gguf), 0 for
+ * anything else (a directory in Hugging Face layout, whose readers report what is missing). */
+rlx_status rlx__weights_path_is_gguf(const char *path, int *gguf);
+
 /* The first (metadata-holding) GGUF file of weights opened from a GGUF model, else NULL. */
 struct rlx__gguf;
 const struct rlx__gguf *rlx__weights_gguf(const rlx_weights *w);

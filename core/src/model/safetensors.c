@@ -332,15 +332,8 @@ static rlx_status no_safetensors(const char *model_dir) {
                      comma ? (int)(comma - found) : (int)strlen(found), found);
 }
 
-rlx_status rlx_weights_open(const char *model_dir, rlx_weights **out) {
-    if (out)
-        *out = NULL;
-    if (!model_dir || !model_dir[0] || !out)
-        return rlx_error(RLX_E_INVALID, "rlx_weights_open: model_dir must be a non-empty path and out not NULL");
-    int gguf;
-    rlx_status st = rlx__model_path_is_gguf(model_dir, &gguf);
-    if (st != RLX_OK || gguf)
-        return st != RLX_OK ? st : rlx__weights_open_gguf(model_dir, out);
+rlx_status rlx__weights_open_safetensors(const char *model_dir, rlx_weights **out) {
+    rlx_status st = RLX_OK;
     cJSON *index = NULL;
     char *single = rlx__path_join(model_dir, "model.safetensors");
     char *index_path = rlx__path_join(model_dir, "model.safetensors.index.json");

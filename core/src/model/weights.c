@@ -1,16 +1,13 @@
-/* The weights container shared by the safetensors and GGUF readers (weights_internal.h).
- *
- * Files are mapped whole, read-only and MAP_PRIVATE without MAP_POPULATE, so opening a 60 GB model
- * costs page tables, not RAM, and only the pages of tensors actually read become resident. The
- * descriptor is closed right after mmap; the mapping keeps the file alive. */
+/* The weights container shared by the safetensors and GGUF readers (weights_internal.h), and
+ * the one place that decides which of the two reads a model path. */
 #include <errno.h>
-#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
+#include "model_internal.h"
 #include "util/alloc.h"
 #include "weights_internal.h"
 
@@ -39,48 +36,6 @@ char *rlx__path_join(const char *dir, const char *name) {
         strcpy(p + n + 1, name);
     }
     return p;
-}
-
-void rlx__drop_mapped(const void *p, size_t n) {
-    const long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0)
-        return;
-    const uintptr_t lo = ((uintptr_t)p + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
-    const uintptr_t hi = ((uintptr_t)p + n) / (uintptr_t)page * (uintptr_t)page;
-    if (hi <= lo)
-        return;
-    (void)madvise((void *)lo, hi - lo, MADV_NOHUGEPAGE);
-    (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
-}
-
-rlx_status rlx__wfile_map(rlx__wfile *f, size_t min_size, const char *what) {
-    rlx_status st = RLX_OK;
-    struct stat sb;
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return rlx_error(RLX_E_IO, "%s: %s", f->path, strerror(errno));
-    if (fstat(fd, &sb) != 0) {
-        st = rlx_error(RLX_E_IO, "%s: %s", f->path, strerror(errno));
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = rlx_error(RLX_E_IO, "%s: not a regular file", f->path);
-        goto fail;
-    }
-    if ((uint64_t)sb.st_size < min_size) {
-        st = rlx_error(RLX_E_FORMAT, "%s: %lld bytes is too short for %s", f->path, (long long)sb.st_size, what);
-        goto fail;
-    }
-    void *map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-        st = rlx_error(RLX_E_IO, "%s: mmap: %s", f->path, strerror(errno));
-        goto fail;
-    }
-    f->map = map;
-    f->size = (size_t)sb.st_size;
-fail:
-    close(fd);
-    return st;
 }
 
 rlx_status rlx__weights_check_file(const char *path, rlx_weight *t, size_t n) {
@@ -151,3 +106,29 @@ const rlx_weight *rlx_weights_find(const rlx_weights *w, const char *name) {
 }
 
 size_t rlx_weights_total_bytes(const rlx_weights *w) { return w ? w->total_bytes : 0; }
+
+rlx_status rlx__weights_path_is_gguf(const char *path, int *gguf) {
+    struct stat sb;
+    *gguf = 0;
+    /* said here, before "no model.safetensors" would send the user looking inside a directory;
+     * RLX_E_IO, as text.h promises of a tokenizer.json that cannot be read */
+    if (stat(path, &sb) != 0)
+        return rlx_error(RLX_E_IO,
+                         "%s: %s (the model is a GGUF file or a directory "
+                         "with config.json and *.safetensors)",
+                         path, strerror(errno));
+    *gguf = S_ISREG(sb.st_mode);
+    return *gguf && !rlx__is_gguf(path) ? rlx__gguf_not_gguf(path) : RLX_OK;
+}
+
+rlx_status rlx_weights_open(const char *model_path, rlx_weights **out) {
+    if (out)
+        *out = NULL;
+    if (!model_path || !model_path[0] || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_weights_open: model_dir must be a non-empty path and out not NULL");
+    int gguf;
+    rlx_status st = rlx__weights_path_is_gguf(model_path, &gguf);
+    if (st != RLX_OK)
+        return st;
+    return gguf ? rlx__weights_open_gguf(model_path, out) : rlx__weights_open_safetensors(model_path, out);
+}

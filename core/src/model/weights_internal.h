@@ -57,6 +57,10 @@ rlx_status rlx__weights_check_file(const char *path, rlx_weight *t, size_t n);
  * their bytes. */
 rlx_status rlx__weights_index(rlx_weights *w);
 
+/* Maps a model directory's safetensors (model.safetensors, or the shards its
+ * model.safetensors.index.json lists) as weights under their file's names. */
+rlx_status rlx__weights_open_safetensors(const char *model_dir, rlx_weights **out);
+
 /* Maps a GGUF model (one file, or the first shard "NAME-00001-of-0000N.gguf" of a split one,
  * whose siblings are opened with it) as weights under their Hugging Face names (gguf.h). */
 rlx_status rlx__weights_open_gguf(const char *path, rlx_weights **out);

@@ -1336,7 +1336,7 @@ static rlx_status open_tokenizer(const char *model_dir, const struct rlx__gguf *
     /* a file can only be a GGUF model; "FILE/tokenizer.json: Not a directory" would not say what
      * is wrong with it */
     int gguf = g != NULL;
-    if (!g && (st = rlx__model_path_is_gguf(model_dir, &gguf)) != RLX_OK)
+    if (!g && (st = rlx__weights_path_is_gguf(model_dir, &gguf)) != RLX_OK)
         goto fail;
     if (gguf) {
         if ((st = rlx__tokenizer_load_gguf(tok, model_dir, g, &cap, &added_cap)) != RLX_OK)
