@@ -18,7 +18,8 @@ from it what llama-completion and llama-perplexity computed. This test
      hundredths) changes 8 of the 18 48-token continuations, at margins up to 0.05 (measured
      on rlx's logits where rlx left the default text within 32 tokens: 0.0058, 0.0132, 0.0319,
      0.0526); with F32 attention llama.cpp prints rlx's first 32 tokens in all of them (one
-     file, llama-q8_0.gguf, leaves at token 29 on a tie of 0.0094: its 8-bit activations);
+     file, llama-q8_0.gguf, leaves at token 29 on a tie of 0.0094: its 8-bit activations; the
+     files with quantized matrices have a wider near tie, QUANT_NEAR_TIE, which says why);
   3. perplexity: rlx perplexity -m FILE -f ref/heldout.txt -c 256 within 0.3 % of llama.cpp's
      figure for each file, and on the checkpoint directory within 0.3 % of the F32 file's;
   4. the NumPy reference (tests/model/qwen3_ref.py) on the checkpoint: rlx logits and greedy ids
@@ -51,6 +52,18 @@ import test_gguf_perplexity as perplexity  # noqa: E402
 REF = os.path.join(HERE, "ref")
 TEXT = os.path.join(REF, "heldout.txt")
 
+# The near tie of a file with block-quantized matrices. Their matmuls round every activation to
+# 8 bits (rlx and llama.cpp alike, kern_quant.h), and the bits those activations come in with
+# are the norms', attention's and SwiGLU's, which each ISA level of rlx (and llama.cpp) rounds
+# in its own way in the last place: where one such last bit moves an 8-bit rounding, later
+# logits move by far more than an F32 rounding. Measured with rlx on these random models, its
+# logits at RLX_ISA=c against avx2 over llama.cpp's continuations of the q8_0 files' 9 prompts:
+# 3 of 423 positions moved, by 0.03, 0.11 and 0.11; over rlx's own continuation of mistral's
+# first prompt, by 0.22 (an AVX2 machine left llama.cpp's text there at a margin of 0.11).
+# Below this margin the token is the CPU's choice, not rlx's; the perplexity bound and the F32
+# files' greedy text still hold every level to llama.cpp.
+QUANT_NEAR_TIE = 0.3
+
 
 def checkpoint(name, entry, workdir):
     """The checkpoint written again into workdir, or SystemExit if it is not the one converted."""
@@ -63,6 +76,13 @@ def checkpoint(name, entry, workdir):
                          "make_model.py or arch_models.py changed; run make_refs.py again (README.md)"
                          % (name, ", ".join(changed)))
     return path
+
+
+def quantized(path):
+    """Whether path is a GGUF file with block-quantized tensors (a directory is the F32 checkpoint)."""
+    if os.path.isdir(path):
+        return False
+    return any(t.type not in (gguf_ref.F32, gguf_ref.F16, gguf_ref.BF16) for t in gguf_ref.read(path).tensors)
 
 
 def variant(name, entry, workdir):
@@ -121,9 +141,10 @@ def main():
                  for n, e in sorted(ref["variants"].items()) if e["model"] == args.model]
     failures, rows = [], []
     for path, label, against, want in subjects:
+        near_tie = QUANT_NEAR_TIE if quantized(path) else greedy.NEAR_TIE
         for k, (case, default) in enumerate(zip(want["greedy_f32_attention"], want["greedy"])):
             verdict, detail, failure = greedy.check_case(args.rlx, path, case["prompt"], case["continuation"],
-                                                         args.steps, args.rlx_args)
+                                                         args.steps, args.rlx_args, near_tie)
             if default["continuation"] != case["continuation"]:
                 detail += " (llama.cpp's default F16 attention leaves this text at character %d)" % len(
                     os.path.commonprefix([default["continuation"], case["continuation"]]))
