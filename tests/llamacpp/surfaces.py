@@ -1,6 +1,7 @@
 """The same greedy text through rlx's other ways of running a model (test_llamacpp.py step 5):
 a 2-stage pipeline, speculative decoding with a draft model, `rlx serve`'s /v1/completions, and
-`generate --chat` rendering a chat template.
+`generate --chat` rendering a chat template (whose reply `rlx serve`'s /v1/chat/completions and
+`rlx chat` must give too).
 
 The reference is rlx's single-process greedy run of the first prompt, which step 2 proves to be
 llama.cpp's text; here the ids must be equal, not only the text. The chat check renders the
@@ -85,7 +86,24 @@ def check_chat(rlx, path, prompt, steps, timeout, jinja, template_file):
     if chat["tokens"] != ref["tokens"]:
         raise Failure("generate --chat continues with %s, generate --tokens of the rendered ids with %s"
                       % (chat["tokens"][:8], ref["tokens"][:8]))
-    return detail
+    # the same turn through the server's chat endpoint and the interactive chat
+    with serve_util.Server(rlx, extra, model=path) as s:
+        status, _, body = s.request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": prompt}], "max_tokens": steps, "temperature": 0}, timeout=timeout)
+    if status != 200:
+        raise Failure("/v1/chat/completions answered %d: %s" % (status, body[:300]))
+    reply = json.loads(body)
+    if reply["usage"]["prompt_tokens"] != len(want) or reply["choices"][0]["message"]["content"] != chat["text"]:
+        raise Failure("/v1/chat/completions ran %d prompt ids and answered %r; generate --chat %d and %r"
+                      % (reply["usage"]["prompt_tokens"], reply["choices"][0]["message"]["content"], len(want),
+                         chat["text"]))
+    p = C.run([rlx, "chat", "-m", path, "-n", str(steps), "--temp", "0", *extra], timeout=timeout,
+              input=(prompt + "\n").encode())
+    said = p.stdout.decode(errors="replace")
+    if p.returncode != 0 or chat["text"].strip() not in said:
+        raise Failure("rlx chat exited %s and printed %r; generate --chat's reply is %r: %s"
+                      % (p.returncode, said[-300:], chat["text"], p.stderr.decode(errors="replace")[-300:]))
+    return detail + "; /v1/chat/completions and rlx chat give generate --chat's reply"
 
 
 def check(rlx, path, prompt, steps, timeout, drafts, jinja, template_file=None):
