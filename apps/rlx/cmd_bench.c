@@ -9,6 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "common.h"
 
 static const char usage[] =
@@ -125,34 +127,33 @@ static void host_describe(host_info *h) {
     fclose(f);
 }
 
-/* s as a JSON string literal. */
-static void json_string(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            printf("\\%c", c);
-        else if (c < 0x20)
-            printf("\\u%04x", c);
-        else
-            putchar(c);
-    }
-    putchar('"');
+/* The host and the backend's own description into a JSON object. */
+static void add_host_json(cJSON *o, const host_info *h, const char *describe) {
+    cJSON *host = cJSON_AddObjectToObject(o, "host");
+    cJSON_AddStringToObject(host, "cpu", h->cpu);
+    cJSON_AddStringToObject(host, "vendor", h->vendor);
+    cJSON_AddNumberToObject(host, "family", h->family);
+    cJSON_AddNumberToObject(host, "model", h->model);
+    cJSON *flags = cJSON_AddArrayToObject(host, "flags");
+    char copy[sizeof h->flags];
+    memcpy(copy, h->flags, sizeof copy);
+    for (char *save = NULL, *flag = strtok_r(copy, " ", &save); flag; flag = strtok_r(NULL, " ", &save))
+        cJSON_AddItemToArray(flags, cJSON_CreateString(flag));
+    cJSON_AddNumberToObject(host, "cores_online", h->online);
+    cJSON_AddNumberToObject(host, "cores_usable", h->usable);
+    cJSON_AddStringToObject(o, "backend_describe", describe);
 }
 
-static void print_host_json(const host_info *h, const char *describe) {
-    printf(", \"host\": {\"cpu\": ");
-    json_string(h->cpu);
-    printf(", \"vendor\": ");
-    json_string(h->vendor);
-    printf(", \"family\": %d, \"model\": %d, \"flags\": [", h->family, h->model);
-    char flags[sizeof h->flags];
-    memcpy(flags, h->flags, sizeof flags);
-    int first = 1;
-    for (char *save = NULL, *flag = strtok_r(flags, " ", &save); flag; flag = strtok_r(NULL, " ", &save), first = 0)
-        printf("%s\"%s\"", first ? "" : ", ", flag);
-    printf("], \"cores_online\": %u, \"cores_usable\": %u}, \"backend_describe\": ", h->online, h->usable);
-    json_string(describe);
+/* o printed on one line, then end, and freed; -1 when out of memory for the text. */
+static int print_json(cJSON *o, const char *end) {
+    char *text = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!text)
+        return -1;
+    fputs(text, stdout);
+    fputs(end, stdout);
+    free(text);
+    return 0;
 }
 
 static double now_seconds(void) {
@@ -305,19 +306,23 @@ static void stage_figures(const bench_row *r, uint32_t reps, uint32_t i, double 
     *received = (double)s->bytes_received / tokens;
 }
 
-/* `, "key": [{"stage": i, ...}, ...]` of a pipeline row; nothing without a pipeline. */
-static void print_stages_json(const bench_row *r, uint32_t reps, const char *key) {
+/* "key": [{"stage": i, ...}, ...] of a pipeline row into o; nothing without a pipeline. */
+static void add_stages_json(cJSON *o, const bench_row *r, uint32_t reps, const char *key) {
     if (!r->n_stages)
         return;
-    printf(", \"%s\": [", key);
+    cJSON *stages = cJSON_AddArrayToObject(o, key);
     for (uint32_t i = 0; i < r->n_stages; i++) {
         double ms, busy, sent, received;
         stage_figures(r, reps, i, &ms, &busy, &sent, &received);
-        printf("%s{\"stage\": %u, \"steps\": %llu, \"ms_per_step\": %.3f, \"busy\": %.4f, "
-               "\"bytes_sent_per_token\": %.1f, \"bytes_received_per_token\": %.1f}",
-               i ? ", " : "", i, (unsigned long long)r->stages[i].steps, ms, busy, sent, received);
+        cJSON *st = cJSON_CreateObject();
+        cJSON_AddItemToArray(stages, st);
+        cJSON_AddNumberToObject(st, "stage", i);
+        cJSON_AddNumberToObject(st, "steps", (double)r->stages[i].steps);
+        cJSON_AddNumberToObject(st, "ms_per_step", ms);
+        cJSON_AddNumberToObject(st, "busy", busy);
+        cJSON_AddNumberToObject(st, "bytes_sent_per_token", sent);
+        cJSON_AddNumberToObject(st, "bytes_received_per_token", received);
     }
-    printf("]");
 }
 
 /* Under the markdown table: each pipeline stage's share of each test. */
@@ -333,34 +338,40 @@ static void print_md_stages(const bench_row *rows, size_t n_rows, uint32_t reps)
         }
 }
 
-static void print_json_row(const bench_row *r, uint32_t reps, const model_info *m, const char *model_dir,
-                           const char *backend, const host_info *h, const char *describe, double rss_mb,
-                           const char *test_time, const char *kv_type) {
+/* One row in llama-bench's JSON fields, plus rlx's own (peak RSS, stages, host). */
+static cJSON *json_row(const bench_row *r, uint32_t reps, const model_info *m, const char *model_dir,
+                       const char *backend, const host_info *h, const char *describe, double rss_mb,
+                       const char *test_time, const char *kv_type) {
     double mean_s = 0, mean_ts = 0;
     for (uint32_t i = 0; i < reps; i++)
         mean_s += r->seconds[i] / reps, mean_ts += r->samples[i] / reps;
-    double sd_s = stddev(r->seconds, reps);
-    printf("{\"cpu_info\": ");
-    json_string(h->cpu);
-    printf(", \"backends\": ");
-    json_string(backend);
-    printf(", \"model_filename\": ");
-    json_string(model_dir);
-    printf(", \"model_type\": ");
-    json_string(m->desc);
-    printf(", \"model_size\": %.0f, \"model_n_params\": %.0f, \"n_threads\": %u, \"n_prompt\": %u, "
-           "\"n_gen\": %u, \"test_time\": \"%s\", \"avg_ns\": %.0f, \"stddev_ns\": %.0f, \"avg_ts\": %.6f, "
-           "\"stddev_ts\": %.6f, \"median_ts\": %.6f, \"samples_ns\": [",
-           m->bytes, m->params, r->threads, r->p, r->n, test_time, mean_s * 1e9, sd_s * 1e9, mean_ts, r->sd, r->median);
-    for (uint32_t i = 0; i < reps; i++)
-        printf("%s%.0f", i ? ", " : "", r->seconds[i] * 1e9);
-    printf("], \"samples_ts\": [");
-    for (uint32_t i = 0; i < reps; i++)
-        printf("%s%.6f", i ? ", " : "", r->samples[i]);
-    printf("], \"type_k\": \"%s\", \"type_v\": \"%s\", \"peak_rss_mb\": %.1f", kv_type, kv_type, rss_mb);
-    print_stages_json(r, reps, "stages");
-    print_host_json(h, describe);
-    printf("}");
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "cpu_info", h->cpu);
+    cJSON_AddStringToObject(o, "backends", backend);
+    cJSON_AddStringToObject(o, "model_filename", model_dir);
+    cJSON_AddStringToObject(o, "model_type", m->desc);
+    cJSON_AddNumberToObject(o, "model_size", m->bytes);
+    cJSON_AddNumberToObject(o, "model_n_params", m->params);
+    cJSON_AddNumberToObject(o, "n_threads", r->threads);
+    cJSON_AddNumberToObject(o, "n_prompt", r->p);
+    cJSON_AddNumberToObject(o, "n_gen", r->n);
+    cJSON_AddStringToObject(o, "test_time", test_time);
+    cJSON_AddNumberToObject(o, "avg_ns", round(mean_s * 1e9));
+    cJSON_AddNumberToObject(o, "stddev_ns", round(stddev(r->seconds, reps) * 1e9));
+    cJSON_AddNumberToObject(o, "avg_ts", mean_ts);
+    cJSON_AddNumberToObject(o, "stddev_ts", r->sd);
+    cJSON_AddNumberToObject(o, "median_ts", r->median);
+    cJSON *ns = cJSON_AddArrayToObject(o, "samples_ns"), *ts = cJSON_AddArrayToObject(o, "samples_ts");
+    for (uint32_t i = 0; i < reps; i++) {
+        cJSON_AddItemToArray(ns, cJSON_CreateNumber(round(r->seconds[i] * 1e9)));
+        cJSON_AddItemToArray(ts, cJSON_CreateNumber(r->samples[i]));
+    }
+    cJSON_AddStringToObject(o, "type_k", kv_type);
+    cJSON_AddStringToObject(o, "type_v", kv_type);
+    cJSON_AddNumberToObject(o, "peak_rss_mb", rss_mb);
+    add_stages_json(o, r, reps, "stages");
+    add_host_json(o, h, describe);
+    return o;
 }
 
 /* llama-bench's markdown table, with the median in the t/s column. */
@@ -507,15 +518,23 @@ int cmd_bench(int argc, char **argv, app_options *o) {
         double pp_tps = 0, tg_tps = 0;
         for (size_t i = 0; i < n_rows; i++)
             *(rows[i].p ? &pp_tps : &tg_tps) = rows[i].median;
-        printf("{\"backend\": \"%s\", \"threads\": %u, \"prompt\": %u, \"decode\": %u, \"repetitions\": %u, "
-               "\"pp_tps\": %.3f, \"tg_tps\": %.3f, \"peak_rss_mb\": %.1f, \"weights_mb\": %.1f, \"type_k\": \"%s\", "
-               "\"type_v\": \"%s\"",
-               backend, threads.v[0], prompts.v[0], gens.v[0], reps, pp_tps, tg_tps, rss_mb, model.bytes / 1048576.0,
-               kv_type, kv_type);
+        cJSON *summary = cJSON_CreateObject();
+        cJSON_AddStringToObject(summary, "backend", backend);
+        cJSON_AddNumberToObject(summary, "threads", threads.v[0]);
+        cJSON_AddNumberToObject(summary, "prompt", prompts.v[0]);
+        cJSON_AddNumberToObject(summary, "decode", gens.v[0]);
+        cJSON_AddNumberToObject(summary, "repetitions", reps);
+        cJSON_AddNumberToObject(summary, "pp_tps", pp_tps);
+        cJSON_AddNumberToObject(summary, "tg_tps", tg_tps);
+        cJSON_AddNumberToObject(summary, "peak_rss_mb", rss_mb);
+        cJSON_AddNumberToObject(summary, "weights_mb", model.bytes / 1048576.0);
+        cJSON_AddStringToObject(summary, "type_k", kv_type);
+        cJSON_AddStringToObject(summary, "type_v", kv_type);
         for (size_t i = 0; i < n_rows; i++)
-            print_stages_json(&rows[i], reps, rows[i].p ? "pp_stages" : "tg_stages");
-        print_host_json(&host, describe);
-        printf("}\n");
+            add_stages_json(summary, &rows[i], reps, rows[i].p ? "pp_stages" : "tg_stages");
+        add_host_json(summary, &host, describe);
+        if (print_json(summary, "\n") < 0)
+            status = app_fail("bench: out of memory");
     } else if (output == OUT_MD) {
         print_md(rows, n_rows, &model, backend);
         print_md_stages(rows, n_rows, reps);
@@ -529,11 +548,11 @@ int cmd_bench(int argc, char **argv, app_options *o) {
         strftime(test_time, sizeof test_time, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
         if (output == OUT_JSON)
             printf("[\n");
-        for (size_t i = 0; i < n_rows; i++) {
-            print_json_row(&rows[i], reps, &model, o->model ? o->model : "", backend, &host, describe, rss_mb,
-                           test_time, kv_type);
-            printf(output == OUT_JSON && i + 1 < n_rows ? ",\n" : "\n");
-        }
+        for (size_t i = 0; i < n_rows && !status; i++)
+            if (print_json(json_row(&rows[i], reps, &model, o->model ? o->model : "", backend, &host, describe, rss_mb,
+                                    test_time, kv_type),
+                           output == OUT_JSON && i + 1 < n_rows ? ",\n" : "\n") < 0)
+                status = app_fail("bench: out of memory");
         if (output == OUT_JSON)
             printf("]\n");
     }

@@ -2,9 +2,10 @@
 """`rlx bench --json` says what it ran on: the host's CPU and cores and the backend's own
 description, in a valid JSON object; the plain output is llama-bench's markdown table with a host
 line under it; llama-bench's list forms (-p 4,8 -t 1,2) give one row per test and thread count in
-every output format (md, json, jsonl).
+every output format (md, json, jsonl); a backend's description with quotes, backslashes and
+control characters comes through every JSON format exactly.
 
-  check_bench_json.py --rlx BIN --model DIR
+  check_bench_json.py --rlx BIN --model DIR --test-plugins DIR
 """
 import argparse
 import json
@@ -48,10 +49,35 @@ def check_lists(args):
     return problems
 
 
+def check_escaping(args):
+    """A backend describing itself with a quote, a backslash, a tab and a newline (the conformance
+    kit's broken-describe plugin): every output format's JSON holds that string exactly."""
+    want = 'a "quoted" name, a back\\slash,\ta tab and\na newline'
+    base = [args.rlx, "bench", "--model", args.model, "-p", "4", "-n", "2", "-r", "1", "--plugin-dir",
+            args.test_plugins, "--plugin", "broken-describe"]
+    problems = []
+    for fmt in (["--json"], ["-o", "json"], ["-o", "jsonl"]):
+        p = subprocess.run(base + fmt, capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            problems.append(f"rlx bench {' '.join(fmt)} on broken-describe exited with {p.returncode}: {p.stderr}")
+            continue
+        try:
+            objs = [json.loads(p.stdout)] if fmt[0] == "--json" else \
+                json.loads(p.stdout) if fmt[1] == "json" else [json.loads(line) for line in p.stdout.splitlines()]
+        except ValueError as e:
+            problems.append(f"rlx bench {' '.join(fmt)}: not JSON ({e}): {p.stdout!r}")
+            continue
+        got = {o.get("backend_describe") for o in objs}
+        if got != {want}:
+            problems.append(f"rlx bench {' '.join(fmt)}: backend_describe {got}, want {want!r}")
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rlx", required=True)
     ap.add_argument("--model", required=True)
+    ap.add_argument("--test-plugins", required=True, help="the conformance kit's test backends (broken-describe)")
     args = ap.parse_args()
     base = [args.rlx, "bench", "--model", args.model, "-p", "4", "-n", "2", "-r", "1", "--plugin", "cpu-blas"]
     p = subprocess.run(base + ["--json"], capture_output=True, text=True, timeout=120)
@@ -86,6 +112,7 @@ def main():
             not any(line.startswith(f"host: {host['cpu']} ") for line in lines):
         problems.append(f"plain output is not a table with a host line: {plain.stdout!r} {plain.stderr!r}")
     problems += check_lists(args)
+    problems += check_escaping(args)
     for m in problems:
         print(f"FAIL: {m}")
     if not problems:

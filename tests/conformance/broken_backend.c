@@ -17,7 +17,10 @@
  *   BROKEN_OLD_MINOR  as BROKEN_UNDECLARED, declaring it in a `precision` member while built
  *                     for ABI 1.1, whose tables have no such member: the core must not read it
  *   BROKEN_VARIANT    claims ATTENTION over slots (ABI 1.4) and fills each output with the
- *                     call's row count: a row's bits depend on the batch */
+ *                     call's row count: a row's bits depend on the batch
+ *   BROKEN_DESCRIBE   claims nothing (the reference kernels run every node) and describes itself
+ *                     with a quote, a backslash and control characters, which a report printing
+ *                     it (rlx bench's JSON) must escape */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -141,6 +144,10 @@ static int b_compute(void *self, const rlx_node_view *n) {
     return RLX_OK;
 }
 
+#ifdef BROKEN_DESCRIBE
+static const char *b_describe(void *self) { return "a \"quoted\" name, a back\\slash,\ta tab and\na newline"; }
+#endif
+
 static const rlx_backend_iface iface = {
     .size = sizeof(rlx_backend_iface),
     .open = b_open,
@@ -149,6 +156,9 @@ static const rlx_backend_iface iface = {
     .compute = b_compute,
 #if defined(BROKEN_TRUNC) || defined(BROKEN_OLD_MINOR)
     .precision = b_precision,
+#endif
+#ifdef BROKEN_DESCRIBE
+    .describe = b_describe,
 #endif
 };
 
