@@ -256,7 +256,7 @@ def main():
     ap.add_argument("--workdir", required=True)
     args = ap.parse_args()
     if not shutil.which("tmux"):
-        print("SKIPPED: tmux is not installed")
+        print("SKIPPED: missing input: tmux is not installed")
         return 77
     os.makedirs(args.workdir, exist_ok=True)
     socket = os.path.join(args.workdir, "tmux.socket")

@@ -44,7 +44,7 @@ def shared_gguf_dir(path):
     developer's checkout may not have it, and a missing optional fixture is not a failure."""
     ref = os.path.join(path, "reference", "llama.cpp.json")
     if not os.path.isfile(ref):
-        print("SKIPPED: no llama.cpp reference files (%s is missing)" % ref)
+        print("SKIPPED: missing input: no llama.cpp reference files (%s is missing)" % ref)
         sys.exit(SKIP)
     return path
 

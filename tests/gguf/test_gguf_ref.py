@@ -173,7 +173,7 @@ def main(gguf_dir):
     if not os.path.isdir(gguf_dir):
         # the llama.cpp files live beside the checkout (CI clones it next to `shared`); without
         # them there is nothing to check the reference against, which is a skip, not a failure
-        print("SKIPPED: no llama.cpp GGUF files (%s is missing)" % gguf_dir)
+        print("SKIPPED: missing input: no llama.cpp GGUF files (%s is missing)" % gguf_dir)
         return 77
     paths = sorted(os.path.join(gguf_dir, f) for f in os.listdir(gguf_dir) if f.endswith(".gguf"))
     needed = ["brown-draft-%s.gguf" % q for q in ["f32", "bf16"] + DRAFT_QUANTS]

@@ -38,7 +38,7 @@ def main():
     ref_path = os.path.join(args.shared, "gguf", "reference", "llama.cpp.json")
     text = os.path.join(args.shared, "gguf", "brown-heldout.txt")
     if not os.path.exists(ref_path) or not os.path.exists(text):
-        print(f"SKIPPED: no llama.cpp reference at {ref_path}")
+        print(f"SKIPPED: missing input: no llama.cpp reference at {ref_path}")
         return 77
     with open(ref_path) as f:
         ref = json.load(f)["files"]

@@ -1417,7 +1417,7 @@ int main(int argc, char **argv) {
         model_dir = argv[1];
     /* the stages and the driver talk through the tcp transport plugin of this build */
     if (access(TCP_PLUGIN, R_OK) != 0) {
-        printf("SKIPPED: the tcp transport plugin %s is not built\n", TCP_PLUGIN);
+        printf("SKIPPED: missing input: the tcp transport plugin %s is not built\n", TCP_PLUGIN);
         return 77;
     }
     const struct CMUnitTest tests[] = {

@@ -39,6 +39,14 @@ class Skip(Exception):
     pass
 
 
+class MissingInput(Skip):
+    """A skip for a tool or build product that CI installs or builds: share/scripts/run-tests.sh
+    fails a CI run (CI=true) that skipped one."""
+
+    def __str__(self):
+        return "missing input: " + super().__str__()
+
+
 class Fail(Exception):
     pass
 
@@ -70,7 +78,7 @@ class Env:
 
     def need_transport(self, name):
         if not self.has_plugin("transport", name):
-            raise Skip(f"transport plugin '{name}' is not built (no rlx-transport-{name}.so in {self.plugins})")
+            raise MissingInput(f"transport plugin '{name}' is not built (no rlx-transport-{name}.so in {self.plugins})")
 
     # ---- processes ----
 
@@ -789,7 +797,7 @@ def case_gguf_header(env):
     from one parse. A text prompt, so the tokenizer is read; the same text as the local run."""
     strace = shutil.which("strace")
     if not strace:
-        raise Skip("strace is not installed")
+        raise MissingInput("strace is not installed")
     gguf = os.path.join(env.tmp, "brown-draft-q8_0.gguf")
     env.run([env.rlx, "quantize", BROWN_DRAFT, gguf, "--type", "q8_0", "-q"], timeout=120)
     trace = os.path.join(env.tmp, "mmap.trace")
@@ -828,7 +836,7 @@ class Mpirun:
         self.env = env
         self.path = shutil.which("mpirun")
         if not self.path:
-            raise Skip("mpirun is not installed (Debian: apt-get install openmpi-bin libopenmpi-dev)")
+            raise MissingInput("mpirun is not installed (Debian: apt-get install openmpi-bin libopenmpi-dev)")
         self.base = [self.path, "--oversubscribe", "--bind-to", "none", "--mca", "btl", "self,vader,tcp",
                      "--mca", "pml", "ob1", "--mca", "btl_vader_single_copy_mechanism", "none"]
         if os.geteuid() == 0:
@@ -870,7 +878,7 @@ def case_mpi(env):
     ref = env.reference(model)[0]
     transports = [t for t in ("mpi", "tcp", "grpc") if env.has_plugin("transport", t)]
     if "mpi" not in transports:
-        raise Skip(f"transport plugin 'mpi' is not built (no MPI library when configured; {env.plugins})")
+        raise MissingInput(f"transport plugin 'mpi' is not built (no MPI library when configured; {env.plugins})")
     if len(transports) < 3:
         log(f"note: only {', '.join(transports)} are built")
 
@@ -1007,7 +1015,7 @@ def run_case(env, name, fn):
     try:
         fn()
     except Skip as e:
-        log(f"SKIP: {name}: {e}")
+        log(f"SKIPPED: {e} ({name})")
         return SKIP
     except Fail as e:
         log(f"FAIL: {name}: {e}")

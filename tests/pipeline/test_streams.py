@@ -66,7 +66,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "serve"))
 from ports import free_ports  # noqa: E402
-from test_pipeline import Env, Fail, Mpirun, Skip, even, log, run_case, split_text  # noqa: E402
+from test_pipeline import Env, Fail, MissingInput, Mpirun, even, log, run_case, split_text  # noqa: E402
 from serve_util import sse_events  # noqa: E402
 
 LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
@@ -638,7 +638,7 @@ def case_streams(env, transport, parallel):
 def case_streams_mpi(env, parallel):
     mpirun = Mpirun(env)
     if not env.has_plugin("transport", "mpi"):
-        raise Skip(f"transport plugin 'mpi' is not built (no MPI library when configured; {env.plugins})")
+        raise MissingInput(f"transport plugin 'mpi' is not built (no MPI library when configured; {env.plugins})")
     model = id_model(env, "deep-dense-f32")
     n = env.n_layers(model)
     requests = model_requests(env, model)

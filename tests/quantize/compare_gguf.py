@@ -88,7 +88,7 @@ def main():
     args = ap.parse_args()
     base = os.path.basename(os.path.normpath(args.model))
     if not os.path.isdir(args.shared):
-        print(f"SKIP: no llama.cpp files in {args.shared}")
+        print(f"SKIPPED: missing input: no llama.cpp files in {args.shared}")
         return 77
     os.makedirs(args.out, exist_ok=True)
     failures = []

@@ -30,7 +30,7 @@ def main():
     args = ap.parse_args()
     for tool in ("node", "npm"):
         if not shutil.which(tool):
-            print(f"SKIPPED: {tool} is not installed, so the openai npm client cannot be fetched and run")
+            print(f"SKIPPED: missing input: {tool} is not installed, so the openai npm client cannot be fetched and run")
             return 77
     fetch = subprocess.run([os.path.join(HERE, "..", "fetch_npm.sh"), args.npm, OPENAI], capture_output=True,
                            text=True, timeout=600)

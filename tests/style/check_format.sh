@@ -5,7 +5,7 @@
 #   check_format.sh SOURCE_DIR
 set -euo pipefail
 cd "$1"
-command -v clang-format >/dev/null || { echo "SKIPPED: clang-format is not installed"; exit 77; }
+command -v clang-format >/dev/null || { echo "SKIPPED: missing input: clang-format is not installed"; exit 77; }
 mapfile -t files < <(git ls-files '*.c' '*.h' '*.inc' | grep -v '^tests/plugins/abi-1.0/\|^tests/spec/frozen/')
 [ "${#files[@]}" -gt 100 ] || { echo "only ${#files[@]} C files found under $1: not a checkout of rlx?"; exit 1; }
 bad=0
