@@ -1,7 +1,7 @@
 /* rlx serve: the OpenAI-compatible HTTP server. Opens the model and its backends through the
  * runtime (without a session: the engine keeps its own KV cache for every slot) and creates the
  * batched engine over them; over a pipeline, the engine over the driver, whose stages keep the
- * slots; with a speculator, the engine over the runtime's lm (one slot); answers HTTP (serve_http.c, serve_openai.c) until SIGTERM or SIGINT,
+ * slots; with a speculator, the engine over the runtime's lm (one slot); answers HTTP (serve/) until SIGTERM or SIGINT,
  * then stops accepting, drains the engine within --drain-timeout and exits 0.
  *
  * The HTTP daemon starts before the model is read, so /health says 503 while it loads, as
@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "serve.h"
+#include "serve/serve.h"
 
 static const char usage[] =
     "usage: rlx serve [-m PATH] [--host ADDR] [--port N] [--parallel N] [-c N | --slot-ctx N]\n"
@@ -437,6 +437,9 @@ int cmd_serve(int argc, char **argv, app_options *o) {
         open_engine(&s, &rt, &tok, &a, o))
         goto done;
     s.model_id = model_id(&a, rt.model_dir, id_buf, sizeof id_buf);
+    s.model_path = rt.model_dir;
+    s.build_info = "rlx " RLX_APP_VERSION;
+    s.n_slots = a.parallel;
     if (stop_signal(0)) {
         status = 0;
         goto done;

@@ -1,18 +1,20 @@
 /* libFuzzer target: request bodies of rlx serve through its real parsing and validation
- * (apps/rlx/serve_openai.c, linked as rlx serve links it), with a real tokenizer and chat
- * template (the model folder in RLX_FUZZ_TOKENIZER, loaded once) and a server of 1024 positions
- * a slot. Input: a body, given to both endpoints that read one, /v1/chat/completions and
- * /v1/completions. A refused body must give an error in OpenAI's shape that is valid JSON, with
- * status 400 (or 500 when out of memory); an accepted one must give sampling parameters the
- * core sampler takes, with a window no wider than a slot, and a sampler that draws a token of the
- * vocabulary from them (the greedy one when the parameters are greedy). */
+ * (apps/rlx/serve/, linked as rlx serve links it), with a real tokenizer and chat template (the
+ * model folder in RLX_FUZZ_TOKENIZER, loaded once) and a server of 1024 positions a slot.
+ * Input: a body, given to every endpoint that reads one: /v1/chat/completions, /v1/completions,
+ * /tokenize, /detokenize and /apply-template. A refused body must give an error in OpenAI's
+ * shape that is valid JSON, with status 400 (or 500 when out of memory); an accepted generation
+ * request must give sampling parameters the core sampler takes, with a window no wider than a
+ * slot, and a sampler that draws a token of the vocabulary from them (the greedy one when the
+ * parameters are greedy); an accepted utility request must answer a JSON object with its field
+ * (/tokenize's ids within the vocabulary). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "serve.h"
+#include "serve/serve.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -101,7 +103,36 @@ static void check_sampler(const rlx_sampler_params *p) {
     rlx_sampler_destroy(s);
 }
 
+/* An utility endpoint's answer: a JSON object holding key (/tokenize: ids of the vocabulary). */
+static void check_native(serve_native ep, char *json) {
+    static const char *const keys[] = {"tokens", "content", "prompt"};
+    cJSON *back = cJSON_Parse(json);
+    const cJSON *field = cJSON_GetObjectItemCaseSensitive(back, keys[ep]);
+    if (!field || (ep == SERVE_TOKENIZE ? !cJSON_IsArray(field) : !cJSON_IsString(field))) {
+        fprintf(stderr, "the answer has no '%s' of the right type: %s\n", keys[ep], json);
+        abort();
+    }
+    for (const cJSON *t = ep == SERVE_TOKENIZE ? field->child : NULL; t; t = t->next) {
+        const cJSON *id = cJSON_IsObject(t) ? cJSON_GetObjectItemCaseSensitive(t, "id") : t;
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble >= (double)server.vocab) {
+            fprintf(stderr, "/tokenize answered a token outside the vocabulary: %s\n", json);
+            abort();
+        }
+    }
+    cJSON_Delete(back);
+    free(json);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static const serve_native natives[] = {SERVE_TOKENIZE, SERVE_DETOKENIZE, SERVE_APPLY_TEMPLATE};
+    for (size_t k = 0; k < sizeof natives / sizeof natives[0]; k++) {
+        serve_error e = {0};
+        char *json = serve_native_answer(&server, natives[k], (const char *)data, size, &e);
+        if (json)
+            check_native(natives[k], json);
+        else
+            check_error(&e);
+    }
     static const serve_endpoint endpoints[] = {SERVE_CHAT, SERVE_COMPLETION};
     for (size_t k = 0; k < sizeof endpoints / sizeof endpoints[0]; k++) {
         serve_job *job = NULL;

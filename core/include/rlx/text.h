@@ -222,6 +222,9 @@ typedef enum rlx_chat_template_kind {
 /* Whether the model has a chat template (tokenizer_config.json, chat_template.jinja or GGUF) and
  * whether the engine parses it. */
 RLX_API rlx_chat_template_kind rlx_chat_template_of(const rlx_tokenizer *tok);
+/* The model's chat template source (its default one, for a list of named templates), borrowed
+ * from tok; NULL when the model has none. */
+RLX_API const char *rlx_chat_template_text(const rlx_tokenizer *tok);
 
 /* Renders n >= 1 messages through the model's chat template with add_generation_prompt and
  * enable_thinking (passed as chat_template_kwargs {"enable_thinking": true/false}; templates

@@ -1457,3 +1457,5 @@ int32_t rlx_tokenizer_bos_id(const rlx_tokenizer *tok) { return tok ? tok->bos_i
 rlx_chat_template_kind rlx_chat_template_of(const rlx_tokenizer *tok) {
     return tok ? tok->chat_kind : RLX_CHAT_TEMPLATE_NONE;
 }
+
+const char *rlx_chat_template_text(const rlx_tokenizer *tok) { return tok ? tok->chat_template : NULL; }

@@ -85,67 +85,6 @@ void serve_count_response(serve_server *s, unsigned code) {
             atomic_fetch_add(&s->responses[i], 1);
 }
 
-void serve_error_set(serve_error *e, unsigned status, const char *type, const char *code, const char *param,
-                     const char *fmt, ...) {
-    *e = (serve_error){.status = status, .type = type, .code = code};
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-}
-
-char *serve_error_json(const serve_error *e) {
-    cJSON *root = cJSON_CreateObject();
-    cJSON *err = cJSON_AddObjectToObject(root, "error");
-    cJSON_AddStringToObject(err, "message", e->message);
-    cJSON_AddStringToObject(err, "type", e->type);
-    if (*e->param)
-        cJSON_AddStringToObject(err, "param", e->param);
-    else
-        cJSON_AddNullToObject(err, "param");
-    if (e->code)
-        cJSON_AddStringToObject(err, "code", e->code);
-    else
-        cJSON_AddNullToObject(err, "code");
-    char *json = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    return json;
-}
-
-void serve_buf_append(serve_buf *b, const char *data, size_t len) {
-    if (b->failed || !len)
-        return;
-    if (b->len + len + 1 > b->cap) {
-        size_t cap = (b->len + len + 1) * 2;
-        char *grown = realloc(b->data, cap);
-        if (!grown) {
-            b->failed = 1;
-            return;
-        }
-        b->data = grown;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, data, len);
-    b->len += len;
-    b->data[b->len] = '\0';
-}
-
-void serve_buf_free(serve_buf *b) {
-    free(b->data);
-    *b = (serve_buf){0};
-}
-
-static void buf_printf(serve_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void buf_printf(serve_buf *b, const char *fmt, ...) {
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    serve_buf_append(b, line, n < 0 ? 0 : (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
-}
-
 // ---- one connection's request ----
 
 typedef enum route {
@@ -155,6 +94,11 @@ typedef enum route {
     ROUTE_METRICS,
     ROUTE_CHAT,
     ROUTE_COMPLETIONS,
+    ROUTE_MODEL, /* /v1/models/{id} */
+    ROUTE_PROPS,
+    ROUTE_TOKENIZE,
+    ROUTE_DETOKENIZE,
+    ROUTE_APPLY_TEMPLATE,
 } route;
 
 typedef struct request {
@@ -191,7 +135,21 @@ static const struct {
     {"/chat/completions", ROUTE_CHAT, "POST", POST_METHODS},
     {"/v1/completions", ROUTE_COMPLETIONS, "POST", POST_METHODS},
     {"/completions", ROUTE_COMPLETIONS, "POST", POST_METHODS},
+    {"/v1/models/", ROUTE_MODEL, "GET", GET_METHODS}, /* a prefix: the model's id follows */
+    {"/models/", ROUTE_MODEL, "GET", GET_METHODS},
+    {"/props", ROUTE_PROPS, "GET", GET_METHODS},
+    {"/tokenize", ROUTE_TOKENIZE, "POST", POST_METHODS},
+    {"/detokenize", ROUTE_DETOKENIZE, "POST", POST_METHODS},
+    {"/apply-template", ROUTE_APPLY_TEMPLATE, "POST", POST_METHODS},
 };
+
+/* Whether url is routes[i]'s path, or for /v1/models/{id} starts with it and names an id. */
+static int route_matches(size_t i, const char *url) {
+    if (routes[i].route != ROUTE_MODEL)
+        return strcmp(url, routes[i].path) == 0;
+    const size_t n = strlen(routes[i].path);
+    return strncmp(url, routes[i].path, n) == 0 && url[n];
+}
 
 static const char *route_allow(route rt) {
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
@@ -405,14 +363,14 @@ static int early_error(request *r, const char *url, const char *method, serve_er
         return 1;
     const char *method_wanted = NULL;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0] && !r->route; i++)
-        if (strcmp(url, routes[i].path) == 0) {
+        if (route_matches(i, url)) {
             r->route = routes[i].route;
             method_wanted = routes[i].method;
         }
     if (!r->route) {
         serve_error_set(e, 404, "invalid_request_error", "not_found", "",
-                        "no endpoint %s (this server has /v1/chat/completions, /v1/completions, /v1/models, "
-                        "/health and /metrics)",
+                        "no endpoint %.200s (this server has /v1/chat/completions, /v1/completions, /v1/models, "
+                        "/health, /metrics, /props, /tokenize, /detokenize and /apply-template)",
                         url);
         return 1;
     }
@@ -461,42 +419,76 @@ static enum MHD_Result health(request *r) {
     return queue_error(r, &e);
 }
 
-static enum MHD_Result models(request *r) {
-    const serve_server *s = r->http->server;
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "object", "list");
+/* The model in OpenAI's shape. */
+static cJSON *model_object(const serve_server *s) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", s->model_id);
     cJSON_AddStringToObject(m, "object", "model");
     cJSON_AddNumberToObject(m, "created", (double)time(NULL));
     cJSON_AddStringToObject(m, "owned_by", "rlx");
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m);
+    return m;
+}
+
+static enum MHD_Result models(request *r) {
+    const serve_server *s = r->http->server;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "object", "list");
+    cJSON *m = model_object(s);
+    if (!cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "data"), m))
+        cJSON_Delete(m);
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return queue_json(r, 200, json);
 }
 
+/* GET /v1/models/{id}: the model under its id, as the list shows it, else a 404. */
+static enum MHD_Result model(request *r, const char *url) {
+    const serve_server *s = r->http->server;
+    const char *id = strchr(url + 1, '/');
+    id = strncmp(url, "/v1/", 4) == 0 ? strchr(id + 1, '/') + 1 : id + 1;
+    if (strcmp(id, s->model_id) != 0) {
+        serve_error e;
+        serve_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
+                        "the model '%.200s' does not exist: this server has '%.200s'", id, s->model_id);
+        return queue_error(r, &e);
+    }
+    cJSON *m = model_object(s);
+    char *json = cJSON_PrintUnformatted(m);
+    cJSON_Delete(m);
+    return queue_json(r, 200, json);
+}
+
+/* POST /tokenize, /detokenize, /apply-template: answered here, without the engine. */
+static enum MHD_Result native(request *r) {
+    const serve_native ep = r->route == ROUTE_TOKENIZE     ? SERVE_TOKENIZE
+                            : r->route == ROUTE_DETOKENIZE ? SERVE_DETOKENIZE
+                                                           : SERVE_APPLY_TEMPLATE;
+    serve_error e;
+    char *json = serve_native_answer(r->http->server, ep, r->body.data ? r->body.data : "", r->body.len, &e);
+    return json ? queue_json(r, 200, json) : queue_error(r, &e);
+}
+
 static void metric(serve_buf *b, const char *name, const char *type, const char *help) {
-    buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    serve_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /* A label value in Prometheus's text format: backslash, quote and newline escaped. */
 static void label_value(serve_buf *b, const char *v) {
     for (; *v; v++) {
         if (*v == '\\' || *v == '"')
-            buf_printf(b, "\\%c", *v);
+            serve_buf_printf(b, "\\%c", *v);
         else if (*v == '\n')
-            buf_printf(b, "\\n");
+            serve_buf_printf(b, "\\n");
         else
-            buf_printf(b, "%c", *v);
+            serve_buf_printf(b, "%c", *v);
     }
 }
 
 /* `name{stage="i",address="...",layers="a-b"` of stage i, left open for more labels. */
 static void stage_series(serve_buf *b, const char *name, uint32_t i, const rlx_driver_stage_info *info) {
-    buf_printf(b, "%s{stage=\"%u\",address=\"", name, i);
+    serve_buf_printf(b, "%s{stage=\"%u\",address=\"", name, i);
     label_value(b, info->address);
-    buf_printf(b, "\",layers=\"%u-%u\"", info->layers.start, info->layers.end - 1);
+    serve_buf_printf(b, "\",layers=\"%u-%u\"", info->layers.start, info->layers.end - 1);
 }
 
 /* Over a pipeline: each stage's forward steps, their wall time (compute and both transfers, as
@@ -512,36 +504,36 @@ static void pipeline_metrics(serve_buf *b, const rlx_driver *d) {
            "Forward steps of each pipeline stage: seconds from sending a step to the stage's answer.");
     for (uint32_t i = 0; i < n; i++) {
         stage_series(b, "rlx_pipeline_stage_step_seconds_sum", i, &info[i]);
-        buf_printf(b, "} %.6f\n", st[i].seconds);
+        serve_buf_printf(b, "} %.6f\n", st[i].seconds);
         stage_series(b, "rlx_pipeline_stage_step_seconds_count", i, &info[i]);
-        buf_printf(b, "} %llu\n", (unsigned long long)st[i].steps);
+        serve_buf_printf(b, "} %llu\n", (unsigned long long)st[i].steps);
     }
     metric(b, "rlx_pipeline_stage_last_step_seconds", "gauge", "Seconds of each pipeline stage's latest forward step.");
     for (uint32_t i = 0; i < n; i++) {
         stage_series(b, "rlx_pipeline_stage_last_step_seconds", i, &info[i]);
-        buf_printf(b, "} %.6f\n", st[i].last_seconds);
+        serve_buf_printf(b, "} %.6f\n", st[i].last_seconds);
     }
     metric(b, "rlx_pipeline_stage_max_step_seconds", "gauge", "Seconds of each pipeline stage's slowest forward step.");
     for (uint32_t i = 0; i < n; i++) {
         stage_series(b, "rlx_pipeline_stage_max_step_seconds", i, &info[i]);
-        buf_printf(b, "} %.6f\n", st[i].max_seconds);
+        serve_buf_printf(b, "} %.6f\n", st[i].max_seconds);
     }
     metric(b, "rlx_pipeline_stage_bytes_total", "counter",
            "Bytes the driver sent to and received from each pipeline stage.");
     for (uint32_t i = 0; i < n; i++) {
         stage_series(b, "rlx_pipeline_stage_bytes_total", i, &info[i]);
-        buf_printf(b, ",direction=\"sent\"} %llu\n", (unsigned long long)st[i].bytes_sent);
+        serve_buf_printf(b, ",direction=\"sent\"} %llu\n", (unsigned long long)st[i].bytes_sent);
         stage_series(b, "rlx_pipeline_stage_bytes_total", i, &info[i]);
-        buf_printf(b, ",direction=\"received\"} %llu\n", (unsigned long long)st[i].bytes_received);
+        serve_buf_printf(b, ",direction=\"received\"} %llu\n", (unsigned long long)st[i].bytes_received);
     }
     rlx_driver_stats all;
     rlx_driver_stats_get(d, &all);
     metric(b, "rlx_pipeline_recovery_seconds", "summary",
            "Stages lost and replaced (their streams replayed): the seconds each recovery took.");
-    buf_printf(b, "rlx_pipeline_recovery_seconds_sum %.6f\n", all.recovery_seconds);
-    buf_printf(b, "rlx_pipeline_recovery_seconds_count %llu\n", (unsigned long long)all.recoveries);
+    serve_buf_printf(b, "rlx_pipeline_recovery_seconds_sum %.6f\n", all.recovery_seconds);
+    serve_buf_printf(b, "rlx_pipeline_recovery_seconds_count %llu\n", (unsigned long long)all.recoveries);
     metric(b, "rlx_pipeline_last_recovery_seconds", "gauge", "Seconds the latest recovery of a lost stage took.");
-    buf_printf(b, "rlx_pipeline_last_recovery_seconds %.6f\n", all.last_recovery_seconds);
+    serve_buf_printf(b, "rlx_pipeline_last_recovery_seconds %.6f\n", all.last_recovery_seconds);
 }
 
 static enum MHD_Result metrics(request *r) {
@@ -550,12 +542,12 @@ static enum MHD_Result metrics(request *r) {
     rlx_engine_stats_of(s->engine, &st);
     serve_buf b = {0};
     metric(&b, "rlx_requests_total", "counter", "Generation requests by outcome.");
-    buf_printf(&b, "rlx_requests_total{outcome=\"completed\"} %llu\n", (unsigned long long)st.requests_done);
-    buf_printf(&b, "rlx_requests_total{outcome=\"cancelled\"} %llu\n", (unsigned long long)st.requests_cancelled);
-    buf_printf(&b, "rlx_requests_total{outcome=\"failed\"} %llu\n", (unsigned long long)st.requests_failed);
-    buf_printf(&b, "rlx_requests_total{outcome=\"refused\"} %llu\n", (unsigned long long)st.requests_refused);
-    buf_printf(&b, "rlx_requests_total{outcome=\"invalid\"} %llu\n",
-               (unsigned long long)atomic_load(&s->invalid_requests));
+    serve_buf_printf(&b, "rlx_requests_total{outcome=\"completed\"} %llu\n", (unsigned long long)st.requests_done);
+    serve_buf_printf(&b, "rlx_requests_total{outcome=\"cancelled\"} %llu\n", (unsigned long long)st.requests_cancelled);
+    serve_buf_printf(&b, "rlx_requests_total{outcome=\"failed\"} %llu\n", (unsigned long long)st.requests_failed);
+    serve_buf_printf(&b, "rlx_requests_total{outcome=\"refused\"} %llu\n", (unsigned long long)st.requests_refused);
+    serve_buf_printf(&b, "rlx_requests_total{outcome=\"invalid\"} %llu\n",
+                     (unsigned long long)atomic_load(&s->invalid_requests));
     metric(&b, "rlx_http_responses_total", "counter", "HTTP responses by status code.");
     static const unsigned codes[] = {
 #define SERVE_CODE_ENTRY(code) code,
@@ -563,47 +555,47 @@ static enum MHD_Result metrics(request *r) {
 #undef SERVE_CODE_ENTRY
     };
     for (size_t i = 0; i < SERVE_N_STATUS_CODES; i++)
-        buf_printf(&b, "rlx_http_responses_total{code=\"%u\"} %llu\n", codes[i],
-                   (unsigned long long)atomic_load(&s->responses[i]));
+        serve_buf_printf(&b, "rlx_http_responses_total{code=\"%u\"} %llu\n", codes[i],
+                         (unsigned long long)atomic_load(&s->responses[i]));
     metric(&b, "rlx_prompt_tokens_total", "counter", "Prompt tokens of the requests admitted.");
-    buf_printf(&b, "rlx_prompt_tokens_total %llu\n", (unsigned long long)st.prompt_tokens);
+    serve_buf_printf(&b, "rlx_prompt_tokens_total %llu\n", (unsigned long long)st.prompt_tokens);
     metric(&b, "rlx_prompt_tokens_cached_total", "counter", "Prompt tokens taken from a cached prefix.");
-    buf_printf(&b, "rlx_prompt_tokens_cached_total %llu\n", (unsigned long long)st.cached_tokens);
+    serve_buf_printf(&b, "rlx_prompt_tokens_cached_total %llu\n", (unsigned long long)st.cached_tokens);
     metric(&b, "rlx_generated_tokens_total", "counter", "Tokens generated.");
-    buf_printf(&b, "rlx_generated_tokens_total %llu\n", (unsigned long long)st.generated_tokens);
+    serve_buf_printf(&b, "rlx_generated_tokens_total %llu\n", (unsigned long long)st.generated_tokens);
     metric(&b, "rlx_engine_steps_total", "counter", "Forward passes of the engine.");
-    buf_printf(&b, "rlx_engine_steps_total %llu\n", (unsigned long long)st.steps);
+    serve_buf_printf(&b, "rlx_engine_steps_total %llu\n", (unsigned long long)st.steps);
     metric(&b, "rlx_engine_busy_seconds_total", "counter", "Seconds spent in forward passes and sampling.");
-    buf_printf(&b, "rlx_engine_busy_seconds_total %.6f\n", st.busy_seconds);
+    serve_buf_printf(&b, "rlx_engine_busy_seconds_total %.6f\n", st.busy_seconds);
     metric(&b, "rlx_generated_tokens_per_second", "gauge",
            "Generated tokens per busy second since the start (rate() of the counters gives recent ones).");
-    buf_printf(&b, "rlx_generated_tokens_per_second %.3f\n",
-               st.busy_seconds > 0 ? (double)st.generated_tokens / st.busy_seconds : 0.0);
+    serve_buf_printf(&b, "rlx_generated_tokens_per_second %.3f\n",
+                     st.busy_seconds > 0 ? (double)st.generated_tokens / st.busy_seconds : 0.0);
     pthread_mutex_lock(&s->latency_mu);
     const serve_latency lat = s->latency;
     pthread_mutex_unlock(&s->latency_mu);
     metric(&b, "rlx_request_stage_seconds", "summary",
            "Seconds the finished requests spent per stage: queue (waiting for a slot), prompt (from admission to "
            "the first token), decode (from the first token to the last).");
-    buf_printf(&b, "rlx_request_stage_seconds_sum{stage=\"queue\"} %.6f\n", lat.queue);
-    buf_printf(&b, "rlx_request_stage_seconds_count{stage=\"queue\"} %llu\n", (unsigned long long)lat.requests);
-    buf_printf(&b, "rlx_request_stage_seconds_sum{stage=\"prompt\"} %.6f\n", lat.prompt);
-    buf_printf(&b, "rlx_request_stage_seconds_count{stage=\"prompt\"} %llu\n", (unsigned long long)lat.requests);
-    buf_printf(&b, "rlx_request_stage_seconds_sum{stage=\"decode\"} %.6f\n", lat.decode);
-    buf_printf(&b, "rlx_request_stage_seconds_count{stage=\"decode\"} %llu\n", (unsigned long long)lat.requests);
+    serve_buf_printf(&b, "rlx_request_stage_seconds_sum{stage=\"queue\"} %.6f\n", lat.queue);
+    serve_buf_printf(&b, "rlx_request_stage_seconds_count{stage=\"queue\"} %llu\n", (unsigned long long)lat.requests);
+    serve_buf_printf(&b, "rlx_request_stage_seconds_sum{stage=\"prompt\"} %.6f\n", lat.prompt);
+    serve_buf_printf(&b, "rlx_request_stage_seconds_count{stage=\"prompt\"} %llu\n", (unsigned long long)lat.requests);
+    serve_buf_printf(&b, "rlx_request_stage_seconds_sum{stage=\"decode\"} %.6f\n", lat.decode);
+    serve_buf_printf(&b, "rlx_request_stage_seconds_count{stage=\"decode\"} %llu\n", (unsigned long long)lat.requests);
     metric(&b, "rlx_requests_running", "gauge", "Requests holding a slot.");
-    buf_printf(&b, "rlx_requests_running %u\n", st.running);
+    serve_buf_printf(&b, "rlx_requests_running %u\n", st.running);
     metric(&b, "rlx_requests_queued", "gauge", "Requests waiting for a slot.");
-    buf_printf(&b, "rlx_requests_queued %u\n", st.queued);
+    serve_buf_printf(&b, "rlx_requests_queued %u\n", st.queued);
     metric(&b, "rlx_slots", "gauge", "Sequences the engine runs at once (--parallel).");
-    buf_printf(&b, "rlx_slots %u\n", st.n_slots);
+    serve_buf_printf(&b, "rlx_slots %u\n", st.n_slots);
     metric(&b, "rlx_kv_cache_positions", "gauge", "KV cache positions in all slots.");
-    buf_printf(&b, "rlx_kv_cache_positions %llu\n", (unsigned long long)st.n_slots * st.slot_positions);
+    serve_buf_printf(&b, "rlx_kv_cache_positions %llu\n", (unsigned long long)st.n_slots * st.slot_positions);
     metric(&b, "rlx_kv_cache_positions_used", "gauge", "KV cache positions holding a sequence now.");
-    buf_printf(&b, "rlx_kv_cache_positions_used %llu\n", (unsigned long long)st.kv_positions_used);
+    serve_buf_printf(&b, "rlx_kv_cache_positions_used %llu\n", (unsigned long long)st.kv_positions_used);
     metric(&b, "rlx_kv_cache_usage_ratio", "gauge", "The used share of the KV cache (0 to 1).");
     const double total = (double)st.n_slots * st.slot_positions;
-    buf_printf(&b, "rlx_kv_cache_usage_ratio %.6f\n", total > 0 ? (double)st.kv_positions_used / total : 0.0);
+    serve_buf_printf(&b, "rlx_kv_cache_usage_ratio %.6f\n", total > 0 ? (double)st.kv_positions_used / total : 0.0);
     if (s->driver)
         pipeline_metrics(&b, s->driver);
     if (b.failed) {
@@ -783,6 +775,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return models(r);
     case ROUTE_METRICS:
         return metrics(r);
+    case ROUTE_MODEL:
+        return model(r, url);
+    case ROUTE_PROPS:
+        return queue_json(r, 200, serve_props_json(h->server));
+    case ROUTE_TOKENIZE:
+    case ROUTE_DETOKENIZE:
+    case ROUTE_APPLY_TEMPLATE:
+        return native(r);
     default:
         return generate(r);
     }

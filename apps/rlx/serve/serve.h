@@ -1,12 +1,17 @@
-/* rlx serve: an OpenAI-compatible HTTP server over the batched engine (rlx/engine.h).
+/* rlx serve: an OpenAI-compatible HTTP server over the batched engine (rlx/engine.h), in
+ * apps/rlx/serve/ (the command itself is apps/rlx/cmd_serve.c: options, opening the model or
+ * pipeline and the engine, signals, draining):
  *
- * cmd_serve.c   the command: options, opening the model (or pipeline) and the engine, signals,
- *               draining
- * serve_http.c  the HTTP side on libmicrohttpd: routing, the API key, body limits, error bodies,
- *               /health, /models, /metrics, and the wait of each request for its engine events
- * serve_openai.c the OpenAI side: request bodies to engine requests (strict types), the events
- *               of a request to text (stop strings, streaming detokenization), and the response
- *               objects and server-sent event chunks in OpenAI's shapes */
+ * http.c    the HTTP side on libmicrohttpd: routing, the API key, Host and Origin, body limits,
+ *           /health, /models, /metrics, and the wait of each request for its engine events
+ * openai.c  the OpenAI side: request bodies to engine requests (strict types), the events of a
+ *           request to text (stop strings, streaming detokenization), and the response objects
+ *           and server-sent event chunks in OpenAI's shapes
+ * native.c  llama-server's own utility endpoints: /tokenize, /detokenize, /apply-template, /props
+ * request.c request bodies as strict JSON objects and their typed members, for every endpoint
+ * shared.c  errors in OpenAI's shape and growable buffers
+ *
+ * Only this header is shared: no .c file includes another's declarations. */
 #ifndef RLX_APP_SERVE_H
 #define RLX_APP_SERVE_H
 
@@ -19,6 +24,8 @@
 #include "rlx/dist.h"
 #include "rlx/engine.h"
 #include "rlx/text.h"
+
+#include <cjson/cJSON.h>
 /* monotonic time and the waits on it, shared with librlx: a step of the wall clock moves none of
  * the server's deadlines */
 #include "util/clock.h"
@@ -55,7 +62,10 @@ typedef struct serve_server {
     int special_in_content;      /* --special-in-content: special tokens in chat messages are parsed */
     const char *chat_template;   /* --chat-template-file's text, or NULL: the model's template */
     /* set once loaded (phase becomes SERVE_READY after them) */
-    const char *model_id; /* what /v1/models lists and responses echo when a request names none */
+    const char *model_id;   /* what /v1/models lists and responses echo when a request names none */
+    const char *model_path; /* the model's file or directory (/props), NULL over a pipeline's file */
+    const char *build_info; /* rlx's version (/props) */
+    uint32_t n_slots;       /* requests generated at once */
     rlx_engine *engine;
     const rlx_tokenizer *tok;
     int64_t vocab;
@@ -98,7 +108,26 @@ typedef struct serve_buf {
 } serve_buf;
 
 void serve_buf_append(serve_buf *b, const char *data, size_t len);
+/* Appends printf's text of at most 511 bytes. */
+void serve_buf_printf(serve_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void serve_buf_free(serve_buf *b);
+
+// ---- request bodies ----
+
+/* The body as a JSON object, or NULL after setting e (400): invalid JSON (with the byte where
+ * it stops, this request's own), anything after the value, a NUL in it, a key given twice. */
+cJSON *serve_parse_body(const char *body, size_t len, serve_error *e);
+/* A member that may be absent: NULL when missing or null, as OpenAI reads both. */
+const cJSON *serve_member(const cJSON *root, const char *name);
+/* Typed members: 1 when given, 0 when absent (out untouched), -1 after setting e to a 400
+ * naming the member and what it must be. Numbers within [lo, hi]; integers exact (JSON numbers
+ * are doubles, exact up to 2^53). */
+int serve_get_number(const cJSON *root, const char *name, double lo, double hi, double *out, serve_error *e);
+int serve_get_integer(const cJSON *root, const char *name, double lo, double hi, double *out, serve_error *e);
+int serve_get_bool(const cJSON *root, const char *name, int *out, serve_error *e);
+int serve_get_string(const cJSON *root, const char *name, const char **out, serve_error *e);
+/* A 400 for param: fmt holds two %s, the param's name and what, so "'%s' must be %s"; -1. */
+int serve_bad(serve_error *e, const char *param, const char *fmt, const char *what);
 
 // ---- jobs: one generation request ----
 
@@ -110,6 +139,12 @@ typedef struct serve_job serve_job;
  * tokenizes its prompt. On failure *out is NULL and err says why (400, naming the field). */
 int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t len, serve_job **out,
                     serve_error *err);
+/* A chat request's messages (tools, chat_template_kwargs) rendered by the model's chat template
+ * (or --chat-template-file's) into *prompt, with the spans of the template's own markup (the
+ * only text whose special tokens count, unless --special-in-content); both malloc'd. -1 after
+ * setting e (400 naming the field, or a template the engine cannot render). */
+int serve_render_chat(const serve_server *s, const cJSON *root, char **prompt, rlx_text_span **markup, size_t *n_markup,
+                      serve_error *e);
 /* Whether the client asked for server-sent events. */
 int serve_job_streams(const serve_job *j);
 /* The sampling parameters the request asked for (its logit biases included), as the engine
@@ -149,6 +184,17 @@ int serve_job_stream(serve_job *j, serve_buf *out);
  * is free for the next step), and j is freed once the engine has delivered its DONE. NULL is a
  * no-op. */
 void serve_job_release(serve_job *j);
+
+// ---- llama-server's utility endpoints (native.c) ----
+
+typedef enum serve_native { SERVE_TOKENIZE = 0, SERVE_DETOKENIZE, SERVE_APPLY_TEMPLATE } serve_native;
+
+/* The JSON answer (malloc'd) of POST /tokenize, /detokenize or /apply-template to body, or NULL
+ * after setting e (400 naming the field, 500 when out of memory). */
+char *serve_native_answer(const serve_server *s, serve_native ep, const char *body, size_t len, serve_error *e);
+/* GET /props: the slots and their context, the model, its chat template and special tokens;
+ * malloc'd, NULL when out of memory. */
+char *serve_props_json(const serve_server *s);
 
 // ---- the HTTP daemon ----
 

@@ -183,64 +183,6 @@ static int on_event(void *ctx, const rlx_engine_event *ev) {
 
 // ---- parsing a request ----
 
-/* A member of the request that may be absent: NULL when missing or null, as OpenAI reads both. */
-static const cJSON *member(const cJSON *root, const char *name) {
-    const cJSON *item = cJSON_GetObjectItemCaseSensitive(root, name);
-    return item && !cJSON_IsNull(item) ? item : NULL;
-}
-
-static int bad(serve_error *e, const char *param, const char *fmt, const char *what) {
-    serve_error_set(e, 400, "invalid_request_error", "invalid_value", param, fmt, param, what);
-    return -1;
-}
-
-/* A number member in [lo, hi]: 1 when given, 0 when absent, -1 after setting e. */
-static int get_number(const cJSON *root, const char *name, double lo, double hi, double *out, serve_error *e) {
-    const cJSON *item = member(root, name);
-    if (!item)
-        return 0;
-    char range[64];
-    snprintf(range, sizeof range, "from %g to %g", lo, hi);
-    if (!cJSON_IsNumber(item) || !isfinite(item->valuedouble) || item->valuedouble < lo || item->valuedouble > hi)
-        return bad(e, name, "'%s' must be a number %s", range);
-    *out = item->valuedouble;
-    return 1;
-}
-
-/* An integer member in [lo, hi] (JSON numbers are doubles: exact up to 2^53). */
-static int get_integer(const cJSON *root, const char *name, double lo, double hi, double *out, serve_error *e) {
-    const cJSON *item = member(root, name);
-    if (!item)
-        return 0;
-    char range[64];
-    snprintf(range, sizeof range, "from %.0f to %.0f", lo, hi);
-    double v = cJSON_IsNumber(item) ? item->valuedouble : NAN;
-    if (!isfinite(v) || v != floor(v) || v < lo || v > hi)
-        return bad(e, name, "'%s' must be an integer %s", range);
-    *out = v;
-    return 1;
-}
-
-static int get_bool(const cJSON *root, const char *name, int *out, serve_error *e) {
-    const cJSON *item = member(root, name);
-    if (!item)
-        return 0;
-    if (!cJSON_IsBool(item))
-        return bad(e, name, "'%s' must be %s", "true or false");
-    *out = cJSON_IsTrue(item);
-    return 1;
-}
-
-static int get_string(const cJSON *root, const char *name, const char **out, serve_error *e) {
-    const cJSON *item = member(root, name);
-    if (!item)
-        return 0;
-    if (!cJSON_IsString(item))
-        return bad(e, name, "'%s' must be %s", "a string");
-    *out = item->valuestring;
-    return 1;
-}
-
 /* temperature, top_p, top_k, min_p, seed, the penalties: OpenAI's defaults when absent
  * (temperature 1, top_p 1, nothing else), greedy at temperature 0. */
 static int parse_sampling(serve_job *j, const cJSON *root, serve_error *e) {
@@ -248,13 +190,13 @@ static int parse_sampling(serve_job *j, const cJSON *root, serve_error *e) {
     *p = rlx_sampler_params_default();
     double v;
     int rc;
-    if ((rc = get_number(root, "temperature", 0, 2, &v, e)) < 0)
+    if ((rc = serve_get_number(root, "temperature", 0, 2, &v, e)) < 0)
         return -1;
     if (rc) {
         p->temperature = (float)v;
         p->greedy = v == 0;
     }
-    if ((rc = get_number(root, "top_p", 0, 1, &v, e)) < 0)
+    if ((rc = serve_get_number(root, "top_p", 0, 1, &v, e)) < 0)
         return -1;
     /* OpenAI takes 0: the limit of ever smaller nucleus sets is the argmax; so is a top_p too
      * small for a float (below 1.4e-45), which keeps the most likely token alone */
@@ -262,7 +204,7 @@ static int parse_sampling(serve_job *j, const cJSON *root, serve_error *e) {
         p->greedy = 1;
     else if (rc)
         p->top_p = (float)v;
-    if ((rc = get_integer(root, "top_k", 0, INT32_MAX, &v, e)) < 0)
+    if ((rc = serve_get_integer(root, "top_k", 0, INT32_MAX, &v, e)) < 0)
         return -1;
     if (rc)
         p->top_k = (int32_t)v;
@@ -276,12 +218,12 @@ static int parse_sampling(serve_job *j, const cJSON *root, serve_error *e) {
                   {"frequency_penalty", -2, 2, &p->frequency_penalty},
                   {"repeat_penalty", 0.01, 100, &p->repeat_penalty}};
     for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) {
-        if ((rc = get_number(root, floats[i].name, floats[i].lo, floats[i].hi, &v, e)) < 0)
+        if ((rc = serve_get_number(root, floats[i].name, floats[i].lo, floats[i].hi, &v, e)) < 0)
             return -1;
         if (rc)
             *floats[i].target = (float)v;
     }
-    if ((rc = get_integer(root, "repeat_last_n", -1, INT32_MAX, &v, e)) < 0)
+    if ((rc = serve_get_integer(root, "repeat_last_n", -1, INT32_MAX, &v, e)) < 0)
         return -1;
     /* a window wider than a slot sees the whole context, as -1 does: clamped, it means the same
      * and the sampler's window is never wider than the positions the server holds */
@@ -290,7 +232,7 @@ static int parse_sampling(serve_job *j, const cJSON *root, serve_error *e) {
     if (rc)
         p->repeat_last_n = (int32_t)v;
     /* OpenAI's seeds are signed 64-bit; a negative one wraps to the same bits */
-    if ((rc = get_integer(root, "seed", -9007199254740992.0, 9007199254740992.0, &v, e)) < 0)
+    if ((rc = serve_get_integer(root, "seed", -9007199254740992.0, 9007199254740992.0, &v, e)) < 0)
         return -1;
     p->seed = rc ? (uint64_t)(int64_t)v : app_fresh_seed();
     return 0;
@@ -303,12 +245,12 @@ static int parse_sampling(serve_job *j, const cJSON *root, serve_error *e) {
  * the logits before sampling; or llama.cpp's array of [id, bias] pairs. A bias of false (as
  * llama.cpp takes it) bans the token. */
 static int parse_logit_bias(serve_job *j, const cJSON *root, serve_error *e) {
-    const cJSON *lb = member(root, "logit_bias");
+    const cJSON *lb = serve_member(root, "logit_bias");
     if (!lb)
         return 0;
     static const char what[] = "an object of token ids to numbers from -100 to 100, or an array of [id, bias] pairs";
     if ((!cJSON_IsObject(lb) && !cJSON_IsArray(lb)) || cJSON_GetArraySize(lb) > SERVE_MAX_LOGIT_BIAS)
-        return bad(e, "logit_bias", "'%s' must be %s (at most 1024)", what);
+        return serve_bad(e, "logit_bias", "'%s' must be %s (at most 1024)", what);
     const int n = cJSON_GetArraySize(lb);
     if (n == 0)
         return 0;
@@ -343,17 +285,18 @@ static int parse_logit_bias(serve_job *j, const cJSON *root, serve_error *e) {
  * client that sets them expects a different answer. */
 static int parse_unsupported(const cJSON *root, serve_error *e) {
     const cJSON *item;
-    if ((item = member(root, "echo")) && !cJSON_IsFalse(item))
-        return bad(e, "echo", "'%s' is not supported: %s", "the prompt is not echoed back");
-    if ((item = member(root, "best_of")) && !(cJSON_IsNumber(item) && item->valuedouble == 1))
-        return bad(e, "best_of", "'%s' is not supported: %s", "one completion is generated per request");
-    if ((item = member(root, "suffix")) && !(cJSON_IsString(item) && !*item->valuestring))
-        return bad(e, "suffix", "'%s' is not supported: %s", "rlx does not insert text between a prefix and a suffix");
+    if ((item = serve_member(root, "echo")) && !cJSON_IsFalse(item))
+        return serve_bad(e, "echo", "'%s' is not supported: %s", "the prompt is not echoed back");
+    if ((item = serve_member(root, "best_of")) && !(cJSON_IsNumber(item) && item->valuedouble == 1))
+        return serve_bad(e, "best_of", "'%s' is not supported: %s", "one completion is generated per request");
+    if ((item = serve_member(root, "suffix")) && !(cJSON_IsString(item) && !*item->valuestring))
+        return serve_bad(e, "suffix", "'%s' is not supported: %s",
+                         "rlx does not insert text between a prefix and a suffix");
     const cJSON *type;
-    if ((item = member(root, "response_format")) && !((type = cJSON_GetObjectItemCaseSensitive(item, "type")) &&
-                                                      cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
-        return bad(e, "response_format", "'%s' is not supported: %s",
-                   "only {\"type\": \"text\"} (rlx has no constrained JSON output)");
+    if ((item = serve_member(root, "response_format")) && !((type = cJSON_GetObjectItemCaseSensitive(item, "type")) &&
+                                                            cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
+        return serve_bad(e, "response_format", "'%s' is not supported: %s",
+                         "only {\"type\": \"text\"} (rlx has no constrained JSON output)");
     return 0;
 }
 
@@ -362,20 +305,20 @@ static int parse_unsupported(const cJSON *root, serve_error *e) {
 #define SERVE_MAX_STOP_BYTES 256
 
 static int parse_stop(serve_job *j, const cJSON *root, serve_error *e) {
-    const cJSON *stop = member(root, "stop");
+    const cJSON *stop = serve_member(root, "stop");
     if (!stop)
         return 0;
     const cJSON *one = cJSON_IsString(stop) ? stop : NULL;
     if (!one && (!cJSON_IsArray(stop) || cJSON_GetArraySize(stop) > APP_MAX_STOPS)) {
         char what[64];
         snprintf(what, sizeof what, "a string or an array of at most %d strings", APP_MAX_STOPS);
-        return bad(e, "stop", "'%s' must be %s", what);
+        return serve_bad(e, "stop", "'%s' must be %s", what);
     }
     for (const cJSON *s = one ? one : stop->child; s; s = one ? NULL : s->next) {
         if (!cJSON_IsString(s) || !*s->valuestring || strlen(s->valuestring) > SERVE_MAX_STOP_BYTES) {
             char what[64];
             snprintf(what, sizeof what, "non-empty strings of at most %d bytes", SERVE_MAX_STOP_BYTES);
-            return bad(e, "stop", "'%s' must hold %s", what);
+            return serve_bad(e, "stop", "'%s' must hold %s", what);
         }
         if (!(j->stops[j->n_stops] = strdup(s->valuestring))) {
             serve_error_set(e, 500, "server_error", NULL, "", "out of memory");
@@ -392,24 +335,24 @@ static int parse_logprobs(serve_job *j, const cJSON *root, serve_error *e) {
     double v;
     int rc;
     if (j->ep == SERVE_COMPLETION) {
-        if ((rc = get_integer(root, "logprobs", 0, MAX_TOP, &v, e)) < 0)
+        if ((rc = serve_get_integer(root, "logprobs", 0, MAX_TOP, &v, e)) < 0)
             return -1;
         j->logprobs = rc;
         j->top_logprobs = rc ? (uint32_t)v : 0;
         return 0;
     }
-    if (get_bool(root, "logprobs", &j->logprobs, e) < 0 ||
-        (rc = get_integer(root, "top_logprobs", 0, MAX_TOP, &v, e)) < 0)
+    if (serve_get_bool(root, "logprobs", &j->logprobs, e) < 0 ||
+        (rc = serve_get_integer(root, "top_logprobs", 0, MAX_TOP, &v, e)) < 0)
         return -1;
     if (rc && !j->logprobs)
-        return bad(e, "top_logprobs", "'%s' needs %s", "\"logprobs\": true");
+        return serve_bad(e, "top_logprobs", "'%s' needs %s", "\"logprobs\": true");
     j->top_logprobs = rc ? (uint32_t)v : 0;
     return 0;
 }
 
 /* A message's content: a string, null, or an array of text parts (joined). */
 static int message_content(const cJSON *msg, char **out, serve_error *e) {
-    const cJSON *c = member(msg, "content");
+    const cJSON *c = serve_member(msg, "content");
     *out = NULL;
     if (!c)
         return 0;
@@ -418,15 +361,15 @@ static int message_content(const cJSON *msg, char **out, serve_error *e) {
                    ? 0
                    : (serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1);
     if (!cJSON_IsArray(c))
-        return bad(e, "messages", "'%s' content must be %s", "a string or an array of text parts");
+        return serve_bad(e, "messages", "'%s' content must be %s", "a string or an array of text parts");
     serve_buf b = {0};
     for (const cJSON *part = c->child; part; part = part->next) {
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
         const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
         if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(text)) {
             serve_buf_free(&b);
-            return bad(e, "messages", "'%s' content parts must be %s",
-                       "{\"type\": \"text\", \"text\": \"...\"} (images, audio and files are not supported)");
+            return serve_bad(e, "messages", "'%s' content parts must be %s",
+                             "{\"type\": \"text\", \"text\": \"...\"} (images, audio and files are not supported)");
         }
         serve_buf_append(&b, text->valuestring, strlen(text->valuestring));
     }
@@ -455,14 +398,14 @@ static char *tool_messages_json(const cJSON *msgs, const rlx_chat_message *m) {
             goto fail;
         static const char *const keys[] = {"tool_calls", "tool_call_id", "name"};
         for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
-            const cJSON *v = member(msg, keys[k]);
+            const cJSON *v = serve_member(msg, keys[k]);
             cJSON *copy = v ? cJSON_Duplicate(v, 1) : NULL;
             if (v && (!copy || !cJSON_AddItemToObject(o, keys[k], copy))) {
                 cJSON_Delete(copy);
                 goto fail;
             }
         }
-        const cJSON *calls = member(o, "tool_calls");
+        const cJSON *calls = serve_member(o, "tool_calls");
         for (cJSON *call = cJSON_IsArray(calls) ? calls->child : NULL; call; call = call->next) {
             cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
             cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
@@ -483,10 +426,10 @@ fail:
 
 /* Whether the request needs the messages as JSON: tools, or tool calls and results in messages. */
 static int has_tools(const cJSON *root, const cJSON *msgs) {
-    if (member(root, "tools"))
+    if (serve_member(root, "tools"))
         return 1;
     for (const cJSON *msg = msgs->child; msg; msg = msg->next)
-        if (member(msg, "tool_calls") || member(msg, "tool_call_id") || member(msg, "name"))
+        if (serve_member(msg, "tool_calls") || serve_member(msg, "tool_call_id") || serve_member(msg, "name"))
             return 1;
     return 0;
 }
@@ -494,16 +437,16 @@ static int has_tools(const cJSON *root, const cJSON *msgs) {
 /* messages through the model's chat template (or --chat-template-file's); chat_template_kwargs
  * (llama.cpp's extension) become template variables, enable_thinking picking Qwen3's non-thinking
  * mode; tools and tool calls reach the template too. *markup: the spans of the template's own text. */
-static int render_chat(serve_job *j, const cJSON *root, char **prompt, rlx_text_span **markup, size_t *n_markup,
-                       serve_error *e) {
-    const cJSON *msgs = member(root, "messages");
+int serve_render_chat(const serve_server *s, const cJSON *root, char **prompt, rlx_text_span **markup, size_t *n_markup,
+                      serve_error *e) {
+    const cJSON *msgs = serve_member(root, "messages");
     int n = cJSON_IsArray(msgs) ? cJSON_GetArraySize(msgs) : 0;
     if (n == 0)
-        return bad(e, "messages", "'%s' must be %s", "a non-empty array of messages");
+        return serve_bad(e, "messages", "'%s' must be %s", "a non-empty array of messages");
     int think = 1;
-    const cJSON *kwargs = member(root, "chat_template_kwargs");
-    if (kwargs && (!cJSON_IsObject(kwargs) || get_bool(kwargs, "enable_thinking", &think, e) < 0))
-        return bad(e, "chat_template_kwargs", "'%s' must be %s", "an object with a boolean enable_thinking");
+    const cJSON *kwargs = serve_member(root, "chat_template_kwargs");
+    if (kwargs && (!cJSON_IsObject(kwargs) || serve_get_bool(kwargs, "enable_thinking", &think, e) < 0))
+        return serve_bad(e, "chat_template_kwargs", "'%s' must be %s", "an object with a boolean enable_thinking");
     rlx_chat_message *m = calloc((size_t)n, sizeof *m);
     char **contents = calloc((size_t)n, sizeof *contents);
     int rc = m && contents ? 0 : (serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1);
@@ -517,20 +460,22 @@ static int render_chat(serve_job *j, const cJSON *root, char **prompt, rlx_text_
             if (strcmp(r, roles[k]) == 0)
                 m[i].role = roles[k];
         if (!m[i].role) {
-            rc = bad(e, "messages", "'%s' entries need a role of %s", "system, developer, user, assistant or tool");
+            rc = serve_bad(e, "messages", "'%s' entries need a role of %s",
+                           "system, developer, user, assistant or tool");
             break;
         }
         const char *reasoning = NULL;
-        if (get_string(msg, "reasoning_content", &reasoning, e) < 0 || message_content(msg, &contents[i], e) < 0) {
+        if (serve_get_string(msg, "reasoning_content", &reasoning, e) < 0 ||
+            message_content(msg, &contents[i], e) < 0) {
             rc = -1;
             break;
         }
         m[i].content = contents[i];
         m[i].reasoning_content = reasoning;
     }
-    const cJSON *tools = member(root, "tools");
+    const cJSON *tools = serve_member(root, "tools");
     if (rc == 0 && tools && !cJSON_IsArray(tools))
-        rc = bad(e, "tools", "'%s' must be %s", "an array of tool definitions");
+        rc = serve_bad(e, "tools", "'%s' must be %s", "an array of tool definitions");
     int with_tools = rc == 0 && has_tools(root, msgs);
     char *kwargs_json = kwargs ? cJSON_PrintUnformatted(kwargs) : NULL;
     char *messages_json = with_tools ? tool_messages_json(msgs, m) : NULL;
@@ -539,8 +484,8 @@ static int render_chat(serve_job *j, const cJSON *root, char **prompt, rlx_text_
         rc = (serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1);
     app_chat chat = with_tools ? (app_chat){.messages_json = messages_json, .tools_json = tools_json}
                                : (app_chat){.msgs = m, .n = (size_t)n};
-    if (rc == 0 && app_chat_render(j->server->tok, &chat, think, j->server->chat_template, kwargs_json, prompt, markup,
-                                   n_markup) != RLX_OK) {
+    if (rc == 0 &&
+        app_chat_render(s->tok, &chat, think, s->chat_template, kwargs_json, prompt, markup, n_markup) != RLX_OK) {
         serve_error_set(e, 400, "invalid_request_error", "unsupported_chat_template", "messages",
                         "cannot apply this model's chat template (%s); /v1/completions takes raw text",
                         rlx_last_error());
@@ -568,7 +513,7 @@ static int prompt_ids(serve_job *j, const cJSON *arr, serve_error *e) {
         if (v != floor(v) || v < 0 || v >= (double)j->server->vocab) {
             char what[96];
             snprintf(what, sizeof what, "token ids from 0 to %lld", (long long)j->server->vocab - 1);
-            return bad(e, "prompt", "'%s' must hold %s", what);
+            return serve_bad(e, "prompt", "'%s' must hold %s", what);
         }
         j->prompt[j->n_prompt++] = (int32_t)v;
     }
@@ -578,7 +523,7 @@ static int prompt_ids(serve_job *j, const cJSON *arr, serve_error *e) {
 /* The prompt of /v1/completions: a string, an array of one string, of token ids, or of one
  * array of ids. Several prompts in one request are refused (n is 1 here, too). */
 static int completion_prompt(serve_job *j, const cJSON *root, char **text, serve_error *e) {
-    const cJSON *p = member(root, "prompt");
+    const cJSON *p = serve_member(root, "prompt");
     if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(p->child))
         p = p->child;
     if (cJSON_IsString(p))
@@ -587,7 +532,7 @@ static int completion_prompt(serve_job *j, const cJSON *root, char **text, serve
                    : (serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1);
     if (cJSON_IsArray(p) && (!p->child || cJSON_IsNumber(p->child)))
         return prompt_ids(j, p, e);
-    return bad(e, "prompt", "'%s' must be %s", "a string or an array of token ids (one prompt per request)");
+    return serve_bad(e, "prompt", "'%s' must be %s", "a string or an array of token ids (one prompt per request)");
 }
 
 static void make_id(char *out, size_t size, const char *prefix) {
@@ -602,112 +547,29 @@ static void make_id(char *out, size_t size, const char *prefix) {
         n += snprintf(out + n, size - (size_t)n, "%02x", r[i]);
 }
 
-/* The first NUL in the body, raw or as the escape \u0000 in a string, or NULL. cJSON hands out
- * C strings, which a NUL would cut short without a word. body[0, len) is valid JSON, so quotes
- * outside strings and backslashes inside them are its syntax. */
-static const char *nul_character(const char *body, size_t len) {
-    const char *raw = memchr(body, '\0', len), *end = body + len;
-    if (raw)
-        return raw;
-    int in_string = 0;
-    for (const char *p = body; p < end; p++) {
-        if (*p == '"')
-            in_string = !in_string;
-        else if (in_string && *p == '\\') {
-            if (end - p >= 6 && memcmp(p + 1, "u0000", 5) == 0)
-                return p;
-            p++; /* the escaped character, which may be a quote */
-        }
-    }
-    return NULL;
-}
-
-static int by_name(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
-
-/* A key that an object of the tree holds twice (cJSON would keep both and read the first), or
- * NULL; *failed is set when out of memory. Sorted names: an object of n keys costs n log n. */
-static const char *duplicate_key(const cJSON *item, int *failed) {
-    const int n = cJSON_IsObject(item) ? cJSON_GetArraySize(item) : 0;
-    const char *found = NULL;
-    if (n > 1) {
-        const char **names = malloc((size_t)n * sizeof *names);
-        if (!names) {
-            *failed = 1;
-            return NULL;
-        }
-        int k = 0;
-        for (const cJSON *c = item->child; c; c = c->next)
-            names[k++] = c->string;
-        qsort(names, (size_t)n, sizeof *names, by_name);
-        for (int i = 1; i < n && !found; i++)
-            if (strcmp(names[i - 1], names[i]) == 0)
-                found = names[i];
-        free(names);
-    }
-    for (const cJSON *c = item->child; c && !found && !*failed; c = c->next)
-        found = duplicate_key(c, failed);
-    return found;
-}
-
-/* The body as a JSON object, or NULL after setting e: invalid JSON (with the byte where it
- * stops, this request's own), anything after the value, a NUL in it, a key given twice. */
-static cJSON *parse_body(const char *body, size_t len, serve_error *e) {
-    const char *end = body;
-    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, 0);
-    if (!root) {
-        serve_error_set(e, 400, "invalid_request_error", "invalid_json", "",
-                        "the body is not valid JSON (error near byte %zu)", (size_t)(end - body));
-        return NULL;
-    }
-    size_t trailing = (size_t)(end - body); /* the body need not end in a NUL: no strspn */
-    while (trailing < len && strchr(" \t\r\n", body[trailing]) && body[trailing])
-        trailing++;
-    const char *nul = nul_character(body, len);
-    const char *twice = NULL;
-    int failed = 0;
-    if (trailing < len && (!nul || nul >= end))
-        serve_error_set(e, 400, "invalid_request_error", "invalid_json", "",
-                        "the body has data after its JSON value (at byte %zu)", trailing);
-    else if (nul)
-        serve_error_set(e, 400, "invalid_request_error", "invalid_value", "",
-                        "the body holds a NUL character (at byte %zu): text must not contain U+0000",
-                        (size_t)(nul - body));
-    else if (!cJSON_IsObject(root))
-        serve_error_set(e, 400, "invalid_request_error", "invalid_json", "", "the body must be a JSON object");
-    else if ((twice = duplicate_key(root, &failed)) != NULL)
-        serve_error_set(e, 400, "invalid_request_error", "invalid_json", "",
-                        "the body gives the key '%.64s' twice in one object", twice);
-    else if (failed)
-        serve_error_set(e, 500, "server_error", NULL, "", "out of memory");
-    else
-        return root;
-    cJSON_Delete(root);
-    return NULL;
-}
-
 /* Everything of a request but the prompt. */
 static int parse_options(serve_job *j, const cJSON *root, serve_error *e) {
     serve_server *s = j->server;
     const char *model = s->model_id;
     double v;
     int rc;
-    if (get_string(root, "model", &model, e) < 0 || get_bool(root, "stream", &j->stream, e) < 0 ||
-        get_bool(root, "ignore_eos", &j->ignore_eos, e) < 0)
+    if (serve_get_string(root, "model", &model, e) < 0 || serve_get_bool(root, "stream", &j->stream, e) < 0 ||
+        serve_get_bool(root, "ignore_eos", &j->ignore_eos, e) < 0)
         return -1;
     if (!(j->model = strdup(model)))
         return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1;
-    const cJSON *so = member(root, "stream_options");
-    if (so && (!cJSON_IsObject(so) || get_bool(so, "include_usage", &j->include_usage, e) < 0))
-        return bad(e, "stream_options", "'%s' must be %s", "an object with a boolean include_usage");
-    if ((rc = get_integer(root, "n", 1, 128, &v, e)) < 0 || (rc && v != 1))
-        return rc < 0 ? -1 : bad(e, "n", "'%s' must be %s", "1 (one choice per request)");
+    const cJSON *so = serve_member(root, "stream_options");
+    if (so && (!cJSON_IsObject(so) || serve_get_bool(so, "include_usage", &j->include_usage, e) < 0))
+        return serve_bad(e, "stream_options", "'%s' must be %s", "an object with a boolean include_usage");
+    if ((rc = serve_get_integer(root, "n", 1, 128, &v, e)) < 0 || (rc && v != 1))
+        return rc < 0 ? -1 : serve_bad(e, "n", "'%s' must be %s", "1 (one choice per request)");
     const double limit = s->max_tokens_limit ? s->max_tokens_limit : (double)(UINT32_MAX - 1);
     j->max_tokens = j->ep == SERVE_COMPLETION ? s->completion_default : 0;
     if (s->max_tokens_limit && (j->max_tokens == 0 || j->max_tokens > s->max_tokens_limit))
         j->max_tokens = s->max_tokens_limit;
     for (int k = 0; k < 2; k++) { /* max_completion_tokens is OpenAI's newer name and wins */
         const char *name = k ? "max_completion_tokens" : "max_tokens";
-        if ((rc = get_integer(root, name, 1, limit, &v, e)) < 0)
+        if ((rc = serve_get_integer(root, name, 1, limit, &v, e)) < 0)
             return -1;
         if (rc)
             j->max_tokens = (uint32_t)v;
@@ -731,7 +593,7 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
     j->ep = ep;
     j->created = (long long)time(NULL);
     make_id(j->id, sizeof j->id, ep == SERVE_CHAT ? "chatcmpl-" : "cmpl-");
-    cJSON *root = parse_body(body, len, err);
+    cJSON *root = serve_parse_body(body, len, err);
     char *text = NULL;
     rlx_text_span *markup = NULL;
     size_t n_markup = 0;
@@ -740,7 +602,7 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
         goto done;
     if (parse_options(j, root, err) < 0)
         goto done;
-    if ((ep == SERVE_CHAT ? render_chat(j, root, &text, &markup, &n_markup, err)
+    if ((ep == SERVE_CHAT ? serve_render_chat(s, root, &text, &markup, &n_markup, err)
                           : completion_prompt(j, root, &text, err)) < 0)
         goto done;
     /* A prompt must leave a slot one position, so its encoding stops past slot_positions - 1 ids:

@@ -1,0 +1,157 @@
+/* llama-server's own utility endpoints (serve.h), for the clients and tools written against it:
+ *
+ *   POST /tokenize        {"content", "add_special" (false), "parse_special" (true), "with_pieces"
+ *                         (false)} -> {"tokens": [id, ...]} or, with pieces, [{"id", "piece"}, ...]
+ *   POST /detokenize      {"tokens": [id, ...]} -> {"content"}: special tokens written out, as
+ *                         llama-server writes them
+ *   POST /apply-template  a chat request's messages (and tools, chat_template_kwargs) ->
+ *                         {"prompt"}: the text /v1/chat/completions would run
+ *   GET /props            the slots, their context, the model and its chat template
+ *
+ * None of them runs the engine; every size is the body's, which --max-body bounds. A piece is
+ * the token's text as rlx_tokenizer_decode gives it (a byte-level token holding part of a UTF-8
+ * character shows U+FFFD, where llama-server gives the bytes as an array of numbers). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "serve.h"
+
+static char *print_and_free(cJSON *root, serve_error *e) {
+    char *json = root ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (!json)
+        serve_error_set(e, 500, "server_error", NULL, "", "out of memory");
+    return json;
+}
+
+static char *tokenize(const serve_server *s, const cJSON *root, serve_error *e) {
+    const char *content = NULL;
+    int add_special = 0, parse_special = 1, with_pieces = 0;
+    int rc = serve_get_string(root, "content", &content, e);
+    if (rc == 0)
+        serve_bad(e, "content", "'%s' is required: %s", "the text to tokenize");
+    if (rc <= 0 || serve_get_bool(root, "add_special", &add_special, e) < 0 ||
+        serve_get_bool(root, "parse_special", &parse_special, e) < 0 ||
+        serve_get_bool(root, "with_pieces", &with_pieces, e) < 0)
+        return NULL;
+    rlx_encode_options eo = {.size = sizeof eo, .parse_special = parse_special, .add_special = add_special};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (rlx_tokenizer_encode_ex(s->tok, content, strlen(content), &eo, &ids, &n, NULL) != RLX_OK) {
+        serve_error_set(e, 400, "invalid_request_error", "invalid_value", "content", "cannot tokenize 'content': %s",
+                        rlx_last_error());
+        return NULL;
+    }
+    cJSON *out = cJSON_CreateObject(), *tokens = cJSON_AddArrayToObject(out, "tokens");
+    int failed = !tokens;
+    for (size_t i = 0; i < n && !failed; i++) {
+        cJSON *item = NULL;
+        if (with_pieces) {
+            char *piece = NULL;
+            size_t len;
+            if (rlx_tokenizer_decode(s->tok, &ids[i], 1, 0, &piece, &len) == RLX_OK &&
+                (item = cJSON_CreateObject()) != NULL) {
+                cJSON_AddNumberToObject(item, "id", ids[i]);
+                cJSON_AddStringToObject(item, "piece", piece);
+            }
+            free(piece);
+        } else {
+            item = cJSON_CreateNumber(ids[i]);
+        }
+        failed = !item || !cJSON_AddItemToArray(tokens, item);
+        if (failed)
+            cJSON_Delete(item);
+    }
+    free(ids);
+    if (failed) {
+        cJSON_Delete(out);
+        out = NULL;
+    }
+    return print_and_free(out, e);
+}
+
+static char *detokenize(const serve_server *s, const cJSON *root, serve_error *e) {
+    const cJSON *tokens = serve_member(root, "tokens");
+    if (!cJSON_IsArray(tokens))
+        return serve_bad(e, "tokens", "'%s' must be %s", "an array of token ids"), NULL;
+    const int n = cJSON_GetArraySize(tokens);
+    int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
+    if (!ids)
+        return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), NULL;
+    int i = 0;
+    for (const cJSON *t = tokens->child; t; t = t->next, i++) {
+        const double v = cJSON_IsNumber(t) ? t->valuedouble : -1;
+        if (!(v >= 0 && v < (double)s->vocab) || v != floor(v)) { /* NaN fails the first test */
+            serve_error_set(e, 400, "invalid_request_error", "invalid_value", "tokens",
+                            "'tokens'[%d] is not a token id: ids are integers from 0 to %lld", i,
+                            (long long)s->vocab - 1);
+            free(ids);
+            return NULL;
+        }
+        ids[i] = (int32_t)v;
+    }
+    char *text = NULL;
+    size_t len;
+    const rlx_status st = rlx_tokenizer_decode(s->tok, ids, (size_t)n, 0, &text, &len);
+    free(ids);
+    if (st != RLX_OK)
+        return serve_error_set(e, 500, "server_error", NULL, "", "%s", rlx_last_error()), NULL;
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddStringToObject(out, "content", text);
+    free(text);
+    return print_and_free(out, e);
+}
+
+static char *apply_template(const serve_server *s, const cJSON *root, serve_error *e) {
+    char *prompt = NULL;
+    rlx_text_span *markup = NULL;
+    size_t n_markup = 0;
+    if (serve_render_chat(s, root, &prompt, &markup, &n_markup, e) < 0)
+        return NULL;
+    free(markup);
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddStringToObject(out, "prompt", prompt);
+    free(prompt);
+    return print_and_free(out, e);
+}
+
+char *serve_native_answer(const serve_server *s, serve_native ep, const char *body, size_t len, serve_error *e) {
+    cJSON *root = serve_parse_body(body, len, e);
+    if (!root)
+        return NULL;
+    char *json = ep == SERVE_TOKENIZE     ? tokenize(s, root, e)
+                 : ep == SERVE_DETOKENIZE ? detokenize(s, root, e)
+                                          : apply_template(s, root, e);
+    cJSON_Delete(root);
+    return json;
+}
+
+/* The text of special token id, or "" when the model has none. */
+static const char *special_text(const rlx_tokenizer *tok, int32_t id) {
+    const char *t = id >= 0 ? rlx_tokenizer_token_text(tok, id) : NULL;
+    return t ? t : "";
+}
+
+char *serve_props_json(const serve_server *s) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON *gen = cJSON_AddObjectToObject(root, "default_generation_settings");
+    cJSON_AddNumberToObject(gen, "n_ctx", s->slot_positions);
+    cJSON_AddStringToObject(gen, "model", s->model_id);
+    cJSON_AddNumberToObject(root, "total_slots", s->n_slots);
+    cJSON_AddStringToObject(root, "model_alias", s->model_id);
+    cJSON_AddStringToObject(root, "model_path", s->model_path ? s->model_path : "");
+    const char *tmpl = s->chat_template ? s->chat_template : rlx_chat_template_text(s->tok);
+    cJSON_AddStringToObject(root, "chat_template", tmpl ? tmpl : "");
+    cJSON_AddStringToObject(root, "bos_token", special_text(s->tok, rlx_tokenizer_bos_id(s->tok)));
+    cJSON_AddStringToObject(root, "eos_token", special_text(s->tok, rlx_tokenizer_eos_id(s->tok)));
+    cJSON_AddStringToObject(root, "build_info", s->build_info ? s->build_info : "");
+    cJSON *modalities = cJSON_AddObjectToObject(root, "modalities");
+    cJSON_AddFalseToObject(modalities, "vision");
+    cJSON_AddFalseToObject(modalities, "audio");
+    char *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return json;
+}
