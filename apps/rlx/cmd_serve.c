@@ -35,7 +35,10 @@ static const char usage[] =
     "server-sent events with \"stream\": true), GET /v1/models, /health and /metrics (Prometheus).\n"
     "Requests run together in --parallel slots of the batched engine; more wait in a queue of\n"
     "--queue requests, and beyond that get 503 with Retry-After. Sampling follows OpenAI's\n"
-    "defaults (temperature 1, top_p 1), greedy at \"temperature\": 0. SIGTERM or SIGINT stops\n"
+    "defaults (temperature 1, top_p 1), greedy at \"temperature\": 0; the sampling options below\n"
+    "(--temp, --top-k, --seed, ...) set the defaults of requests that leave a field out, as\n"
+    "llama-server's do. Its other common flags are taken where rlx does that anyway (--jinja,\n"
+    "--metrics, -cb, ...) and refused by name where it does not. SIGTERM or SIGINT stops\n"
     "accepting, lets the requests running finish within --drain-timeout, and exits 0. Over a\n"
     "pipeline (--config, --stages) the stages keep the slots and compute groups of them at once;\n"
     "with --spec, requests take turns on one slot. An answer never depends on the requests beside\n"
@@ -50,7 +53,9 @@ static const char usage[] =
 #define MAX_CORS_ORIGINS 16
 
 typedef struct serve_args {
-    const char *host, *alias, *api_key, *api_key_file, *chat_template_file;
+    const char *host, *alias, *api_key, *api_key_file, *chat_template_file, *chat_template;
+    uint32_t n_predict; /* --n-predict; APP_MAX_NEW_UNTIL_FULL for -1 */
+    int n_predict_given;
     uint32_t port, parallel, total_ctx, slot_ctx, queue, max_tokens_limit, timeout_s, drain_s, max_connections;
     uint32_t request_timeout_s, max_connections_per_ip;
     uint64_t max_body;
@@ -75,6 +80,64 @@ static int parse_cors_origin(const char *opt, const char *value, void *target) {
     a->cors_origins[a->n_cors_origins++] = value;
     return 0;
 }
+
+/* llama-server's flags for what rlx serve always does: taken, with a note when a script might
+ * expect them to change something. */
+static int parse_always(const char *opt, const char *value, void *target) {
+    (void)value;
+    const char *why = target;
+    if (*why)
+        fprintf(stderr, "rlx serve: note: %s has no effect: %s\n", opt, why);
+    return 0;
+}
+
+/* --threads-http N: a number, which changes nothing (a thread per connection). */
+static int parse_threads_http(const char *opt, const char *value, void *target) {
+    uint32_t n;
+    if (app_parse_u32(opt, value, &n) < 0)
+        return -1;
+    return parse_always(opt, value, target);
+}
+
+/* llama-server's flags for what rlx serve does not have: refused by name, saying what it does. */
+static int parse_refused(const char *opt, const char *value, void *target) {
+    (void)value;
+    return app_fail("serve: %s: %s", opt, (const char *)target), -1;
+}
+
+/* --reasoning-format: rlx leaves a model's thinking in the reply's text, which is llama-server's
+ * "none"; the formats that split it into reasoning_content are not there yet. */
+static int parse_reasoning_format(const char *opt, const char *value, void *target) {
+    (void)target;
+    if (strcmp(value, "none") == 0)
+        return 0;
+    static const char *const known[] = {"auto", "deepseek", "deepseek-legacy", "nothink"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(value, known[i]) == 0)
+            return app_fail("serve: %s %s: rlx serve leaves a model's thinking in the reply's content, as "
+                            "--reasoning-format none does; it does not split reasoning_content out",
+                            opt, value),
+                   -1;
+    return app_fail("serve: %s: '%s' is not a reasoning format (llama-server's: none, auto, deepseek, "
+                    "deepseek-legacy)",
+                    opt, value),
+           -1;
+}
+
+/* --chat-template TEXT: a Jinja template given inline. llama-server also takes the names of the
+ * templates it carries in C++ (chatml, llama3, ...), which rlx does not have. */
+static int parse_chat_template(const char *opt, const char *value, void *target) {
+    if (!strstr(value, "{{") && !strstr(value, "{%"))
+        return app_fail("serve: %s '%s': not a Jinja template; rlx has no built-in templates by name: give the "
+                        "template's text, or its file with --chat-template-file",
+                        opt, value),
+               -1;
+    *(const char **)target = value;
+    return 0;
+}
+
+/* A request's max_tokens default for --n-predict N: N, or 0 (the end of the slot) for -1. */
+static uint32_t max_tokens_default(uint32_t n_predict) { return n_predict == APP_MAX_NEW_UNTIL_FULL ? 0 : n_predict; }
 
 /* The id /v1/models lists: --alias, else the model's file or directory name. */
 static const char *model_id(const serve_args *a, const char *model, char *buf, size_t size) {
@@ -170,6 +233,8 @@ static int check_args(const serve_args *a, const app_options *o, const app_spec_
     if (a->api_key_given && !*a->api_key)
         return app_fail("serve: --api-key is empty: an empty key would let every request in (give a key, or leave "
                         "the option out for a server without one)");
+    if (a->chat_template && a->chat_template_file)
+        return app_fail("serve: give --chat-template or --chat-template-file, not both");
     if (a->total_ctx_given && a->slot_ctx)
         return app_fail("serve: give -c/--ctx-size (all slots together) or --slot-ctx (each slot), not both");
     if (a->total_ctx_given && a->total_ctx / a->parallel == 0)
@@ -294,6 +359,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                     .max_connections = 1024,
                     .max_connections_per_ip = 128};
     app_spec_options spec = {0};
+    app_sampling sampling = {0};
     const app_opt own[] = {
         {0, "host", NULL, "ADDR",
          "address to listen on (default 127.0.0.1; 0.0.0.0 or :: for every interface,\n"
@@ -357,14 +423,53 @@ int cmd_serve(int argc, char **argv, app_options *o) {
          APP_OPT_U32, &a.max_connections_per_ip},
         {0, "special-in-content", NULL, NULL, APP_SPECIAL_IN_CONTENT_HELP, APP_OPT_FLAG, &a.special_in_content},
         {0, "chat-template-file", NULL, "FILE", APP_CHAT_TEMPLATE_FILE_HELP, APP_OPT_STRING, &a.chat_template_file},
+        {0, "chat-template", NULL, "TEXT", "the same with the Jinja template given as TEXT (llama-server's)",
+         APP_OPT_CUSTOM, &a.chat_template, .parse = parse_chat_template},
+        {'n', "n-predict", "predict", "N",
+         "max_tokens of the requests that give none (llama-server's; default: 16 for\n"
+         "completions, as OpenAI's, the end of the slot for chat; -1: the end of the slot)",
+         APP_OPT_CUSTOM, &a.n_predict, &a.n_predict_given, .parse = app_parse_max_new},
     };
-    const app_opt_group groups[] = {APP_OPT_GROUP("serve:", own), app_common_group(o), app_spec_group(&spec),
-                                    app_pipeline_group(&o->pipeline)};
+    /* llama-server's flags (tools/server's README) for what rlx serve always does or lacks */
+    const app_opt llama[] = {
+        {0, "jinja", NULL, NULL, "taken: chat templates are always rendered with rlx's Jinja engine", APP_OPT_CUSTOM,
+         (void *)"", .parse = parse_always},
+        {0, "no-jinja", NULL, NULL, "taken, with a note: rlx has no other template engine", APP_OPT_CUSTOM,
+         (void *)"rlx renders the model's Jinja template with its own engine, the only one it has",
+         .parse = parse_always},
+        {0, "cont-batching", NULL, NULL, "taken: requests are always batched as they come and go", APP_OPT_CUSTOM,
+         (void *)"", .parse = parse_always},
+        {0, "no-cont-batching", NULL, NULL, "refused: the engine always batches", APP_OPT_CUSTOM,
+         (void *)"the batched engine cannot be turned off (give --parallel 1 for one request at a time)",
+         .parse = parse_refused},
+        {0, "metrics", NULL, NULL, "taken: GET /metrics is always served", APP_OPT_CUSTOM, (void *)"",
+         .parse = parse_always},
+        {0, "no-webui", "no-ui", NULL, "taken: rlx serve has no web page yet", APP_OPT_CUSTOM, (void *)"",
+         .parse = parse_always},
+        {0, "no-slots", NULL, NULL, "taken: rlx serve has no /slots endpoint", APP_OPT_CUSTOM, (void *)"",
+         .parse = parse_always},
+        {0, "slots", NULL, NULL, "refused: no /slots endpoint (GET /metrics shows the slots' use)", APP_OPT_CUSTOM,
+         (void *)"rlx serve has no /slots endpoint; GET /metrics shows the slots in use and the queue",
+         .parse = parse_refused},
+        {0, "threads-http", NULL, "N", "taken, with a note: each connection has a thread of its own", APP_OPT_CUSTOM,
+         (void *)"each connection has a thread of its own, up to --max-connections", .parse = parse_threads_http},
+        {0, "reasoning-format", NULL, "FMT",
+         "none (taken: a model's thinking stays in content); the formats that split\n"
+         "reasoning_content out are refused",
+         APP_OPT_CUSTOM, NULL, .parse = parse_reasoning_format},
+    };
+    const app_opt_group groups[] = {APP_OPT_GROUP("serve:", own), APP_OPT_GROUP("llama-server's flags:", llama),
+                                    app_common_group(o),          app_sampling_group(&sampling),
+                                    app_spec_group(&spec),        app_pipeline_group(&o->pipeline)};
     int exit_status;
     if (app_parse_command("serve", usage, groups, sizeof groups / sizeof groups[0], argc, argv, &exit_status))
         return exit_status;
-    if (check_args(&a, o, &spec) || (!app_pipeline_wanted(&o->pipeline) && app_resolve_model(o)))
+    if (check_args(&a, o, &spec) || app_sampling_finish(&sampling) ||
+        (!app_pipeline_wanted(&o->pipeline) && app_resolve_model(o)))
         return 1;
+    if (sampling.n_stops || sampling.n_biases)
+        return app_fail("serve: %s sets nothing server-wide: give \"%s\" in each request",
+                        sampling.n_stops ? "--stop" : "--logit-bias", sampling.n_stops ? "stop" : "logit_bias");
     const int lm = over_lm(o, &spec), pipeline = app_pipeline_wanted(&o->pipeline);
     if (lm) { /* the session or the stages hold the one slot's cache */
         a.parallel = 1;
@@ -387,8 +492,12 @@ int cmd_serve(int argc, char **argv, app_options *o) {
     char *key_file_text = a.api_key_file ? read_key(a.api_key_file) : NULL;
     if (a.api_key_file && !key_file_text)
         return 1;
-    char *template_text;
-    if (app_chat_template_file("serve", a.chat_template_file, &template_text)) {
+    char *template_text = NULL;
+    if (a.chat_template && !(template_text = strdup(a.chat_template))) {
+        free(key_file_text);
+        return app_fail("serve: out of memory");
+    }
+    if (!a.chat_template && app_chat_template_file("serve", a.chat_template_file, &template_text)) {
         free(key_file_text);
         return 1;
     }
@@ -403,10 +512,16 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                       .listen_host = a.host,
                       .cors_origins = a.cors_origins,
                       .n_cors_origins = a.n_cors_origins,
-                      .completion_default = 16,
+                      .completion_default = a.n_predict_given ? max_tokens_default(a.n_predict) : 16,
+                      .chat_default = a.n_predict_given ? max_tokens_default(a.n_predict) : 0,
                       .special_in_content = a.special_in_content,
                       .chat_template = template_text};
     s.api_key_len = s.api_key ? strlen(s.api_key) : 0;
+    /* the requests' sampling defaults: OpenAI's, under the sampling flags given */
+    s.sampling = rlx_sampler_params_default();
+    app_sampling_apply_flags(&sampling, &s.sampling);
+    s.has_seed = sampling.has_seed && !sampling.random_seed;
+    s.sampling.seed = sampling.seed;
     atomic_init(&s.phase, SERVE_LOADING);
     if (catch_stop_signals()) {
         free(key_file_text);

@@ -392,6 +392,11 @@ static sampling_layer flag_layer(const app_sampling *s) {
                             .v = *g};
 }
 
+void app_sampling_apply_flags(const app_sampling *s, rlx_sampler_params *p) {
+    const sampling_layer layer = flag_layer(s);
+    apply_layer(p, &layer);
+}
+
 int app_generation_defaults(const app_runtime *rt, app_sampling *s, uint32_t *max_new, int max_new_given) {
     rlx_sampler_params *p = &s->params;
     *p = rlx_sampler_params_default();

@@ -63,6 +63,8 @@ app_opt_group app_sampling_group(app_sampling *s);
 uint64_t app_fresh_seed(void);
 /* Checks the combination of sampling options; 1 after reporting a conflict. */
 int app_sampling_finish(app_sampling *s);
+/* The sampling flags given (--greedy, --temp, --top-k, ...) over p. */
+void app_sampling_apply_flags(const app_sampling *s, rlx_sampler_params *p);
 
 /* Speculative decoding options of generate. */
 typedef struct app_spec_options {

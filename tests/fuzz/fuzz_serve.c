@@ -37,6 +37,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     server.model_id = "fuzz";
     server.slot_positions = SLOT_POSITIONS;
     server.completion_default = 16;
+    server.sampling = rlx_sampler_params_default(); /* rlx serve's without sampling flags */
     server.max_body = 1 << 20;
     server.timeout_s = 1;
     atomic_store(&server.phase, SERVE_READY);

@@ -183,11 +183,12 @@ static int on_event(void *ctx, const rlx_engine_event *ev) {
 
 // ---- parsing a request ----
 
-/* temperature, top_p, top_k, min_p, seed, the penalties: OpenAI's defaults when absent
- * (temperature 1, top_p 1, nothing else), greedy at temperature 0. */
+/* temperature, top_p, top_k, min_p, seed, the penalties: the server's defaults when absent
+ * (OpenAI's, temperature 1, top_p 1, nothing else, unless its sampling flags say otherwise),
+ * greedy at temperature 0. */
 static int parse_sampling(serve_job *j, const cJSON *root, serve_error *e) {
     rlx_sampler_params *p = &j->sampler;
-    *p = rlx_sampler_params_default();
+    *p = j->server->sampling;
     double v;
     int rc;
     if ((rc = serve_get_number(root, "temperature", 0, 2, &v, e)) < 0)
@@ -234,7 +235,7 @@ static int parse_sampling(serve_job *j, const cJSON *root, serve_error *e) {
     /* OpenAI's seeds are signed 64-bit; a negative one wraps to the same bits */
     if ((rc = serve_get_integer(root, "seed", -9007199254740992.0, 9007199254740992.0, &v, e)) < 0)
         return -1;
-    p->seed = rc ? (uint64_t)(int64_t)v : app_fresh_seed();
+    p->seed = rc ? (uint64_t)(int64_t)v : j->server->has_seed ? j->server->sampling.seed : app_fresh_seed();
     return 0;
 }
 
@@ -564,7 +565,7 @@ static int parse_options(serve_job *j, const cJSON *root, serve_error *e) {
     if ((rc = serve_get_integer(root, "n", 1, 128, &v, e)) < 0 || (rc && v != 1))
         return rc < 0 ? -1 : serve_bad(e, "n", "'%s' must be %s", "1 (one choice per request)");
     const double limit = s->max_tokens_limit ? s->max_tokens_limit : (double)(UINT32_MAX - 1);
-    j->max_tokens = j->ep == SERVE_COMPLETION ? s->completion_default : 0;
+    j->max_tokens = j->ep == SERVE_COMPLETION ? s->completion_default : s->chat_default;
     if (s->max_tokens_limit && (j->max_tokens == 0 || j->max_tokens > s->max_tokens_limit))
         j->max_tokens = s->max_tokens_limit;
     for (int k = 0; k < 2; k++) { /* max_completion_tokens is OpenAI's newer name and wins */

@@ -59,6 +59,9 @@ typedef struct serve_server {
     const char *const *cors_origins; /* --cors-origin: origins whose cross-origin requests are served; "*" any */
     size_t n_cors_origins;
     uint32_t completion_default; /* max_tokens of /v1/completions when the request gives none (OpenAI's 16) */
+    uint32_t chat_default;       /* the same for chat; 0 = to the end of the slot */
+    rlx_sampler_params sampling; /* what a request's absent sampling fields are (OpenAI's, or --temp ...) */
+    int has_seed;                /* --seed: the seed of requests that give none (else a fresh one each) */
     int special_in_content;      /* --special-in-content: special tokens in chat messages are parsed */
     const char *chat_template;   /* --chat-template-file's text, or NULL: the model's template */
     /* set once loaded (phase becomes SERVE_READY after them) */
