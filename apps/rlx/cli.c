@@ -299,8 +299,10 @@ app_opt_group app_common_group(app_options *o) {
          "threads for the backend (default: all cores; the local stages of a\n"
          "pipeline, and the driver if it drafts, divide the cores evenly)",
          APP_OPT_U32, &o->threads, .min = 1},
-        {'c', "ctx-size", "ctx", "N", "KV cache positions (default: min(max_position_embeddings, 4096))", APP_OPT_U32,
-         &o->ctx, .min = 1},
+        {'c', "ctx-size", "ctx", "N",
+         "KV cache positions (default: min(max_position_embeddings, 4096); more than\n"
+         "max_position_embeddings runs with a warning: the model was not trained there)",
+         APP_OPT_U32, &o->ctx, .min = 1},
         {'v', "verbose", NULL, NULL,
          "say what each backend runs on (kernels, library cores, threads) and\n"
          "let the transport libraries log",

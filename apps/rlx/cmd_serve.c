@@ -334,6 +334,7 @@ static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, se
     eo.n_backends = n_backends;
     eo.rules = rlx_runtime_rules(rt->runtime, &eo.n_rules);
     eo.check_finite = (uint32_t)o->check_finite;
+    eo.beyond_trained = eo.slot_positions != 0; /* asked for (-c, --slot-ctx): warned about below */
     rlx_status rc = lm       ? rlx_engine_create_lm(&rt->lm, rt->spec, rt->draft_tokens, &eo, &s->engine)
                     : driver ? rlx_engine_create_pipeline(driver, &eo, &s->engine)
                              : rlx_engine_create(rt->model, &eo, &s->engine);
@@ -345,6 +346,7 @@ static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, se
     s->vocab = rlx_runtime_config(rt->runtime)->vocab_size;
     s->slot_positions = st.slot_positions;
     s->driver = driver;
+    app_warn_beyond_trained(rt, st.slot_positions);
     return 0;
 }
 
@@ -374,7 +376,8 @@ int cmd_serve(int argc, char **argv, app_options *o) {
          &a.parallel, &a.parallel_given, .min = 1},
         {'c', "ctx-size", "ctx", "N",
          "KV cache positions of all slots together, split evenly between them, as\n"
-         "llama-server's -c (default: each slot min(max_position_embeddings, 4096))",
+         "llama-server's -c (default: each slot min(max_position_embeddings, 4096); a\n"
+         "slot past max_position_embeddings runs with a warning, as llama-server's)",
          APP_OPT_U32, &a.total_ctx, &a.total_ctx_given, .min = 1},
         {0, "slot-ctx", NULL, "N", "KV cache positions of each slot (instead of -c)", APP_OPT_U32, &a.slot_ctx,
          .min = 1},

@@ -94,7 +94,9 @@ int app_runtime_open_flags(app_runtime *rt, app_options *o, const app_spec_optio
     if (app_pipeline_wanted(&o->pipeline) && app_pipeline_load(&rt->pipeline, &o->pipeline))
         return 1;
     rlx_runtime_options ro = rlx_runtime_options_default();
-    ro.flags = flags;
+    /* a context the user asked for is theirs, past the trained length too (llama.cpp's
+     * behaviour), with the warning below */
+    ro.flags = flags | (o->ctx ? RLX_RUNTIME_BEYOND_TRAINED : 0);
     rlx_runtime_backend main_backend;
     if (runtime_options(rt, o, so, &ro, &main_backend))
         return app_runtime_close(rt), 1;
@@ -118,7 +120,18 @@ int app_runtime_open_flags(app_runtime *rt, app_options *o, const app_spec_optio
     rt->backend = rlx_runtime_main_backend(rt->runtime);
     rt->spec = rlx_runtime_speculator(rt->runtime);
     rt->draft_tokens = rlx_runtime_draft_tokens(rt->runtime);
+    if (rt->session)
+        app_warn_beyond_trained(rt, rlx_session_capacity(rt->session));
     return 0;
+}
+
+void app_warn_beyond_trained(const app_runtime *rt, uint32_t positions) {
+    const rlx_model_config *c = rt->runtime ? rlx_runtime_config(rt->runtime) : NULL;
+    if (c && c->max_position_embeddings > 0 && positions > c->max_position_embeddings)
+        fprintf(stderr,
+                "rlx: warning: a context of %u positions is past the %lld the model was trained on "
+                "(max_position_embeddings): text at the later positions may degrade\n",
+                positions, (long long)c->max_position_embeddings);
 }
 
 void app_runtime_close(app_runtime *rt) {

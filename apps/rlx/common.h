@@ -85,6 +85,8 @@ int app_runtime_open(app_runtime *rt, app_options *o, const app_spec_options *so
  * without a session (rt->lm and rt->session stay empty), for rlx serve's engine. */
 int app_runtime_open_flags(app_runtime *rt, app_options *o, const app_spec_options *so, uint32_t flags);
 void app_runtime_close(app_runtime *rt);
+/* Warns on stderr when positions (a context, or a slot's) are past the model's trained length. */
+void app_warn_beyond_trained(const app_runtime *rt, uint32_t positions);
 
 /* The model's tokenizer: from the open model when this process holds one, the runtime's or the
  * one a pipeline's driver opened for its metadata (a GGUF model's comes from the header parsed

@@ -59,6 +59,9 @@ typedef struct rlx_engine_options {
      * check_finite); without it only the logits rows are checked, and a row that is not finite
      * ends its request with an error */
     uint32_t check_finite;
+    /* appended: non-zero allows slot_positions past the model's max_position_embeddings
+     * (rlx_session_options.beyond_trained) */
+    uint32_t beyond_trained;
 } rlx_engine_options;
 
 static inline rlx_engine_options rlx_engine_options_default(void) {

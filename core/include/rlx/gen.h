@@ -39,6 +39,10 @@ typedef struct rlx_session_options {
      * that writes a NaN or an infinity, naming it (a debugging mode: every node runs by itself
      * and its output is scanned). Without it only the logits are checked (rlx_session_forward). */
     uint32_t check_finite;
+    /* appended: non-zero allows a kv_capacity past the model's max_position_embeddings, as
+     * llama.cpp does with a warning: positions the model was not trained on, whose text may
+     * degrade (the caller says so); without it such a capacity is RLX_E_RANGE */
+    uint32_t beyond_trained;
 } rlx_session_options;
 
 typedef struct rlx_session rlx_session;

@@ -51,6 +51,9 @@ enum {
     /* Opens the model and the backends but no session: for rlx_runtime_serve_stage, which runs
      * a block of the model rather than all of it. Needs model_dir, refuses a deployment. */
     RLX_RUNTIME_STAGE = 1u << 0,
+    /* Local runs: a kv_capacity past the model's max_position_embeddings is allowed
+     * (rlx_session_options.beyond_trained); stages still refuse one. */
+    RLX_RUNTIME_BEYOND_TRAINED = 1u << 1,
 };
 
 /* Start from rlx_runtime_options_default(). Members are only appended; the core reads those

@@ -213,7 +213,7 @@ static rlx_status check_slots(rlx_engine_options *o, uint32_t max_pos) {
     o->slot_positions = o->slot_positions ? o->slot_positions : (max_pos < 4096 ? max_pos : 4096);
     o->max_queue = o->max_queue ? o->max_queue : 4 * o->n_slots;
     o->step_tokens = o->step_tokens ? o->step_tokens : 128;
-    if (o->slot_positions > max_pos)
+    if (o->slot_positions > max_pos && !o->beyond_trained)
         return rlx_error(RLX_E_RANGE, "a slot of %u positions exceeds the model's max_position_embeddings %u",
                          o->slot_positions, max_pos);
     if (o->n_slots > RLX_ENGINE_MAX_SLOTS || o->step_tokens < o->n_slots || o->step_tokens > 65536)

@@ -64,7 +64,7 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
                            ? (uint32_t)c->max_position_embeddings
                            : UINT32_MAX;
     uint32_t capacity = o.kv_capacity ? o.kv_capacity : (max_pos < 4096 ? max_pos : 4096);
-    if (capacity > max_pos)
+    if (capacity > max_pos && !o.beyond_trained)
         return rlx_error(RLX_E_RANGE, "context of %u positions exceeds the model's max_position_embeddings %u",
                          capacity, max_pos);
     rlx_session *s = rlx__calloc(1, sizeof *s);

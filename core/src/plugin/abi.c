@@ -142,7 +142,11 @@ PIN(rlx_session_options, n_backends, 16);
 PIN(rlx_session_options, rules, 24);
 PIN(rlx_session_options, n_rules, 32);
 PIN(rlx_session_options, kv_dtype, 40); /* appended: a speculator built before it gets F32 caches */
-_Static_assert(sizeof(rlx_session_options) == 48, "rlx_session_options size changed");
+PIN(rlx_session_options, check_finite, 44);
+/* appended: the core reads a caller's struct up to its size, so an older speculator's session
+ * keeps the trained length as its limit */
+PIN(rlx_session_options, beyond_trained, 48);
+_Static_assert(sizeof(rlx_session_options) == 56, "rlx_session_options size changed");
 
 PIN(rlx_place_rule, op, 0);
 PIN(rlx_place_rule, backend, 8);

@@ -168,6 +168,7 @@ static rlx_session_options session_options(const rlx_runtime *rt) {
                                  .rules = rt->rules,
                                  .n_rules = rt->n_rules,
                                  .kv_dtype = rt->o.kv_dtype,
+                                 .beyond_trained = (rt->o.flags & RLX_RUNTIME_BEYOND_TRAINED) != 0,
                                  .check_finite = rt->o.check_finite};
 }
 
