@@ -11,6 +11,9 @@ chat template), against Hugging Face's own code:
                  template and special tokens of tokenizer_config.json
   /v1/models/ID  the model under its id (what the openai client's models.retrieve asks), a 404
                  under another; HEAD on the GET endpoints
+  /completion    llama-server's own: the text and log-probabilities of /v1/completions under
+                 n_predict and n_probs, in its shape (stop_type limit or word), streamed as its
+                 events without [DONE]
 and the refusals: a missing or mistyped field, ids outside the vocabulary, the wrong method.
 
   check_native.py --rlx BIN --npm DIR   (DIR: tests/text's npm folder: tokenizers, @huggingface/jinja)
@@ -107,6 +110,34 @@ def main():
         status, got = post("/apply-template", {"messages": messages})
         expect(status == 200 and got == {"prompt": ref["template"]},
                f"/apply-template: {status} {got}, @huggingface/jinja {ref['template']!r}")
+
+        # llama-server's /completion: n_predict, n_probs, its stream (no [DONE]), its stop types
+        prompt = "The jury said that"
+        status, oai = post("/v1/completions", {"prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 2})
+        status2, got = post("/completion", {"prompt": prompt, "n_predict": 6, "temperature": 0, "n_probs": 2})
+        probs = got.get("completion_probabilities", []) if status2 == 200 else []
+        expect(status == 200 and status2 == 200 and got["content"] == oai["choices"][0]["text"] and
+               got["stop"] is True and got["tokens_predicted"] == 6 and got["stop_type"] == "limit" and
+               got["tokens_evaluated"] == oai["usage"]["prompt_tokens"] and len(probs) == 6 and
+               all(len(p["top_logprobs"]) == 2 and p["top_logprobs"][0]["id"] == p["id"] for p in probs) and
+               [p["logprob"] for p in probs] == oai["choices"][0]["logprobs"]["token_logprobs"],
+               f"/completion n_predict 6 n_probs 2: {status2} {got}; /v1/completions {oai}")
+        status, _, body = s.request("POST", "/completion", {"prompt": prompt, "n_predict": 6, "temperature": 0,
+                                                            "stream": True})
+        events = [json.loads(b[len("data: "):]) for b in body.decode().split("\n\n") if b.startswith("data: ")]
+        expect(status == 200 and b"[DONE]" not in body and events and events[-1]["stop"] is True and
+               all(not e["stop"] for e in events[:-1]) and
+               "".join(e["content"] for e in events) == oai["choices"][0]["text"],
+               f"/completion stream: {status} {body[:400]!r}")
+        status, got = post("/completion", {"prompt": prompt, "n_predict": 32, "temperature": 0,
+                                           "stop": [oai["choices"][0]["text"][3:6]]})
+        expect(status == 200 and got["stop_type"] == "word" and oai["choices"][0]["text"].startswith(got["content"]),
+               f"/completion with a stop string: {status} {got}")
+        for body in ({"prompt": prompt, "n_predict": 0}, {"prompt": prompt, "n_probs": 21},
+                     {"prompt": prompt, "n_predict": "5"}):
+            status, got = post("/completion", body)
+            expect(status == 400 and got["error"]["param"] in ("n_predict", "n_probs"), f"/completion {body}: "
+                                                                                        f"{status} {got}")
 
         status, _, text = s.request("GET", "/props")
         props = json.loads(text) if status == 200 else {}

@@ -94,7 +94,8 @@ typedef enum route {
     ROUTE_METRICS,
     ROUTE_CHAT,
     ROUTE_COMPLETIONS,
-    ROUTE_MODEL, /* /v1/models/{id} */
+    ROUTE_LLAMA_COMPLETION, /* llama-server's /completion */
+    ROUTE_MODEL,            /* /v1/models/{id} */
     ROUTE_PROPS,
     ROUTE_TOKENIZE,
     ROUTE_DETOKENIZE,
@@ -135,6 +136,7 @@ static const struct {
     {"/chat/completions", ROUTE_CHAT, "POST", POST_METHODS},
     {"/v1/completions", ROUTE_COMPLETIONS, "POST", POST_METHODS},
     {"/completions", ROUTE_COMPLETIONS, "POST", POST_METHODS},
+    {"/completion", ROUTE_LLAMA_COMPLETION, "POST", POST_METHODS},
     {"/v1/models/", ROUTE_MODEL, "GET", GET_METHODS}, /* a prefix: the model's id follows */
     {"/models/", ROUTE_MODEL, "GET", GET_METHODS},
     {"/props", ROUTE_PROPS, "GET", GET_METHODS},
@@ -215,7 +217,8 @@ static enum MHD_Result queue_error(request *r, const serve_error *e) {
     enum MHD_Result rc = MHD_queue_response(r->connection, e->status, resp);
     MHD_destroy_response(resp);
     serve_count_response(r->http->server, e->status);
-    if ((r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS) && e->status >= 400 && e->status < 500)
+    if ((r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS || r->route == ROUTE_LLAMA_COMPLETION) &&
+        e->status >= 400 && e->status < 500)
         atomic_fetch_add(&r->http->server->invalid_requests, 1);
     return rc;
 }
@@ -370,7 +373,8 @@ static int early_error(request *r, const char *url, const char *method, serve_er
     if (!r->route) {
         serve_error_set(e, 404, "invalid_request_error", "not_found", "",
                         "no endpoint %.200s (this server has /v1/chat/completions, /v1/completions, /v1/models, "
-                        "/health, /metrics, /props, /tokenize, /detokenize and /apply-template)",
+                        "/health, /metrics, and llama-server's /completion, /props, /tokenize, /detokenize and "
+                        "/apply-template)",
                         url);
         return 1;
     }
@@ -671,7 +675,9 @@ static enum MHD_Result generate(request *r) {
     serve_server *s = r->http->server;
     serve_error e;
     serve_job *job;
-    const serve_endpoint ep = r->route == ROUTE_CHAT ? SERVE_CHAT : SERVE_COMPLETION;
+    const serve_endpoint ep = r->route == ROUTE_CHAT          ? SERVE_CHAT
+                              : r->route == ROUTE_COMPLETIONS ? SERVE_COMPLETION
+                                                              : SERVE_LLAMA_COMPLETION;
     if (serve_job_parse(s, ep, r->body.data ? r->body.data : "", r->body.len, &job, &e) < 0)
         return queue_error(r, &e);
     if (serve_job_submit(s, job, &e) < 0) {

@@ -335,6 +335,13 @@ static int parse_stop(serve_job *j, const cJSON *root, serve_error *e) {
 static int parse_logprobs(serve_job *j, const cJSON *root, serve_error *e) {
     double v;
     int rc;
+    if (j->ep == SERVE_LLAMA_COMPLETION) { /* llama-server's n_probs: the alternatives of each token */
+        if ((rc = serve_get_integer(root, "n_probs", 0, MAX_TOP, &v, e)) < 0)
+            return -1;
+        j->logprobs = rc && v > 0;
+        j->top_logprobs = j->logprobs ? (uint32_t)v : 0;
+        return 0;
+    }
     if (j->ep == SERVE_COMPLETION) {
         if ((rc = serve_get_integer(root, "logprobs", 0, MAX_TOP, &v, e)) < 0)
             return -1;
@@ -565,6 +572,7 @@ static int parse_options(serve_job *j, const cJSON *root, serve_error *e) {
     if ((rc = serve_get_integer(root, "n", 1, 128, &v, e)) < 0 || (rc && v != 1))
         return rc < 0 ? -1 : serve_bad(e, "n", "'%s' must be %s", "1 (one choice per request)");
     const double limit = s->max_tokens_limit ? s->max_tokens_limit : (double)(UINT32_MAX - 1);
+    /* llama-server's /completion generates until the end by default, as chat does here */
     j->max_tokens = j->ep == SERVE_COMPLETION ? s->completion_default : s->chat_default;
     if (s->max_tokens_limit && (j->max_tokens == 0 || j->max_tokens > s->max_tokens_limit))
         j->max_tokens = s->max_tokens_limit;
@@ -574,6 +582,15 @@ static int parse_options(serve_job *j, const cJSON *root, serve_error *e) {
             return -1;
         if (rc)
             j->max_tokens = (uint32_t)v;
+    }
+    /* llama-server's n_predict: -1 to the end of the slot (or --max-tokens-limit) */
+    if (j->ep == SERVE_LLAMA_COMPLETION && (rc = serve_get_integer(root, "n_predict", -1, limit, &v, e)) != 0) {
+        if (rc < 0)
+            return -1;
+        if (v == 0)
+            return serve_bad(e, "n_predict", "'%s' of 0 is not supported: %s",
+                             "rlx generates at least one token (give -1 for the end of the slot)");
+        j->max_tokens = v < 0 ? s->max_tokens_limit : (uint32_t)v;
     }
     return parse_unsupported(root, e) < 0 || parse_sampling(j, root, e) < 0 || parse_logit_bias(j, root, e) < 0 ||
                    parse_stop(j, root, e) < 0 || parse_logprobs(j, root, e) < 0
@@ -880,6 +897,68 @@ static cJSON *envelope(const serve_job *j, const char *object) {
     return root;
 }
 
+// ---- llama-server's /completion ----
+
+/* llama-server's stop_type: why the generation ended. */
+static const char *llama_stop_type(const serve_job *j) {
+    return j->stop_hit                       ? "word"
+           : j->finish == RLX_FINISH_EOS     ? "eos"
+           : j->finish == RLX_FINISH_LENGTH  ? "limit"
+           : j->finish == RLX_FINISH_CONTEXT ? "limit"
+                                             : "none";
+}
+
+/* llama-server's completion_probabilities of lps[0 .. n): each token and its alternatives. */
+static cJSON *llama_probabilities(const serve_job *j, const token_lp *lps, size_t n) {
+    const rlx_tokenizer *tok = j->server->tok;
+    cJSON *arr = cJSON_CreateArray();
+    for (size_t i = 0; i < n; i++) {
+        cJSON *item = cJSON_CreateObject();
+        cJSON_AddNumberToObject(item, "id", lps[i].token);
+        app_json_add_token_text(item, tok, lps[i].token);
+        cJSON_AddNumberToObject(item, "logprob", lps[i].logprob);
+        cJSON *top = cJSON_AddArrayToObject(item, "top_logprobs");
+        for (uint32_t k = 0; k < lps[i].n_top; k++) {
+            cJSON *alt = cJSON_CreateObject();
+            cJSON_AddNumberToObject(alt, "id", lps[i].top_ids[k]);
+            app_json_add_token_text(alt, tok, lps[i].top_ids[k]);
+            cJSON_AddNumberToObject(alt, "logprob", lps[i].top_logprobs[k]);
+            cJSON_AddItemToArray(top, alt);
+        }
+        cJSON_AddItemToArray(arr, item);
+    }
+    return arr;
+}
+
+/* One /completion object: text[0, len) so far (the whole reply when final), with the fields
+ * llama-server gives every chunk, and when final those of its last one. Under j->mu. */
+static cJSON *llama_object(serve_job *j, const char *text, size_t len, const token_lp *lps, size_t n_lps, int final) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddNumberToObject(root, "index", 0);
+    char *copy = strndup(text ? text : "", text ? len : 0);
+    cJSON_AddStringToObject(root, "content", copy ? copy : "");
+    free(copy);
+    cJSON_AddArrayToObject(root, "tokens");
+    cJSON_AddNumberToObject(root, "id_slot", -1);
+    cJSON_AddBoolToObject(root, "stop", final);
+    cJSON_AddStringToObject(root, "model", j->model);
+    if (j->logprobs && n_lps)
+        cJSON_AddItemToObject(root, "completion_probabilities", llama_probabilities(j, lps, n_lps));
+    if (final) { /* the counts are the engine's, known once it is done */
+        cJSON_AddNumberToObject(root, "tokens_predicted", j->usage.n_generated);
+        cJSON_AddNumberToObject(root, "tokens_evaluated", j->usage.n_prompt);
+        cJSON_AddStringToObject(root, "stop_type", llama_stop_type(j));
+        cJSON_AddStringToObject(root, "stopping_word", "");
+        cJSON_AddBoolToObject(root, "truncated", 0);
+        cJSON_AddBoolToObject(root, "has_new_line", j->text.len && memchr(j->text.data, '\n', j->text.len));
+        cJSON_AddNumberToObject(root, "tokens_cached", j->usage.n_cached);
+        cJSON *timings = cJSON_AddObjectToObject(root, "timings");
+        cJSON_AddNumberToObject(timings, "prompt_n", j->usage.n_prompt);
+        cJSON_AddNumberToObject(timings, "predicted_n", j->usage.n_generated);
+    }
+    return root;
+}
+
 char *serve_job_response(serve_job *j, unsigned *status) {
     serve_error e;
     pthread_mutex_lock(&j->mu);
@@ -887,6 +966,16 @@ char *serve_job_response(serve_job *j, unsigned *status) {
         pthread_mutex_unlock(&j->mu);
         *status = e.status;
         return serve_error_json(&e);
+    }
+    if (j->ep == SERVE_LLAMA_COMPLETION) {
+        cJSON *root = llama_object(j, j->text.data, j->text.len, j->lps, j->n_lps, 1);
+        j->text_sent = j->text.len;
+        j->lps_sent = j->n_lps;
+        pthread_mutex_unlock(&j->mu);
+        char *body = cJSON_PrintUnformatted(root);
+        cJSON_Delete(root);
+        *status = 200;
+        return body;
     }
     const int chat = j->ep == SERVE_CHAT;
     cJSON *root = envelope(j, chat ? "chat.completion" : "text_completion");
@@ -966,8 +1055,33 @@ static cJSON *chunk(serve_job *j, const char *text, size_t len, const token_lp *
     return root;
 }
 
+/* llama-server's stream: an event per piece of text, then the final object; no [DONE]. */
+static int llama_stream(serve_job *j, serve_buf *out) {
+    size_t new_text = j->text.len - j->text_sent, new_lps = j->n_lps - j->lps_sent;
+    if (new_text || new_lps)
+        add_event(out, llama_object(j, j->text.data + j->text_sent, new_text, j->lps + j->lps_sent, new_lps, 0));
+    j->text_sent = j->text.len;
+    j->lps_sent = j->n_lps;
+    serve_error e;
+    if (j->done && end_error(j, &e)) {
+        char *json = serve_error_json(&e);
+        serve_buf_append(out, "data: ", 6);
+        serve_buf_append(out, json ? json : "{}", json ? strlen(json) : 2);
+        serve_buf_append(out, "\n\n", 2);
+        free(json);
+    } else if (j->done) {
+        add_event(out, llama_object(j, "", 0, NULL, 0, 1));
+    }
+    return j->done;
+}
+
 int serve_job_stream(serve_job *j, serve_buf *out) {
     pthread_mutex_lock(&j->mu);
+    if (j->ep == SERVE_LLAMA_COMPLETION) {
+        const int complete = llama_stream(j, out);
+        pthread_mutex_unlock(&j->mu);
+        return complete;
+    }
     if (!j->opened && j->ep == SERVE_CHAT)
         add_event(out, chunk(j, NULL, 0, NULL, 0, NULL));
     size_t new_text = j->text.len - j->text_sent, new_lps = j->n_lps - j->lps_sent;

@@ -4,9 +4,10 @@
  *
  * http.c    the HTTP side on libmicrohttpd: routing, the API key, Host and Origin, body limits,
  *           /health, /models, /metrics, and the wait of each request for its engine events
- * openai.c  the OpenAI side: request bodies to engine requests (strict types), the events of a
- *           request to text (stop strings, streaming detokenization), and the response objects
- *           and server-sent event chunks in OpenAI's shapes
+ * openai.c  the generation endpoints: request bodies to engine requests (strict types), the
+ *           events of a request to text (stop strings, streaming detokenization), and the
+ *           response objects and server-sent event chunks in OpenAI's shapes (and in
+ *           llama-server's, for its POST /completion)
  * native.c  llama-server's own utility endpoints: /tokenize, /detokenize, /apply-template, /props
  * request.c request bodies as strict JSON objects and their typed members, for every endpoint
  * shared.c  errors in OpenAI's shape and growable buffers
@@ -134,7 +135,9 @@ int serve_bad(serve_error *e, const char *param, const char *fmt, const char *wh
 
 // ---- jobs: one generation request ----
 
-typedef enum serve_endpoint { SERVE_CHAT = 0, SERVE_COMPLETION = 1 } serve_endpoint;
+/* /v1/chat/completions, /v1/completions, and llama-server's own POST /completion (its request
+ * fields n_predict and n_probs, its response shape, and streams of its events without [DONE]). */
+typedef enum serve_endpoint { SERVE_CHAT = 0, SERVE_COMPLETION = 1, SERVE_LLAMA_COMPLETION = 2 } serve_endpoint;
 
 typedef struct serve_job serve_job;
 
