@@ -2,7 +2,8 @@
  * (apps/rlx/serve/, linked as rlx serve links it), with a real tokenizer and chat template (the
  * model folder in RLX_FUZZ_TOKENIZER, loaded once) and a server of 1024 positions a slot.
  * Input: a body, given to every endpoint that reads one: /v1/chat/completions, /v1/completions,
- * llama-server's /completion, /tokenize, /detokenize and /apply-template. A refused body must give an error in OpenAI's
+ * llama-server's /completion, Anthropic's /v1/messages and its count_tokens, /tokenize,
+ * /detokenize and /apply-template. A refused body must give an error in OpenAI's
  * shape that is valid JSON, with status 400 (or 500 when out of memory); an accepted generation
  * request must give sampling parameters the core sampler takes, with a window no wider than a
  * slot, and a sampler that draws a token of the vocabulary from them (the greedy one when the
@@ -125,6 +126,19 @@ static void check_native(serve_native ep, char *json) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    serve_error counted = {0};
+    char *count = serve_anthropic_count_tokens(&server, (const char *)data, size, &counted);
+    if (count) {
+        cJSON *back = cJSON_Parse(count);
+        if (!cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(back, "input_tokens"))) {
+            fprintf(stderr, "count_tokens answered no input_tokens: %s\n", count);
+            abort();
+        }
+        cJSON_Delete(back);
+        free(count);
+    } else {
+        check_error(&counted);
+    }
     static const serve_native natives[] = {SERVE_TOKENIZE, SERVE_DETOKENIZE, SERVE_APPLY_TEMPLATE};
     for (size_t k = 0; k < sizeof natives / sizeof natives[0]; k++) {
         serve_error e = {0};
@@ -134,7 +148,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         else
             check_error(&e);
     }
-    static const serve_endpoint endpoints[] = {SERVE_CHAT, SERVE_COMPLETION, SERVE_LLAMA_COMPLETION};
+    static const serve_endpoint endpoints[] = {SERVE_CHAT, SERVE_COMPLETION, SERVE_LLAMA_COMPLETION, SERVE_ANTHROPIC};
     for (size_t k = 0; k < sizeof endpoints / sizeof endpoints[0]; k++) {
         serve_job *job = NULL;
         serve_error e = {0};

@@ -95,6 +95,8 @@ typedef enum route {
     ROUTE_CHAT,
     ROUTE_COMPLETIONS,
     ROUTE_LLAMA_COMPLETION, /* llama-server's /completion */
+    ROUTE_ANTHROPIC,        /* Anthropic's /v1/messages */
+    ROUTE_ANTHROPIC_COUNT,  /* /v1/messages/count_tokens */
     ROUTE_MODEL,            /* /v1/models/{id} */
     ROUTE_PROPS,
     ROUTE_TOKENIZE,
@@ -137,6 +139,8 @@ static const struct {
     {"/v1/completions", ROUTE_COMPLETIONS, "POST", POST_METHODS},
     {"/completions", ROUTE_COMPLETIONS, "POST", POST_METHODS},
     {"/completion", ROUTE_LLAMA_COMPLETION, "POST", POST_METHODS},
+    {"/v1/messages", ROUTE_ANTHROPIC, "POST", POST_METHODS},
+    {"/v1/messages/count_tokens", ROUTE_ANTHROPIC_COUNT, "POST", POST_METHODS},
     {"/v1/models/", ROUTE_MODEL, "GET", GET_METHODS}, /* a prefix: the model's id follows */
     {"/models/", ROUTE_MODEL, "GET", GET_METHODS},
     {"/props", ROUTE_PROPS, "GET", GET_METHODS},
@@ -195,7 +199,8 @@ static enum MHD_Result queue_json(request *r, unsigned status, char *json) {
 }
 
 static enum MHD_Result queue_error(request *r, const serve_error *e) {
-    char *json = serve_error_json(e);
+    const int anthropic = r->route == ROUTE_ANTHROPIC || r->route == ROUTE_ANTHROPIC_COUNT;
+    char *json = anthropic ? serve_anthropic_error_json(e) : serve_error_json(e);
     if (!json)
         return MHD_NO;
     struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(json), json, MHD_RESPMEM_MUST_FREE);
@@ -217,7 +222,8 @@ static enum MHD_Result queue_error(request *r, const serve_error *e) {
     enum MHD_Result rc = MHD_queue_response(r->connection, e->status, resp);
     MHD_destroy_response(resp);
     serve_count_response(r->http->server, e->status);
-    if ((r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS || r->route == ROUTE_LLAMA_COMPLETION) &&
+    if ((r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS || r->route == ROUTE_LLAMA_COMPLETION ||
+         r->route == ROUTE_ANTHROPIC) &&
         e->status >= 400 && e->status < 500)
         atomic_fetch_add(&r->http->server->invalid_requests, 1);
     return rc;
@@ -237,9 +243,17 @@ static int authorized(request *r, serve_error *e) {
     if (!s->api_key || r->route == ROUTE_HEALTH)
         return 1;
     const char *auth = MHD_lookup_connection_value(r->connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    /* Anthropic's clients send the key as x-api-key */
+    const char *x_key = auth ? NULL : MHD_lookup_connection_value(r->connection, MHD_HEADER_KIND, "x-api-key");
+    if (x_key) {
+        if (same_secret(x_key, strlen(x_key), s->api_key, s->api_key_len))
+            return 1;
+        serve_error_set(e, 401, "authentication_error", "invalid_api_key", "", "the API key is not valid");
+        return 0;
+    }
     if (!auth) {
         serve_error_set(e, 401, "authentication_error", "missing_api_key", "",
-                        "no API key given: send the header 'Authorization: Bearer KEY'");
+                        "no API key given: send the header 'Authorization: Bearer KEY' (or 'x-api-key: KEY')");
         return 0;
     }
     if (strncasecmp(auth, "Bearer ", 7) != 0) {
@@ -373,8 +387,8 @@ static int early_error(request *r, const char *url, const char *method, serve_er
     if (!r->route) {
         serve_error_set(e, 404, "invalid_request_error", "not_found", "",
                         "no endpoint %.200s (this server has /v1/chat/completions, /v1/completions, /v1/models, "
-                        "/health, /metrics, and llama-server's /completion, /props, /tokenize, /detokenize and "
-                        "/apply-template)",
+                        "/health, /metrics, Anthropic's /v1/messages, and llama-server's /completion, /props, "
+                        "/tokenize, /detokenize and /apply-template)",
                         url);
         return 1;
     }
@@ -677,6 +691,7 @@ static enum MHD_Result generate(request *r) {
     serve_job *job;
     const serve_endpoint ep = r->route == ROUTE_CHAT          ? SERVE_CHAT
                               : r->route == ROUTE_COMPLETIONS ? SERVE_COMPLETION
+                              : r->route == ROUTE_ANTHROPIC   ? SERVE_ANTHROPIC
                                                               : SERVE_LLAMA_COMPLETION;
     if (serve_job_parse(s, ep, r->body.data ? r->body.data : "", r->body.len, &job, &e) < 0)
         return queue_error(r, &e);
@@ -789,6 +804,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case ROUTE_DETOKENIZE:
     case ROUTE_APPLY_TEMPLATE:
         return native(r);
+    case ROUTE_ANTHROPIC_COUNT: {
+        char *json = serve_anthropic_count_tokens(h->server, r->body.data ? r->body.data : "", r->body.len, &e);
+        return json ? queue_json(r, 200, json) : queue_error(r, &e);
+    }
     default:
         return generate(r);
     }

@@ -19,73 +19,18 @@
 
 #include "common.h"
 #include "output.h"
+#include "job.h"
 #include "serve.h"
 
 /* How often a waiting connection looks whether its client hung up. */
 #define HANGUP_POLL_MS 20
-/* OpenAI's bound on top_logprobs; completions' integer logprobs take the same. */
-#define MAX_TOP RLX_ENGINE_MAX_TOP_LOGPROBS
-
-typedef struct token_lp {
-    int32_t token;
-    float logprob;
-    uint32_t n_top;
-    int32_t top_ids[MAX_TOP];
-    float top_logprobs[MAX_TOP];
-    size_t text_offset; /* bytes of decoded text before this token's */
-} token_lp;
-
-struct serve_job {
-    serve_server *server;
-    serve_endpoint ep;
-    int stream, include_usage, logprobs;
-    int ignore_eos; /* llama.cpp's extension: no end-of-sequence id ends the request */
-    uint32_t top_logprobs;
-    char id[48];
-    long long created;
-    char *model;
-    int32_t *prompt;
-    size_t n_prompt;
-    uint32_t max_tokens;
-    rlx_sampler_params sampler;
-    rlx_logit_bias *biases; /* sampler.logit_bias, malloc'd */
-    char *stops[APP_MAX_STOPS];
-    size_t n_stops;
-
-    /* the engine worker's alone */
-    rlx_detok *detok;
-    rlx_stop_matcher *stopper; /* NULL without stop strings */
-    size_t decoded;            /* bytes the detokenizer produced */
-
-    /* shared, under mu */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int refs;
-    uint64_t engine_id; /* 0 until submitted */
-    int stop_hit;       /* a stop string completed */
-    serve_buf text;     /* the reply's text so far, stop strings cut */
-    token_lp *lps;
-    size_t n_lps, cap_lps;
-    int done;
-    uint32_t finish;
-    rlx_status status;
-    char message[256];
-    rlx_request_usage usage;
-    int out_of_memory;
-    struct timespec last_news;
-
-    /* the connection's alone */
-    size_t text_sent, lps_sent;
-    uint64_t steps_seen; /* the engine's step count when the job last looked (for --timeout) */
-    int opened;
-};
-
 static void job_free(serve_job *j) {
     rlx_detok_destroy(j->detok);
     rlx_stop_matcher_destroy(j->stopper);
     for (size_t i = 0; i < j->n_stops; i++)
         free(j->stops[i]);
     serve_buf_free(&j->text);
+    serve_buf_free(&j->raw);
     free(j->lps);
     free(j->biases);
     free(j->prompt);
@@ -109,6 +54,8 @@ static void unref_locked(serve_job *j) {
 static void take_text(serve_job *j, const char *text, size_t len) {
     if (j->stop_hit)
         return;
+    if (j->stopper)
+        serve_buf_append(&j->raw, text, len);
     if (j->stopper && rlx_stop_matcher_push(j->stopper, text, len, &text, &len, &j->stop_hit) != RLX_OK) {
         j->out_of_memory = 1;
         return;
@@ -610,8 +557,14 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
     j->server = s;
     j->ep = ep;
     j->created = (long long)time(NULL);
-    make_id(j->id, sizeof j->id, ep == SERVE_CHAT ? "chatcmpl-" : "cmpl-");
+    const int chat = ep == SERVE_CHAT || ep == SERVE_ANTHROPIC;
+    make_id(j->id, sizeof j->id, ep == SERVE_ANTHROPIC ? "msg_" : chat ? "chatcmpl-" : "cmpl-");
     cJSON *root = serve_parse_body(body, len, err);
+    if (root && ep == SERVE_ANTHROPIC) { /* read as the chat request it is */
+        cJSON *as_chat = serve_anthropic_request(root, err);
+        cJSON_Delete(root);
+        root = as_chat;
+    }
     char *text = NULL;
     rlx_text_span *markup = NULL;
     size_t n_markup = 0;
@@ -620,8 +573,8 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
         goto done;
     if (parse_options(j, root, err) < 0)
         goto done;
-    if ((ep == SERVE_CHAT ? serve_render_chat(s, root, &text, &markup, &n_markup, err)
-                          : completion_prompt(j, root, &text, err)) < 0)
+    if ((chat ? serve_render_chat(s, root, &text, &markup, &n_markup, err) : completion_prompt(j, root, &text, err)) <
+        0)
         goto done;
     /* A prompt must leave a slot one position, so its encoding stops past slot_positions - 1 ids:
      * an over-long prompt costs the tokens of a slot, not of the body. Special tokens in a raw
@@ -630,7 +583,7 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
      * and the template writes its own BOS. */
     const size_t max_ids = s->slot_positions > 1 ? s->slot_positions - 1 : 1;
     rlx_status st = RLX_OK;
-    if (text && ep == SERVE_CHAT) {
+    if (text && chat) {
         st = app_encode_chat(s->tok, text, markup, n_markup, s->special_in_content, max_ids, &j->prompt, &j->n_prompt,
                              &over);
     } else if (text) {
@@ -638,18 +591,18 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
         st = rlx_tokenizer_encode_ex(s->tok, text, strlen(text), &eo, &j->prompt, &j->n_prompt, &over);
     }
     if (st != RLX_OK) {
-        serve_error_set(err, 400, "invalid_request_error", "invalid_value", ep == SERVE_CHAT ? "messages" : "prompt",
+        serve_error_set(err, 400, "invalid_request_error", "invalid_value", chat ? "messages" : "prompt",
                         "cannot tokenize the prompt: %s", rlx_last_error());
         goto done;
     }
     if (over) {
-        serve_error_set(
-            err, 400, "invalid_request_error", "context_length_exceeded", ep == SERVE_CHAT ? "messages" : "prompt",
-            "the prompt of more than %zu tokens does not fit a slot of %u positions", max_ids, s->slot_positions);
+        serve_error_set(err, 400, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt",
+                        "the prompt of more than %zu tokens does not fit a slot of %u positions", max_ids,
+                        s->slot_positions);
         goto done;
     }
     if (j->n_prompt == 0) {
-        serve_error_set(err, 400, "invalid_request_error", "invalid_value", ep == SERVE_CHAT ? "messages" : "prompt",
+        serve_error_set(err, 400, "invalid_request_error", "invalid_value", chat ? "messages" : "prompt",
                         "the prompt is empty (it encodes to no tokens)");
         goto done;
     }
@@ -723,7 +676,7 @@ int serve_job_submit(serve_server *s, serve_job *j, serve_error *err) {
                         "every slot is busy and the queue is full; retry later");
     else if (rc == RLX_E_RANGE)
         serve_error_set(err, 400, "invalid_request_error", "context_length_exceeded",
-                        j->ep == SERVE_CHAT ? "messages" : "prompt",
+                        j->ep == SERVE_CHAT || j->ep == SERVE_ANTHROPIC ? "messages" : "prompt",
                         "the prompt of %zu tokens does not fit a slot of %u positions (%s)", j->n_prompt,
                         s->slot_positions, rlx_last_error());
     else if (rc == RLX_E_INVALID)
@@ -806,7 +759,24 @@ void serve_job_release(serve_job *j) {
 // ---- responses ----
 
 /* An engine end that is no answer: an error, or a cancel by the drain of a shutdown. */
-static int end_error(const serve_job *j, serve_error *e) {
+/* The stop matcher emits the text before a stop string once it completes, so the raw text
+ * goes on with that string where the reply ends; the shortest such string is the one that
+ * completed first. */
+const char *serve_job_stop_string(const serve_job *j) {
+    const char *found = NULL;
+    size_t found_len = 0;
+    for (size_t i = 0; j->stop_hit && i < j->n_stops; i++) {
+        const size_t n = strlen(j->stops[i]);
+        if (j->raw.len >= j->text.len + n && memcmp(j->raw.data + j->text.len, j->stops[i], n) == 0 &&
+            (!found || n < found_len)) {
+            found = j->stops[i];
+            found_len = n;
+        }
+    }
+    return found;
+}
+
+int serve_job_end_error(const serve_job *j, serve_error *e) {
     if (j->finish == RLX_FINISH_ERROR) {
         serve_error_set(e, 500, "server_error", NULL, "", "generation failed: %s (%s)", j->message,
                         rlx_status_str(j->status));
@@ -897,78 +867,16 @@ static cJSON *envelope(const serve_job *j, const char *object) {
     return root;
 }
 
-// ---- llama-server's /completion ----
-
-/* llama-server's stop_type: why the generation ended. */
-static const char *llama_stop_type(const serve_job *j) {
-    return j->stop_hit                       ? "word"
-           : j->finish == RLX_FINISH_EOS     ? "eos"
-           : j->finish == RLX_FINISH_LENGTH  ? "limit"
-           : j->finish == RLX_FINISH_CONTEXT ? "limit"
-                                             : "none";
-}
-
-/* llama-server's completion_probabilities of lps[0 .. n): each token and its alternatives. */
-static cJSON *llama_probabilities(const serve_job *j, const token_lp *lps, size_t n) {
-    const rlx_tokenizer *tok = j->server->tok;
-    cJSON *arr = cJSON_CreateArray();
-    for (size_t i = 0; i < n; i++) {
-        cJSON *item = cJSON_CreateObject();
-        cJSON_AddNumberToObject(item, "id", lps[i].token);
-        app_json_add_token_text(item, tok, lps[i].token);
-        cJSON_AddNumberToObject(item, "logprob", lps[i].logprob);
-        cJSON *top = cJSON_AddArrayToObject(item, "top_logprobs");
-        for (uint32_t k = 0; k < lps[i].n_top; k++) {
-            cJSON *alt = cJSON_CreateObject();
-            cJSON_AddNumberToObject(alt, "id", lps[i].top_ids[k]);
-            app_json_add_token_text(alt, tok, lps[i].top_ids[k]);
-            cJSON_AddNumberToObject(alt, "logprob", lps[i].top_logprobs[k]);
-            cJSON_AddItemToArray(top, alt);
-        }
-        cJSON_AddItemToArray(arr, item);
-    }
-    return arr;
-}
-
-/* One /completion object: text[0, len) so far (the whole reply when final), with the fields
- * llama-server gives every chunk, and when final those of its last one. Under j->mu. */
-static cJSON *llama_object(serve_job *j, const char *text, size_t len, const token_lp *lps, size_t n_lps, int final) {
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddNumberToObject(root, "index", 0);
-    char *copy = strndup(text ? text : "", text ? len : 0);
-    cJSON_AddStringToObject(root, "content", copy ? copy : "");
-    free(copy);
-    cJSON_AddArrayToObject(root, "tokens");
-    cJSON_AddNumberToObject(root, "id_slot", -1);
-    cJSON_AddBoolToObject(root, "stop", final);
-    cJSON_AddStringToObject(root, "model", j->model);
-    if (j->logprobs && n_lps)
-        cJSON_AddItemToObject(root, "completion_probabilities", llama_probabilities(j, lps, n_lps));
-    if (final) { /* the counts are the engine's, known once it is done */
-        cJSON_AddNumberToObject(root, "tokens_predicted", j->usage.n_generated);
-        cJSON_AddNumberToObject(root, "tokens_evaluated", j->usage.n_prompt);
-        cJSON_AddStringToObject(root, "stop_type", llama_stop_type(j));
-        cJSON_AddStringToObject(root, "stopping_word", "");
-        cJSON_AddBoolToObject(root, "truncated", 0);
-        cJSON_AddBoolToObject(root, "has_new_line", j->text.len && memchr(j->text.data, '\n', j->text.len));
-        cJSON_AddNumberToObject(root, "tokens_cached", j->usage.n_cached);
-        cJSON *timings = cJSON_AddObjectToObject(root, "timings");
-        cJSON_AddNumberToObject(timings, "prompt_n", j->usage.n_prompt);
-        cJSON_AddNumberToObject(timings, "predicted_n", j->usage.n_generated);
-    }
-    return root;
-}
-
 char *serve_job_response(serve_job *j, unsigned *status) {
     serve_error e;
     pthread_mutex_lock(&j->mu);
-    if (end_error(j, &e)) {
+    if (serve_job_end_error(j, &e)) {
         pthread_mutex_unlock(&j->mu);
         *status = e.status;
         return serve_error_json(&e);
     }
-    if (j->ep == SERVE_LLAMA_COMPLETION) {
-        cJSON *root = llama_object(j, j->text.data, j->text.len, j->lps, j->n_lps, 1);
+    if (j->ep == SERVE_LLAMA_COMPLETION || j->ep == SERVE_ANTHROPIC) {
+        cJSON *root = j->ep == SERVE_LLAMA_COMPLETION ? serve_llama_response(j) : serve_anthropic_response(j);
         j->text_sent = j->text.len;
         j->lps_sent = j->n_lps;
         pthread_mutex_unlock(&j->mu);
@@ -1008,13 +916,17 @@ char *serve_job_response(serve_job *j, unsigned *status) {
     return body;
 }
 
-/* "data: JSON\n\n" of root, which is consumed. */
-static void add_event(serve_buf *out, cJSON *root) {
+void serve_add_event(serve_buf *out, const char *event, cJSON *root) {
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!json) {
         out->failed = 1;
         return;
+    }
+    if (event) {
+        serve_buf_append(out, "event: ", 7);
+        serve_buf_append(out, event, strlen(event));
+        serve_buf_append(out, "\n", 1);
     }
     serve_buf_append(out, "data: ", 6);
     serve_buf_append(out, json, strlen(json));
@@ -1055,43 +967,25 @@ static cJSON *chunk(serve_job *j, const char *text, size_t len, const token_lp *
     return root;
 }
 
-/* llama-server's stream: an event per piece of text, then the final object; no [DONE]. */
-static int llama_stream(serve_job *j, serve_buf *out) {
-    size_t new_text = j->text.len - j->text_sent, new_lps = j->n_lps - j->lps_sent;
-    if (new_text || new_lps)
-        add_event(out, llama_object(j, j->text.data + j->text_sent, new_text, j->lps + j->lps_sent, new_lps, 0));
-    j->text_sent = j->text.len;
-    j->lps_sent = j->n_lps;
-    serve_error e;
-    if (j->done && end_error(j, &e)) {
-        char *json = serve_error_json(&e);
-        serve_buf_append(out, "data: ", 6);
-        serve_buf_append(out, json ? json : "{}", json ? strlen(json) : 2);
-        serve_buf_append(out, "\n\n", 2);
-        free(json);
-    } else if (j->done) {
-        add_event(out, llama_object(j, "", 0, NULL, 0, 1));
-    }
-    return j->done;
-}
-
 int serve_job_stream(serve_job *j, serve_buf *out) {
     pthread_mutex_lock(&j->mu);
-    if (j->ep == SERVE_LLAMA_COMPLETION) {
-        const int complete = llama_stream(j, out);
+    if (j->ep == SERVE_LLAMA_COMPLETION || j->ep == SERVE_ANTHROPIC) {
+        const int complete =
+            j->ep == SERVE_LLAMA_COMPLETION ? serve_llama_stream(j, out) : serve_anthropic_stream(j, out);
         pthread_mutex_unlock(&j->mu);
         return complete;
     }
     if (!j->opened && j->ep == SERVE_CHAT)
-        add_event(out, chunk(j, NULL, 0, NULL, 0, NULL));
+        serve_add_event(out, NULL, chunk(j, NULL, 0, NULL, 0, NULL));
     size_t new_text = j->text.len - j->text_sent, new_lps = j->n_lps - j->lps_sent;
     if (new_text || new_lps)
-        add_event(out, chunk(j, j->text.data + j->text_sent, new_text, j->lps + j->lps_sent, new_lps, NULL));
+        serve_add_event(out, NULL,
+                        chunk(j, j->text.data + j->text_sent, new_text, j->lps + j->lps_sent, new_lps, NULL));
     j->text_sent = j->text.len;
     j->lps_sent = j->n_lps;
     int complete = j->done;
     serve_error e;
-    if (complete && end_error(j, &e)) {
+    if (complete && serve_job_end_error(j, &e)) {
         /* the status line went out with the first byte: the error travels as an event */
         char *json = serve_error_json(&e);
         serve_buf_append(out, "data: ", 6);
@@ -1099,12 +993,12 @@ int serve_job_stream(serve_job *j, serve_buf *out) {
         serve_buf_append(out, "\n\n", 2);
         free(json);
     } else if (complete) {
-        add_event(out, chunk(j, j->ep == SERVE_CHAT ? NULL : "", 0, NULL, 0, finish_reason(j->finish)));
+        serve_add_event(out, NULL, chunk(j, j->ep == SERVE_CHAT ? NULL : "", 0, NULL, 0, finish_reason(j->finish)));
         if (j->include_usage) {
             cJSON *root = envelope(j, j->ep == SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
             cJSON_AddArrayToObject(root, "choices");
             cJSON_AddItemToObject(root, "usage", usage_json(j));
-            add_event(out, root);
+            serve_add_event(out, NULL, root);
         }
     }
     if (complete)

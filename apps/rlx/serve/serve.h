@@ -8,11 +8,14 @@
  *           events of a request to text (stop strings, streaming detokenization), and the
  *           response objects and server-sent event chunks in OpenAI's shapes (and in
  *           llama-server's, for its POST /completion)
+ * llama.c   llama-server's POST /completion: its response object and stream events
+ * anthropic.c Anthropic's POST /v1/messages: its request as a chat request, its message object,
+ *           its stream events, its error shape, and /v1/messages/count_tokens
  * native.c  llama-server's own utility endpoints: /tokenize, /detokenize, /apply-template, /props
  * request.c request bodies as strict JSON objects and their typed members, for every endpoint
  * shared.c  errors in OpenAI's shape and growable buffers
  *
- * Only this header is shared: no .c file includes another's declarations. */
+ * This header is shared; job.h is the generation files' own (openai.c, llama.c, anthropic.c). */
 #ifndef RLX_APP_SERVE_H
 #define RLX_APP_SERVE_H
 
@@ -102,6 +105,11 @@ void serve_error_set(serve_error *e, unsigned status, const char *type, const ch
                      const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* The error's JSON body, malloc'd (NULL when out of memory). */
 char *serve_error_json(const serve_error *e);
+/* The same in Anthropic's shape {"type":"error","error":{"type","message"}} (anthropic.c). */
+char *serve_anthropic_error_json(const serve_error *e);
+/* POST /v1/messages/count_tokens: {"input_tokens"} of the request's rendered prompt, or NULL
+ * after setting e (anthropic.c). */
+char *serve_anthropic_count_tokens(const serve_server *s, const char *body, size_t len, serve_error *e);
 
 // ---- growable byte buffers ----
 
@@ -135,9 +143,15 @@ int serve_bad(serve_error *e, const char *param, const char *fmt, const char *wh
 
 // ---- jobs: one generation request ----
 
-/* /v1/chat/completions, /v1/completions, and llama-server's own POST /completion (its request
- * fields n_predict and n_probs, its response shape, and streams of its events without [DONE]). */
-typedef enum serve_endpoint { SERVE_CHAT = 0, SERVE_COMPLETION = 1, SERVE_LLAMA_COMPLETION = 2 } serve_endpoint;
+/* /v1/chat/completions, /v1/completions, llama-server's own POST /completion (its request
+ * fields n_predict and n_probs, its response shape, and streams of its events without [DONE]),
+ * and Anthropic's /v1/messages (its request, response and stream events; its error shape). */
+typedef enum serve_endpoint {
+    SERVE_CHAT = 0,
+    SERVE_COMPLETION = 1,
+    SERVE_LLAMA_COMPLETION = 2,
+    SERVE_ANTHROPIC = 3, /* Anthropic's POST /v1/messages */
+} serve_endpoint;
 
 typedef struct serve_job serve_job;
 
