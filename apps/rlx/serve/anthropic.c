@@ -239,11 +239,7 @@ int serve_anthropic_stream(serve_job *j, serve_buf *out) {
     j->lps_sent = j->n_lps;
     serve_error e;
     if (j->done && serve_job_end_error(j, &e)) {
-        char *json = serve_anthropic_error_json(&e);
-        serve_buf_append(out, "event: error\ndata: ", 19);
-        serve_buf_append(out, json ? json : "{}", json ? strlen(json) : 2);
-        serve_buf_append(out, "\n\n", 2);
-        free(json);
+        serve_add_error_event(out, "error", serve_anthropic_error_json(&e));
     } else if (j->done) {
         serve_add_event(out, "content_block_stop", event("content_block_stop", 1));
         cJSON *md = event("message_delta", 0), *delta = cJSON_AddObjectToObject(md, "delta");

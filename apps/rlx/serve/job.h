@@ -77,6 +77,8 @@ int serve_job_end_error(const serve_job *j, serve_error *e);
 const char *serve_job_stop_string(const serve_job *j);
 /* Appends the server-sent event of root ("event: EVENT" first unless NULL), which is consumed. */
 void serve_add_event(serve_buf *out, const char *event, cJSON *root);
+/* The same for an error body already printed (freed here; NULL when memory ran out: "{}"). */
+void serve_add_error_event(serve_buf *out, const char *event, char *json);
 
 /* llama.c: the final /completion object, and the stream's events since the last call (1 once
  * complete); under j->mu. */

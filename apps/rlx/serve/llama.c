@@ -81,11 +81,7 @@ int serve_llama_stream(serve_job *j, serve_buf *out) {
     j->lps_sent = j->n_lps;
     serve_error e;
     if (j->done && serve_job_end_error(j, &e)) {
-        char *json = serve_error_json(&e);
-        serve_buf_append(out, "data: ", 6);
-        serve_buf_append(out, json ? json : "{}", json ? strlen(json) : 2);
-        serve_buf_append(out, "\n\n", 2);
-        free(json);
+        serve_add_error_event(out, NULL, serve_error_json(&e));
     } else if (j->done) {
         serve_add_event(out, NULL, llama_object(j, "", 0, NULL, 0, 1));
     }

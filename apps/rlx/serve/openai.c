@@ -867,24 +867,30 @@ static cJSON *envelope(const serve_job *j, const char *object) {
     return root;
 }
 
+static cJSON *openai_response(serve_job *j);
+
 char *serve_job_response(serve_job *j, unsigned *status) {
     serve_error e;
     pthread_mutex_lock(&j->mu);
     if (serve_job_end_error(j, &e)) {
         pthread_mutex_unlock(&j->mu);
         *status = e.status;
-        return serve_error_json(&e);
+        return j->ep == SERVE_ANTHROPIC ? serve_anthropic_error_json(&e) : serve_error_json(&e);
     }
-    if (j->ep == SERVE_LLAMA_COMPLETION || j->ep == SERVE_ANTHROPIC) {
-        cJSON *root = j->ep == SERVE_LLAMA_COMPLETION ? serve_llama_response(j) : serve_anthropic_response(j);
-        j->text_sent = j->text.len;
-        j->lps_sent = j->n_lps;
-        pthread_mutex_unlock(&j->mu);
-        char *body = cJSON_PrintUnformatted(root);
-        cJSON_Delete(root);
-        *status = 200;
-        return body;
-    }
+    cJSON *root = j->ep == SERVE_LLAMA_COMPLETION ? serve_llama_response(j)
+                  : j->ep == SERVE_ANTHROPIC      ? serve_anthropic_response(j)
+                                                  : openai_response(j);
+    j->text_sent = j->text.len;
+    j->lps_sent = j->n_lps;
+    pthread_mutex_unlock(&j->mu);
+    char *body = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    *status = 200;
+    return body;
+}
+
+/* The chat.completion or text_completion object of a finished job; under j->mu. */
+static cJSON *openai_response(serve_job *j) {
     const int chat = j->ep == SERVE_CHAT;
     cJSON *root = envelope(j, chat ? "chat.completion" : "text_completion");
     cJSON *choice = cJSON_CreateObject();
@@ -907,13 +913,19 @@ char *serve_job_response(serve_job *j, unsigned *status) {
     cJSON_AddStringToObject(choice, "finish_reason", finish_reason(j->finish));
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
     cJSON_AddItemToObject(root, "usage", usage_json(j));
-    j->text_sent = j->text.len;
-    j->lps_sent = j->n_lps;
-    pthread_mutex_unlock(&j->mu);
-    char *body = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    *status = 200;
-    return body;
+    return root;
+}
+
+void serve_add_error_event(serve_buf *out, const char *event, char *json) {
+    if (event) {
+        serve_buf_append(out, "event: ", 7);
+        serve_buf_append(out, event, strlen(event));
+        serve_buf_append(out, "\n", 1);
+    }
+    serve_buf_append(out, "data: ", 6);
+    serve_buf_append(out, json ? json : "{}", json ? strlen(json) : 2);
+    serve_buf_append(out, "\n\n", 2);
+    free(json);
 }
 
 void serve_add_event(serve_buf *out, const char *event, cJSON *root) {
@@ -987,11 +999,7 @@ int serve_job_stream(serve_job *j, serve_buf *out) {
     serve_error e;
     if (complete && serve_job_end_error(j, &e)) {
         /* the status line went out with the first byte: the error travels as an event */
-        char *json = serve_error_json(&e);
-        serve_buf_append(out, "data: ", 6);
-        serve_buf_append(out, json ? json : "{}", json ? strlen(json) : 2);
-        serve_buf_append(out, "\n\n", 2);
-        free(json);
+        serve_add_error_event(out, NULL, serve_error_json(&e));
     } else if (complete) {
         serve_add_event(out, NULL, chunk(j, j->ep == SERVE_CHAT ? NULL : "", 0, NULL, 0, finish_reason(j->finish)));
         if (j->include_usage) {
