@@ -129,10 +129,12 @@ def main():
                all(not e["stop"] for e in events[:-1]) and
                "".join(e["content"] for e in events) == oai["choices"][0]["text"],
                f"/completion stream: {status} {body[:400]!r}")
+        word = oai["choices"][0]["text"][3:6]
         status, got = post("/completion", {"prompt": prompt, "n_predict": 32, "temperature": 0,
-                                           "stop": [oai["choices"][0]["text"][3:6]]})
-        expect(status == 200 and got["stop_type"] == "word" and oai["choices"][0]["text"].startswith(got["content"]),
-               f"/completion with a stop string: {status} {got}")
+                                           "stop": ["never said", word]})
+        expect(status == 200 and got["stop_type"] == "word" and got["stopping_word"] == word and
+               oai["choices"][0]["text"].startswith(got["content"] + word),
+               f"/completion with the stop string {word!r}: {status} {got}")
         for body in ({"prompt": prompt, "n_predict": 0}, {"prompt": prompt, "n_probs": 21},
                      {"prompt": prompt, "n_predict": "5"}):
             status, got = post("/completion", body)
