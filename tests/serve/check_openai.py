@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The official `openai` npm client (fetched from the npm registry into the build tree, once)
-against rlx serve with an API key: chat and completions, streamed and not, give `rlx generate`'s
-greedy text, finish reasons and usage; a bad field surfaces as the client's 400 error.
+against rlx serve with an API key: models.list and models.retrieve name the model; chat and
+completions, streamed and not, give `rlx generate`'s greedy text, finish reasons and usage; a
+bad field surfaces as the client's 400 error.
 Skips (status 77) when node or npm is missing, saying which.
 
   check_openai.py --rlx BIN --npm DIR
@@ -48,6 +49,7 @@ def main():
             return c.report()
         out = json.loads(p.stdout)
         c.check(out["models"] == ["target"], f"models.list: {out['models']}")
+        c.check(out["retrieved"] == "target", f"models.retrieve('target'): {out['retrieved']}")
         want_usage = {"prompt_tokens": ref_chat["n_prompt"], "completion_tokens": ref_chat["n_generated"],
                       "total_tokens": ref_chat["n_prompt"] + ref_chat["n_generated"]}
         for name in ("chat", "chat_stream"):

@@ -14,6 +14,7 @@ async function main() {
   const out = {};
   const models = await client.models.list();
   out.models = models.data.map((m) => m.id);
+  out.retrieved = (await client.models.retrieve(out.models[0])).id;
 
   const messages = [{ role: 'user', content: prompt }];
   const chat = await client.chat.completions.create({ model: out.models[0], messages, max_tokens: maxTokens, temperature: 0 });
