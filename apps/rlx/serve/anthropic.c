@@ -117,7 +117,7 @@ static cJSON *as_chat(const cJSON *root, int counting, serve_error *e) {
     if (copy(out, root, "model", "model", e) < 0 || copy(out, root, "max_tokens", "max_tokens", e) < 0 ||
         copy(out, root, "temperature", "temperature", e) < 0 || copy(out, root, "top_p", "top_p", e) < 0 ||
         copy(out, root, "top_k", "top_k", e) < 0 || copy(out, root, "stream", "stream", e) < 0 ||
-        copy(out, root, "stop_sequences", "stop", e) < 0)
+        copy(out, root, "stop_sequences", "stop_sequences", e) < 0)
         goto fail;
     return out;
 fail:

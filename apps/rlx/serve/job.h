@@ -86,7 +86,7 @@ cJSON *serve_llama_response(serve_job *j);
 int serve_llama_stream(serve_job *j, serve_buf *out);
 
 /* anthropic.c: a /v1/messages body in the shape openai.c parses (a chat request: messages with
- * the system prompt first, max_tokens, the sampling fields, stop from stop_sequences), or NULL
+ * the system prompt first, max_tokens, the sampling fields, stop_sequences kept by that name), or NULL
  * after setting e with Anthropic's field names; the answer and the stream as llama.c's. */
 cJSON *serve_anthropic_request(const cJSON *root, serve_error *e);
 cJSON *serve_anthropic_response(serve_job *j);

@@ -253,20 +253,21 @@ static int parse_unsupported(const cJSON *root, serve_error *e) {
 #define SERVE_MAX_STOP_BYTES 256
 
 static int parse_stop(serve_job *j, const cJSON *root, serve_error *e) {
-    const cJSON *stop = serve_member(root, "stop");
+    const char *name = j->ep == SERVE_ANTHROPIC ? "stop_sequences" : "stop"; /* Anthropic's name for it */
+    const cJSON *stop = serve_member(root, name);
     if (!stop)
         return 0;
     const cJSON *one = cJSON_IsString(stop) ? stop : NULL;
     if (!one && (!cJSON_IsArray(stop) || cJSON_GetArraySize(stop) > APP_MAX_STOPS)) {
         char what[64];
         snprintf(what, sizeof what, "a string or an array of at most %d strings", APP_MAX_STOPS);
-        return serve_bad(e, "stop", "'%s' must be %s", what);
+        return serve_bad(e, name, "'%s' must be %s", what);
     }
     for (const cJSON *s = one ? one : stop->child; s; s = one ? NULL : s->next) {
         if (!cJSON_IsString(s) || !*s->valuestring || strlen(s->valuestring) > SERVE_MAX_STOP_BYTES) {
             char what[64];
             snprintf(what, sizeof what, "non-empty strings of at most %d bytes", SERVE_MAX_STOP_BYTES);
-            return serve_bad(e, "stop", "'%s' must hold %s", what);
+            return serve_bad(e, name, "'%s' must hold %s", what);
         }
         if (!(j->stops[j->n_stops] = strdup(s->valuestring))) {
             serve_error_set(e, 500, "server_error", NULL, "", "out of memory");
