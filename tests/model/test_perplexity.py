@@ -75,7 +75,6 @@ def main():
     for argv, message in ((["-c", "256"], "-f FILE is required"),
                           (["-f", text, "-c", "2"], "a chunk of 2 tokens (-c) is too small"),
                           (["-f", short, "-c", "256"], "fewer than one chunk of 256"),
-                          (["-f", text, "-c", "4096"], "exceeds the model's max_position_embeddings 1024"),
                           (["-f", text, "--ctx-size", "3"], "a chunk of 3 tokens (-c) is too small"),
                           (["-f", os.path.join(args.workdir, "missing.txt")], "cannot open"),
                           (["-f", text, "-c", "x"], "is not a non-negative integer")):
