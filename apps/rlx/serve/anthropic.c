@@ -130,35 +130,17 @@ cJSON *serve_anthropic_request(const cJSON *root, serve_error *e) { return as_ch
 char *serve_anthropic_count_tokens(const serve_server *s, const char *body, size_t len, serve_error *e) {
     cJSON *root = serve_parse_body(body, len, e), *chat = root ? as_chat(root, 1, e) : NULL;
     cJSON_Delete(root);
-    if (!chat)
-        return NULL;
-    char *prompt = NULL;
-    rlx_text_span *markup = NULL;
-    size_t n_markup = 0, n = 0;
     int32_t *ids = NULL;
-    int over = 0;
+    size_t n = 0;
     char *json = NULL;
-    if (serve_render_chat(s, chat, &prompt, &markup, &n_markup, e) == 0) {
-        /* counted up to a slot: a longer prompt could not run anyway */
-        if (app_encode_chat(s->tok, prompt, markup, n_markup, s->special_in_content, s->slot_positions, &ids, &n,
-                            &over) != RLX_OK)
-            serve_error_set(e, 400, "invalid_request_error", "invalid_value", "messages",
-                            "cannot tokenize the prompt: %s", rlx_last_error());
-        else if (over)
-            serve_error_set(e, 400, "invalid_request_error", "context_length_exceeded", "messages",
-                            "the prompt is longer than a slot of %u positions", s->slot_positions);
-        else {
-            cJSON *out = cJSON_CreateObject();
-            cJSON_AddNumberToObject(out, "input_tokens", (double)n);
-            json = cJSON_PrintUnformatted(out);
-            cJSON_Delete(out);
-            if (!json)
-                serve_error_set(e, 500, "server_error", NULL, "", "out of memory");
-        }
+    if (chat && serve_chat_prompt(s, chat, &ids, &n, e) == 0) {
+        cJSON *out = cJSON_CreateObject();
+        cJSON_AddNumberToObject(out, "input_tokens", (double)n);
+        if (!(json = cJSON_PrintUnformatted(out)))
+            serve_error_set(e, 500, "server_error", NULL, "", "out of memory");
+        cJSON_Delete(out);
     }
     free(ids);
-    free(prompt);
-    free(markup);
     cJSON_Delete(chat);
     return json;
 }

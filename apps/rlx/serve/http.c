@@ -462,8 +462,7 @@ static enum MHD_Result models(request *r) {
 /* GET /v1/models/{id}: the model under its id, as the list shows it, else a 404. */
 static enum MHD_Result model(request *r, const char *url) {
     const serve_server *s = r->http->server;
-    const char *id = strchr(url + 1, '/');
-    id = strncmp(url, "/v1/", 4) == 0 ? strchr(id + 1, '/') + 1 : id + 1;
+    const char *id = strstr(url, "/models/") + strlen("/models/"); /* both routes' prefixes end so */
     if (strcmp(id, s->model_id) != 0) {
         serve_error e;
         serve_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",

@@ -546,6 +546,48 @@ static int parse_options(serve_job *j, const cJSON *root, serve_error *e) {
                : 0;
 }
 
+/* A prompt's ids into *ids, *n: a rendered chat (the template's markup spans alone special,
+ * unless --special-in-content) or a raw completion prompt; -1 after setting e. A prompt must
+ * leave a slot one position, so its encoding stops past slot_positions - 1 ids: an over-long
+ * prompt costs the tokens of a slot, not of the body. Special tokens in a raw completion prompt
+ * are parsed, and the model's BOS added where it wants one, as llama-server and Hugging Face's
+ * tokenizer(text) do; in chat messages they are text unless --special-in-content, and the
+ * template writes its own BOS. */
+static int encode_prompt(const serve_server *s, int chat, const char *text, const rlx_text_span *markup,
+                         size_t n_markup, int32_t **ids, size_t *n, serve_error *e) {
+    const size_t max_ids = s->slot_positions > 1 ? s->slot_positions - 1 : 1;
+    int over = 0;
+    rlx_status st;
+    if (chat) {
+        st = app_encode_chat(s->tok, text, markup, n_markup, s->special_in_content, max_ids, ids, n, &over);
+    } else {
+        rlx_encode_options eo = {.size = sizeof eo, .parse_special = 1, .max_ids = max_ids, .add_special = 1};
+        st = rlx_tokenizer_encode_ex(s->tok, text, strlen(text), &eo, ids, n, &over);
+    }
+    if (st != RLX_OK)
+        return serve_error_set(e, 400, "invalid_request_error", "invalid_value", chat ? "messages" : "prompt",
+                               "cannot tokenize the prompt: %s", rlx_last_error()),
+               -1;
+    if (over)
+        return serve_error_set(e, 400, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt",
+                               "the prompt of more than %zu tokens does not fit a slot of %u positions", max_ids,
+                               s->slot_positions),
+               -1;
+    return 0;
+}
+
+int serve_chat_prompt(const serve_server *s, const cJSON *root, int32_t **ids, size_t *n, serve_error *e) {
+    char *text = NULL;
+    rlx_text_span *markup = NULL;
+    size_t n_markup = 0;
+    const int rc = serve_render_chat(s, root, &text, &markup, &n_markup, e) < 0
+                       ? -1
+                       : encode_prompt(s, 1, text, markup, n_markup, ids, n, e);
+    free(text);
+    free(markup);
+    return rc;
+}
+
 int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t len, serve_job **out,
                     serve_error *err) {
     *out = NULL;
@@ -567,41 +609,16 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
         root = as_chat;
     }
     char *text = NULL;
-    rlx_text_span *markup = NULL;
-    size_t n_markup = 0;
-    int rc = -1, over = 0;
+    int rc = -1;
     if (!root)
         goto done;
     if (parse_options(j, root, err) < 0)
         goto done;
-    if ((chat ? serve_render_chat(s, root, &text, &markup, &n_markup, err) : completion_prompt(j, root, &text, err)) <
-        0)
+    if (chat && serve_chat_prompt(s, root, &j->prompt, &j->n_prompt, err) < 0)
         goto done;
-    /* A prompt must leave a slot one position, so its encoding stops past slot_positions - 1 ids:
-     * an over-long prompt costs the tokens of a slot, not of the body. Special tokens in a raw
-     * completion prompt are parsed, and the model's BOS added where it wants one, as llama-server and
-     * Hugging Face's tokenizer(text) do; in chat messages they are text unless --special-in-content,
-     * and the template writes its own BOS. */
-    const size_t max_ids = s->slot_positions > 1 ? s->slot_positions - 1 : 1;
-    rlx_status st = RLX_OK;
-    if (text && chat) {
-        st = app_encode_chat(s->tok, text, markup, n_markup, s->special_in_content, max_ids, &j->prompt, &j->n_prompt,
-                             &over);
-    } else if (text) {
-        rlx_encode_options eo = {.size = sizeof eo, .parse_special = 1, .max_ids = max_ids, .add_special = 1};
-        st = rlx_tokenizer_encode_ex(s->tok, text, strlen(text), &eo, &j->prompt, &j->n_prompt, &over);
-    }
-    if (st != RLX_OK) {
-        serve_error_set(err, 400, "invalid_request_error", "invalid_value", chat ? "messages" : "prompt",
-                        "cannot tokenize the prompt: %s", rlx_last_error());
+    if (!chat && (completion_prompt(j, root, &text, err) < 0 || /* text, or else the ids themselves */
+                  (text && encode_prompt(s, 0, text, NULL, 0, &j->prompt, &j->n_prompt, err) < 0)))
         goto done;
-    }
-    if (over) {
-        serve_error_set(err, 400, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt",
-                        "the prompt of more than %zu tokens does not fit a slot of %u positions", max_ids,
-                        s->slot_positions);
-        goto done;
-    }
     if (j->n_prompt == 0) {
         serve_error_set(err, 400, "invalid_request_error", "invalid_value", chat ? "messages" : "prompt",
                         "the prompt is empty (it encodes to no tokens)");
@@ -616,7 +633,6 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
 done:
     cJSON_Delete(root);
     free(text);
-    free(markup);
     if (rc < 0) {
         job_free(j);
         return -1;

@@ -165,6 +165,9 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
  * setting e (400 naming the field, or a template the engine cannot render). */
 int serve_render_chat(const serve_server *s, const cJSON *root, char **prompt, rlx_text_span **markup, size_t *n_markup,
                       serve_error *e);
+/* The prompt ids of a chat request (serve_render_chat, then encoded as /v1/chat/completions
+ * runs it, at most a slot's positions less one); malloc'd into *ids, *n. -1 after setting e. */
+int serve_chat_prompt(const serve_server *s, const cJSON *root, int32_t **ids, size_t *n, serve_error *e);
 /* Whether the client asked for server-sent events. */
 int serve_job_streams(const serve_job *j);
 /* The sampling parameters the request asked for (its logit biases included), as the engine

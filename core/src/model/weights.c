@@ -1,7 +1,6 @@
 /* The weights container shared by the safetensors and GGUF readers (weights_internal.h), and
  * the one place that decides which of the two reads a model path. */
 #include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
