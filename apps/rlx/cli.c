@@ -14,39 +14,18 @@
 #include "rlx/graph.h"
 #include "rlx/status.h"
 
-/* A message leaves in one write(2): the ranks mpirun starts share one stderr pipe with mpirun's
- * own banners, and a message written in pieces arrives with another process's text between them. */
 int app_fail(const char *fmt, ...) {
-    static const char prefix[] = "rlx: ";
     va_list ap;
     va_start(ap, fmt);
-    va_list again;
-    va_copy(again, ap);
-    int body = vsnprintf(NULL, 0, fmt, ap);
+    char *body;
+    if (vasprintf(&body, fmt, ap) < 0)
+        body = NULL;
     va_end(ap);
-    size_t len = sizeof prefix - 1 + (body > 0 ? (size_t)body : 0) + 1;
-    char *line = malloc(len + 1);
-    if (line) {
-        memcpy(line, prefix, sizeof prefix - 1);
-        if (body > 0)
-            vsnprintf(line + sizeof prefix - 1, (size_t)body + 1, fmt, again);
-        line[len - 1] = '\n';
-        fflush(stderr);
-        for (size_t off = 0; off < len;) {
-            ssize_t w = write(STDERR_FILENO, line + off, len - off);
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w <= 0)
-                break;
-            off += (size_t)w;
-        }
-        free(line);
-    } else {
-        fputs(prefix, stderr);
-        vfprintf(stderr, fmt, again);
-        fputc('\n', stderr);
-    }
-    va_end(again);
+    /* one fprintf, which glibc hands to the unbuffered stderr in one write(2): the ranks mpirun
+     * starts share one stderr pipe with mpirun's own banners, and a message written in pieces
+     * arrives with another process's text between them */
+    fprintf(stderr, "rlx: %s\n", body ? body : fmt);
+    free(body);
     return 1;
 }
 
