@@ -18,6 +18,7 @@
 #include "rlx/engine.h"
 #include "rlx/dist.h"
 #include "rlx/gen.h"
+#include "rlx/grammar.h"
 #include "rlx/graph.h"
 #include "rlx/model.h"
 #include "rlx/plugin.h"

@@ -178,6 +178,11 @@ rlx_status rlx__nfc(const char *s, size_t len, char **out, size_t *out_len);
 
 /* Looks a vocabulary string up; -1 when absent. */
 int32_t rlx__vocab_find(const rlx_tokenizer *tok, const char *s, size_t len);
+/* Token id's bytes as decoding it in the middle of a text gives them (ByteLevel's bytes, an added
+ * token's content, a TEXT decoder's Replace steps applied, a <0xNN> byte token's byte; not what
+ * a Strip or Metaspace decoder does to the first token), borrowed from tok: 1 when it is a
+ * special added token, 0 for any other token, -1 for an id with no token (bytes untouched). */
+int rlx__token_bytes(const rlx_tokenizer *tok, int32_t id, const char **bytes, size_t *len);
 /* Adds token id (its string already in tok->strings) to the map, growing it to stay at most two
  * thirds full (vocab.c). */
 rlx_status rlx__vocab_insert(rlx_tokenizer *tok, int32_t id);

@@ -72,3 +72,12 @@ int32_t rlx__vocab_find(const rlx_tokenizer *tok, const char *s, size_t len) {
             return (int32_t)id;
     }
 }
+
+int rlx__token_bytes(const rlx_tokenizer *tok, int32_t id, const char **bytes, size_t *len) {
+    if (id < 0 || id >= tok->n_tokens || !tok->tokens[id].present)
+        return -1;
+    const text_token *t = &tok->tokens[id];
+    *bytes = tok->strings + t->bytes;
+    *len = t->bytes_len;
+    return t->special;
+}
