@@ -6,6 +6,7 @@
 
 #include "common.h"
 #include "output.h"
+#include "rlx/grammar.h"
 #include "rlx/text.h"
 
 static const char usage[] =
@@ -84,6 +85,47 @@ static int fit_context(const app_runtime *rt, size_t n, int over, uint32_t n_new
     return 0;
 }
 
+/* A constrained reply (--grammar, --grammar-file, --json-schema, --json-schema-file, as
+ * llama.cpp's): the grammar, the tokenizer's vocabulary for it and the sequence's place in it. */
+typedef struct constraint {
+    const char *gbnf, *gbnf_file, *schema, *schema_file;
+    rlx_grammar *grammar;
+    rlx_grammar_vocab *vocab;
+    rlx_grammar_matcher *matcher;
+} constraint;
+
+static void constraint_free(constraint *c) {
+    rlx_grammar_matcher_destroy(c->matcher);
+    rlx_grammar_vocab_destroy(c->vocab);
+    rlx_grammar_destroy(c->grammar);
+}
+
+/* Compiles the constraint asked for and hands it to the sampler, with the model's end ids as
+ * the ends the grammar allows once its text is complete. 1 after reporting. */
+static int constrain(const app_runtime *rt, rlx_tokenizer **tok, rlx_sampler *sampler, constraint *c) {
+    const char *path = c->gbnf_file ? c->gbnf_file : c->schema_file;
+    char *file = NULL, *gbnf = NULL;
+    size_t len = 0, gbnf_len = 0;
+    if (path && !(file = app_read_file("generate", path, 0, &len)))
+        return 1;
+    const char *text = file ? file : c->gbnf ? c->gbnf : c->schema;
+    len = file ? len : strlen(text);
+    int status = 0;
+    if ((c->schema || c->schema_file) && rlx_json_schema_to_gbnf(text, len, NULL, &gbnf, &gbnf_len) != RLX_OK)
+        status = app_fail_rlx("generate: --json-schema");
+    if (!status && rlx_grammar_parse(gbnf ? gbnf : text, gbnf ? gbnf_len : len, NULL, &c->grammar) != RLX_OK)
+        status = app_fail_rlx("generate: --grammar");
+    if (!status && !*tok && app_tokenizer_open(rt, tok) != RLX_OK)
+        status = app_fail_rlx("generate: a grammar needs the model's tokenizer");
+    if (!status && (rlx_grammar_vocab_create(*tok, &c->vocab) != RLX_OK ||
+                    rlx_grammar_matcher_create(c->grammar, c->vocab, &c->matcher) != RLX_OK ||
+                    rlx_sampler_set_grammar(sampler, c->matcher, rt->lm.eos_ids, rt->lm.n_eos) != RLX_OK))
+        status = app_fail_rlx("generate");
+    free(file);
+    free(gbnf);
+    return status;
+}
+
 int cmd_generate(int argc, char **argv, app_options *o) {
     const char *tokens = NULL, *prompt = NULL, *file = NULL, *template_file = NULL;
     uint32_t n_new = 16;
@@ -92,6 +134,7 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     uint32_t top_logprobs = 0;
     app_sampling sampling = {0};
     app_spec_options spec_options = {0};
+    constraint cons = {0};
     const app_opt own[] = {
         {'p', "prompt", NULL, "TEXT", "the prompt as text", APP_OPT_STRING, &prompt},
         {'f', "file", NULL, "FILE", "the prompt as the text of FILE ('-': standard input)", APP_OPT_STRING, &file},
@@ -124,6 +167,14 @@ int cmd_generate(int argc, char **argv, app_options *o) {
          APP_OPT_U32, &top_logprobs, &logprobs_given},
         {0, "ignore-eos", NULL, NULL, "do not stop at end-of-sequence ids (llama.cpp's --ignore-eos, for benchmarks)",
          APP_OPT_FLAG, &ignore_eos},
+        {0, "grammar", NULL, "GBNF",
+         "generate only text of this GBNF grammar (docs/grammars.md); it ends where\n"
+         "the grammar's text is complete",
+         APP_OPT_STRING, &cons.gbnf},
+        {0, "grammar-file", NULL, "FILE", "--grammar from FILE", APP_OPT_STRING, &cons.gbnf_file},
+        {'j', "json-schema", NULL, "SCHEMA", "generate only JSON that the JSON schema validates", APP_OPT_STRING,
+         &cons.schema},
+        {0, "json-schema-file", NULL, "FILE", "--json-schema from FILE (-jf)", APP_OPT_STRING, &cons.schema_file},
         {0, "stats", NULL, NULL,
          "print the seed, prompt and generation speed on stderr (with --spec also\n"
          "the acceptance figures)",
@@ -156,6 +207,8 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     if (special_in_content && !chat)
         return app_fail("generate: --special-in-content is about chat messages; it needs --chat (special tokens "
                         "in a raw prompt are always parsed)");
+    if ((cons.gbnf != NULL) + (cons.gbnf_file != NULL) + (cons.schema != NULL) + (cons.schema_file != NULL) > 1)
+        return app_fail("generate: give one of --grammar, --grammar-file, --json-schema and --json-schema-file");
     char *file_text = NULL, *template_text = NULL;
     size_t file_len;
     if (file && !(prompt = file_text = app_read_file("generate", file, 1, &file_len)))
@@ -213,6 +266,8 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     rlx_gen_stats st = {0};
     if (!status && rlx_sampler_create(&sampling.params, rt.lm.vocab, &sampler) != RLX_OK)
         status = app_fail_rlx("generate");
+    if (!status && (cons.gbnf || cons.gbnf_file || cons.schema || cons.schema_file))
+        status = constrain(&rt, &tok, sampler, &cons);
     if (!status)
         status = app_output_create(&oo, &out);
     if (!status && rt.spec) {
@@ -258,6 +313,7 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     }
     app_output_destroy(out);
     rlx_sampler_destroy(sampler);
+    constraint_free(&cons);
     rlx_tokenizer_close(tok);
     free(ids);
     free(file_text);

@@ -129,6 +129,12 @@ typedef struct rlx_request {
     uint32_t n_stop_ids;
     rlx_engine_event_fn on_event; /* required */
     void *ctx;
+    /* appended: constrained decoding (rlx/grammar.h). With a grammar every generated token is
+     * one it allows, and a stop id comes only where its text is complete (a grammar that allows
+     * nothing more and no stop id ends the request with an error). Both are borrowed until the
+     * DONE event; the vocabulary must be the model's tokenizer's. */
+    const struct rlx_grammar *grammar;
+    const struct rlx_grammar_vocab *grammar_vocab;
 } rlx_request;
 
 /* Creates an engine on model m (borrowed, with the backends, for the engine's lifetime) and

@@ -208,10 +208,12 @@ static inline rlx_sampler_params rlx_sampler_params_read(const rlx_sampler_param
 RLX_API rlx_status rlx_sampler_create(const rlx_sampler_params *p, int64_t vocab, rlx_sampler **out);
 RLX_API void rlx_sampler_destroy(rlx_sampler *s);
 /* Draws one token from logits[vocab]. The same seed, history and logits give the same tokens.
- * Does not add the token to the history (rlx_sampler_accept does). */
+ * Does not add the token to the history (rlx_sampler_accept does). With a grammar, -1 (and
+ * RLX_E_INVALID in rlx_last_error) when the grammar allows no token here. */
 RLX_API int32_t rlx_sampler_sample(rlx_sampler *s, const float *logits);
-/* The distribution the sampler draws from (after the logit biases, the penalties, temperature, top-k, top-p and
- * min-p), written to probs[vocab]; greedy puts 1 on the argmax. Speculative decoding needs it. */
+/* The distribution the sampler draws from (after the grammar, the logit biases, the penalties, temperature,
+ * top-k, top-p and min-p), written to probs[vocab]; greedy puts 1 on the argmax. Speculative
+ * decoding needs it. */
 RLX_API void rlx_sampler_probs(rlx_sampler *s, const float *logits, float *probs);
 RLX_API rlx_sampler_params rlx_sampler_params_of(const rlx_sampler *s);
 /* True when the sampler takes the argmax: greedy, or temperature 0. */
@@ -223,8 +225,21 @@ RLX_API double rlx_sampler_uniform(rlx_sampler *s);
 RLX_API int32_t rlx_sampler_draw(rlx_sampler *s, const float *probs);
 /* Records that token entered the context (prompt or generated), for the penalties: the window
  * keeps the last repeat_last_n tokens. Costs nothing beyond the range check when every penalty
- * is off. A token outside [0, vocab) is RLX_E_INVALID and leaves the history unchanged. */
+ * is off. A token outside [0, vocab) is RLX_E_INVALID and leaves the history unchanged. With a
+ * grammar, a generated token (not an end id) also moves the grammar past it: one the grammar
+ * refuses is RLX_E_INVALID, history and grammar unchanged; so a prompt is reported with
+ * rlx_generate's own calls, never through here, once a grammar is set. */
 RLX_API rlx_status rlx_sampler_accept(rlx_sampler *s, int32_t token);
+/* Constrained decoding (rlx/grammar.h): from here on the sampler draws only tokens matcher m
+ * allows (its mask applies before the biases, the penalties and the filters; a greedy sampler
+ * masks the whole vocabulary only when the grammar refuses the argmax), and one of the n_end
+ * end_ids (copied) only where the grammar's text is complete. m is borrowed until it is
+ * replaced or the sampler destroyed; NULL removes the grammar. rlx_generate, rlx_spec_generate
+ * and the engine move m on with every token they accept, so a speculative draft the target
+ * rejects never reaches it. */
+typedef struct rlx_grammar_matcher rlx_grammar_matcher;
+RLX_API rlx_status rlx_sampler_set_grammar(rlx_sampler *s, rlx_grammar_matcher *m, const int32_t *end_ids,
+                                           size_t n_end);
 /* Forgets the history (for a context rebuilt from scratch); the generator is untouched. */
 RLX_API void rlx_sampler_reset_history(rlx_sampler *s);
 

@@ -15,6 +15,7 @@
 
 #include "rlx/dist.h"
 #include "rlx/engine.h"
+#include "rlx/grammar.h"
 #include "rlx/model.h"
 #include "rlx/sched.h"
 #include "rlx/speculator.h"
@@ -37,7 +38,8 @@ typedef struct engine_req {
     rlx_request r; /* prompt and stop_ids point at the copies below */
     int32_t *prompt, *stop_ids;
     rlx_sampler *sampler;
-    int cancelled; /* under mu */
+    rlx_grammar_matcher *grammar; /* the request's place in its grammar; NULL without one */
+    int cancelled;                /* under mu */
     double t_submit, t_admit, t_first, t_last;
     uint32_t n_cached, n_generated;
     struct engine_req *next; /* the queue */
@@ -119,6 +121,7 @@ static void req_free(engine_req *r) {
     if (!r)
         return;
     rlx_sampler_destroy(r->sampler);
+    rlx_grammar_matcher_destroy(r->grammar);
     free(r->prompt);
     free(r->stop_ids);
     free(r);
@@ -399,6 +402,9 @@ rlx_status rlx_engine_submit(rlx_engine *e, const rlx_request *req, uint64_t *id
     rlx_status rc = rlx__read_sized(&r, sizeof r, req, offsetof(rlx_request, ctx) + sizeof r.ctx, "rlx_request");
     if (rc != RLX_OK)
         return rc;
+    if (!r.grammar != !r.grammar_vocab)
+        return rlx_error(RLX_E_INVALID,
+                         "request: a grammar needs its vocabulary (grammar_vocab) and the other way round");
     if (!r.on_event)
         return rlx_error(RLX_E_INVALID, "request: on_event is required");
     if (!r.prompt || r.n_prompt == 0)
@@ -433,7 +439,10 @@ rlx_status rlx_engine_submit(rlx_engine *e, const rlx_request *req, uint64_t *id
         memcpy(q->stop_ids, stops, q->r.n_stop_ids * sizeof *q->stop_ids);
     q->r.prompt = q->prompt;
     q->r.stop_ids = q->stop_ids;
-    if ((rc = rlx_sampler_create(&r.sampler, e->vocab, &q->sampler)) != RLX_OK) {
+    if ((rc = rlx_sampler_create(&r.sampler, e->vocab, &q->sampler)) != RLX_OK ||
+        (r.grammar &&
+         ((rc = rlx_grammar_matcher_create(r.grammar, r.grammar_vocab, &q->grammar)) != RLX_OK ||
+          (rc = rlx_sampler_set_grammar(q->sampler, q->grammar, q->stop_ids, q->r.n_stop_ids)) != RLX_OK))) {
         req_free(q);
         return rc;
     }
@@ -692,7 +701,8 @@ static void emit(rlx_engine *e, uint32_t s, const float *logits, const char *unc
         return;
     }
     int32_t token = rlx_sampler_sample(r->sampler, logits);
-    rc = rlx_sampler_accept(r->sampler, token);
+    rc = token < 0 ? RLX_E_INVALID /* a grammar that allows nothing here: its error is set */
+                   : rlx_sampler_accept(r->sampler, token);
     if (rc != RLX_OK) {
         finish_slot(e, s, RLX_FINISH_ERROR, rc, rlx_last_error());
         return;

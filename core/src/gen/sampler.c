@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "gen/gen_internal.h"
+#include "rlx/grammar.h"
 #include "util/alloc.h"
 
 /* The ring's first size: a window of the default 64 needs no growing. */
@@ -47,6 +48,12 @@ struct rlx_sampler {
      * p.logit_bias points at */
     float *bias;
     rlx_logit_bias *biased;
+    /* constrained decoding (rlx_sampler_set_grammar): the matcher (borrowed), the ids that may
+     * end the text, and a copy of the logits row with the grammar's refusals at -inf */
+    rlx_grammar_matcher *grammar;
+    int32_t *end_ids;
+    uint32_t n_end;
+    float *masked; /* [vocab] */
 };
 
 static uint64_t splitmix64(uint64_t *x) {
@@ -193,7 +200,26 @@ void rlx_sampler_destroy(rlx_sampler *s) {
     free(s->slot);
     free(s->bias);
     free(s->biased);
+    free(s->end_ids);
+    free(s->masked);
     free(s);
+}
+
+rlx_status rlx_sampler_set_grammar(rlx_sampler *s, rlx_grammar_matcher *m, const int32_t *end_ids, size_t n_end) {
+    if (!s || (n_end && !end_ids) || n_end > UINT32_MAX)
+        return rlx_error(RLX_E_INVALID, "rlx_sampler_set_grammar: NULL argument");
+    int32_t *ends = n_end ? rlx__malloc(n_end * sizeof *ends) : NULL;
+    if ((n_end && !ends) || (m && !s->masked && !(s->masked = rlx__malloc((size_t)s->vocab * sizeof *s->masked)))) {
+        free(ends);
+        return rlx_error(RLX_E_NOMEM, "sampler: out of memory for a grammar over %lld tokens", (long long)s->vocab);
+    }
+    if (n_end)
+        memcpy(ends, end_ids, n_end * sizeof *ends);
+    free(s->end_ids);
+    s->end_ids = ends;
+    s->n_end = (uint32_t)n_end;
+    s->grammar = m;
+    return RLX_OK;
 }
 
 // ---- history ----
@@ -213,7 +239,15 @@ static void window_remove(rlx_sampler *s, int32_t id) {
     }
 }
 
-rlx_status rlx_sampler_accept(rlx_sampler *s, int32_t token) {
+static int is_end(const rlx_sampler *s, int32_t token) {
+    for (uint32_t i = 0; i < s->n_end; i++)
+        if (s->end_ids[i] == token)
+            return 1;
+    return 0;
+}
+
+/* The token into the penalties' window. */
+static rlx_status history_add(rlx_sampler *s, int32_t token) {
     if (token < 0 || token >= s->vocab)
         return rlx_error(RLX_E_INVALID, "sampler: token %d is outside the vocabulary [0, %lld)", token,
                          (long long)s->vocab);
@@ -242,9 +276,20 @@ rlx_status rlx_sampler_accept(rlx_sampler *s, int32_t token) {
     return RLX_OK;
 }
 
+rlx_status rlx_sampler_accept(rlx_sampler *s, int32_t token) {
+    rlx_status rc = RLX_OK;
+    /* a generated token moves the grammar on (an end id ends the text, so it has nothing to pass) */
+    if (token >= 0 && token < s->vocab && s->grammar && !is_end(s, token) &&
+        (rc = rlx_grammar_matcher_accept(s->grammar, token)) != RLX_OK)
+        return rc;
+    return history_add(s, token);
+}
+
+/* The prompt is history for the penalties, never text for the grammar, which constrains only
+ * what is generated. */
 rlx_status rlx__sampler_accept_all(rlx_sampler *s, const int32_t *ids, uint32_t n) {
     for (uint32_t i = 0; i < n; i++) {
-        rlx_status rc = rlx_sampler_accept(s, ids[i]);
+        rlx_status rc = history_add(s, ids[i]);
         if (rc != RLX_OK)
             return rc;
     }
@@ -389,9 +434,26 @@ static int64_t distribution(rlx_sampler *s, const float *logits) {
     return keep;
 }
 
+/* The logits row with the grammar's refusals at -inf (a copy: the caller's row keeps the raw
+ * logits its log-probabilities are reported from), or NULL when the grammar allows nothing. */
+static const float *constrained(rlx_sampler *s, const float *logits) {
+    memcpy(s->masked, logits, (size_t)s->vocab * sizeof *s->masked);
+    return rlx_grammar_matcher_mask(s->grammar, s->masked, s->vocab, s->end_ids, s->n_end) > 0 ? s->masked : NULL;
+}
+
 int32_t rlx_sampler_sample(rlx_sampler *s, const float *logits) {
-    if (rlx_sampler_is_greedy(s))
-        return argmax(s, logits);
+    if (rlx_sampler_is_greedy(s)) {
+        if (!s->grammar)
+            return argmax(s, logits);
+        /* the argmax of the masked row is the raw row's whenever the grammar allows that one, so
+         * the mask over the whole vocabulary is needed only when it does not */
+        int32_t best = argmax(s, logits);
+        if (rlx_grammar_matcher_allows(s->grammar, best, s->end_ids, s->n_end))
+            return best;
+        return (logits = constrained(s, logits)) ? argmax(s, logits) : -1;
+    }
+    if (s->grammar && !(logits = constrained(s, logits)))
+        return -1;
     int64_t n = distribution(s, logits);
     double r = next_unit(s->state), cum = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -404,6 +466,8 @@ int32_t rlx_sampler_sample(rlx_sampler *s, const float *logits) {
 
 void rlx_sampler_probs(rlx_sampler *s, const float *logits, float *probs) {
     memset(probs, 0, (size_t)s->vocab * sizeof *probs);
+    if (s->grammar && !(logits = constrained(s, logits)))
+        return; /* no mass: drawing from it fails with the grammar's error */
     if (rlx_sampler_is_greedy(s)) {
         probs[argmax(s, logits)] = 1.0f;
         return;

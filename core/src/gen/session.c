@@ -385,6 +385,10 @@ rlx_status rlx_generate_ex(const rlx_lm *lm, rlx_sampler *sampler, const int32_t
         st.stop = RLX_GEN_STOP_MAX_NEW;
     while (rc == RLX_OK && st.n_generated < max_new) {
         int32_t token = rlx_sampler_sample(sampler, logits);
+        if (token < 0) { /* a grammar that allows nothing here */
+            rc = RLX_E_INVALID;
+            break;
+        }
         st.n_generated++;
         if ((rc = rlx_sampler_accept(sampler, token)) != RLX_OK)
             break;

@@ -273,7 +273,8 @@ static rlx_status spec_round(spec_run *r, int32_t *token, uint32_t k) {
          * One that was not asked never will be: room and remaining only shrink. */
         if ((rc = timed_forward(r, token, 1, 0, &rows)) != RLX_OK)
             return rc;
-        *token = rlx_sampler_sample(r->sampler, rows);
+        if ((*token = rlx_sampler_sample(r->sampler, rows)) < 0)
+            return RLX_E_INVALID; /* a grammar that allows nothing here: its error is set */
         if (ask) {
             keep_hidden(r, 1);
             r->pending[r->n_pending++] = *token;
@@ -369,6 +370,10 @@ rlx_status rlx_spec_generate_ex(const rlx_lm *lm, rlx_speculator *spec, uint32_t
         goto done;
     keep_hidden(&r, n_prompt);
     int32_t token = rlx_sampler_sample(sampler, logits);
+    if (token < 0) { /* a grammar that allows nothing here: its error is set */
+        rc = RLX_E_INVALID;
+        goto done;
+    }
     memcpy(r.pending, prompt, n_prompt * sizeof *r.pending);
     r.pending[n_prompt] = token;
     r.n_pending = n_prompt + 1;
