@@ -62,6 +62,7 @@ typedef struct serve_args {
     uint32_t request_timeout_s, max_connections_per_ip;
     uint64_t max_body;
     int total_ctx_given, parallel_given, api_key_given, insecure_listen, special_in_content;
+    int reasoning_split; /* --reasoning-format: 1 auto/deepseek (the default), 0 none */
     const char *cors_origins[MAX_CORS_ORIGINS];
     size_t n_cors_origins;
 } serve_args;
@@ -107,19 +108,20 @@ static int parse_refused(const char *opt, const char *value, void *target) {
     return app_fail("serve: %s: %s", opt, (const char *)target), -1;
 }
 
-/* --reasoning-format: rlx leaves a model's thinking in the reply's text, which is llama-server's
- * "none"; the formats that split it into reasoning_content are not there yet. */
+/* --reasoning-format: where a thinking model's <think> block goes. llama-server's "auto" (its
+ * default) and "deepseek" put it in reasoning_content, "none" leaves it in content;
+ * "deepseek-legacy" (both at once) is not there. */
 static int parse_reasoning_format(const char *opt, const char *value, void *target) {
-    (void)target;
-    if (strcmp(value, "none") == 0)
+    int *split = target;
+    if (strcmp(value, "none") == 0 || strcmp(value, "auto") == 0 || strcmp(value, "deepseek") == 0) {
+        *split = strcmp(value, "none") != 0;
         return 0;
-    static const char *const known[] = {"auto", "deepseek", "deepseek-legacy", "nothink"};
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
-        if (strcmp(value, known[i]) == 0)
-            return app_fail("serve: %s %s: rlx serve leaves a model's thinking in the reply's content, as "
-                            "--reasoning-format none does; it does not split reasoning_content out",
-                            opt, value),
-                   -1;
+    }
+    if (strcmp(value, "deepseek-legacy") == 0)
+        return app_fail("serve: %s %s: rlx serve puts the thinking either in reasoning_content (auto, deepseek) "
+                        "or in content (none), not in both",
+                        opt, value),
+               -1;
     return app_fail("serve: %s: '%s' is not a reasoning format (llama-server's: none, auto, deepseek, "
                     "deepseek-legacy)",
                     opt, value),
@@ -346,6 +348,10 @@ static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, se
     rlx_engine_stats_of(s->engine, &st);
     s->tok = *tok;
     s->vocab = rlx_runtime_config(rt->runtime)->vocab_size;
+    rlx_grammar_vocab *gvocab = NULL;
+    if (rlx_grammar_vocab_create(*tok, &gvocab) != RLX_OK)
+        return app_fail_rlx("serve: cannot index the vocabulary for constrained replies");
+    s->gvocab = gvocab;
     s->slot_positions = st.slot_positions;
     s->driver = driver;
     app_warn_beyond_trained(rt, st.slot_positions);
@@ -361,7 +367,8 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                     .request_timeout_s = 30,
                     .drain_s = 10,
                     .max_connections = 1024,
-                    .max_connections_per_ip = 128};
+                    .max_connections_per_ip = 128,
+                    .reasoning_split = 1};
     app_spec_options spec = {0};
     app_sampling sampling = {0};
     const app_opt own[] = {
@@ -459,9 +466,9 @@ int cmd_serve(int argc, char **argv, app_options *o) {
         {0, "threads-http", NULL, "N", "taken, with a note: each connection has a thread of its own", APP_OPT_CUSTOM,
          (void *)"each connection has a thread of its own, up to --max-connections", .parse = parse_threads_http},
         {0, "reasoning-format", NULL, "FMT",
-         "none (taken: a model's thinking stays in content); the formats that split\n"
-         "reasoning_content out are refused",
-         APP_OPT_CUSTOM, NULL, .parse = parse_reasoning_format},
+         "auto (default) or deepseek: a thinking model's <think> block goes to\n"
+         "reasoning_content; none: it stays in content (a request's reasoning_format wins)",
+         APP_OPT_CUSTOM, &a.reasoning_split, .parse = parse_reasoning_format},
     };
     const app_opt_group groups[] = {APP_OPT_GROUP("serve:", own), APP_OPT_GROUP("llama-server's flags:", llama),
                                     app_common_group(o),          app_sampling_group(&sampling),
@@ -520,6 +527,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                       .completion_default = a.n_predict_given ? max_tokens_default(a.n_predict) : 16,
                       .chat_default = a.n_predict_given ? max_tokens_default(a.n_predict) : 0,
                       .special_in_content = a.special_in_content,
+                      .reasoning_split = a.reasoning_split,
                       .chat_template = template_text};
     s.api_key_len = s.api_key ? strlen(s.api_key) : 0;
     /* the requests' sampling defaults: OpenAI's, under the sampling flags given */
@@ -582,6 +590,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
 done:
     serve_http_stop(http);
     rlx_engine_destroy(s.engine);
+    rlx_grammar_vocab_destroy(s.gvocab);
     rlx_tokenizer_close(tok);
     app_runtime_close(&rt);
     pthread_mutex_destroy(&s.latency_mu);

@@ -202,7 +202,7 @@ def main():
             ("/v1/completions", {"prompt": "x", "best_of": 2}, "best_of"),
             ("/v1/completions", {"prompt": "x", "suffix": "y"}, "suffix"),
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                                      "response_format": {"type": "json_object"}}, "response_format"),
+                                      "response_format": {"type": "yaml"}}, "response_format"),
         ]
         for path, body, param in wrong:
             expect_error(c, s, f"{path} {json.dumps(body)}", path, json.dumps(body), 400, param=param)

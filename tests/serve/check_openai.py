@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """The official `openai` npm client (fetched from the npm registry into the build tree, once)
 against rlx serve with an API key: models.list and models.retrieve name the model; chat and
-completions, streamed and not, give `rlx generate`'s greedy text, finish reasons and usage; a
-bad field surfaces as the client's 400 error.
+completions, streamed and not, give `rlx generate`'s greedy text, finish reasons and usage; tool
+calls (tool_choice required) whole and assembled by the client's stream helper are the same calls,
+their arguments valid for the function's schema (Python's jsonschema); the client's parse() reads a
+json_schema reply that validates; a bad field surfaces as the client's 400 error.
 Skips (status 77) when node or npm is missing, saying which.
 
   check_openai.py --rlx BIN --npm DIR
@@ -13,6 +15,8 @@ import os
 import shutil
 import subprocess
 import sys
+
+import jsonschema
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -41,7 +45,7 @@ def main():
     c = Checks()
     ref = generate(args.rlx, ["-p", PROMPT, "-n", str(N)])
     ref_chat = generate(args.rlx, ["--chat", "-p", PROMPT, "-n", str(N)])
-    with Server(args.rlx, ["--api-key", KEY, "--parallel", "2", "--slot-ctx", "128"]) as s:
+    with Server(args.rlx, ["--api-key", KEY, "--parallel", "2", "--slot-ctx", "1024"]) as s:
         p = subprocess.run(["node", os.path.join(HERE, "openai_client.js"), args.npm, s.url() + "/v1", KEY, PROMPT,
                             str(N)], capture_output=True, text=True, timeout=300)
         c.check(p.returncode == 0, f"the openai client failed: {p.stderr[-2000:]}")
@@ -64,6 +68,23 @@ def main():
                     f"{name}: {got} against rlx generate {ref['text']!r}")
         c.check(out["completion"]["usage"]["completion_tokens"] == ref["n_generated"],
                 f"completion usage {out['completion']['usage']}")
+        for name in ("tools", "tools_stream"):
+            got = out[name]
+            ok = got["finish"] == "tool_calls" and len(got["calls"]) >= 1
+            for call in got["calls"]:
+                try:
+                    jsonschema.validate(json.loads(call["arguments"]), out["tool_schema"])
+                except (ValueError, jsonschema.ValidationError):
+                    ok = False
+                ok = ok and call["name"] == "get_weather" and call["type"] == "function" and call["id"].startswith("call_")
+            c.check(ok, f"{name}: {got}")
+        strip = [{k: v for k, v in t.items() if k != "id"} for t in out["tools"]["calls"]]
+        c.check(strip == [{k: v for k, v in t.items() if k != "id"} for t in out["tools_stream"]["calls"]],
+                f"the stream helper's calls differ: {out['tools_stream']} against {out['tools']}")
+        try:
+            jsonschema.validate(out["parsed"]["value"], out["parsed"]["schema"])
+        except jsonschema.ValidationError as ex:
+            c.check(False, f"parse() with a json_schema: {out['parsed']}: {ex}")
         e = out["error"]
         c.check(e is not None and e["status"] == 400 and e["name"] == "BadRequestError" and "temperature" in e["message"],
                 f"a bad temperature through the client: {e}")

@@ -92,7 +92,9 @@ def check_server_template(c, rlx):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "t.jinja")
         with open(path, "w") as f:
-            f.write("{% if stop is defined %}{{ raise_exception('stopped by ' ~ stop) }}{% endif %}"
+            # the comment names the Hermes call format, which rlx serve needs in a template to take tools
+            f.write("{# calls: <tool_call>{json}</tool_call> #}"
+                    "{% if stop is defined %}{{ raise_exception('stopped by ' ~ stop) }}{% endif %}"
                     "{{ greeting }}{% for t in tools %}{{ t.function.name }} {% endfor %}"
                     "{% for m in messages %}{{ m.content }}{% for c in m.tool_calls %} {{ c.function.name }} "
                     "{{ c.function.arguments.city }}{% endfor %}{% endfor %}")

@@ -48,6 +48,27 @@ async function main() {
   }
   out.completion_stream = { text, finish };
 
+  // tool calls: whole, and through the client's stream helper, which assembles delta.tool_calls
+  const tools = [{ type: 'function', function: { name: 'get_weather', parameters: {
+    type: 'object', properties: { location: { type: 'string', maxLength: 16 }, unit: { type: 'string', enum: ['celsius', 'fahrenheit'] } },
+    required: ['location', 'unit'], additionalProperties: false } } }];
+  const calls = (m) => m.tool_calls.map((t) => ({ id: t.id, type: t.type, name: t.function.name, arguments: t.function.arguments }));
+  const toolArgs = { model: out.models[0], messages, tools, tool_choice: 'required', parallel_tool_calls: false,
+    max_tokens: 160, temperature: 0 };
+  const tc = await client.chat.completions.create(toolArgs);
+  out.tools = { calls: calls(tc.choices[0].message), finish: tc.choices[0].finish_reason };
+  const tcStream = client.chat.completions.stream(toolArgs);
+  const tcFinal = await tcStream.finalChatCompletion();
+  out.tools_stream = { calls: calls(tcFinal.choices[0].message), finish: tcFinal.choices[0].finish_reason };
+
+  // structured output through the client's parse(), which reads the content as JSON
+  const person = { type: 'object', properties: { name: { type: 'string', maxLength: 12 }, age: { type: 'integer', minimum: 0, maximum: 120 } },
+    required: ['name', 'age'], additionalProperties: false };
+  const parsed = await client.chat.completions.parse({ model: out.models[0], messages, max_tokens: 80, temperature: 0,
+    response_format: { type: 'json_schema', json_schema: { name: 'person', strict: true, schema: person } } });
+  out.parsed = { value: parsed.choices[0].message.parsed, schema: person };
+  out.tool_schema = tools[0].function.parameters;
+
   // the client's error class and status for a refusal
   try {
     await client.chat.completions.create({ model: out.models[0], messages, temperature: 'hot' });

@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 
 #include "common.h"
+#include "rlx/grammar.h"
 #include "serve.h"
 
 /* OpenAI's bound on top_logprobs; completions' integer logprobs take the same. */
@@ -23,6 +24,45 @@ typedef struct token_lp {
     float top_logprobs[MAX_TOP];
     size_t text_offset; /* bytes of decoded text before this token's */
 } token_lp;
+
+/* How the chat template writes a tool call (tools.c). */
+typedef enum serve_call_format {
+    SERVE_CALLS_NONE = 0,
+    SERVE_CALLS_HERMES = 1, /* <tool_call>{"name": ..., "arguments": {...}}</tool_call> */
+    SERVE_CALLS_XML = 2,    /* <tool_call><function=NAME><parameter=KEY>...</parameter></function></tool_call> */
+} serve_call_format;
+
+typedef enum serve_tool_choice {
+    SERVE_TOOLS_NONE = 0,
+    SERVE_TOOLS_AUTO = 1,
+    SERVE_TOOLS_REQUIRED = 2,
+    SERVE_TOOLS_NAMED = 3,
+} serve_tool_choice;
+
+/* Where the scan of a reply for tool calls is (serve_calls_scan). */
+typedef struct serve_calls {
+    int phase;    /* 0: whether the reply opens with <think> is not known yet; 1: in it; 2: after */
+    int reasoned; /* some of the <think> block went out */
+    size_t at;    /* bytes of the text consumed */
+    int in_call;  /* inside a call block whose text starts at call_start */
+    size_t call_start;
+    int after_call; /* the last thing consumed was a call: whitespace next is the format's */
+    int announced;  /* the call's id and name went out; its arguments follow from args_sent */
+    size_t args_sent;
+    int index; /* calls found so far */
+    char id[40];
+} serve_calls;
+
+/* What the scan finds, in order: reasoning (a thinking model's <think> block), content text,
+ * and calls. A call opens with its id and name (and maybe all its arguments); calls with a NULL
+ * id add arguments to the open one, and with NULL arguments too drop it (the reply ended inside
+ * it, so it is no call). */
+typedef struct serve_call_sink {
+    void (*reasoning)(void *ctx, const char *text, size_t len);
+    void (*content)(void *ctx, const char *text, size_t len);
+    void (*call)(void *ctx, int index, const char *id, const char *name, const char *args, size_t len);
+    void *ctx;
+} serve_call_sink;
 
 struct serve_job {
     serve_server *server;
@@ -40,6 +80,14 @@ struct serve_job {
     rlx_logit_bias *biases; /* sampler.logit_bias, malloc'd */
     char *stops[APP_MAX_STOPS];
     size_t n_stops;
+
+    /* tools.c: the reply's constraint and its tool calls */
+    rlx_grammar *grammar; /* NULL without one */
+    cJSON *tools;         /* the request's tools when calls are parsed out of the reply */
+    int call_format;      /* serve_call_format; SERVE_CALLS_NONE: the reply is content */
+    serve_tool_choice tool_choice;
+    int reasoning;  /* the <think> block goes to reasoning_content */
+    int think_open; /* the prompt left the model inside its <think> block */
 
     /* the engine worker's alone */
     rlx_detok *detok;
@@ -66,6 +114,7 @@ struct serve_job {
 
     /* the connection's alone */
     size_t text_sent, lps_sent;
+    serve_calls calls;   /* the stream's scan for tool calls */
     uint64_t steps_seen; /* the engine's step count when the job last looked (for --timeout) */
     int opened;
 };
@@ -79,6 +128,21 @@ const char *serve_job_stop_string(const serve_job *j);
 void serve_add_event(serve_buf *out, const char *event, cJSON *root);
 /* The same for an error body already printed (freed here; NULL when memory ran out: "{}"). */
 void serve_add_error_event(serve_buf *out, const char *event, char *json);
+
+/* openai.c: a random id of prefix and 24 hex digits. */
+void serve_make_id(char *out, size_t size, const char *prefix);
+
+/* tools.c: the tool-call format of a chat template. */
+serve_call_format serve_call_format_of(const char *tmpl);
+/* tools.c: the request's tools, tool_choice, parallel_tool_calls, response_format, json_schema
+ * and grammar into j (grammar, tools, call_format, tool_choice); prompt is the rendered chat (or
+ * NULL), which says whether the model starts inside its thinking. -1 after setting e. */
+int serve_constraint_parse(serve_job *j, const cJSON *root, const char *prompt, serve_error *e);
+/* tools.c: whether a chat reply is scanned (for reasoning or tool calls) rather than all content. */
+int serve_reply_scanned(const serve_job *j);
+/* tools.c: scans j->text from j->calls on, telling sink the reasoning, content and tool calls found; text
+ * that may still become a call is held back unless final (the reply is complete). Under j->mu. */
+void serve_calls_scan(serve_job *j, int final, const serve_call_sink *sink);
 
 /* llama.c: the final /completion object, and the stream's events since the last call (1 once
  * complete); under j->mu. */

@@ -35,6 +35,8 @@ static void job_free(serve_job *j) {
     free(j->biases);
     free(j->prompt);
     free(j->model);
+    rlx_grammar_destroy(j->grammar);
+    cJSON_Delete(j->tools);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -240,11 +242,6 @@ static int parse_unsupported(const cJSON *root, serve_error *e) {
     if ((item = serve_member(root, "suffix")) && !(cJSON_IsString(item) && !*item->valuestring))
         return serve_bad(e, "suffix", "'%s' is not supported: %s",
                          "rlx does not insert text between a prefix and a suffix");
-    const cJSON *type;
-    if ((item = serve_member(root, "response_format")) && !((type = cJSON_GetObjectItemCaseSensitive(item, "type")) &&
-                                                            cJSON_IsString(type) && !strcmp(type->valuestring, "text")))
-        return serve_bad(e, "response_format", "'%s' is not supported: %s",
-                         "only {\"type\": \"text\"} (rlx has no constrained JSON output)");
     return 0;
 }
 
@@ -381,8 +378,8 @@ fail:
 }
 
 /* Whether the request needs the messages as JSON: tools, or tool calls and results in messages. */
-static int has_tools(const cJSON *root, const cJSON *msgs) {
-    if (serve_member(root, "tools"))
+static int has_tools(const cJSON *tools, const cJSON *msgs) {
+    if (tools)
         return 1;
     for (const cJSON *msg = msgs->child; msg; msg = msg->next)
         if (serve_member(msg, "tool_calls") || serve_member(msg, "tool_call_id") || serve_member(msg, "name"))
@@ -432,7 +429,11 @@ int serve_render_chat(const serve_server *s, const cJSON *root, char **prompt, r
     const cJSON *tools = serve_member(root, "tools");
     if (rc == 0 && tools && !cJSON_IsArray(tools))
         rc = serve_bad(e, "tools", "'%s' must be %s", "an array of tool definitions");
-    int with_tools = rc == 0 && has_tools(root, msgs);
+    /* tool_choice "none": the model is not shown tools it may not call */
+    const cJSON *choice = serve_member(root, "tool_choice");
+    if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "none"))
+        tools = NULL;
+    int with_tools = rc == 0 && has_tools(tools, msgs);
     char *kwargs_json = kwargs ? cJSON_PrintUnformatted(kwargs) : NULL;
     char *messages_json = with_tools ? tool_messages_json(msgs, m) : NULL;
     char *tools_json = with_tools && tools ? cJSON_PrintUnformatted(tools) : NULL;
@@ -491,7 +492,7 @@ static int completion_prompt(serve_job *j, const cJSON *root, char **text, serve
     return serve_bad(e, "prompt", "'%s' must be %s", "a string or an array of token ids (one prompt per request)");
 }
 
-static void make_id(char *out, size_t size, const char *prefix) {
+void serve_make_id(char *out, size_t size, const char *prefix) {
     unsigned char r[12];
     if (getrandom(r, sizeof r, 0) != (ssize_t)sizeof r) {
         uint64_t s = app_fresh_seed();
@@ -601,20 +602,25 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
     j->ep = ep;
     j->created = (long long)time(NULL);
     const int chat = ep == SERVE_CHAT || ep == SERVE_ANTHROPIC;
-    make_id(j->id, sizeof j->id, ep == SERVE_ANTHROPIC ? "msg_" : chat ? "chatcmpl-" : "cmpl-");
+    serve_make_id(j->id, sizeof j->id, ep == SERVE_ANTHROPIC ? "msg_" : chat ? "chatcmpl-" : "cmpl-");
     cJSON *root = serve_parse_body(body, len, err);
     if (root && ep == SERVE_ANTHROPIC) { /* read as the chat request it is */
         cJSON *as_chat = serve_anthropic_request(root, err);
         cJSON_Delete(root);
         root = as_chat;
     }
-    char *text = NULL;
+    char *text = NULL, *chat_text = NULL;
+    rlx_text_span *markup = NULL;
+    size_t n_markup = 0;
     int rc = -1;
     if (!root)
         goto done;
     if (parse_options(j, root, err) < 0)
         goto done;
-    if (chat && serve_chat_prompt(s, root, &j->prompt, &j->n_prompt, err) < 0)
+    if (chat && (serve_render_chat(s, root, &chat_text, &markup, &n_markup, err) < 0 ||
+                 encode_prompt(s, 1, chat_text, markup, n_markup, &j->prompt, &j->n_prompt, err) < 0))
+        goto done;
+    if (serve_constraint_parse(j, root, chat_text, err) < 0)
         goto done;
     if (!chat && (completion_prompt(j, root, &text, err) < 0 || /* text, or else the ids themselves */
                   (text && encode_prompt(s, 0, text, NULL, 0, &j->prompt, &j->n_prompt, err) < 0)))
@@ -633,6 +639,8 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
 done:
     cJSON_Delete(root);
     free(text);
+    free(chat_text);
+    free(markup);
     if (rc < 0) {
         job_free(j);
         return -1;
@@ -664,7 +672,9 @@ int serve_job_submit(serve_server *s, serve_job *j, serve_error *err) {
                        .logprobs = j->logprobs,
                        .top_logprobs = j->top_logprobs,
                        .on_event = on_event,
-                       .ctx = j};
+                       .ctx = j,
+                       .grammar = j->grammar,
+                       .grammar_vocab = j->grammar ? s->gvocab : NULL};
     static const int32_t no_stop = -1; /* an id no vocabulary has */
     if (j->ignore_eos) {
         req.stop_ids = &no_stop;
@@ -811,8 +821,9 @@ int serve_job_end_error(const serve_job *j, serve_error *e) {
     return 0;
 }
 
-static const char *finish_reason(uint32_t finish) {
-    return finish == RLX_FINISH_LENGTH || finish == RLX_FINISH_CONTEXT ? "length" : "stop";
+/* Why the reply ended, in OpenAI's words: a reply that called tools and ended on its own says so. */
+static const char *finish_reason(const serve_job *j, int calls) {
+    return j->finish == RLX_FINISH_LENGTH || j->finish == RLX_FINISH_CONTEXT ? "length" : calls ? "tool_calls" : "stop";
 }
 
 /* The log-probabilities of lps[0 .. n) in the endpoint's shape. */
@@ -906,6 +917,52 @@ char *serve_job_response(serve_job *j, unsigned *status) {
     return body;
 }
 
+/* A whole reply's content and tool calls (OpenAI's message.tool_calls), from serve_calls_scan. */
+typedef struct whole_reply {
+    serve_buf reasoning, content;
+    cJSON *calls;
+} whole_reply;
+
+static void whole_reasoning(void *ctx, const char *text, size_t len) {
+    serve_buf_append(&((whole_reply *)ctx)->reasoning, text, len);
+}
+
+static void whole_content(void *ctx, const char *text, size_t len) {
+    serve_buf_append(&((whole_reply *)ctx)->content, text, len);
+}
+
+/* One tool call's object, or the arguments it gains; its arguments string grows as they come. */
+static void whole_call(void *ctx, int index, const char *id, const char *name, const char *args, size_t len) {
+    whole_reply *w = ctx;
+    (void)index;
+    if (!args) {
+        cJSON_DeleteItemFromArray(w->calls, cJSON_GetArraySize(w->calls) - 1);
+        return;
+    }
+    cJSON *call = id ? cJSON_CreateObject() : cJSON_GetArrayItem(w->calls, cJSON_GetArraySize(w->calls) - 1);
+    if (!call)
+        return;
+    cJSON *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+    if (id) {
+        cJSON_AddItemToArray(w->calls, call);
+        cJSON_AddStringToObject(call, "id", id);
+        cJSON_AddStringToObject(call, "type", "function");
+        fn = cJSON_AddObjectToObject(call, "function");
+        cJSON_AddStringToObject(fn, "name", name);
+        cJSON_AddStringToObject(fn, "arguments", "");
+    }
+    const cJSON *old = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+    size_t have = cJSON_IsString(old) ? strlen(old->valuestring) : 0;
+    char *grown = malloc(have + len + 1);
+    if (!grown)
+        return;
+    memcpy(grown, have ? old->valuestring : "", have);
+    memcpy(grown + have, args, len);
+    grown[have + len] = 0;
+    cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", cJSON_CreateString(grown));
+    free(grown);
+}
+
 /* The chat.completion or text_completion object of a finished job; under j->mu. */
 static cJSON *openai_response(serve_job *j) {
     const int chat = j->ep == SERVE_CHAT;
@@ -914,7 +971,35 @@ static cJSON *openai_response(serve_job *j) {
     cJSON_AddNumberToObject(choice, "index", 0);
     const char *text = j->text.len ? j->text.data : "";
     char *copy = strndup(text, j->text.len);
-    if (chat) {
+    int n_calls = 0;
+    if (serve_reply_scanned(j)) {
+        /* the reply split into its reasoning, its content and its tool calls */
+        whole_reply w = {.calls = cJSON_CreateArray()};
+        serve_calls scan = j->calls;
+        j->calls = (serve_calls){0};
+        serve_calls_scan(j, 1, &(serve_call_sink){whole_reasoning, whole_content, whole_call, &w});
+        j->calls = scan;
+        cJSON *msg = cJSON_AddObjectToObject(choice, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        char *reasoning = w.reasoning.len ? strndup(w.reasoning.data, w.reasoning.len) : NULL;
+        if (reasoning)
+            cJSON_AddStringToObject(msg, "reasoning_content", reasoning);
+        free(reasoning);
+        serve_buf_free(&w.reasoning);
+        char *content = w.content.len ? strndup(w.content.data, w.content.len) : NULL;
+        n_calls = cJSON_GetArraySize(w.calls);
+        if (content || !n_calls)
+            cJSON_AddStringToObject(msg, "content", content ? content : "");
+        else
+            cJSON_AddNullToObject(msg, "content");
+        free(content);
+        if (n_calls)
+            cJSON_AddItemToObject(msg, "tool_calls", w.calls);
+        else
+            cJSON_Delete(w.calls);
+        cJSON_AddNullToObject(msg, "refusal");
+        serve_buf_free(&w.content);
+    } else if (chat) {
         cJSON *msg = cJSON_AddObjectToObject(choice, "message");
         cJSON_AddStringToObject(msg, "role", "assistant");
         cJSON_AddStringToObject(msg, "content", copy ? copy : "");
@@ -927,7 +1012,7 @@ static cJSON *openai_response(serve_job *j) {
         cJSON_AddItemToObject(choice, "logprobs", logprobs_json(j, j->lps, j->n_lps));
     else
         cJSON_AddNullToObject(choice, "logprobs");
-    cJSON_AddStringToObject(choice, "finish_reason", finish_reason(j->finish));
+    cJSON_AddStringToObject(choice, "finish_reason", finish_reason(j, n_calls));
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
     cJSON_AddItemToObject(root, "usage", usage_json(j));
     return root;
@@ -996,6 +1081,52 @@ static cJSON *chunk(serve_job *j, const char *text, size_t len, const token_lp *
     return root;
 }
 
+typedef struct stream_reply {
+    serve_job *j;
+    serve_buf *out;
+} stream_reply;
+
+/* delta.reasoning_content, as llama-server streams a thinking model's block */
+static void stream_reasoning(void *ctx, const char *text, size_t len) {
+    stream_reply *r = ctx;
+    cJSON *root = chunk(r->j, NULL, 0, NULL, 0, NULL);
+    cJSON *delta = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "choices"), 0), "delta");
+    char *copy = strndup(text, len);
+    cJSON_AddStringToObject(delta, "reasoning_content", copy ? copy : "");
+    free(copy);
+    serve_add_event(r->out, NULL, root);
+}
+
+static void stream_content(void *ctx, const char *text, size_t len) {
+    stream_reply *r = ctx;
+    serve_add_event(r->out, NULL, chunk(r->j, text, len, NULL, 0, NULL));
+}
+
+/* A delta of delta.tool_calls: the call's index always, its id, type and name when it opens. */
+static void stream_call(void *ctx, int index, const char *id, const char *name, const char *args, size_t len) {
+    stream_reply *r = ctx;
+    if (!args) /* a call cut short: what went out stays, and the finish reason says length */
+        return;
+    cJSON *root = chunk(r->j, NULL, 0, NULL, 0, NULL);
+    cJSON *delta = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "choices"), 0), "delta");
+    cJSON *call = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(delta, "tool_calls"), call);
+    cJSON_AddNumberToObject(call, "index", index);
+    if (id) {
+        cJSON_AddStringToObject(call, "id", id);
+        cJSON_AddStringToObject(call, "type", "function");
+    }
+    cJSON *fn = cJSON_AddObjectToObject(call, "function");
+    if (name)
+        cJSON_AddStringToObject(fn, "name", name);
+    char *text = strndup(args, len);
+    cJSON_AddStringToObject(fn, "arguments", text ? text : "");
+    free(text);
+    serve_add_event(r->out, NULL, root);
+}
+
 int serve_job_stream(serve_job *j, serve_buf *out) {
     pthread_mutex_lock(&j->mu);
     if (j->ep == SERVE_LLAMA_COMPLETION || j->ep == SERVE_ANTHROPIC) {
@@ -1007,18 +1138,26 @@ int serve_job_stream(serve_job *j, serve_buf *out) {
     if (!j->opened && j->ep == SERVE_CHAT)
         serve_add_event(out, NULL, chunk(j, NULL, 0, NULL, 0, NULL));
     size_t new_text = j->text.len - j->text_sent, new_lps = j->n_lps - j->lps_sent;
-    if (new_text || new_lps)
+    int complete = j->done;
+    if (serve_reply_scanned(j)) {
+        /* reasoning, content and tool calls as the scan finds them; the log-probabilities on their own */
+        stream_reply r = {.j = j, .out = out};
+        serve_calls_scan(j, complete, &(serve_call_sink){stream_reasoning, stream_content, stream_call, &r});
+        if (new_lps)
+            serve_add_event(out, NULL, chunk(j, NULL, 0, j->lps + j->lps_sent, new_lps, NULL));
+    } else if (new_text || new_lps) {
         serve_add_event(out, NULL,
                         chunk(j, j->text.data + j->text_sent, new_text, j->lps + j->lps_sent, new_lps, NULL));
+    }
     j->text_sent = j->text.len;
     j->lps_sent = j->n_lps;
-    int complete = j->done;
     serve_error e;
     if (complete && serve_job_end_error(j, &e)) {
         /* the status line went out with the first byte: the error travels as an event */
         serve_add_error_event(out, NULL, serve_error_json(&e));
     } else if (complete) {
-        serve_add_event(out, NULL, chunk(j, j->ep == SERVE_CHAT ? NULL : "", 0, NULL, 0, finish_reason(j->finish)));
+        serve_add_event(out, NULL,
+                        chunk(j, j->ep == SERVE_CHAT ? NULL : "", 0, NULL, 0, finish_reason(j, j->calls.index)));
         if (j->include_usage) {
             cJSON *root = envelope(j, j->ep == SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
             cJSON_AddArrayToObject(root, "choices");

@@ -27,6 +27,7 @@
 
 #include "rlx/dist.h"
 #include "rlx/engine.h"
+#include "rlx/grammar.h"
 #include "rlx/text.h"
 
 #include <cjson/cJSON.h>
@@ -67,6 +68,7 @@ typedef struct serve_server {
     rlx_sampler_params sampling; /* what a request's absent sampling fields are (OpenAI's, or --temp ...) */
     int has_seed;                /* --seed: the seed of requests that give none (else a fresh one each) */
     int special_in_content;      /* --special-in-content: special tokens in chat messages are parsed */
+    int reasoning_split;         /* --reasoning-format auto/deepseek: <think> goes to reasoning_content */
     const char *chat_template;   /* --chat-template-file's text, or NULL: the model's template */
     /* set once loaded (phase becomes SERVE_READY after them) */
     const char *model_id;   /* what /v1/models lists and responses echo when a request names none */
@@ -75,6 +77,7 @@ typedef struct serve_server {
     uint32_t n_slots;       /* requests generated at once */
     rlx_engine *engine;
     const rlx_tokenizer *tok;
+    rlx_grammar_vocab *gvocab; /* tok's vocabulary for constrained replies */
     int64_t vocab;
     uint32_t slot_positions;
     const rlx_driver *driver; /* the pipeline's driver, NULL without a pipeline */
