@@ -33,6 +33,23 @@ async function main() {
   const counted = await client.messages.countTokens({ model: 'rlx', messages: base.messages });
   out.count = counted.input_tokens;
 
+  // tools: a forced call (tool_choice any), whole and through the SDK's stream accumulation
+  const tools = [{ name: 'get_weather', description: 'The weather in a city', input_schema: {
+    type: 'object', properties: { location: { type: 'string', maxLength: 16 }, unit: { type: 'string', enum: ['celsius', 'fahrenheit'] } },
+    required: ['location', 'unit'], additionalProperties: false } }];
+  const toolArgs = { ...base, max_tokens: 160, tools, tool_choice: { type: 'any', disable_parallel_tool_use: true } };
+  const uses = (m) => m.content.filter((b) => b.type === 'tool_use').map((b) => ({ id: b.id, name: b.name, input: b.input }));
+  const called = await client.messages.create(toolArgs);
+  out.tools = { uses: uses(called), stop_reason: called.stop_reason, schema: tools[0].input_schema };
+  const toolStream = client.messages.stream(toolArgs);
+  const streamed = await toolStream.finalMessage();
+  out.tools_stream = { uses: uses(streamed), stop_reason: streamed.stop_reason };
+  // the call and its result fed back: tool_use and tool_result blocks reach the template
+  const history = [...base.messages, { role: 'assistant', content: called.content },
+    { role: 'user', content: [{ type: 'tool_result', tool_use_id: out.tools.uses[0].id, content: '18 degrees' }] }];
+  out.count_with_result = (await client.messages.countTokens({ model: 'rlx', messages: history, tools })).input_tokens;
+  out.count_with_tools = (await client.messages.countTokens({ model: 'rlx', messages: base.messages, tools })).input_tokens;
+
   try {
     await client.messages.create({ ...base, temperature: 3 });
     out.error = null;

@@ -49,7 +49,8 @@ typedef struct serve_calls {
     int after_call; /* the last thing consumed was a call: whitespace next is the format's */
     int announced;  /* the call's id and name went out; its arguments follow from args_sent */
     size_t args_sent;
-    int index; /* calls found so far */
+    int index;             /* calls found so far */
+    int block, block_kind; /* Anthropic's stream: the content block open (index; 0 none, 1 text, 2 tool_use) */
     char id[40];
 } serve_calls;
 

@@ -378,7 +378,9 @@ static int response_format_schema(const cJSON *root, const cJSON **schema, int *
     return serve_bad(e, "response_format", "'%s' type must be %s", "text, json_object or json_schema");
 }
 
-int serve_reply_scanned(const serve_job *j) { return j->ep == SERVE_CHAT && (j->call_format || j->reasoning); }
+int serve_reply_scanned(const serve_job *j) {
+    return (j->ep == SERVE_CHAT || j->ep == SERVE_ANTHROPIC) && (j->call_format || j->reasoning);
+}
 
 /* reasoning_format (llama-server's per-request field): whether a <think> block is split out. */
 static int parse_reasoning(serve_job *j, const cJSON *root, const char *tmpl, const char *prompt, serve_error *e) {
@@ -398,7 +400,7 @@ static int parse_reasoning(serve_job *j, const cJSON *root, const char *tmpl, co
 
 int serve_constraint_parse(serve_job *j, const cJSON *root, const char *prompt, serve_error *e) {
     serve_server *s = j->server;
-    const int chat = j->ep == SERVE_CHAT;
+    const int chat = j->ep == SERVE_CHAT || j->ep == SERVE_ANTHROPIC;
     const cJSON *tools = chat ? serve_member(root, "tools") : NULL;
     if (tools && check_tools(tools, e) < 0)
         return -1;
@@ -409,7 +411,8 @@ int serve_constraint_parse(serve_job *j, const cJSON *root, const char *prompt, 
     if (serve_get_bool(root, "parallel_tool_calls", &parallel, e) < 0)
         return -1;
     const char *tmpl = s->chat_template ? s->chat_template : rlx_chat_template_text(s->tok);
-    if (chat && parse_reasoning(j, root, tmpl, prompt, e) < 0)
+    /* Anthropic's thinking blocks carry signatures rlx cannot make: its replies keep <think> as text */
+    if (j->ep == SERVE_CHAT && parse_reasoning(j, root, tmpl, prompt, e) < 0)
         return -1;
     if (tools && j->tool_choice != SERVE_TOOLS_NONE) {
         j->call_format = serve_call_format_of(tmpl);
