@@ -307,23 +307,14 @@ static void block_text(void *ctx, const char *text, size_t len) {
     block_sink *b = ctx;
     cJSON *last = cJSON_GetArrayItem(b->content, cJSON_GetArraySize(b->content) - 1);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(last, "type");
-    const cJSON *had = cJSON_GetObjectItemCaseSensitive(last, "text");
-    const size_t have = cJSON_IsString(type) && !strcmp(type->valuestring, "text") ? strlen(had->valuestring) : 0;
-    char *joined = malloc(have + len + 1);
-    if (!joined)
-        return;
-    memcpy(joined, have ? had->valuestring : "", have);
-    memcpy(joined + have, text, len);
-    joined[have + len] = 0;
-    if (have) {
-        cJSON_ReplaceItemInObjectCaseSensitive(last, "text", cJSON_CreateString(joined));
-    } else {
-        cJSON *block = cJSON_CreateObject();
-        cJSON_AddStringToObject(block, "type", "text");
-        cJSON_AddStringToObject(block, "text", joined);
-        cJSON_AddItemToArray(b->content, block);
+    if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0) { /* a text run after a call */
+        last = cJSON_CreateObject();
+        if (!last || !cJSON_AddStringToObject(last, "type", "text") || !cJSON_AddItemToArray(b->content, last)) {
+            cJSON_Delete(last);
+            return;
+        }
     }
-    free(joined);
+    serve_json_append(last, "text", text, len);
 }
 
 /* Anthropic's tool ids are toolu_...: the call's id keeps its random part. */
@@ -352,20 +343,15 @@ static void block_call(void *ctx, int index, const char *id, const char *name, c
         cJSON_AddItemToArray(b->content, last);
         b->calls++;
     }
-    const cJSON *had = cJSON_GetObjectItemCaseSensitive(last, "input");
-    const size_t have = cJSON_IsString(had) ? strlen(had->valuestring) : 0;
-    char *joined = malloc(have + len + 1);
-    if (!joined)
+    /* the arguments' text grows until it parses as the whole object */
+    if (serve_json_append(last, "input", args, len) < 0)
         return;
-    memcpy(joined, have ? had->valuestring : "", have);
-    memcpy(joined + have, args, len);
-    joined[have + len] = 0;
-    cJSON *input = cJSON_Parse(joined);
-    /* whole arguments parse as the object; a prefix of them waits as text */
-    cJSON_ReplaceItemInObjectCaseSensitive(last, "input", cJSON_IsObject(input) ? input : cJSON_CreateString(joined));
-    if (!cJSON_IsObject(input))
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(last, "input");
+    cJSON *input = cJSON_Parse(text->valuestring);
+    if (cJSON_IsObject(input))
+        cJSON_ReplaceItemInObjectCaseSensitive(last, "input", input);
+    else
         cJSON_Delete(input);
-    free(joined);
 }
 
 /* The message object; content and the stop fields only when final (message_start has none). */

@@ -130,6 +130,9 @@ void serve_add_event(serve_buf *out, const char *event, cJSON *root);
 /* The same for an error body already printed (freed here; NULL when memory ran out: "{}"). */
 void serve_add_error_event(serve_buf *out, const char *event, char *json);
 
+/* openai.c: the text of string member name of o (none: "") with len bytes of more after it, as
+ * the member's new value; 0, or -1 when memory ran out (o unchanged). */
+int serve_json_append(cJSON *o, const char *name, const char *more, size_t len);
 /* openai.c: a random id of prefix and 24 hex digits. */
 void serve_make_id(char *out, size_t size, const char *prefix);
 

@@ -917,6 +917,24 @@ char *serve_job_response(serve_job *j, unsigned *status) {
     return body;
 }
 
+int serve_json_append(cJSON *o, const char *name, const char *more, size_t len) {
+    const cJSON *had = cJSON_GetObjectItemCaseSensitive(o, name);
+    const size_t have = cJSON_IsString(had) ? strlen(had->valuestring) : 0;
+    char *joined = malloc(have + len + 1);
+    if (!joined)
+        return -1;
+    memcpy(joined, have ? had->valuestring : "", have);
+    memcpy(joined + have, more, len);
+    joined[have + len] = 0;
+    cJSON *value = cJSON_CreateString(joined);
+    free(joined);
+    if (!value)
+        return -1;
+    if (had)
+        return cJSON_ReplaceItemInObjectCaseSensitive(o, name, value) ? 0 : (cJSON_Delete(value), -1);
+    return cJSON_AddItemToObject(o, name, value) ? 0 : (cJSON_Delete(value), -1);
+}
+
 /* A whole reply's content and tool calls (OpenAI's message.tool_calls), from serve_calls_scan. */
 typedef struct whole_reply {
     serve_buf reasoning, content;
@@ -951,16 +969,7 @@ static void whole_call(void *ctx, int index, const char *id, const char *name, c
         cJSON_AddStringToObject(fn, "name", name);
         cJSON_AddStringToObject(fn, "arguments", "");
     }
-    const cJSON *old = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
-    size_t have = cJSON_IsString(old) ? strlen(old->valuestring) : 0;
-    char *grown = malloc(have + len + 1);
-    if (!grown)
-        return;
-    memcpy(grown, have ? old->valuestring : "", have);
-    memcpy(grown + have, args, len);
-    grown[have + len] = 0;
-    cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", cJSON_CreateString(grown));
-    free(grown);
+    serve_json_append(fn, "arguments", args, len);
 }
 
 /* The chat.completion or text_completion object of a finished job; under j->mu. */
