@@ -362,22 +362,19 @@ static cJSON *message(serve_job *j, int final) {
     cJSON_AddStringToObject(root, "role", "assistant");
     cJSON_AddStringToObject(root, "model", j->model);
     cJSON *content = cJSON_AddArrayToObject(root, "content");
-    if (final && serve_reply_scanned(j)) {
-        /* text blocks and tool_use blocks, in the order the reply wrote them */
-        serve_calls scan = j->calls;
-        j->calls = (serve_calls){0};
+    if (final) {
+        /* a scanned reply: text blocks and tool_use blocks, in the order it wrote them; any
+         * other: its text as one block */
         block_sink b = {.content = content};
-        serve_calls_scan(j, 1, &(serve_call_sink){block_text, block_text, block_call, &b});
-        j->calls = scan;
+        if (serve_reply_scanned(j)) {
+            serve_calls scan = j->calls;
+            j->calls = (serve_calls){0};
+            serve_calls_scan(j, 1, &(serve_call_sink){block_text, block_text, block_call, &b});
+            j->calls = scan;
+        } else {
+            block_text(&b, j->text.len ? j->text.data : "", j->text.len);
+        }
         add_stop(root, j, b.calls);
-    } else if (final) {
-        cJSON *block = cJSON_CreateObject();
-        cJSON_AddStringToObject(block, "type", "text");
-        char *text = strndup(j->text.len ? j->text.data : "", j->text.len);
-        cJSON_AddStringToObject(block, "text", text ? text : "");
-        free(text);
-        cJSON_AddItemToArray(content, block);
-        add_stop(root, j, 0);
     } else {
         cJSON_AddNullToObject(root, "stop_reason");
         cJSON_AddNullToObject(root, "stop_sequence");
@@ -392,17 +389,15 @@ static cJSON *message(serve_job *j, int final) {
 
 cJSON *serve_anthropic_response(serve_job *j) { return message(j, 1); }
 
-/* An event's object: {"type": type} with index 0 when index. */
-static cJSON *event(const char *type, int index) {
+/* An event's object: {"type": type}. */
+static cJSON *event(const char *type) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "type", type);
-    if (index)
-        cJSON_AddNumberToObject(o, "index", 0);
     return o;
 }
 
-/* The stream of a scanned reply: each text run and tool call its own content block, a call's
- * input as input_json_delta events as its arguments come. */
+/* The stream: each text run and tool call its own content block (a reply that is all text, one
+ * block), a call's input as input_json_delta events as its arguments come. */
 typedef struct block_stream {
     serve_job *j;
     serve_buf *out;
@@ -412,7 +407,7 @@ static void stream_close_block(block_stream *b) {
     serve_calls *c = &b->j->calls;
     if (!c->block_kind)
         return;
-    cJSON *stop = event("content_block_stop", 0);
+    cJSON *stop = event("content_block_stop");
     cJSON_AddNumberToObject(stop, "index", c->block);
     serve_add_event(b->out, "content_block_stop", stop);
     c->block++;
@@ -425,7 +420,7 @@ static void stream_open_block(block_stream *b, int kind, const char *id, const c
     if (c->block_kind == kind && kind == 1)
         return;
     stream_close_block(b);
-    cJSON *start = event("content_block_start", 0), *cb = cJSON_CreateObject();
+    cJSON *start = event("content_block_start"), *cb = cJSON_CreateObject();
     cJSON_AddNumberToObject(start, "index", c->block);
     cJSON_AddItemToObject(start, "content_block", cb);
     if (kind == 1) {
@@ -444,7 +439,7 @@ static void stream_open_block(block_stream *b, int kind, const char *id, const c
 }
 
 static void stream_delta(block_stream *b, const char *type, const char *key, const char *text, size_t len) {
-    cJSON *delta = event("content_block_delta", 0), *d = cJSON_CreateObject();
+    cJSON *delta = event("content_block_delta"), *d = cJSON_CreateObject();
     cJSON_AddNumberToObject(delta, "index", b->j->calls.block);
     cJSON_AddItemToObject(delta, "delta", d);
     cJSON_AddStringToObject(d, "type", type);
@@ -471,16 +466,22 @@ static void stream_call(void *ctx, int index, const char *id, const char *name, 
         stream_delta(b, "input_json_delta", "partial_json", args, len);
 }
 
-static int anthropic_scanned_stream(serve_job *j, serve_buf *out) {
+int serve_anthropic_stream(serve_job *j, serve_buf *out) {
+    block_stream b = {.j = j, .out = out};
+    const int scanned = serve_reply_scanned(j);
     if (!j->opened) {
-        cJSON *start = event("message_start", 0);
+        cJSON *start = event("message_start");
         cJSON_AddItemToObject(start, "message", message(j, 0));
         serve_add_event(out, "message_start", start);
-        serve_add_event(out, "ping", event("ping", 0));
+        if (!scanned) /* a reply that is all text has its one block from the start */
+            stream_open_block(&b, 1, NULL, NULL);
+        serve_add_event(out, "ping", event("ping"));
         j->opened = 1;
     }
-    block_stream b = {.j = j, .out = out};
-    serve_calls_scan(j, j->done, &(serve_call_sink){stream_text, stream_text, stream_call, &b});
+    if (scanned)
+        serve_calls_scan(j, j->done, &(serve_call_sink){stream_text, stream_text, stream_call, &b});
+    else if (j->text.len > j->text_sent)
+        stream_text(&b, j->text.data + j->text_sent, j->text.len - j->text_sent);
     j->text_sent = j->text.len;
     j->lps_sent = j->n_lps;
     serve_error e;
@@ -488,49 +489,11 @@ static int anthropic_scanned_stream(serve_job *j, serve_buf *out) {
         serve_add_error_event(out, "error", serve_anthropic_error_json(&e));
     } else if (j->done) {
         stream_close_block(&b);
-        cJSON *md = event("message_delta", 0), *delta = cJSON_AddObjectToObject(md, "delta");
+        cJSON *md = event("message_delta"), *delta = cJSON_AddObjectToObject(md, "delta");
         add_stop(delta, j, j->calls.index);
         cJSON_AddNumberToObject(cJSON_AddObjectToObject(md, "usage"), "output_tokens", j->usage.n_generated);
         serve_add_event(out, "message_delta", md);
-        serve_add_event(out, "message_stop", event("message_stop", 0));
-    }
-    return j->done;
-}
-
-int serve_anthropic_stream(serve_job *j, serve_buf *out) {
-    if (serve_reply_scanned(j))
-        return anthropic_scanned_stream(j, out);
-    if (!j->opened) {
-        cJSON *start = event("message_start", 0);
-        cJSON_AddItemToObject(start, "message", message(j, 0));
-        serve_add_event(out, "message_start", start);
-        cJSON *block = event("content_block_start", 1), *cb = cJSON_AddObjectToObject(block, "content_block");
-        cJSON_AddStringToObject(cb, "type", "text");
-        cJSON_AddStringToObject(cb, "text", "");
-        serve_add_event(out, "content_block_start", block);
-        serve_add_event(out, "ping", event("ping", 0));
-        j->opened = 1;
-    }
-    if (j->text.len > j->text_sent) {
-        cJSON *delta = event("content_block_delta", 1), *d = cJSON_AddObjectToObject(delta, "delta");
-        cJSON_AddStringToObject(d, "type", "text_delta");
-        char *text = strndup(j->text.data + j->text_sent, j->text.len - j->text_sent);
-        cJSON_AddStringToObject(d, "text", text ? text : "");
-        free(text);
-        serve_add_event(out, "content_block_delta", delta);
-        j->text_sent = j->text.len;
-    }
-    j->lps_sent = j->n_lps;
-    serve_error e;
-    if (j->done && serve_job_end_error(j, &e)) {
-        serve_add_error_event(out, "error", serve_anthropic_error_json(&e));
-    } else if (j->done) {
-        serve_add_event(out, "content_block_stop", event("content_block_stop", 1));
-        cJSON *md = event("message_delta", 0), *delta = cJSON_AddObjectToObject(md, "delta");
-        add_stop(delta, j, 0);
-        cJSON_AddNumberToObject(cJSON_AddObjectToObject(md, "usage"), "output_tokens", j->usage.n_generated);
-        serve_add_event(out, "message_delta", md);
-        serve_add_event(out, "message_stop", event("message_stop", 0));
+        serve_add_event(out, "message_stop", event("message_stop"));
     }
     return j->done;
 }

@@ -1095,12 +1095,18 @@ typedef struct stream_reply {
     serve_buf *out;
 } stream_reply;
 
+/* A chat chunk without content, and its delta for the caller to fill. */
+static cJSON *delta_chunk(serve_job *j, cJSON **delta) {
+    cJSON *root = chunk(j, NULL, 0, NULL, 0, NULL);
+    *delta = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "choices"), 0),
+                                              "delta");
+    return root;
+}
+
 /* delta.reasoning_content, as llama-server streams a thinking model's block */
 static void stream_reasoning(void *ctx, const char *text, size_t len) {
     stream_reply *r = ctx;
-    cJSON *root = chunk(r->j, NULL, 0, NULL, 0, NULL);
-    cJSON *delta = cJSON_GetObjectItemCaseSensitive(
-        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "choices"), 0), "delta");
+    cJSON *delta, *root = delta_chunk(r->j, &delta);
     char *copy = strndup(text, len);
     cJSON_AddStringToObject(delta, "reasoning_content", copy ? copy : "");
     free(copy);
@@ -1117,9 +1123,7 @@ static void stream_call(void *ctx, int index, const char *id, const char *name, 
     stream_reply *r = ctx;
     if (!args) /* a call cut short: what went out stays, and the finish reason says length */
         return;
-    cJSON *root = chunk(r->j, NULL, 0, NULL, 0, NULL);
-    cJSON *delta = cJSON_GetObjectItemCaseSensitive(
-        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(root, "choices"), 0), "delta");
+    cJSON *delta, *root = delta_chunk(r->j, &delta);
     cJSON *call = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(delta, "tool_calls"), call);
     cJSON_AddNumberToObject(call, "index", index);

@@ -191,24 +191,25 @@ static int parse_tool_choice(const cJSON *root, const cJSON *tools, serve_tool_c
                      "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}");
 }
 
+/* The last occurrence of what in s, or NULL. */
+static const char *last_of(const char *s, const char *what) {
+    const char *last = NULL;
+    for (const char *p = s; (p = strstr(p, what)); p++)
+        last = p;
+    return last;
+}
+
 /* Where the rendered prompt leaves a thinking model: 2 inside an open <think> block, 1 free to
- * open one, 0 neither (no thinking in the template, or the template closed the block itself, as
- * Qwen3's does with enable_thinking false). */
+ * open one, 0 neither (no thinking in the template, no chat prompt, or the template closed the
+ * block itself, as Qwen3's does with enable_thinking false). */
 static int think_state(const char *tmpl, const char *prompt) {
-    if (!tmpl || !strstr(tmpl, "<think>"))
+    if (!tmpl || !prompt || !strstr(tmpl, "<think>"))
         return 0;
-    const char *open = NULL;
-    for (const char *p = prompt; (p = strstr(p, "<think>")); p++)
-        open = p;
-    const char *close = NULL;
-    for (const char *p = prompt; (p = strstr(p, "</think>")); p++)
-        close = p;
+    const char *open = last_of(prompt, "<think>"), *close = last_of(prompt, "</think>");
     if (open && (!close || close < open))
         return 2;
     /* a block the template closed after the last turn's start: the model answers straight away */
-    const char *turn = NULL;
-    for (const char *p = prompt; (p = strstr(p, "<|im_start|>assistant")); p++)
-        turn = p;
+    const char *turn = last_of(prompt, "<|im_start|>assistant");
     return close && turn && close > turn ? 0 : 1;
 }
 
@@ -382,8 +383,9 @@ int serve_reply_scanned(const serve_job *j) {
     return (j->ep == SERVE_CHAT || j->ep == SERVE_ANTHROPIC) && (j->call_format || j->reasoning);
 }
 
-/* reasoning_format (llama-server's per-request field): whether a <think> block is split out. */
-static int parse_reasoning(serve_job *j, const cJSON *root, const char *tmpl, const char *prompt, serve_error *e) {
+/* reasoning_format (llama-server's per-request field): whether a <think> block is split out;
+ * think is think_state's. */
+static int parse_reasoning(serve_job *j, const cJSON *root, const char *tmpl, int think, serve_error *e) {
     int split = j->server->reasoning_split;
     const char *format = NULL;
     if (serve_get_string(root, "reasoning_format", &format, e) < 0)
@@ -392,7 +394,6 @@ static int parse_reasoning(serve_job *j, const cJSON *root, const char *tmpl, co
         return serve_bad(e, "reasoning_format", "'%s' must be %s", "none, auto or deepseek");
     if (format)
         split = strcmp(format, "none") != 0;
-    const int think = think_state(tmpl, prompt);
     j->reasoning = split && tmpl && strstr(tmpl, "<think>");
     j->think_open = think == 2;
     return 0;
@@ -411,8 +412,9 @@ int serve_constraint_parse(serve_job *j, const cJSON *root, const char *prompt, 
     if (serve_get_bool(root, "parallel_tool_calls", &parallel, e) < 0)
         return -1;
     const char *tmpl = s->chat_template ? s->chat_template : rlx_chat_template_text(s->tok);
+    const int think = think_state(tmpl, prompt);
     /* Anthropic's thinking blocks carry signatures rlx cannot make: its replies keep <think> as text */
-    if (j->ep == SERVE_CHAT && parse_reasoning(j, root, tmpl, prompt, e) < 0)
+    if (j->ep == SERVE_CHAT && parse_reasoning(j, root, tmpl, think, e) < 0)
         return -1;
     if (tools && j->tool_choice != SERVE_TOOLS_NONE) {
         j->call_format = serve_call_format_of(tmpl);
@@ -469,7 +471,7 @@ int serve_constraint_parse(serve_job *j, const cJSON *root, const char *prompt, 
                 schema_rules(&b, any_object ? object : schema, "", llama_schema ? "json_schema" : "response_format", e);
         cJSON_Delete(object);
     } else {
-        rc = tools_grammar(&b, (serve_call_format)j->call_format, tools, named, parallel, think_state(tmpl, prompt), e);
+        rc = tools_grammar(&b, (serve_call_format)j->call_format, tools, named, parallel, think, e);
     }
     if (rc == 0 && (b.failed || b.len > 2 * SERVE_MAX_GRAMMAR_BYTES))
         rc = (serve_error_set(e, 400, "invalid_request_error", "invalid_value", given[0],
@@ -764,8 +766,9 @@ void serve_calls_scan(serve_job *j, int final, const serve_call_sink *sink) {
                                                       : xml_call(j->tools, block, block_len, &name, &args);
         if (ok == 0 && c->announced) {
             /* what the stream sent is a prefix of the arguments when they are the model's text */
-            size_t sent = c->args_sent - c->call_start - hermes_args_start(block, block_len);
-            if (sent <= strlen(args) && !memcmp(args, block + hermes_args_start(block, block_len), sent))
+            const char *from = block + hermes_args_start(block, block_len);
+            size_t sent = (size_t)(text + c->args_sent - from);
+            if (sent <= strlen(args) && !memcmp(args, from, sent))
                 sink->call(sink->ctx, c->index, NULL, NULL, args + sent, strlen(args) - sent);
         } else if (ok == 0) {
             serve_make_id(c->id, sizeof c->id, "call_");

@@ -290,6 +290,12 @@ static void prim_ref(conv *cv, sbuf *b, int p) {
     puts_(cv, b, prims[p].name);
 }
 
+/* Text, then the bounded whitespace the grammar allows after a JSON token. */
+static void put_spaced(conv *cv, sbuf *b, const char *text) {
+    puts_(cv, b, text);
+    prim_ref(cv, b, P_SPACE);
+}
+
 /* Appends "/seg" (escaped as a JSON pointer) to the path; returns the length to pop back to. */
 static size_t path_push(conv *cv, const char *seg) {
     size_t old = cv->path.len;
@@ -587,40 +593,29 @@ static int gen_literal(conv *cv, const cJSON *v, sbuf *out, int depth) {
             putf(cv, out, "\"%s\"", r);
         }
     } else if (cJSON_IsArray(v)) {
-        puts_(cv, out, "\"[\" ");
-        prim_ref(cv, out, P_SPACE);
-        int i = 0;
-        for (const cJSON *e = v->child; e && !cv->err; e = e->next, i++) {
-            if (i) {
-                puts_(cv, out, " \",\" ");
-                prim_ref(cv, out, P_SPACE);
-            }
+        put_spaced(cv, out, "\"[\" ");
+        for (const cJSON *e = v->child; e && !cv->err; e = e->next) {
+            if (e != v->child)
+                put_spaced(cv, out, " \",\" ");
             puts_(cv, out, " ");
             gen_literal(cv, e, out, depth + 1);
         }
         puts_(cv, out, " \"]\"");
     } else if (cJSON_IsObject(v)) {
-        puts_(cv, out, "\"{\" ");
-        prim_ref(cv, out, P_SPACE);
-        int i = 0;
-        for (const cJSON *e = v->child; e && !cv->err; e = e->next, i++) {
-            if (i) {
-                puts_(cv, out, " \",\" ");
-                prim_ref(cv, out, P_SPACE);
-            }
+        put_spaced(cv, out, "\"{\" ");
+        for (const cJSON *e = v->child; e && !cv->err; e = e->next) {
+            if (e != v->child)
+                put_spaced(cv, out, " \",\" ");
             puts_(cv, out, " ");
             json_string_lit(cv, out, e->string);
-            puts_(cv, out, " ");
-            prim_ref(cv, out, P_SPACE);
-            puts_(cv, out, " \":\" ");
-            prim_ref(cv, out, P_SPACE);
+            put_spaced(cv, out, " ");
+            put_spaced(cv, out, " \":\" ");
             puts_(cv, out, " ");
             gen_literal(cv, e, out, depth + 1);
         }
         puts_(cv, out, " \"}\"");
     }
-    puts_(cv, out, " ");
-    prim_ref(cv, out, P_SPACE);
+    put_spaced(cv, out, " ");
     return cv->err;
 }
 
@@ -1299,8 +1294,7 @@ static int gen_pattern(conv *cv, const char *pattern, sbuf *out) {
     /* a rule of its own: its groups nest as deep as the pattern's */
     puts_(cv, out, "\"\\\"\" ");
     make_rule(cv, "pattern", &body, out);
-    puts_(cv, out, " \"\\\"\" ");
-    prim_ref(cv, out, P_SPACE);
+    put_spaced(cv, out, " \"\\\"\" ");
     sb_free(&body);
     return cv->err;
 }
@@ -2065,8 +2059,7 @@ static int gen_integer(conv *cv, const cJSON *s, sbuf *out) {
         puts_(cv, out, a < 0 ? " | " : "");
         uint_range(cv, out, a > 0 ? a : 0, z);
     }
-    puts_(cv, out, " ) ");
-    prim_ref(cv, out, P_SPACE);
+    put_spaced(cv, out, " ) ");
     return cv->err;
 }
 
@@ -2133,8 +2126,7 @@ static int gen_number(conv *cv, const cJSON *s, sbuf *out) {
     }
     if (!alts)
         return fail(cv, RLX_E_UNSUPPORTED, "number bounds that no number meets");
-    puts_(cv, out, " ) ");
-    prim_ref(cv, out, P_SPACE);
+    put_spaced(cv, out, " ) ");
     return cv->err;
 }
 
@@ -2166,8 +2158,7 @@ static int gen_string(conv *cv, const cJSON *s, sbuf *out) {
                         format->valuestring);
         puts_(cv, out, "\"\\\"\" ");
         prim_ref(cv, out, rules[i]);
-        puts_(cv, out, " \"\\\"\" ");
-        prim_ref(cv, out, P_SPACE);
+        put_spaced(cv, out, " \"\\\"\" ");
         return cv->err;
     }
     if (!lengths) {
@@ -2183,8 +2174,7 @@ static int gen_string(conv *cv, const cJSON *s, sbuf *out) {
     prim_ref(cv, &c, P_CHAR);
     rep(cv, out, c.p ? c.p : "", lo, hi);
     sb_free(&c);
-    puts_(cv, out, hi == 0 ? "\"\\\"\" " : " \"\\\"\" ");
-    prim_ref(cv, out, P_SPACE);
+    put_spaced(cv, out, hi == 0 ? "\"\\\"\" " : " \"\\\"\" ");
     return cv->err;
 }
 
@@ -2305,10 +2295,8 @@ static int gen_value(conv *cv, const cJSON *s, sbuf *out, int left);
 /* kv of one member: "name" space ":" space value. */
 static void gen_member(conv *cv, const member *m, const cJSON *addl, sbuf *out) {
     json_string_lit(cv, out, m->name);
-    puts_(cv, out, " ");
-    prim_ref(cv, out, P_SPACE);
-    puts_(cv, out, " \":\" ");
-    prim_ref(cv, out, P_SPACE);
+    put_spaced(cv, out, " ");
+    put_spaced(cv, out, " \":\" ");
     puts_(cv, out, " ");
     size_t old = path_push(cv, m->schema ? "properties" : "additionalProperties");
     if (m->schema)
@@ -2379,10 +2367,8 @@ static void gen_additional(conv *cv, const cJSON *addl, trie *t, sbuf *A, sbuf *
     sbuf key = {0}, kv = {0};
     puts_(cv, &key, "\"\\\"\" ");
     trie_expr(cv, t, 0, &key);
-    puts_(cv, &key, " \"\\\"\" ");
-    prim_ref(cv, &key, P_SPACE);
-    puts_(cv, &key, " \":\" ");
-    prim_ref(cv, &key, P_SPACE);
+    put_spaced(cv, &key, " \"\\\"\" ");
+    put_spaced(cv, &key, " \":\" ");
     puts_(cv, &key, " ");
     size_t old = path_push(cv, "additionalProperties");
     if (addl && cJSON_IsObject(addl))
@@ -2391,8 +2377,7 @@ static void gen_additional(conv *cv, const cJSON *addl, trie *t, sbuf *A, sbuf *
         prim_ref(cv, &key, P_VALUE);
     path_pop(cv, old);
     make_rule(cv, "additional", &key, &kv);
-    puts_(cv, A, "( \",\" ");
-    prim_ref(cv, A, P_SPACE);
+    put_spaced(cv, A, "( \",\" ");
     putf(cv, A, " %s )*", kv.p ? kv.p : "");
     share(cv, "more", A);
     putf(cv, F, "( %s ", kv.p ? kv.p : "");
@@ -2433,8 +2418,7 @@ static int gen_object(conv *cv, const cJSON *s, sbuf *out) {
         if (need_f && need_a)
             share(cv, m[i].name, &kv);
         sbuf comma = {0};
-        puts_(cv, &comma, "\",\" ");
-        prim_ref(cv, &comma, P_SPACE);
+        put_spaced(cv, &comma, "\",\" ");
         puts_(cv, &comma, " ");
         na.len = nf.len = 0;
         if (need_a) {
@@ -2480,14 +2464,12 @@ static int gen_object(conv *cv, const cJSON *s, sbuf *out) {
         if (i >= 1 && (i - 1 <= first_req || !m[i - 1].required))
             share(cv, "more", &A);
     }
-    puts_(cv, out, "\"{\" ");
-    prim_ref(cv, out, P_SPACE);
+    put_spaced(cv, out, "\"{\" ");
     if (F.len) {
         puts_(cv, out, " ");
         put(cv, out, F.p, F.len);
     }
-    puts_(cv, out, " \"}\" ");
-    prim_ref(cv, out, P_SPACE);
+    put_spaced(cv, out, " \"}\" ");
 done:
     free(m);
     free(t.n);
@@ -2522,8 +2504,7 @@ static int gen_array(conv *cv, const cJSON *s, sbuf *out) {
         return fail(cv, RLX_E_UNSUPPORTED, "an array length bound beyond %d", SCHEMA_MAX_REPEAT);
     int64_t np = hi >= 0 && hi < k ? hi : k;
     sbuf tail = {0}, item = {0}, seq = {0}, comma = {0};
-    puts_(cv, &comma, "\",\" ");
-    prim_ref(cv, &comma, P_SPACE);
+    put_spaced(cv, &comma, "\",\" ");
     puts_(cv, &comma, " ");
     if (hi < 0 || hi > k) { /* positions from k on: items */
         size_t old = path_push(cv, "items");
@@ -2575,14 +2556,12 @@ static int gen_array(conv *cv, const cJSON *s, sbuf *out) {
         if (p % SCHEMA_INLINE_MEMBERS == 0)
             share(cv, "items", &tail);
     }
-    puts_(cv, out, "\"[\" ");
-    prim_ref(cv, out, P_SPACE);
+    put_spaced(cv, out, "\"[\" ");
     if (tail.len) {
         puts_(cv, out, " ");
         put(cv, out, tail.p, tail.len);
     }
-    puts_(cv, out, " \"]\" ");
-    prim_ref(cv, out, P_SPACE);
+    put_spaced(cv, out, " \"]\" ");
     sb_free(&tail);
     sb_free(&item);
     sb_free(&seq);

@@ -443,12 +443,10 @@ static const float *constrained(rlx_sampler *s, const float *logits) {
 
 int32_t rlx_sampler_sample(rlx_sampler *s, const float *logits) {
     if (rlx_sampler_is_greedy(s)) {
-        if (!s->grammar)
-            return argmax(s, logits);
         /* the argmax of the masked row is the raw row's whenever the grammar allows that one, so
          * the mask over the whole vocabulary is needed only when it does not */
         int32_t best = argmax(s, logits);
-        if (rlx_grammar_matcher_allows(s->grammar, best, s->end_ids, s->n_end))
+        if (!s->grammar || rlx_grammar_matcher_allows(s->grammar, best, s->end_ids, s->n_end))
             return best;
         return (logits = constrained(s, logits)) ? argmax(s, logits) : -1;
     }
