@@ -392,6 +392,12 @@ def main():
             msg, finish = message(r)
             c.check(finish == "tool_calls", f"XML calls: {finish} {msg}")
             valid_calls(c, "XML calls", msg.get("tool_calls") or [])
+        for name, params in (("a required name not among the properties",
+                              {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]}),
+                             ("parameters that are no object", {"type": "array"})):
+            bad = [{"type": "function", "function": {"name": "f", "parameters": params}}]
+            status, r = chat(s, tools=bad, tool_choice="required")
+            c.check(status == 400 and r["error"]["param"] == "tools", f"XML calls, {name}: {status} {r}")
         forced = ('root ::= "<tool_call>\\n<function=search>\\n<parameter=query>\\nrain in\\nParis\\n</parameter>\\n'
                   '<parameter=limit>\\n3\\n</parameter>\\n</function>\\n</tool_call>"')
         status, r = chat(s, tools=TOOLS, grammar=forced)

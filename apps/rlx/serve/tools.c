@@ -290,6 +290,15 @@ static int call_rules(serve_buf *b, serve_call_format f, const cJSON *t, int k, 
             strcmp(key->string, "description") && strcmp(key->string, "$schema"))
             return serve_bad(e, "tools", "'%s' with this model's XML tool calls take parameters of %s",
                              "type, properties, required, additionalProperties: false (no '$defs' or combinators)");
+    /* the grammar writes the listed properties only: a required name that is not among them would
+     * make every call it allows invalid */
+    const cJSON *params_type = cJSON_GetObjectItemCaseSensitive(params, "type");
+    if (params_type && !(cJSON_IsString(params_type) && !strcmp(params_type->valuestring, "object")))
+        return serve_bad(e, "tools", "'%s' with this model's XML tool calls take parameters of %s", "type object");
+    for (const cJSON *r = cJSON_IsArray(required) ? required->child : NULL; r; r = r->next)
+        if (!cJSON_IsString(r) || !cJSON_GetObjectItemCaseSensitive(props, r->valuestring))
+            return serve_bad(e, "tools", "'%s' with this model's XML tool calls need %s",
+                             "every required parameter among the properties");
     for (const cJSON *p = cJSON_IsObject(props) ? props->child : NULL; p; p = p->next)
         if (strlen(p->string) > SERVE_MAX_XML_KEY || strpbrk(p->string, "<>\n"))
             return serve_bad(e, "tools", "'%s' with this model's XML tool calls need %s",
