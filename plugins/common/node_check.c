@@ -78,6 +78,9 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
             !is_vec(&in[1], RLX_DTYPE_I32, T) || (ni == 3 && !is_vec(&in[2], RLX_DTYPE_F32, p->head_dim / 2)))
             return bad(host, plugin, report, RLX_E_SHAPE, n,
                        "want x F32[T,n*D] (D even), pos I32[T], factors F32[D/2] (1.5)");
+        /* partial rotation (1.6) is left to the reference kernels: the library turns whole heads */
+        if (p->rope_dims && p->rope_dims != p->head_dim)
+            return bad(host, plugin, report, RLX_E_UNSUPPORTED, n, "partial rotation (rope_dims, 1.6)");
         return RLX_OK;
     case RLX_OP_ATTENTION: {
         /* caches [C, Hkv*D] with 6 inputs, or (1.4) [S, C, Hkv*D] with seq I32[T] as the 7th;
@@ -127,7 +130,8 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
             in[1].n_dims != 1 || in[1].shape[0] != T || out->n_dims != 2)
             return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,C], idx I32[R] -> F32[R,C]");
         return RLX_OK;
-    default: /* includes CONCAT (ABI 1.1): a row copy, left to the reference kernels */
+    default: /* includes CONCAT (ABI 1.1), a row copy, and SIGMOID_MUL, SSM_CONV and GATED_DELTA
+              * (1.6): left to the reference kernels */
         return bad(host, plugin, report, RLX_E_UNSUPPORTED, n, "unknown op");
     }
 }

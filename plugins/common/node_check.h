@@ -15,7 +15,7 @@
  * 1.3) are accepted for MATMUL's weight, EMBED's table and MOE's expert matrices when their
  * innermost dimension is a whole number of blocks; bias, norm weights and the MOE router stay
  * F32/BF16/F16. ATTENTION takes the ABI 1.4 forms too (3-D caches with seq, F16 caches), and
- * GATHER_ROWS (1.4) is accepted. */
+ * GATHER_ROWS (1.4) is accepted; the ops of 1.6 and a partial ROPE (rope_dims) are not. */
 int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n, bool report);
 
 #endif

@@ -24,7 +24,8 @@
  *   plugin built for 1.0 is not asked about CONCAT (1.1), which the reference kernels run, nor
  *   one built before 1.3 about a node with a quantized input, nor one built before 1.4 about
  *   GATHER_ROWS or an ATTENTION with slots (7 inputs) or F16 caches, nor one built before 1.5
- *   about a ROPE with frequency factors (3 inputs). */
+ *   about a ROPE with frequency factors (3 inputs), nor one built before 1.6 about SSM_CONV,
+ *   GATED_DELTA, SIGMOID_MUL or a partial ROPE (rope_dims set). */
 #ifndef RLX_BACKEND_IFACE_H
 #define RLX_BACKEND_IFACE_H
 
@@ -74,7 +75,11 @@ typedef struct rlx_tensor {
  *   ROPE        (x F32[T,n*D], pos I32[T] [, factors F32[D/2]])  -> F32[T,n*D]; NeoX rotate-half
  *               over the whole head_dim with base rope_theta: pair i (values i and i + D/2)
  *               turns by pos * rope_theta^(-2i/D), divided by factors[i] when given (ABI 1.5;
- *               llama.cpp's rope_freqs, Llama 3's frequency scaling)
+ *               llama.cpp's rope_freqs, Llama 3's frequency scaling). ABI 1.6, partial
+ *               rotation: with rope_dims set (even, below head_dim) only the first rope_dims
+ *               values of each head turn, as a head of rope_dims would (pair i: values i and
+ *               i + rope_dims/2, by pos * rope_theta^(-2i/rope_dims), factors F32[rope_dims/2]);
+ *               the rest pass unchanged. 0 or head_dim turns the whole head.
  *   ATTENTION   (q F32[T,Hq*D], k F32[T,Hkv*D], v F32[T,Hkv*D], pos I32[T],
  *                k_cache [C,Hkv*D], v_cache [C,Hkv*D])           -> F32[T,Hq*D]
  *               writes row t of k and v into cache row pos[t], then lets query t attend to
@@ -106,6 +111,40 @@ typedef struct rlx_tensor {
  *               (ABI 1.1; backends built for 1.0 do not claim it and the reference kernel runs it)
  *   GATHER_ROWS (x F32[T,C], idx I32[R])                        -> F32[R,C]  row r = x row idx[r]
  *               (ABI 1.4); idx[r] outside [0, T) is RLX_E_RANGE; an index may repeat
+ *   SIGMOID_MUL (x F32[T,C], g F32[T,C])                        -> F32[T,C]  x * sigmoid(g) (ABI 1.6;
+ *               an attention output gate)
+ *   SSM_CONV    (x F32[T,C], w[C,K], pos I32[T], state F32[K-1,C] [, seq I32[T]])
+ *                                                               -> F32[T,C]  (ABI 1.6)
+ *               causal depthwise convolution with SiLU, carrying its last K-1 inputs as state:
+ *               y[t,c] = silu(sum_j w[c,j] * u[p-K+1+j, c]) over the sequence u of the inputs of
+ *               row t's sequence, where p = pos[t]; u at positions below 0 is zero, u[p] is row
+ *               t's x. Inputs of positions before the call's first row of a sequence come from
+ *               the state (state row i holds u[p0-K+1+i] for that first row's position p0), so
+ *               a row at position 0 reads no state. After the call the state holds the last
+ *               K-1 inputs of every sequence that had rows. Slots: the state may be
+ *               [S,K-1,C] with a 5th input seq I32[T] naming each row's slot in [0, S) (else
+ *               RLX_E_RANGE); a 2-D state is one sequence. The rows of one sequence must have
+ *               consecutive positions in row order (else RLX_E_INVALID): a sequence advances
+ *               one position per row. Rows of different slots are independent (batch invariant
+ *               as ATTENTION's slot form).
+ *   GATED_DELTA (qkv F32[T,2*Hk*Dk+Hv*Dv], a F32[T,Hv], b F32[T,Hv], A[Hv], dt_bias[Hv],
+ *                pos I32[T], state F32[Hv,Dk,Dv] [, seq I32[T]])
+ *                                                               -> F32[T,Hv*Dv]  (ABI 1.6)
+ *               the gated delta rule (Gated DeltaNet linear attention), Hv = n_heads, Hk =
+ *               n_kv_heads (Hv % Hk == 0; value head h reads key head h / (Hv/Hk), or h % Hk with
+ *               kv_tiled, llama.cpp's order of value heads), Dk =
+ *               head_dim, Dv = head_dim_v. Row t of qkv holds q (Hk heads of Dk), then k (Hk
+ *               heads of Dk), then v (Hv heads of Dv): the SSM_CONV output, as the checkpoints
+ *               project them in one matrix. Per row t and value head h, with the head's state
+ *               S (Dk x Dv, row-major, zero when pos[t] is 0, else the sequence's state):
+ *                   q' = scale * q_h / sqrt(|q_h|^2 + eps),   k' = k_h / sqrt(|k_h|^2 + eps)
+ *                   g = exp(A[h] * softplus(a[t,h] + dt_bias[h])),   beta = sigmoid(b[t,h])
+ *                   S = g S;   S = S + k' (beta (v_h - S^T k'))^T;   out_h = S^T q'
+ *               (softplus(x) = log(1 + e^x); A <= 0 makes g a decay in (0, 1]). The state
+ *               holds S after the sequence's last row. Slots, positions and batch invariance
+ *               as SSM_CONV. A kernel may run a long run of one sequence's rows in the
+ *               chunk-parallel form (matrix products over chunks of rows) and a short one row
+ *               by row: both compute the rule above, differing only in F32 rounding.
  * Weights (table, w, router, expert matrices) may be F32, BF16 or F16; bias and norm weights
  * likewise. From ABI 1.3 the table, w and the expert matrices may also be block-quantized
  * (RLX_DTYPE_Q*, rlx/quant_iface.h), K a whole number of blocks. */
@@ -121,22 +160,28 @@ typedef enum rlx_op {
     RLX_OP_MOE = 9,
     RLX_OP_CONCAT = 10,
     RLX_OP_GATHER_ROWS = 11, /* ABI 1.4 */
+    RLX_OP_SIGMOID_MUL = 12, /* ABI 1.6 */
+    RLX_OP_SSM_CONV = 13,    /* ABI 1.6 */
+    RLX_OP_GATED_DELTA = 14, /* ABI 1.6 */
     RLX_OP_COUNT
 } rlx_op;
 
 typedef struct rlx_op_params {
-    float eps;            /* RMS_NORM */
+    float eps;            /* RMS_NORM; GATED_DELTA: the q and k L2 norms' */
     float rope_theta;     /* ROPE */
-    float scale;          /* ATTENTION: softmax scale, usually 1/sqrt(D) */
-    uint32_t head_dim;    /* ROPE, ATTENTION */
-    uint32_t n_heads;     /* ATTENTION: query heads */
-    uint32_t n_kv_heads;  /* ATTENTION */
+    float scale;          /* ATTENTION: softmax scale, usually 1/sqrt(D); GATED_DELTA: q's */
+    uint32_t head_dim;    /* ROPE, ATTENTION; GATED_DELTA: Dk */
+    uint32_t n_heads;     /* ATTENTION: query heads; GATED_DELTA: value heads */
+    uint32_t n_kv_heads;  /* ATTENTION; GATED_DELTA: key heads */
     uint32_t window;      /* ATTENTION: sliding window in positions, 0 = none */
     uint32_t n_experts;   /* MOE */
     uint32_t top_k;       /* MOE */
     uint32_t norm_topk;   /* MOE: 1 = renormalise the top-k probabilities */
     uint32_t layer;       /* informational: model layer the node belongs to */
-    uint32_t reserved[5]; /* zero */
+    uint32_t head_dim_v;  /* GATED_DELTA: Dv (ABI 1.6) */
+    uint32_t rope_dims;   /* ROPE: values of a head that turn, 0 = all (ABI 1.6) */
+    uint32_t kv_tiled;    /* GATED_DELTA: value head h reads key head h % Hk, not h / (Hv/Hk) (ABI 1.6) */
+    uint32_t reserved[2]; /* zero */
 } rlx_op_params;
 
 /* What a backend sees of one node, at planning time (data pointers NULL) and at run time. */

@@ -17,8 +17,15 @@ static atomic_uint_fast64_t last_owner;
 /* The ABI minor a node needs of a backend, which is never asked about a node of a later one: 1
  * for CONCAT, 3 for a quantized input (a plugin built before 1.3 could not tell a block-quantized
  * tensor from garbage), 4 for GATHER_ROWS and for an ATTENTION with slots or F16 caches (an
- * older plugin would read a 3-D cache as one sequence and F16 rows as F32). */
+ * older plugin would read a 3-D cache as one sequence and F16 rows as F32), 5 for a ROPE with
+ * factors, 6 for SIGMOID_MUL, SSM_CONV, GATED_DELTA and a partial ROPE (an older plugin would
+ * turn the whole head: rope_dims was a reserved field to it). */
 static uint32_t node_minor(const rlx_node_view *node) {
+    if (node->op == RLX_OP_SIGMOID_MUL || node->op == RLX_OP_SSM_CONV || node->op == RLX_OP_GATED_DELTA)
+        return 6;
+    if (node->op == RLX_OP_ROPE && node->params && node->params->rope_dims &&
+        node->params->rope_dims != node->params->head_dim)
+        return 6;
     if (node->op == RLX_OP_ROPE && node->n_inputs > 2)
         return 5;
     if (node->op == RLX_OP_GATHER_ROWS)

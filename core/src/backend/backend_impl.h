@@ -52,4 +52,9 @@ extern const rlx_backend_iface rlx__ref_backend_iface;
 /* Element i of data stored as dtype (F32, BF16 or F16), as float. */
 float rlx__load(const void *data, uint32_t dtype, size_t i);
 
+/* The reference kernels of the recurrent ops (ABI 1.6, ref_recurrent.c), for nodes the graph
+ * validated: they check positions and slots, and change no state when they reject a call. */
+int rlx__ref_ssm_conv(const rlx_node_view *n);
+int rlx__ref_gated_delta(const rlx_node_view *n);
+
 #endif

@@ -119,17 +119,21 @@ static int ref_rms_norm(const rlx_node_view *n) {
     return RLX_OK;
 }
 
+/* Partial rotation (1.6): the first `turn` values of each head rotate as a head of that size
+ * would, the rest are copied. */
 static int ref_rope(const rlx_node_view *n) {
     const rlx_tensor *x = &n->inputs[0];
-    int64_t t_len = x->shape[0], cols = x->shape[1], d = n->params->head_dim, half = d / 2;
+    const int64_t t_len = x->shape[0], cols = x->shape[1], d = n->params->head_dim;
+    const int64_t turn = n->params->rope_dims ? n->params->rope_dims : d, half = turn / 2;
     const float *factors = n->n_inputs > 2 ? f32(&n->inputs[2]) : NULL;
     for (int64_t t = 0; t < t_len; t++) {
         double pos = i32(&n->inputs[1])[t];
         for (int64_t h = 0; h < cols / d; h++) {
             const float *in = f32(x) + t * cols + h * d;
             float *out = f32(n->output) + t * cols + h * d;
+            memcpy(out + turn, in + turn, (size_t)(d - turn) * sizeof *out);
             for (int64_t i = 0; i < half; i++) {
-                double angle = pos * pow((double)n->params->rope_theta, -2.0 * (double)i / (double)d);
+                double angle = pos * pow((double)n->params->rope_theta, -2.0 * (double)i / (double)turn);
                 if (factors)
                     angle /= (double)factors[i];
                 double c = cos(angle), s = sin(angle), x1 = in[i], x2 = in[i + half];
@@ -250,6 +254,13 @@ static int ref_add(const rlx_node_view *n) {
     int64_t len = rlx_tensor_numel(n->output);
     for (int64_t i = 0; i < len; i++)
         f32(n->output)[i] = f32(&n->inputs[0])[i] + f32(&n->inputs[1])[i];
+    return RLX_OK;
+}
+
+static int ref_sigmoid_mul(const rlx_node_view *n) {
+    const int64_t len = rlx_tensor_numel(n->output);
+    for (int64_t i = 0; i < len; i++)
+        f32(n->output)[i] = f32(&n->inputs[0])[i] / (1.0f + expf(-f32(&n->inputs[1])[i]));
     return RLX_OK;
 }
 
@@ -408,6 +419,12 @@ static int ref_compute(void *self, const rlx_node_view *n) {
         return ref_concat(n);
     case RLX_OP_GATHER_ROWS:
         return ref_gather_rows(n);
+    case RLX_OP_SIGMOID_MUL:
+        return ref_sigmoid_mul(n);
+    case RLX_OP_SSM_CONV:
+        return rlx__ref_ssm_conv(n);
+    case RLX_OP_GATED_DELTA:
+        return rlx__ref_gated_delta(n);
     default:
         return rlx_error(RLX_E_UNSUPPORTED, "op %u", n->op);
     }

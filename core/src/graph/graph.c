@@ -17,8 +17,9 @@ const char *rlx_dtype_name(int dtype) {
 }
 
 const char *rlx_op_name(int op) {
-    static const char *const names[] = {"?",      "embed", "matmul",      "rms_norm", "rope",   "attention",
-                                        "swiglu", "add",   "gather_last", "moe",      "concat", "gather_rows"};
+    static const char *const names[] = {"?",         "embed",       "matmul",      "rms_norm",    "rope",
+                                        "attention", "swiglu",      "add",         "gather_last", "moe",
+                                        "concat",    "gather_rows", "sigmoid_mul", "ssm_conv",    "gated_delta"};
     _Static_assert(sizeof names / sizeof names[0] == RLX_OP_COUNT, "a name per op");
     return op > 0 && op < RLX_OP_COUNT ? names[op] : "?";
 }
@@ -200,6 +201,35 @@ static int want_cache(const infer_ctx *c, int64_t kv_cols) {
     return 0;
 }
 
+/* The recurrent state of SSM_CONV (input 3) or GATED_DELTA (input 6): F32 of shape `row` (the
+ * last row_dims dimensions: [K-1,C] or [Hv,Dk,Dv]), one sequence, or with one more leading
+ * dimension S, slots. *slots is set to whether it has that dimension. */
+static int want_state(const infer_ctx *c, uint32_t i, const int64_t *row, uint32_t row_dims, int *slots) {
+    const rlx_tensor *t = input(c, i);
+    *slots = t->n_dims == row_dims + 1;
+    int ok = t->dtype == RLX_DTYPE_F32 && (t->n_dims == row_dims || *slots);
+    for (uint32_t d = 0; ok && d < row_dims; d++)
+        ok = t->shape[t->n_dims - row_dims + d] == row[d];
+    if (!ok) {
+        char want[160], dims[48];
+        int len = 0;
+        for (uint32_t d = 0; d < row_dims; d++)
+            len += snprintf(dims + len, sizeof dims - (size_t)len, d ? ",%lld" : "%lld", (long long)row[d]);
+        snprintf(want, sizeof want, "an f32 state [%s] or, with slots, [S,%s]", dims, dims);
+        return bad_input(c, i, want);
+    }
+    return 0;
+}
+
+/* The inputs after a recurrent op's state: none for one sequence, seq I32[T] with slots. */
+static int want_seq(const infer_ctx *c, uint32_t n, uint32_t state, int slots, int64_t t) {
+    if (n != state + 1u + (uint32_t)slots)
+        return rlx_error(RLX_E_INVALID, "node '%s' (%s): takes %u inputs with a %s state", c->node, c->op,
+                         state + 1u + (uint32_t)slots,
+                         slots ? "slotted (the last is seq I32[T])" : "one-sequence (no seq input)");
+    return slots ? want_vector(c, state + 1, t, RLX_DTYPE_I32) : 0;
+}
+
 #define CHECK(expr)                                                                                                    \
     do {                                                                                                               \
         int rc_ = (expr);                                                                                              \
@@ -207,8 +237,42 @@ static int want_cache(const infer_ctx *c, int64_t kv_cols) {
             return rc_;                                                                                                \
     } while (0)
 
+/* GATED_DELTA's heads and head sizes are at most this: far above any model's (Qwen3-Next: 32
+ * value heads of 128), and it keeps every product of them (Hv*Dk*Dv, a state's size) far from
+ * int64 overflow whatever the params say. */
+#define GATED_DELTA_MAX_DIM 65536
+
+/* GATED_DELTA (1.6): qkv F32[T,2*Hk*Dk+Hv*Dv], a, b F32[T,Hv], A, dt_bias [Hv], pos I32[T],
+ * state F32[Hv,Dk,Dv] (or [S,Hv,Dk,Dv] and seq I32[T]) -> F32[T,Hv*Dv]. */
+static int infer_gated_delta(const infer_ctx *c, uint32_t n, const rlx_op_params *p, rlx_tensor *out) {
+    const int64_t hv = p->n_heads, hk = p->n_kv_heads, dk = p->head_dim, dv = p->head_dim_v;
+    if (hv == 0 || hk == 0 || dk == 0 || dv == 0 || hv % hk || hv > GATED_DELTA_MAX_DIM || dk > GATED_DELTA_MAX_DIM ||
+        dv > GATED_DELTA_MAX_DIM)
+        return rlx_error(RLX_E_INVALID,
+                         "node '%s' (gated_delta): %lld value heads (n_heads), %lld key heads (n_kv_heads), head_dim "
+                         "%lld, head_dim_v %lld: each in [1, %d] and n_heads a multiple of n_kv_heads",
+                         c->node, (long long)hv, (long long)hk, (long long)dk, (long long)dv, GATED_DELTA_MAX_DIM);
+    if (!(p->eps > 0))
+        return rlx_error(RLX_E_INVALID, "node '%s' (gated_delta): eps must be > 0", c->node);
+    if (p->kv_tiled > 1)
+        return rlx_error(RLX_E_INVALID, "node '%s' (gated_delta): kv_tiled is %u, not 0 or 1", c->node, p->kv_tiled);
+    CHECK(want_rows(c, 0, 2 * hk * dk + hv * dv, -1));
+    const int64_t t = input(c, 0)->shape[0];
+    CHECK(want_rows(c, 1, hv, t));
+    CHECK(want_rows(c, 2, hv, t));
+    CHECK(want_vector(c, 3, hv, RLX_DTYPE_F32));
+    CHECK(want_vector(c, 4, hv, RLX_DTYPE_F32));
+    CHECK(want_vector(c, 5, t, RLX_DTYPE_I32));
+    int slots;
+    CHECK(want_state(c, 6, (const int64_t[]){hv, dk, dv}, 3, &slots));
+    CHECK(want_seq(c, n, 6, slots, t));
+    out->shape[0] = t;
+    out->shape[1] = hv * dv;
+    return 0;
+}
+
 static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_params *p, rlx_tensor *out) {
-    static const uint32_t min_inputs[RLX_OP_COUNT] = {0, 2, 2, 2, 2, 6, 2, 2, 1, 2, 2, 2};
+    static const uint32_t min_inputs[RLX_OP_COUNT] = {0, 2, 2, 2, 2, 6, 2, 2, 1, 2, 2, 2, 2, 4, 7};
     if (n < min_inputs[op])
         return rlx_error(RLX_E_INVALID, "node '%s' (%s): %u inputs, needs %u", c->node, c->op, n, min_inputs[op]);
     out->dtype = RLX_DTYPE_F32;
@@ -257,10 +321,16 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
                              p->head_dim, (long long)x->shape[1]);
         if (!(p->rope_theta > 0))
             return rlx_error(RLX_E_INVALID, "node '%s' (rope): rope_theta must be > 0", c->node);
-        if (n == 3) { /* frequency factors (1.5): F32 only, read as they are */
-            CHECK(want_vector(c, 2, p->head_dim / 2, RLX_DTYPE_F32));
-            if (input(c, 2)->dtype != RLX_DTYPE_F32)
-                return bad_input(c, 2, "f32[head_dim/2]");
+        /* partial rotation (1.6): the first rope_dims values of each head turn */
+        const uint32_t turn = p->rope_dims ? p->rope_dims : p->head_dim;
+        if (turn % 2 || turn > p->head_dim)
+            return rlx_error(RLX_E_SHAPE, "node '%s' (rope): rope_dims %u must be even and at most head_dim %u",
+                             c->node, p->rope_dims, p->head_dim);
+        if (n == 3) { /* frequency factors (1.5): F32 only, read as they are, one per turning pair */
+            const char *want = turn == p->head_dim ? "f32[head_dim/2]" : "f32[rope_dims/2]";
+            const rlx_tensor *ff = input(c, 2);
+            if (ff->dtype != RLX_DTYPE_F32 || ff->n_dims != 1 || ff->shape[0] != turn / 2)
+                return bad_input(c, 2, want);
         }
         out->shape[0] = x->shape[0];
         out->shape[1] = x->shape[1];
@@ -288,7 +358,8 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
         return 0;
     }
     case RLX_OP_SWIGLU:
-    case RLX_OP_ADD: {
+    case RLX_OP_ADD:
+    case RLX_OP_SIGMOID_MUL: {
         CHECK(want_rows(c, 0, -1, -1));
         CHECK(want_rows(c, 1, x->shape[1], x->shape[0]));
         out->shape[0] = x->shape[0];
@@ -339,6 +410,23 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
         out->shape[1] = x->shape[1];
         return n == 2 ? 0 : rlx_error(RLX_E_INVALID, "node '%s' (gather_rows): takes 2 inputs", c->node);
     }
+    case RLX_OP_SSM_CONV: {
+        CHECK(want_rows(c, 0, -1, -1));
+        const int64_t t = x->shape[0], ch = x->shape[1];
+        CHECK(want_matrix(c, 1, ch, -1, 1));
+        const int64_t k = input(c, 1)->shape[1];
+        if (k < 2)
+            return bad_input(c, 1, "a kernel of at least 2 taps [C,K]");
+        CHECK(want_vector(c, 2, t, RLX_DTYPE_I32));
+        int slots;
+        CHECK(want_state(c, 3, (const int64_t[]){k - 1, ch}, 2, &slots));
+        CHECK(want_seq(c, n, 3, slots, t));
+        out->shape[0] = t;
+        out->shape[1] = ch;
+        return 0;
+    }
+    case RLX_OP_GATED_DELTA:
+        return infer_gated_delta(c, n, p, out);
     default:
         return rlx_error(RLX_E_INVALID, "node '%s': unknown op %u", c->node, op);
     }
