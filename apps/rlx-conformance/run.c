@@ -1011,7 +1011,14 @@ static int span_pair_open(rlx_model *m, rlx_backend *b, uint32_t n, uint32_t cap
         snprintf(why, why_len, "cannot build the block: %s", rlx_last_error());
         return -1;
     }
-    const size_t per_cache = (size_t)capacity * (size_t)(cfg->num_key_value_heads * cfg->head_dim);
+    /* every cache or recurrent state gets room for the largest of them (F32: the block's default) */
+    size_t per_cache = 0;
+    for (uint32_t l = 0; l < s->io.n_layers; l++)
+        for (int v = 0; v < 2; v++) {
+            const size_t numel =
+                (size_t)rlx_tensor_numel(rlx_graph_tensor(s->g, v ? s->io.v_cache[l] : s->io.k_cache[l]));
+            per_cache = numel > per_cache ? numel : per_cache;
+        }
     for (int i = 0; i < 2; i++) {
         const rlx_plan_options o = {
             .size = sizeof o, .flags = i ? RLX_PLAN_PER_NODE : 0, .backends = &b, .n_backends = 1};

@@ -341,7 +341,7 @@ static void print_md_stages(const bench_row *rows, size_t n_rows, uint32_t reps)
 /* One row in llama-bench's JSON fields, plus rlx's own (peak RSS, stages, host). */
 static cJSON *json_row(const bench_row *r, uint32_t reps, const model_info *m, const char *model_dir,
                        const char *backend, const host_info *h, const char *describe, double rss_mb,
-                       const char *test_time, const char *kv_type) {
+                       const char *test_time, const char *kv_type, uint64_t kv_bytes, uint64_t state_bytes) {
     double mean_s = 0, mean_ts = 0;
     for (uint32_t i = 0; i < reps; i++)
         mean_s += r->seconds[i] / reps, mean_ts += r->samples[i] / reps;
@@ -369,6 +369,8 @@ static cJSON *json_row(const bench_row *r, uint32_t reps, const model_info *m, c
     cJSON_AddStringToObject(o, "type_k", kv_type);
     cJSON_AddStringToObject(o, "type_v", kv_type);
     cJSON_AddNumberToObject(o, "peak_rss_mb", rss_mb);
+    cJSON_AddNumberToObject(o, "kv_cache_bytes", (double)kv_bytes);
+    cJSON_AddNumberToObject(o, "state_bytes", (double)state_bytes);
     add_stages_json(o, r, reps, "stages");
     add_host_json(o, h, describe);
     return o;
@@ -400,6 +402,7 @@ static void print_md(const bench_row *rows, size_t n_rows, const model_info *m, 
 
 int cmd_bench(int argc, char **argv, app_options *o) {
     u32_list prompts = {{128}, 1}, gens = {{64}, 1}, threads = {{0}, 0};
+    uint64_t kv_bytes = 0, state_bytes = 0; /* one sequence's, a local session's */
     uint32_t reps = 3;
     int json = 0;
     bench_output output = OUT_MD;
@@ -498,6 +501,8 @@ int cmd_bench(int argc, char **argv, app_options *o) {
                 r->samples[i] = (r->p ? r->p : r->n) / r->seconds[i];
             }
             stage_share(r, rt.runtime, before, n_stages);
+            if (rlx_runtime_session(rt.runtime))
+                rlx_session_memory(rlx_runtime_session(rt.runtime), &kv_bytes, &state_bytes);
             double sorted[MAX_REPS];
             memcpy(sorted, r->samples, reps * sizeof *sorted);
             r->median = median(sorted, reps);
@@ -530,6 +535,8 @@ int cmd_bench(int argc, char **argv, app_options *o) {
         cJSON_AddNumberToObject(summary, "weights_mb", model.bytes / 1048576.0);
         cJSON_AddStringToObject(summary, "type_k", kv_type);
         cJSON_AddStringToObject(summary, "type_v", kv_type);
+        cJSON_AddNumberToObject(summary, "kv_cache_bytes", (double)kv_bytes);
+        cJSON_AddNumberToObject(summary, "state_bytes", (double)state_bytes);
         for (size_t i = 0; i < n_rows; i++)
             add_stages_json(summary, &rows[i], reps, rows[i].p ? "pp_stages" : "tg_stages");
         add_host_json(summary, &host, describe);
@@ -542,6 +549,9 @@ int cmd_bench(int argc, char **argv, app_options *o) {
                "median ± standard deviation of %u runs\n",
                host.cpu, host.vendor, host.family, host.model, host.usable, host.online, host.flags,
                *describe ? "; backend: " : "", describe, rss_mb, reps);
+        if (kv_bytes + state_bytes)
+            printf("per sequence: KV cache %.1f MiB, recurrent state %.2f MiB\n", (double)kv_bytes / 1048576.0,
+                   (double)state_bytes / 1048576.0);
     } else {
         char test_time[32];
         time_t now = time(NULL);
@@ -550,7 +560,7 @@ int cmd_bench(int argc, char **argv, app_options *o) {
             printf("[\n");
         for (size_t i = 0; i < n_rows && !status; i++)
             if (print_json(json_row(&rows[i], reps, &model, o->model ? o->model : "", backend, &host, describe, rss_mb,
-                                    test_time, kv_type),
+                                    test_time, kv_type, kv_bytes, state_bytes),
                            output == OUT_JSON && i + 1 < n_rows ? ",\n" : "\n") < 0)
                 status = app_fail("bench: out of memory");
         if (output == OUT_JSON)

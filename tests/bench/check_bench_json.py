@@ -3,9 +3,10 @@
 description, in a valid JSON object; the plain output is llama-bench's markdown table with a host
 line under it; llama-bench's list forms (-p 4,8 -t 1,2) give one row per test and thread count in
 every output format (md, json, jsonl); a backend's description with quotes, backslashes and
-control characters comes through every JSON format exactly.
+control characters comes through every JSON format exactly; the memory of one sequence, KV rows
+and recurrent state, is the arithmetic of the model's shape (a Qwen3.5 hybrid's with --hybrid).
 
-  check_bench_json.py --rlx BIN --model DIR --test-plugins DIR
+  check_bench_json.py --rlx BIN --model DIR --test-plugins DIR [--hybrid DIR]
 """
 import argparse
 import json
@@ -73,11 +74,53 @@ def check_escaping(args):
     return problems
 
 
+def expected_memory(model_dir, capacity):
+    """F32 KV rows of the full-attention layers and F32 recurrent states of the linear ones
+    (the convolution's last kernel-1 inputs, a key x value matrix per value head), per sequence."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    c = config.get("text_config", config)
+    layers = c["num_hidden_layers"]
+    types = c.get("layer_types") or (
+        ["linear_attention" if (i + 1) % c.get("full_attention_interval", 4) else "full_attention"
+         for i in range(layers)] if "linear_num_value_heads" in c else ["full_attention"] * layers)
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    kv_row = c.get("num_key_value_heads", c["num_attention_heads"]) * head_dim
+    kv = sum(2 * capacity * kv_row * 4 for t in types if t == "full_attention")
+    state = 0
+    for t in types:
+        if t == "linear_attention":
+            hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+            dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
+            channels = 2 * hk * dk + hv * dv
+            state += ((c.get("linear_conv_kernel_dim", 4) - 1) * channels + hv * dk * dv) * 4
+    return kv, state
+
+
+def check_memory(args, model_dir):
+    """kv_cache_bytes and state_bytes of --json and -o json at a context of 100 positions."""
+    want = expected_memory(model_dir, 100)
+    problems = []
+    for fmt in (["--json"], ["-o", "json"]):
+        p = subprocess.run([args.rlx, "bench", "--model", model_dir, "-p", "4", "-n", "2", "-r", "1", "-c", "100"] + fmt,
+                           capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            problems.append(f"rlx bench {' '.join(fmt)} on {model_dir} exited with {p.returncode}: {p.stderr}")
+            continue
+        objs = json.loads(p.stdout)
+        for o in objs if isinstance(objs, list) else [objs]:
+            if (o["kv_cache_bytes"], o["state_bytes"]) != want:
+                problems.append(f"{model_dir} {' '.join(fmt)}: KV {o['kv_cache_bytes']} and state {o['state_bytes']} "
+                                f"bytes, the shape gives {want}")
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rlx", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--test-plugins", required=True, help="the conformance kit's test backends (broken-describe)")
+    ap.add_argument("--hybrid", help="a Qwen3.5 model directory, for the recurrent state's memory")
     args = ap.parse_args()
     base = [args.rlx, "bench", "--model", args.model, "-p", "4", "-n", "2", "-r", "1", "--plugin", "cpu-blas"]
     p = subprocess.run(base + ["--json"], capture_output=True, text=True, timeout=120)
@@ -113,6 +156,9 @@ def main():
         problems.append(f"plain output is not a table with a host line: {plain.stdout!r} {plain.stderr!r}")
     problems += check_lists(args)
     problems += check_escaping(args)
+    problems += check_memory(args, args.model)
+    if args.hybrid:
+        problems += check_memory(args, args.hybrid)
     for m in problems:
         print(f"FAIL: {m}")
     if not problems:

@@ -9,7 +9,7 @@
 
 #include "testutil.h"
 
-#define MODEL RLX_TEST_DATA "/dense-tied-f32-s1"
+static const char *model_dir = RLX_TEST_DATA "/dense-tied-f32-s1";
 
 static rlx_model *model;
 static rlx_backend *backend;
@@ -370,7 +370,7 @@ static int setup(void **state) {
     const char *name = getenv("RLX_BACKEND") ? getenv("RLX_BACKEND") : "cpu-blas";
     rlx_registry *r;
     if (rlx_registry_create(NULL, &r) != RLX_OK || rlx_registry_load(r, RLX_PLUGIN_BACKEND, name, &plugin) != RLX_OK ||
-        rlx_backend_create(plugin, NULL, &backend) != RLX_OK || rlx_model_open(MODEL, &model) != RLX_OK) {
+        rlx_backend_create(plugin, NULL, &backend) != RLX_OK || rlx_model_open(model_dir, &model) != RLX_OK) {
         fprintf(stderr, "setup: %s\n", rlx_last_error());
         return -1;
     }
@@ -387,7 +387,9 @@ static int teardown(void **state) {
     return 0;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1) /* another model of the same vocabulary size or larger */
+        model_dir = argv[1];
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cached_decode_equals_recomputation),
         cmocka_unit_test(test_truncate_then_decode_equals_never_decoded),

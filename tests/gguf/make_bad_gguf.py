@@ -203,8 +203,12 @@ def make_all(out_dir):
          ts=ts + [("rope_freqs.weight", [3], G.F32, np.ones(3, "<f4").tobytes())])
     case("rope_freqs_zero", ["rope_freqs.weight", "positive"], "model", "rope_freqs.weight holds a 0",
          ts=ts + [("rope_freqs.weight", [half], G.F32, np.zeros(half, "<f4").tobytes())])
-    case("rope_partial", ["qwen3.rope.dimension_count", "head_dim"], "model", "RoPE over half of each head",
-         md=md + [("qwen3.rope.dimension_count", (G.UINT32, HEAD_DIM // 2))])
+    # RoPE over an even part of each head is llama.cpp's n_rot (Qwen3.5 turns a quarter); more
+    # values than the head has, or an odd number, cannot be pairs of one head
+    case("rope_beyond_head", ["qwen3.rope.dimension_count", "head_dim"], "model", "RoPE over more than the head",
+         md=md + [("qwen3.rope.dimension_count", (G.UINT32, HEAD_DIM + 2))])
+    case("rope_odd", ["qwen3.rope.dimension_count", "even part"], "model", "RoPE over an odd number of values",
+         md=md + [("qwen3.rope.dimension_count", (G.UINT32, HEAD_DIM // 2 + 1))])
     case("rope_scaling_yarn", ["qwen3.rope.scaling.type", "yarn"], "model", "a YaRN-scaled RoPE",
          md=md + [("qwen3.rope.scaling.type", (G.STRING, "yarn"))])
 

@@ -121,11 +121,13 @@ def golden_case(model, steps=GEN_STEPS):
                   f"{best.rel_margin:.2g}, router margin {best.router_margin:.2g})")
 
 
-def model_dir(workdir, kind, dtype, shards, seed):
+def model_dir(workdir, kind, dtype, shards, seed, maker=None, sources=("make_model.py", "st.py")):
     """Build the model once per generator version; the name carries a hash of the generator
-    sources so an edited init never reuses a stale cache."""
+    sources so an edited init never reuses a stale cache. maker: the generator module (its
+    build(kind, dtype, shards, seed, out)), make_model by default."""
+    maker = maker or make_model
     digest = hashlib.sha256()
-    for name in ("make_model.py", "st.py"):
+    for name in sources:
         with open(os.path.join(HERE, name), "rb") as f:
             digest.update(f.read())
     root = os.path.join(workdir, "models")
@@ -140,7 +142,7 @@ def model_dir(workdir, kind, dtype, shards, seed):
     # Build aside and rename, so an interrupted build or a parallel ctest never sees half a model.
     tmp = tempfile.mkdtemp(prefix=os.path.basename(path) + ".tmp", dir=root)
     try:
-        make_model.build(kind, dtype, shards, seed, tmp)
+        maker.build(kind, dtype, shards, seed, tmp)
         os.rename(tmp, path)
     except OSError:
         if not os.path.isdir(path):

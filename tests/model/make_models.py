@@ -2,7 +2,8 @@
 """Write the golden test models once: make_models.py --out DIR "KIND DTYPE SHARDS" ...
 
 Each spec becomes DIR/KIND-DTYPE-sSHARDS. A model directory is rewritten only when its spec
-or the generator changed (a stamp file records both), so repeated ctest runs are cheap.
+or the generator changed (a stamp file records both), so repeated ctest runs are cheap. Kinds of
+make_hybrid.py (Qwen3.5) are written by it, the others by make_model.py.
 """
 import argparse
 import hashlib
@@ -11,6 +12,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_hybrid  # noqa: E402
 import make_model  # noqa: E402
 
 SEED = 7
@@ -18,7 +20,7 @@ SEED = 7
 
 def generator_digest():
     h = hashlib.sha256()
-    for name in ("make_model.py", "st.py"):
+    for name in ("make_model.py", "make_hybrid.py", "st.py"):
         with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), name), "rb") as f:
             h.update(f.read())
     return h.hexdigest()
@@ -38,7 +40,8 @@ def main():
         if os.path.exists(stamp) and open(stamp).read() == want:
             continue
         shutil.rmtree(out, ignore_errors=True)
-        make_model.build(kind, dtype, int(shards), SEED, out)
+        maker = make_hybrid if kind in make_hybrid.KINDS else make_model
+        maker.build(kind, dtype, int(shards), SEED, out)
         with open(stamp, "w") as f:
             f.write(want)
         print(f"wrote {out}")

@@ -55,6 +55,29 @@ static const char MISTRAL_7B[] =
     "\"rms_norm_eps\":1e-05,\"rope_theta\":10000.0,\"sliding_window\":4096,\"tie_word_embeddings\":false,"
     "\"torch_dtype\":\"bfloat16\",\"transformers_version\":\"4.34.0.dev0\",\"use_cache\":true,\"vocab_size\":32000}";
 
+/* A Qwen3.5 multimodal checkpoint's config.json in the layout Qwen/Qwen3.5-0.8B uses: the text
+ * model's fields under text_config (rope_parameters, layer_types), tie_word_embeddings at the top. */
+static const char QWEN3_5_0_8B[] =
+    "{\"architectures\":[\"Qwen3_5ForConditionalGeneration\"],\"image_token_id\":248056,\"model_type\":\"qwen3_5\","
+    "\"text_config\":{\"attention_bias\":false,\"attn_output_gate\":true,\"eos_token_id\":248044,"
+    "\"full_attention_interval\":4,\"head_dim\":256,\"hidden_act\":\"silu\",\"hidden_size\":1024,"
+    "\"intermediate_size\":3584,\"layer_types\":[\"linear_attention\",\"linear_attention\",\"linear_attention\","
+    "\"full_attention\",\"linear_attention\",\"linear_attention\",\"linear_attention\",\"full_attention\"],"
+    "\"linear_conv_kernel_dim\":4,\"linear_key_head_dim\":128,\"linear_num_key_heads\":16,"
+    "\"linear_num_value_heads\":16,\"linear_value_head_dim\":128,\"max_position_embeddings\":262144,"
+    "\"model_type\":\"qwen3_5_text\",\"mtp_num_hidden_layers\":1,\"num_attention_heads\":8,"
+    "\"num_hidden_layers\":8,\"num_key_value_heads\":2,\"rms_norm_eps\":1e-06,"
+    "\"rope_parameters\":{\"mrope_interleaved\":true,\"mrope_section\":[11,11,10],\"partial_rotary_factor\":0.25,"
+    "\"rope_theta\":10000000,\"rope_type\":\"default\"},\"tie_word_embeddings\":true,\"vocab_size\":248320},"
+    "\"tie_word_embeddings\":true,\"vision_config\":{\"depth\":12,\"hidden_size\":768}}";
+
+/* The same text model as Qwen3_5ForCausalLM writes it: flat, model_type qwen3_5_text. */
+static const char QWEN3_5_FLAT[] =
+    "{\"model_type\":\"qwen3_5_text\",\"eos_token_id\":248044,\"head_dim\":256,\"hidden_size\":1024,"
+    "\"intermediate_size\":3584,\"linear_num_key_heads\":16,\"linear_num_value_heads\":32,"
+    "\"num_attention_heads\":8,\"num_hidden_layers\":8,\"num_key_value_heads\":2,\"rms_norm_eps\":1e-06,"
+    "\"rope_theta\":10000000,\"vocab_size\":248320,\"tie_word_embeddings\":false}";
+
 /* The required fields only. */
 static const char MINIMAL[] =
     "{\"model_type\":\"qwen3\",\"vocab_size\":1000,\"hidden_size\":64,\"intermediate_size\":128,"
@@ -201,6 +224,44 @@ static void test_mistral_7b(void **state) {
         rlx_model_config_load(write_variant(*state, "variant.json", MISTRAL_7B, "sliding_window", NULL), &c), RLX_OK);
     assert_int_equal(c.sliding_window, 4096);
     assert_int_equal(c.layer_sliding[31], 1);
+}
+
+static void test_qwen3_5(void **state) {
+    rlx_model_config c;
+    load_ok(*state, QWEN3_5_0_8B, &c);
+    assert_string_equal(c.model_type, "qwen3_5");
+    assert_int_equal(c.vocab_size, 248320);
+    assert_int_equal(c.hidden_size, 1024);
+    assert_int_equal(c.num_hidden_layers, 8);
+    assert_int_equal(c.num_attention_heads, 8);
+    assert_int_equal(c.num_key_value_heads, 2);
+    assert_int_equal(c.head_dim, 256);
+    assert_true(c.rope_theta == 1e7);           /* from rope_parameters */
+    assert_int_equal(c.tie_word_embeddings, 1); /* from the top level */
+    assert_int_equal(c.n_eos, 1);               /* from text_config */
+    assert_int_equal(c.eos_ids[0], 248044);
+
+    load_ok(*state, QWEN3_5_FLAT, &c);
+    assert_string_equal(c.model_type, "qwen3_5_text");
+    assert_int_equal(c.tie_word_embeddings, 0);
+    assert_true(c.rope_theta == 1e7); /* the older top-level key */
+
+    variant_fails(*state, QWEN3_5_FLAT, "layer_types", "[\"linear_attention\",\"full_attention\"]",
+                  "'layer_types' has 2 entries");
+    variant_fails(*state, QWEN3_5_FLAT, "layer_types",
+                  "[\"linear_attention\",\"linear_attention\",\"linear_attention\",\"sliding_attention\","
+                  "\"linear_attention\",\"linear_attention\",\"linear_attention\",\"full_attention\"]",
+                  "layer_types[3]");
+    variant_fails(*state, QWEN3_5_FLAT, "linear_num_key_heads", "12", "does not divide linear_num_value_heads");
+    variant_fails(*state, QWEN3_5_FLAT, "partial_rotary_factor", "0.003", "even number");
+    variant_fails(*state, QWEN3_5_FLAT, "partial_rotary_factor", "1.5", "a number in (0, 1]");
+    variant_fails(*state, QWEN3_5_FLAT, "rope_parameters", "{\"rope_type\":\"yarn\",\"factor\":4}",
+                  "rope_parameters.rope_type");
+    variant_fails(*state, QWEN3_5_FLAT, "attention_bias", "true", "without biases");
+    variant_fails(*state, QWEN3_5_FLAT, "hidden_act", "\"gelu\"", "hidden_act");
+    variant_fails(*state, QWEN3_5_FLAT, "text_config", "[]", "'text_config' must be an object");
+    /* the LM head must not be ambiguous */
+    variant_fails(*state, QWEN3_5_0_8B, "tie_word_embeddings", "false", "true in text_config");
 }
 
 static void test_qwen3_30b_a3b(void **state) {
@@ -634,6 +695,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_qwen3_30b_a3b, setup, teardown),
         cmocka_unit_test_setup_teardown(test_llama_3_2_1b, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mistral_7b, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_qwen3_5, setup, teardown),
         cmocka_unit_test_setup_teardown(test_moe_layer_pattern, setup, teardown),
         cmocka_unit_test_setup_teardown(test_moe_intermediate_size_needed_only_by_dense_layers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dense_model_ignores_moe_fields, setup, teardown),

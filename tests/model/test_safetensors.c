@@ -189,6 +189,30 @@ static void test_scalar_empty_and_gaps(void **state) {
     rlx_weights_close(w);
 }
 
+/* A vision tower's Conv3d weight has five dimensions: the leading ones fold into the first, the
+ * elements and their bytes stay. */
+static void test_more_dimensions_fold(void **state) {
+    const char *dir = *state;
+    float v[12];
+    for (int i = 0; i < 12; i++)
+        v[i] = (float)i;
+    write_st(dir, "model.safetensors", "{'c':{'dtype':'F32','shape':[2,3,1,1,2],'data_offsets':[0,48]}}", 0, v,
+             sizeof v);
+    rlx_weights *w = NULL;
+    assert_int_equal(rlx_weights_open(dir, &w), RLX_OK);
+    const rlx_weight *c = rlx_weights_find(w, "c");
+    assert_int_equal(c->n_dims, 4);
+    assert_int_equal(c->shape[0], 6);
+    assert_int_equal(c->shape[1], 1);
+    assert_int_equal(c->shape[2], 1);
+    assert_int_equal(c->shape[3], 2);
+    assert_int_equal(c->nbytes, 48);
+    float x;
+    memcpy(&x, (const float *)c->data + 11, sizeof x);
+    assert_true(x == 11.0f);
+    rlx_weights_close(w);
+}
+
 static void test_sharded_index(void **state) {
     const char *dir = *state;
     const float a[2] = {1, 2}, b[1] = {3}, c[3] = {4, 5, 6}, extra[1] = {7};
@@ -375,8 +399,11 @@ static void test_rejects_bad_shapes(void **state) {
     header_fails(dir, "{'w':{'dtype':'F32','shape':[2,1.5],'data_offsets':[0,12]}}", 12, "tensor 'w': shape[1]");
     header_fails(dir, "{'w':{'dtype':'F32','shape':['2'],'data_offsets':[0,8]}}", 8, "tensor 'w': shape[0]");
     header_fails(dir, "{'w':{'dtype':'F32','shape':2,'data_offsets':[0,8]}}", 8, "tensor 'w': field 'shape'");
-    header_fails(dir, "{'w':{'dtype':'F32','shape':[1,1,1,1,1],'data_offsets':[0,4]}}", 4,
-                 "tensor 'w': 5 dimensions, rlx supports at most 4");
+    header_fails(dir, "{'w':{'dtype':'F32','shape':[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],'data_offsets':[0,4]}}", 4,
+                 "tensor 'w': 17 dimensions, more than the 16");
+    /* five dimensions are read (folded); their byte count is still checked */
+    header_fails(dir, "{'w':{'dtype':'F32','shape':[2,3,1,1,2],'data_offsets':[0,44]}}", 44,
+                 "tensor 'w': data_offsets span 44 bytes, but 12 F32 elements take 48");
     /* A product of dimensions that overflows 64 bits must not wrap around to the byte count. */
     header_fails(dir, "{'w':{'dtype':'F32','shape':[4294967296,4294967296,4294967296,1],'data_offsets':[0,0]}}", 0,
                  "tensor 'w': data_offsets span 0 bytes");
@@ -509,6 +536,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_f32_single_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bf16_f16_unaligned, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scalar_empty_and_gaps, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_more_dimensions_fold, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sharded_index, setup, teardown),
         cmocka_unit_test_setup_teardown(test_single_file_wins_over_index, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_tensors_lookup, setup, teardown),

@@ -613,6 +613,15 @@ static enum MHD_Result metrics(request *r) {
     metric(&b, "rlx_kv_cache_usage_ratio", "gauge", "The used share of the KV cache (0 to 1).");
     const double total = (double)st.n_slots * st.slot_positions;
     serve_buf_printf(&b, "rlx_kv_cache_usage_ratio %.6f\n", total > 0 ? (double)st.kv_positions_used / total : 0.0);
+    uint64_t kv_bytes, state_bytes;
+    rlx_engine_memory(s->engine, &kv_bytes, &state_bytes);
+    if (kv_bytes + state_bytes) { /* known for the batched engine; a pipeline's is in its stages */
+        metric(&b, "rlx_kv_cache_bytes", "gauge", "Bytes of the KV rows of all slots.");
+        serve_buf_printf(&b, "rlx_kv_cache_bytes %llu\n", (unsigned long long)kv_bytes);
+        metric(&b, "rlx_recurrent_state_bytes", "gauge",
+               "Bytes of the recurrent states of all slots (linear-attention layers).");
+        serve_buf_printf(&b, "rlx_recurrent_state_bytes %llu\n", (unsigned long long)state_bytes);
+    }
     if (s->driver)
         pipeline_metrics(&b, s->driver);
     if (b.failed) {

@@ -184,6 +184,9 @@ typedef struct rlx_engine_stats {
     uint64_t kv_positions_used; /* summed over the slots now */
 } rlx_engine_stats;
 RLX_API void rlx_engine_stats_of(rlx_engine *e, rlx_engine_stats *out);
+/* rlx_session_memory for the slots of a batched engine (rlx_engine_create), all slots together;
+ * 0 and 0 for an engine over an lm or a pipeline, whose memory is held elsewhere. */
+RLX_API void rlx_engine_memory(const rlx_engine *e, uint64_t *kv_bytes, uint64_t *state_bytes);
 
 #ifdef __cplusplus
 }

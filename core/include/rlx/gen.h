@@ -87,6 +87,10 @@ RLX_API rlx_status rlx_session_truncate(rlx_session *s, uint32_t length);
 
 /* Activation arena bytes of the most recent plan (after liveness reuse). */
 RLX_API size_t rlx_session_peak_activation_bytes(const rlx_session *s);
+/* The bytes of the session's per-sequence memory: the KV rows of its full-attention layers into
+ * *kv_bytes, the recurrent state of its linear-attention layers (the convolution's last inputs
+ * and the delta rule's state, docs/architectures.md) into *state_bytes; either may be NULL. */
+RLX_API void rlx_session_memory(const rlx_session *s, uint64_t *kv_bytes, uint64_t *state_bytes);
 /* Writes the plan for n positions as text, each node with the backend that runs it (and its
  * precision, when not plain F32). */
 RLX_API rlx_status rlx_session_dump_plan(rlx_session *s, uint32_t n, FILE *f);

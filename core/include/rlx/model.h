@@ -122,6 +122,7 @@ typedef struct rlx_model_layer_info {
     uint32_t size;
     uint32_t window; /* sliding-window attention over this many positions, 0 = full attention */
     uint32_t moe;    /* 1: mixture-of-experts MLP, 0: dense */
+    uint32_t linear; /* 1: Gated DeltaNet linear attention (a recurrent state, no KV rows) */
 } rlx_model_layer_info;
 
 /* ---- safetensors ---- */

@@ -1,10 +1,12 @@
-/* A block over rows of many sequences (gen_internal.h): the slots' KV cache and a small cache
- * of plans, shared by the batched engine and the pipeline stage. */
+/* A block over rows of many sequences (gen_internal.h): the slots' KV cache (and the recurrent
+ * states of linear-attention layers) and a small cache of plans, shared by the batched engine
+ * and the pipeline stage. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include "gen/gen_internal.h"
+#include "model/model_internal.h"
 #include "util/alloc.h"
 
 /* Plans kept, keyed by (rows, logits rows): a steady decode of n streams reuses one. */
@@ -23,9 +25,10 @@ struct rlx__batch {
     rlx_block_spec spec;
     rlx__batch_options o;
     uint32_t n_layers;
-    size_t row_bytes;          /* one position of one layer's K (or V) */
-    size_t layer_bytes;        /* [n_slots, capacity] rows */
-    void **k_cache, **v_cache; /* per layer of the block */
+    size_t row_bytes;          /* one position of one attention layer's K (or V) */
+    size_t *slot_bytes;        /* per layer of the block, k then v: one slot's part */
+    uint8_t *linear;           /* per layer of the block: a recurrent state, copied whole */
+    void **k_cache, **v_cache; /* per layer of the block: [n_slots, ...] */
     batch_plan plans[BATCH_PLANS];
     batch_plan *last; /* of the last run, for rlx__batch_trace_nonfinite */
     uint64_t clock;
@@ -42,12 +45,14 @@ void rlx__batch_destroy(rlx__batch *b) {
         return;
     for (int i = 0; i < BATCH_PLANS; i++)
         plan_clear(&b->plans[i]);
-    for (uint32_t l = 0; l < b->n_layers && b->k_cache && b->v_cache; l++) {
+    for (uint32_t l = 0; l < b->n_layers && b->k_cache && b->v_cache && b->slot_bytes; l++) {
         if (b->k_cache[l])
-            munmap(b->k_cache[l], b->layer_bytes);
+            munmap(b->k_cache[l], b->slot_bytes[2 * l] * b->o.n_slots);
         if (b->v_cache[l])
-            munmap(b->v_cache[l], b->layer_bytes);
+            munmap(b->v_cache[l], b->slot_bytes[2 * l + 1] * b->o.n_slots);
     }
+    free(b->slot_bytes);
+    free(b->linear);
     free(b->k_cache);
     free(b->v_cache);
     free(b);
@@ -61,6 +66,10 @@ rlx_status rlx__batch_create(const rlx_model *m, const rlx_block_spec *spec, con
     if (o->kv_dtype != RLX_DTYPE_F32 && o->kv_dtype != RLX_DTYPE_F16)
         return rlx_error(RLX_E_INVALID, "KV cache dtype %s: only f32 and f16 caches exist",
                          rlx_dtype_name(o->kv_dtype));
+    if (!o->allow_recurrent && rlx__model_recurrent(m, spec))
+        return rlx_error(RLX_E_UNSUPPORTED,
+                         "%s: pipelined stages do not hold the recurrent state of %s's linear-attention layers yet",
+                         rlx_model_dir(m), rlx_model_config_of(m)->model_type);
     const rlx_model_config *c = rlx_model_config_of(m);
     rlx__batch *b = rlx__calloc(1, sizeof *b);
     if (!b)
@@ -71,13 +80,20 @@ rlx_status rlx__batch_create(const rlx_model *m, const rlx_block_spec *spec, con
     b->n_layers = spec->layer_end - spec->layer_start;
     b->row_bytes = (size_t)(c->num_key_value_heads * c->head_dim) *
                    (o->kv_dtype == RLX_DTYPE_F16 ? sizeof(uint16_t) : sizeof(float));
-    b->layer_bytes = (size_t)o->n_slots * o->capacity * b->row_bytes;
+    b->slot_bytes = rlx__calloc(2 * (size_t)b->n_layers, sizeof *b->slot_bytes);
+    b->linear = rlx__calloc(b->n_layers, sizeof *b->linear);
     b->k_cache = rlx__calloc(b->n_layers, sizeof *b->k_cache);
     b->v_cache = rlx__calloc(b->n_layers, sizeof *b->v_cache);
-    for (uint32_t l = 0; b->k_cache && b->v_cache && l < b->n_layers; l++)
-        if (!(b->k_cache[l] = rlx__map_zeroed(b->layer_bytes)) || !(b->v_cache[l] = rlx__map_zeroed(b->layer_bytes)))
+    for (uint32_t l = 0; b->slot_bytes && b->linear && b->k_cache && b->v_cache && l < b->n_layers; l++) {
+        const uint32_t layer = spec->layer_start + l;
+        b->linear[l] = (uint8_t)rlx__model_layer_linear(m, layer);
+        b->slot_bytes[2 * l] = rlx__layer_cache_bytes(m, layer, o->capacity, o->kv_dtype, 0);
+        b->slot_bytes[2 * l + 1] = rlx__layer_cache_bytes(m, layer, o->capacity, o->kv_dtype, 1);
+        if (!(b->k_cache[l] = rlx__map_zeroed(b->slot_bytes[2 * l] * o->n_slots)) ||
+            !(b->v_cache[l] = rlx__map_zeroed(b->slot_bytes[2 * l + 1] * o->n_slots)))
             break;
-    if (!b->k_cache || !b->v_cache || (b->n_layers && !b->v_cache[b->n_layers - 1])) {
+    }
+    if (!b->slot_bytes || !b->linear || !b->k_cache || !b->v_cache || (b->n_layers && !b->v_cache[b->n_layers - 1])) {
         rlx__batch_destroy(b);
         return rlx_error(RLX_E_NOMEM, "out of memory for a KV cache of %u slots of %u positions", o->n_slots,
                          o->capacity);
@@ -157,10 +173,18 @@ rlx_status rlx__batch_trace_nonfinite(rlx__batch *b) {
     return rlx_plan_run_checked(b->last->plan);
 }
 
+void rlx__batch_memory(const rlx__batch *b, uint64_t *kv_bytes, uint64_t *state_bytes) {
+    *kv_bytes = *state_bytes = 0;
+    for (uint32_t l = 0; l < b->n_layers; l++)
+        *(b->linear[l] ? state_bytes : kv_bytes) += (b->slot_bytes[2 * l] + b->slot_bytes[2 * l + 1]) * b->o.n_slots;
+}
+
 void rlx__batch_copy(rlx__batch *b, uint32_t from, uint32_t to, uint32_t n) {
-    const size_t slot_bytes = (size_t)b->o.capacity * b->row_bytes, bytes = (size_t)n * b->row_bytes;
     for (uint32_t l = 0; l < b->n_layers; l++) {
-        memcpy((char *)b->k_cache[l] + to * slot_bytes, (char *)b->k_cache[l] + from * slot_bytes, bytes);
-        memcpy((char *)b->v_cache[l] + to * slot_bytes, (char *)b->v_cache[l] + from * slot_bytes, bytes);
+        const size_t ks = b->slot_bytes[2 * l], vs = b->slot_bytes[2 * l + 1];
+        const size_t kn = b->linear[l] ? ks : (size_t)n * b->row_bytes,
+                     vn = b->linear[l] ? vs : (size_t)n * b->row_bytes;
+        memcpy((char *)b->k_cache[l] + to * ks, (char *)b->k_cache[l] + from * ks, kn);
+        memcpy((char *)b->v_cache[l] + to * vs, (char *)b->v_cache[l] + from * vs, vn);
     }
 }

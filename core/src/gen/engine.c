@@ -21,6 +21,7 @@
 #include "rlx/speculator.h"
 
 #include "gen/gen_internal.h"
+#include "model/model_internal.h"
 #include "util/alloc.h"
 #include "util/clock.h"
 #include "util/sized.h"
@@ -76,6 +77,10 @@ typedef struct engine_group {
 struct rlx_engine {
     const rlx_model *m; /* batched mode; NULL over an lm or a pipeline */
     rlx__batch *batch;  /* batched mode: the model over the slots */
+    /* the model has linear-attention layers: a slot's recurrent state sums up all n_valid
+     * positions, so a prompt reuses a slot only when it continues everything the slot ran, and
+     * never copies a busy slot's prefix */
+    int recurrent;
     /* pipeline mode: the slots live in the stages of d, which runs the steps */
     rlx_driver *pipe;
     engine_group *groups;
@@ -281,7 +286,9 @@ rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts,
         e->backends[i] = o.backends[i];
     for (size_t i = 0; i < o.n_rules; i++)
         e->rules[i] = o.rules[i];
+    e->recurrent = rlx__model_recurrent(m, &spec);
     const rlx__batch_options bo = {.n_slots = e->n_slots,
+                                   .allow_recurrent = 1,
                                    .capacity = e->capacity,
                                    .kv_dtype = o.kv_dtype,
                                    .backends = e->backends,
@@ -516,6 +523,16 @@ uint32_t rlx_engine_drain(rlx_engine *e, uint32_t timeout_ms) {
     return cancelled;
 }
 
+void rlx_engine_memory(const rlx_engine *e, uint64_t *kv_bytes, uint64_t *state_bytes) {
+    uint64_t kv = 0, state = 0;
+    if (e && e->batch) /* fixed at creation: no lock needed */
+        rlx__batch_memory(e->batch, &kv, &state);
+    if (kv_bytes)
+        *kv_bytes = kv;
+    if (state_bytes)
+        *state_bytes = state;
+}
+
 void rlx_engine_stats_of(rlx_engine *e, rlx_engine_stats *out) {
     if (!e || !out)
         return;
@@ -589,10 +606,12 @@ static void admit(rlx_engine *e, engine_req *r) {
     for (uint32_t s = 0; s < e->n_slots; s++) {
         engine_slot *sl = &e->slots[s];
         uint32_t n = common_prefix(sl->tokens, sl->n_valid, r->prompt, limit);
+        if (e->recurrent && n != sl->n_valid)
+            n = 0;
         if (slot_open(e, s) && (!e->n_groups || group_load(e, group_of(e, s)) == least) &&
             (best_free < 0 || n > len_free || (n == len_free && sl->last_used < e->slots[best_free].last_used)))
             best_free = (int)s, len_free = n;
-        if (sl->req && n > len_any)
+        if (sl->req && n > len_any && !e->recurrent)
             best_any = (int)s, len_any = n;
     }
     engine_slot *sl = &e->slots[best_free];

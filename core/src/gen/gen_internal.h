@@ -36,6 +36,9 @@ typedef struct rlx__batch rlx__batch;
 
 typedef struct rlx__batch_options {
     uint32_t n_slots, capacity, kv_dtype;
+    /* 1: the caller keeps rlx__batch_copy's rule for blocks with linear-attention layers and
+     * reuses a slot's state only where it ends; else such a block is refused */
+    uint32_t allow_recurrent;
     rlx_backend *const *backends; /* borrowed for the batch's lifetime */
     size_t n_backends;
     const rlx_place_rule *rules; /* borrowed for the batch's lifetime */
@@ -58,7 +61,11 @@ rlx_status rlx__batch_run(rlx__batch *b, const void *input, const int32_t *pos, 
  * such a value: RLX_E_RANGE naming it, or RLX_OK when this run finds every value finite. The
  * inputs of the last run must be unchanged; its output is overwritten. */
 rlx_status rlx__batch_trace_nonfinite(rlx__batch *b);
-/* Copies positions [0, n) of slot `from` into slot `to`, every layer's K and V. */
+/* The bytes of all slots' KV rows and recurrent states (rlx_engine_memory). */
+void rlx__batch_memory(const rlx__batch *b, uint64_t *kv_bytes, uint64_t *state_bytes);
+/* Copies positions [0, n) of slot `from` into slot `to`, every layer's K and V; a linear
+ * layer's recurrent state is copied whole, so for a block with such layers (rlx__model_recurrent)
+ * n must be every position slot `from` has run. */
 void rlx__batch_copy(rlx__batch *b, uint32_t from, uint32_t to, uint32_t n);
 
 #endif

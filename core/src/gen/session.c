@@ -1,5 +1,12 @@
 /* Sessions: the KV cache of one sequence and a small cache of plans, one per run width (the
- * prompt, one decode token, k + 1 verified tokens), so a steady decode builds nothing. */
+ * prompt, one decode token, k + 1 verified tokens), so a steady decode builds nothing.
+ *
+ * A block with Gated DeltaNet layers also holds their recurrent state, which sums up every
+ * position so far and cannot be cut back. Its session keeps the inputs of the positions it
+ * holds, and a truncation marks the state stale: the next forward first runs the kept positions
+ * again from position 0 (where the recurrent ops start from a zero state), which rewrites the
+ * KV rows with the same values. That costs a prefill of the kept prefix per truncation, paid
+ * only by recurrent blocks; the last forward's rows stay readable until then. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -37,9 +44,16 @@ struct rlx_session {
     uint32_t capacity, length;
     uint32_t kv_dtype;
     uint32_t plan_flags;       /* RLX_PLAN_CHECK_FINITE with check_finite */
-    size_t cache_bytes;        /* per layer and per k or v */
-    void **k_cache, **v_cache; /* per layer of the block: [capacity, kv_heads * head_dim] */
-    int32_t *positions;        /* [capacity] */
+    size_t *cache_bytes;       /* per layer of the block, k then v */
+    void **k_cache, **v_cache; /* per layer of the block: [capacity, kv_heads * head_dim], or a
+                                * linear layer's convolution and delta-rule states */
+    /* recurrent blocks (rlx__model_recurrent): the inputs of positions [0, length), and how many
+     * positions the recurrent state holds (more than length after a truncation) */
+    int recurrent;
+    uint8_t *history;
+    size_t history_row; /* bytes of one position's input */
+    uint32_t history_cap, state_length;
+    int32_t *positions; /* [capacity] */
     plan_slot slots[PLAN_SLOTS];
     uint64_t clock;
     size_t last_peak;
@@ -80,8 +94,9 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
     }
     s->kv_dtype = o.kv_dtype;
     s->plan_flags = o.check_finite ? RLX_PLAN_CHECK_FINITE : 0;
-    s->cache_bytes = (size_t)capacity * (size_t)(c->num_key_value_heads * c->head_dim) *
-                     (o.kv_dtype == RLX_DTYPE_F16 ? sizeof(uint16_t) : sizeof(float));
+    s->recurrent = rlx__model_recurrent(m, spec);
+    s->history_row = spec->embed_input ? sizeof(int32_t) : (size_t)c->hidden_size * sizeof(float);
+    s->cache_bytes = rlx__calloc(2 * (size_t)n_layers, sizeof *s->cache_bytes);
     s->k_cache = rlx__calloc(n_layers, sizeof *s->k_cache);
     s->v_cache = rlx__calloc(n_layers, sizeof *s->v_cache);
     s->positions = rlx__malloc(capacity * sizeof *s->positions);
@@ -89,7 +104,7 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
     s->backends = rlx__calloc(o.n_backends + 1, sizeof *s->backends);
     s->n_rules = o.n_rules;
     s->rules = rlx__calloc(o.n_rules + 1, sizeof *s->rules);
-    if (!s->k_cache || !s->v_cache || !s->positions || !s->backends || !s->rules)
+    if (!s->cache_bytes || !s->k_cache || !s->v_cache || !s->positions || !s->backends || !s->rules)
         goto nomem;
     for (size_t i = 0; i < o.n_rules; i++)
         s->rules[i] = o.rules[i];
@@ -97,9 +112,14 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
         s->backends[i] = o.backends[i];
     for (uint32_t i = 0; i < capacity; i++)
         s->positions[i] = (int32_t)i;
-    for (uint32_t l = 0; l < n_layers; l++)
-        if (!(s->k_cache[l] = rlx__map_zeroed(s->cache_bytes)) || !(s->v_cache[l] = rlx__map_zeroed(s->cache_bytes)))
+    for (uint32_t l = 0; l < n_layers; l++) {
+        const uint32_t layer = spec->mtp ? UINT32_MAX : spec->layer_start + l;
+        s->cache_bytes[2 * l] = rlx__layer_cache_bytes(m, layer, capacity, o.kv_dtype, 0);
+        s->cache_bytes[2 * l + 1] = rlx__layer_cache_bytes(m, layer, capacity, o.kv_dtype, 1);
+        if (!(s->k_cache[l] = rlx__map_zeroed(s->cache_bytes[2 * l])) ||
+            !(s->v_cache[l] = rlx__map_zeroed(s->cache_bytes[2 * l + 1])))
             goto nomem;
+    }
     *out = s;
     return RLX_OK;
 nomem:
@@ -119,12 +139,14 @@ void rlx_session_destroy(rlx_session *s) {
     for (int i = 0; i < PLAN_SLOTS; i++)
         slot_clear(&s->slots[i]);
     uint32_t n_layers = s->spec.layer_end - s->spec.layer_start;
-    for (uint32_t l = 0; l < n_layers && s->k_cache && s->v_cache; l++) {
+    for (uint32_t l = 0; l < n_layers && s->k_cache && s->v_cache && s->cache_bytes; l++) {
         if (s->k_cache[l])
-            munmap(s->k_cache[l], s->cache_bytes);
+            munmap(s->k_cache[l], s->cache_bytes[2 * l]);
         if (s->v_cache[l])
-            munmap(s->v_cache[l], s->cache_bytes);
+            munmap(s->v_cache[l], s->cache_bytes[2 * l + 1]);
     }
+    free(s->cache_bytes);
+    free(s->history);
     free(s->k_cache);
     free(s->v_cache);
     free(s->positions);
@@ -134,6 +156,18 @@ void rlx_session_destroy(rlx_session *s) {
 }
 
 uint32_t rlx_session_length(const rlx_session *s) { return s->length; }
+
+void rlx_session_memory(const rlx_session *s, uint64_t *kv_bytes, uint64_t *state_bytes) {
+    uint64_t kv = 0, state = 0;
+    for (uint32_t l = 0; s && l < s->spec.layer_end - s->spec.layer_start; l++) {
+        const int linear = !s->spec.mtp && rlx__model_layer_linear(s->m, s->spec.layer_start + l);
+        *(linear ? &state : &kv) += s->cache_bytes[2 * l] + s->cache_bytes[2 * l + 1];
+    }
+    if (kv_bytes)
+        *kv_bytes = kv;
+    if (state_bytes)
+        *state_bytes = state;
+}
 uint32_t rlx_session_capacity(const rlx_session *s) { return s->capacity; }
 size_t rlx_session_peak_activation_bytes(const rlx_session *s) { return s->last_peak; }
 
@@ -212,10 +246,47 @@ static rlx_status check_logits(rlx_session *s, rlx_plan *plan, const float *rows
     return rlx_error(RLX_E_RANGE, "%s; tracing it node by node failed: %s", bad, rlx_last_error());
 }
 
+/* Keeps the inputs of n new positions after s->length, for running them again. */
+static rlx_status remember(rlx_session *s, const void *input, uint32_t n) {
+    const uint32_t need = s->length + n;
+    if (need > s->history_cap) {
+        uint32_t cap = s->history_cap ? s->history_cap : 256;
+        while (cap < need)
+            cap = cap > s->capacity / 2 ? s->capacity : cap * 2;
+        uint8_t *h = rlx__realloc(s->history, (size_t)cap * s->history_row);
+        if (!h)
+            return rlx_error(RLX_E_NOMEM, "session: out of memory for the inputs of %u positions", cap);
+        s->history = h;
+        s->history_cap = cap;
+    }
+    if (input != s->history) /* a replay runs the kept inputs themselves */
+        memcpy(s->history + (size_t)s->length * s->history_row, input, (size_t)n * s->history_row);
+    return RLX_OK;
+}
+
+static rlx_status run(rlx_session *s, const void *input, const float *hidden_in, uint32_t n, int all_rows,
+                      const float **out);
+
+/* Rebuilds the recurrent state of the positions [0, length) a truncation kept (file comment). */
+static rlx_status replay(rlx_session *s) {
+    const uint32_t length = s->length;
+    s->length = s->state_length = 0;
+    const float *rows;
+    rlx_status rc = length ? run(s, s->history, NULL, length, 0, &rows) : RLX_OK;
+    if (rc != RLX_OK) { /* the state is partly rebuilt: run it again next time */
+        s->length = length;
+        s->state_length = UINT32_MAX;
+    }
+    return rc;
+}
+
 /* One graph run over n new positions; hidden_in is the MTP block's second input (else NULL). */
 static rlx_status run(rlx_session *s, const void *input, const float *hidden_in, uint32_t n, int all_rows,
                       const float **out) {
     s->hidden = NULL;
+    rlx_status rc;
+    if (s->recurrent && s->state_length != s->length && (rc = replay(s)) != RLX_OK)
+        return rc;
     if (n > s->capacity - s->length)
         return rlx_error(RLX_E_RANGE, "%u new positions after %u exceed the context of %u positions", n, s->length,
                          s->capacity);
@@ -227,11 +298,14 @@ static rlx_status run(rlx_session *s, const void *input, const float *hidden_in,
                 return rlx_error(RLX_E_RANGE, "token id %d (input %u) is outside the vocabulary [0, %lld)", ids[i], i,
                                  (long long)vocab);
     }
+    if (s->recurrent && (rc = remember(s, input, n)) != RLX_OK)
+        return rc;
     plan_slot *slot;
-    rlx_status rc = get_plan(s, n, all_rows ? 1 : 0, &slot);
-    if (rc != RLX_OK)
+    if ((rc = get_plan(s, n, all_rows ? 1 : 0, &slot)) != RLX_OK)
         return rc;
     const rlx_block_io *io = &slot->io.block;
+    if (s->recurrent) /* until this run succeeds the state may hold part of it */
+        s->state_length = UINT32_MAX;
     if ((rc = rlx_plan_bind(slot->plan, io->input, (void *)input)) != RLX_OK ||
         (hidden_in && (rc = rlx_plan_bind(slot->plan, io->hidden_input, (void *)hidden_in)) != RLX_OK) ||
         (rc = rlx_plan_bind(slot->plan, io->positions, s->positions + s->length)) != RLX_OK ||
@@ -241,6 +315,7 @@ static rlx_status run(rlx_session *s, const void *input, const float *hidden_in,
     if (s->spec.produce_logits && (rc = check_logits(s, slot->plan, rows, n, all_rows)) != RLX_OK)
         return rc;
     s->length += n;
+    s->state_length = s->length;
     s->last_peak = rlx_plan_peak_bytes(slot->plan);
     *out = rows;
     if (io->hidden >= 0)
@@ -279,7 +354,7 @@ rlx_status rlx_session_truncate(rlx_session *s, uint32_t length) {
     if (length > s->length)
         return rlx_error(RLX_E_RANGE, "cannot truncate a session of %u positions to %u", s->length, length);
     s->length = length; /* the last forward's rows stay readable: the speculative loop reads them after */
-    return RLX_OK;
+    return RLX_OK;      /* a recurrent state now ahead of length is rebuilt by the next forward */
 }
 
 typedef struct dump_ctx {

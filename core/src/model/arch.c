@@ -5,8 +5,8 @@
 
 #include "arch.h"
 
-static const rlx__arch *const registry[] = {&rlx__arch_qwen3, &rlx__arch_qwen3_moe, &rlx__arch_qwen2, &rlx__arch_llama,
-                                            &rlx__arch_mistral};
+static const rlx__arch *const registry[] = {&rlx__arch_qwen3, &rlx__arch_qwen3_moe, &rlx__arch_qwen2,
+                                            &rlx__arch_llama, &rlx__arch_mistral,   &rlx__arch_qwen3_5};
 #define N_ARCHS (sizeof registry / sizeof registry[0])
 
 /* Layer prefixes: every architecture so far keeps Hugging Face's and llama.cpp's. */
@@ -54,7 +54,22 @@ const char *rlx__arch_list(char *text, size_t len) {
 // ---- roles
 
 /* The dimensions a role's shape is made of. */
-typedef enum dim { D_NONE, D_VOCAB, D_HIDDEN, D_Q, D_KV, D_HEAD, D_FF, D_EXPERTS, D_EXPERT_FF } dim;
+typedef enum dim {
+    D_NONE,
+    D_VOCAB,
+    D_HIDDEN,
+    D_Q,
+    D_KV,
+    D_HEAD,
+    D_FF,
+    D_EXPERTS,
+    D_EXPERT_FF,
+    D_SSM_QKV, /* Gated DeltaNet: q, k and v of all heads */
+    D_SSM_V,   /* value heads * value dim */
+    D_SSM_HEADS,
+    D_SSM_VDIM,
+    D_SSM_CONV,
+} dim;
 
 static const struct {
     dim rows, cols;
@@ -84,9 +99,21 @@ static const struct {
     [RLX__R_FFN_GATE_EXP] = {D_EXPERT_FF, D_HIDDEN},
     [RLX__R_FFN_UP_EXP] = {D_EXPERT_FF, D_HIDDEN},
     [RLX__R_FFN_DOWN_EXP] = {D_HIDDEN, D_EXPERT_FF},
+    [RLX__R_ATTN_GATE] = {D_Q, D_HIDDEN},
+    [RLX__R_SSM_QKV] = {D_SSM_QKV, D_HIDDEN},
+    [RLX__R_SSM_Z] = {D_SSM_V, D_HIDDEN},
+    [RLX__R_SSM_BETA] = {D_SSM_HEADS, D_HIDDEN},
+    [RLX__R_SSM_ALPHA] = {D_SSM_HEADS, D_HIDDEN},
+    [RLX__R_SSM_CONV] = {D_SSM_QKV, D_SSM_CONV},
+    [RLX__R_SSM_A] = {D_SSM_HEADS, D_NONE},
+    [RLX__R_SSM_DT] = {D_SSM_HEADS, D_NONE},
+    [RLX__R_SSM_NORM] = {D_SSM_VDIM, D_NONE},
+    [RLX__R_SSM_OUT] = {D_HIDDEN, D_SSM_V},
 };
 
-static int64_t dim_size(dim x, const rlx_model_config *c) {
+static int64_t dim_size(dim x, const rlx__model_desc *d) {
+    const rlx_model_config *c = &d->cfg;
+    const rlx__gdn *g = &d->gdn;
     switch (x) {
     case D_VOCAB:
         return c->vocab_size;
@@ -104,6 +131,16 @@ static int64_t dim_size(dim x, const rlx_model_config *c) {
         return c->num_experts;
     case D_EXPERT_FF:
         return c->moe_intermediate_size;
+    case D_SSM_QKV:
+        return 2 * g->k_heads * g->k_dim + g->v_heads * g->v_dim;
+    case D_SSM_V:
+        return g->v_heads * g->v_dim;
+    case D_SSM_HEADS:
+        return g->v_heads;
+    case D_SSM_VDIM:
+        return g->v_dim;
+    case D_SSM_CONV:
+        return g->conv_kernel;
     case D_NONE:
         break;
     }
@@ -111,8 +148,8 @@ static int64_t dim_size(dim x, const rlx_model_config *c) {
 }
 
 void rlx__role_shape(rlx__role role, const rlx__model_desc *d, int64_t *rows, int64_t *cols) {
-    *rows = dim_size(role_dims[role].rows, &d->cfg);
-    *cols = dim_size(role_dims[role].cols, &d->cfg);
+    *rows = dim_size(role_dims[role].rows, d);
+    *cols = dim_size(role_dims[role].cols, d);
 }
 
 int rlx__role_is_expert(rlx__role role) {
@@ -130,7 +167,19 @@ const rlx__tensor *rlx__arch_tensor(const rlx__arch *a, rlx__role role) {
     return NULL;
 }
 
+/* The token mixer a role belongs to: 1 self-attention, 2 Gated DeltaNet, 0 neither. */
+static int mixer_of(rlx__role role) {
+    if (role >= RLX__R_ATTN_Q && role <= RLX__R_ATTN_K_NORM)
+        return 1;
+    if (role == RLX__R_ATTN_GATE)
+        return 1;
+    return role >= RLX__R_SSM_QKV && role <= RLX__R_SSM_OUT ? 2 : 0;
+}
+
 int rlx__tensor_applies(const rlx__tensor *t, const rlx__model_desc *d, const rlx__layer *layer) {
+    const int mixer = mixer_of(t->role);
+    if (mixer && (!layer || (mixer == 2) != (layer->linear != 0)))
+        return 0;
     switch (t->when) {
     case RLX__ALWAYS:
         return 1;
@@ -146,6 +195,8 @@ int rlx__tensor_applies(const rlx__tensor *t, const rlx__model_desc *d, const rl
         return d->mlp_bias && layer && !layer->moe;
     case RLX__IF_UNTIED:
         return !d->cfg.tie_word_embeddings;
+    case RLX__IF_ATTN_GATE:
+        return d->attn_gate;
     }
     return 0;
 }

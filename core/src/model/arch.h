@@ -52,18 +52,33 @@ typedef enum rlx__role {
     RLX__R_FFN_GATE_EXP, /* one per expert */
     RLX__R_FFN_UP_EXP,
     RLX__R_FFN_DOWN_EXP,
+    /* An attention layer's per-head output gate (Qwen3.5): the gate half of q_proj, which the
+     * architecture's fix_weights splits off into a tensor of its own */
+    RLX__R_ATTN_GATE,
+    /* Gated DeltaNet linear attention (layers whose kind says linear; the attention roles above
+     * apply only to the other layers) */
+    RLX__R_SSM_QKV,   /* [2 * k_heads * k_dim + v_heads * v_dim, hidden]: q, k and v */
+    RLX__R_SSM_Z,     /* [v_heads * v_dim, hidden]: the output norm's gate */
+    RLX__R_SSM_BETA,  /* [v_heads, hidden]: b, the update strength before its sigmoid */
+    RLX__R_SSM_ALPHA, /* [v_heads, hidden]: a, the decay's input */
+    RLX__R_SSM_CONV,  /* [2 * k_heads * k_dim + v_heads * v_dim, conv_kernel] */
+    RLX__R_SSM_A,     /* [v_heads]: A = -exp(A_log), the decay rate (<= 0) */
+    RLX__R_SSM_DT,    /* [v_heads]: dt_bias */
+    RLX__R_SSM_NORM,  /* [v_dim]: the gated RMS norm's weight, per value head */
+    RLX__R_SSM_OUT,   /* [hidden, v_heads * v_dim] */
     RLX__R_COUNT
 } rlx__role;
 
 /* When a layer (or the model, for a top-level role) has a tensor of the table. */
 typedef enum rlx__when {
     RLX__ALWAYS,
-    RLX__IF_DENSE,    /* the layer's MLP is dense */
-    RLX__IF_MOE,      /* the layer's MLP is a mixture of experts */
-    RLX__IF_QKV_BIAS, /* rlx__model_desc.qkv_bias */
-    RLX__IF_O_BIAS,   /* rlx__model_desc.o_bias */
-    RLX__IF_MLP_BIAS, /* rlx__model_desc.mlp_bias (a dense layer's gate, up and down) */
-    RLX__IF_UNTIED,   /* the LM head is not the embedding table */
+    RLX__IF_DENSE,     /* the layer's MLP is dense */
+    RLX__IF_MOE,       /* the layer's MLP is a mixture of experts */
+    RLX__IF_QKV_BIAS,  /* rlx__model_desc.qkv_bias */
+    RLX__IF_O_BIAS,    /* rlx__model_desc.o_bias */
+    RLX__IF_MLP_BIAS,  /* rlx__model_desc.mlp_bias (a dense layer's gate, up and down) */
+    RLX__IF_UNTIED,    /* the LM head is not the embedding table */
+    RLX__IF_ATTN_GATE, /* rlx__model_desc.attn_gate */
 } rlx__when;
 
 /* One row of an architecture's tensor table. Names are whole for a top-level role, follow the
@@ -82,7 +97,18 @@ typedef struct rlx__tensor {
 typedef struct rlx__layer {
     uint32_t window; /* sliding-window attention over this many positions, 0 = full attention */
     uint8_t moe;     /* 1: mixture-of-experts MLP */
+    uint8_t linear;  /* 1: Gated DeltaNet linear attention instead of self-attention */
 } rlx__layer;
+
+/* The shape of Gated DeltaNet layers (rlx__layer.linear): HF's linear_num_key_heads,
+ * linear_num_value_heads, linear_key_head_dim, linear_value_head_dim, linear_conv_kernel_dim. */
+typedef struct rlx__gdn {
+    int64_t k_heads, v_heads, k_dim, v_dim, conv_kernel;
+    /* value heads in llama.cpp's tiled order (its converter reorders them from Hugging Face's,
+     * where the v_heads / k_heads value heads of a key head are neighbours): value head h reads
+     * key head h % k_heads */
+    uint8_t tiled;
+} rlx__gdn;
 
 typedef enum rlx__rope_type {
     RLX__ROPE_DEFAULT, /* rotate-half RoPE, theta only */
@@ -109,7 +135,10 @@ typedef struct rlx__model_desc {
     uint8_t qkv_bias, o_bias, mlp_bias;
     rlx__rope_type rope_type;
     rlx__rope_llama3 llama3;
-    float *rope_freqs;  /* RLX__ROPE_LLAMA3: cfg.head_dim / 2 frequency divisors, owned; else NULL */
+    float *rope_freqs;  /* RLX__ROPE_LLAMA3: rope_dims / 2 frequency divisors, owned; else NULL */
+    int64_t rope_dims;  /* values of each head RoPE turns (partial_rotary_factor), 0 = head_dim */
+    uint8_t attn_gate;  /* attention output multiplied by sigmoid of a per-head gate (RLX__R_ATTN_GATE) */
+    rlx__gdn gdn;       /* with any linear layer */
     rlx__layer *layers; /* cfg.num_hidden_layers entries, owned (rlx__model_desc_free) */
 } rlx__model_desc;
 
@@ -143,8 +172,13 @@ typedef struct rlx__arch {
      * GGUF reader undoes it and the GGUF writer does it, so the builder sees Hugging Face's
      * layout either way. */
     uint8_t gguf_qk_permuted;
-    /* The general.architecture rlx quantize writes; NULL: gguf_archs[0]. */
+    /* The general.architecture rlx quantize writes; NULL: gguf_archs[0]; "" when rlx cannot
+     * write the architecture as GGUF. */
     const char *gguf_write_arch;
+    /* Puts the tensors of weights opened from a Hugging Face directory (gguf 0) or a GGUF file
+     * into the form the table and the blocks read, once at open (NULL: they are already):
+     * renames, splits and transforms of weights the checkpoint stores otherwise. */
+    rlx_status (*fix_weights)(rlx_weights *w, const rlx__model_desc *d, int gguf);
 } rlx__arch;
 
 // ---- the registry (arch.c)
@@ -279,15 +313,21 @@ int rlx__blk_node2(rlx__blk *b, rlx_op op, const char *name, int x, int y, const
 int rlx__blk_rms_norm(rlx__blk *b, const char *name, int x, int weight);
 int rlx__blk_add(rlx__blk *b, const char *name, int x, int y);
 /* Self-attention of the current layer on h: q/k/v projections (with their biases when the layer
- * has them), per-head q/k norms when it has them, RoPE, attention over the cache (sliding when
- * the layer's window is set), the output projection. */
+ * has them), per-head q/k norms when it has them, RoPE (partial with rope_dims), attention over
+ * the cache (sliding when the layer's window is set), the output gate when the layer has one,
+ * the output projection. */
 int rlx__blk_attention(rlx__blk *b, int h);
+/* Gated DeltaNet linear attention of the current layer on h (Qwen3.5, Qwen3-Next): q, k and v
+ * projected together through the causal convolution, the gated delta rule over the layer's
+ * state, the per-head RMS norm gated by silu(z), the output projection. */
+int rlx__blk_gated_deltanet(rlx__blk *b, int h);
 /* SwiGLU MLP: down(silu(gate(h)) * up(h)). */
 int rlx__blk_gated_mlp(rlx__blk *b, int h);
 /* Mixture of experts: a router picks top-k experts per row, each a SwiGLU MLP. */
 int rlx__blk_moe(rlx__blk *b, int h);
 /* The pre-norm decoder layer of the Llama family: x + attention(norm(x)), then + mlp(norm(x))
- * with the layer's MLP dense or a mixture of experts. */
+ * with the layer's MLP dense or a mixture of experts; a linear layer's token mixer is Gated
+ * DeltaNet instead of attention. */
 int rlx__blk_decoder_layer(rlx__blk *b, int x);
 
 /* Checks the tensor found for name against the shape wanted ([rows] when cols is 0) and the
@@ -302,6 +342,7 @@ extern const rlx__arch rlx__arch_qwen3_moe;
 extern const rlx__arch rlx__arch_qwen2;
 extern const rlx__arch rlx__arch_llama;
 extern const rlx__arch rlx__arch_mistral;
+extern const rlx__arch rlx__arch_qwen3_5;
 
 /* Llama's tensor table (Mistral's too) and its hidden_act check ("silu" or absent) (arch/llama.c). */
 extern const rlx__tensor rlx__llama_tensors[];

@@ -43,7 +43,7 @@ static int rope_factors(rlx__blk *b) {
     int id = rlx_graph_find_tensor(b->g, "rope_freqs");
     if (id >= 0)
         return id;
-    const int64_t half = b->d->cfg.head_dim / 2;
+    const int64_t half = (b->d->rope_dims ? b->d->rope_dims : b->d->cfg.head_dim) / 2;
     id = rlx_graph_add_tensor(b->g, RLX_ROLE_WEIGHT, "rope_freqs", RLX_DTYPE_F32, 1, &half, b->d->rope_freqs);
     if (id < 0)
         b->rc = id;
@@ -140,7 +140,10 @@ static int linear(rlx__blk *b, const char *name, int x, rlx__role weight, rlx__r
 int rlx__blk_attention(rlx__blk *b, int h) {
     const rlx_model_config *c = &b->d->cfg;
     const uint32_t layer = layer_index(b);
-    rlx_op_params rope = {.rope_theta = (float)c->rope_theta, .head_dim = (uint32_t)c->head_dim, .layer = layer};
+    rlx_op_params rope = {.rope_theta = (float)c->rope_theta,
+                          .head_dim = (uint32_t)c->head_dim,
+                          .rope_dims = (uint32_t)b->d->rope_dims,
+                          .layer = layer};
     rlx_op_params attn = {.scale = (float)(1.0 / sqrt((double)c->head_dim)),
                           .head_dim = (uint32_t)c->head_dim,
                           .n_heads = (uint32_t)c->num_attention_heads,
@@ -160,7 +163,44 @@ int rlx__blk_attention(rlx__blk *b, int h) {
     k = rlx__blk_node(b, RLX_OP_ROPE, "attn.k_rope", (int[]){k, b->pos, factors}, n_rope, &rope);
     const int in[7] = {q, k, v, b->pos, b->kc, b->vc, b->seq};
     int a = rlx__blk_node(b, RLX_OP_ATTENTION, "attn.attention", in, b->seq >= 0 ? 7 : 6, &attn);
+    if (rlx__blk_has(b, RLX__R_ATTN_GATE)) {
+        int gate =
+            rlx__blk_node2(b, RLX_OP_MATMUL, "attn.gate_proj", h, rlx__blk_weight(b, RLX__R_ATTN_GATE, -1), NULL);
+        a = rlx__blk_node2(b, RLX_OP_SIGMOID_MUL, "attn.output_gate", a, gate, NULL);
+    }
     return linear(b, "attn.o_proj", a, RLX__R_ATTN_O, RLX__R_ATTN_O_BIAS);
+}
+
+int rlx__blk_gated_deltanet(rlx__blk *b, int h) {
+    const rlx__gdn *g = &b->d->gdn;
+    const uint32_t layer = layer_index(b);
+    int proj =
+        rlx__blk_node2(b, RLX_OP_MATMUL, "linear_attn.in_proj_qkv", h, rlx__blk_weight(b, RLX__R_SSM_QKV, -1), NULL);
+    int z = rlx__blk_node2(b, RLX_OP_MATMUL, "linear_attn.in_proj_z", h, rlx__blk_weight(b, RLX__R_SSM_Z, -1), NULL);
+    int beta =
+        rlx__blk_node2(b, RLX_OP_MATMUL, "linear_attn.in_proj_b", h, rlx__blk_weight(b, RLX__R_SSM_BETA, -1), NULL);
+    int alpha =
+        rlx__blk_node2(b, RLX_OP_MATMUL, "linear_attn.in_proj_a", h, rlx__blk_weight(b, RLX__R_SSM_ALPHA, -1), NULL);
+    const rlx_op_params conv_p = {.layer = layer};
+    const int conv_in[5] = {proj, rlx__blk_weight(b, RLX__R_SSM_CONV, -1), b->pos, b->kc, b->seq};
+    int qkv = rlx__blk_node(b, RLX_OP_SSM_CONV, "linear_attn.conv", conv_in, b->seq >= 0 ? 5 : 4, &conv_p);
+    /* transformers' l2norm epsilon, and q scaled by key_dim^-1/2 */
+    const rlx_op_params delta_p = {.eps = 1e-6f,
+                                   .scale = (float)(1.0 / sqrt((double)g->k_dim)),
+                                   .head_dim = (uint32_t)g->k_dim,
+                                   .n_heads = (uint32_t)g->v_heads,
+                                   .n_kv_heads = (uint32_t)g->k_heads,
+                                   .head_dim_v = (uint32_t)g->v_dim,
+                                   .kv_tiled = g->tiled,
+                                   .layer = layer};
+    const int delta_in[8] = {
+        qkv,    alpha, beta,  rlx__blk_weight(b, RLX__R_SSM_A, -1), rlx__blk_weight(b, RLX__R_SSM_DT, -1),
+        b->pos, b->vc, b->seq};
+    int o = rlx__blk_node(b, RLX_OP_GATED_DELTA, "linear_attn.delta", delta_in, b->seq >= 0 ? 8 : 7, &delta_p);
+    /* the gated RMS norm, per value head: norm(o) * w * silu(z) */
+    o = rlx__blk_rms_norm(b, "linear_attn.norm", o, rlx__blk_weight(b, RLX__R_SSM_NORM, -1));
+    o = rlx__blk_node2(b, RLX_OP_SWIGLU, "linear_attn.norm_gate", z, o, NULL);
+    return rlx__blk_node2(b, RLX_OP_MATMUL, "linear_attn.out_proj", o, rlx__blk_weight(b, RLX__R_SSM_OUT, -1), NULL);
 }
 
 int rlx__blk_gated_mlp(rlx__blk *b, int h) {
@@ -198,7 +238,8 @@ int rlx__blk_moe(rlx__blk *b, int h) {
 
 int rlx__blk_decoder_layer(rlx__blk *b, int x) {
     int h = rlx__blk_rms_norm(b, "input_norm", x, rlx__blk_weight(b, RLX__R_ATTN_NORM, -1));
-    x = rlx__blk_add(b, "attn.residual", x, rlx__blk_attention(b, h));
+    const int mixer = b->layer && b->layer->kind.linear ? rlx__blk_gated_deltanet(b, h) : rlx__blk_attention(b, h);
+    x = rlx__blk_add(b, "attn.residual", x, mixer);
     h = rlx__blk_rms_norm(b, "post_attn_norm", x, rlx__blk_weight(b, RLX__R_FFN_NORM, -1));
     int mlp = b->layer && b->layer->kind.moe ? rlx__blk_moe(b, h) : rlx__blk_gated_mlp(b, h);
     return rlx__blk_add(b, "mlp.residual", x, mlp);

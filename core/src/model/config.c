@@ -311,12 +311,21 @@ static rlx_status parse_config(const char *path, const cJSON *root, rlx__model_d
     if ((st = d->arch->read_hf(path, root, d)) != RLX_OK)
         return st;
     rlx_model_config *c = &d->cfg;
+    /* a multimodal checkpoint (Qwen3.5) keeps the language model's ids in text_config */
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text_config");
     int64_t bos;
     if ((st = rlx__hf_int(path, root, "bos_token_id", -1, 0, INT32_MAX, &bos)) != RLX_OK)
         return st;
+    if (bos < 0 && cJSON_IsObject(text) &&
+        (st = rlx__hf_int(path, text, "bos_token_id", -1, 0, INT32_MAX, &bos)) != RLX_OK)
+        return st;
     c->bos_id = (int32_t)bos;
-    return add_token_ids(path, "eos_token_id", cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), c->eos_ids,
-                         &c->n_eos);
+    if ((st = add_token_ids(path, "eos_token_id", cJSON_GetObjectItemCaseSensitive(root, "eos_token_id"), c->eos_ids,
+                            &c->n_eos)) != RLX_OK ||
+        !cJSON_IsObject(text))
+        return st;
+    return add_token_ids(path, "text_config.eos_token_id", cJSON_GetObjectItemCaseSensitive(text, "eos_token_id"),
+                         c->eos_ids, &c->n_eos);
 }
 
 void rlx__model_desc_free(rlx__model_desc *d) {

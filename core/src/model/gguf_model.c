@@ -148,11 +148,7 @@ static rlx_status undo_qk_permutation(rlx_weights *w, const rlx__gguf *g, const 
             return rlx_error(RLX_E_FORMAT,
                              "%s: tensor '%s' has %" PRId64 " rows, not %" PRId64 " heads of an even size", g->path,
                              rlx__weights_gguf_name(w, x) ? rlx__weights_gguf_name(w, x) : x->name, rows, heads);
-        void **owned = rlx__realloc(w->owned, (w->n_owned + 1) * sizeof *owned);
-        if (!owned)
-            return rlx_error(RLX_E_NOMEM, "%s: out of memory", g->path);
-        w->owned = owned;
-        uint8_t *copy = rlx__malloc(x->nbytes ? x->nbytes : 1);
+        uint8_t *copy = rlx__weights_own(w, x->nbytes);
         if (!copy)
             return rlx_error(RLX_E_NOMEM, "%s: cannot allocate %zu bytes for tensor '%s'", g->path, x->nbytes, x->name);
         const size_t row_bytes = x->nbytes / (size_t)rows;
@@ -160,7 +156,6 @@ static rlx_status undo_qk_permutation(rlx_weights *w, const rlx__gguf *g, const 
             memcpy(copy + (size_t)rlx__qk_hf_row(row, head_rows) * row_bytes,
                    (const uint8_t *)x->data + (size_t)row * row_bytes, row_bytes);
         rlx__drop_mapped(x->data, x->nbytes); /* the file's order is not read again */
-        w->owned[w->n_owned++] = copy;
         x->data = copy;
     }
     return RLX_OK;
@@ -321,9 +316,11 @@ static rlx_status read_rope_freqs(const rlx__gguf_cfg *r, rlx__model_desc *d) {
     const rlx_weight *t = rlx_weights_find(r->w, "rope_freqs.weight");
     if (!t)
         return RLX_OK;
-    const int64_t half = d->cfg.head_dim / 2;
+    const int64_t half = (d->rope_dims ? d->rope_dims : d->cfg.head_dim) / 2;
     if (t->dtype != RLX_DTYPE_F32 || t->n_dims != 1 || t->shape[0] != half)
-        return rlx_error(RLX_E_FORMAT, "%s: tensor 'rope_freqs.weight' is not F32 [%" PRId64 "] (head_dim / 2)",
+        return rlx_error(RLX_E_FORMAT,
+                         "%s: tensor 'rope_freqs.weight' is not F32 [%" PRId64
+                         "] (head_dim / 2, or rope.dimension_count / 2 where RoPE turns part of each head)",
                          r->path, half);
     if (!(d->rope_freqs = rlx__malloc((size_t)half * sizeof *d->rope_freqs)))
         return rlx_error(RLX_E_NOMEM, "%s: out of memory", r->path);
@@ -345,6 +342,17 @@ rlx_status rlx__gguf_read_decoder(rlx__gguf_cfg *r, int ff_optional, rlx__model_
         return rlx_error(RLX_E_FORMAT, "%s: no 2-dimensional tensor 'token_embd.weight'", path);
     c->hidden_size = rlx__gguf_cfg_int(r, "embedding_length", 0, 0);
     c->num_hidden_layers = rlx__gguf_cfg_int(r, "block_count", 0, 0);
+    /* next-token-prediction (MTP) layers are blocks appended after the model's own */
+    char key[96];
+    int64_t nextn = 0;
+    snprintf(key, sizeof key, "%s.nextn_predict_layers", r->arch);
+    rlx_status st = r->st == RLX_OK ? rlx__gguf_int(r->g, key, 1, &nextn) : r->st;
+    if (st != RLX_OK && st != RLX_E_NOT_FOUND)
+        return st;
+    if (nextn < 0 || (r->st == RLX_OK && nextn >= c->num_hidden_layers))
+        return rlx_error(RLX_E_FORMAT, "%s: metadata key '%s' is %" PRId64 ", not below block_count %" PRId64, path,
+                         key, nextn, c->num_hidden_layers);
+    c->num_hidden_layers -= nextn;
     c->num_attention_heads = rlx__gguf_cfg_int(r, "attention.head_count", 0, 0);
     c->num_key_value_heads = rlx__gguf_cfg_int(r, "attention.head_count_kv", 1, c->num_attention_heads);
     c->max_position_embeddings = rlx__gguf_cfg_int(r, "context_length", 0, 0);
@@ -361,15 +369,18 @@ rlx_status rlx__gguf_read_decoder(rlx__gguf_cfg *r, int ff_optional, rlx__model_
     if (value_length != c->head_dim)
         return rlx_error(RLX_E_UNSUPPORTED, "%s: attention value_length %" PRId64 " differs from key_length %" PRId64,
                          path, value_length, c->head_dim);
-    /* RoPE over part of each head (llama.cpp's n_rot < head_dim): rlx turns every pair */
+    /* RoPE over part of each head (llama.cpp's n_rot < head_dim): the first rope_dims values of a
+     * head turn, NeoX-style; a converter that permutes q and k rows for interleaved RoPE does it
+     * over whole heads only */
     const int64_t rope_dims = rlx__gguf_cfg_int(r, "rope.dimension_count", 1, c->head_dim);
     if (r->st != RLX_OK)
         return r->st;
-    if (rope_dims != c->head_dim)
+    if (rope_dims != c->head_dim && (d->arch->gguf_qk_permuted || rope_dims > c->head_dim || rope_dims % 2))
         return rlx_error(RLX_E_UNSUPPORTED,
                          "%s: metadata key '%s.rope.dimension_count' is %" PRId64 ", not head_dim %" PRId64
-                         "; rlx rotates whole heads",
+                         " or an even part of it",
                          path, r->arch, rope_dims, c->head_dim);
+    d->rope_dims = rope_dims == c->head_dim ? 0 : rope_dims;
     if (c->num_hidden_layers > RLX_MAX_LAYERS)
         return rlx_error(RLX_E_FORMAT, "%s: %" PRId64 " layers (rlx supports at most %d)", path, c->num_hidden_layers,
                          RLX_MAX_LAYERS);

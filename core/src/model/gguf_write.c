@@ -468,6 +468,9 @@ rlx_status rlx_model_write_gguf(const rlx_model *m, const rlx_tokenizer *tok, co
     if (!q)
         return rlx_error(RLX_E_INVALID, "unknown quantization type '%s' (one of %s)", type, rlx__qtype_names());
     const rlx_model_config *c = rlx_model_config_of(m);
+    if (!*gguf_arch(rlx__model_desc_of(m)))
+        return rlx_error(RLX_E_UNSUPPORTED, "%s: rlx cannot write %s models as GGUF yet", rlx_model_dir(m),
+                         rlx__model_desc_of(m)->arch->name);
     for (int64_t l = 0; c->num_experts > 0 && l < c->num_hidden_layers; l++)
         if (!rlx_model_config_layer_is_moe(c, l))
             return rlx_error(RLX_E_UNSUPPORTED,

@@ -49,6 +49,8 @@ rlx_status rlx_model_open(const char *model_dir, rlx_model **out) {
     if (rc == RLX_OK)
         rc = (m->gguf = rlx__weights_gguf(m->weights) != NULL) ? rlx__model_desc_from_gguf(m->weights, &m->desc)
                                                                : rlx__model_desc_load_dir(model_dir, &m->desc);
+    if (rc == RLX_OK && m->desc.arch->fix_weights)
+        rc = m->desc.arch->fix_weights(m->weights, &m->desc, m->gguf);
     if (rc != RLX_OK) {
         rlx_model_close(m);
         return rc;
@@ -128,6 +130,48 @@ int rlx_model_has_mtp(const rlx_model *m, uint32_t n) {
 const rlx_model_config *rlx_model_config_of(const rlx_model *m) { return &m->desc.cfg; }
 const rlx__model_desc *rlx__model_desc_of(const rlx_model *m) { return &m->desc; }
 
+int rlx__model_layer_linear(const rlx_model *m, uint32_t layer) {
+    return layer < m->desc.cfg.num_hidden_layers && m->desc.layers[layer].linear;
+}
+
+int rlx__model_recurrent(const rlx_model *m, const rlx_block_spec *spec) {
+    for (uint32_t l = spec->layer_start; !spec->mtp && l < spec->layer_end && l < m->desc.cfg.num_hidden_layers; l++)
+        if (m->desc.layers[l].linear)
+            return 1;
+    return 0;
+}
+
+/* The shapes of layer l's two per-sequence tensors: the KV cache's rows, or for a linear layer
+ * the convolution's last inputs and the delta rule's state, all F32. */
+static void layer_state_shapes(const rlx__model_desc *d, uint32_t l, uint32_t capacity, int64_t k[3], int64_t v[3],
+                               uint32_t *dims) {
+    const rlx__gdn *g = &d->gdn;
+    if (l < d->cfg.num_hidden_layers && d->layers[l].linear) {
+        k[0] = g->conv_kernel - 1;
+        k[1] = 2 * g->k_heads * g->k_dim + g->v_heads * g->v_dim;
+        v[0] = g->v_heads;
+        v[1] = g->k_dim;
+        v[2] = g->v_dim;
+        dims[0] = 2;
+        dims[1] = 3;
+        return;
+    }
+    k[0] = v[0] = capacity;
+    k[1] = v[1] = d->cfg.num_key_value_heads * d->cfg.head_dim;
+    dims[0] = dims[1] = 2;
+}
+
+size_t rlx__layer_cache_bytes(const rlx_model *m, uint32_t layer, uint32_t capacity, uint32_t kv_dtype, int which) {
+    int64_t shape[2][3];
+    uint32_t dims[2];
+    layer_state_shapes(&m->desc, layer, capacity, shape[0], shape[1], dims);
+    const int linear = rlx__model_layer_linear(m, layer);
+    size_t bytes = linear || kv_dtype != RLX_DTYPE_F16 ? sizeof(float) : sizeof(uint16_t);
+    for (uint32_t i = 0; i < dims[which]; i++)
+        bytes *= (size_t)shape[which][i];
+    return bytes;
+}
+
 int rlx__model_weight_in_memory(const rlx_model *m, const rlx_weight *w) {
     if (m->quantized) /* every weight is offered without flags already */
         return 0;
@@ -175,7 +219,7 @@ rlx_status rlx_model_layer_info_of(const rlx_model *m, uint32_t layer, rlx_model
         return rlx_error(RLX_E_RANGE, "layer %u of a model of %lld layers", layer,
                          (long long)m->desc.cfg.num_hidden_layers);
     const rlx__layer *l = &m->desc.layers[layer];
-    rlx_model_layer_info info = {.size = sizeof info, .window = l->window, .moe = l->moe};
+    rlx_model_layer_info info = {.size = sizeof info, .window = l->window, .moe = l->moe, .linear = l->linear};
     return write_sized(out, &info, sizeof info, offsetof(rlx_model_layer_info, moe) + sizeof info.moe,
                        "rlx_model_layer_info");
 }
@@ -549,9 +593,6 @@ rlx_status rlx_model_build_block_ex(const rlx_model *m, const rlx_block_spec *sp
     io->hidden = io->hidden_input = -1;
     io->n_layers = spec->layer_end - spec->layer_start;
     int64_t t = n_tokens, hidden = c->hidden_size;
-    const int64_t kv_cols = c->num_key_value_heads * c->head_dim;
-    const int64_t kv_shape[3] = {o.n_slots, kv_capacity, kv_cols};
-    const uint32_t kv_dims = o.n_slots ? 3 : 2;
     int x;
     if (spec->embed_input) {
         io->input = rlx__blk_input(&b, RLX_ROLE_INPUT, "tokens", RLX_DTYPE_I32, 1, &t);
@@ -569,12 +610,18 @@ rlx_status rlx_model_build_block_ex(const rlx_model *m, const rlx_block_spec *sp
         bio->seq = b.seq = rlx__blk_input(&b, RLX_ROLE_INPUT, "slots", RLX_DTYPE_I32, 1, &t);
     for (uint32_t l = spec->layer_start; b.rc == RLX_OK && l < spec->layer_end; l++) {
         const rlx__blk_layer layer = spec->mtp ? mtp_layer(d, l) : model_layer(d, l);
+        /* per slot: [slots, ...] with n_slots, else the one sequence's shape */
+        int64_t shape[2][4];
+        uint32_t dims[2];
+        layer_state_shapes(d, layer.kind.linear ? l : UINT32_MAX, kv_capacity, shape[0] + 1, shape[1] + 1, dims);
+        shape[0][0] = shape[1][0] = o.n_slots;
+        const int off = o.n_slots ? 0 : 1, extra = o.n_slots ? 1 : 0;
+        const rlx_dtype dtype = layer.kind.linear ? RLX_DTYPE_F32 : (rlx_dtype)o.kv_dtype;
         char kname[64], vname[64];
-        snprintf(kname, sizeof kname, "%sk_cache", layer.nodes);
-        snprintf(vname, sizeof vname, "%sv_cache", layer.nodes);
-        const int64_t *shape = o.n_slots ? kv_shape : kv_shape + 1;
-        b.kc = rlx__blk_input(&b, RLX_ROLE_STATE, kname, (rlx_dtype)o.kv_dtype, kv_dims, shape);
-        b.vc = rlx__blk_input(&b, RLX_ROLE_STATE, vname, (rlx_dtype)o.kv_dtype, kv_dims, shape);
+        snprintf(kname, sizeof kname, "%s%s", layer.nodes, layer.kind.linear ? "conv_state" : "k_cache");
+        snprintf(vname, sizeof vname, "%s%s", layer.nodes, layer.kind.linear ? "ssm_state" : "v_cache");
+        b.kc = rlx__blk_input(&b, RLX_ROLE_STATE, kname, dtype, dims[0] + extra, shape[0] + off);
+        b.vc = rlx__blk_input(&b, RLX_ROLE_STATE, vname, dtype, dims[1] + extra, shape[1] + off);
         if (b.rc != RLX_OK)
             break;
         io->k_cache[l - spec->layer_start] = b.kc;

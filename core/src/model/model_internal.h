@@ -42,4 +42,14 @@ rlx_status rlx__model_id_of(const rlx_model *m, char out[RLX_MODEL_ID_SIZE]);
  * both. */
 rlx_status rlx__model_config_and_id(const char *model_path, rlx_model_config *cfg, char id[RLX_MODEL_ID_SIZE]);
 
+/* Whether the block has Gated DeltaNet layers, whose per-sequence state is recurrent: it cannot
+ * be cut back to an earlier position, only rebuilt by running the positions again. */
+int rlx__model_recurrent(const rlx_model *m, const rlx_block_spec *spec);
+/* Whether model layer `layer` is a Gated DeltaNet layer (0 past the last layer: an MTP layer). */
+int rlx__model_layer_linear(const rlx_model *m, uint32_t layer);
+/* Bytes of one sequence's tensor `which` (0: k_cache, or a linear layer's convolution state; 1:
+ * v_cache, or its delta-rule state) of model layer `layer` (UINT32_MAX: an MTP layer, full
+ * attention) for a context of capacity positions and KV caches of kv_dtype. */
+size_t rlx__layer_cache_bytes(const rlx_model *m, uint32_t layer, uint32_t capacity, uint32_t kv_dtype, int which);
+
 #endif

@@ -42,8 +42,11 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(const char *c
 
 static int cmp_file_key(const void *key, const void *elem) { return strcmp(key, ((const rlx__wfile *)elem)->name); }
 
-/* A non-negative JSON integer. */
 // ---- one file
+
+/* Dimensions of a tensor the header may give (those past RLX_MAX_DIMS are folded, parse_tensor);
+ * beyond this a header is nonsense rather than a model. */
+#define ST_MAX_DIMS 16
 
 /* Fills t from the header entry of one tensor; data is the file's data area of data_size bytes. */
 static rlx_status parse_tensor(const rlx__wfile *f, const cJSON *entry, const uint8_t *data, uint64_t data_size,
@@ -70,24 +73,31 @@ static rlx_status parse_tensor(const rlx__wfile *f, const cJSON *entry, const ui
     if (!cJSON_IsArray(shape))
         return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': field 'shape' is not a list", f->path, name);
     int n_dims = cJSON_GetArraySize(shape);
-    if (n_dims > RLX_MAX_DIMS)
-        return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': %d dimensions, rlx supports at most %d", f->path, name, n_dims,
-                         RLX_MAX_DIMS);
+    if (n_dims > ST_MAX_DIMS)
+        return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': %d dimensions, more than the %d a safetensors reader takes",
+                         f->path, name, n_dims, ST_MAX_DIMS);
     /* numel saturates instead of wrapping: a saturated count can never match a real byte range,
      * while a dimension of 0 still correctly makes it 0. */
-    uint64_t numel = 1;
+    uint64_t numel = 1, dims[ST_MAX_DIMS];
     int i = 0;
     const cJSON *dim;
     cJSON_ArrayForEach(dim, shape) {
-        uint64_t d;
-        if (!rlx__json_u64(dim, &d))
+        if (!rlx__json_u64(dim, &dims[i]))
             return rlx_error(RLX_E_FORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", f->path, name,
                              i);
-        t->shape[i++] = (int64_t)d;
-        numel = d != 0 && numel > UINT64_MAX / d ? UINT64_MAX : numel * d;
+        numel = dims[i] != 0 && numel > UINT64_MAX / dims[i] ? UINT64_MAX : numel * dims[i];
+        i++;
     }
-    for (; i < RLX_MAX_DIMS; i++)
-        t->shape[i] = 1;
+    /* a tensor of more dimensions than rlx_weight holds (a vision tower's Conv3d weight, which no
+     * block reads) keeps its elements with the leading dimensions folded into the first */
+    const int folded = n_dims > RLX_MAX_DIMS ? n_dims - RLX_MAX_DIMS : 0;
+    uint64_t first = n_dims ? dims[0] : 1;
+    for (int d = 1; d <= folded; d++)
+        first = dims[d] != 0 && first > UINT64_MAX / dims[d] ? UINT64_MAX : first * dims[d];
+    for (int d = 0; d < RLX_MAX_DIMS; d++)
+        t->shape[d] = d >= n_dims - folded ? 1 : (int64_t)(d == 0 ? first : dims[d + folded]);
+    if (folded)
+        n_dims = RLX_MAX_DIMS;
 
     uint64_t begin, end;
     if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2 || !rlx__json_u64(offsets->child, &begin) ||

@@ -61,6 +61,7 @@ rlx_status rlx__weights_check_file(const char *path, rlx_weight *t, size_t n) {
 }
 
 rlx_status rlx__weights_index(rlx_weights *w) {
+    w->total_bytes = 0;
     if (w->n_tensors)
         qsort(w->tensors, w->n_tensors, sizeof *w->tensors, cmp_name);
     for (size_t i = 0; i < w->n_tensors; i++) {
@@ -69,6 +70,30 @@ rlx_status rlx__weights_index(rlx_weights *w) {
                              w->tensors[i - 1].file, w->tensors[i].file);
         w->total_bytes += w->tensors[i].nbytes;
     }
+    return RLX_OK;
+}
+
+void *rlx__weights_own(rlx_weights *w, size_t bytes) {
+    void **owned = rlx__realloc(w->owned, (w->n_owned + 1) * sizeof *owned);
+    if (!owned)
+        return NULL;
+    w->owned = owned;
+    void *p = rlx__malloc(bytes ? bytes : 1);
+    if (p)
+        w->owned[w->n_owned++] = p;
+    return p;
+}
+
+rlx_status rlx__weights_append(rlx_weights *w, const rlx_weight *t) {
+    const size_t len = strlen(t->name) + 1;
+    char *name = rlx__weights_own(w, len);
+    rlx_weight *tensors = name ? rlx__realloc(w->tensors, (w->n_tensors + 1) * sizeof *tensors) : NULL;
+    if (!tensors)
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", t->file);
+    memcpy(name, t->name, len);
+    w->tensors = tensors;
+    w->tensors[w->n_tensors] = *t;
+    w->tensors[w->n_tensors++].name = name;
     return RLX_OK;
 }
 

@@ -54,8 +54,16 @@ void rlx__drop_mapped(const void *p, size_t n);
 rlx_status rlx__weights_check_file(const char *path, rlx_weight *t, size_t n);
 
 /* Sorts the tensors of every file read into w by name, rejecting a name held twice, and sums
- * their bytes. */
+ * their bytes (again, after tensors were renamed or appended). */
 rlx_status rlx__weights_index(rlx_weights *w);
+
+/* A buffer of bytes that w owns and frees with itself (a tensor put into another order or
+ * dtype at open), or NULL when out of memory. */
+void *rlx__weights_own(rlx_weights *w, size_t bytes);
+
+/* Appends tensor t (its name copied into memory w owns): a view a reader derives from a file's
+ * tensor. The table is unsorted until rlx__weights_index runs again. */
+rlx_status rlx__weights_append(rlx_weights *w, const rlx_weight *t);
 
 /* Maps a model directory's safetensors (model.safetensors, or the shards its
  * model.safetensors.index.json lists) as weights under their file's names. */

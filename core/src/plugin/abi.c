@@ -25,6 +25,8 @@ PIN(rlx_op_params, n_experts, 28);
 PIN(rlx_op_params, top_k, 32);
 PIN(rlx_op_params, norm_topk, 36);
 PIN(rlx_op_params, layer, 40);
+PIN(rlx_op_params, head_dim_v, 44); /* 1.6 */
+PIN(rlx_op_params, rope_dims, 48);  /* 1.6 */
 _Static_assert(sizeof(rlx_op_params) == 64, "rlx_op_params size changed");
 
 PIN(rlx_node_view, op, 0);
@@ -201,4 +203,5 @@ _Static_assert(sizeof(rlx_model_arch_info) == 52, "rlx_model_arch_info size chan
 PIN(rlx_model_layer_info, size, 0);
 PIN(rlx_model_layer_info, window, 4);
 PIN(rlx_model_layer_info, moe, 8);
-_Static_assert(sizeof(rlx_model_layer_info) == 12, "rlx_model_layer_info size changed");
+PIN(rlx_model_layer_info, linear, 12);
+_Static_assert(sizeof(rlx_model_layer_info) == 16, "rlx_model_layer_info size changed");

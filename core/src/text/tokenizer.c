@@ -283,13 +283,17 @@ const char rlx__gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?
 /* Qwen2's and Llama 3's split patterns, as their tokenizer.json files have them */
 static const char qwen2_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
                                     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/* Qwen3.5's: Qwen2's with combining marks (\p{M}) inside words, as its tokenizer.json has it */
+static const char qwen35_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| "
+                                     "?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char llama3_pattern[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
                                      "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 const text_pretok_name rlx__pretok_names[] = {
-    {"qwen2", qwen2_pattern, 1, 0, 0},    {"llama-bpe", llama3_pattern, 0, 1, 1},
-    {"llama3", llama3_pattern, 0, 1, 1},  {"llama-v3", llama3_pattern, 0, 1, 1},
-    {"gpt2", rlx__gpt2_pattern, 0, 0, 0}, {"default", rlx__gpt2_pattern, 0, 0, 0},
+    {"qwen2", qwen2_pattern, 1, 0, 0},       {"qwen35", qwen35_pattern, 1, 0, 0},
+    {"llama-bpe", llama3_pattern, 0, 1, 1},  {"llama3", llama3_pattern, 0, 1, 1},
+    {"llama-v3", llama3_pattern, 0, 1, 1},   {"gpt2", rlx__gpt2_pattern, 0, 0, 0},
+    {"default", rlx__gpt2_pattern, 0, 0, 0},
 };
 const size_t rlx__n_pretok_names = sizeof rlx__pretok_names / sizeof rlx__pretok_names[0];
 

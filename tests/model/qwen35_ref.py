@@ -1,0 +1,695 @@
+#!/usr/bin/python3
+"""Independent NumPy reference of the Hugging Face Qwen3.5 text model (model_type qwen3_5).
+
+Written from transformers' modeling_qwen3_5.py and configuration_qwen3_5.py (the text model of
+Qwen3_5ForConditionalGeneration and Qwen3_5ForCausalLM, eager attention), computing in float64
+from the stored weights widened exactly. It shares no code with rlx, so rlx is checked against
+it and never against itself. Vision weights (model.visual.*) and MTP weights (mtp.*) in the
+checkpoint are ignored, as HF's text path ignores them.
+
+  qwen35_ref.py logits --model DIR --tokens 1,5,3 --out FILE.npy    # float64 [T, vocab]
+  qwen35_ref.py greedy --model DIR --tokens 1,5,3 -n 8 [--eos 7,9]   # prints generated ids
+  qwen35_ref.py self-test                                            # exits 1 on a failure
+
+The layers (HF names under the text prefix, `model.language_model.` when config.json nests a
+`text_config`, else `model.`):
+  every layer   x += mixer(norm1(x)); x += mlp(norm2(x)), norms Qwen3_5RMSNorm: x/rms * (1 + w)
+  full_attention (self_attn.*): q_proj gives per head [query D, gate D]; q_norm/k_norm (1 + w)
+                per head; rotate-half RoPE on the first rotary_dim = D * partial_rotary_factor
+                values; softmax(q k^T / sqrt(D)) v, times sigmoid(gate), then o_proj
+  linear_attention (linear_attn.*): in_proj_qkv -> causal depthwise conv1d (kernel K, no bias)
+                -> SiLU -> q (Hk x Dk) | k (Hk x Dk) | v (Hv x Dv); the gated delta rule with
+                l2-normed q, k (eps 1e-6), q scaled by Dk^-0.5, beta = sigmoid(in_proj_b x),
+                g = -exp(A_log) * softplus(in_proj_a x + dt_bias), value head h reading key
+                head h // (Hv/Hk); then per value head norm.weight * rmsnorm(o) * silu(in_proj_z x)
+                (Qwen3_5RMSNormGated: w, not 1 + w), then out_proj
+  model.norm (1 + w), then lm_head (embed_tokens when tied)
+
+The delta rule exists in both HF forms: recurrent (token by token, HF's decode path) and chunked
+(torch_chunk_gated_delta_rule, HF's prefill path); they must agree, and `self-test` checks it.
+Incremental use carries a State (each full-attention layer's keys and values, each linear
+layer's last K-1 conv inputs and its Hv x Dk x Dv recurrent state), so a prompt can be run in
+parts, or prefilled and then decoded token by token, giving one full pass's logits.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import st  # noqa: E402
+
+# HF's default chunk for torch_chunk_gated_delta_rule
+CHUNK_SIZE = 64
+# Weights are kept as float64 copies when the model is at most this big (the test models are
+# a few MB); larger ones are re-read from the mapped files on every use.
+CACHE_BYTES = 256 << 20
+# The LM head is applied this many vocabulary rows at a time to bound memory (vocab 248320).
+LM_HEAD_ROWS = 16384
+# HF's l2norm eps for q and k inside the delta rule (use_qk_l2norm_in_kernel), fixed, not
+# rms_norm_eps
+L2NORM_EPS = 1e-6
+# Qwen3_5TextRotaryEmbedding's mrope_section when rope_parameters has none
+DEFAULT_MROPE_SECTION = (11, 11, 10)
+# transformers' remap_legacy_layer_types
+LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
+
+
+class Model:
+    """A checkpoint directory: config.json plus safetensors, with the derived layer plan."""
+
+    def __init__(self, directory, dtype=np.float64):
+        with open(os.path.join(directory, "config.json")) as f:
+            outer = json.load(f)
+        mt = outer.get("model_type")
+        if mt not in ("qwen3_5", "qwen3_5_text"):
+            raise ValueError(f"model_type {mt!r} is not qwen3_5 or qwen3_5_text")
+        self.directory, self.outer = directory, outer
+        # float64 for the reference; float32 lets the self-test measure how far an f32
+        # implementation drifts (every array then stays float32, which the self-test asserts)
+        self.dtype = np.dtype(dtype)
+        # Qwen3_5ForConditionalGeneration nests the text model's config under text_config and
+        # its weights under model.language_model.; Qwen3_5ForCausalLM is flat, under model.
+        self.nested = isinstance(outer.get("text_config"), dict)
+        c = outer["text_config"] if self.nested else outer
+        self.config = c
+        self.prefix = "model.language_model." if self.nested else "model."
+        # Qwen3_5Config (the outer one) declares tie_word_embeddings itself, default False;
+        # a nested config without it falls back to the text config's.
+        if self.nested:
+            self.tied = bool(outer.get("tie_word_embeddings", c.get("tie_word_embeddings", False)))
+        else:
+            self.tied = bool(c.get("tie_word_embeddings", False))
+        if c.get("hidden_act", "silu") != "silu":
+            raise ValueError("only hidden_act silu is implemented")
+        self.layers = c["num_hidden_layers"]
+        self.hidden = c["hidden_size"]
+        self.heads = c["num_attention_heads"]
+        self.kv_heads = c["num_key_value_heads"]
+        self.head_dim = c.get("head_dim") or 256  # Qwen3_5TextConfig's default, not hidden/heads
+        self.eps = c.get("rms_norm_eps", 1e-6)
+        self.attention_bias = bool(c.get("attention_bias", False))
+        if self.heads % self.kv_heads:
+            raise ValueError(f"{self.heads} attention heads are not a multiple of {self.kv_heads} kv heads")
+        # Linear attention (Gated DeltaNet), HF's defaults as in Qwen3_5TextConfig
+        self.k_heads = c.get("linear_num_key_heads", 16)
+        self.v_heads = c.get("linear_num_value_heads", 32)
+        self.dk = c.get("linear_key_head_dim", 128)
+        self.dv = c.get("linear_value_head_dim", 128)
+        self.conv_kernel = c.get("linear_conv_kernel_dim", 4)
+        if self.v_heads % self.k_heads:
+            raise ValueError(f"{self.v_heads} value heads are not a multiple of {self.k_heads} key heads")
+        self.conv_dim = 2 * self.k_heads * self.dk + self.v_heads * self.dv
+        self._rope_config(c)
+        types = c.get("layer_types")
+        if types is None:
+            interval = c.get("full_attention_interval", 4)
+            types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                     for i in range(self.layers)]
+        types = [LEGACY_LAYER_TYPES.get(t, t) for t in types]
+        if len(types) != self.layers or not set(types) <= {"full_attention", "linear_attention"}:
+            raise ValueError(f"layer_types {types} is not {self.layers} of full_attention/linear_attention")
+        self.layer_types = types
+        self.ckpt = st.Checkpoint(directory)
+        embed = self.prefix + "embed_tokens.weight"
+        if embed not in self.ckpt:
+            raise ValueError(f"{directory}: no {embed} (config {'nests' if self.nested else 'does not nest'} "
+                             f"text_config)")
+        self.vocab = self.ckpt.shape(embed)[0]
+        total = sum(8 * math.prod(self.ckpt.shape(n)) for n in self.ckpt)
+        self._cache = {} if total <= CACHE_BYTES else None
+
+    def _rope_config(self, c):
+        # Newer configs hold rope_theta, partial_rotary_factor and mrope_section in
+        # rope_parameters; older ones at the top level (and mrope_section in rope_scaling).
+        rp = dict(c.get("rope_scaling") or {})
+        rp.update(c.get("rope_parameters") or {})
+        rope_type = rp.get("rope_type", rp.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"rope_type {rope_type!r}: only default (M-)RoPE is implemented")
+        theta = rp.get("rope_theta", c.get("rope_theta"))
+        if theta is None:
+            raise ValueError("config has no rope_theta (rope_parameters or top level)")
+        self.rope_theta = float(theta)
+        # configuration_qwen3_5 defaults partial_rotary_factor to 0.25 "for BC"
+        factor = rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 0.25))
+        # compute_default_rope_parameters: dim = int(head_dim * factor), inv_freq over
+        # arange(0, dim, 2): rotary_dim is 2 * len(inv_freq)
+        dim = int(self.head_dim * factor)
+        if dim <= 0 or dim % 2:
+            raise ValueError(f"rotary dim {dim} (head_dim {self.head_dim} * {factor}) must be even and positive")
+        self.rotary_dim = dim
+        self.mrope_section = list(rp.get("mrope_section") or DEFAULT_MROPE_SECTION)
+
+    def name(self, rel):
+        """The checkpoint name of a text-model weight (`layers.0.mlp.up_proj.weight`)."""
+        return self.prefix + rel
+
+    def w(self, rel):
+        """Text-model weight `rel` in the compute dtype (widened exactly from its stored dtype)."""
+        name = self.prefix + rel
+        if self._cache is None:
+            return self.ckpt[name].astype(self.dtype)
+        if name not in self._cache:
+            self._cache[name] = self.ckpt[name].astype(self.dtype)
+        return self._cache[name]
+
+    def has(self, rel):
+        return self.prefix + rel in self.ckpt
+
+
+def load(directory, dtype=np.float64):
+    return Model(directory, dtype)
+
+
+class State:
+    """What a layer keeps between calls: full attention its keys (normed and rotated) and
+    values, linear attention its last K-1 conv inputs and recurrent state [Hv, Dk, Dv]."""
+
+    def __init__(self, model):
+        self.pos = 0
+        self.k, self.v, self.conv, self.rec = {}, {}, {}, {}
+        dt = model.dtype
+        for i, t in enumerate(model.layer_types):
+            if t == "full_attention":
+                self.k[i] = np.zeros((0, model.kv_heads, model.head_dim), dt)
+                self.v[i] = np.zeros((0, model.kv_heads, model.head_dim), dt)
+            else:
+                # HF's cache starts the conv state at zeros: positions before 0 are zero inputs
+                self.conv[i] = np.zeros((model.conv_kernel - 1, model.conv_dim), dt)
+                self.rec[i] = np.zeros((model.v_heads, model.dk, model.dv), dt)
+
+    def copy(self):
+        other = object.__new__(State)
+        other.pos = self.pos
+        for field in ("k", "v", "conv", "rec"):
+            setattr(other, field, {i: a.copy() for i, a in getattr(self, field).items()})
+        return other
+
+
+def rms_norm_1p(x, weight, eps):
+    """Qwen3_5RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + weight); HF initialises weight to 0."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (1.0 + weight)
+
+
+def rms_norm_gated(x, z, weight, eps):
+    """Qwen3_5RMSNormGated: weight * (x * rsqrt(mean(x^2) + eps)) * silu(z), weight as stored."""
+    return weight * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)) * silu(z)
+
+
+def l2norm(x, eps=L2NORM_EPS):
+    """HF's l2norm (FLA's): x * rsqrt(sum(x^2) + eps) over the last axis."""
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def softplus(x):
+    """torch's F.softplus (beta 1, threshold 20: identity above it), stable for large |x|."""
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+def linear(model, x, rel, bias=False):
+    y = x @ model.w(rel + ".weight").T
+    return y + model.w(rel + ".bias") if bias else y
+
+
+# ---------------------------------------------------------------- rotary embedding
+
+
+def mrope_tables(position_ids, model):
+    """cos/sin [T, rotary_dim] as Qwen3_5TextRotaryEmbedding computes them from position ids
+    [3, T] (temporal, height, width): frequencies per row, then the interleaved M-RoPE
+    recomposition (frequency j takes the height row when j % 3 == 1 and j < 3*section[1], the
+    width row when j % 3 == 2 and j < 3*section[2], else the temporal row), then each half
+    repeats the rotary_dim/2 frequencies.
+
+    For text all three rows are the token positions (Qwen3_5TextModel.forward expands one
+    arange to every row), so the recomposition picks equal values and this is plain rotate-half
+    RoPE over rotary_dim; self-test checks that against rope_tables."""
+    rd = model.rotary_dim
+    inv_freq = 1.0 / (model.rope_theta ** (np.arange(0, rd, 2, dtype=np.float64) / rd))
+    freqs = np.asarray(position_ids, dtype=np.float64)[:, :, None] * inv_freq[None, None, :]  # [3, T, rd/2]
+    out = freqs[0].copy()
+    for dim, offset in ((1, 1), (2, 2)):
+        idx = slice(offset, model.mrope_section[dim] * 3, 3)
+        out[..., idx] = freqs[dim][..., idx]
+    angles = np.concatenate([out, out], axis=-1)
+    return np.cos(angles).astype(model.dtype), np.sin(angles).astype(model.dtype)
+
+
+def rope_tables(positions, rotary_dim, theta):
+    """Plain NeoX rotate-half cos/sin [T, rotary_dim]: pair i (values i, i + rotary_dim/2)
+    turns by pos * theta^(-2i/rotary_dim)."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim))
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles), np.sin(angles)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def apply_partial_rope(x, cos, sin):
+    """x [T, heads, D]; cos/sin [T, rd]: the first rd values of each head turn, the rest pass."""
+    rd = cos.shape[-1]
+    rot, rest = x[..., :rd], x[..., rd:]
+    rot = rot * cos[:, None, :] + rotate_half(rot) * sin[:, None, :]
+    return np.concatenate([rot, rest], axis=-1)
+
+
+# ---------------------------------------------------------------- gated delta rule
+
+
+def gated_delta_recurrent(q, k, v, g, beta, state):
+    """torch_recurrent_gated_delta_rule, token by token, q/k already normalised, q scaled and
+    repeated to the value heads. q, k [T, Hv, Dk]; v [T, Hv, Dv]; g, beta [T, Hv]; state
+    [Hv, Dk, Dv]. Returns (out [T, Hv, Dv], final state)."""
+    S = state.copy()
+    out = np.zeros_like(v)
+    for t in range(q.shape[0]):
+        S = S * np.exp(g[t])[:, None, None]
+        kv_mem = np.einsum("hkv,hk->hv", S, k[t])
+        delta = (v[t] - kv_mem) * beta[t][:, None]
+        S = S + k[t][:, :, None] * delta[:, None, :]
+        out[t] = np.einsum("hkv,hk->hv", S, q[t])
+    return out, S
+
+
+def gated_delta_chunked(q, k, v, g, beta, state, chunk_size=CHUNK_SIZE):
+    """torch_chunk_gated_delta_rule, the same arguments as gated_delta_recurrent: the sequence
+    zero-padded to whole chunks; within a chunk the delta-rule updates are solved at once
+    through the unit lower-triangular system (I + strictly_lower(beta_i k_i.k_j e^(G_i-G_j)))
+    (HF's solve_triangular with unitriangular=True ignores the diagonal), then a scan over
+    chunks carries the state."""
+    T, H, Dk = q.shape
+    Dv = v.shape[-1]
+    pad = (chunk_size - T % chunk_size) % chunk_size
+    # [H, T', ...] like HF's transpose(1, 2)
+    q, k, v = (np.pad(x, ((0, pad), (0, 0), (0, 0))).transpose(1, 0, 2) for x in (q, k, v))
+    beta, g = (np.pad(x, ((0, pad), (0, 0))).transpose(1, 0) for x in (beta, g))
+    n = (T + pad) // chunk_size
+    C = chunk_size
+    v_beta, k_beta = v * beta[..., None], k * beta[..., None]
+    q, k, k_beta, v_beta = (x.reshape(H, n, C, x.shape[-1]) for x in (q, k, k_beta, v_beta))
+    g = g.reshape(H, n, C)
+    dt = q.dtype
+    upper = np.triu(np.ones((C, C), dtype=bool), 1)
+    G = np.cumsum(g, axis=-1)  # log of the decay from the chunk start through position i
+    pair = np.where(upper, -np.inf, G[..., :, None] - G[..., None, :])
+    decay = np.exp(pair)  # decay[i, j] = exp(G_i - G_j) for j <= i, else 0
+    ut = (k_beta @ k.transpose(0, 1, 3, 2)) * decay
+    intra = (q @ k.transpose(0, 1, 3, 2)) * decay
+    decayed_k_beta = k_beta * np.exp(G)[..., None]
+    system = np.eye(C, dtype=dt) + np.tril(ut, -1)
+    new_values = np.linalg.solve(system, v_beta)
+    k_cumdecay = np.linalg.solve(system, decayed_k_beta)
+    S = state.copy()
+    out = np.zeros((H, n, C, Dv), dt)
+    q_dec = q * np.exp(G)[..., None]
+    k_dec = k * np.exp(G[..., -1:] - G)[..., None]
+    chunk_decay = np.exp(G[..., -1])[..., None, None]  # [H, n, 1, 1]
+    for i in range(n):
+        v_new = new_values[:, i] - k_cumdecay[:, i] @ S
+        out[:, i] = q_dec[:, i] @ S + intra[:, i] @ v_new
+        S = S * chunk_decay[:, i] + k_dec[:, i].transpose(0, 2, 1) @ v_new
+    out = out.reshape(H, n * C, Dv)[:, :T].transpose(1, 0, 2)
+    return out, S
+
+
+# ---------------------------------------------------------------- layers
+
+
+def full_attention(model, i, h, state, positions):
+    """Qwen3_5Attention (eager) over the new rows h [T, hidden] at `positions`, appending their
+    keys and values to the state first (a query sees every cached row up to its own)."""
+    p = f"layers.{i}.self_attn."
+    T, D, H, KV = h.shape[0], model.head_dim, model.heads, model.kv_heads
+    # q_proj rows are per head [query D | gate D]: view (T, H, 2D) and chunk the last axis
+    qg = linear(model, h, p + "q_proj", model.attention_bias).reshape(T, H, 2 * D)
+    q, gate = qg[..., :D], qg[..., D:].reshape(T, H * D)
+    q = rms_norm_1p(q, model.w(p + "q_norm.weight"), model.eps)
+    k = rms_norm_1p(linear(model, h, p + "k_proj", model.attention_bias).reshape(T, KV, D),
+                    model.w(p + "k_norm.weight"), model.eps)
+    v = linear(model, h, p + "v_proj", model.attention_bias).reshape(T, KV, D)
+    cos, sin = mrope_tables(np.broadcast_to(positions, (3, T)), model)
+    q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
+    state.k[i] = np.concatenate([state.k[i], k])
+    state.v[i] = np.concatenate([state.v[i], v])
+    keys, values = state.k[i], state.v[i]
+    group = H // KV  # repeat_kv: query head h reads kv head h // group
+    keys, values = np.repeat(keys, group, axis=1), np.repeat(values, group, axis=1)
+    scores = np.einsum("thd,shd->hts", q, keys) * np.asarray(D ** -0.5, model.dtype)
+    key_pos = np.arange(keys.shape[0])
+    scores = np.where(key_pos[None, None, :] <= positions[None, :, None], scores, -np.inf)
+    probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = np.einsum("hts,shd->thd", probs, values).reshape(T, H * D)
+    out = out * sigmoid(gate)
+    return linear(model, out, p + "o_proj", model.attention_bias)
+
+
+def causal_conv(x, weight, conv_state):
+    """causal_conv1d_fn / causal_conv1d_update with SiLU: x [T, C] new inputs, weight [C, 1, K],
+    conv_state [K-1, C] the previous inputs. y[t] = silu(sum_j w[:, j] * u[t - K + 1 + j]) over
+    the inputs u; returns (y, new conv_state = the last K-1 inputs)."""
+    K = weight.shape[-1]
+    u = np.concatenate([conv_state, x])  # row r is input t = r - (K - 1)
+    w = weight.reshape(weight.shape[0], K)
+    y = sum(w[:, j] * u[j:j + x.shape[0]] for j in range(K))
+    return silu(y), u[u.shape[0] - (K - 1):]
+
+
+def gated_delta_net(model, i, h, state, mode, chunk_size):
+    """Qwen3_5GatedDeltaNet over rows h [T, hidden], carrying the conv and recurrent states."""
+    p = f"layers.{i}.linear_attn."
+    T, Hk, Hv, Dk, Dv = h.shape[0], model.k_heads, model.v_heads, model.dk, model.dv
+    mixed = h @ model.w(p + "in_proj_qkv.weight").T  # [T, conv_dim]
+    z = (h @ model.w(p + "in_proj_z.weight").T).reshape(T, Hv, Dv)
+    b = h @ model.w(p + "in_proj_b.weight").T
+    a = h @ model.w(p + "in_proj_a.weight").T
+    mixed, state.conv[i] = causal_conv(mixed, model.w(p + "conv1d.weight"), state.conv[i])
+    q = mixed[:, :Hk * Dk].reshape(T, Hk, Dk)
+    k = mixed[:, Hk * Dk:2 * Hk * Dk].reshape(T, Hk, Dk)
+    v = mixed[:, 2 * Hk * Dk:].reshape(T, Hv, Dv)
+    beta = sigmoid(b)
+    g = -np.exp(model.w(p + "A_log")) * softplus(a + model.w(p + "dt_bias"))
+    # grouped heads: value head h uses key head h // (Hv / Hk) (repeat_interleave)
+    q, k = np.repeat(q, Hv // Hk, axis=1), np.repeat(k, Hv // Hk, axis=1)
+    q, k = l2norm(q) * Dk ** -0.5, l2norm(k)
+    if mode == "recurrent":
+        o, state.rec[i] = gated_delta_recurrent(q, k, v, g, beta, state.rec[i])
+    elif mode == "chunked":
+        o, state.rec[i] = gated_delta_chunked(q, k, v, g, beta, state.rec[i], chunk_size)
+    else:
+        raise ValueError(f"delta rule mode {mode!r} is not recurrent or chunked")
+    o = rms_norm_gated(o, z, model.w(p + "norm.weight"), model.eps).reshape(T, Hv * Dv)
+    return o @ model.w(p + "out_proj.weight").T
+
+
+def mlp(model, i, x):
+    p = f"layers.{i}.mlp."
+    return linear(model, silu(linear(model, x, p + "gate_proj")) * linear(model, x, p + "up_proj"),
+                  p + "down_proj")
+
+
+def embed(model, ids):
+    ids = np.asarray(ids, dtype=np.int64)
+    if len(ids) == 0 or ids.min() < 0 or ids.max() >= model.vocab:
+        raise ValueError(f"need at least one token id, all in [0, {model.vocab})")
+    return model.ckpt.rows(model.name("embed_tokens.weight"), ids).astype(model.dtype)
+
+
+def lm_head(model, x):
+    """Logits of final-normed rows x; the head is embed_tokens when tied. A ConditionalGeneration
+    checkpoint's lm_head.weight sits outside the language_model prefix."""
+    head = model.name("embed_tokens.weight") if model.tied else "lm_head.weight"
+    rows = model.ckpt.shape(head)[0]
+    return np.concatenate([x @ model.ckpt.rows(head, slice(r, r + LM_HEAD_ROWS)).astype(model.dtype).T
+                           for r in range(0, rows, LM_HEAD_ROWS)], axis=-1)
+
+
+def forward(model, ids, state=None, mode="chunked", chunk_size=CHUNK_SIZE, decode_mode="recurrent"):
+    """Logits [T, vocab] for token ids following what `state` has seen (a fresh State: positions
+    0..T-1); the state is updated in place. The delta rule runs in `mode`, except that a single
+    token following earlier ones runs in decode_mode, as HF's cached decode takes the recurrent
+    kernel for seq_len 1."""
+    if state is None:
+        state = State(model)
+    x = embed(model, ids)
+    positions = np.arange(state.pos, state.pos + len(x))
+    rule = decode_mode if len(x) == 1 and state.pos > 0 else mode
+    for i, kind in enumerate(model.layer_types):
+        p = f"layers.{i}."
+        h = rms_norm_1p(x, model.w(p + "input_layernorm.weight"), model.eps)
+        if kind == "full_attention":
+            x = x + full_attention(model, i, h, state, positions)
+        else:
+            x = x + gated_delta_net(model, i, h, state, rule, chunk_size)
+        x = x + mlp(model, i, rms_norm_1p(x, model.w(p + "post_attention_layernorm.weight"), model.eps))
+    state.pos += len(x)
+    return lm_head(model, rms_norm_1p(x, model.w("norm.weight"), model.eps))
+
+
+def forward_parts(model, parts, **kw):
+    """Logits [sum T, vocab] of the parts' ids run one after another through one state."""
+    state = State(model)
+    return np.concatenate([forward(model, part, state, **kw) for part in parts])
+
+
+def greedy(model, ids, n, eos=(), recompute=False):
+    """Generate up to n ids by argmax: prefill, then one token per step through the state (or,
+    with recompute, a full forward over the whole sequence each step). Stops after emitting an
+    id in `eos` (included in the result)."""
+    seq, out = list(ids), []
+    state = State(model)
+    logits = forward(model, seq, state)
+    for _ in range(n):
+        nxt = int(np.argmax(logits[-1]))
+        seq.append(nxt)
+        out.append(nxt)
+        if nxt in eos or len(out) == n:
+            break
+        logits = forward(model, seq) if recompute else forward(model, [nxt], state)
+    return out
+
+
+def eos_ids(directory):
+    """EOS ids as HF generate() uses them: generation_config.json, else config.json (its
+    text_config when nested)."""
+    for name in ("generation_config.json", "config.json"):
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                c = json.load(f)
+            eos = c.get("eos_token_id")
+            if eos is None and isinstance(c.get("text_config"), dict):
+                eos = c["text_config"].get("eos_token_id")
+            if eos is not None:
+                return eos if isinstance(eos, list) else [eos]
+    return []
+
+
+# ---------------------------------------------------------------- self-test
+
+
+def _close(got, want, rtol, what):
+    err = float(np.abs(got - want).max() / max(1.0, np.abs(want).max()))
+    if not err <= rtol:
+        raise AssertionError(f"{what}: relative difference {err:.3g} > {rtol:g}")
+    return err
+
+
+def _random_rule_inputs(rng, T, H, Dk, Dv):
+    q = l2norm(rng.standard_normal((T, H, Dk))) * Dk ** -0.5
+    k = l2norm(rng.standard_normal((T, H, Dk)))
+    v = rng.standard_normal((T, H, Dv))
+    # decays from ~0.99 to ~1e-7 per step, as A_log in [log 0.01, log 16] gives
+    g = -np.exp(rng.uniform(np.log(0.01), np.log(16), (1, H))) * softplus(rng.standard_normal((T, H)) + 1)
+    beta = sigmoid(rng.standard_normal((T, H)))
+    return q, k, v, g, beta
+
+
+def check_delta_rule_forms():
+    """The chunked rule equals the recurrent one: several chunk sizes (one chunk, whole chunks,
+    a ragged last chunk, chunk 1), from a zero and from a random initial state; and a
+    brute-force unrolled sum for the first tokens."""
+    rng = np.random.default_rng(0)
+    for T, H, Dk, Dv in ((1, 2, 8, 4), (13, 3, 8, 16), (70, 2, 16, 8), (64, 1, 4, 4)):
+        q, k, v, g, beta = _random_rule_inputs(rng, T, H, Dk, Dv)
+        for s0 in (np.zeros((H, Dk, Dv)), rng.standard_normal((H, Dk, Dv))):
+            want, want_s = gated_delta_recurrent(q, k, v, g, beta, s0)
+            for chunk in (1, 4, 5, 16, 64):
+                got, got_s = gated_delta_chunked(q, k, v, g, beta, s0, chunk)
+                _close(got, want, 1e-10, f"chunked({chunk}) vs recurrent T={T} out")
+                _close(got_s, want_s, 1e-10, f"chunked({chunk}) vs recurrent T={T} state")
+    # the rule written out: S_t = e^g_t S_{t-1} (I - b k k^T) + b k v^T, out = S_t^T q
+    q, k, v, g, beta = _random_rule_inputs(rng, 3, 1, 4, 3)
+    S = np.zeros((4, 3))
+    for t in range(3):
+        kt, qt = k[t, 0], q[t, 0]
+        S = np.exp(g[t, 0]) * (np.eye(4) - beta[t, 0] * np.outer(kt, kt)) @ S + beta[t, 0] * np.outer(kt, v[t, 0])
+        out, _ = gated_delta_recurrent(q[:t + 1], k[:t + 1], v[:t + 1], g[:t + 1], beta[:t + 1], np.zeros((1, 4, 3)))
+        _close(out[-1, 0], S.T @ qt, 1e-12, f"recurrent vs unrolled t={t}")
+
+
+def check_mrope_collapses(model):
+    """Text positions (all three M-RoPE rows equal) make the interleaved recomposition plain
+    partial RoPE; unequal rows would not (so the recomposition is really exercised)."""
+    pos = np.arange(40)
+    cos, sin = mrope_tables(np.stack([pos, pos, pos]), model)
+    pcos, psin = rope_tables(pos, model.rotary_dim, model.rope_theta)
+    _close(cos, pcos, 0, "mrope cos vs plain rope")
+    _close(sin, psin, 0, "mrope sin vs plain rope")
+    if model.rotary_dim >= 4:  # frequency 1 exists and takes the height row
+        hcos, _ = mrope_tables(np.stack([pos, pos + 5, pos]), model)
+        assert np.abs(hcos - pcos).max() > 1e-3, "the height row never reached the tables"
+
+
+def check_rope_rotation(model):
+    """Partial RoPE turns pair (i, i + rd/2) by pos * theta^(-2i/rd), leaves values past rd alone,
+    and keeps scores relative."""
+    rd, D = model.rotary_dim, model.head_dim
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1, 1, D))
+    pos = 11
+    cos, sin = rope_tables(np.array([pos]), rd, model.rope_theta)
+    y = apply_partial_rope(x, cos, sin)[0, 0]
+    half = rd // 2
+    z = (x[0, 0, :half] + 1j * x[0, 0, half:rd]) * np.exp(1j * pos * model.rope_theta ** (-np.arange(half) * 2 / rd))
+    _close(y[:rd], np.concatenate([z.real, z.imag]), 1e-12, "rope as complex rotation")
+    assert np.array_equal(y[rd:], x[0, 0, rd:]), "values past rotary_dim changed"
+
+
+def check_model(directory):
+    """On one checkpoint: recurrent vs chunked prefill, one pass vs parts vs prefill + token-by-
+    token decode, causality, greedy through the state vs recomputed."""
+    model = load(directory)
+    check_mrope_collapses(model)
+    check_rope_rotation(model)
+    rng = np.random.default_rng(2)
+    ids = [int(t) for t in rng.integers(0, model.vocab, 23)]
+    full = forward(model, ids)  # chunked, chunk 64: one chunk
+    errs = {}
+    errs["recurrent"] = _close(forward(model, ids, mode="recurrent"), full, 1e-10, "recurrent vs chunked")
+    errs["chunk 4"] = _close(forward(model, ids, chunk_size=4), full, 1e-10, "chunk 4 vs chunk 64")
+    errs["parts 9+14"] = _close(forward_parts(model, [ids[:9], ids[9:]]), full, 1e-10, "parts 9+14 vs one pass")
+    errs["parts 1+5+17"] = _close(forward_parts(model, [ids[:1], ids[1:6], ids[6:]], chunk_size=4), full,
+                                  1e-10, "parts 1+5+17 (chunk 4) vs one pass")
+    errs["prefill+decode"] = _close(forward_parts(model, [ids[:7]] + [[t] for t in ids[7:]]), full, 1e-10,
+                                    "prefill 7 + decode vs one pass")
+    errs["decode chunked"] = _close(forward_parts(model, [[t] for t in ids], decode_mode="chunked"), full,
+                                    1e-10, "token by token (chunked rule) vs one pass")
+    for t in (0, 5, 22):
+        _close(forward(model, ids[:t + 1])[-1], full[t], 1e-12, f"causal prefix {t}")
+    # the state really carries information: dropping the first part changes later logits
+    later = forward_parts(model, [ids[9:]])
+    assert np.abs(later - full[9:]).max() > 1e-3, "logits after 9 tokens do not depend on them"
+    n = 6
+    fast = greedy(model, ids[:8], n)
+    slow = greedy(model, ids[:8], n, recompute=True)
+    assert fast == slow, f"greedy through the state {fast} != recomputed {slow}"
+    assert np.all(np.isfinite(full)) and 0.5 < float(np.std(full)) < 50, f"logits std {np.std(full):.3g}"
+    return model, errs
+
+
+def check_grouped_heads(directory, tmp):
+    """Hv = 2 Hk equals Hv = Hk with every key head's q and k rows (in in_proj_qkv and conv1d)
+    duplicated in place: value head h reads key head h // (Hv/Hk), HF's repeat_interleave (a
+    tiled h % Hk reading would differ)."""
+    model = load(directory)
+    group = model.v_heads // model.k_heads
+    if group == 1:
+        return None
+    tensors, _ = st.read(directory)
+    qk = model.k_heads * model.dk
+
+    def widen(w):  # rows [q | k | v] -> q and k rows repeated per key head
+        q, k, v = w[:qk], w[qk:2 * qk], w[2 * qk:]
+        rep = [np.repeat(x.reshape(model.k_heads, model.dk, *x.shape[1:]), group, axis=0)
+               .reshape(group * qk, *x.shape[1:]) for x in (q, k)]
+        return np.concatenate(rep + [v])
+
+    for i, t in enumerate(model.layer_types):
+        if t == "linear_attention":
+            for part in ("in_proj_qkv.weight", "conv1d.weight"):
+                name = model.name(f"layers.{i}.linear_attn.{part}")
+                tensors[name] = widen(tensors[name])
+    with open(os.path.join(directory, "config.json")) as f:
+        config = json.load(f)
+    (config["text_config"] if model.nested else config)["linear_num_key_heads"] = model.v_heads
+    out = os.path.join(tmp, "ungrouped-" + os.path.basename(directory))
+    os.makedirs(out)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f)
+    st.write(out, [(n, a.shape, lambda a=a: [a]) for n, a in tensors.items()], "F32")
+    ids = [3, 17, 100, 42, 7, 250, 300, 11, 64, 5]
+    return _close(forward(load(out), ids), forward(model, ids), 1e-12, "Hv = 2 Hk vs duplicated key heads")
+
+
+def self_test(argv=None):
+    ap = argparse.ArgumentParser(description="self-test of the Qwen3.5 reference")
+    ap.add_argument("--model", action="append", default=[], help="also check this model directory")
+    args = ap.parse_args(argv)
+    import make_hybrid  # noqa: E402  (tests/model, beside this file)
+    failed = 0
+    checks = [("delta rule: chunked == recurrent == unrolled", check_delta_rule_forms)]
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = list(args.model)
+        for kind in make_hybrid.SELF_TEST_KINDS:
+            for dtype in ("f32", "bf16"):
+                dirs.append((kind, dtype, os.path.join(tmp, f"{kind}-{dtype}")))
+        for d in dirs:
+            if isinstance(d, tuple):
+                kind, dtype, out = d
+
+                def run(kind=kind, dtype=dtype, out=out):
+                    make_hybrid.build(kind, dtype, 1, 1, out)
+                    model, errs = check_model(out)
+                    grouped = check_grouped_heads(out, tmp)
+                    if grouped is not None:
+                        errs["grouped heads"] = grouped
+                    return f"{kind} {dtype} ({''.join(t[0] for t in model.layer_types)}): " + \
+                        ", ".join(f"{k} {v:.1e}" for k, v in errs.items())
+                checks.append((f"model {kind} {dtype}", run))
+            else:
+                checks.append((f"model {d}", lambda d=d: check_model(d)[1]))
+        for what, fn in checks:
+            try:
+                note = fn()
+                print(f"PASS {what}" + (f": {note}" if isinstance(note, str) else ""))
+            except Exception:  # report every failing check, not just the first
+                failed += 1
+                print(f"FAIL {what}\n{traceback.format_exc()}")
+    print(f"{len(checks) - failed}/{len(checks)} self-checks passed")
+    return 1 if failed else 0
+
+
+def _ids(text):
+    return [int(t) for t in text.split(",") if t.strip()]
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["self-test"]:
+        return self_test(argv[1:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    lg = sub.add_parser("logits", help="save float64 logits [T, vocab] as .npy")
+    gr = sub.add_parser("greedy", help="print greedily generated ids")
+    sub.add_parser("self-test", help="check the reference's forms against each other")
+    for p in (lg, gr):
+        p.add_argument("--model", required=True, help="model directory")
+        p.add_argument("--tokens", required=True, type=_ids, help="comma-separated prompt ids")
+    lg.add_argument("--out", required=True, help="output .npy file")
+    lg.add_argument("--mode", choices=("chunked", "recurrent"), default="chunked", help="delta rule form")
+    gr.add_argument("-n", type=int, required=True, help="number of ids to generate")
+    gr.add_argument("--eos", type=_ids, default=[], help="comma-separated ids that stop generation")
+    args = ap.parse_args(argv)
+    try:
+        model = load(args.model)
+        if args.cmd == "logits":
+            np.save(args.out, forward(model, args.tokens, mode=args.mode))
+        else:
+            print(" ".join(map(str, greedy(model, args.tokens, args.n, args.eos))))
+    except (OSError, ValueError, KeyError) as e:
+        print(f"qwen35_ref.py: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
