@@ -1,9 +1,9 @@
 """The random-weight checkpoints of the llama.cpp reference tests, one per architecture.
 
-Each is a make_model.py kind (tests/model) reshaped around the Brown tokenizer
-(share/models/brown/target/tokenizer.json: 4096 ids, `<|endoftext|>` 4093, `<|im_start|>` 4094,
-`<|im_end|>` 4095), so that prompts are text, the files stay small and the same text measures
-perplexity. make_refs.py converts them with llama.cpp and records what llama.cpp computes;
+Each is a make_model.py kind (tests/model; make_hybrid.py's for the Qwen3.5 hybrid) reshaped
+around the Brown tokenizer (share/models/brown/target/tokenizer.json: 4096 ids, `<|endoftext|>`
+4093, `<|im_start|>` 4094, `<|im_end|>` 4095), so that prompts are text, the files stay small and
+the same text measures perplexity. make_refs.py converts them with llama.cpp and records what llama.cpp computes;
 test_llamacpp.py writes them again at test time and checks they hash to what was converted, so
 only llama.cpp's output needs to be committed.
 """
@@ -15,6 +15,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "tests", "model"))
+import make_hybrid  # noqa: E402
 import make_model  # noqa: E402
 
 BROWN = os.path.join(REPO, "share", "models", "brown", "target")
@@ -46,6 +47,29 @@ MODELS = {
     # here is Mistral-7B-v0.1's 4096, longer than anything the test runs: llama.cpp can only
     # vouch for a window that never slides (the golden test checks a sliding one against NumPy).
     "mistral": ("mistral", dict(BROWN_BODY, sliding_window=4096)),
+    # Qwen3.5's text model in miniature (make_hybrid.py's kinds, whose changes are to the kind,
+    # the text config replaced whole): Qwen3_5ForCausalLM, the flat layout, as llama.cpp's
+    # converter takes it without vision weights (it registers the nested
+    # Qwen3_5ForConditionalGeneration for the same text model and drops model.visual.*). Four
+    # layers at full_attention_interval 4 (layer_types stated too, as Qwen3.5 configs have
+    # both): three Gated DeltaNet layers, then one gated full-attention layer. 2 key heads
+    # serve 4 value heads, so the converter reorders the value heads from grouped to tiled
+    # order; key and value heads both of 24 (llama.cpp's qwen35 loader takes both from
+    # ssm.state_size), a size no other width of the model has (q/k 48, v 96, conv 192, hidden
+    # 128, attention heads 32), so a width taken for another shows as a shape error. Attention:
+    # 4 query heads over 2 KV heads of 32, partial_rotary_factor 0.25 (8 values turn), rope in
+    # rope_parameters with Qwen3.5's theta 1e7 and an mrope_section for those 8 values. Tied,
+    # as the small Qwen3.5 models. An MTP layer, as Qwen's published checkpoints have: llama.cpp's
+    # converter stops on a Qwen3.5 checkpoint without one unless told --no-mtp, and with it
+    # writes it as the nextn block blk.4 (qwen35.nextn_predict_layers 1), which llama.cpp's
+    # programs do not run.
+    "qwen35": ("qwen35-flat", dict(mtp=True, tie=True, text=dict(
+        dict(make_hybrid.TEXT, **BROWN_BODY), num_hidden_layers=4, full_attention_interval=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], head_dim=32, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=24, linear_value_head_dim=24, linear_conv_kernel_dim=4,
+        mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
+                             mrope_section=[1, 1, 2], mrope_interleaved=True)))),
 }
 
 
@@ -53,11 +77,17 @@ def build(name, out):
     """Writes checkpoint `name` to `out` (absent or empty): make_model's files plus the Brown
     tokenizer's. Returns its digests."""
     base, changes = MODELS[name]
-    make_model.KINDS[name] = dict(make_model.KINDS[base], **changes)
-    make_model.build(name, "f32", 1, SEED, out)
+    generator = make_hybrid if base in make_hybrid.KINDS else make_model
+    generator.KINDS[name] = dict(generator.KINDS[base], **changes)
+    generator.build(name, "f32", 1, SEED, out)
     for f in TOKENIZER_FILES:
         shutil.copyfile(os.path.join(BROWN, f), os.path.join(out, f))
     return digests(out)
+
+
+def hybrid(name):
+    """Whether checkpoint `name` is a recurrent hybrid (make_hybrid.py's, Qwen3.5)."""
+    return MODELS[name][0] in make_hybrid.KINDS
 
 
 def digests(path):

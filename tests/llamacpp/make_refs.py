@@ -169,7 +169,8 @@ def main():
         "seed": arch_models.SEED,
     })
     os.makedirs(args.workdir, exist_ok=True)
-    for name in args.only or sorted(arch_models.MODELS):
+    names = args.only or sorted(arch_models.MODELS)
+    for name in names:
         hf = os.path.join(args.workdir, name)
         shutil.rmtree(hf, ignore_errors=True)
         digests = arch_models.build(name, hf)
@@ -181,8 +182,12 @@ def main():
         run([os.path.join(bin_dir, "llama-quantize"), f32, quant, QUANT])
         for path in (f32, quant):
             ref["files"][os.path.basename(path)] = {"model": name, **results(bin_dir, path, text)}
-    ref["variants"] = {}
+    # variants of the checkpoints not redone keep their entries, as the checkpoints' files do
+    kept = {n: e for n, e in ref.get("variants", {}).items() if n in VARIANTS and e["model"] not in names}
+    ref["variants"] = kept
     for name, (source, changes) in sorted(VARIANTS.items()):
+        if name in kept:
+            continue
         path = os.path.join(args.workdir, name)
         digest = variant(llama_cpp, os.path.join(args.out, source), path, changes)
         ref["variants"][name] = {"model": ref["files"][source]["model"], "source": source, "metadata": changes,

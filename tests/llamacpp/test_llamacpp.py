@@ -22,9 +22,11 @@ from it what llama-completion and llama-perplexity computed. This test
      files with quantized matrices have a wider near tie, QUANT_NEAR_TIE, which says why);
   3. perplexity: rlx perplexity -m FILE -f ref/heldout.txt -c 256 within 0.3 % of llama.cpp's
      figure for each file, and on the checkpoint directory within 0.3 % of the F32 file's;
-  4. the NumPy reference (tests/model/qwen3_ref.py) on the checkpoint: rlx logits and greedy ids
-     on the checkpoint directory and on the F32 GGUF file within check_golden.py's bound, so a
-     tensor llama.cpp's converter reorders (Llama's Q and K rows) must be read back exactly.
+  4. the NumPy reference (tests/model/qwen3_ref.py; qwen35_ref.py for the Qwen3.5 hybrid, through
+     check_golden_hybrid.py, which adds the decode steps' log-probabilities) on the checkpoint:
+     rlx logits and greedy ids on the checkpoint directory and on the F32 GGUF file within
+     check_golden.py's bound, so a tensor llama.cpp's converter reorders (Llama's Q and K rows,
+     Qwen3.5's value heads) must be read back exactly.
 Steps 2 and 3 run on ref/llama.cpp.json's variants of NAME's files too: a copy with tokenizer
 metadata changed (llama-bos-f32.gguf: its tokenizer adds a BOS, which llama-perplexity puts first
 in every chunk and llama-completion before the prompt), which make_refs.py wrote with llama.cpp's
@@ -37,13 +39,17 @@ import os
 import shutil
 import sys
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [HERE, os.path.join(REPO, "tests", "gguf"), os.path.join(REPO, "tests", "model")]
 import arch_models  # noqa: E402
 import check_golden as golden  # noqa: E402
+import check_golden_hybrid as golden_hybrid  # noqa: E402
 import gguf_common as C  # noqa: E402
 import gguf_ref  # noqa: E402
+import qwen35_ref  # noqa: E402
 import qwen3_ref  # noqa: E402
 import surfaces  # noqa: E402
 import test_gguf_greedy as greedy  # noqa: E402
@@ -164,14 +170,25 @@ def main():
             failures.append("%s: PPL %.4f differs from llama.cpp's %.4f on %s by %+.3f %% (limit %.1f %%)" % (
                 label, ppl, want["perplexity"], against, 100 * rel, 100 * perplexity.REL_TOL))
 
-    model = qwen3_ref.load(hf)
-    case = golden.golden_case(model)
+    hybrid = arch_models.hybrid(args.model)
+    model = (qwen35_ref if hybrid else qwen3_ref).load(hf)
+    case = (golden_hybrid if hybrid else golden).golden_case(model)
     for path, label in ((hf, "%s (Hugging Face)" % args.model), (os.path.join(REF, f32), f32)):
         try:
             rlx = golden.Rlx(args.rlx, path, model.config["vocab_size"], args.rlx_args, args.timeout,
                              os.path.join(args.workdir, "out", os.path.basename(path)))
             weights, moe_layers = rlx.plan(len(case.sequence))
-            if weights or moe_layers:
+            if hybrid:
+                # check_golden_hybrid.py's bound: with BF16 activations, ids only up to the
+                # reference's first near tie
+                tol, checked = golden.LOGITS_TOL, None
+                if weights or moe_layers:
+                    tol = golden.BF16_TOL_EXACT
+                    margins = np.diff(np.sort(case.step_logits(), axis=-1)[:, -2:], axis=-1)[:, 0]
+                    bound = 2 * tol * max(1.0, float(np.abs(case.logits).max()))
+                    checked = next((i for i, m in enumerate(margins) if m <= bound), len(margins))
+                detail = golden_hybrid.check(rlx, case, tol, checked)
+            elif weights or moe_layers:
                 detail = golden.check_bf16(rlx, model, case, weights, moe_layers)
             else:
                 err_all, err_last = golden.check(rlx, case, golden.LOGITS_TOL)
