@@ -3,10 +3,13 @@
  *
  * A block with Gated DeltaNet layers also holds their recurrent state, which sums up every
  * position so far and cannot be cut back. Its session keeps the inputs of the positions it
- * holds, and a truncation marks the state stale: the next forward first runs the kept positions
- * again from position 0 (where the recurrent ops start from a zero state), which rewrites the
- * KV rows with the same values. That costs a prefill of the kept prefix per truncation, paid
- * only by recurrent blocks; the last forward's rows stay readable until then. */
+ * holds, and a truncation marks the state stale: the next forward first rebuilds it by running
+ * kept positions again (the KV rows they rewrite get the same values), so the last forward's
+ * rows stay readable until then. Before a forward of several positions (a prompt, a speculative
+ * verification) the state is copied aside: a truncation back into that forward (rejected draft
+ * tokens) restores the copy and runs only the accepted positions again. A truncation further
+ * back (a chat turn that keeps a shorter prefix) runs the kept positions again from position 0,
+ * where the recurrent ops start from a zero state. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -53,6 +56,10 @@ struct rlx_session {
     uint8_t *history;
     size_t history_row; /* bytes of one position's input */
     uint32_t history_cap, state_length;
+    /* the recurrent states as they were at position snap_length (UINT32_MAX: no copy), per
+     * layer of the block, k then v; NULL for full-attention layers */
+    void **snap;
+    uint32_t snap_length;
     int32_t *positions; /* [capacity] */
     plan_slot slots[PLAN_SLOTS];
     uint64_t clock;
@@ -95,6 +102,7 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
     s->kv_dtype = o.kv_dtype;
     s->plan_flags = o.check_finite ? RLX_PLAN_CHECK_FINITE : 0;
     s->recurrent = rlx__model_recurrent(m, spec);
+    s->snap_length = UINT32_MAX;
     s->history_row = spec->embed_input ? sizeof(int32_t) : (size_t)c->hidden_size * sizeof(float);
     s->cache_bytes = rlx__calloc(2 * (size_t)n_layers, sizeof *s->cache_bytes);
     s->k_cache = rlx__calloc(n_layers, sizeof *s->k_cache);
@@ -145,6 +153,9 @@ void rlx_session_destroy(rlx_session *s) {
         if (s->v_cache[l])
             munmap(s->v_cache[l], s->cache_bytes[2 * l + 1]);
     }
+    for (uint32_t l = 0; s->snap && l < 2 * n_layers; l++)
+        free(s->snap[l]);
+    free(s->snap);
     free(s->cache_bytes);
     free(s->history);
     free(s->k_cache);
@@ -259,20 +270,45 @@ static rlx_status remember(rlx_session *s, const void *input, uint32_t n) {
         s->history = h;
         s->history_cap = cap;
     }
-    if (input != s->history) /* a replay runs the kept inputs themselves */
-        memcpy(s->history + (size_t)s->length * s->history_row, input, (size_t)n * s->history_row);
+    uint8_t *at = s->history + (size_t)s->length * s->history_row;
+    if (input != at) /* a replay runs the kept inputs themselves */
+        memcpy(at, input, (size_t)n * s->history_row);
     return RLX_OK;
 }
 
 static rlx_status run(rlx_session *s, const void *input, const float *hidden_in, uint32_t n, int all_rows,
                       const float **out);
 
+static int layer_linear(const rlx_session *s, uint32_t l) {
+    return !s->spec.mtp && rlx__model_layer_linear(s->m, s->spec.layer_start + l);
+}
+
+/* Copies the recurrent states at the current length aside (to = 1) or back (to = 0). */
+static rlx_status snapshot(rlx_session *s, int to) {
+    const uint32_t n_layers = s->spec.layer_end - s->spec.layer_start;
+    if (!s->snap && !(s->snap = rlx__calloc(2 * (size_t)n_layers, sizeof *s->snap)))
+        return rlx_error(RLX_E_NOMEM, "session: out of memory for a copy of the recurrent state");
+    for (uint32_t l = 0; l < n_layers; l++)
+        for (int v = 0; v < 2 && layer_linear(s, l); v++) {
+            void **copy = &s->snap[2 * l + v], *state = v ? s->v_cache[l] : s->k_cache[l];
+            if (!*copy && !(*copy = rlx__malloc(s->cache_bytes[2 * l + v])))
+                return rlx_error(RLX_E_NOMEM, "session: out of memory for a copy of the recurrent state");
+            memcpy(to ? *copy : state, to ? state : *copy, s->cache_bytes[2 * l + v]);
+        }
+    return RLX_OK;
+}
+
 /* Rebuilds the recurrent state of the positions [0, length) a truncation kept (file comment). */
 static rlx_status replay(rlx_session *s) {
     const uint32_t length = s->length;
-    s->length = s->state_length = 0;
+    uint32_t from = 0;
+    rlx_status rc = RLX_OK;
+    if (s->snap_length <= length && (rc = snapshot(s, 0)) == RLX_OK)
+        from = s->snap_length;
+    s->length = s->state_length = from;
     const float *rows;
-    rlx_status rc = length ? run(s, s->history, NULL, length, 0, &rows) : RLX_OK;
+    if (rc == RLX_OK && length > from)
+        rc = run(s, s->history + (size_t)from * s->history_row, NULL, length - from, 0, &rows);
     if (rc != RLX_OK) { /* the state is partly rebuilt: run it again next time */
         s->length = length;
         s->state_length = UINT32_MAX;
@@ -304,6 +340,12 @@ static rlx_status run(rlx_session *s, const void *input, const float *hidden_in,
     if ((rc = get_plan(s, n, all_rows ? 1 : 0, &slot)) != RLX_OK)
         return rc;
     const rlx_block_io *io = &slot->io.block;
+    if (s->recurrent && n > 1 && input != s->history + (size_t)s->length * s->history_row) {
+        /* a forward that may be cut back into (a replay's input is its own history) */
+        if ((rc = snapshot(s, 1)) != RLX_OK)
+            return rc;
+        s->snap_length = s->length;
+    }
     if (s->recurrent) /* until this run succeeds the state may hold part of it */
         s->state_length = UINT32_MAX;
     if ((rc = rlx_plan_bind(slot->plan, io->input, (void *)input)) != RLX_OK ||
@@ -353,8 +395,10 @@ rlx_status rlx_session_truncate(rlx_session *s, uint32_t length) {
         return rlx_error(RLX_E_INVALID, "rlx_session_truncate: session is NULL");
     if (length > s->length)
         return rlx_error(RLX_E_RANGE, "cannot truncate a session of %u positions to %u", s->length, length);
-    s->length = length; /* the last forward's rows stay readable: the speculative loop reads them after */
-    return RLX_OK;      /* a recurrent state now ahead of length is rebuilt by the next forward */
+    if (length < s->snap_length && s->snap_length != UINT32_MAX)
+        s->snap_length = UINT32_MAX; /* it holds positions that are being replaced */
+    s->length = length;              /* the last forward's rows stay readable: the speculative loop reads them after */
+    return RLX_OK;                   /* a recurrent state now ahead of length is rebuilt by the next forward */
 }
 
 typedef struct dump_ctx {

@@ -268,6 +268,25 @@ int rlx__arch_gguf_of_hf(const rlx__arch *a, const char *hf, char *out, size_t l
     return 0;
 }
 
+// ---- MTP layers
+
+static const rlx__mtp_names mimo_mtp = {
+    .token_norm = "model.mtp_layers.{N}.token_layernorm.weight",
+    .hidden_norm = "model.mtp_layers.{N}.hidden_layernorm.weight",
+    .proj = "model.mtp_layers.{N}.input_proj.weight",
+    .final_norm = "model.mtp_layers.{N}.final_layernorm.weight",
+    .layer = "model.mtp_layers.{N}.mtp_block.",
+};
+
+const rlx__mtp_names *rlx__arch_mtp(const rlx__arch *a) { return a && a->mtp ? a->mtp : &mimo_mtp; }
+
+int rlx__mtp_name(const char *pattern, uint32_t n, char *out, size_t len) {
+    const char *at = strstr(pattern, "{N}");
+    const int w = at ? snprintf(out, len, "%.*s%u%s", (int)(at - pattern), pattern, n, at + 3)
+                     : snprintf(out, len, "%s", pattern);
+    return (at || n == 0) && w >= 0 && (size_t)w < len;
+}
+
 // ---- llama.cpp's q/k row order
 
 int64_t rlx__qk_hf_row(int64_t row, int64_t head_rows) {

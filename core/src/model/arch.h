@@ -154,6 +154,17 @@ typedef struct rlx__gguf_cfg {
 
 typedef struct rlx__blk rlx__blk;
 
+/* Where an architecture keeps its multi-token-prediction layers (rlx/model.h's MTP block):
+ * names in which "{N}" stands for the MTP layer's number (a name without it belongs to layer 0,
+ * the only one such a checkpoint has). NULL in rlx__arch: MiMo's model.mtp_layers.N. names. */
+typedef struct rlx__mtp_names {
+    const char *token_norm, *hidden_norm, *proj, *final_norm;
+    const char *layer; /* the prefix of the decoder layer's tensors */
+    /* 1: proj reads concat(normed token embedding, normed hidden) (Qwen3.5, DeepSeek-V3's
+     * eh_proj order); 0: concat(hidden, token) (MiMo) */
+    uint8_t embedding_first;
+} rlx__mtp_names;
+
 typedef struct rlx__arch {
     const char *name;              /* rlx's name, and the model_type given to a GGUF model */
     const char *const *hf_types;   /* config.json model_type values, NULL-terminated */
@@ -179,7 +190,14 @@ typedef struct rlx__arch {
      * into the form the table and the blocks read, once at open (NULL: they are already):
      * renames, splits and transforms of weights the checkpoint stores otherwise. */
     rlx_status (*fix_weights)(rlx_weights *w, const rlx__model_desc *d, int gguf);
+    const rlx__mtp_names *mtp;
 } rlx__arch;
+
+/* The name of MTP layer n's tensor of pattern (an rlx__mtp_names member) into out; 0 when the
+ * pattern has no "{N}" and n is not 0, or out is too short. */
+int rlx__mtp_name(const char *pattern, uint32_t n, char *out, size_t len);
+/* The architecture's MTP names (MiMo's when it gives none). */
+const rlx__mtp_names *rlx__arch_mtp(const rlx__arch *a);
 
 // ---- the registry (arch.c)
 

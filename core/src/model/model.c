@@ -122,9 +122,9 @@ rlx_status rlx_model_add_weights(rlx_model *m, const char *safetensors_path) {
 }
 
 int rlx_model_has_mtp(const rlx_model *m, uint32_t n) {
-    char name[96];
-    snprintf(name, sizeof name, "model.mtp_layers.%u.input_proj.weight", n);
-    return m && rlx__model_find(m, name) != NULL;
+    char name[160];
+    return m && rlx__mtp_name(rlx__arch_mtp(m->desc.arch)->proj, n, name, sizeof name) &&
+           rlx__model_find(m, name) != NULL;
 }
 
 const rlx_model_config *rlx_model_config_of(const rlx_model *m) { return &m->desc.cfg; }
@@ -312,7 +312,7 @@ static rlx__blk_layer model_layer(const rlx__model_desc *d, uint32_t l) {
 
 static rlx__blk_layer mtp_layer(const rlx__model_desc *d, uint32_t n) {
     rlx__blk_layer desc = {.index = (uint32_t)d->cfg.num_hidden_layers + n};
-    snprintf(desc.tensors, sizeof desc.tensors, "model.mtp_layers.%u.mtp_block.", n);
+    rlx__mtp_name(rlx__arch_mtp(d->arch)->layer, n, desc.tensors, sizeof desc.tensors);
     snprintf(desc.nodes, sizeof desc.nodes, "mtp_layers.%u.", n);
     return desc;
 }
@@ -338,6 +338,15 @@ static void layer_needs(const rlx_model *m, const rlx__blk_layer *l, needs *ns) 
     }
 }
 
+/* MTP layer n's tensor of pattern (rlx__mtp_names); a layer its architecture's checkpoints do
+ * not have is an error. */
+static void add_mtp_need(needs *ns, const rlx_model *m, const char *pattern, uint32_t n, int64_t rows, int64_t cols) {
+    need *x = add_need(ns, rows, cols);
+    if (x && !rlx__mtp_name(pattern, n, x->name, sizeof x->name))
+        ns->rc = rlx_error(RLX_E_NOT_FOUND, "%s: %s checkpoints have one MTP layer, not layer %u", m->dir,
+                           m->desc.arch->name, n);
+}
+
 /* The top-level tensor of role (the architecture's table has every one). */
 static void top_need(const rlx__model_desc *d, rlx__role role, needs *ns) {
     const rlx__tensor *t = rlx__arch_tensor(d->arch, role);
@@ -349,8 +358,7 @@ static void top_need(const rlx__model_desc *d, rlx__role role, needs *ns) {
 
 /* The final norm of an MTP layer: its own when it has one, else the target's. */
 static void mtp_final_norm_name(const rlx_model *m, uint32_t n, char *name, size_t len) {
-    snprintf(name, len, "model.mtp_layers.%u.final_layernorm.weight", n);
-    if (!rlx__model_find(m, name))
+    if (!rlx__mtp_name(rlx__arch_mtp(m->desc.arch)->final_norm, n, name, len) || !rlx__model_find(m, name))
         rlx__tensor_hf_name(rlx__arch_tensor(m->desc.arch, RLX__R_OUTPUT_NORM), "", -1, name, len);
 }
 
@@ -364,10 +372,11 @@ static rlx_status block_needs(const rlx_model *m, const rlx_block_spec *s, needs
     if (s->embed_input || (s->produce_logits && c->tie_word_embeddings))
         top_need(d, RLX__R_TOKEN_EMBD, ns);
     if (s->mtp) {
-        uint32_t n = s->layer_start;
-        add_named(ns, h, 0, "model.mtp_layers.%u.token_layernorm.weight", n);
-        add_named(ns, h, 0, "model.mtp_layers.%u.hidden_layernorm.weight", n);
-        add_named(ns, h, 2 * h, "model.mtp_layers.%u.input_proj.weight", n);
+        const uint32_t n = s->layer_start;
+        const rlx__mtp_names *names = rlx__arch_mtp(d->arch);
+        add_mtp_need(ns, m, names->token_norm, n, h, 0);
+        add_mtp_need(ns, m, names->hidden_norm, n, h, 0);
+        add_mtp_need(ns, m, names->proj, n, h, 2 * h);
         rlx__blk_layer l = mtp_layer(d, n);
         layer_needs(m, &l, ns);
     } else {
@@ -390,9 +399,19 @@ static rlx_status block_needs(const rlx_model *m, const rlx_block_spec *s, needs
     return ns->rc;
 }
 
+/* Whether name is one of the architecture's MTP tensors (its patterns up to their "{N}"). */
+static int is_mtp_name(const rlx_model *m, const char *name) {
+    const rlx__mtp_names *n = rlx__arch_mtp(m->desc.arch);
+    const char *const patterns[] = {n->token_norm, n->hidden_norm, n->proj, n->final_norm, n->layer};
+    for (size_t i = 0; i < sizeof patterns / sizeof patterns[0]; i++)
+        if (strncmp(name, patterns[i], strcspn(patterns[i], "{")) == 0)
+            return 1;
+    return 0;
+}
+
 const rlx_weight *rlx__check_weight(const rlx_model *m, const char *name, const rlx_weight *w, int64_t rows,
                                     int64_t cols, int router, rlx_status *rc) {
-    if (!w && strncmp(name, "model.mtp_layers.", 17) == 0) {
+    if (!w && is_mtp_name(m, name)) {
         *rc = rlx_error(RLX_E_NOT_FOUND,
                         "%s: MTP tensor '%s' is in neither the model's safetensors nor an added weights file; "
                         "give the MTP weights with the mtp speculator's option weights=FILE (--spec-opts) or as "
@@ -534,13 +553,15 @@ rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec,
  * MiMo's order; x is the embedded tokens. */
 static int mtp_input(rlx__blk *b, uint32_t n, int x, int hidden_input) {
     const int64_t h = b->d->cfg.hidden_size;
-    char name[96];
-    snprintf(name, sizeof name, "model.mtp_layers.%u.token_layernorm.weight", n);
+    const rlx__mtp_names *names = rlx__arch_mtp(b->d->arch);
+    char name[160];
+    rlx__mtp_name(names->token_norm, n, name, sizeof name);
     int e = rlx__blk_rms_norm(b, "mtp.token_norm", x, rlx__blk_named_weight(b, name, h, 0));
-    snprintf(name, sizeof name, "model.mtp_layers.%u.hidden_layernorm.weight", n);
+    rlx__mtp_name(names->hidden_norm, n, name, sizeof name);
     int g = rlx__blk_rms_norm(b, "mtp.hidden_norm", hidden_input, rlx__blk_named_weight(b, name, h, 0));
-    int ge = rlx__blk_node2(b, RLX_OP_CONCAT, "mtp.concat", g, e, NULL);
-    snprintf(name, sizeof name, "model.mtp_layers.%u.input_proj.weight", n);
+    int ge = names->embedding_first ? rlx__blk_node2(b, RLX_OP_CONCAT, "mtp.concat", e, g, NULL)
+                                    : rlx__blk_node2(b, RLX_OP_CONCAT, "mtp.concat", g, e, NULL);
+    rlx__mtp_name(names->proj, n, name, sizeof name);
     return rlx__blk_node2(b, RLX_OP_MATMUL, "mtp.input_proj", ge, rlx__blk_named_weight(b, name, h, 2 * h), NULL);
 }
 

@@ -211,13 +211,14 @@ static rlx_status unnest_text_model(rlx_weights *w) {
 
 static rlx_weight *find(rlx_weights *w, const char *name) { return (rlx_weight *)rlx_weights_find(w, name); }
 
-/* The name of role's tensor in layer l (-1: a top-level role). */
-static const char *role_name(rlx__role role, int64_t l, char *out, size_t len) {
-    const rlx__tensor *t = rlx__arch_tensor(&rlx__arch_qwen3_5, role);
-    char prefix[40] = "";
-    if (l >= 0)
-        snprintf(prefix, sizeof prefix, "model.layers.%u.", (unsigned)l);
-    rlx__tensor_hf_name(t, prefix, -1, out, len);
+/* The name of role's tensor under a layer's prefix ("" for a top-level role). */
+static const char *role_name(rlx__role role, const char *prefix, char *out, size_t len) {
+    rlx__tensor_hf_name(rlx__arch_tensor(&rlx__arch_qwen3_5, role), prefix, -1, out, len);
+    return out;
+}
+
+static const char *layer_prefix(int64_t l, char *out, size_t len) {
+    snprintf(out, len, "model.layers.%u.", (unsigned)l);
     return out;
 }
 
@@ -258,9 +259,9 @@ static rlx_status fix_conv(rlx_weight *t) {
  * copied into query rows (all heads) then gate rows, and the two halves become two tensors: the
  * query projection under q_proj's name and the gate projection under the table's gate name.
  * Rows move whole, so any row-wise dtype works. */
-static rlx_status split_q_gate(rlx_weights *w, const rlx__model_desc *d, int64_t l) {
+static rlx_status split_q_gate(rlx_weights *w, const rlx__model_desc *d, const char *prefix) {
     char name[160], gate_name[160];
-    rlx_weight *t = find(w, role_name(RLX__R_ATTN_Q, l, name, sizeof name));
+    rlx_weight *t = find(w, role_name(RLX__R_ATTN_Q, prefix, name, sizeof name));
     if (!t)
         return RLX_OK; /* the block's weight check names what is missing */
     const int64_t heads = d->cfg.num_attention_heads, head_rows = d->cfg.head_dim, rows = 2 * heads * head_rows;
@@ -283,41 +284,109 @@ static rlx_status split_q_gate(rlx_weights *w, const rlx__model_desc *d, int64_t
     t->shape[0] = heads * head_rows;
     t->nbytes = half;
     rlx_weight gate = *t;
-    gate.name = role_name(RLX__R_ATTN_GATE, l, gate_name, sizeof gate_name);
+    gate.name = role_name(RLX__R_ATTN_GATE, prefix, gate_name, sizeof gate_name);
     gate.data = copy + half;
-    return rlx__weights_append(w, &gate); /* t is not used after: the table may move */
+    rlx_status st = rlx__weights_append(w, &gate);    /* t is not used after: the table may move */
+    return st == RLX_OK ? rlx__weights_index(w) : st; /* finds after an append need it sorted */
+}
+
+/* The MTP (next-n) layer Qwen3.5 checkpoints carry: its names (HF mtp.*), read as the MTP block
+ * of rlx/model.h with the embedding's norm first in the projection's input, and its decoder layer
+ * a full-attention Qwen3.5 layer. */
+#define MTP_LAYER "mtp.layers.0."
+static const rlx__mtp_names mtp_names = {
+    .token_norm = "mtp.pre_fc_norm_embedding.weight",
+    .hidden_norm = "mtp.pre_fc_norm_hidden.weight",
+    .proj = "mtp.fc.weight",
+    .final_norm = "mtp.norm.weight",
+    .layer = "mtp.layers.{N}.",
+    .embedding_first = 1,
+};
+
+/* Renames t to `name`, in memory w owns. */
+static rlx_status rename_tensor(rlx_weights *w, rlx_weight *t, const char *name) {
+    const size_t len = strlen(name) + 1;
+    char *copy = rlx__weights_own(w, len);
+    if (!copy)
+        return rlx_error(RLX_E_NOMEM, "%s: out of memory", t->file);
+    memcpy(copy, name, len);
+    t->name = copy;
+    return RLX_OK;
+}
+
+/* llama.cpp's converter writes the MTP layer as block num_hidden_layers: its decoder tensors
+ * (named through the table as model.layers.L.*) and blk.L.nextn.* for the rest. They get the
+ * Hugging Face names the MTP block reads. */
+static rlx_status rename_gguf_mtp(rlx_weights *w, const rlx__model_desc *d) {
+    char layer[40], nextn[48];
+    const int layer_len = snprintf(layer, sizeof layer, "model.layers.%u.", (unsigned)d->cfg.num_hidden_layers);
+    snprintf(nextn, sizeof nextn, "blk.%u.nextn.", (unsigned)d->cfg.num_hidden_layers);
+    static const char *const nextn_names[][2] = {{"eh_proj.weight", "mtp.fc.weight"},
+                                                 {"enorm.weight", "mtp.pre_fc_norm_embedding.weight"},
+                                                 {"hnorm.weight", "mtp.pre_fc_norm_hidden.weight"},
+                                                 {"shared_head_norm.weight", "mtp.norm.weight"}};
+    rlx_status st = RLX_OK;
+    size_t renamed = 0;
+    for (size_t i = 0; st == RLX_OK && i < w->n_tensors; i++) {
+        rlx_weight *t = &w->tensors[i];
+        char name[200] = "";
+        if (strncmp(t->name, layer, (size_t)layer_len) == 0)
+            snprintf(name, sizeof name, MTP_LAYER "%s", t->name + layer_len);
+        for (size_t k = 0; !*name && strncmp(t->name, nextn, strlen(nextn)) == 0 && k < 4; k++)
+            if (strcmp(t->name + strlen(nextn), nextn_names[k][0]) == 0)
+                snprintf(name, sizeof name, "%s", nextn_names[k][1]);
+        if (*name && (st = rename_tensor(w, t, name)) == RLX_OK)
+            renamed++;
+    }
+    return st == RLX_OK && renamed ? rlx__weights_index(w) : st;
 }
 
 /* A GGUF file from llama.cpp's converter has its norms, A and conv1d in the blocks' form
  * already and only the query and gate rows of q_proj to split. */
-static rlx_status fix_weights(rlx_weights *w, const rlx__model_desc *d, int gguf) {
-    rlx_status st = RLX_OK;
-    for (int64_t l = 0; gguf && st == RLX_OK && l < d->cfg.num_hidden_layers; l++)
-        if (!d->layers[l].linear && d->attn_gate && (st = split_q_gate(w, d, l)) == RLX_OK)
-            st = rlx__weights_index(w);
-    if (gguf)
-        return st;
-    st = unnest_text_model(w);
+/* The (1 + w) norms of a layer of the given kind under prefix. */
+static rlx_status fix_layer_norms(rlx_weights *w, const rlx__model_desc *d, const rlx__layer *kind,
+                                  const char *prefix) {
+    static const rlx__role plus_one[] = {RLX__R_ATTN_NORM, RLX__R_FFN_NORM, RLX__R_ATTN_Q_NORM, RLX__R_ATTN_K_NORM};
     char name[160];
     rlx_weight *t;
-    if (st == RLX_OK && (t = find(w, role_name(RLX__R_OUTPUT_NORM, -1, name, sizeof name))))
+    rlx_status st = RLX_OK;
+    for (size_t i = 0; st == RLX_OK && i < sizeof plus_one / sizeof plus_one[0]; i++)
+        if (rlx__tensor_applies(rlx__arch_tensor(d->arch, plus_one[i]), d, kind) &&
+            (t = find(w, role_name(plus_one[i], prefix, name, sizeof name))))
+            st = fix_vector(w, t, PLUS_ONE);
+    return st;
+}
+
+/* A GGUF file from llama.cpp's converter has its norms, A and conv1d in the blocks' form
+ * already and only the query and gate rows of q_proj to split (and its MTP layer to name). */
+static rlx_status fix_weights(rlx_weights *w, const rlx__model_desc *d, int gguf) {
+    char prefix[40], name[160];
+    const rlx__layer full = {0}; /* the MTP layer's kind */
+    rlx_status st = gguf ? rename_gguf_mtp(w, d) : unnest_text_model(w);
+    rlx_weight *t;
+    if (!gguf && st == RLX_OK && (t = find(w, role_name(RLX__R_OUTPUT_NORM, "", name, sizeof name))))
         st = fix_vector(w, t, PLUS_ONE);
-    static const rlx__role plus_one[] = {RLX__R_ATTN_NORM, RLX__R_FFN_NORM, RLX__R_ATTN_Q_NORM, RLX__R_ATTN_K_NORM};
+    static const char *const mtp_norms[] = {"mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
+                                            "mtp.norm.weight"};
+    for (size_t i = 0; !gguf && st == RLX_OK && i < sizeof mtp_norms / sizeof mtp_norms[0]; i++)
+        if ((t = find(w, mtp_norms[i])))
+            st = fix_vector(w, t, PLUS_ONE);
+    if (!gguf && st == RLX_OK)
+        st = fix_layer_norms(w, d, &full, MTP_LAYER);
+    if (st == RLX_OK && d->attn_gate)
+        st = split_q_gate(w, d, MTP_LAYER);
     for (int64_t l = 0; st == RLX_OK && l < d->cfg.num_hidden_layers; l++) {
         const rlx__layer *layer = &d->layers[l];
-        for (size_t i = 0; st == RLX_OK && i < sizeof plus_one / sizeof plus_one[0]; i++)
-            if (rlx__tensor_applies(rlx__arch_tensor(d->arch, plus_one[i]), d, layer) &&
-                (t = find(w, role_name(plus_one[i], l, name, sizeof name))))
-                st = fix_vector(w, t, PLUS_ONE);
-        if (st == RLX_OK && layer->linear && (t = find(w, role_name(RLX__R_SSM_A, l, name, sizeof name))))
+        layer_prefix(l, prefix, sizeof prefix);
+        if (!gguf)
+            st = fix_layer_norms(w, d, layer, prefix);
+        if (!gguf && st == RLX_OK && layer->linear && (t = find(w, role_name(RLX__R_SSM_A, prefix, name, sizeof name))))
             st = fix_vector(w, t, MINUS_EXP);
-        if (st == RLX_OK && layer->linear && (t = find(w, role_name(RLX__R_SSM_CONV, l, name, sizeof name))))
+        if (!gguf && st == RLX_OK && layer->linear &&
+            (t = find(w, role_name(RLX__R_SSM_CONV, prefix, name, sizeof name))))
             st = fix_conv(t);
-        if (st == RLX_OK && !layer->linear && d->attn_gate) {
-            st = split_q_gate(w, d, l);
-            if (st == RLX_OK) /* finds after an append need the table sorted again */
-                st = rlx__weights_index(w);
-        }
+        if (st == RLX_OK && !layer->linear && d->attn_gate)
+            st = split_q_gate(w, d, prefix);
     }
     return st;
 }
@@ -367,4 +436,5 @@ const rlx__arch rlx__arch_qwen3_5 = {
     .build_layer = rlx__blk_decoder_layer,
     .gguf_write_arch = "",
     .fix_weights = fix_weights,
+    .mtp = &mtp_names,
 };
