@@ -388,13 +388,15 @@ def check_model(g):
         if t.dims != tuple(want):
             raise ValueError("tensor '%s' has shape %s (GGUF dims) but the metadata implies %s" % (
                 name, list(t.dims), list(want)))
-    # RoPE as llama.cpp describes it: over the whole head (rope.dimension_count), unscaled or with
-    # Llama 3.1's divisors (rope_freqs.weight: head_dim / 2 positive F32 values); other scalings
-    # (yarn, linear) change the rotation and are not something this check knows
+    # RoPE as llama.cpp describes it: over the first rope.dimension_count values of each head (the
+    # whole head, or an even part of it: llama.cpp's n_rot, NeoX pairs within that part), unscaled
+    # or with Llama 3.1's divisors (rope_freqs.weight: head_dim / 2 positive F32 values); other
+    # scalings (yarn, linear) change the rotation and are not something this check knows
     head_dim = md.get("qwen3.attention.key_length", md["qwen3.embedding_length"] // md["qwen3.attention.head_count"])
     rope_dims = md.get("qwen3.rope.dimension_count", head_dim)
-    if rope_dims != head_dim:
-        raise ValueError("qwen3.rope.dimension_count is %d, not head_dim %d: a partial RoPE" % (rope_dims, head_dim))
+    if rope_dims > head_dim or rope_dims % 2:
+        raise ValueError("qwen3.rope.dimension_count is %d, not head_dim %d or an even part of it" % (
+            rope_dims, head_dim))
     scaling = md.get("qwen3.rope.scaling.type", "none")
     if scaling != "none":
         raise ValueError("qwen3.rope.scaling.type is '%s': only unscaled RoPE or rope_freqs is known" % scaling)

@@ -277,7 +277,8 @@ def cases():
     # A row at position 0 resets a non-zero state
     out.append(gd_case(rng, "gd reset at 0", 2, 2, 8, 8, None, [one(0, 3), one(0, 2)], init_scale=3.0))
     # Slots: rows of three slots interleaved in any order (slot 2 starts over at position 0, the
-    # others continue), then one slot's prompt of 70 rows (chunked) among decode rows of others
+    # others continue), then one slot's prompt of 70 rows among decode rows of others (the slot
+    # form runs it row by row, whatever its length)
     inter = [(2, 0), (0, 5), (2, 1), (1, 9), (0, 6), (0, 7), (2, 2)]
     mixed = [(1, 10)] + one(3, 35, 2)[:20] + [(0, 8)] + one(3, 35, 2)[20:] + one(38, 35, 2) + [(1, 11)]
     out.append(gd_case(rng, "gd slots interleaved", 4, 1, 16, 8, 3, [inter, mixed]))

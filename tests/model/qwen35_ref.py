@@ -4,8 +4,8 @@
 Written from transformers' modeling_qwen3_5.py and configuration_qwen3_5.py (the text model of
 Qwen3_5ForConditionalGeneration and Qwen3_5ForCausalLM, eager attention), computing in float64
 from the stored weights widened exactly. It shares no code with rlx, so rlx is checked against
-it and never against itself. Vision weights (model.visual.*) and MTP weights (mtp.*) in the
-checkpoint are ignored, as HF's text path ignores them.
+it and never against itself. Vision weights (model.visual.*) in the checkpoint are ignored, as
+HF's text path ignores them; so are the MTP weights (mtp.*) except by mtp_forward.
 
   qwen35_ref.py logits --model DIR --tokens 1,5,3 --out FILE.npy    # float64 [T, vocab]
   qwen35_ref.py greedy --model DIR --tokens 1,5,3 -n 8 [--eos 7,9]   # prints generated ids
@@ -24,6 +24,19 @@ The layers (HF names under the text prefix, `model.language_model.` when config.
                 head h // (Hv/Hk); then per value head norm.weight * rmsnorm(o) * silu(in_proj_z x)
                 (Qwen3_5RMSNormGated: w, not 1 + w), then out_proj
   model.norm (1 + w), then lm_head (embed_tokens when tied)
+
+The MTP (next-n) layer, which HF's modeling code does not run (it drops mtp.* on load): written
+from vLLM's Qwen3_5MultiTokenPredictor (qwen3_5_mtp.py) and llama.cpp's graph_mtp (qwen35.cpp),
+which agree. Over pairs (token x[t+1], the target's final-normed hidden row h[t], i.e. after
+model.norm, what the target's LM head reads):
+  x = mtp.fc(concat(pre_fc_norm_embedding(embed(x[t+1])), pre_fc_norm_hidden(h[t])))  embedding first
+  x = mtp.layers.0(x)            a full-attention Qwen3.5 decoder layer (the same code as above),
+                                 causal over the pairs, with a KV cache of its own
+  out = mtp.norm(x), logits = the target's lm_head(out)
+every norm (1 + w); out is the hidden row vLLM and llama.cpp chain into the next draft step. The
+weights sit at the top level (mtp.*) in both layouts; the embedding is the target's (vLLM and
+llama.cpp share it unless the checkpoint has its own, which mtp_use_dedicated_embeddings would
+say: not implemented here).
 
 The delta rule exists in both HF forms: recurrent (token by token, HF's decode path) and chunked
 (torch_chunk_gated_delta_rule, HF's prefill path); they must agree, and `self-test` checks it.
@@ -58,6 +71,8 @@ L2NORM_EPS = 1e-6
 DEFAULT_MROPE_SECTION = (11, 11, 10)
 # transformers' remap_legacy_layer_types
 LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
+# Where Qwen3.5 checkpoints keep the MTP layer (outside the text prefix, in both layouts)
+MTP_PREFIX = "mtp."
 
 
 class Model:
@@ -152,7 +167,10 @@ class Model:
 
     def w(self, rel):
         """Text-model weight `rel` in the compute dtype (widened exactly from its stored dtype)."""
-        name = self.prefix + rel
+        return self.weight(self.prefix + rel)
+
+    def weight(self, name):
+        """Any weight by its checkpoint name, in the compute dtype."""
         if self._cache is None:
             return self.ckpt[name].astype(self.dtype)
         if name not in self._cache:
@@ -161,6 +179,32 @@ class Model:
 
     def has(self, rel):
         return self.prefix + rel in self.ckpt
+
+    def mtp(self):
+        """The MTP layer's weights seen as a one-layer text model (Prefixed), so that the decoder
+        layer code reads mtp.layers.0.* as it reads model.layers.0.*."""
+        if MTP_PREFIX + "fc.weight" not in self.ckpt:
+            raise ValueError(f"{self.directory}: no MTP layer ({MTP_PREFIX}fc.weight)")
+        if self.config.get("mtp_use_dedicated_embeddings"):
+            raise ValueError("mtp_use_dedicated_embeddings: an MTP embedding of its own is not implemented")
+        return Prefixed(self, MTP_PREFIX)
+
+
+class Prefixed:
+    """A Model whose weights `w(rel)` are read under another prefix; everything else (config,
+    dtype, checkpoint) is the model's."""
+
+    def __init__(self, model, prefix):
+        self.model, self.prefix = model, prefix
+
+    def __getattr__(self, attr):
+        return getattr(self.model, attr)
+
+    def w(self, rel):
+        return self.model.weight(self.prefix + rel)
+
+    def has(self, rel):
+        return self.prefix + rel in self.model.ckpt
 
 
 def load(directory, dtype=np.float64):
@@ -171,11 +215,11 @@ class State:
     """What a layer keeps between calls: full attention its keys (normed and rotated) and
     values, linear attention its last K-1 conv inputs and recurrent state [Hv, Dk, Dv]."""
 
-    def __init__(self, model):
+    def __init__(self, model, layer_types=None):
         self.pos = 0
         self.k, self.v, self.conv, self.rec = {}, {}, {}, {}
         dt = model.dtype
-        for i, t in enumerate(model.layer_types):
+        for i, t in enumerate(model.layer_types if layer_types is None else layer_types):
             if t == "full_attention":
                 self.k[i] = np.zeros((0, model.kv_heads, model.head_dim), dt)
                 self.v[i] = np.zeros((0, model.kv_heads, model.head_dim), dt)
@@ -422,26 +466,64 @@ def lm_head(model, x):
                            for r in range(0, rows, LM_HEAD_ROWS)], axis=-1)
 
 
-def forward(model, ids, state=None, mode="chunked", chunk_size=CHUNK_SIZE, decode_mode="recurrent"):
-    """Logits [T, vocab] for token ids following what `state` has seen (a fresh State: positions
-    0..T-1); the state is updated in place. The delta rule runs in `mode`, except that a single
-    token following earlier ones runs in decode_mode, as HF's cached decode takes the recurrent
-    kernel for seq_len 1."""
+def decoder_layer(model, i, kind, x, state, positions, rule="chunked", chunk_size=CHUNK_SIZE):
+    """Qwen3_5DecoderLayer i of `kind` over rows x [T, hidden] at `positions`, through `state`."""
+    p = f"layers.{i}."
+    h = rms_norm_1p(x, model.w(p + "input_layernorm.weight"), model.eps)
+    if kind == "full_attention":
+        x = x + full_attention(model, i, h, state, positions)
+    else:
+        x = x + gated_delta_net(model, i, h, state, rule, chunk_size)
+    return x + mlp(model, i, rms_norm_1p(x, model.w(p + "post_attention_layernorm.weight"), model.eps))
+
+
+def final_hidden(model, ids, state=None, mode="chunked", chunk_size=CHUNK_SIZE, decode_mode="recurrent"):
+    """The final-normed hidden rows [T, hidden] (after model.norm: what the LM head reads, and
+    what the MTP layer takes) for token ids following what `state` has seen (a fresh State:
+    positions 0..T-1); the state is updated in place. The delta rule runs in `mode`, except that
+    a single token following earlier ones runs in decode_mode, as HF's cached decode takes the
+    recurrent kernel for seq_len 1."""
     if state is None:
         state = State(model)
     x = embed(model, ids)
     positions = np.arange(state.pos, state.pos + len(x))
     rule = decode_mode if len(x) == 1 and state.pos > 0 else mode
     for i, kind in enumerate(model.layer_types):
-        p = f"layers.{i}."
-        h = rms_norm_1p(x, model.w(p + "input_layernorm.weight"), model.eps)
-        if kind == "full_attention":
-            x = x + full_attention(model, i, h, state, positions)
-        else:
-            x = x + gated_delta_net(model, i, h, state, rule, chunk_size)
-        x = x + mlp(model, i, rms_norm_1p(x, model.w(p + "post_attention_layernorm.weight"), model.eps))
+        x = decoder_layer(model, i, kind, x, state, positions, rule, chunk_size)
     state.pos += len(x)
-    return lm_head(model, rms_norm_1p(x, model.w("norm.weight"), model.eps))
+    return rms_norm_1p(x, model.w("norm.weight"), model.eps)
+
+
+def forward(model, ids, state=None, **kw):
+    """Logits [T, vocab] for token ids following what `state` has seen (final_hidden's
+    arguments)."""
+    return lm_head(model, final_hidden(model, ids, state, **kw))
+
+
+def mtp_state(model):
+    """The MTP layer's State: the KV cache of its one full-attention layer."""
+    return State(model, ["full_attention"])
+
+
+def mtp_forward(model, ids, hidden, state=None):
+    """The MTP layer over the pairs (ids[i], hidden[i]): hidden [T, hidden] the target's final-
+    normed rows of the positions before the ids (h[t] with x[t+1]), the pairs at the MTP
+    layer's own positions following what `state` (mtp_state) has seen, 0..T-1 from a fresh one;
+    causal over the pairs. Returns (logits [T, vocab], out [T, hidden]): out is mtp.norm's output,
+    what the LM head reads and chained drafting feeds back as the next h."""
+    mtp = model.mtp()
+    if state is None:
+        state = mtp_state(model)
+    e = rms_norm_1p(embed(model, ids), mtp.w("pre_fc_norm_embedding.weight"), model.eps)
+    g = rms_norm_1p(np.asarray(hidden, dtype=model.dtype), mtp.w("pre_fc_norm_hidden.weight"), model.eps)
+    if g.shape != e.shape:
+        raise ValueError(f"{len(e)} ids need hidden rows of shape {e.shape}, got {g.shape}")
+    x = np.concatenate([e, g], axis=-1) @ mtp.w("fc.weight").T  # vLLM: cat([embeds, hidden])
+    positions = np.arange(state.pos, state.pos + len(x))
+    x = decoder_layer(mtp, 0, "full_attention", x, state, positions)
+    state.pos += len(x)
+    out = rms_norm_1p(x, mtp.w("norm.weight"), model.eps)
+    return lm_head(model, out), out
 
 
 def forward_parts(model, parts, **kw):
@@ -583,7 +665,29 @@ def check_model(directory):
     slow = greedy(model, ids[:8], n, recompute=True)
     assert fast == slow, f"greedy through the state {fast} != recomputed {slow}"
     assert np.all(np.isfinite(full)) and 0.5 < float(np.std(full)) < 50, f"logits std {np.std(full):.3g}"
+    if MTP_PREFIX + "fc.weight" in model.ckpt:
+        errs.update(check_mtp(model, ids))
     return model, errs
+
+
+def check_mtp(model, ids):
+    """The MTP layer over the pairs (ids[t+1], h[t]): one pass == a prefill then one pair at a
+    time through its KV cache, causal, and both of its inputs matter."""
+    hidden = final_hidden(model, ids)
+    pairs, rows = ids[1:], hidden[:-1]
+    logits, out = mtp_forward(model, pairs, rows)
+    state = mtp_state(model)
+    parts = [mtp_forward(model, pairs[:9], rows[:9], state)]
+    parts += [mtp_forward(model, pairs[t:t + 1], rows[t:t + 1], state) for t in range(9, len(pairs))]
+    errs = {"mtp parts": _close(np.concatenate([p[0] for p in parts]), logits, 1e-10,
+                                "MTP prefill + pairs vs one pass")}
+    _close(np.concatenate([p[1] for p in parts]), out, 1e-10, "MTP hidden, prefill + pairs vs one pass")
+    _close(mtp_forward(model, pairs[:4], rows[:4])[0], logits[:4], 1e-12, "MTP causal prefix")
+    assert np.all(np.isfinite(logits)) and 0.5 < float(np.std(logits)) < 50, f"MTP logits std {np.std(logits):.3g}"
+    for what, other in (("token", mtp_forward(model, pairs[::-1], rows)[0]),
+                        ("hidden row", mtp_forward(model, pairs, rows[::-1])[0])):
+        assert np.abs(other[-1] - logits[-1]).max() > 1e-3, f"the MTP logits do not depend on the {what}"
+    return errs
 
 
 def check_grouped_heads(directory, tmp):

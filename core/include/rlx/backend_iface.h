@@ -144,7 +144,9 @@ typedef struct rlx_tensor {
  *               holds S after the sequence's last row. Slots, positions and batch invariance
  *               as SSM_CONV. A kernel may run a long run of one sequence's rows in the
  *               chunk-parallel form (matrix products over chunks of rows) and a short one row
- *               by row: both compute the rule above, differing only in F32 rounding.
+ *               by row: both compute the rule above, differing only in F32 rounding. In the slot
+ *               form a row's result must not depend on how its sequence's rows were split into
+ *               calls either (an engine splits a prompt by its load): one form for every run.
  * Weights (table, w, router, expert matrices) may be F32, BF16 or F16; bias and norm weights
  * likewise. From ABI 1.3 the table, w and the expert matrices may also be block-quantized
  * (RLX_DTYPE_Q*, rlx/quant_iface.h), K a whole number of blocks. */

@@ -29,10 +29,13 @@
 #include "backend/backend_impl.h"
 #include "util/alloc.h"
 
-/* A run of at least this many rows of one sequence in one call takes the chunk-parallel form,
- * as a backend's fast path would (sgemm over chunks), so that the reference computes each row
- * as such a backend does and the two are compared within one form's rounding; decode (one row
- * per sequence) and speculative verification (a few) stay row by row. In this plain C the
+/* In the one-sequence form (a session's prompt), a run of at least this many rows takes the
+ * chunk-parallel form, as a backend's fast path would (sgemm over chunks), so that the reference
+ * computes each row as such a backend does and the two are compared within one form's rounding.
+ * The slot form (engines, pipeline stages) runs every row by row: the contract asks its results
+ * not to depend on how a sequence's rows are split into calls, and the two forms round
+ * differently. Decode (one row per sequence) and speculative verification (a few) stay row by
+ * row in either form. In this plain C the
  * chunked form is not faster: both forms do about 4 Dk Dv multiply-adds per row and head, and
  * the recurrent one's passes over a state that fits L2 vectorize as well as these products
  * (measured at T=512, Hv=16, Dk=Dv=128: 65 ms row by row, 135 ms chunked, one thread). */
@@ -170,7 +173,8 @@ typedef struct gd_ctx {
     float *out, *state;
     float *decay, *dt_bias; /* A and dt_bias widened, [Hv] each */
     int64_t hv, hk, dk, dv, qkv_cols;
-    int tiled; /* value head h reads key head h % Hk, else h / (Hv / Hk) */
+    int tiled;   /* value head h reads key head h % Hk, else h / (Hv / Hk) */
+    int slotted; /* the slot form: every run row by row (the contract's split invariance) */
     float scale, eps;
     rec_rows rows;
     int32_t *active;           /* the slots that have rows, [n_active] */
@@ -394,7 +398,7 @@ static void gd_item(const gd_ctx *c, int64_t item, gd_scratch *w) {
     const int32_t *rows = c->rows.order + c->rows.start[s];
     const int64_t n = c->rows.start[s + 1] - c->rows.start[s];
     float *S = c->state + (s * c->hv + h) * c->dk * c->dv;
-    if (n < GD_CHUNK_MIN_ROWS) {
+    if (n < GD_CHUNK_MIN_ROWS || c->slotted) {
         gd_recurrent(c, h, rows, n, S, w);
         return;
     }
@@ -430,7 +434,7 @@ static int gd_threads(const gd_ctx *c, int64_t t_len) {
 /* Runs every item on n_threads threads (the caller's among them); a thread that cannot start
  * leaves its items to the caller, which gives the same bits. */
 static int gd_run(const gd_ctx *c, int n_threads) {
-    gd_worker wk[GD_MAX_THREADS];
+    gd_worker wk[GD_MAX_THREADS] = {{0}};
     pthread_t tid[GD_MAX_THREADS];
     int started[GD_MAX_THREADS] = {0}, n_ready = 0, rc = RLX_OK;
     for (; n_ready < n_threads; n_ready++) {
@@ -473,6 +477,7 @@ int rlx__ref_gated_delta(const rlx_node_view *n) {
                 .dv = p->head_dim_v,
                 .qkv_cols = n->inputs[0].shape[1],
                 .tiled = p->kv_tiled != 0,
+                .slotted = st->n_dims == 4,
                 .scale = p->scale,
                 .eps = p->eps};
     const int64_t slots = st->n_dims == 4 ? st->shape[0] : 1;
