@@ -27,7 +27,6 @@ struct rlx__batch {
     uint32_t n_layers;
     size_t row_bytes;          /* one position of one attention layer's K (or V) */
     size_t *slot_bytes;        /* per layer of the block, k then v: one slot's part */
-    uint8_t *linear;           /* per layer of the block: a recurrent state, copied whole */
     void **k_cache, **v_cache; /* per layer of the block: [n_slots, ...] */
     batch_plan plans[BATCH_PLANS];
     batch_plan *last; /* of the last run, for rlx__batch_trace_nonfinite */
@@ -52,7 +51,6 @@ void rlx__batch_destroy(rlx__batch *b) {
             munmap(b->v_cache[l], b->slot_bytes[2 * l + 1] * b->o.n_slots);
     }
     free(b->slot_bytes);
-    free(b->linear);
     free(b->k_cache);
     free(b->v_cache);
     free(b);
@@ -81,19 +79,17 @@ rlx_status rlx__batch_create(const rlx_model *m, const rlx_block_spec *spec, con
     b->row_bytes = (size_t)(c->num_key_value_heads * c->head_dim) *
                    (o->kv_dtype == RLX_DTYPE_F16 ? sizeof(uint16_t) : sizeof(float));
     b->slot_bytes = rlx__calloc(2 * (size_t)b->n_layers, sizeof *b->slot_bytes);
-    b->linear = rlx__calloc(b->n_layers, sizeof *b->linear);
     b->k_cache = rlx__calloc(b->n_layers, sizeof *b->k_cache);
     b->v_cache = rlx__calloc(b->n_layers, sizeof *b->v_cache);
-    for (uint32_t l = 0; b->slot_bytes && b->linear && b->k_cache && b->v_cache && l < b->n_layers; l++) {
+    for (uint32_t l = 0; b->slot_bytes && b->k_cache && b->v_cache && l < b->n_layers; l++) {
         const uint32_t layer = spec->layer_start + l;
-        b->linear[l] = (uint8_t)rlx__model_layer_linear(m, layer);
         b->slot_bytes[2 * l] = rlx__layer_cache_bytes(m, layer, o->capacity, o->kv_dtype, 0);
         b->slot_bytes[2 * l + 1] = rlx__layer_cache_bytes(m, layer, o->capacity, o->kv_dtype, 1);
         if (!(b->k_cache[l] = rlx__map_zeroed(b->slot_bytes[2 * l] * o->n_slots)) ||
             !(b->v_cache[l] = rlx__map_zeroed(b->slot_bytes[2 * l + 1] * o->n_slots)))
             break;
     }
-    if (!b->slot_bytes || !b->linear || !b->k_cache || !b->v_cache || (b->n_layers && !b->v_cache[b->n_layers - 1])) {
+    if (!b->slot_bytes || !b->k_cache || !b->v_cache || (b->n_layers && !b->v_cache[b->n_layers - 1])) {
         rlx__batch_destroy(b);
         return rlx_error(RLX_E_NOMEM, "out of memory for a KV cache of %u slots of %u positions", o->n_slots,
                          o->capacity);
@@ -173,17 +169,23 @@ rlx_status rlx__batch_trace_nonfinite(rlx__batch *b) {
     return rlx_plan_run_checked(b->last->plan);
 }
 
+/* Whether layer l of the batch's block holds a recurrent state, which is copied whole. */
+static int layer_linear(const rlx__batch *b, uint32_t l) {
+    return rlx__model_layer_linear(b->m, b->spec.layer_start + l);
+}
+
 void rlx__batch_memory(const rlx__batch *b, uint64_t *kv_bytes, uint64_t *state_bytes) {
     *kv_bytes = *state_bytes = 0;
     for (uint32_t l = 0; l < b->n_layers; l++)
-        *(b->linear[l] ? state_bytes : kv_bytes) += (b->slot_bytes[2 * l] + b->slot_bytes[2 * l + 1]) * b->o.n_slots;
+        *(layer_linear(b, l) ? state_bytes : kv_bytes) +=
+            (b->slot_bytes[2 * l] + b->slot_bytes[2 * l + 1]) * b->o.n_slots;
 }
 
 void rlx__batch_copy(rlx__batch *b, uint32_t from, uint32_t to, uint32_t n) {
     for (uint32_t l = 0; l < b->n_layers; l++) {
         const size_t ks = b->slot_bytes[2 * l], vs = b->slot_bytes[2 * l + 1];
-        const size_t kn = b->linear[l] ? ks : (size_t)n * b->row_bytes,
-                     vn = b->linear[l] ? vs : (size_t)n * b->row_bytes;
+        const int whole = layer_linear(b, l);
+        const size_t kn = whole ? ks : (size_t)n * b->row_bytes, vn = whole ? vs : (size_t)n * b->row_bytes;
         memcpy((char *)b->k_cache[l] + to * ks, (char *)b->k_cache[l] + from * ks, kn);
         memcpy((char *)b->v_cache[l] + to * vs, (char *)b->v_cache[l] + from * vs, vn);
     }

@@ -168,12 +168,15 @@ void rlx_session_destroy(rlx_session *s) {
 
 uint32_t rlx_session_length(const rlx_session *s) { return s->length; }
 
+/* Whether layer l of the session's block is a linear-attention layer (an MTP layer never is). */
+static int layer_linear(const rlx_session *s, uint32_t l) {
+    return !s->spec.mtp && rlx__model_layer_linear(s->m, s->spec.layer_start + l);
+}
+
 void rlx_session_memory(const rlx_session *s, uint64_t *kv_bytes, uint64_t *state_bytes) {
     uint64_t kv = 0, state = 0;
-    for (uint32_t l = 0; s && l < s->spec.layer_end - s->spec.layer_start; l++) {
-        const int linear = !s->spec.mtp && rlx__model_layer_linear(s->m, s->spec.layer_start + l);
-        *(linear ? &state : &kv) += s->cache_bytes[2 * l] + s->cache_bytes[2 * l + 1];
-    }
+    for (uint32_t l = 0; s && l < s->spec.layer_end - s->spec.layer_start; l++)
+        *(layer_linear(s, l) ? &state : &kv) += s->cache_bytes[2 * l] + s->cache_bytes[2 * l + 1];
     if (kv_bytes)
         *kv_bytes = kv;
     if (state_bytes)
@@ -278,10 +281,6 @@ static rlx_status remember(rlx_session *s, const void *input, uint32_t n) {
 
 static rlx_status run(rlx_session *s, const void *input, const float *hidden_in, uint32_t n, int all_rows,
                       const float **out);
-
-static int layer_linear(const rlx_session *s, uint32_t l) {
-    return !s->spec.mtp && rlx__model_layer_linear(s->m, s->spec.layer_start + l);
-}
 
 /* Copies the recurrent states at the current length aside (to = 1) or back (to = 0). */
 static rlx_status snapshot(rlx_session *s, int to) {
@@ -395,7 +394,7 @@ rlx_status rlx_session_truncate(rlx_session *s, uint32_t length) {
         return rlx_error(RLX_E_INVALID, "rlx_session_truncate: session is NULL");
     if (length > s->length)
         return rlx_error(RLX_E_RANGE, "cannot truncate a session of %u positions to %u", s->length, length);
-    if (length < s->snap_length && s->snap_length != UINT32_MAX)
+    if (length < s->snap_length)
         s->snap_length = UINT32_MAX; /* it holds positions that are being replaced */
     s->length = length;              /* the last forward's rows stay readable: the speculative loop reads them after */
     return RLX_OK;                   /* a recurrent state now ahead of length is rebuilt by the next forward */

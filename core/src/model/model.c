@@ -5,7 +5,6 @@
  * An MTP block's decoder layer is built by the same code as the model's layers, from the tensors
  * under model.mtp_layers.N.mtp_block.; it is configured as a layer after the target's last
  * (DeepSeek-V3 numbers its MTP layers so): a dense MLP of intermediate_size and full attention. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,8 +134,8 @@ int rlx__model_layer_linear(const rlx_model *m, uint32_t layer) {
 }
 
 int rlx__model_recurrent(const rlx_model *m, const rlx_block_spec *spec) {
-    for (uint32_t l = spec->layer_start; !spec->mtp && l < spec->layer_end && l < m->desc.cfg.num_hidden_layers; l++)
-        if (m->desc.layers[l].linear)
+    for (uint32_t l = spec->layer_start; !spec->mtp && l < spec->layer_end; l++)
+        if (rlx__model_layer_linear(m, l))
             return 1;
     return 0;
 }
@@ -260,17 +259,10 @@ static need *add_need(needs *ns, int64_t rows, int64_t cols) {
     return n;
 }
 
-static void add_named(needs *ns, int64_t rows, int64_t cols, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void add_named(needs *ns, int64_t rows, int64_t cols, const char *fmt, ...) {
+static void add_named(needs *ns, int64_t rows, int64_t cols, const char *name) {
     need *n = add_need(ns, rows, cols);
-    if (!n)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(n->name, sizeof n->name, fmt, ap);
-    va_end(ap);
+    if (n)
+        snprintf(n->name, sizeof n->name, "%s", name);
 }
 
 /* The tensor of table row t (expert e, else -1) under prefix. */
@@ -389,7 +381,7 @@ static rlx_status block_needs(const rlx_model *m, const rlx_block_spec *s, needs
         if (s->mtp) {
             char norm[128];
             mtp_final_norm_name(m, s->layer_start, norm, sizeof norm);
-            add_named(ns, h, 0, "%s", norm);
+            add_named(ns, h, 0, norm);
         } else {
             top_need(d, RLX__R_OUTPUT_NORM, ns);
         }

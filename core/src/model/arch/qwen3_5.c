@@ -127,14 +127,20 @@ static rlx_status read_layer_kinds(const char *path, const cJSON *tc, rlx__model
     return st;
 }
 
+/* Bounds on a Gated DeltaNet shape, far above any model's (Qwen3.5: 16 key heads of 128 over 32
+ * value heads, a kernel of 4), the same for config.json and GGUF metadata: they keep a state's
+ * size far from overflow whatever a file says. */
+#define GDN_MAX_DIM 4096
+#define GDN_MAX_KERNEL 64
+
 static rlx_status read_gdn(const char *path, const cJSON *tc, rlx__model_desc *d) {
     rlx__gdn *g = &d->gdn;
     rlx_status st;
-    if ((st = rlx__hf_int(path, tc, "linear_num_key_heads", 16, 1, 4096, &g->k_heads)) != RLX_OK ||
-        (st = rlx__hf_int(path, tc, "linear_num_value_heads", 32, 1, 4096, &g->v_heads)) != RLX_OK ||
-        (st = rlx__hf_int(path, tc, "linear_key_head_dim", 128, 1, 4096, &g->k_dim)) != RLX_OK ||
-        (st = rlx__hf_int(path, tc, "linear_value_head_dim", 128, 1, 4096, &g->v_dim)) != RLX_OK ||
-        (st = rlx__hf_int(path, tc, "linear_conv_kernel_dim", 4, 1, 64, &g->conv_kernel)) != RLX_OK)
+    if ((st = rlx__hf_int(path, tc, "linear_num_key_heads", 16, 1, GDN_MAX_DIM, &g->k_heads)) != RLX_OK ||
+        (st = rlx__hf_int(path, tc, "linear_num_value_heads", 32, 1, GDN_MAX_DIM, &g->v_heads)) != RLX_OK ||
+        (st = rlx__hf_int(path, tc, "linear_key_head_dim", 128, 1, GDN_MAX_DIM, &g->k_dim)) != RLX_OK ||
+        (st = rlx__hf_int(path, tc, "linear_value_head_dim", 128, 1, GDN_MAX_DIM, &g->v_dim)) != RLX_OK ||
+        (st = rlx__hf_int(path, tc, "linear_conv_kernel_dim", 4, 1, GDN_MAX_KERNEL, &g->conv_kernel)) != RLX_OK)
         return st;
     if (g->v_heads % g->k_heads != 0)
         return rlx_error(RLX_E_FORMAT,
@@ -205,7 +211,8 @@ static rlx_status unnest_text_model(rlx_weights *w) {
         }
     }
     if (vision)
-        rlx__log(1, "skipping the vision tower (%zu tensors under " VISION_PREFIX "): rlx runs the text model", vision);
+        rlx__log(RLX_LOG_WARN,
+                 "skipping the vision tower (%zu tensors under " VISION_PREFIX "): rlx runs the text model", vision);
     return moved ? rlx__weights_index(w) : RLX_OK;
 }
 
@@ -407,8 +414,8 @@ static rlx_status read_gguf(rlx__gguf_cfg *r, rlx__model_desc *d) {
     const int64_t interval = rlx__gguf_cfg_int(r, "full_attention_interval", 1, 4);
     if (r->st != RLX_OK)
         return r->st;
-    if (g->v_heads % g->k_heads || inner % g->v_heads || g->conv_kernel > 64 || g->k_dim > 4096 ||
-        inner / g->v_heads > 4096)
+    if (g->v_heads % g->k_heads || inner % g->v_heads || g->conv_kernel > GDN_MAX_KERNEL || g->k_dim > GDN_MAX_DIM ||
+        g->k_heads > GDN_MAX_DIM || g->v_heads > GDN_MAX_DIM || inner / g->v_heads > GDN_MAX_DIM)
         return rlx_error(RLX_E_FORMAT,
                          "%s: ssm metadata of %lld key heads of %lld, %lld value heads over %lld values and a "
                          "kernel of %lld do not fit together",
