@@ -2,8 +2,9 @@
  * with the core's reference kernels), then the NumPy fixtures, then the whole-model checks.
  * Case tables cover the edges backends get wrong: one token, odd sizes, long sequences, GQA
  * ratios 1/2/4/8, sliding windows, positions far from 0, MoE with several experts and top-k,
- * and every weight dtype. Inputs are drawn from a generator seeded by the case name, so a
- * worker restarted after a crash rebuilds exactly the same case. */
+ * partial rotation, recurrent states carried over calls, reset and interleaved by slot, calls
+ * that must fail, and every weight dtype. Inputs are drawn from a generator seeded by the case
+ * name, so a worker restarted after a crash rebuilds exactly the same case. */
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
@@ -25,8 +26,18 @@ double kit_default_tol(int slot) {
     case RLX_OP_GATHER_ROWS:
         return 0; /* copies and one rounding: exact */
     case RLX_OP_SWIGLU:
+    case RLX_OP_SIGMOID_MUL:
         return 1e-6;
     case RLX_OP_RMS_NORM:
+        return 1e-5;
+    case RLX_OP_SSM_CONV:
+    case RLX_OP_GATED_DELTA:
+        /* F32 sums (K taps and a SiLU; Dk-term dot products and a state carried over up to 150
+         * rows, whose decays <= 1 shrink older rounding) and, in GATED_DELTA, two forms
+         * (recurrent, chunk-parallel) that round differently: a few F32 epsilons of
+         * max|want| (tests/kernels/test_hybrid_ops.c measured up to 4e-7; the in-tree
+         * backends here up to 2e-7), while a real fault (a wrong decay, a skipped reset, a row
+         * of another slot, a lost chunk boundary) is 1e-2 or more. States get the same bound. */
         return 1e-5;
     case RLX_OP_MATMUL:
     case RLX_OP_ROPE:
@@ -166,16 +177,23 @@ static const struct {
 } norm_cases[] = {{1, 1024, 1024, 1e-6f}, {5, 64, 16, 1e-6f},     {3, 2048, 128, 1e-6f}, {2, 7, 7, 1e-5f},
                   {4, 33, 11, 1e-6f},     {512, 256, 128, 1e-6f}, {1, 1, 1, 1e-6f}};
 
-/* factors: the node has ABI 1.5's third input, per-pair frequency divisors (Llama 3.1) */
+/* factors: the node has ABI 1.5's third input, per-pair frequency divisors (Llama 3.1);
+ * rope_dims (ABI 1.6, partial rotation): only the first rope_dims values of each head turn, as
+ * a head of rope_dims would (Qwen3.5: 64 of 256), the rest pass; rope_dims == D is the whole
+ * head, and 2 a single pair. */
 static const struct {
     int64_t t, heads, d;
     int32_t first;
     float theta;
     int factors;
-} rope_cases[] = {{1, 2, 16, 0, 10000, 0},   {6, 4, 128, 0, 1000000, 0},  {3, 3, 64, 1000, 1000000, 0},
-                  {2, 1, 8, 5000, 10000, 0}, {512, 8, 64, 0, 1000000, 0}, {1, 16, 128, 30000, 1000000, 0},
-                  {7, 5, 2, 11, 10000, 0},   {5, 4, 64, 0, 500000, 1},    {3, 2, 128, 20000, 500000, 1},
-                  {1, 1, 2, 7, 10000, 1}};
+    uint32_t rope_dims;
+} rope_cases[] = {
+    {1, 2, 16, 0, 10000, 0, 0},       {6, 4, 128, 0, 1000000, 0, 0},      {3, 3, 64, 1000, 1000000, 0, 0},
+    {2, 1, 8, 5000, 10000, 0, 0},     {512, 8, 64, 0, 1000000, 0, 0},     {1, 16, 128, 30000, 1000000, 0, 0},
+    {7, 5, 2, 11, 10000, 0, 0},       {5, 4, 64, 0, 500000, 1, 0},        {3, 2, 128, 20000, 500000, 1, 0},
+    {1, 1, 2, 7, 10000, 1, 0},        {1, 2, 32, 0, 10000, 0, 8},         {5, 4, 256, 40000, 10000000, 0, 64},
+    {64, 8, 256, 0, 10000000, 0, 64}, {3, 3, 64, 100000, 1000000, 0, 16}, {4, 3, 8, 77, 10000, 0, 2},
+    {2, 2, 16, 100, 10000, 0, 16},    {3, 2, 64, 20000, 500000, 1, 16}};
 
 static const struct {
     int64_t t, hq, hkv, d, cap;
@@ -237,6 +255,125 @@ static const struct {
 } moe_cases[] = {{1, 32, 16, 4, 2, 1},  {6, 48, 24, 8, 2, 0}, {13, 64, 40, 8, 3, 1}, {3, 16, 8, 2, 2, 1},
                  {5, 32, 16, 16, 8, 1}, {4, 16, 8, 4, 1, 0},  {64, 32, 16, 8, 2, 1}};
 
+/* The recurrent ops of ABI 1.6 (SSM_CONV, GATED_DELTA). A case is a sequence of calls over
+ * one state, which the op updates: each side (reference kernels, tested backend) carries its
+ * own state from call to call, and the kit compares every call's output and the state after
+ * it. A call's rows are runs, each some rows of one sequence (slot, first position, rows),
+ * interleaved row by row as an engine's batch mixes its requests' decode rows and prompt
+ * chunks. The state starts random, so a run from position 0 must not read it. Some calls are
+ * ones the contract makes fail (status: a slot out of range or a negative position is
+ * RLX_E_RANGE, a sequence's positions not consecutive in row order RLX_E_INVALID), each with one
+ * fault and between calls that must not fail: they must return that status and leave the state
+ * as it was. slots 0 is the one-sequence form (a 2-D state, no seq input), whose runs are
+ * slot 0. */
+#define REC_RUNS 3
+#define REC_CALLS 7
+typedef struct rec_run {
+    int32_t slot, first, rows;
+} rec_run;
+typedef struct rec_call {
+    int status;
+    rec_run run[REC_RUNS]; /* up to the first without rows */
+} rec_call;
+
+/* SSM_CONV: K of 2 to 4, channels from 1 to Qwen3-Next's 8192, odd ones past a vector width. */
+static const struct {
+    struct {
+        int64_t k, c, slots;
+        int wdt; /* w's dtype: dtypes[wdt] */
+    } g;
+    const char *what;
+    rec_call calls[REC_CALLS]; /* up to the first without rows */
+} conv_cases[] = {
+    {{4, 33, 0, 0},
+     "from position 0 in 4 calls",
+     {{0, {{0, 0, 5}}}, {0, {{0, 5, 1}}}, {0, {{0, 6, 1}}}, {0, {{0, 7, 7}}}}},
+    {{2, 1, 0, 1}, "from position 3, reading the state", {{0, {{0, 3, 4}}}, {0, {{0, 7, 1}}}, {0, {{0, 8, 2}}}}},
+    {{3, 4099, 0, 2},
+     "back to position 0",
+     {{0, {{0, 100, 9}}}, {0, {{0, 109, 1}}}, {0, {{0, 0, 3}}}, {0, {{0, 3, 1}}}}},
+    {{4, 8192, 0, 0}, "a prompt, then decode", {{0, {{0, 0, 64}}}, {0, {{0, 64, 1}}}, {0, {{0, 65, 1}}}}},
+    {{4, 65, 4, 1},
+     "interleaved",
+     {{0, {{0, 0, 6}, {2, 30, 1}, {3, 0, 2}}},
+      {0, {{1, 12, 3}, {0, 6, 1}, {2, 31, 1}}},
+      {0, {{3, 2, 5}, {0, 0, 2}, {1, 15, 1}}}}},
+    {{2, 3, 2, 2}, "interleaved", {{0, {{1, 0, 3}, {0, 7, 1}}}, {0, {{0, 8, 4}}}, {0, {{1, 3, 1}, {0, 12, 1}}}}},
+    {{4, 4097, 3, 0},
+     "a long chunk among decode rows",
+     {{0, {{0, 0, 17}, {1, 40, 1}, {2, 5, 2}}}, {0, {{2, 7, 1}, {0, 17, 3}, {1, 41, 1}}}}},
+    {{4, 33, 0, 0},
+     "calls that must fail",
+     {{0, {{0, 0, 3}}},
+      {RLX_E_INVALID, {{0, 3, 2}, {0, 9, 1}}},
+      {RLX_E_INVALID, {{0, 4, 1}, {0, 4, 1}}},
+      {RLX_E_RANGE, {{0, -2, 3}}},
+      {0, {{0, 3, 2}}}}},
+    {{3, 65, 3, 1},
+     "calls that must fail",
+     {{0, {{0, 0, 2}, {1, 4, 1}}},
+      {RLX_E_RANGE, {{0, 2, 2}, {3, 0, 1}}},
+      {RLX_E_RANGE, {{1, 5, 1}, {-1, 0, 1}}},
+      {RLX_E_INVALID, {{1, 5, 2}, {0, 2, 1}, {1, 9, 1}}},
+      {RLX_E_RANGE, {{0, 2, 1}, {2, -1, 2}}},
+      {0, {{0, 2, 1}, {1, 5, 1}}}}},
+};
+
+/* GATED_DELTA: runs of 16 rows or more of one sequence may take the chunk-parallel form (the
+ * reference kernels' from 16, in chunks of 64), so runs of 15, 16, 64, 65 and 150 rows cross its
+ * edges; Hv/Hk of 1, 2, 4 with both orders of value heads (kv_tiled), Dk != Dv, and Qwen3-Next's
+ * heads (Hv 32, Hk 16, Dk = Dv = 128). */
+static const struct {
+    struct {
+        int64_t hv, hk, dk, dv, slots;
+        uint32_t tiled;
+        int wdt; /* A's and dt_bias's dtype: dtypes[wdt] */
+    } g;
+    const char *what;
+    rec_call calls[REC_CALLS];
+} gd_cases[] = {
+    {{2, 2, 16, 16, 0, 0, 0},
+     "runs of 1, 15, 16, 64, 65, 150 rows",
+     {{0, {{0, 0, 1}}},
+      {0, {{0, 1, 15}}},
+      {0, {{0, 16, 16}}},
+      {0, {{0, 32, 64}}},
+      {0, {{0, 96, 65}}},
+      {0, {{0, 161, 150}}}}},
+    {{4, 2, 32, 16, 0, 0, 1},
+     "from position 7, then back to 0",
+     {{0, {{0, 7, 16}}}, {0, {{0, 23, 1}}}, {0, {{0, 24, 65}}}, {0, {{0, 0, 20}}}, {0, {{0, 20, 3}}}}},
+    {{8, 2, 16, 24, 0, 1, 2}, "150 rows, then more", {{0, {{0, 0, 150}}}, {0, {{0, 150, 1}}}, {0, {{0, 151, 17}}}}},
+    {{4, 1, 8, 32, 0, 1, 0}, "from position 5", {{0, {{0, 5, 64}}}, {0, {{0, 69, 15}}}}},
+    {{32, 16, 128, 128, 0, 0, 1}, "a prompt, then decode", {{0, {{0, 0, 33}}}, {0, {{0, 33, 1}}}}},
+    {{4, 2, 16, 8, 3, 0, 0},
+     "interleaved",
+     {{0, {{0, 0, 20}, {1, 9, 1}, {2, 0, 3}}},
+      {0, {{1, 10, 16}, {0, 20, 1}}},
+      {0, {{2, 3, 1}, {0, 0, 2}, {1, 26, 1}}}}},
+    {{8, 2, 32, 16, 4, 1, 2},
+     "interleaved",
+     {{0, {{3, 50, 1}, {1, 0, 17}, {0, 5, 2}}},
+      {0, {{2, 0, 1}, {3, 51, 4}, {1, 17, 1}}},
+      {0, {{0, 7, 1}, {2, 1, 1}, {3, 55, 1}}}}},
+    {{3, 3, 8, 8, 2, 0, 1}, "interleaved", {{0, {{1, 0, 4}, {0, 30, 1}}}, {0, {{0, 31, 2}, {1, 4, 1}}}}},
+    {{4, 2, 16, 8, 0, 0, 0},
+     "calls that must fail",
+     {{0, {{0, 0, 3}}},
+      {RLX_E_INVALID, {{0, 3, 2}, {0, 9, 1}}},
+      {RLX_E_RANGE, {{0, -1, 2}}},
+      {RLX_E_INVALID, {{0, 3, 20}, {0, 40, 1}}},
+      {0, {{0, 3, 2}}}}},
+    {{4, 2, 8, 16, 3, 1, 2},
+     "calls that must fail",
+     {{0, {{0, 0, 2}, {1, 4, 1}}},
+      {RLX_E_RANGE, {{0, 2, 2}, {3, 0, 1}}},
+      {RLX_E_RANGE, {{1, 5, 1}, {-1, 0, 1}}},
+      {RLX_E_INVALID, {{1, 5, 2}, {0, 2, 1}, {1, 9, 1}}},
+      {RLX_E_RANGE, {{0, 2, 1}, {2, -1, 2}}},
+      {0, {{0, 2, 1}, {1, 5, 1}}}}},
+};
+
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* Cases per op (op order is report order). */
@@ -255,11 +392,16 @@ static int n_cases(uint32_t op) {
     case RLX_OP_SWIGLU:
     case RLX_OP_ADD:
     case RLX_OP_GATHER_LAST:
+    case RLX_OP_SIGMOID_MUL:
         return COUNT(ew_cases);
     case RLX_OP_MOE:
         return COUNT(moe_cases) * 3;
     case RLX_OP_CONCAT:
         return COUNT(concat_cases);
+    case RLX_OP_SSM_CONV:
+        return COUNT(conv_cases);
+    case RLX_OP_GATED_DELTA:
+        return COUNT(gd_cases);
     default:
         return 0;
     }
@@ -301,11 +443,15 @@ static void case_name(uint32_t op, int i, char *name, size_t len) {
                  rlx_dtype_name((int)dtypes[i % 3]));
         break;
     }
-    case RLX_OP_ROPE:
-        snprintf(name, len, "rope T=%lld heads=%lld D=%lld pos0=%d theta=%g%s", (long long)rope_cases[i].t,
+    case RLX_OP_ROPE: {
+        char part[32] = "";
+        if (rope_cases[i].rope_dims)
+            snprintf(part, sizeof part, " rope_dims=%u", rope_cases[i].rope_dims);
+        snprintf(name, len, "rope T=%lld heads=%lld D=%lld pos0=%d theta=%g%s%s", (long long)rope_cases[i].t,
                  (long long)rope_cases[i].heads, (long long)rope_cases[i].d, rope_cases[i].first,
-                 (double)rope_cases[i].theta, rope_cases[i].factors ? " factors" : "");
+                 (double)rope_cases[i].theta, rope_cases[i].factors ? " factors" : "", part);
         break;
+    }
     case RLX_OP_ATTENTION:
         if (i >= COUNT(att_cases)) {
             const int inv = i - COUNT(att_cases) - N_ATT_SLOT,
@@ -326,6 +472,7 @@ static void case_name(uint32_t op, int i, char *name, size_t len) {
     case RLX_OP_SWIGLU:
     case RLX_OP_ADD:
     case RLX_OP_GATHER_LAST:
+    case RLX_OP_SIGMOID_MUL:
         snprintf(name, len, "%s T=%lld C=%lld", rlx_op_name((int)op), (long long)ew_cases[i].t,
                  (long long)ew_cases[i].c);
         break;
@@ -340,6 +487,25 @@ static void case_name(uint32_t op, int i, char *name, size_t len) {
         snprintf(name, len, "concat T=%lld A=%lld B=%lld", (long long)concat_cases[i].t, (long long)concat_cases[i].a,
                  (long long)concat_cases[i].b);
         break;
+    case RLX_OP_SSM_CONV: {
+        char slots[32] = "";
+        if (conv_cases[i].g.slots)
+            snprintf(slots, sizeof slots, " slots=%lld", (long long)conv_cases[i].g.slots);
+        snprintf(name, len, "ssm_conv K=%lld C=%lld%s w=%s: %s", (long long)conv_cases[i].g.k,
+                 (long long)conv_cases[i].g.c, slots, rlx_dtype_name((int)dtypes[conv_cases[i].g.wdt]),
+                 conv_cases[i].what);
+        break;
+    }
+    case RLX_OP_GATED_DELTA: {
+        char slots[32] = "";
+        if (gd_cases[i].g.slots)
+            snprintf(slots, sizeof slots, " slots=%lld", (long long)gd_cases[i].g.slots);
+        snprintf(name, len, "gated_delta Hv=%lld Hk=%lld Dk=%lld Dv=%lld%s%s A=%s: %s", (long long)gd_cases[i].g.hv,
+                 (long long)gd_cases[i].g.hk, (long long)gd_cases[i].g.dk, (long long)gd_cases[i].g.dv, slots,
+                 gd_cases[i].g.tiled ? " kv_tiled" : "", rlx_dtype_name((int)dtypes[gd_cases[i].g.wdt]),
+                 gd_cases[i].what);
+        break;
+    }
     default:
         snprintf(name, len, "?");
     }
@@ -446,6 +612,153 @@ static void att_slot_rows(int i, int32_t *pos, int32_t *seq) {
     }
 }
 
+int kit_is_state(uint32_t op, uint32_t i) {
+    switch (op) {
+    case RLX_OP_ATTENTION:
+        return i == 4 || i == 5;
+    case RLX_OP_SSM_CONV:
+        return i == 3;
+    case RLX_OP_GATED_DELTA:
+        return i == 6;
+    default:
+        return 0;
+    }
+}
+
+/* Rows of a call: its runs interleaved row by row, their positions into pos and slots into seq
+ * (each when not NULL). Returns the row count. */
+static int64_t rec_rows(const rec_call *call, int32_t *pos, int32_t *seq) {
+    int64_t t = 0;
+    for (int32_t i = 0, more = 1; more; i++) {
+        more = 0;
+        for (int k = 0; k < REC_RUNS; k++)
+            if (i < call->run[k].rows) {
+                if (pos)
+                    pos[t] = call->run[k].first + i;
+                if (seq)
+                    seq[t] = call->run[k].slot;
+                t++;
+                more = 1;
+            }
+    }
+    return t;
+}
+
+static int rec_n_calls(const rec_call *calls) {
+    int n = 0;
+    while (n < REC_CALLS && calls[n].run[0].rows > 0)
+        n++;
+    return n;
+}
+
+/* v into element i of a float tensor of dtype dt. */
+static void put(void *data, uint32_t dt, size_t i, float v) {
+    if (dt == RLX_DTYPE_F32)
+        ((float *)data)[i] = v;
+    else if (dt == RLX_DTYPE_BF16)
+        ((uint16_t *)data)[i] = kit_f32_to_bf16(v);
+    else
+        ((uint16_t *)data)[i] = kit_f32_to_f16(v);
+}
+
+/* SSM_CONV and GATED_DELTA (see conv_cases): the node's weights and state, then each call's row
+ * inputs (activations, pos, and seq in the slot form) of that call's row count. */
+static int rec_node(const kit_check *c, kit_node *n, int with_data, rng *r) {
+    const int i = c->spec, conv = c->op == RLX_OP_SSM_CONV;
+    const rec_call *calls = conv ? conv_cases[i].calls : gd_cases[i].calls;
+    const int64_t slots = conv ? conv_cases[i].g.slots : gd_cases[i].g.slots;
+    const uint32_t wdt = dtypes[conv ? conv_cases[i].g.wdt : gd_cases[i].g.wdt];
+    const uint32_t ni = (conv ? 4 : 7) + (slots > 0), pos_in = conv ? 2 : 5, state_in = conv ? 3 : 6;
+    const int n_calls = rec_n_calls(calls);
+    int64_t cols_out;
+    if (node_alloc(n, c->op, ni))
+        return -1;
+    if (conv) {
+        const int64_t k = conv_cases[i].g.k, ch = conv_cases[i].g.c;
+        n->in[1] = shape2(wdt, ch, k);
+        n->in[3] = shape2(RLX_DTYPE_F32, k - 1, ch);
+        cols_out = ch;
+    } else {
+        const int64_t hv = gd_cases[i].g.hv, dk = gd_cases[i].g.dk, dv = gd_cases[i].g.dv;
+        n->in[3] = n->in[4] = shape1(wdt, hv);
+        n->in[6] = (rlx_tensor){.dtype = RLX_DTYPE_F32, .n_dims = 3, .shape = {hv, dk, dv, 1}};
+        n->p.eps = 1e-6f;
+        n->p.scale = 1.0f / sqrtf((float)dk);
+        n->p.head_dim = (uint32_t)dk;
+        n->p.head_dim_v = (uint32_t)dv;
+        n->p.n_heads = (uint32_t)hv;
+        n->p.n_kv_heads = (uint32_t)gd_cases[i].g.hk;
+        n->p.kv_tiled = gd_cases[i].g.tiled;
+        cols_out = hv * dv;
+    }
+    n->is_weight[conv ? 1 : 3] = n->is_weight[conv ? 1 : 4] = 1;
+    if (slots) { /* one more dimension in front of the state */
+        rlx_tensor *st = &n->in[state_in];
+        memmove(st->shape + 1, st->shape, (RLX_MAX_DIMS - 1) * sizeof *st->shape);
+        st->shape[0] = slots;
+        st->n_dims++;
+    }
+    n->n_calls = (uint32_t)n_calls;
+    n->calls = calloc((size_t)n_calls * ni, sizeof *n->calls);
+    n->call_status = calloc((size_t)n_calls, sizeof *n->call_status);
+    if (!n->calls || !n->call_status)
+        return -1;
+    const int64_t qkv = conv ? 0 : 2 * gd_cases[i].g.hk * gd_cases[i].g.dk + gd_cases[i].g.hv * gd_cases[i].g.dv;
+    for (int k = 0; k < n_calls; k++) {
+        rlx_tensor *in = n->calls + (size_t)k * ni;
+        const int64_t t = rec_rows(&calls[k], NULL, NULL);
+        n->call_status[k] = calls[k].status;
+        in[0] = shape2(RLX_DTYPE_F32, t, conv ? conv_cases[i].g.c : qkv);
+        if (!conv)
+            in[1] = in[2] = shape2(RLX_DTYPE_F32, t, gd_cases[i].g.hv);
+        in[pos_in] = shape1(RLX_DTYPE_I32, t);
+        if (slots)
+            in[ni - 1] = shape1(RLX_DTYPE_I32, t);
+        for (uint32_t j = 0; j < ni; j++)
+            if (n->is_weight[j] || j == state_in)
+                in[j] = n->in[j];
+            else if (k == 0)
+                n->in[j] = in[j];
+    }
+    n->out = shape2(RLX_DTYPE_F32, n->in[0].shape[0], cols_out);
+    for (int k = 0; k < n_calls; k++)
+        for (int j = 0; j < REC_RUNS; j++)
+            if (calls[k].run[j].rows > 0)
+                n->max_pos = fmax(n->max_pos, calls[k].run[j].first + calls[k].run[j].rows - 1);
+    if (!with_data)
+        return 0;
+    /* weights and the starting state (what the node's inputs hold), then each call's rows */
+    for (uint32_t j = 0; j < ni; j++)
+        if ((n->is_weight[j] || j == state_in) && !(n->in[j].data = kit_alloc(rlx_iface_tensor_bytes(&n->in[j]))))
+            return -1;
+    if (conv) {
+        fill(r, &n->in[1], 1);
+        fill(r, &n->in[3], 2);
+    } else { /* A = -exp(A_log), A_log in [0, log 16] as Qwen3-Next draws it; dt_bias near 0 */
+        for (int64_t h = 0; h < gd_cases[i].g.hv; h++) {
+            put(n->in[3].data, wdt, (size_t)h, -expf((uniform(r) * 0.5f + 0.5f) * logf(16.0f)));
+            put(n->in[4].data, wdt, (size_t)h, uniform(r));
+        }
+        fill(r, &n->in[6], 0.5f);
+    }
+    for (int k = 0; k < n_calls; k++) {
+        rlx_tensor *in = n->calls + (size_t)k * ni;
+        for (uint32_t j = 0; j < ni; j++) {
+            if (n->is_weight[j] || j == state_in)
+                continue;
+            if (!(in[j].data = kit_alloc(rlx_iface_tensor_bytes(&in[j]))))
+                return -1;
+        }
+        rec_rows(&calls[k], in[pos_in].data, slots ? in[ni - 1].data : NULL);
+        fill(r, &in[0], conv ? 2 : 1);
+        if (!conv) { /* a + dt_bias in softplus's curve and its linear tail; beta across (0, 1) */
+            fill(r, &in[1], 3);
+            fill(r, &in[2], 3);
+        }
+    }
+    return 0;
+}
+
 int kit_ref_invariance(const kit_check *c) {
     return c->op == RLX_OP_ATTENTION && c->spec >= COUNT(att_cases) + N_ATT_SLOT;
 }
@@ -454,6 +767,9 @@ int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
     int i = c->spec;
     rng r = {seed_of(c->name)};
     switch (c->op) {
+    case RLX_OP_SSM_CONV:
+    case RLX_OP_GATED_DELTA:
+        return rec_node(c, n, with_data, &r);
     case RLX_OP_EMBED: {
         const int q = i - COUNT(embed_cases) * 3;
         int64_t t = q >= 0 ? qembed_cases[q / N_QTYPES].t : embed_cases[i / 3].t;
@@ -504,11 +820,13 @@ int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
         n->in[0] = shape2(RLX_DTYPE_F32, t, cols);
         n->in[1] = shape1(RLX_DTYPE_I32, t);
         if (rope_cases[i].factors) {
-            n->in[2] = shape1(RLX_DTYPE_F32, rope_cases[i].d / 2);
+            const uint32_t turn = rope_cases[i].rope_dims ? rope_cases[i].rope_dims : (uint32_t)rope_cases[i].d;
+            n->in[2] = shape1(RLX_DTYPE_F32, turn / 2);
             n->is_weight[2] = 1;
         }
         n->out = shape2(RLX_DTYPE_F32, t, cols);
         n->p.head_dim = (uint32_t)rope_cases[i].d;
+        n->p.rope_dims = rope_cases[i].rope_dims;
         n->p.rope_theta = rope_cases[i].theta;
         n->max_pos = (double)(rope_cases[i].first + t - 1);
         break;
@@ -529,7 +847,8 @@ int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
     }
     case RLX_OP_SWIGLU:
     case RLX_OP_ADD:
-    case RLX_OP_GATHER_LAST: {
+    case RLX_OP_GATHER_LAST:
+    case RLX_OP_SIGMOID_MUL: {
         int64_t t = ew_cases[i].t, cc = ew_cases[i].c;
         uint32_t ni = c->op == RLX_OP_GATHER_LAST ? 1 : 2;
         if (node_alloc(n, c->op, ni))
@@ -626,6 +945,10 @@ int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {
     case RLX_OP_CONCAT:
         for (uint32_t k = 0; k < n->n_inputs; k++)
             fill(&r, &n->in[k], 4);
+        break;
+    case RLX_OP_SIGMOID_MUL: /* gates far into both tails, where sigmoid saturates */
+        fill(&r, &n->in[0], 4);
+        fill(&r, &n->in[1], 16);
         break;
     case RLX_OP_MOE:
         fill(&r, &n->in[0], 1);

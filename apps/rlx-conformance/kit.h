@@ -74,6 +74,14 @@ typedef struct kit_node {
     float *want;         /* expected output (NumPy), NULL: compare with the reference kernels */
     void *want_cache[2]; /* ATTENTION: expected k_cache and v_cache after the call (NumPy), in their dtype */
     double max_pos;      /* largest position the node reads (informational) */
+    /* A recurrent op (SSM_CONV, GATED_DELTA; ABI 1.6) runs as n_calls calls over one state,
+     * which each call updates: call k's inputs are calls[k * n_inputs + i], except its weights
+     * and its state (data NULL there), which are in[i] for every call; in[] has call 0's shapes.
+     * call_status[k] is RLX_OK or the error the contract makes call k return, leaving the state
+     * as it was. n_calls 0: one call of in[]. */
+    uint32_t n_calls;
+    rlx_tensor *calls;
+    int *call_status;
 } kit_node;
 
 typedef struct kit_options {
@@ -104,6 +112,9 @@ int kit_ref_node(const kit_check *c, kit_node *node, int with_data);
 /* Whether a KIT_SRC_REF check is an ATTENTION invariance check: its node computed as one batch,
  * row by row, on one thread, and with slot 0's rows in other calls must give the same bits. */
 int kit_ref_invariance(const kit_check *c);
+/* Whether input i of an op node is state it updates (ATTENTION's caches, SSM_CONV's and
+ * GATED_DELTA's states) rather than read-only. */
+int kit_is_state(uint32_t op, uint32_t i);
 /* Tolerance for the node's op in effect (default or --tolerance / --precision). */
 double kit_node_tol(const kit_options *o, const kit_node *node);
 

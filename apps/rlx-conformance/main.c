@@ -42,8 +42,9 @@ static const char help[] =
     "  --backend-opts S   backend options, 'key=value,key=value' (rlx_backend_options.extra)\n"
     "  --model-dir DIR    also check the Qwen3 model in DIR (may be repeated)\n"
     "  --tolerance L      OP=X[,OP=X...]: bound on max|got - want| / max(1, max|want|) per op\n"
-    "                     (embed matmul rms_norm rope attention swiglu add gather_last moe concat,\n"
-    "                     'model' for logits, 'all' for every op); may be repeated\n"
+    "                     (embed matmul rms_norm rope attention swiglu add gather_last moe concat\n"
+    "                     gather_rows sigmoid_mul ssm_conv gated_delta, 'model' for logits, 'all'\n"
+    "                     for every op); may be repeated\n"
     "  --precision P      f32 (default) or bf16: a backend that rounds matmul activations to\n"
     "                     bf16 gets matmul=1e-2, moe=1e-2, model=5e-2 (--tolerance still wins)\n"
     "  --data DIR         NumPy expectation files (default: share/rlx/conformance of the install)\n"
@@ -94,7 +95,7 @@ static int parse_tolerance(kit_options *o, const char *text) {
             }
         if (!found)
             return usage_error("--tolerance: unknown op '%s' (embed, matmul, rms_norm, rope, attention, swiglu, add, "
-                               "gather_last, moe, concat, model, all)",
+                               "gather_last, moe, concat, gather_rows, sigmoid_mul, ssm_conv, gated_delta, model, all)",
                                item);
     }
     return 0;

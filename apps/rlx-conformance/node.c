@@ -83,5 +83,9 @@ void kit_node_free(kit_node *n) {
     free(n->want);
     free(n->want_cache[0]);
     free(n->want_cache[1]);
+    for (uint32_t k = 0; n->calls && k < n->n_calls * n->n_inputs; k++)
+        free(n->calls[k].data);
+    free(n->calls);
+    free(n->call_status);
     memset(n, 0, sizeof *n);
 }

@@ -14,14 +14,17 @@
 #include "common.h"
 
 static const char usage[] =
-    "usage: rlx bench [-m PATH] [-p 128,512] [-n 64] [-t 1,2] [-r 3] [-o md|json|jsonl | --json] [options]\n\n"
+    "usage: rlx bench [-m PATH] [-p 128,512] [-n 64] [-d 0,4096] [-t 1,2] [-r 3] [-o md|json|jsonl | --json]\n"
+    "                 [options]\n\n"
     "Measures, as llama-bench does, prefill of P-token prompts (test ppP) and N decode steps (test\n"
-    "tgN), each from an empty context, R times after a warm-up run, for every thread count T.\n"
+    "tgN), each from an empty context or after D tokens already in it (-d, untimed: test ppP @ dD),\n"
+    "R times after a warm-up run, for every thread count T.\n"
     "Reports the median and standard deviation of tokens/s, the peak resident memory of the\n"
     "process and what it ran on (the CPU and the backend's own description). Over a pipeline\n"
     "(--config, --stages) it prints each stage's backend and memory on stderr first, and after\n"
     "the table each stage's milliseconds per step, the share of the time it worked, and the\n"
-    "bytes per token each way (-o json: \"stages\", --json: \"pp_stages\" and \"tg_stages\").\n\n";
+    "bytes per token each way (-o json: \"stages\", --json: \"pp_stages\" and \"tg_stages\"; with -d they\n"
+    "include the depth's prefill).\n\n";
 
 #define MAX_LIST 16
 
@@ -183,16 +186,19 @@ static double stddev(const double *v, uint32_t n) {
     return sqrt(ss / (n - 1));
 }
 
-/* One repetition of a test from an empty context: a prefill of p tokens, or (p == 0) n decode
- * steps, each feeding back the argmax, so the work is that of a real decode. Its seconds. */
-static int run_test(const rlx_lm *lm, const int32_t *prompt, uint32_t p, uint32_t n, double *seconds) {
+/* One repetition of a test: the first d ids of prompt prefilled untimed (the depth), then a
+ * timed prefill of the next p ids, or (p == 0) n decode steps, each feeding back the argmax, so
+ * the work is that of a real decode. Its seconds. */
+static int run_test(const rlx_lm *lm, const int32_t *prompt, uint32_t d, uint32_t p, uint32_t n, double *seconds) {
     const float *logits;
     int64_t vocab = lm->vocab;
     lm->truncate(lm->self, 0);
+    if (d && lm->forward(lm->self, prompt, d, 0, &logits) != RLX_OK)
+        return -1;
     double t0 = now_seconds();
     if (p)
-        return lm->forward(lm->self, prompt, p, 0, &logits) == RLX_OK ? (*seconds = now_seconds() - t0, 0) : -1;
-    int32_t token = prompt[0];
+        return lm->forward(lm->self, prompt + d, p, 0, &logits) == RLX_OK ? (*seconds = now_seconds() - t0, 0) : -1;
+    int32_t token = prompt[d];
     for (uint32_t i = 0; i < n; i++) {
         if (lm->forward(lm->self, &token, 1, 0, &logits) != RLX_OK)
             return -1;
@@ -250,7 +256,7 @@ static void model_describe(const app_runtime *rt, model_info *m) {
 
 /* One row of results: a test at a thread count. */
 typedef struct bench_row {
-    uint32_t threads, p, n;
+    uint32_t threads, d, p, n;
     double samples[MAX_REPS]; /* tokens/s of each repetition */
     double seconds[MAX_REPS];
     double median, sd;
@@ -355,6 +361,7 @@ static cJSON *json_row(const bench_row *r, uint32_t reps, const model_info *m, c
     cJSON_AddNumberToObject(o, "n_threads", r->threads);
     cJSON_AddNumberToObject(o, "n_prompt", r->p);
     cJSON_AddNumberToObject(o, "n_gen", r->n);
+    cJSON_AddNumberToObject(o, "n_depth", r->d);
     cJSON_AddStringToObject(o, "test_time", test_time);
     cJSON_AddNumberToObject(o, "avg_ns", round(mean_s * 1e9));
     cJSON_AddNumberToObject(o, "stddev_ns", round(stddev(r->seconds, reps) * 1e9));
@@ -391,8 +398,10 @@ static void print_md(const bench_row *rows, size_t n_rows, const model_info *m, 
                  m->params >= 1e9 ? "B" : "M");
     }
     for (size_t i = 0; i < n_rows; i++) {
-        char test[32], ts[48];
-        snprintf(test, sizeof test, "%s%u", rows[i].p ? "pp" : "tg", rows[i].p ? rows[i].p : rows[i].n);
+        char test[40], ts[48];
+        int len = snprintf(test, sizeof test, "%s%u", rows[i].p ? "pp" : "tg", rows[i].p ? rows[i].p : rows[i].n);
+        if (rows[i].d) /* llama-bench's name of a test at depth */
+            snprintf(test + len, sizeof test - (size_t)len, " @ d%u", rows[i].d);
         snprintf(ts, sizeof ts, "%.2f ± %.2f", rows[i].median, rows[i].sd);
         /* "±" is two bytes and one column: one more byte of padding keeps the table aligned */
         printf("| %-30s | %10s | %10s | %-10s | %7u | %15s | %21s |\n", m->desc, size, params, backend, rows[i].threads,
@@ -401,7 +410,7 @@ static void print_md(const bench_row *rows, size_t n_rows, const model_info *m, 
 }
 
 int cmd_bench(int argc, char **argv, app_options *o) {
-    u32_list prompts = {{128}, 1}, gens = {{64}, 1}, threads = {{0}, 0};
+    u32_list prompts = {{128}, 1}, gens = {{64}, 1}, depths = {{0}, 1}, threads = {{0}, 0};
     uint64_t kv_bytes = 0, state_bytes = 0; /* one sequence's, a local session's */
     uint32_t reps = 3;
     int json = 0;
@@ -412,6 +421,8 @@ int cmd_bench(int argc, char **argv, app_options *o) {
          .parse = parse_list},
         {'n', "n-gen", NULL, "N,..", "decode steps to time (default 64; 0 = no decode test)", APP_OPT_CUSTOM, &gens,
          .parse = parse_list},
+        {'d', "n-depth", NULL, "D,..", "tokens in the context before each test, prefilled untimed (default 0)",
+         APP_OPT_CUSTOM, &depths, .parse = parse_list},
         {'t', "threads", NULL, "T,..", "backend thread counts (default: all cores)", APP_OPT_CUSTOM, &threads,
          .parse = parse_list},
         {'r', "repetitions", NULL, "R", "repetitions of each test (default 3, at most 64)", APP_OPT_U32, &reps,
@@ -432,9 +443,11 @@ int cmd_bench(int argc, char **argv, app_options *o) {
         return exit_status;
     if (reps > MAX_REPS)
         return app_fail("bench: -r: at most %d repetitions", MAX_REPS);
-    if (json && (output_given || prompts.n > 1 || gens.n > 1 || threads.n > 1))
-        return app_fail("bench: --json describes one -p, -n and -t; for lists use -o json or -o jsonl");
-    uint32_t max_p = 0, max_n = 0;
+    if (json && (output_given || prompts.n > 1 || gens.n > 1 || depths.n > 1 || threads.n > 1))
+        return app_fail("bench: --json describes one -p, -n, -d and -t; for lists use -o json or -o jsonl");
+    uint32_t max_p = 0, max_n = 0, max_d = 0;
+    for (size_t i = 0; i < depths.n; i++)
+        max_d = depths.v[i] > max_d ? depths.v[i] : max_d;
     for (size_t i = 0; i < prompts.n; i++)
         max_p = prompts.v[i] > max_p ? prompts.v[i] : max_p;
     for (size_t i = 0; i < gens.n; i++)
@@ -446,11 +459,16 @@ int cmd_bench(int argc, char **argv, app_options *o) {
         return app_fail("bench: -p must be at least 1");
     if (threads.n == 0) /* the --threads of the shared options (or the backend's default) */
         threads.v[threads.n++] = o->threads;
+    /* the context must hold the deepest test (a prompt id per position, decode's first included) */
+    const uint64_t need = (uint64_t)max_d + (max_p > max_n ? max_p : max_n);
+    if (need > INT32_MAX)
+        return app_fail("bench: -d plus -p or -n is %llu positions, more than a context can hold",
+                        (unsigned long long)need);
     if (o->ctx == 0)
-        o->ctx = max_p > max_n ? max_p : max_n;
-    size_t n_rows = 0, max_rows = threads.n * (prompts.n + gens.n);
+        o->ctx = (uint32_t)need;
+    size_t n_rows = 0, max_rows = threads.n * depths.n * (prompts.n + gens.n);
     bench_row *rows = calloc(max_rows, sizeof *rows);
-    int32_t *prompt = malloc(max_p * sizeof *prompt);
+    int32_t *prompt = malloc((size_t)(max_d + max_p + 1) * sizeof *prompt);
     int status = 0;
     app_runtime rt = {0};
     model_info model;
@@ -465,7 +483,7 @@ int cmd_bench(int argc, char **argv, app_options *o) {
             status = 1;
             break;
         }
-        for (uint32_t i = 0; i < max_p; i++) /* arbitrary ids spread over the vocabulary */
+        for (uint32_t i = 0; i < max_d + max_p + 1; i++) /* arbitrary ids spread over the vocabulary */
             prompt[i] = (int32_t)((i * 2654435761u) % (uint32_t)rt.lm.vocab);
         model_describe(&rt, &model);
         snprintf(backend, sizeof backend, "%s",
@@ -479,22 +497,24 @@ int cmd_bench(int argc, char **argv, app_options *o) {
                                : "reference kernels");
         if (rt.pipeline && t == 0)
             app_pipeline_describe(rt.runtime);
-        for (size_t k = 0; k < prompts.n + gens.n && !status; k++) {
+        for (size_t k = 0; k < depths.n * (prompts.n + gens.n) && !status; k++) {
             bench_row *r = &rows[n_rows];
+            const size_t test = k % (prompts.n + gens.n);
             r->threads = threads.v[t] ? threads.v[t] : app_usable_cores(); /* the backends' default */
-            r->p = k < prompts.n ? prompts.v[k] : 0;
-            r->n = k < prompts.n ? 0 : gens.v[k - prompts.n];
+            r->d = depths.v[k / (prompts.n + gens.n)];
+            r->p = test < prompts.n ? prompts.v[test] : 0;
+            r->n = test < prompts.n ? 0 : gens.v[test - prompts.n];
             if (!r->p && !r->n)
                 continue;
             double warm;
-            if (run_test(&rt.lm, prompt, r->p, r->n < 2 ? r->n : 2, &warm) < 0) {
+            if (run_test(&rt.lm, prompt, r->d, r->p, r->n < 2 ? r->n : 2, &warm) < 0) {
                 status = app_fail_rlx("bench");
                 break;
             }
             uint32_t n_stages;
             rlx_driver_stage_stats *before = stage_snapshot(rt.runtime, &n_stages);
             for (uint32_t i = 0; i < reps; i++) {
-                if (run_test(&rt.lm, prompt, r->p, r->n, &r->seconds[i]) < 0) {
+                if (run_test(&rt.lm, prompt, r->d, r->p, r->n, &r->seconds[i]) < 0) {
                     status = app_fail_rlx("bench");
                     break;
                 }
@@ -528,6 +548,7 @@ int cmd_bench(int argc, char **argv, app_options *o) {
         cJSON_AddNumberToObject(summary, "threads", threads.v[0]);
         cJSON_AddNumberToObject(summary, "prompt", prompts.v[0]);
         cJSON_AddNumberToObject(summary, "decode", gens.v[0]);
+        cJSON_AddNumberToObject(summary, "depth", depths.v[0]);
         cJSON_AddNumberToObject(summary, "repetitions", reps);
         cJSON_AddNumberToObject(summary, "pp_tps", pp_tps);
         cJSON_AddNumberToObject(summary, "tg_tps", tg_tps);

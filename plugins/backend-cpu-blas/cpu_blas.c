@@ -77,8 +77,10 @@ static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64
  *   fuse=0|1                 fuse neighbouring nodes into spans (default 1; 0 runs every node
  *                            by itself, to measure what fusion buys)
  *   batch_invariant=0|1      F32/BF16/F16 matmuls of every M on the GEMV kernels, so a row's bits
- *                            do not depend on the other rows (default 0: sgemv for one row and
- *                            sgemm past gemv_m, faster prefill) */
+ *                            do not depend on the other rows, and GATED_DELTA row by row in every
+ *                            form, so a sequence's do not depend on how it was split into calls
+ *                            (default 0: sgemv for one row and sgemm past gemv_m, the chunked
+ *                            delta rule over a prompt: faster prefill) */
 static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_t isa_len) {
     const rlx_host *h = s->host;
     const char *cursor = extra;
@@ -183,6 +185,7 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
                           .parallel_tasks = cpu_blas_parallel_tasks};
     if ((rc = kern_init(&s->kern, host, "cpu-blas", isa, par)) < 0)
         goto fail;
+    s->kern.split_invariant = s->invariant;
     /* The pool parallelises every matmul itself; OpenBLAS threads would only compete with it. */
     cpu_blas_ob->set_num_threads(1);
 
@@ -376,6 +379,10 @@ static int cpu_blas_run(cpu_blas *s, const rlx_node_view *node) {
         return kern_op_attention(&s->kern, node);
     case RLX_OP_MOE:
         return kern_op_moe(&s->kern, node, &(kern_matmul){.run = cpu_blas_moe_mm, .self = s, .row_pad = 1});
+    case RLX_OP_SIGMOID_MUL:
+    case RLX_OP_SSM_CONV:
+    case RLX_OP_GATED_DELTA:
+        return kern_op_recurrent(&s->kern, node);
     default:
         return kern_op_rows(&s->kern, node);
     }

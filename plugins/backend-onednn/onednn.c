@@ -961,6 +961,10 @@ static int onednn_compute(void *self, const rlx_node_view *node) {
         /* primitives exist per row count, so an expert's counts above 8 are padded to a
          * multiple of 16 to keep the number of shapes small */
         return kern_op_moe(&s->kern, node, &(kern_matmul){.run = onednn_moe_mm, .self = s, .row_pad = 16});
+    case RLX_OP_SIGMOID_MUL:
+    case RLX_OP_SSM_CONV:
+    case RLX_OP_GATED_DELTA:
+        return kern_op_recurrent(&s->kern, node);
     default:
         return kern_op_rows(&s->kern, node);
     }

@@ -26,6 +26,16 @@ static bool is_qmat(const rlx_tensor *t, int64_t n, int64_t k) {
 
 static bool is_vec(const rlx_tensor *t, uint32_t dt, int64_t n) { return t->dtype == dt && rlx_iface_numel(t) == n; }
 
+/* A recurrent state F32 of row_dims dimensions `row`, or with slots one more in front. */
+static bool is_state(const rlx_tensor *t, const int64_t *row, uint32_t row_dims, bool slots) {
+    if (t->dtype != RLX_DTYPE_F32 || t->n_dims != row_dims + slots)
+        return false;
+    for (uint32_t d = 0; d < row_dims; d++)
+        if (t->shape[slots + d] != row[d])
+            return false;
+    return true;
+}
+
 static int bad(const rlx_host *host, const char *plugin, bool report, int status, const rlx_node_view *n,
                const char *why) {
     if (report)
@@ -78,9 +88,11 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
             !is_vec(&in[1], RLX_DTYPE_I32, T) || (ni == 3 && !is_vec(&in[2], RLX_DTYPE_F32, p->head_dim / 2)))
             return bad(host, plugin, report, RLX_E_SHAPE, n,
                        "want x F32[T,n*D] (D even), pos I32[T], factors F32[D/2] (1.5)");
-        /* partial rotation (1.6) is left to the reference kernels: the library turns whole heads */
-        if (p->rope_dims && p->rope_dims != p->head_dim)
-            return bad(host, plugin, report, RLX_E_UNSUPPORTED, n, "partial rotation (rope_dims, 1.6)");
+        /* a partial rotation (1.6): rope_dims is a reserved field to an older core */
+        if (host->abi_minor >= 6 && p->rope_dims && p->rope_dims != p->head_dim &&
+            (p->rope_dims % 2 || p->rope_dims > p->head_dim || ni == 3))
+            return bad(host, plugin, report, RLX_E_SHAPE, n,
+                       "want rope_dims even and below head_dim, without frequency factors (1.6)");
         return RLX_OK;
     case RLX_OP_ATTENTION: {
         /* caches [C, Hkv*D] with 6 inputs, or (1.4) [S, C, Hkv*D] with seq I32[T] as the 7th;
@@ -130,8 +142,46 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
             in[1].n_dims != 1 || in[1].shape[0] != T || out->n_dims != 2)
             return bad(host, plugin, report, RLX_E_SHAPE, n, "want x F32[T,C], idx I32[R] -> F32[R,C]");
         return RLX_OK;
-    default: /* includes CONCAT (ABI 1.1), a row copy, and SIGMOID_MUL, SSM_CONV and GATED_DELTA
-              * (1.6): left to the reference kernels */
-        return bad(host, plugin, report, RLX_E_UNSUPPORTED, n, "unknown op");
+    case RLX_OP_SIGMOID_MUL:
+        if (host->abi_minor < 6)
+            break;
+        if (ni != 2 || !is_act(&in[0], T, C) || !is_act(&in[1], T, C))
+            return bad(host, plugin, report, RLX_E_SHAPE, n, "want x, g F32[T,C] -> F32[T,C]");
+        return RLX_OK;
+    case RLX_OP_SSM_CONV: {
+        if (host->abi_minor < 6)
+            break;
+        const bool slots = ni == 5;
+        const rlx_tensor *st = &in[3];
+        const int64_t K = in[1].n_dims == 2 ? in[1].shape[1] : 0;
+        if ((ni != 4 && ni != 5) || !is_act(&in[0], T, C) || !is_mat(&in[1], C, K) || K < 2 ||
+            !is_vec(&in[2], RLX_DTYPE_I32, T) || (slots && !is_vec(&in[4], RLX_DTYPE_I32, T)) ||
+            !is_state(st, (const int64_t[]){K - 1, C}, 2, slots))
+            return bad(host, plugin, report, RLX_E_SHAPE, n,
+                       "want x F32[T,C], w[C,K] (K >= 2), pos I32[T], state F32[K-1,C] or [S,K-1,C] with seq I32[T]");
+        return RLX_OK;
     }
+    case RLX_OP_GATED_DELTA: {
+        if (host->abi_minor < 6)
+            break;
+        const bool slots = ni == 8;
+        if ((ni != 7 && ni != 8) || !p)
+            return bad(host, plugin, report, RLX_E_INVALID, n, "want 7 inputs (8 with slots) and params");
+        const int64_t Hv = p->n_heads, Hk = p->n_kv_heads, Dk = p->head_dim, Dv = p->head_dim_v;
+        if (Hv < 1 || Hk < 1 || Dk < 1 || Dv < 1 || Hv % Hk || !(p->eps > 0) || p->kv_tiled > 1 || C != Hv * Dv)
+            return bad(host, plugin, report, RLX_E_SHAPE, n,
+                       "want n_heads % n_kv_heads == 0, head_dim and head_dim_v >= 1, eps > 0, out F32[T,Hv*Dv]");
+        if (!is_act(&in[0], T, 2 * Hk * Dk + Hv * Dv) || !is_act(&in[1], T, Hv) || !is_act(&in[2], T, Hv) ||
+            !is_weight_dt(in[3].dtype) || rlx_iface_numel(&in[3]) != Hv || !is_weight_dt(in[4].dtype) ||
+            rlx_iface_numel(&in[4]) != Hv || !is_vec(&in[5], RLX_DTYPE_I32, T) ||
+            (slots && !is_vec(&in[7], RLX_DTYPE_I32, T)) || !is_state(&in[6], (const int64_t[]){Hv, Dk, Dv}, 3, slots))
+            return bad(host, plugin, report, RLX_E_SHAPE, n,
+                       "want qkv F32[T,2*Hk*Dk+Hv*Dv], a, b F32[T,Hv], A, dt_bias[Hv], pos I32[T], state "
+                       "F32[Hv,Dk,Dv] or [S,Hv,Dk,Dv] with seq I32[T]");
+        return RLX_OK;
+    }
+    default: /* includes CONCAT (ABI 1.1), a row copy left to the reference kernels */
+        break;
+    }
+    return bad(host, plugin, report, RLX_E_UNSUPPORTED, n, "unknown op");
 }

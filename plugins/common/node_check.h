@@ -15,7 +15,8 @@
  * 1.3) are accepted for MATMUL's weight, EMBED's table and MOE's expert matrices when their
  * innermost dimension is a whole number of blocks; bias, norm weights and the MOE router stay
  * F32/BF16/F16. ATTENTION takes the ABI 1.4 forms too (3-D caches with seq, F16 caches), and
- * GATHER_ROWS (1.4) is accepted; the ops of 1.6 and a partial ROPE (rope_dims) are not. */
+ * GATHER_ROWS (1.4) is accepted; SIGMOID_MUL, SSM_CONV, GATED_DELTA and a partial ROPE (1.6)
+ * only from a core of ABI 1.6 on (host->abi_minor), which is the only one to send them. */
 int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n, bool report);
 
 #endif

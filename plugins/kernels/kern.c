@@ -32,6 +32,7 @@ void kern_deinit(kern_ctx *c) {
     h->free(c->att_parts.p);
     h->free(c->moe.p);
     h->free(c->qx.p);
+    h->free(c->rec.p);
     h->free(c->rope_cs.p);
     h->free(c->rope_pos.p);
     h->free(c->rope_ff.p);

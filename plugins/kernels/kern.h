@@ -67,6 +67,10 @@ typedef struct kern_ctx {
     const kern_simd *k;
     const kern_qsimd *q; /* the quantized kernels of the same level (kern_quant.h) */
     plugin_isa isa;      /* that level (the repacked kernels of kern_qrp.h are chosen by it) */
+    /* GATED_DELTA's one-sequence form row by row too, as the slot form always is, so that a
+     * sequence's bits never depend on how its rows were split into calls (a backend's
+     * batch_invariant option: a pipeline stage's replay then rebuilds its state exactly) */
+    bool split_invariant;
     kern_par par;
     kern_buf *att;      /* [n_threads] attention scores and row pointers */
     kern_buf vec;       /* F32 copy of a small weight vector (bias, norm weight) */
@@ -74,6 +78,7 @@ typedef struct kern_ctx {
     kern_buf att_parts; /* attention: the chunks' results of decode rows */
     kern_buf moe;       /* MoE routing and per-expert buffers */
     kern_buf qx;        /* kern_qmatmul: the quantized activation rows */
+    kern_buf rec;       /* the recurrent ops: a call's rows by slot, SSM_CONV's kernel */
     /* ROPE cos/sin rows cached for the latest (theta, head_dim, positions): every layer's q
      * and k rotations of one run share them. */
     kern_buf rope_cs;  /* [T, head_dim] F32: cos of head_dim/2 angles, then their sin; F64 inv_freq */
@@ -209,10 +214,12 @@ void kern_embed(kern_ctx *c, const void *table, int dt, int64_t cols, const int3
 void kern_rms_norm(kern_ctx *c, const float *x, const float *w, float *y, int64_t rows, int64_t cols, int64_t g,
                    float eps);
 /* NeoX RoPE of x[T, cols] (heads of head_dim values) at positions pos[T], each pair's angle
- * divided by factors[i] when factors (head_dim/2 values) is not NULL; y may be x. The cos/sin
- * rows are cached in c for the next call with the same positions, theta and factors. */
+ * divided by factors[i] when factors (head_dim/2 values) is not NULL; y may be x. With
+ * rope_dims (even, below head_dim; 0 = all) only the first rope_dims values of each head turn,
+ * as a head of rope_dims would, and the rest pass unchanged. The cos/sin rows are cached in c
+ * for the next call with the same positions, theta, turned values and factors. */
 int kern_rope(kern_ctx *c, const float *x, const int32_t *pos, const float *factors, float *y, int64_t T, int64_t cols,
-              uint32_t head_dim, float theta);
+              uint32_t head_dim, uint32_t rope_dims, float theta);
 /* y = silu(g) * u, and y = a + b, over n values; y may be either input. */
 void kern_swiglu(kern_ctx *c, const float *g, const float *u, float *y, int64_t n);
 void kern_add(kern_ctx *c, const float *a, const float *b, float *y, int64_t n);
@@ -223,6 +230,19 @@ void kern_to_bf16(kern_ctx *c, const float *x, uint16_t *xb, int64_t rows, int64
  * already checked by node_check. Returns RLX_OK or a status after host->error (an id outside the
  * table, a row index outside x, no memory). */
 int kern_op_rows(kern_ctx *c, const rlx_node_view *n);
+
+// ---------------------------------------------------------------------------------------------
+// The ops of ABI 1.6 (kern_recurrent.c)
+/* Rows per chunk of GATED_DELTA's chunk-parallel form, and the shortest one-sequence run that
+ * takes it (the core's reference kernels choose the same way). */
+#define KERN_GD_CHUNK 64
+#define KERN_GD_CHUNK_MIN_ROWS 16
+/* Computes node n, one of SSM_CONV, GATED_DELTA and SIGMOID_MUL (checked by node_check), as
+ * rlx/backend_iface.h states them: the rows are checked whole before any state changes (a slot
+ * outside the state: RLX_E_RANGE, a negative position: RLX_E_RANGE, a slot's rows not at
+ * consecutive positions: RLX_E_INVALID); every (slot, head) of GATED_DELTA runs on one thread,
+ * so the bits do not depend on the thread count. Returns RLX_OK or a status after host->error. */
+int kern_op_recurrent(kern_ctx *c, const rlx_node_view *n);
 
 // ---------------------------------------------------------------------------------------------
 // Attention (kern_attention.c)

@@ -22,7 +22,8 @@ typedef struct kern_rows_job {
     int dt;
     const int32_t *idx; /* EMBED ids, ROPE positions */
     const double *inv_freq;
-    int64_t g; /* RMS_NORM group size; ROPE head_dim / 2 */
+    int64_t g;    /* RMS_NORM group size; ROPE rope_dims / 2 */
+    int64_t head; /* ROPE: values per head (2 g unless only the first rope_dims of each turn) */
     float eps;
 } kern_rows_job;
 
@@ -72,8 +73,19 @@ static void kern_rows_range(void *ctx, int ith, int64_t r0, int64_t r1) {
             k->rms_norm(j->a + r * j->cols, j->b, j->y + r * j->cols, j->cols, j->g, j->eps);
         break;
     case RLX_OP_ROPE:
-        for (int64_t r = r0; r < r1; r++)
-            k->rope(j->a + r * j->cols, j->b + r * 2 * j->g, j->y + r * j->cols, j->cols / (2 * j->g), j->g);
+        for (int64_t r = r0; r < r1; r++) {
+            const float *x = j->a + r * j->cols, *cs = j->b + r * 2 * j->g;
+            float *y = j->y + r * j->cols;
+            if (j->head == 2 * j->g) {
+                k->rope(x, cs, y, j->cols / j->head, j->g);
+                continue;
+            }
+            for (int64_t h = 0; h < j->cols; h += j->head) { /* partial: the rest of the head passes */
+                k->rope(x + h, cs, y + h, 1, j->g);
+                if (y != x)
+                    memcpy(y + h + 2 * j->g, x + h + 2 * j->g, (size_t)(j->head - 2 * j->g) * sizeof *y);
+            }
+        }
         break;
     case RLX_OP_SWIGLU:
         k->swiglu(j->a + r0, j->b + r0, j->y + r0, r1 - r0);
@@ -142,13 +154,15 @@ static int kern_rope_table(kern_ctx *c, const int32_t *pos, const float *factors
 }
 
 int kern_rope(kern_ctx *c, const float *x, const int32_t *pos, const float *factors, float *y, int64_t T, int64_t cols,
-              uint32_t head_dim, float theta) {
+              uint32_t head_dim, uint32_t rope_dims, float theta) {
     if (T == 0)
         return RLX_OK;
-    const int rc = kern_rope_table(c, pos, factors, T, head_dim, theta);
+    const uint32_t turn = rope_dims ? rope_dims : head_dim;
+    const int rc = kern_rope_table(c, pos, factors, T, turn, theta);
     if (rc < 0)
         return rc;
-    kern_rows_job j = {.op = RLX_OP_ROPE, .cols = cols, .a = x, .b = c->rope_cs.p, .y = y, .g = head_dim / 2};
+    kern_rows_job j = {
+        .op = RLX_OP_ROPE, .cols = cols, .a = x, .b = c->rope_cs.p, .y = y, .g = turn / 2, .head = head_dim};
     kern_rows_run(c, &j, T, cols);
     return RLX_OK;
 }
@@ -250,7 +264,8 @@ int kern_op_rows(kern_ctx *c, const rlx_node_view *n) {
         return kern_op_rms_norm(c, n);
     case RLX_OP_ROPE:
         return kern_rope(c, in[0].data, in[1].data, n->n_inputs > 2 ? in[2].data : NULL, n->output->data,
-                         rlx_iface_rows(&in[0]), rlx_iface_cols(&in[0]), n->params->head_dim, n->params->rope_theta);
+                         rlx_iface_rows(&in[0]), rlx_iface_cols(&in[0]), n->params->head_dim,
+                         c->host->abi_minor >= 6 ? n->params->rope_dims : 0, n->params->rope_theta);
     case RLX_OP_SWIGLU:
         kern_swiglu(c, in[0].data, in[1].data, n->output->data, rlx_iface_numel(n->output));
         return RLX_OK;

@@ -55,6 +55,20 @@ typedef struct kern_simd {
      * several calls give the same bits as one call) */
     void (*att_pv)(int dt, const float *p, int64_t ldp, int64_t rows, const void *v, int64_t ldv, int64_t nk, int64_t D,
                    float *const *o);
+    /* The recurrent ops' pieces (kern_recurrent.inc, used by kern_recurrent.c). */
+    /* Y[m][n] += alpha * A[m][kd] B[kd][n], row-major with leading dimensions lda, ldb, ldy;
+     * each sum runs over kd in order */
+    void (*mm_acc)(int64_t m, int64_t n, int64_t kd, const float *A, int64_t lda, const float *B, int64_t ldb, float *Y,
+                   int64_t ldy, float alpha);
+    /* one row of the gated delta rule for one head: S = g S; S += k (beta (v - S^T k))^T;
+     * o = S^T q, S [dk][dv] row-major, k and q normalised */
+    void (*gd_step)(float *S, int64_t dk, int64_t dv, float g, const float *k, const float *q, const float *v,
+                    float beta, float *o);
+    /* one SSM_CONV row over n channels: y = silu(sum_j w[j] u[j]), u[j] = state row j (ldu apart)
+     * for j < K-1 and x for j = K-1, w the kernel as [K][ldw] */
+    void (*conv_row)(const float *w, int64_t ldw, const float *u, int64_t ldu, const float *x, float *y, int64_t n,
+                     int64_t K);
+    void (*sigmoid_mul)(const float *x, const float *g, float *y, int64_t n); /* y = x * sigmoid(g) */
 } kern_simd;
 
 /* The table of level isa; never NULL for a level below PLUGIN_ISA_COUNT. */

@@ -50,6 +50,27 @@ def check_lists(args):
     return problems
 
 
+def check_depth(args):
+    """-d 0,6 -p 4 -n 2: pp4 and tg2 from an empty context and after 6 tokens (n_depth, "pp4 @ d6");
+    the depth really fills the context: with -c 8 the 6 + 4 positions of pp4 @ d6 do not fit."""
+    base = [args.rlx, "bench", "--model", args.model, "-p", "4", "-n", "2", "-d", "0,6", "-r", "1"]
+    problems = []
+    p = subprocess.run(base + ["-o", "json"], capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        return [f"rlx bench -d exited with {p.returncode}: {p.stderr}"]
+    got = sorted((o["n_depth"], o["n_prompt"], o["n_gen"]) for o in json.loads(p.stdout))
+    if got != sorted([(0, 4, 0), (0, 0, 2), (6, 4, 0), (6, 0, 2)]):
+        problems.append(f"-d 0,6: tests {got}")
+    md = subprocess.run(base, capture_output=True, text=True, timeout=300)
+    names = [line.split("|")[6].strip() for line in md.stdout.splitlines() if line.startswith("| ")][2:]
+    if md.returncode != 0 or names != ["pp4", "tg2", "pp4 @ d6", "tg2 @ d6"]:
+        problems.append(f"-d 0,6 -o md: tests {names} ({md.returncode}: {md.stderr!r})")
+    small = subprocess.run(base[:-4] + ["-d", "6", "-r", "1", "-c", "8"], capture_output=True, text=True, timeout=120)
+    if small.returncode == 0:
+        problems.append("-d 6 -p 4 ran in a context of 8 positions: the depth was not prefilled")
+    return problems
+
+
 def check_escaping(args):
     """A backend describing itself with a quote, a backslash, a tab and a newline (the conformance
     kit's broken-describe plugin): every output format's JSON holds that string exactly."""
@@ -155,6 +176,7 @@ def main():
             not any(line.startswith(f"host: {host['cpu']} ") for line in lines):
         problems.append(f"plain output is not a table with a host line: {plain.stdout!r} {plain.stderr!r}")
     problems += check_lists(args)
+    problems += check_depth(args)
     problems += check_escaping(args)
     problems += check_memory(args, args.model)
     if args.hybrid:

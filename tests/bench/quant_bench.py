@@ -2,8 +2,9 @@
 """Quantized GGUF benchmark: rlx against llama.cpp's llama-bench on the same files, in one run.
 
   quant_bench.py --build BUILD [--llama-bench PATH] [--types bf16,q8_0,q4_0,q4_k_m]
-                 [--plugins cpu-blas] [--threads 2] [-r 5] [-p 128] [-n 64] [--rounds 1] [--cache-type f16]
-                 [--model DIR] [--workdir DIR] [--tokenizer DIR] [--json FILE]
+                 [--plugins cpu-blas] [--threads 2] [-r 5] [-p 128] [-n 64] [-d 0] [--rounds 1]
+                 [--cache-type f16] [--model DIR] [--workdir DIR] [--tokenizer DIR] [--json FILE]
+                 [--gguf TYPE=FILE,...]
 
 The files: the Qwen3-0.6B-shaped bench model (run_bench.py generates it once, random BF16)
 with Qwen3's real tokenizer beside it (the npm copy the text tests install), written once per
@@ -16,9 +17,15 @@ again. Both keep their KV cache in the --cache-type C (f16 by default, llama-ben
 default; rlx's is f32). The figures are medians over the repetitions and rounds; the ratios
 compare rlx with llama.cpp measured minutes apart on the same machine.
 
+--gguf takes files written elsewhere instead (an architecture rlx quantize cannot write yet,
+such as a Qwen3.5 hybrid that llama.cpp's own converter and llama-quantize wrote); its TYPE
+names label the rows. -d D runs both programs' tests after D tokens already in the context
+(rlx bench -d, llama-bench -d).
+
 Per type, from the GGUF header (tests/gguf/gguf_ref.py, the independent reader):
-  bytes per decoded token = every tensor but the embedding table, plus the LM head (the
-    embedding table itself when the model has no output.weight, as here);
+  bytes per decoded token = every tensor but the embedding table and the MTP (nextn) blocks,
+    which a plain decode never reads, plus the LM head (the embedding table itself when the
+    model has no output.weight, as here);
   bandwidth ceiling = read GB/s (probe median) / bytes per token.
 Goals (issue 13): rlx decode >= 1.3x llama.cpp and >= 0.7 of the ceiling; rlx pp >= 2x
 llama.cpp; rlx peak RSS <= 1.1x the file. A missed goal is a result: the exit status is 0 when
@@ -97,7 +104,11 @@ def read_file_stats(path):
     if "token_embd.weight" not in names:
         raise BenchError(f"{path}: no token_embd.weight")
     head = names.get("output.weight", names["token_embd.weight"])
-    body = sum(t.nbytes for t in g.tensors if t.name not in ("token_embd.weight", "output.weight"))
+    arch = g.metadata.get("general.architecture", "")
+    layers = g.metadata.get(f"{arch}.block_count", 0)
+    mtp = {f"blk.{i}." for i in range(layers - g.metadata.get(f"{arch}.nextn_predict_layers", 0), layers)}
+    body = sum(t.nbytes for t in g.tensors if t.name not in ("token_embd.weight", "output.weight")
+               and not any(t.name.startswith(b) for b in mtp))
     types = {}
     for t in g.tensors:
         types[t.type_name] = types.get(t.type_name, 0) + t.nbytes
@@ -107,7 +118,8 @@ def read_file_stats(path):
 
 def run_llama(llama_bench, path, args, log):
     cmd = [llama_bench, "-m", path, "-p", str(args.prompt), "-n", str(args.decode), "-r", str(args.reps),
-           "-t", str(args.threads), "-ctk", args.cache_type, "-ctv", args.cache_type, "-o", "json"]
+           "-t", str(args.threads), "-ctk", args.cache_type, "-ctv", args.cache_type, "-d", str(args.depth),
+           "-o", "json"]
     stdout, wall, wait4_rss, others = run(cmd, args.timeout)
     try:
         tests = json.loads(stdout)
@@ -188,6 +200,7 @@ def main(argv=None):
     ap.add_argument("-r", "--reps", type=int, default=5, help="repetitions of each test (median)")
     ap.add_argument("-p", "--prompt", type=int, default=128)
     ap.add_argument("-n", "--decode", type=int, default=64)
+    ap.add_argument("-d", "--depth", type=int, default=0, help="tokens in the context before each test (untimed)")
     ap.add_argument("--rounds", type=int, default=1, help="passes over all types (medians over them)")
     ap.add_argument("--cache-type", default="f16", choices=("f16", "f32"),
                     help="KV cache type of both programs (default f16, llama-bench's own default)")
@@ -196,7 +209,20 @@ def main(argv=None):
     ap.add_argument("--tokenizer", help="directory with Qwen3's tokenizer.json (default: the npm copy)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds allowed per command")
     ap.add_argument("--json", help="results JSON (default BUILD/quant-bench.json)")
+    ap.add_argument("--gguf", help="TYPE=FILE,...: benchmark these GGUF files instead of writing them with rlx "
+                                   "quantize (TYPE labels the row)")
     args = ap.parse_args(argv)
+    if args.depth < 0:
+        ap.error("--depth must be at least 0")
+    given = {}
+    for item in (args.gguf or "").split(","):
+        if item.strip():
+            label, sep, path = item.partition("=")
+            if not sep or not label.strip() or not path.strip():
+                ap.error(f"--gguf: {item!r} is not TYPE=FILE")
+            given[label.strip()] = os.path.abspath(path.strip())
+    if given:
+        args.types = ",".join(given)
     for name in ("threads", "reps", "prompt", "decode", "rounds"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1")
@@ -216,9 +242,12 @@ def main(argv=None):
                 raise BenchError(f"{path} is not an executable")
         workdir = os.path.abspath(args.workdir or os.path.join(build, "bench-gguf"))
         os.makedirs(workdir, exist_ok=True)
-        bench = os.path.abspath(args.model) if args.model else ensure_model(build)
-        src = source_model(bench, workdir, os.path.abspath(args.tokenizer or os.path.join(build, NPM_TOKENIZER)))
-        paths = {t: ensure_gguf(rlx, src, workdir, t, args.timeout, log) for t in types}
+        if given:
+            paths = given
+        else:
+            bench = os.path.abspath(args.model) if args.model else ensure_model(build)
+            src = source_model(bench, workdir, os.path.abspath(args.tokenizer or os.path.join(build, NPM_TOKENIZER)))
+            paths = {t: ensure_gguf(rlx, src, workdir, t, args.timeout, log) for t in types}
         files = {t: file_stats(p) for t, p in paths.items()}
 
         started = datetime.datetime.now().astimezone()
@@ -234,7 +263,7 @@ def main(argv=None):
                 log(f"round {rnd + 1}, {qtype} ({files[qtype]['file_bytes'] / 1048576:.0f} MiB)")
                 for plugin in plugins:
                     res, cmd = run_rlx(rlx, paths[qtype], args, log, plugin=plugin,
-                                       extra=["-ctk", args.cache_type, "-ctv", args.cache_type])
+                                       extra=["-ctk", args.cache_type, "-ctv", args.cache_type, "-d", str(args.depth)])
                     rlx_runs.setdefault((qtype, plugin), []).append(dict(res, command=cmd))
                 if args.llama_bench:
                     llama_runs.setdefault(qtype, []).append(run_llama(args.llama_bench, paths[qtype], args, log))

@@ -20,9 +20,18 @@
  *                     call's row count: a row's bits depend on the batch
  *   BROKEN_DESCRIBE   claims nothing (the reference kernels run every node) and describes itself
  *                     with a quote, a backslash and control characters, which a report printing
- *                     it (rlx bench's JSON) must escape */
+ *                     it (rlx bench's JSON) must escape
+ *   BROKEN_STATELESS  claims SSM_CONV (ABI 1.6) and computes each call right from the state it
+ *                     is given, but never writes the state back: the next call starts stale
+ *   BROKEN_UNCHECKED  claims SSM_CONV and computes it, but accepts a sequence's positions that
+ *                     are negative or not consecutive instead of failing the call
+ *   BROKEN_OLD_CLAIMS built for ABI 1.5, claims every ROPE (whole heads, as 1.5 states it) and
+ *                     the op numbers 1.6 later gave SIGMOID_MUL, SSM_CONV and GATED_DELTA (a
+ *                     careless supports()): the core must never offer it those nodes nor a
+ *                     partial ROPE, and it fails any such node it is given */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -62,6 +71,11 @@ static int b_supports(void *self, const rlx_node_view *n) {
     return n->op == RLX_OP_GATHER_LAST;
 #elif defined(BROKEN_VARIANT)
     return n->op == RLX_OP_ATTENTION && n->n_inputs == 7;
+#elif defined(BROKEN_STATELESS) || defined(BROKEN_UNCHECKED)
+    return n->op == RLX_OP_SSM_CONV;
+#elif defined(BROKEN_OLD_CLAIMS)
+    return n->op == RLX_OP_ROPE || n->op == RLX_OP_SIGMOID_MUL || n->op == RLX_OP_SSM_CONV ||
+           n->op == RLX_OP_GATED_DELTA;
 #else
     return 0;
 #endif
@@ -95,6 +109,76 @@ __attribute__((unused)) static void matmul_x(const rlx_node_view *n, int roundin
 }
 
 __attribute__((unused)) static void matmul(const rlx_node_view *n) { matmul_x(n, -1); }
+
+/* SSM_CONV as the contract states it, row by row over a copy of the state that is written
+ * back at the end (not with BROKEN_STATELESS). Slots are always checked (a row of another slot
+ * would write outside the state); positions only without BROKEN_UNCHECKED. */
+__attribute__((unused)) static int ssm_conv(const rlx_node_view *n) {
+    const float *x = n->inputs[0].data;
+    const int32_t *pos = n->inputs[2].data, *seq = n->n_inputs > 4 ? n->inputs[4].data : NULL;
+    const rlx_tensor *w = &n->inputs[1], *st = &n->inputs[3];
+    const int64_t T = n->inputs[0].shape[0], C = n->inputs[0].shape[1], K = w->shape[1];
+    const int64_t slots = st->n_dims == 3 ? st->shape[0] : 1, win = (K - 1) * C;
+    float *y = n->output->data;
+    for (int64_t t = 0; t < T; t++) {
+        const int32_t s = seq ? seq[t] : 0;
+        if (s < 0 || s >= slots)
+            return host->error(RLX_E_RANGE, "%s: row %lld: slot %d out of range", BROKEN_NAME, (long long)t, s);
+#ifndef BROKEN_UNCHECKED
+        if (pos[t] < 0)
+            return host->error(RLX_E_RANGE, "%s: row %lld: negative position", BROKEN_NAME, (long long)t);
+        for (int64_t u = t - 1; u >= 0; u--)
+            if ((seq ? seq[u] : 0) == s) {
+                if (pos[u] + 1 != pos[t])
+                    return host->error(RLX_E_INVALID, "%s: row %lld: position not consecutive", BROKEN_NAME,
+                                       (long long)t);
+                break;
+            }
+#endif
+    }
+    float *state = malloc((size_t)(slots * win) * sizeof *state);
+    if (!state)
+        return host->error(RLX_E_NOMEM, "%s: out of memory", BROKEN_NAME);
+    memcpy(state, st->data, (size_t)(slots * win) * sizeof *state);
+    for (int64_t t = 0; t < T; t++) {
+        float *sw = state + (seq ? seq[t] : 0) * win;
+        if (pos[t] == 0)
+            memset(sw, 0, (size_t)win * sizeof *sw);
+        for (int64_t c = 0; c < C; c++) {
+            float acc = 0;
+            for (int64_t j = 0; j < K - 1; j++)
+                acc += rlx_iface_load_f32(w->dtype, w->data, c * K + j) * sw[j * C + c];
+            acc += rlx_iface_load_f32(w->dtype, w->data, c * K + K - 1) * x[t * C + c];
+            y[t * C + c] = acc / (1.0f + expf(-acc));
+        }
+        memmove(sw, sw + C, (size_t)((K - 2) * C) * sizeof *sw);
+        memcpy(sw + (K - 2) * C, x + t * C, (size_t)C * sizeof *sw);
+    }
+#ifndef BROKEN_STATELESS
+    memcpy(st->data, state, (size_t)(slots * win) * sizeof *state);
+#endif
+    free(state);
+    return RLX_OK;
+}
+
+/* ROPE over whole heads with optional factors, as ABI 1.5 states it. */
+__attribute__((unused)) static void rope(const rlx_node_view *n) {
+    const float *x = n->inputs[0].data, *factors = n->n_inputs > 2 ? n->inputs[2].data : NULL;
+    const int32_t *pos = n->inputs[1].data;
+    const int64_t T = n->inputs[0].shape[0], cols = n->inputs[0].shape[1], d = n->params->head_dim, half = d / 2;
+    float *y = n->output->data;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < cols / d; h++)
+            for (int64_t i = 0; i < half; i++) {
+                double angle = pos[t] * pow((double)n->params->rope_theta, -2.0 * (double)i / (double)d);
+                if (factors)
+                    angle /= (double)factors[i];
+                const double c = cos(angle), s = sin(angle), x1 = x[t * cols + h * d + i],
+                             x2 = x[t * cols + h * d + i + half];
+                y[t * cols + h * d + i] = (float)(x1 * c - x2 * s);
+                y[t * cols + h * d + i + half] = (float)(x2 * c + x1 * s);
+            }
+}
 
 __attribute__((unused)) static uint32_t b_precision(void *self, const rlx_node_view *n) {
     return RLX_PRECISION_BF16_ACT;
@@ -140,6 +224,13 @@ static int b_compute(void *self, const rlx_node_view *n) {
 #elif defined(BROKEN_VARIANT)
     for (int64_t i = 0; i < len; i++)
         y[i] = (float)n->inputs[0].shape[0];
+#elif defined(BROKEN_STATELESS) || defined(BROKEN_UNCHECKED)
+    return ssm_conv(n);
+#elif defined(BROKEN_OLD_CLAIMS)
+    if (n->op != RLX_OP_ROPE)
+        return host->error(RLX_E_INTERNAL, "%s: given node '%s' of op %u, which ABI 1.5 does not have", BROKEN_NAME,
+                           n->name, n->op);
+    rope(n);
 #endif
     return RLX_OK;
 }
@@ -171,6 +262,8 @@ static const rlx_plugin desc = {
 #endif
 #ifdef BROKEN_OLD_MINOR
     .abi_minor = 1,
+#elif defined(BROKEN_OLD_CLAIMS)
+    .abi_minor = 5,
 #else
     .abi_minor = RLX_ABI_MINOR,
 #endif

@@ -9,8 +9,10 @@
  * - the chunk-parallel form against the recurrent one over the same rows (their difference is
  *   F32 rounding), and a slot's rows giving the same bits whatever else the call holds;
  * - graph validation of shapes, dtypes and params, naming the node and the input;
- * - the ABI: a backend built before 1.6 is never asked about these nodes, and the in-tree
- *   backends decline them (the reference kernels run them). */
+ * - the ABI: a backend built before 1.6 is never asked about these nodes;
+ * - the in-tree backends (cpu-blas, onednn: the kernel library's kern_recurrent.c) on the same
+ *   NumPy cases, at every ISA level this CPU has (isa=c, avx2, avx512), each node placed on the
+ *   backend so that nothing falls back to the reference kernels unseen. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,7 +126,17 @@ static void free_call(hyb_call *k) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Running one node as a one-node graph on the reference kernels
+// Running one node as a one-node graph
+
+/* The backend the cases run on: NULL for the reference kernels, else a plugin every node is
+ * placed on (planning fails if it declines one). */
+static rlx_backend *g_backend;
+
+/* Whether the in-tree backends take a node of op with these params: all of 1.6 but a partial
+ * ROPE with frequency factors, which no model has (the reference kernels run it). */
+static bool plugin_takes(uint32_t op, const rlx_op_params *p, uint32_t n_in) {
+    return !(op == RLX_OP_ROPE && n_in == 3 && p->rope_dims && p->rope_dims != p->head_dim);
+}
 
 /* Runs op over inputs in[i] of role[i] (INPUT, WEIGHT or STATE; each bound to its data) and
  * returns the status; on success the out_floats values of the output are copied to out. */
@@ -145,7 +157,13 @@ static int run_node(uint32_t op, const rlx_op_params *params, const rlx_tensor *
         fail_msg("add_node: %s", rlx_last_error());
     assert_ok(rlx_graph_mark_output(g, y));
     rlx_plan *p;
-    assert_ok(rlx_plan_create(g, NULL, 0, &p));
+    if (g_backend && plugin_takes(op, params, n_in)) {
+        const rlx_place_rule rule = {.op = op, .backend = g_backend};
+        if (rlx_plan_create_placed(g, &g_backend, 1, &rule, 1, &p) != RLX_OK)
+            fail_msg("%s declines node: %s", rlx_backend_name(g_backend), rlx_last_error());
+    } else {
+        assert_ok(rlx_plan_create(g, NULL, 0, &p));
+    }
     for (uint32_t i = 0; i < n_in; i++)
         if (role[i] != RLX_ROLE_WEIGHT)
             assert_ok(rlx_plan_bind(p, ids[i], in[i].data));
@@ -222,7 +240,8 @@ static void run_case(reader *r) {
                 fail_msg("%s, call %u: %s", c.name, call, rlx_last_error());
             const double e = max_err(out, k.want.data, n_out);
             if (!(e <= TOL))
-                fail_msg("%s, call %u: output off by %g (relative)", c.name, call, e);
+                fail_msg("%s, call %u: output off by %g (relative)%s%s", c.name, call, e, g_backend ? " on " : "",
+                         g_backend ? rlx_backend_name(g_backend) : "");
         }
         free(out);
         free_call(&k);
@@ -240,9 +259,8 @@ static void run_case(reader *r) {
     free(before);
 }
 
-static void test_numpy_cases(void **state) {
-    (void)state;
-    size_t len;
+static void run_cases(void) {
+    size_t len = 0;
     char *buf = test_read_file(CASES, &len);
     if (!buf)
         fail_msg("cannot read %s (written by hybrid_ops_ref.py, the make_hybrid_cases test)", CASES);
@@ -256,6 +274,44 @@ static void test_numpy_cases(void **state) {
         run_case(&r);
     assert_true(r.p == r.end);
     free(buf);
+}
+
+static const char *const in_tree[] = {"/rlx-backend-cpu-blas.so", "/rlx-backend-onednn.so"};
+
+/* Runs body on the reference kernels, then on each in-tree backend at each ISA level this CPU
+ * has (g_backend set): the kernel library's portable, AVX2 and AVX-512 instances are different
+ * code (vector widths, blocking, tails). */
+static void on_each_backend(void (*body)(void)) {
+    static const char *const levels[] = {"isa=c", "isa=avx2", "isa=avx512"};
+    body();
+    int ran = 0;
+    for (size_t i = 0; i < sizeof in_tree / sizeof in_tree[0]; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s%s", RLX_BUILD_PLUGIN_DIR, in_tree[i]);
+        rlx_plugin_handle *h;
+        if (rlx_plugin_load(path, &h) != RLX_OK) {
+            print_message("%s not built: skipped\n", in_tree[i] + 1);
+            continue;
+        }
+        for (size_t l = 0; l < sizeof levels / sizeof levels[0]; l++) {
+            const rlx_backend_options o = {.size = sizeof o, .n_threads = 2, .extra = levels[l]};
+            if (rlx_backend_create(h, &o, &g_backend) != RLX_OK) { /* a level this CPU lacks */
+                print_message("%s %s: %s\n", in_tree[i] + 1, levels[l], rlx_last_error());
+                continue;
+            }
+            body();
+            ran++;
+            rlx_backend_destroy(g_backend);
+            g_backend = NULL;
+        }
+        rlx_plugin_unload(h);
+    }
+    assert_true(ran >= 1); /* cpu-blas is always built, and isa=c runs on any CPU */
+}
+
+static void test_numpy_cases(void **state) {
+    (void)state;
+    on_each_backend(run_cases);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -336,8 +392,7 @@ static int gd_call(gd_problem *g, int64_t r0, int64_t n, float *out) {
 /* The chunk-parallel form (a call of T rows: chunks of 64 and a shorter last one) against the
  * recurrent one (calls of 8 rows, below the kernel's threshold), over the same rows from the
  * same state: outputs and final states agree to F32 rounding. T = 200 (64 + 64 + 64 + 8). */
-static void test_chunked_matches_recurrent(void **unused) {
-    (void)unused;
+static void chunked_matches_recurrent(void) {
     enum { T = 200, HV = 4, HK = 2, DK = 64, DV = 48, SPLIT = 8 };
     gd_problem one, rec;
     gd_problem_init(&one, HV, HK, DK, DV, T, 1, 7);
@@ -352,7 +407,8 @@ static void test_chunked_matches_recurrent(void **unused) {
     for (int64_t r = 0; r < T; r += SPLIT)
         assert_ok(gd_call(&rec, r, SPLIT, y2));
     const double e_out = max_err(y1, y2, T * HV * DV), e_state = max_err(one.state, rec.state, HV * DK * DV);
-    print_message("chunked vs recurrent, T=%d: output %.3g, state %.3g (norm-wise relative)\n", T, e_out, e_state);
+    print_message("%s: chunked vs recurrent, T=%d: output %.3g, state %.3g (norm-wise relative)\n",
+                  g_backend ? rlx_backend_name(g_backend) : "reference", T, e_out, e_state);
     assert_true(e_out <= TOL && e_state <= TOL);
     assert_true(e_out > 0); /* the forms differ in rounding: the chunked one did run */
     free(y1), free(y2);
@@ -363,8 +419,7 @@ static void test_chunked_matches_recurrent(void **unused) {
 /* Slot 0's rows give the same bits alone and among rows of other slots (one of them a prompt
  * chunk of 40 rows, so the call is large enough to run on several threads while slot 0's own
  * call runs on one), and so does its state. */
-static void test_batch_invariance(void **unused) {
-    (void)unused;
+static void batch_invariance(void) {
     enum { HV = 8, HK = 2, DK = 64, DV = 64, N0 = 20, T = N0 + 1 + 40 };
     gd_problem alone, mixed;
     gd_problem_init(&mixed, HV, HK, DK, DV, T, 3, 11);
@@ -400,6 +455,100 @@ static void test_batch_invariance(void **unused) {
     free(ym), free(ya);
     gd_problem_free(&alone);
     gd_problem_free(&mixed);
+}
+
+static void test_chunked_matches_recurrent(void **unused) {
+    (void)unused;
+    on_each_backend(chunked_matches_recurrent);
+}
+
+/* One run of the thread-count test: a one-sequence prompt of 150 rows (chunked: 64 + 64 + 22)
+ * and then three slots interleaved (row by row), from seed's data; outputs and states. */
+static void thread_run(uint64_t seed, float *y1, float *s1, float *y2, float *s2) {
+    enum { HV = 6, HK = 3, DK = 40, DV = 24, T = 150 };
+    gd_problem one, many;
+    gd_problem_init(&one, HV, HK, DK, DV, T, 1, seed);
+    gd_problem_init(&many, HV, HK, DK, DV, T, 3, seed);
+    for (int32_t r = 0; r < T; r++) {
+        one.pos[r] = r, one.seq[r] = 0;
+        many.seq[r] = r % 3, many.pos[r] = r / 3;
+    }
+    assert_ok(gd_call(&one, 0, T, y1));
+    assert_ok(gd_call(&many, 0, T, y2));
+    memcpy(s1, one.state, HV * DK * DV * sizeof *s1);
+    memcpy(s2, many.state, 3 * HV * DK * DV * sizeof *s2);
+    gd_problem_free(&one);
+    gd_problem_free(&many);
+}
+
+/* Every (slot, head) runs on one thread from start to end, so the in-tree backends give the same
+ * bits on 1, 2 and 3 threads (3: more threads than cores, tasks handed out unevenly), many times
+ * over, whatever else the machine runs. */
+static void test_thread_count_invariance(void **unused) {
+    (void)unused;
+    enum { OUT = 150 * 6 * 24, STATE = 3 * 6 * 40 * 24, ROUNDS = 8 };
+    rlx_plugin_handle *h;
+    char path[512];
+    snprintf(path, sizeof path, "%s%s", RLX_BUILD_PLUGIN_DIR, in_tree[0]);
+    assert_ok(rlx_plugin_load(path, &h));
+    float *want = calloc(2 * (OUT + STATE), sizeof *want), *got = calloc(2 * (OUT + STATE), sizeof *got);
+    assert_true(want && got);
+    for (uint64_t seed = 1; seed <= ROUNDS; seed++)
+        for (uint32_t threads = 1; threads <= 3; threads++) {
+            const rlx_backend_options o = {.size = sizeof o, .n_threads = threads};
+            assert_ok(rlx_backend_create(h, &o, &g_backend));
+            float *out = threads == 1 ? want : got;
+            thread_run(seed, out, out + OUT, out + OUT + STATE, out + 2 * OUT + STATE);
+            rlx_backend_destroy(g_backend);
+            g_backend = NULL;
+            if (threads > 1 && memcmp(want, got, 2 * (OUT + STATE) * sizeof *got) != 0)
+                fail_msg("seed %llu: %u threads give other bits than 1", (unsigned long long)seed, threads);
+        }
+    free(want), free(got);
+    rlx_plugin_unload(h);
+}
+
+static void test_batch_invariance(void **unused) {
+    (void)unused;
+    on_each_backend(batch_invariance);
+}
+
+/* cpu-blas's batch_invariant=1 runs a one-sequence prompt row by row as well (what a pipeline
+ * stage's replay needs): 40 rows in one call give the bits of 40 calls of one row; without the
+ * option the call takes the chunked form, whose rounding differs. */
+static void test_split_invariant_option(void **unused) {
+    (void)unused;
+    enum { HV = 4, HK = 2, DK = 32, DV = 16, T = 40 };
+    rlx_plugin_handle *h;
+    char path[512];
+    snprintf(path, sizeof path, "%s%s", RLX_BUILD_PLUGIN_DIR, in_tree[0]);
+    assert_ok(rlx_plugin_load(path, &h));
+    float *whole = malloc(T * HV * DV * sizeof *whole), *rows = malloc(T * HV * DV * sizeof *rows);
+    assert_true(whole && rows);
+    for (int invariant = 1; invariant >= 0; invariant--) {
+        const rlx_backend_options o = {
+            .size = sizeof o, .n_threads = 2, .extra = invariant ? "batch_invariant=1" : "batch_invariant=0"};
+        assert_ok(rlx_backend_create(h, &o, &g_backend));
+        gd_problem one, split;
+        gd_problem_init(&one, HV, HK, DK, DV, T, 1, 5);
+        gd_problem_init(&split, HV, HK, DK, DV, T, 1, 5);
+        for (int32_t r = 0; r < T; r++)
+            one.pos[r] = split.pos[r] = r, one.seq[r] = split.seq[r] = 0;
+        assert_ok(gd_call(&one, 0, T, whole));
+        for (int64_t r = 0; r < T; r++)
+            assert_ok(gd_call(&split, r, 1, rows));
+        const int same = !memcmp(whole, rows, T * HV * DV * sizeof *rows) &&
+                         !memcmp(one.state, split.state, HV * DK * DV * sizeof(float));
+        if (same != invariant)
+            fail_msg("batch_invariant=%d: one call and %d calls of a row %s", invariant, T,
+                     same ? "gave the same bits (the chunked form did not run)" : "differ");
+        gd_problem_free(&one);
+        gd_problem_free(&split);
+        rlx_backend_destroy(g_backend);
+        g_backend = NULL;
+    }
+    free(whole), free(rows);
+    rlx_plugin_unload(h);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -543,12 +692,14 @@ static void test_conv_rope_gate_validation(void **unused) {
 
 /* Whether b is offered a node of op with the given inputs (data NULL, as at planning time). */
 static int offered(rlx_backend *b, uint32_t op, const rlx_tensor *in, uint32_t n, const rlx_op_params *p) {
-    rlx_tensor out = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {in[0].shape[0], in[0].shape[1], 1, 1}};
+    const int64_t cols = op == RLX_OP_GATED_DELTA ? (int64_t)p->n_heads * p->head_dim_v : in[0].shape[1];
+    rlx_tensor out = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {in[0].shape[0], cols, 1, 1}};
     const rlx_node_view v = {.op = op, .n_inputs = n, .inputs = in, .output = &out, .params = p, .name = "n"};
     return rlx_backend_supports(b, &v);
 }
 
-static void check_offers(rlx_backend *b) {
+/* take: whether b is offered the nodes of 1.6 (each but a partial ROPE with factors). */
+static void check_offers(rlx_backend *b, int take) {
     enum { T = 2, D = 8 };
     const rlx_tensor x = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {T, 2 * D, 1, 1}};
     const rlx_tensor pos = {.dtype = RLX_DTYPE_I32, .n_dims = 1, .shape = {T, 1, 1, 1}};
@@ -556,29 +707,35 @@ static void check_offers(rlx_backend *b) {
     const rlx_op_params full = {.rope_theta = 1e4f, .head_dim = D},
                         whole = {.rope_theta = 1e4f, .head_dim = D, .rope_dims = D},
                         part = {.rope_theta = 1e4f, .head_dim = D, .rope_dims = 4};
-    /* a whole-head ROPE is still offered (rope_dims 0 or head_dim); a partial one never */
+    /* a whole-head ROPE is offered to all (rope_dims 0 or head_dim) */
     assert_int_equal(offered(b, RLX_OP_ROPE, rope_in, 2, &full), 1);
     assert_int_equal(offered(b, RLX_OP_ROPE, rope_in, 2, &whole), 1);
-    assert_int_equal(offered(b, RLX_OP_ROPE, rope_in, 2, &part), 0);
+    assert_int_equal(offered(b, RLX_OP_ROPE, rope_in, 2, &part), take);
+    const rlx_tensor factors = {.dtype = RLX_DTYPE_F32, .n_dims = 1, .shape = {D / 2, 1, 1, 1}};
+    const rlx_tensor rope_ff[3] = {x, pos, factors};
+    assert_int_equal(offered(b, RLX_OP_ROPE, rope_ff, 3, &part), 0);
     const rlx_tensor two[2] = {x, x};
     assert_int_equal(offered(b, RLX_OP_ADD, two, 2, &full), 1);
-    assert_int_equal(offered(b, RLX_OP_SIGMOID_MUL, two, 2, &full), 0);
+    assert_int_equal(offered(b, RLX_OP_SIGMOID_MUL, two, 2, &full), take);
     const rlx_tensor conv_in[4] = {x,
                                    {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {2 * D, 4, 1, 1}},
                                    pos,
                                    {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {3, 2 * D, 1, 1}}};
-    assert_int_equal(offered(b, RLX_OP_SSM_CONV, conv_in, 4, &full), 0);
+    assert_int_equal(offered(b, RLX_OP_SSM_CONV, conv_in, 4, &full), take);
     const rlx_op_params gp = {.eps = 1e-6f, .head_dim = D, .n_heads = 2, .n_kv_heads = 2, .head_dim_v = D};
     const rlx_tensor ab = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {T, 2, 1, 1}},
                      w = {.dtype = RLX_DTYPE_F32, .n_dims = 1, .shape = {2, 1, 1, 1}};
     const rlx_tensor qkv = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {T, 6 * D, 1, 1}};
     const rlx_tensor gd_in[7] = {qkv, ab, ab, w, w, pos, {.dtype = RLX_DTYPE_F32, .n_dims = 3, .shape = {2, D, D, 1}}};
-    assert_int_equal(offered(b, RLX_OP_GATED_DELTA, gd_in, 7, &gp), 0);
+    assert_int_equal(offered(b, RLX_OP_GATED_DELTA, gd_in, 7, &gp), take);
+    /* a shape the contract does not allow is declined: a state of the wrong Dv */
+    const rlx_tensor bad_in[7] = {qkv, ab, ab, w, w, pos, {.dtype = RLX_DTYPE_F32, .n_dims = 3, .shape = {2, D, 4, 1}}};
+    assert_int_equal(offered(b, RLX_OP_GATED_DELTA, bad_in, 7, &gp), 0);
 }
 
 /* A backend built for 1.3 that claims every node is never asked about the ops of 1.6 nor a
- * partial ROPE; the in-tree backends, built for 1.6, decline them. Either way the reference
- * kernels run them. */
+ * partial ROPE (the reference kernels run them there); the in-tree backends, built for 1.6,
+ * take them. */
 static void test_abi_offers(void **unused) {
     (void)unused;
     rlx_plugin_handle *h;
@@ -586,20 +743,19 @@ static void test_abi_offers(void **unused) {
     assert_ok(rlx_plugin_load(RLX_TEST_ABI13, &h));
     assert_ok(rlx_backend_create(h, NULL, &b));
     assert_int_equal(rlx_backend_abi_minor(b), 3);
-    check_offers(b);
+    check_offers(b, 0);
     rlx_backend_destroy(b);
     rlx_plugin_unload(h);
-    static const char *const plugins[] = {"/rlx-backend-cpu-blas.so", "/rlx-backend-onednn.so"};
-    for (size_t i = 0; i < sizeof plugins / sizeof plugins[0]; i++) {
+    for (size_t i = 0; i < sizeof in_tree / sizeof in_tree[0]; i++) {
         char path[512];
-        snprintf(path, sizeof path, "%s%s", RLX_BUILD_PLUGIN_DIR, plugins[i]);
+        snprintf(path, sizeof path, "%s%s", RLX_BUILD_PLUGIN_DIR, in_tree[i]);
         if (rlx_plugin_load(path, &h) != RLX_OK) {
-            print_message("%s not built: skipped\n", plugins[i] + 1);
+            print_message("%s not built: skipped\n", in_tree[i] + 1);
             continue;
         }
         assert_ok(rlx_backend_create(h, NULL, &b));
         assert_int_equal(rlx_backend_abi_minor(b), 6);
-        check_offers(b);
+        check_offers(b, 1);
         rlx_backend_destroy(b);
         rlx_plugin_unload(h);
     }
@@ -610,6 +766,8 @@ int main(void) {
         cmocka_unit_test(test_numpy_cases),
         cmocka_unit_test(test_chunked_matches_recurrent),
         cmocka_unit_test(test_batch_invariance),
+        cmocka_unit_test(test_thread_count_invariance),
+        cmocka_unit_test(test_split_invariant_option),
         cmocka_unit_test(test_gated_delta_validation),
         cmocka_unit_test(test_conv_rope_gate_validation),
         cmocka_unit_test(test_abi_offers),

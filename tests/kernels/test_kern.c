@@ -122,7 +122,7 @@ static void run_row_ops(kern_ctx *c, float out[6][T * H]) {
     expect_each_item_once(T);
     kern_rms_norm(c, row_x, row_w, out[1], T, H, HEAD, 1e-6f);
     expect_each_item_once(T);
-    assert_ok(kern_rope(c, row_x, row_pos, NULL, out[2], T, H, HEAD, 1e6f));
+    assert_ok(kern_rope(c, row_x, row_pos, NULL, out[2], T, H, HEAD, 0, 1e6f));
     memset(item_runs, 0, sizeof item_runs); /* the table and the rotation: two jobs of T rows */
     kern_swiglu(c, row_x, row_u, out[3], T * H);
     expect_each_item_once(T * H);

@@ -70,6 +70,37 @@ MODELS = {
         mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
                              mrope_section=[1, 1, 2], mrope_interleaved=True)))),
+    # Qwen3.5-MoE's text model in miniature (make_hybrid.py's qwen35moe-mtp, made flat:
+    # Qwen3_5MoeForCausalLM, as qwen35 above): qwen35's layers at full_attention_interval 2
+    # (linear, full, linear, full) with every MLP a mixture of 4 experts of 32, top 2, stored
+    # fused as transformers saves them (the converter splits gate_up_proj), and a shared expert
+    # of 160 with its sigmoid gate (llama.cpp's ffn_gate_inp_shexp, a vector); 160 is a width no
+    # other tensor has, so a width taken for another shows as a shape error (both multiples of
+    # 32, as Q8_0 needs of a down projection's rows). Tied, as qwen35. Its MTP layer,
+    # whose MLP is a mixture of experts too, becomes the nextn block blk.4.
+    "qwen35moe": ("qwen35moe-mtp", dict(layout="flat", experts="fused", mtp=True, tie=True, text=dict(
+        dict(make_hybrid.TEXT, **BROWN_BODY), num_hidden_layers=4, full_attention_interval=2,
+        layer_types=["linear_attention", "full_attention"] * 2, head_dim=32, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=24, linear_value_head_dim=24, linear_conv_kernel_dim=4,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=160,
+        mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25,
+                             mrope_section=[1, 1, 2], mrope_interleaved=True)))),
+    # Qwen3-Next in miniature (make_hybrid.py's qwen3next-mtp): Qwen3NextForCausalLM with
+    # in_proj_qkvz and in_proj_ba grouped per key head (the converter splits the first into
+    # attn_qkv and attn_gate and keeps the value heads in Hugging Face's order; the second stays
+    # whole as ssm_ba), 2 key heads over 4 value heads, both of 24 (llama.cpp's qwen3next takes
+    # both from ssm.state_size), three Gated DeltaNet layers then a gated full-attention one,
+    # plain partial RoPE, experts one tensor each as the released checkpoints store them (4 of
+    # 32, top 2, renormalised, a shared expert of 160), tied. An MTP layer (mtp.*, no
+    # mtp_num_hidden_layers in Qwen3-Next's config: the converter counts the layers) as blk.4.
+    "qwen3next": ("qwen3next-mtp", dict(layout="flat", experts="split", mtp=True, tie=True, text=dict(
+        dict(make_hybrid.TEXT, **BROWN_BODY), num_hidden_layers=4, full_attention_interval=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"], head_dim=32, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=24, linear_value_head_dim=24, linear_conv_kernel_dim=4,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=160,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25)))),
 }
 
 
@@ -86,7 +117,8 @@ def build(name, out):
 
 
 def hybrid(name):
-    """Whether checkpoint `name` is a recurrent hybrid (make_hybrid.py's, Qwen3.5)."""
+    """Whether checkpoint `name` is a recurrent hybrid (make_hybrid.py's: Qwen3.5, Qwen3.5-MoE,
+    Qwen3-Next)."""
     return MODELS[name][0] in make_hybrid.KINDS
 
 

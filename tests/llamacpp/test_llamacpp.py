@@ -21,7 +21,11 @@ from it what llama-completion and llama-perplexity computed. This test
      file, llama-q8_0.gguf, leaves at token 29 on a tie of 0.0094: its 8-bit activations; the
      files with quantized matrices have a wider near tie, QUANT_NEAR_TIE, which says why);
   3. perplexity: rlx perplexity -m FILE -f ref/heldout.txt -c 256 within 0.3 % of llama.cpp's
-     figure for each file, and on the checkpoint directory within 0.3 % of the F32 file's;
+     figure for each file, and on the checkpoint directory within 0.3 % of the F32 file's; the
+     figure llama.cpp computes with attention in F32 where ref/llama.cpp.json has it (the
+     checkpoints made since the MoE hybrids: on qwen35moe-q8_0.gguf llama.cpp's default F16
+     attention moves it by 0.35 %, its rounding amplified by the 8-bit activations and the
+     experts' routing), else its default figure;
   4. the NumPy reference (tests/model/qwen3_ref.py; qwen35_ref.py for the Qwen3.5 hybrid, through
      check_golden_hybrid.py, which adds the decode steps' log-probabilities) on the checkpoint:
      rlx logits and greedy ids on the checkpoint directory and on the F32 GGUF file within
@@ -162,13 +166,15 @@ def main():
             failures.append("%s: %s" % (label, error))
             rows.append("%-22s perplexity FAIL no figure" % label)
             continue
-        rel = (ppl - want["perplexity"]) / want["perplexity"]
+        # llama.cpp's figure with attention in F32 where make_refs.py recorded it (as for greedy)
+        want_ppl = want.get("perplexity_f32_attention", want["perplexity"])
+        rel = (ppl - want_ppl) / want_ppl
         ok = abs(rel) <= perplexity.REL_TOL
         rows.append("%-22s perplexity %-5s rlx %.4f, llama.cpp %.4f (%s): %+.3f %% (%.1f s)" % (
-            label, "pass" if ok else "FAIL", ppl, want["perplexity"], against, 100 * rel, took))
+            label, "pass" if ok else "FAIL", ppl, want_ppl, against, 100 * rel, took))
         if not ok:
             failures.append("%s: PPL %.4f differs from llama.cpp's %.4f on %s by %+.3f %% (limit %.1f %%)" % (
-                label, ppl, want["perplexity"], against, 100 * rel, 100 * perplexity.REL_TOL))
+                label, ppl, want_ppl, against, 100 * rel, 100 * perplexity.REL_TOL))
 
     hybrid = arch_models.hybrid(args.model)
     model = (qwen35_ref if hybrid else qwen3_ref).load(hf)

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Golden test of the Qwen3.5 hybrid: rlx logits, greedy ids and decode log-probabilities
-against the NumPy reference (qwen35_ref.py).
+"""Golden test of the Qwen3.5 hybrids (qwen3_5, qwen3_5_moe, qwen3_next): rlx logits, greedy ids
+and decode log-probabilities against the NumPy reference (qwen35_ref.py).
 
   check_golden_hybrid.py --rlx PATH/rlx --workdir DIR [--kind K] [--dtype D] [--shards N]
                          [--seed S] [--tol T] [--timeout SEC] [-- EXTRA_RLX_ARGS...]
@@ -57,7 +57,7 @@ TOP_LOGPROBS = 20  # rlx generate's maximum (APP_MAX_LOGPROBS)
 # 1e-6 is above |o|^2 there). check_golden's bound still leaves 4x room over that, checked here.
 F32_ROOM = 4
 # The golden models of ctest and the self-test: every kind in both storage dtypes
-GOLDEN = [(kind, dtype) for kind in make_hybrid.KINDS for dtype in ("f32", "bf16")]
+GOLDEN = [(kind, dtype) for kind in make_hybrid.SELF_TEST_KINDS for dtype in ("f32", "bf16")]
 
 
 class Case:

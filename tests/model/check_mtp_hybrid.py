@@ -1,9 +1,14 @@
 #!/usr/bin/python3
-"""Golden test of Qwen3.5's own MTP layer in rlx: against qwen35_ref.py and across formats.
+"""Golden test of Qwen3.5's own MTP layer in rlx (and Qwen3.5-MoE's and Qwen3-Next's): against
+qwen35_ref.py and across formats.
 
   check_mtp_hybrid.py --probe PATH/rlx_mtp_probe --rlx PATH/rlx --workdir DIR [--plugin NAME]
+                      [--kind KIND --gguf-name NAME]
 
-1. On make_hybrid.py's qwen35-untied-mtp checkpoint (nested layout, untied head, an MTP layer
+KIND is make_hybrid.py's kind with an MTP layer (default qwen35-untied-mtp; qwen35moe-mtp and
+qwen3next-mtp carry one whose MLP is a mixture of experts), NAME the arch_models.py checkpoint
+whose llama.cpp GGUF file step 3 reads (default qwen35; qwen35moe, qwen3next).
+1. On make_hybrid.py's KIND checkpoint (qwen35-untied-mtp: nested layout, untied head, an MTP layer
    under Qwen's names: mtp.fc, mtp.pre_fc_norm_*, mtp.layers.0.*, mtp.norm), in F32 and in BF16:
    rlx_mtp_probe (tests/model/mtp_probe.c) writes the target's final-normed hidden rows (prefill
    then two more positions), its last three logits rows, and the MTP layer's logits and hidden
@@ -20,7 +25,7 @@
    are accepted part of the time (asserted: some accepted, some rejected), which exercises
    accepting drafts and cutting back into a verified forward. On a Qwen3.5 checkpoint without an
    MTP layer --spec mtp fails naming the missing tensor and the weights option.
-3. tests/llamacpp/ref/qwen35-f32.gguf, whose MTP layer llama.cpp's converter wrote as the nextn
+3. tests/llamacpp/ref/NAME-f32.gguf (qwen35-f32.gguf), whose MTP layer llama.cpp's converter wrote as the nextn
    block blk.4 (rlx renames it to the mtp.* names): the probe's four outputs on the GGUF file
    equal those on the checkpoint it was converted from (written again by
    tests/llamacpp/arch_models.py and checked against the digests llama.cpp converted) within
@@ -58,11 +63,8 @@ LOGITS_TOL = check_golden.LOGITS_TOL
 # linear layers sum over value heads in llama.cpp's tiled order instead of HF's grouped one, and
 # the converter, not rlx, computed 1 + w and -exp(A_log). A wrong tensor or order shows as O(1).
 GGUF_TOL = 1e-5
-KIND = "qwen35-untied-mtp"
 SEED = 3
 TOKENS = [17, 3, 250, 99, 4, 301, 77, 12, 140, 66, 205, 8, 480]  # < make_hybrid's vocab of 512
-GGUF = os.path.join(LLAMACPP, "ref", "qwen35-f32.gguf")
-GGUF_NAME = "qwen35"  # arch_models.MODELS' name of the checkpoint it was converted from
 GGUF_PROMPT = "The jury said that the city"
 GGUF_TOKENS = [52, 3001, 7, 910, 88, 4000, 2, 640, 1200, 33, 2048]  # < the Brown vocabulary's 4096
 GEN_STEPS = 16
@@ -183,15 +185,17 @@ def check_spec_greedy(args, what, model, inputs, ref_model, prompt=None):
 
 def predictable(src, out):
     """A copy of checkpoint src whose MTP drafts the target often accepts (PREDICTABLE_SCALE):
-    the target's o_proj, out_proj and down_proj scaled, and the MTP layer made to pass its
+    the target's o_proj, out_proj and down_proj (every expert's, the shared expert's) scaled,
+    and the MTP layer made to pass its
     token's embedding through (fc the identity on the normed embedding, pre_fc_norm_embedding
     1, mtp.norm the target's norm) with its hidden half and its decoder layer's outputs scaled
     the same: its logits are then near the target's at the token it is given."""
     tensors, _ = st.read(src)
-    text = "model.language_model."
+    text = ref.load(src).prefix
     for name in tensors:
+        # mlp.experts.down_proj: fused experts
         if name.startswith((text + "layers.", "mtp.layers.")) and \
-                name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
+                name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight", "experts.down_proj")):
             tensors[name] = tensors[name] * np.float32(PREDICTABLE_SCALE)
     h = tensors[text + "embed_tokens.weight"].shape[1]
     fc = tensors["mtp.fc.weight"] * np.float32(PREDICTABLE_SCALE)
@@ -218,7 +222,7 @@ def prompt_ids(args, model, text):
 
 def check_errors(args):
     """An MTP layer Qwen3.5 checkpoints do not have, and --spec mtp on a checkpoint without one."""
-    model = os.path.join(args.workdir, f"{KIND}-f32")
+    model = os.path.join(args.workdir, f"{args.kind}-f32")
     r = probe(args, model, TOKENS, os.path.join(args.workdir, "error"), layer=1)
     if r.returncode != 1 or "one MTP layer, not layer 1" not in r.stderr:
         raise Failure(f"MTP layer 1: want exit 1 and an error naming it, got exit {r.returncode}: "
@@ -230,16 +234,16 @@ def check_errors(args):
         raise Failure(f"rlx generate --spec mtp without an MTP layer: exit {r.returncode}: {r.stderr.strip()!r}")
 
 
-def source_checkpoint(workdir):
-    """The checkpoint qwen35-f32.gguf was converted from, written again and checked against the
+def source_checkpoint(workdir, name):
+    """The checkpoint NAME-f32.gguf was converted from, written again and checked against the
     digests recorded when llama.cpp converted it."""
     with open(os.path.join(LLAMACPP, "ref", "llama.cpp.json")) as f:
-        recorded = json.load(f)["models"][GGUF_NAME]["sha256"]
-    path = os.path.join(workdir, GGUF_NAME)
-    got = arch_models.build(GGUF_NAME, path)
+        recorded = json.load(f)["models"][name]["sha256"]
+    path = os.path.join(workdir, name)
+    got = arch_models.build(name, path)
     changed = sorted(f for f in set(got) | set(recorded) if got.get(f) != recorded.get(f))
     if changed:
-        raise Failure(f"the {GGUF_NAME} checkpoint written now differs from the one llama.cpp converted in "
+        raise Failure(f"the {name} checkpoint written now differs from the one llama.cpp converted in "
                       f"{', '.join(changed)} (tests/llamacpp/README.md: run make_refs.py again)")
     return path
 
@@ -250,7 +254,11 @@ def main(argv=None):
     ap.add_argument("--rlx", required=True)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--plugin", default="cpu-blas")
+    ap.add_argument("--kind", default="qwen35-untied-mtp", help="make_hybrid.py's kind, with an MTP layer")
+    ap.add_argument("--gguf-name", default="qwen35", help="the arch_models.py checkpoint of step 3's GGUF file")
     args = ap.parse_args(argv)
+    kind, gguf_name = args.kind, args.gguf_name
+    gguf = os.path.join(LLAMACPP, "ref", f"{gguf_name}-f32.gguf")
     shutil.rmtree(args.workdir, ignore_errors=True)
     os.makedirs(args.workdir)
     tokens = ["--tokens", ",".join(map(str, TOKENS))]
@@ -263,30 +271,30 @@ def main(argv=None):
             lp_err = max(lp_err, err)
 
         for dtype in ("f32", "bf16"):
-            model = os.path.join(args.workdir, f"{KIND}-{dtype}")
-            make_hybrid.build(KIND, dtype, 1, SEED, model)
-            got = probe_outputs(args, model, TOKENS, os.path.join(args.workdir, f"{KIND}-{dtype}"))
-            worst = max(worst, check_reference(f"{KIND} {dtype}", model, got, TOKENS))
-            spec(f"{KIND} {dtype}", model, tokens, ref.load(model))
-        model = predictable(os.path.join(args.workdir, f"{KIND}-f32"), os.path.join(args.workdir, "predictable"))
+            model = os.path.join(args.workdir, f"{kind}-{dtype}")
+            make_hybrid.build(kind, dtype, 1, SEED, model)
+            got = probe_outputs(args, model, TOKENS, os.path.join(args.workdir, f"{kind}-{dtype}"))
+            worst = max(worst, check_reference(f"{kind} {dtype}", model, got, TOKENS))
+            spec(f"{kind} {dtype}", model, tokens, ref.load(model))
+        model = predictable(os.path.join(args.workdir, f"{kind}-f32"), os.path.join(args.workdir, "predictable"))
         spec("predictable", model, tokens, ref.load(model))
         proposed, accepted = counts["predictable"]
         if not 0 < accepted < proposed:
             raise Failure(f"the predictable model's MTP drafts: {accepted} of {proposed} accepted; the check needs "
                           f"some accepted and some rejected (PREDICTABLE_SCALE)")
         check_errors(args)
-        hf = source_checkpoint(args.workdir)
+        hf = source_checkpoint(args.workdir, gguf_name)
         got_hf = probe_outputs(args, hf, GGUF_TOKENS, os.path.join(args.workdir, "hf"))
-        worst = max(worst, check_reference(f"{GGUF_NAME} checkpoint", hf, got_hf, GGUF_TOKENS))
-        got_gguf = probe_outputs(args, GGUF, GGUF_TOKENS, os.path.join(args.workdir, "gguf"))
-        gguf_err = max(compare(f"{os.path.basename(GGUF)} vs its checkpoint: {name}", got_gguf[name],
+        worst = max(worst, check_reference(f"{gguf_name} checkpoint", hf, got_hf, GGUF_TOKENS))
+        got_gguf = probe_outputs(args, gguf, GGUF_TOKENS, os.path.join(args.workdir, "gguf"))
+        gguf_err = max(compare(f"{os.path.basename(gguf)} vs its checkpoint: {name}", got_gguf[name],
                                got_hf[name].astype(np.float64), GGUF_TOL) for name in OUTPUTS)
-        spec(os.path.basename(GGUF), GGUF, ["-p", GGUF_PROMPT], ref.load(hf), prompt_ids(args, GGUF, GGUF_PROMPT))
+        spec(os.path.basename(gguf), gguf, ["-p", GGUF_PROMPT], ref.load(hf), prompt_ids(args, gguf, GGUF_PROMPT))
     except Failure as e:
         print(f"FAIL {e}")
         return 1
     notes = ", ".join(f"{what} {a}/{p}" for what, (p, a) in counts.items())
-    print(f"PASS Qwen3.5 MTP layer: target hidden rows and logits, MTP logits and hidden output against NumPy "
+    print(f"PASS {kind} MTP layer: target hidden rows and logits, MTP logits and hidden output against NumPy "
           f"(F32, BF16 and the GGUF's source; max error {worst:.3g} x max(1,|ref|)); the GGUF file equals its "
           f"checkpoint (max {gguf_err:.3g}); --spec mtp gives greedy's ids and log-probabilities (max |diff| "
           f"{lp_err:.2g}; drafts accepted: {notes}); errors named")

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Write random-weight Qwen3.5 (model_type qwen3_5) models in the real Hugging Face layout.
+"""Write random-weight Qwen3.5 (model_type qwen3_5), Qwen3.5-MoE (qwen3_5_moe) and Qwen3-Next
+(qwen3_next) models in the real Hugging Face layout.
 
   make_hybrid.py --kind KIND [--dtype f32|bf16|f16] [--shards N] [--seed S] --out DIR
 
@@ -15,6 +16,13 @@ mtp.pre_fc_norm_hidden, mtp.layers.0.* a full-attention decoder layer, mtp.norm;
 text_config.mtp_num_hidden_layers = 1), which HF's text model ignores (_keys_to_ignore_on_load_
 unexpected ^mtp.*) and llama.cpp's converter maps to its nextn block (fc -> eh_proj, the
 embedding norm's output first in the concatenation).
+
+The MoE kinds (MOE: 4 experts, top 2, a shared expert) give every MLP of a qwen3_5_moe model,
+and the sparse layers of a qwen3_next one (decoder_sparse_step, mlp_only_layers), a router
+mlp.gate, the experts (fused or one tensor each, the kind's `experts`), mlp.shared_expert.* and
+mlp.shared_expert_gate; their MTP layer's MLP too. qwen3_next's Gated DeltaNet layers hold
+in_proj_qkvz and in_proj_ba (grouped per key head) instead of Qwen3.5's four projections, and its
+config is flat, without mtp_num_hidden_layers (the checkpoint says how many MTP layers it has).
 
 Scales, as make_model.py: activations O(1), every (1 + w) norm weight w ~ N(0, NORM_STD) (HF
 initialises them to 0; random w makes every element matter), the gated norm's weight ~ 1 +
@@ -80,8 +88,81 @@ KINDS = {
         linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=16,
         rope_theta=10000.0, partial_rotary_factor=0.25)),
 }
-# What qwen35_ref.py self-test builds (all of them: they are small)
-SELF_TEST_KINDS = tuple(KINDS)
+# Mixture-of-experts kinds: 4 experts, top 2, a shared expert with its sigmoid gate. `arch` picks
+# the model family (default qwen3_5), `experts` how the checkpoint stores the routed experts:
+# "fused" as transformers 5 saves them (mlp.experts.gate_up_proj [E, 2F, H], each expert's gate
+# rows then up rows, and mlp.experts.down_proj [E, H, F]), "split" one tensor per expert
+# (mlp.experts.N.{gate,up,down}_proj.weight, as the released Qwen3-Next checkpoints have them).
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+           shared_expert_intermediate_size=48)
+KINDS.update({
+    # Qwen3.5-35B-A3B-like: nested Qwen3_5MoeForConditionalGeneration (model_type qwen3_5_moe),
+    # fused experts, untied, layers linear, full, linear, full; 2 key heads serving 4 value
+    # heads (llama.cpp tiles them); an MTP layer whose MLP is a mixture of experts too.
+    "qwen35moe-mtp": dict(layout="nested", arch="qwen3_5_moe", experts="fused", mtp=True, tie=False,
+                          text=dict(TEXT, **MOE, num_hidden_layers=4, full_attention_interval=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                                    linear_value_head_dim=16, mtp_num_hidden_layers=1,
+                                    mtp_use_dedicated_embeddings=False,
+                                    rope_parameters=dict(rope_type="default", rope_theta=10000000,
+                                                         partial_rotary_factor=0.25,
+                                                         mrope_section=[1, 1, 2], mrope_interleaved=True))),
+    # Qwen3_5MoeForCausalLM, flat (qwen3_5_moe_text): experts one tensor each, tied, 2 layers.
+    "qwen35moe-flat": dict(layout="flat", arch="qwen3_5_moe", experts="split", mtp=False, tie=True,
+                           text=dict(TEXT, **MOE, num_hidden_layers=2, layer_types=["linear_attention",
+                                                                               "full_attention"],
+                                     num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                                     linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
+                                     linear_value_head_dim=16, rope_theta=10000.0, partial_rotary_factor=0.5)),
+    # Qwen3-Next-80B-A3B-like: flat Qwen3NextForCausalLM, in_proj_qkvz / in_proj_ba grouped per
+    # key head (2 key heads of 16 serving 4 value heads of 16), experts one tensor each, untied,
+    # an MTP layer (mixture of experts), interval 2.
+    "qwen3next-mtp": dict(layout="flat", arch="qwen3_next", experts="split", mtp=True, tie=False,
+                          text=dict(TEXT, **MOE, num_hidden_layers=4, full_attention_interval=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                                    linear_value_head_dim=16, norm_topk_prob=True, decoder_sparse_step=1,
+                                    mlp_only_layers=[],
+                                    rope_parameters=dict(rope_type="default", rope_theta=10000000,
+                                                         partial_rotary_factor=0.25))),
+    # Qwen3-Next with what Qwen3-Next's config allows beyond it: layer 0 a dense MLP
+    # (mlp_only_layers), the top 2 not renormalised (norm_topk_prob false), fused experts,
+    # tied, Dk 8 < Dv 16, 3 layers from layer_types.
+    "qwen3next-dense-layer": dict(layout="flat", arch="qwen3_next", experts="fused", mtp=False, tie=True,
+                                  text=dict(TEXT, **MOE, num_hidden_layers=3,
+                                            layer_types=["linear_attention", "full_attention", "linear_attention"],
+                                            num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                                            linear_num_key_heads=2, linear_num_value_heads=4,
+                                            linear_key_head_dim=8, linear_value_head_dim=16, norm_topk_prob=False,
+                                            decoder_sparse_step=1, mlp_only_layers=[0], rope_theta=10000.0,
+                                            partial_rotary_factor=0.5)),
+})
+# The config.json names of each family: (model_type flat, architectures flat, model_type
+# nested, architectures nested, the nested text config's model_type)
+FAMILIES = {
+    "qwen3_5": ("qwen3_5_text", "Qwen3_5ForCausalLM", "qwen3_5", "Qwen3_5ForConditionalGeneration", "qwen3_5_text"),
+    "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM", "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration",
+                    "qwen3_5_moe_text"),
+    "qwen3_next": ("qwen3_next", "Qwen3NextForCausalLM", None, None, None),
+}
+# The shape of Qwen3.5-0.8B (config.json as released: 24 layers, 18 Gated DeltaNet and 6 gated
+# attention, 16 linear heads of 128, attention 8 query / 2 KV heads of 256, tied embeddings,
+# 248k vocabulary, its MTP layer), for benchmarks beside llama-bench: ~1.8 GB in BF16. The
+# benchmarks pair it with Qwen3's tokenizer (npm has no Qwen3.5 one), hence Qwen3's BOS and EOS.
+KINDS["bench-qwen35"] = dict(layout="nested", mtp=True, tie=True, text=dict(
+    TEXT, vocab_size=248320, hidden_size=1024, intermediate_size=3584, max_position_embeddings=262144,
+    bos_token_id=151643, eos_token_id=151645, num_hidden_layers=24, full_attention_interval=4,
+    num_attention_heads=8, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+    linear_num_value_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+    mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False,
+    rope_parameters=dict(rope_type="default", rope_theta=10000000, partial_rotary_factor=0.25,
+                         mrope_section=[11, 11, 10], mrope_interleaved=True)))
+# Real-size shapes for benchmarks (gigabytes): never built by the tests
+BENCH_KINDS = ("bench-qwen35",)
+DEFAULT_DTYPE = {"bench-qwen35": "bf16"}  # the rest default to f32
+# What qwen35_ref.py self-test builds (all the others: they are small)
+SELF_TEST_KINDS = tuple(k for k in KINDS if k not in BENCH_KINDS)
 
 
 def make_config(kind, dtype):
@@ -89,11 +170,13 @@ def make_config(kind, dtype):
     k = KINDS[kind]
     dtype_name = DTYPES[dtype][1]
     text = dict(k["text"], tie_word_embeddings=k["tie"], dtype=dtype_name)
+    flat_type, flat_arch, nested_type, nested_arch, text_type = FAMILIES[k.get("arch", "qwen3_5")]
+    if k.get("arch") == "qwen3_5_moe":
+        text.pop("intermediate_size", None)  # Qwen3_5MoeTextConfig has no dense MLP size
     if k["layout"] == "flat":
-        return dict(text, model_type="qwen3_5_text", architectures=["Qwen3_5ForCausalLM"],
-                    transformers_version="4.57.0.dev0")
-    text["model_type"] = "qwen3_5_text"
-    return dict(architectures=["Qwen3_5ForConditionalGeneration"], model_type="qwen3_5", text_config=text,
+        return dict(text, model_type=flat_type, architectures=[flat_arch], transformers_version="4.57.0.dev0")
+    text["model_type"] = text_type
+    return dict(architectures=[nested_arch], model_type=nested_type, text_config=text,
                 vision_config=dict(VISION), tie_word_embeddings=k["tie"], image_token_id=505,
                 video_token_id=506, vision_start_token_id=507, vision_end_token_id=508,
                 dtype=dtype_name, transformers_version="4.57.0.dev0")
@@ -127,7 +210,7 @@ def tensor_specs(kind, config, seed):
     def norm_1p(name, n):  # Qwen3_5RMSNorm: the file holds w of (1 + w)
         normal(name, (n,), NORM_STD)
 
-    H, V, inter = c["hidden_size"], c["vocab_size"], c["intermediate_size"]
+    H, V, inter = c["hidden_size"], c["vocab_size"], c.get("intermediate_size")
     heads, kv, D = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     Hk, Hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
     Dk, Dv, K = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
@@ -159,22 +242,53 @@ def tensor_specs(kind, config, seed):
         norm_1p(p + "self_attn.q_norm.weight", D)
         norm_1p(p + "self_attn.k_norm.weight", D)
 
-    def dense_layer(p, full):
+    family = k.get("arch", "qwen3_5")
+    E, F, SF = c.get("num_experts", 0), c.get("moe_intermediate_size"), c.get("shared_expert_intermediate_size")
+
+    def moe(p):
+        # the router's logits O(1): softmax spreads over the experts, top-k picks vary by token
+        linear(p + "mlp.gate", E, H)
+        if k["experts"] == "fused":
+            normal(p + "mlp.experts.gate_up_proj", (E, 2 * F, H), 1 / math.sqrt(H))
+            normal(p + "mlp.experts.down_proj", (E, H, F), RESIDUAL_GAIN / math.sqrt(F))
+        else:
+            for e in range(E):
+                linear(f"{p}mlp.experts.{e}.gate_proj", F, H)
+                linear(f"{p}mlp.experts.{e}.up_proj", F, H)
+                linear(f"{p}mlp.experts.{e}.down_proj", H, F, RESIDUAL_GAIN)
+        linear(p + "mlp.shared_expert.gate_proj", SF, H)
+        linear(p + "mlp.shared_expert.up_proj", SF, H)
+        linear(p + "mlp.shared_expert.down_proj", H, SF, RESIDUAL_GAIN)
+        linear(p + "mlp.shared_expert_gate", 1, H)
+
+    def sparse(i):  # Qwen3NextDecoderLayer's rule; Qwen3.5-MoE has experts in every layer
+        return E > 0 and i not in (c.get("mlp_only_layers") or []) and (i + 1) % c.get("decoder_sparse_step", 1) == 0
+
+    def dense_layer(p, full, experts=False):
         norm_1p(p + "input_layernorm.weight", H)
         if full:
             attention(p)
+        elif family == "qwen3_next":
+            # per key head [q Dk | k Dk | v (Hv/Hk)Dv | z (Hv/Hk)Dv] and [b Hv/Hk | a Hv/Hk]
+            a = p + "linear_attn."
+            linear(a + "in_proj_qkvz", 2 * Hk * Dk + 2 * Hv * Dv, H)
+            linear(a + "in_proj_ba", 2 * Hv, H)
         else:
             a = p + "linear_attn."
             linear(a + "in_proj_qkv", conv_dim, H)
             linear(a + "in_proj_z", Hv * Dv, H)
             linear(a + "in_proj_b", Hv, H)
             linear(a + "in_proj_a", Hv, H)
+        if not full:
             normal(a + "conv1d.weight", (conv_dim, 1, K), 1 / math.sqrt(K))  # sum of K terms: O(1)
             add(a + "dt_bias", (Hv,), lambda rng, s: np.ones(s))
             add(a + "A_log", (Hv,), lambda rng, s: rng.uniform(*np.log(A_RANGE), s))
             normal(a + "norm.weight", (Dv,), NORM_STD, 1.0)  # RMSNormGated: w itself
             linear(a + "out_proj", H, Hv * Dv, RESIDUAL_GAIN)
         norm_1p(p + "post_attention_layernorm.weight", H)
+        if experts:
+            moe(p)
+            return
         linear(p + "mlp.gate_proj", inter, H)
         linear(p + "mlp.up_proj", inter, H)
         linear(p + "mlp.down_proj", H, inter, RESIDUAL_GAIN)
@@ -183,7 +297,7 @@ def tensor_specs(kind, config, seed):
         "full_attention" if (i + 1) % c.get("full_attention_interval", 4) == 0 else "linear_attention"
         for i in range(c["num_hidden_layers"])]
     for i, t in enumerate(types):
-        dense_layer(f"{prefix}layers.{i}.", t == "full_attention")
+        dense_layer(f"{prefix}layers.{i}.", t == "full_attention", sparse(i))
     norm_1p(prefix + "norm.weight", H)
     if not k["tie"]:
         normal("lm_head.weight", (V, H), head_std)
@@ -193,8 +307,8 @@ def tensor_specs(kind, config, seed):
         norm_1p("mtp.pre_fc_norm_embedding.weight", H)
         norm_1p("mtp.pre_fc_norm_hidden.weight", H)
         linear("mtp.fc", H, 2 * H)
-        for n in range(c["mtp_num_hidden_layers"]):
-            dense_layer(f"mtp.layers.{n}.", True)
+        for n in range(c.get("mtp_num_hidden_layers", 1)):  # Qwen3-Next's config has no such field
+            dense_layer(f"mtp.layers.{n}.", True, E > 0)  # the model's MLP, experts and all
         norm_1p("mtp.norm.weight", H)
     return specs
 
@@ -218,15 +332,16 @@ def build(kind, dtype, shards, seed, out):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="Write a random-weight Qwen3.5 model in HF layout.")
+    ap = argparse.ArgumentParser(description="Write a random-weight Qwen3.5, Qwen3.5-MoE or Qwen3-Next model.")
     ap.add_argument("--kind", required=True, choices=sorted(KINDS))
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="f32", help="storage dtype (default f32)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), help="storage dtype (default bf16 for the bench kinds, else f32)")
     ap.add_argument("--shards", type=int, default=1, help="number of safetensors files")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="output directory (absent or empty)")
     args = ap.parse_args(argv)
     if args.shards < 1:
         ap.error("--shards must be >= 1")
+    args.dtype = args.dtype or DEFAULT_DTYPE.get(args.kind, "f32")
     try:
         build(args.kind, args.dtype, args.shards, args.seed, args.out)
     except (OSError, ValueError) as e:

@@ -1,8 +1,11 @@
 #!/usr/bin/python3
-"""Independent NumPy reference of the Hugging Face Qwen3.5 text model (model_type qwen3_5).
+"""Independent NumPy reference of the Hugging Face Qwen3.5 text model (model_type qwen3_5), and
+of Qwen3.5-MoE (qwen3_5_moe) and Qwen3-Next (qwen3_next), which differ from it only as listed
+under "Mixture of experts" below.
 
 Written from transformers' modeling_qwen3_5.py and configuration_qwen3_5.py (the text model of
-Qwen3_5ForConditionalGeneration and Qwen3_5ForCausalLM, eager attention), computing in float64
+Qwen3_5ForConditionalGeneration and Qwen3_5ForCausalLM, eager attention), modeling_qwen3_5_moe.py
+and modeling_qwen3_next.py with their configurations, computing in float64
 from the stored weights widened exactly. It shares no code with rlx, so rlx is checked against
 it and never against itself. Vision weights (model.visual.*) in the checkpoint are ignored, as
 HF's text path ignores them; so are the MTP weights (mtp.*) except by mtp_forward.
@@ -37,6 +40,20 @@ every norm (1 + w); out is the hidden row vLLM and llama.cpp chain into the next
 weights sit at the top level (mtp.*) in both layouts; the embedding is the target's (vLLM and
 llama.cpp share it unless the checkpoint has its own, which mtp_use_dedicated_embeddings would
 say: not implemented here).
+
+Mixture of experts (Qwen3_5MoeSparseMoeBlock, Qwen3NextSparseMoeBlock): the MLP of a sparse
+layer is
+  p = softmax(x mlp.gate^T) over the experts, the top num_experts_per_tok kept (divided by their
+  sum: always for qwen3_5_moe, when norm_topk_prob (default true) for qwen3_next)
+  out = sum_k p_k down_e(silu(gate_e x) * up_e x)  +  sigmoid(x mlp.shared_expert_gate^T) *
+        shared_expert(x), shared_expert a SwiGLU MLP of shared_expert_intermediate_size
+the experts stored fused (mlp.experts.gate_up_proj [E, 2F, H], each expert's gate rows then its
+up rows; mlp.experts.down_proj [E, H, F]) or one tensor each (mlp.experts.N.gate_proj.weight
+...). Every qwen3_5_moe layer is sparse; a qwen3_next layer i is unless it is in mlp_only_layers
+or (i + 1) % decoder_sparse_step != 0. The MTP layer's MLP is sparse too (vLLM's predictors).
+Qwen3-Next's Gated DeltaNet projects with in_proj_qkvz and in_proj_ba, grouped per key head
+(fix_query_key_value_ordering: head g's [q Dk | k Dk | v r*Dv | z r*Dv] and [b r | a r], r =
+Hv/Hk, its r value heads in order), and its rotary embedding is plain partial RoPE (no M-RoPE).
 
 The delta rule exists in both HF forms: recurrent (token by token, HF's decode path) and chunked
 (torch_chunk_gated_delta_rule, HF's prefill path); they must agree, and `self-test` checks it.
@@ -73,6 +90,9 @@ DEFAULT_MROPE_SECTION = (11, 11, 10)
 LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention"}
 # Where Qwen3.5 checkpoints keep the MTP layer (outside the text prefix, in both layouts)
 MTP_PREFIX = "mtp."
+# The families this reference knows, by config.json model_type
+FAMILIES = {"qwen3_5": "qwen3_5", "qwen3_5_text": "qwen3_5", "qwen3_5_moe": "qwen3_5_moe",
+            "qwen3_5_moe_text": "qwen3_5_moe", "qwen3_next": "qwen3_next"}
 
 
 class Model:
@@ -82,8 +102,9 @@ class Model:
         with open(os.path.join(directory, "config.json")) as f:
             outer = json.load(f)
         mt = outer.get("model_type")
-        if mt not in ("qwen3_5", "qwen3_5_text"):
-            raise ValueError(f"model_type {mt!r} is not qwen3_5 or qwen3_5_text")
+        if mt not in FAMILIES:
+            raise ValueError(f"model_type {mt!r} is not one of {sorted(FAMILIES)}")
+        self.family = FAMILIES[mt]
         self.directory, self.outer = directory, outer
         # float64 for the reference; float32 lets the self-test measure how far an f32
         # implementation drifts (every array then stays float32, which the self-test asserts)
@@ -120,6 +141,13 @@ class Model:
         if self.v_heads % self.k_heads:
             raise ValueError(f"{self.v_heads} value heads are not a multiple of {self.k_heads} key heads")
         self.conv_dim = 2 * self.k_heads * self.dk + self.v_heads * self.dv
+        # Mixture of experts (HF's config defaults; the dense family has none)
+        self.experts = c.get("num_experts", 256 if self.family == "qwen3_5_moe" else 512) \
+            if self.family != "qwen3_5" else 0
+        self.top_k = c.get("num_experts_per_tok", 8 if self.family == "qwen3_5_moe" else 10)
+        self.norm_topk = self.family == "qwen3_5_moe" or bool(c.get("norm_topk_prob", True))
+        self.sparse_step = c.get("decoder_sparse_step", 1) if self.family == "qwen3_next" else 1
+        self.mlp_only = set(c.get("mlp_only_layers") or []) if self.family == "qwen3_next" else set()
         self._rope_config(c)
         types = c.get("layer_types")
         if types is None:
@@ -180,6 +208,10 @@ class Model:
     def has(self, rel):
         return self.prefix + rel in self.ckpt
 
+    def sparse(self, i):
+        """Whether layer i's MLP is the mixture of experts (Qwen3NextDecoderLayer's rule)."""
+        return self.experts > 0 and i not in self.mlp_only and (i + 1) % self.sparse_step == 0
+
     def mtp(self):
         """The MTP layer's weights seen as a one-layer text model (Prefixed), so that the decoder
         layer code reads mtp.layers.0.* as it reads model.layers.0.*."""
@@ -205,6 +237,10 @@ class Prefixed:
 
     def has(self, rel):
         return self.prefix + rel in self.model.ckpt
+
+    def sparse(self, i):
+        """The MTP layer's MLP is the model's mixture of experts when it has one."""
+        return self.model.experts > 0
 
 
 def load(directory, dtype=np.float64):
@@ -389,7 +425,10 @@ def full_attention(model, i, h, state, positions):
     k = rms_norm_1p(linear(model, h, p + "k_proj", model.attention_bias).reshape(T, KV, D),
                     model.w(p + "k_norm.weight"), model.eps)
     v = linear(model, h, p + "v_proj", model.attention_bias).reshape(T, KV, D)
-    cos, sin = mrope_tables(np.broadcast_to(positions, (3, T)), model)
+    if model.family == "qwen3_next":  # Qwen3NextRotaryEmbedding: plain (partial) RoPE
+        cos, sin = (a.astype(model.dtype) for a in rope_tables(positions, model.rotary_dim, model.rope_theta))
+    else:
+        cos, sin = mrope_tables(np.broadcast_to(positions, (3, T)), model)
     q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
     state.k[i] = np.concatenate([state.k[i], k])
     state.v[i] = np.concatenate([state.v[i], v])
@@ -421,10 +460,13 @@ def gated_delta_net(model, i, h, state, mode, chunk_size):
     """Qwen3_5GatedDeltaNet over rows h [T, hidden], carrying the conv and recurrent states."""
     p = f"layers.{i}.linear_attn."
     T, Hk, Hv, Dk, Dv = h.shape[0], model.k_heads, model.v_heads, model.dk, model.dv
-    mixed = h @ model.w(p + "in_proj_qkv.weight").T  # [T, conv_dim]
-    z = (h @ model.w(p + "in_proj_z.weight").T).reshape(T, Hv, Dv)
-    b = h @ model.w(p + "in_proj_b.weight").T
-    a = h @ model.w(p + "in_proj_a.weight").T
+    if model.family == "qwen3_next":
+        mixed, z, b, a = qkvz_ba(model, h, p)
+    else:
+        mixed = h @ model.w(p + "in_proj_qkv.weight").T  # [T, conv_dim]
+        z = (h @ model.w(p + "in_proj_z.weight").T).reshape(T, Hv, Dv)
+        b = h @ model.w(p + "in_proj_b.weight").T
+        a = h @ model.w(p + "in_proj_a.weight").T
     mixed, state.conv[i] = causal_conv(mixed, model.w(p + "conv1d.weight"), state.conv[i])
     q = mixed[:, :Hk * Dk].reshape(T, Hk, Dk)
     k = mixed[:, Hk * Dk:2 * Hk * Dk].reshape(T, Hk, Dk)
@@ -444,10 +486,54 @@ def gated_delta_net(model, i, h, state, mode, chunk_size):
     return o @ model.w(p + "out_proj.weight").T
 
 
-def mlp(model, i, x):
-    p = f"layers.{i}.mlp."
+def qkvz_ba(model, h, p):
+    """Qwen3NextGatedDeltaNet.fix_query_key_value_ordering: in_proj_qkvz's output viewed as [T,
+    Hk, 2Dk + 2rDv] split into q, k, v, z per key head; in_proj_ba's as [T, Hk, 2r] into b, a;
+    then q, k, v flattened and concatenated as the conv's input. Returns (mixed [T, conv_dim],
+    z [T, Hv, Dv], b [T, Hv], a [T, Hv])."""
+    T, Hk, Hv, Dk, Dv = h.shape[0], model.k_heads, model.v_heads, model.dk, model.dv
+    r = Hv // Hk
+    qkvz = (h @ model.w(p + "in_proj_qkvz.weight").T).reshape(T, Hk, 2 * Dk + 2 * r * Dv)
+    ba = (h @ model.w(p + "in_proj_ba.weight").T).reshape(T, Hk, 2 * r)
+    q, k = qkvz[..., :Dk], qkvz[..., Dk:2 * Dk]
+    v, z = qkvz[..., 2 * Dk:2 * Dk + r * Dv], qkvz[..., 2 * Dk + r * Dv:]
+    mixed = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], axis=-1)
+    return mixed, z.reshape(T, Hv, Dv), ba[..., :r].reshape(T, Hv), ba[..., r:].reshape(T, Hv)
+
+
+def swiglu_mlp(model, x, p):
     return linear(model, silu(linear(model, x, p + "gate_proj")) * linear(model, x, p + "up_proj"),
                   p + "down_proj")
+
+
+def expert_weights(model, p, e):
+    """Expert e's (gate [F, H], up [F, H], down [H, F]) under MLP prefix p, fused or one each."""
+    if model.has(p + "experts.gate_up_proj"):
+        gate_up = model.w(p + "experts.gate_up_proj")[e]  # Qwen3_5MoeExperts: gate rows, then up
+        F = gate_up.shape[0] // 2
+        return gate_up[:F], gate_up[F:], model.w(p + "experts.down_proj")[e]
+    return tuple(model.w(f"{p}experts.{e}.{n}_proj.weight") for n in ("gate", "up", "down"))
+
+
+def sparse_moe(model, x, p):
+    """The sparse MoE block (router, top-k experts, gated shared expert) over rows x [T, H]."""
+    logits = x @ model.w(p + "gate.weight").T
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        top = np.argsort(-probs[t], kind="stable")[:model.top_k]  # torch.topk: the largest
+        weights = probs[t, top] / (probs[t, top].sum() if model.norm_topk else 1.0)
+        for e, wgt in zip(top, weights):
+            gate, up, down = expert_weights(model, p, int(e))
+            out[t] += wgt * ((silu(x[t] @ gate.T) * (x[t] @ up.T)) @ down.T)
+    shared = swiglu_mlp(model, x, p + "shared_expert.")
+    return out + sigmoid(x @ model.w(p + "shared_expert_gate.weight").T) * shared
+
+
+def mlp(model, i, x):
+    p = f"layers.{i}.mlp."
+    return sparse_moe(model, x, p) if model.sparse(i) else swiglu_mlp(model, x, p)
 
 
 def embed(model, ids):
@@ -707,11 +793,26 @@ def check_grouped_heads(directory, tmp):
                .reshape(group * qk, *x.shape[1:]) for x in (q, k)]
         return np.concatenate(rep + [v])
 
+    def widen_qkvz(w):  # per key head [q|k|v|z] -> per value head [q|k|v_j|z_j], q and k repeated
+        blocks = w.reshape(model.k_heads, -1, w.shape[-1])
+        q, k = blocks[:, :model.dk], blocks[:, model.dk:2 * model.dk]
+        v = blocks[:, 2 * model.dk:2 * model.dk + group * model.dv].reshape(model.k_heads, group, model.dv, -1)
+        z = blocks[:, 2 * model.dk + group * model.dv:].reshape(model.k_heads, group, model.dv, -1)
+        return np.concatenate([np.concatenate([q[g], k[g], v[g, j], z[g, j]])
+                               for g in range(model.k_heads) for j in range(group)])
+
+    def widen_ba(w):  # per key head [b_0..b_r-1 | a_0..a_r-1] -> per value head [b_j | a_j]
+        blocks = w.reshape(model.k_heads, 2, group, -1)
+        return np.concatenate([blocks[g, :, j] for g in range(model.k_heads) for j in range(group)])
+
+    parts = {"in_proj_qkv.weight": widen, "conv1d.weight": widen}
+    if model.family == "qwen3_next":
+        parts = {"in_proj_qkvz.weight": widen_qkvz, "in_proj_ba.weight": widen_ba, "conv1d.weight": widen}
     for i, t in enumerate(model.layer_types):
         if t == "linear_attention":
-            for part in ("in_proj_qkv.weight", "conv1d.weight"):
+            for part, fn in parts.items():
                 name = model.name(f"layers.{i}.linear_attn.{part}")
-                tensors[name] = widen(tensors[name])
+                tensors[name] = fn(tensors[name])
     with open(os.path.join(directory, "config.json")) as f:
         config = json.load(f)
     (config["text_config"] if model.nested else config)["linear_num_key_heads"] = model.v_heads
@@ -722,6 +823,58 @@ def check_grouped_heads(directory, tmp):
     st.write(out, [(n, a.shape, lambda a=a: [a]) for n, a in tensors.items()], "F32")
     ids = [3, 17, 100, 42, 7, 250, 300, 11, 64, 5]
     return _close(forward(load(out), ids), forward(model, ids), 1e-12, "Hv = 2 Hk vs duplicated key heads")
+
+
+def check_expert_storage(directory, tmp):
+    """Fused experts (gate_up_proj, down_proj) equal one tensor per expert cut from them: expert
+    e's gate rows first, then its up rows."""
+    model = load(directory)
+    if not model.experts:
+        return None
+    tensors, _ = st.read(directory)
+    changed = False
+    for name in [n for n in tensors if n.endswith("mlp.experts.gate_up_proj")]:
+        p = name[:-len("gate_up_proj")]
+        gate_up, down = tensors.pop(name), tensors.pop(p + "down_proj")
+        F = gate_up.shape[1] // 2
+        for e in range(gate_up.shape[0]):
+            tensors[f"{p}{e}.gate_proj.weight"] = gate_up[e, :F]
+            tensors[f"{p}{e}.up_proj.weight"] = gate_up[e, F:]
+            tensors[f"{p}{e}.down_proj.weight"] = down[e]
+        changed = True
+    if not changed:
+        return None
+    out = os.path.join(tmp, "split-" + os.path.basename(directory))
+    os.makedirs(out)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(model.outer, f)
+    st.write(out, [(n, a.shape, lambda a=a: [a]) for n, a in tensors.items()], "F32")
+    ids = [3, 17, 100, 42, 7, 250, 300, 11, 64, 5]
+    return _close(forward(load(out), ids), forward(model, ids), 0, "fused experts vs one tensor each")
+
+
+def check_moe_block(model):
+    """The sparse block against its definition written densely: every expert run on every row,
+    weighted by the softmax masked to the top k (renormalised or not), plus the gated shared
+    expert; and top k = all experts with renormalisation is the full softmax mixture."""
+    if not model.experts:
+        return
+    i = next(i for i in range(model.layers) if model.sparse(i))
+    p = f"layers.{i}.mlp."
+    x = np.random.default_rng(3).standard_normal((5, model.hidden))
+    logits = x @ model.w(p + "gate.weight").T
+    probs = np.exp(logits) / np.exp(logits).sum(axis=-1, keepdims=True)
+    kth = np.sort(probs, axis=-1)[:, -model.top_k][:, None]
+    mask = np.where(probs >= kth, probs, 0.0)
+    if model.norm_topk:
+        mask /= mask.sum(axis=-1, keepdims=True)
+    outs = []
+    for e in range(model.experts):
+        gate, up, down = expert_weights(model, p, e)
+        outs.append((silu(x @ gate.T) * (x @ up.T)) @ down.T)
+    shared = sigmoid(x @ model.w(p + "shared_expert_gate.weight").T) * swiglu_mlp(model, x, p + "shared_expert.")
+    want = np.einsum("te,eth->th", mask, np.stack(outs)) + shared
+    _close(sparse_moe(model, x, p), want, 1e-12, "MoE block vs its dense form")
 
 
 def self_test(argv=None):
@@ -746,6 +899,10 @@ def self_test(argv=None):
                     grouped = check_grouped_heads(out, tmp)
                     if grouped is not None:
                         errs["grouped heads"] = grouped
+                    check_moe_block(model)
+                    storage = check_expert_storage(out, tmp)
+                    if storage is not None:
+                        errs["fused experts"] = storage
                     return f"{kind} {dtype} ({''.join(t[0] for t in model.layer_types)}): " + \
                         ", ".join(f"{k} {v:.1e}" for k, v in errs.items())
                 checks.append((f"model {kind} {dtype}", run))

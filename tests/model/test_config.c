@@ -78,6 +78,45 @@ static const char QWEN3_5_FLAT[] =
     "\"num_attention_heads\":8,\"num_hidden_layers\":8,\"num_key_value_heads\":2,\"rms_norm_eps\":1e-06,"
     "\"rope_theta\":10000000,\"vocab_size\":248320,\"tie_word_embeddings\":false}";
 
+/* A Qwen3.5-MoE multimodal checkpoint's config.json in the layout Qwen/Qwen3.5-35B-A3B uses (8 of
+ * its 40 layers): every MLP a mixture of experts, no intermediate_size, no norm_topk_prob. */
+static const char QWEN3_5_35B_A3B[] =
+    "{\"architectures\":[\"Qwen3_5MoeForConditionalGeneration\"],\"image_token_id\":248056,"
+    "\"model_type\":\"qwen3_5_moe\",\"text_config\":{\"attention_bias\":false,\"attn_output_gate\":true,"
+    "\"eos_token_id\":248044,\"full_attention_interval\":4,\"head_dim\":256,\"hidden_act\":\"silu\","
+    "\"hidden_size\":2048,\"linear_conv_kernel_dim\":4,\"linear_key_head_dim\":128,\"linear_num_key_heads\":16,"
+    "\"linear_num_value_heads\":32,\"linear_value_head_dim\":128,\"max_position_embeddings\":262144,"
+    "\"model_type\":\"qwen3_5_moe_text\",\"moe_intermediate_size\":512,\"mtp_num_hidden_layers\":1,"
+    "\"num_attention_heads\":16,\"num_experts\":256,\"num_experts_per_tok\":8,\"num_hidden_layers\":8,"
+    "\"num_key_value_heads\":2,\"rms_norm_eps\":1e-06,\"rope_parameters\":{\"mrope_interleaved\":true,"
+    "\"mrope_section\":[11,11,10],\"partial_rotary_factor\":0.25,\"rope_theta\":10000000,"
+    "\"rope_type\":\"default\"},\"shared_expert_intermediate_size\":512,\"vocab_size\":248320},"
+    "\"tie_word_embeddings\":false,\"vision_config\":{\"depth\":27,\"hidden_size\":1152}}";
+
+/* The same text model as Qwen3_5MoeForCausalLM writes it: flat, model_type qwen3_5_moe_text. */
+static const char QWEN3_5_MOE_FLAT[] =
+    "{\"model_type\":\"qwen3_5_moe_text\",\"eos_token_id\":248044,\"head_dim\":256,\"hidden_size\":2048,"
+    "\"linear_num_key_heads\":16,\"linear_num_value_heads\":32,\"moe_intermediate_size\":512,"
+    "\"num_attention_heads\":16,\"num_experts\":256,\"num_experts_per_tok\":8,\"num_hidden_layers\":4,"
+    "\"num_key_value_heads\":2,\"rms_norm_eps\":1e-06,\"rope_theta\":10000000,"
+    "\"shared_expert_intermediate_size\":512,\"vocab_size\":248320,\"tie_word_embeddings\":false}";
+
+/* Qwen/Qwen3-Next-80B-A3B-Instruct config.json as published, but 8 of its 48 layers. */
+static const char QWEN3_NEXT_80B_A3B[] =
+    "{\"architectures\":[\"Qwen3NextForCausalLM\"],\"attention_bias\":false,\"attention_dropout\":0.0,"
+    "\"bos_token_id\":151643,\"decoder_sparse_step\":1,\"eos_token_id\":151645,\"full_attention_interval\":4,"
+    "\"head_dim\":256,\"hidden_act\":\"silu\",\"hidden_size\":2048,\"initializer_range\":0.02,"
+    "\"intermediate_size\":5120,\"linear_conv_kernel_dim\":4,\"linear_key_head_dim\":128,"
+    "\"linear_num_key_heads\":16,\"linear_num_value_heads\":32,\"linear_value_head_dim\":128,"
+    "\"max_position_embeddings\":262144,\"mlp_only_layers\":[],\"model_type\":\"qwen3_next\","
+    "\"moe_intermediate_size\":512,\"norm_topk_prob\":true,\"num_attention_heads\":16,\"num_experts\":512,"
+    "\"num_experts_per_tok\":10,\"num_hidden_layers\":8,\"num_key_value_heads\":2,"
+    "\"output_router_logits\":false,\"partial_rotary_factor\":0.25,\"rms_norm_eps\":1e-06,"
+    "\"rope_scaling\":null,\"rope_theta\":10000000,\"router_aux_loss_coef\":0.001,"
+    "\"shared_expert_intermediate_size\":512,\"tie_word_embeddings\":false,\"torch_dtype\":\"bfloat16\","
+    "\"transformers_version\":\"4.57.0.dev0\",\"use_cache\":true,\"use_sliding_window\":false,"
+    "\"vocab_size\":151936}";
+
 /* The required fields only. */
 static const char MINIMAL[] =
     "{\"model_type\":\"qwen3\",\"vocab_size\":1000,\"hidden_size\":64,\"intermediate_size\":128,"
@@ -262,6 +301,88 @@ static void test_qwen3_5(void **state) {
     variant_fails(*state, QWEN3_5_FLAT, "text_config", "[]", "'text_config' must be an object");
     /* the LM head must not be ambiguous */
     variant_fails(*state, QWEN3_5_0_8B, "tie_word_embeddings", "false", "true in text_config");
+}
+
+static void test_qwen3_5_moe(void **state) {
+    rlx_model_config c;
+    load_ok(*state, QWEN3_5_35B_A3B, &c);
+    assert_string_equal(c.model_type, "qwen3_5_moe");
+    assert_int_equal(c.hidden_size, 2048);
+    assert_int_equal(c.num_hidden_layers, 8);
+    assert_int_equal(c.num_experts, 256);
+    assert_int_equal(c.num_experts_per_tok, 8);
+    assert_int_equal(c.moe_intermediate_size, 512);
+    assert_int_equal(c.norm_topk_prob, 1); /* Qwen3_5MoeTopKRouter always renormalises */
+    assert_int_equal(c.intermediate_size, 0);
+    assert_int_equal(c.tie_word_embeddings, 0);
+    assert_true(c.rope_theta == 1e7);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(rlx_model_config_layer_is_moe(&c, i), 1);
+
+    load_ok(*state, QWEN3_5_MOE_FLAT, &c);
+    assert_string_equal(c.model_type, "qwen3_5_moe_text");
+    assert_int_equal(c.num_experts, 256);
+    assert_int_equal(rlx_model_config_layer_is_moe(&c, 3), 1);
+
+    /* the expert counts and sizes are required rather than taken from the 35B's defaults */
+    variant_fails(*state, QWEN3_5_MOE_FLAT, "num_experts", NULL, "missing required field 'num_experts'");
+    variant_fails(*state, QWEN3_5_MOE_FLAT, "shared_expert_intermediate_size", NULL,
+                  "missing required field 'shared_expert_intermediate_size'");
+    variant_fails(*state, QWEN3_5_MOE_FLAT, "num_experts_per_tok", "257", "exceeds num_experts");
+    variant_fails(*state, QWEN3_5_MOE_FLAT, "num_experts", "100000", "num_experts");
+    variant_fails(*state, QWEN3_5_MOE_FLAT, "moe_intermediate_size", "\"512\"", "moe_intermediate_size");
+}
+
+static void test_qwen3_next(void **state) {
+    rlx_model_config c;
+    load_ok(*state, QWEN3_NEXT_80B_A3B, &c);
+    assert_string_equal(c.model_type, "qwen3_next");
+    assert_int_equal(c.num_experts, 512);
+    assert_int_equal(c.num_experts_per_tok, 10);
+    assert_int_equal(c.moe_intermediate_size, 512);
+    assert_int_equal(c.intermediate_size, 5120);
+    assert_int_equal(c.norm_topk_prob, 1);
+    assert_int_equal(c.head_dim, 256);
+    assert_true(c.rope_theta == 1e7);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(rlx_model_config_layer_is_moe(&c, i), 1);
+
+    /* norm_topk_prob defaults to true (Qwen3NextConfig), unlike Qwen3-MoE's false */
+    assert_int_equal(
+        rlx_model_config_load(write_variant(*state, "variant.json", QWEN3_NEXT_80B_A3B, "norm_topk_prob", NULL), &c),
+        RLX_OK);
+    assert_int_equal(c.norm_topk_prob, 1);
+    assert_int_equal(
+        rlx_model_config_load(write_variant(*state, "variant.json", QWEN3_NEXT_80B_A3B, "norm_topk_prob", "false"), &c),
+        RLX_OK);
+    assert_int_equal(c.norm_topk_prob, 0);
+    /* mlp_only_layers leaves layers 0 and 5 dense */
+    assert_int_equal(rlx_model_config_load(
+                         write_variant(*state, "variant.json", QWEN3_NEXT_80B_A3B, "mlp_only_layers", "[5, 0]"), &c),
+                     RLX_OK);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(rlx_model_config_layer_is_moe(&c, i), i != 0 && i != 5);
+
+    variant_fails(*state, QWEN3_NEXT_80B_A3B, "moe_intermediate_size", NULL,
+                  "missing required field 'moe_intermediate_size'");
+    variant_fails(*state, QWEN3_NEXT_80B_A3B, "mlp_only_layers", "[8]", "mlp_only_layers[0]");
+    variant_fails(*state, QWEN3_NEXT_80B_A3B, "decoder_sparse_step", "0", "decoder_sparse_step");
+    variant_fails(*state, QWEN3_NEXT_80B_A3B, "linear_num_value_heads", "24", "does not divide");
+}
+
+static void test_qwen3_next_dense_layer_needs_intermediate_size(void **state) {
+    /* A dense layer (mlp_only_layers) reads intermediate_size, which the file must then give. */
+    cJSON *root = cJSON_Parse(QWEN3_NEXT_80B_A3B);
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "intermediate_size");
+    cJSON_ReplaceItemInObjectCaseSensitive(root, "mlp_only_layers", cJSON_Parse("[2]"));
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    fixture_write_text(*state, "config.json", text);
+    cJSON_free(text);
+    rlx_model_config c;
+    const char *path = fixture_path(*state, "config.json");
+    assert_int_equal(rlx_model_config_load(path, &c), RLX_E_FORMAT);
+    fixture_assert_error_has(path, "'intermediate_size', needed by the dense MLP of layer 2");
 }
 
 static void test_qwen3_30b_a3b(void **state) {
@@ -696,6 +817,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_llama_3_2_1b, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mistral_7b, setup, teardown),
         cmocka_unit_test_setup_teardown(test_qwen3_5, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_qwen3_5_moe, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_qwen3_next, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_qwen3_next_dense_layer_needs_intermediate_size, setup, teardown),
         cmocka_unit_test_setup_teardown(test_moe_layer_pattern, setup, teardown),
         cmocka_unit_test_setup_teardown(test_moe_intermediate_size_needed_only_by_dense_layers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dense_model_ignores_moe_fields, setup, teardown),

@@ -10,6 +10,9 @@ CASE is one of
               address (a supervisor's restart): rlx generate's greedy ids are the single process's,
               and the stages serve the next driver; then a stage rlx generate --launch started,
               which the driver restarts itself
+  hybrid-T    the same restart on a Qwen3.5 hybrid (qwen35-tied: three Gated DeltaNet layers and
+              one attention layer over 3 stages), the killed stage holding a linear layer: its
+              replacement rebuilds the convolution's and the delta rule's states by the replay
   standby-T   a stage SIGSTOPped mid-stream while a `standby:` stage of the deployment file runs:
               the driver gives up on it after --timeout and goes on with the standby, same ids
   serve-T     rlx serve --parallel 4 over a --launch'ed pipeline, 4 concurrent greedy streams,
@@ -55,6 +58,7 @@ TOKENS = "1,5,3,7,9,11,2"
 N_GEN = 240  # the test models' context is 256 positions: 7 of prompt, 240 generated
 BATCH_INVARIANT = "batch_invariant=1"  # a replay recomputes decoded positions as one prefill
 SPLIT = ["0-1", "2-3", "4-4"]  # deep-dense-f32's 5 layers over 3 stages
+HYBRID_SPLIT = ["0-1", "2-2", "3-3"]  # qwen35-tied's linear 0-2 and full 3 over 3 stages
 COMPLETED = 'rlx_requests_total{outcome="completed"}'
 SANITIZER = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
 
@@ -316,20 +320,21 @@ def stop_all(env, procs):
 
 # ---- cases ----
 
-def case_restart(env, transport):
+def case_restart(env, transport, model_name="deep-dense-f32", split=SPLIT, victims=None, launched=True):
     """A stage SIGKILLed mid-stream and started again on its address, as a supervisor would: the
     driver reconnects to it (retrying while nothing listens there), replays the session and
-    goes on; the ids are the single process's. Each stage in turn: the first (embeds ids), a
-    middle one and the last (logits); then the stages, the restarted one among them, serve the
-    next driver. Last, a stage that rlx generate --launch started itself: the driver restarts it."""
+    goes on; the ids are the single process's. Each stage in turn (or the victims): the first
+    (embeds ids), a middle one and the last (logits); then the stages, the restarted one among
+    them, serve the next driver. Last (launched), a stage that rlx generate --launch started
+    itself: the driver restarts it."""
     env.need_transport(transport)
-    model = env.model("deep-dense-f32")
+    model = env.model(model_name)
     ref = reference_ids(env, model)
-    for victim in range(len(SPLIT)):
-        addrs = [f"127.0.0.1:{p}" for p in free_ports(len(SPLIT))]
-        cfg = deploy_file(env, f"restart-{victim}.yaml", model, transport, list(zip(addrs, SPLIT)))
-        stages = [start_stage(env, ["--config", cfg, "--stage", str(i)], f"stage {i}")[0] for i in range(len(SPLIT))]
-        what = f"stage {victim} of 3 killed and restarted on {addrs[victim]} ({transport})"
+    for victim in range(len(split)) if victims is None else victims:
+        addrs = [f"127.0.0.1:{p}" for p in free_ports(len(split))]
+        cfg = deploy_file(env, f"restart-{victim}.yaml", model, transport, list(zip(addrs, split)))
+        stages = [start_stage(env, ["--config", cfg, "--stage", str(i)], f"stage {i}")[0] for i in range(len(split))]
+        what = f"stage {victim} of 3 of {model_name} killed and restarted on {addrs[victim]} ({transport})"
         drv = BrakedDriver(env, driver_cmd(env, cfg, "--timeout", "5000", "--recovery-timeout", "60000"), what)
         drv.read_tokens(20)
         written = drv.held(N_GEN)
@@ -354,6 +359,8 @@ def case_restart(env, transport):
         p, _ = env.run(driver_cmd(env, cfg), timeout=120)
         same_ids(f"{what}: the next driver", ref, p.returncode, p.stdout, p.stderr)
         stop_all(env, stages)
+    if not launched:
+        return
     # a stage the driver launched: the driver kills what is left of it and starts it again
     victim = 1
     addrs = [f"127.0.0.1:{p}" for p in free_ports(len(SPLIT))]
@@ -733,9 +740,16 @@ def case_serve(env, transport):
                 pass
 
 
+def case_hybrid(env, transport):
+    """case_restart on the Qwen3.5 hybrid, killing the middle stage (layer 2, linear). The
+    stages run cpu-blas batch-invariant, whose delta rule goes row by row in every form, so the
+    replay (one prefill of the positions so far) rebuilds the states to the bit."""
+    case_restart(env, transport, "qwen35-tied-f32-s1", HYBRID_SPLIT, victims=[1], launched=False)
+
+
 CASES = {f"{name}-{t}": (lambda fn, t: lambda env: fn(env, t))(fn, t)
          for name, fn in (("restart", case_restart), ("standby", case_standby), ("serve", case_serve),
-                          ("fail", case_fail))
+                          ("fail", case_fail), ("hybrid", case_hybrid))
          for t in ("tcp", "grpc")}
 
 

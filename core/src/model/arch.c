@@ -5,8 +5,9 @@
 
 #include "arch.h"
 
-static const rlx__arch *const registry[] = {&rlx__arch_qwen3, &rlx__arch_qwen3_moe, &rlx__arch_qwen2,
-                                            &rlx__arch_llama, &rlx__arch_mistral,   &rlx__arch_qwen3_5};
+static const rlx__arch *const registry[] = {&rlx__arch_qwen3,       &rlx__arch_qwen3_moe, &rlx__arch_qwen2,
+                                            &rlx__arch_llama,       &rlx__arch_mistral,   &rlx__arch_qwen3_5,
+                                            &rlx__arch_qwen3_5_moe, &rlx__arch_qwen3_next};
 #define N_ARCHS (sizeof registry / sizeof registry[0])
 
 /* Layer prefixes: every architecture so far keeps Hugging Face's and llama.cpp's. */
@@ -69,6 +70,8 @@ typedef enum dim {
     D_SSM_HEADS,
     D_SSM_VDIM,
     D_SSM_CONV,
+    D_SHEXP_FF, /* the shared expert's intermediate size */
+    D_ONE,
 } dim;
 
 static const struct {
@@ -109,6 +112,10 @@ static const struct {
     [RLX__R_SSM_DT] = {D_SSM_HEADS, D_NONE},
     [RLX__R_SSM_NORM] = {D_SSM_VDIM, D_NONE},
     [RLX__R_SSM_OUT] = {D_HIDDEN, D_SSM_V},
+    [RLX__R_FFN_GATE_SHEXP] = {D_SHEXP_FF, D_HIDDEN},
+    [RLX__R_FFN_UP_SHEXP] = {D_SHEXP_FF, D_HIDDEN},
+    [RLX__R_FFN_DOWN_SHEXP] = {D_HIDDEN, D_SHEXP_FF},
+    [RLX__R_FFN_SHEXP_GATE] = {D_ONE, D_HIDDEN},
 };
 
 static int64_t dim_size(dim x, const rlx__model_desc *d) {
@@ -141,6 +148,10 @@ static int64_t dim_size(dim x, const rlx__model_desc *d) {
         return g->v_dim;
     case D_SSM_CONV:
         return g->conv_kernel;
+    case D_SHEXP_FF:
+        return d->shexp_ff;
+    case D_ONE:
+        return 1;
     case D_NONE:
         break;
     }

@@ -66,6 +66,12 @@ typedef enum rlx__role {
     RLX__R_SSM_DT,    /* [v_heads]: dt_bias */
     RLX__R_SSM_NORM,  /* [v_dim]: the gated RMS norm's weight, per value head */
     RLX__R_SSM_OUT,   /* [hidden, v_heads * v_dim] */
+    /* A MoE layer's shared expert (Qwen3-Next, Qwen3.5-MoE): a SwiGLU MLP every row runs beside
+     * the routed experts, its output scaled by sigmoid of one logit of its own gate */
+    RLX__R_FFN_GATE_SHEXP, /* [shexp_ff, hidden] */
+    RLX__R_FFN_UP_SHEXP,   /* [shexp_ff, hidden] */
+    RLX__R_FFN_DOWN_SHEXP, /* [hidden, shexp_ff] */
+    RLX__R_FFN_SHEXP_GATE, /* [1, hidden]: the logit whose sigmoid scales the shared expert */
     RLX__R_COUNT
 } rlx__role;
 
@@ -135,10 +141,15 @@ typedef struct rlx__model_desc {
     uint8_t qkv_bias, o_bias, mlp_bias;
     rlx__rope_type rope_type;
     rlx__rope_llama3 llama3;
-    float *rope_freqs;  /* RLX__ROPE_LLAMA3: rope_dims / 2 frequency divisors, owned; else NULL */
-    int64_t rope_dims;  /* values of each head RoPE turns (partial_rotary_factor), 0 = head_dim */
-    uint8_t attn_gate;  /* attention output multiplied by sigmoid of a per-head gate (RLX__R_ATTN_GATE) */
-    rlx__gdn gdn;       /* with any linear layer */
+    float *rope_freqs; /* RLX__ROPE_LLAMA3: rope_dims / 2 frequency divisors, owned; else NULL */
+    int64_t rope_dims; /* values of each head RoPE turns (partial_rotary_factor), 0 = head_dim */
+    uint8_t attn_gate; /* attention output multiplied by sigmoid of a per-head gate (RLX__R_ATTN_GATE) */
+    rlx__gdn gdn;      /* with any linear layer */
+    /* The shared expert of MoE layers (RLX__R_FFN_*_SHEXP): its intermediate size, and
+     * hidden_size ones (owned) with which one MATMUL widens its gate's logit [T,1] to the
+     * [T,hidden] SIGMOID_MUL reads, exactly (x * 1 summed over one term); 0 and NULL without */
+    int64_t shexp_ff;
+    float *shexp_ones;
     rlx__layer *layers; /* cfg.num_hidden_layers entries, owned (rlx__model_desc_free) */
 } rlx__model_desc;
 
@@ -163,6 +174,9 @@ typedef struct rlx__mtp_names {
     /* 1: proj reads concat(normed token embedding, normed hidden) (Qwen3.5, DeepSeek-V3's
      * eh_proj order); 0: concat(hidden, token) (MiMo) */
     uint8_t embedding_first;
+    /* 1: the MTP layer's MLP is the model's mixture of experts when it has experts (Qwen3-Next,
+     * Qwen3.5-MoE); 0: a dense MLP */
+    uint8_t layer_moe;
 } rlx__mtp_names;
 
 typedef struct rlx__arch {
@@ -341,7 +355,8 @@ int rlx__blk_attention(rlx__blk *b, int h);
 int rlx__blk_gated_deltanet(rlx__blk *b, int h);
 /* SwiGLU MLP: down(silu(gate(h)) * up(h)). */
 int rlx__blk_gated_mlp(rlx__blk *b, int h);
-/* Mixture of experts: a router picks top-k experts per row, each a SwiGLU MLP. */
+/* Mixture of experts: a router picks top-k experts per row, each a SwiGLU MLP; plus the shared
+ * expert, gated, when the layer has one (RLX__R_FFN_*_SHEXP). */
 int rlx__blk_moe(rlx__blk *b, int h);
 /* The pre-norm decoder layer of the Llama family: x + attention(norm(x)), then + mlp(norm(x))
  * with the layer's MLP dense or a mixture of experts; a linear layer's token mixer is Gated
@@ -361,6 +376,8 @@ extern const rlx__arch rlx__arch_qwen2;
 extern const rlx__arch rlx__arch_llama;
 extern const rlx__arch rlx__arch_mistral;
 extern const rlx__arch rlx__arch_qwen3_5;
+extern const rlx__arch rlx__arch_qwen3_5_moe;
+extern const rlx__arch rlx__arch_qwen3_next;
 
 /* Llama's tensor table (Mistral's too) and its hidden_act check ("silu" or absent) (arch/llama.c). */
 extern const rlx__tensor rlx__llama_tensors[];
@@ -373,5 +390,33 @@ extern const rlx__tensor rlx__qwen3_tensors[];
 rlx_status rlx__qwen3_read_hf_attention(const char *path, const cJSON *root, rlx__model_desc *d);
 /* The same from a GGUF file: biases are there when blk.0.attn_q.bias is. */
 void rlx__qwen3_read_gguf_attention(rlx__gguf_cfg *r, rlx__model_desc *d);
+
+/* Qwen3.5's pieces, which Qwen3.5-MoE and Qwen3-Next share (arch/qwen3_5.c). */
+/* The text model's config (text_config when there is one, else root, returned in *text) into d:
+ * the decoder fields, rope_parameters, layer kinds, the Gated DeltaNet shape, the output gate and
+ * the tied head; intermediate_optional as rlx__hf_defaults has it. */
+rlx_status rlx__qwen3_5_read_hf(const char *path, const cJSON *root, int intermediate_optional, rlx__model_desc *d,
+                                const cJSON **text);
+/* GGUF qwen35-style metadata (its ssm.* keys, full_attention_interval) into d; value heads tiled. */
+rlx_status rlx__qwen3_5_read_gguf(rlx__gguf_cfg *r, int ff_optional, rlx__model_desc *d);
+/* Qwen3.5's fix_weights: the text model unnested, (1 + w) norms, -exp(A_log), conv1d, q and
+ * gate rows split, the MTP layer named; d->arch's table names the tensors. */
+rlx_status rlx__qwen3_5_fix_weights(rlx_weights *w, const rlx__model_desc *d, int gguf);
+/* The prefix of the MTP layer Qwen3.5-style checkpoints carry. */
+#define RLX__QWEN3_5_MTP_LAYER "mtp.layers.0."
+
+/* The mixture-of-experts pieces of Qwen3.5-MoE, which Qwen3-Next shares (arch/qwen3_5_moe.c). */
+/* num_experts, num_experts_per_tok, moe_intermediate_size and shared_expert_intermediate_size
+ * of config object tc into d, all required, and hidden_size ones for the shared expert's gate. */
+rlx_status rlx__qwen3_5_moe_read_hf(const char *path, const cJSON *tc, rlx__model_desc *d);
+/* The same from GGUF metadata (expert_count, expert_used_count, expert_feed_forward_length,
+ * expert_shared_feed_forward_length); every layer's MLP a mixture of experts with norm_topk. */
+rlx_status rlx__qwen3_5_moe_read_gguf(rlx__gguf_cfg *r, rlx__model_desc *d);
+/* The experts of every MoE layer (and of the MTP layer) in the form the blocks read: a Hugging
+ * Face checkpoint's fused [experts, 2 * ff, hidden] mlp.experts.gate_up_proj and [experts,
+ * hidden, ff] mlp.experts.down_proj become one view per expert (a checkpoint with one tensor per
+ * expert already has that form), and a GGUF file's one-dimensional shared-expert gate the [1,
+ * hidden] matrix Hugging Face stores. */
+rlx_status rlx__qwen3_5_moe_fix_experts(rlx_weights *w, const rlx__model_desc *d, int gguf);
 
 #endif

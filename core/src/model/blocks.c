@@ -210,6 +210,44 @@ int rlx__blk_gated_mlp(rlx__blk *b, int h) {
     return linear(b, "mlp.down_proj", act, RLX__R_FFN_DOWN, RLX__R_FFN_DOWN_BIAS);
 }
 
+/* The shared expert's hidden_size ones as an F32[hidden, 1] weight, declared once. */
+static int shexp_ones(rlx__blk *b) {
+    if (b->rc != RLX_OK)
+        return -1;
+    if (!b->d->shexp_ones) {
+        b->rc = rlx_error(RLX_E_INTERNAL, "model builder: architecture %s has a shared expert but no ones for its gate",
+                          b->d->arch->name);
+        return -1;
+    }
+    int id = rlx_graph_find_tensor(b->g, "shared_expert_gate.ones");
+    if (id >= 0)
+        return id;
+    const int64_t shape[2] = {b->d->cfg.hidden_size, 1};
+    id = rlx_graph_add_tensor(b->g, RLX_ROLE_WEIGHT, "shared_expert_gate.ones", RLX_DTYPE_F32, 2, shape,
+                              b->d->shexp_ones);
+    if (id < 0)
+        b->rc = id;
+    else
+        rlx__graph_weight_in_memory(b->g, id);
+    return id;
+}
+
+/* sigmoid(h g^T) * down(silu(gate h) * up h), g the shared expert's gate row. The logit [T,1] is
+ * widened to [T,hidden] by a MATMUL with ones, since SIGMOID_MUL takes operands of one shape. */
+static int shared_expert(rlx__blk *b, int h) {
+    int gate = rlx__blk_node2(b, RLX_OP_MATMUL, "mlp.shared_expert.gate_proj", h,
+                              rlx__blk_weight(b, RLX__R_FFN_GATE_SHEXP, -1), NULL);
+    int up = rlx__blk_node2(b, RLX_OP_MATMUL, "mlp.shared_expert.up_proj", h,
+                            rlx__blk_weight(b, RLX__R_FFN_UP_SHEXP, -1), NULL);
+    int act = rlx__blk_node2(b, RLX_OP_SWIGLU, "mlp.shared_expert.swiglu", gate, up, NULL);
+    int out = rlx__blk_node2(b, RLX_OP_MATMUL, "mlp.shared_expert.down_proj", act,
+                             rlx__blk_weight(b, RLX__R_FFN_DOWN_SHEXP, -1), NULL);
+    int logit = rlx__blk_node2(b, RLX_OP_MATMUL, "mlp.shared_expert_gate", h,
+                               rlx__blk_weight(b, RLX__R_FFN_SHEXP_GATE, -1), NULL);
+    int wide = rlx__blk_node2(b, RLX_OP_MATMUL, "mlp.shared_expert_gate.wide", logit, shexp_ones(b), NULL);
+    return rlx__blk_node2(b, RLX_OP_SIGMOID_MUL, "mlp.shared_expert.gated", out, wide, NULL);
+}
+
 int rlx__blk_moe(rlx__blk *b, int h) {
     const rlx_model_config *c = &b->d->cfg;
     if (b->rc != RLX_OK)
@@ -233,6 +271,8 @@ int rlx__blk_moe(rlx__blk *b, int h) {
                          .layer = layer_index(b)};
     int out = rlx__blk_node(b, RLX_OP_MOE, "mlp.moe", in, n_in, &moe);
     free(in);
+    if (rlx__blk_has(b, RLX__R_FFN_GATE_SHEXP))
+        out = rlx__blk_add(b, "mlp.shared_expert.residual", out, shared_expert(b, h));
     return out;
 }
 

@@ -335,6 +335,8 @@ void rlx__model_desc_free(rlx__model_desc *d) {
     d->layers = NULL;
     free(d->rope_freqs);
     d->rope_freqs = NULL;
+    free(d->shexp_ones);
+    d->shexp_ones = NULL;
 }
 
 void rlx__desc_window_every_layer(rlx__model_desc *d, int64_t window) {

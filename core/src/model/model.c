@@ -304,6 +304,7 @@ static rlx__blk_layer model_layer(const rlx__model_desc *d, uint32_t l) {
 
 static rlx__blk_layer mtp_layer(const rlx__model_desc *d, uint32_t n) {
     rlx__blk_layer desc = {.index = (uint32_t)d->cfg.num_hidden_layers + n};
+    desc.kind.moe = rlx__arch_mtp(d->arch)->layer_moe && d->cfg.num_experts > 0;
     rlx__mtp_name(rlx__arch_mtp(d->arch)->layer, n, desc.tensors, sizeof desc.tensors);
     snprintf(desc.nodes, sizeof desc.nodes, "mtp_layers.%u.", n);
     return desc;

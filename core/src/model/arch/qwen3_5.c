@@ -78,7 +78,7 @@ static rlx_status read_rope(const char *path, const cJSON *tc, rlx__model_desc *
     if (type && !cJSON_IsNull(type) && !(cJSON_IsString(type) && strcmp(type->valuestring, "default") == 0))
         return rlx__hf_wrong_type(path, "rope_parameters.rope_type", "\"default\" (the rotary embedding rlx runs)",
                                   type);
-    double factor;
+    double factor = 0.25; /* get_number sets it; initialised for -O3's maybe-uninitialized */
     rlx_status st = get_number(path, from, "rope_theta", d->cfg.rope_theta, 1e300, &d->cfg.rope_theta);
     if (st == RLX_OK)
         st = get_number(path, from, "partial_rotary_factor", 0.25, 1, &factor);
@@ -167,13 +167,16 @@ static rlx_status read_tie(const char *path, const cJSON *root, const cJSON *tc,
     return RLX_OK;
 }
 
-static rlx_status read_hf(const char *path, const cJSON *root, rlx__model_desc *d) {
+rlx_status rlx__qwen3_5_read_hf(const char *path, const cJSON *root, int intermediate_optional, rlx__model_desc *d,
+                                const cJSON **text) {
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
     if (tc && !cJSON_IsNull(tc) && !cJSON_IsObject(tc))
         return rlx__hf_wrong_type(path, "text_config", "an object", tc);
     if (!cJSON_IsObject(tc))
         tc = root;
-    const rlx__hf_defaults defaults = {.head_dim = 256, .max_position_embeddings = 32768};
+    *text = tc;
+    const rlx__hf_defaults defaults = {
+        .intermediate_optional = intermediate_optional, .head_dim = 256, .max_position_embeddings = 32768};
     rlx_status st = rlx__hf_read_decoder(path, tc, &defaults, d);
     int gate = 1;
     if (st != RLX_OK || (st = rlx__llama_check_act(path, tc)) != RLX_OK ||
@@ -183,13 +186,18 @@ static rlx_status read_hf(const char *path, const cJSON *root, rlx__model_desc *
         (st = read_layer_kinds(path, tc, d)) != RLX_OK || (st = read_gdn(path, tc, d)) != RLX_OK)
         return st;
     if (d->rope_type != RLX__ROPE_DEFAULT)
-        return rlx_error(RLX_E_FORMAT, "%s: field 'rope_scaling' is not supported for qwen3_5", path);
+        return rlx_error(RLX_E_FORMAT, "%s: field 'rope_scaling' is not supported for %s", path, d->arch->name);
     if (d->cfg.attention_bias)
         return rlx_error(RLX_E_FORMAT,
                          "%s: field 'attention_bias' is true; rlx runs Qwen3.5's gated attention without biases", path);
     d->attn_gate = (uint8_t)gate;
     d->cfg.decoder_sparse_step = 1;
     return RLX_OK;
+}
+
+static rlx_status read_hf(const char *path, const cJSON *root, rlx__model_desc *d) {
+    const cJSON *tc;
+    return rlx__qwen3_5_read_hf(path, root, 0, d, &tc);
 }
 
 // ---- weights
@@ -218,9 +226,9 @@ static rlx_status unnest_text_model(rlx_weights *w) {
 
 static rlx_weight *find(rlx_weights *w, const char *name) { return (rlx_weight *)rlx_weights_find(w, name); }
 
-/* The name of role's tensor under a layer's prefix ("" for a top-level role). */
-static const char *role_name(rlx__role role, const char *prefix, char *out, size_t len) {
-    rlx__tensor_hf_name(rlx__arch_tensor(&rlx__arch_qwen3_5, role), prefix, -1, out, len);
+/* The name of role's tensor in d's table under a layer's prefix ("" for a top-level role). */
+static const char *role_name(const rlx__model_desc *d, rlx__role role, const char *prefix, char *out, size_t len) {
+    rlx__tensor_hf_name(rlx__arch_tensor(d->arch, role), prefix, -1, out, len);
     return out;
 }
 
@@ -268,7 +276,7 @@ static rlx_status fix_conv(rlx_weight *t) {
  * Rows move whole, so any row-wise dtype works. */
 static rlx_status split_q_gate(rlx_weights *w, const rlx__model_desc *d, const char *prefix) {
     char name[160], gate_name[160];
-    rlx_weight *t = find(w, role_name(RLX__R_ATTN_Q, prefix, name, sizeof name));
+    rlx_weight *t = find(w, role_name(d, RLX__R_ATTN_Q, prefix, name, sizeof name));
     if (!t)
         return RLX_OK; /* the block's weight check names what is missing */
     const int64_t heads = d->cfg.num_attention_heads, head_rows = d->cfg.head_dim, rows = 2 * heads * head_rows;
@@ -291,7 +299,7 @@ static rlx_status split_q_gate(rlx_weights *w, const rlx__model_desc *d, const c
     t->shape[0] = heads * head_rows;
     t->nbytes = half;
     rlx_weight gate = *t;
-    gate.name = role_name(RLX__R_ATTN_GATE, prefix, gate_name, sizeof gate_name);
+    gate.name = role_name(d, RLX__R_ATTN_GATE, prefix, gate_name, sizeof gate_name);
     gate.data = copy + half;
     rlx_status st = rlx__weights_append(w, &gate);    /* t is not used after: the table may move */
     return st == RLX_OK ? rlx__weights_index(w) : st; /* finds after an append need it sorted */
@@ -300,7 +308,6 @@ static rlx_status split_q_gate(rlx_weights *w, const rlx__model_desc *d, const c
 /* The MTP (next-n) layer Qwen3.5 checkpoints carry: its names (HF mtp.*), read as the MTP block
  * of rlx/model.h with the embedding's norm first in the projection's input, and its decoder layer
  * a full-attention Qwen3.5 layer. */
-#define MTP_LAYER "mtp.layers.0."
 static const rlx__mtp_names mtp_names = {
     .token_norm = "mtp.pre_fc_norm_embedding.weight",
     .hidden_norm = "mtp.pre_fc_norm_hidden.weight",
@@ -338,7 +345,7 @@ static rlx_status rename_gguf_mtp(rlx_weights *w, const rlx__model_desc *d) {
         rlx_weight *t = &w->tensors[i];
         char name[200] = "";
         if (strncmp(t->name, layer, (size_t)layer_len) == 0)
-            snprintf(name, sizeof name, MTP_LAYER "%s", t->name + layer_len);
+            snprintf(name, sizeof name, RLX__QWEN3_5_MTP_LAYER "%s", t->name + layer_len);
         for (size_t k = 0; !*name && strncmp(t->name, nextn, strlen(nextn)) == 0 && k < 4; k++)
             if (strcmp(t->name + strlen(nextn), nextn_names[k][0]) == 0)
                 snprintf(name, sizeof name, "%s", nextn_names[k][1]);
@@ -348,8 +355,6 @@ static rlx_status rename_gguf_mtp(rlx_weights *w, const rlx__model_desc *d) {
     return st == RLX_OK && renamed ? rlx__weights_index(w) : st;
 }
 
-/* A GGUF file from llama.cpp's converter has its norms, A and conv1d in the blocks' form
- * already and only the query and gate rows of q_proj to split. */
 /* The (1 + w) norms of a layer of the given kind under prefix. */
 static rlx_status fix_layer_norms(rlx_weights *w, const rlx__model_desc *d, const rlx__layer *kind,
                                   const char *prefix) {
@@ -359,19 +364,19 @@ static rlx_status fix_layer_norms(rlx_weights *w, const rlx__model_desc *d, cons
     rlx_status st = RLX_OK;
     for (size_t i = 0; st == RLX_OK && i < sizeof plus_one / sizeof plus_one[0]; i++)
         if (rlx__tensor_applies(rlx__arch_tensor(d->arch, plus_one[i]), d, kind) &&
-            (t = find(w, role_name(plus_one[i], prefix, name, sizeof name))))
+            (t = find(w, role_name(d, plus_one[i], prefix, name, sizeof name))))
             st = fix_vector(w, t, PLUS_ONE);
     return st;
 }
 
 /* A GGUF file from llama.cpp's converter has its norms, A and conv1d in the blocks' form
  * already and only the query and gate rows of q_proj to split (and its MTP layer to name). */
-static rlx_status fix_weights(rlx_weights *w, const rlx__model_desc *d, int gguf) {
+rlx_status rlx__qwen3_5_fix_weights(rlx_weights *w, const rlx__model_desc *d, int gguf) {
     char prefix[40], name[160];
     const rlx__layer full = {0}; /* the MTP layer's kind */
     rlx_status st = gguf ? rename_gguf_mtp(w, d) : unnest_text_model(w);
     rlx_weight *t;
-    if (!gguf && st == RLX_OK && (t = find(w, role_name(RLX__R_OUTPUT_NORM, "", name, sizeof name))))
+    if (!gguf && st == RLX_OK && (t = find(w, role_name(d, RLX__R_OUTPUT_NORM, "", name, sizeof name))))
         st = fix_vector(w, t, PLUS_ONE);
     static const char *const mtp_norms[] = {"mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
                                             "mtp.norm.weight"};
@@ -379,18 +384,19 @@ static rlx_status fix_weights(rlx_weights *w, const rlx__model_desc *d, int gguf
         if ((t = find(w, mtp_norms[i])))
             st = fix_vector(w, t, PLUS_ONE);
     if (!gguf && st == RLX_OK)
-        st = fix_layer_norms(w, d, &full, MTP_LAYER);
+        st = fix_layer_norms(w, d, &full, RLX__QWEN3_5_MTP_LAYER);
     if (st == RLX_OK && d->attn_gate)
-        st = split_q_gate(w, d, MTP_LAYER);
+        st = split_q_gate(w, d, RLX__QWEN3_5_MTP_LAYER);
     for (int64_t l = 0; st == RLX_OK && l < d->cfg.num_hidden_layers; l++) {
         const rlx__layer *layer = &d->layers[l];
         layer_prefix(l, prefix, sizeof prefix);
         if (!gguf)
             st = fix_layer_norms(w, d, layer, prefix);
-        if (!gguf && st == RLX_OK && layer->linear && (t = find(w, role_name(RLX__R_SSM_A, prefix, name, sizeof name))))
+        if (!gguf && st == RLX_OK && layer->linear &&
+            (t = find(w, role_name(d, RLX__R_SSM_A, prefix, name, sizeof name))))
             st = fix_vector(w, t, MINUS_EXP);
         if (!gguf && st == RLX_OK && layer->linear &&
-            (t = find(w, role_name(RLX__R_SSM_CONV, prefix, name, sizeof name))))
+            (t = find(w, role_name(d, RLX__R_SSM_CONV, prefix, name, sizeof name))))
             st = fix_conv(t);
         if (st == RLX_OK && !layer->linear && d->attn_gate)
             st = split_q_gate(w, d, prefix);
@@ -401,8 +407,8 @@ static rlx_status fix_weights(rlx_weights *w, const rlx__model_desc *d, int gguf
 /* llama.cpp's qwen35 metadata (its converter's Qwen3NextModel keys): ssm.group_count key heads,
  * ssm.time_step_rank value heads, ssm.state_size the key head size, ssm.inner_size all value
  * heads' width; the norms already hold 1 + w and ssm_a holds -exp(A_log). */
-static rlx_status read_gguf(rlx__gguf_cfg *r, rlx__model_desc *d) {
-    rlx_status st = rlx__gguf_read_decoder(r, 0, d);
+rlx_status rlx__qwen3_5_read_gguf(rlx__gguf_cfg *r, int ff_optional, rlx__model_desc *d) {
+    rlx_status st = rlx__gguf_read_decoder(r, ff_optional, d);
     if (st != RLX_OK)
         return st;
     rlx__gdn *g = &d->gdn;
@@ -430,6 +436,8 @@ static rlx_status read_gguf(rlx__gguf_cfg *r, rlx__model_desc *d) {
     return RLX_OK;
 }
 
+static rlx_status read_gguf(rlx__gguf_cfg *r, rlx__model_desc *d) { return rlx__qwen3_5_read_gguf(r, 0, d); }
+
 static const char *const hf_types[] = {"qwen3_5", "qwen3_5_text", NULL};
 static const char *const gguf_archs[] = {"qwen35", NULL};
 
@@ -442,6 +450,6 @@ const rlx__arch rlx__arch_qwen3_5 = {
     .tensors = tensors,
     .build_layer = rlx__blk_decoder_layer,
     .gguf_write_arch = "",
-    .fix_weights = fix_weights,
+    .fix_weights = rlx__qwen3_5_fix_weights,
     .mtp = &mtp_names,
 };
