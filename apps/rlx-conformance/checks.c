@@ -280,36 +280,37 @@ typedef struct rec_call {
 static const struct {
     struct {
         int64_t k, c, slots;
-        int wdt; /* w's dtype: dtypes[wdt] */
+        int wdt;  /* w's dtype: dtypes[wdt] */
+        int rows; /* 1: with state rows (ABI 1.7) */
     } g;
     const char *what;
     rec_call calls[REC_CALLS]; /* up to the first without rows */
 } conv_cases[] = {
-    {{4, 33, 0, 0},
+    {{4, 33, 0, 0, 0},
      "from position 0 in 4 calls",
      {{0, {{0, 0, 5}}}, {0, {{0, 5, 1}}}, {0, {{0, 6, 1}}}, {0, {{0, 7, 7}}}}},
-    {{2, 1, 0, 1}, "from position 3, reading the state", {{0, {{0, 3, 4}}}, {0, {{0, 7, 1}}}, {0, {{0, 8, 2}}}}},
-    {{3, 4099, 0, 2},
+    {{2, 1, 0, 1, 0}, "from position 3, reading the state", {{0, {{0, 3, 4}}}, {0, {{0, 7, 1}}}, {0, {{0, 8, 2}}}}},
+    {{3, 4099, 0, 2, 0},
      "back to position 0",
      {{0, {{0, 100, 9}}}, {0, {{0, 109, 1}}}, {0, {{0, 0, 3}}}, {0, {{0, 3, 1}}}}},
-    {{4, 8192, 0, 0}, "a prompt, then decode", {{0, {{0, 0, 64}}}, {0, {{0, 64, 1}}}, {0, {{0, 65, 1}}}}},
-    {{4, 65, 4, 1},
+    {{4, 8192, 0, 0, 0}, "a prompt, then decode", {{0, {{0, 0, 64}}}, {0, {{0, 64, 1}}}, {0, {{0, 65, 1}}}}},
+    {{4, 65, 4, 1, 0},
      "interleaved",
      {{0, {{0, 0, 6}, {2, 30, 1}, {3, 0, 2}}},
       {0, {{1, 12, 3}, {0, 6, 1}, {2, 31, 1}}},
       {0, {{3, 2, 5}, {0, 0, 2}, {1, 15, 1}}}}},
-    {{2, 3, 2, 2}, "interleaved", {{0, {{1, 0, 3}, {0, 7, 1}}}, {0, {{0, 8, 4}}}, {0, {{1, 3, 1}, {0, 12, 1}}}}},
-    {{4, 4097, 3, 0},
+    {{2, 3, 2, 2, 0}, "interleaved", {{0, {{1, 0, 3}, {0, 7, 1}}}, {0, {{0, 8, 4}}}, {0, {{1, 3, 1}, {0, 12, 1}}}}},
+    {{4, 4097, 3, 0, 0},
      "a long chunk among decode rows",
      {{0, {{0, 0, 17}, {1, 40, 1}, {2, 5, 2}}}, {0, {{2, 7, 1}, {0, 17, 3}, {1, 41, 1}}}}},
-    {{4, 33, 0, 0},
+    {{4, 33, 0, 0, 0},
      "calls that must fail",
      {{0, {{0, 0, 3}}},
       {RLX_E_INVALID, {{0, 3, 2}, {0, 9, 1}}},
       {RLX_E_INVALID, {{0, 4, 1}, {0, 4, 1}}},
       {RLX_E_RANGE, {{0, -2, 3}}},
       {0, {{0, 3, 2}}}}},
-    {{3, 65, 3, 1},
+    {{3, 65, 3, 1, 0},
      "calls that must fail",
      {{0, {{0, 0, 2}, {1, 4, 1}}},
       {RLX_E_RANGE, {{0, 2, 2}, {3, 0, 1}}},
@@ -317,6 +318,12 @@ static const struct {
       {RLX_E_INVALID, {{1, 5, 2}, {0, 2, 1}, {1, 9, 1}}},
       {RLX_E_RANGE, {{0, 2, 1}, {2, -1, 2}}},
       {0, {{0, 2, 1}, {1, 5, 1}}}}},
+    {{4, 4099, 0, 0, 1},
+     "state rows: a verification of 4, decode, 20 rows",
+     {{0, {{0, 0, 4}}}, {0, {{0, 4, 1}}}, {0, {{0, 5, 20}}}}},
+    {{3, 65, 3, 2, 1},
+     "state rows, interleaved",
+     {{0, {{0, 0, 3}, {2, 30, 1}, {1, 5, 2}}}, {RLX_E_RANGE, {{0, 3, 1}, {3, 0, 1}}}, {0, {{1, 7, 4}, {0, 3, 1}}}}},
 };
 
 /* GATED_DELTA: runs of 16 rows or more of one sequence may take the chunk-parallel form (the
@@ -327,12 +334,13 @@ static const struct {
     struct {
         int64_t hv, hk, dk, dv, slots;
         uint32_t tiled;
-        int wdt; /* A's and dt_bias's dtype: dtypes[wdt] */
+        int wdt;  /* A's and dt_bias's dtype: dtypes[wdt] */
+        int rows; /* 1: with state rows (ABI 1.7) */
     } g;
     const char *what;
     rec_call calls[REC_CALLS];
 } gd_cases[] = {
-    {{2, 2, 16, 16, 0, 0, 0},
+    {{2, 2, 16, 16, 0, 0, 0, 0},
      "runs of 1, 15, 16, 64, 65, 150 rows",
      {{0, {{0, 0, 1}}},
       {0, {{0, 1, 15}}},
@@ -340,31 +348,31 @@ static const struct {
       {0, {{0, 32, 64}}},
       {0, {{0, 96, 65}}},
       {0, {{0, 161, 150}}}}},
-    {{4, 2, 32, 16, 0, 0, 1},
+    {{4, 2, 32, 16, 0, 0, 1, 0},
      "from position 7, then back to 0",
      {{0, {{0, 7, 16}}}, {0, {{0, 23, 1}}}, {0, {{0, 24, 65}}}, {0, {{0, 0, 20}}}, {0, {{0, 20, 3}}}}},
-    {{8, 2, 16, 24, 0, 1, 2}, "150 rows, then more", {{0, {{0, 0, 150}}}, {0, {{0, 150, 1}}}, {0, {{0, 151, 17}}}}},
-    {{4, 1, 8, 32, 0, 1, 0}, "from position 5", {{0, {{0, 5, 64}}}, {0, {{0, 69, 15}}}}},
-    {{32, 16, 128, 128, 0, 0, 1}, "a prompt, then decode", {{0, {{0, 0, 33}}}, {0, {{0, 33, 1}}}}},
-    {{4, 2, 16, 8, 3, 0, 0},
+    {{8, 2, 16, 24, 0, 1, 2, 0}, "150 rows, then more", {{0, {{0, 0, 150}}}, {0, {{0, 150, 1}}}, {0, {{0, 151, 17}}}}},
+    {{4, 1, 8, 32, 0, 1, 0, 0}, "from position 5", {{0, {{0, 5, 64}}}, {0, {{0, 69, 15}}}}},
+    {{32, 16, 128, 128, 0, 0, 1, 0}, "a prompt, then decode", {{0, {{0, 0, 33}}}, {0, {{0, 33, 1}}}}},
+    {{4, 2, 16, 8, 3, 0, 0, 0},
      "interleaved",
      {{0, {{0, 0, 20}, {1, 9, 1}, {2, 0, 3}}},
       {0, {{1, 10, 16}, {0, 20, 1}}},
       {0, {{2, 3, 1}, {0, 0, 2}, {1, 26, 1}}}}},
-    {{8, 2, 32, 16, 4, 1, 2},
+    {{8, 2, 32, 16, 4, 1, 2, 0},
      "interleaved",
      {{0, {{3, 50, 1}, {1, 0, 17}, {0, 5, 2}}},
       {0, {{2, 0, 1}, {3, 51, 4}, {1, 17, 1}}},
       {0, {{0, 7, 1}, {2, 1, 1}, {3, 55, 1}}}}},
-    {{3, 3, 8, 8, 2, 0, 1}, "interleaved", {{0, {{1, 0, 4}, {0, 30, 1}}}, {0, {{0, 31, 2}, {1, 4, 1}}}}},
-    {{4, 2, 16, 8, 0, 0, 0},
+    {{3, 3, 8, 8, 2, 0, 1, 0}, "interleaved", {{0, {{1, 0, 4}, {0, 30, 1}}}, {0, {{0, 31, 2}, {1, 4, 1}}}}},
+    {{4, 2, 16, 8, 0, 0, 0, 0},
      "calls that must fail",
      {{0, {{0, 0, 3}}},
       {RLX_E_INVALID, {{0, 3, 2}, {0, 9, 1}}},
       {RLX_E_RANGE, {{0, -1, 2}}},
       {RLX_E_INVALID, {{0, 3, 20}, {0, 40, 1}}},
       {0, {{0, 3, 2}}}}},
-    {{4, 2, 8, 16, 3, 1, 2},
+    {{4, 2, 8, 16, 3, 1, 2, 0},
      "calls that must fail",
      {{0, {{0, 0, 2}, {1, 4, 1}}},
       {RLX_E_RANGE, {{0, 2, 2}, {3, 0, 1}}},
@@ -372,9 +380,28 @@ static const struct {
       {RLX_E_INVALID, {{1, 5, 2}, {0, 2, 1}, {1, 9, 1}}},
       {RLX_E_RANGE, {{0, 2, 1}, {2, -1, 2}}},
       {0, {{0, 2, 1}, {1, 5, 1}}}}},
+    /* state rows: every row's state, in the one-sequence form over runs that would otherwise
+     * take the chunk-parallel form (20 and 65 rows), and with slots interleaved */
+    {{4, 2, 16, 24, 0, 0, 0, 1},
+     "state rows: a verification of 4, decode, 20 and 65 rows",
+     {{0, {{0, 0, 4}}}, {0, {{0, 4, 1}}}, {0, {{0, 5, 20}}}, {0, {{0, 25, 65}}}}},
+    {{16, 16, 128, 128, 0, 1, 1, 1},
+     "state rows: Qwen3.5-0.8B's heads, a verification of 4",
+     {{0, {{0, 0, 9}}}, {0, {{0, 9, 4}}}}},
+    {{4, 2, 16, 8, 3, 0, 2, 1},
+     "state rows, interleaved",
+     {{0, {{0, 0, 5}, {1, 9, 1}, {2, 0, 3}}},
+      {RLX_E_INVALID, {{1, 10, 2}, {1, 13, 1}}},
+      {0, {{2, 3, 2}, {0, 5, 1}, {1, 10, 1}}}}},
 };
 
 #define COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* Slot cases run again as batch-invariance checks (kit_ref_invariance): their first call, rows
+ * of several slots in one batch, whose rows must give the same bits whatever else the call
+ * holds or however a slot's rows are split into calls (the contract's slot form). */
+static const int conv_invariance_cases[] = {4, 6};
+static const int gd_invariance_cases[] = {5, 6};
 
 /* Cases per op (op order is report order). */
 static int n_cases(uint32_t op) {
@@ -399,9 +426,9 @@ static int n_cases(uint32_t op) {
     case RLX_OP_CONCAT:
         return COUNT(concat_cases);
     case RLX_OP_SSM_CONV:
-        return COUNT(conv_cases);
+        return COUNT(conv_cases) + COUNT(conv_invariance_cases);
     case RLX_OP_GATED_DELTA:
-        return COUNT(gd_cases);
+        return COUNT(gd_cases) + COUNT(gd_invariance_cases);
     default:
         return 0;
     }
@@ -488,22 +515,24 @@ static void case_name(uint32_t op, int i, char *name, size_t len) {
                  (long long)concat_cases[i].b);
         break;
     case RLX_OP_SSM_CONV: {
+        const int inv = i - COUNT(conv_cases), k = inv >= 0 ? conv_invariance_cases[inv] : i;
         char slots[32] = "";
-        if (conv_cases[i].g.slots)
-            snprintf(slots, sizeof slots, " slots=%lld", (long long)conv_cases[i].g.slots);
-        snprintf(name, len, "ssm_conv K=%lld C=%lld%s w=%s: %s", (long long)conv_cases[i].g.k,
-                 (long long)conv_cases[i].g.c, slots, rlx_dtype_name((int)dtypes[conv_cases[i].g.wdt]),
-                 conv_cases[i].what);
+        if (conv_cases[k].g.slots)
+            snprintf(slots, sizeof slots, " slots=%lld", (long long)conv_cases[k].g.slots);
+        snprintf(name, len, "ssm_conv %sK=%lld C=%lld%s w=%s: %s", inv >= 0 ? "invariance " : "",
+                 (long long)conv_cases[k].g.k, (long long)conv_cases[k].g.c, slots,
+                 rlx_dtype_name((int)dtypes[conv_cases[k].g.wdt]), inv >= 0 ? "its first call" : conv_cases[k].what);
         break;
     }
     case RLX_OP_GATED_DELTA: {
+        const int inv = i - COUNT(gd_cases), k = inv >= 0 ? gd_invariance_cases[inv] : i;
         char slots[32] = "";
-        if (gd_cases[i].g.slots)
-            snprintf(slots, sizeof slots, " slots=%lld", (long long)gd_cases[i].g.slots);
-        snprintf(name, len, "gated_delta Hv=%lld Hk=%lld Dk=%lld Dv=%lld%s%s A=%s: %s", (long long)gd_cases[i].g.hv,
-                 (long long)gd_cases[i].g.hk, (long long)gd_cases[i].g.dk, (long long)gd_cases[i].g.dv, slots,
-                 gd_cases[i].g.tiled ? " kv_tiled" : "", rlx_dtype_name((int)dtypes[gd_cases[i].g.wdt]),
-                 gd_cases[i].what);
+        if (gd_cases[k].g.slots)
+            snprintf(slots, sizeof slots, " slots=%lld", (long long)gd_cases[k].g.slots);
+        snprintf(name, len, "gated_delta %sHv=%lld Hk=%lld Dk=%lld Dv=%lld%s%s A=%s: %s", inv >= 0 ? "invariance " : "",
+                 (long long)gd_cases[k].g.hv, (long long)gd_cases[k].g.hk, (long long)gd_cases[k].g.dk,
+                 (long long)gd_cases[k].g.dv, slots, gd_cases[k].g.tiled ? " kv_tiled" : "",
+                 rlx_dtype_name((int)dtypes[gd_cases[k].g.wdt]), inv >= 0 ? "its first call" : gd_cases[k].what);
         break;
     }
     default:
@@ -612,6 +641,10 @@ static void att_slot_rows(int i, int32_t *pos, int32_t *seq) {
     }
 }
 
+int kit_is_state_rows(const kit_node *n, uint32_t i) {
+    return (n->op == RLX_OP_SSM_CONV || n->op == RLX_OP_GATED_DELTA) && n->p.state_rows && i + 1 == n->n_inputs;
+}
+
 int kit_is_state(uint32_t op, uint32_t i) {
     switch (op) {
     case RLX_OP_ATTENTION:
@@ -664,12 +697,15 @@ static void put(void *data, uint32_t dt, size_t i, float v) {
 /* SSM_CONV and GATED_DELTA (see conv_cases): the node's weights and state, then each call's row
  * inputs (activations, pos, and seq in the slot form) of that call's row count. */
 static int rec_node(const kit_check *c, kit_node *n, int with_data, rng *r) {
-    const int i = c->spec, conv = c->op == RLX_OP_SSM_CONV;
+    const int conv = c->op == RLX_OP_SSM_CONV, inv = c->spec - (conv ? COUNT(conv_cases) : COUNT(gd_cases));
+    const int i = inv < 0 ? c->spec : conv ? conv_invariance_cases[inv] : gd_invariance_cases[inv];
     const rec_call *calls = conv ? conv_cases[i].calls : gd_cases[i].calls;
     const int64_t slots = conv ? conv_cases[i].g.slots : gd_cases[i].g.slots;
     const uint32_t wdt = dtypes[conv ? conv_cases[i].g.wdt : gd_cases[i].g.wdt];
-    const uint32_t ni = (conv ? 4 : 7) + (slots > 0), pos_in = conv ? 2 : 5, state_in = conv ? 3 : 6;
-    const int n_calls = rec_n_calls(calls);
+    const int rows = conv ? conv_cases[i].g.rows : gd_cases[i].g.rows;
+    const uint32_t n_before = (conv ? 4 : 7) + (slots > 0); /* the inputs before the state rows */
+    const uint32_t ni = n_before + (rows ? 1u : 0u), pos_in = conv ? 2 : 5, state_in = conv ? 3 : 6;
+    const int n_calls = inv >= 0 ? 1 : rec_n_calls(calls); /* an invariance check takes the first */
     int64_t cols_out;
     if (node_alloc(n, c->op, ni))
         return -1;
@@ -692,6 +728,7 @@ static int rec_node(const kit_check *c, kit_node *n, int with_data, rng *r) {
         cols_out = hv * dv;
     }
     n->is_weight[conv ? 1 : 3] = n->is_weight[conv ? 1 : 4] = 1;
+    n->p.state_rows = (uint32_t)rows;
     if (slots) { /* one more dimension in front of the state */
         rlx_tensor *st = &n->in[state_in];
         memmove(st->shape + 1, st->shape, (RLX_MAX_DIMS - 1) * sizeof *st->shape);
@@ -713,7 +750,14 @@ static int rec_node(const kit_check *c, kit_node *n, int with_data, rng *r) {
             in[1] = in[2] = shape2(RLX_DTYPE_F32, t, gd_cases[i].g.hv);
         in[pos_in] = shape1(RLX_DTYPE_I32, t);
         if (slots)
-            in[ni - 1] = shape1(RLX_DTYPE_I32, t);
+            in[n_before - 1] = shape1(RLX_DTYPE_I32, t);
+        if (rows) { /* [T, the one sequence's state shape] */
+            const rlx_tensor *st = &n->in[state_in];
+            in[ni - 1] = (rlx_tensor){.dtype = RLX_DTYPE_F32, .n_dims = st->n_dims + (slots ? 0u : 1u)};
+            in[ni - 1].shape[0] = t;
+            for (uint32_t d = slots ? 1u : 0u; d < st->n_dims; d++)
+                in[ni - 1].shape[d + (slots ? 0u : 1u)] = st->shape[d];
+        }
         for (uint32_t j = 0; j < ni; j++)
             if (n->is_weight[j] || j == state_in)
                 in[j] = n->in[j];
@@ -725,8 +769,10 @@ static int rec_node(const kit_check *c, kit_node *n, int with_data, rng *r) {
         for (int j = 0; j < REC_RUNS; j++)
             if (calls[k].run[j].rows > 0)
                 n->max_pos = fmax(n->max_pos, calls[k].run[j].first + calls[k].run[j].rows - 1);
-    if (!with_data)
+    if (!with_data) {
+        n->n_calls = inv >= 0 ? 0 : n->n_calls; /* one node of in[]'s shapes */
         return 0;
+    }
     /* weights and the starting state (what the node's inputs hold), then each call's rows */
     for (uint32_t j = 0; j < ni; j++)
         if ((n->is_weight[j] || j == state_in) && !(n->in[j].data = kit_alloc(rlx_iface_tensor_bytes(&n->in[j]))))
@@ -749,18 +795,28 @@ static int rec_node(const kit_check *c, kit_node *n, int with_data, rng *r) {
             if (!(in[j].data = kit_alloc(rlx_iface_tensor_bytes(&in[j]))))
                 return -1;
         }
-        rec_rows(&calls[k], in[pos_in].data, slots ? in[ni - 1].data : NULL);
+        rec_rows(&calls[k], in[pos_in].data, slots ? in[n_before - 1].data : NULL);
         fill(r, &in[0], conv ? 2 : 1);
         if (!conv) { /* a + dt_bias in softplus's curve and its linear tail; beta across (0, 1) */
             fill(r, &in[1], 3);
             fill(r, &in[2], 3);
         }
     }
+    if (inv >= 0) { /* an invariance check: the first call alone, as one node */
+        for (uint32_t j = 0; j < ni; j++)
+            if (!n->is_weight[j] && j != state_in) {
+                n->in[j].data = n->calls[j].data;
+                n->calls[j].data = NULL;
+            }
+        n->n_calls = 0;
+    }
     return 0;
 }
 
 int kit_ref_invariance(const kit_check *c) {
-    return c->op == RLX_OP_ATTENTION && c->spec >= COUNT(att_cases) + N_ATT_SLOT;
+    return (c->op == RLX_OP_ATTENTION && c->spec >= COUNT(att_cases) + N_ATT_SLOT) ||
+           (c->op == RLX_OP_SSM_CONV && c->spec >= COUNT(conv_cases)) ||
+           (c->op == RLX_OP_GATED_DELTA && c->spec >= COUNT(gd_cases));
 }
 
 int kit_ref_node(const kit_check *c, kit_node *n, int with_data) {

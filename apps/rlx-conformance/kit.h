@@ -115,6 +115,9 @@ int kit_ref_invariance(const kit_check *c);
 /* Whether input i of an op node is state it updates (ATTENTION's caches, SSM_CONV's and
  * GATED_DELTA's states) rather than read-only. */
 int kit_is_state(uint32_t op, uint32_t i);
+/* Whether input i of node n is its state rows (ABI 1.7: a recurrent op's last input with
+ * params.state_rows), which the op writes. */
+int kit_is_state_rows(const kit_node *n, uint32_t i);
 /* Tolerance for the node's op in effect (default or --tolerance / --precision). */
 double kit_node_tol(const kit_options *o, const kit_node *node);
 

@@ -370,7 +370,7 @@ static int check_written(const char *bname, const char *name, const kit_node *n,
             return -1;
         }
     for (uint32_t i = 0; i < n->n_inputs; i++)
-        if (!is_state(n, i) && hash_bytes(in[i].data, bytes_of(&in[i])) != hashes[i]) {
+        if (!is_state(n, i) && !kit_is_state_rows(n, i) && hash_bytes(in[i].data, bytes_of(&in[i])) != hashes[i]) {
             result(res, KIT_FAIL, "backend '%s' modified input %u of node '%s' (inputs are read-only)", bname, i, name);
             return -1;
         }
@@ -595,10 +595,10 @@ static void index_of(const rlx_tensor *t, int64_t i, char *buf, size_t len) {
  * call that must fail must return the contract's status and leave the state as it was, bit
  * for bit. A later call whose shapes the backend declines runs on the reference kernels, as a
  * plan for them would place it (run_op reports a case whose first call it declines NOT
- * CLAIMED). */
+ * CLAIMED). With state rows (ABI 1.7), every row's state is compared as the output is. */
 static void judge_calls(kit_runner *r, const kit_check *c, kit_node *n, kit_result *res) {
     const char *bname = rlx_backend_name(r->tested);
-    const uint32_t ni = n->n_inputs;
+    const uint32_t ni = n->n_inputs, ri = n->p.state_rows ? ni - 1 : UINT32_MAX;
     uint32_t si = 0, declined = 0, failing = 0;
     for (uint32_t i = 0; i < ni; i++)
         if (is_state(n, i))
@@ -611,11 +611,15 @@ static void judge_calls(kit_runner *r, const kit_check *c, kit_node *n, kit_resu
     const size_t out_cap = (size_t)(max_rows * cols) * 4;
     float *ref_state = kit_alloc(state_bytes), *state = kit_alloc(state_bytes), *before = kit_alloc(state_bytes);
     float *ref_out = kit_alloc(out_cap);
+    /* the reference's state rows: as many rows as the longest call, each one sequence's state */
+    const size_t rows_cap = ri != UINT32_MAX ? (size_t)max_rows * bytes_of(&n->in[ri]) / (size_t)n->in[ri].shape[0] : 0;
+    float *ref_rows = rows_cap ? kit_alloc(rows_cap) : NULL;
     uint8_t *out = kit_alloc(out_cap + GUARD_BYTES);
     rlx_tensor *in = calloc(ni, sizeof *in), *ref_in = calloc(ni, sizeof *ref_in), *shapes = NULL;
     uint64_t *hashes = calloc(ni, sizeof *hashes);
     void **prepared = calloc(ni, sizeof *prepared);
-    if (!ref_state || !state || !before || !ref_out || !out || !in || !ref_in || !hashes || !prepared) {
+    if (!ref_state || !state || !before || !ref_out || !out || !in || !ref_in || !hashes || !prepared ||
+        (rows_cap && !ref_rows)) {
         result(res, KIT_FAIL, "kit: out of memory");
         goto done;
     }
@@ -631,6 +635,8 @@ static void judge_calls(kit_runner *r, const kit_check *c, kit_node *n, kit_resu
         memcpy(ref_in, in, ni * sizeof *in);
         in[si].data = state;
         ref_in[si].data = ref_state;
+        if (ri != UINT32_MAX)
+            ref_in[ri].data = ref_rows;
         rlx_tensor o = n->out;
         o.shape[0] = call[0].shape[0];
         o.data = ref_out;
@@ -669,10 +675,13 @@ static void judge_calls(kit_runner *r, const kit_check *c, kit_node *n, kit_resu
             }
         }
         for (uint32_t i = 0; i < ni; i++)
-            hashes[i] = i == si ? 0 : hash_bytes(in[i].data, bytes_of(&in[i]));
+            hashes[i] = i == si || i == ri ? 0 : hash_bytes(in[i].data, bytes_of(&in[i]));
         const uint32_t marker = MARKER_BITS;
         for (int64_t i = 0; i < numel; i++)
             memcpy(out + 4 * i, &marker, 4);
+        const int64_t rows_numel = ri != UINT32_MAX ? rlx_tensor_numel(&in[ri]) : 0;
+        for (int64_t i = 0; i < rows_numel; i++) /* a row the backend leaves unwritten shows */
+            memcpy((float *)in[ri].data + i, &marker, 4);
         memset(out + (size_t)numel * 4, 0xa5, GUARD_BYTES);
         memcpy(before, state, state_bytes);
         o.data = out;
@@ -728,6 +737,23 @@ static void judge_calls(kit_runner *r, const kit_check *c, kit_node *n, kit_resu
                    c->name, k + 1, n->n_calls, pos, (double)((const float *)out)[at], (double)ref_out[at]);
             goto done;
         }
+        if (rows_numel) {
+            double rworst, rscale;
+            if (compare_out(bname, c->name, &in[ri], in[ri].data, ref_rows, rows_numel, &rworst, &at, &rscale, res) <
+                0) {
+                strncat(res->detail, " (in its state rows)", sizeof res->detail - strlen(res->detail) - 1);
+                goto done;
+            }
+            if (!(rworst <= tol * rscale)) {
+                index_of(&in[ri], at, pos, sizeof pos);
+                result(res, KIT_FAIL,
+                       "backend '%s', node '%s': call %u of %u: state rows%s = %.7g, expected %.7g (error %.3g, "
+                       "limit %.3g)",
+                       bname, c->name, k + 1, n->n_calls, pos, (double)((const float *)in[ri].data)[at],
+                       (double)ref_rows[at], rworst, tol * rscale);
+                goto done;
+            }
+        }
         /* the state it carries to the next call */
         double sworst = 0, sscale = 1;
         int64_t sat = 0;
@@ -777,21 +803,31 @@ done:
     free(ref_state);
     free(state);
     free(before);
+    free(ref_rows);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Batch invariance (ATTENTION with slots, ABI 1.4): a row's bits must not depend on the batch
+// Batch invariance (slot forms: ATTENTION, ABI 1.4; SSM_CONV and GATED_DELTA, ABI 1.6): a row's
+// bits must not depend on the batch
 
-/* Runs rows[0..m) of slot-form ATTENTION node n, gathered into a call of their own, on b over
- * caches kc and vc, into out [m, Hq*D]. */
-static int run_rows(rlx_backend *b, const kit_node *n, const int64_t *rows, int64_t m, void *kc, void *vc, float *out,
+/* Runs rows[0..m) of slot-form node n, gathered into a call of their own, on b: each input with
+ * a row per row of the node (activations, positions, slots) gathered, weights as they are, and
+ * state input i over states[i]. Output into out [m, cols]. */
+static int run_rows(rlx_backend *b, const kit_node *n, const int64_t *rows, int64_t m, void *const *states, float *out,
                     const char *name) {
-    rlx_tensor in[7];
-    memcpy(in, n->in, sizeof in);
-    void *buf[7] = {NULL};
+    const uint32_t ni = n->n_inputs;
+    rlx_tensor *in = calloc(ni, sizeof *in);
+    void **buf = calloc(ni, sizeof *buf);
     int rc = RLX_E_NOMEM;
-    for (uint32_t i = 0; i < 7; i++) {
-        if (i == 4 || i == 5)
+    if (!in || !buf)
+        goto done;
+    memcpy(in, n->in, ni * sizeof *in);
+    for (uint32_t i = 0; i < ni; i++) {
+        if (is_state(n, i)) {
+            in[i].data = states[i];
+            continue;
+        }
+        if (n->is_weight[i])
             continue;
         const size_t row_bytes = bytes_of(&n->in[i]) / (size_t)n->in[i].shape[0];
         if (!(buf[i] = kit_alloc((size_t)m * row_bytes)))
@@ -801,43 +837,73 @@ static int run_rows(rlx_backend *b, const kit_node *n, const int64_t *rows, int6
         in[i].shape[0] = m;
         in[i].data = buf[i];
     }
-    in[4].data = kc;
-    in[5].data = vc;
     rlx_tensor o = n->out;
     o.shape[0] = m;
     o.data = out;
     const rlx_node_view v = {
-        .op = n->op, .n_inputs = 7, .inputs = in, .output = &o, .params = &n->p, .name = name, .output_id = -1};
+        .op = n->op, .n_inputs = ni, .inputs = in, .output = &o, .params = &n->p, .name = name, .output_id = -1};
     rc = rlx_backend_compute(b, &v);
 done:
-    for (uint32_t i = 0; i < 7; i++)
+    for (uint32_t i = 0; buf && i < ni; i++)
         free(buf[i]);
+    free(buf);
+    free(in);
     return rc;
+}
+
+/* The recurrent state of slot 0 (pass 3 runs only its rows) or of every slot after a pass
+ * matches the whole batch's, bit for bit. Returns 0, or -1 with res set. */
+static int same_states(const kit_node *n, void *const *states, void *const *batch, int slot0_only, const char *bname,
+                       const char *name, const char *what, kit_result *res) {
+    for (uint32_t i = 0; i < n->n_inputs; i++) {
+        if (!is_state(n, i))
+            continue;
+        const size_t bytes = bytes_of(&n->in[i]) / (slot0_only ? (size_t)n->in[i].shape[0] : 1);
+        if (memcmp(states[i], batch[i], bytes) != 0) {
+            result(res, KIT_FAIL,
+                   "backend '%s', node '%s': the state %s differs from the whole batch's (a slot's state must not "
+                   "depend on the batch)",
+                   bname, name, what);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* Node n (slot form, inputs filled) as one batch on the tested backend, then on an instance
  * with another thread count, then each row in a call of its own (in order, so every row sees
- * the cache rows written before it), then slot 0's rows in calls of 5 without the other
- * slots' rows: every row's output must be the same bits every time. */
+ * the cache rows or state written before it), then slot 0's rows in calls of 5 without the
+ * other slots' rows: every row's output must be the same bits every time, and so must a
+ * recurrent op's state after each pass (slot 0's, after the last). */
 static void judge_invariance(kit_runner *r, const kit_check *c, kit_node *n, kit_result *res) {
     const char *bname = rlx_backend_name(r->tested);
+    const uint32_t ni = n->n_inputs;
+    const int recurrent = n->op != RLX_OP_ATTENTION;
+    const uint32_t pos_in = n->op == RLX_OP_ATTENTION ? 3 : n->op == RLX_OP_SSM_CONV ? 2 : 5, seq_in = ni - 1;
     const int64_t T = n->in[0].shape[0], cols = n->out.shape[1];
-    const size_t cache_bytes = bytes_of(&n->in[4]), row_bytes = (size_t)cols * sizeof(float);
-    const int32_t *pos = n->in[3].data, *seq = n->in[6].data;
+    const size_t row_bytes = (size_t)cols * sizeof(float);
+    const int32_t *pos = n->in[pos_in].data, *seq = n->in[seq_in].data;
     float *batch = kit_alloc((size_t)T * row_bytes), *got = kit_alloc((size_t)T * row_bytes);
-    void *kc = kit_alloc(cache_bytes), *vc = kit_alloc(cache_bytes);
+    void **states = calloc(ni, sizeof *states), **batch_states = calloc(ni, sizeof *batch_states);
     int64_t *rows = calloc((size_t)T, sizeof *rows);
     rlx_backend *other = NULL;
-    if (!batch || !got || !kc || !vc || !rows) {
+    int ok = batch && got && states && batch_states && rows;
+    for (uint32_t i = 0; ok && i < ni; i++)
+        if (is_state(n, i))
+            ok = (states[i] = kit_alloc(bytes_of(&n->in[i]))) && (batch_states[i] = kit_alloc(bytes_of(&n->in[i])));
+    if (!ok) {
         result(res, KIT_FAIL, "kit: out of memory");
         goto done;
     }
     for (int64_t t = 0; t < T; t++)
         rows[t] = t;
     const char *what[4] = {NULL, "on another thread count", "in a call of its own", "in calls of 5 rows of its slot"};
+    const char *state_what[4] = {NULL, "on another thread count", "after each row in a call of its own",
+                                 "of slot 0 after its rows in calls of 5"};
     for (int pass = 0; pass < 4; pass++) {
-        memcpy(kc, n->in[4].data, cache_bytes);
-        memcpy(vc, n->in[5].data, cache_bytes);
+        for (uint32_t i = 0; i < ni; i++)
+            if (is_state(n, i))
+                memcpy(states[i], n->in[i].data, bytes_of(&n->in[i]));
         rlx_backend *b = r->tested;
         if (pass == 1) {
             rlx_backend_options bo = rlx_backend_options_default();
@@ -856,7 +922,7 @@ static void judge_invariance(kit_runner *r, const kit_check *c, kit_node *n, kit
         int rc = RLX_OK;
         int64_t done_rows = 0;
         if (pass < 2) {
-            rc = run_rows(b, n, rows, T, kc, vc, pass ? got : batch, c->name);
+            rc = run_rows(b, n, rows, T, states, pass ? got : batch, c->name);
             done_rows = T;
         } else {
             /* rows[0..m) of this pass, in the batch's order */
@@ -867,7 +933,7 @@ static void judge_invariance(kit_runner *r, const kit_check *c, kit_node *n, kit
             const int64_t step = pass == 2 ? 1 : 5;
             for (int64_t k = 0; k < m && rc == RLX_OK; k += step) {
                 const int64_t cnt = m - k < step ? m - k : step;
-                rc = run_rows(b, n, rows + k, cnt, kc, vc, got + k * cols, c->name);
+                rc = run_rows(b, n, rows + k, cnt, states, got + k * cols, c->name);
             }
             done_rows = m;
         }
@@ -885,18 +951,31 @@ static void judge_invariance(kit_runner *r, const kit_check *c, kit_node *n, kit
                 goto done;
             }
         }
+        if (recurrent && pass == 0)
+            for (uint32_t i = 0; i < ni; i++)
+                if (is_state(n, i))
+                    memcpy(batch_states[i], states[i], bytes_of(&n->in[i]));
+        if (recurrent && pass > 0 &&
+            same_states(n, states, batch_states, pass == 3, bname, c->name, state_what[pass], res) < 0)
+            goto done;
         for (int64_t t = 0; t < T; t++)
             rows[t] = t;
     }
     res->err = 0;
     res->limit = 0;
-    result(res, KIT_PASS, "%s", "bit for bit: alone, in slot chunks, and on another thread count");
+    result(res, KIT_PASS, "%s",
+           recurrent ? "bit for bit, outputs and states: alone, in slot chunks, and on another thread count"
+                     : "bit for bit: alone, in slot chunks, and on another thread count");
 done:
     rlx_backend_destroy(other);
+    for (uint32_t i = 0; i < ni; i++) {
+        free(states ? states[i] : NULL);
+        free(batch_states ? batch_states[i] : NULL);
+    }
+    free(states);
+    free(batch_states);
     free(batch);
     free(got);
-    free(kc);
-    free(vc);
     free(rows);
 }
 

@@ -34,7 +34,7 @@ static const char usage[] =
     "An OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions (streamed as\n"
     "server-sent events with \"stream\": true), GET /v1/models, /health and /metrics (Prometheus);\n"
     "Anthropic's POST /v1/messages (and /v1/messages/count_tokens); llama-server's POST /completion,\n"
-    "/tokenize, /detokenize, /apply-template and GET /props.\n"
+    "/tokenize, /detokenize, /apply-template and GET /props and /slots.\n"
     "Requests run together in --parallel slots of the batched engine; more wait in a queue of\n"
     "--queue requests, and beyond that get 503 with Retry-After. Sampling follows OpenAI's\n"
     "defaults (temperature 1, top_p 1), greedy at \"temperature\": 0; the sampling options below\n"
@@ -63,6 +63,7 @@ typedef struct serve_args {
     uint64_t max_body;
     int total_ctx_given, parallel_given, api_key_given, insecure_listen, special_in_content;
     int reasoning_split; /* --reasoning-format: 1 auto/deepseek (the default), 0 none */
+    int no_slots;        /* --no-slots: GET /slots answers 501 (llama-server's default is to serve it) */
     const char *cors_origins[MAX_CORS_ORIGINS];
     size_t n_cors_origins;
 } serve_args;
@@ -100,6 +101,19 @@ static int parse_threads_http(const char *opt, const char *value, void *target) 
     if (app_parse_u32(opt, value, &n) < 0)
         return -1;
     return parse_always(opt, value, target);
+}
+
+/* --slots and --no-slots, the last given winning as llama-server's. */
+static int parse_slots(const char *opt, const char *value, void *target) {
+    (void)opt, (void)value;
+    *(int *)target = 0;
+    return 0;
+}
+
+static int parse_no_slots(const char *opt, const char *value, void *target) {
+    (void)opt, (void)value;
+    *(int *)target = 1;
+    return 0;
 }
 
 /* llama-server's flags for what rlx serve does not have: refused by name, saying what it does. */
@@ -458,11 +472,9 @@ int cmd_serve(int argc, char **argv, app_options *o) {
          .parse = parse_always},
         {0, "no-webui", "no-ui", NULL, "taken: rlx serve has no web page yet", APP_OPT_CUSTOM, (void *)"",
          .parse = parse_always},
-        {0, "no-slots", NULL, NULL, "taken: rlx serve has no /slots endpoint", APP_OPT_CUSTOM, (void *)"",
-         .parse = parse_always},
-        {0, "slots", NULL, NULL, "refused: no /slots endpoint (GET /metrics shows the slots' use)", APP_OPT_CUSTOM,
-         (void *)"rlx serve has no /slots endpoint; GET /metrics shows the slots in use and the queue",
-         .parse = parse_refused},
+        {0, "slots", NULL, NULL, "serve GET /slots, each slot's request and progress (the default)", APP_OPT_CUSTOM,
+         &a.no_slots, .parse = parse_slots},
+        {0, "no-slots", NULL, NULL, "GET /slots answers 501", APP_OPT_CUSTOM, &a.no_slots, .parse = parse_no_slots},
         {0, "threads-http", NULL, "N", "taken, with a note: each connection has a thread of its own", APP_OPT_CUSTOM,
          (void *)"each connection has a thread of its own, up to --max-connections", .parse = parse_threads_http},
         {0, "reasoning-format", NULL, "FMT",
@@ -528,6 +540,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                       .chat_default = a.n_predict_given ? max_tokens_default(a.n_predict) : 0,
                       .special_in_content = a.special_in_content,
                       .reasoning_split = a.reasoning_split,
+                      .no_slots = a.no_slots,
                       .chat_template = template_text};
     s.api_key_len = s.api_key ? strlen(s.api_key) : 0;
     /* the requests' sampling defaults: OpenAI's, under the sampling flags given */

@@ -36,6 +36,11 @@ static bool is_state(const rlx_tensor *t, const int64_t *row, uint32_t row_dims,
     return true;
 }
 
+/* ABI 1.7 state rows: F32[T, row...], one state after each of the call's T rows. */
+static bool is_state_rows(const rlx_tensor *t, int64_t T, const int64_t *row, uint32_t row_dims) {
+    return t->shape[0] == T && is_state(t, row, row_dims, true);
+}
+
 static int bad(const rlx_host *host, const char *plugin, bool report, int status, const rlx_node_view *n,
                const char *why) {
     if (report)
@@ -151,22 +156,35 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
     case RLX_OP_SSM_CONV: {
         if (host->abi_minor < 6)
             break;
-        const bool slots = ni == 5;
+        const bool rows = p && p->state_rows;
+        if (rows && host->abi_minor < 7)
+            break;
+        const uint32_t nb = ni - (rows ? 1u : 0u); /* the inputs before the state rows */
+        const bool slots = nb == 5;
         const rlx_tensor *st = &in[3];
         const int64_t K = in[1].n_dims == 2 ? in[1].shape[1] : 0;
-        if ((ni != 4 && ni != 5) || !is_act(&in[0], T, C) || !is_mat(&in[1], C, K) || K < 2 ||
+        if ((nb != 4 && nb != 5) || !is_act(&in[0], T, C) || !is_mat(&in[1], C, K) || K < 2 ||
             !is_vec(&in[2], RLX_DTYPE_I32, T) || (slots && !is_vec(&in[4], RLX_DTYPE_I32, T)) ||
-            !is_state(st, (const int64_t[]){K - 1, C}, 2, slots))
+            !is_state(st, (const int64_t[]){K - 1, C}, 2, slots) ||
+            (rows && !is_state_rows(&in[nb], T, (const int64_t[]){K - 1, C}, 2)))
             return bad(host, plugin, report, RLX_E_SHAPE, n,
-                       "want x F32[T,C], w[C,K] (K >= 2), pos I32[T], state F32[K-1,C] or [S,K-1,C] with seq I32[T]");
+                       "want x F32[T,C], w[C,K] (K >= 2), pos I32[T], state F32[K-1,C] or [S,K-1,C] with seq I32[T], "
+                       "then with state_rows F32[T,K-1,C]");
         return RLX_OK;
     }
     case RLX_OP_GATED_DELTA: {
         if (host->abi_minor < 6)
             break;
-        const bool slots = ni == 8;
-        if ((ni != 7 && ni != 8) || !p)
-            return bad(host, plugin, report, RLX_E_INVALID, n, "want 7 inputs (8 with slots) and params");
+        if (!p)
+            return bad(host, plugin, report, RLX_E_INVALID, n, "want params");
+        const bool rows = p->state_rows != 0;
+        if (rows && host->abi_minor < 7)
+            break;
+        const uint32_t nb = ni - (rows ? 1u : 0u); /* the inputs before the state rows */
+        const bool slots = nb == 8;
+        if (nb != 7 && nb != 8)
+            return bad(host, plugin, report, RLX_E_INVALID, n,
+                       "want 7 inputs (8 with slots, one more with state_rows)");
         const int64_t Hv = p->n_heads, Hk = p->n_kv_heads, Dk = p->head_dim, Dv = p->head_dim_v;
         if (Hv < 1 || Hk < 1 || Dk < 1 || Dv < 1 || Hv % Hk || !(p->eps > 0) || p->kv_tiled > 1 || C != Hv * Dv)
             return bad(host, plugin, report, RLX_E_SHAPE, n,
@@ -174,10 +192,12 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
         if (!is_act(&in[0], T, 2 * Hk * Dk + Hv * Dv) || !is_act(&in[1], T, Hv) || !is_act(&in[2], T, Hv) ||
             !is_weight_dt(in[3].dtype) || rlx_iface_numel(&in[3]) != Hv || !is_weight_dt(in[4].dtype) ||
             rlx_iface_numel(&in[4]) != Hv || !is_vec(&in[5], RLX_DTYPE_I32, T) ||
-            (slots && !is_vec(&in[7], RLX_DTYPE_I32, T)) || !is_state(&in[6], (const int64_t[]){Hv, Dk, Dv}, 3, slots))
+            (slots && !is_vec(&in[7], RLX_DTYPE_I32, T)) ||
+            !is_state(&in[6], (const int64_t[]){Hv, Dk, Dv}, 3, slots) ||
+            (rows && !is_state_rows(&in[nb], T, (const int64_t[]){Hv, Dk, Dv}, 3)))
             return bad(host, plugin, report, RLX_E_SHAPE, n,
                        "want qkv F32[T,2*Hk*Dk+Hv*Dv], a, b F32[T,Hv], A, dt_bias[Hv], pos I32[T], state "
-                       "F32[Hv,Dk,Dv] or [S,Hv,Dk,Dv] with seq I32[T]");
+                       "F32[Hv,Dk,Dv] or [S,Hv,Dk,Dv] with seq I32[T], then with state_rows F32[T,Hv,Dk,Dv]");
         return RLX_OK;
     }
     default: /* includes CONCAT (ABI 1.1), a row copy left to the reference kernels */

@@ -20,6 +20,11 @@
 
 static const char *node_name(const rlx_node_view *n) { return n->name ? n->name : "?"; }
 
+/* The state rows of n (ABI 1.7: its last input), or NULL. */
+static float *kern_state_rows(const rlx_node_view *n) {
+    return n->params && n->params->state_rows ? n->inputs[n->n_inputs - 1].data : NULL;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The rows of a call, by slot
 
@@ -36,7 +41,8 @@ typedef struct kern_rec_rows {
 static int kern_rec_rows_make(kern_ctx *c, const rlx_node_view *n, const char *op, uint32_t pos_in, uint32_t seq_in,
                               int64_t slots, size_t extra, void **extra_out, kern_rec_rows *g) {
     const int32_t *pos = n->inputs[pos_in].data;
-    const int32_t *seq = n->n_inputs > seq_in ? n->inputs[seq_in].data : NULL;
+    const uint32_t n_in = n->n_inputs - (kern_state_rows(n) ? 1u : 0u);
+    const int32_t *seq = n_in > seq_in ? n->inputs[seq_in].data : NULL;
     const int64_t t_len = n->inputs[pos_in].shape[0];
     const size_t start_bytes = kern_align_up((size_t)(slots + 1) * sizeof(int64_t));
     const size_t rows_bytes = kern_align_up((size_t)(t_len + 1) * sizeof(int32_t));
@@ -93,6 +99,7 @@ typedef struct kern_conv_job {
     const float *x, *w; /* w: the kernel as F32 [K][C] */
     const int32_t *pos;
     float *y, *state; /* state: [slots][K-1][C] */
+    float *rows;      /* state rows [T][K-1][C], or NULL */
     int64_t C, K;
     const kern_rec_rows *g;
 } kern_conv_job;
@@ -116,6 +123,8 @@ static void kern_conv_range(void *ctx, int ith, int64_t c0, int64_t c1) {
             for (int64_t q = 0; q + 2 < K; q++)
                 memcpy(st + q * C, st + (q + 1) * C, (size_t)n * sizeof *st);
             memcpy(st + (K - 2) * C, x, (size_t)n * sizeof *st);
+            for (int64_t q = 0; j->rows && q < K - 1; q++)
+                memcpy(j->rows + (r * (K - 1) + q) * C + c0, st + q * C, (size_t)n * sizeof *st);
         }
     }
 }
@@ -145,6 +154,7 @@ static int kern_op_ssm_conv(kern_ctx *c, const rlx_node_view *n) {
                        .pos = n->inputs[2].data,
                        .y = n->output->data,
                        .state = st->data,
+                       .rows = kern_state_rows(n),
                        .C = C,
                        .K = K,
                        .g = &g};
@@ -161,8 +171,9 @@ typedef struct kern_gd_job {
     const float *a, *b, *A, *dt_bias;
     const int32_t *pos;
     float *out, *state;
+    float *rows; /* state rows [T][Hv][Dk][Dv], or NULL */
     int64_t hv, hk, dk, dv, cols;
-    bool tiled, rows_only; /* rows_only: the slot form, or c->split_invariant */
+    bool tiled, rows_only; /* rows_only: the slot form, c->split_invariant or state rows */
     float scale, eps;
     const kern_rec_rows *g;
     kern_buf *scratch; /* [n_threads] */
@@ -231,6 +242,8 @@ static void kern_gd_recurrent(const kern_gd_job *j, int64_t h, const int32_t *ro
             memset(S, 0, (size_t)(j->dk * j->dv) * sizeof *S);
         j->k->gd_step(S, j->dk, j->dv, g, w->k, w->q, j->v + r * j->cols + h * j->dv, beta,
                       j->out + (r * j->hv + h) * j->dv);
+        if (j->rows)
+            memcpy(j->rows + (r * j->hv + h) * j->dk * j->dv, S, (size_t)(j->dk * j->dv) * sizeof *S);
     }
 }
 
@@ -332,13 +345,14 @@ static int kern_op_gated_delta(kern_ctx *c, const rlx_node_view *n) {
                      .pos = n->inputs[5].data,
                      .out = n->output->data,
                      .state = st->data,
+                     .rows = kern_state_rows(n),
                      .hv = p->n_heads,
                      .hk = hk,
                      .dk = dk,
                      .dv = p->head_dim_v,
                      .cols = n->inputs[0].shape[1],
                      .tiled = p->kv_tiled != 0,
-                     .rows_only = st->n_dims == 4 || c->split_invariant,
+                     .rows_only = st->n_dims == 4 || c->split_invariant || p->state_rows,
                      .scale = p->scale,
                      .eps = p->eps,
                      .g = &g,

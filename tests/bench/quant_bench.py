@@ -17,9 +17,8 @@ again. Both keep their KV cache in the --cache-type C (f16 by default, llama-ben
 default; rlx's is f32). The figures are medians over the repetitions and rounds; the ratios
 compare rlx with llama.cpp measured minutes apart on the same machine.
 
---gguf takes files written elsewhere instead (an architecture rlx quantize cannot write yet,
-such as a Qwen3.5 hybrid that llama.cpp's own converter and llama-quantize wrote); its TYPE
-names label the rows. -d D runs both programs' tests after D tokens already in the context
+--gguf takes files written elsewhere instead (llama.cpp's own converter and llama-quantize's,
+so that both programs read files neither wrote itself); its TYPE names label the rows. -d D runs both programs' tests after D tokens already in the context
 (rlx bench -d, llama-bench -d).
 
 Per type, from the GGUF header (tests/gguf/gguf_ref.py, the independent reader):

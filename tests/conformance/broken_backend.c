@@ -25,6 +25,10 @@
  *                     is given, but never writes the state back: the next call starts stale
  *   BROKEN_UNCHECKED  claims SSM_CONV and computes it, but accepts a sequence's positions that
  *                     are negative or not consecutive instead of failing the call
+ *   BROKEN_NO_ROWS    claims SSM_CONV with state rows (ABI 1.7) and computes it, but leaves the
+ *                     state rows unwritten (the modes above decline state rows)
+ *   BROKEN_CONV_VARIANT claims SSM_CONV and computes it, then adds (T - 1) * 1e-7 to every
+ *                     output: within the tolerance, but a row's bits depend on the batch
  *   BROKEN_OLD_CLAIMS built for ABI 1.5, claims every ROPE (whole heads, as 1.5 states it) and
  *                     the op numbers 1.6 later gave SIGMOID_MUL, SSM_CONV and GATED_DELTA (a
  *                     careless supports()): the core must never offer it those nodes nor a
@@ -71,7 +75,9 @@ static int b_supports(void *self, const rlx_node_view *n) {
     return n->op == RLX_OP_GATHER_LAST;
 #elif defined(BROKEN_VARIANT)
     return n->op == RLX_OP_ATTENTION && n->n_inputs == 7;
-#elif defined(BROKEN_STATELESS) || defined(BROKEN_UNCHECKED)
+#elif defined(BROKEN_STATELESS) || defined(BROKEN_UNCHECKED) || defined(BROKEN_CONV_VARIANT)
+    return n->op == RLX_OP_SSM_CONV && !n->params->state_rows;
+#elif defined(BROKEN_NO_ROWS)
     return n->op == RLX_OP_SSM_CONV;
 #elif defined(BROKEN_OLD_CLAIMS)
     return n->op == RLX_OP_ROPE || n->op == RLX_OP_SIGMOID_MUL || n->op == RLX_OP_SSM_CONV ||
@@ -115,7 +121,8 @@ __attribute__((unused)) static void matmul(const rlx_node_view *n) { matmul_x(n,
  * would write outside the state); positions only without BROKEN_UNCHECKED. */
 __attribute__((unused)) static int ssm_conv(const rlx_node_view *n) {
     const float *x = n->inputs[0].data;
-    const int32_t *pos = n->inputs[2].data, *seq = n->n_inputs > 4 ? n->inputs[4].data : NULL;
+    const uint32_t n_in = n->n_inputs - (n->params->state_rows ? 1u : 0u); /* the inputs before state rows */
+    const int32_t *pos = n->inputs[2].data, *seq = n_in > 4 ? n->inputs[4].data : NULL;
     const rlx_tensor *w = &n->inputs[1], *st = &n->inputs[3];
     const int64_t T = n->inputs[0].shape[0], C = n->inputs[0].shape[1], K = w->shape[1];
     const int64_t slots = st->n_dims == 3 ? st->shape[0] : 1, win = (K - 1) * C;
@@ -224,8 +231,13 @@ static int b_compute(void *self, const rlx_node_view *n) {
 #elif defined(BROKEN_VARIANT)
     for (int64_t i = 0; i < len; i++)
         y[i] = (float)n->inputs[0].shape[0];
-#elif defined(BROKEN_STATELESS) || defined(BROKEN_UNCHECKED)
+#elif defined(BROKEN_STATELESS) || defined(BROKEN_UNCHECKED) || defined(BROKEN_NO_ROWS)
     return ssm_conv(n);
+#elif defined(BROKEN_CONV_VARIANT)
+    const int rc = ssm_conv(n);
+    for (int64_t i = 0; rc == RLX_OK && i < len; i++)
+        y[i] += (float)(n->inputs[0].shape[0] - 1) * 1e-7f;
+    return rc;
 #elif defined(BROKEN_OLD_CLAIMS)
     if (n->op != RLX_OP_ROPE)
         return host->error(RLX_E_INTERNAL, "%s: given node '%s' of op %u, which ABI 1.5 does not have", BROKEN_NAME,

@@ -103,9 +103,10 @@ def check_penalties(rlx, work):
                                            (["--repeat-penalty", "1.5", "--repeat-last-n", "4"], 4, 1.5, 0.0, 0.0),
                                            (["--presence-penalty", "1.2", "--repeat-last-n", "-1"], -1, 1.0, 1.2, 0.0),
                                            (["--frequency-penalty", "0.8"], 64, 1.0, 0.0, 0.8)):
+        # greedy: the first steps of the 24 tokens the speculators must repeat are those of -n 4
+        plain = run(rlx, "generate", "--tokens", ",".join(map(str, prompt)), "-n", "24", "--greedy", *flags).stdout
         steps = 4
-        got = [int(t) for t in run(rlx, "generate", "--tokens", ",".join(map(str, prompt)), "-n", str(steps),
-                                   "--greedy", *flags).stdout.split()]
+        got = [int(t) for t in plain.split()[:steps]]
         history = list(prompt)
         want = []
         for _ in range(steps):
@@ -113,7 +114,6 @@ def check_penalties(rlx, work):
             want.append(token)
             history.append(token)
         expect(got == want, f"greedy {' '.join(flags)}: rlx {got}, NumPy's penalised argmax {want}")
-        plain = run(rlx, "generate", "--tokens", ",".join(map(str, prompt)), "-n", "24", "--greedy", *flags).stdout
         for spec in (["--spec", "draft", "--draft-model", os.path.join(BROWN, "draft")], ["--spec", "mtp"]):
             fast = run(rlx, "generate", "--tokens", ",".join(map(str, prompt)), "-n", "24", "--greedy", *flags,
                        *spec).stdout

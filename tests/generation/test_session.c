@@ -89,6 +89,74 @@ static void test_truncate_then_decode_equals_never_decoded(void **state) {
     rlx_session_destroy(c);
 }
 
+/* A speculative round: a verification of 4 positions, cut back to the 2 accepted. A hybrid's
+ * session takes the kept row's recurrent state from the state rows the verification wrote, so
+ * nothing runs again (rlx_session_replayed_positions), and the next tokens' logits are those of a
+ * session that only ever saw the accepted tokens. Cut back to the verification's start, the
+ * state is rebuilt by running positions again, with the same result. */
+static void test_truncate_into_a_verification(void **state) {
+    (void)state;
+    const int hybrid =
+        rlx_model_config_of(model)->model_type[0] && strncmp(rlx_model_config_of(model)->model_type, "qwen3_5", 7) == 0;
+    rlx_session *a = new_session(64), *b = new_session(64);
+    const float *la, *lb;
+    const int32_t draft[] = {5, 6, 7, 8}, next[] = {200, 201, 202}, more[] = {9};
+    assert_ok(rlx_session_forward(a, prompt, N_PROMPT, 0, &la));
+    const uint64_t replayed = rlx_session_replayed_positions(a);
+    assert_ok(rlx_session_forward(a, draft, 4, 1, &la));
+    assert_ok(rlx_session_truncate(a, N_PROMPT + 2));
+    assert_ok(rlx_session_forward(a, next, 3, 1, &la));
+    assert_ok(rlx_session_truncate(a, N_PROMPT + 3)); /* keep 200 of the second round */
+    assert_ok(rlx_session_forward(a, more, 1, 1, &la));
+    assert_int_equal(rlx_session_replayed_positions(a), replayed);
+    const int32_t seen[] = {5, 6, 200, 9};
+    assert_ok(rlx_session_forward(b, prompt, N_PROMPT, 0, &lb));
+    for (uint32_t i = 0; i < 4; i++)
+        assert_ok(rlx_session_forward(b, &seen[i], 1, 1, &lb));
+    assert_true(max_diff(la, lb, vocab) < 1e-4);
+    /* all of the next verification rejected, the bonus token too: back to its first position */
+    assert_ok(rlx_session_forward(a, draft, 3, 1, &la));
+    assert_ok(rlx_session_truncate(a, N_PROMPT + 4));
+    assert_ok(rlx_session_forward(a, more, 1, 1, &la));
+    assert_ok(rlx_session_forward(b, more, 1, 1, &lb));
+    assert_true(max_diff(la, lb, vocab) < 1e-4);
+    if (hybrid)
+        assert_true(rlx_session_replayed_positions(a) > replayed);
+    rlx_session_destroy(a);
+    rlx_session_destroy(b);
+}
+
+/* A draft model's rounds: tokens proposed one at a time, the rejected ones cut off. After the
+ * first such cut a hybrid's session keeps each one-position state, so later cuts run nothing
+ * again; the logits stay those of a session that only saw the kept tokens. */
+static void test_truncate_after_single_steps(void **state) {
+    (void)state;
+    rlx_session *a = new_session(64), *b = new_session(64);
+    const float *la, *lb;
+    assert_ok(rlx_session_forward(a, prompt, N_PROMPT, 0, &la));
+    assert_ok(rlx_session_forward(b, prompt, N_PROMPT, 0, &lb));
+    const int32_t proposed[3][3] = {{5, 6, 7}, {40, 41, 42}, {60, 61, 62}};
+    const uint32_t kept[3] = {1, 2, 0};
+    uint64_t after_first = 0;
+    for (uint32_t round = 0; round < 3; round++) {
+        const uint32_t start = rlx_session_length(a);
+        for (uint32_t i = 0; i < 3; i++)
+            assert_ok(rlx_session_forward(a, &proposed[round][i], 1, 1, &la));
+        assert_ok(rlx_session_truncate(a, start + kept[round]));
+        const int32_t correction = 100 + (int32_t)round;
+        assert_ok(rlx_session_forward(a, &correction, 1, 1, &la));
+        for (uint32_t i = 0; i < kept[round]; i++)
+            assert_ok(rlx_session_forward(b, &proposed[round][i], 1, 1, &lb));
+        assert_ok(rlx_session_forward(b, &correction, 1, 1, &lb));
+        assert_true(max_diff(la, lb, vocab) < 1e-4);
+        if (round == 0)
+            after_first = rlx_session_replayed_positions(a);
+    }
+    assert_int_equal(rlx_session_replayed_positions(a), after_first);
+    rlx_session_destroy(a);
+    rlx_session_destroy(b);
+}
+
 static void test_bad_tokens_and_overflow_are_refused(void **state) {
     (void)state;
     rlx_session *s = new_session(8);
@@ -405,6 +473,8 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cached_decode_equals_recomputation),
         cmocka_unit_test(test_truncate_then_decode_equals_never_decoded),
+        cmocka_unit_test(test_truncate_into_a_verification),
+        cmocka_unit_test(test_truncate_after_single_steps),
         cmocka_unit_test(test_bad_tokens_and_overflow_are_refused),
         cmocka_unit_test(test_generate_stops_at_limit_and_is_greedy),
         cmocka_unit_test(test_generate_stops_at_a_full_context),

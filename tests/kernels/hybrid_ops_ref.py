@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """NumPy expectations for test_hybrid_ops: the ops of ABI 1.6 (SIGMOID_MUL, SSM_CONV,
-GATED_DELTA, partial ROPE) in float64, written from their contract in
+GATED_DELTA, partial ROPE) and 1.7 (their state rows) in float64, written from their contract in
 core/include/rlx/backend_iface.h and from Hugging Face's Qwen3-Next / Qwen3.5 code
 (torch_recurrent_gated_delta_rule, the causal_conv1d fallback, apply_rotary_pos_emb with a
 partial rotary dimension), never from rlx's C kernels.
@@ -9,17 +9,19 @@ partial rotary dimension), never from rlx's C kernels.
 
 A case is one node run over a sequence of calls that share its weights and its state: each
 call gives its activations, positions and slots, and either the output expected or the status
-expected (the call then leaves the state as it was). The final state is expected too. GATED_DELTA
+expected (the call then leaves the state as it was). The final state is expected too. A case
+with state_rows gives each call an input more, the state after each row, expected as well. GATED_DELTA
 is computed row by row (the recurrent definition) whatever the length of a call, so the C
 kernel's chunk-parallel form is checked against the recurrence.
 
 File layout (little-endian):
-  "RLXHYB2\\0" u32 n_cases, then per case:
+  "RLXHYB3\\0" u32 n_cases, then per case:
     u32 op, u32 name_len, name, f32 eps, rope_theta, scale, u32 head_dim, n_heads, n_kv_heads,
-    head_dim_v, rope_dims, kv_tiled
+    head_dim_v, rope_dims, kv_tiled, state_rows
     u32 n_weights, tensors; u32 has_state, [tensor]
-    u32 n_calls, per call: u32 n_inputs, per input u32 kind (0 activation, 1 weight, 2 state)
-      and u32 index; u32 n_acts, tensors; i32 status; [expected output tensor when status 0]
+    u32 n_calls, per call: u32 n_inputs, per input u32 kind (0 activation, 1 weight, 2 state,
+      3 state rows) and u32 index; u32 n_acts, tensors; i32 status; [expected output tensor
+      when status 0]; [with state_rows: the expected rows tensor (zeros when status != 0)]
     [expected final state tensor when has_state]
   tensor: u32 dtype, u32 n_dims, i64 shape[4], raw data
 """
@@ -32,7 +34,7 @@ import numpy as np
 
 OPS = {"rope": 4, "sigmoid_mul": 12, "ssm_conv": 13, "gated_delta": 14}
 DTYPE = {"f32": 0, "bf16": 1, "f16": 2, "i32": 3}
-ACT, WEIGHT, STATE = 0, 1, 2
+ACT, WEIGHT, STATE, ROWS = 0, 1, 2, 3
 E_INVALID, E_RANGE = -1, -10  # rlx/status.h: RLX_E_INVALID, RLX_E_RANGE
 SEED = 2026_0528
 
@@ -88,12 +90,14 @@ def gated_delta(qkv, a, b, A, dt_bias, pos, seq, state, p):
     """torch_recurrent_gated_delta_rule, one row at a time, each row on its own slot's state;
     a row at position 0 starts from a zero state. qkv's rows hold q (Hk heads), k (Hk heads) and v
     (Hv heads) side by side. Value head h reads key head h // (Hv/Hk) (HF's repeat_interleave) or,
-    with kv_tiled, h % Hk (llama.cpp's tiled order). Returns the output and the new state."""
+    with kv_tiled, h % Hk (llama.cpp's tiled order). Returns the output, the new state and the
+    state of each row's sequence after that row."""
     hv, hk, dk, dv = p["n_heads"], p["n_kv_heads"], p["head_dim"], p["head_dim_v"]
     group = hv // hk
     q, k, v = qkv[:, :hk * dk], qkv[:, hk * dk:2 * hk * dk], qkv[:, 2 * hk * dk:]
     st = state.copy() if seq is not None else state.copy()[None]
     out = np.zeros((len(pos), hv * dv))
+    rows = np.zeros((len(pos), hv, dk, dv))
     for t in range(len(pos)):
         s = seq[t] if seq is not None else 0
         if pos[t] == 0:
@@ -110,7 +114,8 @@ def gated_delta(qkv, a, b, A, dt_bias, pos, seq, state, p):
             S = S + kvec[:, None] * delta[None, :]
             st[s, h] = S
             out[t, h * dv:(h + 1) * dv] = (S * qh[:, None]).sum(axis=0)
-    return out, (st if seq is not None else st[0])
+        rows[t] = st[s]
+    return out, (st if seq is not None else st[0]), rows
 
 
 def ssm_conv(x, w, pos, seq, state):
@@ -122,6 +127,7 @@ def ssm_conv(x, w, pos, seq, state):
     st = state.copy() if seq is not None else state.copy()[None]
     slot = seq if seq is not None else np.zeros(t_len, dtype=np.int64)
     out = np.zeros((t_len, c))
+    rows = np.zeros((t_len, k - 1, c))
     for t in range(t_len):
         s = slot[t]
         if pos[t] == 0:
@@ -129,7 +135,8 @@ def ssm_conv(x, w, pos, seq, state):
         window = np.concatenate([st[s], x[t][None, :]], axis=0)   # [K, C]: u[p-K+1 .. p]
         out[t] = silu(np.sum(w.T * window, axis=0))
         st[s] = window[1:]
-    return out, (st if seq is not None else st[0])
+        rows[t] = st[s]
+    return out, (st if seq is not None else st[0]), rows
 
 
 def silu(x):
@@ -167,13 +174,14 @@ class Case:
                struct.pack("<fffIIIIII", p.get("eps", 0.0), p.get("rope_theta", 0.0), p.get("scale", 0.0),
                            p.get("head_dim", 0), p.get("n_heads", 0), p.get("n_kv_heads", 0),
                            p.get("head_dim_v", 0), p.get("rope_dims", 0), p.get("kv_tiled", 0)),
+               struct.pack("<I", p.get("state_rows", 0)),
                struct.pack("<I", len(self.weights))]
         out += [w.record() for w in self.weights]
         out.append(struct.pack("<I", 1 if self.state is not None else 0))
         if self.state is not None:
             out.append(self.state.record())
         out.append(struct.pack("<I", len(self.calls)))
-        for order, acts, status, expect in self.calls:
+        for order, acts, status, expect, rows in self.calls:
             out.append(struct.pack("<I", len(order)))
             out += [struct.pack("<II", kind, index) for kind, index in order]
             out.append(struct.pack("<I", len(acts)))
@@ -181,6 +189,8 @@ class Case:
             out.append(struct.pack("<i", status))
             if status == 0:
                 out.append(Tensor(expect).record())
+            if p.get("state_rows"):
+                out.append(Tensor(rows).record())
         if self.state is not None:
             out.append(Tensor(self.final).record())
         return b"".join(out)
@@ -190,11 +200,11 @@ def uniform(rng, shape, lo=-1.0, hi=1.0):
     return rng.uniform(lo, hi, size=shape).astype(np.float32)
 
 
-def gd_case(rng, name, hv, hk, dk, dv, slots, calls, wdt="f32", init_scale=0.5, tiled=0):
+def gd_case(rng, name, hv, hk, dk, dv, slots, calls, wdt="f32", init_scale=0.5, tiled=0, state_rows=0):
     """calls: per call a list of (slot, position) rows, or (rows, status) for a call that must
     fail; slots None: one sequence (a state [Hv,Dk,Dv], no seq input)."""
     p = {"n_heads": hv, "n_kv_heads": hk, "head_dim": dk, "head_dim_v": dv, "eps": float(np.float32(1e-6)),
-         "scale": float(np.float32(1.0 / np.sqrt(dk))), "kv_tiled": tiled}
+         "scale": float(np.float32(1.0 / np.sqrt(dk))), "kv_tiled": tiled, "state_rows": state_rows}
     # A = -exp(A_log) with A_log in [log 1, log 16] as Qwen3-Next draws it; dt_bias near 0
     A = Tensor(-np.exp(uniform(rng, (hv,), 0.0, np.log(16.0))), wdt)
     dt_bias = Tensor(uniform(rng, (hv,), -1.0, 1.0), wdt)
@@ -216,15 +226,18 @@ def gd_case(rng, name, hv, hk, dk, dv, slots, calls, wdt="f32", init_scale=0.5, 
             seq = np.array([r[0] for r in rows])
             acts.append(Tensor(seq, "i32"))
             order.append((ACT, 4))
-        expect = None
+        expect, rows_after = None, np.zeros((t, hv, dk, dv))
         if status == 0:
-            expect, cur = gated_delta(qkv.value, a.value, b.value, A.value, dt_bias.value, pos.value, seq, cur, p)
-        case.calls.append((order, acts, status, expect))
+            expect, cur, rows_after = gated_delta(qkv.value, a.value, b.value, A.value, dt_bias.value, pos.value, seq,
+                                                  cur, p)
+        if state_rows:
+            order.append((ROWS, 0))
+        case.calls.append((order, acts, status, expect, rows_after))
     case.final = cur
     return case
 
 
-def conv_case(rng, name, c, k, slots, calls, wdt="f32"):
+def conv_case(rng, name, c, k, slots, calls, wdt="f32", state_rows=0):
     w = Tensor(uniform(rng, (c, k)), wdt)
     shape = (k - 1, c) if slots is None else (slots, k - 1, c)
     init = uniform(rng, shape).reshape(-1, k - 1, c)
@@ -238,7 +251,7 @@ def conv_case(rng, name, c, k, slots, calls, wdt="f32"):
         if 0 < p0 < k - 1 and 0 <= slot < len(init):
             init[slot, :k - 1 - p0] = 0.0
     state = Tensor(init.reshape(shape))
-    case = Case("ssm_conv", name, {}, [w], state)
+    case = Case("ssm_conv", name, {"state_rows": state_rows}, [w], state)
     cur = state.value
     for call in calls:
         rows, status = (call, 0) if not isinstance(call, tuple) else call
@@ -249,10 +262,12 @@ def conv_case(rng, name, c, k, slots, calls, wdt="f32"):
             seq = np.array([r[0] for r in rows])
             acts.append(Tensor(seq, "i32"))
             order.append((ACT, 2))
-        expect = None
+        expect, rows_after = None, np.zeros((len(rows), k - 1, c))
         if status == 0:
-            expect, cur = ssm_conv(x.value, w.value, pos.value, seq, cur)
-        case.calls.append((order, acts, status, expect))
+            expect, cur, rows_after = ssm_conv(x.value, w.value, pos.value, seq, cur)
+        if state_rows:
+            order.append((ROWS, 0))
+        case.calls.append((order, acts, status, expect, rows_after))
     case.final = cur
     return case
 
@@ -311,6 +326,20 @@ def cases():
     out.append(conv_case(rng, "conv bad calls", 8, 3, 2,
                          [([(0, 3), (0, 5)], E_INVALID), ([(3, 0)], E_RANGE), ([(0, -2)], E_RANGE), one(3, 2, 0)]))
     out.append(conv_case(rng, "conv first rows at p=1, 2 (< K-1)", 8, 4, 2, [[(0, 1), (1, 2), (0, 2)]]))
+
+    # ABI 1.7 state rows: each row's state as it is after that row, one sequence (a verification
+    # of 4 rows, a decode row, and 20 rows, which without state rows would be chunk-parallel) and
+    # slots interleaved, with a reset at position 0 inside a call and a call that must fail
+    out.append(gd_case(rng, "gd state rows one sequence", 4, 2, 16, 24, None,
+                       [one(0, 4), one(4, 1), one(5, 20)], state_rows=1))
+    out.append(gd_case(rng, "gd state rows slots", 4, 1, 16, 8, 3,
+                       [[(2, 0), (0, 5), (2, 1), (1, 9), (0, 6)], ([(0, 7), (0, 9)], E_INVALID),
+                        [(1, 10), (0, 0), (0, 1), (2, 2)]], state_rows=1))
+    out.append(conv_case(rng, "conv state rows one sequence", 24, 4, None, [one(0, 3), one(3, 1), one(4, 9)],
+                         state_rows=1))
+    out.append(conv_case(rng, "conv state rows slots", 16, 4, 3,
+                         [[(1, 7), (0, 0), (2, 30), (1, 8), (0, 1)], ([(3, 0)], E_RANGE), [(0, 2), (1, 0)]],
+                         wdt="bf16", state_rows=1))
     return out + rope_cases(rng) + [sigmoid_case(rng)]
 
 
@@ -330,7 +359,7 @@ def rope_cases(rng):
             order.append((WEIGHT, 0))
         case = Case("rope", f"rope T={t} heads={heads} D={d} rope_dims={rd}{' factors' if with_ff else ''}", p,
                     weights, None)
-        case.calls.append((order, acts, 0, rope(x.value, pos.value, d, rd, theta32, ff.value if ff else None)))
+        case.calls.append((order, acts, 0, rope(x.value, pos.value, d, rd, theta32, ff.value if ff else None), None))
         out.append(case)
     return out
 
@@ -339,7 +368,7 @@ def sigmoid_case(rng):
     x = Tensor(uniform(rng, (5, 48), -4.0, 4.0))
     g = Tensor(uniform(rng, (5, 48), -12.0, 12.0))
     case = Case("sigmoid_mul", "sigmoid_mul T=5 C=48", {}, [], None)
-    case.calls.append(([(ACT, 0), (ACT, 1)], [x, g], 0, x.value * sigmoid(g.value)))
+    case.calls.append(([(ACT, 0), (ACT, 1)], [x, g], 0, x.value * sigmoid(g.value), None))
     return case
 
 
@@ -347,7 +376,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    data = [b"RLXHYB2\0"]
+    data = [b"RLXHYB3\0"]
     all_cases = cases()
     data.append(struct.pack("<I", len(all_cases)))
     data += [c.encode() for c in all_cases]

@@ -1,15 +1,17 @@
-/* The ops of ABI 1.6 (SIGMOID_MUL, SSM_CONV, GATED_DELTA, partial ROPE) on the core's reference
- * kernels, through graphs and plans as a model runs them:
+/* The ops of ABI 1.6 (SIGMOID_MUL, SSM_CONV, GATED_DELTA, partial ROPE) and 1.7 (the recurrent
+ * ops' state rows) on the core's reference kernels, through graphs and plans as a model runs
+ * them:
  * - against NumPy (hybrid_ops_ref.py, float64, from the contract and Hugging Face's code): a
  *   prompt in one call and split over calls with the state carried, a row at position 0
  *   resetting the state, slots interleaved in any row order, GQA, Dk != Dv, the chunk-parallel
  *   form over runs that are not a multiple of a chunk, BF16/F16 weights, calls that must fail
  *   (positions not consecutive, slot out of range, negative position) leaving the state as it
- *   was, partial ROPE with and without factors;
+ *   was, partial ROPE with and without factors, the state after every row (state rows);
  * - the chunk-parallel form against the recurrent one over the same rows (their difference is
  *   F32 rounding), and a slot's rows giving the same bits whatever else the call holds;
  * - graph validation of shapes, dtypes and params, naming the node and the input;
- * - the ABI: a backend built before 1.6 is never asked about these nodes;
+ * - the ABI: a backend built before 1.6 is never asked about these nodes, nor one built before
+ *   1.7 about state rows;
  * - the in-tree backends (cpu-blas, onednn: the kernel library's kern_recurrent.c) on the same
  *   NumPy cases, at every ISA level this CPU has (isa=c, avx2, avx512), each node placed on the
  *   backend so that nothing falls back to the reference kernels unseen. */
@@ -69,13 +71,16 @@ typedef struct hyb_case {
     rlx_tensor state;
 } hyb_case;
 
+enum { K_ACT, K_WEIGHT, K_STATE, K_ROWS }; /* hyb_call.kind */
+
 typedef struct hyb_call {
     uint32_t n_inputs;
-    uint32_t kind[MAX_INPUTS], index[MAX_INPUTS]; /* 0 activation, 1 weight, 2 state */
+    uint32_t kind[MAX_INPUTS], index[MAX_INPUTS]; /* K_* */
     uint32_t n_acts;
     rlx_tensor acts[MAX_ACTS];
     int32_t status;
     rlx_tensor want;
+    rlx_tensor want_rows; /* with state_rows: the state after each row (zeros for a failing call) */
 } hyb_call;
 
 static void take_case_head(reader *r, hyb_case *c) {
@@ -93,6 +98,7 @@ static void take_case_head(reader *r, hyb_case *c) {
     c->params.head_dim_v = take_u32(r);
     c->params.rope_dims = take_u32(r);
     c->params.kv_tiled = take_u32(r);
+    c->params.state_rows = take_u32(r);
     c->n_weights = take_u32(r);
     assert_true(c->n_weights <= 2);
     for (uint32_t i = 0; i < c->n_weights; i++)
@@ -102,7 +108,7 @@ static void take_case_head(reader *r, hyb_case *c) {
         c->state = take_tensor(r);
 }
 
-static void take_call(reader *r, hyb_call *k) {
+static void take_call(reader *r, hyb_call *k, const hyb_case *c) {
     memset(k, 0, sizeof *k);
     k->n_inputs = take_u32(r);
     assert_true(k->n_inputs <= MAX_INPUTS);
@@ -117,12 +123,15 @@ static void take_call(reader *r, hyb_call *k) {
     take(r, &k->status, 4);
     if (k->status == 0)
         k->want = take_tensor(r);
+    if (c->params.state_rows)
+        k->want_rows = take_tensor(r);
 }
 
 static void free_call(hyb_call *k) {
     for (uint32_t i = 0; i < k->n_acts; i++)
         free(k->acts[i].data);
     free(k->want.data);
+    free(k->want_rows.data);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -205,15 +214,25 @@ static void run_case(reader *r) {
     const uint32_t n_calls = take_u32(r);
     for (uint32_t call = 0; call < n_calls; call++) {
         hyb_call k;
-        take_call(r, &k);
+        take_call(r, &k, &c);
         rlx_tensor in[MAX_INPUTS];
         rlx_tensor_role role[MAX_INPUTS];
+        /* the state rows, NaN until the kernel writes them: a row left unwritten shows */
+        rlx_tensor rows = k.want_rows;
+        const size_t n_rows = c.params.state_rows ? (size_t)rlx_tensor_numel(&rows) : 0;
+        rows.data = n_rows ? malloc(n_rows * sizeof(float)) : NULL;
+        for (size_t i = 0; i < n_rows; i++)
+            ((float *)rows.data)[i] = NAN;
         for (uint32_t i = 0; i < k.n_inputs; i++) {
-            if (k.kind[i] == 0) {
+            if (k.kind[i] == K_ROWS) {
+                assert_non_null(rows.data);
+                in[i] = rows;
+                role[i] = RLX_ROLE_STATE;
+            } else if (k.kind[i] == K_ACT) {
                 assert_true(k.index[i] < k.n_acts);
                 in[i] = k.acts[k.index[i]];
                 role[i] = RLX_ROLE_INPUT;
-            } else if (k.kind[i] == 1) {
+            } else if (k.kind[i] == K_WEIGHT) {
                 assert_true(k.index[i] < c.n_weights);
                 in[i] = c.weights[k.index[i]];
                 role[i] = RLX_ROLE_WEIGHT;
@@ -242,7 +261,12 @@ static void run_case(reader *r) {
             if (!(e <= TOL))
                 fail_msg("%s, call %u: output off by %g (relative)%s%s", c.name, call, e, g_backend ? " on " : "",
                          g_backend ? rlx_backend_name(g_backend) : "");
+            const double er = n_rows ? max_err(rows.data, k.want_rows.data, n_rows) : 0;
+            if (!(er <= TOL))
+                fail_msg("%s, call %u: state rows off by %g (relative)%s%s", c.name, call, er, g_backend ? " on " : "",
+                         g_backend ? rlx_backend_name(g_backend) : "");
         }
+        free(rows.data);
         free(out);
         free_call(&k);
     }
@@ -267,7 +291,7 @@ static void run_cases(void) {
     reader r = {buf, buf + len};
     char magic[8];
     take(&r, magic, 8);
-    assert_memory_equal(magic, "RLXHYB2", 8);
+    assert_memory_equal(magic, "RLXHYB3", 8);
     const uint32_t n = take_u32(&r);
     assert_true(n >= 10);
     for (uint32_t i = 0; i < n; i++)
@@ -698,8 +722,12 @@ static int offered(rlx_backend *b, uint32_t op, const rlx_tensor *in, uint32_t n
     return rlx_backend_supports(b, &v);
 }
 
-/* take: whether b is offered the nodes of 1.6 (each but a partial ROPE with factors). */
-static void check_offers(rlx_backend *b, int take) {
+/* Which nodes b, built for ABI 1.minor, is offered: those of 1.6 from minor 6, the recurrent
+ * ones with state rows from 7. An in-tree backend declines a partial ROPE with factors and shapes
+ * the contract does not allow; a careless one (tests/plugins/abi13_backend.c) claims whatever it
+ * is offered. */
+static void check_offers(rlx_backend *b, uint32_t minor, int in_tree_backend) {
+    const int take = minor >= 6, take_rows = minor >= 7, take_any = take && !in_tree_backend;
     enum { T = 2, D = 8 };
     const rlx_tensor x = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {T, 2 * D, 1, 1}};
     const rlx_tensor pos = {.dtype = RLX_DTYPE_I32, .n_dims = 1, .shape = {T, 1, 1, 1}};
@@ -713,7 +741,7 @@ static void check_offers(rlx_backend *b, int take) {
     assert_int_equal(offered(b, RLX_OP_ROPE, rope_in, 2, &part), take);
     const rlx_tensor factors = {.dtype = RLX_DTYPE_F32, .n_dims = 1, .shape = {D / 2, 1, 1, 1}};
     const rlx_tensor rope_ff[3] = {x, pos, factors};
-    assert_int_equal(offered(b, RLX_OP_ROPE, rope_ff, 3, &part), 0);
+    assert_int_equal(offered(b, RLX_OP_ROPE, rope_ff, 3, &part), take_any);
     const rlx_tensor two[2] = {x, x};
     assert_int_equal(offered(b, RLX_OP_ADD, two, 2, &full), 1);
     assert_int_equal(offered(b, RLX_OP_SIGMOID_MUL, two, 2, &full), take);
@@ -722,30 +750,51 @@ static void check_offers(rlx_backend *b, int take) {
                                    pos,
                                    {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {3, 2 * D, 1, 1}}};
     assert_int_equal(offered(b, RLX_OP_SSM_CONV, conv_in, 4, &full), take);
+    const rlx_op_params conv_rows_p = {.state_rows = 1};
+    const rlx_tensor conv_rows[5] = {conv_in[0],
+                                     conv_in[1],
+                                     conv_in[2],
+                                     conv_in[3],
+                                     {.dtype = RLX_DTYPE_F32, .n_dims = 3, .shape = {T, 3, 2 * D, 1}}};
+    assert_int_equal(offered(b, RLX_OP_SSM_CONV, conv_rows, 5, &conv_rows_p), take_rows);
     const rlx_op_params gp = {.eps = 1e-6f, .head_dim = D, .n_heads = 2, .n_kv_heads = 2, .head_dim_v = D};
     const rlx_tensor ab = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {T, 2, 1, 1}},
                      w = {.dtype = RLX_DTYPE_F32, .n_dims = 1, .shape = {2, 1, 1, 1}};
     const rlx_tensor qkv = {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {T, 6 * D, 1, 1}};
     const rlx_tensor gd_in[7] = {qkv, ab, ab, w, w, pos, {.dtype = RLX_DTYPE_F32, .n_dims = 3, .shape = {2, D, D, 1}}};
     assert_int_equal(offered(b, RLX_OP_GATED_DELTA, gd_in, 7, &gp), take);
+    rlx_op_params gp_rows = gp;
+    gp_rows.state_rows = 1;
+    const rlx_tensor gd_rows[8] = {
+        gd_in[0], gd_in[1], gd_in[2], gd_in[3],
+        gd_in[4], gd_in[5], gd_in[6], {.dtype = RLX_DTYPE_F32, .n_dims = 4, .shape = {T, 2, D, D}}};
+    assert_int_equal(offered(b, RLX_OP_GATED_DELTA, gd_rows, 8, &gp_rows), take_rows);
+    /* state rows of the wrong row count are declined */
+    const rlx_tensor gd_rows_bad[8] = {
+        gd_in[0], gd_in[1], gd_in[2], gd_in[3],
+        gd_in[4], gd_in[5], gd_in[6], {.dtype = RLX_DTYPE_F32, .n_dims = 4, .shape = {T + 1, 2, D, D}}};
+    assert_int_equal(offered(b, RLX_OP_GATED_DELTA, gd_rows_bad, 8, &gp_rows), take_rows && !in_tree_backend);
     /* a shape the contract does not allow is declined: a state of the wrong Dv */
     const rlx_tensor bad_in[7] = {qkv, ab, ab, w, w, pos, {.dtype = RLX_DTYPE_F32, .n_dims = 3, .shape = {2, D, 4, 1}}};
-    assert_int_equal(offered(b, RLX_OP_GATED_DELTA, bad_in, 7, &gp), 0);
+    assert_int_equal(offered(b, RLX_OP_GATED_DELTA, bad_in, 7, &gp), take_any);
 }
 
 /* A backend built for 1.3 that claims every node is never asked about the ops of 1.6 nor a
- * partial ROPE (the reference kernels run them there); the in-tree backends, built for 1.6,
- * take them. */
+ * partial ROPE (the reference kernels run them there), the same built for 1.6 not about state
+ * rows; the in-tree backends, built for this ABI, take them all. */
 static void test_abi_offers(void **unused) {
     (void)unused;
     rlx_plugin_handle *h;
     rlx_backend *b;
-    assert_ok(rlx_plugin_load(RLX_TEST_ABI13, &h));
-    assert_ok(rlx_backend_create(h, NULL, &b));
-    assert_int_equal(rlx_backend_abi_minor(b), 3);
-    check_offers(b, 0);
-    rlx_backend_destroy(b);
-    rlx_plugin_unload(h);
+    const char *const careless[] = {RLX_TEST_ABI13, RLX_TEST_ABI16};
+    for (uint32_t i = 0; i < 2; i++) {
+        assert_ok(rlx_plugin_load(careless[i], &h));
+        assert_ok(rlx_backend_create(h, NULL, &b));
+        assert_int_equal(rlx_backend_abi_minor(b), i ? 6 : 3);
+        check_offers(b, rlx_backend_abi_minor(b), 0);
+        rlx_backend_destroy(b);
+        rlx_plugin_unload(h);
+    }
     for (size_t i = 0; i < sizeof in_tree / sizeof in_tree[0]; i++) {
         char path[512];
         snprintf(path, sizeof path, "%s%s", RLX_BUILD_PLUGIN_DIR, in_tree[i]);
@@ -754,8 +803,8 @@ static void test_abi_offers(void **unused) {
             continue;
         }
         assert_ok(rlx_backend_create(h, NULL, &b));
-        assert_int_equal(rlx_backend_abi_minor(b), 6);
-        check_offers(b, 1);
+        assert_int_equal(rlx_backend_abi_minor(b), RLX_ABI_MINOR);
+        check_offers(b, RLX_ABI_MINOR, 1);
         rlx_backend_destroy(b);
         rlx_plugin_unload(h);
     }

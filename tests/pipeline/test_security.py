@@ -227,7 +227,9 @@ def grpc_claim(addr, length):
     connection; returns what it sent back."""
     sock = socket.create_connection(addr)
     sock.sendall(link_opening(addr) + frame(0, 0, 1, b"\0" + struct.pack(">I", length) + b"\0" * 60000))
-    sock.settimeout(15)
+    # a deadline, not a speed: under ASan on a loaded machine the stage may still be closing the
+    # 2000 connections of the case before this one (15 s was once not enough there)
+    sock.settimeout(60)
     answer, buf, ended = b"", b"", False
     try:  # frames until the server ends stream 1 (trailers, a reset) or the connection (GOAWAY)
         while not ended and (chunk := sock.recv(65536)):

@@ -6,7 +6,7 @@
     requests that leave them out, so two such requests give one text, the text of a request that
     names --temp and --seed itself, and not the greedy text; -np sets the slots (/props);
     --chat-template TEXT renders chats (/apply-template shows it);
-  - the flags for what rlx lacks are refused, naming the flag: --slots, --no-cont-batching,
+  - the flags for what rlx lacks are refused, naming the flag: --no-cont-batching,
     --reasoning-format deepseek-legacy and unknown formats, --chat-template NAME (llama.cpp's built-in names), --stop,
     --threads-http abc; and --chat-template with --chat-template-file.
 
@@ -67,7 +67,7 @@ def main():
         props = json.loads(text)
         expect(props.get("total_slots") == 2 and props["default_generation_settings"]["n_ctx"] == 256 and
                props.get("chat_template") == TEMPLATE, f"-np 2 --ctx-size 512: /props {props}")
-    refusals = [(["--slots"], "--slots"), (["--no-cont-batching"], "--no-cont-batching"),
+    refusals = [(["--no-cont-batching"], "--no-cont-batching"),
                 (["-nocb"], "--no-cont-batching"), (["--reasoning-format", "deepseek-legacy"], "--reasoning-format"),
                 (["--reasoning-format", "think"], "--reasoning-format"),
                 (["--chat-template", "chatml"], "--chat-template"), (["--stop", "x"], "--stop"),

@@ -22,9 +22,11 @@ constrained reply:
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
+import time
 
 import jsonschema
 
@@ -137,17 +139,18 @@ def message(reply):
 
 
 def check_required(c, s, suffix="", full=True):
-    """tool_choice required (and, when full, named, parallel and streamed). Returns the calls."""
+    """tool_choice required (and, when full, named, parallel and streamed). Returns the calls and
+    the reply's usage (check_prompt_sizes compares its prompt with one without tools)."""
     status, r = chat(s, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     c.check(status == 200, f"required{suffix}: {status} {r}")
     if status != 200:
-        return None
+        return None, None
     msg, finish = message(r)
     c.check(finish == "tool_calls" and msg["content"] is None and len(msg.get("tool_calls") or []) == 1,
             f"required{suffix}: {finish} {msg}")
     valid_calls(c, f"required{suffix}", msg.get("tool_calls") or [])
     if not full:
-        return msg.get("tool_calls")
+        return msg.get("tool_calls"), r["usage"]
     # parallel calls: as many as the model writes (this one goes on to max_tokens); only whole ones count
     status, rp = chat(s, tools=TOOLS, tool_choice="required", max_tokens=130)
     if status == 200:
@@ -156,9 +159,6 @@ def check_required(c, s, suffix="", full=True):
         valid_calls(c, f"parallel{suffix}", msgp.get("tool_calls") or [])
     else:
         c.check(False, f"parallel{suffix}: {status} {rp}")
-    status, plain = chat(s, max_tokens=1)
-    c.check(status == 200 and r["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"] + 40,
-            f"required{suffix}: the tools did not reach the prompt ({r['usage']} against {plain.get('usage')})")
     status, r1 = chat(s, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "search"}},
                       parallel_tool_calls=False)
     c.check(status == 200, f"named{suffix}: {status} {r1}")
@@ -179,7 +179,7 @@ def check_required(c, s, suffix="", full=True):
                 f"required, streamed{suffix}: {content!r} {calls} {finish} against {whole}")
         c.check(any(t["deltas"] > 1 for t in calls), f"required, streamed{suffix}: arguments came whole: {calls}")
         c.check(all(t["id"] and t["id"].startswith("call_") for t in calls), f"streamed ids{suffix}: {calls}")
-    return msg.get("tool_calls")
+    return msg.get("tool_calls"), r["usage"]
 
 
 def check_auto(c, s):
@@ -212,6 +212,19 @@ def check_auto(c, s):
     c.check(msg.get("reasoning_content") == "I should look it up." and msg.get("content") is None
             and [t["function"]["name"] for t in msg.get("tool_calls") or []] == ["search"],
             f"reasoning and a call: {status} {r}")
+    # a block that is no call is the reply's text, and no call
+    status, r = chat(s, tools=TOOLS, grammar='root ::= "<tool_call>\\nnot json\\n</tool_call>"')
+    if status == 200:
+        msg, finish = message(r)
+        c.check(not msg.get("tool_calls") and "not json" in msg["content"] and finish == "stop",
+                f"auto, no call: {msg} {finish}")
+    else:
+        c.check(False, f"auto, no call: {status} {r}")
+
+
+def check_reasoning(c, s):
+    """A thinking block without tools: reasoning_content in a stream, left in the text by
+    reasoning_format none."""
     words = "root ::= " + lit("<think>\nHm.\n</think>\n\nIt is sunny.")
     status, _, body = s.request("POST", "/v1/chat/completions",
                                 {"messages": MESSAGES, "max_tokens": 40, "temperature": 0, "grammar": words,
@@ -223,18 +236,18 @@ def check_auto(c, s):
     status, r = chat(s, grammar=words, reasoning_format="none")
     c.check(status == 200 and message(r)[0]["content"] == "<think>\nHm.\n</think>\n\nIt is sunny."
             and "reasoning_content" not in message(r)[0], f"reasoning_format none: {status} {r}")
-    # a block that is no call is the reply's text, and no call
-    status, r = chat(s, tools=TOOLS, grammar='root ::= "<tool_call>\\nnot json\\n</tool_call>"')
-    if status == 200:
-        msg, finish = message(r)
-        c.check(not msg.get("tool_calls") and "not json" in msg["content"] and finish == "stop",
-                f"auto, no call: {msg} {finish}")
-    else:
-        c.check(False, f"auto, no call: {status} {r}")
-    # tool_choice none: the model is not shown the tools
+
+
+def check_prompt_sizes(c, s, required_usage):
+    """The tools reach the prompt of a tool_choice required request (required_usage, from
+    check_required) and tool_choice none keeps them out of it: prompt sizes against a chat
+    without tools."""
+    status, plain = chat(s, max_tokens=1)
+    c.check(status == 200 and required_usage is not None and
+            required_usage["prompt_tokens"] > plain["usage"]["prompt_tokens"] + 40,
+            f"required: the tools did not reach the prompt ({required_usage} against {plain})")
     status, r = chat(s, tools=TOOLS, tool_choice="none", max_tokens=1)
-    status2, plain = chat(s, max_tokens=1)
-    c.check(status == 200 and status2 == 200 and r["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+    c.check(status == 200 and plain.get("usage") and r["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
             and "tool_calls" not in r["choices"][0]["message"], f"tool_choice none: {r} against {plain}")
 
 
@@ -308,20 +321,35 @@ def check_refusals(c, s):
     c.check(status == 200, "the server serves on after the refusals")
 
 
+def requests_running(s):
+    status, _, body = s.request("GET", "/metrics")
+    m = re.search(r"^rlx_requests_running (\d+)$", body.decode(), re.M) if status == 200 else None
+    if not m:
+        raise RuntimeError(f"/metrics: {status} without rlx_requests_running: {body[:300]!r}")
+    return int(m.group(1))
+
+
 def check_concurrent(c, s):
-    """Two requests at once, each with its own grammar: each reply its own grammar's."""
+    """Two requests at once, each with its own grammar: each reply its own grammar's. The tools
+    request holds its slot before the other is sent, so it reuses the slot whose cache holds the
+    tools prompt (over 500 tokens, many seconds of prefill under the sanitizers) while the other
+    takes the free slot; sent the other way round, the request without tools would take that
+    slot, its first token being the same."""
     out = {}
 
     def run(key, extra):
         out[key] = chat(s, **extra)
-    threads = [threading.Thread(target=run, args=("tools", {"tools": TOOLS, "tool_choice": "required",
-                                                            "parallel_tool_calls": False})),
-               threading.Thread(target=run, args=("json", {"response_format": {
-                   "type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}}))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    tools = threading.Thread(target=run, args=("tools", {"tools": TOOLS, "tool_choice": "required",
+                                                         "parallel_tool_calls": False}))
+    json_ = threading.Thread(target=run, args=("json", {"response_format": {
+        "type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}}))
+    tools.start()
+    deadline = time.monotonic() + 300
+    while tools.is_alive() and requests_running(s) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    json_.start()
+    tools.join()
+    json_.join()
     status, r = out["tools"]
     c.check(status == 200, f"concurrent tools: {status} {r}")
     if status == 200:
@@ -367,18 +395,23 @@ def main():
     os.makedirs(args.workdir, exist_ok=True)
     c = Checks()
     check_generate(c, args.rlx)
+    # The requests with tools come first, one after another, then the others: a free slot is
+    # picked by the longest prefix its cache holds, so the tools prompt is computed once, not
+    # again after each request without tools (whose prompt shares its first token) took its slot.
     with Server(args.rlx, ["--parallel", "2", "--slot-ctx", "1024"]) as s:
-        calls = check_required(c, s)
+        calls, usage = check_required(c, s)
         check_auto(c, s)
+        check_concurrent(c, s)
+        check_prompt_sizes(c, s, usage)
+        check_reasoning(c, s)
         if calls:
             check_round_trip(c, s, calls)
         check_structured(c, s)
         check_refusals(c, s)
-        check_concurrent(c, s)
     # a speculator proposes freely; the target's grammar decides: the same calls as without it
     spec = ["--spec", "draft", "--draft-model", os.path.join(os.path.dirname(BROWN), "draft")]
     with Server(args.rlx, spec + ["--slot-ctx", "1024"]) as s:
-        spec_calls = check_required(c, s, " (--spec draft)", full=False)
+        spec_calls, _ = check_required(c, s, " (--spec draft)", full=False)
         c.check(spec_calls is not None and calls is not None and
                 [t["function"] for t in spec_calls] == [t["function"] for t in calls],
                 f"--spec draft: {spec_calls} against {calls}")

@@ -102,6 +102,7 @@ typedef enum route {
     ROUTE_TOKENIZE,
     ROUTE_DETOKENIZE,
     ROUTE_APPLY_TEMPLATE,
+    ROUTE_SLOTS,
 } route;
 
 typedef struct request {
@@ -147,6 +148,7 @@ static const struct {
     {"/tokenize", ROUTE_TOKENIZE, "POST", POST_METHODS},
     {"/detokenize", ROUTE_DETOKENIZE, "POST", POST_METHODS},
     {"/apply-template", ROUTE_APPLY_TEMPLATE, "POST", POST_METHODS},
+    {"/slots", ROUTE_SLOTS, "GET", GET_METHODS},
 };
 
 /* Whether url is routes[i]'s path, or for /v1/models/{id} starts with it and names an id. */
@@ -388,7 +390,7 @@ static int early_error(request *r, const char *url, const char *method, serve_er
         serve_error_set(e, 404, "invalid_request_error", "not_found", "",
                         "no endpoint %.200s (this server has /v1/chat/completions, /v1/completions, /v1/models, "
                         "/health, /metrics, Anthropic's /v1/messages, and llama-server's /completion, /props, "
-                        "/tokenize, /detokenize and /apply-template)",
+                        "/slots, /tokenize, /detokenize and /apply-template)",
                         url);
         return 1;
     }
@@ -693,6 +695,28 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     }
 }
 
+/* GET /slots, as llama-server answers it: 501 under --no-slots, and with ?fail_on_no_slot a
+ * 503 when every slot is busy. */
+static enum MHD_Result slots(request *r) {
+    const serve_server *s = r->http->server;
+    serve_error e;
+    if (s->no_slots) {
+        serve_error_set(&e, 501, "not_supported_error", NULL, "",
+                        "this server does not serve /slots: it was started with --no-slots");
+        return queue_error(r, &e);
+    }
+    uint32_t idle;
+    char *json = serve_slots_json(s, &idle, &e);
+    if (!json)
+        return queue_error(r, &e);
+    if (idle == 0 && MHD_lookup_connection_value(r->connection, MHD_GET_ARGUMENT_KIND, "fail_on_no_slot")) {
+        free(json);
+        serve_error_set(&e, 503, "unavailable_error", NULL, "", "no slot available (fail_on_no_slot)");
+        return queue_error(r, &e);
+    }
+    return queue_json(r, 200, json);
+}
+
 static enum MHD_Result generate(request *r) {
     serve_server *s = r->http->server;
     serve_error e;
@@ -808,6 +832,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return model(r, url);
     case ROUTE_PROPS:
         return queue_json(r, 200, serve_props_json(h->server));
+    case ROUTE_SLOTS:
+        return slots(r);
     case ROUTE_TOKENIZE:
     case ROUTE_DETOKENIZE:
     case ROUTE_APPLY_TEMPLATE:

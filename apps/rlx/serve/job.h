@@ -65,7 +65,16 @@ typedef struct serve_call_sink {
     void *ctx;
 } serve_call_sink;
 
+/* A request's n choices (OpenAI's n, llama-server's n_cmpl) run as n engine requests over the
+ * same prompt. Choice 0 is the job http.c holds: it owns the request (prompt, options, grammar,
+ * tools, stop strings) and the lock, condition and references every choice uses. Choices 1 ..
+ * n - 1 are shallow copies of it that own only their reply (detokenizer, stop matcher, text,
+ * log-probabilities, scan) and sample with seed + index. */
 struct serve_job {
+    serve_job *group;    /* choice 0: whose mu, cv and refs this choice uses (itself for choice 0) */
+    serve_job **choices; /* choice 0's: [n_choices], choices[0] is itself */
+    uint32_t n_choices;  /* choice 0's; 1 without n */
+    uint32_t index;      /* this choice's, 0 .. n_choices - 1 */
     serve_server *server;
     serve_endpoint ep;
     int stream, include_usage, logprobs;
@@ -118,6 +127,7 @@ struct serve_job {
     serve_calls calls;   /* the stream's scan for tool calls */
     uint64_t steps_seen; /* the engine's step count when the job last looked (for --timeout) */
     int opened;
+    int closed; /* the stream's last event of this choice went out (its finish, or an error) */
 };
 
 /* The error a finished job ends with (the engine's, a cancellation, memory), or 0 when it

@@ -43,7 +43,7 @@ static cJSON *llama_probabilities(const serve_job *j, const token_lp *lps, size_
  * llama-server gives every chunk, and when final those of its last one. Under j->mu. */
 static cJSON *llama_object(serve_job *j, const char *text, size_t len, const token_lp *lps, size_t n_lps, int final) {
     cJSON *root = cJSON_CreateObject();
-    cJSON_AddNumberToObject(root, "index", 0);
+    cJSON_AddNumberToObject(root, "index", j->index); /* the choice's, of n_cmpl */
     char *copy = strndup(text ? text : "", text ? len : 0);
     cJSON_AddStringToObject(root, "content", copy ? copy : "");
     free(copy);

@@ -7,11 +7,13 @@
  *   POST /apply-template  a chat request's messages (and tools, chat_template_kwargs) ->
  *                         {"prompt"}: the text /v1/chat/completions would run
  *   GET /props            the slots, their context, the model and its chat template
+ *   GET /slots            each slot: its request's id, sampling parameters and progress
  *
  * None of them runs the engine; every size is the body's, which --max-body bounds. A piece is
  * the token's text as rlx_tokenizer_decode gives it (a byte-level token holding part of a UTF-8
  * character shows U+FFFD, where llama-server gives the bytes as an array of numbers). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,5 +155,65 @@ char *serve_props_json(const serve_server *s) {
     cJSON_AddFalseToObject(modalities, "audio");
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
+    return json;
+}
+
+/* One slot in llama-server's shape. Its request's parameters and next_token only while one runs:
+ * an idle slot keeps no request's (llama-server shows its last task's). llama-server's fields
+ * that the engine has no value for (has_new_line, the texts, dry_*, mirostat) are left out. */
+static cJSON *slot_json(uint32_t id, const rlx_engine_slot_info *in) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "id", id);
+    /* llama-server's task ids are ints; rlx's request ids count from 1 (-1: none ran yet) */
+    cJSON_AddNumberToObject(o, "id_task", in->request_id ? (double)in->request_id : -1);
+    cJSON_AddNumberToObject(o, "n_ctx", in->n_positions);
+    cJSON_AddBoolToObject(o, "is_processing", in->busy);
+    cJSON_AddNumberToObject(o, "n_kv_held", in->n_held); /* rlx's: KV rows kept, for a later prefix */
+    if (!in->busy)
+        return o;
+    cJSON_AddNumberToObject(o, "n_prompt_tokens", in->n_prompt);
+    cJSON_AddNumberToObject(o, "n_prompt_tokens_cache", in->n_cached);
+    const rlx_sampler_params *sp = &in->sampler;
+    cJSON *p = cJSON_AddObjectToObject(o, "params");
+    /* llama-server's -1 is "no limit", as rlx's 0 */
+    cJSON_AddNumberToObject(p, "n_predict", in->max_tokens ? (double)in->max_tokens : -1);
+    char seed[24]; /* all 64 bits: a double would round them */
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)sp->seed);
+    cJSON_AddRawToObject(p, "seed", seed);
+    cJSON_AddNumberToObject(p, "temperature", sp->greedy ? 0 : sp->temperature);
+    cJSON_AddNumberToObject(p, "top_k", sp->top_k);
+    cJSON_AddNumberToObject(p, "top_p", sp->top_p);
+    cJSON_AddNumberToObject(p, "min_p", sp->min_p);
+    cJSON_AddNumberToObject(p, "repeat_last_n", sp->repeat_last_n);
+    cJSON_AddNumberToObject(p, "repeat_penalty", sp->repeat_penalty);
+    cJSON_AddNumberToObject(p, "presence_penalty", sp->presence_penalty);
+    cJSON_AddNumberToObject(p, "frequency_penalty", sp->frequency_penalty);
+    cJSON_AddNumberToObject(p, "n_probs", in->top_logprobs);
+    cJSON_AddNumberToObject(p, "n_logit_bias", sp->n_logit_bias);
+    cJSON_AddBoolToObject(p, "grammar", in->has_grammar);
+    cJSON *next = cJSON_AddObjectToObject(o, "next_token");
+    cJSON_AddBoolToObject(next, "has_next_token", 1);
+    cJSON_AddNumberToObject(next, "n_remain", in->max_tokens ? (double)in->max_tokens - in->n_generated : -1);
+    cJSON_AddNumberToObject(next, "n_decoded", in->n_generated);
+    return o;
+}
+
+char *serve_slots_json(const serve_server *s, uint32_t *n_idle, serve_error *e) {
+    cJSON *arr = cJSON_CreateArray();
+    *n_idle = 0;
+    for (uint32_t i = 0; arr && i < s->n_slots; i++) {
+        rlx_engine_slot_info in = {.size = sizeof in};
+        if (rlx_engine_slot_info_get(s->engine, i, &in) != RLX_OK) {
+            cJSON_Delete(arr);
+            serve_error_set(e, 500, "server_error", NULL, "", "slot %u: %s", i, rlx_last_error());
+            return NULL;
+        }
+        *n_idle += !in.busy;
+        cJSON_AddItemToArray(arr, slot_json(i, &in));
+    }
+    char *json = arr ? cJSON_PrintUnformatted(arr) : NULL;
+    cJSON_Delete(arr);
+    if (!json)
+        serve_error_set(e, 500, "server_error", NULL, "", "out of memory");
     return json;
 }

@@ -24,14 +24,26 @@
 
 /* How often a waiting connection looks whether its client hung up. */
 #define HANGUP_POLL_MS 20
+/* What a choice owns alone, its reply (job.h). */
+static void choice_free(serve_job *c) {
+    rlx_detok_destroy(c->detok);
+    rlx_stop_matcher_destroy(c->stopper);
+    serve_buf_free(&c->text);
+    serve_buf_free(&c->raw);
+    free(c->lps);
+}
+
+/* Frees choice 0, the request and every other choice. */
 static void job_free(serve_job *j) {
-    rlx_detok_destroy(j->detok);
-    rlx_stop_matcher_destroy(j->stopper);
+    for (uint32_t i = 1; j->choices && i < j->n_choices; i++)
+        if (j->choices[i]) {
+            choice_free(j->choices[i]);
+            free(j->choices[i]);
+        }
+    free(j->choices);
+    choice_free(j);
     for (size_t i = 0; i < j->n_stops; i++)
         free(j->stops[i]);
-    serve_buf_free(&j->text);
-    serve_buf_free(&j->raw);
-    free(j->lps);
     free(j->biases);
     free(j->prompt);
     free(j->model);
@@ -42,7 +54,7 @@ static void job_free(serve_job *j) {
     free(j);
 }
 
-/* Drops one reference; the caller holds mu, which is released. */
+/* Drops one reference of choice 0 (j); the caller holds its mu, which is released. */
 static void unref_locked(serve_job *j) {
     int last = --j->refs == 0;
     pthread_mutex_unlock(&j->mu);
@@ -86,11 +98,11 @@ static void add_logprobs(serve_job *j, const rlx_engine_event *ev, size_t offset
 }
 
 static int on_event(void *ctx, const rlx_engine_event *ev) {
-    serve_job *j = ctx;
+    serve_job *j = ctx, *g = j->group;
     const char *text;
     size_t len;
-    pthread_mutex_lock(&j->mu);
-    clock_gettime(CLOCK_MONOTONIC, &j->last_news);
+    pthread_mutex_lock(&g->mu);
+    clock_gettime(CLOCK_MONOTONIC, &g->last_news);
     if (ev->kind == RLX_ENGINE_TOKEN) {
         if (!j->stop_hit && !j->out_of_memory) {
             size_t offset = j->decoded;
@@ -103,8 +115,8 @@ static int on_event(void *ctx, const rlx_engine_event *ev) {
                 add_logprobs(j, ev, offset);
         }
         int stop = j->stop_hit || j->out_of_memory;
-        pthread_cond_broadcast(&j->cv);
-        pthread_mutex_unlock(&j->mu);
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
         return stop;
     }
     if (!j->stop_hit && rlx_detok_flush(j->detok, &text, &len) == RLX_OK)
@@ -118,7 +130,7 @@ static int on_event(void *ctx, const rlx_engine_event *ev) {
     j->status = ev->status;
     snprintf(j->message, sizeof j->message, "%s", ev->message ? ev->message : "");
     j->usage = ev->usage;
-    pthread_cond_broadcast(&j->cv);
+    pthread_cond_broadcast(&g->cv);
     serve_server *srv = j->server;
     pthread_mutex_lock(&srv->latency_mu);
     srv->latency.requests++;
@@ -126,7 +138,7 @@ static int on_event(void *ctx, const rlx_engine_event *ev) {
     srv->latency.prompt += ev->usage.prompt_seconds;
     srv->latency.decode += ev->usage.decode_seconds;
     pthread_mutex_unlock(&srv->latency_mu);
-    unref_locked(j);
+    unref_locked(g);
     return 0;
 }
 
@@ -518,8 +530,15 @@ static int parse_options(serve_job *j, const cJSON *root, serve_error *e) {
     const cJSON *so = serve_member(root, "stream_options");
     if (so && (!cJSON_IsObject(so) || serve_get_bool(so, "include_usage", &j->include_usage, e) < 0))
         return serve_bad(e, "stream_options", "'%s' must be %s", "an object with a boolean include_usage");
-    if ((rc = serve_get_integer(root, "n", 1, 128, &v, e)) < 0 || (rc && v != 1))
-        return rc < 0 ? -1 : serve_bad(e, "n", "'%s' must be %s", "1 (one choice per request)");
+    /* the choices run side by side, one slot each, as llama-server bounds its n_cmpl (whose
+     * other name n is) by its slots */
+    const char *n_name = j->ep == SERVE_LLAMA_COMPLETION && serve_member(root, "n_cmpl") ? "n_cmpl" : "n";
+    if ((rc = serve_get_integer(root, n_name, 1, s->n_slots, &v, e)) < 0) {
+        char what[96];
+        snprintf(what, sizeof what, "an integer from 1 to %u (the server's slots, --parallel)", s->n_slots);
+        return serve_bad(e, n_name, "'%s' must be %s", what);
+    }
+    j->n_choices = rc ? (uint32_t)v : 1;
     const double limit = s->max_tokens_limit ? s->max_tokens_limit : (double)(UINT32_MAX - 1);
     /* llama-server's /completion generates until the end by default, as chat does here */
     j->max_tokens = j->ep == SERVE_COMPLETION ? s->completion_default : s->chat_default;
@@ -589,12 +608,48 @@ int serve_chat_prompt(const serve_server *s, const cJSON *root, int32_t **ids, s
     return rc;
 }
 
+/* A choice's own detokenizer and stop matcher. */
+static int choice_start(serve_job *c, serve_error *e) {
+    if (rlx_detok_create(c->server->tok, RLX_DECODE_SKIP_SPECIAL, &c->detok) != RLX_OK ||
+        (c->n_stops && rlx_stop_matcher_create((const char *const *)c->stops, c->n_stops, &c->stopper) != RLX_OK))
+        return serve_error_set(e, 500, "server_error", NULL, "", "%s", rlx_last_error()), -1;
+    return 0;
+}
+
+/* Choices 1 .. n - 1 of a parsed job j: copies of its request (pointers to what j owns) with
+ * their own reply, each sampling with seed + index, so choice i of a seeded request is the
+ * same text whatever n is, and choice 0 the request's alone. */
+static int make_choices(serve_job *j, serve_error *e) {
+    if (!(j->choices = calloc(j->n_choices, sizeof *j->choices)))
+        return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1;
+    j->choices[0] = j;
+    if (choice_start(j, e) < 0)
+        return -1;
+    for (uint32_t i = 1; i < j->n_choices; i++) {
+        serve_job *c = malloc(sizeof *c);
+        if (!c)
+            return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1;
+        *c = *j; /* the lock, condition and references copied with it are never used: j's are */
+        c->choices = NULL;
+        c->index = i;
+        c->detok = NULL;
+        c->stopper = NULL;
+        c->sampler.seed = j->sampler.seed + i; /* wraps modulo 2^64, as the seed's bits do */
+        j->choices[i] = c;
+        if (choice_start(c, e) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t len, serve_job **out,
                     serve_error *err) {
     *out = NULL;
     serve_job *j = calloc(1, sizeof *j);
     if (!j)
         return serve_error_set(err, 500, "server_error", NULL, "", "out of memory"), -1;
+    j->group = j;
+    j->n_choices = 1;
     pthread_mutex_init(&j->mu, NULL);
     rlx__cond_init_monotonic(&j->cv);
     j->refs = 1;
@@ -630,11 +685,8 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
                         "the prompt is empty (it encodes to no tokens)");
         goto done;
     }
-    if (rlx_detok_create(s->tok, RLX_DECODE_SKIP_SPECIAL, &j->detok) != RLX_OK ||
-        (j->n_stops && rlx_stop_matcher_create((const char *const *)j->stops, j->n_stops, &j->stopper) != RLX_OK)) {
-        serve_error_set(err, 500, "server_error", NULL, "", "%s", rlx_last_error());
+    if (make_choices(j, err) < 0)
         goto done;
-    }
     rc = 0;
 done:
     cJSON_Delete(root);
@@ -663,16 +715,17 @@ static int engine_progressed(serve_job *j) {
 
 const rlx_sampler_params *serve_job_sampler(const serve_job *j) { return &j->sampler; }
 
-int serve_job_submit(serve_server *s, serve_job *j, serve_error *err) {
+/* Submits choice c of job j to the engine. */
+static rlx_status submit_choice(serve_server *s, serve_job *j, serve_job *c) {
     rlx_request req = {.size = sizeof req,
                        .prompt = j->prompt,
                        .n_prompt = (uint32_t)j->n_prompt,
                        .max_tokens = j->max_tokens,
-                       .sampler = j->sampler,
+                       .sampler = c->sampler,
                        .logprobs = j->logprobs,
                        .top_logprobs = j->top_logprobs,
                        .on_event = on_event,
-                       .ctx = j,
+                       .ctx = c,
                        .grammar = j->grammar,
                        .grammar_vocab = j->grammar ? s->gvocab : NULL};
     static const int32_t no_stop = -1; /* an id no vocabulary has */
@@ -682,18 +735,28 @@ int serve_job_submit(serve_server *s, serve_job *j, serve_error *err) {
     }
     pthread_mutex_lock(&j->mu);
     j->refs++; /* the engine's, given back with the DONE event (which may come before submit returns) */
-    clock_gettime(CLOCK_MONOTONIC, &j->last_news);
     pthread_mutex_unlock(&j->mu);
-    engine_progressed(j); /* from here on, a step of the engine counts as the job's progress */
     uint64_t id = 0;
     rlx_status rc = rlx_engine_submit(s->engine, &req, &id);
     pthread_mutex_lock(&j->mu);
     if (rc != RLX_OK) {
         j->refs--;
     } else {
-        j->engine_id = id;
+        c->engine_id = id;
     }
     pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
+int serve_job_submit(serve_server *s, serve_job *j, serve_error *err) {
+    pthread_mutex_lock(&j->mu);
+    clock_gettime(CLOCK_MONOTONIC, &j->last_news);
+    pthread_mutex_unlock(&j->mu);
+    engine_progressed(j); /* from here on, a step of the engine counts as the job's progress */
+    /* a choice the engine refuses fails the request; serve_job_release cancels those it took */
+    rlx_status rc = RLX_OK;
+    for (uint32_t i = 0; i < j->n_choices && rc == RLX_OK; i++)
+        rc = submit_choice(s, j, j->choices[i]);
     if (rc == RLX_OK)
         return 0;
     if (rc == RLX_E_BUSY && atomic_load(&s->phase) == SERVE_DRAINING)
@@ -734,9 +797,17 @@ static serve_wait peer_state(int fd) {
     return p.revents & POLLRDHUP ? SERVE_WAIT_PEER_SHUTDOWN : SERVE_WAIT_NEWS;
 }
 
-/* News for the connection: a streaming one takes every piece, the others only the end. */
+/* News for the connection: a streaming one takes every piece of every choice (and each
+ * choice's end), the others only the end of all. */
 static int has_news(const serve_job *j) {
-    return j->done || (j->stream && (j->text.len > j->text_sent || j->n_lps > j->lps_sent));
+    int all_done = 1;
+    for (uint32_t i = 0; i < j->n_choices; i++) {
+        const serve_job *c = j->choices[i];
+        if (j->stream && !c->closed && (c->done || c->text.len > c->text_sent || c->n_lps > c->lps_sent))
+            return 1;
+        all_done &= c->done;
+    }
+    return all_done;
 }
 
 serve_wait serve_job_wait(serve_job *j, int fd, uint32_t timeout_s, int report_shutdown) {
@@ -766,7 +837,11 @@ serve_wait serve_job_wait(serve_job *j, int fd, uint32_t timeout_s, int report_s
 
 int serve_job_finished(serve_job *j) {
     pthread_mutex_lock(&j->mu);
-    int finished = j->done && j->text.len == j->text_sent && j->n_lps == j->lps_sent;
+    int finished = 1;
+    for (uint32_t i = 0; i < j->n_choices; i++) {
+        const serve_job *c = j->choices[i];
+        finished &= c->done && c->text.len == c->text_sent && c->n_lps == c->lps_sent;
+    }
     pthread_mutex_unlock(&j->mu);
     return finished;
 }
@@ -774,11 +849,15 @@ int serve_job_finished(serve_job *j) {
 void serve_job_release(serve_job *j) {
     if (!j)
         return;
+    uint64_t running[RLX_ENGINE_MAX_SLOTS]; /* n_choices is at most the slots */
+    uint32_t n = 0;
     pthread_mutex_lock(&j->mu);
-    uint64_t running = j->done ? 0 : j->engine_id;
+    for (uint32_t i = 0; j->choices && i < j->n_choices; i++)
+        if (!j->choices[i]->done && j->choices[i]->engine_id)
+            running[n++] = j->choices[i]->engine_id;
     pthread_mutex_unlock(&j->mu);
-    if (running)
-        rlx_engine_cancel(j->server->engine, running);
+    for (uint32_t i = 0; i < n; i++)
+        rlx_engine_cancel(j->server->engine, running[i]);
     pthread_mutex_lock(&j->mu);
     unref_locked(j);
 }
@@ -874,11 +953,15 @@ static cJSON *logprobs_json(const serve_job *j, const token_lp *lps, size_t n) {
     return root;
 }
 
+/* OpenAI's usage of the n choices: the prompt once, the completion tokens of all. */
 static cJSON *usage_json(const serve_job *j) {
+    double generated = 0;
+    for (uint32_t i = 0; i < j->n_choices; i++)
+        generated += j->choices[i]->usage.n_generated;
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", j->usage.n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", j->usage.n_generated);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)j->usage.n_prompt + j->usage.n_generated);
+    cJSON_AddNumberToObject(u, "completion_tokens", generated);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)j->usage.n_prompt + generated);
     cJSON *details = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(details, "cached_tokens", j->usage.n_cached);
     return u;
@@ -897,19 +980,41 @@ static cJSON *envelope(const serve_job *j, const char *object) {
 
 static cJSON *openai_response(serve_job *j);
 
+/* The error of the first choice that ended with one: it fails the whole request (the others
+ * are cancelled when the connection lets go of the job). Under j->mu. */
+static int group_end_error(const serve_job *j, serve_error *e) {
+    for (uint32_t i = 0; i < j->n_choices; i++)
+        if (serve_job_end_error(j->choices[i], e))
+            return 1;
+    return 0;
+}
+
+/* llama-server's answer to n_cmpl > 1: an array of its objects, each with its index. */
+static cJSON *llama_responses(serve_job *j) {
+    if (j->n_choices == 1)
+        return serve_llama_response(j);
+    cJSON *arr = cJSON_CreateArray();
+    for (uint32_t i = 0; i < j->n_choices; i++)
+        cJSON_AddItemToArray(arr, serve_llama_response(j->choices[i]));
+    return arr;
+}
+
 char *serve_job_response(serve_job *j, unsigned *status) {
     serve_error e;
     pthread_mutex_lock(&j->mu);
-    if (serve_job_end_error(j, &e)) {
+    if (group_end_error(j, &e)) {
         pthread_mutex_unlock(&j->mu);
         *status = e.status;
         return j->ep == SERVE_ANTHROPIC ? serve_anthropic_error_json(&e) : serve_error_json(&e);
     }
-    cJSON *root = j->ep == SERVE_LLAMA_COMPLETION ? serve_llama_response(j)
+    cJSON *root = j->ep == SERVE_LLAMA_COMPLETION ? llama_responses(j)
                   : j->ep == SERVE_ANTHROPIC      ? serve_anthropic_response(j)
                                                   : openai_response(j);
-    j->text_sent = j->text.len;
-    j->lps_sent = j->n_lps;
+    for (uint32_t i = 0; i < j->n_choices; i++) {
+        serve_job *c = j->choices[i];
+        c->text_sent = c->text.len;
+        c->lps_sent = c->n_lps;
+    }
     pthread_mutex_unlock(&j->mu);
     char *body = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -972,12 +1077,11 @@ static void whole_call(void *ctx, int index, const char *id, const char *name, c
     serve_json_append(fn, "arguments", args, len);
 }
 
-/* The chat.completion or text_completion object of a finished job; under j->mu. */
-static cJSON *openai_response(serve_job *j) {
+/* One choice of the chat.completion or text_completion object; under the group's mu. */
+static cJSON *choice_json(serve_job *j) {
     const int chat = j->ep == SERVE_CHAT;
-    cJSON *root = envelope(j, chat ? "chat.completion" : "text_completion");
     cJSON *choice = cJSON_CreateObject();
-    cJSON_AddNumberToObject(choice, "index", 0);
+    cJSON_AddNumberToObject(choice, "index", j->index);
     const char *text = j->text.len ? j->text.data : "";
     char *copy = strndup(text, j->text.len);
     int n_calls = 0;
@@ -1022,7 +1126,15 @@ static cJSON *openai_response(serve_job *j) {
     else
         cJSON_AddNullToObject(choice, "logprobs");
     cJSON_AddStringToObject(choice, "finish_reason", finish_reason(j, n_calls));
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "choices"), choice);
+    return choice;
+}
+
+/* The chat.completion or text_completion object of a finished job; under j->mu. */
+static cJSON *openai_response(serve_job *j) {
+    cJSON *root = envelope(j, j->ep == SERVE_CHAT ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(root, "choices");
+    for (uint32_t i = 0; i < j->n_choices; i++)
+        cJSON_AddItemToArray(choices, choice_json(j->choices[i]));
     cJSON_AddItemToObject(root, "usage", usage_json(j));
     return root;
 }
@@ -1063,7 +1175,7 @@ static cJSON *chunk(serve_job *j, const char *text, size_t len, const token_lp *
     const int chat = j->ep == SERVE_CHAT;
     cJSON *root = envelope(j, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choice = cJSON_CreateObject();
-    cJSON_AddNumberToObject(choice, "index", 0);
+    cJSON_AddNumberToObject(choice, "index", j->index);
     char *copy = strndup(text ? text : "", text ? len : 0);
     if (chat) {
         cJSON *delta = cJSON_AddObjectToObject(choice, "delta");
@@ -1140,18 +1252,13 @@ static void stream_call(void *ctx, int index, const char *id, const char *name, 
     serve_add_event(r->out, NULL, root);
 }
 
-int serve_job_stream(serve_job *j, serve_buf *out) {
-    pthread_mutex_lock(&j->mu);
-    if (j->ep == SERVE_LLAMA_COMPLETION || j->ep == SERVE_ANTHROPIC) {
-        const int complete =
-            j->ep == SERVE_LLAMA_COMPLETION ? serve_llama_stream(j, out) : serve_anthropic_stream(j, out);
-        pthread_mutex_unlock(&j->mu);
-        return complete;
-    }
+/* The chunks of choice j since the last call: its opening, its text and log-probabilities,
+ * and once it is done its finish (or the error, which makes *failed 1). Under the group's mu. */
+static void stream_choice(serve_job *j, serve_buf *out, int *failed) {
     if (!j->opened && j->ep == SERVE_CHAT)
         serve_add_event(out, NULL, chunk(j, NULL, 0, NULL, 0, NULL));
     size_t new_text = j->text.len - j->text_sent, new_lps = j->n_lps - j->lps_sent;
-    int complete = j->done;
+    const int complete = j->done;
     if (serve_reply_scanned(j)) {
         /* reasoning, content and tool calls as the scan finds them; the log-probabilities on their own */
         stream_reply r = {.j = j, .out = out};
@@ -1168,17 +1275,48 @@ int serve_job_stream(serve_job *j, serve_buf *out) {
     if (complete && serve_job_end_error(j, &e)) {
         /* the status line went out with the first byte: the error travels as an event */
         serve_add_error_event(out, NULL, serve_error_json(&e));
+        *failed = 1;
     } else if (complete) {
         serve_add_event(out, NULL,
                         chunk(j, j->ep == SERVE_CHAT ? NULL : "", 0, NULL, 0, finish_reason(j, j->calls.index)));
-        if (j->include_usage) {
-            cJSON *root = envelope(j, j->ep == SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
-            cJSON_AddArrayToObject(root, "choices");
-            cJSON_AddItemToObject(root, "usage", usage_json(j));
-            serve_add_event(out, NULL, root);
-        }
     }
-    if (complete)
+    j->closed = complete;
+}
+
+/* llama-server's events of choice j since the last call (its own index in each). */
+static void stream_llama_choice(serve_job *j, serve_buf *out, int *failed) {
+    serve_error e;
+    j->closed = serve_llama_stream(j, out);
+    *failed |= j->closed && serve_job_end_error(j, &e);
+}
+
+int serve_job_stream(serve_job *j, serve_buf *out) {
+    pthread_mutex_lock(&j->mu);
+    if (j->ep == SERVE_ANTHROPIC) {
+        const int complete = serve_anthropic_stream(j, out);
+        pthread_mutex_unlock(&j->mu);
+        return complete;
+    }
+    /* each choice's chunks carry its index; one that fails ends the stream (the connection's
+     * release cancels the others) */
+    int complete = 1, failed = 0;
+    for (uint32_t i = 0; i < j->n_choices && !failed; i++) {
+        serve_job *c = j->choices[i];
+        if (!c->closed && j->ep == SERVE_LLAMA_COMPLETION)
+            stream_llama_choice(c, out, &failed);
+        else if (!c->closed)
+            stream_choice(c, out, &failed);
+        complete &= c->closed;
+    }
+    complete |= failed;
+    if (complete && !failed && j->include_usage && j->ep != SERVE_LLAMA_COMPLETION) {
+        cJSON *root = envelope(j, j->ep == SERVE_CHAT ? "chat.completion.chunk" : "text_completion");
+        cJSON_AddArrayToObject(root, "choices");
+        cJSON_AddItemToObject(root, "usage", usage_json(j));
+        serve_add_event(out, NULL, root);
+    }
+    /* llama-server's /completion stream has no [DONE] */
+    if (complete && j->ep != SERVE_LLAMA_COMPLETION)
         serve_buf_append(out, "data: [DONE]\n\n", 14);
     pthread_mutex_unlock(&j->mu);
     return complete;

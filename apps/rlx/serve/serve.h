@@ -11,7 +11,8 @@
  * llama.c   llama-server's POST /completion: its response object and stream events
  * anthropic.c Anthropic's POST /v1/messages: its request as a chat request, its message object,
  *           its stream events, its error shape, and /v1/messages/count_tokens
- * native.c  llama-server's own utility endpoints: /tokenize, /detokenize, /apply-template, /props
+ * native.c  llama-server's own utility endpoints: /tokenize, /detokenize, /apply-template, /props,
+ *           /slots
  * request.c request bodies as strict JSON objects and their typed members, for every endpoint
  * shared.c  errors in OpenAI's shape and growable buffers
  *
@@ -39,7 +40,7 @@
 enum serve_phase { SERVE_LOADING = 0, SERVE_READY = 1, SERVE_DRAINING = 2 };
 
 /* The HTTP status codes the server answers with, counted for /metrics. */
-#define SERVE_STATUS_CODES(X) X(200) X(204) X(400) X(401) X(403) X(404) X(405) X(413) X(500) X(503) X(504)
+#define SERVE_STATUS_CODES(X) X(200) X(204) X(400) X(401) X(403) X(404) X(405) X(413) X(500) X(501) X(503) X(504)
 #define SERVE_COUNT_SLOT(code) +1
 enum { SERVE_N_STATUS_CODES = 0 SERVE_STATUS_CODES(SERVE_COUNT_SLOT) };
 
@@ -70,6 +71,7 @@ typedef struct serve_server {
     int special_in_content;      /* --special-in-content: special tokens in chat messages are parsed */
     int reasoning_split;         /* --reasoning-format auto/deepseek: <think> goes to reasoning_content */
     const char *chat_template;   /* --chat-template-file's text, or NULL: the model's template */
+    int no_slots;                /* --no-slots: GET /slots answers 501, as llama-server's */
     /* set once loaded (phase becomes SERVE_READY after them) */
     const char *model_id;   /* what /v1/models lists and responses echo when a request names none */
     const char *model_path; /* the model's file or directory (/props), NULL over a pipeline's file */
@@ -221,6 +223,9 @@ char *serve_native_answer(const serve_server *s, serve_native ep, const char *bo
 /* GET /props: the slots and their context, the model, its chat template and special tokens;
  * malloc'd, NULL when out of memory. */
 char *serve_props_json(const serve_server *s);
+/* GET /slots: llama-server's array of the engine's slots as they are now (rlx_engine_slot_info),
+ * malloc'd, or NULL after setting e (500). *n_idle says how many take no request. */
+char *serve_slots_json(const serve_server *s, uint32_t *n_idle, serve_error *e);
 
 // ---- the HTTP daemon ----
 

@@ -25,7 +25,8 @@
  *   one built before 1.3 about a node with a quantized input, nor one built before 1.4 about
  *   GATHER_ROWS or an ATTENTION with slots (7 inputs) or F16 caches, nor one built before 1.5
  *   about a ROPE with frequency factors (3 inputs), nor one built before 1.6 about SSM_CONV,
- *   GATED_DELTA, SIGMOID_MUL or a partial ROPE (rope_dims set). */
+ *   GATED_DELTA, SIGMOID_MUL or a partial ROPE (rope_dims set), nor one built before 1.7 about
+ *   an SSM_CONV or GATED_DELTA with state_rows set. */
 #ifndef RLX_BACKEND_IFACE_H
 #define RLX_BACKEND_IFACE_H
 
@@ -147,6 +148,16 @@ typedef struct rlx_tensor {
  *               by row: both compute the rule above, differing only in F32 rounding. In the slot
  *               form a row's result must not depend on how its sequence's rows were split into
  *               calls either (an engine splits a prompt by its load): one form for every run.
+ *   State rows (ABI 1.7), for SSM_CONV and GATED_DELTA: with params.state_rows = 1 the node
+ *               takes one more input, after all the others: rows F32[T, K-1, C] (SSM_CONV) or
+ *               F32[T, Hv, Dk, Dv] (GATED_DELTA). Row t of it receives the state of row t's
+ *               sequence as it is after row t, i.e. what the state would hold had the call
+ *               ended there. A caller that may cut a sequence back inside the call (rejected
+ *               speculative tokens) restores the state from them instead of running the kept
+ *               rows again. Such a call runs GATED_DELTA row by row (the recurrent form, whose
+ *               state exists after every row), so its outputs and final state are those of
+ *               the call without state rows whenever that call also runs row by row (the slot
+ *               form, or fewer rows than the chunk-parallel form is worth).
  * Weights (table, w, router, expert matrices) may be F32, BF16 or F16; bias and norm weights
  * likewise. From ABI 1.3 the table, w and the expert matrices may also be block-quantized
  * (RLX_DTYPE_Q*, rlx/quant_iface.h), K a whole number of blocks. */
@@ -183,7 +194,8 @@ typedef struct rlx_op_params {
     uint32_t head_dim_v;  /* GATED_DELTA: Dv (ABI 1.6) */
     uint32_t rope_dims;   /* ROPE: values of a head that turn, 0 = all (ABI 1.6) */
     uint32_t kv_tiled;    /* GATED_DELTA: value head h reads key head h % Hk, not h / (Hv/Hk) (ABI 1.6) */
-    uint32_t reserved[2]; /* zero */
+    uint32_t state_rows;  /* SSM_CONV, GATED_DELTA: 1 = a last input receives each row's state (ABI 1.7) */
+    uint32_t reserved[1]; /* zero */
 } rlx_op_params;
 
 /* What a backend sees of one node, at planning time (data pointers NULL) and at run time. */

@@ -184,6 +184,28 @@ typedef struct rlx_engine_stats {
     uint64_t kv_positions_used; /* summed over the slots now */
 } rlx_engine_stats;
 RLX_API void rlx_engine_stats_of(rlx_engine *e, rlx_engine_stats *out);
+/* One slot as rlx_engine_slot_info_get sees it. Members are only appended (size says which). */
+typedef struct rlx_engine_slot_info {
+    uint32_t size;        /* sizeof(rlx_engine_slot_info) the caller was built with; set it before the call */
+    uint32_t busy;        /* 1: a request runs in the slot (admitted, its prompt or its tokens in progress) */
+    uint64_t request_id;  /* the running request's id; when idle, the last one the slot ran (0: none yet) */
+    uint32_t n_positions; /* the slot's KV positions (slot_positions) */
+    uint32_t n_held;      /* positions whose K and V rows the slot held when the worker's latest step began */
+    /* the running request's (all 0 when idle) */
+    uint32_t n_prompt;          /* its prompt tokens */
+    uint32_t n_cached;          /* of them, taken from a cached prefix */
+    uint32_t n_generated;       /* tokens reported so far */
+    uint32_t max_tokens;        /* as submitted: 0 = until a stop id or the slot is full */
+    uint32_t top_logprobs;      /* alternatives reported per token */
+    uint32_t has_grammar;       /* 1: constrained by a grammar */
+    rlx_sampler_params sampler; /* as submitted, logit_bias NULL (n_logit_bias says how many it had) */
+} rlx_engine_slot_info;
+
+/* What slot i (0 .. n_slots - 1) of e holds now, read under the engine's lock (any thread, any
+ * time; the counts may be a step behind the worker). out->size must be set: a caller built
+ * against an older header gets the members its size covers. RLX_E_INVALID for a NULL argument
+ * or a size below the first version's, RLX_E_RANGE for i past the slots. */
+RLX_API rlx_status rlx_engine_slot_info_get(rlx_engine *e, uint32_t i, rlx_engine_slot_info *out);
 /* rlx_session_memory for the slots of a batched engine (rlx_engine_create), all slots together;
  * 0 and 0 for an engine over an lm or a pipeline, whose memory is held elsewhere. */
 RLX_API void rlx_engine_memory(const rlx_engine *e, uint64_t *kv_bytes, uint64_t *state_bytes);

@@ -91,6 +91,12 @@ RLX_API size_t rlx_session_peak_activation_bytes(const rlx_session *s);
  * *kv_bytes, the recurrent state of its linear-attention layers (the convolution's last inputs
  * and the delta rule's state, docs/architectures.md) into *state_bytes; either may be NULL. */
 RLX_API void rlx_session_memory(const rlx_session *s, uint64_t *kv_bytes, uint64_t *state_bytes);
+/* Positions a session with linear-attention layers has run again, in all, to rebuild their
+ * recurrent state after truncations (0 for other models). A truncation into a speculative
+ * verification (a forward of 2 to 8 positions whose every logits row was read) runs none, nor
+ * one into the last few one-position forwards of a session cut back every few such forwards (a
+ * draft model's): the state of each of those positions was kept. */
+RLX_API uint64_t rlx_session_replayed_positions(const rlx_session *s);
 /* Writes the plan for n positions as text, each node with the backend that runs it (and its
  * precision, when not plain F32). */
 RLX_API rlx_status rlx_session_dump_plan(rlx_session *s, uint32_t n, FILE *f);

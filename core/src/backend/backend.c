@@ -19,8 +19,11 @@ static atomic_uint_fast64_t last_owner;
  * tensor from garbage), 4 for GATHER_ROWS and for an ATTENTION with slots or F16 caches (an
  * older plugin would read a 3-D cache as one sequence and F16 rows as F32), 5 for a ROPE with
  * factors, 6 for SIGMOID_MUL, SSM_CONV, GATED_DELTA and a partial ROPE (an older plugin would
- * turn the whole head: rope_dims was a reserved field to it). */
+ * turn the whole head: rope_dims was a reserved field to it), 7 for a recurrent op with state rows
+ * (an older plugin would leave them unwritten). */
 static uint32_t node_minor(const rlx_node_view *node) {
+    if ((node->op == RLX_OP_SSM_CONV || node->op == RLX_OP_GATED_DELTA) && node->params && node->params->state_rows)
+        return 7;
     if (node->op == RLX_OP_SIGMOID_MUL || node->op == RLX_OP_SSM_CONV || node->op == RLX_OP_GATED_DELTA)
         return 6;
     if (node->op == RLX_OP_ROPE && node->params && node->params->rope_dims &&

@@ -71,11 +71,17 @@ static void rec_rows_free(rec_rows *g) {
     free(g->order);
 }
 
-/* Checks the rows of node n (positions in input pos_in, slots in the last input when there are
- * seq_in + 1 inputs) against `slots` sequences and groups them by slot. */
+/* The state rows of n (ABI 1.7: its last input), or NULL. */
+static float *state_rows(const rlx_node_view *n) {
+    return n->params && n->params->state_rows ? f32(&n->inputs[n->n_inputs - 1]) : NULL;
+}
+
+/* Checks the rows of node n (positions in input pos_in, slots in input seq_in when the node has
+ * it) against `slots` sequences and groups them by slot. */
 static int rec_rows_make(const rlx_node_view *n, const char *op, uint32_t pos_in, uint32_t seq_in, int64_t slots,
                          rec_rows *g) {
-    const int32_t *pos = i32(&n->inputs[pos_in]), *seq = n->n_inputs > seq_in ? i32(&n->inputs[seq_in]) : NULL;
+    const uint32_t n_in = n->n_inputs - (state_rows(n) ? 1u : 0u);
+    const int32_t *pos = i32(&n->inputs[pos_in]), *seq = n_in > seq_in ? i32(&n->inputs[seq_in]) : NULL;
     const int64_t t_len = n->inputs[pos_in].shape[0];
     const char *name = n->name ? n->name : "?";
     g->slots = slots;
@@ -128,6 +134,7 @@ int rlx__ref_ssm_conv(const rlx_node_view *n) {
     const rlx_tensor *x = &n->inputs[0], *w = &n->inputs[1], *st = &n->inputs[3];
     const int32_t *pos = i32(&n->inputs[2]);
     const int64_t ch = x->shape[1], k = w->shape[1], slots = st->n_dims == 3 ? st->shape[0] : 1;
+    float *rows = state_rows(n);
     rec_rows g;
     int rc = rec_rows_make(n, "ssm_conv", 2, 4, slots, &g);
     if (rc != RLX_OK)
@@ -157,6 +164,8 @@ int rlx__ref_ssm_conv(const rlx_node_view *n) {
             }
             memmove(state, state + ch, (size_t)((k - 2) * ch) * sizeof *state);
             memcpy(state + (k - 2) * ch, xr, (size_t)ch * sizeof *state);
+            if (rows)
+                memcpy(rows + r * (k - 1) * ch, state, (size_t)((k - 1) * ch) * sizeof *state);
         }
     }
     free(wf);
@@ -171,6 +180,7 @@ typedef struct gd_ctx {
     const float *a, *b;
     const int32_t *pos;
     float *out, *state;
+    float *after;           /* state rows (ABI 1.7): [T][Hv][Dk][Dv], the state after each row, or NULL */
     float *decay, *dt_bias; /* A and dt_bias widened, [Hv] each */
     int64_t hv, hk, dk, dv, qkv_cols;
     int tiled;   /* value head h reads key head h % Hk, else h / (Hv / Hk) */
@@ -270,6 +280,8 @@ static void gd_recurrent(const gd_ctx *c, int64_t h, const int32_t *rows, int64_
                 o[j] += sa[j] * qn[a];
             }
         }
+        if (c->after)
+            memcpy(c->after + (r * c->hv + h) * dk * dv, S, (size_t)(dk * dv) * sizeof *S);
     }
 }
 
@@ -398,7 +410,7 @@ static void gd_item(const gd_ctx *c, int64_t item, gd_scratch *w) {
     const int32_t *rows = c->rows.order + c->rows.start[s];
     const int64_t n = c->rows.start[s + 1] - c->rows.start[s];
     float *S = c->state + (s * c->hv + h) * c->dk * c->dv;
-    if (n < GD_CHUNK_MIN_ROWS || c->slotted) {
+    if (n < GD_CHUNK_MIN_ROWS || c->slotted || c->after) {
         gd_recurrent(c, h, rows, n, S, w);
         return;
     }
@@ -471,6 +483,7 @@ int rlx__ref_gated_delta(const rlx_node_view *n) {
                 .pos = i32(&n->inputs[5]),
                 .out = f32(n->output),
                 .state = f32(st),
+                .after = state_rows(n),
                 .hv = p->n_heads,
                 .hk = hk,
                 .dk = dk,

@@ -62,6 +62,10 @@ typedef struct engine_slot {
      * way through the stages until a later step is back; the slot takes no new request until
      * then, so a lost stage can be rebuilt from what the slots held */
     uint64_t copy_ticket;
+    /* for rlx_engine_slot_info_get, written under mu: n_valid as the latest step began (the
+     * worker changes n_valid outside the lock), and the id of the last request the slot ran */
+    uint32_t n_held;
+    uint64_t last_id;
 } engine_slot;
 
 /* Over a pipeline, the slots fall into groups (slot s into group s % n_groups) that take turns
@@ -543,6 +547,40 @@ void rlx_engine_stats_of(rlx_engine *e, rlx_engine_stats *out) {
     pthread_mutex_unlock(&e->mu);
 }
 
+rlx_status rlx_engine_slot_info_get(rlx_engine *e, uint32_t i, rlx_engine_slot_info *out) {
+    if (!e || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_engine_slot_info_get: NULL argument");
+    uint32_t size;
+    memcpy(&size, out, sizeof size);
+    const size_t first = offsetof(rlx_engine_slot_info, sampler) + sizeof out->sampler;
+    if (size < first)
+        return rlx_error(RLX_E_INVALID, "rlx_engine_slot_info.size is %u, below the %zu bytes of its first version",
+                         size, first);
+    if (i >= e->n_slots)
+        return rlx_error(RLX_E_RANGE, "slot %u of an engine of %u slots", i, e->n_slots);
+    rlx_engine_slot_info info = {.size = sizeof info, .n_positions = e->capacity};
+    pthread_mutex_lock(&e->mu);
+    const engine_slot *sl = &e->slots[i];
+    const engine_req *r = sl->req;
+    info.busy = r != NULL;
+    info.request_id = r ? r->id : sl->last_id;
+    info.n_held = sl->n_held;
+    if (r) {
+        info.n_prompt = r->r.n_prompt;
+        info.n_cached = r->n_cached;
+        info.n_generated = r->n_generated;
+        info.max_tokens = r->r.max_tokens;
+        info.top_logprobs = r->r.top_logprobs;
+        info.has_grammar = r->r.grammar != NULL;
+        info.sampler = r->r.sampler;
+        info.sampler.logit_bias = NULL; /* the caller's array, borrowed only until submit returned */
+    }
+    pthread_mutex_unlock(&e->mu);
+    memcpy(out, &info, size < sizeof info ? size : sizeof info);
+    memcpy(out, &size, sizeof size);
+    return RLX_OK;
+}
+
 // ---- the worker ----
 
 static uint32_t common_prefix(const int32_t *a, uint32_t na, const int32_t *b, uint32_t nb) {
@@ -638,6 +676,7 @@ static void finish_slot(rlx_engine *e, uint32_t s, uint32_t finish, rlx_status s
     /* freed first, so whoever the event wakes sees the slot free (only this thread admits) */
     pthread_mutex_lock(&e->mu);
     sl->req = NULL;
+    sl->last_id = r->id;
     sl->last_used = ++e->clock;
     e->n_running--;
     pthread_mutex_unlock(&e->mu);
@@ -686,7 +725,6 @@ static int report_token(rlx_engine *e, engine_req *r, int32_t token, const float
     if (r->t_first == 0)
         r->t_first = now;
     r->t_last = now;
-    r->n_generated++;
     int32_t top_ids[RLX_ENGINE_MAX_TOP_LOGPROBS];
     float top_lp[RLX_ENGINE_MAX_TOP_LOGPROBS];
     rlx_engine_event ev = {.kind = RLX_ENGINE_TOKEN, .id = r->id, .token = token};
@@ -697,6 +735,7 @@ static int report_token(rlx_engine *e, engine_req *r, int32_t token, const float
         ev.top_logprobs = top_lp;
     }
     pthread_mutex_lock(&e->mu);
+    r->n_generated++; /* under mu: rlx_engine_slot_info_get reads it */
     e->stats.generated_tokens++;
     *cancelled = r->cancelled || e->closing;
     pthread_mutex_unlock(&e->mu);
@@ -976,8 +1015,8 @@ static void run_on_lm(rlx_engine *e, engine_req *r) {
     if (keep > lm.length(lm.self))
         keep = lm.length(lm.self);
     r->t_admit = rlx__now_seconds();
-    r->n_cached = keep;
     pthread_mutex_lock(&e->mu);
+    r->n_cached = keep;
     e->stats.cached_tokens += keep;
     e->stats.prompt_tokens += r->r.n_prompt;
     pthread_mutex_unlock(&e->mu);
@@ -1013,6 +1052,8 @@ static void run_on_lm(rlx_engine *e, engine_req *r) {
                                                                         : RLX_FINISH_CONTEXT;
     pthread_mutex_lock(&e->mu);
     sl->req = NULL;
+    sl->last_id = r->id;
+    sl->n_held = sl->n_valid;
     e->n_running--;
     pthread_mutex_unlock(&e->mu);
     deliver_done(e, r, finish, rc, rc == RLX_OK ? NULL : rlx_last_error());
@@ -1074,8 +1115,10 @@ static void *engine_main(void *arg) {
         while (e->queue_head && e->n_running < e->n_slots && any_slot_open(e))
             admit(e, pop_queued(e));
         uint64_t used = 0;
-        for (uint32_t s = 0; s < e->n_slots; s++)
+        for (uint32_t s = 0; s < e->n_slots; s++) {
             used += e->slots[s].req ? e->slots[s].n_valid : 0;
+            e->slots[s].n_held = e->slots[s].n_valid;
+        }
         e->stats.kv_positions_used = used;
         pthread_mutex_unlock(&e->mu);
         if (e->pipe ? pipe_step(e, 0) : !e->over_lm && step(e))

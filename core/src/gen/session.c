@@ -5,11 +5,16 @@
  * position so far and cannot be cut back. Its session keeps the inputs of the positions it
  * holds, and a truncation marks the state stale: the next forward first rebuilds it by running
  * kept positions again (the KV rows they rewrite get the same values), so the last forward's
- * rows stay readable until then. Before a forward of several positions (a prompt, a speculative
- * verification) the state is copied aside: a truncation back into that forward (rejected draft
- * tokens) restores the copy and runs only the accepted positions again. A truncation further
- * back (a chat turn that keeps a shorter prefix) runs the kept positions again from position 0,
- * where the recurrent ops start from a zero state. */
+ * rows stay readable until then. A speculative verification (a forward of 2 to
+ * SESSION_STATE_ROWS positions that reads every row's logits) has its recurrent ops write the
+ * state after each row (ABI 1.7 state rows): a truncation into it (rejected draft tokens) copies
+ * the kept row's state back, and nothing runs again. A session cut back every few one-position
+ * forwards (a draft model's) keeps the state after each of them the same way. Before any other
+ * forward of several
+ * positions (a prompt) the state is copied aside: a truncation back into that forward restores
+ * the copy and runs only the kept positions again. A truncation further back (a chat turn that
+ * keeps a shorter prefix) runs the kept positions again from position 0, where the recurrent ops
+ * start from a zero state. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -27,6 +32,10 @@
 /* the prompt, one decode token, k + 1 verified tokens, and a speculator's own catch-up widths
  * (1 to k + 1 accepted tokens): fewer slots make speculative decoding rebuild plans each round */
 #define PLAN_SLOTS 10
+/* The widest verification whose states are kept per row: k + 1 for up to 7 draft tokens. Each
+ * kept row is a whole recurrent state (Qwen3.5-9B: about 48 MiB), written by every verification;
+ * a wider one copies the state aside and runs the accepted positions again instead. */
+#define SESSION_STATE_ROWS 8
 
 typedef struct plan_slot {
     uint32_t n;
@@ -35,6 +44,8 @@ typedef struct plan_slot {
     rlx_graph *graph;
     rlx_plan *plan;
     rlx_batch_io io;
+    int with_rows; /* the plan's recurrent ops write state rows into the session's rows */
+    rlx__state_rows_io rows_io;
 } plan_slot;
 
 struct rlx_session {
@@ -60,6 +71,16 @@ struct rlx_session {
      * layer of the block, k then v; NULL for full-attention layers */
     void **snap;
     uint32_t snap_length;
+    /* the state rows of the last forward that wrote them: per layer of the block, k then v,
+     * [SESSION_STATE_ROWS][state] (NULL for full-attention layers); rows_n rows, the states after
+     * positions rows_from .. rows_from + rows_n - 1 (rows_n 0: none valid) */
+    void **rows;
+    uint32_t rows_from, rows_n;
+    /* one-position forwards since the last truncation back by at most SESSION_STATE_ROWS
+     * positions, and whether they keep their states as rows (a draft model's session) */
+    uint32_t steps_since_cut;
+    int keep_steps;
+    uint64_t replayed;  /* positions run again to rebuild a state */
     int32_t *positions; /* [capacity] */
     plan_slot slots[PLAN_SLOTS];
     uint64_t clock;
@@ -156,6 +177,10 @@ void rlx_session_destroy(rlx_session *s) {
     for (uint32_t l = 0; s->snap && l < 2 * n_layers; l++)
         free(s->snap[l]);
     free(s->snap);
+    for (uint32_t l = 0; s->rows && l < 2 * n_layers; l++)
+        if (s->rows[l])
+            munmap(s->rows[l], SESSION_STATE_ROWS * s->cache_bytes[l]);
+    free(s->rows);
     free(s->cache_bytes);
     free(s->history);
     free(s->k_cache);
@@ -185,6 +210,19 @@ void rlx_session_memory(const rlx_session *s, uint64_t *kv_bytes, uint64_t *stat
 uint32_t rlx_session_capacity(const rlx_session *s) { return s->capacity; }
 size_t rlx_session_peak_activation_bytes(const rlx_session *s) { return s->last_peak; }
 
+/* The session's state rows, mapped at their first use: pages no verification touches cost
+ * nothing. */
+static rlx_status rows_alloc(rlx_session *s) {
+    const uint32_t n_layers = s->spec.layer_end - s->spec.layer_start;
+    if (!s->rows && !(s->rows = rlx__calloc(2 * (size_t)n_layers, sizeof *s->rows)))
+        return rlx_error(RLX_E_NOMEM, "session: out of memory for the state rows of a verification");
+    for (uint32_t l = 0; l < 2 * n_layers; l++)
+        if (layer_linear(s, l / 2) && !s->rows[l] &&
+            !(s->rows[l] = rlx__map_zeroed(SESSION_STATE_ROWS * s->cache_bytes[l])))
+            return rlx_error(RLX_E_NOMEM, "session: out of memory for the state rows of a verification");
+    return RLX_OK;
+}
+
 static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot **out) {
     plan_slot *victim = &s->slots[0];
     for (int i = 0; i < PLAN_SLOTS; i++) {
@@ -201,7 +239,10 @@ static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot *
     rlx_block_spec spec = s->spec;
     spec.all_logits = (uint32_t)all_rows;
     rlx_build_options bo = {.size = sizeof bo, .n_tokens = n, .kv_capacity = s->capacity, .kv_dtype = s->kv_dtype};
-    rlx_status rc = rlx_model_build_block_ex(s->m, &spec, &bo, &victim->graph, &victim->io);
+    const int with_rows = s->recurrent && all_rows && n >= 2 && n <= SESSION_STATE_ROWS;
+    rlx_status rc = with_rows ? rows_alloc(s) : RLX_OK;
+    if (rc == RLX_OK)
+        rc = rlx__model_build_block(s->m, &spec, &bo, &victim->graph, &victim->io, with_rows ? &victim->rows_io : NULL);
     const rlx_plan_options po = {.size = sizeof po,
                                  .flags = s->plan_flags,
                                  .backends = s->backends,
@@ -215,6 +256,10 @@ static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot *
         rc = rlx_plan_bind(victim->plan, io->k_cache[l], s->k_cache[l]);
         if (rc == RLX_OK)
             rc = rlx_plan_bind(victim->plan, io->v_cache[l], s->v_cache[l]);
+        if (rc == RLX_OK && with_rows && victim->rows_io.k_rows[l] >= 0)
+            rc = rlx_plan_bind(victim->plan, victim->rows_io.k_rows[l], s->rows[2 * l]);
+        if (rc == RLX_OK && with_rows && victim->rows_io.v_rows[l] >= 0)
+            rc = rlx_plan_bind(victim->plan, victim->rows_io.v_rows[l], s->rows[2 * l + 1]);
     }
     if (rc != RLX_OK) {
         slot_clear(victim);
@@ -222,6 +267,7 @@ static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot *
     }
     victim->n = n;
     victim->all_rows = all_rows;
+    victim->with_rows = with_rows;
     victim->last_used = ++s->clock;
     *out = victim;
     return RLX_OK;
@@ -306,6 +352,7 @@ static rlx_status replay(rlx_session *s) {
         from = s->snap_length;
     s->length = s->state_length = from;
     const float *rows;
+    s->replayed += length - from;
     if (rc == RLX_OK && length > from)
         rc = run(s, s->history + (size_t)from * s->history_row, NULL, length - from, 0, &rows);
     if (rc != RLX_OK) { /* the state is partly rebuilt: run it again next time */
@@ -313,6 +360,29 @@ static rlx_status replay(rlx_session *s) {
         s->state_length = UINT32_MAX;
     }
     return rc;
+}
+
+/* After a one-position forward from s->length: a session cut back often by a few positions (a
+ * draft model's, which proposes tokens one at a time and drops the rejected ones) keeps the new
+ * state as the next state row, so that the cut is a copy. A session that decodes on without
+ * such cuts (a chat after its turn's truncation) stops paying the copy. */
+static void keep_step(rlx_session *s) {
+    if (++s->steps_since_cut > 4 * SESSION_STATE_ROWS)
+        s->keep_steps = 0;
+    if (!s->keep_steps || rows_alloc(s) != RLX_OK) { /* without rows the cut runs positions again */
+        s->rows_n = 0;
+        return;
+    }
+    uint32_t at = 0;
+    if (s->rows_n && s->length == s->rows_from + s->rows_n && s->rows_n < SESSION_STATE_ROWS)
+        at = s->rows_n++;
+    else
+        s->rows_from = s->length, s->rows_n = 1;
+    const uint32_t n_layers = s->spec.layer_end - s->spec.layer_start;
+    for (uint32_t l = 0; l < 2 * n_layers; l++)
+        if (s->rows[l])
+            memcpy((uint8_t *)s->rows[l] + (size_t)at * s->cache_bytes[l],
+                   l % 2 ? s->v_cache[l / 2] : s->k_cache[l / 2], s->cache_bytes[l]);
 }
 
 /* One graph run over n new positions; hidden_in is the MTP block's second input (else NULL). */
@@ -339,7 +409,7 @@ static rlx_status run(rlx_session *s, const void *input, const float *hidden_in,
     if ((rc = get_plan(s, n, all_rows ? 1 : 0, &slot)) != RLX_OK)
         return rc;
     const rlx_block_io *io = &slot->io.block;
-    if (s->recurrent && n > 1 && input != s->history + (size_t)s->length * s->history_row) {
+    if (s->recurrent && n > 1 && !slot->with_rows && input != s->history + (size_t)s->length * s->history_row) {
         /* a forward that may be cut back into (a replay's input is its own history) */
         if ((rc = snapshot(s, 1)) != RLX_OK)
             return rc;
@@ -355,6 +425,14 @@ static rlx_status run(rlx_session *s, const void *input, const float *hidden_in,
     const float *rows = rlx_plan_data(slot->plan, io->output);
     if (s->spec.produce_logits && (rc = check_logits(s, slot->plan, rows, n, all_rows)) != RLX_OK)
         return rc;
+    if (slot->with_rows) {
+        s->rows_from = s->length;
+        s->rows_n = n;
+    } else if (s->recurrent && n == 1) {
+        keep_step(s);
+    } else {
+        s->rows_n = 0;
+    }
     s->length += n;
     s->state_length = s->length;
     s->last_peak = rlx_plan_peak_bytes(slot->plan);
@@ -396,9 +474,26 @@ rlx_status rlx_session_truncate(rlx_session *s, uint32_t length) {
         return rlx_error(RLX_E_RANGE, "cannot truncate a session of %u positions to %u", s->length, length);
     if (length < s->snap_length)
         s->snap_length = UINT32_MAX; /* it holds positions that are being replaced */
-    s->length = length;              /* the last forward's rows stay readable: the speculative loop reads them after */
-    return RLX_OK;                   /* a recurrent state now ahead of length is rebuilt by the next forward */
+    if (s->recurrent && length < s->length && length + SESSION_STATE_ROWS >= s->length) {
+        s->keep_steps = s->keep_steps || s->steps_since_cut <= 2 * SESSION_STATE_ROWS;
+        s->steps_since_cut = 0;
+    }
+    if (s->recurrent && s->rows_n && s->state_length == s->rows_from + s->rows_n && length > s->rows_from &&
+        length < s->state_length) {
+        /* back into the last verification: its row of position length - 1 is the state to keep */
+        const uint32_t n_layers = s->spec.layer_end - s->spec.layer_start, row = length - 1 - s->rows_from;
+        for (uint32_t l = 0; l < 2 * n_layers; l++)
+            if (s->rows[l])
+                memcpy(l % 2 ? s->v_cache[l / 2] : s->k_cache[l / 2],
+                       (const uint8_t *)s->rows[l] + (size_t)row * s->cache_bytes[l], s->cache_bytes[l]);
+        s->rows_n = row + 1;
+        s->state_length = length;
+    }
+    s->length = length; /* the last forward's rows stay readable: the speculative loop reads them after */
+    return RLX_OK;      /* a recurrent state still ahead of length is rebuilt by the next forward */
 }
+
+uint64_t rlx_session_replayed_positions(const rlx_session *s) { return s ? s->replayed : 0; }
 
 typedef struct dump_ctx {
     rlx_plan *plan;

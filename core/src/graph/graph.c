@@ -221,21 +221,43 @@ static int want_state(const infer_ctx *c, uint32_t i, const int64_t *row, uint32
     return 0;
 }
 
-/* The inputs after a recurrent op's state: none for one sequence, seq I32[T] with slots. */
-static int want_seq(const infer_ctx *c, uint32_t n, uint32_t state, int slots, int64_t t) {
-    if (n != state + 1u + (uint32_t)slots)
-        return rlx_error(RLX_E_INVALID, "node '%s' (%s): takes %u inputs with a %s state", c->node, c->op,
-                         state + 1u + (uint32_t)slots,
-                         slots ? "slotted (the last is seq I32[T])" : "one-sequence (no seq input)");
-    return slots ? want_vector(c, state + 1, t, RLX_DTYPE_I32) : 0;
-}
-
 #define CHECK(expr)                                                                                                    \
     do {                                                                                                               \
         int rc_ = (expr);                                                                                              \
         if (rc_ < 0)                                                                                                   \
             return rc_;                                                                                                \
     } while (0)
+
+/* The inputs after a recurrent op's state: seq I32[T] with slots, then with state rows (ABI 1.7)
+ * F32[T, row...], each row one state of the sequence (the row_dims dimensions of `row`). */
+static int want_seq(const infer_ctx *c, uint32_t n, uint32_t state, int slots, int64_t t, const rlx_op_params *p,
+                    const int64_t *row, uint32_t row_dims) {
+    const uint32_t rows = p && p->state_rows ? 1u : 0u;
+    if (p && p->state_rows > 1)
+        return rlx_error(RLX_E_INVALID, "node '%s' (%s): state_rows is %u, not 0 or 1", c->node, c->op, p->state_rows);
+    if (n != state + 1u + (uint32_t)slots + rows)
+        return rlx_error(RLX_E_INVALID, "node '%s' (%s): takes %u inputs with a %s state%s", c->node, c->op,
+                         state + 1u + (uint32_t)slots + rows,
+                         slots ? "slotted (then seq I32[T])" : "one-sequence (no seq input)",
+                         rows ? " and state rows (the last input)" : "");
+    if (slots)
+        CHECK(want_vector(c, state + 1, t, RLX_DTYPE_I32));
+    if (!rows)
+        return 0;
+    const rlx_tensor *r = input(c, n - 1);
+    int ok = r->dtype == RLX_DTYPE_F32 && r->n_dims == row_dims + 1 && r->shape[0] == t;
+    for (uint32_t d = 0; ok && d < row_dims; d++)
+        ok = r->shape[d + 1] == row[d];
+    if (!ok) {
+        char want[160], dims[48];
+        int len = 0;
+        for (uint32_t d = 0; d < row_dims; d++)
+            len += snprintf(dims + len, sizeof dims - (size_t)len, ",%lld", (long long)row[d]);
+        snprintf(want, sizeof want, "f32 state rows [%lld%s]", (long long)t, dims);
+        return bad_input(c, n - 1, want);
+    }
+    return 0;
+}
 
 /* GATED_DELTA's heads and head sizes are at most this: far above any model's (Qwen3-Next: 32
  * value heads of 128), and it keeps every product of them (Hv*Dk*Dv, a state's size) far from
@@ -265,7 +287,7 @@ static int infer_gated_delta(const infer_ctx *c, uint32_t n, const rlx_op_params
     CHECK(want_vector(c, 5, t, RLX_DTYPE_I32));
     int slots;
     CHECK(want_state(c, 6, (const int64_t[]){hv, dk, dv}, 3, &slots));
-    CHECK(want_seq(c, n, 6, slots, t));
+    CHECK(want_seq(c, n, 6, slots, t, p, (const int64_t[]){hv, dk, dv}, 3));
     out->shape[0] = t;
     out->shape[1] = hv * dv;
     return 0;
@@ -420,7 +442,7 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
         CHECK(want_vector(c, 2, t, RLX_DTYPE_I32));
         int slots;
         CHECK(want_state(c, 3, (const int64_t[]){k - 1, ch}, 2, &slots));
-        CHECK(want_seq(c, n, 3, slots, t));
+        CHECK(want_seq(c, n, 3, slots, t, p, (const int64_t[]){k - 1, ch}, 2));
         out->shape[0] = t;
         out->shape[1] = ch;
         return 0;

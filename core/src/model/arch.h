@@ -327,6 +327,7 @@ struct rlx__blk {
     rlx_graph *g;
     const rlx__blk_layer *layer; /* the layer being built, NULL outside one */
     int pos, seq, kc, vc;        /* positions, slots (-1: one sequence) and the layer's caches */
+    int kc_rows, vc_rows;        /* a linear layer's state rows (ABI 1.7), or -1 */
     rlx_status rc;
 };
 

@@ -181,9 +181,12 @@ int rlx__blk_gated_deltanet(rlx__blk *b, int h) {
         rlx__blk_node2(b, RLX_OP_MATMUL, "linear_attn.in_proj_b", h, rlx__blk_weight(b, RLX__R_SSM_BETA, -1), NULL);
     int alpha =
         rlx__blk_node2(b, RLX_OP_MATMUL, "linear_attn.in_proj_a", h, rlx__blk_weight(b, RLX__R_SSM_ALPHA, -1), NULL);
-    const rlx_op_params conv_p = {.layer = layer};
-    const int conv_in[5] = {proj, rlx__blk_weight(b, RLX__R_SSM_CONV, -1), b->pos, b->kc, b->seq};
-    int qkv = rlx__blk_node(b, RLX_OP_SSM_CONV, "linear_attn.conv", conv_in, b->seq >= 0 ? 5 : 4, &conv_p);
+    const rlx_op_params conv_p = {.layer = layer, .state_rows = b->kc_rows >= 0};
+    int conv_in[6] = {proj, rlx__blk_weight(b, RLX__R_SSM_CONV, -1), b->pos, b->kc, b->seq};
+    uint32_t n_conv = b->seq >= 0 ? 5 : 4;
+    if (b->kc_rows >= 0)
+        conv_in[n_conv++] = b->kc_rows;
+    int qkv = rlx__blk_node(b, RLX_OP_SSM_CONV, "linear_attn.conv", conv_in, n_conv, &conv_p);
     /* transformers' l2norm epsilon, and q scaled by key_dim^-1/2 */
     const rlx_op_params delta_p = {.eps = 1e-6f,
                                    .scale = (float)(1.0 / sqrt((double)g->k_dim)),
@@ -192,11 +195,15 @@ int rlx__blk_gated_deltanet(rlx__blk *b, int h) {
                                    .n_kv_heads = (uint32_t)g->k_heads,
                                    .head_dim_v = (uint32_t)g->v_dim,
                                    .kv_tiled = g->tiled,
+                                   .state_rows = b->vc_rows >= 0,
                                    .layer = layer};
-    const int delta_in[8] = {
+    int delta_in[9] = {
         qkv,    alpha, beta,  rlx__blk_weight(b, RLX__R_SSM_A, -1), rlx__blk_weight(b, RLX__R_SSM_DT, -1),
         b->pos, b->vc, b->seq};
-    int o = rlx__blk_node(b, RLX_OP_GATED_DELTA, "linear_attn.delta", delta_in, b->seq >= 0 ? 8 : 7, &delta_p);
+    uint32_t n_delta = b->seq >= 0 ? 8 : 7;
+    if (b->vc_rows >= 0)
+        delta_in[n_delta++] = b->vc_rows;
+    int o = rlx__blk_node(b, RLX_OP_GATED_DELTA, "linear_attn.delta", delta_in, n_delta, &delta_p);
     /* the gated RMS norm, per value head: norm(o) * w * silu(z) */
     o = rlx__blk_rms_norm(b, "linear_attn.norm", o, rlx__blk_weight(b, RLX__R_SSM_NORM, -1));
     o = rlx__blk_node2(b, RLX_OP_SWIGLU, "linear_attn.norm_gate", z, o, NULL);

@@ -569,6 +569,11 @@ static int final_norm(rlx__blk *b, const rlx_block_spec *spec, int x) {
 
 rlx_status rlx_model_build_block_ex(const rlx_model *m, const rlx_block_spec *spec, const rlx_build_options *opts,
                                     rlx_graph **graph, rlx_batch_io *bio) {
+    return rlx__model_build_block(m, spec, opts, graph, bio, NULL);
+}
+
+rlx_status rlx__model_build_block(const rlx_model *m, const rlx_block_spec *spec, const rlx_build_options *opts,
+                                  rlx_graph **graph, rlx_batch_io *bio, rlx__state_rows_io *rows) {
     if (!m || !spec || !opts || !graph || !bio)
         return rlx_error(RLX_E_INVALID, "rlx_model_build_block_ex: NULL argument");
     *graph = NULL;
@@ -599,7 +604,7 @@ rlx_status rlx_model_build_block_ex(const rlx_model *m, const rlx_block_spec *sp
     const rlx_model_config *c = &d->cfg;
     if ((rc = check_spec(c, spec)) != RLX_OK)
         return rc;
-    rlx__blk b = {.m = m, .d = d, .seq = -1};
+    rlx__blk b = {.m = m, .d = d, .seq = -1, .kc_rows = -1, .vc_rows = -1};
     if ((b.rc = rlx_graph_create(&b.g)) != RLX_OK)
         return b.rc;
     rlx__graph_set_weights(b.g, m->weight_owner, m->quantized ? 0 : RLX_WEIGHT_FILE_BACKED | RLX_WEIGHT_READ_ONLY);
@@ -640,6 +645,22 @@ rlx_status rlx_model_build_block_ex(const rlx_model *m, const rlx_block_spec *sp
             break;
         io->k_cache[l - spec->layer_start] = b.kc;
         io->v_cache[l - spec->layer_start] = b.vc;
+        if (rows && layer.kind.linear) {
+            /* [n_tokens, the one sequence's state shape] */
+            shape[0][0] = shape[1][0] = n_tokens;
+            snprintf(kname, sizeof kname, "%sconv_state_rows", layer.nodes);
+            snprintf(vname, sizeof vname, "%sssm_state_rows", layer.nodes);
+            b.kc_rows = rlx__blk_input(&b, RLX_ROLE_STATE, kname, RLX_DTYPE_F32, dims[0] + 1, shape[0]);
+            b.vc_rows = rlx__blk_input(&b, RLX_ROLE_STATE, vname, RLX_DTYPE_F32, dims[1] + 1, shape[1]);
+        } else {
+            b.kc_rows = b.vc_rows = -1;
+        }
+        if (rows) {
+            rows->k_rows[l - spec->layer_start] = b.kc_rows;
+            rows->v_rows[l - spec->layer_start] = b.vc_rows;
+        }
+        if (b.rc != RLX_OK)
+            break;
         b.layer = &layer;
         x = d->arch->build_layer(&b, x);
         b.layer = NULL;

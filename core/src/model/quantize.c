@@ -394,7 +394,8 @@ uint32_t rlx__qtype_tensor(const rlx__qtype *q, const rlx__qtensor *t, int *fall
     const char *name = t->gguf_name;
     const size_t len = strlen(name);
     const int weight = len > 7 && strcmp(name + len - 7, ".weight") == 0;
-    if (t->n_dims < 2 || !weight || has_part(name, "ffn_gate_inp"))
+    /* the router, and a Gated DeltaNet layer's small convolution, which llama-quantize keeps */
+    if (t->n_dims < 2 || !weight || has_part(name, "ffn_gate_inp") || has_part(name, "ssm_conv1d"))
         return RLX_DTYPE_F32;
     uint32_t type = q->dtype;
     if (!rlx_iface_dtype_is_quantized(type))
@@ -409,7 +410,9 @@ uint32_t rlx__qtype_tensor(const rlx__qtype *q, const rlx__qtensor *t, int *fall
     if (strcmp(name, "output.weight") == 0 || (t->tied && strcmp(name, "token_embd.weight") == 0)) {
         if (type != RLX_DTYPE_Q8_0)
             type = RLX_DTYPE_Q6_K;
-    } else if (has_part(name, "attn_v.weight")) {
+    } else if (has_part(name, "attn_v.weight") || has_part(name, "attn_qkv.weight")) {
+        /* llama-quantize ranks a fused qkv (a Gated DeltaNet layer's) with attn_v, by its place
+         * among them: the layer's, since a hybrid's layer has one or the other */
         if ((q4km || q5km) && more_bits(layer, t->n_layers))
             type = RLX_DTYPE_Q6_K;
         else if (q4ks && layer < 4)

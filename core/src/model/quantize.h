@@ -40,10 +40,10 @@ typedef struct rlx__qtensor {
     int tied; /* the model has no output.weight: token_embd doubles as the LM head */
 } rlx__qtensor;
 
-/* The dtype llama-quantize gives a tensor for file type q: vectors and the MoE router stay F32,
- * the LM head (or the tied embedding) and some attn_v / ffn_down layers get more bits, and a
- * row length that is not a whole number of blocks falls back (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K
- * to Q8_0, then F16). src_dtype is the tensor's type in the source (F32/BF16/F16 stay as they
+/* The dtype llama-quantize gives a tensor for file type q: vectors, the MoE router and the
+ * Gated DeltaNet convolution (ssm_conv1d) stay F32, the LM head (or the tied embedding) and some
+ * attn_v / ffn_down layers get more bits, and a row length that is not a whole number of blocks
+ * falls back (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, then F16). src_dtype is the tensor's type in the source (F32/BF16/F16 stay as they
  * are for the float file types' vectors). *fallback is set when the fallback applied. */
 uint32_t rlx__qtype_tensor(const rlx__qtype *q, const rlx__qtensor *t, int *fallback);
 

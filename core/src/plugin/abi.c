@@ -27,6 +27,8 @@ PIN(rlx_op_params, norm_topk, 36);
 PIN(rlx_op_params, layer, 40);
 PIN(rlx_op_params, head_dim_v, 44); /* 1.6 */
 PIN(rlx_op_params, rope_dims, 48);  /* 1.6 */
+PIN(rlx_op_params, kv_tiled, 52);   /* 1.6 */
+PIN(rlx_op_params, state_rows, 56); /* 1.7 */
 _Static_assert(sizeof(rlx_op_params) == 64, "rlx_op_params size changed");
 
 PIN(rlx_node_view, op, 0);

@@ -449,7 +449,6 @@ const rlx__arch rlx__arch_qwen3_5 = {
     .read_gguf = read_gguf,
     .tensors = tensors,
     .build_layer = rlx__blk_decoder_layer,
-    .gguf_write_arch = "",
     .fix_weights = rlx__qwen3_5_fix_weights,
     .mtp = &mtp_names,
 };
