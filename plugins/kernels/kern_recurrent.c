@@ -20,11 +20,6 @@
 
 static const char *node_name(const rlx_node_view *n) { return n->name ? n->name : "?"; }
 
-/* The state rows of n (ABI 1.7: its last input), or NULL. */
-static float *kern_state_rows(const rlx_node_view *n) {
-    return n->params && n->params->state_rows ? n->inputs[n->n_inputs - 1].data : NULL;
-}
-
 // ---------------------------------------------------------------------------------------------
 // The rows of a call, by slot
 
@@ -41,7 +36,7 @@ typedef struct kern_rec_rows {
 static int kern_rec_rows_make(kern_ctx *c, const rlx_node_view *n, const char *op, uint32_t pos_in, uint32_t seq_in,
                               int64_t slots, size_t extra, void **extra_out, kern_rec_rows *g) {
     const int32_t *pos = n->inputs[pos_in].data;
-    const uint32_t n_in = n->n_inputs - (kern_state_rows(n) ? 1u : 0u);
+    const uint32_t n_in = n->n_inputs - (rlx_iface_state_rows(n) ? 1u : 0u);
     const int32_t *seq = n_in > seq_in ? n->inputs[seq_in].data : NULL;
     const int64_t t_len = n->inputs[pos_in].shape[0];
     const size_t start_bytes = kern_align_up((size_t)(slots + 1) * sizeof(int64_t));
@@ -154,7 +149,7 @@ static int kern_op_ssm_conv(kern_ctx *c, const rlx_node_view *n) {
                        .pos = n->inputs[2].data,
                        .y = n->output->data,
                        .state = st->data,
-                       .rows = kern_state_rows(n),
+                       .rows = rlx_iface_state_rows(n),
                        .C = C,
                        .K = K,
                        .g = &g};
@@ -345,7 +340,7 @@ static int kern_op_gated_delta(kern_ctx *c, const rlx_node_view *n) {
                      .pos = n->inputs[5].data,
                      .out = n->output->data,
                      .state = st->data,
-                     .rows = kern_state_rows(n),
+                     .rows = rlx_iface_state_rows(n),
                      .hv = p->n_heads,
                      .hk = hk,
                      .dk = dk,

@@ -121,7 +121,7 @@ __attribute__((unused)) static void matmul(const rlx_node_view *n) { matmul_x(n,
  * would write outside the state); positions only without BROKEN_UNCHECKED. */
 __attribute__((unused)) static int ssm_conv(const rlx_node_view *n) {
     const float *x = n->inputs[0].data;
-    const uint32_t n_in = n->n_inputs - (n->params->state_rows ? 1u : 0u); /* the inputs before state rows */
+    const uint32_t n_in = n->n_inputs - (rlx_iface_state_rows(n) ? 1u : 0u); /* the inputs before state rows */
     const int32_t *pos = n->inputs[2].data, *seq = n_in > 4 ? n->inputs[4].data : NULL;
     const rlx_tensor *w = &n->inputs[1], *st = &n->inputs[3];
     const int64_t T = n->inputs[0].shape[0], C = n->inputs[0].shape[1], K = w->shape[1];

@@ -327,6 +327,12 @@ static inline int64_t rlx_iface_numel(const rlx_tensor *t) {
     return n;
 }
 
+/* SSM_CONV's or GATED_DELTA's state rows (ABI 1.7): the data of its last input when
+ * params.state_rows is set, else NULL. */
+static inline float *rlx_iface_state_rows(const rlx_node_view *n) {
+    return n->params && n->params->state_rows ? (float *)n->inputs[n->n_inputs - 1].data : NULL;
+}
+
 /* The innermost dimension of t (n_dims >= 1): the row length of a row-major tensor. */
 static inline int64_t rlx_iface_cols(const rlx_tensor *t) { return t->shape[t->n_dims - 1]; }
 

@@ -71,16 +71,11 @@ static void rec_rows_free(rec_rows *g) {
     free(g->order);
 }
 
-/* The state rows of n (ABI 1.7: its last input), or NULL. */
-static float *state_rows(const rlx_node_view *n) {
-    return n->params && n->params->state_rows ? f32(&n->inputs[n->n_inputs - 1]) : NULL;
-}
-
 /* Checks the rows of node n (positions in input pos_in, slots in input seq_in when the node has
  * it) against `slots` sequences and groups them by slot. */
 static int rec_rows_make(const rlx_node_view *n, const char *op, uint32_t pos_in, uint32_t seq_in, int64_t slots,
                          rec_rows *g) {
-    const uint32_t n_in = n->n_inputs - (state_rows(n) ? 1u : 0u);
+    const uint32_t n_in = n->n_inputs - (rlx_iface_state_rows(n) ? 1u : 0u);
     const int32_t *pos = i32(&n->inputs[pos_in]), *seq = n_in > seq_in ? i32(&n->inputs[seq_in]) : NULL;
     const int64_t t_len = n->inputs[pos_in].shape[0];
     const char *name = n->name ? n->name : "?";
@@ -134,7 +129,7 @@ int rlx__ref_ssm_conv(const rlx_node_view *n) {
     const rlx_tensor *x = &n->inputs[0], *w = &n->inputs[1], *st = &n->inputs[3];
     const int32_t *pos = i32(&n->inputs[2]);
     const int64_t ch = x->shape[1], k = w->shape[1], slots = st->n_dims == 3 ? st->shape[0] : 1;
-    float *rows = state_rows(n);
+    float *rows = rlx_iface_state_rows(n);
     rec_rows g;
     int rc = rec_rows_make(n, "ssm_conv", 2, 4, slots, &g);
     if (rc != RLX_OK)
@@ -483,7 +478,7 @@ int rlx__ref_gated_delta(const rlx_node_view *n) {
                 .pos = i32(&n->inputs[5]),
                 .out = f32(n->output),
                 .state = f32(st),
-                .after = state_rows(n),
+                .after = rlx_iface_state_rows(n),
                 .hv = p->n_heads,
                 .hk = hk,
                 .dk = dk,

@@ -10,11 +10,10 @@
  * state after each row (ABI 1.7 state rows): a truncation into it (rejected draft tokens) copies
  * the kept row's state back, and nothing runs again. A session cut back every few one-position
  * forwards (a draft model's) keeps the state after each of them the same way. Before any other
- * forward of several
- * positions (a prompt) the state is copied aside: a truncation back into that forward restores
- * the copy and runs only the kept positions again. A truncation further back (a chat turn that
- * keeps a shorter prefix) runs the kept positions again from position 0, where the recurrent ops
- * start from a zero state. */
+ * forward of several positions (a prompt) the state is copied aside: a truncation back into
+ * that forward restores the copy and runs only the kept positions again. A truncation further
+ * back (a chat turn that keeps a shorter prefix) runs the kept positions again from position 0,
+ * where the recurrent ops start from a zero state. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -45,7 +44,6 @@ typedef struct plan_slot {
     rlx_plan *plan;
     rlx_batch_io io;
     int with_rows; /* the plan's recurrent ops write state rows into the session's rows */
-    rlx__state_rows_io rows_io;
 } plan_slot;
 
 struct rlx_session {
@@ -240,9 +238,10 @@ static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot *
     spec.all_logits = (uint32_t)all_rows;
     rlx_build_options bo = {.size = sizeof bo, .n_tokens = n, .kv_capacity = s->capacity, .kv_dtype = s->kv_dtype};
     const int with_rows = s->recurrent && all_rows && n >= 2 && n <= SESSION_STATE_ROWS;
+    rlx__state_rows_io rows_io;
     rlx_status rc = with_rows ? rows_alloc(s) : RLX_OK;
     if (rc == RLX_OK)
-        rc = rlx__model_build_block(s->m, &spec, &bo, &victim->graph, &victim->io, with_rows ? &victim->rows_io : NULL);
+        rc = rlx__model_build_block(s->m, &spec, &bo, &victim->graph, &victim->io, with_rows ? &rows_io : NULL);
     const rlx_plan_options po = {.size = sizeof po,
                                  .flags = s->plan_flags,
                                  .backends = s->backends,
@@ -256,10 +255,10 @@ static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot *
         rc = rlx_plan_bind(victim->plan, io->k_cache[l], s->k_cache[l]);
         if (rc == RLX_OK)
             rc = rlx_plan_bind(victim->plan, io->v_cache[l], s->v_cache[l]);
-        if (rc == RLX_OK && with_rows && victim->rows_io.k_rows[l] >= 0)
-            rc = rlx_plan_bind(victim->plan, victim->rows_io.k_rows[l], s->rows[2 * l]);
-        if (rc == RLX_OK && with_rows && victim->rows_io.v_rows[l] >= 0)
-            rc = rlx_plan_bind(victim->plan, victim->rows_io.v_rows[l], s->rows[2 * l + 1]);
+        if (rc == RLX_OK && with_rows && rows_io.k_rows[l] >= 0)
+            rc = rlx_plan_bind(victim->plan, rows_io.k_rows[l], s->rows[2 * l]);
+        if (rc == RLX_OK && with_rows && rows_io.v_rows[l] >= 0)
+            rc = rlx_plan_bind(victim->plan, rows_io.v_rows[l], s->rows[2 * l + 1]);
     }
     if (rc != RLX_OK) {
         slot_clear(victim);
@@ -362,6 +361,18 @@ static rlx_status replay(rlx_session *s) {
     return rc;
 }
 
+/* Copies the recurrent states into state row `row` (to = 1) or back from it (to = 0). */
+static void rows_copy(rlx_session *s, uint32_t row, int to) {
+    const uint32_t n_layers = s->spec.layer_end - s->spec.layer_start;
+    for (uint32_t l = 0; l < 2 * n_layers; l++) {
+        if (!s->rows[l])
+            continue;
+        uint8_t *kept = (uint8_t *)s->rows[l] + (size_t)row * s->cache_bytes[l];
+        void *state = l % 2 ? s->v_cache[l / 2] : s->k_cache[l / 2];
+        memcpy(to ? kept : state, to ? state : kept, s->cache_bytes[l]);
+    }
+}
+
 /* After a one-position forward from s->length: a session cut back often by a few positions (a
  * draft model's, which proposes tokens one at a time and drops the rejected ones) keeps the new
  * state as the next state row, so that the cut is a copy. A session that decodes on without
@@ -378,11 +389,7 @@ static void keep_step(rlx_session *s) {
         at = s->rows_n++;
     else
         s->rows_from = s->length, s->rows_n = 1;
-    const uint32_t n_layers = s->spec.layer_end - s->spec.layer_start;
-    for (uint32_t l = 0; l < 2 * n_layers; l++)
-        if (s->rows[l])
-            memcpy((uint8_t *)s->rows[l] + (size_t)at * s->cache_bytes[l],
-                   l % 2 ? s->v_cache[l / 2] : s->k_cache[l / 2], s->cache_bytes[l]);
+    rows_copy(s, at, 1);
 }
 
 /* One graph run over n new positions; hidden_in is the MTP block's second input (else NULL). */
@@ -480,12 +487,9 @@ rlx_status rlx_session_truncate(rlx_session *s, uint32_t length) {
     }
     if (s->recurrent && s->rows_n && s->state_length == s->rows_from + s->rows_n && length > s->rows_from &&
         length < s->state_length) {
-        /* back into the last verification: its row of position length - 1 is the state to keep */
-        const uint32_t n_layers = s->spec.layer_end - s->spec.layer_start, row = length - 1 - s->rows_from;
-        for (uint32_t l = 0; l < 2 * n_layers; l++)
-            if (s->rows[l])
-                memcpy(l % 2 ? s->v_cache[l / 2] : s->k_cache[l / 2],
-                       (const uint8_t *)s->rows[l] + (size_t)row * s->cache_bytes[l], s->cache_bytes[l]);
+        /* back into the kept rows: the row of position length - 1 is the state to keep */
+        const uint32_t row = length - 1 - s->rows_from;
+        rows_copy(s, row, 0);
         s->rows_n = row + 1;
         s->state_length = length;
     }

@@ -641,8 +641,6 @@ rlx_status rlx__model_build_block(const rlx_model *m, const rlx_block_spec *spec
         snprintf(vname, sizeof vname, "%s%s", layer.nodes, layer.kind.linear ? "ssm_state" : "v_cache");
         b.kc = rlx__blk_input(&b, RLX_ROLE_STATE, kname, dtype, dims[0] + extra, shape[0] + off);
         b.vc = rlx__blk_input(&b, RLX_ROLE_STATE, vname, dtype, dims[1] + extra, shape[1] + off);
-        if (b.rc != RLX_OK)
-            break;
         io->k_cache[l - spec->layer_start] = b.kc;
         io->v_cache[l - spec->layer_start] = b.vc;
         if (rows && layer.kind.linear) {
@@ -659,7 +657,7 @@ rlx_status rlx__model_build_block(const rlx_model *m, const rlx_block_spec *spec
             rows->k_rows[l - spec->layer_start] = b.kc_rows;
             rows->v_rows[l - spec->layer_start] = b.vc_rows;
         }
-        if (b.rc != RLX_OK)
+        if (b.rc != RLX_OK) /* an input above failed (each adds nothing after a failure) */
             break;
         b.layer = &layer;
         x = d->arch->build_layer(&b, x);
