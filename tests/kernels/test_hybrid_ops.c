@@ -661,6 +661,24 @@ static void test_gated_delta_validation(void **unused) {
     bad = p;
     bad.kv_tiled = 2;
     rejects(g, RLX_OP_GATED_DELTA, (int[]){qkv, a, b, A, dt, pos, st}, 7, &bad, RLX_E_INVALID, "kv_tiled is 2");
+
+    /* state rows (ABI 1.7): a last input F32[T,Hv,Dk,Dv], in both forms */
+    rlx_op_params pr = p;
+    pr.state_rows = 1;
+    const int rows = add(g, RLX_ROLE_STATE, "rows", RLX_DTYPE_F32, 4, T, HV, DK, DV);
+    const int rows_t = add(g, RLX_ROLE_STATE, "rows_t", RLX_DTYPE_F32, 4, T + 1, HV, DK, DV);
+    const int rows_v = add(g, RLX_ROLE_STATE, "rows_v", RLX_DTYPE_F32, 4, T, HV, DV, DK);
+    assert_true(
+        rlx_graph_add_node(g, RLX_OP_GATED_DELTA, "gd_rows", (int[]){qkv, a, b, A, dt, pos, st, rows}, 8, &pr) >= 0);
+    assert_true(rlx_graph_add_node(g, RLX_OP_GATED_DELTA, "gd4_rows", (int[]){qkv, a, b, A, dt, pos, st4, seq, rows}, 9,
+                                   &pr) >= 0);
+    rejects(g, RLX_OP_GATED_DELTA, (int[]){qkv, a, b, A, dt, pos, st, rows_t}, 8, &pr, RLX_E_SHAPE, "input 7 'rows_t'");
+    rejects(g, RLX_OP_GATED_DELTA, (int[]){qkv, a, b, A, dt, pos, st4, seq, rows_v}, 9, &pr, RLX_E_SHAPE,
+            "input 8 'rows_v'");
+    rejects(g, RLX_OP_GATED_DELTA, (int[]){qkv, a, b, A, dt, pos, st}, 7, &pr, RLX_E_INVALID, "takes 8 inputs");
+    rejects(g, RLX_OP_GATED_DELTA, (int[]){qkv, a, b, A, dt, pos, st, rows}, 8, &p, RLX_E_INVALID, "takes 7 inputs");
+    pr.state_rows = 2;
+    rejects(g, RLX_OP_GATED_DELTA, (int[]){qkv, a, b, A, dt, pos, st, rows}, 8, &pr, RLX_E_INVALID, "state_rows is 2");
     rlx_graph_destroy(g);
 }
 
@@ -687,6 +705,14 @@ static void test_conv_rope_gate_validation(void **unused) {
     rejects(g, RLX_OP_SSM_CONV, (int[]){x, w, pos, st_k}, 4, NULL, RLX_E_SHAPE, "input 3 'state_k'");
     rejects(g, RLX_OP_SSM_CONV, (int[]){x, w, pos, st3}, 4, NULL, RLX_E_INVALID, "takes 5 inputs");
     rejects(g, RLX_OP_SSM_CONV, (int[]){x, w, pos, st, seq}, 5, NULL, RLX_E_INVALID, "takes 4 inputs");
+    /* state rows (ABI 1.7): a last input F32[T,K-1,C] */
+    const rlx_op_params cr = {.state_rows = 1};
+    const int rows = add(g, RLX_ROLE_STATE, "rows", RLX_DTYPE_F32, 3, T, K - 1, C, 1);
+    const int rows_k = add(g, RLX_ROLE_STATE, "rows_k", RLX_DTYPE_F32, 3, T, K, C, 1);
+    assert_true(rlx_graph_add_node(g, RLX_OP_SSM_CONV, "conv_rows", (int[]){x, w, pos, st, rows}, 5, &cr) >= 0);
+    assert_true(rlx_graph_add_node(g, RLX_OP_SSM_CONV, "conv3_rows", (int[]){x, w, pos, st3, seq, rows}, 6, &cr) >= 0);
+    rejects(g, RLX_OP_SSM_CONV, (int[]){x, w, pos, st, rows_k}, 5, &cr, RLX_E_SHAPE, "input 4 'rows_k'");
+    rejects(g, RLX_OP_SSM_CONV, (int[]){x, w, pos, st}, 4, &cr, RLX_E_INVALID, "takes 5 inputs");
 
     /* partial ROPE: rope_dims even and at most head_dim; factors then rope_dims/2 */
     const int ff2 = add(g, RLX_ROLE_WEIGHT, "ff2", RLX_DTYPE_F32, 1, 2, 1, 1, 1);
