@@ -4,7 +4,8 @@
  *               kernels), NumPy fixtures, whole-model checks
  *   fixtures.c  reader of the NumPy expectation files (written by gen_expectations.py)
  *   node.c      a check's buffers and the kit's own dtype conversions (used by both above)
- *   run.c       runs one check against the backend under test (worker side)
+ *   run.c       runs one check against the backend under test (worker side), with
+ *               judge.c, judge_calls.c, invariance.c and model.c behind runner.h
  * A check is one line of the report. Checks run in a worker process, so a backend that crashes
  * or hangs fails its check and the kit carries on with the next one in a new worker. */
 #ifndef RLX_CONFORMANCE_KIT_H

@@ -34,7 +34,8 @@ static const char usage[] =
     "An OpenAI-compatible HTTP server: POST /v1/chat/completions and /v1/completions (streamed as\n"
     "server-sent events with \"stream\": true), GET /v1/models, /health and /metrics (Prometheus);\n"
     "Anthropic's POST /v1/messages (and /v1/messages/count_tokens); llama-server's POST /completion,\n"
-    "/tokenize, /detokenize, /apply-template and GET /props and /slots.\n"
+    "/tokenize, /detokenize, /apply-template and GET /props and /slots; with --embedding and\n"
+    "--reranking, POST /v1/embeddings (and /embeddings) and /v1/rerank.\n"
     "Requests run together in --parallel slots of the batched engine; more wait in a queue of\n"
     "--queue requests, and beyond that get 503 with Retry-After. Sampling follows OpenAI's\n"
     "defaults (temperature 1, top_p 1), greedy at \"temperature\": 0; the sampling options below\n"
@@ -64,6 +65,9 @@ typedef struct serve_args {
     int total_ctx_given, parallel_given, api_key_given, insecure_listen, special_in_content;
     int reasoning_split; /* --reasoning-format: 1 auto/deepseek (the default), 0 none */
     int no_slots;        /* --no-slots: GET /slots answers 501 (llama-server's default is to serve it) */
+    int embedding, reranking;
+    int pooling;  /* --pooling's serve_pooling, -1 when not given */
+    int no_webui; /* --no-webui: no chat page at / */
     const char *cors_origins[MAX_CORS_ORIGINS];
     size_t n_cors_origins;
 } serve_args;
@@ -151,6 +155,44 @@ static int parse_chat_template(const char *opt, const char *value, void *target)
                         opt, value),
                -1;
     *(const char **)target = value;
+    return 0;
+}
+
+/* --pooling: llama-server's names; "rank" is its way of asking for reranking. */
+static int parse_pooling(const char *opt, const char *value, void *target) {
+    serve_args *a = target;
+    if (strcmp(value, "rank") == 0) {
+        a->reranking = 1;
+        return 0;
+    }
+    if ((a->pooling = serve_pooling_parse(value)) < 0)
+        return app_fail("serve: %s: '%s' is not a pooling (none, mean, cls, last, or rank for --reranking)", opt,
+                        value),
+               -1;
+    return 0;
+}
+
+/* The session of --embedding and --reranking, on the engine's model and backends (its positions
+ * a slot's), and the pooling: --pooling, else the model's sentence-transformers config, else the
+ * last position's (a causal model's, as Qwen3-Embedding's). */
+static int open_embedder(serve_server *s, const app_runtime *rt, const serve_args *a, const rlx_session_options *so) {
+    if (!a->embedding && !a->reranking)
+        return 0;
+    if (!rt->model)
+        return app_fail("serve: --embedding and --reranking run on a local model, not over a pipeline");
+    char why[600];
+    s->pooling = a->pooling;
+    if (s->pooling < 0 && (s->pooling = serve_pooling_of_model(rt->model_dir, why, sizeof why)) == -2)
+        return app_fail("serve: %s", why);
+    if (s->pooling < 0)
+        s->pooling = SERVE_POOL_LAST;
+    if (serve_embedder_create(rt->model, so, s->tok, a->reranking, &s->embedder) != RLX_OK)
+        return app_fail_rlx("serve: cannot open the session of --embedding/--reranking");
+    s->embedding = a->embedding;
+    s->reranking = a->reranking;
+    if (a->embedding)
+        fprintf(stderr, "rlx serve: embeddings pooled by %s (%s)\n", serve_pooling_name(s->pooling),
+                a->pooling >= 0 ? "--pooling" : "the model's config, or last by default");
     return 0;
 }
 
@@ -368,6 +410,17 @@ static int open_engine(serve_server *s, app_runtime *rt, rlx_tokenizer **tok, se
     s->gvocab = gvocab;
     s->slot_positions = st.slot_positions;
     s->driver = driver;
+    const rlx_session_options so = {.size = sizeof so,
+                                    .kv_capacity = st.slot_positions,
+                                    .backends = backends,
+                                    .n_backends = n_backends,
+                                    .rules = eo.rules,
+                                    .n_rules = eo.n_rules,
+                                    .kv_dtype = eo.kv_dtype,
+                                    .check_finite = eo.check_finite,
+                                    .beyond_trained = 1};
+    if (open_embedder(s, rt, a, &so))
+        return 1;
     app_warn_beyond_trained(rt, st.slot_positions);
     return 0;
 }
@@ -382,7 +435,8 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                     .drain_s = 10,
                     .max_connections = 1024,
                     .max_connections_per_ip = 128,
-                    .reasoning_split = 1};
+                    .reasoning_split = 1,
+                    .pooling = -1};
     app_spec_options spec = {0};
     app_sampling sampling = {0};
     const app_opt own[] = {
@@ -470,11 +524,23 @@ int cmd_serve(int argc, char **argv, app_options *o) {
          .parse = parse_refused},
         {0, "metrics", NULL, NULL, "taken: GET /metrics is always served", APP_OPT_CUSTOM, (void *)"",
          .parse = parse_always},
-        {0, "no-webui", "no-ui", NULL, "taken: rlx serve has no web page yet", APP_OPT_CUSTOM, (void *)"",
-         .parse = parse_always},
+        {0, "no-webui", "no-ui", NULL, "no chat page at / (a 404; the API is served as before)", APP_OPT_FLAG,
+         &a.no_webui},
         {0, "slots", NULL, NULL, "serve GET /slots, each slot's request and progress (the default)", APP_OPT_CUSTOM,
          &a.no_slots, .parse = parse_slots},
         {0, "no-slots", NULL, NULL, "GET /slots answers 501", APP_OPT_CUSTOM, &a.no_slots, .parse = parse_no_slots},
+        {0, "embedding", "embeddings", NULL,
+         "serve POST /v1/embeddings and /embeddings (else 501): an input's final hidden\n"
+         "states pooled (--pooling) and normalized",
+         APP_OPT_FLAG, &a.embedding},
+        {0, "reranking", "rerank", NULL,
+         "serve POST /v1/rerank (else 501): documents scored as Qwen3-Reranker scores\n"
+         "them, by the logits of 'yes' and 'no'",
+         APP_OPT_FLAG, &a.reranking},
+        {0, "pooling", NULL, "NAME",
+         "how embeddings pool the positions: last, mean, cls or none (/embeddings\n"
+         "only); default: the model's 1_Pooling/config.json, else last; rank: --reranking",
+         APP_OPT_CUSTOM, &a, .parse = parse_pooling},
         {0, "threads-http", NULL, "N", "taken, with a note: each connection has a thread of its own", APP_OPT_CUSTOM,
          (void *)"each connection has a thread of its own, up to --max-connections", .parse = parse_threads_http},
         {0, "reasoning-format", NULL, "FMT",
@@ -541,6 +607,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                       .special_in_content = a.special_in_content,
                       .reasoning_split = a.reasoning_split,
                       .no_slots = a.no_slots,
+                      .no_webui = a.no_webui,
                       .chat_template = template_text};
     s.api_key_len = s.api_key ? strlen(s.api_key) : 0;
     /* the requests' sampling defaults: OpenAI's, under the sampling flags given */
@@ -603,6 +670,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
 done:
     serve_http_stop(http);
     rlx_engine_destroy(s.engine);
+    serve_embedder_destroy(s.embedder); /* after the engine, whose worker ran its tasks */
     rlx_grammar_vocab_destroy(s.gvocab);
     rlx_tokenizer_close(tok);
     app_runtime_close(&rt);

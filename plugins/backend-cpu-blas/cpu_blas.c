@@ -2,12 +2,13 @@
  * thread pool owned by the instance (plugins/common/pool.c; the calling thread works too), which
  * is also the parallel_for of the CPU kernel library (plugins/kernels/kern.h). Matmuls cut the
  * output features (rows of the [N, K] weight) into chunks that the pool's threads take in turn,
- * each calling single-threaded OpenBLAS or a block GEMV kernel of the library on its rows:
- *   - F32 weights: cblas_sgemv for one token, the GEMV kernels up to gemv_m tokens (12),
- *     cblas_sgemm above;
- *   - BF16/F16 weights are used as stored: the GEMV kernels widen them on the fly up to
- *     gemv_m tokens, and above that a thread widens a tile of rows (1.5 MiB of F32) into its
- *     scratch and runs cblas_sgemm on it, so no whole-model F32 copy ever exists;
+ * each calling single-threaded OpenBLAS or a kernel of the library on its rows:
+ *   - F32 weights: cblas_sgemv for one token, the GEMV kernels up to 8 tokens, the library's
+ *     GEMM up to gemv_m tokens (12), cblas_sgemm above;
+ *   - BF16/F16 weights are used as stored: the GEMV kernels widen them on the fly up to 8
+ *     tokens; above that a thread widens a tile of rows into its scratch (a chunk of up to
+ *     256 KiB of F32 for the library's GEMM up to gemv_m tokens; 1.5 MiB for cblas_sgemm
+ *     above), so no whole-model F32 copy ever exists;
  *   - block-quantized weights (GGUF Q4_0 ... Q6_K): the library quantizes the activations to
  *     int8 blocks as llama.cpp does and runs integer dot products (RLX_PRECISION_Q8_ACT), for
  *     MATMUL and MOE experts alike. A weight of a type with a repacked form (kern_qrp.h) is
@@ -33,8 +34,9 @@
 #include "rlx/backend_iface.h"
 #include "rlx/quant_iface.h"
 
-/* Weight bytes per pool chunk when the GEMV kernels make several passes over it (L2-sized). */
-#define CPU_BLAS_GEMV_CHUNK_BYTES (256 * 1024)
+/* F32 weight bytes per pool chunk that the GEMM kernel passes over once per panel of rows
+ * (with the panel, L2-sized). */
+#define CPU_BLAS_GEMM_CHUNK_BYTES (256 * 1024)
 
 // ---------------------------------------------------------------------------------------------
 // Instance
@@ -46,8 +48,8 @@ typedef struct cpu_blas {
     int64_t spin_ns;   /* the pool's, until open() starts it */
     int n_threads;
     int gemv_max_m; /* matmuls with at most this many rows of x use the GEMV kernels */
-    /* batch_invariant=1: one kernel per weight type for every M (the GEMV kernels, whose rows do
-     * not depend on their neighbours), so a row's result never depends on the batch */
+    /* batch_invariant=1: the library's GEMV and GEMM kernels for every M (a row's sum in one
+     * order whatever its neighbours), so a row's result never depends on the batch */
     bool invariant;
     bool fuse;              /* plan spans of more than one node */
     size_t tile_bytes;      /* per-thread F32 tile of widened weight rows */
@@ -76,7 +78,8 @@ static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64
  *   gemv_m=N                 largest token count using the GEMV kernels (default 12)
  *   fuse=0|1                 fuse neighbouring nodes into spans (default 1; 0 runs every node
  *                            by itself, to measure what fusion buys)
- *   batch_invariant=0|1      F32/BF16/F16 matmuls of every M on the GEMV kernels, so a row's bits
+ *   batch_invariant=0|1      F32/BF16/F16 matmuls of every M on the library's GEMV and GEMM
+ *                            kernels (the same sum per row), so a row's bits
  *                            do not depend on the other rows, and GATED_DELTA row by row in every
  *                            form, so a sequence's do not depend on how it was split into calls
  *                            (default 0: sgemv for one row and sgemm past gemv_m, the chunked
@@ -266,11 +269,16 @@ static void cpu_blas_mm_part(const cpu_blas *s, int ith, const float *x, int64_t
         /* OpenBLAS 0.3.21 does not route M = 1 sgemm to its much faster sgemv. */
         cpu_blas_ob->sgemv(CblasRowMajor, CblasNoTrans, (int)cnt, (int)K, 1.0f, (const float *)w, (int)K, x, 1, 0.0f, y,
                            1);
+    } else if (M <= KERN_GEMV_MAX_M) {
+        s->kern.k->gemv_block[wdt][M - 1](x, K, w, K, 0, cnt, y, ldy);
     } else if (M <= s->gemv_max_m || s->invariant) {
-        for (int64_t m0 = 0; m0 < M; m0 += KERN_GEMV_MAX_M) {
-            const int64_t mb = M - m0 < KERN_GEMV_MAX_M ? M - m0 : KERN_GEMV_MAX_M;
-            s->kern.k->gemv_block[wdt][mb - 1](x + m0 * K, K, w, K, 0, cnt, y + m0 * ldy, ldy);
+        /* gemv_block's bits at matrix speed, on the weights widened to a tile once for all M */
+        const float *wf = (const float *)w;
+        if (wdt != RLX_DTYPE_F32) {
+            s->kern.k->widen(wdt, w, s->tile[ith].p, cnt * K);
+            wf = s->tile[ith].p;
         }
+        s->kern.k->gemm_f32(x, K, M, wf, K, 0, cnt, y, ldy);
     } else if (wdt == RLX_DTYPE_F32) {
         cpu_blas_ob->sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)cnt, (int)K, 1.0f, x, (int)K,
                            (const float *)w, (int)K, 0.0f, y, (int)ldy);
@@ -300,15 +308,24 @@ static void cpu_blas_mm_task(void *arg, int ith, int64_t chunk) {
 }
 
 /* Output features per pool chunk of a matmul that is not tiled. */
-static int64_t cpu_blas_mm_chunk(const cpu_blas *s, int64_t M, int64_t K, int wdt, int64_t N) {
+static int64_t cpu_blas_mm_chunk(const cpu_blas *s, int64_t M, int64_t K, int64_t N) {
     int64_t chunk = cpu_blas_chunk(s, N, KERN_ROW_ALIGN, 64);
     if (M > KERN_GEMV_MAX_M && (M <= s->gemv_max_m || s->invariant)) {
         /* Later passes over a chunk should find it in L2. */
-        int64_t cap = CPU_BLAS_GEMV_CHUNK_BYTES / (int64_t)rlx_iface_row_bytes((uint32_t)wdt, K);
+        int64_t cap = CPU_BLAS_GEMM_CHUNK_BYTES / (K * (int64_t)sizeof(float));
         cap = cap < KERN_ROW_ALIGN ? KERN_ROW_ALIGN : cap / KERN_ROW_ALIGN * KERN_ROW_ALIGN;
         chunk = chunk < cap ? chunk : cap;
     }
     return chunk;
+}
+
+/* Reserves each thread's tile for chunk widened weight rows where cpu_blas_mm_part multiplies
+ * M rows with gemm_f32 on BF16/F16 weights. */
+static int cpu_blas_mm_reserve(cpu_blas *s, int64_t M, int64_t K, int wdt, int64_t chunk) {
+    if (M <= KERN_GEMV_MAX_M || (wdt != RLX_DTYPE_BF16 && wdt != RLX_DTYPE_F16) || cpu_blas_mm_tiled(s, M, wdt))
+        return RLX_OK;
+    const int rc = kern_reserve_each(&s->kern, s->tile, (size_t)(chunk * K) * sizeof(float));
+    return rc < 0 ? rc : RLX_OK;
 }
 
 /* qrp: w's repacked copy, or NULL. */
@@ -335,7 +352,10 @@ static int cpu_blas_mm_run(cpu_blas *s, const float *x, int64_t M, int64_t K, co
         if (rc < 0)
             return rc;
     } else {
-        mm.chunk = cpu_blas_mm_chunk(s, M, K, wdt, N);
+        mm.chunk = cpu_blas_mm_chunk(s, M, K, N);
+        const int rc = cpu_blas_mm_reserve(s, M, K, wdt, mm.chunk);
+        if (rc < 0)
+            return rc;
     }
     plugin_pool_run(s->pool, cpu_blas_mm_task, &mm, (N + mm.chunk - 1) / mm.chunk, M * N * K >= KERN_PAR_MIN);
     return RLX_OK;
@@ -587,7 +607,10 @@ static int cpu_blas_compute_span(void *self, void *span, const rlx_span *sp) {
         f.mm[j].qrp = cpu_blas_qrp(s, m, 1);
         f.mm[j].wdt = wdt;
         f.mm[j].N = N;
-        f.mm[j].chunk = p->glu && j ? f.mm[0].chunk : cpu_blas_mm_chunk(s, f.M, f.K, wdt, N);
+        f.mm[j].chunk = p->glu && j ? f.mm[0].chunk : cpu_blas_mm_chunk(s, f.M, f.K, N);
+        if (!f.mm[j].qrp && !kern_quant_supported(wdt) &&
+            (rc = cpu_blas_mm_reserve(s, f.M, f.K, wdt, f.mm[j].chunk)) < 0)
+            return rc;
         f.mm[j].y = (p->glu || p->resid) && sp->last_use[p->mm0 + j] < sp->n_nodes ? NULL : m->output->data;
         f.mm[j].first = chunks;
         if (kern_quant_supported(wdt)) { /* x quantized once per block length for all of them */

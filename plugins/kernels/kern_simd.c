@@ -10,6 +10,13 @@
 
 /* Fully unrolls the loop that follows (all trip counts it is used on are at most 16). */
 #define KS_UNROLL_ALL _Pragma("GCC unroll 16")
+/* The block GEMV and the GEMM keep their accumulators in small local arrays that the Release
+ * build holds in registers; AddressSanitizer puts them in memory and checks every access, which
+ * made batch-invariant prefill about 50x slower than the Release build (a 482-token prompt took
+ * 24 s in rlx serve: most of the serve tests' time). They are not instrumented, as the repacked
+ * quantized kernels are not (CMakeLists.txt); UndefinedBehaviorSanitizer still covers them, and
+ * test_kern runs them on buffers that end at a guard page and checks their bits. */
+#define KS_NO_ASAN __attribute__((no_sanitize_address))
 /* Bytes the stream GEMV prefetches ahead of the weight row it reads. */
 #define KS_STREAM_AHEAD 1024
 
@@ -27,6 +34,8 @@ static inline float kern_pow2i(int n) {
 #define KS_TARGET
 #define KS_ISA_NAME "c"
 #define KS_BLOCK_R(m) ((m) == 1 ? 4 : (m) == 2 ? 2 : 1)
+#define KS_GEMM_M 2
+#define KS_GEMM_R 2
 #define KS_NREGS 16
 #define KS_STREAM_U(m) ((m) <= 2 ? 4 : (m) <= 4 ? 2 : 1)
 #define VW 1
@@ -86,6 +95,8 @@ static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx2(ui
 #define SFX(name) kern_##name##_avx2
 #define KS_ISA_NAME "avx2"
 #define KS_BLOCK_R(m) ((m) == 1 ? 8 : (m) == 2 ? 4 : (m) <= 4 ? 2 : 1)
+#define KS_GEMM_M 3
+#define KS_GEMM_R 4
 #define KS_NREGS 16
 #define KS_STREAM_U(m) ((m) <= 2 ? 4 : (m) <= 4 ? 2 : 1)
 #define VW 8
@@ -132,6 +143,8 @@ static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx512(
 #define SFX(name) kern_##name##_avx512
 #define KS_ISA_NAME "avx512"
 #define KS_BLOCK_R(m) ((m) == 1 ? 8 : (m) <= 4 ? 4 : 2)
+#define KS_GEMM_M 4
+#define KS_GEMM_R 6
 #define KS_NREGS 32
 #define KS_STREAM_U(m) ((m) <= 4 ? 4 : 2)
 #define VW 16

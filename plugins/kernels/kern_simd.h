@@ -30,6 +30,11 @@ typedef struct kern_simd {
      * with a fixed prefetch distance (onednn, whose OpenMP threads each own a contiguous share). */
     kern_gemv_fn gemv_block[3][KERN_GEMV_MAX_M];
     kern_gemv_fn gemv_stream[3][KERN_GEMV_MAX_M];
+    /* y[m * ldy + n] = x[m * ldx] . w[n] for m < M and n in [n0, n1), w F32 rows K apart: the
+     * bits gemv_block gives each row alone, for any M, at matrix speed (register-blocked over
+     * several rows of x and of w) */
+    void (*gemm_f32)(const float *x, int64_t ldx, int64_t M, const float *w, int64_t K, int64_t n0, int64_t n1,
+                     float *y, int64_t ldy);
     /* one row of n values normalised in groups of g with the g F32 weights w; y may be x */
     void (*rms_norm)(const float *x, const float *w, float *y, int64_t n, int64_t g, float eps);
     /* NeoX rotate-half of n_heads heads of 2 * half values by the cos/sin row cs; y may be x */

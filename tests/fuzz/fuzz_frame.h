@@ -1,4 +1,4 @@
-/* The tcp transport's frame (plugins/transport-tcp/tcp.c) as its fuzz targets and their seed
+/* The tcp transport's frame (plugins/transport-tcp/tcp_frame.c) as its fuzz targets and their seed
  * maker write it: a 24-byte header "RLXT", version 1, flags, payload length, payload CRC32C and
  * the header's own CRC32C. Computed here bit by bit, apart from the plugin's table and SSE4.2
  * versions, so a frame the plugin refuses for its checksum is the plugin's mistake. */

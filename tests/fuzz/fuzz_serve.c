@@ -2,13 +2,13 @@
  * (apps/rlx/serve/, linked as rlx serve links it), with a real tokenizer and chat template (the
  * model folder in RLX_FUZZ_TOKENIZER, loaded once) and a server of 1024 positions a slot.
  * Input: a body, given to every endpoint that reads one: /v1/chat/completions, /v1/completions,
- * llama-server's /completion, Anthropic's /v1/messages and its count_tokens, /tokenize,
- * /detokenize and /apply-template. A refused body must give an error in OpenAI's
- * shape that is valid JSON, with status 400 (or 500 when out of memory); an accepted generation
- * request must give sampling parameters the core sampler takes, with a window no wider than a
- * slot, and a sampler that draws a token of the vocabulary from them (the greedy one when the
- * parameters are greedy); an accepted utility request must answer a JSON object with its field
- * (/tokenize's ids within the vocabulary). */
+ * llama-server's /completion, Anthropic's /v1/messages and its count_tokens, OpenAI's
+ * /v1/responses, /tokenize, /detokenize and /apply-template. A refused body must give an error
+ * in OpenAI's shape that is valid JSON, with status 400 (or 500 when out of memory); an accepted
+ * generation request must give sampling parameters the core sampler takes, with a window no
+ * wider than a slot, and a sampler that draws a token of the vocabulary from them (the greedy one
+ * when the parameters are greedy); an accepted utility request must answer a JSON object with its
+ * field (/tokenize's ids within the vocabulary). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -148,7 +148,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         else
             check_error(&e);
     }
-    static const serve_endpoint endpoints[] = {SERVE_CHAT, SERVE_COMPLETION, SERVE_LLAMA_COMPLETION, SERVE_ANTHROPIC};
+    static const serve_endpoint endpoints[] = {SERVE_CHAT, SERVE_COMPLETION, SERVE_LLAMA_COMPLETION, SERVE_ANTHROPIC,
+                                               SERVE_RESPONSES};
     for (size_t k = 0; k < sizeof endpoints / sizeof endpoints[0]; k++) {
         serve_job *job = NULL;
         serve_error e = {0};

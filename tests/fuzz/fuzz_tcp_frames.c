@@ -1,4 +1,4 @@
-/* libFuzzer target: the tcp transport's frame decoder (plugins/transport-tcp/tcp.c) on an
+/* libFuzzer target: the tcp transport's frame decoder (plugins/transport-tcp/tcp_frame.c) on an
  * arbitrary byte stream. The plugin is compiled into this target so that a connection can wrap
  * one end of a socketpair (tcp_conn_create, the plugin's only internal used here); the instance
  * comes from the plugin's own descriptor with max_message=1M, so lengths on both sides of the
@@ -12,10 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "fuzz_frame.h"
 #include "rlx/plugin.h"
-#include "tcp.c"
+#include "tcp_internal.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -1,11 +1,14 @@
 /* The CPU kernel library (plugins/kernels): at every ISA level this CPU runs, the row ops give
  * the same bits however the backend's parallel_for cuts the rows, and every item is run
- * exactly once; attention (slots, F16 caches, windows) agrees with a double-precision
+ * exactly once; the GEMM gives each row the bits of its GEMV alone; attention (slots, F16 caches, windows) agrees with a double-precision
  * reference and gives a row the same bits alone, in any batch, in any chunking of its prompt
  * and on one thread or two; MoE routing picks the reference's experts (ties to the lower index) and weights. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kern.h"
 #include "testutil.h"
@@ -177,6 +180,77 @@ static void test_row_ops_do_not_depend_on_the_split(void **state) {
         check_norm_and_rope(one);
         kern_deinit(&a);
         kern_deinit(&b);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM: the bits of a row alone, for any number of rows
+
+enum { GM_MAX_M = 70, GM_MAX_K = 300, GM_N = 29 };
+
+/* bytes that end where a PROT_NONE page starts, so that reading or writing past them faults: the
+ * GEMV and GEMM kernels are not instrumented by AddressSanitizer (kern_simd.c), so their bounds
+ * are checked this way. *map and *len receive the mapping for munmap. */
+static void *before_guard(size_t bytes, void **map, size_t *len) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), body = (bytes + page - 1) / page * page;
+    *len = body + page;
+    *map = mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(*map != MAP_FAILED);
+    assert_int_equal(mprotect((char *)*map + body, page, PROT_NONE), 0);
+    return (char *)*map + body - bytes;
+}
+
+/* gemm_f32 on the widened weights gives every row the bits gemv_block gives it alone (the
+ * batch-invariant mode's promise, now at matrix speed), at every level, for every weight dtype,
+ * for row counts that leave every remainder of the register blocks and panels, and for K that
+ * are and are not multiples of the vector width; the values also agree with a double sum, and
+ * neither kernel reads or writes past its buffers. */
+static void test_gemm_gives_each_row_its_gemv_bits(void **state) {
+    (void)state;
+    static float alone[GM_MAX_M * GM_N];
+    static const int64_t ms[] = {9, 13, 16, 25, GM_MAX_M}, ks[] = {1, 37, 64, 256, GM_MAX_K};
+    static const int dts[] = {RLX_DTYPE_F32, RLX_DTYPE_BF16, RLX_DTYPE_F16};
+    const char *names[PLUGIN_ISA_COUNT];
+    for (int l = 0, n = levels(names); l < n; l++) {
+        kern_ctx c;
+        assert_ok(kern_init(&c, &host, "test", names[l], serial));
+        for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
+            for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+                for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+                    const int dt = dts[d];
+                    const int64_t K = ks[ki], M = ms[mi];
+                    void *maps[5];
+                    size_t lens[5];
+                    float *x = before_guard((size_t)(M * K) * sizeof(float), &maps[0], &lens[0]);
+                    float *wf = before_guard((size_t)(GM_N * K) * sizeof(float), &maps[1], &lens[1]);
+                    float *wide = before_guard((size_t)(GM_N * K) * sizeof(float), &maps[2], &lens[2]);
+                    uint16_t *w16 = before_guard((size_t)(GM_N * K) * sizeof(uint16_t), &maps[3], &lens[3]);
+                    float *many = before_guard((size_t)(M * GM_N) * sizeof(float), &maps[4], &lens[4]);
+                    fill(x, M * K);
+                    fill(wf, GM_N * K);
+                    for (int64_t i = 0; i < GM_N * K; i++)
+                        w16[i] = dt == RLX_DTYPE_BF16 ? rlx_iface_f32_to_bf16(wf[i]) : rlx_iface_f32_to_f16(wf[i]);
+                    const void *w = dt == RLX_DTYPE_F32 ? (const void *)wf : (const void *)w16;
+                    c.k->widen(dt, w, wide, GM_N * K);
+                    for (int64_t m = 0; m < M; m++)
+                        c.k->gemv_block[dt][0](x + m * K, K, w, K, 0, GM_N, alone + m * GM_N, GM_N);
+                    c.k->gemm_f32(x, K, M, wide, K, 0, GM_N, many, GM_N);
+                    assert_memory_equal(alone, many, (size_t)(M * GM_N) * sizeof(float));
+                    for (int64_t m = 0; m < M; m += 7)
+                        for (int64_t j = 0; j < GM_N; j++) {
+                            double ref = 0;
+                            for (int64_t k = 0; k < K; k++)
+                                ref += (double)x[m * K + k] * wide[j * K + k];
+                            assert_float_equal(many[m * GM_N + j], ref, 1e-5 * (double)K);
+                        }
+                    /* the M-row block GEMVs of the same weights, rows ending at the guard */
+                    for (int64_t mb = 1; mb <= KERN_GEMV_MAX_M; mb++)
+                        c.k->gemv_block[dt][mb - 1](x + (M - mb) * K, K, w, K, 0, GM_N, many + (M - mb) * GM_N, GM_N);
+                    assert_memory_equal(alone, many, (size_t)(M * GM_N) * sizeof(float));
+                    for (int b = 0; b < 5; b++)
+                        munmap(maps[b], lens[b]);
+                }
+        kern_deinit(&c);
     }
 }
 
@@ -449,6 +523,7 @@ static void test_moe_route_takes_ties_in_expert_order(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_row_ops_do_not_depend_on_the_split),
+        cmocka_unit_test(test_gemm_gives_each_row_its_gemv_bits),
         cmocka_unit_test(test_attention_agrees_with_the_reference),
         cmocka_unit_test(test_attention_rows_do_not_depend_on_the_chunks),
         cmocka_unit_test(test_attention_rows_do_not_depend_on_the_batch),

@@ -8,7 +8,11 @@
  * - recovery: a stage stopped mid-stream and served again at its address, or one whose link
  *   stalls, is replaced and the streams replayed (outputs unchanged to the bit, one recovery
  *   counted); with no replacement in time every request ends with an error naming the stage,
- *   within a bound.
+ *   within a bound;
+ * - the slot contract: a step whose rows of a slot skip a position is refused;
+ * - a hybrid (second argument `hybrid`, a model with linear-attention layers): prefix reuse only
+ *   where a slot's recurrent state ends, and recovery, also after every slot restarted with a
+ *   shorter sequence than it held, each to the bit.
  *
  * Bit parity needs batch-invariant kernels: cpu-blas in its batch_invariant=1 mode (or the
  * reference kernels with RLX_BACKEND=ref). The model is the first argument (deep-dense-f32, five
@@ -1110,16 +1114,43 @@ static void start_long(const spec *specs, received *got, uint32_t *before) {
     }
 }
 
+/* Four greedy requests, each filling a slot to 80 positions: later sequences in those slots
+ * restart at position 0 and stay shorter until the recovery, so the positions beyond them hold
+ * these sequences' rows, which a replay must not feed to a recurrent state. */
+static void fill_slots(void) {
+    enum { PROMPT = 40, GEN = 40 };
+    static spec specs[4];
+    static received got[4];
+    memset(specs, 0, sizeof specs);
+    uint64_t rng = 0xf111ed5107ULL;
+    for (int i = 0; i < 4; i++) {
+        random_ids(&rng, specs[i].prompt, PROMPT);
+        specs[i].n_prompt = PROMPT;
+        specs[i].max_tokens = GEN;
+        received_init(&got[i]);
+        submit(pl.engine, &specs[i], &got[i]);
+    }
+    wait_all(got, 4, "filling the slots");
+    for (int i = 0; i < 4; i++) {
+        if (got[i].done.finish != RLX_FINISH_LENGTH)
+            fail_msg("filling request %d ended with finish %u: %s", i, got[i].done.finish, got[i].message);
+        received_destroy(&got[i]);
+    }
+}
+
 /* Stage `lost` of n_stages stops serving mid-stream (its listener and connections closed) and a
  * new one serves the same layers on the same address: the driver reconnects there, replays
- * every slot into it, and the four requests end as the local engine's runs, to the bit. */
-static void recovery(uint32_t n_stages, uint32_t lost) {
+ * every slot into it, and the four requests end as the local engine's runs, to the bit. With
+ * `filled`, longer sequences ran in every slot before (fill_slots). */
+static void recovery(uint32_t n_stages, uint32_t lost, int filled) {
     static spec specs[4];
     static received want[4], got[4];
     long_specs(specs);
     run_local(specs, 4, 4, want);
     log_clear();
     pipeline_start(&pl, n_stages, 4, 16, 0, 30000, NULL, 0);
+    if (filled)
+        fill_slots();
     uint32_t before[4];
     start_long(specs, got, before);
     char address[64];
@@ -1156,7 +1187,7 @@ static void recovery(uint32_t n_stages, uint32_t lost) {
         fail_msg("no log line says that %s was replaced", who);
     rlx_engine_stats es;
     rlx_engine_stats_of(pl.engine, &es);
-    assert_int_equal(es.requests_done, 4);
+    assert_int_equal(es.requests_done, filled ? 8 : 4);
     assert_int_equal(es.requests_failed, 0);
     pipeline_stop(&pl);
     for (int i = 0; i < 4; i++) {
@@ -1167,17 +1198,25 @@ static void recovery(uint32_t n_stages, uint32_t lost) {
 
 static void test_recovery_of_the_last_stage(void **state) {
     (void)state;
-    recovery(2, 1);
+    recovery(2, 1, 0);
 }
 
 static void test_recovery_of_the_first_stage(void **state) {
     (void)state;
-    recovery(2, 0);
+    recovery(2, 0, 0);
 }
 
 static void test_recovery_of_a_middle_stage(void **state) {
     (void)state;
-    recovery(3, 1);
+    recovery(3, 1, 0);
+}
+
+/* The last of 2 stages lost while every slot holds a sequence shorter than one it held before:
+ * the replay gives each slot's state its own positions only (a step's last row of a slot ends
+ * the slot, rlx/dist.h). */
+static void test_recovery_after_shorter_restarts(void **state) {
+    (void)state;
+    recovery(2, 1, 1);
 }
 
 /* No stage comes back at the lost one's address within recovery_timeout_ms (1500): every request
@@ -1383,6 +1422,91 @@ static void test_idle_pipeline_is_kept_by_pings(void **state) {
     }
 }
 
+// ---- a hybrid model (linear-attention layers) ----
+
+/* Runs one request alone on a fresh local engine: no slot holds anything before it, so no
+ * prefix is reused; the reference for a request the pipeline may serve from its cache. */
+static void run_alone(const spec *s, received *out) { run_local(s, 1, 1, out); }
+
+/* Three greedy requests, one after another, over 2 stages of 2 slots that each hold linear
+ * layers: A; B continuing all A's slot holds (its prompt and its tokens but the last, and 5 new
+ * ids), which reuses A's slot; C sharing only A's first 10 ids, which a recurrent state cannot
+ * be cut back to, so C reuses nothing. Each gets the tokens of its run alone on a fresh local
+ * engine, to the bit. */
+static void test_hybrid_prefix_reuse(void **state) {
+    (void)state;
+    enum { A_PROMPT = 20, A_GEN = 10, EXTRA = 5, C_SHARED = 10 };
+    static spec specs[3];
+    static received want[3], got[3];
+    memset(specs, 0, sizeof specs);
+    uint64_t rng = 0x51ab1e5eedULL;
+    random_ids(&rng, specs[0].prompt, A_PROMPT);
+    specs[0].n_prompt = A_PROMPT;
+    for (int i = 0; i < 3; i++) {
+        specs[i].max_tokens = 12;
+        specs[i].top = N_TOP;
+    }
+    specs[0].max_tokens = A_GEN;
+    run_alone(&specs[0], &want[0]);
+    /* B: all A's slot holds (A's last token was never fed), then new ids */
+    memcpy(specs[1].prompt, specs[0].prompt, A_PROMPT * sizeof(int32_t));
+    memcpy(specs[1].prompt + A_PROMPT, want[0].tokens, (A_GEN - 1) * sizeof(int32_t));
+    random_ids(&rng, specs[1].prompt + A_PROMPT + A_GEN - 1, EXTRA);
+    specs[1].n_prompt = A_PROMPT + A_GEN - 1 + EXTRA;
+    memcpy(specs[2].prompt, specs[0].prompt, C_SHARED * sizeof(int32_t));
+    random_ids(&rng, specs[2].prompt + C_SHARED, 14);
+    specs[2].n_prompt = C_SHARED + 14;
+    for (int i = 1; i < 3; i++)
+        run_alone(&specs[i], &want[i]);
+
+    pipeline_start(&pl, 2, 2, 16, 0, 0, NULL, 0);
+    const uint32_t cached[3] = {0, A_PROMPT + A_GEN - 1, 0};
+    for (int i = 0; i < 3; i++) {
+        received_init(&got[i]);
+        submit(pl.engine, &specs[i], &got[i]);
+        wait_all(&got[i], 1, "hybrid prefix reuse");
+        if (got[i].done.finish != RLX_FINISH_LENGTH)
+            fail_msg("request %d ended with finish %u: %s", i, got[i].done.finish, got[i].message);
+        assert_int_equal(got[i].n, specs[i].max_tokens);
+        assert_true(same_tokens("hybrid prefix reuse", i, &got[i], &want[i], specs[i].max_tokens));
+        if (got[i].done.usage.n_cached != cached[i])
+            fail_msg("request %d took %u positions from the cache, want %u", i, got[i].done.usage.n_cached, cached[i]);
+    }
+    pipeline_stop(&pl);
+    for (int i = 0; i < 3; i++) {
+        received_destroy(&want[i]);
+        received_destroy(&got[i]);
+    }
+}
+
+// ---- the slot contract ----
+
+/* A step whose rows of one slot skip a position is refused with a message naming the row (the
+ * last row of a slot ends it, so a gap would hide positions from a replay); the same rows at
+ * consecutive positions, beside another slot's, run. Straight on the driver, its engine gone. */
+static void test_step_with_a_gap_is_refused(void **state) {
+    (void)state;
+    pipeline_start(&pl, 2, 2, 16, 0, 0, NULL, 0);
+    bounded(engine_destroy_fn, pl.engine, TEARDOWN_MS, "rlx_engine_destroy");
+    pl.engine = NULL;
+    const int32_t ids[3] = {1, 2, 3}, slots[3] = {0, 1, 0}, out_rows[1] = {2};
+    int32_t positions[3] = {0, 0, 2};
+    rlx_driver_rows rows = {
+        .ids = ids, .positions = positions, .slots = slots, .n = 3, .out_rows = out_rows, .n_out = 1};
+    uint64_t ticket;
+    assert_int_equal(rlx_driver_submit(pl.driver, &rows, &ticket), RLX_E_INVALID);
+    assert_non_null(strstr(rlx_last_error(), "row 2: position 2 of slot 0 follows its position 0"));
+    assert_int_equal(ticket, 0);
+    positions[2] = 1;
+    assert_ok(rlx_driver_submit(pl.driver, &rows, &ticket));
+    uint64_t done;
+    const float *logits;
+    assert_ok(rlx_driver_wait(pl.driver, &done, &logits));
+    assert_int_equal(done, ticket);
+    assert_non_null(logits);
+    pipeline_stop(&pl);
+}
+
 static int setup(void **state) {
     (void)state;
     if (rlx_model_open(model_dir, &model) != RLX_OK || rlx_plugin_load(TCP_PLUGIN, &tcp) != RLX_OK) {
@@ -1415,6 +1539,10 @@ static int teardown(void **state) {
 int main(int argc, char **argv) {
     if (argc > 1)
         model_dir = argv[1];
+    /* a hybrid's own list: parity's prefix copies from a busy slot are not for recurrent states;
+     * a recovery there restarts the states of the stages before the lost one too, which must
+     * end where they were */
+    const int hybrid = argc > 2 && strcmp(argv[2], "hybrid") == 0;
     /* the stages and the driver talk through the tcp transport plugin of this build */
     if (access(TCP_PLUGIN, R_OK) != 0) {
         printf("SKIPPED: missing input: the tcp transport plugin %s is not built\n", TCP_PLUGIN);
@@ -1431,6 +1559,14 @@ int main(int argc, char **argv) {
         cmocka_unit_test_teardown(test_unreplaced_stage_fails_naming_it, cleanup),
         cmocka_unit_test_teardown(test_destroy_during_recovery_is_prompt, cleanup),
         cmocka_unit_test_teardown(test_idle_pipeline_is_kept_by_pings, cleanup),
+        cmocka_unit_test_teardown(test_step_with_a_gap_is_refused, cleanup),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    const struct CMUnitTest hybrid_tests[] = {
+        cmocka_unit_test_teardown(test_hybrid_prefix_reuse, cleanup),
+        cmocka_unit_test_teardown(test_recovery_of_the_last_stage, cleanup),
+        cmocka_unit_test_teardown(test_recovery_of_a_middle_stage, cleanup),
+        cmocka_unit_test_teardown(test_recovery_after_shorter_restarts, cleanup),
+    };
+    return hybrid ? cmocka_run_group_tests(hybrid_tests, setup, teardown)
+                  : cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -441,7 +441,7 @@ class FakeTcpStage(threading.Thread):
             if self.mode == "random":
                 conn.sendall(bytes(random.getrandbits(8) for _ in range(200)))
             else:  # the tcp transport's 24-byte header: magic, version, flags, length, crcs
-                head = b"RLXT" + struct.pack("<HHQI", 1, 1, 1000, 0)
+                head = b"RLXT" + struct.pack("<HHQI", 1, 0, 1000, 0)  # its payload checksum is never reached
                 head += struct.pack("<I", crc32c(head))
                 conn.sendall(head + b"only ten b")
             time.sleep(1)

@@ -18,6 +18,12 @@ CASE is one of
   serve-T     rlx serve --parallel 4 over a --launch'ed pipeline, 4 concurrent greedy streams,
               a launched stage SIGKILLed while every stream runs: each response (HTTP 200) is the
               one-process server's, the launcher restarted the stage, /metrics counts a recovery
+  serve-hybrid-T
+              rlx serve --parallel 2 on the Brown hybrid over 2 launched stages: one request, one
+              continuing all its slot holds (reused), one sharing a shorter prefix (reusing
+              nothing), then 2 concurrent streams, stage 1 SIGKILLed mid-stream: text and ids the
+              single process's, log-probabilities the one-process server's, the positions reused
+              the engine's rule for recurrent states
   fail-T      a stage killed (or stopped) with no replacement: the driver ends within
               --recovery-timeout plus its deadlines with one rlx: line naming the stage and
               "not replaced"; with --no-recovery at once
@@ -592,19 +598,20 @@ class Serve:
 
 
 class Stream(threading.Thread):
-    """One streamed greedy /v1/completions request; counts the events as they come."""
+    """One streamed greedy /v1/completions request (or, with path, that endpoint's); counts the
+    events as they come."""
 
-    def __init__(self, port, prompt, max_tokens):
+    def __init__(self, port, prompt, max_tokens, path="/v1/completions"):
         super().__init__(daemon=True)
-        self.port, self.prompt, self.max_tokens = port, prompt, max_tokens
+        self.port, self.prompt, self.max_tokens, self.path = port, prompt, max_tokens, path
         self.events, self.status, self.body, self.error = 0, None, b"", None
 
     def run(self):
         try:
             c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-            c.request("POST", "/v1/completions",
+            c.request("POST", self.path,
                       json.dumps({"prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": 0,
-                                  "ignore_eos": True, "stream": True, "logprobs": 3}),
+                                  "ignore_eos": True, "stream": True, "logprobs": 3, "n_probs": 1}),
                       {"Content-Type": "application/json"})
             r = c.getresponse()
             self.status = r.status
@@ -641,19 +648,23 @@ class Stream(threading.Thread):
         return text, finish, lps
 
 
-def run_streams(port, prompts, max_tokens):
-    streams = [Stream(port, p, max_tokens) for p in prompts]
+def run_streams(port, prompts, max_tokens, path="/v1/completions"):
+    streams = [Stream(port, p, max_tokens, path) for p in prompts]
     for s in streams:
         s.start()
     return streams
 
 
-def join_streams(streams, what, timeout=120):
+def end_streams(streams, what, timeout=120):
     deadline = time.monotonic() + timeout
     for s in streams:
         s.join(max(0.1, deadline - time.monotonic()))
         if s.is_alive():
             raise Fail(f"{what}: a stream did not end within {timeout} s ({s.events} events)")
+
+
+def join_streams(streams, what, timeout=120):
+    end_streams(streams, what, timeout)
     return [s.result(what) for s in streams]
 
 
@@ -740,6 +751,133 @@ def case_serve(env, transport):
                 pass
 
 
+BROWN_HYBRID = os.path.join(SOURCE, "share", "models", "brown", "hybrid")  # Qwen3.5: 6 linear, 2 full layers
+
+
+def generate_json(env, model, ids, n):
+    """The single process's greedy continuation of ids (one sequence, nothing cached): its text
+    and its n token ids."""
+    p, _ = env.run([env.rlx, "generate", "--model", model, "--tokens", ",".join(map(str, ids)), "-n", str(n),
+                    "--ignore-eos", "--greedy", "--threads", "1", "--backend-opts", BATCH_INVARIANT, "--json"],
+                   timeout=120)
+    out = json.loads(p.stdout)
+    if len(out["tokens"]) != n:
+        raise Fail(f"the single process gave {len(out['tokens'])} ids for {ids}, want {n}: {p.stdout}")
+    return out["text"], out["tokens"]
+
+
+def llama_reply(what, events):
+    """(text, ids, log-probabilities, tokens_cached) of llama-server's /completion objects (a
+    reply, or a stream's events), the tokens' from their completion_probabilities."""
+    text, ids, lps, cached = "", [], [], None
+    for e in events:
+        if "error" in e or "content" not in e:
+            raise Fail(f"{what}: not a completion: {e}")
+        text += e["content"]
+        ids += [t["id"] for t in e.get("completion_probabilities", [])]
+        lps += [t["logprob"] for t in e.get("completion_probabilities", [])]
+        if e["stop"]:
+            cached = e["tokens_cached"]
+    return text, ids, lps, cached
+
+
+def hybrid_requests(srv, what, singles, streamed, max_tokens, during=None):
+    """Sends srv the (prompt, n) of singles one at a time, then the streamed prompts at once
+    (during(streams) runs once each stream has 3 events): each reply's llama_reply."""
+    out = []
+    for prompt, n in singles:
+        status, body = srv.request("POST", "/completion", {"prompt": prompt, "n_predict": n, "temperature": 0,
+                                                           "ignore_eos": True, "n_probs": 1})
+        if status != 200:
+            raise Fail(f"{what}: a request of {len(prompt)} ids: HTTP {status}: {body[:300]!r}")
+        out.append(llama_reply(what, [json.loads(body)]))
+    streams = run_streams(srv.port, streamed, max_tokens, "/completion")
+    deadline = time.monotonic() + 60
+    while during and min(s.events for s in streams) < 3:
+        if time.monotonic() > deadline or not all(s.is_alive() for s in streams):
+            raise Fail(f"{what}: the streams did not all start: {[s.events for s in streams]}\n{srv.err.text()}")
+        time.sleep(0.002)
+    if during:
+        during(streams)
+    end_streams(streams, what)
+    for s in streams:
+        if s.error or s.status != 200:
+            raise Fail(f"{what}: stream of {s.prompt}: status {s.status}, {s.error!r}: {s.body[-300:]!r}")
+        try:
+            out.append(llama_reply(what, [json.loads(e) for e in sse_events(s.body)]))
+        except ValueError as e:
+            raise Fail(f"{what}: stream of {s.prompt}: {e}")
+    return out
+
+
+def case_serve_hybrid(env, transport):
+    """rlx serve --parallel 2 on the Brown hybrid (Gated DeltaNet layers beside attention) over
+    the 2 stages of a deployment file it launched, each stage holding linear layers. First one
+    request at a time: A; B continuing all A's slot holds, which reuses it; C sharing only A's
+    first ids, which a recurrent state cannot be cut back to, so C reuses nothing. Then 2
+    concurrent streams, which start both slots again at position 0, shorter than what they held;
+    stage 1 (a child of the server) is SIGSTOPped while both run, then SIGKILLed. The launcher
+    restarts it, and the driver replays every slot into it and brings stage 0's states back to
+    where they were. Every reply's text and ids are the single process's (rlx generate: one
+    sequence, nothing cached), its log-probabilities the one-process server's to the bit."""
+    env.need_transport(transport)
+    model = BROWN_HYBRID
+    a = [200 + 37 * k for k in range(12)]
+    ref = [generate_json(env, model, a, 8)]
+    b = a + ref[0][1][:7] + [901, 17, 333, 42] + list(range(500, 530))
+    c = a[:6] + list(range(1200, 1250))
+    singles = [(a, 8), (b, 8), (c, 8)]
+    streamed, max_tokens = [[31, 415, 92, 65], [2718, 28, 18, 284, 59]], 64
+    cached = [0, len(a) + 7, 0, 0, 0]
+    ref += [generate_json(env, model, p, n) for p, n in singles[1:]]
+    ref += [generate_json(env, model, p, max_tokens) for p in streamed]
+    one = Serve(env, ["-m", model, "--parallel", "2"], "one-process rlx serve")
+    ref_lps = [lps for _, _, lps, _ in hybrid_requests(one, "one-process rlx serve", singles, streamed, max_tokens)]
+    one.stop()
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    cfg = deploy_file(env, f"serve-hybrid-{transport}.yaml", model, transport, list(zip(addrs, ["0-3", "4-7"])))
+    what = f"rlx serve --parallel 2 on the hybrid over 2 launched stages ({transport})"
+    srv = Serve(env, ["--config", cfg, "--launch", "--parallel", "2"], what)
+    victim, events = srv.stage_pid(1), []
+
+    def kill(streams):
+        os.kill(victim, signal.SIGSTOP)
+        m = srv.metrics()
+        if m.get("rlx_requests_running") != 2 or m.get(COMPLETED) != len(singles):
+            raise Fail(f"{what}: with stage 1 stopped, {m.get('rlx_requests_running')} requests run and "
+                       f"{m.get(COMPLETED)} completed, want 2 and {len(singles)} (the kill would not land mid-stream)")
+        events.extend(s.events for s in streams)
+        os.kill(victim, signal.SIGKILL)
+
+    try:
+        got = hybrid_requests(srv, what, singles, streamed, max_tokens, kill)
+    finally:
+        if not events and srv.proc.poll() is None:
+            try:
+                os.kill(victim, signal.SIGCONT)  # a child of our server, maybe left stopped
+            except ProcessLookupError:
+                pass
+    names = ["A", "B", "C", "stream 0 (killed after {} events)", "stream 1 (killed after {} events)"]
+    for k, ((text, ids, lps, n_cached), (ref_text, ref_ids)) in enumerate(zip(got, ref)):
+        name = names[k].format(*events[k - 3:k - 2]) if k >= 3 else names[k]
+        if (text, ids) != (ref_text, ref_ids) or n_cached != cached[k]:
+            raise Fail(f"{what}: {name} is not the single process's or took {n_cached} positions from the cache, want "
+                       f"{cached[k]}:\n  single process: {ref_ids} {ref_text!r}\n  pipeline:       {ids} {text!r}")
+        if lps != ref_lps[k]:
+            at = next(i for i, (x, y) in enumerate(zip(lps, ref_lps[k])) if x != y)
+            raise Fail(f"{what}: {name}: the log-probability of token {at} is {lps[at]!r}, the one-process server's "
+                       f"{ref_lps[k][at]!r}")
+    if srv.metrics().get("rlx_pipeline_recovery_seconds_count") != 1:
+        raise Fail(f"{what}: /metrics does not count one recovery:\n{srv.err.text()}")
+    err = srv.err.text()
+    restarted = one_line(err, r"rlx: restarted stage 1 \(pid \d+\) on ", what)
+    done = one_line(err, rf"stage 1 \({re.escape(addrs[1])}\) replaced and its streams replayed in", what)
+    srv.stop()
+    log(f"ok: {what}: A, B (reusing {cached[1]} positions) and C the single process's; 2 streams killed after "
+        f"{events} events of {max_tokens} each the single process's; {restarted.split('rlx: ')[-1]}; "
+        f"{done.split('rlx: ')[-1]}")
+
+
 def case_hybrid(env, transport):
     """case_restart on the Qwen3.5 hybrid, killing the middle stage (layer 2, linear). The
     stages run cpu-blas batch-invariant, whose delta rule goes row by row in every form, so the
@@ -749,7 +887,7 @@ def case_hybrid(env, transport):
 
 CASES = {f"{name}-{t}": (lambda fn, t: lambda env: fn(env, t))(fn, t)
          for name, fn in (("restart", case_restart), ("standby", case_standby), ("serve", case_serve),
-                          ("fail", case_fail), ("hybrid", case_hybrid))
+                          ("fail", case_fail), ("hybrid", case_hybrid), ("serve-hybrid", case_serve_hybrid))
          for t in ("tcp", "grpc")}
 
 

@@ -22,7 +22,7 @@ import jsonschema
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from serve_util import Checks, Server, generate, main_guard  # noqa: E402
+from serve_util import fetch_npm, Checks, Server, generate, main_guard  # noqa: E402
 
 SDK = "@anthropic-ai/sdk@1.17.0"
 KEY = "sk-ant-test"
@@ -41,10 +41,9 @@ def main():
         if not shutil.which(tool):
             print(f"SKIPPED: missing input: {tool} is not installed, so the Anthropic SDK cannot be fetched and run")
             return 77
-    fetch = subprocess.run([os.path.join(HERE, "..", "fetch_npm.sh"), args.npm, SDK], capture_output=True,
-                           text=True, timeout=600)
-    if fetch.returncode != 0:
-        print(f"FAIL cannot fetch {SDK}: {fetch.stdout}{fetch.stderr}")
+    failed = fetch_npm(args.npm, SDK)
+    if failed:
+        print(f"FAIL {failed}")
         return 1
     c = Checks()
     ref = generate(args.rlx, ["--chat", "-p", PROMPT, "-n", str(N)])

@@ -20,7 +20,7 @@ import jsonschema
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from serve_util import Checks, Server, generate, main_guard  # noqa: E402
+from serve_util import fetch_npm, Checks, Server, generate, main_guard  # noqa: E402
 
 OPENAI = "openai@6.30.1"  # the last major that runs on Debian 12's and the image's Node 20
 KEY = "sk-npm-test"
@@ -37,10 +37,9 @@ def main():
         if not shutil.which(tool):
             print(f"SKIPPED: missing input: {tool} is not installed, so the openai npm client cannot be fetched and run")
             return 77
-    fetch = subprocess.run([os.path.join(HERE, "..", "fetch_npm.sh"), args.npm, OPENAI], capture_output=True,
-                           text=True, timeout=600)
-    if fetch.returncode != 0:
-        print(f"FAIL cannot fetch {OPENAI}: {fetch.stdout}{fetch.stderr}")
+    failed = fetch_npm(args.npm, OPENAI)
+    if failed:
+        print(f"FAIL {failed}")
         return 1
     c = Checks()
     ref = generate(args.rlx, ["-p", PROMPT, "-n", str(N)])

@@ -115,6 +115,14 @@ def stream_text(body, chat):
     return text, finish, usage
 
 
+def fetch_npm(folder, package):
+    """Installs an npm package into folder, once (tests/fetch_npm.sh): None when it is there, else
+    why it could not be fetched."""
+    p = subprocess.run([os.path.join(HERE, "..", "fetch_npm.sh"), folder, package], capture_output=True, text=True,
+                       timeout=600)
+    return None if p.returncode == 0 else f"cannot fetch {package}: {p.stdout}{p.stderr}"
+
+
 def generate(rlx, args, model=BROWN):
     """`rlx generate --json --greedy` on the same model: the reference text."""
     p = subprocess.run([rlx, "generate", "-m", model, "-t", "1", "--greedy", "--json"] + args,

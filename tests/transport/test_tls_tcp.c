@@ -134,6 +134,48 @@ static void test_mutual_tls_roundtrips(void **state) {
 }
 
 /* The stage speaks first: its handshake runs inside that send. */
+/* Under TLS frames go without a payload checksum by default (TLS refuses a changed byte itself):
+ * good data passes, and an end that asks for checksums (checksum=on) gets those it sends checked
+ * and refuses the frames that come without, naming the option to align. */
+static void test_tls_frames_without_checksum(void **state) {
+    (void)state;
+    session s;
+    session_open(&s, tls_options("stage", NULL), tls_options("driver", ",checksum=on"), false);
+    void *cli = session_connect(&s);
+    uint8_t *msg = malloc(300001);
+    assert_non_null(msg);
+    /* small enough that the echo goes out whole before the driver hangs up on its header */
+    fill(msg, 1000, 7);
+    assert_ok(s.driver.it->send(s.driver.self, cli, msg, 1000, LONG_MS));
+    void *d = (void *)&d;
+    size_t n;
+    assert_int_equal(s.driver.it->recv(s.driver.self, cli, &d, &n, LONG_MS), RLX_E_FORMAT);
+    assert_null(d);
+    show("checksum=on against the TLS default", rlx_last_error());
+    assert_error_mentions("has no payload checksum, which this endpoint requires (option checksum=on)");
+    s.driver.it->conn_close(s.driver.self, cli);
+    server_join(&s.sv, RLX_E_PEER, "closed the connection");
+    assert_int_equal(s.sv.e.n, 1); /* the stage took the checked frame and echoed it */
+    session_close(&s);
+
+    /* both ends on the TLS default: good data of every size passes unchanged */
+    session_open(&s, tls_options("stage", NULL), tls_options("driver", NULL), false);
+    cli = session_connect(&s);
+    static const size_t sizes[] = {0, 1, 16361, 300001};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        fill(msg, sizes[i], i);
+        assert_ok(s.driver.it->send(s.driver.self, cli, msg, sizes[i], LONG_MS));
+        assert_ok(s.driver.it->recv(s.driver.self, cli, &d, &n, LONG_MS));
+        assert_int_equal(n, sizes[i]);
+        assert_true(n == 0 || memcmp(d, msg, n) == 0);
+        free(d);
+    }
+    free(msg);
+    s.driver.it->conn_close(s.driver.self, cli);
+    server_join(&s.sv, RLX_E_PEER, "closed the connection");
+    session_close(&s);
+}
+
 static void test_handshake_inside_first_send(void **state) {
     (void)state;
     session s;
@@ -400,13 +442,13 @@ static void test_silent_peer_delays_nobody(void **state) {
 
 // ---- frame limits and allocation, from a raw socket ----
 
-/* A frame header as the tcp plugin writes it, without a payload checksum. */
+/* A frame header without a payload checksum, as a tcp endpoint with checksum=off writes it. */
 static void make_header_no_crc(uint8_t h[24], uint64_t len) { make_header(h, 1, 1 /* TCP_FLAG_NO_CRC */, len, 0); }
 
 static void test_set_max_message(void **state) {
     (void)state;
     tr t;
-    load_ok(&t, "max_message=1M");
+    load_ok(&t, "max_message=1M,checksum=off");
     void *l, *srv;
     char addr[128];
     const int fd = raw_pair(&t, &l, addr, sizeof addr, &srv);
@@ -486,7 +528,7 @@ static void *writer_main(void *arg) {
 static void test_allocates_as_bytes_arrive(void **state) {
     (void)state;
     tr t;
-    load_ok(&t, NULL);
+    load_ok(&t, "checksum=off");
     void *l, *srv;
     char addr[128];
     const int fd = raw_pair(&t, &l, addr, sizeof addr, &srv);
@@ -555,6 +597,8 @@ static void test_tls_option_errors(void **state) {
                       "/stage.pem",
                       "option tls_key: '" TLS_CERT_DIR "/stage.pem' holds no PEM private key");
     expect_open_fails("tls_ca=" TLS_CERT_DIR "/ca.pem,bogus=1", "known: max_message=N, checksum=on|off, tls_ca=FILE");
+    expect_open_fails("checksum=yes", "option checksum: want on or off, not 'yes'");
+    expect_open_fails("checksum=", "option 'checksum' needs a value");
 }
 
 int main(void) {
@@ -562,6 +606,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mutual_tls_roundtrips),
         cmocka_unit_test(test_handshake_inside_first_send),
+        cmocka_unit_test(test_tls_frames_without_checksum),
         cmocka_unit_test(test_client_cert_from_wrong_ca),
         cmocka_unit_test(test_server_cert_from_wrong_ca),
         cmocka_unit_test(test_expired_certificates),

@@ -912,6 +912,11 @@ static void test_tcp_rejects_corrupt_frames(void **state) {
 
     make_header(f, 1, 0, 1ull << 40, good);
     expect_bad_frame(t, f, 24, RLX_E_FORMAT, "exceeds the limit of 4294967296");
+
+    /* without TLS a frame must carry its payload checksum: a peer that left it out is refused */
+    make_header(f, 1, 1 /* no payload checksum */, 4, 0);
+    expect_bad_frame(t, f, sizeof f, RLX_E_FORMAT,
+                     "has no payload checksum, which this endpoint requires (the default without TLS)");
 }
 
 static void test_tcp_max_message_option(void **state) {
@@ -932,14 +937,21 @@ static void test_tcp_max_message_option(void **state) {
     free(d);
     assert_int_equal(small.it->recv(small.self, srv, &d, &n, LONG_MS), RLX_E_FORMAT);
     assert_error_mentions("1025 bytes exceeds the limit of 1024");
-    /* the other way: frames without a payload checksum are accepted */
+    /* the other way: a frame without a payload checksum is refused by an endpoint that checks
+     * every one, with what to change */
     assert_ok(small.it->send(small.self, srv, "nocrc", 5, LONG_MS));
-    assert_ok(t->it->recv(t->self, cli, &d, &n, LONG_MS));
-    assert_int_equal(n, 5);
-    free(d);
+    assert_int_equal(t->it->recv(t->self, cli, &d, &n, LONG_MS), RLX_E_FORMAT);
+    assert_error_mentions("has no payload checksum, which this endpoint requires (the default without TLS): give "
+                          "both ends the same option checksum=on|off");
     t->it->conn_close(t->self, cli);
     small.it->conn_close(small.self, srv);
     small.it->listener_close(small.self, l);
+    /* checksum=off still checks a payload checksum that a frame carries */
+    uint8_t f[24 + 4];
+    memcpy(f + 24, "data", 4);
+    make_header(f, 1, 0, 4, crc32c("data", 4));
+    f[26] ^= 0x01;
+    expect_bad_frame(&small, f, sizeof f, RLX_E_FORMAT, "payload checksum");
     unload(&small);
 }
 
@@ -1038,6 +1050,9 @@ static void test_tcp_wire_format(void **state) {
     assert_int_equal(pcrc, 0xE3069283u); /* the CRC32C check value of "123456789" */
     assert_int_equal(hcrc, crc32c(f, 20));
     assert_memory_equal(f + 24, "123456789", 9);
+    /* that very frame with one payload byte flipped is refused */
+    f[24 + 4] ^= 0x04;
+    expect_bad_frame(t, f, sizeof f, RLX_E_FORMAT, "payload checksum");
     /* a payload long enough for the multi-stream CRC, checked against the bitwise one here */
     const size_t big = 300001;
     uint8_t *msg = malloc(big), *in = malloc(24 + big);

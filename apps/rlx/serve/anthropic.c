@@ -47,7 +47,6 @@ static int add_text(cJSON *out, const char *name, const cJSON *content, const ch
     return failed ? (serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1) : 0;
 }
 
-static int copy(cJSON *to, const cJSON *from, const char *name, const char *as, serve_error *e);
 static cJSON *new_message(cJSON *list, const char *role, serve_error *e);
 
 /* The text blocks of content, with the tool blocks (tool_use, tool_result) left to the caller. */
@@ -155,7 +154,7 @@ static int add_tools(cJSON *out, const cJSON *root, serve_error *e) {
         if (!list || !o || !fn || !cJSON_AddItemToArray(list, o) || !cJSON_AddStringToObject(o, "type", "function") ||
             !cJSON_AddStringToObject(fn, "name", name->valuestring) ||
             !cJSON_AddItemToObject(fn, "parameters", cJSON_Duplicate(schema, 1)) ||
-            copy(fn, t, "description", "description", e) < 0)
+            serve_json_copy(fn, t, "description", "description", e) < 0)
             return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1;
     }
     if (!choice)
@@ -182,19 +181,6 @@ static int add_tools(cJSON *out, const cJSON *root, serve_error *e) {
     cJSON_AddItemToObject(out, "tool_choice", c);
     if (single)
         cJSON_AddBoolToObject(out, "parallel_tool_calls", 0);
-    return 0;
-}
-
-/* Copies member name of from into to (when present), or -1 after setting e. */
-static int copy(cJSON *to, const cJSON *from, const char *name, const char *as, serve_error *e) {
-    const cJSON *item = serve_member(from, name);
-    if (!item)
-        return 0;
-    cJSON *dup = cJSON_Duplicate(item, 1);
-    if (!dup || !cJSON_AddItemToObject(to, as, dup)) {
-        cJSON_Delete(dup);
-        return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1;
-    }
     return 0;
 }
 
@@ -251,10 +237,12 @@ static cJSON *as_chat(const cJSON *root, int counting, serve_error *e) {
         serve_bad(e, "stop_sequences", "'%s' must be %s", "an array of strings");
         goto fail;
     }
-    if (copy(out, root, "model", "model", e) < 0 || copy(out, root, "max_tokens", "max_tokens", e) < 0 ||
-        copy(out, root, "temperature", "temperature", e) < 0 || copy(out, root, "top_p", "top_p", e) < 0 ||
-        copy(out, root, "top_k", "top_k", e) < 0 || copy(out, root, "stream", "stream", e) < 0 ||
-        copy(out, root, "stop_sequences", "stop_sequences", e) < 0)
+    if (serve_json_copy(out, root, "model", "model", e) < 0 ||
+        serve_json_copy(out, root, "max_tokens", "max_tokens", e) < 0 ||
+        serve_json_copy(out, root, "temperature", "temperature", e) < 0 ||
+        serve_json_copy(out, root, "top_p", "top_p", e) < 0 || serve_json_copy(out, root, "top_k", "top_k", e) < 0 ||
+        serve_json_copy(out, root, "stream", "stream", e) < 0 ||
+        serve_json_copy(out, root, "stop_sequences", "stop_sequences", e) < 0)
         goto fail;
     return out;
 fail:

@@ -41,6 +41,7 @@
 #include <cjson/cJSON.h>
 
 #include "serve.h"
+#include "webui.h"
 
 /* The size of the pieces a stream is sent in (MHD's buffer for the reader callback). */
 #define STREAM_BLOCK 16384
@@ -97,12 +98,17 @@ typedef enum route {
     ROUTE_LLAMA_COMPLETION, /* llama-server's /completion */
     ROUTE_ANTHROPIC,        /* Anthropic's /v1/messages */
     ROUTE_ANTHROPIC_COUNT,  /* /v1/messages/count_tokens */
+    ROUTE_RESPONSES,        /* OpenAI's /v1/responses */
     ROUTE_MODEL,            /* /v1/models/{id} */
     ROUTE_PROPS,
     ROUTE_TOKENIZE,
     ROUTE_DETOKENIZE,
     ROUTE_APPLY_TEMPLATE,
     ROUTE_SLOTS,
+    ROUTE_EMBEDDINGS,     /* llama-server's /embeddings, /embedding */
+    ROUTE_EMBEDDINGS_OAI, /* /v1/embeddings */
+    ROUTE_RERANK,         /* /v1/rerank and llama-server's aliases */
+    ROUTE_WEBUI,          /* the chat page at / and its files under /webui/ */
 } route;
 
 typedef struct request {
@@ -142,6 +148,8 @@ static const struct {
     {"/completion", ROUTE_LLAMA_COMPLETION, "POST", POST_METHODS},
     {"/v1/messages", ROUTE_ANTHROPIC, "POST", POST_METHODS},
     {"/v1/messages/count_tokens", ROUTE_ANTHROPIC_COUNT, "POST", POST_METHODS},
+    {"/v1/responses", ROUTE_RESPONSES, "POST", POST_METHODS},
+    {"/responses", ROUTE_RESPONSES, "POST", POST_METHODS},
     {"/v1/models/", ROUTE_MODEL, "GET", GET_METHODS}, /* a prefix: the model's id follows */
     {"/models/", ROUTE_MODEL, "GET", GET_METHODS},
     {"/props", ROUTE_PROPS, "GET", GET_METHODS},
@@ -149,13 +157,23 @@ static const struct {
     {"/detokenize", ROUTE_DETOKENIZE, "POST", POST_METHODS},
     {"/apply-template", ROUTE_APPLY_TEMPLATE, "POST", POST_METHODS},
     {"/slots", ROUTE_SLOTS, "GET", GET_METHODS},
+    {"/v1/embeddings", ROUTE_EMBEDDINGS_OAI, "POST", POST_METHODS},
+    {"/embeddings", ROUTE_EMBEDDINGS, "POST", POST_METHODS},
+    {"/embedding", ROUTE_EMBEDDINGS, "POST", POST_METHODS},
+    {"/v1/rerank", ROUTE_RERANK, "POST", POST_METHODS},
+    {"/rerank", ROUTE_RERANK, "POST", POST_METHODS},
+    {"/reranking", ROUTE_RERANK, "POST", POST_METHODS},
+    {"/v1/reranking", ROUTE_RERANK, "POST", POST_METHODS},
+    {"/", ROUTE_WEBUI, "GET", GET_METHODS},
+    {"/webui/", ROUTE_WEBUI, "GET", GET_METHODS}, /* a prefix: the page's files */
 };
 
-/* Whether url is routes[i]'s path, or for /v1/models/{id} starts with it and names an id. */
+/* Whether url is routes[i]'s path, or for a prefix (a path past "/" ending in '/', as
+ * /v1/models/{id}) starts with it and names something after it. */
 static int route_matches(size_t i, const char *url) {
-    if (routes[i].route != ROUTE_MODEL)
-        return strcmp(url, routes[i].path) == 0;
     const size_t n = strlen(routes[i].path);
+    if (n == 1 || routes[i].path[n - 1] != '/')
+        return strcmp(url, routes[i].path) == 0;
     return strncmp(url, routes[i].path, n) == 0 && url[n];
 }
 
@@ -225,7 +243,7 @@ static enum MHD_Result queue_error(request *r, const serve_error *e) {
     MHD_destroy_response(resp);
     serve_count_response(r->http->server, e->status);
     if ((r->route == ROUTE_CHAT || r->route == ROUTE_COMPLETIONS || r->route == ROUTE_LLAMA_COMPLETION ||
-         r->route == ROUTE_ANTHROPIC) &&
+         r->route == ROUTE_ANTHROPIC || r->route == ROUTE_RESPONSES) &&
         e->status >= 400 && e->status < 500)
         atomic_fetch_add(&r->http->server->invalid_requests, 1);
     return rc;
@@ -242,7 +260,8 @@ static int same_secret(const char *given, size_t given_len, const char *key, siz
 
 static int authorized(request *r, serve_error *e) {
     const serve_server *s = r->http->server;
-    if (!s->api_key || r->route == ROUTE_HEALTH)
+    /* the page holds no secret: it is what asks for the key, which its API calls then send */
+    if (!s->api_key || r->route == ROUTE_HEALTH || r->route == ROUTE_WEBUI)
         return 1;
     const char *auth = MHD_lookup_connection_value(r->connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     /* Anthropic's clients send the key as x-api-key */
@@ -386,12 +405,18 @@ static int early_error(request *r, const char *url, const char *method, serve_er
             r->route = routes[i].route;
             method_wanted = routes[i].method;
         }
-    if (!r->route) {
+    if (r->route == ROUTE_WEBUI && s->no_webui) {
         serve_error_set(e, 404, "invalid_request_error", "not_found", "",
-                        "no endpoint %.200s (this server has /v1/chat/completions, /v1/completions, /v1/models, "
-                        "/health, /metrics, Anthropic's /v1/messages, and llama-server's /completion, /props, "
-                        "/slots, /tokenize, /detokenize and /apply-template)",
-                        url);
+                        "no page %.200s: the chat page is off (--no-webui)", url);
+        return 1;
+    }
+    if (!r->route) {
+        serve_error_set(
+            e, 404, "invalid_request_error", "not_found", "",
+            "no endpoint %.200s (this server has /v1/chat/completions, /v1/completions, /v1/models, /v1/embeddings, "
+            "/v1/rerank, /v1/responses, /health, /metrics, Anthropic's /v1/messages, and llama-server's /completion, "
+            "/props, /slots, /tokenize, /detokenize, /apply-template and /embeddings)",
+            url);
         return 1;
     }
     const int head = strcmp(method, "HEAD") == 0 && strcmp(method_wanted, "GET") == 0;
@@ -412,7 +437,8 @@ static int early_error(request *r, const char *url, const char *method, serve_er
         return 1;
     }
     const int phase = atomic_load(&s->phase);
-    if (phase != SERVE_READY && r->route != ROUTE_HEALTH) {
+    /* the page loads while the model does; its API calls hear the 503 */
+    if (phase != SERVE_READY && r->route != ROUTE_HEALTH && r->route != ROUTE_WEBUI) {
         serve_error_set(e, 503, "server_error", phase == SERVE_LOADING ? "loading" : "shutting_down", "",
                         phase == SERVE_LOADING ? "the model is loading" : "the server is shutting down");
         e->retry_after = phase == SERVE_LOADING ? 5 : 0;
@@ -695,6 +721,42 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     }
 }
 
+/* GET / and /webui/NAME: the chat page's files (webui.c), a 404 for a name it lacks. */
+static enum MHD_Result webui(request *r, const char *url) {
+    const char *etags = MHD_lookup_connection_value(r->connection, MHD_HEADER_KIND, MHD_HTTP_HEADER_IF_NONE_MATCH);
+    unsigned status;
+    struct MHD_Response *resp = serve_webui_response(url, etags, &status);
+    if (!resp) {
+        serve_error e;
+        if (status == 404)
+            serve_error_set(&e, 404, "invalid_request_error", "not_found", "", "no file %.200s in the chat page", url);
+        else
+            serve_error_set(&e, 500, "server_error", NULL, "", "out of memory");
+        return queue_error(r, &e);
+    }
+    add_common_headers(r, resp);
+    enum MHD_Result rc = MHD_queue_response(r->connection, status, resp);
+    MHD_destroy_response(resp);
+    serve_count_response(r->http->server, status);
+    return rc;
+}
+
+/* POST /v1/embeddings, /embeddings and /v1/rerank (embeddings.c): the connection's thread waits
+ * for the engine's worker to run them, as a generation's does. */
+static enum MHD_Result embeddings(request *r) {
+    serve_server *s = r->http->server;
+    serve_error e;
+    const char *body = r->body.data ? r->body.data : "";
+    const int fd = connection_fd(r->connection);
+    char *json = r->route == ROUTE_RERANK
+                     ? serve_rerank_answer(s, body, r->body.len, fd, &e)
+                     : serve_embeddings_answer(s, r->route == ROUTE_EMBEDDINGS_OAI, body, r->body.len, fd, &e);
+    restart_idle_clock(r);
+    if (!json && e.status == 0)
+        return MHD_NO; /* the client hung up */
+    return json ? queue_json(r, 200, json) : queue_error(r, &e);
+}
+
 /* GET /slots, as llama-server answers it: 501 under --no-slots, and with ?fail_on_no_slot a
  * 503 when every slot is busy. */
 static enum MHD_Result slots(request *r) {
@@ -724,6 +786,7 @@ static enum MHD_Result generate(request *r) {
     const serve_endpoint ep = r->route == ROUTE_CHAT          ? SERVE_CHAT
                               : r->route == ROUTE_COMPLETIONS ? SERVE_COMPLETION
                               : r->route == ROUTE_ANTHROPIC   ? SERVE_ANTHROPIC
+                              : r->route == ROUTE_RESPONSES   ? SERVE_RESPONSES
                                                               : SERVE_LLAMA_COMPLETION;
     if (serve_job_parse(s, ep, r->body.data ? r->body.data : "", r->body.len, &job, &e) < 0)
         return queue_error(r, &e);
@@ -834,6 +897,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return queue_json(r, 200, serve_props_json(h->server));
     case ROUTE_SLOTS:
         return slots(r);
+    case ROUTE_WEBUI:
+        return webui(r, url);
+    case ROUTE_EMBEDDINGS:
+    case ROUTE_EMBEDDINGS_OAI:
+    case ROUTE_RERANK:
+        return embeddings(r);
     case ROUTE_TOKENIZE:
     case ROUTE_DETOKENIZE:
     case ROUTE_APPLY_TEMPLATE:

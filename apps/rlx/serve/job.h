@@ -1,6 +1,7 @@
 /* The generation jobs of rlx serve as the files that shape their answers see them: openai.c
  * runs them (parsing, the engine's events, the waits) and answers in OpenAI's shapes, llama.c in
- * llama-server's and anthropic.c in Anthropic's. Private to those three files. */
+ * llama-server's, anthropic.c in Anthropic's and responses.c in the Responses API's. Private to
+ * those four files. */
 #ifndef RLX_APP_SERVE_JOB_H
 #define RLX_APP_SERVE_JOB_H
 
@@ -127,7 +128,10 @@ struct serve_job {
     serve_calls calls;   /* the stream's scan for tool calls */
     uint64_t steps_seen; /* the engine's step count when the job last looked (for --timeout) */
     int opened;
-    int closed; /* the stream's last event of this choice went out (its finish, or an error) */
+    int closed;    /* the stream's last event of this choice went out (its finish, or an error) */
+    cJSON *output; /* responses.c's stream: the output items so far, the last one open while
+                    * calls.block_kind says so */
+    uint64_t seq;  /* responses.c's stream: the next event's sequence_number */
 };
 
 /* The error a finished job ends with (the engine's, a cancellation, memory), or 0 when it
@@ -143,6 +147,9 @@ void serve_add_error_event(serve_buf *out, const char *event, char *json);
 /* openai.c: the text of string member name of o (none: "") with len bytes of more after it, as
  * the member's new value; 0, or -1 when memory ran out (o unchanged). */
 int serve_json_append(cJSON *o, const char *name, const char *more, size_t len);
+/* openai.c: member name of from (when present, not null) copied into to as member as; 0, or -1
+ * after setting e (out of memory). */
+int serve_json_copy(cJSON *to, const cJSON *from, const char *name, const char *as, serve_error *e);
 /* openai.c: a random id of prefix and 24 hex digits. */
 void serve_make_id(char *out, size_t size, const char *prefix);
 
@@ -169,5 +176,12 @@ int serve_llama_stream(serve_job *j, serve_buf *out);
 cJSON *serve_anthropic_request(const cJSON *root, serve_error *e);
 cJSON *serve_anthropic_response(serve_job *j);
 int serve_anthropic_stream(serve_job *j, serve_buf *out);
+
+/* responses.c: a /v1/responses body as a chat request (messages from instructions and input,
+ * max_tokens, tools, tool_choice, response_format), or NULL after setting e naming the
+ * Responses API's field; the response object and the stream of its events as anthropic.c's. */
+cJSON *serve_responses_request(const cJSON *root, serve_error *e);
+cJSON *serve_responses_response(serve_job *j);
+int serve_responses_stream(serve_job *j, serve_buf *out);
 
 #endif

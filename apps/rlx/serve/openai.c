@@ -49,6 +49,7 @@ static void job_free(serve_job *j) {
     free(j->model);
     rlx_grammar_destroy(j->grammar);
     cJSON_Delete(j->tools);
+    cJSON_Delete(j->output);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -656,11 +657,16 @@ int serve_job_parse(serve_server *s, serve_endpoint ep, const char *body, size_t
     j->server = s;
     j->ep = ep;
     j->created = (long long)time(NULL);
-    const int chat = ep == SERVE_CHAT || ep == SERVE_ANTHROPIC;
-    serve_make_id(j->id, sizeof j->id, ep == SERVE_ANTHROPIC ? "msg_" : chat ? "chatcmpl-" : "cmpl-");
+    const int chat = ep == SERVE_CHAT || ep == SERVE_ANTHROPIC || ep == SERVE_RESPONSES;
+    serve_make_id(j->id, sizeof j->id,
+                  ep == SERVE_ANTHROPIC   ? "msg_"
+                  : ep == SERVE_RESPONSES ? "resp_"
+                  : chat                  ? "chatcmpl-"
+                                          : "cmpl-");
     cJSON *root = serve_parse_body(body, len, err);
-    if (root && ep == SERVE_ANTHROPIC) { /* read as the chat request it is */
-        cJSON *as_chat = serve_anthropic_request(root, err);
+    if (root && (ep == SERVE_ANTHROPIC || ep == SERVE_RESPONSES)) { /* read as the chat request it is */
+        cJSON *as_chat =
+            ep == SERVE_ANTHROPIC ? serve_anthropic_request(root, err) : serve_responses_request(root, err);
         cJSON_Delete(root);
         root = as_chat;
     }
@@ -766,7 +772,9 @@ int serve_job_submit(serve_server *s, serve_job *j, serve_error *err) {
                         "every slot is busy and the queue is full; retry later");
     else if (rc == RLX_E_RANGE)
         serve_error_set(err, 400, "invalid_request_error", "context_length_exceeded",
-                        j->ep == SERVE_CHAT || j->ep == SERVE_ANTHROPIC ? "messages" : "prompt",
+                        j->ep == SERVE_RESPONSES                          ? "input"
+                        : j->ep == SERVE_CHAT || j->ep == SERVE_ANTHROPIC ? "messages"
+                                                                          : "prompt",
                         "the prompt of %zu tokens does not fit a slot of %u positions (%s)", j->n_prompt,
                         s->slot_positions, rlx_last_error());
     else if (rc == RLX_E_INVALID)
@@ -1009,6 +1017,7 @@ char *serve_job_response(serve_job *j, unsigned *status) {
     }
     cJSON *root = j->ep == SERVE_LLAMA_COMPLETION ? llama_responses(j)
                   : j->ep == SERVE_ANTHROPIC      ? serve_anthropic_response(j)
+                  : j->ep == SERVE_RESPONSES      ? serve_responses_response(j)
                                                   : openai_response(j);
     for (uint32_t i = 0; i < j->n_choices; i++) {
         serve_job *c = j->choices[i];
@@ -1020,6 +1029,18 @@ char *serve_job_response(serve_job *j, unsigned *status) {
     cJSON_Delete(root);
     *status = 200;
     return body;
+}
+
+int serve_json_copy(cJSON *to, const cJSON *from, const char *name, const char *as, serve_error *e) {
+    const cJSON *item = serve_member(from, name);
+    if (!item)
+        return 0;
+    cJSON *dup = cJSON_Duplicate(item, 1);
+    if (!dup || !cJSON_AddItemToObject(to, as, dup)) {
+        cJSON_Delete(dup);
+        return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1;
+    }
+    return 0;
 }
 
 int serve_json_append(cJSON *o, const char *name, const char *more, size_t len) {
@@ -1292,8 +1313,8 @@ static void stream_llama_choice(serve_job *j, serve_buf *out, int *failed) {
 
 int serve_job_stream(serve_job *j, serve_buf *out) {
     pthread_mutex_lock(&j->mu);
-    if (j->ep == SERVE_ANTHROPIC) {
-        const int complete = serve_anthropic_stream(j, out);
+    if (j->ep == SERVE_ANTHROPIC || j->ep == SERVE_RESPONSES) { /* one choice, events of their own */
+        const int complete = j->ep == SERVE_ANTHROPIC ? serve_anthropic_stream(j, out) : serve_responses_stream(j, out);
         pthread_mutex_unlock(&j->mu);
         return complete;
     }

@@ -11,12 +11,18 @@
  * llama.c   llama-server's POST /completion: its response object and stream events
  * anthropic.c Anthropic's POST /v1/messages: its request as a chat request, its message object,
  *           its stream events, its error shape, and /v1/messages/count_tokens
+ * responses.c OpenAI's POST /v1/responses: its request as a chat request, its response object
+ *           and its stream events
  * native.c  llama-server's own utility endpoints: /tokenize, /detokenize, /apply-template, /props,
  *           /slots
+ * embeddings.c /v1/embeddings (and llama-server's /embeddings) and /v1/rerank, on a session of
+ *           their own that runs as a task of the engine's worker
  * request.c request bodies as strict JSON objects and their typed members, for every endpoint
  * shared.c  errors in OpenAI's shape and growable buffers
+ * webui.c   the chat page at / and its files, embedded at build time (webui.h)
  *
- * This header is shared; job.h is the generation files' own (openai.c, llama.c, anthropic.c). */
+ * This header is shared; job.h is the generation files' own (openai.c, llama.c, anthropic.c,
+ * responses.c). */
 #ifndef RLX_APP_SERVE_H
 #define RLX_APP_SERVE_H
 
@@ -50,6 +56,16 @@ typedef struct serve_latency {
     double queue, prompt, decode; /* waiting for a slot; admission to first token; first to last */
 } serve_latency;
 
+/* How embeddings pool the final hidden rows of an input: llama.cpp's pooling_type numbers. */
+typedef enum serve_pooling {
+    SERVE_POOL_NONE = 0, /* every position's row (only /embeddings answers them) */
+    SERVE_POOL_MEAN = 1,
+    SERVE_POOL_CLS = 2, /* the first position's */
+    SERVE_POOL_LAST = 3,
+} serve_pooling;
+
+typedef struct serve_embedder serve_embedder;
+
 typedef struct serve_server {
     /* fixed before the HTTP daemon starts */
     const char *api_key; /* NULL: no key needed */
@@ -72,6 +88,9 @@ typedef struct serve_server {
     int reasoning_split;         /* --reasoning-format auto/deepseek: <think> goes to reasoning_content */
     const char *chat_template;   /* --chat-template-file's text, or NULL: the model's template */
     int no_slots;                /* --no-slots: GET /slots answers 501, as llama-server's */
+    int embedding, reranking;    /* --embedding, --reranking: their endpoints answer (else 501) */
+    int pooling;                 /* serve_pooling of embeddings: --pooling, else the model's config */
+    int no_webui;                /* --no-webui: no chat page at / (404) */
     /* set once loaded (phase becomes SERVE_READY after them) */
     const char *model_id;   /* what /v1/models lists and responses echo when a request names none */
     const char *model_path; /* the model's file or directory (/props), NULL over a pipeline's file */
@@ -83,6 +102,7 @@ typedef struct serve_server {
     int64_t vocab;
     uint32_t slot_positions;
     const rlx_driver *driver; /* the pipeline's driver, NULL without a pipeline */
+    serve_embedder *embedder; /* with --embedding or --reranking */
     atomic_int phase;
     /* for /metrics */
     atomic_uint_fast64_t responses[SERVE_N_STATUS_CODES];
@@ -150,12 +170,14 @@ int serve_bad(serve_error *e, const char *param, const char *fmt, const char *wh
 
 /* /v1/chat/completions, /v1/completions, llama-server's own POST /completion (its request
  * fields n_predict and n_probs, its response shape, and streams of its events without [DONE]),
- * and Anthropic's /v1/messages (its request, response and stream events; its error shape). */
+ * Anthropic's /v1/messages (its request, response and stream events; its error shape) and
+ * OpenAI's /v1/responses (its request, response object and stream events). */
 typedef enum serve_endpoint {
     SERVE_CHAT = 0,
     SERVE_COMPLETION = 1,
     SERVE_LLAMA_COMPLETION = 2,
     SERVE_ANTHROPIC = 3, /* Anthropic's POST /v1/messages */
+    SERVE_RESPONSES = 4, /* OpenAI's POST /v1/responses */
 } serve_endpoint;
 
 typedef struct serve_job serve_job;
@@ -226,6 +248,27 @@ char *serve_props_json(const serve_server *s);
 /* GET /slots: llama-server's array of the engine's slots as they are now (rlx_engine_slot_info),
  * malloc'd, or NULL after setting e (500). *n_idle says how many take no request. */
 char *serve_slots_json(const serve_server *s, uint32_t *n_idle, serve_error *e);
+
+// ---- embeddings and rerank (embeddings.c) ----
+
+/* The session embeddings and rerank run on: the whole model m (borrowed) with options so; with
+ * rerank, the ids of the tokens "yes" and "no" must be in tok's vocabulary. */
+rlx_status serve_embedder_create(const rlx_model *m, const rlx_session_options *so, const rlx_tokenizer *tok,
+                                 int rerank, serve_embedder **out);
+void serve_embedder_destroy(serve_embedder *emb); /* NULL is a no-op */
+/* "none", "mean", "cls", "last", and back (-1 for another name). */
+const char *serve_pooling_name(int pooling);
+int serve_pooling_parse(const char *name);
+/* The pooling a sentence-transformers folder states (modules.json, then its Pooling module's
+ * config.json); -1 when it states none, -2 when it states one rlx lacks or cannot be read (why
+ * says which, in both cases). */
+int serve_pooling_of_model(const char *dir, char *why, size_t why_len);
+/* The JSON answer (malloc'd) of POST /v1/embeddings (oai) or /embeddings to body, or NULL after
+ * setting e: 400 naming the field, 501 without --embedding, 503/504 as generation's; e->status
+ * 0 when the client of socket fd hung up (nobody to answer). */
+char *serve_embeddings_answer(serve_server *s, int oai, const char *body, size_t len, int fd, serve_error *e);
+/* The same for POST /v1/rerank (501 without --reranking). */
+char *serve_rerank_answer(serve_server *s, const char *body, size_t len, int fd, serve_error *e);
 
 // ---- the HTTP daemon ----
 

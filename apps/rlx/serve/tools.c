@@ -389,7 +389,8 @@ static int response_format_schema(const cJSON *root, const cJSON **schema, int *
 }
 
 int serve_reply_scanned(const serve_job *j) {
-    return (j->ep == SERVE_CHAT || j->ep == SERVE_ANTHROPIC) && (j->call_format || j->reasoning);
+    return (j->ep == SERVE_CHAT || j->ep == SERVE_ANTHROPIC || j->ep == SERVE_RESPONSES) &&
+           (j->call_format || j->reasoning);
 }
 
 /* reasoning_format (llama-server's per-request field): whether a <think> block is split out;
@@ -410,7 +411,7 @@ static int parse_reasoning(serve_job *j, const cJSON *root, const char *tmpl, in
 
 int serve_constraint_parse(serve_job *j, const cJSON *root, const char *prompt, serve_error *e) {
     serve_server *s = j->server;
-    const int chat = j->ep == SERVE_CHAT || j->ep == SERVE_ANTHROPIC;
+    const int chat = j->ep == SERVE_CHAT || j->ep == SERVE_ANTHROPIC || j->ep == SERVE_RESPONSES;
     const cJSON *tools = chat ? serve_member(root, "tools") : NULL;
     if (tools && check_tools(tools, e) < 0)
         return -1;
@@ -423,7 +424,7 @@ int serve_constraint_parse(serve_job *j, const cJSON *root, const char *prompt, 
     const char *tmpl = s->chat_template ? s->chat_template : rlx_chat_template_text(s->tok);
     const int think = think_state(tmpl, prompt);
     /* Anthropic's thinking blocks carry signatures rlx cannot make: its replies keep <think> as text */
-    if (j->ep == SERVE_CHAT && parse_reasoning(j, root, tmpl, think, e) < 0)
+    if ((j->ep == SERVE_CHAT || j->ep == SERVE_RESPONSES) && parse_reasoning(j, root, tmpl, think, e) < 0)
         return -1;
     if (tools && j->tool_choice != SERVE_TOOLS_NONE) {
         j->call_format = serve_call_format_of(tmpl);

@@ -33,7 +33,9 @@
  *   of kv_capacity positions, which Rows steps (rows of many sequences, each with its slot and
  *   position) read and write and CopySlot copies between; steps carry a per-connection step
  *   number that must increase. The stage keeps no lengths for slots: the driver says where each
- *   row goes. A stage that predates slots answers n_slots 0 and the driver refuses it.
+ *   row goes, and a slot ends after its last row of a step (a linear-attention layer's state
+ *   then is the one after that row; it starts again at a row of position 0). A stage that
+ *   predates slots answers n_slots 0 and the driver refuses it.
  * - Authentication (rlx_dist_security): with a token, the stage answers a Hello with
  *   AuthChallenge and the driver proves itself with AuthProof before the Hello is looked at.
  * - Keepalive: a driver with nothing to send pings each stage (Ping, answered by Ack) at a third
@@ -291,9 +293,17 @@ RLX_API rlx_status rlx_driver_lm(rlx_driver *d, rlx_lm *out);
 /* ---- slots: many sequences through the stages at once ----
  *
  * A driver created with n_slots runs steps of rows of many sequences (the Rows message): row r
- * is position positions[r] of the sequence in slot slots[r], fed token ids[r]; rows of one slot
- * come in position order, and a slot's positions before them must have been sent by earlier
- * steps (or copied). The last stage returns the logits of the rows out_rows[0..n_out).
+ * is position positions[r] of the sequence in slot slots[r], fed token ids[r]; the rows of one
+ * slot are at consecutive positions (a step with a gap is refused), and a slot's positions
+ * before them must have been sent by earlier steps (or copied). The last stage returns the
+ * logits of the rows out_rows[0..n_out).
+ *
+ * A step's last row of a slot ends the slot: the slot then holds positions 0 up to that row's,
+ * and what lies beyond (rows of an earlier, longer sequence) counts as never written, to be
+ * sent again before it is read; a copy of n positions likewise ends the slot it writes at n. A
+ * linear-attention layer's state sums up all of a slot's positions and cannot be cut back, so
+ * with such layers (a hybrid) a slot's next rows start at its end or at position 0. A lost stage
+ * is rebuilt from this: each slot's positions from 0 to its end are replayed.
  *
  * Steps are pipelined: rlx_driver_submit queues a step and returns at once, a thread per stage
  * sends each step to its stage as soon as the stage finished the one before, and hands the
@@ -323,7 +333,8 @@ RLX_API rlx_status rlx_driver_submit(rlx_driver *d, const rlx_driver_rows *rows,
 /* Queues a copy of positions [0, n) of slot `from` into slot `to` in every stage, after the steps
  * queued before it (a new sequence sharing a prompt prefix with another), and returns its
  * ticket; rlx_driver_wait hands it back in its turn. Until then slot `from` must not be
- * written (a lost stage is rebuilt from what the slots held). */
+ * written (a lost stage is rebuilt from what the slots held). A linear-attention layer's state
+ * is copied whole: with such layers n is slot `from`'s end. */
 RLX_API rlx_status rlx_driver_copy_slot(rlx_driver *d, uint32_t from, uint32_t to, uint32_t n, uint64_t *ticket);
 /* Waits for the oldest queued step or copy: its ticket and, for a step, its logits (n_out rows
  * of vocab floats, valid until the next rlx_driver_wait; NULL for a copy). The wait is bounded by the stages' deadlines: every

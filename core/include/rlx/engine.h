@@ -173,6 +173,19 @@ RLX_API void rlx_engine_cancel(rlx_engine *e, uint64_t id);
  * running and queued ones to finish, then cancels those left. Returns the number cancelled. */
 RLX_API uint32_t rlx_engine_drain(rlx_engine *e, uint32_t timeout_ms);
 
+/* Work for the engine's worker thread besides its requests: a caller that runs a session of its
+ * own on the engine's model and backends (an embedding or a reranking pass) must not run it
+ * beside the worker, as a backend instance takes calls from one thread at a time. The worker calls
+ * fn(ctx, 0) between two steps, without its lock; fn does a bounded piece of work (a prompt
+ * chunk) and returns non-zero to be called again after the next step (the tasks and the running
+ * requests take turns), 0 once it is done, after which the engine forgets it. When the engine is
+ * destroyed, or drained past its timeout, a task not done gets one last call fn(ctx, 1), which
+ * must only release it. RLX_E_BUSY when the engine drains or closes, or n_slots + max_queue
+ * tasks wait already (the queue's bound); RLX_E_INVALID for a NULL argument. Over an lm, tasks
+ * run between requests. */
+typedef int (*rlx_engine_task_fn)(void *ctx, int cancelled);
+RLX_API rlx_status rlx_engine_task_submit(rlx_engine *e, rlx_engine_task_fn fn, void *ctx);
+
 /* Counters since creation, for /metrics. */
 typedef struct rlx_engine_stats {
     uint64_t requests_done, requests_cancelled, requests_failed, requests_refused;

@@ -76,4 +76,11 @@ const char *rlx__envelope_kind(const Rlx__Envelope *e);
 /* "F32", "I32", ... for a DType on the wire. */
 const char *rlx__dtype_name(int dtype);
 
+// ---- the driver (driver.c) ----
+
+/* Whether d's model has linear-attention layers: a slot's recurrent state then sums up all its
+ * positions and cannot be cut back, so the batched engine over d reuses a slot only where it ends
+ * and copies no busy slot's prefix, as over its own slots. */
+int rlx__driver_recurrent(const rlx_driver *d);
+
 #endif

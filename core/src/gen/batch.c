@@ -64,10 +64,6 @@ rlx_status rlx__batch_create(const rlx_model *m, const rlx_block_spec *spec, con
     if (o->kv_dtype != RLX_DTYPE_F32 && o->kv_dtype != RLX_DTYPE_F16)
         return rlx_error(RLX_E_INVALID, "KV cache dtype %s: only f32 and f16 caches exist",
                          rlx_dtype_name(o->kv_dtype));
-    if (!o->allow_recurrent && rlx__model_recurrent(m, spec))
-        return rlx_error(RLX_E_UNSUPPORTED,
-                         "%s: pipelined stages do not hold the recurrent state of %s's linear-attention layers yet",
-                         rlx_model_dir(m), rlx_model_config_of(m)->model_type);
     const rlx_model_config *c = rlx_model_config_of(m);
     rlx__batch *b = rlx__calloc(1, sizeof *b);
     if (!b)

@@ -20,6 +20,7 @@
 #include "rlx/sched.h"
 #include "rlx/speculator.h"
 
+#include "dist/dist_internal.h"
 #include "gen/gen_internal.h"
 #include "model/model_internal.h"
 #include "util/alloc.h"
@@ -45,6 +46,13 @@ typedef struct engine_req {
     uint32_t n_cached, n_generated;
     struct engine_req *next; /* the queue */
 } engine_req;
+
+/* A caller's work on the worker thread (rlx_engine_task_submit). */
+typedef struct engine_task {
+    rlx_engine_task_fn fn;
+    void *ctx;
+    struct engine_task *next;
+} engine_task;
 
 enum { SLOT_PROMPT = 0, SLOT_SAMPLE = 1, SLOT_DECODE = 2 };
 
@@ -121,6 +129,9 @@ struct rlx_engine {
     pthread_cond_t idle; /* the worker finished a step with nothing left */
     engine_req *queue_head, *queue_tail;
     uint32_t n_queued, n_running;
+    engine_task *task_head, *task_tail; /* under mu, taking turns with the steps */
+    uint32_t n_tasks;
+    int tasks_cancel; /* a drain ran out of time: the tasks get their last call */
     int closing, draining;
     uint64_t next_id;
     rlx_engine_stats stats;
@@ -292,7 +303,6 @@ rlx_status rlx_engine_create(const rlx_model *m, const rlx_engine_options *opts,
         e->rules[i] = o.rules[i];
     e->recurrent = rlx__model_recurrent(m, &spec);
     const rlx__batch_options bo = {.n_slots = e->n_slots,
-                                   .allow_recurrent = 1,
                                    .capacity = e->capacity,
                                    .kv_dtype = o.kv_dtype,
                                    .backends = e->backends,
@@ -330,6 +340,7 @@ rlx_status rlx_engine_create_pipeline(rlx_driver *d, const rlx_engine_options *o
     if (!e)
         return rlx_error(RLX_E_NOMEM, "engine: out of memory");
     e->pipe = d;
+    e->recurrent = rlx__driver_recurrent(d);
     /* one group per stage keeps every stage busy; more would only split the batches */
     e->n_groups = rlx_driver_n_stages(d) < e->n_slots ? rlx_driver_n_stages(d) : e->n_slots;
     e->groups = rlx__calloc(e->n_groups, sizeof *e->groups);
@@ -483,6 +494,65 @@ rlx_status rlx_engine_submit(rlx_engine *e, const rlx_request *req, uint64_t *id
     return RLX_OK;
 }
 
+rlx_status rlx_engine_task_submit(rlx_engine *e, rlx_engine_task_fn fn, void *ctx) {
+    if (!e || !fn)
+        return rlx_error(RLX_E_INVALID, "rlx_engine_task_submit: NULL argument");
+    engine_task *t = rlx__calloc(1, sizeof *t);
+    if (!t)
+        return rlx_error(RLX_E_NOMEM, "engine task: out of memory");
+    t->fn = fn;
+    t->ctx = ctx;
+    pthread_mutex_lock(&e->mu);
+    if (e->closing || e->draining || e->n_tasks >= e->n_slots + e->max_queue) {
+        const int why = e->closing || e->draining;
+        const uint32_t waiting = e->n_tasks;
+        pthread_mutex_unlock(&e->mu);
+        free(t);
+        return why ? rlx_error(RLX_E_BUSY, "the engine is shutting down and takes no new work")
+                   : rlx_error(RLX_E_BUSY, "%u tasks wait for the engine already", waiting);
+    }
+    if (e->task_tail)
+        e->task_tail->next = t;
+    else
+        e->task_head = t;
+    e->task_tail = t;
+    e->n_tasks++;
+    pthread_cond_broadcast(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+    return RLX_OK;
+}
+
+/* The first task, taken off the list; called with mu held. */
+static engine_task *pop_task(rlx_engine *e) {
+    engine_task *t = e->task_head;
+    if (t && !(e->task_head = t->next))
+        e->task_tail = NULL;
+    return t;
+}
+
+/* Gives the first task its turn (its last call, cancelled, when the engine closes or a drain ran
+ * out of time, for every task); called with mu held, which it drops around the call. */
+static void run_task(rlx_engine *e) {
+    const int cancel = e->closing || e->tasks_cancel;
+    engine_task *t = pop_task(e);
+    if (!t)
+        return;
+    pthread_mutex_unlock(&e->mu);
+    const int more = t->fn(t->ctx, cancel) && !cancel;
+    pthread_mutex_lock(&e->mu);
+    if (more) {
+        t->next = NULL;
+        if (e->task_tail)
+            e->task_tail->next = t;
+        else
+            e->task_head = t;
+        e->task_tail = t;
+        return;
+    }
+    free(t);
+    e->n_tasks--;
+}
+
 void rlx_engine_cancel(rlx_engine *e, uint64_t id) {
     if (!e || id == 0)
         return;
@@ -504,9 +574,10 @@ uint32_t rlx_engine_drain(rlx_engine *e, uint32_t timeout_ms) {
     uint32_t cancelled = 0;
     pthread_mutex_lock(&e->mu);
     e->draining = 1;
-    while (e->n_queued + e->n_running > 0)
+    while (e->n_queued + e->n_running + e->n_tasks > 0)
         if (pthread_cond_timedwait(&e->idle, &e->mu, &until) == ETIMEDOUT)
             break;
+    e->tasks_cancel = 1;
     for (engine_req *r = e->queue_head; r; r = r->next)
         if (!r->cancelled) {
             r->cancelled = 1;
@@ -520,7 +591,7 @@ uint32_t rlx_engine_drain(rlx_engine *e, uint32_t timeout_ms) {
     pthread_cond_broadcast(&e->wake);
     /* the worker delivers the cancellations; bound the wait as every wait is bounded */
     struct timespec grace = rlx__deadline_in(timeout_ms < 1000 ? 1000 : timeout_ms);
-    while (e->n_queued + e->n_running > 0)
+    while (e->n_queued + e->n_running + e->n_tasks > 0)
         if (pthread_cond_timedwait(&e->idle, &e->mu, &grace) == ETIMEDOUT)
             break;
     pthread_mutex_unlock(&e->mu);
@@ -1094,6 +1165,10 @@ static void *engine_main(void *arg) {
             if (e->slots[s].cancel)
                 finish_slot(e, s, RLX_FINISH_CANCELLED, RLX_OK, NULL);
         pthread_mutex_lock(&e->mu);
+        /* one turn of a task per step; every task's last call when closing */
+        run_task(e);
+        while (e->closing && e->task_head)
+            run_task(e);
         if (e->closing && e->n_in_flight) {
             /* the steps in flight come back (or fail) within the driver's deadlines */
             pthread_mutex_unlock(&e->mu);
@@ -1125,7 +1200,7 @@ static void *engine_main(void *arg) {
             continue;
         pthread_mutex_lock(&e->mu);
         pthread_cond_broadcast(&e->idle);
-        if (!e->closing && !e->queue_head) {
+        if (!e->closing && !e->queue_head && !e->task_head) {
             struct timespec until = rlx__deadline_in(ENGINE_IDLE_MS);
             pthread_cond_timedwait(&e->wake, &e->mu, &until);
         }

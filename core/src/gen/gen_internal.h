@@ -36,9 +36,6 @@ typedef struct rlx__batch rlx__batch;
 
 typedef struct rlx__batch_options {
     uint32_t n_slots, capacity, kv_dtype;
-    /* 1: the caller keeps rlx__batch_copy's rule for blocks with linear-attention layers and
-     * reuses a slot's state only where it ends; else such a block is refused */
-    uint32_t allow_recurrent;
     rlx_backend *const *backends; /* borrowed for the batch's lifetime */
     size_t n_backends;
     const rlx_place_rule *rules; /* borrowed for the batch's lifetime */
@@ -46,7 +43,9 @@ typedef struct rlx__batch_options {
     uint32_t check_finite; /* plans with RLX_PLAN_CHECK_FINITE */
 } rlx__batch_options;
 
-/* spec: the block (its all_logits, emit_hidden and mtp must be 0). */
+/* spec: the block (its all_logits, emit_hidden and mtp must be 0). A block with linear-attention
+ * layers holds a recurrent state per slot, which sums up all the slot's positions: the caller
+ * keeps rlx__batch_copy's rule and reuses a slot only where its state ends. */
 rlx_status rlx__batch_create(const rlx_model *m, const rlx_block_spec *spec, const rlx__batch_options *o,
                              rlx__batch **out);
 void rlx__batch_destroy(rlx__batch *b);

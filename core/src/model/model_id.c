@@ -11,6 +11,7 @@
 
 #include <openssl/evp.h>
 
+#include "model/arch.h"
 #include "model/model_internal.h"
 #include "model/weights_internal.h"
 #include "util/alloc.h"
@@ -133,19 +134,29 @@ rlx_status rlx__model_id_of(const rlx_model *m, char out[RLX_MODEL_ID_SIZE]) {
     return rc;
 }
 
-rlx_status rlx__model_config_and_id(const char *model_path, rlx_model_config *cfg, char id[RLX_MODEL_ID_SIZE]) {
+rlx_status rlx__model_config_and_id(const char *model_path, rlx_model_config *cfg, char id[RLX_MODEL_ID_SIZE],
+                                    int *recurrent) {
     int gguf;
     rlx_status rc = rlx__weights_path_is_gguf(model_path, &gguf);
     if (rc != RLX_OK)
         return rc;
-    if (!gguf)
-        return (rc = rlx_model_config_load_model(model_path, cfg)) != RLX_OK ? rc : rlx_model_id(model_path, id);
-    rlx_weights *w;
-    if ((rc = rlx_weights_open(model_path, &w)) != RLX_OK)
-        return rc;
-    if ((rc = rlx__model_config_from_gguf(w, cfg)) == RLX_OK)
-        rc = gguf_weights_id(w, id);
-    rlx_weights_close(w);
+    rlx__model_desc desc;
+    memset(&desc, 0, sizeof desc);
+    rlx_weights *w = NULL;
+    if (!gguf) {
+        if ((rc = rlx__model_desc_load_dir(model_path, &desc)) == RLX_OK)
+            rc = rlx_model_id(model_path, id);
+    } else if ((rc = rlx_weights_open(model_path, &w)) == RLX_OK) {
+        if ((rc = rlx__model_desc_from_gguf(w, &desc)) == RLX_OK)
+            rc = gguf_weights_id(w, id);
+        rlx_weights_close(w);
+    }
+    if (rc == RLX_OK)
+        *cfg = desc.cfg;
+    *recurrent = 0;
+    for (int64_t l = 0; rc == RLX_OK && l < desc.cfg.num_hidden_layers; l++)
+        *recurrent |= desc.layers[l].linear != 0;
+    rlx__model_desc_free(&desc);
     return rc;
 }
 

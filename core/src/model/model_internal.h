@@ -39,8 +39,9 @@ rlx_status rlx__model_config_from_gguf(const rlx_weights *w, rlx_model_config *o
  * releases again after hashing them) rather than from a second parse of the file. */
 rlx_status rlx__model_id_of(const rlx_model *m, char out[RLX_MODEL_ID_SIZE]);
 /* rlx_model_config_load_model and rlx_model_id of one model path, a GGUF header parsed once for
- * both. */
-rlx_status rlx__model_config_and_id(const char *model_path, rlx_model_config *cfg, char id[RLX_MODEL_ID_SIZE]);
+ * both, and whether the model has linear-attention layers (*recurrent). */
+rlx_status rlx__model_config_and_id(const char *model_path, rlx_model_config *cfg, char id[RLX_MODEL_ID_SIZE],
+                                    int *recurrent);
 
 /* Whether the block has Gated DeltaNet layers, whose per-sequence state is recurrent: it cannot
  * be cut back to an earlier position, only rebuilt by running the positions again. */
