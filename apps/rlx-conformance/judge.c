@@ -9,6 +9,17 @@
 #include "rlx/quant_iface.h"
 #include "runner.h"
 
+/* The worst ratio of an output's error to its bound, and where it is. */
+typedef struct worst_error {
+    double ratio, err, bound;
+    int64_t at;
+} worst_error;
+
+static void worst_note(worst_error *w, double err, double bound, int64_t at) {
+    if (err / bound > w->ratio)
+        *w = (worst_error){.ratio = err / bound, .err = err, .bound = bound, .at = at};
+}
+
 /* A MATMUL of a backend that declares RLX_PRECISION_Q8_ACT against the exact result, within
  * KIT_Q8_STEP (kit.h) per element. */
 static void judge_q8(kit_runner *r, const kit_check *c, const kit_node *n, const float *got, const float *want,
@@ -21,8 +32,7 @@ static void judge_q8(kit_runner *r, const kit_check *c, const kit_node *n, const
         result(res, KIT_FAIL, "kit: out of memory");
         return;
     }
-    double ratio = 0, err_x = 0, bound_x = 0;
-    int64_t at_x = 0;
+    worst_error exact = {0};
     for (int64_t o = 0; o < N; o++) {
         rlx_iface_dequant_row(n->in[1].dtype, (const char *)n->in[1].data + (size_t)o * row_bytes, w, K);
         for (int64_t m = 0; m < M; m++) {
@@ -45,28 +55,23 @@ static void judge_q8(kit_runner *r, const kit_check *c, const kit_node *n, const
                 }
             }
             const int64_t i = m * N + o;
-            const double d = fabs((double)got[i] - want[i]);
-            if (d / bound > ratio) {
-                ratio = d / bound;
-                err_x = d;
-                bound_x = bound;
-                at_x = i;
-            }
+            worst_note(&exact, fabs((double)got[i] - want[i]), bound, i);
         }
     }
     free(w);
-    res->err = err_x;
-    res->limit = bound_x;
-    if (ratio <= 1) {
+    res->err = exact.err;
+    res->limit = exact.bound;
+    if (exact.ratio <= 1) {
         result(res, KIT_PASS, "%s", "");
         return;
     }
     char pos[64];
-    where(&n->out, at_x, pos, sizeof pos);
+    where(&n->out, exact.at, pos, sizeof pos);
     result(res, KIT_FAIL,
            "backend '%s' (q8-act), node '%s': output%s = %.7g, exact %.7g: error %.3g beyond the bound %.3g of "
            "8-bit activations",
-           rlx_backend_name(r->tested), c->name, pos, (double)got[at_x], (double)want[at_x], err_x, bound_x);
+           rlx_backend_name(r->tested), c->name, pos, (double)got[exact.at], (double)want[exact.at], exact.err,
+           exact.bound);
 }
 
 /* The tolerance part of judge() for a MATMUL or MOE the backend computes with BF16-rounded
@@ -91,8 +96,7 @@ static void judge_bf16(kit_runner *r, const kit_check *c, const kit_node *n, con
         return;
     }
     /* exact: the worst ratio of |got - want| to its bound */
-    double ratio = 0, err_x = 0, bound_x = 0;
-    int64_t at_x = 0;
+    worst_error exact = {0};
     const int64_t N = n->out.shape[n->out.n_dims - 1], K = n->in[0].shape[n->in[0].n_dims - 1];
     float *w = kit_alloc((size_t)K * sizeof *w);
     if (!w) {
@@ -112,13 +116,7 @@ static void judge_bf16(kit_runner *r, const kit_check *c, const kit_node *n, con
                 sum += fabs((double)x[k] * w[k]);
             bound = KIT_BF16_UNIT * sum + tol * scale;
         }
-        const double d = fabs((double)got[i] - want[i]);
-        if (d / bound > ratio) {
-            ratio = d / bound;
-            err_x = d;
-            bound_x = bound;
-            at_x = i;
-        }
+        worst_note(&exact, fabs((double)got[i] - want[i]), bound, i);
     }
     free(w);
     double scale_e = 1, err_e = 0;
@@ -134,19 +132,19 @@ static void judge_bf16(kit_runner *r, const kit_check *c, const kit_node *n, con
     res->err = err_e;
     res->limit = (n->op == RLX_OP_MATMUL ? tol : KIT_BF16_MOE_EMULATED) * scale_e;
     char pos[64];
-    if (ratio > 1) {
-        where(&n->out, at_x, pos, sizeof pos);
+    if (exact.ratio > 1) {
+        where(&n->out, exact.at, pos, sizeof pos);
         result(res, KIT_FAIL,
                "backend '%s' (bf16-act), node '%s': output%s = %.7g, exact %.7g: error %.3g beyond %s "
                "bound %.3g",
-               rlx_backend_name(r->tested), c->name, pos, (double)got[at_x], (double)want[at_x], err_x, bound_text,
-               bound_x);
+               rlx_backend_name(r->tested), c->name, pos, (double)got[exact.at], (double)want[exact.at], exact.err,
+               bound_text, exact.bound);
     } else if (err_e > res->limit) {
         where(&n->out, at_e, pos, sizeof pos);
         result(res, KIT_FAIL, "backend '%s' (bf16-act), node '%s': output%s = %.7g, BF16 emulation %.7g",
                rlx_backend_name(r->tested), c->name, pos, (double)got[at_e], (double)emu[at_e]);
     } else {
-        result(res, KIT_PASS, "bf16-act: vs BF16 emulation; vs exact %.3g of the %s bound", ratio, bound_text);
+        result(res, KIT_PASS, "bf16-act: vs BF16 emulation; vs exact %.3g of the %s bound", exact.ratio, bound_text);
     }
     free(emu);
 }

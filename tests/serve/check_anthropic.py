@@ -14,7 +14,6 @@ surfaces as the client's 400 invalid_request_error.
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -22,7 +21,7 @@ import jsonschema
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from serve_util import fetch_npm, Checks, Server, generate, main_guard  # noqa: E402
+from serve_util import npm_client, Checks, Server, generate, main_guard  # noqa: E402
 
 SDK = "@anthropic-ai/sdk@1.17.0"
 KEY = "sk-ant-test"
@@ -37,14 +36,9 @@ def main():
     ap.add_argument("--rlx", required=True)
     ap.add_argument("--npm", required=True, help="folder to install the SDK into")
     args = ap.parse_args()
-    for tool in ("node", "npm"):
-        if not shutil.which(tool):
-            print(f"SKIPPED: missing input: {tool} is not installed, so the Anthropic SDK cannot be fetched and run")
-            return 77
-    failed = fetch_npm(args.npm, SDK)
-    if failed:
-        print(f"FAIL {failed}")
-        return 1
+    missing = npm_client(args.npm, SDK, "the Anthropic SDK")
+    if missing is not None:
+        return missing
     c = Checks()
     ref = generate(args.rlx, ["--chat", "-p", PROMPT, "-n", str(N)])
     longer = generate(args.rlx, ["--chat", "-p", PROMPT, "-n", "64"])

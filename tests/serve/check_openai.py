@@ -12,7 +12,6 @@ Skips (status 77) when node or npm is missing, saying which.
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ import jsonschema
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from serve_util import fetch_npm, Checks, Server, generate, main_guard  # noqa: E402
+from serve_util import npm_client, Checks, Server, generate, main_guard  # noqa: E402
 
 OPENAI = "openai@6.30.1"  # the last major that runs on Debian 12's and the image's Node 20
 KEY = "sk-npm-test"
@@ -33,14 +32,9 @@ def main():
     ap.add_argument("--rlx", required=True)
     ap.add_argument("--npm", required=True, help="folder to install the openai package into")
     args = ap.parse_args()
-    for tool in ("node", "npm"):
-        if not shutil.which(tool):
-            print(f"SKIPPED: missing input: {tool} is not installed, so the openai npm client cannot be fetched and run")
-            return 77
-    failed = fetch_npm(args.npm, OPENAI)
-    if failed:
-        print(f"FAIL {failed}")
-        return 1
+    missing = npm_client(args.npm, OPENAI, "the openai npm client")
+    if missing is not None:
+        return missing
     c = Checks()
     ref = generate(args.rlx, ["-p", PROMPT, "-n", str(N)])
     ref_chat = generate(args.rlx, ["--chat", "-p", PROMPT, "-n", str(N)])

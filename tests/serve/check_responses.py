@@ -22,7 +22,6 @@ one serve_openai fetches into the build tree) against rlx serve with an API key,
 import argparse
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import jsonschema
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from serve_util import fetch_npm, Checks, Server, main_guard  # noqa: E402
+from serve_util import npm_client, Checks, Server, main_guard  # noqa: E402
 
 OPENAI = "openai@6.30.1"  # serve_openai's: both tests share the fetched package
 KEY = "sk-responses-test"
@@ -161,14 +160,9 @@ def main():
     ap.add_argument("--rlx", required=True)
     ap.add_argument("--npm", required=True, help="folder to install the openai package into")
     args = ap.parse_args()
-    for tool in ("node", "npm"):
-        if not shutil.which(tool):
-            print(f"SKIPPED: missing input: {tool} is not installed, so the openai npm client cannot be fetched and run")
-            return 77
-    failed = fetch_npm(args.npm, OPENAI)
-    if failed:
-        print(f"FAIL {failed}")
-        return 1
+    missing = npm_client(args.npm, OPENAI, "the openai npm client")
+    if missing is not None:
+        return missing
     c = Checks()
     with Server(args.rlx, ["--api-key", KEY, "--parallel", "2", "--slot-ctx", "1024", "--slots"]) as s:
         p = subprocess.run(["node", os.path.join(HERE, "responses_client.js"), args.npm, s.url() + "/v1", KEY, PROMPT,

@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,6 +122,21 @@ def fetch_npm(folder, package):
     p = subprocess.run([os.path.join(HERE, "..", "fetch_npm.sh"), folder, package], capture_output=True, text=True,
                        timeout=600)
     return None if p.returncode == 0 else f"cannot fetch {package}: {p.stdout}{p.stderr}"
+
+
+def npm_client(folder, package, what):
+    """Fetches package into folder for a test that drives what with node: None when it is ready,
+    else the exit code after saying why (77, a skip, without node or npm; 1 when the fetch
+    fails)."""
+    for tool in ("node", "npm"):
+        if not shutil.which(tool):
+            print(f"SKIPPED: missing input: {tool} is not installed, so {what} cannot be fetched and run")
+            return 77
+    failed = fetch_npm(folder, package)
+    if failed:
+        print(f"FAIL {failed}")
+        return 1
+    return None
 
 
 def generate(rlx, args, model=BROWN):
