@@ -106,7 +106,7 @@ void kit_judge_invariance(kit_runner *r, const kit_check *c, kit_node *n, kit_re
             bo.n_threads = r->o->threads == 1 ? 2 : 1;
             bo.extra = r->o->backend_opts;
             phase(r, "open() with another thread count");
-            if ((r->o->builtin_ref ? rlx_backend_create_ref_opts(&bo, &other)
+            if ((r->o->builtin_ref ? rlx_backend_create_ref(&bo, &other)
                                    : rlx_backend_create(r->plugin, &bo, &other)) != RLX_OK) {
                 result(res, KIT_FAIL, "backend '%s' failed to open with %u threads: %s", bname, bo.n_threads,
                        rlx_last_error());

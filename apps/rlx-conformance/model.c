@@ -357,10 +357,13 @@ static int span_pair_open(rlx_model *m, rlx_backend *b, uint32_t n, uint32_t cap
                                  .embed_input = 1,
                                  .produce_logits = 1,
                                  .all_logits = 1};
-    if (rlx_model_build_block(m, &spec, n, capacity, &s->g, &s->io) != RLX_OK) {
+    const rlx_build_options bo = {.size = sizeof bo, .n_tokens = n, .kv_capacity = capacity};
+    rlx_batch_io bio;
+    if (rlx_model_build_block(m, &spec, &bo, &s->g, &bio) != RLX_OK) {
         snprintf(why, why_len, "cannot build the block: %s", rlx_last_error());
         return -1;
     }
+    s->io = bio.block;
     /* every cache or recurrent state gets room for the largest of them (F32: the block's default) */
     size_t per_cache = 0;
     for (uint32_t l = 0; l < s->io.n_layers; l++)
@@ -372,7 +375,7 @@ static int span_pair_open(rlx_model *m, rlx_backend *b, uint32_t n, uint32_t cap
     for (int i = 0; i < 2; i++) {
         const rlx_plan_options o = {
             .size = sizeof o, .flags = i ? RLX_PLAN_PER_NODE : 0, .backends = &b, .n_backends = 1};
-        if (rlx_plan_create_opts(s->g, &o, &s->plan[i]) != RLX_OK) {
+        if (rlx_plan_create(s->g, &o, &s->plan[i]) != RLX_OK) {
             snprintf(why, why_len, "cannot plan the model%s: %s", i ? " node by node" : "", rlx_last_error());
             return -1;
         }

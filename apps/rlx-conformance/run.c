@@ -21,7 +21,7 @@ int kit_open_tested(kit_runner *r, rlx_backend **out) {
     rlx_backend_options bo = rlx_backend_options_default();
     bo.n_threads = r->o->threads;
     bo.extra = r->o->backend_opts;
-    return r->o->builtin_ref ? rlx_backend_create_ref_opts(&bo, out) : rlx_backend_create(r->plugin, &bo, out);
+    return r->o->builtin_ref ? rlx_backend_create_ref(&bo, out) : rlx_backend_create(r->plugin, &bo, out);
 }
 
 typedef struct failed_files {
@@ -68,7 +68,7 @@ int kit_runner_open(const kit_options *o, kit_runner **out, char *why, size_t wh
     }
     rlx_backend_options emulate = rlx_backend_options_default();
     emulate.extra = "act=bf16";
-    if (rlx_backend_create_ref(&r->ref) != RLX_OK || rlx_backend_create_ref_opts(&emulate, &r->ref_bf16) != RLX_OK) {
+    if (rlx_backend_create_ref(NULL, &r->ref) != RLX_OK || rlx_backend_create_ref(&emulate, &r->ref_bf16) != RLX_OK) {
         snprintf(why, why_len, "cannot open the reference kernels: %s", rlx_last_error());
         goto fail;
     }

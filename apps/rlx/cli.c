@@ -171,17 +171,16 @@ app_opt_group app_model_group(app_options *o) {
     return APP_OPT_GROUP("model:", opts);
 }
 
-/* f32 or f16 (llama.cpp's names; its quantized cache types are not supported) */
+/* llama.cpp's names of the cache types rlx has (its other quantized ones are not supported) */
 static int parse_cache_type(const char *opt, const char *value, uint32_t *type) {
-    if (strcmp(value, "f32") == 0)
-        *type = RLX_DTYPE_F32;
-    else if (strcmp(value, "f16") == 0)
-        *type = RLX_DTYPE_F16;
-    else {
-        app_fail("%s: '%s' is not a KV cache type rlx has: f32 or f16", opt, value);
-        return -1;
-    }
-    return 0;
+    static const uint32_t types[] = {RLX_DTYPE_F32, RLX_DTYPE_F16, RLX_DTYPE_Q8_0};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (strcmp(value, rlx_dtype_name((int)types[i])) == 0) {
+            *type = types[i];
+            return 0;
+        }
+    app_fail("%s: '%s' is not a KV cache type rlx has: f32, f16 or q8_0", opt, value);
+    return -1;
 }
 
 /* -ctk alone sets V too, and -ctv alone K: rlx keeps one type, and llama.cpp's users give the one
@@ -291,8 +290,8 @@ app_opt_group app_common_group(app_options *o) {
          "rlx quantize --type TYPE would (q8_0, q4_0, q4_k_m, ...)",
          APP_OPT_STRING, &o->quant},
         {0, "cache-type-k", NULL, "TYPE",
-         "KV cache type, f32 (default) or f16 (-ctk; half the memory); rlx keeps K\n"
-         "and V in one type, so -ctk alone sets both",
+         "KV cache type (-ctk): f16 (default), f32 (twice the memory) or q8_0\n"
+         "(0.53x f16's); rlx keeps K and V in one type, so -ctk alone sets both",
          APP_OPT_CUSTOM, o, .parse = parse_cache_type_k},
         {0, "cache-type-v", NULL, "TYPE", "the same for the values (-ctv; alone it sets both too)", APP_OPT_CUSTOM, o,
          .parse = parse_cache_type_v},

@@ -34,7 +34,7 @@ typedef struct app_options {
     uint32_t ctx;
     int verbose;
     const char *quant; /* --quant TYPE: quantize a safetensors model's matrices when loading it */
-    /* --cache-type-k / --cache-type-v (-ctk, -ctv): the KV cache's rlx_dtype, F32 unless given;
+    /* --cache-type-k / --cache-type-v (-ctk, -ctv): the KV cache's rlx_dtype, F16 unless given;
      * one given alone sets both (rlx keeps K and V in one type) */
     uint32_t cache_type_k, cache_type_v;
     int cache_type_k_given, cache_type_v_given;

@@ -271,7 +271,7 @@ static rlx_driver_stage_stats *stage_snapshot(const rlx_runtime *rt, uint32_t *n
     *n = d ? rlx_driver_n_stages(d) : 0;
     rlx_driver_stage_stats *s = *n ? calloc(*n, sizeof *s) : NULL;
     for (uint32_t i = 0; s && i < *n; i++)
-        rlx_driver_stage_stats_get(d, i, &s[i]);
+        rlx_driver_stage_stats_of(d, i, &s[i]);
     if (!s)
         *n = 0;
     return s;
@@ -538,7 +538,7 @@ int cmd_bench(int argc, char **argv, app_options *o) {
     double rss_mb = (double)ru.ru_maxrss / 1024.0;
     host_info host;
     host_describe(&host);
-    const char *kv_type = o->cache_type_k == RLX_DTYPE_F16 ? "f16" : "f32";
+    const char *kv_type = rlx_dtype_name((int)o->cache_type_k); /* llama-bench's names: f16, q8_0, ... */
     if (json) {
         double pp_tps = 0, tg_tps = 0;
         for (size_t i = 0; i < n_rows; i++)

@@ -114,7 +114,8 @@ static int show(reply *r, const char *text, size_t len) {
     return append(r, text, len) < 0 || fwrite(text, 1, len, stdout) != len || fflush(stdout) != 0 ? -1 : 0;
 }
 
-static int on_token(void *ctx, int32_t token) {
+static int on_token(void *ctx, int32_t token, const float *logits) {
+    (void)logits;
     reply *r = ctx;
     if (r->n_ids == r->cap_ids) {
         size_t cap = r->cap_ids ? 2 * r->cap_ids : 64;

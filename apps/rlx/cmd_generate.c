@@ -271,12 +271,12 @@ int cmd_generate(int argc, char **argv, app_options *o) {
     if (!status)
         status = app_output_create(&oo, &out);
     if (!status && rt.spec) {
-        if (rlx_spec_generate_ex(&rt.lm, rt.spec, rt.draft_tokens, sampler, ids + skip, (uint32_t)(n - skip), max_new,
-                                 emit, out, &sst) != RLX_OK)
+        if (rlx_spec_generate(&rt.lm, rt.spec, rt.draft_tokens, sampler, ids + skip, (uint32_t)(n - skip), max_new,
+                              emit, out, &sst) != RLX_OK)
             status = app_fail_rlx("generate");
         st = sst.gen;
     } else if (!status &&
-               rlx_generate_ex(&rt.lm, sampler, ids + skip, (uint32_t)(n - skip), max_new, emit, out, &st) != RLX_OK) {
+               rlx_generate(&rt.lm, sampler, ids + skip, (uint32_t)(n - skip), max_new, emit, out, &st) != RLX_OK) {
         status = app_fail_rlx("generate");
     }
     const int context_full = max_new < n_new && st.n_generated == max_new && !st.stopped_on_eos;

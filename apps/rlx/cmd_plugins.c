@@ -60,7 +60,7 @@ int cmd_plugins(int argc, char **argv, app_options *o) {
     printf("%-12s %-11s %-8s %s\n", "ref", "backend", "builtin", "(reference kernels in librlx)");
     if (o->verbose) {
         rlx_backend *b = NULL;
-        rlx_status rc = rlx_backend_create_ref(&b);
+        rlx_status rc = rlx_backend_create_ref(NULL, &b);
         print_describe(rc, b);
     }
     listing l = {.n = 0, .verbose = o->verbose};

@@ -64,10 +64,12 @@ typedef struct serve_args {
     uint64_t max_body;
     int total_ctx_given, parallel_given, api_key_given, insecure_listen, special_in_content;
     int reasoning_split; /* --reasoning-format: 1 auto/deepseek (the default), 0 none */
+    int think;           /* --reasoning: 0 off, 1 on or auto (the default) */
     int no_slots;        /* --no-slots: GET /slots answers 501 (llama-server's default is to serve it) */
     int embedding, reranking;
-    int pooling;  /* --pooling's serve_pooling, -1 when not given */
-    int no_webui; /* --no-webui: no chat page at / */
+    int pooling;        /* --pooling's serve_pooling, -1 when not given */
+    int embd_normalize; /* --embd-normalize, 2 (Euclidean) by default */
+    int no_webui;       /* --no-webui: no chat page at / */
     const char *cors_origins[MAX_CORS_ORIGINS];
     size_t n_cors_origins;
 } serve_args;
@@ -86,6 +88,34 @@ static int parse_cors_origin(const char *opt, const char *value, void *target) {
     if (a->n_cors_origins == MAX_CORS_ORIGINS)
         return app_fail("serve: %s: at most %d origins (or '*' for any)", opt, MAX_CORS_ORIGINS), -1;
     a->cors_origins[a->n_cors_origins++] = value;
+    return 0;
+}
+
+/* --cors-origins A,B,..: llama-server's spelling, a comma-separated list of --cors-origin values
+ * or the word localhost (any origin whose host is localhost, 127.0.0.1 or [::1]). The items are
+ * cut in a copy that lives as long as the process, as argv does. */
+static int parse_cors_origins(const char *opt, const char *value, void *target) {
+    static char copies[4096];
+    static size_t used;
+    const size_t len = strlen(value);
+    if (len >= sizeof copies - used)
+        return app_fail("serve: %s: the lists are longer than %zu bytes", opt, sizeof copies - 1), -1;
+    char *item = memcpy(copies + used, value, len + 1);
+    used += len + 1;
+    for (char *end; item; item = end) {
+        if ((end = strchr(item, ',')))
+            *end++ = '\0';
+        item += strspn(item, " ");
+        item[strcspn(item, " ")] = '\0';
+        if (strcmp(item, "localhost") == 0) {
+            serve_args *a = target;
+            if (a->n_cors_origins == MAX_CORS_ORIGINS)
+                return app_fail("serve: %s: at most %d origins (or '*' for any)", opt, MAX_CORS_ORIGINS), -1;
+            a->cors_origins[a->n_cors_origins++] = item;
+        } else if (parse_cors_origin(opt, item, target) < 0) {
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -146,6 +176,18 @@ static int parse_reasoning_format(const char *opt, const char *value, void *targ
            -1;
 }
 
+/* --reasoning on|off|auto (llama-server's -rea): whether a chat request that does not say
+ * (chat_template_kwargs.enable_thinking) gets the template's thinking mode. auto leaves it to the
+ * template, which is thinking where the template has a switch for it (Qwen3's). */
+static int parse_reasoning(const char *opt, const char *value, void *target) {
+    int *think = target;
+    if (strcmp(value, "on") == 0 || strcmp(value, "auto") == 0 || strcmp(value, "off") == 0) {
+        *think = strcmp(value, "off") != 0;
+        return 0;
+    }
+    return app_fail("serve: %s: '%s' is not on, off or auto", opt, value), -1;
+}
+
 /* --chat-template TEXT: a Jinja template given inline. llama-server also takes the names of the
  * templates it carries in C++ (chatml, llama3, ...), which rlx does not have. */
 static int parse_chat_template(const char *opt, const char *value, void *target) {
@@ -172,6 +214,21 @@ static int parse_pooling(const char *opt, const char *value, void *target) {
     return 0;
 }
 
+/* --embd-normalize N: llama-server's numbers (-1 none, 0 max-abs int16, 1 taxicab, 2 Euclidean,
+ * p > 2 the p-norm), bounded as a request's embd_normalize is. */
+static int parse_embd_normalize(const char *opt, const char *value, void *target) {
+    char *end;
+    errno = 0;
+    const long v = strtol(value, &end, 10);
+    if (errno || end == value || *end || v < -1 || v > SERVE_MAX_NORM_P)
+        return app_fail("serve: %s '%s': want an integer from -1 to %d (-1 none, 0 max-abs int16, 1 taxicab, "
+                        "2 Euclidean, p > 2 the p-norm)",
+                        opt, value, SERVE_MAX_NORM_P),
+               -1;
+    *(int *)target = (int)v;
+    return 0;
+}
+
 /* The session of --embedding and --reranking, on the engine's model and backends (its positions
  * a slot's), and the pooling: --pooling, else the model's sentence-transformers config, else the
  * last position's (a causal model's, as Qwen3-Embedding's). */
@@ -182,6 +239,7 @@ static int open_embedder(serve_server *s, const app_runtime *rt, const serve_arg
         return app_fail("serve: --embedding and --reranking run on a local model, not over a pipeline");
     char why[600];
     s->pooling = a->pooling;
+    s->embd_normalize = a->embd_normalize;
     if (s->pooling < 0 && (s->pooling = serve_pooling_of_model(rt->model_dir, why, sizeof why)) == -2)
         return app_fail("serve: %s", why);
     if (s->pooling < 0)
@@ -436,7 +494,9 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                     .max_connections = 1024,
                     .max_connections_per_ip = 128,
                     .reasoning_split = 1,
-                    .pooling = -1};
+                    .think = 1,
+                    .pooling = -1,
+                    .embd_normalize = 2};
     app_spec_options spec = {0};
     app_sampling sampling = {0};
     const app_opt own[] = {
@@ -468,6 +528,10 @@ int cmd_serve(int argc, char **argv, app_options *o) {
          "the same with the key read from FILE's first line (kept out of ps; the file\n"
          "must be mode 600 or stricter)",
          APP_OPT_STRING, &a.api_key_file},
+        {0, "cors-origins", NULL, "LIST",
+         "llama-server's form: --cors-origin values separated by commas, or localhost\n"
+         "for any origin on localhost, 127.0.0.1 or [::1] (any scheme and port)",
+         APP_OPT_CUSTOM, &a, .parse = parse_cors_origins},
         {0, "cors-origin", NULL, "ORIGIN",
          "serve cross-origin requests of browser pages from ORIGIN (scheme://host[:port],\n"
          "or * for any), with CORS headers and OPTIONS preflights; repeatable, up to 16",
@@ -541,12 +605,22 @@ int cmd_serve(int argc, char **argv, app_options *o) {
          "how embeddings pool the positions: last, mean, cls or none (/embeddings\n"
          "only); default: the model's 1_Pooling/config.json, else last; rank: --reranking",
          APP_OPT_CUSTOM, &a, .parse = parse_pooling},
+        {0, "embd-normalize", NULL, "N",
+         "how embeddings are normalized when a request's embd_normalize does not say:\n"
+         "-1 none, 0 max-abs to int16's range, 1 taxicab, 2 Euclidean (default), p > 2\n"
+         "the p-norm",
+         APP_OPT_CUSTOM, &a.embd_normalize, .parse = parse_embd_normalize},
         {0, "threads-http", NULL, "N", "taken, with a note: each connection has a thread of its own", APP_OPT_CUSTOM,
          (void *)"each connection has a thread of its own, up to --max-connections", .parse = parse_threads_http},
         {0, "reasoning-format", NULL, "FMT",
          "auto (default) or deepseek: a thinking model's <think> block goes to\n"
          "reasoning_content; none: it stays in content (a request's reasoning_format wins)",
          APP_OPT_CUSTOM, &a.reasoning_split, .parse = parse_reasoning_format},
+        {0, "reasoning", NULL, "on|off|auto",
+         "whether chat requests that do not say (chat_template_kwargs.enable_thinking)\n"
+         "get the template's thinking mode: auto (default) and on leave it on, off\n"
+         "turns it off",
+         APP_OPT_CUSTOM, &a.think, .parse = parse_reasoning},
     };
     const app_opt_group groups[] = {APP_OPT_GROUP("serve:", own), APP_OPT_GROUP("llama-server's flags:", llama),
                                     app_common_group(o),          app_sampling_group(&sampling),
@@ -606,6 +680,7 @@ int cmd_serve(int argc, char **argv, app_options *o) {
                       .chat_default = a.n_predict_given ? max_tokens_default(a.n_predict) : 0,
                       .special_in_content = a.special_in_content,
                       .reasoning_split = a.reasoning_split,
+                      .think = a.think,
                       .no_slots = a.no_slots,
                       .no_webui = a.no_webui,
                       .chat_template = template_text};

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "common.h"
+#include "rlx/private.h"
 
 #define PROGRESS_MIN_BYTES ((size_t)256 << 20)
 

@@ -53,7 +53,8 @@ int main(int argc, char **argv) {
     bound_openmp_spinning();
     /* a closed stdout must end the program with an error, not kill it */
     signal(SIGPIPE, SIG_IGN);
-    app_options o = {0};
+    /* an F16 KV cache unless -ctk/-ctv say otherwise: llama.cpp's default, half F32's memory */
+    app_options o = {.cache_type_k = RLX_DTYPE_F16, .cache_type_v = RLX_DTYPE_F16};
     char usage[2048];
     usage_text(usage, sizeof usage, 1);
     const app_opt_group groups[] = {app_common_group(&o), app_pipeline_group(&o.pipeline)};

@@ -59,7 +59,7 @@ int app_opts_parse(const app_command_spec *spec, int argc, char **argv, int stop
 /* Prints the option lines of the groups, each under its title. */
 void app_opts_help(const app_opt_group *groups, size_t n_groups);
 
-/* "rlx 0.1.0 (backend ABI 1.2, ...)" on stdout, for --version. */
+/* "rlx 0.2.0 (backend ABI 1.8, ...)" on stdout, for --version. */
 void app_print_version(void);
 
 #endif

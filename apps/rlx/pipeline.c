@@ -23,6 +23,7 @@
 #include "pipeline.h"
 #include "rlx/deploy.h"
 #include "rlx/dist.h"
+#include "rlx/private.h"
 
 #define LAUNCH_TIMEOUT_MS 300000 /* a stage reads its weights in before it listens */
 #define STOP_GRACE_MS 5000
@@ -264,12 +265,11 @@ static void common_args(argv_builder *b, const app_options *o, const char *trans
         arg(b, "--quant");
         arg(b, o->quant);
     }
-    if (o->cache_type_k == RLX_DTYPE_F16) { /* the stages hold the cache */
-        arg(b, "--cache-type-k");
-        arg(b, "f16");
-        arg(b, "--cache-type-v");
-        arg(b, "f16");
-    }
+    /* the stages hold the cache, in the driver's type */
+    arg(b, "--cache-type-k");
+    arg(b, rlx_dtype_name((int)o->cache_type_k));
+    arg(b, "--cache-type-v");
+    arg(b, rlx_dtype_name((int)o->cache_type_v));
     if (o->check_finite) /* the stages compute */
         arg(b, "--check-finite");
     if (threads)
@@ -596,7 +596,7 @@ void app_pipeline_describe(const rlx_runtime *rt) {
         return;
     for (uint32_t i = 0; i < rlx_driver_n_stages(d); i++) {
         rlx_driver_stage_info info;
-        if (rlx_driver_stage_info_get(d, i, &info) == RLX_OK)
+        if (rlx_driver_stage_info_of(d, i, &info) == RLX_OK)
             fprintf(stderr, "rlx: stage %u at %s: layers %u-%u on %s, %.1f MiB resident, %u positions\n", i,
                     info.address, info.layers.start, info.layers.end - 1, info.backend,
                     (double)info.rss_bytes / 1048576.0, info.kv_capacity);

@@ -30,6 +30,7 @@
 #include "kern.h"
 #include "node_check.h"
 #include "openblas.h"
+#include "plugin_entry.h"
 #include "pool.h"
 #include "rlx/backend_iface.h"
 #include "rlx/quant_iface.h"
@@ -71,8 +72,8 @@ static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64
     return (c + align - 1) / align * align;
 }
 
-/* Parses opts->extra, "key=value" pairs separated by commas:
- *   isa=auto|avx512|avx2|c   kernels to use (default auto: the best the CPU has, at most $RLX_ISA)
+/* The keys of opts->extra, "key=value" pairs separated by commas, besides kern_open's
+ * isa=auto|avx512|avx2|c (the kernels: default auto, the best the CPU has, at most $RLX_ISA):
  *   tile_kb=N                per-thread F32 weight tile for BF16/F16 prefill (default 1536)
  *   spin_us=N                how long an idle pool thread spins before sleeping (default 200)
  *   gemv_m=N                 largest token count using the GEMV kernels (default 12)
@@ -84,31 +85,22 @@ static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64
  *                            form, so a sequence's do not depend on how it was split into calls
  *                            (default 0: sgemv for one row and sgemm past gemv_m, the chunked
  *                            delta rule over a prompt: faster prefill) */
-static int cpu_blas_parse_extra(cpu_blas *s, const char *extra, char *isa, size_t isa_len) {
-    const rlx_host *h = s->host;
-    const char *cursor = extra;
-    rlx_iface_option o;
-    char err[256];
+static bool cpu_blas_option(void *self, const rlx_iface_option *o) {
+    cpu_blas *s = self;
     long long v;
-    int rc;
-    while ((rc = rlx_iface_option_next(&cursor, &o, err, sizeof err)) > 0) {
-        if (rlx_iface_option_is(&o, "isa") && o.value_len < isa_len) {
-            memcpy(isa, o.value, o.value_len + 1);
-        } else if (rlx_iface_option_is(&o, "tile_kb") && rlx_iface_option_int(&o, 16, 65536, &v)) {
-            s->tile_bytes = (size_t)v * 1024;
-        } else if (rlx_iface_option_is(&o, "spin_us") && rlx_iface_option_int(&o, 0, 1000000, &v)) {
-            s->spin_ns = v * 1000;
-        } else if (rlx_iface_option_is(&o, "gemv_m") && rlx_iface_option_int(&o, 0, 4096, &v)) {
-            s->gemv_max_m = (int)v;
-        } else if (rlx_iface_option_is(&o, "fuse") && rlx_iface_option_int(&o, 0, 1, &v)) {
-            s->fuse = v != 0;
-        } else if (rlx_iface_option_is(&o, "batch_invariant") && rlx_iface_option_int(&o, 0, 1, &v)) {
-            s->invariant = v != 0;
-        } else {
-            return h->error(RLX_E_INVALID, "cpu-blas: unknown or out-of-range option '%.*s'", o.item_len, o.item);
-        }
-    }
-    return rc < 0 ? h->error(rc, "cpu-blas: %s", err) : rc;
+    if (rlx_iface_option_is(o, "tile_kb") && rlx_iface_option_int(o, 16, 65536, &v))
+        s->tile_bytes = (size_t)v * 1024;
+    else if (rlx_iface_option_is(o, "spin_us") && rlx_iface_option_int(o, 0, 1000000, &v))
+        s->spin_ns = v * 1000;
+    else if (rlx_iface_option_is(o, "gemv_m") && rlx_iface_option_int(o, 0, 4096, &v))
+        s->gemv_max_m = (int)v;
+    else if (rlx_iface_option_is(o, "fuse") && rlx_iface_option_int(o, 0, 1, &v))
+        s->fuse = v != 0;
+    else if (rlx_iface_option_is(o, "batch_invariant") && rlx_iface_option_int(o, 0, 1, &v))
+        s->invariant = v != 0;
+    else
+        return false;
+    return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -158,10 +150,9 @@ static void cpu_blas_close(void *self) {
 
 static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, void **self) {
     *self = NULL;
-    cpu_blas *s = host->alloc(sizeof *s, KERN_ALIGN);
+    cpu_blas *s = kern_zalloc(host, "cpu-blas", sizeof *s);
     if (!s)
-        return host->error(RLX_E_NOMEM, "cpu-blas: out of memory");
-    memset(s, 0, sizeof *s);
+        return RLX_E_NOMEM;
     s->host = host;
     s->tile_bytes = 1536 * 1024;
     s->gemv_max_m = 12;
@@ -170,25 +161,19 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
     /* the cores this process may run on, which a container or taskset can make fewer than online */
     cpu_set_t cpus;
     long n_cpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : sysconf(_SC_NPROCESSORS_ONLN);
-    s->n_threads = n_cpu > 0 ? (int)(n_cpu < 256 ? n_cpu : 256) : 1;
-    char isa[16] = "auto";
-    int rc;
-    if (opts && RLX_HAS(rlx_backend_options, opts, n_threads) && opts->n_threads > 0)
-        s->n_threads = opts->n_threads < 256 ? (int)opts->n_threads : 256;
-    if (opts && RLX_HAS(rlx_backend_options, opts, extra) &&
-        (rc = cpu_blas_parse_extra(s, opts->extra, isa, sizeof isa)) < 0)
+    const kern_par par = {.self = s,
+                          .n_threads = n_cpu > 0 ? (int)(n_cpu < 256 ? n_cpu : 256) : 1,
+                          .parallel_for = cpu_blas_parallel_for,
+                          .parallel_tasks = cpu_blas_parallel_tasks};
+    int rc = kern_open(&s->kern, host, "cpu-blas", opts, 256, cpu_blas_option, par);
+    if (rc < 0)
         goto fail;
+    s->n_threads = s->kern.par.n_threads;
+    s->kern.split_invariant = s->invariant;
     if (!cpu_blas_ob && !(cpu_blas_ob = cpu_blas_openblas_load(host))) {
         rc = RLX_E_UNSUPPORTED;
         goto fail;
     }
-    const kern_par par = {.self = s,
-                          .n_threads = s->n_threads,
-                          .parallel_for = cpu_blas_parallel_for,
-                          .parallel_tasks = cpu_blas_parallel_tasks};
-    if ((rc = kern_init(&s->kern, host, "cpu-blas", isa, par)) < 0)
-        goto fail;
-    s->kern.split_invariant = s->invariant;
     /* The pool parallelises every matmul itself; OpenBLAS threads would only compete with it. */
     cpu_blas_ob->set_num_threads(1);
 
@@ -226,14 +211,12 @@ static bool cpu_blas_mm_tiled(const cpu_blas *s, int64_t M, int wdt);
  * time, so a MOE declares the looser bound. Everything else is F32 arithmetic on exactly
  * widened weights. */
 static uint32_t cpu_blas_precision(void *self, const rlx_node_view *node) {
-    const cpu_blas *s = self;
-    const bool quantized = node->op == RLX_OP_MATMUL
-                               ? node->n_inputs > 1 && kern_quant_supported((int)node->inputs[1].dtype) &&
-                                     !cpu_blas_mm_tiled(s, rlx_iface_rows(&node->inputs[0]), (int)node->inputs[1].dtype)
-                           : node->op == RLX_OP_MOE
-                               ? node->n_inputs > 2 && kern_quant_supported((int)node->inputs[2].dtype)
-                               : false;
-    return quantized ? RLX_PRECISION_Q8_ACT : RLX_PRECISION_F32;
+    const int wdt = node_weight_dtype(node);
+    if (wdt < 0 || !kern_quant_supported(wdt))
+        return RLX_PRECISION_F32;
+    return node->op == RLX_OP_MATMUL && cpu_blas_mm_tiled(self, rlx_iface_rows(&node->inputs[0]), wdt)
+               ? RLX_PRECISION_F32
+               : RLX_PRECISION_Q8_ACT;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -681,23 +664,11 @@ static const rlx_backend_iface cpu_blas_iface = {
     .release_span = cpu_blas_release_span,
 };
 
-static const rlx_plugin cpu_blas_plugin = {
-    .size = sizeof(rlx_plugin),
-    .abi_major = RLX_ABI_MAJOR,
-    .abi_minor = RLX_ABI_MINOR,
-    .kind = RLX_PLUGIN_BACKEND,
-    .name = "cpu-blas",
-    .version = "0.1.0",
-    .summary = "CPU backend: OpenBLAS plus AVX-512/AVX2 kernels on its own thread pool; F32/BF16/F16 and "
-               "GGUF-quantized weights",
-    .iface = &cpu_blas_iface,
-};
+static const rlx_plugin cpu_blas_plugin = PLUGIN_BACKEND_DESC(
+    "cpu-blas", "0.1.0",
+    "CPU backend: OpenBLAS plus AVX-512/AVX2 kernels on its own thread pool; F32/BF16/F16 and GGUF-quantized weights",
+    &cpu_blas_iface);
 
 RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) {
-    if (!host || host->abi_major != RLX_ABI_MAJOR) {
-        if (host && host->error)
-            host->error(RLX_E_ABI, "cpu-blas: built for ABI %d, host has %u", RLX_ABI_MAJOR, host->abi_major);
-        return NULL;
-    }
-    return &cpu_blas_plugin;
+    return plugin_entry(host, &cpu_blas_plugin);
 }

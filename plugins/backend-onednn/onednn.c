@@ -40,6 +40,7 @@
 
 #include "kern.h"
 #include "node_check.h"
+#include "plugin_entry.h"
 #include "pool.h"
 #include "rlx/backend_iface.h"
 
@@ -212,9 +213,9 @@ static bool onednn_has_bf16(const onednn *s) {
     return true;
 }
 
-/* Parses opts->extra, "key=value" pairs separated by commas:
- *   isa=auto|avx512|avx2|c   kernels for the non-matmul ops (default auto: the best the CPU has, at
- *                            most $RLX_ISA; oneDNN's own are capped by DNNL_MAX_CPU_ISA)
+/* The keys of opts->extra, "key=value" pairs separated by commas, besides kern_open's
+ * isa=auto|avx512|avx2|c (the kernels of the non-matmul ops: default auto, the best the CPU has,
+ * at most $RLX_ISA; oneDNN's own are capped by DNNL_MAX_CPU_ISA):
  *   bf16=auto|0              0: never round activations to BF16; BF16 weights are then widened
  *                            and multiplied in F32, exact like the reference (default auto)
  *   f32=auto|packed|blocked  packed: copy F32 weights into oneDNN's layout even where it is a
@@ -226,34 +227,25 @@ static bool onednn_has_bf16(const onednn *s) {
  *   drop=1|0                 drop the mapped pages of packed weights (default 1)
  *   gemv_m=N                 widened matmuls up to N rows use the GEMV kernels, 0..8 (default 8)
  *   tile_kb=N                per-thread F32 tile of widened weights (default 384) */
-static int onednn_parse_extra(onednn *s, const char *extra, char *isa, size_t isa_len, bool *no_bf16) {
-    const rlx_host *h = s->host;
-    const char *cursor = extra;
-    rlx_iface_option o;
-    char err[256];
+static bool onednn_option(void *self, const rlx_iface_option *o) {
+    onednn *s = self;
     long long v;
-    int rc;
-    while ((rc = rlx_iface_option_next(&cursor, &o, err, sizeof err)) > 0) {
-        if (rlx_iface_option_is(&o, "isa") && o.value_len < isa_len) {
-            memcpy(isa, o.value, o.value_len + 1);
-        } else if (rlx_iface_option_is(&o, "bf16") && (!strcmp(o.value, "auto") || !strcmp(o.value, "0"))) {
-            *no_bf16 = !strcmp(o.value, "0");
-        } else if (rlx_iface_option_is(&o, "f32") &&
-                   (!strcmp(o.value, "auto") || !strcmp(o.value, "packed") || !strcmp(o.value, "blocked"))) {
-            s->pack_f32 = !strcmp(o.value, "packed") ? 1 : !strcmp(o.value, "blocked") ? 2 : 0;
-        } else if (rlx_iface_option_is(&o, "pack_kb") && rlx_iface_option_int(&o, 4, 4194304, &v)) {
-            s->pack_bytes = (size_t)v * 1024;
-        } else if (rlx_iface_option_is(&o, "drop") && rlx_iface_option_int(&o, 0, 1, &v)) {
-            s->drop = (int)v;
-        } else if (rlx_iface_option_is(&o, "gemv_m") && rlx_iface_option_int(&o, 0, KERN_GEMV_MAX_M, &v)) {
-            s->gemv_max_m = (int)v;
-        } else if (rlx_iface_option_is(&o, "tile_kb") && rlx_iface_option_int(&o, 16, 65536, &v)) {
-            s->tile_bytes = (size_t)v * 1024;
-        } else {
-            return h->error(RLX_E_INVALID, "onednn: unknown or out-of-range option '%.*s'", o.item_len, o.item);
-        }
-    }
-    return rc < 0 ? h->error(rc, "onednn: %s", err) : rc;
+    if (rlx_iface_option_is(o, "bf16") && (!strcmp(o->value, "auto") || !strcmp(o->value, "0")))
+        s->bf16 = strcmp(o->value, "0") != 0; /* auto: where oneDNN has BF16 matmuls, decided at open() */
+    else if (rlx_iface_option_is(o, "f32") &&
+             (!strcmp(o->value, "auto") || !strcmp(o->value, "packed") || !strcmp(o->value, "blocked")))
+        s->pack_f32 = !strcmp(o->value, "packed") ? 1 : !strcmp(o->value, "blocked") ? 2 : 0;
+    else if (rlx_iface_option_is(o, "pack_kb") && rlx_iface_option_int(o, 4, 4194304, &v))
+        s->pack_bytes = (size_t)v * 1024;
+    else if (rlx_iface_option_is(o, "drop") && rlx_iface_option_int(o, 0, 1, &v))
+        s->drop = (int)v;
+    else if (rlx_iface_option_is(o, "gemv_m") && rlx_iface_option_int(o, 0, KERN_GEMV_MAX_M, &v))
+        s->gemv_max_m = (int)v;
+    else if (rlx_iface_option_is(o, "tile_kb") && rlx_iface_option_int(o, 16, 65536, &v))
+        s->tile_bytes = (size_t)v * 1024;
+    else
+        return false;
+    return true;
 }
 
 static void onednn_close(void *self) {
@@ -308,10 +300,9 @@ static const char *onednn_isa_name(dnnl_cpu_isa_t isa) {
 
 static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, void **self) {
     *self = NULL;
-    onednn *s = host->alloc(sizeof *s, KERN_ALIGN);
+    onednn *s = kern_zalloc(host, "onednn", sizeof *s);
     if (!s)
-        return host->error(RLX_E_NOMEM, "onednn: out of memory");
-    memset(s, 0, sizeof *s);
+        return RLX_E_NOMEM;
     s->host = host;
     s->drop = 1;
     s->pack_bytes = (size_t)16 << 20;
@@ -320,26 +311,19 @@ static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, vo
     plugin_stragglers_init(&s->stragglers, 500000, 10);
     s->gemv_max_m = KERN_GEMV_MAX_M;
     s->tile_bytes = 384 * 1024;
+    s->bf16 = 1; /* bf16=auto: onednn_has_bf16 decides once the engine exists */
     const int n_cpu = omp_get_num_procs();
-    s->n_threads = n_cpu > 0 ? (n_cpu < 256 ? n_cpu : 256) : 1;
-    char isa[16] = "auto";
-    bool no_bf16 = false;
-    int rc;
-    if (opts && RLX_HAS(rlx_backend_options, opts, n_threads) && opts->n_threads > 0)
-        s->n_threads = opts->n_threads < 256 ? (int)opts->n_threads : 256;
-    /* oneDNN partitions work for the threads it asks OpenMP for and computes garbage if it
-     * gets fewer, so never ask for more than OMP_THREAD_LIMIT allows */
-    if (s->n_threads > omp_get_thread_limit())
-        s->n_threads = omp_get_thread_limit();
-    if (opts && RLX_HAS(rlx_backend_options, opts, extra) &&
-        (rc = onednn_parse_extra(s, opts->extra, isa, sizeof isa, &no_bf16)) < 0)
-        goto fail;
     const kern_par par = {.self = s,
-                          .n_threads = s->n_threads,
+                          .n_threads = n_cpu > 0 ? (n_cpu < 256 ? n_cpu : 256) : 1,
                           .parallel_for = onednn_parallel_for,
                           .parallel_tasks = onednn_parallel_tasks};
-    if ((rc = kern_init(&s->kern, host, "onednn", isa, par)) < 0)
+    /* oneDNN partitions work for the threads it asks OpenMP for and computes garbage if it
+     * gets fewer, so never ask for more than OMP_THREAD_LIMIT allows */
+    const int limit = omp_get_thread_limit();
+    int rc = kern_open(&s->kern, host, "onednn", opts, limit < 256 ? limit : 256, onednn_option, par);
+    if (rc < 0)
         goto fail;
+    s->n_threads = s->kern.par.n_threads;
     s->scratch = kern_bufs_create(&s->kern);
     s->tile = kern_bufs_create(&s->kern);
     s->streams = host->alloc((size_t)s->n_threads * sizeof *s->streams, KERN_ALIGN);
@@ -355,7 +339,7 @@ static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, vo
         rc = onednn_fail(s, st, "creating the CPU engine");
         goto fail;
     }
-    s->bf16 = !no_bf16 && onednn_has_bf16(s);
+    s->bf16 = s->bf16 && onednn_has_bf16(s);
     const dnnl_version_t *v = dnnl_version();
     snprintf(s->describe, sizeof s->describe, "oneDNN %d.%d.%d on %s, %s kernels, BF16 weights %s, %d thread%s",
              v->major, v->minor, v->patch, onednn_isa_name(dnnl_get_effective_cpu_isa()), s->kern.k->isa,
@@ -380,16 +364,10 @@ static int onednn_supports(void *self, const rlx_node_view *node) {
  * quantized weights run the kernel library's integer kernels (activations quantized). */
 static uint32_t onednn_precision(void *self, const rlx_node_view *node) {
     const onednn *s = self;
-    const bool quantized = node->op == RLX_OP_MATMUL ? kern_quant_supported((int)node->inputs[1].dtype)
-                           : node->op == RLX_OP_MOE
-                               ? node->n_inputs > 2 && kern_quant_supported((int)node->inputs[2].dtype)
-                               : false;
-    if (quantized)
+    const int wdt = node_weight_dtype(node);
+    if (wdt >= 0 && kern_quant_supported(wdt))
         return RLX_PRECISION_Q8_ACT;
-    const bool bf16_weights = node->op == RLX_OP_MATMUL ? node->inputs[1].dtype == RLX_DTYPE_BF16
-                              : node->op == RLX_OP_MOE  ? node->n_inputs > 2 && node->inputs[2].dtype == RLX_DTYPE_BF16
-                                                        : false;
-    return s->bf16 && bf16_weights ? RLX_PRECISION_BF16_ACT : RLX_PRECISION_F32;
+    return s->bf16 && wdt == RLX_DTYPE_BF16 ? RLX_PRECISION_BF16_ACT : RLX_PRECISION_F32;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -984,22 +962,10 @@ static const rlx_backend_iface onednn_iface = {
     .release_weight = onednn_release_weight,
 };
 
-static const rlx_plugin onednn_plugin = {
-    .size = sizeof(rlx_plugin),
-    .abi_major = RLX_ABI_MAJOR,
-    .abi_minor = RLX_ABI_MINOR,
-    .kind = RLX_PLUGIN_BACKEND,
-    .name = "onednn",
-    .version = "0.1.0",
-    .summary = "CPU backend: oneDNN matmuls (packed BF16 weights on AVX-512) plus SIMD kernels on OpenMP threads",
-    .iface = &onednn_iface,
-};
+static const rlx_plugin onednn_plugin = PLUGIN_BACKEND_DESC(
+    "onednn", "0.1.0",
+    "CPU backend: oneDNN matmuls (packed BF16 weights on AVX-512) plus SIMD kernels on OpenMP threads", &onednn_iface);
 
 RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) {
-    if (!host || host->abi_major != RLX_ABI_MAJOR) {
-        if (host && host->error)
-            host->error(RLX_E_ABI, "onednn: built for ABI %d, host has %u", RLX_ABI_MAJOR, host->abi_major);
-        return NULL;
-    }
-    return &onednn_plugin;
+    return plugin_entry(host, &onednn_plugin);
 }

@@ -101,7 +101,7 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
         return RLX_OK;
     case RLX_OP_ATTENTION: {
         /* caches [C, Hkv*D] with 6 inputs, or (1.4) [S, C, Hkv*D] with seq I32[T] as the 7th;
-         * F32 or (1.4) F16, both alike */
+         * F32, (1.4) F16 or (1.8) Q8_0 with heads of whole blocks, both alike */
         const bool slots = ni > 4 && in[4].n_dims == 3;
         if (ni != 6u + slots || !p)
             return bad(host, plugin, report, RLX_E_INVALID, n, "want 6 inputs (7 with 3-D caches) and params");
@@ -113,10 +113,12 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
             !is_vec(&in[3], RLX_DTYPE_I32, T) || (slots && !is_vec(&in[6], RLX_DTYPE_I32, T)))
             return bad(host, plugin, report, RLX_E_SHAPE, n,
                        "want q F32[T,Hq*D], k, v F32[T,Hkv*D], pos I32[T] (and seq I32[T])");
-        if ((kc->dtype != RLX_DTYPE_F32 && kc->dtype != RLX_DTYPE_F16) || (kc->n_dims != 2 && kc->n_dims != 3) ||
-            rlx_iface_cols(kc) != Hkv * D || vc->dtype != kc->dtype || vc->n_dims != kc->n_dims ||
-            memcmp(vc->shape, kc->shape, sizeof kc->shape) != 0)
-            return bad(host, plugin, report, RLX_E_SHAPE, n, "want caches F32 or F16 [C,Hkv*D] or [S,C,Hkv*D], alike");
+        const bool cache_dt = kc->dtype == RLX_DTYPE_F32 || kc->dtype == RLX_DTYPE_F16 ||
+                              (kc->dtype == RLX_DTYPE_Q8_0 && D % rlx_iface_dtype_block(RLX_DTYPE_Q8_0) == 0);
+        if (!cache_dt || (kc->n_dims != 2 && kc->n_dims != 3) || rlx_iface_cols(kc) != Hkv * D ||
+            vc->dtype != kc->dtype || vc->n_dims != kc->n_dims || memcmp(vc->shape, kc->shape, sizeof kc->shape) != 0)
+            return bad(host, plugin, report, RLX_E_SHAPE, n,
+                       "want caches F32, F16 or Q8_0 (head_dim % 32 == 0) [C,Hkv*D] or [S,C,Hkv*D], alike");
         return RLX_OK;
     }
     case RLX_OP_SWIGLU:
@@ -204,4 +206,12 @@ int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n,
         break;
     }
     return bad(host, plugin, report, RLX_E_UNSUPPORTED, n, "unknown op");
+}
+
+int node_weight_dtype(const rlx_node_view *n) {
+    if (n->op == RLX_OP_MATMUL && n->n_inputs > 1)
+        return (int)n->inputs[1].dtype;
+    if (n->op == RLX_OP_MOE && n->n_inputs > 2)
+        return (int)n->inputs[2].dtype;
+    return -1;
 }

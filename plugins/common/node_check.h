@@ -19,4 +19,8 @@
  * only from a core of ABI 1.6 on (host->abi_minor), which is the only one to send them. */
 int node_check(const rlx_host *host, const char *plugin, const rlx_node_view *n, bool report);
 
+/* The rlx_dtype of the weights node n multiplies, which decide how a backend computes it (its
+ * precision): a MATMUL's w, a MOE's expert matrices; -1 for any other node. */
+int node_weight_dtype(const rlx_node_view *n);
+
 #endif

@@ -21,6 +21,36 @@ int kern_init(kern_ctx *c, const rlx_host *host, const char *plugin, const char 
     return kern_qrp_shared_init(c);
 }
 
+int kern_open(kern_ctx *c, const rlx_host *host, const char *plugin, const rlx_backend_options *opts, int max_threads,
+              kern_option_fn option, kern_par par) {
+    memset(c, 0, sizeof *c);
+    const uint32_t want = opts && RLX_HAS(rlx_backend_options, opts, n_threads) && opts->n_threads > 0
+                              ? opts->n_threads
+                              : (uint32_t)par.n_threads;
+    par.n_threads = want < (uint32_t)max_threads ? (int)want : max_threads;
+    const char *cursor = opts && RLX_HAS(rlx_backend_options, opts, extra) ? opts->extra : NULL;
+    char isa[16] = "auto";
+    rlx_iface_option o;
+    char err[256];
+    int rc;
+    while ((rc = rlx_iface_option_next(&cursor, &o, err, sizeof err)) > 0) {
+        if (rlx_iface_option_is(&o, "isa") && o.value_len < sizeof isa)
+            memcpy(isa, o.value, o.value_len + 1);
+        else if (!option(par.self, &o))
+            return host->error(RLX_E_INVALID, "%s: unknown or out-of-range option '%.*s'", plugin, o.item_len, o.item);
+    }
+    return rc < 0 ? host->error(rc, "%s: %s", plugin, err) : kern_init(c, host, plugin, isa, par);
+}
+
+void *kern_zalloc(const rlx_host *host, const char *plugin, size_t bytes) {
+    void *p = host->alloc(bytes, KERN_ALIGN);
+    if (!p) {
+        host->error(RLX_E_NOMEM, "%s: out of memory", plugin);
+        return NULL;
+    }
+    return memset(p, 0, bytes);
+}
+
 void kern_deinit(kern_ctx *c) {
     if (!c->host)
         return;

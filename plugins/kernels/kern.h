@@ -101,6 +101,20 @@ int kern_init(kern_ctx *c, const rlx_host *host, const char *plugin, const char 
 /* Frees what c allocated; a zeroed kern_ctx is a no-op. */
 void kern_deinit(kern_ctx *c);
 
+/* A backend's own keys of its option string: whether it took o (a key it knows, with a value in
+ * range). self is the backend's kern_par.self. */
+typedef bool (*kern_option_fn)(void *self, const rlx_iface_option *o);
+/* kern_init as a backend's open() calls it, after the options every backend here reads alike:
+ * opts->n_threads, when set, in place of par.n_threads (the backend's default), either capped
+ * at max_threads, so that c->par.n_threads is the count to run; and the items of opts->extra,
+ * isa=auto|avx512|avx2|c for kern_init, every other one through option, which must take it
+ * ("<plugin>: unknown or out-of-range option '<item>'" if not). opts may be NULL. Returns RLX_OK
+ * or a negative status after host->error; kern_deinit is required afterwards either way. */
+int kern_open(kern_ctx *c, const rlx_host *host, const char *plugin, const rlx_backend_options *opts, int max_threads,
+              kern_option_fn option, kern_par par);
+/* A zeroed block of `bytes` (a backend instance), KERN_ALIGN aligned, or NULL after host->error. */
+void *kern_zalloc(const rlx_host *host, const char *plugin, size_t bytes);
+
 /* Makes b hold at least `bytes` (KERN_ALIGN aligned); the old contents are not kept. Returns
  * RLX_OK or RLX_E_NOMEM after host->error. */
 int kern_reserve(const kern_ctx *c, kern_buf *b, size_t bytes);
@@ -259,7 +273,7 @@ typedef struct kern_att {
     const int32_t *pos;  /* [T] */
     const int32_t *seq;  /* [T] the slot of each row, or NULL: one sequence (slot 0) */
     const void *kc, *vc; /* [S, C, Hkv*D] of dtype dt */
-    int dt;              /* RLX_DTYPE_F32 or RLX_DTYPE_F16 */
+    int dt;              /* RLX_DTYPE_F32, RLX_DTYPE_F16 or RLX_DTYPE_Q8_0 (D whole blocks) */
     float *out;          /* [T, Hq*D] */
     int64_t T, D, Hq, Hkv, C, window;
     float scale;
@@ -268,7 +282,7 @@ typedef struct kern_att {
 /* Checks the rows of node n (an ATTENTION node that passed node_check, ABI 1.4 forms included):
  * every slot in [0, S) and position in [0, C) (else RLX_E_RANGE), each slot's rows at strictly
  * increasing positions (else RLX_E_INVALID); only then writes the k and v rows into the cache
- * (F16 caches: rounded to nearest even) and describes the node in *a. Returns RLX_OK (with
+ * (F16 caches: rounded to nearest even; Q8_0: rlx_iface_quant_q8_0) and describes the node in *a. Returns RLX_OK (with
  * a->T == 0 there is nothing to compute) or the status after host->error. */
 int kern_att_begin(kern_ctx *c, const rlx_node_view *n, kern_att *a);
 /* Computes every query of a, batch-invariantly: a query's output is the same bits whatever

@@ -71,7 +71,14 @@ int kern_att_begin(kern_ctx *c, const rlx_node_view *n, kern_att *a) {
     for (int64_t t = 0; t < T; t++) {
         const int64_t row = ((seq ? seq[t] : 0) * C + pos[t]) * kv;
         const float *k = (const float *)in[1].data + t * kv, *v = (const float *)in[2].data + t * kv;
-        if (dt == RLX_DTYPE_F16) {
+        if (dt == RLX_DTYPE_Q8_0) {
+            rlx_block_q8_0 *kb = (rlx_block_q8_0 *)kc->data + row / RLX_QK,
+                           *vb = (rlx_block_q8_0 *)in[5].data + row / RLX_QK;
+            for (int64_t b = 0; b < kv / RLX_QK; b++) {
+                rlx_iface_quant_q8_0(k + b * RLX_QK, kb + b);
+                rlx_iface_quant_q8_0(v + b * RLX_QK, vb + b);
+            }
+        } else if (dt == RLX_DTYPE_F16) {
             c->k->to_f16(k, (uint16_t *)kc->data + row, kv);
             c->k->to_f16(v, (uint16_t *)in[5].data + row, kv);
         } else {
@@ -145,7 +152,7 @@ typedef struct kern_att_layout {
 
 static kern_att_layout kern_att_sizes(const kern_att_job *j) {
     const size_t rows = (size_t)j->rows_max, group = (size_t)(j->a->Hq / j->a->Hkv), D = (size_t)j->a->D;
-    const size_t panel = kern_align_up(KERN_ATT_CHUNK * D * (j->a->dt == RLX_DTYPE_F16 ? 2 : 4));
+    const size_t panel = kern_align_up((size_t)kern_kv_bytes(j->a->dt, KERN_ATT_CHUNK * (int64_t)D));
     kern_att_layout l;
     l.mx = kern_align_up(rows * KERN_ATT_CHUNK * sizeof(float));
     l.sum = l.mx + kern_align_up(rows * sizeof(float));
@@ -158,11 +165,12 @@ static kern_att_layout kern_att_sizes(const kern_att_job *j) {
     return l;
 }
 
-/* Rows [0, n) of one head's slice of a cache (rows ld values apart), as n contiguous rows of D
- * values: the same values, read many times from a few pages instead of one page per key. */
-static void kern_att_gather(const char *src, int64_t ld, int64_t n, int64_t D, size_t esz, char *dst) {
+/* Rows [0, n) of one head's slice of a cache (rows ld bytes apart), as n contiguous rows of
+ * row bytes (a head's D values): the same values, read many times from a few pages instead of
+ * one page per key. */
+static void kern_att_gather(const char *src, int64_t ld, int64_t n, int64_t row, char *dst) {
     for (int64_t i = 0; i < n; i++)
-        memcpy(dst + (size_t)(i * D) * esz, src + (size_t)(i * ld) * esz, (size_t)D * esz);
+        memcpy(dst + i * row, src + i * ld, (size_t)row);
 }
 
 /* Folds a chunk's maximum m, sum s and outputs o[D] into a query head's running mx, sum and
@@ -207,7 +215,7 @@ static void kern_att_heads(const kern_att_job *j, char *buf, const kern_att_bloc
     const kern_simd *k = j->c->k;
     const kern_att_layout l = kern_att_sizes(j);
     const int64_t D = a->D, ldq = a->Hq * D, ldk = a->Hkv * D, group = a->Hq / a->Hkv, rows = group * b->nq;
-    const size_t esz = a->dt == RLX_DTYPE_F16 ? 2 : 4;
+    const int dt = a->dt;
     float *sc = (float *)buf, *mx = (float *)(buf + l.mx), *sum = (float *)(buf + l.sum), *oc = (float *)(buf + l.oc);
     const float **qp = (const float **)(buf + l.qp);
     float **op = (float **)(buf + l.op);
@@ -224,8 +232,8 @@ static void kern_att_heads(const kern_att_job *j, char *buf, const kern_att_bloc
     for (int64_t g = 0; g < group; g++)
         cp[g] = oc + g * D;
     const int64_t slot = a->seq ? a->seq[b->t0] : 0;
-    const char *kb = (const char *)a->kc + (size_t)(slot * a->C * ldk + kvh * D) * esz;
-    const char *vb = (const char *)a->vc + (size_t)(slot * a->C * ldk + kvh * D) * esz;
+    const char *kb = (const char *)a->kc + kern_kv_bytes(dt, slot * a->C * ldk + kvh * D);
+    const char *vb = (const char *)a->vc + kern_kv_bytes(dt, slot * a->C * ldk + kvh * D);
     int64_t ta = 0, tb, k0, k1;
     for (int64_t ci = 0; ci < b->n_chunks; ci++) {
         const int64_t c0 = (b->c_first + ci) * KERN_ATT_CHUNK,
@@ -234,10 +242,10 @@ static void kern_att_heads(const kern_att_job *j, char *buf, const kern_att_bloc
             continue;
         /* the chunk's keys and values of this head, contiguous (column j is cache row k0 + j) */
         char *kp = buf + l.kp, *vp = buf + l.vp;
-        kern_att_gather(kb + (size_t)(k0 * ldk) * esz, ldk, k1 - k0, D, esz, kp);
-        kern_att_gather(vb + (size_t)(k0 * ldk) * esz, ldk, k1 - k0, D, esz, vp);
+        kern_att_gather(kb + kern_kv_bytes(dt, k0 * ldk), kern_kv_bytes(dt, ldk), k1 - k0, kern_kv_bytes(dt, D), kp);
+        kern_att_gather(vb + kern_kv_bytes(dt, k0 * ldk), kern_kv_bytes(dt, ldk), k1 - k0, kern_kv_bytes(dt, D), vp);
         /* scores in chunk-local columns: a query's softmax lanes start where its keys do */
-        k->att_qk(a->dt, qp + ta * group, (tb - ta) * group, kp, vp, D, k1 - k0, D, a->scale, sc + (k0 - c0),
+        k->att_qk(dt, qp + ta * group, (tb - ta) * group, kp, vp, D, k1 - k0, D, a->scale, sc + (k0 - c0),
                   KERN_ATT_CHUNK);
         for (int64_t t = ta; t < tb; t++) {
             int64_t lo, hi;
@@ -250,7 +258,7 @@ static void kern_att_heads(const kern_att_job *j, char *buf, const kern_att_bloc
             const bool first_chunk = sum[r0] == 0.0f;
             if (!first_chunk)
                 memset(oc, 0, (size_t)(group * D) * sizeof(float));
-            k->att_pv(a->dt, p + lo, KERN_ATT_CHUNK, group, vp + (size_t)((c0 + lo - k0) * D) * esz, D, hi - lo, D,
+            k->att_pv(dt, p + lo, KERN_ATT_CHUNK, group, vp + kern_kv_bytes(dt, (c0 + lo - k0) * D), D, hi - lo, D,
                       first_chunk ? op + r0 : cp);
             for (int64_t g = 0; g < group; g++) {
                 if (first_chunk) {
@@ -283,7 +291,7 @@ static void kern_att_chunk(const kern_att_job *j, char *buf, const kern_att_bloc
     const kern_simd *k = j->c->k;
     const kern_att_layout l = kern_att_sizes(j);
     const int64_t D = a->D, Hq = a->Hq, Hkv = a->Hkv, ldq = Hq * D, ldk = Hkv * D, group = Hq / Hkv;
-    const size_t esz = a->dt == RLX_DTYPE_F16 ? 2 : 4;
+    const int dt = a->dt;
     float *sc = (float *)buf, *part = b->part + ci * b->nq * Hq * (D + 2);
     const float **qp = (const float **)(buf + l.qp);
     float **op = (float **)(buf + l.op);
@@ -305,9 +313,9 @@ static void kern_att_chunk(const kern_att_job *j, char *buf, const kern_att_bloc
                 memset(op[r], 0, (size_t)D * sizeof(float));
             }
     const int64_t slot = a->seq ? a->seq[b->t0] : 0;
-    const char *kb = (const char *)a->kc + (size_t)(slot * a->C * ldk) * esz;
-    const char *vb = (const char *)a->vc + (size_t)(slot * a->C * ldk) * esz;
-    const int64_t row_bytes = ldk * (int64_t)esz;
+    const char *kb = (const char *)a->kc + kern_kv_bytes(dt, slot * a->C * ldk);
+    const char *vb = (const char *)a->vc + kern_kv_bytes(dt, slot * a->C * ldk);
+    const int64_t row_bytes = kern_kv_bytes(dt, ldk);
     if (ci % KERN_ATT_SPLIT_CHUNKS == 0) /* a task's first chunk; the others were fetched ahead */
         kern_att_prefetch(kb + k0 * row_bytes, (k1 - k0 < KERN_ATT_SUB ? k1 - k0 : KERN_ATT_SUB) * row_bytes, true);
     for (int64_t j0 = k0; j0 < k1; j0 += KERN_ATT_SUB) {
@@ -321,8 +329,8 @@ static void kern_att_chunk(const kern_att_job *j, char *buf, const kern_att_bloc
             if (next > 0)
                 kern_att_prefetch(kb + (j0 + n) * row_bytes + kvh * bytes, bytes, true);
             kern_att_prefetch(vb + j0 * row_bytes + kvh * vbytes, vbytes, false);
-            k->att_qk(a->dt, qp + kvh * rows_h, rows_h, kb + (size_t)(j0 * ldk + kvh * D) * esz,
-                      vb + (size_t)(j0 * ldk + kvh * D) * esz, ldk, n, D, a->scale,
+            k->att_qk(dt, qp + kvh * rows_h, rows_h, kb + kern_kv_bytes(dt, j0 * ldk + kvh * D),
+                      vb + kern_kv_bytes(dt, j0 * ldk + kvh * D), ldk, n, D, a->scale,
                       sc + kvh * rows_h * KERN_ATT_CHUNK + (j0 - c0), KERN_ATT_CHUNK);
         }
     }
@@ -347,8 +355,8 @@ static void kern_att_chunk(const kern_att_job *j, char *buf, const kern_att_bloc
                 if (lo >= hi)
                     continue;
                 const int64_t r = kvh * rows_h + (t - ta) * group;
-                k->att_pv(a->dt, sc + r * KERN_ATT_CHUNK + (lo - c0), KERN_ATT_CHUNK, group,
-                          vb + (size_t)(lo * ldk + kvh * D) * esz, ldk, hi - lo, D, op + r);
+                k->att_pv(dt, sc + r * KERN_ATT_CHUNK + (lo - c0), KERN_ATT_CHUNK, group,
+                          vb + kern_kv_bytes(dt, lo * ldk + kvh * D), ldk, hi - lo, D, op + r);
             }
     }
 }

@@ -55,6 +55,8 @@ static inline float kern_pow2i(int n) {
 #define VHMAX(v) (v)
 #define VLD_BF16(p) rlx_iface_bf16_to_f32(*(p))
 #define VLD_F16(p) rlx_iface_f16_to_f32(*(p))
+#define VLD_I8(p) ((float)*(p))
+#define VSET1_F16(h) rlx_iface_f16_to_f32(h)
 #define VST_BF16(p, v) (*(p) = rlx_iface_f32_to_bf16(v))
 #define VST_F16(p, v) (*(p) = rlx_iface_f32_to_f16(v))
 #define VROUND(v) rintf(v)
@@ -117,6 +119,8 @@ static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx2(ui
 #define VLD_BF16(p)                                                                                                    \
     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define VLD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VLD_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define VSET1_F16(h) _mm256_set1_ps(_cvtsh_ss(h))
 #define VST_BF16(p, v) kern_st_bf16_avx2(p, v)
 #define VST_F16(p, v)                                                                                                  \
     _mm_storeu_si128((__m128i *)(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
@@ -165,6 +169,8 @@ static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx512(
 #define VLD_BF16(p)                                                                                                    \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define VLD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VLD_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define VSET1_F16(h) _mm512_set1_ps(_cvtsh_ss(h))
 #define VST_BF16(p, v) kern_st_bf16_avx512(p, v)
 #define VST_F16(p, v)                                                                                                  \
     _mm256_storeu_si256((__m256i *)(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))

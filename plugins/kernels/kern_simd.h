@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "isa.h"
+#include "rlx/quant_iface.h"
 
 /* Activation rows one GEMV kernel call handles; more rows are done in blocks of this many. */
 #define KERN_GEMV_MAX_M 8
@@ -51,7 +52,8 @@ typedef struct kern_simd {
     void (*to_f16)(const float *src, uint16_t *dst, int64_t n);
     /* Attention, each score and output row one fixed sum whatever else the call computes
      * (kern_simd.inc), so a query's bits do not depend on the batch. Keys and values are rows
-     * ldk (ldv) values apart, of dtype dt: RLX_DTYPE_F32 or RLX_DTYPE_F16.
+     * ldk (ldv) values apart, of dtype dt: RLX_DTYPE_F32, RLX_DTYPE_F16 or RLX_DTYPE_Q8_0 (then
+     * k and v start at a block, and D and ldk are whole blocks: values read as d * q).
      * s[r * lds + j] = scale * q[r] . k[j] for r < rows, j < nk; prefetches the values v of the
      * same keys for att_pv. */
     void (*att_qk)(int dt, const float *const *q, int64_t rows, const void *k, const void *v, int64_t ldk, int64_t nk,
@@ -75,6 +77,21 @@ typedef struct kern_simd {
                      int64_t K);
     void (*sigmoid_mul)(const float *x, const float *g, float *y, int64_t n); /* y = x * sigmoid(g) */
 } kern_simd;
+
+/* Bytes of n consecutive values of a KV cache of dtype dt (F32, F16, or Q8_0 with n a whole
+ * number of blocks), as the attention kernels step through a cache. */
+static inline int64_t kern_kv_bytes(int dt, int64_t n) {
+    return dt == RLX_DTYPE_Q8_0 ? n / RLX_QK * (int64_t)sizeof(rlx_block_q8_0) : n * (dt == RLX_DTYPE_F16 ? 2 : 4);
+}
+
+/* Value i of a KV cache of dtype dt (F32, F16 or Q8_0) as F32: the stored value exactly. */
+static inline float kern_kv_load1(int dt, const void *c, int64_t i) {
+    if (dt == RLX_DTYPE_Q8_0) {
+        const rlx_block_q8_0 *b = (const rlx_block_q8_0 *)c + i / RLX_QK;
+        return (float)b->qs[i % RLX_QK] * rlx_iface_f16_to_f32(b->d);
+    }
+    return rlx_iface_load_f32((uint32_t)dt, c, i);
+}
 
 /* The table of level isa; never NULL for a level below PLUGIN_ISA_COUNT. */
 const kern_simd *kern_simd_at(plugin_isa isa);

@@ -8,13 +8,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "rlx/private.h"
 #include "testutil.h"
 
 #define MODEL RLX_SOURCE_DIR "/share/models/brown/draft"
 
 static rlx_plugin_handle *plugin;
 
-static int collect(void *ctx, int32_t token) {
+static int collect(void *ctx, int32_t token, const float *logits) {
+    (void)logits;
     int32_t **out = ctx;
     *(*out)++ = token;
     return 0;
@@ -27,6 +29,7 @@ static rlx_status session_scenario(char *out, size_t out_size) {
     rlx_model *m = NULL;
     rlx_backend *backends[2] = {NULL, NULL};
     rlx_session *s = NULL;
+    rlx_lm lm;
     rlx_sampler *sampler = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -37,7 +40,7 @@ static rlx_status session_scenario(char *out, size_t out_size) {
     if ((rc = rlx_tokenizer_open(MODEL, &tok)) < 0 ||
         (rc = rlx_tokenizer_encode(tok, "the brown fox", 13, 1, &ids, &n_ids)) < 0 ||
         (rc = rlx_model_open(MODEL, &m)) < 0 || (rc = rlx_backend_create(plugin, NULL, &backends[0])) < 0 ||
-        (rc = rlx_backend_create_ref(&backends[1])) < 0)
+        (rc = rlx_backend_create_ref(NULL, &backends[1])) < 0)
         goto done;
     const rlx_model_config *c = rlx_model_config_of(m);
     const rlx_block_spec spec = {.size = sizeof(rlx_block_spec),
@@ -53,8 +56,8 @@ static rlx_status session_scenario(char *out, size_t out_size) {
     sp.repeat_penalty = 1.3f;
     sp.seed = 5;
     if ((rc = rlx_session_create(m, &spec, &o, &s)) < 0 ||
-        (rc = rlx_sampler_create(&sp, c->vocab_size, &sampler)) < 0 ||
-        (rc = rlx_session_generate(s, sampler, ids, (uint32_t)n_ids, 8, collect, &next, NULL)) < 0)
+        (rc = rlx_sampler_create(&sp, c->vocab_size, &sampler)) < 0 || (rc = rlx_session_lm(s, &lm)) < 0 ||
+        (rc = rlx_generate(&lm, sampler, ids, (uint32_t)n_ids, 8, collect, &next, NULL)) < 0)
         goto done;
     if ((rc = rlx_tokenizer_decode(tok, generated, (size_t)(next - generated), 0, &text, &text_len)) == RLX_OK)
         snprintf(out, out_size, "%s", text);

@@ -95,7 +95,7 @@ def check_escaping(args):
     return problems
 
 
-def expected_memory(model_dir, capacity):
+def expected_memory(model_dir, capacity, kv_value_bytes):
     """F32 KV rows of the full-attention layers and F32 recurrent states of the linear ones
     (the convolution's last kernel-1 inputs, a key x value matrix per value head), per sequence."""
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -107,7 +107,7 @@ def expected_memory(model_dir, capacity):
          for i in range(layers)] if "linear_num_value_heads" in c else ["full_attention"] * layers)
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     kv_row = c.get("num_key_value_heads", c["num_attention_heads"]) * head_dim
-    kv = sum(2 * capacity * kv_row * 4 for t in types if t == "full_attention")
+    kv = sum(2 * capacity * kv_row * kv_value_bytes for t in types if t == "full_attention")
     state = 0
     for t in types:
         if t == "linear_attention":
@@ -119,19 +119,22 @@ def expected_memory(model_dir, capacity):
 
 
 def check_memory(args, model_dir):
-    """kv_cache_bytes and state_bytes of --json and -o json at a context of 100 positions."""
-    want = expected_memory(model_dir, 100)
+    """kv_cache_bytes, state_bytes and type_k of --json and -o json at a context of 100 positions,
+    with the default F16 cache and with -ctk f32."""
     problems = []
-    for fmt in (["--json"], ["-o", "json"]):
-        p = subprocess.run([args.rlx, "bench", "--model", model_dir, "-p", "4", "-n", "2", "-r", "1", "-c", "100"] + fmt,
-                           capture_output=True, text=True, timeout=120)
+    for fmt, cache, kv_value_bytes in ((["--json"], [], 2), (["-o", "json"], [], 2), (["--json"], ["-ctk", "f32"], 4)):
+        want = expected_memory(model_dir, 100, kv_value_bytes)
+        p = subprocess.run([args.rlx, "bench", "--model", model_dir, "-p", "4", "-n", "2", "-r", "1", "-c", "100"] + fmt +
+                           cache, capture_output=True, text=True, timeout=120)
         if p.returncode != 0:
             problems.append(f"rlx bench {' '.join(fmt)} on {model_dir} exited with {p.returncode}: {p.stderr}")
             continue
         objs = json.loads(p.stdout)
         for o in objs if isinstance(objs, list) else [objs]:
+            if o["type_k"] != ("f32" if cache else "f16"):
+                problems.append(f"{model_dir} {' '.join(fmt + cache)}: type_k {o['type_k']}")
             if (o["kv_cache_bytes"], o["state_bytes"]) != want:
-                problems.append(f"{model_dir} {' '.join(fmt)}: KV {o['kv_cache_bytes']} and state {o['state_bytes']} "
+                problems.append(f"{model_dir} {' '.join(fmt + cache)}: KV {o['kv_cache_bytes']} and state {o['state_bytes']} "
                                 f"bytes, the shape gives {want}")
     return problems
 

@@ -6,7 +6,8 @@ prompt ends the program with status 0 and leaves the cursor on a new line; SIGTE
 reply leaves the terminal echoing. Messages reach the model whole, as the same messages through a
 pipe do (--stats and the context's refusal give their token counts): a line of 10000 bytes (a
 terminal's canonical mode cut it at 4095), a multi-line paste (bracketed, and as bare lines
-arriving at once), a line continued with a trailing backslash. Exit status 77 (skipped) without tmux.
+arriving at once), a line continued with a trailing backslash. Without tmux: skipped (77), a failure
+under CI=true (tests/ci_skip.py).
 
   check_chat_tty.py --rlx BIN --workdir DIR
 """
@@ -19,6 +20,9 @@ import signal
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ci_skip import missing_input  # noqa: E402
 
 DEADLINE = 300  # seconds for any one thing to show: a sanitizer build on a loaded machine
 KEYS = "QZXJVQ"  # typed during a reply; not something the Brown model writes
@@ -256,8 +260,7 @@ def main():
     ap.add_argument("--workdir", required=True)
     args = ap.parse_args()
     if not shutil.which("tmux"):
-        print("SKIPPED: missing input: tmux is not installed")
-        return 77
+        return missing_input("tmux is not installed")
     os.makedirs(args.workdir, exist_ok=True)
     socket = os.path.join(args.workdir, "tmux.socket")
     try:

@@ -2,7 +2,7 @@
 """The command line a llama.cpp user expects, through the CLI on the shipped Brown model:
 llama.cpp's spellings (-m, -p, -f, -n, -t, -c, -s, --ctx-size, --temp 0), --version on every
 command, --help generated from the same table that parses (every option it lists is accepted),
-random seeds by default and fixed by --seed (-1: random), -ctk/-ctv f16 caches (either alone sets
+random seeds by default and fixed by --seed (-1: random), -ctk/-ctv cache types (either alone sets
 both), llama.cpp's single-dash spellings of several letters (-ngl, -fa, -ub, -sys, ...) taken or
 refused by name, one clear line for bad or pointless options and for a model path that is wrong,
 `rlx` alone and --json -n 0, `rlx stage --standby` listening on the deployment file's standby address,
@@ -122,34 +122,42 @@ def check_seeds(rlx):
 
 
 def check_kv_cache_types(rlx, work):
-    """-ctk/-ctv f16 (llama.cpp's spellings) store the cache in F16: the logits move, by about F16's
-    rounding, and a mismatched pair or an unknown type is one clear line."""
+    """-ctk/-ctv (llama.cpp's spellings) choose the cache type, F16 when not given: F32 and Q8_0
+    move the logits from F16's by about the rounding of the one that rounds more, and a
+    mismatched pair or an unknown type is one clear line."""
     tokens = "785,3283,315,279,1879,572,264,2632,13,576"
     rows = {}
-    for kv, extra in (("f32", []), ("f16", ["-ctk", "f16", "-ctv", "f16"]),
-                      ("f16-long", ["--cache-type-k", "f16", "--cache-type-v", "f16"])):
+    for kv, extra in (("default", []), ("f32", ["-ctk", "f32", "-ctv", "f32"]),
+                      ("f16", ["-ctk", "f16", "-ctv", "f16"]),
+                      ("f16-long", ["--cache-type-k", "f16", "--cache-type-v", "f16"]),
+                      ("q8_0", ["-ctk", "q8_0", "-ctv", "q8_0"])):
         out = os.path.join(work, f"logits-{kv}.bin")
         p = run([rlx, "logits", "--tokens", tokens, "--all", "--out", out] + extra)
         expect(p.returncode == 0, f"logits with {extra}: {p.stderr!r}")
         with open(out, "rb") as f:
             rows[kv] = f.read()
-    a, b = array.array("f", rows["f32"]), array.array("f", rows["f16"])
-    diff = max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) else float("inf")
-    scale = max(abs(x) for x in a)
-    # the first position attends only to itself, so a cache round trip moves later rows only
-    expect(0 < diff < 0.02 * scale, f"F16 cache: logits moved by {diff} (scale {scale}); want > 0 and < 2 %")
+    expect(rows["default"] == rows["f16"], "the default cache is not the F16 one of -ctk f16 -ctv f16")
+    ref = array.array("f", rows["f32"])
+    scale = max(abs(x) for x in ref)
+    # the first position attends only to itself, so a cache round trip moves later rows only;
+    # Q8_0 keeps about 8 bits per value to F16's 11, so it may move them about 8x as far
+    for kv, most in (("f16", 0.02), ("q8_0", 0.16)):
+        a = array.array("f", rows[kv])
+        diff = max(abs(x - y) for x, y in zip(ref, a)) if len(a) == len(ref) else float("inf")
+        expect(0 < diff < most * scale, f"{kv} cache: logits moved by {diff} (scale {scale}); want > 0, < {most}")
+    expect(rows["q8_0"] != rows["f16"], "-ctk q8_0 gives the F16 cache's logits")
     expect(rows["f16"] == rows["f16-long"], "-ctk/-ctv and --cache-type-k/-v give different logits")
     # rlx keeps one type: either spelling alone sets both, and a pair that differs is refused
-    for alone in (["-ctk", "f16"], ["-ctv", "f16"]):
+    for alone in (["-ctk", "q8_0"], ["-ctv", "q8_0"]):
         out = os.path.join(work, "logits-alone.bin")
         p = run([rlx, "logits", "--tokens", tokens, "--all", "--out", out] + alone)
-        expect(p.returncode == 0 and open(out, "rb").read() == rows["f16"],
-               f"{' '.join(alone)} alone does not give the F16 cache of -ctk f16 -ctv f16: {p.stderr!r}")
+        expect(p.returncode == 0 and open(out, "rb").read() == rows["q8_0"],
+               f"{' '.join(alone)} alone does not give the Q8_0 cache of -ctk q8_0 -ctv q8_0: {p.stderr!r}")
     gen = [rlx, "generate", "-p", "hi", "-n", "2"]
     expect_error(run(gen + ["-ctk", "f16", "-ctv", "f32"]), r"--cache-type-k f16 and --cache-type-v f32 differ",
                  "-ctk and -ctv that differ")
-    expect_error(run(gen + ["-ctk", "q4_0", "-ctv", "q4_0"]), r"'q4_0' is not a KV cache type rlx has: f32 or f16",
-                 "a cache type rlx lacks")
+    expect_error(run(gen + ["-ctk", "q4_1", "-ctv", "q4_1"]),
+                 r"'q4_1' is not a KV cache type rlx has: f32, f16 or q8_0", "a cache type rlx lacks")
 
 
 def check_logit_bias(rlx):

@@ -80,10 +80,22 @@ def check_model_defaults(rlx, work):
            f"a malformed generation_config.json: {p.returncode} {p.stderr!r}")
 
 
-def logits_of(rlx, work, ids):
-    out = os.path.join(work, "row.f32")
-    run(rlx, "logits", "--tokens", ",".join(map(str, ids)), "--out", out)
-    return np.fromfile(out, dtype=np.float32).astype(np.float64)
+def logits_rows(rlx, work, ids):
+    """Every position's logits row of ids, from one `rlx logits --all`: row i follows ids[:i + 1]."""
+    out = os.path.join(work, "rows.f32")
+    run(rlx, "logits", "--tokens", ",".join(map(str, ids)), "--all", "--out", out)
+    return np.fromfile(out, dtype=np.float32).astype(np.float64).reshape(len(ids), -1)
+
+
+def token_pieces(ids):
+    """Each id's text, from the Brown tokenizer.json's vocabulary and its ByteLevel decoder (GPT-2's
+    byte alphabet) read here in Python, not by rlx."""
+    with open(os.path.join(TARGET, "tokenizer.json")) as f:
+        vocab = {i: s for s, i in json.load(f)["model"]["vocab"].items()}
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    byte_of = {chr(b): b for b in printable}
+    byte_of.update({chr(256 + k): b for k, b in enumerate(b for b in range(256) if b not in printable)})
+    return [bytes(byte_of[c] for c in vocab[int(i)]).decode("utf-8", "replace") for i in ids]
 
 
 def penalised_argmax(row, history, window, repeat, presence, frequency):
@@ -107,13 +119,16 @@ def check_penalties(rlx, work):
         plain = run(rlx, "generate", "--tokens", ",".join(map(str, prompt)), "-n", "24", "--greedy", *flags).stdout
         steps = 4
         got = [int(t) for t in plain.split()[:steps]]
-        history = list(prompt)
+        # the rows after prompt + got[:s]: up to the first step where rlx and NumPy part, that is
+        # the history NumPy's own choices make, so got == want holds exactly when it held with a
+        # `rlx logits` call per step
+        rows = logits_rows(rlx, work, prompt + got[:steps - 1])
         want = []
-        for _ in range(steps):
-            token = penalised_argmax(logits_of(rlx, work, history), history, window, rep, pres, freq)
-            want.append(token)
-            history.append(token)
-        expect(got == want, f"greedy {' '.join(flags)}: rlx {got}, NumPy's penalised argmax {want}")
+        for s in range(len(got)):
+            history = prompt + got[:s]
+            want.append(penalised_argmax(rows[len(history) - 1], history, window, rep, pres, freq))
+        expect(len(got) == steps and got == want,
+               f"greedy {' '.join(flags)}: rlx {got}, NumPy's penalised argmax {want}")
         for spec in (["--spec", "draft", "--draft-model", os.path.join(BROWN, "draft")], ["--spec", "mtp"]):
             fast = run(rlx, "generate", "--tokens", ",".join(map(str, prompt)), "-n", "24", "--greedy", *flags,
                        *spec).stdout
@@ -125,7 +140,7 @@ def check_stop_and_json(rlx):
     text = run(rlx, *gen).stdout[:-1]
     ids = run(rlx, "generate", "--tokens", run(rlx, "tokenize", "-p", PROMPT).stdout.strip(), "-n", "40",
               "--greedy").stdout.split()
-    pieces = [run(rlx, "detokenize", "--ids", i).stdout for i in ids]
+    pieces = token_pieces(ids)
     # a stop string that starts inside one token and ends inside a later one
     at, cut = 0, None
     for i, piece in enumerate(pieces[:-2]):
@@ -164,9 +179,9 @@ def check_logprobs(rlx, work):
     prompt = [int(t) for t in run(rlx, "tokenize", "-p", PROMPT).stdout.split()]
     j = json.loads(run(rlx, "generate", "--tokens", ",".join(map(str, prompt)), "-n", "3", "--temp", "0.8",
                        "-s", "3", "--json", "--logprobs", "5").stdout)
-    history = list(prompt)
+    rows = logits_rows(rlx, work, prompt + j["tokens"][:-1])
     for step, item in enumerate(j["logprobs"]):
-        row = logits_of(rlx, work, history)
+        row = rows[len(prompt) - 1 + step]
         logp = row - row.max() - np.log(np.exp(row - row.max()).sum())
         token = item["id"]
         expect(token == j["tokens"][step], f"logprobs entry {step} is for {token}, not the generated token")
@@ -177,7 +192,6 @@ def check_logprobs(rlx, work):
         expect(all(abs(t["logprob"] - logp[t["id"]]) < 1e-4 for t in item["top_logprobs"]),
                f"step {step}: top logprobs differ from NumPy")
         expect("token" in item and isinstance(item["bytes"], list), f"step {step}: no token text/bytes: {item}")
-        history.append(token)
 
 
 def check_chat_stop(rlx):

@@ -8,14 +8,11 @@
  * RLX_TEST_KV=f16 puts both the engine's and the sessions' caches in F16, and the model is the
  * first argument (dense-tied-f32-s1 by default). */
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "testutil.h"
 
-#define MAX_GEN 64
 #define MAX_REQS 64
 
 static const char *model_dir = RLX_TEST_DATA "/dense-tied-f32-s1";
@@ -25,104 +22,8 @@ static rlx_plugin_handle *plugin;
 static int64_t vocab;
 static uint32_t kv_dtype = RLX_DTYPE_F32;
 
-/* What one request received, filled on the engine's worker. */
-typedef struct received {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t tokens[MAX_GEN];
-    float logprobs[MAX_GEN];
-    int32_t top_ids[MAX_GEN][4];
-    uint32_t n, n_done;
-    int events_after_done;
-    rlx_engine_event done;
-    int stop_after; /* > 0: ask to stop after this many tokens */
-    /* hold_at > 0: the callback of that token blocks the worker until release(), or for hold_ms
-     * when that is set, so a test knows what is running while it submits, cancels or drains */
-    int hold_at, hold_ms, released;
-} received;
-
-static void received_init(received *r) {
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-}
-
-static void received_destroy(received *r) {
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
-}
-
-/* The CLOCK_REALTIME instant ms milliseconds from now, for pthread_cond_timedwait. */
-static struct timespec after_ms(long ms) {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    t.tv_sec += ms / 1000;
-    t.tv_nsec += ms % 1000 * 1000000L;
-    if (t.tv_nsec >= 1000000000L)
-        t.tv_sec++, t.tv_nsec -= 1000000000L;
-    return t;
-}
-
-static int on_event(void *ctx, const rlx_engine_event *ev) {
-    received *r = ctx;
-    pthread_mutex_lock(&r->mu);
-    int stop = 0;
-    if (r->n_done)
-        r->events_after_done++;
-    if (ev->kind == RLX_ENGINE_TOKEN) {
-        if (r->n < MAX_GEN) {
-            r->tokens[r->n] = ev->token;
-            r->logprobs[r->n] = ev->logprob;
-            for (uint32_t k = 0; k < ev->n_top && k < 4; k++)
-                r->top_ids[r->n][k] = ev->top_ids[k];
-        }
-        r->n++;
-        stop = r->stop_after > 0 && r->n >= (uint32_t)r->stop_after;
-        pthread_cond_broadcast(&r->cv);
-        if (r->hold_at > 0 && r->n == (uint32_t)r->hold_at) {
-            const struct timespec until = after_ms(r->hold_ms ? r->hold_ms : 120000);
-            while (!r->released)
-                if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
-                    break;
-        }
-    } else {
-        r->done = *ev;
-        r->done.message = "";
-        r->n_done++;
-        pthread_cond_broadcast(&r->cv);
-    }
-    pthread_mutex_unlock(&r->mu);
-    return stop;
-}
-
-static void release(received *r) {
-    pthread_mutex_lock(&r->mu);
-    r->released = 1;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
-/* Waits up to 120 s for the DONE event. */
-static void wait_done(received *r) {
-    const struct timespec until = after_ms(120000);
-    pthread_mutex_lock(&r->mu);
-    while (!r->n_done)
-        if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
-            break;
-    int done = r->n_done;
-    pthread_mutex_unlock(&r->mu);
-    assert_true(done);
-}
-
-/* Waits up to 120 s for the first event of a request. */
-static void wait_first_event(received *r) {
-    const struct timespec until = after_ms(120000);
-    pthread_mutex_lock(&r->mu);
-    while (!r->n && !r->n_done)
-        if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
-            break;
-    pthread_mutex_unlock(&r->mu);
-}
+/* Waits up to 120 s for the DONE event of a request. */
+static void wait_done(tu_events *r) { assert_true(tu_wait_done(r, TU_WAIT_MS)); }
 
 static rlx_engine *new_engine(uint32_t n_slots, uint32_t positions, uint32_t queue, uint32_t step_tokens) {
     rlx_engine_options o = rlx_engine_options_default();
@@ -138,11 +39,11 @@ static rlx_engine *new_engine(uint32_t n_slots, uint32_t positions, uint32_t que
     return e;
 }
 
-static rlx_request greedy_request(const int32_t *prompt, uint32_t n, uint32_t max_tokens, received *r) {
+static rlx_request greedy_request(const int32_t *prompt, uint32_t n, uint32_t max_tokens, tu_events *r) {
     rlx_request q = {.size = sizeof q, .prompt = prompt, .n_prompt = n, .max_tokens = max_tokens, .ctx = r};
     q.sampler = rlx_sampler_params_default();
     q.sampler.greedy = 1;
-    q.on_event = on_event;
+    q.on_event = tu_on_event;
     /* no stop ids: random models hit their EOS by chance, which would shorten the comparison */
     static const int32_t none = -1;
     q.stop_ids = &none;
@@ -204,9 +105,9 @@ static uint32_t make_prompt(int i, uint32_t shared, int32_t *out) {
  * must give the same token; in the invariant mode every token must. */
 #define NEAR_TIE 1e-3f
 
-static void expect_solo(const int32_t *prompt, uint32_t n, uint32_t max_new, const received *r) {
-    int32_t want[MAX_GEN];
-    float gap[MAX_GEN];
+static void expect_solo(const int32_t *prompt, uint32_t n, uint32_t max_new, const tu_events *r) {
+    int32_t want[TU_MAX_TOKENS];
+    float gap[TU_MAX_TOKENS];
     solo_greedy(prompt, n, max_new, want, gap);
     assert_int_equal(r->n, max_new);
     for (uint32_t k = 0; k < max_new; k++)
@@ -227,8 +128,8 @@ static void test_one_request_equals_session(void **state) {
     rlx_engine *e = new_engine(2, 96, 4, 64);
     int32_t prompt[64];
     uint32_t n = make_prompt(0, 0, prompt);
-    received r;
-    received_init(&r);
+    tu_events r;
+    tu_events_init(&r);
     rlx_request q = greedy_request(prompt, n, 12, &r);
     uint64_t id;
     assert_ok(rlx_engine_submit(e, &q, &id));
@@ -238,7 +139,7 @@ static void test_one_request_equals_session(void **state) {
     rlx_engine_destroy(e);
     assert_int_equal(r.n_done, 1);
     assert_int_equal(r.events_after_done, 0);
-    received_destroy(&r);
+    tu_events_destroy(&r);
 }
 
 /* Twelve requests on four slots with a small step budget: prompts are cut into chunks and mixed
@@ -250,10 +151,10 @@ static void test_concurrent_requests_equal_their_solo_runs(void **state) {
     rlx_engine *e = new_engine(4, 96, 16, 8);
     int32_t prompts[N][64];
     uint32_t lens[N];
-    received r[N];
+    tu_events r[N];
     for (int i = 0; i < N; i++) {
         lens[i] = make_prompt(i, 0, prompts[i]);
-        received_init(&r[i]);
+        tu_events_init(&r[i]);
         rlx_request q = greedy_request(prompts[i], lens[i], 6 + (uint32_t)i % 5, &r[i]);
         q.logprobs = 1;
         uint64_t id;
@@ -266,8 +167,8 @@ static void test_concurrent_requests_equal_their_solo_runs(void **state) {
         expect_solo(prompts[i], lens[i], 6 + (uint32_t)i % 5, &r[i]);
         /* batch invariance, to the bit: the log-probabilities equal those of the request alone,
          * its prompt in one pass of up to 64 rows instead of chunks of 8 beside other rows */
-        received alone;
-        received_init(&alone);
+        tu_events alone;
+        tu_events_init(&alone);
         rlx_engine *e1 = new_engine(4, 96, 16, 64);
         rlx_request q = greedy_request(prompts[i], lens[i], 6 + (uint32_t)i % 5, &alone);
         q.logprobs = 1;
@@ -281,8 +182,8 @@ static void test_concurrent_requests_equal_their_solo_runs(void **state) {
                         alone.logprobs[k], r[i].logprobs[k]);
                 differ++;
             }
-        received_destroy(&alone);
-        received_destroy(&r[i]);
+        tu_events_destroy(&alone);
+        tu_events_destroy(&r[i]);
     }
     if (getenv("RLX_TEST_INVARIANT"))
         assert_int_equal(differ, 0);
@@ -312,14 +213,14 @@ static void shared_prefix_recurrent(void) {
     rlx_engine *e = new_engine(2, 96, 4, 64);
     int32_t a[96], b[64];
     uint32_t na = make_prompt(1, 24, a), nb = make_prompt(2, 24, b);
-    received ra, rb, rc;
-    received_init(&ra);
-    received_init(&rb);
-    received_init(&rc);
+    tu_events ra, rb, rc;
+    tu_events_init(&ra);
+    tu_events_init(&rb);
+    tu_events_init(&rc);
     rlx_request qa = greedy_request(a, na, 20, &ra);
     uint64_t id;
     assert_ok(rlx_engine_submit(e, &qa, &id));
-    wait_first_event(&ra);
+    tu_wait_tokens(&ra, 1, TU_WAIT_MS);
     rlx_request qb = greedy_request(b, nb, 8, &rb);
     assert_ok(rlx_engine_submit(e, &qb, &id));
     wait_done(&ra);
@@ -334,8 +235,8 @@ static void shared_prefix_recurrent(void) {
     const uint32_t held = na + 19;
     memcpy(a + na, ra.tokens, 19 * sizeof *a);
     a[held] = 5, a[held + 1] = 6, a[held + 2] = 7;
-    received rd;
-    received_init(&rd);
+    tu_events rd;
+    tu_events_init(&rd);
     rlx_request cont = greedy_request(a, held + 3, 6, &rd);
     assert_ok(rlx_engine_submit(e, &cont, &id));
     wait_done(&rd);
@@ -348,10 +249,10 @@ static void shared_prefix_recurrent(void) {
     assert_int_equal(rc.done.usage.n_cached, 0);
     expect_solo(b, nb, 8, &rc);
     rlx_engine_destroy(e);
-    received_destroy(&ra);
-    received_destroy(&rb);
-    received_destroy(&rc);
-    received_destroy(&rd);
+    tu_events_destroy(&ra);
+    tu_events_destroy(&rb);
+    tu_events_destroy(&rc);
+    tu_events_destroy(&rd);
 }
 
 /* A second request with the first one's 24-token prefix takes those rows from the cache (copied
@@ -365,14 +266,14 @@ static void test_shared_prefix_is_reused(void **state) {
     rlx_engine *e = new_engine(2, 96, 4, 64);
     int32_t a[64], b[64];
     uint32_t na = make_prompt(1, 24, a), nb = make_prompt(2, 24, b);
-    received ra, rb;
-    received_init(&ra);
-    received_init(&rb);
+    tu_events ra, rb;
+    tu_events_init(&ra);
+    tu_events_init(&rb);
     rlx_request qa = greedy_request(a, na, 20, &ra);
     uint64_t id;
     assert_ok(rlx_engine_submit(e, &qa, &id));
     /* wait for a's first token, so its prompt rows are in its slot while it decodes */
-    wait_first_event(&ra);
+    tu_wait_tokens(&ra, 1, TU_WAIT_MS);
     rlx_request qb = greedy_request(b, nb, 8, &rb);
     assert_ok(rlx_engine_submit(e, &qb, &id));
     wait_done(&ra);
@@ -381,8 +282,8 @@ static void test_shared_prefix_is_reused(void **state) {
     expect_solo(a, na, 20, &ra);
     expect_solo(b, nb, 8, &rb);
     /* the same prompt again, after both finished: all but its last token come from the cache */
-    received rc;
-    received_init(&rc);
+    tu_events rc;
+    tu_events_init(&rc);
     rlx_request qc = greedy_request(b, nb, 8, &rc);
     assert_ok(rlx_engine_submit(e, &qc, &id));
     wait_done(&rc);
@@ -392,9 +293,9 @@ static void test_shared_prefix_is_reused(void **state) {
     rlx_engine_stats_of(e, &st);
     assert_int_equal(st.cached_tokens, 24 + nb - 1);
     rlx_engine_destroy(e);
-    received_destroy(&ra);
-    received_destroy(&rb);
-    received_destroy(&rc);
+    tu_events_destroy(&ra);
+    tu_events_destroy(&rb);
+    tu_events_destroy(&rc);
 }
 
 /* A full queue refuses with BUSY; cancel ends a running request and queued ones. */
@@ -403,16 +304,16 @@ static void test_full_queue_refuses_and_cancel_ends(void **state) {
     rlx_engine *e = new_engine(1, 96, 2, 64);
     int32_t prompt[64];
     uint32_t n = make_prompt(3, 0, prompt);
-    received r[4];
+    tu_events r[4];
     uint64_t ids[4];
     for (int i = 0; i < 4; i++)
-        received_init(&r[i]);
+        tu_events_init(&r[i]);
     /* one running, held in its first token's callback so that it cannot finish, and two queued
      * fill the engine: the fourth is refused */
-    r[0].hold_at = 1;
+    r[0].hold[0] = 1;
     rlx_request q = greedy_request(prompt, n, 60, &r[0]);
     assert_ok(rlx_engine_submit(e, &q, &ids[0]));
-    wait_first_event(&r[0]);
+    tu_wait_tokens(&r[0], 1, TU_WAIT_MS);
     for (int i = 1; i < 3; i++) {
         q = greedy_request(prompt, n, 60, &r[i]);
         assert_ok(rlx_engine_submit(e, &q, &ids[i]));
@@ -422,7 +323,7 @@ static void test_full_queue_refuses_and_cancel_ends(void **state) {
     assert_error_mentions("busy");
     for (int i = 0; i < 3; i++)
         rlx_engine_cancel(e, ids[i]);
-    release(&r[0]);
+    tu_release(&r[0]);
     for (int i = 0; i < 3; i++) {
         wait_done(&r[i]);
         assert_int_equal(r[i].done.finish, RLX_FINISH_CANCELLED);
@@ -437,7 +338,7 @@ static void test_full_queue_refuses_and_cancel_ends(void **state) {
     assert_int_equal(st.requests_cancelled, 3);
     rlx_engine_destroy(e);
     for (int i = 0; i < 4; i++)
-        received_destroy(&r[i]);
+        tu_events_destroy(&r[i]);
 }
 
 /* A callback that asks to stop ends its request with FINISH_STOP after that token; drain lets a
@@ -447,10 +348,10 @@ static void test_stop_from_callback_and_drain(void **state) {
     rlx_engine *e = new_engine(2, 96, 4, 64);
     int32_t prompt[64];
     uint32_t n = make_prompt(4, 0, prompt);
-    received a, b, c;
-    received_init(&a);
-    received_init(&b);
-    received_init(&c);
+    tu_events a, b, c;
+    tu_events_init(&a);
+    tu_events_init(&b);
+    tu_events_init(&c);
     a.stop_after = 3;
     rlx_request q = greedy_request(prompt, n, 40, &a);
     uint64_t id;
@@ -462,7 +363,7 @@ static void test_stop_from_callback_and_drain(void **state) {
     assert_ok(rlx_engine_submit(e, &q, &id));
     /* c, unbounded, runs beside b and then sleeps 1.5 s in its sixth token's callback: b (4
      * tokens, admitted first) is done by then, c still runs at the 1 s deadline */
-    c.hold_at = 6;
+    c.hold[0] = 6;
     c.hold_ms = 1500;
     q = greedy_request(prompt, n, 0, &c);
     assert_ok(rlx_engine_submit(e, &q, &id));
@@ -472,24 +373,24 @@ static void test_stop_from_callback_and_drain(void **state) {
     assert_int_equal(b.done.finish, RLX_FINISH_LENGTH);
     assert_int_equal(c.done.finish, RLX_FINISH_CANCELLED);
     assert_int_equal(cancelled, 1);
-    received d;
-    received_init(&d);
+    tu_events d;
+    tu_events_init(&d);
     q = greedy_request(prompt, n, 4, &d);
     assert_int_equal(rlx_engine_submit(e, &q, &id), RLX_E_BUSY);
     assert_error_mentions("shutting down");
     rlx_engine_destroy(e);
-    received_destroy(&a);
-    received_destroy(&b);
-    received_destroy(&c);
-    received_destroy(&d);
+    tu_events_destroy(&a);
+    tu_events_destroy(&b);
+    tu_events_destroy(&c);
+    tu_events_destroy(&d);
 }
 
 static void test_bad_requests_are_refused(void **state) {
     (void)state;
     rlx_engine *e = new_engine(1, 32, 4, 64);
     int32_t prompt[40] = {0};
-    received r;
-    received_init(&r);
+    tu_events r;
+    tu_events_init(&r);
     uint64_t id;
     rlx_request q = greedy_request(prompt, 32, 4, &r);
     assert_int_equal(rlx_engine_submit(e, &q, &id), RLX_E_RANGE);
@@ -514,7 +415,7 @@ static void test_bad_requests_are_refused(void **state) {
     assert_int_equal(id, 0);
     rlx_engine_destroy(e);
     assert_int_equal(r.n_done, 0);
-    received_destroy(&r);
+    tu_events_destroy(&r);
     rlx_engine_options o = rlx_engine_options_default();
     o.n_slots = 8;
     o.step_tokens = 4;
@@ -532,8 +433,8 @@ static void test_logprobs_are_the_log_softmax(void **state) {
     rlx_engine *e = new_engine(1, 96, 4, 64);
     int32_t prompt[64];
     uint32_t n = make_prompt(5, 0, prompt);
-    received r;
-    received_init(&r);
+    tu_events r;
+    tu_events_init(&r);
     rlx_request q = greedy_request(prompt, n, 2, &r);
     q.logprobs = 1;
     q.top_logprobs = 3;
@@ -558,7 +459,7 @@ static void test_logprobs_are_the_log_softmax(void **state) {
     }
     rlx_session_destroy(s);
     rlx_engine_destroy(e);
-    received_destroy(&r);
+    tu_events_destroy(&r);
 }
 
 /* Four threads submit 40 requests each and cancel every third at once; every accepted request
@@ -567,7 +468,7 @@ typedef struct stress_arg {
     rlx_engine *e;
     int32_t prompt[64];
     uint32_t n;
-    received r[40];
+    tu_events r[40];
     int accepted[40];
 } stress_arg;
 
@@ -589,13 +490,13 @@ static void *stress_thread(void *p) {
 static void test_stress_submit_and_cancel(void **state) {
     (void)state;
     rlx_engine *e = new_engine(4, 64, 8, 32);
-    stress_arg args[4];
+    static stress_arg args[4]; /* 160 collectors: too large for the stack */
     pthread_t th[4];
     for (int t = 0; t < 4; t++) {
         args[t].e = e;
         args[t].n = make_prompt(t, 6, args[t].prompt);
         for (int i = 0; i < 40; i++)
-            received_init(&args[t].r[i]);
+            tu_events_init(&args[t].r[i]);
         assert_int_equal(pthread_create(&th[t], NULL, stress_thread, &args[t]), 0);
     }
     uint64_t accepted = 0;
@@ -619,7 +520,7 @@ static void test_stress_submit_and_cancel(void **state) {
         for (int i = 0; i < 40; i++) {
             assert_int_equal(args[t].r[i].n_done, args[t].accepted[i] ? 1 : 0);
             assert_int_equal(args[t].r[i].events_after_done, 0);
-            received_destroy(&args[t].r[i]);
+            tu_events_destroy(&args[t].r[i]);
         }
 }
 
@@ -641,11 +542,11 @@ static void test_engine_over_an_lm(void **state) {
     enum { N = 3 };
     int32_t prompts[N][64];
     uint32_t lens[N];
-    received r[N + 1];
+    tu_events r[N + 1];
     uint64_t id;
     for (int i = 0; i < N; i++) {
         lens[i] = make_prompt(i, 20, prompts[i]);
-        received_init(&r[i]);
+        tu_events_init(&r[i]);
         rlx_request q = greedy_request(prompts[i], lens[i], 5, &r[i]);
         assert_ok(rlx_engine_submit(e, &q, &id));
     }
@@ -656,38 +557,28 @@ static void test_engine_over_an_lm(void **state) {
     assert_int_equal(r[0].done.usage.n_cached, 0);
     assert_int_equal(r[1].done.usage.n_cached, 20); /* the shared 20 tokens stayed in the lm */
     /* a long request cancelled after its first token ends with CANCELLED */
-    received_init(&r[N]);
+    tu_events_init(&r[N]);
     r[N].stop_after = 0;
     rlx_request q = greedy_request(prompts[0], lens[0], 60, &r[N]);
     assert_ok(rlx_engine_submit(e, &q, &id));
-    wait_first_event(&r[N]);
+    tu_wait_tokens(&r[N], 1, TU_WAIT_MS);
     rlx_engine_cancel(e, id);
     wait_done(&r[N]);
     assert_true(r[N].done.finish == RLX_FINISH_CANCELLED || r[N].n == 60);
     rlx_engine_destroy(e);
     for (int i = 0; i <= N; i++)
-        received_destroy(&r[i]);
+        tu_events_destroy(&r[i]);
     rlx_session_destroy(s);
 }
 
 static int setup(void **state) {
     (void)state;
-    const char *name = getenv("RLX_BACKEND") ? getenv("RLX_BACKEND") : "cpu-blas";
-    rlx_registry *r;
-    if (rlx_model_open(model_dir, &model) != RLX_OK || rlx_registry_create(NULL, &r) != RLX_OK) {
-        fprintf(stderr, "setup: %s\n", rlx_last_error());
-        return -1;
-    }
     /* RLX_TEST_INVARIANT: the backend in its batch-invariant mode, and the log-probabilities of a
      * request beside others must equal those alone to the bit */
     const rlx_backend_options bo = {.size = sizeof bo,
                                     .extra = getenv("RLX_TEST_INVARIANT") ? "batch_invariant=1" : NULL};
-    if (strcmp(name, "ref") != 0 && (rlx_registry_load(r, RLX_PLUGIN_BACKEND, name, &plugin) != RLX_OK ||
-                                     rlx_backend_create(plugin, &bo, &backend) != RLX_OK)) {
-        fprintf(stderr, "setup: %s\n", rlx_last_error());
+    if (tu_open_model(model_dir, NULL, &bo, &model, &plugin, &backend) != 0)
         return -1;
-    }
-    rlx_registry_destroy(r);
     vocab = rlx_model_config_of(model)->vocab_size;
     kv_dtype = getenv("RLX_TEST_KV") && strcmp(getenv("RLX_TEST_KV"), "f16") == 0 ? RLX_DTYPE_F16 : RLX_DTYPE_F32;
     return 0;
@@ -695,9 +586,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    rlx_model_close(model);
-    rlx_backend_destroy(backend);
-    rlx_plugin_unload(plugin);
+    tu_close_model(model, plugin, backend);
     return 0;
 }
 

@@ -179,7 +179,9 @@ static void test_generate_stops_at_limit_and_is_greedy(void **state) {
     rlx_sampler *greedy;
     assert_ok(rlx_sampler_create(&sp, vocab, &greedy));
     rlx_gen_stats st;
-    assert_ok(rlx_session_generate(s, greedy, prompt, N_PROMPT, 4, NULL, NULL, &st));
+    rlx_lm lm;
+    assert_ok(rlx_session_lm(s, &lm));
+    assert_ok(rlx_generate(&lm, greedy, prompt, N_PROMPT, 4, NULL, NULL, &st));
     assert_int_equal(st.n_prompt, N_PROMPT);
     assert_true(st.n_generated >= 1 && st.n_generated <= 4);
     assert_int_equal(rlx_session_length(s), N_PROMPT + st.n_generated - 1);
@@ -206,7 +208,9 @@ static void test_generate_stops_at_a_full_context(void **state) {
     rlx_sampler *greedy;
     assert_ok(rlx_sampler_create(&sp, vocab, &greedy));
     rlx_gen_stats st;
-    assert_ok(rlx_session_generate(s, greedy, prompt, N_PROMPT, 1000, NULL, NULL, &st));
+    rlx_lm lm;
+    assert_ok(rlx_session_lm(s, &lm));
+    assert_ok(rlx_generate(&lm, greedy, prompt, N_PROMPT, 1000, NULL, NULL, &st));
     assert_int_equal(st.stop, RLX_GEN_STOP_CONTEXT);
     assert_int_equal(st.n_generated, capacity - N_PROMPT + 1);
     assert_int_equal(rlx_session_length(s), capacity);
@@ -296,7 +300,7 @@ static void test_generate_ex_gives_each_tokens_row(void **state) {
     row_log r = {.rows = malloc(32 * (size_t)vocab * sizeof(float))};
     assert_non_null(r.rows);
     rlx_gen_stats st;
-    assert_ok(rlx_generate_ex(&lm, g, prompt, N_PROMPT, 12, log_row, &r, &st));
+    assert_ok(rlx_generate(&lm, g, prompt, N_PROMPT, 12, log_row, &r, &st));
     assert_int_equal(r.n, 12);
     assert_int_equal(st.stop, RLX_GEN_STOP_MAX_NEW);
     int32_t eos = r.tokens[2];
@@ -313,7 +317,7 @@ static void test_generate_ex_gives_each_tokens_row(void **state) {
     assert_ok(rlx_session_truncate(s, 0));
     r.n = 0;
     r.stop_after = 2;
-    assert_ok(rlx_generate_ex(&lm, g, prompt, N_PROMPT, 12, log_row, &r, &st));
+    assert_ok(rlx_generate(&lm, g, prompt, N_PROMPT, 12, log_row, &r, &st));
     assert_int_equal(st.stop, RLX_GEN_STOP_CALLBACK);
     assert_int_equal(st.n_generated, 2);
     rlx_sampler_destroy(g);
@@ -323,7 +327,7 @@ static void test_generate_ex_gives_each_tokens_row(void **state) {
     assert_ok(rlx_session_truncate(s, 0));
     r.n = 0;
     r.stop_after = 0;
-    assert_ok(rlx_generate_ex(&lm, g, prompt, N_PROMPT, 12, log_row, &r, &st));
+    assert_ok(rlx_generate(&lm, g, prompt, N_PROMPT, 12, log_row, &r, &st));
     assert_int_equal(st.stop, RLX_GEN_STOP_EOS);
     assert_true(st.stopped_on_eos && st.n_generated <= 3 && r.tokens[r.n - 1] == eos);
     assert_ok(rlx_session_truncate(s, 0));
@@ -356,7 +360,7 @@ static void test_generate_feeds_the_penalties_prompt_and_output(void **state) {
         rlx_lm lm;
         assert_ok(rlx_session_lm(s, &lm));
         lm.n_eos = 0;
-        assert_ok(rlx_generate_ex(&lm, g, prompt, N_PROMPT, 24, log_row, &r, NULL));
+        assert_ok(rlx_generate(&lm, g, prompt, N_PROMPT, 24, log_row, &r, NULL));
         for (uint32_t i = 0; i < r.n; i++) {
             for (uint32_t j = 0; j < N_PROMPT; j++)
                 repeats[penalised] += r.tokens[i] == prompt[j];
@@ -447,23 +451,15 @@ static void test_mtp_errors(void **state) {
 
 static int setup(void **state) {
     (void)state;
-    const char *name = getenv("RLX_BACKEND") ? getenv("RLX_BACKEND") : "cpu-blas";
-    rlx_registry *r;
-    if (rlx_registry_create(NULL, &r) != RLX_OK || rlx_registry_load(r, RLX_PLUGIN_BACKEND, name, &plugin) != RLX_OK ||
-        rlx_backend_create(plugin, NULL, &backend) != RLX_OK || rlx_model_open(model_dir, &model) != RLX_OK) {
-        fprintf(stderr, "setup: %s\n", rlx_last_error());
+    if (tu_open_model(model_dir, NULL, NULL, &model, &plugin, &backend) != 0)
         return -1;
-    }
-    rlx_registry_destroy(r);
     vocab = rlx_model_config_of(model)->vocab_size;
     return 0;
 }
 
 static int teardown(void **state) {
     (void)state;
-    rlx_model_close(model);
-    rlx_backend_destroy(backend);
-    rlx_plugin_unload(plugin);
+    tu_close_model(model, plugin, backend);
     return 0;
 }
 

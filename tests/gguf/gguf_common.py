@@ -11,7 +11,8 @@ import re
 import subprocess
 import sys
 
-SKIP = 77  # ctest's SKIP_RETURN_CODE for these tests
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ci_skip import missing_input  # noqa: E402
 
 TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 LAYER_NAMES = {
@@ -40,12 +41,11 @@ def hf_name(gguf_name):
 
 def shared_gguf_dir(path):
     """path (the tests' ${PROJECT_SOURCE_DIR}/../shared/gguf) if it holds the reference files;
-    otherwise exits with SKIP and says why: CI clones the repository next to `shared`, a
-    developer's checkout may not have it, and a missing optional fixture is not a failure."""
+    otherwise exits saying why: CI clones the repository next to `shared`, so there a missing
+    file is a failure; a developer's checkout may not have it, and there it is a skip (77)."""
     ref = os.path.join(path, "reference", "llama.cpp.json")
     if not os.path.isfile(ref):
-        print("SKIPPED: missing input: no llama.cpp reference files (%s is missing)" % ref)
-        sys.exit(SKIP)
+        sys.exit(missing_input("no llama.cpp reference files (%s is missing)" % ref))
     return path
 
 

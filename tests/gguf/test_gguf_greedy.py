@@ -80,8 +80,9 @@ def check_case(rlx, model, prompt, want, steps, rlx_args=(), near_tie=NEAR_TIE):
     below near_tie). Returns (verdict, detail, failure): verdict "pass", "tie", "error" or
     "FAIL"; failure is None or the message."""
     start = time.time()
+    # rlx's cache in F32, not its F16 default: the near-tie rule above is about F32 attention
     p = C.run([rlx, "generate", "-m", model, "-p", prompt, "-n", str(steps), "--temp", "0",
-               "--json", "--logprobs", "5", *rlx_args], timeout=300)
+               "--json", "--logprobs", "5", "-ctk", "f32", *rlx_args], timeout=300)
     took = time.time() - start
     if p.returncode != 0:
         return "error", "", "rlx generate exited %s: %s" % (p.returncode, p.stderr.decode(errors="replace")[-400:])

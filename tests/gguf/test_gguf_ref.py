@@ -2,7 +2,7 @@
 on the broken files of make_bad_gguf.py.
 
   python3 tests/gguf/test_gguf_ref.py GGUF_DIR     exit 0 when every check passes, 77 (skipped)
-                                                   when GGUF_DIR does not exist
+                                                   when GGUF_DIR does not exist (1 under CI=true)
 
 What is checked, and why it is evidence:
 1. Every file parses and passes gguf_ref.check_model (qwen3, shapes from the metadata); the draft
@@ -43,6 +43,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gguf_ref as G  # noqa: E402
 import make_bad_gguf  # noqa: E402
+from gguf_common import missing_input  # noqa: E402
 
 DRAFT_QUANTS = ["q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_k_s", "q4_0"]
 # relative RMS limits, a little above what llama.cpp's quantizers reach on these models
@@ -172,9 +173,8 @@ MUTATIONS = [
 def main(gguf_dir):
     if not os.path.isdir(gguf_dir):
         # the llama.cpp files live beside the checkout (CI clones it next to `shared`); without
-        # them there is nothing to check the reference against, which is a skip, not a failure
-        print("SKIPPED: missing input: no llama.cpp GGUF files (%s is missing)" % gguf_dir)
-        return 77
+        # them there is nothing to check the reference against: a skip, a failure in CI
+        return missing_input("no llama.cpp GGUF files (%s is missing)" % gguf_dir)
     paths = sorted(os.path.join(gguf_dir, f) for f in os.listdir(gguf_dir) if f.endswith(".gguf"))
     needed = ["brown-draft-%s.gguf" % q for q in ["f32", "bf16"] + DRAFT_QUANTS]
     missing = [n for n in needed if not os.path.exists(os.path.join(gguf_dir, n))]

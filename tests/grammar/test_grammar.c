@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "rlx/private.h"
 #include "testutil.h"
 
 #define BROWN RLX_SOURCE_DIR "/share/models/brown/draft"

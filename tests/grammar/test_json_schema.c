@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "rlx/private.h"
 #include "testutil.h"
 
 #define CASES RLX_TEST_DATA "/schema_cases.txt"
@@ -49,13 +50,8 @@ static char *read_bytes(FILE *f, size_t len) {
     return b;
 }
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(uint32_t n) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state % n);
-}
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull; /* tu_rand's */
+static uint32_t rnd(uint32_t n) { return tu_rand(&rng_state) % n; }
 
 /* Whether g accepts text whole. A fresh matcher each time, so the verdict cannot depend on what a
  * matcher's cache saw before. */

@@ -13,11 +13,6 @@ enum { D = 8, HQ = 4, HKV = 2, KV = HKV * D, S = 3, C = 24 };
 
 static uint64_t rng = 1;
 
-static float uniform(void) { /* in [-1, 1) */
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
-}
-
 static const rlx_op_params params = {.scale = 0.35f, .head_dim = D, .n_heads = HQ, .n_kv_heads = HKV};
 
 /* One call: rows t < T of q[T, HQ*D], k and v [T, KV] (row t of all of them drawn from
@@ -30,10 +25,10 @@ static int run(rlx_backend *ref, const int32_t *seq, const int32_t *pos, int64_t
     for (int64_t t = 0; t < T; t++) {
         rng = 77 + (uint64_t)pos[t] + 1000u * (uint64_t)(seq ? seq[t] : 0);
         for (int i = 0; i < HQ * D; i++)
-            q[t * HQ * D + i] = uniform();
+            q[t * HQ * D + i] = tu_uniform(&rng);
         for (int i = 0; i < KV; i++) {
-            k[t * KV + i] = 2 * uniform();
-            v[t * KV + i] = uniform();
+            k[t * KV + i] = 2 * tu_uniform(&rng);
+            v[t * KV + i] = tu_uniform(&rng);
         }
     }
     const rlx_tensor cache = seq ? (rlx_tensor){.dtype = dt, .n_dims = 3, .shape = {S, C, KV, 1}}
@@ -67,7 +62,7 @@ static void *cache_new(uint32_t dt, uint64_t seed) {
     void *c = malloc(n * 4);
     rng = seed;
     for (size_t i = 0; i < n; i++) {
-        const float x = uniform();
+        const float x = tu_uniform(&rng);
         if (dt == RLX_DTYPE_F16)
             ((uint16_t *)c)[i] = rlx_iface_f32_to_f16(x);
         else
@@ -125,7 +120,7 @@ static void test_graph_checks_slots_f16_caches_and_gather_rows(void **state) {
                      RLX_E_SHAPE);
     assert_int_equal(rlx_graph_add_node(g, RLX_OP_ATTENTION, "h", (int[]){q, k, k, pos, cbf, cbf}, 6, &params),
                      RLX_E_SHAPE);
-    assert_error_mentions("an f32 or f16 cache");
+    assert_error_mentions("an f32, f16 or q8_0 (head_dim % 32 == 0) cache");
     /* GATHER_ROWS: R rows of x's width; idx must be I32[R] */
     const int idx = rlx_graph_add_tensor(g, RLX_ROLE_INPUT, "idx", RLX_DTYPE_I32, 1, (int64_t[]){3}, NULL);
     const int r = rlx_graph_add_node(g, RLX_OP_GATHER_ROWS, "rows", (int[]){q, idx}, 2, NULL);
@@ -149,7 +144,7 @@ static void test_ref_rows_do_not_depend_on_the_batch(void **state) {
     static const uint32_t dts[2] = {RLX_DTYPE_F32, RLX_DTYPE_F16};
     for (int d = 0; d < 2; d++) {
         rlx_backend *ref;
-        assert_ok(rlx_backend_create_ref(&ref));
+        assert_ok(rlx_backend_create_ref(NULL, &ref));
         const uint32_t dt = dts[d];
         void *kc = cache_new(dt, 5), *vc = cache_new(dt, 6), *kc2 = cache_copy(kc), *vc2 = cache_copy(vc);
         float one[10 * HQ * D], chunked[10 * HQ * D], mixed[13 * HQ * D];
@@ -184,7 +179,7 @@ static void test_ref_rows_do_not_depend_on_the_batch(void **state) {
 static void test_ref_rounds_f16_cache_rows_to_nearest_even(void **state) {
     (void)state;
     rlx_backend *ref;
-    assert_ok(rlx_backend_create_ref(&ref));
+    assert_ok(rlx_backend_create_ref(NULL, &ref));
     static const float values[6] = {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 65504.0f, 65519.0f, 65520.0f, -1e6f};
     static const uint16_t bits[6] = {0x3c00, 0x3c02, 0x7bff, 0x7bff, 0x7c00, 0xfc00};
     uint16_t kc[C * KV] = {0}, vc[C * KV] = {0};
@@ -227,7 +222,7 @@ static void expect_refused(rlx_backend *ref, const int32_t *seq, const int32_t *
 static void test_ref_refuses_rows_outside_the_cache_and_repeated_positions(void **state) {
     (void)state;
     rlx_backend *ref;
-    assert_ok(rlx_backend_create_ref(&ref));
+    assert_ok(rlx_backend_create_ref(NULL, &ref));
     expect_refused(ref, (int32_t[]){0, 3}, (int32_t[]){1, 1}, 2, RLX_E_RANGE,
                    "node 'layers.2.attn' (attention): row 1: slot 3 is outside the cache's 3 slots");
     expect_refused(ref, (int32_t[]){0, -1}, (int32_t[]){1, 1}, 2, RLX_E_RANGE, "row 1: slot -1");
@@ -250,7 +245,7 @@ static void test_ref_refuses_rows_outside_the_cache_and_repeated_positions(void 
 static void test_ref_gathers_rows_and_refuses_bad_indices(void **state) {
     (void)state;
     rlx_backend *ref;
-    assert_ok(rlx_backend_create_ref(&ref));
+    assert_ok(rlx_backend_create_ref(NULL, &ref));
     float x[4 * 3] = {0, 1, 2, 10, 11, 12, 20, 21, 22, 30, 31, 32}, y[3 * 3];
     int32_t idx[3] = {3, 0, 3};
     const rlx_tensor in[2] = {{.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {4, 3, 1, 1}, .data = x},

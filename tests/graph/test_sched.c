@@ -9,29 +9,15 @@
 #define COLS 5
 #define CHAIN 10
 
-/* x -> d1 = x + x -> d2 = d1 + d1 -> ... -> last row of d10 */
-static rlx_graph *chain_graph(int *x, int *out) {
-    rlx_graph *g;
-    assert_ok(rlx_graph_create(&g));
-    *x = rlx_graph_add_tensor(g, RLX_ROLE_INPUT, "x", RLX_DTYPE_F32, 2, (int64_t[]){ROWS, COLS}, NULL);
-    int prev = *x;
-    for (int i = 0; i < CHAIN; i++) {
-        char name[16];
-        snprintf(name, sizeof name, "d%d", i + 1);
-        prev = rlx_graph_add_node(g, RLX_OP_ADD, name, (int[]){prev, prev}, 2, NULL);
-        assert_true(prev >= 0);
-    }
-    *out = rlx_graph_add_node(g, RLX_OP_GATHER_LAST, "last", &prev, 1, NULL);
-    assert_ok(rlx_graph_mark_output(g, *out));
-    return g;
-}
+/* x -> d1 = x + x -> ... -> d10 -> its last row (testutil.h) */
+static rlx_graph *chain_graph(int *x, int *out) { return tu_doubling_chain(ROWS, COLS, CHAIN, 1, x, out); }
 
 static void test_arena_reuses_dead_buffers(void **state) {
     (void)state;
     int x, out;
     rlx_graph *g = chain_graph(&x, &out);
     rlx_plan *p;
-    assert_ok(rlx_plan_create(g, NULL, 0, &p));
+    assert_ok(rlx_plan_create(g, NULL, &p));
     size_t one = 64; /* 15 floats rounded up to the 64-byte alignment */
     assert_int_equal(rlx_plan_total_activation_bytes(p), (CHAIN + 1) * one);
     /* never more than a node's input and its output alive at once */
@@ -53,7 +39,7 @@ static void test_unbound_input_is_refused(void **state) {
     int x, out;
     rlx_graph *g = chain_graph(&x, &out);
     rlx_plan *p;
-    assert_ok(rlx_plan_create(g, NULL, 0, &p));
+    assert_ok(rlx_plan_create(g, NULL, &p));
     assert_int_equal(rlx_plan_run(p), RLX_E_INVALID);
     assert_error_mentions("'x' is not bound");
     assert_int_equal(rlx_plan_bind(p, out, NULL), RLX_E_INVALID);
@@ -70,7 +56,8 @@ static void test_nodes_go_to_the_backend_that_supports_them(void **state) {
     int x, out;
     rlx_graph *g = chain_graph(&x, &out);
     rlx_plan *p;
-    assert_ok(rlx_plan_create(g, &b, 1, &p));
+    assert_ok(
+        rlx_plan_create(g, &(rlx_plan_options){.size = sizeof(rlx_plan_options), .backends = &b, .n_backends = 1}, &p));
     for (uint32_t i = 0; i < CHAIN; i++)
         assert_string_equal(rlx_plan_node_backend(p, i), "Add-Only");
     assert_string_equal(rlx_plan_node_backend(p, CHAIN), "ref");
@@ -90,20 +77,30 @@ static void test_placement_rules_pin_ops(void **state) {
     assert_ok(rlx_plugin_load(RLX_TEST_PLUGIN_DIR "/rlx-test-add-only.so", &h));
     rlx_backend *b, *ref;
     assert_ok(rlx_backend_create(h, NULL, &b));
-    assert_ok(rlx_backend_create_ref(&ref));
+    assert_ok(rlx_backend_create_ref(NULL, &ref));
     int x, out;
     rlx_graph *g = chain_graph(&x, &out);
     /* preference says ref for everything, the rule moves the additions */
     rlx_place_rule rule = {.op = RLX_OP_ADD, .backend = b};
     rlx_plan *p;
-    assert_ok(rlx_plan_create_placed(g, &ref, 1, &rule, 1, &p));
+    assert_ok(rlx_plan_create(
+        g,
+        &(rlx_plan_options){
+            .size = sizeof(rlx_plan_options), .backends = &ref, .n_backends = 1, .rules = &rule, .n_rules = 1},
+        &p));
     assert_string_equal(rlx_plan_node_backend(p, 0), "Add-Only");
     assert_string_equal(rlx_plan_node_backend(p, CHAIN), "ref");
     assert_int_equal(rlx_plan_backend_switches(p), 1);
     rlx_plan_destroy(p);
     /* a rule for an op the backend cannot run is refused, naming both */
     rule.op = RLX_OP_GATHER_LAST;
-    assert_int_equal(rlx_plan_create_placed(g, &ref, 1, &rule, 1, &p), RLX_E_UNSUPPORTED);
+    assert_int_equal(
+        rlx_plan_create(
+            g,
+            &(rlx_plan_options){
+                .size = sizeof(rlx_plan_options), .backends = &ref, .n_backends = 1, .rules = &rule, .n_rules = 1},
+            &p),
+        RLX_E_UNSUPPORTED);
     assert_error_mentions("'Add-Only'");
     assert_error_mentions("'last'");
     rlx_graph_destroy(g);

@@ -168,10 +168,16 @@ static int run_node(uint32_t op, const rlx_op_params *params, const rlx_tensor *
     rlx_plan *p;
     if (g_backend && plugin_takes(op, params, n_in)) {
         const rlx_place_rule rule = {.op = op, .backend = g_backend};
-        if (rlx_plan_create_placed(g, &g_backend, 1, &rule, 1, &p) != RLX_OK)
+        if (rlx_plan_create(g,
+                            &(rlx_plan_options){.size = sizeof(rlx_plan_options),
+                                                .backends = &g_backend,
+                                                .n_backends = 1,
+                                                .rules = &rule,
+                                                .n_rules = 1},
+                            &p) != RLX_OK)
             fail_msg("%s declines node: %s", rlx_backend_name(g_backend), rlx_last_error());
     } else {
-        assert_ok(rlx_plan_create(g, NULL, 0, &p));
+        assert_ok(rlx_plan_create(g, NULL, &p));
     }
     for (uint32_t i = 0; i < n_in; i++)
         if (role[i] != RLX_ROLE_WEIGHT)
@@ -341,11 +347,6 @@ static void test_numpy_cases(void **state) {
 // ---------------------------------------------------------------------------------------------
 // GATED_DELTA's two forms, and batch invariance
 
-static float uniform(uint64_t *s) { /* in [-1, 1) */
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((*s >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
-}
-
 /* A GATED_DELTA problem of t rows: random qkv, a, b and weights; pos, seq set by the test. */
 typedef struct gd_problem {
     rlx_op_params p;
@@ -374,14 +375,14 @@ static void gd_problem_init(gd_problem *g, uint32_t hv, uint32_t hk, uint32_t dk
     g->seq = malloc((size_t)t * sizeof(int32_t));
     assert_true(g->qkv && g->a && g->b && g->state && g->pos && g->seq);
     for (int64_t i = 0; i < t * g->qkv_cols; i++)
-        g->qkv[i] = uniform(&seed);
+        g->qkv[i] = tu_uniform(&seed);
     for (int64_t i = 0; i < t * hv; i++) {
-        g->a[i] = 3.0f * uniform(&seed);
-        g->b[i] = 3.0f * uniform(&seed);
+        g->a[i] = 3.0f * tu_uniform(&seed);
+        g->b[i] = 3.0f * tu_uniform(&seed);
     }
     for (uint32_t h = 0; h < hv; h++) {
-        g->A[h] = -expf(1.4f + 1.4f * uniform(&seed)); /* -exp(A_log), A_log in [0, log 16] */
-        g->dt_bias[h] = uniform(&seed);
+        g->A[h] = -expf(1.4f + 1.4f * tu_uniform(&seed)); /* -exp(A_log), A_log in [0, log 16] */
+        g->dt_bias[h] = tu_uniform(&seed);
     }
 }
 

@@ -83,17 +83,7 @@ static void reversed_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn
 static const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = one_range_tasks};
 static const kern_par shuffled = {.n_threads = 2, .parallel_for = small_ranges, .parallel_tasks = reversed_tasks};
 
-static uint32_t rng = 12345;
-
-static float frand(void) {
-    rng = rng * 1664525u + 1013904223u;
-    return (float)(rng >> 8) / (float)(1u << 24) * 2.0f - 1.0f;
-}
-
-static void fill(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        x[i] = frand();
-}
+static uint64_t rng = 12345; /* tu_rand's */
 
 /* The ISA levels this CPU runs, by name. */
 static int levels(const char **names) {
@@ -163,11 +153,11 @@ static void check_norm_and_rope(float out[6][T * H]) {
 
 static void test_row_ops_do_not_depend_on_the_split(void **state) {
     (void)state;
-    fill(row_x, T * H);
-    fill(row_u, T * H);
-    fill(row_w, HEAD);
+    tu_fill(row_x, T * H, &rng);
+    tu_fill(row_u, T * H, &rng);
+    tu_fill(row_w, HEAD, &rng);
     for (int i = 0; i < V * H; i++)
-        row_table[i] = rlx_iface_f32_to_bf16(frand());
+        row_table[i] = rlx_iface_f32_to_bf16(tu_uniform(&rng));
     const char *names[PLUGIN_ISA_COUNT];
     for (int l = 0, n = levels(names); l < n; l++) {
         static float one[6][T * H], cut[6][T * H];
@@ -226,8 +216,8 @@ static void test_gemm_gives_each_row_its_gemv_bits(void **state) {
                     float *wide = before_guard((size_t)(GM_N * K) * sizeof(float), &maps[2], &lens[2]);
                     uint16_t *w16 = before_guard((size_t)(GM_N * K) * sizeof(uint16_t), &maps[3], &lens[3]);
                     float *many = before_guard((size_t)(M * GM_N) * sizeof(float), &maps[4], &lens[4]);
-                    fill(x, M * K);
-                    fill(wf, GM_N * K);
+                    tu_fill(x, M * K, &rng);
+                    tu_fill(wf, GM_N * K, &rng);
                     for (int64_t i = 0; i < GM_N * K; i++)
                         w16[i] = dt == RLX_DTYPE_BF16 ? rlx_iface_f32_to_bf16(wf[i]) : rlx_iface_f32_to_f16(wf[i]);
                     const void *w = dt == RLX_DTYPE_F32 ? (const void *)wf : (const void *)w16;
@@ -261,11 +251,11 @@ enum { D = 20, HQ = 4, HKV = 2, KV = HKV * D, SLOTS = 3, C = 700 };
 
 /* The inputs of the query at (slot, pos): the same whatever call it is in. */
 static void att_row(int32_t slot, int32_t pos, float *q, float *k, float *v) {
-    const uint32_t saved = rng;
-    rng = 1000u * (uint32_t)slot + (uint32_t)pos + 1u;
-    fill(q, HQ * D);
-    fill(k, KV);
-    fill(v, KV);
+    const uint64_t saved = rng;
+    rng = 1000u * (uint64_t)slot + (uint64_t)pos + 1u;
+    tu_fill(q, HQ * D, &rng);
+    tu_fill(k, KV, &rng);
+    tu_fill(v, KV, &rng);
     rng = saved;
 }
 
@@ -303,10 +293,10 @@ static int att_call(kern_ctx *c, const int32_t *seq, const int32_t *pos, int64_t
 static void *att_cache(uint32_t dt, uint32_t seed) {
     const size_t n = (size_t)SLOTS * C * KV;
     void *c = malloc(n * sizeof(float));
-    const uint32_t saved = rng;
+    const uint64_t saved = rng;
     rng = seed;
     for (size_t i = 0; i < n; i++) {
-        const float x = frand();
+        const float x = tu_uniform(&rng);
         if (dt == RLX_DTYPE_F16)
             ((uint16_t *)c)[i] = rlx_iface_f32_to_f16(x);
         else

@@ -24,15 +24,13 @@ static int stress_threads;
 static _Atomic long stress_late;      /* chunks running after their job returned */
 static _Atomic long stress_bad_chunk; /* chunk index or ith out of range */
 
-static _Thread_local uint32_t rng_state;
+/* tu_rand's, seeded per thread by the variable's own address */
+static _Thread_local uint64_t rng_state;
 
 static uint32_t rng_next(void) {
     if (!rng_state)
-        rng_state = (uint32_t)(uintptr_t)&rng_state | 1;
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 17;
-    rng_state ^= rng_state << 5;
-    return rng_state;
+        rng_state = (uint64_t)(uintptr_t)&rng_state;
+    return tu_rand(&rng_state);
 }
 
 /* A short random pause: usually nothing, sometimes a busy-wait, now and then a yield. */

@@ -127,6 +127,8 @@ def main():
                     help="step 5's chat check renders the GGUF files with this tokenizer_config.json's chat_template")
     ap.add_argument("rlx_args", nargs="*", help="extra rlx arguments, after --")
     args = ap.parse_args()
+    # rlx's cache in F32, not its F16 default: llama.cpp's figures here are its F32 attention's
+    args.rlx_args = ["-ctk", "f32", *args.rlx_args]
     with open(os.path.join(REF, "llama.cpp.json")) as f:
         ref = json.load(f)
     if args.model not in ref["models"]:

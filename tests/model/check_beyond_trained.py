@@ -63,8 +63,9 @@ def main():
     problems = []
 
     out = os.path.join(args.workdir, "logits.f32")
+    # an F32 cache: the comparison with NumPy's F32 arithmetic is at golden.LOGITS_TOL
     p = subprocess.run([args.rlx, "logits", "-m", short, "-c", "64", "--all", "--tokens", ",".join(map(str, ids)),
-                        "--out", out], capture_output=True, text=True, timeout=300)
+                        "--out", out, "-ctk", "f32"], capture_output=True, text=True, timeout=300)
     if p.returncode != 0 or WARNING not in p.stderr:
         problems.append(f"logits -c 64 on a model trained on {TRAINED}: exit {p.returncode}, want a warning: "
                         f"{p.stderr[-400:]!r}")

@@ -162,7 +162,9 @@ class Rlx:
 
     def run(self, verb, tokens, *flags):
         ids = ["--tokens", ",".join(map(str, tokens))] if verb != "graph" else []
-        cmd = [self.binary, verb, "--model", self.model, *ids, *flags, *self.extra]
+        # an F32 cache: the check is of the model's F32 arithmetic against the reference's, at
+        # 1e-4; the F16 default would round every cached key and value (about 5e-4 relative)
+        cmd = [self.binary, verb, "--model", self.model, *ids, *flags, "-ctk", "f32", *self.extra]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout)
         except subprocess.TimeoutExpired:

@@ -214,6 +214,7 @@ def fake_rlx(argv):
     ap.add_argument("--positions")
     ap.add_argument("-n", type=int)
     ap.add_argument("--logprobs", type=int, default=0)
+    ap.add_argument("-ctk")
     for flag in ("--greedy", "--ignore-eos", "--json"):
         ap.add_argument(flag, action="store_true")
     a = ap.parse_args(argv)

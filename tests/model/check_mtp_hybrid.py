@@ -117,8 +117,9 @@ def check_reference(what, model_dir, got, tokens):
 
 
 def rlx_generate(args, model, inputs, *extra):
+    # an F32 cache: the log-probabilities are compared with NumPy's F32 arithmetic
     cmd = [args.rlx, "generate", "--model", model, "--plugin", args.plugin, *inputs, "-n", str(GEN_STEPS),
-           "--greedy", "--ignore-eos", *extra]
+           "--greedy", "--ignore-eos", "-ctk", "f32", *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
 

@@ -372,7 +372,9 @@ def greedy(model, ids, n, eos=(), dtype=np.float64):
     """
     seq, out = list(ids), []
     for _ in range(n):
-        nxt = int(np.argmax(forward(model, seq, dtype)[-1]))
+        # the head on the last row only: the step reads no other, and the head is most of a
+        # forward of a model with a real vocabulary (the rows above are the same function)
+        nxt = int(np.argmax(lm_head(model, final_hidden(model, seq, dtype)[-1:], dtype)[-1]))
         seq.append(nxt)
         out.append(nxt)
         if nxt in eos:

@@ -7,7 +7,7 @@ DIR/gguf/reference/llama.cpp.json holds what llama-perplexity (-c 256) printed f
 draft model converted to GGUF F32 and BF16, on DIR/gguf/brown-heldout.txt; rlx must give the
 same perplexity within 0.5 % from the safetensors the GGUF files were converted from
 (share/models/brown/draft), the same over a 2-stage pipeline, and clear errors for bad input.
-Exits 77 (skipped) when the reference files are not there.
+Exits 77 (skipped) when the reference files are not there, 1 under CI=true (tests/ci_skip.py).
 """
 import argparse
 import json
@@ -15,6 +15,9 @@ import os
 import re
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ci_skip import missing_input  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DRAFT = os.path.join(REPO, "share", "models", "brown", "draft")
@@ -38,8 +41,7 @@ def main():
     ref_path = os.path.join(args.shared, "gguf", "reference", "llama.cpp.json")
     text = os.path.join(args.shared, "gguf", "brown-heldout.txt")
     if not os.path.exists(ref_path) or not os.path.exists(text):
-        print(f"SKIPPED: missing input: no llama.cpp reference at {ref_path}")
-        return 77
+        return missing_input(f"no llama.cpp reference at {ref_path}")
     with open(ref_path) as f:
         ref = json.load(f)["files"]
     failures = []

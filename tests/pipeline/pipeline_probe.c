@@ -277,7 +277,7 @@ static int run_bench(probe *p) {
             rc = fail("prefill: %s", rlx_last_error());
             break;
         }
-        rlx_driver_stats_get(d, &s0);
+        rlx_driver_stats_of(d, &s0);
         double t0 = now();
         for (uint32_t i = 0; i < n; i++) {
             int32_t tok = (int32_t)(i % 100);
@@ -287,13 +287,13 @@ static int run_bench(probe *p) {
             }
         }
         double per = (now() - t0) / n;
-        rlx_driver_stats_get(d, &s1);
+        rlx_driver_stats_of(d, &s1);
         if (per < best)
             best = per;
     }
     for (uint32_t i = 0; !rc && i < rlx_driver_n_stages(d); i++) {
         rlx_driver_stage_info info;
-        rlx_driver_stage_info_get(d, i, &info);
+        rlx_driver_stage_info_of(d, i, &info);
         printf("stage %u at %s: layers %u-%u on %s, %.1f MiB resident after loading\n", i, info.address,
                info.layers.start, info.layers.end - 1, info.backend, (double)info.rss_bytes / 1048576.0);
     }

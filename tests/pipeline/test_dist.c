@@ -311,137 +311,138 @@ static void test_deploy_standby(void **state) {
     rlx_deploy_close(d);
 }
 
-/* Each bad file fails with "FILE:LINE:" and a message containing `needle`. */
-static void expect_bad(const char *text, unsigned line, const char *needle) {
-    const char *path = write_file("bad.yaml", text);
-    rlx_deploy *d = (rlx_deploy *)&d;
-    assert_int_not_equal(rlx_deploy_open(path, &d), RLX_OK);
-    assert_null(d);
-    char where[600];
-    snprintf(where, sizeof where, "%s:%u: ", path, line);
-    if (!strstr(rlx_last_error(), where) || !strstr(rlx_last_error(), needle))
-        fail_msg("for:\n%s\ngot: %s\nwanted %s...%s", text, rlx_last_error(), where, needle);
-}
+/* Bad files, each refused with "FILE:LINE: " and a message containing `needle`. */
+static const struct bad_deploy {
+    const char *text;
+    unsigned line;
+    const char *needle;
+} bad_deploys[] = {
+    {"model: m\nstagez:\n  - address: a:1\n", 2, "unknown key 'stagez'"},
+    {"model: m\n", 1, "no 'stages'"},
+    {"stages: []\n", 1, "'stages' is empty"},
+    {"stages: 3\n", 1, "must be a list"},
+    {"stages:\n  - backend: ref\n", 2, "has no address"},
+    {"stages:\n  - address: nohost\n", 2, "has no port (want host:port)"},
+    {"stages:\n  - address: ':7101'\n", 2, "has no host"},
+    {"stages:\n  - address: '[]:7101'\n", 2, "has no host"},
+    {"stages:\n  - address: '[::g]:7101'\n", 2, "'g' cannot appear in an IPv6 address"},
+    {"stages:\n  - address: a:70000\n", 2, "port must be"},
+    {"stages:\n  - address: a:0\n", 2, "port must be"},
+    {"stages:\n  - address: a b:1\n", 2, "cannot appear in a host name"},
+    {"stages:\n  - address: a:1\n    colour: red\n", 3, "unknown key 'colour' in a stage"},
+    {"stages:\n  - address: a:1\n    backend_options: {isa: c}\n", 3, "'backend_options' must be a non-empty string"},
+    {"stages:\n  - address: a:1\n    backend_opts: isa=c\n", 3,
+     "unknown key 'backend_opts' in a stage (known: address, backend, backend_options,"},
+    {"stages:\n  - address: a:1\n    threads: many\n", 3, "'threads' must be a non-negative integer"},
+    {"stages:\n  - address: a:1\n    threads: 0\n", 3, "at least 1"},
+    {"stages:\n  - address: a:1\n    layers: [0, 3]\n", 3, "layers must look like 0-13"},
+    {"stages:\n  - address: a:1\n    layers: 0-3\n  - address: b:1\n    layers: 5-7\n", 4,
+     "gap: layers 4-4 are run by no stage"},
+    {"stages:\n  - address: a:1\n    layers: 0-3\n  - address: b:1\n    layers: 3-7\n", 4, "overlap"},
+    {"stages:\n  - address: a:1\n    layers: 1-3\n", 2, "layers 0-0 are run by no stage"},
+    {"stages:\n  - address: a:1\n    layers: 0-3\n  - address: b:1\n", 4, "for every stage or for none"},
+    {"stages:\n  - address: a:1\n    address: b:2\n", 3, "'address' is given twice"},
+    {"model: [a]\nstages:\n  - address: a:1\n", 1, "'model' must be a non-empty string"},
+    {"stages:\n  - address: a:1\ngeneration: {top_p: 2}\n", 3, "top_p must be in (0, 1]"},
+    {"stages:\n  - address: a:1\ngeneration: {temperature: hot}\n", 3, "must be a number"},
+    {"stages:\n  - address: a:1\ngeneration: {temperature: -0.1}\n", 3, "temperature must be >= 0"},
+    {"stages:\n  - address: a:1\ngeneration: {min_p: 1.5}\n", 3, "min_p must be in [0, 1]"},
+    {"stages:\n  - address: a:1\ngeneration: {min_p: -0.1}\n", 3, "min_p must be in [0, 1]"},
+    {"stages:\n  - address: a:1\ngeneration: {repeat_penalty: 0}\n", 3, "repeat_penalty must be > 0"},
+    {"stages:\n  - address: a:1\ngeneration: {repeat_penalty: inf}\n", 3, "must be a number"},
+    {"stages:\n  - address: a:1\ngeneration: {repeat_last_n: -2}\n", 3,
+     "repeat_last_n must be a number of tokens up to 2147483647, or -1"},
+    {"stages:\n  - address: a:1\ngeneration: {repeat_last_n: 3000000000}\n", 3, "repeat_last_n must be"},
+    {"stages:\n  - address: a:1\ngeneration: {repeat_last_n: 1.5}\n", 3, "repeat_last_n must be"},
+    {"stages:\n  - address: a:1\ngeneration: {presence_penalty: nan}\n", 3, "must be a number"},
+    {"stages:\n  - address: a:1\ngeneration: {frequency_penalty: [1]}\n", 3, "'frequency_penalty' must be a number"},
+    {"stages:\n  - address: a:1\ngeneration: {min-p: 0.1}\n", 3,
+     "unknown key 'min-p' in generation (known: max_tokens, temperature, top_k, top_p, seed, min_p,"},
+    {"stages:\n  - address: a:1\nspeculator: {draft_tokens: 4}\n", 3, "needs a plugin"},
+    {"stages:\n  - address: a:1\nspeculator: {plugin: mtp, k: 4}\n", 3, "unknown key 'k' in speculator"},
+    {"stages:\n  - address: a:1\n  - address: [b\n", 4, "not valid YAML"},
+    /* standby */
+    {"stages:\n  - address: a:1\n    standby: {host: b, port: 2}\n", 3,
+     "'standby' must be an address (host:port) or a list of addresses"},
+    {"stages:\n  - address: a:1\n    standby:\n", 3, "'standby' must be an address"},
+    {"stages:\n  - address: a:1\n    standby: []\n", 3, "'standby' is empty"},
+    {"stages:\n  - address: a:1\n    standby:\n      - b:2\n      - [c:3]\n", 5,
+     "each 'standby' entry must be an address"},
+    {"stages:\n  - address: a:1\n    standby:\n      - b:2\n      - nohost\n", 5,
+     "standby: address 'nohost' has no port"},
+    {"stages:\n  - address: a:1\n    standby: b:0\n", 3, "standby: 'b:0': the port must be"},
+    {"stages:\n  - address: a:1\n    standby: [b:1, b:2, b:3, b:4, b:5, b:6, b:7, b:8, b:9]\n", 3,
+     "'standby' lists 9 addresses; a stage may have at most 8"},
+    {"stages:\n  - address: a:1\n    standby: [b:2, A:1]\n", 3, "stage 0: standby A:1 is the stage's own address"},
+    /* a later stage's address, found once every stage is read; the line is the standby's */
+    {"stages:\n  - address: a:1\n    standby:\n      - b:2\n      - c:3\n  - address: c:3\n", 5,
+     "stage 0: standby c:3 is the address of stage 1 (line 6)"},
+    {"stages:\n  - address: a:1\n    standby:\n      - b:2\n      - B:2\n", 5,
+     "stage 0: standby B:2 is listed twice (line 4)"},
+    {"stages:\n  - address: a:1\n    standby: b:2\n  - address: c:3\n    standby: [d:4, b:2]\n", 5,
+     "stage 1: standby b:2 is already a standby of stage 0 (line 3)"},
+    {"stages:\n  - address: a:1\n    standby: b:2\n    standby: c:3\n", 4, "'standby' is given twice"},
+    {"stages:\n  - address: a:1\n    stand_by: b:2\n", 3, "listen, standby, tls)"},
+    /* timeouts */
+    {"stages:\n  - address: a:1\ntimeouts: {recovery_ms: 0}\n", 3, "'recovery_ms' must be at least 1"},
+    {"stages:\n  - address: a:1\ntimeouts:\n  recovery_ms: soon\n", 4, "'recovery_ms' must be a non-negative integer"},
+    {"stages:\n  - address: a:1\ntimeouts: {recover_ms: 5}\n", 3,
+     "unknown key 'recover_ms' in timeouts (known: connect_ms, control_ms, per_position_ms, recovery_ms, "
+     "idle_ms)"},
+    {"stages:\n  - address: a:1\ntimeouts: {idle_ms: 0}\n", 3, "'idle_ms' must be at least 1"},
+    /* limits */
+    {"stages:\n  - address: a:1\nlimits: {connections: 0}\n", 3, "'connections' must be at least 1"},
+    {"stages:\n  - address: a:1\nlimits: {sessions: 4294967296}\n", 3,
+     "'sessions' must be an integer from 0 to 4294967295, not '4294967296'"},
+    {"stages:\n  - address: a:1\nlimits:\n  positions: 0\n", 4, "'positions' must be at least 1"},
+    {"stages:\n  - address: a:1\nlimits: {positions: -5}\n", 3, "'positions' must be a non-negative integer"},
+    {"stages:\n  - address: a:1\nlimits: {conns: 4}\n", 3,
+     "unknown key 'conns' in limits (known: connections, sessions, positions)"},
+    {"stages:\n  - address: a:1\nlimits: 16\n", 3, "'limits' must be a mapping"},
+    /* auth */
+    {"stages:\n  - address: a:1\nauth: {}\n", 3, "auth: needs token_file"},
+    {"stages:\n  - address: a:1\nauth: pipeline.token\n", 3, "'auth' must be a mapping"},
+    {"stages:\n  - address: a:1\nauth: {token_file: ''}\n", 3, "'token_file' must be a non-empty string"},
+    {"stages:\n  - address: a:1\nauth:\n  token_file: t\n  token: s3cret\n", 5,
+     "unknown key 'token' in auth (known: token_file)"},
+    {"stages:\n  - address: a:1\nauth: {token_file: a}\nauth: {token_file: b}\n", 4, "'auth' is given twice"},
+    /* tls: all three files at the top, cert and key in a stage, which needs the top's ca */
+    {"stages:\n  - address: a:1\ntls: {ca: ca.pem, cert: n.pem}\n", 3, "tls: needs ca, cert and key together"},
+    {"stages:\n  - address: a:1\ntls: {ca: ca.pem, cert: n.pem}\n", 3, "missing: key"},
+    {"stages:\n  - address: a:1\ntls:\n  name: stage.internal\n", 4, "missing: ca, cert, key"},
+    {"stages:\n  - address: a:1\ntls: {ca: c, cert: n, key: k, sni: x}\n", 3,
+     "unknown key 'sni' in tls (known: ca, cert, key, name)"},
+    {"stages:\n  - address: a:1\ntls:\n  ca: [c]\n  cert: n\n  key: k\n", 4, "'ca' must be a non-empty string"},
+    {"stages:\n  - address: a:1\ntls:\n  ca: c\n  cert: n\n  key: k\n  ca: d\n", 7, "'ca' is given twice"},
+    {"stages:\n  - address: a:1\ntls: on\n", 3, "'tls' must be a mapping"},
+    {"stages:\n  - address: a:1\n    tls: {cert: s.pem}\ntls: {ca: c, cert: n, key: k}\n", 3,
+     "a stage's tls: needs both cert and key"},
+    {"stages:\n  - address: a:1\n    tls: {cert: s.pem, key: s.key, ca: c}\n", 3,
+     "'ca' belongs in the file's top-level tls:"},
+    {"stages:\n  - address: a:1\n    tls: {cert: s.pem, key: s.key, name: s}\n", 3,
+     "'name' belongs in the file's top-level tls:"},
+    {"stages:\n  - address: a:1\n    tls: {cert: s.pem, key: s.key, chain: x}\n", 3,
+     "unknown key 'chain' in a stage's tls (known: cert, key)"},
+    {"stages:\n  - address: a:1\n    tls: s.pem\n", 3, "a stage's 'tls' must be a mapping"},
+    {"stages:\n  - address: a:1\n  - address: b:1\n    tls:\n      cert: s.pem\n      key: s.key\n", 5,
+     "stage 1's tls: gives its certificate, but the file has no top-level tls: with the ca"},
+    {"", 1, "empty"},
+    {"- a\n- b\n", 1, "must be a mapping"},
+};
 
 static void test_deploy_errors_name_file_and_line(void **state) {
     (void)state;
-    expect_bad("model: m\nstagez:\n  - address: a:1\n", 2, "unknown key 'stagez'");
-    expect_bad("model: m\n", 1, "no 'stages'");
-    expect_bad("stages: []\n", 1, "'stages' is empty");
-    expect_bad("stages: 3\n", 1, "must be a list");
-    expect_bad("stages:\n  - backend: ref\n", 2, "has no address");
-    expect_bad("stages:\n  - address: nohost\n", 2, "has no port (want host:port)");
-    expect_bad("stages:\n  - address: ':7101'\n", 2, "has no host");
-    expect_bad("stages:\n  - address: '[]:7101'\n", 2, "has no host");
-    expect_bad("stages:\n  - address: '[::g]:7101'\n", 2, "'g' cannot appear in an IPv6 address");
-    expect_bad("stages:\n  - address: a:70000\n", 2, "port must be");
-    expect_bad("stages:\n  - address: a:0\n", 2, "port must be");
-    expect_bad("stages:\n  - address: a b:1\n", 2, "cannot appear in a host name");
-    expect_bad("stages:\n  - address: a:1\n    colour: red\n", 3, "unknown key 'colour' in a stage");
-    expect_bad("stages:\n  - address: a:1\n    backend_options: {isa: c}\n", 3,
-               "'backend_options' must be a non-empty string");
-    expect_bad("stages:\n  - address: a:1\n    backend_opts: isa=c\n", 3,
-               "unknown key 'backend_opts' in a stage (known: address, backend, backend_options,");
-    expect_bad("stages:\n  - address: a:1\n    threads: many\n", 3, "'threads' must be a non-negative integer");
-    expect_bad("stages:\n  - address: a:1\n    threads: 0\n", 3, "at least 1");
-    expect_bad("stages:\n  - address: a:1\n    layers: [0, 3]\n", 3, "layers must look like 0-13");
-    expect_bad("stages:\n  - address: a:1\n    layers: 0-3\n  - address: b:1\n    layers: 5-7\n", 4,
-               "gap: layers 4-4 are run by no stage");
-    expect_bad("stages:\n  - address: a:1\n    layers: 0-3\n  - address: b:1\n    layers: 3-7\n", 4, "overlap");
-    expect_bad("stages:\n  - address: a:1\n    layers: 1-3\n", 2, "layers 0-0 are run by no stage");
-    expect_bad("stages:\n  - address: a:1\n    layers: 0-3\n  - address: b:1\n", 4, "for every stage or for none");
-    expect_bad("stages:\n  - address: a:1\n    address: b:2\n", 3, "'address' is given twice");
-    expect_bad("model: [a]\nstages:\n  - address: a:1\n", 1, "'model' must be a non-empty string");
-    expect_bad("stages:\n  - address: a:1\ngeneration: {top_p: 2}\n", 3, "top_p must be in (0, 1]");
-    expect_bad("stages:\n  - address: a:1\ngeneration: {temperature: hot}\n", 3, "must be a number");
-    expect_bad("stages:\n  - address: a:1\ngeneration: {temperature: -0.1}\n", 3, "temperature must be >= 0");
-    expect_bad("stages:\n  - address: a:1\ngeneration: {min_p: 1.5}\n", 3, "min_p must be in [0, 1]");
-    expect_bad("stages:\n  - address: a:1\ngeneration: {min_p: -0.1}\n", 3, "min_p must be in [0, 1]");
-    expect_bad("stages:\n  - address: a:1\ngeneration: {repeat_penalty: 0}\n", 3, "repeat_penalty must be > 0");
-    expect_bad("stages:\n  - address: a:1\ngeneration: {repeat_penalty: inf}\n", 3, "must be a number");
-    expect_bad("stages:\n  - address: a:1\ngeneration: {repeat_last_n: -2}\n", 3,
-               "repeat_last_n must be a number of tokens up to 2147483647, or -1");
-    expect_bad("stages:\n  - address: a:1\ngeneration: {repeat_last_n: 3000000000}\n", 3, "repeat_last_n must be");
-    expect_bad("stages:\n  - address: a:1\ngeneration: {repeat_last_n: 1.5}\n", 3, "repeat_last_n must be");
-    expect_bad("stages:\n  - address: a:1\ngeneration: {presence_penalty: nan}\n", 3, "must be a number");
-    expect_bad("stages:\n  - address: a:1\ngeneration: {frequency_penalty: [1]}\n", 3,
-               "'frequency_penalty' must be a number");
-    expect_bad("stages:\n  - address: a:1\ngeneration: {min-p: 0.1}\n", 3,
-               "unknown key 'min-p' in generation (known: max_tokens, temperature, top_k, top_p, seed, min_p,");
-    expect_bad("stages:\n  - address: a:1\nspeculator: {draft_tokens: 4}\n", 3, "needs a plugin");
-    expect_bad("stages:\n  - address: a:1\nspeculator: {plugin: mtp, k: 4}\n", 3, "unknown key 'k' in speculator");
-    expect_bad("stages:\n  - address: a:1\n  - address: [b\n", 4, "not valid YAML");
-    /* standby */
-    expect_bad("stages:\n  - address: a:1\n    standby: {host: b, port: 2}\n", 3,
-               "'standby' must be an address (host:port) or a list of addresses");
-    expect_bad("stages:\n  - address: a:1\n    standby:\n", 3, "'standby' must be an address");
-    expect_bad("stages:\n  - address: a:1\n    standby: []\n", 3, "'standby' is empty");
-    expect_bad("stages:\n  - address: a:1\n    standby:\n      - b:2\n      - [c:3]\n", 5,
-               "each 'standby' entry must be an address");
-    expect_bad("stages:\n  - address: a:1\n    standby:\n      - b:2\n      - nohost\n", 5,
-               "standby: address 'nohost' has no port");
-    expect_bad("stages:\n  - address: a:1\n    standby: b:0\n", 3, "standby: 'b:0': the port must be");
-    expect_bad("stages:\n  - address: a:1\n    standby: [b:1, b:2, b:3, b:4, b:5, b:6, b:7, b:8, b:9]\n", 3,
-               "'standby' lists 9 addresses; a stage may have at most 8");
-    expect_bad("stages:\n  - address: a:1\n    standby: [b:2, A:1]\n", 3,
-               "stage 0: standby A:1 is the stage's own address");
-    /* a later stage's address, found once every stage is read; the line is the standby's */
-    expect_bad("stages:\n  - address: a:1\n    standby:\n      - b:2\n      - c:3\n  - address: c:3\n", 5,
-               "stage 0: standby c:3 is the address of stage 1 (line 6)");
-    expect_bad("stages:\n  - address: a:1\n    standby:\n      - b:2\n      - B:2\n", 5,
-               "stage 0: standby B:2 is listed twice (line 4)");
-    expect_bad("stages:\n  - address: a:1\n    standby: b:2\n  - address: c:3\n    standby: [d:4, b:2]\n", 5,
-               "stage 1: standby b:2 is already a standby of stage 0 (line 3)");
-    expect_bad("stages:\n  - address: a:1\n    standby: b:2\n    standby: c:3\n", 4, "'standby' is given twice");
-    expect_bad("stages:\n  - address: a:1\n    stand_by: b:2\n", 3, "listen, standby, tls)");
-    /* timeouts */
-    expect_bad("stages:\n  - address: a:1\ntimeouts: {recovery_ms: 0}\n", 3, "'recovery_ms' must be at least 1");
-    expect_bad("stages:\n  - address: a:1\ntimeouts:\n  recovery_ms: soon\n", 4,
-               "'recovery_ms' must be a non-negative integer");
-    expect_bad("stages:\n  - address: a:1\ntimeouts: {recover_ms: 5}\n", 3,
-               "unknown key 'recover_ms' in timeouts (known: connect_ms, control_ms, per_position_ms, recovery_ms, "
-               "idle_ms)");
-    expect_bad("stages:\n  - address: a:1\ntimeouts: {idle_ms: 0}\n", 3, "'idle_ms' must be at least 1");
-    /* limits */
-    expect_bad("stages:\n  - address: a:1\nlimits: {connections: 0}\n", 3, "'connections' must be at least 1");
-    expect_bad("stages:\n  - address: a:1\nlimits: {sessions: 4294967296}\n", 3,
-               "'sessions' must be an integer from 0 to 4294967295, not '4294967296'");
-    expect_bad("stages:\n  - address: a:1\nlimits:\n  positions: 0\n", 4, "'positions' must be at least 1");
-    expect_bad("stages:\n  - address: a:1\nlimits: {positions: -5}\n", 3, "'positions' must be a non-negative integer");
-    expect_bad("stages:\n  - address: a:1\nlimits: {conns: 4}\n", 3,
-               "unknown key 'conns' in limits (known: connections, sessions, positions)");
-    expect_bad("stages:\n  - address: a:1\nlimits: 16\n", 3, "'limits' must be a mapping");
-    /* auth */
-    expect_bad("stages:\n  - address: a:1\nauth: {}\n", 3, "auth: needs token_file");
-    expect_bad("stages:\n  - address: a:1\nauth: pipeline.token\n", 3, "'auth' must be a mapping");
-    expect_bad("stages:\n  - address: a:1\nauth: {token_file: ''}\n", 3, "'token_file' must be a non-empty string");
-    expect_bad("stages:\n  - address: a:1\nauth:\n  token_file: t\n  token: s3cret\n", 5,
-               "unknown key 'token' in auth (known: token_file)");
-    expect_bad("stages:\n  - address: a:1\nauth: {token_file: a}\nauth: {token_file: b}\n", 4, "'auth' is given twice");
-    /* tls: all three files at the top, cert and key in a stage, which needs the top's ca */
-    expect_bad("stages:\n  - address: a:1\ntls: {ca: ca.pem, cert: n.pem}\n", 3,
-               "tls: needs ca, cert and key together");
-    expect_bad("stages:\n  - address: a:1\ntls: {ca: ca.pem, cert: n.pem}\n", 3, "missing: key");
-    expect_bad("stages:\n  - address: a:1\ntls:\n  name: stage.internal\n", 4, "missing: ca, cert, key");
-    expect_bad("stages:\n  - address: a:1\ntls: {ca: c, cert: n, key: k, sni: x}\n", 3,
-               "unknown key 'sni' in tls (known: ca, cert, key, name)");
-    expect_bad("stages:\n  - address: a:1\ntls:\n  ca: [c]\n  cert: n\n  key: k\n", 4,
-               "'ca' must be a non-empty string");
-    expect_bad("stages:\n  - address: a:1\ntls:\n  ca: c\n  cert: n\n  key: k\n  ca: d\n", 7, "'ca' is given twice");
-    expect_bad("stages:\n  - address: a:1\ntls: on\n", 3, "'tls' must be a mapping");
-    expect_bad("stages:\n  - address: a:1\n    tls: {cert: s.pem}\ntls: {ca: c, cert: n, key: k}\n", 3,
-               "a stage's tls: needs both cert and key");
-    expect_bad("stages:\n  - address: a:1\n    tls: {cert: s.pem, key: s.key, ca: c}\n", 3,
-               "'ca' belongs in the file's top-level tls:");
-    expect_bad("stages:\n  - address: a:1\n    tls: {cert: s.pem, key: s.key, name: s}\n", 3,
-               "'name' belongs in the file's top-level tls:");
-    expect_bad("stages:\n  - address: a:1\n    tls: {cert: s.pem, key: s.key, chain: x}\n", 3,
-               "unknown key 'chain' in a stage's tls (known: cert, key)");
-    expect_bad("stages:\n  - address: a:1\n    tls: s.pem\n", 3, "a stage's 'tls' must be a mapping");
-    expect_bad("stages:\n  - address: a:1\n  - address: b:1\n    tls:\n      cert: s.pem\n      key: s.key\n", 5,
-               "stage 1's tls: gives its certificate, but the file has no top-level tls: with the ca");
-    expect_bad("", 1, "empty");
-    expect_bad("- a\n- b\n", 1, "must be a mapping");
+    for (size_t i = 0; i < sizeof bad_deploys / sizeof bad_deploys[0]; i++) {
+        const struct bad_deploy *b = &bad_deploys[i];
+        const char *path = write_file("bad.yaml", b->text);
+        rlx_deploy *d = (rlx_deploy *)&d;
+        assert_int_not_equal(rlx_deploy_open(path, &d), RLX_OK);
+        assert_null(d);
+        char where[600];
+        snprintf(where, sizeof where, "%s:%u: ", path, b->line);
+        if (!strstr(rlx_last_error(), where) || !strstr(rlx_last_error(), b->needle))
+            fail_msg("case %zu:\n%s\ngot: %s\nwanted %s...%s", i, b->text, rlx_last_error(), where, b->needle);
+    }
 }
 
 /* auth:, tls: (the file's and a stage's own certificate), limits: and timeouts.idle_ms: relative

@@ -36,9 +36,8 @@
 #define TCP_PLUGIN RLX_BUILD_PLUGIN_DIR "/rlx-transport-tcp.so"
 #define BLAS_PLUGIN RLX_BUILD_PLUGIN_DIR "/rlx-backend-cpu-blas.so"
 
-#define MAX_GEN 128
 #define MAX_PROMPT 64
-#define N_TOP 5
+#define N_TOP TU_MAX_TOP
 #define CAPACITY 160 /* positions per slot, in the stages and in the local engine */
 #define MAX_STAGES 3
 /* the driver's bound on a control message and, plus 100 ms per row, on a step: short, so a
@@ -57,35 +56,6 @@ static rlx_plugin_handle *tcp, *blas;
 static int64_t vocab;
 static uint64_t seed = 0x5eedf00dULL;
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-/* The CLOCK_REALTIME instant ms milliseconds from now, for pthread_cond_timedwait. */
-static struct timespec after_ms(long ms) {
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    t.tv_sec += ms / 1000;
-    t.tv_nsec += ms % 1000 * 1000000L;
-    if (t.tv_nsec >= 1000000000L)
-        t.tv_sec++, t.tv_nsec -= 1000000000L;
-    return t;
-}
-
-static void sleep_ms(long ms) {
-    struct timespec t = {ms / 1000, ms % 1000 * 1000000L};
-    nanosleep(&t, NULL);
-}
-
-static uint64_t rng_next(uint64_t *s) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
 /* ---- log lines: the recovery's report is part of what is checked ---- */
 
 static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -103,7 +73,7 @@ static void on_log(void *ctx, int level, const char *message) {
     if (n > 0)
         log_len = log_len + (size_t)n < sizeof log_text ? log_len + (size_t)n : sizeof log_text - 1;
     if (!t_replaced && strstr(message, "replaced and its streams replayed"))
-        t_replaced = now_s();
+        t_replaced = tu_now_s();
     pthread_mutex_unlock(&log_mu);
 }
 
@@ -159,148 +129,17 @@ typedef struct spec {
     uint32_t cancel_ms, cancel_at;
 } spec;
 
-typedef struct received {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int32_t tokens[MAX_GEN];
-    float logprobs[MAX_GEN];
-    uint32_t n_top[MAX_GEN];
-    int32_t top_ids[MAX_GEN][N_TOP];
-    float top_lp[MAX_GEN][N_TOP];
-    uint32_t n, n_done;
-    int events_after_done, bad_events;
-    rlx_engine_event done;
-    char message[1024];
-    double t_done;
-    /* a cancel from the callback once cancel_at tokens came (and the id is known) */
-    rlx_engine *engine;
-    uint64_t id;
-    uint32_t cancel_at;
-    int cancel_sent;
-    /* hold[h] > 0: the callback of that token blocks the engine's worker until the test released
-     * it h + 1 times (or WAIT_MS passed), so what has run is known, whatever the scheduling */
-    uint32_t hold[2];
-    int holding, releases;
-} received;
-
-static void received_init(received *r) {
-    memset(r, 0, sizeof *r);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
-}
-
-static void received_destroy(received *r) {
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
-}
-
-static int on_event(void *ctx, const rlx_engine_event *ev) {
-    received *r = ctx;
-    rlx_engine *cancel = NULL;
-    pthread_mutex_lock(&r->mu);
-    if (r->n_done)
-        r->events_after_done++;
-    if (ev->kind == RLX_ENGINE_TOKEN) {
-        if (r->n < MAX_GEN) {
-            r->tokens[r->n] = ev->token;
-            r->logprobs[r->n] = ev->logprob;
-            r->n_top[r->n] = ev->n_top;
-            for (uint32_t k = 0; k < ev->n_top && k < N_TOP; k++) {
-                r->top_ids[r->n][k] = ev->top_ids[k];
-                r->top_lp[r->n][k] = ev->top_logprobs[k];
-            }
-        } else {
-            r->bad_events++; /* more tokens than any request here asks for */
-        }
-        r->n++;
-        if (r->cancel_at && r->n >= r->cancel_at && r->id && !r->cancel_sent) {
-            r->cancel_sent = 1;
-            cancel = r->engine;
-        }
-        for (int h = 0; h < 2; h++)
-            if (r->hold[h] && r->n == r->hold[h]) {
-                r->holding = h + 1;
-                pthread_cond_broadcast(&r->cv);
-                const struct timespec until = after_ms(WAIT_MS);
-                while (r->releases <= h)
-                    if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
-                        break;
-                r->holding = 0;
-            }
-    } else if (ev->kind == RLX_ENGINE_DONE) {
-        r->done = *ev;
-        snprintf(r->message, sizeof r->message, "%s", ev->message ? ev->message : "(null)");
-        r->done.message = r->message;
-        r->t_done = now_s();
-        r->n_done++;
-    } else {
-        r->bad_events++;
-    }
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-    /* a callback may cancel (engine.c delivers events without its lock held) */
-    if (cancel)
-        rlx_engine_cancel(cancel, r->id);
-    return 0;
-}
-
-/* Waits up to ms for the DONE event; whether it came. */
-static int wait_done(received *r, long ms) {
-    const struct timespec until = after_ms(ms);
-    pthread_mutex_lock(&r->mu);
-    while (!r->n_done)
-        if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
-            break;
-    int done = r->n_done > 0;
-    pthread_mutex_unlock(&r->mu);
-    return done;
-}
-
-/* Waits up to ms for n tokens (or the DONE event); whether n tokens came. */
-static int wait_tokens(received *r, uint32_t n, long ms) {
-    const struct timespec until = after_ms(ms);
-    pthread_mutex_lock(&r->mu);
-    while (r->n < n && !r->n_done)
-        if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
-            break;
-    int got = r->n >= n;
-    pthread_mutex_unlock(&r->mu);
-    return got;
-}
-
-/* Waits up to WAIT_MS until r's callback holds the worker at its hold h (1 or 2). */
-static void wait_holding(received *r, int h) {
-    const struct timespec until = after_ms(WAIT_MS);
-    pthread_mutex_lock(&r->mu);
-    while (r->holding != h && !r->n_done)
-        if (pthread_cond_timedwait(&r->cv, &r->mu, &until) != 0)
-            break;
-    const int holding = r->holding == h;
-    const uint32_t n = r->n;
-    pthread_mutex_unlock(&r->mu);
-    if (!holding)
+/* Waits up to WAIT_MS until r's callback holds the engine's worker at its hold h (1 or 2). */
+static void wait_holding(tu_events *r, int h) {
+    if (!tu_wait_holding(r, h, WAIT_MS))
         fail_msg("the engine's worker did not reach hold %d (token %u) within %d ms: %u tokens", h, r->hold[h - 1],
-                 WAIT_MS, n);
-}
-
-static void release(received *r) {
-    pthread_mutex_lock(&r->mu);
-    r->releases++;
-    pthread_cond_broadcast(&r->cv);
-    pthread_mutex_unlock(&r->mu);
-}
-
-static uint32_t tokens_of(received *r) {
-    pthread_mutex_lock(&r->mu);
-    uint32_t n = r->n;
-    pthread_mutex_unlock(&r->mu);
-    return n;
+                 WAIT_MS, tu_tokens_of(r));
 }
 
 /* never generated: no request stops early, so every comparison runs the whole length */
 static const int32_t no_stop = -1;
 
-static rlx_request make_request(const spec *s, received *r) {
+static rlx_request make_request(const spec *s, tu_events *r) {
     rlx_request q = {.size = sizeof q, .prompt = s->prompt, .n_prompt = s->n_prompt, .max_tokens = s->max_tokens};
     q.sampler = rlx_sampler_params_default();
     if (s->sampled) {
@@ -317,19 +156,19 @@ static rlx_request make_request(const spec *s, received *r) {
     q.top_logprobs = s->top;
     q.stop_ids = &no_stop;
     q.n_stop_ids = 1;
-    q.on_event = on_event;
+    q.on_event = tu_on_event;
     q.ctx = r;
     return q;
 }
 
 static void random_ids(uint64_t *rng, int32_t *out, uint32_t n) {
     for (uint32_t k = 0; k < n; k++)
-        out[k] = (int32_t)(rng_next(rng) % (uint64_t)vocab);
+        out[k] = (int32_t)(tu_rand(rng) % (uint64_t)vocab);
 }
 
 /* Whether `got` received exactly `want`'s events over want's first n tokens: ids,
  * log-probabilities and alternatives, floats compared as bits. Says where they part. */
-static int same_tokens(const char *what, int i, const received *got, const received *want, uint32_t n) {
+static int same_tokens(const char *what, int i, const tu_events *got, const tu_events *want, uint32_t n) {
     for (uint32_t k = 0; k < n; k++) {
         const int differ = got->tokens[k] != want->tokens[k] ||
                            memcmp(&got->logprobs[k], &want->logprobs[k], sizeof(float)) != 0 ||
@@ -352,7 +191,7 @@ static int same_tokens(const char *what, int i, const received *got, const recei
 /* Runs the requests on the engine over the whole model, all submitted at once on `slots` slots
  * with a budget of 64 rows per step (prompts mostly in one pass, unlike the pipeline's chunks):
  * the reference every pipeline request must equal. */
-static void run_local(const spec *specs, uint32_t n, uint32_t slots, received *out) {
+static void run_local(const spec *specs, uint32_t n, uint32_t slots, tu_events *out) {
     rlx_backend *b = new_backend();
     rlx_engine_options o = rlx_engine_options_default();
     o.n_slots = slots;
@@ -364,13 +203,13 @@ static void run_local(const spec *specs, uint32_t n, uint32_t slots, received *o
     rlx_engine *e;
     assert_ok(rlx_engine_create(model, &o, &e));
     for (uint32_t i = 0; i < n; i++) {
-        received_init(&out[i]);
+        tu_events_init(&out[i]);
         rlx_request q = make_request(&specs[i], &out[i]);
         uint64_t id;
         assert_ok(rlx_engine_submit(e, &q, &id));
     }
     for (uint32_t i = 0; i < n; i++) {
-        if (!wait_done(&out[i], WAIT_MS))
+        if (!tu_wait_done(&out[i], WAIT_MS))
             fail_msg("local engine: request %u did not finish within %d ms", i, WAIT_MS);
         if (out[i].done.finish != RLX_FINISH_LENGTH || out[i].n != specs[i].max_tokens)
             fail_msg("local engine: request %u ended with finish %u after %u tokens: %s", i, out[i].done.finish,
@@ -447,7 +286,7 @@ static void stage_start(stage_run *s, rlx_layer_range layers, const char *listen
         s->backend = new_backend();
     assert_int_equal(pthread_create(&s->thread, NULL, serve, s), 0);
     s->started = 1;
-    const struct timespec until = after_ms(WAIT_MS);
+    const struct timespec until = tu_after_ms(WAIT_MS);
     pthread_mutex_lock(&s->mu);
     while (!s->listening && !s->ended)
         if (pthread_cond_timedwait(&s->cv, &s->mu, &until) != 0)
@@ -463,16 +302,16 @@ static void stage_start(stage_run *s, rlx_layer_range layers, const char *listen
 static double stage_stop(stage_run *s, long ms) {
     if (!s->started)
         return 0;
-    const double t0 = now_s();
+    const double t0 = tu_now_s();
     s->stop = 1;
-    struct timespec until = after_ms(ms);
+    struct timespec until = tu_after_ms(ms);
     int err = pthread_timedjoin_np(s->thread, NULL, &until);
     if (err)
         fail_msg("stage %u-%u did not stop within %ld ms: %s", s->layers.start, s->layers.end - 1, ms, strerror(err));
     s->started = 0;
     if (s->rc != RLX_OK)
         fail_msg("stage %u-%u ended with %s: %s", s->layers.start, s->layers.end - 1, rlx_status_str(s->rc), s->error);
-    return (now_s() - t0) * 1000;
+    return (tu_now_s() - t0) * 1000;
 }
 
 /* ---- a link that stalls ---- */
@@ -598,7 +437,7 @@ static void proxy_stop(proxy *x) {
     if (!x->started)
         return;
     atomic_store(&x->stop, 1);
-    struct timespec until = after_ms(TEARDOWN_MS);
+    struct timespec until = tu_after_ms(TEARDOWN_MS);
     if (pthread_timedjoin_np(x->thread, NULL, &until) != 0)
         fail_msg("the relay did not stop within %d ms", TEARDOWN_MS);
     x->started = 0;
@@ -670,12 +509,12 @@ static void *run_call(void *p) {
 static double bounded(void (*fn)(void *), void *arg, long ms, const char *what) {
     call c = {fn, arg};
     pthread_t t;
-    const double t0 = now_s();
+    const double t0 = tu_now_s();
     assert_int_equal(pthread_create(&t, NULL, run_call, &c), 0);
-    struct timespec until = after_ms(ms);
+    struct timespec until = tu_after_ms(ms);
     if (pthread_timedjoin_np(t, NULL, &until) != 0)
         fail_msg("%s did not finish within %ld ms", what, ms);
-    return (now_s() - t0) * 1000;
+    return (tu_now_s() - t0) * 1000;
 }
 
 static void engine_destroy_fn(void *e) { rlx_engine_destroy(e); }
@@ -716,7 +555,7 @@ static int cleanup(void **state) {
     call c[2] = {{engine_destroy_fn, p->engine}, {driver_destroy_fn, p->driver}};
     for (int k = 0; k < 2; k++) {
         pthread_t t;
-        struct timespec until = after_ms(TEARDOWN_MS);
+        struct timespec until = tu_after_ms(TEARDOWN_MS);
         if (c[k].arg && pthread_create(&t, NULL, run_call, &c[k]) == 0 && pthread_timedjoin_np(t, NULL, &until) != 0)
             return -1;
     }
@@ -725,7 +564,7 @@ static int cleanup(void **state) {
     for (uint32_t i = 0; i < p->n_stages; i++)
         p->stages[i].stop = 1;
     for (uint32_t i = 0; i < p->n_stages; i++) {
-        struct timespec until = after_ms(TEARDOWN_MS);
+        struct timespec until = tu_after_ms(TEARDOWN_MS);
         if (p->stages[i].started && pthread_timedjoin_np(p->stages[i].thread, NULL, &until) != 0)
             return -1;
         p->stages[i].started = 0;
@@ -737,7 +576,7 @@ static int cleanup(void **state) {
     p->n_stages = 0;
     if (px.started) {
         atomic_store(&px.stop, 1);
-        struct timespec until = after_ms(TEARDOWN_MS);
+        struct timespec until = tu_after_ms(TEARDOWN_MS);
         if (pthread_timedjoin_np(px.thread, NULL, &until) != 0)
             return -1;
         px.started = 0;
@@ -748,24 +587,22 @@ static int cleanup(void **state) {
 
 /* Submits, trying again while the queue is full: submit counts the requests the worker has not
  * admitted yet as queued, even with slots free, so a burst may be refused for a moment. */
-static void submit(rlx_engine *e, const spec *s, received *r) {
+static void submit(rlx_engine *e, const spec *s, tu_events *r) {
     rlx_request q = make_request(s, r);
     uint64_t id;
-    const double give_up = now_s() + WAIT_MS / 1000.0;
+    const double give_up = tu_now_s() + WAIT_MS / 1000.0;
     rlx_status rc;
-    while ((rc = rlx_engine_submit(e, &q, &id)) == RLX_E_BUSY && now_s() < give_up)
-        sleep_ms(2);
+    while ((rc = rlx_engine_submit(e, &q, &id)) == RLX_E_BUSY && tu_now_s() < give_up)
+        tu_sleep_ms(2);
     assert_ok(rc);
-    pthread_mutex_lock(&r->mu);
-    r->engine = e;
-    r->id = id;
-    pthread_mutex_unlock(&r->mu);
+    tu_events_submitted(r, e, id);
 }
 
-static void wait_all(received *r, uint32_t n, const char *what) {
+static void wait_all(tu_events *r, uint32_t n, const char *what) {
     for (uint32_t i = 0; i < n; i++)
-        if (!wait_done(&r[i], WAIT_MS))
-            fail_msg("%s: request %u got no DONE within %d ms (%u tokens so far)", what, i, WAIT_MS, tokens_of(&r[i]));
+        if (!tu_wait_done(&r[i], WAIT_MS))
+            fail_msg("%s: request %u got no DONE within %d ms (%u tokens so far)", what, i, WAIT_MS,
+                     tu_tokens_of(&r[i]));
 }
 
 /* Every stage answered every step of the engine: Rows go through all the stages, in order. The
@@ -774,18 +611,18 @@ static void wait_all(received *r, uint32_t n, const char *what) {
 static void expect_steps_everywhere(const pipeline *p) {
     rlx_engine_stats es;
     rlx_driver_stage_stats ss[MAX_STAGES];
-    const double give_up = now_s() + 5;
+    const double give_up = tu_now_s() + 5;
     int same;
     do {
         rlx_engine_stats_of(p->engine, &es);
         same = 1;
         for (uint32_t i = 0; i < p->n_stages; i++) {
-            assert_ok(rlx_driver_stage_stats_get(p->driver, i, &ss[i]));
+            assert_ok(rlx_driver_stage_stats_of(p->driver, i, &ss[i]));
             same &= ss[i].steps == es.steps;
         }
         if (!same)
-            sleep_ms(5);
-    } while (!same && now_s() < give_up);
+            tu_sleep_ms(5);
+    } while (!same && tu_now_s() < give_up);
     assert_true(es.steps > 0);
     for (uint32_t i = 0; i < p->n_stages; i++)
         if (ss[i].steps != es.steps)
@@ -803,7 +640,7 @@ static void expect_steps_everywhere(const pipeline *p) {
 static void parity(uint32_t n_stages) {
     enum { N = 12, SHARED = 24 };
     static spec specs[N];
-    static received want[N], got[N];
+    static tu_events want[N], got[N];
     memset(specs, 0, sizeof specs);
     uint64_t rng = 0x9e3779b97f4a7c15ULL;
     int32_t prefix[SHARED];
@@ -831,7 +668,7 @@ static void parity(uint32_t n_stages) {
 
     pipeline_start(&pl, n_stages, 4, 16, 0, 0, NULL, 0);
     for (int i = 0; i < N; i++)
-        received_init(&got[i]);
+        tu_events_init(&got[i]);
     /* its prompt is in its slot once its first token came; the worker waits there until the
      * others are queued, so they are admitted while it runs whatever the scheduling */
     got[0].hold[0] = 1;
@@ -839,7 +676,7 @@ static void parity(uint32_t n_stages) {
     wait_holding(&got[0], 1);
     for (int i = 1; i < N; i++)
         submit(pl.engine, &specs[i], &got[i]);
-    release(&got[0]);
+    tu_release(&got[0]);
     wait_all(got, N, "pipeline");
     int differ = 0;
     for (int i = 0; i < N; i++) {
@@ -864,12 +701,12 @@ static void parity(uint32_t n_stages) {
     assert_int_equal(es.running + es.queued, 0);
     expect_steps_everywhere(&pl);
     rlx_driver_stats ds;
-    rlx_driver_stats_get(pl.driver, &ds);
+    rlx_driver_stats_of(pl.driver, &ds);
     assert_int_equal(ds.recoveries, 0);
     pipeline_stop(&pl);
     for (int i = 0; i < N; i++) {
-        received_destroy(&want[i]);
-        received_destroy(&got[i]);
+        tu_events_destroy(&want[i]);
+        tu_events_destroy(&got[i]);
     }
 }
 
@@ -891,7 +728,7 @@ static void test_parity_three_stages(void **state) {
 typedef struct stress_arg {
     rlx_engine *e;
     const spec *specs; /* [STRESS_EACH] */
-    received *r;       /* [STRESS_EACH] */
+    tu_events *r;      /* [STRESS_EACH] */
     uint64_t rng;
     uint32_t busy; /* RLX_E_BUSY answers, each tried again */
     const char *error;
@@ -901,11 +738,11 @@ static void *stress_thread(void *p) {
     stress_arg *a = p;
     for (int i = 0; i < STRESS_EACH; i++) {
         const spec *s = &a->specs[i];
-        received *r = &a->r[i];
+        tu_events *r = &a->r[i];
         r->cancel_at = s->cancel == 2 ? s->cancel_at : 0;
         rlx_request q = make_request(s, r);
         uint64_t id = 0;
-        const double give_up = now_s() + WAIT_MS / 1000.0;
+        const double give_up = tu_now_s() + WAIT_MS / 1000.0;
         for (;;) {
             rlx_status rc = rlx_engine_submit(a->e, &q, &id);
             if (rc == RLX_OK)
@@ -916,23 +753,20 @@ static void *stress_thread(void *p) {
             }
             /* a full queue refuses at once: come back when a slot may have freed */
             a->busy++;
-            if (now_s() > give_up) {
+            if (tu_now_s() > give_up) {
                 a->error = "the queue stayed full";
                 return NULL;
             }
-            sleep_ms(2);
+            tu_sleep_ms(2);
         }
-        pthread_mutex_lock(&r->mu);
-        r->engine = a->e;
-        r->id = id;
-        pthread_mutex_unlock(&r->mu);
+        tu_events_submitted(r, a->e, id);
         if (s->cancel == 1) {
-            sleep_ms(s->cancel_ms);
+            tu_sleep_ms(s->cancel_ms);
             rlx_engine_cancel(a->e, id);
         }
         /* mostly in bursts, so the queue fills and refuses */
-        if (rng_next(&a->rng) % 4 == 0)
-            sleep_ms(1);
+        if (tu_rand(&a->rng) % 4 == 0)
+            tu_sleep_ms(1);
     }
     return NULL;
 }
@@ -949,7 +783,7 @@ static void test_stress_submit_and_cancel(void **state) {
     (void)state;
     enum { N = STRESS_THREADS * STRESS_EACH, SHARED = 20, EXTRA = 6 };
     static spec specs[N];
-    static received want[N], got[N], extra[EXTRA];
+    static tu_events want[N], got[N], extra[EXTRA];
     memset(specs, 0, sizeof specs);
     uint64_t rng = seed;
     fprintf(stderr, "stress seed %llu (RLX_TEST_SEED)\n", (unsigned long long)seed);
@@ -958,8 +792,8 @@ static void test_stress_submit_and_cancel(void **state) {
         random_ids(&rng, prefixes[f], SHARED);
     for (int i = 0; i < N; i++) {
         spec *s = &specs[i];
-        const uint32_t family = (uint32_t)(rng_next(&rng) % 4); /* 3: no shared prefix */
-        const uint32_t own = 1 + (uint32_t)(rng_next(&rng) % 25);
+        const uint32_t family = (uint32_t)(tu_rand(&rng) % 4); /* 3: no shared prefix */
+        const uint32_t own = 1 + (uint32_t)(tu_rand(&rng) % 25);
         if (family < 3) {
             memcpy(s->prompt, prefixes[family], sizeof prefixes[family]);
             random_ids(&rng, s->prompt + SHARED, own);
@@ -968,13 +802,13 @@ static void test_stress_submit_and_cancel(void **state) {
             random_ids(&rng, s->prompt, own);
             s->n_prompt = own;
         }
-        s->max_tokens = 1 + (uint32_t)(rng_next(&rng) % 24);
-        s->sampled = rng_next(&rng) % 4 == 0;
-        s->seed = rng_next(&rng);
-        s->top = rng_next(&rng) % 2 ? N_TOP : 0;
-        s->cancel = (int)(rng_next(&rng) % 3);
-        s->cancel_ms = (uint32_t)(rng_next(&rng) % 41);
-        s->cancel_at = 1 + (uint32_t)(rng_next(&rng) % s->max_tokens);
+        s->max_tokens = 1 + (uint32_t)(tu_rand(&rng) % 24);
+        s->sampled = tu_rand(&rng) % 4 == 0;
+        s->seed = tu_rand(&rng);
+        s->top = tu_rand(&rng) % 2 ? N_TOP : 0;
+        s->cancel = (int)(tu_rand(&rng) % 3);
+        s->cancel_ms = (uint32_t)(tu_rand(&rng) % 41);
+        s->cancel_at = 1 + (uint32_t)(tu_rand(&rng) % s->max_tokens);
     }
     run_local(specs, N, 8, want);
 
@@ -982,7 +816,7 @@ static void test_stress_submit_and_cancel(void **state) {
     stress_arg args[STRESS_THREADS];
     pthread_t th[STRESS_THREADS];
     for (int i = 0; i < N; i++)
-        received_init(&got[i]);
+        tu_events_init(&got[i]);
     for (int t = 0; t < STRESS_THREADS; t++) {
         args[t] = (stress_arg){.e = pl.engine,
                                .specs = specs + t * STRESS_EACH,
@@ -993,7 +827,7 @@ static void test_stress_submit_and_cancel(void **state) {
     uint32_t busy = 0;
     for (int t = 0; t < STRESS_THREADS; t++) {
         /* each thread ends within its own bound (WAIT_MS of retries, 40 ms per cancel) */
-        struct timespec until = after_ms(2 * WAIT_MS);
+        struct timespec until = tu_after_ms(2 * WAIT_MS);
         if (pthread_timedjoin_np(th[t], NULL, &until) != 0)
             fail_msg("stress thread %d did not end", t);
         if (args[t].error)
@@ -1003,7 +837,7 @@ static void test_stress_submit_and_cancel(void **state) {
     wait_all(got, N, "stress");
     uint32_t n_cancelled = 0, n_done = 0, differ = 0;
     for (int i = 0; i < N; i++) {
-        const received *r = &got[i];
+        const tu_events *r = &got[i];
         assert_int_equal(r->n_done, 1);
         assert_int_equal(r->events_after_done + r->bad_events, 0);
         assert_int_equal(r->done.usage.n_generated, r->n);
@@ -1034,31 +868,31 @@ static void test_stress_submit_and_cancel(void **state) {
     assert_int_equal(es.running + es.queued, 0);
     expect_steps_everywhere(&pl);
     rlx_driver_stats ds;
-    rlx_driver_stats_get(pl.driver, &ds);
+    rlx_driver_stats_of(pl.driver, &ds);
     assert_int_equal(ds.recoveries, 0);
 
     /* teardown with steps in flight: six long requests, destroyed mid-stream */
     for (int i = 0; i < EXTRA; i++) {
-        received_init(&extra[i]);
+        tu_events_init(&extra[i]);
         spec s = specs[i];
         s.max_tokens = 100;
         submit(pl.engine, &s, &extra[i]);
     }
-    if (!wait_tokens(&extra[0], 2, WAIT_MS))
+    if (!tu_wait_tokens(&extra[0], 2, WAIT_MS))
         fail_msg("the long requests got no tokens within %d ms", WAIT_MS);
     pipeline_stop(&pl);
     for (int i = 0; i < EXTRA; i++) {
-        const received *r = &extra[i];
+        const tu_events *r = &extra[i];
         assert_int_equal(r->n_done, 1);
         assert_int_equal(r->events_after_done + r->bad_events, 0);
         assert_true(r->done.finish == RLX_FINISH_CANCELLED || (r->done.finish == RLX_FINISH_LENGTH && r->n == 100));
         /* a request's tokens do not depend on max_tokens: the start is the short run's */
         assert_true(same_tokens("stress, destroyed", i, r, &want[i], r->n < want[i].n ? r->n : want[i].n));
-        received_destroy(&extra[i]);
+        tu_events_destroy(&extra[i]);
     }
     for (int i = 0; i < N; i++) {
-        received_destroy(&want[i]);
-        received_destroy(&got[i]);
+        tu_events_destroy(&want[i]);
+        tu_events_destroy(&got[i]);
     }
 }
 
@@ -1094,21 +928,21 @@ static void long_specs(spec *specs) {
 #define HOLD_TOKEN 12
 
 /* Submits the four (the others while the first, its prompt in its slot, holds the worker) and
- * returns with the worker held at request 0's HOLD_TOKEN-th token; release(&got[0]) lets it go.
+ * returns with the worker held at request 0's HOLD_TOKEN-th token; tu_release(&got[0]) lets it go.
  * What each has then is in before[]. */
-static void start_long(const spec *specs, received *got, uint32_t *before) {
+static void start_long(const spec *specs, tu_events *got, uint32_t *before) {
     for (int i = 0; i < 4; i++)
-        received_init(&got[i]);
+        tu_events_init(&got[i]);
     got[0].hold[0] = 1;
     got[0].hold[1] = HOLD_TOKEN;
     submit(pl.engine, &specs[0], &got[0]);
     wait_holding(&got[0], 1);
     for (int i = 1; i < 4; i++)
         submit(pl.engine, &specs[i], &got[i]);
-    release(&got[0]);
+    tu_release(&got[0]);
     wait_holding(&got[0], 2);
     for (int i = 0; i < 4; i++) {
-        before[i] = tokens_of(&got[i]);
+        before[i] = tu_tokens_of(&got[i]);
         if (before[i] < 3 || before[i] >= LONG_TOKENS)
             fail_msg("request %d had %u tokens at the hold, not 3 to %d", i, before[i], LONG_TOKENS - 1);
     }
@@ -1120,21 +954,21 @@ static void start_long(const spec *specs, received *got, uint32_t *before) {
 static void fill_slots(void) {
     enum { PROMPT = 40, GEN = 40 };
     static spec specs[4];
-    static received got[4];
+    static tu_events got[4];
     memset(specs, 0, sizeof specs);
     uint64_t rng = 0xf111ed5107ULL;
     for (int i = 0; i < 4; i++) {
         random_ids(&rng, specs[i].prompt, PROMPT);
         specs[i].n_prompt = PROMPT;
         specs[i].max_tokens = GEN;
-        received_init(&got[i]);
+        tu_events_init(&got[i]);
         submit(pl.engine, &specs[i], &got[i]);
     }
     wait_all(got, 4, "filling the slots");
     for (int i = 0; i < 4; i++) {
         if (got[i].done.finish != RLX_FINISH_LENGTH)
             fail_msg("filling request %d ended with finish %u: %s", i, got[i].done.finish, got[i].message);
-        received_destroy(&got[i]);
+        tu_events_destroy(&got[i]);
     }
 }
 
@@ -1144,7 +978,7 @@ static void fill_slots(void) {
  * `filled`, longer sequences ran in every slot before (fill_slots). */
 static void recovery(uint32_t n_stages, uint32_t lost, int filled) {
     static spec specs[4];
-    static received want[4], got[4];
+    static tu_events want[4], got[4];
     long_specs(specs);
     run_local(specs, 4, 4, want);
     log_clear();
@@ -1158,7 +992,7 @@ static void recovery(uint32_t n_stages, uint32_t lost, int filled) {
     /* the stage sees its stop flag between messages: with the worker let go it may be computing
      * a step, or waiting for the next, when it closes */
     pl.stages[lost].stop = 1;
-    release(&got[0]);
+    tu_release(&got[0]);
     const double stopped_ms = stage_stop(&pl.stages[lost], TEARDOWN_MS);
     stage_start(&pl.stages[lost], pl.stages[lost].layers, address);
     assert_string_equal(pl.stages[lost].address, address);
@@ -1173,13 +1007,13 @@ static void recovery(uint32_t n_stages, uint32_t lost, int filled) {
         assert_true(same_tokens("recovery", i, &got[i], &want[i], LONG_TOKENS));
     }
     rlx_driver_stats ds;
-    rlx_driver_stats_get(pl.driver, &ds);
+    rlx_driver_stats_of(pl.driver, &ds);
     fprintf(stderr, "stage %u of %u stopped in %.0f ms, replaced and replayed in %.3f s\n", lost, n_stages, stopped_ms,
             ds.last_recovery_seconds);
     assert_int_equal(ds.recoveries, 1);
     assert_true(ds.last_recovery_seconds > 0 && ds.recovery_seconds == ds.last_recovery_seconds);
     rlx_driver_stage_info info;
-    assert_ok(rlx_driver_stage_info_get(pl.driver, lost, &info));
+    assert_ok(rlx_driver_stage_info_of(pl.driver, lost, &info));
     assert_string_equal(info.address, address);
     char who[128];
     snprintf(who, sizeof who, "stage %u (%s)", lost, address);
@@ -1191,8 +1025,8 @@ static void recovery(uint32_t n_stages, uint32_t lost, int filled) {
     assert_int_equal(es.requests_failed, 0);
     pipeline_stop(&pl);
     for (int i = 0; i < 4; i++) {
-        received_destroy(&want[i]);
-        received_destroy(&got[i]);
+        tu_events_destroy(&want[i]);
+        tu_events_destroy(&got[i]);
     }
 }
 
@@ -1227,7 +1061,7 @@ static void test_unreplaced_stage_fails_naming_it(void **state) {
     (void)state;
     enum { RECOVERY_MS = 1500 };
     static spec specs[4];
-    static received want[4], got[4];
+    static tu_events want[4], got[4];
     long_specs(specs);
     run_local(specs, 4, 4, want);
     pipeline_start(&pl, 2, 4, 16, 0, RECOVERY_MS, NULL, 0);
@@ -1235,14 +1069,14 @@ static void test_unreplaced_stage_fails_naming_it(void **state) {
     start_long(specs, got, before);
     char who[128];
     snprintf(who, sizeof who, "stage 1 (%s)", pl.stages[1].address);
-    const double t_stop = now_s();
+    const double t_stop = tu_now_s();
     pl.stages[1].stop = 1;
-    release(&got[0]);
+    tu_release(&got[0]);
     stage_stop(&pl.stages[1], TEARDOWN_MS);
     wait_all(got, 4, "unreplaced stage");
     double last = t_stop;
     for (int i = 0; i < 4; i++) {
-        const received *r = &got[i];
+        const tu_events *r = &got[i];
         if (r->done.finish != RLX_FINISH_ERROR || r->done.status == RLX_OK || !strstr(r->message, who))
             fail_msg("request %d ended with finish %u status %d after %u tokens: \"%s\" (wanted an error naming %s)", i,
                      r->done.finish, r->done.status, r->n, r->message, who);
@@ -1267,17 +1101,17 @@ static void test_unreplaced_stage_fails_naming_it(void **state) {
     assert_true(took_ms >= RECOVERY_MS - 100);
     assert_true(took_ms < RECOVERY_MS + TIMEOUT_MS + 1000);
     rlx_driver_stats ds;
-    rlx_driver_stats_get(pl.driver, &ds);
+    rlx_driver_stats_of(pl.driver, &ds);
     assert_int_equal(ds.recoveries, 0);
     rlx_engine_stats es;
     rlx_engine_stats_of(pl.engine, &es);
     assert_int_equal(es.requests_failed, 4);
     /* the driver refuses from now on: a new request fails without another recovery's wait */
-    received late;
-    received_init(&late);
-    const double t_late = now_s();
+    tu_events late;
+    tu_events_init(&late);
+    const double t_late = tu_now_s();
     submit(pl.engine, &specs[3], &late);
-    if (!wait_done(&late, WAIT_MS))
+    if (!tu_wait_done(&late, WAIT_MS))
         fail_msg("a request after the failure got no DONE within %d ms", WAIT_MS);
     assert_int_equal(late.done.finish, RLX_FINISH_ERROR);
     assert_int_equal(late.n, 0);
@@ -1285,10 +1119,10 @@ static void test_unreplaced_stage_fails_naming_it(void **state) {
         fail_msg("the later request's error does not name %s: %s", who, late.message);
     assert_true((late.t_done - t_late) * 1000 < RECOVERY_MS);
     pipeline_stop(&pl);
-    received_destroy(&late);
+    tu_events_destroy(&late);
     for (int i = 0; i < 4; i++) {
-        received_destroy(&want[i]);
-        received_destroy(&got[i]);
+        tu_events_destroy(&want[i]);
+        tu_events_destroy(&got[i]);
     }
 }
 
@@ -1298,25 +1132,25 @@ static void test_unreplaced_stage_fails_naming_it(void **state) {
 static void test_destroy_during_recovery_is_prompt(void **state) {
     (void)state;
     static spec specs[4];
-    static received want[4], got[4];
+    static tu_events want[4], got[4];
     long_specs(specs);
     run_local(specs, 4, 4, want);
     pipeline_start(&pl, 2, 4, 16, 0, 60000, NULL, 0);
     uint32_t before[4];
     start_long(specs, got, before);
     pl.stages[1].stop = 1;
-    release(&got[0]);
+    tu_release(&got[0]);
     stage_stop(&pl.stages[1], TEARDOWN_MS);
     /* the driver is inside its recovery once it says it replaces the stage */
-    const double t0 = now_s();
-    while (!log_has("replacing stage 1", "; ") && now_s() - t0 < WAIT_MS / 1000.0)
-        sleep_ms(10);
+    const double t0 = tu_now_s();
+    while (!log_has("replacing stage 1", "; ") && tu_now_s() - t0 < WAIT_MS / 1000.0)
+        tu_sleep_ms(10);
     assert_true(log_has("replacing stage 1", "; "));
     const double ms = bounded(engine_destroy_fn, pl.engine, TEARDOWN_MS, "rlx_engine_destroy during a recovery");
     pl.engine = NULL;
     fprintf(stderr, "rlx_engine_destroy during a recovery took %.0f ms\n", ms);
     for (int i = 0; i < 4; i++) {
-        const received *r = &got[i];
+        const tu_events *r = &got[i];
         assert_int_equal(r->n_done, 1);
         assert_int_equal(r->events_after_done + r->bad_events, 0);
         assert_true(r->done.finish == RLX_FINISH_CANCELLED || r->done.finish == RLX_FINISH_ERROR);
@@ -1324,8 +1158,8 @@ static void test_destroy_during_recovery_is_prompt(void **state) {
     }
     pipeline_stop(&pl);
     for (int i = 0; i < 4; i++) {
-        received_destroy(&want[i]);
-        received_destroy(&got[i]);
+        tu_events_destroy(&want[i]);
+        tu_events_destroy(&got[i]);
     }
 }
 
@@ -1337,7 +1171,7 @@ static void test_destroy_during_recovery_is_prompt(void **state) {
 static void test_stalled_stage_is_replaced(void **state) {
     (void)state;
     static spec specs[4];
-    static received want[4], got[4];
+    static tu_events want[4], got[4];
     long_specs(specs);
     run_local(specs, 4, 4, want);
     log_clear();
@@ -1346,9 +1180,9 @@ static void test_stalled_stage_is_replaced(void **state) {
     start_long(specs, got, before);
     char who[128];
     snprintf(who, sizeof who, "stage 1 (%s)", px.address);
-    const double t_freeze = now_s();
+    const double t_freeze = tu_now_s();
     proxy_freeze(&px);
-    release(&got[0]);
+    tu_release(&got[0]);
     wait_all(got, 4, "stalled stage");
     for (int i = 0; i < 4; i++) {
         if (got[i].done.finish != RLX_FINISH_LENGTH)
@@ -1359,7 +1193,7 @@ static void test_stalled_stage_is_replaced(void **state) {
         assert_true(same_tokens("stalled stage", i, &got[i], &want[i], LONG_TOKENS));
     }
     rlx_driver_stats ds;
-    rlx_driver_stats_get(pl.driver, &ds);
+    rlx_driver_stats_of(pl.driver, &ds);
     assert_int_equal(ds.recoveries, 1);
     if (!log_has(who, "no answer to Rows within"))
         fail_msg("no log line says that %s stalled", who);
@@ -1374,8 +1208,8 @@ static void test_stalled_stage_is_replaced(void **state) {
     pipeline_stop(&pl);
     proxy_stop(&px);
     for (int i = 0; i < 4; i++) {
-        received_destroy(&want[i]);
-        received_destroy(&got[i]);
+        tu_events_destroy(&want[i]);
+        tu_events_destroy(&got[i]);
     }
 }
 
@@ -1385,7 +1219,7 @@ static void test_stalled_stage_is_replaced(void **state) {
 static void test_idle_pipeline_is_kept_by_pings(void **state) {
     (void)state;
     static spec specs[2];
-    static received want[2], got[2];
+    static tu_events want[2], got[2];
     memset(specs, 0, sizeof specs);
     uint64_t rng = 0x1d1e5eedULL;
     for (int i = 0; i < 2; i++) {
@@ -1399,26 +1233,26 @@ static void test_idle_pipeline_is_kept_by_pings(void **state) {
     stage_idle_ms = 300;
     pipeline_start(&pl, 2, 2, 16, 0, 0, NULL, 0);
     for (int i = 0; i < 2; i++) {
-        received_init(&got[i]);
+        tu_events_init(&got[i]);
         submit(pl.engine, &specs[i], &got[i]);
         wait_all(&got[i], 1, "a request around an idle pause");
         if (i == 0)
-            sleep_ms(1500);
+            tu_sleep_ms(1500);
     }
     for (int i = 0; i < 2; i++) {
         assert_int_equal(got[i].done.finish, RLX_FINISH_LENGTH);
         assert_true(same_tokens("after an idle pause", i, &got[i], &want[i], specs[i].max_tokens));
     }
     rlx_driver_stats ds;
-    rlx_driver_stats_get(pl.driver, &ds);
+    rlx_driver_stats_of(pl.driver, &ds);
     assert_int_equal(ds.recoveries, 0);
     if (log_has("idle timeout", ""))
         fail_msg("a stage closed an idle driver connection that its driver was pinging");
     pipeline_stop(&pl);
     stage_idle_ms = 0;
     for (int i = 0; i < 2; i++) {
-        received_destroy(&want[i]);
-        received_destroy(&got[i]);
+        tu_events_destroy(&want[i]);
+        tu_events_destroy(&got[i]);
     }
 }
 
@@ -1426,7 +1260,7 @@ static void test_idle_pipeline_is_kept_by_pings(void **state) {
 
 /* Runs one request alone on a fresh local engine: no slot holds anything before it, so no
  * prefix is reused; the reference for a request the pipeline may serve from its cache. */
-static void run_alone(const spec *s, received *out) { run_local(s, 1, 1, out); }
+static void run_alone(const spec *s, tu_events *out) { run_local(s, 1, 1, out); }
 
 /* Three greedy requests, one after another, over 2 stages of 2 slots that each hold linear
  * layers: A; B continuing all A's slot holds (its prompt and its tokens but the last, and 5 new
@@ -1437,7 +1271,7 @@ static void test_hybrid_prefix_reuse(void **state) {
     (void)state;
     enum { A_PROMPT = 20, A_GEN = 10, EXTRA = 5, C_SHARED = 10 };
     static spec specs[3];
-    static received want[3], got[3];
+    static tu_events want[3], got[3];
     memset(specs, 0, sizeof specs);
     uint64_t rng = 0x51ab1e5eedULL;
     random_ids(&rng, specs[0].prompt, A_PROMPT);
@@ -1462,7 +1296,7 @@ static void test_hybrid_prefix_reuse(void **state) {
     pipeline_start(&pl, 2, 2, 16, 0, 0, NULL, 0);
     const uint32_t cached[3] = {0, A_PROMPT + A_GEN - 1, 0};
     for (int i = 0; i < 3; i++) {
-        received_init(&got[i]);
+        tu_events_init(&got[i]);
         submit(pl.engine, &specs[i], &got[i]);
         wait_all(&got[i], 1, "hybrid prefix reuse");
         if (got[i].done.finish != RLX_FINISH_LENGTH)
@@ -1474,8 +1308,8 @@ static void test_hybrid_prefix_reuse(void **state) {
     }
     pipeline_stop(&pl);
     for (int i = 0; i < 3; i++) {
-        received_destroy(&want[i]);
-        received_destroy(&got[i]);
+        tu_events_destroy(&want[i]);
+        tu_events_destroy(&got[i]);
     }
 }
 

@@ -27,7 +27,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ports import free_ports  # noqa: E402
 
-SKIP = 77
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ci_skip import SKIP, missing_input  # noqa: E402
+
 BROWN_DRAFT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                            "share", "models", "brown", "draft")
 TOKENS = "1,5,3,7,9,11,2"
@@ -40,11 +42,8 @@ class Skip(Exception):
 
 
 class MissingInput(Skip):
-    """A skip for a tool or build product that CI installs or builds: share/scripts/run-tests.sh
-    fails a CI run (CI=true) that skipped one."""
-
-    def __str__(self):
-        return "missing input: " + super().__str__()
+    """A skip for a tool or build product that CI installs or builds: a failure under CI=true
+    (tests/ci_skip.py)."""
 
 
 class Fail(Exception):
@@ -255,31 +254,40 @@ def case_parity(env, transport):
 
 
 def case_mixed_backends(env):
+    """Stages on different backends give the single process's logits. Every cache is F32 here:
+    the backends' products differ in their last bits, which an F16 cache's rounding turns into
+    differences of ~1e-3, above this comparison's 1e-4."""
     env.need_transport("tcp")
+    f32 = ["-ctk", "f32"]
     backends = ["cpu-blas", "ref"] + (["oneDNN"] if env.has_plugin("backend", "onednn") else [])
     if len(backends) < 3:
         log("note: the oneDNN backend is not built; mixing cpu-blas and ref only")
+
+    def reference(model):
+        return env.generate(["--model", model, "--plugin", "cpu-blas", *f32]), \
+            env.logits(["--model", model, "--plugin", "cpu-blas", *f32])
+
     for name in ("deep-dense-f32", "deep-moe-f32"):
         model = env.model(name)
         n = env.n_layers(model)
-        ref = env.reference(model)
+        ref = reference(model)
         for k in (2, 3):
             split = split_text(even(n, k))
             for rot in range(len(backends)):
                 chosen = [backends[(rot + i) % len(backends)] for i in range(k)]
-                stages = [env.stage(model, r, "tcp", plugin=b) for r, b in zip(split, chosen)]
+                stages = [env.stage(model, r, "tcp", plugin=b, extra=f32) for r, b in zip(split, chosen)]
                 cfg = env.config("mixed.yaml", model, "tcp", [(a, r, None) for (_, a), r in zip(stages, split)])
-                env.same(f"{name} stages on {chosen}", ref, env.generate(["--config", cfg]),
-                         env.logits(["--config", cfg]))
+                env.same(f"{name} stages on {chosen}", ref, env.generate(["--config", cfg, *f32]),
+                         env.logits(["--config", cfg, *f32]))
                 for p, _ in stages:
                     env.stop(p)
-    # a file naming a backend per stage, launched by the driver
+    # a file naming a backend per stage, launched by the driver (which gives them its cache type)
     model = env.model("deep-dense-f32")
     ports = free_ports(2)
     cfg = env.config("backends.yaml", model, "tcp", [(f"127.0.0.1:{ports[0]}", None, "ref"),
                                                       (f"127.0.0.1:{ports[1]}", None, backends[-1])])
-    env.same(f"--launch with backends ref, {backends[-1]} from the file", env.reference(model),
-             env.generate(["--config", cfg, "--launch"]), env.logits(["--config", cfg, "--launch"]))
+    env.same(f"--launch with backends ref, {backends[-1]} from the file", reference(model),
+             env.generate(["--config", cfg, "--launch", *f32]), env.logits(["--config", cfg, "--launch", *f32]))
 
 
 def case_stage_place(env):
@@ -406,7 +414,9 @@ def case_kv_cache(env):
                 if k > n:
                     continue
                 split = split_text(even(n, k))
-                stages = [env.stage(model, r, transport) for r in split]
+                # F32 caches: the probe compares decode with a full prefill at 1e-4, and an F16
+                # cache's rounding turns the two matmul paths' last-bit differences into ~1e-3
+                stages = [env.stage(model, r, transport, extra=("-ctk", "f32")) for r in split]
                 args = [env.probe, "kv", "--model", model, "--transport", transport]
                 for (_, addr), r in zip(stages, split):
                     args += ["--stage", f"{addr}={r}"]
@@ -1014,6 +1024,8 @@ def run_case(env, name, fn):
     t0 = time.monotonic()
     try:
         fn()
+    except MissingInput as e:
+        return missing_input(f"{e.args[0]} ({name})")
     except Skip as e:
         log(f"SKIPPED: {e} ({name})")
         return SKIP

@@ -56,7 +56,7 @@ static void test_older_backends_are_never_offered_the_new_forms(void **state) {
     assert_false(offered_gather_rows(b10));
     /* the reference kernels are asked about everything */
     rlx_backend *ref;
-    assert_ok(rlx_backend_create_ref(&ref));
+    assert_ok(rlx_backend_create_ref(NULL, &ref));
     assert_true(offered_attention(ref, RLX_DTYPE_F16, 1));
     assert_true(offered_gather_rows(ref));
     rlx_backend_destroy(ref);
@@ -78,7 +78,8 @@ static void test_older_backends_are_never_offered_the_new_forms(void **state) {
     const int rows = rlx_graph_add_node(g, RLX_OP_GATHER_ROWS, "rows", (int[]){att, idx}, 2, NULL);
     assert_ok(rlx_graph_mark_output(g, rows));
     rlx_plan *p;
-    assert_ok(rlx_plan_create(g, &b13, 1, &p));
+    assert_ok(rlx_plan_create(
+        g, &(rlx_plan_options){.size = sizeof(rlx_plan_options), .backends = &b13, .n_backends = 1}, &p));
     assert_string_equal(rlx_plan_node_backend(p, 0), "ref");
     assert_string_equal(rlx_plan_node_backend(p, 1), "ref");
     float qd[T * HQ * D], kd[T * HKV * D];
@@ -111,7 +112,8 @@ static void test_older_backends_are_never_offered_the_new_forms(void **state) {
     const int c2 = rlx_graph_add_tensor(g, RLX_ROLE_STATE, "kc", RLX_DTYPE_F32, 2, (int64_t[]){C, HKV * D}, NULL);
     const int att2 = rlx_graph_add_node(g, RLX_OP_ATTENTION, "attn", (int[]){q2, k2, k2, pos2, c2, c2}, 6, &params);
     assert_ok(rlx_graph_mark_output(g, att2));
-    assert_ok(rlx_plan_create(g, &b13, 1, &p));
+    assert_ok(rlx_plan_create(
+        g, &(rlx_plan_options){.size = sizeof(rlx_plan_options), .backends = &b13, .n_backends = 1}, &p));
     assert_string_equal(rlx_plan_node_backend(p, 0), "abi13");
     rlx_plan_destroy(p);
     rlx_graph_destroy(g);

@@ -47,7 +47,8 @@ static void test_rope_factors(void **state) {
     assert_true(rope >= 0);
     assert_ok(rlx_graph_mark_output(g, rope));
     rlx_plan *p;
-    assert_ok(rlx_plan_create(g, &b13, 1, &p));
+    assert_ok(rlx_plan_create(
+        g, &(rlx_plan_options){.size = sizeof(rlx_plan_options), .backends = &b13, .n_backends = 1}, &p));
     assert_string_equal(rlx_plan_node_backend(p, 0), "ref");
     float xd[T * HEADS * D];
     for (int i = 0; i < T * HEADS * D; i++)

@@ -67,6 +67,18 @@ static inline void quant_parallel_tasks(void *self, int64_t n, int64_t work, ker
     plugin_pool_run(p->pool, quant_range_task, &r, n, work >= KERN_PAR_MIN);
 }
 
+/* A parallel_for of one range and a parallel_tasks of the tasks in order, on the calling thread. */
+static inline void quant_serial_for(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx) {
+    (void)self, (void)align, (void)work;
+    fn(ctx, 0, 0, n);
+}
+
+static inline void quant_serial_tasks(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx) {
+    (void)self, (void)work;
+    for (int64_t i = 0; i < n; i++)
+        fn(ctx, 0, i, i + 1);
+}
+
 /* Starts n_threads threads (counting the caller); plugin_pool_destroy(p->pool) stops them. */
 static inline int quant_pool_start(quant_pool *p, int n_threads) {
     p->n_threads = n_threads;

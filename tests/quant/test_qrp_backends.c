@@ -13,21 +13,14 @@
 #include "rlx/quant_iface.h"
 #include "testutil.h"
 
-static uint32_t rng = 7;
-
-static uint32_t urand(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 17;
-    rng ^= rng << 5;
-    return rng;
-}
+static uint64_t rng = 7; /* tu_rand's */
 
 /* Valid blocks of any type: random bytes, with every F16 in them (scales, minimums) kept small
  * and finite by clearing bits 2 and 6 of each byte, as bench_qgemv does. */
 static uint8_t *random_weight(size_t bytes) {
     uint8_t *w = malloc(bytes);
     for (size_t i = 0; i < bytes; i++)
-        w[i] = (uint8_t)(urand() & 0x3B);
+        w[i] = (uint8_t)(tu_rand(&rng) & 0x3B);
     return w;
 }
 
@@ -96,13 +89,13 @@ static void check_backend(const char *name) {
             uint8_t *w = random_weight((size_t)N * rlx_iface_row_bytes(types[t], K));
             float *bias = malloc((size_t)N * sizeof(float));
             for (int64_t n = 0; n < N; n++)
-                bias[n] = (float)(urand() % 2001) / 1000.0f - 1.0f;
+                bias[n] = (float)(tu_rand(&rng) % 2001) / 1000.0f - 1.0f;
             for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
                 const int64_t M = Ms[mi];
                 float *x = malloc((size_t)(M * K) * sizeof(float)), *y0 = malloc((size_t)(M * N) * sizeof(float)),
                       *y1 = malloc((size_t)(M * N) * sizeof(float));
                 for (int64_t i = 0; i < M * K; i++)
-                    x[i] = (float)(urand() % 2001) / 500.0f - 2.0f;
+                    x[i] = (float)(tu_rand(&rng) % 2001) / 500.0f - 2.0f;
                 const rlx_tensor in[3] = {
                     {.dtype = RLX_DTYPE_F32, .n_dims = 2, .shape = {M, K, 1, 1}, .data = x},
                     {.dtype = types[t], .n_dims = 2, .shape = {N, K, 1, 1}, .data = w},
@@ -195,7 +188,7 @@ static void check_embed_reads_copy(const char *name) {
         if (rlx_backend_prepare_weight(b, &info, &h) != RLX_OK || !h)
             fail_msg("%s: dtype %u not repacked: %s", name, types[t], rlx_last_error());
         for (size_t i = 0; i < bytes; i++)
-            w[i] = (uint8_t)(urand() & 0x3B);
+            w[i] = (uint8_t)(tu_rand(&rng) & 0x3B);
         run_embed(b, &table, ids, T, got);
         if (memcmp(got, want, (size_t)(T * K) * sizeof(float)))
             fail_msg("%s, dtype %u: EMBED did not read the rows of the repacked copy", name, types[t]);

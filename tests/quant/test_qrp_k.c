@@ -21,16 +21,7 @@
 #include "rlx/quant_iface.h"
 #include "testutil.h"
 
-/* A 64-bit LCG (Knuth's MMIX constants); the top 32 bits are the draw. */
-static uint64_t rng = 7;
-
-static uint32_t urand(void) {
-    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)(rng >> 32);
-}
-
-/* Uniform in [-1, 1). */
-static float frand(void) { return (float)(urand() >> 8) * 0x1p-23f - 1.0f; }
+static uint64_t rng = 7; /* tu_rand's */
 
 static const int ktypes[] = {RLX_DTYPE_Q4_K, RLX_DTYPE_Q5_K, RLX_DTYPE_Q6_K};
 enum { N_KTYPES = sizeof ktypes / sizeof ktypes[0] };
@@ -42,10 +33,10 @@ static uint8_t *make_weight(int dt, int64_t N, int64_t K) {
                  bytes = (size_t)N * rlx_iface_row_bytes((uint32_t)dt, K);
     uint8_t *w = malloc(bytes);
     for (size_t i = 0; i < bytes; i++)
-        w[i] = (uint8_t)urand();
+        w[i] = (uint8_t)tu_rand(&rng);
     for (size_t at = 0; at < bytes; at += bb) {
-        const float scale = (0.05f + 2.0f * fabsf(frand())) / 64.0f;
-        const uint16_t d = rlx_iface_f32_to_f16(scale), dmin = rlx_iface_f32_to_f16(scale * fabsf(frand()));
+        const float scale = (0.05f + 2.0f * fabsf(tu_uniform(&rng))) / 64.0f;
+        const uint16_t d = rlx_iface_f32_to_f16(scale), dmin = rlx_iface_f32_to_f16(scale * fabsf(tu_uniform(&rng)));
         if (dt == RLX_DTYPE_Q6_K) {
             memcpy(w + at + bb - 2, &d, 2);
         } else {
@@ -65,7 +56,7 @@ static char *make_xq(int64_t M, int64_t K, size_t *stride) {
     for (int64_t m = 0; m < M; m++) {
         for (int64_t i = 0; i < K; i++) {
             const int64_t blk = (m * K + i) / RLX_QK_K;
-            x[i] = blk % 7 == 3 ? 0.0f : frand() * (1.0f + (float)(blk % 5));
+            x[i] = blk % 7 == 3 ? 0.0f : tu_uniform(&rng) * (1.0f + (float)(blk % 5));
         }
         kern_q8_quantize_row(RLX_DTYPE_Q4_K, x, K, xq + (size_t)m * *stride);
     }
@@ -75,7 +66,7 @@ static char *make_xq(int64_t M, int64_t K, size_t *stride) {
 
 /* The end of a piece of 1 to `most` groups from g0, at most G. */
 static int64_t piece_end(int64_t g0, int64_t G, int most) {
-    const int64_t g1 = g0 + 1 + (int64_t)(urand() % (uint32_t)most);
+    const int64_t g1 = g0 + 1 + (int64_t)(tu_rand(&rng) % (uint32_t)most);
     return g1 < G ? g1 : G;
 }
 

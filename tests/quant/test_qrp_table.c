@@ -58,17 +58,10 @@ typedef struct table_run {
 typedef struct table_thread {
     table_run *run;
     int index;
-    uint32_t rng;
+    uint64_t rng; /* tu_rand's */
     int failures;
     char why[200];
 } table_thread;
-
-static uint32_t urand(uint32_t *s) {
-    *s ^= *s << 13;
-    *s ^= *s >> 17;
-    *s ^= *s << 5;
-    return *s;
-}
 
 /* The first failure of a thread is kept; a thread goes on after one, so no barrier waits for it. */
 static void failure(table_thread *a, const char *what, int tensor) {
@@ -98,13 +91,13 @@ static void run_init(table_run *r) {
     r->host.alloc = counted_alloc;
     r->host.free = counted_free;
     assert_ok(kern_init(&r->c, &r->host, "test", NULL, (kern_par){.n_threads = 1}));
-    uint32_t rng = 5;
+    uint64_t rng = 5;
     for (int i = 0; i < N_TENSORS; i++) {
         table_tensor *tt = &r->t[i];
         tt->bytes = (size_t)rows[i] * rlx_iface_row_bytes(types[i], K);
         uint8_t *w = malloc(tt->bytes); /* repacking moves bytes: any bytes do */
         for (size_t b = 0; b < tt->bytes; b++)
-            w[b] = (uint8_t)urand(&rng);
+            w[b] = (uint8_t)tu_rand(&rng);
         tt->t = (rlx_tensor){.dtype = types[i], .n_dims = 2, .shape = {rows[i], K, 1, 1}, .data = w};
         tt->info =
             (rlx_weight_info){.size = sizeof tt->info, .tensor = &tt->t, .name = "w", .op = RLX_OP_MATMUL, .input = 1};
@@ -125,7 +118,7 @@ static void run_threads(table_run *r, void *(*fn)(void *)) {
     pthread_t tid[THREADS];
     table_thread args[THREADS];
     for (int i = 0; i < THREADS; i++) {
-        args[i] = (table_thread){.run = r, .index = i, .rng = 17u + (uint32_t)i};
+        args[i] = (table_thread){.run = r, .index = i, .rng = 17u + (uint64_t)i};
         assert_int_equal(pthread_create(&tid[i], NULL, fn, &args[i]), 0);
     }
     for (int i = 0; i < THREADS; i++)
@@ -182,7 +175,7 @@ static void *prepare_and_release_at_random(void *arg) {
     table_thread *a = arg;
     table_run *r = a->run;
     for (int it = 0; it < r->iterations; it++) {
-        const int i[2] = {(int)(urand(&a->rng) % N_TENSORS), (int)(urand(&a->rng) % N_TENSORS)};
+        const int i[2] = {(int)(tu_rand(&a->rng) % N_TENSORS), (int)(tu_rand(&a->rng) % N_TENSORS)};
         void *h[2] = {NULL, NULL};
         for (int k = 0; k < 2; k++) {
             if (kern_prepare_qrp(&r->c, &r->t[i[k]].info, false, &h[k]) < 0)
@@ -194,7 +187,7 @@ static void *prepare_and_release_at_random(void *arg) {
             failure(a, "two uses of one tensor got different copies", i[0]);
         for (int k = 0; k < 2; k++)
             check_use(a, i[k], h[k]);
-        const int first = (int)(urand(&a->rng) & 1);
+        const int first = (int)(tu_rand(&a->rng) & 1);
         for (int k = 0; k < 2; k++)
             if (h[k ^ first])
                 kern_release_qrp(&r->c, h[k ^ first]);

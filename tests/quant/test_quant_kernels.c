@@ -27,17 +27,6 @@
 // ---------------------------------------------------------------------------------------------
 // parallel_fors: one range, and small ranges in reverse order over "threads"
 
-static void one_range(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx) {
-    (void)self, (void)align, (void)work;
-    fn(ctx, 0, 0, n);
-}
-
-static void tasks_in_order(void *self, int64_t n, int64_t work, kern_range_fn fn, void *ctx) {
-    (void)self, (void)work;
-    for (int64_t i = 0; i < n; i++)
-        fn(ctx, 0, i, i + 1);
-}
-
 /* Ranges of `*self` alignment units (1 to 3 in turn when 0), from the end backwards. */
 static void cut_ranges(void *self, int64_t n, int64_t align, int64_t work, kern_range_fn fn, void *ctx) {
     (void)work;
@@ -52,16 +41,7 @@ static void cut_ranges(void *self, int64_t n, int64_t align, int64_t work, kern_
     }
 }
 
-static uint32_t rng = 1;
-
-static uint32_t urand(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 17;
-    rng ^= rng << 5;
-    return rng;
-}
-
-static float frand(void) { return (float)(urand() >> 8) / (float)(1u << 24) * 2.0f - 1.0f; }
+static uint64_t rng = 1; /* tu_rand's */
 
 /* The ISA levels this CPU runs, by name. */
 static int levels(const char **names) {
@@ -124,13 +104,13 @@ static void quantize_block32(int dt, const float *x, uint8_t *blk) {
 static void random_block_k(int dt, float scale, uint8_t *blk) {
     const size_t bytes = rlx_iface_dtype_block_bytes((uint32_t)dt);
     for (size_t i = 0; i < bytes; i++)
-        blk[i] = (uint8_t)urand();
-    const uint16_t d = rlx_iface_f32_to_f16(scale * (0.5f + 0.5f * fabsf(frand())) / 64.0f);
+        blk[i] = (uint8_t)tu_rand(&rng);
+    const uint16_t d = rlx_iface_f32_to_f16(scale * (0.5f + 0.5f * fabsf(tu_uniform(&rng))) / 64.0f);
     if (dt == RLX_DTYPE_Q6_K) {
         put_u16(blk + bytes - 2, d);
     } else {
         put_u16(blk, d);
-        put_u16(blk + 2, rlx_iface_f32_to_f16(scale * fabsf(frand()) / 64.0f));
+        put_u16(blk + 2, rlx_iface_f32_to_f16(scale * fabsf(tu_uniform(&rng)) / 64.0f));
     }
 }
 
@@ -143,19 +123,19 @@ static uint8_t *make_weight(int dt, int64_t N, int64_t K) {
     for (int64_t n = 0; n < N; n++)
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *p = w + (size_t)n * row + (size_t)b * bb;
-            const float scale = 0.05f + 2.0f * fabsf(frand());
+            const float scale = 0.05f + 2.0f * fabsf(tu_uniform(&rng));
             if (blk == RLX_QK_K) {
                 random_block_k(dt, scale, p);
-            } else if (urand() % 8 == 0) {
+            } else if (tu_rand(&rng) % 8 == 0) {
                 for (size_t i = 0; i < bb; i++)
-                    p[i] = (uint8_t)urand();
+                    p[i] = (uint8_t)tu_rand(&rng);
                 put_u16(p, rlx_iface_f32_to_f16(scale / 64.0f));
                 if (dt == RLX_DTYPE_Q4_1 || dt == RLX_DTYPE_Q5_1)
-                    put_u16(p + 2, rlx_iface_f32_to_f16(-scale * fabsf(frand())));
+                    put_u16(p + 2, rlx_iface_f32_to_f16(-scale * fabsf(tu_uniform(&rng))));
             } else {
                 float x[32];
                 for (int j = 0; j < 32; j++)
-                    x[j] = scale * frand();
+                    x[j] = scale * tu_uniform(&rng);
                 quantize_block32(dt, x, p);
             }
         }
@@ -168,8 +148,8 @@ static float *make_x(int64_t M, int64_t K) {
     for (int64_t i = 0; i < M * K; i++) {
         const int64_t blk = i / 32;
         x[i] = blk % 11 == 5   ? 0.0f
-               : blk % 13 == 7 ? (float)((int)(urand() % 9) - 4) * 0.25f
-                               : frand() * (1.0f + (float)(blk % 5));
+               : blk % 13 == 7 ? (float)((int)(tu_rand(&rng) % 9) - 4) * 0.25f
+                               : tu_uniform(&rng) * (1.0f + (float)(blk % 5));
     }
     return x;
 }
@@ -240,7 +220,7 @@ static void test_activation_quantizers_are_llama_cpps(void **state) {
         float *x = make_x(3, K);
         x[7] = 0.5f * (x[8] = 127.0f / 64.0f); /* exact halves after scaling */
         for (int i = 0; i < 512; i++)          /* magnitudes tied, signs mixed: the first one decides Q8_K's sign */
-            x[2 * K + i] = (urand() & 1 ? 1.0f : -1.0f) * (i % 3 ? 0.5f : 1.0f);
+            x[2 * K + i] = (tu_rand(&rng) & 1 ? 1.0f : -1.0f) * (i % 3 ? 0.5f : 1.0f);
         void *row = quant_host_alloc(kern_q8_row_bytes(qtypes[t], K), 64);
         const char *names[PLUGIN_ISA_COUNT];
         for (int l = 0, n = levels(names); l < n; l++)
@@ -339,9 +319,10 @@ static void test_qmatmul_topand_splits_agree(void **state) {
             uint8_t *w = make_weight(dt, N, K);
             float *x = make_x(M, K), *bias = malloc((size_t)N * sizeof(float));
             for (int64_t n = 0; n < N; n++)
-                bias[n] = frand();
+                bias[n] = tu_uniform(&rng);
             float *ref = malloc((size_t)(M * N) * sizeof(float)), *y = malloc((size_t)(M * N) * sizeof(float));
-            const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+            const kern_par serial = {
+                .n_threads = 1, .parallel_for = quant_serial_for, .parallel_tasks = quant_serial_tasks};
             run_qmatmul("c", serial, dt, w, x, M, K, N, NULL, ref);
             check_accuracy(dt, w, x, M, K, N, ref);
             for (int l = 0; l < n_levels; l++) {
@@ -353,7 +334,7 @@ static void test_qmatmul_topand_splits_agree(void **state) {
                     const kern_par cut = {.self = &fixed[f],
                                           .n_threads = 3,
                                           .parallel_for = cut_ranges,
-                                          .parallel_tasks = tasks_in_order};
+                                          .parallel_tasks = quant_serial_tasks};
                     run_qmatmul(names[l], cut, dt, w, x, M, K, N, bias, y);
                     for (int64_t i = 0; i < M * N; i++) {
                         const float want = ref[i] + bias[i % N];
@@ -378,7 +359,7 @@ static void test_qmatmul_threads_give_the_same_bits(void **state) {
     (void)state;
     const char *names[PLUGIN_ISA_COUNT];
     const int n_levels = levels(names);
-    const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+    const kern_par serial = {.n_threads = 1, .parallel_for = quant_serial_for, .parallel_tasks = quant_serial_tasks};
     for (int t = 0; t < N_QTYPES; t++) {
         const int dt = qtypes[t];
         const int64_t K = 1024, N = 203, M = 6;
@@ -473,7 +454,7 @@ static uint8_t *repack(int dt, const uint8_t *w, int64_t N, int64_t K) {
 static void test_repacked_kernels_give_native_bits(void **state) {
     (void)state;
     static const int64_t Ks[] = {1, 3, 8, 37}, Ns[] = {8, 16, 40}, Ms[] = {1, 2, 3, 4, 5, 7, 8, 12, 13, 33, 128};
-    const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+    const kern_par serial = {.n_threads = 1, .parallel_for = quant_serial_for, .parallel_tasks = quant_serial_tasks};
     int n_types = 0;
     for (int t = 0; t < N_QTYPES; t++) {
         const int dt = qtypes[t];
@@ -537,7 +518,7 @@ static void test_repacked_matmul_gives_native_bits(void **state) {
     (void)state;
     static const int64_t Ns[] = {1, 5, 13, 203}, Ms[] = {1, 3, 13, 40};
     static int64_t fixed[] = {0, 1, 2, 5};
-    const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+    const kern_par serial = {.n_threads = 1, .parallel_for = quant_serial_for, .parallel_tasks = quant_serial_tasks};
     quant_pool qp;
     assert_int_equal(quant_pool_start(&qp, 3), 0);
     for (int t = 0; t < N_QTYPES; t++) {
@@ -553,7 +534,7 @@ static void test_repacked_matmul_gives_native_bits(void **state) {
             assert_true(kern_qrp_use(&info));
             float *bias = malloc((size_t)N * sizeof(float));
             for (int64_t n = 0; n < N; n++)
-                bias[n] = frand();
+                bias[n] = tu_uniform(&rng);
             for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
                 const int64_t M = Ms[mi];
                 float *x = make_x(M, K), *ref = malloc((size_t)(M * N) * sizeof(float)),
@@ -564,7 +545,7 @@ static void test_repacked_matmul_gives_native_bits(void **state) {
                         const kern_par cut = {.self = &fixed[f < 4 ? f : 0],
                                               .n_threads = 3,
                                               .parallel_for = cut_ranges,
-                                              .parallel_tasks = tasks_in_order};
+                                              .parallel_tasks = quant_serial_tasks};
                         kern_ctx c;
                         assert_ok(kern_init(&c, &quant_host, "test", plugin_isa_name((plugin_isa)l),
                                             f < 4 ? cut : quant_pool_par(&qp)));
@@ -622,7 +603,7 @@ static void test_repacking_a_mapped_file_drops_its_pages(void **state) {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
     for (size_t i = 0; i < bytes; i += page) /* every page faulted in */
         (void)((const volatile uint8_t *)map)[i];
-    const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+    const kern_par serial = {.n_threads = 1, .parallel_for = quant_serial_for, .parallel_tasks = quant_serial_tasks};
     kern_ctx c;
     assert_ok(kern_init(&c, &quant_host, "test", NULL, serial));
     const rlx_tensor tw = {.dtype = (uint32_t)dt, .n_dims = 2, .shape = {N, K, 1, 1}, .data = (void *)map};
@@ -657,7 +638,7 @@ static void test_repacking_a_mapped_file_drops_its_pages(void **state) {
 
 static void test_embed_dequantizes_rows(void **state) {
     (void)state;
-    const kern_par serial = {.n_threads = 1, .parallel_for = one_range, .parallel_tasks = tasks_in_order};
+    const kern_par serial = {.n_threads = 1, .parallel_for = quant_serial_for, .parallel_tasks = quant_serial_tasks};
     const int32_t ids[5] = {3, 0, 6, 3, 1};
     for (int t = 0; t < N_QTYPES; t++) {
         const int dt = qtypes[t];

@@ -6,7 +6,9 @@ as many embedding rows as the tokenizer has ids): the kind llama.cpp would write
 and no merges), add_bos_token as the files say, and rlx tokenizes texts to the same ids from the
 GGUF file as from the directory, with and without --add-special and special-token parsing; and
 rlx generate's raw prompt gets the BOS these models ask for (its n_prompt counts the ids of
-tokenize --add-special, one more than without).
+tokenize --add-special, one more than without). The ids come from one `rlx serve` per file: its
+/tokenize takes the encode options `rlx tokenize`'s flags set (text_cli checks those flags against
+Hugging Face's tokenizers), so each file's tokenizer is loaded once, not once per text and flag.
 
   check_vocab_models.py --rlx BIN --npm DIR --workdir DIR
 """
@@ -18,9 +20,28 @@ import sys
 
 from qutil import gguf_ref, random_models, verdict
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "serve"))
+from serve_util import Server  # noqa: E402
+
 TEXTS = ["Hello 世界, it's 3.14!", "  spaces\tand\nnewlines  ", "<s>hi</s> <|begin_of_text|>x<|eot_id|>",
          "\U0010FFFF rare \u0d9e byte fallback", "def f():\n    return 1\n"]
 MODELS = {"llama3_1": ("gpt2", "llama-bpe", True), "llama2": ("llama", "default", True)}
+# rlx tokenize's flags as /tokenize's options (apps/rlx/serve/native.c: add_special false and
+# parse_special true by default, as the command's)
+FLAGS = {"": {}, "--add-special": {"add_special": True}, "--no-special": {"parse_special": False}}
+
+
+def tokenize_all(rlx, model):
+    """{(text, flag): ids} for TEXTS and "Hello world" under each of FLAGS, from one server on model."""
+    out = {}
+    with Server(rlx, [], model=model) as s:
+        for text in TEXTS + ["Hello world"]:
+            for flag, options in FLAGS.items():
+                status, _, body = s.request("POST", "/tokenize", {"content": text, **options})
+                if status != 200:
+                    raise RuntimeError(f"/tokenize of {text!r} {flag} on {model}: {status} {body[:200]!r}")
+                out[text, flag] = json.loads(body)["tokens"]
+    return out
 
 
 def main():
@@ -50,17 +71,15 @@ def main():
                                 types.count(6) != 256 or types.count(2) != 1):
             failures.append(f"{name}: not a SentencePiece vocabulary (merges, scores, {types.count(6)} byte "
                             f"and {types.count(2)} unknown tokens)")
+        ids = {m: tokenize_all(args.rlx, m) for m in (model, out)}
         for text in TEXTS:
-            for flags in ([], ["--add-special"], ["--no-special"]):
-                ids = [subprocess.run([args.rlx, "tokenize", "-m", m, "-p", text] + flags, capture_output=True,
-                                      text=True).stdout for m in (model, out)]
-                if ids[0] != ids[1] or not ids[0].strip():
-                    failures.append(f"{name} {flags} {text!r}: ids from the GGUF file {ids[1].strip()} differ from "
-                                    f"the directory's {ids[0].strip()}")
+            for flag in FLAGS:
+                got, want = ids[out][text, flag], ids[model][text, flag]
+                if got != want or not want:
+                    failures.append(f"{name} {flag or 'no flag'} {text!r}: ids from the GGUF file {got} differ from "
+                                    f"the directory's {want}")
         for m in (model, out):
-            counts = [len(subprocess.run([args.rlx, "tokenize", "-m", m, "-p", "Hello world"] + flags,
-                                         capture_output=True, text=True).stdout.split())
-                      for flags in ([], ["--add-special"])]
+            counts = [len(ids[m]["Hello world", flag]) for flag in ("", "--add-special")]
             p = subprocess.run([args.rlx, "generate", "-m", m, "-p", "Hello world", "-n", "1", "--greedy", "--json"],
                                capture_output=True, text=True, timeout=300)
             n_prompt = json.loads(p.stdout)["n_prompt"] if p.returncode == 0 else None

@@ -8,7 +8,7 @@ blocks that are byte-identical to llama.cpp's are counted and shown, not require
 
   compare_gguf.py --rlx BIN --model DIR --shared DIR --out DIR --type T [--type T ...] [--rms]
 
-Exits 77 (skip) when the llama.cpp files are absent.
+Exits 77 (skip) when the llama.cpp files are absent, 1 under CI=true (tests/ci_skip.py).
 """
 import argparse
 import os
@@ -18,6 +18,9 @@ import sys
 import numpy as np
 
 from qutil import gguf_ref, verdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ci_skip import missing_input  # noqa: E402
 
 
 SAME_VALUES = [
@@ -88,8 +91,7 @@ def main():
     args = ap.parse_args()
     base = os.path.basename(os.path.normpath(args.model))
     if not os.path.isdir(args.shared):
-        print(f"SKIPPED: missing input: no llama.cpp files in {args.shared}")
-        return 77
+        return missing_input(f"no llama.cpp files in {args.shared}")
     os.makedirs(args.out, exist_ok=True)
     failures = []
     f32_path = os.path.join(args.shared, f"brown-{base}-f32.gguf")

@@ -149,7 +149,8 @@ typedef struct recorder {
     uint32_t n;
 } recorder;
 
-static int record(void *ctx, int32_t token) {
+static int record(void *ctx, int32_t token, const float *logits) {
+    (void)logits;
     recorder *r = ctx;
     r->tokens[r->n++] = token;
     return 0;

@@ -4,6 +4,9 @@
     finish_reason (and its own log-probabilities), usage counting the prompt once and the tokens
     of every choice; in a stream each chunk names its choice, each choice ends once, one usage
     chunk, one [DONE] at the end; the streamed choices are the whole ones' text;
+  - the prompt runs once for all n: /metrics' prompt tokens computed (admitted less cached) grow
+    by what choice 0 computed alone, and llama-server's timings give choices 1.. prompt_n 0
+    (cache_n the whole prompt);
   - greedy choices all equal one greedy request's text; at temperature 1 with a seed, choice i
     is the request alone with seed + i, the same on every run, and the choices differ;
   - n over the slots, or 0, is a 400 naming n (n_cmpl on llama-server's /completion, which
@@ -50,6 +53,32 @@ def wait_slots(s, want_busy, seconds=30):
         if want_busy(sum(1 for sl in body if sl["is_processing"])) or time.monotonic() > deadline:
             return body
         time.sleep(0.05)
+
+
+def prompt_counters(s):
+    """/metrics' prompt tokens admitted and taken from a cache."""
+    status, _, raw = s.request("GET", "/metrics", headers=AUTH)
+    values = dict(line.split() for line in raw.decode().splitlines() if line and not line.startswith("#"))
+    return int(values["rlx_prompt_tokens_total"]), int(values["rlx_prompt_tokens_cached_total"])
+
+
+def check_one_pass(c, s):
+    """n choices compute their prompt once: choices 1.. start from choice 0's prompt pass."""
+    body = {"prompt": "One prompt pass for every choice of this request", "max_tokens": 2, "n": SLOTS,
+            "temperature": 1, "seed": 3}
+    before = prompt_counters(s)
+    status, r = post(s, "/v1/completions", body)
+    after = prompt_counters(s)
+    c.check(status == 200, f"n=3 completion: {status} {r}")
+    n_prompt, cached0 = r["usage"]["prompt_tokens"], r["usage"]["prompt_tokens_details"]["cached_tokens"]
+    admitted, cached = after[0] - before[0], after[1] - before[1]
+    c.check(admitted == SLOTS * n_prompt and admitted - cached == n_prompt - cached0,
+            f"n={SLOTS}: {admitted} prompt tokens admitted, {cached} cached, so {admitted - cached} computed; "
+            f"want the prompt's {n_prompt} less choice 0's cached {cached0} computed once")
+    status, arr = post(s, "/completion", {"prompt": "Computed once, shared twice", "n_predict": 2, "n_cmpl": 2})
+    c.check(status == 200 and arr[1]["timings"]["prompt_n"] == 0 and
+            arr[1]["timings"]["cache_n"] == arr[1]["tokens_evaluated"] and arr[0]["timings"]["prompt_n"] > 0,
+            f"/completion n_cmpl=2: choice 1 computes no prompt token: {status} {arr}")
 
 
 def stream_choices(c, raw, chat):
@@ -198,6 +227,7 @@ def main():
     args = ap.parse_args()
     c = Checks()
     with Server(args.rlx, ["--api-key", KEY, "--parallel", str(SLOTS), "--slot-ctx", "1024", "--slots"]) as s:
+        check_one_pass(c, s)
         check_whole(c, s)
         check_slots(c, s)
     c.check("ERROR" not in s.stderr, f"the server's stderr: {s.stderr[-3000:]}")

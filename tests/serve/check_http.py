@@ -7,6 +7,7 @@
     by the server (--max-connections-per-ip, --request-timeout) before the attack ends;
   - Host and Origin: a keyless server refuses a Host that is not its own (400) and a foreign
     Origin (403), serves the --cors-origin one with CORS headers and answers its preflight;
+    --cors-origins takes a list and the word localhost (any port of localhost, 127.0.0.1, [::1]);
   - HEAD on the GET endpoints;
   - a request queued behind a long one is not timed out by --timeout while the engine progresses;
   - the flags: an empty --api-key, a key file others may read, out-of-range numbers and a
@@ -217,6 +218,16 @@ def browsers(c, rlx):
             c.check(st == 200 and body == b"", f"HEAD {path}: {st} {body[:100]!r}")
         st, h, _ = s.request("DELETE", "/health")
         c.check(st == 405 and "HEAD" in h.get("allow", ""), f"DELETE /health: {st} {h}")
+    # llama-server's --cors-origins: a list, and the word localhost for a page on this machine
+    with Server(rlx, ["--parallel", "1", "--cors-origins", "localhost, http://b.example"]) as s:
+        for origin in ("http://localhost:5173", "http://127.0.0.1", "https://[::1]:3000", "http://b.example"):
+            st, h, _ = s.request("GET", "/v1/models", headers={"Origin": origin})
+            c.check(st == 200 and h.get("access-control-allow-origin") == origin,
+                    f"--cors-origins localhost,...: {origin} is served with its origin: {st} {h}")
+        for origin in ("http://localhost.evil.com", "http://notlocalhost", "http://[::1]x", "http://localhost:80x",
+                       "http://127.0.0.1.evil.com:80", "ftp://localhost"):
+            st, _, _ = s.request("GET", "/v1/models", headers={"Origin": origin})
+            c.check(st == 403, f"--cors-origins localhost,...: {origin} is refused: {st}")
     with Server(rlx, ["--parallel", "1", "--api-key", "sk-test-0123456789"]) as s:
         # a page reaching the server under its own name still lacks the key: any Host will do
         st, _, _ = s.request("GET", "/v1/models", headers={"Host": "gpu-box.lan:8080",
@@ -260,6 +271,7 @@ def flags(c, rlx):
             (["--host", "0.0.0.0"], "--insecure-listen"),
             (["--host", "::"], "will not listen on :: without an API key"),
             (["--cors-origin", "http://a.example/path"], "is not an origin"),
+            (["--cors-origins", "localhost,http://a.example/path"], "is not an origin"),
         ]
         for args, says in cases:
             p = subprocess.run([rlx, "serve"] + args, capture_output=True, text=True, timeout=60)

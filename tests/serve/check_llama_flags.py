@@ -5,10 +5,11 @@
     requests that give none (chat and completions); --temp and --seed are the defaults of
     requests that leave them out, so two such requests give one text, the text of a request that
     names --temp and --seed itself, and not the greedy text; -np sets the slots (/props);
-    --chat-template TEXT renders chats (/apply-template shows it);
+    --chat-template TEXT renders chats (/apply-template shows it); --reasoning off renders chats
+    that do not say with enable_thinking false, one that says true keeps it;
   - the flags for what rlx lacks are refused, naming the flag: --no-cont-batching,
     --reasoning-format deepseek-legacy and unknown formats, --chat-template NAME (llama.cpp's built-in names), --stop,
-    --threads-http abc; and --chat-template with --chat-template-file.
+    --threads-http abc, --reasoning maybe; and --chat-template with --chat-template-file.
 
   check_llama_flags.py --rlx BIN
 """
@@ -25,7 +26,9 @@ from serve_util import BROWN, Server  # noqa: E402
 TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<a>{% endif %}"
 LLAMA_ARGS = ["--temp", "0.8", "--seed", "42", "--no-slots", "--jinja", "--ctx-size", "512", "-np", "2", "-n", "8",
               "--metrics", "-cb", "--no-ui", "-fa", "on", "--threads-http", "2", "--reasoning-format", "none",
-              "--n-gpu-layers", "0", "--batch-size", "32", "--chat-template", TEMPLATE]
+              "--n-gpu-layers", "0", "--batch-size", "32", "--reasoning", "on", "--chat-template", TEMPLATE]
+# Qwen3's switch of its thinking mode
+THINK_TEMPLATE = "{% if enable_thinking is defined and enable_thinking is false %}off{% else %}on{% endif %}"
 
 
 def main():
@@ -67,7 +70,24 @@ def main():
         props = json.loads(text)
         expect(props.get("total_slots") == 2 and props["default_generation_settings"]["n_ctx"] == 256 and
                props.get("chat_template") == TEMPLATE, f"-np 2 --ctx-size 512: /props {props}")
-    refusals = [(["--no-cont-batching"], "--no-cont-batching"),
+        params = props["default_generation_settings"].get("params", {})
+        expect(params.get("seed") == 42 and abs(params.get("temperature", 0) - 0.8) < 1e-6 and
+               params.get("n_predict") == 8, f"/props default params from --seed 42 --temp 0.8 -n 8: {params}")
+        status, _, text = s.request("POST", "/completion", {"prompt": prompt, "n_predict": 3, "seed": 5,
+                                                            "top_k": 7})
+        gen = json.loads(text).get("generation_settings", {}) if status == 200 else {}
+        expect(gen.get("n_predict") == 3 and gen.get("seed") == 5 and gen.get("top_k") == 7 and
+               abs(gen.get("temperature", 0) - 0.8) < 1e-6,
+               f"/completion's generation_settings: the request's and the defaults: {status} {gen}")
+    with Server(args.rlx, ["--reasoning", "off", "--chat-template", THINK_TEMPLATE]) as s:
+        for kwargs, want in ((None, "off"), ({"enable_thinking": True}, "on")):
+            body = {"messages": [{"role": "user", "content": "Hi"}]}
+            if kwargs:
+                body["chat_template_kwargs"] = kwargs
+            status, _, text = s.request("POST", "/apply-template", body)
+            expect(status == 200 and json.loads(text) == {"prompt": want},
+                   f"--reasoning off, chat_template_kwargs {kwargs}: want {want!r}, got {status} {text}")
+    refusals = [(["--no-cont-batching"], "--no-cont-batching"), (["--reasoning", "maybe"], "--reasoning"),
                 (["-nocb"], "--no-cont-batching"), (["--reasoning-format", "deepseek-legacy"], "--reasoning-format"),
                 (["--reasoning-format", "think"], "--reasoning-format"),
                 (["--chat-template", "chatml"], "--chat-template"), (["--stop", "x"], "--stop"),

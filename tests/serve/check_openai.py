@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """The official `openai` npm client (fetched from the npm registry into the build tree, once)
 against rlx serve with an API key: models.list and models.retrieve name the model; chat and
-completions, streamed and not, give `rlx generate`'s greedy text, finish reasons and usage; tool
+completions, streamed and not, give `rlx generate`'s greedy text, finish reasons and usage; n=2
+gives two choices indexed 0 and 1, each that text; tool
 calls (tool_choice required) whole and assembled by the client's stream helper are the same calls,
 their arguments valid for the function's schema (Python's jsonschema); the client's parse() reads a
 json_schema reply that validates; a bad field surfaces as the client's 400 error.
-Skips (status 77) when node or npm is missing, saying which.
+Skips (status 77) when node or npm is missing, saying which; under CI=true that is a failure.
 
   check_openai.py --rlx BIN --npm DIR
 """
@@ -55,6 +56,11 @@ def main():
             c.check(got["text"] == ref_chat["text"] and got["finish"] == "length" and usage == want_usage,
                     f"{name}: {got} against rlx generate --chat {ref_chat['text']!r}, usage {want_usage}")
         c.check(out["chat_stream"]["role"] == "assistant", f"the stream's role: {out['chat_stream']}")
+        two = out["chat_n"]
+        c.check(two["indices"] == [0, 1] and two["texts"] == [ref_chat["text"]] * 2 and
+                two["usage"]["prompt_tokens"] == ref_chat["n_prompt"] and
+                two["usage"]["completion_tokens"] == 2 * ref_chat["n_generated"],
+                f"n=2: two choices indexed 0 and 1, each the greedy text, the prompt counted once: {two}")
         for name in ("completion", "completion_stream"):
             got = out[name]
             c.check(got["text"] == ref["text"] and got["finish"] == "length",

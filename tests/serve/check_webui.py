@@ -19,7 +19,7 @@ playwright-core from npm (fetched into the build tree once) through webui_client
   - with --api-key the page loads without the key, asks for it (the 401 message), keeps the
     prompt, and with the key (sent as Bearer, kept in localStorage) works; --no-webui: 404.
 Judged here with Python's html.parser and json, not by the page's code.
-Without chromium, node or npm: skips (77) saying which, or fails under CI=true.
+Without chromium, node or npm: skips (77) saying which, or fails under CI=true (tests/ci_skip.py).
 
   check_webui.py --rlx BIN --npm DIR
 """
@@ -34,7 +34,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from serve_util import fetch_npm, Checks, Server, main_guard  # noqa: E402
+from serve_util import fetch_npm, missing_input, Checks, Server, main_guard  # noqa: E402
 
 PLAYWRIGHT = "playwright-core@1.65.1"
 KEY = "sk-webui-test"
@@ -69,14 +69,6 @@ def tags_of(text):
     p.feed(text)
     p.close()
     return p
-
-
-def missing(what):
-    if os.environ.get("CI") == "true":
-        print(f"FAIL {what}: CI must have it (share/scripts/install-deps)")
-        return 1
-    print(f"SKIPPED: missing input: {what}")
-    return 77
 
 
 def browser(args, chromium, s, mode):
@@ -241,10 +233,10 @@ def main():
     chromium = next((p for p in ("/usr/lib/chromium/chromium", shutil.which("chromium")) if p and os.access(p, os.X_OK)),
                     None)
     if not chromium:
-        return missing("chromium is not installed (Debian's chromium package)")
+        return missing_input("chromium is not installed (Debian's chromium package)")
     for tool in ("node", "npm"):
         if not shutil.which(tool):
-            return missing(f"{tool} is not installed, so playwright-core cannot be fetched and run")
+            return missing_input(f"{tool} is not installed, so playwright-core cannot be fetched and run")
     failed = fetch_npm(args.npm, PLAYWRIGHT)
     if failed:
         print(f"FAIL {failed}")

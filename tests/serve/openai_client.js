@@ -19,6 +19,9 @@ async function main() {
   const messages = [{ role: 'user', content: prompt }];
   const chat = await client.chat.completions.create({ model: out.models[0], messages, max_tokens: maxTokens, temperature: 0 });
   out.chat = { text: chat.choices[0].message.content, finish: chat.choices[0].finish_reason, usage: chat.usage, object: chat.object };
+  // n: two choices of the one prompt (greedy: the same text twice)
+  const two = await client.chat.completions.create({ model: out.models[0], messages, max_tokens: maxTokens, temperature: 0, n: 2 });
+  out.chat_n = { indices: two.choices.map((c) => c.index), texts: two.choices.map((c) => c.message.content), usage: two.usage };
 
   const chatStream = await client.chat.completions.create({
     model: out.models[0], messages, max_tokens: maxTokens, temperature: 0, stream: true,

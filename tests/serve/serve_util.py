@@ -15,6 +15,9 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+from ci_skip import missing_input  # noqa: E402
+
 SOURCE = os.path.abspath(os.path.join(HERE, "..", ".."))
 BROWN = os.path.join(SOURCE, "share", "models", "brown", "target")
 LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
@@ -116,6 +119,19 @@ def stream_text(body, chat):
     return text, finish, usage
 
 
+def write_yes_no_tokenizer(path):
+    """Brown's tokenizer.json at path with two byte tokens UTF-8 never produces renamed "yes" and
+    "no", the tokens a Qwen3-Reranker scores by; returns their ids (yes, no)."""
+    with open(os.path.join(BROWN, "tokenizer.json"), encoding="utf-8") as f:
+        tok = json.load(f)
+    vocab = tok["model"]["vocab"]
+    for old, new in (("\u00c0", "yes"), ("\u00c1", "no")):
+        vocab[new] = vocab.pop(old)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(tok, f, ensure_ascii=False)
+    return vocab["yes"], vocab["no"]
+
+
 def fetch_npm(folder, package):
     """Installs an npm package into folder, once (tests/fetch_npm.sh): None when it is there, else
     why it could not be fetched."""
@@ -126,12 +142,11 @@ def fetch_npm(folder, package):
 
 def npm_client(folder, package, what):
     """Fetches package into folder for a test that drives what with node: None when it is ready,
-    else the exit code after saying why (77, a skip, without node or npm; 1 when the fetch
-    fails)."""
+    else the exit code after saying why (without node or npm, tests/ci_skip.py's: a skip, or a
+    failure under CI=true; 1 when the fetch fails)."""
     for tool in ("node", "npm"):
         if not shutil.which(tool):
-            print(f"SKIPPED: missing input: {tool} is not installed, so {what} cannot be fetched and run")
-            return 77
+            return missing_input(f"{tool} is not installed, so {what} cannot be fetched and run")
     failed = fetch_npm(folder, package)
     if failed:
         print(f"FAIL {failed}")

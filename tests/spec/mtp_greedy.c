@@ -37,7 +37,8 @@ typedef struct tokens {
     uint32_t n;
 } tokens;
 
-static int collect(void *ctx, int32_t token) {
+static int collect(void *ctx, int32_t token, const float *logits) {
+    (void)logits;
     tokens *t = ctx;
     t->ids[t->n++] = token;
     return 0;

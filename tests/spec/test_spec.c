@@ -68,7 +68,8 @@ typedef struct recorder {
     uint32_t n, stop_after; /* stop_after 0: never ask to stop */
 } recorder;
 
-static int record(void *ctx, int32_t token) {
+static int record(void *ctx, int32_t token, const float *logits) {
+    (void)logits;
     recorder *r = ctx;
     r->tokens[r->n++] = token;
     return r->stop_after && r->n == r->stop_after;
@@ -309,7 +310,7 @@ typedef struct row_recorder {
 static int record_row(void *ctx, int32_t token, const float *logits) {
     row_recorder *rr = ctx;
     memcpy(rr->rows + (size_t)rr->r.n * (size_t)rr->vocab, logits, (size_t)rr->vocab * sizeof *logits);
-    return record(&rr->r, token);
+    return record(&rr->r, token, logits);
 }
 
 /* Sampled speculative decoding with many rejections and penalties: each token comes with the
@@ -330,7 +331,7 @@ static void test_each_token_comes_with_its_target_row(void **state) {
     out.rows = malloc(40 * (size_t)lm.vocab * sizeof *out.rows);
     assert_non_null(out.rows);
     rlx_spec_stats st;
-    assert_ok(rlx_spec_generate_ex(&lm, spec, 4, g, prompt, N_PROMPT, 40, record_row, &out, &st));
+    assert_ok(rlx_spec_generate(&lm, spec, 4, g, prompt, N_PROMPT, 40, record_row, &out, &st));
     assert_int_equal(out.r.n, 40);
     assert_true(st.accepted > 0 && st.accepted < st.proposed);
     const float *want;

@@ -4,8 +4,10 @@
 # must stay byte for byte what older plugins were built against. Lists each file that differs.
 #   check_format.sh SOURCE_DIR
 set -euo pipefail
+# shellcheck source=../ci_skip.sh
+source "$(dirname "$0")/../ci_skip.sh"
 cd "$1"
-command -v clang-format >/dev/null || { echo "SKIPPED: missing input: clang-format is not installed"; exit 77; }
+command -v clang-format >/dev/null || missing_input "clang-format is not installed"
 mapfile -t files < <(git ls-files '*.c' '*.h' '*.inc' | grep -v '^tests/plugins/abi-1.0/\|^tests/spec/frozen/')
 [ "${#files[@]}" -gt 100 ] || { echo "only ${#files[@]} C files found under $1: not a checkout of rlx?"; exit 1; }
 bad=0

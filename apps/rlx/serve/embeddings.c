@@ -15,6 +15,11 @@
  * of them) and normalized (L2 unless embd_normalize says otherwise). A reranked document is
  * Qwen3-Reranker's prompt (its model card's system text, <Instruct>/<Query>/<Document>, an empty
  * think block), and its score is softmax([logit(no), logit(yes)])[1] at the last position.
+ * A reranker GGUF as llama.cpp's converter writes it (Qwen3-Reranker: pooling_type rank) holds
+ * those two rows of the LM head as cls.output.weight ([yes, no]) and no LM head of its own when
+ * the checkpoint's is untied, and its prompt as tokenizer.chat_template.rerank ({query} and
+ * {document} in it): llama-server's scores, softmax(cls.output x the last final-normed hidden
+ * row)[0], come from those, and so do rlx's.
  *
  * The session runs on the engine's worker thread as an engine task (rlx_engine_task_submit),
  * because the backends take calls from one thread at a time; the engine's batched slots cannot
@@ -33,6 +38,7 @@
 #include <cjson/cJSON.h>
 
 #include "common.h"
+#include "rlx/private.h"
 #include "serve.h"
 
 /* positions per turn of the task: the engine's default step (rlx_engine_options.step_tokens) */
@@ -50,10 +56,66 @@
 
 struct serve_embedder {
     rlx_session *session; /* used on the engine's worker alone */
+    /* The job whose current input is part-way through the session (worker's alone): an input of
+     * several chunks holds the session from its first chunk to its last, and another job's turn
+     * waits meanwhile, since the engine interleaves tasks' turns and a truncate would cut it. */
+    const struct embed_job *owner;
     int64_t hidden;
     uint32_t capacity;
     int32_t yes_id, no_id; /* -1 without --reranking */
+    float *cls;            /* a GGUF reranker's cls.output.weight, [2][hidden] F32; NULL: yes/no logits */
+    char *rerank_template; /* its tokenizer.chat_template.rerank, NUL-terminated; NULL: Qwen3-Reranker's prompt */
 };
+
+/* The F32 values of n elements of a weight of dtype F32, F16 or BF16; 0, or -1 for another dtype. */
+static int weight_f32(const rlx_weight *w, size_t n, float *out) {
+    const uint16_t *half = w->data;
+    for (size_t i = 0; i < n && w->dtype != RLX_DTYPE_F32; i++) {
+        uint32_t bits = (uint32_t)half[i] << 16; /* BF16: F32's upper half */
+        if (w->dtype == RLX_DTYPE_F16) {
+            const uint32_t sign = (uint32_t)(half[i] & 0x8000) << 16, exp = half[i] >> 10 & 31, man = half[i] & 1023;
+            float v = exp == 0    ? ldexpf((float)man, -24)
+                      : exp == 31 ? (man ? NAN : INFINITY)
+                                  : ldexpf((float)(man | 1024), (int)exp - 25);
+            memcpy(&bits, &v, sizeof bits);
+            bits |= sign;
+        } else if (w->dtype != RLX_DTYPE_BF16) {
+            return -1;
+        }
+        memcpy(&out[i], &bits, sizeof bits);
+    }
+    if (w->dtype == RLX_DTYPE_F32)
+        memcpy(out, w->data, n * sizeof *out);
+    return 0;
+}
+
+/* A reranker GGUF's head and prompt template into emb, when m is one (it has cls.output.weight). */
+static rlx_status read_rerank_gguf(const rlx_model *m, serve_embedder *emb) {
+    const rlx_weight *w = rlx_weights_find(rlx_model_weights(m), "cls.output.weight");
+    if (!w)
+        return RLX_OK;
+    const int64_t h = rlx_model_config_of(m)->hidden_size;
+    if (w->n_dims != 2 || w->shape[0] != 2 || w->shape[1] != h)
+        return rlx_error(RLX_E_FORMAT, "cls.output.weight is not [2, %lld]: a Qwen3-Reranker GGUF's yes and no rows",
+                         (long long)h);
+    if (!(emb->cls = malloc((size_t)(2 * h) * sizeof *emb->cls)))
+        return rlx_error(RLX_E_NOMEM, "out of memory");
+    if (weight_f32(w, (size_t)(2 * h), emb->cls) < 0)
+        return rlx_error(RLX_E_UNSUPPORTED, "cls.output.weight is %s; --reranking reads it in F32, F16 or BF16",
+                         rlx_dtype_name((int)w->dtype));
+    const char *text;
+    size_t len;
+    rlx_status rc = rlx_model_gguf_string(m, "tokenizer.chat_template.rerank", &text, &len);
+    if (rc == RLX_E_NOT_FOUND)
+        return RLX_OK;
+    if (rc != RLX_OK)
+        return rc;
+    if (!(emb->rerank_template = malloc(len + 1)))
+        return rlx_error(RLX_E_NOMEM, "out of memory");
+    memcpy(emb->rerank_template, text, len);
+    emb->rerank_template[len] = 0;
+    return RLX_OK;
+}
 
 rlx_status serve_embedder_create(const rlx_model *m, const rlx_session_options *so, const rlx_tokenizer *tok,
                                  int rerank, serve_embedder **out) {
@@ -63,10 +125,16 @@ rlx_status serve_embedder_create(const rlx_model *m, const rlx_session_options *
     if (!emb)
         return rlx_error(RLX_E_NOMEM, "out of memory");
     emb->yes_id = emb->no_id = -1;
-    if (rerank && ((emb->yes_id = rlx_tokenizer_token_id(tok, "yes")) < 0 ||
-                   (emb->no_id = rlx_tokenizer_token_id(tok, "no")) < 0 || emb->yes_id >= c->vocab_size ||
-                   emb->no_id >= c->vocab_size)) {
-        free(emb);
+    rlx_status rc = rerank ? read_rerank_gguf(m, emb) : RLX_OK;
+    if (rc != RLX_OK) {
+        serve_embedder_destroy(emb);
+        return rc;
+    }
+    if (rerank && !emb->cls &&
+        ((emb->yes_id = rlx_tokenizer_token_id(tok, "yes")) < 0 ||
+         (emb->no_id = rlx_tokenizer_token_id(tok, "no")) < 0 || emb->yes_id >= c->vocab_size ||
+         emb->no_id >= c->vocab_size)) {
+        serve_embedder_destroy(emb);
         return rlx_error(RLX_E_UNSUPPORTED, "--reranking scores Qwen3-Reranker's way, by the logits of the tokens "
                                             "'yes' and 'no', which this model's vocabulary lacks");
     }
@@ -75,9 +143,8 @@ rlx_status serve_embedder_create(const rlx_model *m, const rlx_session_options *
                                  .embed_input = 1,
                                  .produce_logits = 1,
                                  .emit_hidden = 1};
-    rlx_status rc = rlx_session_create(m, &spec, so, &emb->session);
-    if (rc != RLX_OK) {
-        free(emb);
+    if ((rc = rlx_session_create(m, &spec, so, &emb->session)) != RLX_OK) {
+        serve_embedder_destroy(emb);
         return rc;
     }
     emb->hidden = c->hidden_size;
@@ -90,6 +157,8 @@ void serve_embedder_destroy(serve_embedder *emb) {
     if (!emb)
         return;
     rlx_session_destroy(emb->session);
+    free(emb->cls);
+    free(emb->rerank_template);
     free(emb);
 }
 
@@ -222,6 +291,9 @@ static rlx_status run_chunk(embed_job *j) {
     serve_embedder *emb = j->emb;
     const uint32_t len = j->lens[j->at_input], n = len - j->at_pos < EMBED_CHUNK ? len - j->at_pos : EMBED_CHUNK;
     const int64_t h = emb->hidden;
+    if (emb->owner && emb->owner != j)
+        return RLX_OK; /* this turn waits for the owner's input to end */
+    emb->owner = j;
     rlx_status rc = j->at_pos == 0 ? rlx_session_truncate(emb->session, 0) : RLX_OK;
     const float *logits;
     if (rc == RLX_OK)
@@ -242,7 +314,16 @@ static rlx_status run_chunk(embed_job *j) {
     j->at_pos += n;
     if (j->at_pos < len)
         return RLX_OK;
-    if (j->rank) { /* p(yes) of the two: 1 / (1 + e^(no - yes)) */
+    emb->owner = NULL;
+    if (j->rank && emb->cls) { /* softmax of the head's [yes, no] at the last row, [0] */
+        const float *last = rows + (size_t)(n - 1) * (size_t)h;
+        double yes = 0.0, no = 0.0;
+        for (int64_t k = 0; k < h; k++) {
+            yes += (double)emb->cls[k] * last[k];
+            no += (double)emb->cls[h + k] * last[k];
+        }
+        j->scores[j->at_input] = 1.0 / (1.0 + exp(no - yes));
+    } else if (j->rank) { /* p(yes) of the two: 1 / (1 + e^(no - yes)) */
         j->scores[j->at_input] = 1.0 / (1.0 + exp((double)logits[emb->no_id] - (double)logits[emb->yes_id]));
     } else if (j->pooling == SERVE_POOL_LAST) {
         memcpy(out_row(j, j->at_input, 0), rows + (size_t)(n - 1) * (size_t)h, (size_t)h * sizeof *rows);
@@ -271,6 +352,8 @@ static int job_turn(void *ctx, int cancelled) {
     j->chunks++;
     const int more = !cancelled && !abandoned && rc == RLX_OK && j->at_input < j->n_inputs;
     if (!more) {
+        if (j->emb->owner == j) /* cancelled or failed part-way */
+            j->emb->owner = NULL;
         j->done = 1;
         j->status = cancelled ? RLX_E_BUSY : rc;
         snprintf(j->message, sizeof j->message, "%s",
@@ -623,20 +706,20 @@ char *serve_embeddings_answer(serve_server *s, int oai, const char *body, size_t
     cJSON *root = serve_parse_body(body, len, e);
     if (!root)
         return NULL;
-    embed_opts o = {.oai = oai, .normalize = 2, .dims = s->embedder->hidden};
+    embed_opts o = {.oai = oai, .normalize = s->embd_normalize, .dims = s->embedder->hidden};
     const cJSON *input = serve_member(root, "input");
     const char *name = "input", *format = NULL;
     if (!input && (input = serve_member(root, "content")) != NULL) {
         o.oai = 0; /* llama-server's: "content" is its own field, answered in its own shape */
         name = "content";
     }
-    double normalize_how = 2, dims = (double)o.dims;
+    double normalize_how = o.normalize, dims = (double)o.dims;
     embed_job *j = NULL;
     char *json = NULL;
     if (!input) {
         serve_bad(e, "input", "'%s' is required: %s", "the text or token ids to embed");
     } else if (serve_get_string(root, "encoding_format", &format, e) >= 0 &&
-               serve_get_integer(root, "embd_normalize", -1, 64, &normalize_how, e) >= 0 &&
+               serve_get_integer(root, "embd_normalize", -1, SERVE_MAX_NORM_P, &normalize_how, e) >= 0 &&
                serve_get_integer(root, "dimensions", 1, (double)o.dims, &dims, e) >= 0 &&
                serve_get_string(root, "model", &o.model, e) >= 0) {
         if (format && strcmp(format, "float") != 0 && strcmp(format, "base64") != 0)
@@ -665,35 +748,74 @@ char *serve_embeddings_answer(serve_server *s, int oai, const char *body, size_t
 
 // ---- rerank ----
 
-/* Qwen3-Reranker's prompt for one document, its template's markup the only text whose special
- * tokens count; -1 after setting e. */
+/* The prompt of a reranker GGUF's template (tmpl) into text: {query} and {document} replaced
+ * wherever they are, as llama-server's format_prompt_rerank does, the template's own pieces the
+ * markup (malloc'd spans, n_spans of them). */
+static void template_prompt(const char *tmpl, const char *query, const char *doc, serve_buf *text,
+                            rlx_text_span **spans, size_t *n_spans) {
+    size_t n = 1;
+    for (const char *p = tmpl; (p = strchr(p, '{')) != NULL; p++)
+        n += strncmp(p, "{query}", 7) == 0 || strncmp(p, "{document}", 10) == 0;
+    if (!(*spans = malloc(n * sizeof **spans))) {
+        text->failed = 1;
+        return;
+    }
+    *n_spans = 0;
+    const char *p = tmpl, *piece = tmpl;
+    for (; *p; p++) {
+        const int q = strncmp(p, "{query}", 7) == 0, d = !q && strncmp(p, "{document}", 10) == 0;
+        if (!q && !d)
+            continue;
+        (*spans)[(*n_spans)++] = (rlx_text_span){text->len, (size_t)(p - piece)};
+        serve_buf_append(text, piece, (size_t)(p - piece));
+        serve_buf_append(text, q ? query : doc, strlen(q ? query : doc));
+        p += q ? 6 : 9;
+        piece = p + 1;
+    }
+    (*spans)[(*n_spans)++] = (rlx_text_span){text->len, (size_t)(p - piece)};
+    serve_buf_append(text, piece, (size_t)(p - piece));
+}
+
+/* The reranking prompt of one document, its template's markup the only text whose special
+ * tokens count: the model's GGUF template, or Qwen3-Reranker's; -1 after setting e. */
 static int rerank_prompt(serve_server *s, const char *instruction, const char *query, const char *doc, uint32_t index,
                          embed_job *j, serve_error *e) {
     serve_buf text = {0};
-    serve_buf_append(&text, RERANK_SYSTEM, strlen(RERANK_SYSTEM));
-    const size_t head = text.len;
-    serve_buf_printf(&text, "<Instruct>: ");
-    serve_buf_append(&text, instruction, strlen(instruction));
-    serve_buf_printf(&text, "\n<Query>: ");
-    serve_buf_append(&text, query, strlen(query));
-    serve_buf_printf(&text, "\n<Document>: ");
-    serve_buf_append(&text, doc, strlen(doc));
-    const size_t tail = text.len;
-    serve_buf_append(&text, RERANK_END, strlen(RERANK_END));
+    rlx_text_span fixed[2], *markup = fixed;
+    size_t n_markup = 2;
+    if (s->embedder->rerank_template) {
+        template_prompt(s->embedder->rerank_template, query, doc, &text, &markup, &n_markup);
+    } else {
+        serve_buf_append(&text, RERANK_SYSTEM, strlen(RERANK_SYSTEM));
+        const size_t head = text.len;
+        serve_buf_printf(&text, "<Instruct>: ");
+        serve_buf_append(&text, instruction, strlen(instruction));
+        serve_buf_printf(&text, "\n<Query>: ");
+        serve_buf_append(&text, query, strlen(query));
+        serve_buf_printf(&text, "\n<Document>: ");
+        serve_buf_append(&text, doc, strlen(doc));
+        const size_t tail = text.len;
+        serve_buf_append(&text, RERANK_END, strlen(RERANK_END));
+        fixed[0] = (rlx_text_span){0, head};
+        fixed[1] = (rlx_text_span){tail, text.len - tail};
+    }
     if (text.failed) {
         serve_buf_free(&text);
+        if (markup != fixed)
+            free(markup);
         return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1;
     }
-    const rlx_text_span markup[2] = {{0, head}, {tail, text.len - tail}};
     const rlx_encode_options eo = {.size = sizeof eo,
                                    .special_spans = s->special_in_content ? NULL : markup,
-                                   .n_special_spans = 2,
+                                   .n_special_spans = n_markup,
                                    .parse_special = 1,
                                    .max_ids = s->embedder->capacity + 1};
     int32_t *ids = NULL;
     size_t n = 0;
     const rlx_status rc = rlx_tokenizer_encode_ex(s->tok, text.data, text.len, &eo, &ids, &n, NULL);
     serve_buf_free(&text);
+    if (markup != fixed)
+        free(markup);
     if (rc != RLX_OK)
         return serve_error_set(e, 400, "invalid_request_error", "invalid_value", "documents",
                                "document %u cannot be tokenized: %s", index, rlx_last_error()),
@@ -781,6 +903,10 @@ char *serve_rerank_answer(serve_server *s, const char *body, size_t len, int fd,
          serve_get_integer(root, "top_n", 0, 1e15, &top_n, e) < 0 ||
          serve_get_bool(root, "return_text", &return_text, e) < 0 || serve_get_string(root, "model", &model, e) < 0))
         rc = -1;
+    if (rc > 0 && s->embedder->rerank_template && serve_member(root, "instruction"))
+        rc = serve_bad(e, "instruction", "'%s' cannot be given: %s",
+                       "the model's rerank template (GGUF tokenizer.chat_template.rerank) fixes the instruction, "
+                       "as llama-server reads it");
     int n = cJSON_IsArray(docs) ? cJSON_GetArraySize(docs) : 0;
     for (const cJSON *d = rc > 0 && n ? docs->child : NULL; d; d = d->next)
         n = cJSON_IsString(d) ? n : 0;

@@ -338,9 +338,29 @@ static int same_origin(const char *origin, const char *host_header) {
     return authority && host_header && strcasecmp(authority, host_header) == 0;
 }
 
+/* An Origin whose host is localhost, 127.0.0.1 or [::1], with any scheme of the web and port. */
+static int origin_is_localhost(const char *origin) {
+    const char *a = strncasecmp(origin, "http://", 7) == 0    ? origin + 7
+                    : strncasecmp(origin, "https://", 8) == 0 ? origin + 8
+                                                              : NULL;
+    if (!a)
+        return 0;
+    size_t host_len = a[0] == '[' ? strcspn(a, "]") + 1 : strcspn(a, ":");
+    if (a[0] == '[' && a[host_len - 1] != ']')
+        return 0;
+    const char *port = a + host_len;
+    if (*port == ':' && (port[1] == '\0' || port[1 + strspn(port + 1, "0123456789")] != '\0'))
+        return 0;
+    if (*port != ':' && *port != '\0')
+        return 0;
+    return (host_len == 9 && strncasecmp(a, "localhost", 9) == 0) ||
+           (host_len == 9 && strncmp(a, "127.0.0.1", 9) == 0) || (host_len == 5 && strncmp(a, "[::1]", 5) == 0);
+}
+
 static int cors_allowed(const serve_server *s, const char *origin) {
     for (size_t i = 0; i < s->n_cors_origins; i++)
-        if (strcmp(s->cors_origins[i], "*") == 0 || strcasecmp(s->cors_origins[i], origin) == 0)
+        if (strcmp(s->cors_origins[i], "*") == 0 || strcasecmp(s->cors_origins[i], origin) == 0 ||
+            (strcmp(s->cors_origins[i], "localhost") == 0 && origin_is_localhost(origin)))
             return 1;
     return 0;
 }
@@ -543,7 +563,7 @@ static void pipeline_metrics(serve_buf *b, const rlx_driver *d) {
     rlx_driver_stage_info info[n ? n : 1];
     rlx_driver_stage_stats st[n ? n : 1];
     for (uint32_t i = 0; i < n; i++)
-        if (rlx_driver_stage_info_get(d, i, &info[i]) != RLX_OK || rlx_driver_stage_stats_get(d, i, &st[i]) != RLX_OK)
+        if (rlx_driver_stage_info_of(d, i, &info[i]) != RLX_OK || rlx_driver_stage_stats_of(d, i, &st[i]) != RLX_OK)
             return;
     metric(b, "rlx_pipeline_stage_step_seconds", "summary",
            "Forward steps of each pipeline stage: seconds from sending a step to the stage's answer.");
@@ -572,7 +592,7 @@ static void pipeline_metrics(serve_buf *b, const rlx_driver *d) {
         serve_buf_printf(b, ",direction=\"received\"} %llu\n", (unsigned long long)st[i].bytes_received);
     }
     rlx_driver_stats all;
-    rlx_driver_stats_get(d, &all);
+    rlx_driver_stats_of(d, &all);
     metric(b, "rlx_pipeline_recovery_seconds", "summary",
            "Stages lost and replaced (their streams replayed): the seconds each recovery took.");
     serve_buf_printf(b, "rlx_pipeline_recovery_seconds_sum %.6f\n", all.recovery_seconds);

@@ -66,11 +66,12 @@ typedef struct serve_call_sink {
     void *ctx;
 } serve_call_sink;
 
-/* A request's n choices (OpenAI's n, llama-server's n_cmpl) run as n engine requests over the
- * same prompt. Choice 0 is the job http.c holds: it owns the request (prompt, options, grammar,
- * tools, stop strings) and the lock, condition and references every choice uses. Choices 1 ..
- * n - 1 are shallow copies of it that own only their reply (detokenizer, stop matcher, text,
- * log-probabilities, scan) and sample with seed + index. */
+/* A request's n choices (OpenAI's n, llama-server's n_cmpl) run as n engine requests that share
+ * one prompt pass (rlx_engine_submit_choices). Choice 0 is the job http.c holds: it owns the
+ * request (prompt, options, grammar, tools, stop strings) and the lock, condition and references
+ * every choice uses. Choices 1 .. n - 1 hold the request's fields, pointing at what choice 0
+ * owns, own only their reply (detokenizer, stop matcher, text, log-probabilities, scan), and
+ * sample with seed + index. */
 struct serve_job {
     serve_job *group;    /* choice 0: whose mu, cv and refs this choice uses (itself for choice 0) */
     serve_job **choices; /* choice 0's: [n_choices], choices[0] is itself */

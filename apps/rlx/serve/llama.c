@@ -62,8 +62,13 @@ static cJSON *llama_object(serve_job *j, const char *text, size_t len, const tok
         cJSON_AddBoolToObject(root, "truncated", 0);
         cJSON_AddBoolToObject(root, "has_new_line", j->text.len && memchr(j->text.data, '\n', j->text.len));
         cJSON_AddNumberToObject(root, "tokens_cached", j->usage.n_cached);
+        /* llama-server's: the request's sampling parameters, as its /slots shows them */
+        serve_params_json(cJSON_AddObjectToObject(root, "generation_settings"), &j->sampler, j->max_tokens,
+                          j->logprobs ? j->top_logprobs : 0, j->grammar != NULL);
         cJSON *timings = cJSON_AddObjectToObject(root, "timings");
-        cJSON_AddNumberToObject(timings, "prompt_n", j->usage.n_prompt);
+        /* llama-server's: the prompt tokens computed, and those taken from the cache */
+        cJSON_AddNumberToObject(timings, "cache_n", j->usage.n_cached);
+        cJSON_AddNumberToObject(timings, "prompt_n", j->usage.n_prompt - j->usage.n_cached);
         cJSON_AddNumberToObject(timings, "predicted_n", j->usage.n_generated);
     }
     return root;

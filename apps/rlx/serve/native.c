@@ -142,6 +142,11 @@ char *serve_props_json(const serve_server *s) {
     cJSON *gen = cJSON_AddObjectToObject(root, "default_generation_settings");
     cJSON_AddNumberToObject(gen, "n_ctx", s->slot_positions);
     cJSON_AddStringToObject(gen, "model", s->model_id);
+    /* what a /completion that gives none of them gets (--n-predict, --temp, --seed, ...) */
+    cJSON *params = cJSON_AddObjectToObject(gen, "params");
+    serve_params_json(params, &s->sampling, s->completion_default, 0, 0);
+    if (params && !s->has_seed) /* a fresh seed per request */
+        cJSON_ReplaceItemInObjectCaseSensitive(params, "seed", cJSON_CreateNumber(-1));
     cJSON_AddNumberToObject(root, "total_slots", s->n_slots);
     cJSON_AddStringToObject(root, "model_alias", s->model_id);
     cJSON_AddStringToObject(root, "model_path", s->model_path ? s->model_path : "");
@@ -156,6 +161,27 @@ char *serve_props_json(const serve_server *s) {
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     return json;
+}
+
+void serve_params_json(cJSON *p, const rlx_sampler_params *sp, uint32_t max_tokens, uint32_t n_probs, int grammar) {
+    if (!p)
+        return;
+    /* llama-server's -1 is "no limit", as rlx's 0 */
+    cJSON_AddNumberToObject(p, "n_predict", max_tokens ? (double)max_tokens : -1);
+    char seed[24]; /* all 64 bits: a double would round them */
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)sp->seed);
+    cJSON_AddRawToObject(p, "seed", seed);
+    cJSON_AddNumberToObject(p, "temperature", sp->greedy ? 0 : sp->temperature);
+    cJSON_AddNumberToObject(p, "top_k", sp->top_k);
+    cJSON_AddNumberToObject(p, "top_p", sp->top_p);
+    cJSON_AddNumberToObject(p, "min_p", sp->min_p);
+    cJSON_AddNumberToObject(p, "repeat_last_n", sp->repeat_last_n);
+    cJSON_AddNumberToObject(p, "repeat_penalty", sp->repeat_penalty);
+    cJSON_AddNumberToObject(p, "presence_penalty", sp->presence_penalty);
+    cJSON_AddNumberToObject(p, "frequency_penalty", sp->frequency_penalty);
+    cJSON_AddNumberToObject(p, "n_probs", n_probs);
+    cJSON_AddNumberToObject(p, "n_logit_bias", sp->n_logit_bias);
+    cJSON_AddBoolToObject(p, "grammar", grammar);
 }
 
 /* One slot in llama-server's shape. Its request's parameters and next_token only while one runs:
@@ -173,24 +199,8 @@ static cJSON *slot_json(uint32_t id, const rlx_engine_slot_info *in) {
         return o;
     cJSON_AddNumberToObject(o, "n_prompt_tokens", in->n_prompt);
     cJSON_AddNumberToObject(o, "n_prompt_tokens_cache", in->n_cached);
-    const rlx_sampler_params *sp = &in->sampler;
-    cJSON *p = cJSON_AddObjectToObject(o, "params");
-    /* llama-server's -1 is "no limit", as rlx's 0 */
-    cJSON_AddNumberToObject(p, "n_predict", in->max_tokens ? (double)in->max_tokens : -1);
-    char seed[24]; /* all 64 bits: a double would round them */
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)sp->seed);
-    cJSON_AddRawToObject(p, "seed", seed);
-    cJSON_AddNumberToObject(p, "temperature", sp->greedy ? 0 : sp->temperature);
-    cJSON_AddNumberToObject(p, "top_k", sp->top_k);
-    cJSON_AddNumberToObject(p, "top_p", sp->top_p);
-    cJSON_AddNumberToObject(p, "min_p", sp->min_p);
-    cJSON_AddNumberToObject(p, "repeat_last_n", sp->repeat_last_n);
-    cJSON_AddNumberToObject(p, "repeat_penalty", sp->repeat_penalty);
-    cJSON_AddNumberToObject(p, "presence_penalty", sp->presence_penalty);
-    cJSON_AddNumberToObject(p, "frequency_penalty", sp->frequency_penalty);
-    cJSON_AddNumberToObject(p, "n_probs", in->top_logprobs);
-    cJSON_AddNumberToObject(p, "n_logit_bias", sp->n_logit_bias);
-    cJSON_AddBoolToObject(p, "grammar", in->has_grammar);
+    serve_params_json(cJSON_AddObjectToObject(o, "params"), &in->sampler, in->max_tokens, in->top_logprobs,
+                      in->has_grammar);
     cJSON *next = cJSON_AddObjectToObject(o, "next_token");
     cJSON_AddBoolToObject(next, "has_next_token", 1);
     cJSON_AddNumberToObject(next, "n_remain", in->max_tokens ? (double)in->max_tokens - in->n_generated : -1);
@@ -203,7 +213,7 @@ char *serve_slots_json(const serve_server *s, uint32_t *n_idle, serve_error *e) 
     *n_idle = 0;
     for (uint32_t i = 0; arr && i < s->n_slots; i++) {
         rlx_engine_slot_info in = {.size = sizeof in};
-        if (rlx_engine_slot_info_get(s->engine, i, &in) != RLX_OK) {
+        if (rlx_engine_slot_info_of(s->engine, i, &in) != RLX_OK) {
             cJSON_Delete(arr);
             serve_error_set(e, 500, "server_error", NULL, "", "slot %u: %s", i, rlx_last_error());
             return NULL;

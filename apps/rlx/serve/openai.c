@@ -409,7 +409,7 @@ int serve_render_chat(const serve_server *s, const cJSON *root, char **prompt, r
     int n = cJSON_IsArray(msgs) ? cJSON_GetArraySize(msgs) : 0;
     if (n == 0)
         return serve_bad(e, "messages", "'%s' must be %s", "a non-empty array of messages");
-    int think = 1;
+    int think = s->think;
     const cJSON *kwargs = serve_member(root, "chat_template_kwargs");
     if (kwargs && (!cJSON_IsObject(kwargs) || serve_get_bool(kwargs, "enable_thinking", &think, e) < 0))
         return serve_bad(e, "chat_template_kwargs", "'%s' must be %s", "an object with a boolean enable_thinking");
@@ -617,9 +617,44 @@ static int choice_start(serve_job *c, serve_error *e) {
     return 0;
 }
 
-/* Choices 1 .. n - 1 of a parsed job j: copies of its request (pointers to what j owns) with
- * their own reply, each sampling with seed + index, so choice i of a seeded request is the
- * same text whatever n is, and choice 0 the request's alone. */
+/* Choice i (> 0) of a parsed job j: the request's fields, pointing at what j owns (j outlives
+ * it), and a reply of its own (zeroed here, started by choice_start); it uses j's lock,
+ * condition and references (group), never its own. */
+static serve_job *choice_new(serve_job *j, uint32_t i) {
+    serve_job *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->group = j;
+    c->index = i;
+    c->server = j->server;
+    c->ep = j->ep;
+    c->stream = j->stream;
+    c->include_usage = j->include_usage;
+    c->logprobs = j->logprobs;
+    c->ignore_eos = j->ignore_eos;
+    c->top_logprobs = j->top_logprobs;
+    memcpy(c->id, j->id, sizeof c->id);
+    c->created = j->created;
+    c->model = j->model;
+    c->prompt = j->prompt;
+    c->n_prompt = j->n_prompt;
+    c->max_tokens = j->max_tokens;
+    c->sampler = j->sampler;               /* its logit_bias is j's biases */
+    c->sampler.seed = j->sampler.seed + i; /* wraps modulo 2^64, as the seed's bits do */
+    c->biases = j->biases;
+    memcpy(c->stops, j->stops, sizeof c->stops);
+    c->n_stops = j->n_stops;
+    c->grammar = j->grammar;
+    c->tools = j->tools;
+    c->call_format = j->call_format;
+    c->tool_choice = j->tool_choice;
+    c->reasoning = j->reasoning;
+    c->think_open = j->think_open;
+    return c;
+}
+
+/* Choices 1 .. n - 1 of a parsed job j, each sampling with seed + index, so choice i of a
+ * seeded request is the same text whatever n is, and choice 0 the request's alone. */
 static int make_choices(serve_job *j, serve_error *e) {
     if (!(j->choices = calloc(j->n_choices, sizeof *j->choices)))
         return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1;
@@ -627,17 +662,9 @@ static int make_choices(serve_job *j, serve_error *e) {
     if (choice_start(j, e) < 0)
         return -1;
     for (uint32_t i = 1; i < j->n_choices; i++) {
-        serve_job *c = malloc(sizeof *c);
-        if (!c)
+        if (!(j->choices[i] = choice_new(j, i)))
             return serve_error_set(e, 500, "server_error", NULL, "", "out of memory"), -1;
-        *c = *j; /* the lock, condition and references copied with it are never used: j's are */
-        c->choices = NULL;
-        c->index = i;
-        c->detok = NULL;
-        c->stopper = NULL;
-        c->sampler.seed = j->sampler.seed + i; /* wraps modulo 2^64, as the seed's bits do */
-        j->choices[i] = c;
-        if (choice_start(c, e) < 0)
+        if (choice_start(j->choices[i], e) < 0)
             return -1;
     }
     return 0;
@@ -721,36 +748,44 @@ static int engine_progressed(serve_job *j) {
 
 const rlx_sampler_params *serve_job_sampler(const serve_job *j) { return &j->sampler; }
 
-/* Submits choice c of job j to the engine. */
-static rlx_status submit_choice(serve_server *s, serve_job *j, serve_job *c) {
-    rlx_request req = {.size = sizeof req,
-                       .prompt = j->prompt,
-                       .n_prompt = (uint32_t)j->n_prompt,
-                       .max_tokens = j->max_tokens,
-                       .sampler = c->sampler,
-                       .logprobs = j->logprobs,
-                       .top_logprobs = j->top_logprobs,
-                       .on_event = on_event,
-                       .ctx = c,
-                       .grammar = j->grammar,
-                       .grammar_vocab = j->grammar ? s->gvocab : NULL};
+/* Submits the choices of job j to the engine, as one prompt pass (rlx_engine_submit_choices). */
+static rlx_status submit_choices(serve_server *s, serve_job *j) {
+    rlx_request *req = calloc(j->n_choices, sizeof *req);
+    uint64_t *ids = calloc(j->n_choices, sizeof *ids);
+    if (!req || !ids) {
+        free(req);
+        free(ids);
+        return RLX_E_NOMEM; /* serve_job_submit says so */
+    }
     static const int32_t no_stop = -1; /* an id no vocabulary has */
-    if (j->ignore_eos) {
-        req.stop_ids = &no_stop;
-        req.n_stop_ids = 1;
-    }
+    for (uint32_t i = 0; i < j->n_choices; i++)
+        req[i] = (rlx_request){.size = sizeof req[i],
+                               .prompt = j->prompt,
+                               .n_prompt = (uint32_t)j->n_prompt,
+                               .max_tokens = j->max_tokens,
+                               .sampler = j->choices[i]->sampler,
+                               .logprobs = j->logprobs,
+                               .top_logprobs = j->top_logprobs,
+                               .stop_ids = j->ignore_eos ? &no_stop : NULL,
+                               .n_stop_ids = j->ignore_eos ? 1 : 0,
+                               .on_event = on_event,
+                               .ctx = j->choices[i],
+                               .grammar = j->grammar,
+                               .grammar_vocab = j->grammar ? s->gvocab : NULL};
     pthread_mutex_lock(&j->mu);
-    j->refs++; /* the engine's, given back with the DONE event (which may come before submit returns) */
+    /* the engine's, one per choice, given back with each DONE event (which may come before
+     * submit returns) */
+    j->refs += (int)j->n_choices;
     pthread_mutex_unlock(&j->mu);
-    uint64_t id = 0;
-    rlx_status rc = rlx_engine_submit(s->engine, &req, &id);
+    rlx_status rc = rlx_engine_submit_choices(s->engine, req, j->n_choices, ids);
     pthread_mutex_lock(&j->mu);
-    if (rc != RLX_OK) {
-        j->refs--;
-    } else {
-        c->engine_id = id;
-    }
+    if (rc != RLX_OK)
+        j->refs -= (int)j->n_choices;
+    for (uint32_t i = 0; i < j->n_choices && rc == RLX_OK; i++)
+        j->choices[i]->engine_id = ids[i];
     pthread_mutex_unlock(&j->mu);
+    free(req);
+    free(ids);
     return rc;
 }
 
@@ -759,10 +794,8 @@ int serve_job_submit(serve_server *s, serve_job *j, serve_error *err) {
     clock_gettime(CLOCK_MONOTONIC, &j->last_news);
     pthread_mutex_unlock(&j->mu);
     engine_progressed(j); /* from here on, a step of the engine counts as the job's progress */
-    /* a choice the engine refuses fails the request; serve_job_release cancels those it took */
-    rlx_status rc = RLX_OK;
-    for (uint32_t i = 0; i < j->n_choices && rc == RLX_OK; i++)
-        rc = submit_choice(s, j, j->choices[i]);
+    /* the engine takes every choice or none */
+    const rlx_status rc = submit_choices(s, j);
     if (rc == RLX_OK)
         return 0;
     if (rc == RLX_E_BUSY && atomic_load(&s->phase) == SERVE_DRAINING)
@@ -779,6 +812,8 @@ int serve_job_submit(serve_server *s, serve_job *j, serve_error *err) {
                         s->slot_positions, rlx_last_error());
     else if (rc == RLX_E_INVALID)
         serve_error_set(err, 400, "invalid_request_error", "invalid_value", "", "%s", rlx_last_error());
+    else if (rc == RLX_E_NOMEM)
+        serve_error_set(err, 500, "server_error", NULL, "", "out of memory");
     else
         serve_error_set(err, 500, "server_error", NULL, "", "the engine refused the request: %s", rlx_last_error());
     if (rc == RLX_E_BUSY)

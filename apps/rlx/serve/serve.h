@@ -56,6 +56,9 @@ typedef struct serve_latency {
     double queue, prompt, decode; /* waiting for a slot; admission to first token; first to last */
 } serve_latency;
 
+/* The largest p of embd_normalize's p-norm (a request's or --embd-normalize). */
+#define SERVE_MAX_NORM_P 64
+
 /* How embeddings pool the final hidden rows of an input: llama.cpp's pooling_type numbers. */
 typedef enum serve_pooling {
     SERVE_POOL_NONE = 0, /* every position's row (only /embeddings answers them) */
@@ -86,10 +89,12 @@ typedef struct serve_server {
     int has_seed;                /* --seed: the seed of requests that give none (else a fresh one each) */
     int special_in_content;      /* --special-in-content: special tokens in chat messages are parsed */
     int reasoning_split;         /* --reasoning-format auto/deepseek: <think> goes to reasoning_content */
+    int think;                   /* --reasoning: enable_thinking of chat requests that do not give it */
     const char *chat_template;   /* --chat-template-file's text, or NULL: the model's template */
     int no_slots;                /* --no-slots: GET /slots answers 501, as llama-server's */
     int embedding, reranking;    /* --embedding, --reranking: their endpoints answer (else 501) */
     int pooling;                 /* serve_pooling of embeddings: --pooling, else the model's config */
+    int embd_normalize;          /* --embd-normalize: a request's embd_normalize when it gives none */
     int no_webui;                /* --no-webui: no chat page at / (404) */
     /* set once loaded (phase becomes SERVE_READY after them) */
     const char *model_id;   /* what /v1/models lists and responses echo when a request names none */
@@ -248,6 +253,10 @@ char *serve_props_json(const serve_server *s);
 /* GET /slots: llama-server's array of the engine's slots as they are now (rlx_engine_slot_info),
  * malloc'd, or NULL after setting e (500). *n_idle says how many take no request. */
 char *serve_slots_json(const serve_server *s, uint32_t *n_idle, serve_error *e);
+/* llama-server's sampling parameters of a request (n_predict, seed, temperature, ...) into the
+ * object p (nothing when p is NULL): /slots' params, /props' defaults, /completion's
+ * generation_settings. max_tokens 0 is no limit (-1). */
+void serve_params_json(cJSON *p, const rlx_sampler_params *sp, uint32_t max_tokens, uint32_t n_probs, int grammar);
 
 // ---- embeddings and rerank (embeddings.c) ----
 

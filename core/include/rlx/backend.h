@@ -15,13 +15,12 @@ extern "C" {
 typedef struct rlx_backend rlx_backend;
 
 /* The reference backend built into librlx: portable C kernels for every op, slow but simple.
- * It is the fallback of the scheduler and the oracle backends are tested against. */
-RLX_API rlx_status rlx_backend_create_ref(rlx_backend **out);
-/* The reference backend with options (opts->extra may hold "act=bf16": MATMUL inputs and MOE
- * expert inputs are rounded to BF16 before the exact product, and the instance declares
- * RLX_PRECISION_BF16_ACT, so a backend's BF16 mode can be checked tightly on any CPU). The
- * scheduler's own fallback is always the plain reference backend. */
-RLX_API rlx_status rlx_backend_create_ref_opts(const rlx_backend_options *opts, rlx_backend **out);
+ * It is the fallback of the scheduler and the oracle backends are tested against. opts may be
+ * NULL; opts->extra may hold "act=bf16": MATMUL inputs and MOE expert inputs are rounded to
+ * BF16 before the exact product, and the instance declares RLX_PRECISION_BF16_ACT, so a
+ * backend's BF16 mode can be checked tightly on any CPU. The scheduler's own fallback is always
+ * the plain reference backend. */
+RLX_API rlx_status rlx_backend_create_ref(const rlx_backend_options *opts, rlx_backend **out);
 
 /* Opens a backend instance from a loaded backend plugin. The handle must outlive the backend. */
 RLX_API rlx_status rlx_backend_create(const rlx_plugin_handle *plugin, const rlx_backend_options *opts,
@@ -55,6 +54,11 @@ RLX_API uint32_t rlx_backend_abi_minor(const rlx_backend *b);
  * rlx_backend_destroy; the weight's data must stay valid and unchanged until then. */
 RLX_API rlx_status rlx_backend_prepare_weight(rlx_backend *b, const rlx_weight_info *weight, void **handle);
 RLX_API void rlx_backend_release_weight(rlx_backend *b, void *handle);
+
+/* ---- deprecated, removed in rlx 0.3 ---- */
+
+/* rlx_backend_create_ref. */
+RLX_API rlx_status rlx_backend_create_ref_opts(const rlx_backend_options *opts, rlx_backend **out);
 
 #ifdef __cplusplus
 }

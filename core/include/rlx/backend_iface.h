@@ -26,7 +26,8 @@
  *   GATHER_ROWS or an ATTENTION with slots (7 inputs) or F16 caches, nor one built before 1.5
  *   about a ROPE with frequency factors (3 inputs), nor one built before 1.6 about SSM_CONV,
  *   GATED_DELTA, SIGMOID_MUL or a partial ROPE (rope_dims set), nor one built before 1.7 about
- *   an SSM_CONV or GATED_DELTA with state_rows set. */
+ *   an SSM_CONV or GATED_DELTA with state_rows set, nor one built before 1.8 about an ATTENTION over
+ *   Q8_0 caches. */
 #ifndef RLX_BACKEND_IFACE_H
 #define RLX_BACKEND_IFACE_H
 
@@ -47,7 +48,8 @@ typedef enum rlx_dtype {
     RLX_DTYPE_I32 = 3,
     /* ABI 1.3: block-quantized weights, with the block layouts of the GGUF format (rlx/quant_iface.h
      * declares them and their dequantization). A tensor of these types is quantized along its
-     * innermost dimension, a whole number of blocks per row; only weights have them. */
+     * innermost dimension, a whole number of blocks per row; only weights have them, and (ABI 1.8)
+     * ATTENTION's Q8_0 caches. */
     RLX_DTYPE_Q4_0 = 4, /* 32 values: F16 scale, 16 bytes of 4-bit values */
     RLX_DTYPE_Q4_1 = 5, /* 32 values: F16 scale and minimum, 16 bytes of 4-bit values */
     RLX_DTYPE_Q5_0 = 6, /* 32 values: F16 scale, 4 bytes of 5th bits, 16 bytes of 4-bit values */
@@ -98,6 +100,10 @@ typedef struct rlx_tensor {
  *               ABI 1.4, F16 caches: k_cache and v_cache (always of one dtype and shape) may be
  *               F16; a row is stored rounded to nearest even (rlx_iface_f32_to_f16, inf past
  *               65504) and read back widened exactly, so a query sees the stored values.
+ *               ABI 1.8, Q8_0 caches: k_cache and v_cache may be Q8_0 when head_dim is a
+ *               multiple of 32 (each head's slice of a row is whole blocks); a row is stored
+ *               as rlx_iface_quant_q8_0 quantizes it (rlx/quant_iface.h) and read back as
+ *               d * q, so a query sees the stored values.
  *               A backend claiming the slot form computes it batch-invariantly: a row's output
  *               is the same bits whatever else the call holds and however many threads run
  *               it (the conformance kit checks this); the in-tree backends do so for every form.

@@ -358,7 +358,7 @@ typedef struct rlx_driver_stage_info {
     uint32_t kv_capacity;
 } rlx_driver_stage_info;
 
-RLX_API rlx_status rlx_driver_stage_info_get(const rlx_driver *d, uint32_t i, rlx_driver_stage_info *out);
+RLX_API rlx_status rlx_driver_stage_info_of(const rlx_driver *d, uint32_t i, rlx_driver_stage_info *out);
 
 /* Traffic since the driver was created: messages and bytes each way, and the wall time spent
  * waiting for the stages (compute plus transport). */
@@ -373,7 +373,7 @@ typedef struct rlx_driver_stats {
     double last_recovery_seconds; /* the latest */
 } rlx_driver_stats;
 
-RLX_API void rlx_driver_stats_get(const rlx_driver *d, rlx_driver_stats *out);
+RLX_API void rlx_driver_stats_of(const rlx_driver *d, rlx_driver_stats *out);
 
 /* One stage's share since the driver was created: the forward steps it answered and the wall
  * time of each, from sending the step to the stage to its answer (the stage's compute plus both
@@ -388,6 +388,13 @@ typedef struct rlx_driver_stage_stats {
 } rlx_driver_stage_stats;
 
 /* Both stats calls may run on another thread while this one drives (a server's /metrics). */
+RLX_API rlx_status rlx_driver_stage_stats_of(const rlx_driver *d, uint32_t i, rlx_driver_stage_stats *out);
+
+/* ---- deprecated, removed in rlx 0.3 ---- */
+
+/* rlx_driver_stage_info_of, rlx_driver_stats_of and rlx_driver_stage_stats_of. */
+RLX_API rlx_status rlx_driver_stage_info_get(const rlx_driver *d, uint32_t i, rlx_driver_stage_info *out);
+RLX_API void rlx_driver_stats_get(const rlx_driver *d, rlx_driver_stats *out);
 RLX_API rlx_status rlx_driver_stage_stats_get(const rlx_driver *d, uint32_t i, rlx_driver_stage_stats *out);
 
 #ifdef __cplusplus

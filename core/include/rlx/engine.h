@@ -166,6 +166,17 @@ RLX_API void rlx_engine_destroy(rlx_engine *e);
  * message names the field). Submit never waits. After a successful submit exactly one DONE
  * event follows, possibly before submit returns. */
 RLX_API rlx_status rlx_engine_submit(rlx_engine *e, const rlx_request *req, uint64_t *id);
+/* Queues n requests of one prompt (n choices of a completion: OpenAI's n) as
+ * rlx_engine_submit queues one, their ids in ids[0 .. n), and runs the prompt once: they are
+ * admitted together once n slots are free, the first computes the prompt (reusing a cached
+ * prefix as any request does), and the others take copies of its slot's rows (and recurrent
+ * state) and sample their first token from its last prompt row's logits, each with its own
+ * sampler, so each gives the tokens it would give alone (batch invariance) while its usage
+ * counts the whole prompt as cached. Should the first end before its prompt pass does, the
+ * others compute the prompt themselves. reqs is an array of n rlx_request whose stride is
+ * reqs[0].size; the prompts must be the same ids (else RLX_E_INVALID); n is 1 to n_slots.
+ * All are queued or none (RLX_E_BUSY when the queue lacks room for n); each gets its DONE. */
+RLX_API rlx_status rlx_engine_submit_choices(rlx_engine *e, const rlx_request *reqs, uint32_t n, uint64_t *ids);
 /* Ends a request early (its slot is free for the next step): its DONE event says
  * RLX_FINISH_CANCELLED unless it had finished already. An unknown or finished id is a no-op. */
 RLX_API void rlx_engine_cancel(rlx_engine *e, uint64_t id);
@@ -197,7 +208,7 @@ typedef struct rlx_engine_stats {
     uint64_t kv_positions_used; /* summed over the slots now */
 } rlx_engine_stats;
 RLX_API void rlx_engine_stats_of(rlx_engine *e, rlx_engine_stats *out);
-/* One slot as rlx_engine_slot_info_get sees it. Members are only appended (size says which). */
+/* One slot as rlx_engine_slot_info_of sees it. Members are only appended (size says which). */
 typedef struct rlx_engine_slot_info {
     uint32_t size;        /* sizeof(rlx_engine_slot_info) the caller was built with; set it before the call */
     uint32_t busy;        /* 1: a request runs in the slot (admitted, its prompt or its tokens in progress) */
@@ -218,10 +229,15 @@ typedef struct rlx_engine_slot_info {
  * time; the counts may be a step behind the worker). out->size must be set: a caller built
  * against an older header gets the members its size covers. RLX_E_INVALID for a NULL argument
  * or a size below the first version's, RLX_E_RANGE for i past the slots. */
-RLX_API rlx_status rlx_engine_slot_info_get(rlx_engine *e, uint32_t i, rlx_engine_slot_info *out);
+RLX_API rlx_status rlx_engine_slot_info_of(rlx_engine *e, uint32_t i, rlx_engine_slot_info *out);
 /* rlx_session_memory for the slots of a batched engine (rlx_engine_create), all slots together;
  * 0 and 0 for an engine over an lm or a pipeline, whose memory is held elsewhere. */
 RLX_API void rlx_engine_memory(const rlx_engine *e, uint64_t *kv_bytes, uint64_t *state_bytes);
+
+/* ---- deprecated, removed in rlx 0.3 ---- */
+
+/* rlx_engine_slot_info_of. */
+RLX_API rlx_status rlx_engine_slot_info_get(rlx_engine *e, uint32_t i, rlx_engine_slot_info *out);
 
 #ifdef __cplusplus
 }

@@ -273,24 +273,27 @@ typedef struct rlx_gen_stats {
     uint32_t stop; /* rlx_gen_stop */
 } rlx_gen_stats;
 
-/* Called with every generated token; return non-zero to stop early. */
-typedef int (*rlx_token_fn)(void *ctx, int32_t token);
-/* Called with every generated token and the raw logits row (vocab floats, before any
- * penalty or filter) it was drawn from, borrowed for the call; return non-zero to stop early. */
-typedef int (*rlx_token_logits_fn)(void *ctx, int32_t token, const float *logits);
+/* Called with every generated token and the raw logits row (vocab floats, before any penalty
+ * or filter) it was drawn from, borrowed for the call; return non-zero to stop early. */
+typedef int (*rlx_token_fn)(void *ctx, int32_t token, const float *logits);
 
 /* Prefills prompt (n_prompt >= 1 ids, appended to what the model holds) in one forward, then
  * samples up to max_new tokens, stopping after an EOS id (which is reported to fn), when fn
  * returns non-zero, or when the context is full: a token sampled from the last position's
  * logits is reported but has no position to be fed at (RLX_GEN_STOP_CONTEXT, not an error; a
  * prompt longer than the room is one). Every prompt token and every generated token is accepted into the
- * sampler's history (rlx_sampler_accept), so the penalties see the prompt. */
+ * sampler's history (rlx_sampler_accept), so the penalties see the prompt. fn may be NULL. On a
+ * session, lm is rlx_session_lm's view of it. */
 RLX_API rlx_status rlx_generate(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
                                 uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats);
-/* rlx_generate with the logits row of each token given to fn (for log-probabilities). */
-RLX_API rlx_status rlx_generate_ex(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
-                                   uint32_t max_new, rlx_token_logits_fn fn, void *ctx, rlx_gen_stats *stats);
 
+/* ---- deprecated, removed in rlx 0.3 ---- */
+
+/* rlx_token_fn. */
+typedef rlx_token_fn rlx_token_logits_fn;
+/* rlx_generate. */
+RLX_API rlx_status rlx_generate_ex(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
+                                   uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats);
 /* rlx_generate on rlx_session_lm(s). */
 RLX_API rlx_status rlx_session_generate(rlx_session *s, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
                                         uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats);

@@ -54,8 +54,8 @@ static inline rlx_json_schema_options rlx_json_schema_options_default(void) {
  * accepting exactly the JSON texts the schema validates (docs/grammars.md lists the keywords;
  * whitespace between tokens is bounded). A schema that is not JSON or not a schema is
  * RLX_E_INVALID; a keyword or value the converter does not support is RLX_E_UNSUPPORTED naming
- * it, never a grammar that quietly accepts more or less. On success *gbnf is a malloc'd
- * NUL-terminated string of *gbnf_len bytes that the caller frees with free(). */
+ * it, never a grammar that quietly accepts more or less. On success *gbnf is a NUL-terminated
+ * string of *gbnf_len bytes that the caller releases with rlx_free. */
 RLX_API rlx_status rlx_json_schema_to_gbnf(const char *schema, size_t len, const rlx_json_schema_options *opts,
                                            char **gbnf, size_t *gbnf_len);
 

@@ -168,6 +168,12 @@ RLX_API rlx_status rlx_model_arch_info_of(const rlx_model *m, rlx_model_arch_inf
 RLX_API rlx_status rlx_model_layer_info_of(const rlx_model *m, uint32_t layer, rlx_model_layer_info *out);
 RLX_API const rlx_weights *rlx_model_weights(const rlx_model *m);
 RLX_API const char *rlx_model_dir(const rlx_model *m);
+/* A GGUF model's metadata (its first file's): the string at key (*text inside the file's
+ * mapping, valid while m is open, *len bytes with no NUL after them), or the integer. Absent
+ * (or a model that is no GGUF file) is RLX_E_NOT_FOUND with no message recorded; a value of
+ * another type is RLX_E_FORMAT. */
+RLX_API rlx_status rlx_model_gguf_string(const rlx_model *m, const char *key, const char **text, size_t *len);
+RLX_API rlx_status rlx_model_gguf_int(const rlx_model *m, const char *key, int64_t *out);
 /* rlx_generation_config_load(rlx_model_dir(m)), read for a GGUF model from the header the model
  * parsed at open rather than from a second parse of the file. */
 RLX_API rlx_status rlx_generation_config_of(const rlx_model *m, rlx_generation_defaults *out);
@@ -234,17 +240,12 @@ RLX_API rlx_status rlx_model_block_weights(const rlx_model *m, const rlx_block_s
 RLX_API rlx_status rlx_model_prefetch(const rlx_model *m, const rlx_block_spec *spec,
                                       void (*progress)(void *ctx, size_t done, size_t total), void *ctx);
 
-/* Builds the graph of a block for n_tokens positions per run and a KV cache of kv_capacity
- * positions. The caller owns *graph; io receives the ids to bind. */
-RLX_API rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec, uint32_t n_tokens,
-                                         uint32_t kv_capacity, rlx_graph **graph, rlx_block_io *io);
-
-/* What rlx_model_build_block_ex builds. Start from zero with size set; members are only appended. */
+/* What rlx_model_build_block builds. Start from zero with size set; members are only appended. */
 typedef struct rlx_build_options {
     uint32_t size;        /* sizeof(rlx_build_options) the caller was built with */
     uint32_t n_tokens;    /* rows per run, >= 1 */
     uint32_t kv_capacity; /* KV positions (per slot with n_slots) */
-    /* 0: one sequence, as rlx_model_build_block (2-D caches, rows at consecutive positions).
+    /* 0: one sequence (2-D caches [kv_capacity, kv_heads * head_dim], rows at consecutive positions).
      * >= 1: rows of up to n_slots sequences in one run (ABI 1.4 attention): 3-D caches
      * [n_slots, kv_capacity, kv_heads * head_dim], an I32[T] input naming each row's slot, and
      * positions given per row. */
@@ -255,16 +256,18 @@ typedef struct rlx_build_options {
     uint32_t n_out_rows;
 } rlx_build_options;
 
-/* The tensor ids of a block built by rlx_model_build_block_ex. */
+/* The tensor ids of a block built by rlx_model_build_block. */
 typedef struct rlx_batch_io {
     rlx_block_io block;
     int seq;      /* I32[T] slot of each row with n_slots, else -1 */
     int out_rows; /* I32[n_out_rows] rows the logits are computed for, else -1 */
 } rlx_batch_io;
 
-/* rlx_model_build_block with the cache layout and dtype of `o` (see rlx_build_options). */
-RLX_API rlx_status rlx_model_build_block_ex(const rlx_model *m, const rlx_block_spec *spec, const rlx_build_options *o,
-                                            rlx_graph **graph, rlx_batch_io *io);
+/* Builds the graph of a block for o->n_tokens positions per run, with the KV cache layout and
+ * dtype of o (see rlx_build_options). The caller owns *graph (rlx_graph_destroy); io receives
+ * the ids to bind. */
+RLX_API rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec, const rlx_build_options *o,
+                                         rlx_graph **graph, rlx_batch_io *io);
 
 /* ---- quantization and GGUF output ---- */
 
@@ -303,6 +306,12 @@ struct rlx_tokenizer;
  * ...) name the file and remove the partial one. progress may be NULL. */
 RLX_API rlx_status rlx_model_write_gguf(const rlx_model *m, const struct rlx_tokenizer *tok, const char *out_path,
                                         const char *type, rlx_quantize_progress progress, void *ctx);
+
+/* ---- deprecated, removed in rlx 0.3 ---- */
+
+/* rlx_model_build_block. */
+RLX_API rlx_status rlx_model_build_block_ex(const rlx_model *m, const rlx_block_spec *spec, const rlx_build_options *o,
+                                            rlx_graph **graph, rlx_batch_io *io);
 
 #ifdef __cplusplus
 }

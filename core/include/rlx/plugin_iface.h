@@ -23,7 +23,7 @@ extern "C" {
 #endif
 
 #define RLX_ABI_MAJOR 1
-#define RLX_ABI_MINOR 7
+#define RLX_ABI_MINOR 8
 
 #define RLX_PLUGIN_EXPORT __attribute__((visibility("default")))
 #define RLX_PLUGIN_ENTRY_SYMBOL "rlx_plugin_entry"

@@ -153,6 +153,24 @@ static inline void rlx_iface_dequant_q8_0(const rlx_block_q8_0 *b, float *y) {
         y[j] = (float)b->qs[j] * d;
 }
 
+/* Quantizes x[32] into b as KV caches store Q8_0 rows (ABI 1.8), llama.cpp's x86 rule: d = amax / 127
+ * kept as F16, q = x * (127 / amax) rounded to nearest even. A block of zeros has d = 0; a value
+ * that is not finite (an overflowed activation) saturates to +-127 or, NaN, to 0, never an
+ * undefined conversion. */
+static inline void rlx_iface_quant_q8_0(const float *x, rlx_block_q8_0 *b) {
+    float amax = 0.0f;
+    for (int j = 0; j < RLX_QK; j++) {
+        const float a = x[j] < 0.0f ? -x[j] : x[j];
+        amax = a > amax ? a : amax;
+    }
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    b->d = rlx_iface_f32_to_f16(amax / 127.0f);
+    for (int j = 0; j < RLX_QK; j++) {
+        const float v = x[j] * id;
+        b->qs[j] = (int8_t)(v >= 127.0f ? 127 : v <= -127.0f ? -127 : v == v ? __builtin_rintf(v) : 0);
+    }
+}
+
 static inline void rlx_iface_dequant_q4_k(const rlx_block_q4_k *b, float *y) {
     const float d = rlx_iface_f16_to_f32(b->d), dmin = rlx_iface_f16_to_f32(b->dmin);
     const uint8_t *q = b->qs;

@@ -22,15 +22,6 @@ typedef struct rlx_place_rule {
     rlx_backend *backend;
 } rlx_place_rule;
 
-/* Plans g over backends (in order of preference, borrowed: they must outlive the plan; may be
- * empty). The graph is borrowed too and must outlive the plan. */
-RLX_API rlx_status rlx_plan_create(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends, rlx_plan **out);
-
-/* rlx_plan_create with placement rules (borrowed for the call). A rule whose backend does not
- * support one of its nodes fails the planning with a message naming the node and backend. */
-RLX_API rlx_status rlx_plan_create_placed(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends,
-                                          const rlx_place_rule *rules, size_t n_rules, rlx_plan **out);
-
 /* How a plan runs its nodes. */
 enum {
     /* Every node by itself through compute(), even on backends that run spans: the per-node
@@ -50,8 +41,11 @@ typedef struct rlx_plan_options {
     size_t n_rules;
 } rlx_plan_options;
 
-/* rlx_plan_create_placed with flags. */
-RLX_API rlx_status rlx_plan_create_opts(const rlx_graph *g, const rlx_plan_options *opts, rlx_plan **out);
+/* Plans g over opts->backends (in order of preference; may be none) with opts->rules and
+ * opts->flags; opts NULL is no backend, no rule, no flag. The graph and the backends are
+ * borrowed and must outlive the plan. A rule whose backend does not support one of its nodes
+ * fails the planning with a message naming the node and backend. */
+RLX_API rlx_status rlx_plan_create(const rlx_graph *g, const rlx_plan_options *opts, rlx_plan **out);
 RLX_API void rlx_plan_destroy(rlx_plan *p);
 
 /* Backend calls one run makes: the nodes, less those that run inside a span with others. */
@@ -91,6 +85,14 @@ RLX_API uint32_t rlx_plan_node_precision(const rlx_plan *p, uint32_t node);
 /* Number of places where consecutive nodes run on different backends. Every backend computes
  * on host memory, so a switch needs no copy: the next backend reads the arena directly. */
 RLX_API uint32_t rlx_plan_backend_switches(const rlx_plan *p);
+
+/* ---- deprecated, removed in rlx 0.3 ---- */
+
+/* rlx_plan_create. */
+RLX_API rlx_status rlx_plan_create_opts(const rlx_graph *g, const rlx_plan_options *opts, rlx_plan **out);
+/* rlx_plan_create with these backends and rules. */
+RLX_API rlx_status rlx_plan_create_placed(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends,
+                                          const rlx_place_rule *rules, size_t n_rules, rlx_plan **out);
 
 #ifdef __cplusplus
 }

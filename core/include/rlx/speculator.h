@@ -60,15 +60,18 @@ RLX_API double rlx_spec_tokens_per_pass(const rlx_spec_stats *st);
  * rlx_generate would leave: the prompt and every generated token but the last. The prompt and
  * each emitted token enter the sampler's history in order, before the next verification row is
  * judged, so with penalties too the output is exactly (under greedy: identically) plain
- * decoding's. */
+ * decoding's. fn gets, with each token, the logits row it was drawn from: the target's
+ * verification row of the token's position (raw, before penalties and filters). */
 RLX_API rlx_status rlx_spec_generate(const rlx_lm *lm, rlx_speculator *spec, uint32_t k, rlx_sampler *sampler,
                                      const int32_t *prompt, uint32_t n_prompt, uint32_t max_new, rlx_token_fn fn,
                                      void *ctx, rlx_spec_stats *stats);
-/* rlx_spec_generate with the logits row each token was drawn from given to fn: the target's
- * verification row of the token's position (raw, before penalties and filters). */
+
+/* ---- deprecated, removed in rlx 0.3 ---- */
+
+/* rlx_spec_generate. */
 RLX_API rlx_status rlx_spec_generate_ex(const rlx_lm *lm, rlx_speculator *spec, uint32_t k, rlx_sampler *sampler,
-                                        const int32_t *prompt, uint32_t n_prompt, uint32_t max_new,
-                                        rlx_token_logits_fn fn, void *ctx, rlx_spec_stats *stats);
+                                        const int32_t *prompt, uint32_t n_prompt, uint32_t max_new, rlx_token_fn fn,
+                                        void *ctx, rlx_spec_stats *stats);
 
 #ifdef __cplusplus
 }

@@ -48,10 +48,6 @@ RLX_API const char *rlx_status_str(int status);
  * librlx and stays valid until the next failing call on this thread. */
 RLX_API const char *rlx_last_error(void);
 
-/* Records a printf-style detail message for this thread and returns status unchanged, so a
- * failure path reads `return rlx_error(RLX_E_INVALID, "n must be > 0");`. */
-RLX_API int rlx_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
 /* Clears this thread's detail message. */
 RLX_API void rlx_error_clear(void);
 
@@ -61,13 +57,17 @@ RLX_API void rlx_error_clear(void);
 typedef void (*rlx_log_fn)(void *ctx, int level, const char *message);
 RLX_API void rlx_log_set_handler(rlx_log_fn fn, void *ctx);
 
-/* Fault injection, for tests: the nth heap allocation of librlx from now on (1 = the next;
- * plugins' rlx_host.alloc counts too) fails, and with persistent every later one as well; 0
- * turns failures off. Returns how many allocations were made since the previous call, so a
- * test can fail each allocation of an operation in turn until one run makes fewer than nth. */
-RLX_API uint64_t rlx_debug_fail_alloc(uint64_t nth, int persistent);
+/* Frees what a librlx call allocated and handed to the caller (token ids, decoded and rendered
+ * text, spans, GBNF): each such call says so. NULL is a no-op. The caller must not use free(),
+ * which would tie it to the allocator librlx was built with. */
+RLX_API void rlx_free(void *p);
 
 #ifdef __cplusplus
 }
+#endif
+
+/* librlx's own sources report errors with rlx_error (rlx/private.h, not installed). */
+#ifdef RLX_BUILDING_LIBRARY
+#include "rlx/private.h"
 #endif
 #endif

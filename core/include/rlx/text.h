@@ -69,8 +69,8 @@ RLX_API int32_t rlx_tokenizer_vocab_size(const rlx_tokenizer *tok);
  * tokens marked special (<|im_start|>, <|endoftext|> ...) are recognised in the text; without
  * it they are encoded as plain text, as Hugging Face's split_special_tokens=True does (added
  * tokens that are not special, like <think>, are still recognised, as there). No BOS/EOS is
- * added. On success *ids is a malloc'd array of *n_ids ids (NULL when the text is empty) that
- * the caller frees with free(). Text that is not valid UTF-8 is RLX_E_INVALID naming the byte
+ * added. On success *ids is an array of *n_ids ids (NULL when the text is empty) that the
+ * caller releases with rlx_free. Text that is not valid UTF-8 is RLX_E_INVALID naming the byte
  * offset of the first invalid sequence. */
 RLX_API rlx_status rlx_tokenizer_encode(const rlx_tokenizer *tok, const char *text, size_t len, int parse_special,
                                         int32_t **ids, size_t *n_ids);
@@ -127,8 +127,8 @@ enum rlx_decode_flags {
 /* Decodes n ids to UTF-8 as Hugging Face's decode does: the bytes of the tokens, with every
  * maximal invalid UTF-8 subsequence replaced by U+FFFD (String::from_utf8_lossy), added tokens
  * copied as they are, ids that have no token (negative, past the vocabulary, or a gap) skipped
- * unless RLX_DECODE_STRICT. On success *text is a malloc'd NUL-terminated string of *len bytes
- * that the caller frees with free(). */
+ * unless RLX_DECODE_STRICT. On success *text is a NUL-terminated string of *len bytes that the
+ * caller releases with rlx_free. */
 RLX_API rlx_status rlx_tokenizer_decode(const rlx_tokenizer *tok, const int32_t *ids, size_t n, unsigned flags,
                                         char **text, size_t *len);
 
@@ -231,15 +231,15 @@ RLX_API const char *rlx_chat_template_text(const rlx_tokenizer *tok);
  * that do not know it ignore it). A model without a template is RLX_E_NOT_FOUND; a template the
  * engine cannot parse is RLX_E_FORMAT, one that fails while rendering RLX_E_FORMAT (or
  * RLX_E_INVALID for the template's raise_exception, RLX_E_RANGE past a limit), each naming the
- * template line. On success *out is a malloc'd NUL-terminated string the caller frees. */
+ * template line. On success *out is a NUL-terminated string the caller releases with rlx_free. */
 RLX_API rlx_status rlx_chat_render(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n,
                                    int add_generation_prompt, int enable_thinking, char **out);
 
 /* rlx_chat_render, and the spans of the rendering that are the template's own text (its markup:
  * <|im_start|>, role names written by the template, newlines, <think> wrappers, bos_token ...);
  * every byte that comes from a message (contents, reasoning, roles, tool calls) or from tools
- * and kwargs is outside them. *markup is a malloc'd array of *n_markup spans, sorted and not
- * adjacent, that the caller frees; it suits rlx_encode_options.special_spans, so that
+ * and kwargs is outside them. *markup is an array of *n_markup spans, sorted and not adjacent,
+ * that the caller releases with rlx_free; it suits rlx_encode_options.special_spans, so that
  * special-token text inside messages stays text. On failure *out and *markup are NULL. */
 RLX_API rlx_status rlx_chat_render_spans(const rlx_tokenizer *tok, const rlx_chat_message *msgs, size_t n,
                                          int add_generation_prompt, int enable_thinking, char **out,

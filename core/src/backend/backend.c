@@ -20,7 +20,8 @@ static atomic_uint_fast64_t last_owner;
  * older plugin would read a 3-D cache as one sequence and F16 rows as F32), 5 for a ROPE with
  * factors, 6 for SIGMOID_MUL, SSM_CONV, GATED_DELTA and a partial ROPE (an older plugin would
  * turn the whole head: rope_dims was a reserved field to it), 7 for a recurrent op with state rows
- * (an older plugin would leave them unwritten). */
+ * (an older plugin would leave them unwritten), 8 for an ATTENTION over Q8_0 caches (an older plugin
+ * would read their blocks as F32 or F16 values). */
 static uint32_t node_minor(const rlx_node_view *node) {
     if ((node->op == RLX_OP_SSM_CONV || node->op == RLX_OP_GATED_DELTA) && node->params && node->params->state_rows)
         return 7;
@@ -33,6 +34,8 @@ static uint32_t node_minor(const rlx_node_view *node) {
         return 5;
     if (node->op == RLX_OP_GATHER_ROWS)
         return 4;
+    if (node->op == RLX_OP_ATTENTION && rlx_iface_dtype_is_quantized(node->inputs[4].dtype))
+        return 8;
     if (node->op == RLX_OP_ATTENTION &&
         (node->n_inputs != 6 || node->inputs[4].n_dims != 2 || node->inputs[4].dtype != RLX_DTYPE_F32 ||
          node->inputs[5].dtype != RLX_DTYPE_F32))
@@ -96,16 +99,9 @@ static rlx_status backend_new(const rlx_backend_iface *iface, uint32_t abi_minor
     return RLX_OK;
 }
 
-rlx_status rlx_backend_create_ref(rlx_backend **out) {
+rlx_status rlx_backend_create_ref(const rlx_backend_options *opts, rlx_backend **out) {
     if (!out)
         return rlx_error(RLX_E_INVALID, "rlx_backend_create_ref: out is NULL");
-    *out = NULL;
-    return backend_new(&rlx__ref_backend_iface, RLX_ABI_MINOR, "ref", NULL, out);
-}
-
-rlx_status rlx_backend_create_ref_opts(const rlx_backend_options *opts, rlx_backend **out) {
-    if (!out)
-        return rlx_error(RLX_E_INVALID, "rlx_backend_create_ref_opts: out is NULL");
     *out = NULL;
     return backend_new(&rlx__ref_backend_iface, RLX_ABI_MINOR, "ref", opts, out);
 }

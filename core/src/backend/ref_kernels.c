@@ -23,6 +23,10 @@ float rlx__load(const void *data, uint32_t dtype, size_t i) {
         memcpy(&h, (const char *)data + 2 * i, 2);
         return rlx_iface_f16_to_f32(h);
     }
+    case RLX_DTYPE_Q8_0: { /* a KV cache's: d * q, as rlx_iface_dequant_q8_0 */
+        const rlx_block_q8_0 *b = (const rlx_block_q8_0 *)data + i / RLX_QK;
+        return (float)b->qs[i % RLX_QK] * rlx_iface_f16_to_f32(b->d);
+    }
     default: {
         float f;
         memcpy(&f, (const char *)data + 4 * i, 4);
@@ -178,9 +182,14 @@ static int ref_attention_rows(const rlx_node_view *n, int64_t slots, int64_t cap
     return rc;
 }
 
-/* Stores src[n] into cache row dst of dtype F32 or F16 (rounded to nearest even). */
+/* Stores src[n] into cache row dst of dtype F32, F16 (rounded to nearest even) or Q8_0
+ * (rlx_iface_quant_q8_0, n a whole number of blocks). */
 static void ref_cache_store(void *cache, uint32_t dtype, int64_t row, const float *src, int64_t n) {
-    if (dtype == RLX_DTYPE_F16) {
+    if (dtype == RLX_DTYPE_Q8_0) {
+        rlx_block_q8_0 *dst = (rlx_block_q8_0 *)cache + row * (n / RLX_QK);
+        for (int64_t b = 0; b < n / RLX_QK; b++)
+            rlx_iface_quant_q8_0(src + b * RLX_QK, dst + b);
+    } else if (dtype == RLX_DTYPE_F16) {
         uint16_t *dst = (uint16_t *)cache + row * n;
         for (int64_t i = 0; i < n; i++)
             dst[i] = rlx_iface_f32_to_f16(src[i]);

@@ -255,9 +255,9 @@ void rlx_driver_destroy(rlx_driver *d) {
 const rlx_model_config *rlx_driver_config(const rlx_driver *d) { return &d->cfg; }
 uint32_t rlx_driver_n_stages(const rlx_driver *d) { return d->n_stages; }
 
-rlx_status rlx_driver_stage_info_get(const rlx_driver *d, uint32_t i, rlx_driver_stage_info *out) {
+rlx_status rlx_driver_stage_info_of(const rlx_driver *d, uint32_t i, rlx_driver_stage_info *out) {
     if (!d || !out || i >= d->n_stages)
-        return rlx_error(RLX_E_INVALID, "rlx_driver_stage_info_get: no stage %u", i);
+        return rlx_error(RLX_E_INVALID, "rlx_driver_stage_info_of: no stage %u", i);
     const drv_stage *s = &d->stages[i];
     /* a replaced stage's figures change on a driver thread (the strings lent stay valid) */
     pthread_mutex_t *mu = (pthread_mutex_t *)&d->stats_mu;
@@ -273,7 +273,7 @@ rlx_status rlx_driver_stage_info_get(const rlx_driver *d, uint32_t i, rlx_driver
 
 /* The figures are written under stats_mu by the driving thread; reading them through a const
  * driver still takes the lock, the one part of *d that is not read-only here. */
-void rlx_driver_stats_get(const rlx_driver *d, rlx_driver_stats *out) {
+void rlx_driver_stats_of(const rlx_driver *d, rlx_driver_stats *out) {
     if (!d || !out)
         return;
     pthread_mutex_t *mu = (pthread_mutex_t *)&d->stats_mu;
@@ -282,9 +282,9 @@ void rlx_driver_stats_get(const rlx_driver *d, rlx_driver_stats *out) {
     pthread_mutex_unlock(mu);
 }
 
-rlx_status rlx_driver_stage_stats_get(const rlx_driver *d, uint32_t i, rlx_driver_stage_stats *out) {
+rlx_status rlx_driver_stage_stats_of(const rlx_driver *d, uint32_t i, rlx_driver_stage_stats *out) {
     if (!d || !out || i >= d->n_stages)
-        return rlx_error(RLX_E_INVALID, "rlx_driver_stage_stats_get: no stage %u", i);
+        return rlx_error(RLX_E_INVALID, "rlx_driver_stage_stats_of: no stage %u", i);
     pthread_mutex_t *mu = (pthread_mutex_t *)&d->stats_mu;
     pthread_mutex_lock(mu);
     *out = d->stages[i].stats;

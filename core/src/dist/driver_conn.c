@@ -244,7 +244,7 @@ static rlx_status reconnect(rlx_driver *d, uint32_t i, const char *address, uint
     return RLX_OK;
 }
 
-/* Stage i listens at `address` now. rlx_driver_stage_info_get hands the old string out to other
+/* Stage i listens at `address` now. rlx_driver_stage_info_of hands the old string out to other
  * threads (a server's /metrics), so it is kept until the driver is destroyed. */
 static void set_address(rlx_driver *d, uint32_t i, const char *address) {
     char *copy = rlx__strdup(address);

@@ -969,9 +969,10 @@ static uint64_t default_max_positions(const stage *st) {
         cfg->head_dim > 0
             ? (uint64_t)cfg->head_dim
             : (uint64_t)(cfg->hidden_size / (cfg->num_attention_heads > 0 ? cfg->num_attention_heads : 1));
-    const uint64_t per_position = (uint64_t)(st->spec.layer_end - st->spec.layer_start) * 2 *
-                                  (uint64_t)(cfg->num_key_value_heads > 0 ? cfg->num_key_value_heads : 1) * head_dim *
-                                  (st->o.session.kv_dtype == RLX_DTYPE_F16 ? 2 : 4);
+    const int64_t kv_cols = (int64_t)(cfg->num_key_value_heads > 0 ? cfg->num_key_value_heads : 1) * (int64_t)head_dim;
+    const size_t row = rlx_iface_row_bytes(st->o.session.kv_dtype, kv_cols); /* 0: a type the session refuses */
+    const uint64_t per_position =
+        (uint64_t)(st->spec.layer_end - st->spec.layer_start) * 2 * (row ? row : (size_t)kv_cols * sizeof(float));
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     const uint64_t memory = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : (8ull << 30);
     const uint64_t n = memory / 2 / (per_position ? per_position : 1);

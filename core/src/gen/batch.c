@@ -61,9 +61,9 @@ rlx_status rlx__batch_create(const rlx_model *m, const rlx_block_spec *spec, con
     *out = NULL;
     if (spec->all_logits || spec->emit_hidden || spec->mtp || !o->n_slots || !o->capacity)
         return rlx_error(RLX_E_INVALID, "batched block: no slots, no positions, or a block kind rows cannot run");
-    if (o->kv_dtype != RLX_DTYPE_F32 && o->kv_dtype != RLX_DTYPE_F16)
-        return rlx_error(RLX_E_INVALID, "KV cache dtype %s: only f32 and f16 caches exist",
-                         rlx_dtype_name(o->kv_dtype));
+    const rlx_status kv_ok = rlx__kv_dtype_check(m, o->kv_dtype);
+    if (kv_ok != RLX_OK)
+        return kv_ok;
     const rlx_model_config *c = rlx_model_config_of(m);
     rlx__batch *b = rlx__calloc(1, sizeof *b);
     if (!b)
@@ -72,8 +72,7 @@ rlx_status rlx__batch_create(const rlx_model *m, const rlx_block_spec *spec, con
     b->spec = *spec;
     b->o = *o;
     b->n_layers = spec->layer_end - spec->layer_start;
-    b->row_bytes = (size_t)(c->num_key_value_heads * c->head_dim) *
-                   (o->kv_dtype == RLX_DTYPE_F16 ? sizeof(uint16_t) : sizeof(float));
+    b->row_bytes = rlx_iface_row_bytes(o->kv_dtype, (int64_t)c->num_key_value_heads * c->head_dim);
     b->slot_bytes = rlx__calloc(2 * (size_t)b->n_layers, sizeof *b->slot_bytes);
     b->k_cache = rlx__calloc(b->n_layers, sizeof *b->k_cache);
     b->v_cache = rlx__calloc(b->n_layers, sizeof *b->v_cache);
@@ -112,7 +111,7 @@ static batch_plan *get_plan(rlx__batch *b, uint32_t n_rows, uint32_t n_out, rlx_
                                   .n_slots = b->o.n_slots,
                                   .kv_dtype = b->o.kv_dtype,
                                   .n_out_rows = n_out};
-    *rc = rlx_model_build_block_ex(b->m, &b->spec, &bo, &victim->graph, &victim->io);
+    *rc = rlx_model_build_block(b->m, &b->spec, &bo, &victim->graph, &victim->io);
     const rlx_plan_options po = {.size = sizeof po,
                                  .flags = b->o.check_finite ? RLX_PLAN_CHECK_FINITE : 0,
                                  .backends = b->o.backends,
@@ -120,7 +119,7 @@ static batch_plan *get_plan(rlx__batch *b, uint32_t n_rows, uint32_t n_out, rlx_
                                  .rules = b->o.rules,
                                  .n_rules = b->o.n_rules};
     if (*rc == RLX_OK)
-        *rc = rlx_plan_create_opts(victim->graph, &po, &victim->plan);
+        *rc = rlx_plan_create(victim->graph, &po, &victim->plan);
     const rlx_block_io *io = &victim->io.block;
     for (uint32_t l = 0; *rc == RLX_OK && l < io->n_layers; l++) {
         *rc = rlx_plan_bind(victim->plan, io->k_cache[l], b->k_cache[l]);

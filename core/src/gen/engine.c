@@ -42,6 +42,9 @@ typedef struct engine_req {
     rlx_sampler *sampler;
     rlx_grammar_matcher *grammar; /* the request's place in its grammar; NULL without one */
     int cancelled;                /* under mu */
+    /* one of rlx_engine_submit_choices' requests after the first: that one's id, whose prompt
+     * pass this one shares; 0 for any other request */
+    uint64_t fork_of;
     double t_submit, t_admit, t_first, t_last;
     uint32_t n_cached, n_generated;
     struct engine_req *next; /* the queue */
@@ -54,14 +57,16 @@ typedef struct engine_task {
     struct engine_task *next;
 } engine_task;
 
-enum { SLOT_PROMPT = 0, SLOT_SAMPLE = 1, SLOT_DECODE = 2 };
+enum { SLOT_PROMPT = 0, SLOT_SAMPLE = 1, SLOT_DECODE = 2, SLOT_WAIT = 3 };
 
 typedef struct engine_slot {
     engine_req *req;  /* NULL: free */
     int32_t *tokens;  /* [capacity] the ids whose K and V rows the slot holds, by position */
     uint32_t n_valid; /* rows of tokens (and of the cache) that are valid */
     /* PROMPT: rows of the prompt are left to run; SAMPLE: this step's pass ends the prompt and
-     * its last row's logits give the first token; DECODE: `pending` is the next row to feed */
+     * its last row's logits give the first token; DECODE: `pending` is the next row to feed;
+     * WAIT: the request shares the prompt pass of the request it forks from (fork_of), which
+     * runs in another slot, and takes that slot's rows and last logits when the pass ends */
     int state;
     int32_t pending;
     int cancel;         /* the worker's copy of the request's flag, taken under mu */
@@ -70,7 +75,7 @@ typedef struct engine_slot {
      * way through the stages until a later step is back; the slot takes no new request until
      * then, so a lost stage can be rebuilt from what the slots held */
     uint64_t copy_ticket;
-    /* for rlx_engine_slot_info_get, written under mu: n_valid as the latest step began (the
+    /* for rlx_engine_slot_info_of, written under mu: n_valid as the latest step began (the
      * worker changes n_valid outside the lock), and the id of the last request the slot ran */
     uint32_t n_held;
     uint64_t last_id;
@@ -416,10 +421,9 @@ void rlx_engine_destroy(rlx_engine *e) {
     free(e);
 }
 
-rlx_status rlx_engine_submit(rlx_engine *e, const rlx_request *req, uint64_t *id) {
-    if (!e || !req || !id)
-        return rlx_error(RLX_E_INVALID, "rlx_engine_submit: NULL argument");
-    *id = 0;
+/* A queue entry of request req, checked and copied, in *out. */
+static rlx_status make_req(rlx_engine *e, const rlx_request *req, engine_req **out) {
+    *out = NULL;
     rlx_request r = {.size = sizeof r};
     rlx_status rc = rlx__read_sized(&r, sizeof r, req, offsetof(rlx_request, ctx) + sizeof r.ctx, "rlx_request");
     if (rc != RLX_OK)
@@ -468,27 +472,63 @@ rlx_status rlx_engine_submit(rlx_engine *e, const rlx_request *req, uint64_t *id
         req_free(q);
         return rc;
     }
-    q->t_submit = rlx__now_seconds();
+    *out = q;
+    return RLX_OK;
+}
+
+rlx_status rlx_engine_submit(rlx_engine *e, const rlx_request *req, uint64_t *id) {
+    return rlx_engine_submit_choices(e, req, 1, id);
+}
+
+rlx_status rlx_engine_submit_choices(rlx_engine *e, const rlx_request *reqs, uint32_t n, uint64_t *ids) {
+    if (!e || !reqs || !ids)
+        return rlx_error(RLX_E_INVALID, "rlx_engine_submit: NULL argument");
+    if (n == 0 || n > e->n_slots)
+        return rlx_error(RLX_E_INVALID, "%u choices of one prompt: want 1 to the engine's %u slots", n, e->n_slots);
+    memset(ids, 0, n * sizeof *ids);
+    engine_req *q[RLX_ENGINE_MAX_SLOTS] = {0};
+    rlx_status rc = RLX_OK;
+    /* the array's stride is the caller's sizeof(rlx_request), which an older header made smaller */
+    uint32_t stride;
+    memcpy(&stride, reqs, sizeof stride);
+    for (uint32_t i = 0; i < n && rc == RLX_OK; i++) {
+        const rlx_request *r = (const rlx_request *)(const void *)((const char *)reqs + (size_t)i * stride);
+        if ((rc = make_req(e, r, &q[i])) == RLX_OK && i &&
+            (q[i]->r.n_prompt != q[0]->r.n_prompt ||
+             memcmp(q[i]->prompt, q[0]->prompt, q[0]->r.n_prompt * sizeof *q[0]->prompt) != 0))
+            rc = rlx_error(RLX_E_INVALID, "request: choice %u's prompt differs from choice 0's", i);
+    }
+    if (rc != RLX_OK) {
+        for (uint32_t i = 0; i < n; i++)
+            req_free(q[i]);
+        return rc;
+    }
+    const double now = rlx__now_seconds();
     pthread_mutex_lock(&e->mu);
     /* requests the worker has yet to put into free slots are not the queue's */
-    if (e->closing || e->draining || e->n_queued + e->n_running >= e->n_slots + e->max_queue) {
-        e->stats.requests_refused++;
+    if (e->closing || e->draining || e->n_queued + e->n_running + n > e->n_slots + e->max_queue) {
+        e->stats.requests_refused += n;
         const int why = e->closing || e->draining;
         const uint32_t queued = e->n_queued;
         pthread_mutex_unlock(&e->mu);
-        req_free(q);
+        for (uint32_t i = 0; i < n; i++)
+            req_free(q[i]);
         return why ? rlx_error(RLX_E_BUSY, "the engine is shutting down and takes no new requests")
                    : rlx_error(RLX_E_BUSY, "all %u slots are busy and %u requests wait already", e->n_slots, queued);
     }
-    q->id = e->next_id++;
-    if (e->queue_tail)
-        e->queue_tail->next = q;
-    else
-        e->queue_head = q;
-    e->queue_tail = q;
-    e->n_queued++;
+    /* together in the queue, so they are admitted together (admit_next) */
+    for (uint32_t i = 0; i < n; i++) {
+        q[i]->t_submit = now;
+        q[i]->id = ids[i] = e->next_id++;
+        q[i]->fork_of = i ? ids[0] : 0;
+        if (e->queue_tail)
+            e->queue_tail->next = q[i];
+        else
+            e->queue_head = q[i];
+        e->queue_tail = q[i];
+    }
+    e->n_queued += n;
     e->stats.queued = e->n_queued;
-    *id = q->id;
     pthread_cond_broadcast(&e->wake);
     pthread_mutex_unlock(&e->mu);
     return RLX_OK;
@@ -618,9 +658,9 @@ void rlx_engine_stats_of(rlx_engine *e, rlx_engine_stats *out) {
     pthread_mutex_unlock(&e->mu);
 }
 
-rlx_status rlx_engine_slot_info_get(rlx_engine *e, uint32_t i, rlx_engine_slot_info *out) {
+rlx_status rlx_engine_slot_info_of(rlx_engine *e, uint32_t i, rlx_engine_slot_info *out) {
     if (!e || !out)
-        return rlx_error(RLX_E_INVALID, "rlx_engine_slot_info_get: NULL argument");
+        return rlx_error(RLX_E_INVALID, "rlx_engine_slot_info_of: NULL argument");
     uint32_t size;
     memcpy(&size, out, sizeof size);
     const size_t first = offsetof(rlx_engine_slot_info, sampler) + sizeof out->sampler;
@@ -685,11 +725,20 @@ static int slot_open(const rlx_engine *e, uint32_t s) {
     return !e->slots[s].req && e->slots[s].copy_ticket <= e->done_ticket;
 }
 
-static int any_slot_open(const rlx_engine *e) {
+static uint32_t open_slots(const rlx_engine *e) {
+    uint32_t n = 0;
     for (uint32_t s = 0; s < e->n_slots; s++)
-        if (slot_open(e, s))
-            return 1;
-    return 0;
+        n += slot_open(e, s);
+    return n;
+}
+
+/* The slot running request id with its prompt pass not done yet, or -1. */
+static int prompt_slot_of(const rlx_engine *e, uint64_t id) {
+    for (uint32_t s = 0; id && s < e->n_slots; s++)
+        if (e->slots[s].req && e->slots[s].req->id == id &&
+            (e->slots[s].state == SLOT_PROMPT || e->slots[s].state == SLOT_SAMPLE))
+            return (int)s;
+    return -1;
 }
 
 /* Running requests per group, so a new one goes where the fewest run (a group whose streams all
@@ -703,8 +752,11 @@ static uint32_t group_load(const rlx_engine *e, uint32_t g) {
 
 /* Puts r into a free slot, reusing the longest prefix of its prompt the cache holds: in that
  * free slot itself, or copied from a busy one. At least the prompt's last token is computed, for
- * the logits of the first new token. Called by the worker with mu held. */
+ * the logits of the first new token, unless r shares the prompt pass of the request it forks
+ * from, which is still to end: r then waits for that pass (SLOT_WAIT), keeping what its slot
+ * holds in case the pass never ends. Called by the worker with mu held. */
 static void admit(rlx_engine *e, engine_req *r) {
+    const int waits = prompt_slot_of(e, r->fork_of) >= 0;
     const uint32_t limit = r->r.n_prompt - 1;
     int best_free = -1, best_any = -1;
     uint32_t len_free = 0, len_any = 0;
@@ -725,18 +777,44 @@ static void admit(rlx_engine *e, engine_req *r) {
     }
     engine_slot *sl = &e->slots[best_free];
     uint32_t reuse = len_free;
-    if (best_any >= 0 && len_any >= ENGINE_MIN_COPY && len_any > len_free &&
+    if (!waits && best_any >= 0 && len_any >= ENGINE_MIN_COPY && len_any > len_free &&
         copy_prefix(e, (uint32_t)best_any, (uint32_t)best_free, len_any))
         reuse = len_any;
     sl->req = r;
     sl->n_valid = reuse;
-    sl->state = SLOT_PROMPT;
+    sl->state = waits ? SLOT_WAIT : SLOT_PROMPT;
     /* the penalties see the whole prompt; the ids were checked by submit, so this cannot fail */
     rlx__sampler_accept_all(r->sampler, r->prompt, r->r.n_prompt);
     r->n_cached = reuse;
     r->t_admit = rlx__now_seconds();
     e->stats.cached_tokens += reuse;
     e->stats.prompt_tokens += r->r.n_prompt;
+}
+
+static void emit(rlx_engine *e, uint32_t s, const float *logits, const char *unchecked);
+
+/* The prompt pass of slot s ends this step, its last row's logits in `logits`: every request
+ * waiting to share it takes a copy of the slot's rows (and recurrent state: nothing else ran
+ * in the slot yet) and samples its first token from the same logits, with its own sampler, as
+ * if it had run the prompt itself. One whose copy cannot be made runs the prompt after all. */
+static void fork_waiting(rlx_engine *e, uint32_t s, const float *logits) {
+    const engine_slot *from = &e->slots[s];
+    for (uint32_t w = 0; w < e->n_slots; w++) {
+        engine_slot *sl = &e->slots[w];
+        if (!sl->req || sl->state != SLOT_WAIT || sl->req->fork_of != from->req->id)
+            continue;
+        if (!copy_prefix(e, s, w, from->n_valid)) {
+            sl->state = SLOT_PROMPT;
+            continue;
+        }
+        pthread_mutex_lock(&e->mu);
+        e->stats.cached_tokens += from->n_valid - sl->req->n_cached;
+        sl->req->n_cached = from->n_valid;
+        pthread_mutex_unlock(&e->mu);
+        sl->n_valid = from->n_valid;
+        sl->state = SLOT_SAMPLE;
+        emit(e, w, logits, NULL);
+    }
 }
 
 /* Ends the request of slot s: its event, then the slot is free (its rows stay, for a later
@@ -751,6 +829,10 @@ static void finish_slot(rlx_engine *e, uint32_t s, uint32_t finish, rlx_status s
     sl->last_used = ++e->clock;
     e->n_running--;
     pthread_mutex_unlock(&e->mu);
+    /* requests waiting for r's prompt pass, which will not end now, run their own */
+    for (uint32_t w = 0; w < e->n_slots; w++)
+        if (e->slots[w].req && e->slots[w].state == SLOT_WAIT && e->slots[w].req->fork_of == r->id)
+            e->slots[w].state = SLOT_PROMPT;
     deliver_done(e, r, finish, status, message);
     req_free(r);
 }
@@ -806,7 +888,7 @@ static int report_token(rlx_engine *e, engine_req *r, int32_t token, const float
         ev.top_logprobs = top_lp;
     }
     pthread_mutex_lock(&e->mu);
-    r->n_generated++; /* under mu: rlx_engine_slot_info_get reads it */
+    r->n_generated++; /* under mu: rlx_engine_slot_info_of reads it */
     e->stats.generated_tokens++;
     *cancelled = r->cancelled || e->closing;
     pthread_mutex_unlock(&e->mu);
@@ -829,6 +911,8 @@ static void emit(rlx_engine *e, uint32_t s, const float *logits, const char *unc
         finish_slot(e, s, RLX_FINISH_ERROR, rc, message);
         return;
     }
+    if (sl->state == SLOT_SAMPLE)
+        fork_waiting(e, s, logits);
     int32_t token = rlx_sampler_sample(r->sampler, logits);
     rc = token < 0 ? RLX_E_INVALID /* a grammar that allows nothing here: its error is set */
                    : rlx_sampler_accept(r->sampler, token);
@@ -1050,6 +1134,20 @@ static engine_req *pop_queued(rlx_engine *e) {
     return r;
 }
 
+/* Admits the oldest queued request with the choices that share its prompt (queued right after
+ * it by rlx_engine_submit_choices), all at once so they can share its prompt pass; 0 when there
+ * is none or too few slots are open. Called by the worker with mu held. */
+static int admit_next(rlx_engine *e) {
+    uint32_t n = 0;
+    for (const engine_req *r = e->queue_head; r && (n == 0 || r->fork_of == e->queue_head->id); r = r->next)
+        n++;
+    if (n == 0 || e->n_running + n > e->n_slots || open_slots(e) < n)
+        return 0;
+    for (uint32_t i = 0; i < n; i++)
+        admit(e, pop_queued(e));
+    return 1;
+}
+
 // ---- lm mode ----
 
 typedef struct lm_run {
@@ -1103,12 +1201,12 @@ static void run_on_lm(rlx_engine *e, engine_req *r) {
     uint32_t stop = RLX_GEN_STOP_NONE;
     if (rc == RLX_OK && e->spec) {
         rlx_spec_stats st;
-        rc = rlx_spec_generate_ex(&lm, e->spec, e->draft_tokens, r->sampler, r->prompt, r->r.n_prompt, max_new,
-                                  lm_token, &run, &st);
+        rc = rlx_spec_generate(&lm, e->spec, e->draft_tokens, r->sampler, r->prompt, r->r.n_prompt, max_new, lm_token,
+                               &run, &st);
         stop = st.gen.stop;
     } else if (rc == RLX_OK) {
         rlx_gen_stats st;
-        rc = rlx_generate_ex(&lm, r->sampler, r->prompt + keep, r->r.n_prompt - keep, max_new, lm_token, &run, &st);
+        rc = rlx_generate(&lm, r->sampler, r->prompt + keep, r->r.n_prompt - keep, max_new, lm_token, &run, &st);
         stop = st.stop;
     }
     /* the lm holds the prompt and every generated token but the last */
@@ -1187,8 +1285,8 @@ static void *engine_main(void *arg) {
             run_on_lm(e, r);
             continue;
         }
-        while (e->queue_head && e->n_running < e->n_slots && any_slot_open(e))
-            admit(e, pop_queued(e));
+        while (admit_next(e))
+            ;
         uint64_t used = 0;
         for (uint32_t s = 0; s < e->n_slots; s++) {
             used += e->slots[s].req ? e->slots[s].n_valid : 0;

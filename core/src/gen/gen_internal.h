@@ -6,15 +6,6 @@
 #include "rlx/model.h"
 #include "rlx/sched.h"
 
-/* Lets the rlx_token_fn of rlx_generate and rlx_spec_generate run the loops of their _ex forms. */
-typedef struct rlx__token_fn_adapter {
-    rlx_token_fn fn;
-    void *ctx;
-} rlx__token_fn_adapter;
-
-/* An rlx_token_logits_fn whose ctx is an rlx__token_fn_adapter: calls its fn without the logits. */
-int rlx__call_token_fn(void *adapter, int32_t token, const float *logits);
-
 /* RLX_E_RANGE when row, the vocab logits of position `position`, holds a NaN or an infinity:
  * "the logits of position P are not finite (NaN at vocabulary index I)". A vectorized pass,
  * negligible next to the matmul that computed the row. */

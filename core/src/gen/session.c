@@ -114,9 +114,10 @@ rlx_status rlx_session_create(const rlx_model *m, const rlx_block_spec *spec, co
     rlx__block_spec_read(spec, &s->spec); /* rlx_model_check_block read it already */
     s->capacity = capacity;
     uint32_t n_layers = spec->layer_end - spec->layer_start;
-    if (o.kv_dtype != RLX_DTYPE_F32 && o.kv_dtype != RLX_DTYPE_F16) {
+    const rlx_status kv_ok = rlx__kv_dtype_check(m, o.kv_dtype);
+    if (kv_ok != RLX_OK) {
         free(s);
-        return rlx_error(RLX_E_INVALID, "KV cache dtype %s: only f32 and f16 caches exist", rlx_dtype_name(o.kv_dtype));
+        return kv_ok;
     }
     s->kv_dtype = o.kv_dtype;
     s->plan_flags = o.check_finite ? RLX_PLAN_CHECK_FINITE : 0;
@@ -249,7 +250,7 @@ static rlx_status get_plan(rlx_session *s, uint32_t n, int all_rows, plan_slot *
                                  .rules = s->rules,
                                  .n_rules = s->n_rules};
     if (rc == RLX_OK)
-        rc = rlx_plan_create_opts(victim->graph, &po, &victim->plan);
+        rc = rlx_plan_create(victim->graph, &po, &victim->plan);
     const rlx_block_io *io = &victim->io.block;
     for (uint32_t l = 0; rc == RLX_OK && l < io->n_layers; l++) {
         rc = rlx_plan_bind(victim->plan, io->k_cache[l], s->k_cache[l]);
@@ -584,8 +585,8 @@ static rlx_status check_lm_logits(const rlx_lm *lm, const float *row) {
     return rc == RLX_OK ? RLX_OK : rlx_error(rc, "%s" RLX__FINITE_HINT, rlx_last_error());
 }
 
-rlx_status rlx_generate_ex(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
-                           uint32_t max_new, rlx_token_logits_fn fn, void *ctx, rlx_gen_stats *stats) {
+rlx_status rlx_generate(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
+                        uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats) {
     if (!lm || !sampler || !prompt || n_prompt == 0)
         return rlx_error(RLX_E_INVALID, "rlx_generate: NULL argument or empty prompt");
     rlx_gen_stats st = {.n_prompt = n_prompt};
@@ -630,23 +631,4 @@ rlx_status rlx_generate_ex(const rlx_lm *lm, rlx_sampler *sampler, const int32_t
     if (stats)
         *stats = st;
     return rc;
-}
-
-int rlx__call_token_fn(void *adapter, int32_t token, const float *logits) {
-    (void)logits;
-    const rlx__token_fn_adapter *a = adapter;
-    return a->fn(a->ctx, token);
-}
-
-rlx_status rlx_generate(const rlx_lm *lm, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
-                        uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats) {
-    rlx__token_fn_adapter a = {fn, ctx};
-    return rlx_generate_ex(lm, sampler, prompt, n_prompt, max_new, fn ? rlx__call_token_fn : NULL, &a, stats);
-}
-
-rlx_status rlx_session_generate(rlx_session *s, rlx_sampler *sampler, const int32_t *prompt, uint32_t n_prompt,
-                                uint32_t max_new, rlx_token_fn fn, void *ctx, rlx_gen_stats *stats) {
-    rlx_lm lm;
-    rlx_status rc = rlx_session_lm(s, &lm);
-    return rc == RLX_OK ? rlx_generate(&lm, sampler, prompt, n_prompt, max_new, fn, ctx, stats) : rc;
 }

@@ -88,8 +88,10 @@ int rlx_graph_add_tensor(rlx_graph *g, rlx_tensor_role role, const char *name, r
     for (uint32_t i = 0; i < n_dims; i++)
         if (shape[i] <= 0)
             return rlx_error(RLX_E_SHAPE, "tensor '%s': dimension %u is %lld", name, i, (long long)shape[i]);
-    if (rlx_iface_dtype_is_quantized((uint32_t)dtype) && role != RLX_ROLE_WEIGHT)
-        return rlx_error(RLX_E_INVALID, "tensor '%s': only weights may be %s", name, rlx_dtype_name((int)dtype));
+    if (rlx_iface_dtype_is_quantized((uint32_t)dtype) && role != RLX_ROLE_WEIGHT &&
+        !(role == RLX_ROLE_STATE && dtype == RLX_DTYPE_Q8_0))
+        return rlx_error(RLX_E_INVALID, "tensor '%s': only weights (and Q8_0 KV caches) may be %s", name,
+                         rlx_dtype_name((int)dtype));
     if (rlx_iface_row_bytes((uint32_t)dtype, shape[n_dims - 1]) == 0)
         return rlx_error(RLX_E_SHAPE, "tensor '%s': rows of %lld values are not a whole number of %s blocks of %lld",
                          name, (long long)shape[n_dims - 1], rlx_dtype_name((int)dtype),
@@ -181,15 +183,16 @@ static int want_vector(const infer_ctx *c, uint32_t i, int64_t n, rlx_dtype dtyp
     return 0;
 }
 
-/* ATTENTION's caches, inputs 4 and 5: both F32 or both F16 (1.4), of one shape, [C, kv_cols]
- * or, with slots (1.4), [S, C, kv_cols]. */
-static int want_cache(const infer_ctx *c, int64_t kv_cols) {
+/* ATTENTION's caches, inputs 4 and 5: both F32, both F16 (1.4) or both Q8_0 with heads of whole
+ * blocks (1.8), of one shape, [C, kv_cols] or, with slots (1.4), [S, C, kv_cols]. */
+static int want_cache(const infer_ctx *c, int64_t kv_cols, int64_t head_dim) {
     const rlx_tensor *k = input(c, 4), *v = input(c, 5);
-    if ((k->dtype != RLX_DTYPE_F32 && k->dtype != RLX_DTYPE_F16) || (k->n_dims != 2 && k->n_dims != 3) ||
-        k->shape[k->n_dims - 1] != kv_cols) {
-        char want[80];
-        snprintf(want, sizeof want, "an f32 or f16 cache [C,%lld] or [S,C,%lld]", (long long)kv_cols,
-                 (long long)kv_cols);
+    const int dtype_ok = k->dtype == RLX_DTYPE_F32 || k->dtype == RLX_DTYPE_F16 ||
+                         (k->dtype == RLX_DTYPE_Q8_0 && head_dim % rlx_iface_dtype_block(RLX_DTYPE_Q8_0) == 0);
+    if (!dtype_ok || (k->n_dims != 2 && k->n_dims != 3) || k->shape[k->n_dims - 1] != kv_cols) {
+        char want[112];
+        snprintf(want, sizeof want, "an f32, f16 or q8_0 (head_dim %% 32 == 0) cache [C,%lld] or [S,C,%lld]",
+                 (long long)kv_cols, (long long)kv_cols);
         return bad_input(c, 4, want);
     }
     if (v->dtype != k->dtype || v->n_dims != k->n_dims || memcmp(v->shape, k->shape, sizeof k->shape) != 0) {
@@ -368,7 +371,7 @@ static int infer(const infer_ctx *c, uint32_t op, uint32_t n, const rlx_op_param
         CHECK(want_rows(c, 1, kv_cols, t));
         CHECK(want_rows(c, 2, kv_cols, t));
         CHECK(want_vector(c, 3, t, RLX_DTYPE_I32));
-        CHECK(want_cache(c, kv_cols));
+        CHECK(want_cache(c, kv_cols, p->head_dim));
         const int slots = input(c, 4)->n_dims == 3;
         if (n != 6u + slots)
             return rlx_error(RLX_E_INVALID, "node '%s' (attention): takes %u inputs with %s caches", c->node,

@@ -443,3 +443,21 @@ rlx_status rlx__model_config_from_gguf(const rlx_weights *w, rlx_model_config *o
     }
     return st;
 }
+
+rlx_status rlx_model_gguf_string(const rlx_model *m, const char *key, const char **text, size_t *len) {
+    if (!m || !key || !text || !len)
+        return rlx_error(RLX_E_INVALID, "rlx_model_gguf_string: NULL argument");
+    const rlx__gguf *g = rlx__weights_gguf(rlx_model_weights(m));
+    rlx__gguf_str str = {0};
+    const rlx_status st = g ? rlx__gguf_string(g, key, 1, &str) : RLX_E_NOT_FOUND;
+    *text = str.s;
+    *len = str.len;
+    return st;
+}
+
+rlx_status rlx_model_gguf_int(const rlx_model *m, const char *key, int64_t *out) {
+    if (!m || !key || !out)
+        return rlx_error(RLX_E_INVALID, "rlx_model_gguf_int: NULL argument");
+    const rlx__gguf *g = rlx__weights_gguf(rlx_model_weights(m));
+    return g ? rlx__gguf_int(g, key, 1, out) : RLX_E_NOT_FOUND;
+}

@@ -164,11 +164,24 @@ size_t rlx__layer_cache_bytes(const rlx_model *m, uint32_t layer, uint32_t capac
     int64_t shape[2][3];
     uint32_t dims[2];
     layer_state_shapes(&m->desc, layer, capacity, shape[0], shape[1], dims);
-    const int linear = rlx__model_layer_linear(m, layer);
-    size_t bytes = linear || kv_dtype != RLX_DTYPE_F16 ? sizeof(float) : sizeof(uint16_t);
-    for (uint32_t i = 0; i < dims[which]; i++)
+    const uint32_t dtype = rlx__model_layer_linear(m, layer) ? RLX_DTYPE_F32 : kv_dtype;
+    size_t bytes = rlx_iface_row_bytes(dtype, shape[which][dims[which] - 1]);
+    for (uint32_t i = 0; i + 1 < dims[which]; i++)
         bytes *= (size_t)shape[which][i];
     return bytes;
+}
+
+rlx_status rlx__kv_dtype_check(const rlx_model *m, uint32_t kv_dtype) {
+    const int64_t head_dim = m->desc.cfg.head_dim;
+    if (kv_dtype != RLX_DTYPE_F32 && kv_dtype != RLX_DTYPE_F16 && kv_dtype != RLX_DTYPE_Q8_0)
+        return rlx_error(RLX_E_INVALID, "KV cache dtype %s: the caches are f32, f16 or q8_0",
+                         rlx_dtype_name((int)kv_dtype));
+    /* each head's slice of a cache row must be whole blocks, as attention reads it per head */
+    if (rlx_iface_row_bytes(kv_dtype, head_dim) == 0)
+        return rlx_error(
+            RLX_E_UNSUPPORTED, "KV cache dtype %s needs a head_dim that is a multiple of %lld; this model's is %lld",
+            rlx_dtype_name((int)kv_dtype), (long long)rlx_iface_dtype_block(kv_dtype), (long long)head_dim);
+    return RLX_OK;
 }
 
 int rlx__model_weight_in_memory(const rlx_model *m, const rlx_weight *w) {
@@ -531,17 +544,6 @@ rlx_status rlx_model_prefetch(const rlx_model *m, const rlx_block_spec *spec,
 
 // ---- graph construction ----
 
-rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec, uint32_t n_tokens,
-                                 uint32_t kv_capacity, rlx_graph **graph, rlx_block_io *io) {
-    if (!io)
-        return rlx_error(RLX_E_INVALID, "rlx_model_build_block: NULL argument");
-    rlx_build_options o = {.size = sizeof o, .n_tokens = n_tokens, .kv_capacity = kv_capacity};
-    rlx_batch_io bio;
-    rlx_status rc = rlx_model_build_block_ex(m, spec, &o, graph, &bio);
-    *io = bio.block;
-    return rc;
-}
-
 /* The MTP input: pairs (token x[t+1], target hidden h[t]) through input_proj(concat(g, e)) in
  * MiMo's order; x is the embedded tokens. */
 static int mtp_input(rlx__blk *b, uint32_t n, int x, int hidden_input) {
@@ -567,15 +569,15 @@ static int final_norm(rlx__blk *b, const rlx_block_spec *spec, int x) {
     return rlx__blk_rms_norm(b, "final_norm", x, rlx__blk_named_weight(b, name, b->d->cfg.hidden_size, 0));
 }
 
-rlx_status rlx_model_build_block_ex(const rlx_model *m, const rlx_block_spec *spec, const rlx_build_options *opts,
-                                    rlx_graph **graph, rlx_batch_io *bio) {
+rlx_status rlx_model_build_block(const rlx_model *m, const rlx_block_spec *spec, const rlx_build_options *opts,
+                                 rlx_graph **graph, rlx_batch_io *bio) {
     return rlx__model_build_block(m, spec, opts, graph, bio, NULL);
 }
 
 rlx_status rlx__model_build_block(const rlx_model *m, const rlx_block_spec *spec, const rlx_build_options *opts,
                                   rlx_graph **graph, rlx_batch_io *bio, rlx__state_rows_io *rows) {
     if (!m || !spec || !opts || !graph || !bio)
-        return rlx_error(RLX_E_INVALID, "rlx_model_build_block_ex: NULL argument");
+        return rlx_error(RLX_E_INVALID, "rlx_model_build_block: NULL argument");
     *graph = NULL;
     memset(bio, 0, sizeof *bio);
     bio->seq = bio->out_rows = -1;
@@ -591,8 +593,8 @@ rlx_status rlx__model_build_block(const rlx_model *m, const rlx_block_spec *spec
     const uint32_t n_tokens = o.n_tokens, kv_capacity = o.kv_capacity;
     if (n_tokens == 0 || kv_capacity == 0 || (o.n_slots == 0 && n_tokens > kv_capacity))
         return rlx_error(RLX_E_INVALID, "block of %u tokens with a KV cache of %u positions", n_tokens, kv_capacity);
-    if (o.kv_dtype != RLX_DTYPE_F32 && o.kv_dtype != RLX_DTYPE_F16)
-        return rlx_error(RLX_E_INVALID, "KV cache dtype %s: only f32 and f16 caches exist", rlx_dtype_name(o.kv_dtype));
+    if ((rc = rlx__kv_dtype_check(m, o.kv_dtype)) != RLX_OK)
+        return rc;
     if (o.n_out_rows && (!o.n_slots || !spec->produce_logits || o.n_out_rows > n_tokens))
         return rlx_error(RLX_E_INVALID,
                          "%u logits rows of %u: picking rows needs n_slots, a logits block and at most "

@@ -52,6 +52,9 @@ int rlx__model_layer_linear(const rlx_model *m, uint32_t layer);
  * v_cache, or its delta-rule state) of model layer `layer` (UINT32_MAX: an MTP layer, full
  * attention) for a context of capacity positions and KV caches of kv_dtype. */
 size_t rlx__layer_cache_bytes(const rlx_model *m, uint32_t layer, uint32_t capacity, uint32_t kv_dtype, int which);
+/* RLX_OK when m's attention layers can keep their KV caches in kv_dtype: F32, F16, or Q8_0 with a
+ * head_dim of whole blocks; else the error, set. */
+rlx_status rlx__kv_dtype_check(const rlx_model *m, uint32_t kv_dtype);
 
 /* The state rows of a block's linear layers (ABI 1.7): per layer of the block, k then v as its
  * caches, an F32[n_tokens, state...] STATE input receiving the state after each row, or -1 for
@@ -61,7 +64,7 @@ typedef struct rlx__state_rows_io {
     int v_rows[RLX_MAX_LAYERS];
 } rlx__state_rows_io;
 
-/* rlx_model_build_block_ex that, with rows non-NULL, also gives every recurrent op of the block
+/* rlx_model_build_block that, with rows non-NULL, also gives every recurrent op of the block
  * state rows: a caller that cuts the sequence back inside a run restores the states from them. */
 rlx_status rlx__model_build_block(const rlx_model *m, const rlx_block_spec *spec, const rlx_build_options *opts,
                                   rlx_graph **graph, rlx_batch_io *bio, rlx__state_rows_io *rows);

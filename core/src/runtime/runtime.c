@@ -71,7 +71,7 @@ static rlx_status backend_open(rlx_runtime *rt, const char *name, uint32_t n_thr
     rlx_plugin_handle **plugin = &rt->plugins[rt->n_backends];
     rlx_status rc;
     if (is_ref) {
-        rc = rlx_backend_create_ref_opts(&bo, out);
+        rc = rlx_backend_create_ref(&bo, out);
     } else {
         if ((rc = registry_of(rt)) != RLX_OK)
             return rc;

@@ -123,17 +123,6 @@ static rlx_status plan_arena(rlx_plan *p) {
     return RLX_OK;
 }
 
-rlx_status rlx_plan_create(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends, rlx_plan **out) {
-    return rlx_plan_create_placed(g, backends, n_backends, NULL, 0, out);
-}
-
-rlx_status rlx_plan_create_placed(const rlx_graph *g, rlx_backend *const *backends, size_t n_backends,
-                                  const rlx_place_rule *rules, size_t n_rules, rlx_plan **out) {
-    const rlx_plan_options o = {
-        .size = sizeof o, .backends = backends, .n_backends = n_backends, .rules = rules, .n_rules = n_rules};
-    return rlx_plan_create_opts(g, &o, out);
-}
-
 /* The backend for node v: its op's rule if there is one, else the first that supports it. */
 static rlx_status assign(rlx_plan *p, const rlx_node_view *v, const rlx_plan_options *o, rlx_backend **out) {
     for (size_t r = 0; r < o->n_rules; r++)
@@ -275,12 +264,14 @@ static rlx_status plan_calls(rlx_plan *p) {
     return RLX_OK;
 }
 
-rlx_status rlx_plan_create_opts(const rlx_graph *g, const rlx_plan_options *o, rlx_plan **out) {
-    if (!g || !o || !out || (o->n_backends && !o->backends) || (o->n_rules && !o->rules))
+rlx_status rlx_plan_create(const rlx_graph *g, const rlx_plan_options *o, rlx_plan **out) {
+    static const rlx_plan_options none = {.size = sizeof none};
+    if (!o)
+        o = &none;
+    if (!g || !out || (o->n_backends && !o->backends) || (o->n_rules && !o->rules))
         return rlx_error(RLX_E_INVALID, "rlx_plan_create: NULL argument");
     if (o->size < sizeof *o)
-        return rlx_error(RLX_E_INVALID, "rlx_plan_create_opts: options of %u bytes, this rlx needs %zu", o->size,
-                         sizeof *o);
+        return rlx_error(RLX_E_INVALID, "rlx_plan_create: options of %u bytes, this rlx needs %zu", o->size, sizeof *o);
     *out = NULL;
     rlx_plan *p = rlx__calloc(1, sizeof *p);
     if (!p)
@@ -301,7 +292,7 @@ rlx_status rlx_plan_create_opts(const rlx_graph *g, const rlx_plan_options *o, r
         rc = rlx_error(RLX_E_NOMEM, "scheduler: out of memory");
         goto fail;
     }
-    if ((rc = rlx_backend_create_ref(&p->ref)) < 0)
+    if ((rc = rlx_backend_create_ref(NULL, &p->ref)) < 0)
         goto fail;
     for (uint32_t t = 0; t < g->n_tensors; t++) {
         p->tensors[t] = g->tensors[t].t;

@@ -153,7 +153,7 @@ typedef struct spec_run {
     const rlx_lm *lm;
     rlx_speculator *spec;
     rlx_sampler *sampler;
-    rlx_token_logits_fn fn;
+    rlx_token_fn fn;
     void *ctx;
     uint32_t max_new;
     rlx_spec_stats st;
@@ -323,9 +323,9 @@ static rlx_status spec_round(spec_run *r, int32_t *token, uint32_t k) {
     return RLX_OK;
 }
 
-rlx_status rlx_spec_generate_ex(const rlx_lm *lm, rlx_speculator *spec, uint32_t k, rlx_sampler *sampler,
-                                const int32_t *prompt, uint32_t n_prompt, uint32_t max_new, rlx_token_logits_fn fn,
-                                void *ctx, rlx_spec_stats *stats) {
+rlx_status rlx_spec_generate(const rlx_lm *lm, rlx_speculator *spec, uint32_t k, rlx_sampler *sampler,
+                             const int32_t *prompt, uint32_t n_prompt, uint32_t max_new, rlx_token_fn fn, void *ctx,
+                             rlx_spec_stats *stats) {
     if (!lm || !spec || !sampler || !prompt || n_prompt == 0)
         return rlx_error(RLX_E_INVALID, "rlx_spec_generate: NULL argument or empty prompt");
     if (k == 0 || k > RLX_SPEC_MAX_DRAFT)
@@ -391,12 +391,4 @@ done:
     free(r.residual);
     free(r.hidden);
     return rc;
-}
-
-rlx_status rlx_spec_generate(const rlx_lm *lm, rlx_speculator *spec, uint32_t k, rlx_sampler *sampler,
-                             const int32_t *prompt, uint32_t n_prompt, uint32_t max_new, rlx_token_fn fn, void *ctx,
-                             rlx_spec_stats *stats) {
-    rlx__token_fn_adapter a = {fn, ctx};
-    return rlx_spec_generate_ex(lm, spec, k, sampler, prompt, n_prompt, max_new, fn ? rlx__call_token_fn : NULL, &a,
-                                stats);
 }

@@ -40,3 +40,5 @@ void *rlx__map_zeroed(size_t size) {
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
+
+void rlx_free(void *p) { free(p); }
