@@ -74,6 +74,14 @@ typedef struct serve_args {
     size_t n_cors_origins;
 } serve_args;
 
+/* Allows one more origin (or the word localhost) of option opt, up to MAX_CORS_ORIGINS. */
+static int add_cors_origin(serve_args *a, const char *opt, const char *origin) {
+    if (a->n_cors_origins == MAX_CORS_ORIGINS)
+        return app_fail("serve: %s: at most %d origins (or '*' for any)", opt, MAX_CORS_ORIGINS), -1;
+    a->cors_origins[a->n_cors_origins++] = origin;
+    return 0;
+}
+
 /* --cors-origin: "*" or a scheme and authority, as a browser's Origin header says them. */
 static int parse_cors_origin(const char *opt, const char *value, void *target) {
     serve_args *a = target;
@@ -85,10 +93,7 @@ static int parse_cors_origin(const char *opt, const char *value, void *target) {
                         "send it in Origin (e.g. http://localhost:3000)",
                         opt, value),
                -1;
-    if (a->n_cors_origins == MAX_CORS_ORIGINS)
-        return app_fail("serve: %s: at most %d origins (or '*' for any)", opt, MAX_CORS_ORIGINS), -1;
-    a->cors_origins[a->n_cors_origins++] = value;
-    return 0;
+    return add_cors_origin(a, opt, value);
 }
 
 /* --cors-origins A,B,..: llama-server's spelling, a comma-separated list of --cors-origin values
@@ -107,14 +112,9 @@ static int parse_cors_origins(const char *opt, const char *value, void *target) 
             *end++ = '\0';
         item += strspn(item, " ");
         item[strcspn(item, " ")] = '\0';
-        if (strcmp(item, "localhost") == 0) {
-            serve_args *a = target;
-            if (a->n_cors_origins == MAX_CORS_ORIGINS)
-                return app_fail("serve: %s: at most %d origins (or '*' for any)", opt, MAX_CORS_ORIGINS), -1;
-            a->cors_origins[a->n_cors_origins++] = item;
-        } else if (parse_cors_origin(opt, item, target) < 0) {
+        if ((strcmp(item, "localhost") == 0 ? add_cors_origin(target, opt, item)
+                                            : parse_cors_origin(opt, item, target)) < 0)
             return -1;
-        }
     }
     return 0;
 }

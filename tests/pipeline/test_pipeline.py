@@ -182,9 +182,9 @@ class Env:
         os.unlink(out)
         return data
 
-    def reference(self, model, plugin="cpu-blas"):
-        return (self.generate(["--model", model, "--plugin", plugin]),
-                self.logits(["--model", model, "--plugin", plugin]))
+    def reference(self, model, plugin="cpu-blas", extra=()):
+        return (self.generate(["--model", model, "--plugin", plugin, *extra]),
+                self.logits(["--model", model, "--plugin", plugin, *extra]))
 
     def same(self, what, ref, ids, logits, tol=1e-4):
         ref_ids, ref_logits = ref
@@ -263,14 +263,10 @@ def case_mixed_backends(env):
     if len(backends) < 3:
         log("note: the oneDNN backend is not built; mixing cpu-blas and ref only")
 
-    def reference(model):
-        return env.generate(["--model", model, "--plugin", "cpu-blas", *f32]), \
-            env.logits(["--model", model, "--plugin", "cpu-blas", *f32])
-
     for name in ("deep-dense-f32", "deep-moe-f32"):
         model = env.model(name)
         n = env.n_layers(model)
-        ref = reference(model)
+        ref = env.reference(model, extra=f32)
         for k in (2, 3):
             split = split_text(even(n, k))
             for rot in range(len(backends)):
@@ -286,7 +282,7 @@ def case_mixed_backends(env):
     ports = free_ports(2)
     cfg = env.config("backends.yaml", model, "tcp", [(f"127.0.0.1:{ports[0]}", None, "ref"),
                                                       (f"127.0.0.1:{ports[1]}", None, backends[-1])])
-    env.same(f"--launch with backends ref, {backends[-1]} from the file", reference(model),
+    env.same(f"--launch with backends ref, {backends[-1]} from the file", env.reference(model, extra=f32),
              env.generate(["--config", cfg, "--launch", *f32]), env.logits(["--config", cfg, "--launch", *f32]))
 
 

@@ -330,31 +330,29 @@ static int host_allowed(const serve_server *s, const char *host_header) {
     return every_interface && (ip4 || ip6);
 }
 
+/* The authority of an Origin of the web (what follows http:// or https://), or NULL. */
+static const char *origin_authority(const char *origin) {
+    return strncasecmp(origin, "http://", 7) == 0    ? origin + 7
+           : strncasecmp(origin, "https://", 8) == 0 ? origin + 8
+                                                     : NULL;
+}
+
 /* Whether Origin is the origin the request was sent to: a browser's same-origin request. */
 static int same_origin(const char *origin, const char *host_header) {
-    const char *authority = strncasecmp(origin, "http://", 7) == 0    ? origin + 7
-                            : strncasecmp(origin, "https://", 8) == 0 ? origin + 8
-                                                                      : NULL;
+    const char *authority = origin_authority(origin);
     return authority && host_header && strcasecmp(authority, host_header) == 0;
 }
 
 /* An Origin whose host is localhost, 127.0.0.1 or [::1], with any scheme of the web and port. */
 static int origin_is_localhost(const char *origin) {
-    const char *a = strncasecmp(origin, "http://", 7) == 0    ? origin + 7
-                    : strncasecmp(origin, "https://", 8) == 0 ? origin + 8
-                                                              : NULL;
-    if (!a)
+    const char *a = origin_authority(origin);
+    char host[16];
+    if (!a || !authority_host(a, host, sizeof host))
         return 0;
-    size_t host_len = a[0] == '[' ? strcspn(a, "]") + 1 : strcspn(a, ":");
-    if (a[0] == '[' && a[host_len - 1] != ']')
+    const char *port = a[0] == '[' ? strchr(a, ']') + 1 : a + strcspn(a, ":");
+    if (*port && (port[1] == '\0' || port[1 + strspn(port + 1, "0123456789")] != '\0'))
         return 0;
-    const char *port = a + host_len;
-    if (*port == ':' && (port[1] == '\0' || port[1 + strspn(port + 1, "0123456789")] != '\0'))
-        return 0;
-    if (*port != ':' && *port != '\0')
-        return 0;
-    return (host_len == 9 && strncasecmp(a, "localhost", 9) == 0) ||
-           (host_len == 9 && strncmp(a, "127.0.0.1", 9) == 0) || (host_len == 5 && strncmp(a, "[::1]", 5) == 0);
+    return strcasecmp(host, "localhost") == 0 || strcmp(host, "127.0.0.1") == 0 || strcmp(host, "::1") == 0;
 }
 
 static int cors_allowed(const serve_server *s, const char *origin) {
