@@ -1,6 +1,8 @@
 /* The helpers of testutil.h. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -200,4 +202,13 @@ uint32_t tu_tokens_of(tu_events *r) {
     const uint32_t n = r->n;
     pthread_mutex_unlock(&r->mu);
     return n;
+}
+
+void *tu_before_guard(size_t bytes, void **map, size_t *len) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), body = (bytes + page - 1) / page * page;
+    *len = body + page;
+    *map = mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(*map != MAP_FAILED);
+    assert_int_equal(mprotect((char *)*map + body, page, PROT_NONE), 0);
+    return (char *)*map + body - bytes;
 }

@@ -53,6 +53,13 @@ static inline float tu_uniform(uint64_t *s) { return (float)(tu_rand(s) >> 8) * 
 /* x[0..n) uniform in [-1, 1). */
 void tu_fill(float *x, int64_t n, uint64_t *s);
 
+// ---- memory ----
+
+/* bytes that end where a PROT_NONE page starts, so that reading or writing past them faults (for
+ * kernels AddressSanitizer does not instrument: the GEMV and GEMM kernels, the AMX tiles); *map
+ * and *len receive the mapping for munmap. */
+void *tu_before_guard(size_t bytes, void **map, size_t *len);
+
 // ---- graphs ----
 
 /* x [rows, cols] -> d1 = x + x -> d2 = d1 + d1 -> ... -> dN (N = n_doublings), and with

@@ -73,7 +73,9 @@ static int64_t cpu_blas_chunk(const cpu_blas *s, int64_t n, int64_t align, int64
 }
 
 /* The keys of opts->extra, "key=value" pairs separated by commas, besides kern_open's
- * isa=auto|avx512|avx2|c (the kernels: default auto, the best the CPU has, at most $RLX_ISA):
+ * isa=auto|amx|avx512_bf16|avx512|avx2|c (the kernels: default auto, the best the CPU has, at
+ * most $RLX_ISA; amx and avx512_bf16 add BF16 matmuls on AMX tiles or AVX512-BF16 dot products,
+ * activations rounded to BF16):
  *   tile_kb=N                per-thread F32 weight tile for BF16/F16 prefill (default 1536)
  *   spin_us=N                how long an idle pool thread spins before sleeping (default 200)
  *   gemv_m=N                 largest token count using the GEMV kernels (default 12)
@@ -169,7 +171,7 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
     if (rc < 0)
         goto fail;
     s->n_threads = s->kern.par.n_threads;
-    s->kern.split_invariant = s->invariant;
+    s->kern.batch_invariant = s->invariant;
     if (!cpu_blas_ob && !(cpu_blas_ob = cpu_blas_openblas_load(host))) {
         rc = RLX_E_UNSUPPORTED;
         goto fail;
@@ -185,9 +187,12 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
         rc = host->error(rc, "cpu-blas: cannot start %d worker threads", s->n_threads - 1);
         goto fail;
     }
-    snprintf(s->describe, sizeof s->describe, "%s kernels, %d thread%s, OpenBLAS core %s (%s), %s", s->kern.k->isa,
-             s->n_threads, s->n_threads == 1 ? "" : "s", cpu_blas_ob->get_corename(), cpu_blas_ob->origin,
-             cpu_blas_ob->get_config());
+    snprintf(s->describe, sizeof s->describe, "%s kernels, %d thread%s%s, OpenBLAS core %s (%s), %s", s->kern.k->isa,
+             s->n_threads, s->n_threads == 1 ? "" : "s",
+             s->kern.isa == PLUGIN_ISA_AMX           ? ", BF16 matmuls on AMX tiles (BF16 activations)"
+             : s->kern.isa == PLUGIN_ISA_AVX512_BF16 ? ", BF16 matmuls on AVX512-BF16 dot products (BF16 activations)"
+                                                     : "",
+             cpu_blas_ob->get_corename(), cpu_blas_ob->origin, cpu_blas_ob->get_config());
     host->log(RLX_LOG_DEBUG, "cpu-blas: %s, %zu KiB tiles", s->describe, s->tile_bytes / 1024);
     *self = s;
     return RLX_OK;
@@ -210,7 +215,16 @@ static bool cpu_blas_mm_tiled(const cpu_blas *s, int64_t M, int wdt);
  * dequantized tiles in F32, as MOE experts may, whose rows per expert are known only at run
  * time, so a MOE declares the looser bound. Everything else is F32 arithmetic on exactly
  * widened weights. */
+/* Whether a node is a matmul the BF16 levels run on BF16 dot products (kern_bf16.h): a 2-D BF16
+ * weight. */
+static bool cpu_blas_bf16(const cpu_blas *s, const rlx_node_view *n) {
+    return s->kern.isa >= PLUGIN_ISA_AVX512_BF16 && n->op == RLX_OP_MATMUL && n->inputs[1].n_dims == 2 &&
+           n->inputs[1].dtype == RLX_DTYPE_BF16;
+}
+
 static uint32_t cpu_blas_precision(void *self, const rlx_node_view *node) {
+    if (cpu_blas_bf16(self, node))
+        return RLX_PRECISION_BF16_ACT;
     const int wdt = node_weight_dtype(node);
     if (wdt < 0 || !kern_quant_supported(wdt))
         return RLX_PRECISION_F32;
@@ -348,6 +362,9 @@ static int cpu_blas_matmul(cpu_blas *s, const rlx_node_view *n) {
     const rlx_tensor *x = &n->inputs[0], *w = &n->inputs[1];
     const float *bias;
     const int rc = kern_op_bias(&s->kern, n, &bias);
+    if (rc >= 0 && cpu_blas_bf16(s, n))
+        return kern_bf16_matmul(&s->kern, x->data, rlx_iface_rows(x), w, kern_as_bf16(kern_prepared(&s->kern, n, 1)),
+                                bias, n->output->data);
     return rc < 0 ? rc
                   : cpu_blas_mm_run(s, x->data, rlx_iface_rows(x), rlx_iface_cols(x), w->data, (int)w->dtype,
                                     w->shape[0], cpu_blas_qrp(s, n, 1), bias, n->output->data);
@@ -434,11 +451,12 @@ static bool cpu_blas_reads(const rlx_node_view *nd, uint32_t i, uint32_t k, uint
     return nd[i].input_ids && k < nd[i].n_inputs && nd[i].input_ids[k] == nd[j].output_id;
 }
 
-/* A MATMUL a span can take: off the tiled path (cpu_blas_mm_tiled),
+/* A MATMUL a span can take: off the tiled path (cpu_blas_mm_tiled) and off the BF16 levels' path,
  * its bias F32 or prepared (a span reads several vectors at once, and the library's conversion
  * buffer holds one). */
 static bool cpu_blas_span_mm(const cpu_blas *s, const rlx_node_view *n) {
-    return n->op == RLX_OP_MATMUL && !cpu_blas_mm_tiled(s, rlx_iface_rows(&n->inputs[0]), (int)n->inputs[1].dtype) &&
+    return n->op == RLX_OP_MATMUL && !cpu_blas_bf16(s, n) &&
+           !cpu_blas_mm_tiled(s, rlx_iface_rows(&n->inputs[0]), (int)n->inputs[1].dtype) &&
            (n->n_inputs < 3 || !kern_vec_needs_copy(&s->kern, n, 2));
 }
 
@@ -638,12 +656,15 @@ static int cpu_blas_prepare_weight(void *self, const rlx_weight_info *w, void **
     const uint32_t mapped = RLX_WEIGHT_FILE_BACKED | RLX_WEIGHT_READ_ONLY;
     if (kern_qrp_use(w))
         return kern_prepare_qrp(&s->kern, w, (w->flags & mapped) == mapped, handle);
+    if (kern_bf16_use(&s->kern, w))
+        return kern_prepare_bf16(&s->kern, w, (w->flags & mapped) == mapped, handle);
     return kern_prepare_vec(&s->kern, w, handle);
 }
 
 static void cpu_blas_release_weight(void *self, void *handle) {
     const cpu_blas *s = self;
-    if (((const kern_weight *)handle)->kind == KERN_WEIGHT_QRP)
+    const uint32_t kind = ((const kern_weight *)handle)->kind;
+    if (kind == KERN_WEIGHT_QRP || kind == KERN_WEIGHT_BF16)
         kern_release_qrp(&s->kern, handle);
     else
         kern_release_vec(&s->kern, handle);

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "isa.h"
+#include "kern_bf16.h"
 #include "kern_qrp.h"
 #include "kern_quant.h"
 #include "kern_simd.h"
@@ -67,10 +68,11 @@ typedef struct kern_ctx {
     const kern_simd *k;
     const kern_qsimd *q; /* the quantized kernels of the same level (kern_quant.h) */
     plugin_isa isa;      /* that level (the repacked kernels of kern_qrp.h are chosen by it) */
-    /* GATED_DELTA's one-sequence form row by row too, as the slot form always is, so that a
-     * sequence's bits never depend on how its rows were split into calls (a backend's
-     * batch_invariant option: a pipeline stage's replay then rebuilds its state exactly) */
-    bool split_invariant;
+    /* The backend's batch_invariant option: a row's bits never depend on how the rows were
+     * split into calls or batched. GATED_DELTA's one-sequence form runs row by row too, as the
+     * slot form always does (a pipeline stage's replay then rebuilds its state exactly), and
+     * BF16 matmuls at the AMX level stay on the tiles for every M (kern_bf16_matmul). */
+    bool batch_invariant;
     kern_par par;
     kern_buf *att;      /* [n_threads] attention scores and row pointers */
     kern_buf vec;       /* F32 copy of a small weight vector (bias, norm weight) */
@@ -135,7 +137,7 @@ typedef struct kern_weight {
     const float *f32; /* KERN_WEIGHT_VEC: the F32 copy */
 } kern_weight;
 
-enum { KERN_WEIGHT_VEC = 1, KERN_WEIGHT_QRP = 2, KERN_WEIGHT_BACKEND = 16 };
+enum { KERN_WEIGHT_VEC = 1, KERN_WEIGHT_QRP = 2, KERN_WEIGHT_BF16 = 3, KERN_WEIGHT_BACKEND = 16 };
 
 /* Whether input `input` of op is a small weight vector: an RMS_NORM weight or a MATMUL bias. */
 bool kern_is_vec_input(uint32_t op, uint32_t input);
@@ -161,7 +163,9 @@ bool kern_vec_needs_copy(const kern_ctx *c, const rlx_node_view *n, uint32_t k);
  * never resident twice, large enough that the madvise calls cost nothing. */
 #define KERN_QRP_PIECE (8 << 20)
 
-/* A KERN_WEIGHT_QRP handle: the repacked copy of a quantized [N, K] weight. */
+/* A repacked copy of a [N, K] weight: a KERN_WEIGHT_QRP handle for a quantized one, a
+ * KERN_WEIGHT_BF16 handle (ops and q NULL) for the pair-interleaved copy of a BF16 one
+ * (kern_bf16.h). */
 typedef struct kern_qrp_weight {
     kern_weight base;
     const kern_qrp_ops *ops; /* the repacked kernels of the context's level for dt */
@@ -177,6 +181,10 @@ typedef struct kern_qrp_weight {
 static inline const kern_qrp_weight *kern_as_qrp(const kern_weight *h) {
     return h && h->kind == KERN_WEIGHT_QRP ? (const kern_qrp_weight *)h : NULL;
 }
+/* h as the copy of a BF16 weight, or NULL when it is none (or NULL). */
+static inline const kern_qrp_weight *kern_as_bf16(const kern_weight *h) {
+    return h && h->kind == KERN_WEIGHT_BF16 ? (const kern_qrp_weight *)h : NULL;
+}
 
 /* Lowers the resident size of a read-only mapping of a model file by the whole pages inside
  * [data, data + bytes): they hold nothing but file contents, so any later read (the EMBED rows
@@ -190,11 +198,23 @@ bool kern_qrp_use(const rlx_weight_info *w);
  * for RLX_WEIGHT_FILE_BACKED weights). Every use of one tensor gets the same handle (counted,
  * kern_release_qrp frees it with the last). RLX_OK, or RLX_E_NOMEM after host->error. */
 int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, void **handle);
+/* Frees a KERN_WEIGHT_QRP or KERN_WEIGHT_BF16 handle with its last use. */
 void kern_release_qrp(const kern_ctx *c, void *handle);
 /* The live repacked copy of tensor t, or NULL. EMBED reads the rows of a tied table from the
  * output MATMUL's copy: the table's mapped pages were dropped for it, and gathering rows from
  * them would fault them back (a table no matmul reads is never copied: its rows are few). */
 const kern_qrp_weight *kern_qrp_find(const kern_ctx *c, const rlx_tensor *t);
+/* Whether a weight use is one the BF16 levels (PLUGIN_ISA_AVX512_BF16 and up) run on BF16 dot
+ * products (kern_bf16.h): a 2-D BF16 MATMUL w (MOE experts keep the exact F32 path). */
+bool kern_bf16_use(const kern_ctx *c, const rlx_weight_info *w);
+/* prepare_weight for such a use: a KERN_WEIGHT_BF16 handle, made and shared as kern_prepare_qrp's
+ * (pieces, dropped pages, one copy per tensor). */
+int kern_prepare_bf16(const kern_ctx *c, const rlx_weight_info *w, bool drop, void **handle);
+/* y[M, N] = x[M, K] w[N, K]^T (+ bias) with kern_bf16.h's arithmetic, on the kernel of c's level
+ * (AMX tiles or AVX512-BF16), over the threads of c: copy is w's copy, or NULL to make one for
+ * this call. RLX_OK or RLX_E_NOMEM after host->error. */
+int kern_bf16_matmul(kern_ctx *c, const float *x, int64_t M, const rlx_tensor *w, const kern_qrp_weight *copy,
+                     const float *bias, float *y);
 /* The table of c->qrp, made by kern_init and freed by kern_deinit (kern_qrp.c keeps it). */
 int kern_qrp_shared_init(kern_ctx *c);
 void kern_qrp_shared_deinit(kern_ctx *c);

@@ -74,12 +74,15 @@ void kern_qrp_shared_deinit(kern_ctx *c) {
     c->qrp = NULL;
 }
 
-/* A new copy of w's tensor, packed in pieces (see kern_prepare_qrp). */
-static kern_qrp_weight *kern_qrp_make(const kern_ctx *c, const rlx_weight_info *w, bool drop) {
+/* A new copy of w's tensor of the given kind (KERN_WEIGHT_QRP or KERN_WEIGHT_BF16), packed in
+ * pieces (see kern_prepare_qrp). */
+static kern_qrp_weight *kern_qrp_make(const kern_ctx *c, const rlx_weight_info *w, uint32_t kind, bool drop) {
     const rlx_tensor *t = w->tensor;
     const int dt = (int)t->dtype;
+    const bool amx = kind == KERN_WEIGHT_BF16;
     const int64_t N = t->shape[0], K = t->shape[1];
-    const size_t bytes = rlx_iface_tensor_bytes(t), row_bytes = rlx_iface_row_bytes(t->dtype, K);
+    const size_t src_bytes = rlx_iface_tensor_bytes(t), row_bytes = rlx_iface_row_bytes(t->dtype, K);
+    const size_t bytes = amx ? kern_bf16_bytes(N, K) : src_bytes;
     kern_qrp_weight *h = c->host->alloc(sizeof *h, KERN_ALIGN);
     void *data = c->host->alloc(bytes ? bytes : 1, KERN_ALIGN);
     if (!h || !data) {
@@ -89,9 +92,9 @@ static kern_qrp_weight *kern_qrp_make(const kern_ctx *c, const rlx_weight_info *
                        bytes);
         return NULL;
     }
-    *h = (kern_qrp_weight){.base = {.kind = KERN_WEIGHT_QRP},
-                           .ops = kern_qrp_ops_at(c->isa, dt),
-                           .q = c->q,
+    *h = (kern_qrp_weight){.base = {.kind = kind},
+                           .ops = amx ? NULL : kern_qrp_ops_at(c->isa, dt),
+                           .q = amx ? NULL : c->q,
                            .dt = dt,
                            .N = N,
                            .K = K,
@@ -99,20 +102,30 @@ static kern_qrp_weight *kern_qrp_make(const kern_ctx *c, const rlx_weight_info *
                            .src = t->data,
                            .refs = 1};
     /* Pieces of about KERN_QRP_PIECE source bytes, whole groups: with drop, the mapped pages
-     * of one piece go as soon as its copy exists, so the weight is never resident twice. */
-    const int64_t G = N / KERN_QRP_ROWS, group_bytes = (int64_t)(KERN_QRP_ROWS * row_bytes);
+     * of one piece go as soon as its copy exists, so the weight is never resident twice. The
+     * tile copy pads its last group with zero rows; the repacked one keeps the rows after its
+     * last whole group native. */
+    const int64_t rows = amx ? KERN_BF16_ROWS : KERN_QRP_ROWS, G = amx ? kern_bf16_groups(N) : N / KERN_QRP_ROWS;
+    const int64_t group_bytes = (int64_t)(rows * row_bytes);
     int64_t per = KERN_QRP_PIECE / group_bytes;
     per = per < 1 ? 1 : per;
     for (int64_t g0 = 0; g0 < G; g0 += per) {
         const int64_t g1 = g0 + per < G ? g0 + per : G;
-        kern_qrp_pack(dt, t->data, K, g0, g1, data);
-        if (drop)
-            kern_drop_pages((const char *)t->data + g0 * group_bytes, (size_t)((g1 - g0) * group_bytes));
+        if (amx)
+            kern_bf16_pack(t->data, N, K, g0, g1, data);
+        else
+            kern_qrp_pack(dt, t->data, K, g0, g1, data);
+        if (drop) {
+            const int64_t r1 = g1 * rows < N ? g1 * rows : N;
+            kern_drop_pages((const char *)t->data + g0 * group_bytes, (size_t)((r1 - g0 * rows) * (int64_t)row_bytes));
+        }
     }
-    const size_t tail = (size_t)G * (size_t)group_bytes;
-    memcpy((char *)data + tail, (const char *)t->data + tail, bytes - tail);
-    if (drop)
-        kern_drop_pages((const char *)t->data + tail, bytes - tail);
+    if (!amx) {
+        const size_t tail = (size_t)G * (size_t)group_bytes;
+        memcpy((char *)data + tail, (const char *)t->data + tail, src_bytes - tail);
+        if (drop)
+            kern_drop_pages((const char *)t->data + tail, src_bytes - tail);
+    }
     return h;
 }
 
@@ -125,7 +138,8 @@ static kern_qrp_weight *kern_qrp_lookup(const kern_qrp_shared *sh, const rlx_ten
     return NULL;
 }
 
-int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, void **handle) {
+/* kern_prepare_qrp and kern_prepare_bf16: a copy of the kind shared by every use of a tensor. */
+static int kern_prepare_copy(const kern_ctx *c, const rlx_weight_info *w, uint32_t kind, bool drop, void **handle) {
     *handle = NULL;
     const rlx_tensor *t = w->tensor;
     kern_qrp_shared *sh = c->qrp;
@@ -150,7 +164,7 @@ int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, voi
         sh->w = grown;
         sh->cap = cap;
     }
-    kern_qrp_weight *h = kern_qrp_make(c, w, drop);
+    kern_qrp_weight *h = kern_qrp_make(c, w, kind, drop);
     if (!h) {
         rc = RLX_E_NOMEM;
         goto out;
@@ -160,6 +174,14 @@ int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, voi
 out:
     pthread_mutex_unlock(&sh->lock);
     return rc;
+}
+
+int kern_prepare_qrp(const kern_ctx *c, const rlx_weight_info *w, bool drop, void **handle) {
+    return kern_prepare_copy(c, w, KERN_WEIGHT_QRP, drop, handle);
+}
+
+int kern_prepare_bf16(const kern_ctx *c, const rlx_weight_info *w, bool drop, void **handle) {
+    return kern_prepare_copy(c, w, KERN_WEIGHT_BF16, drop, handle);
 }
 
 const kern_qrp_weight *kern_qrp_find(const kern_ctx *c, const rlx_tensor *t) {

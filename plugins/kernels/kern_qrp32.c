@@ -225,6 +225,8 @@ const kern_qrp_ops *kern_qrp32_ops_at(plugin_isa isa, int dt) {
     case PLUGIN_ISA_AVX2:
         return &kern_qrp32_lavx2.ops[dt];
     case PLUGIN_ISA_AVX512:
+    case PLUGIN_ISA_AVX512_BF16:
+    case PLUGIN_ISA_AMX:
         return kern_quant_vnni() ? &kern_qrp32_lvnni.ops[dt] : &kern_qrp32_lavx512.ops[dt];
     default:
         return &kern_qrp32_lc.ops[dt];

@@ -253,6 +253,8 @@ const kern_qrp_ops *kern_qrpk_ops_at(plugin_isa isa, int dt) {
     case PLUGIN_ISA_AVX2:
         return &krk_ops_avx2[t];
     case PLUGIN_ISA_AVX512:
+    case PLUGIN_ISA_AVX512_BF16:
+    case PLUGIN_ISA_AMX:
         return kern_quant_vnni() ? &krk_ops_avx512_vnni[t] : &krk_ops_avx512[t];
     default:
         return &krk_c_ops[t];

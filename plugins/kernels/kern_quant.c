@@ -263,6 +263,8 @@ const kern_qsimd *kern_qsimd_at(plugin_isa isa) {
     case PLUGIN_ISA_AVX2:
         return &kern_q_qsimd_avx2;
     case PLUGIN_ISA_AVX512:
+    case PLUGIN_ISA_AVX512_BF16:
+    case PLUGIN_ISA_AMX:
         return kern_quant_vnni() ? &kern_q_qsimd_avx512_vnni : &kern_q_qsimd_avx512;
     default:
         return &kern_qsimd_c;

@@ -168,7 +168,7 @@ typedef struct kern_gd_job {
     float *out, *state;
     float *rows; /* state rows [T][Hv][Dk][Dv], or NULL */
     int64_t hv, hk, dk, dv, cols;
-    bool tiled, rows_only; /* rows_only: the slot form, c->split_invariant or state rows */
+    bool tiled, rows_only; /* rows_only: the slot form, c->batch_invariant or state rows */
     float scale, eps;
     const kern_rec_rows *g;
     kern_buf *scratch; /* [n_threads] */
@@ -347,7 +347,7 @@ static int kern_op_gated_delta(kern_ctx *c, const rlx_node_view *n) {
                      .dv = p->head_dim_v,
                      .cols = n->inputs[0].shape[1],
                      .tiled = p->kv_tiled != 0,
-                     .rows_only = st->n_dims == 4 || c->split_invariant || p->state_rows,
+                     .rows_only = st->n_dims == 4 || c->batch_invariant || p->state_rows,
                      .scale = p->scale,
                      .eps = p->eps,
                      .g = &g,

@@ -180,6 +180,8 @@ static inline __attribute__((always_inline)) KS_TARGET void kern_st_bf16_avx512(
 #include "kern_simd.inc"
 
 const kern_simd *kern_simd_at(plugin_isa isa) {
-    static const kern_simd *const by_isa[PLUGIN_ISA_COUNT] = {&kern_simd_c, &kern_simd_avx2, &kern_simd_avx512};
+    /* the levels above AVX-512 run its kernels, plus their BF16 matmuls (kern_bf16.h) */
+    static const kern_simd *const by_isa[PLUGIN_ISA_COUNT] = {&kern_simd_c, &kern_simd_avx2, &kern_simd_avx512,
+                                                              &kern_simd_avx512, &kern_simd_avx512};
     return isa < PLUGIN_ISA_COUNT ? by_isa[isa] : by_isa[PLUGIN_ISA_C];
 }

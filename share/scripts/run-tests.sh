@@ -12,6 +12,10 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 # c-ares (under gRPC) leaks a few bytes per /etc/hosts lookup; nothing else is suppressed
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/transport/lsan.supp}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# NumPy's OpenBLAS runs a spinning thread per core: two NumPy references at once on two cores
+# (ctest -j2) made a 6 s reference self-check take 150 s. rlx's backends and the benchmarks set
+# their own OpenBLAS thread counts.
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 cd "$build"
 status=0
 ctest --output-on-failure -j2 2>&1 || status=$?

@@ -3,7 +3,7 @@
 
   run_at_isa.py LEVEL -- COMMAND [ARGS...]
 
-LEVEL is c, avx2, avx512 or avx512_bf16. The command runs with rlx's own kernels capped by
+LEVEL is c, avx2, avx512, avx512_bf16 or amx. The command runs with rlx's own kernels capped by
 RLX_ISA, oneDNN's by DNNL_MAX_CPU_ISA and OpenBLAS's core set by OPENBLAS_CORETYPE, so the paths
 a better CPU would never take are tested on it. A level this CPU lacks prints why and exits 77,
 which ctest reports as skipped (never as passed).
@@ -19,7 +19,12 @@ LEVELS = {
     "avx512": (("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"),
                "avx512", "AVX512_CORE", "SkylakeX"),
     "avx512_bf16": (("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
-                     "avx512_bf16"), "avx512", "AVX512_CORE_BF16", "Cooperlake"),
+                     "avx512_bf16"), "avx512_bf16", "AVX512_CORE_BF16", "Cooperlake"),
+    # rlx's BF16 matmuls on AMX tiles (cpu-blas) and oneDNN's AMX kernels; the process must also
+    # be granted the tile state, which the backends ask for and refuse the level without (the
+    # level below keeps cpu-blas on AVX512-BF16 dot products, oneDNN on AVX512_CORE_BF16)
+    "amx": (("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
+             "avx512_bf16", "amx_tile", "amx_bf16"), "amx", "AVX512_CORE_AMX", "Cooperlake"),
 }
 
 

@@ -13,8 +13,8 @@
  * - the ABI: a backend built before 1.6 is never asked about these nodes, nor one built before
  *   1.7 about state rows;
  * - the in-tree backends (cpu-blas, onednn: the kernel library's kern_recurrent.c) on the same
- *   NumPy cases, at every ISA level this CPU has (isa=c, avx2, avx512), each node placed on the
- *   backend so that nothing falls back to the reference kernels unseen. */
+ *   NumPy cases, at every ISA level this CPU has (isa=c, avx2, avx512, avx512_bf16, amx), each
+ *   node placed on the backend so that nothing falls back to the reference kernels unseen. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include "kern.h"
 #include "testutil.h"
@@ -178,18 +177,6 @@ static void test_row_ops_do_not_depend_on_the_split(void **state) {
 
 enum { GM_MAX_M = 70, GM_MAX_K = 300, GM_N = 29 };
 
-/* bytes that end where a PROT_NONE page starts, so that reading or writing past them faults: the
- * GEMV and GEMM kernels are not instrumented by AddressSanitizer (kern_simd.c), so their bounds
- * are checked this way. *map and *len receive the mapping for munmap. */
-static void *before_guard(size_t bytes, void **map, size_t *len) {
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE), body = (bytes + page - 1) / page * page;
-    *len = body + page;
-    *map = mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    assert_true(*map != MAP_FAILED);
-    assert_int_equal(mprotect((char *)*map + body, page, PROT_NONE), 0);
-    return (char *)*map + body - bytes;
-}
-
 /* gemm_f32 on the widened weights gives every row the bits gemv_block gives it alone (the
  * batch-invariant mode's promise, now at matrix speed), at every level, for every weight dtype,
  * for row counts that leave every remainder of the register blocks and panels, and for K that
@@ -211,11 +198,11 @@ static void test_gemm_gives_each_row_its_gemv_bits(void **state) {
                     const int64_t K = ks[ki], M = ms[mi];
                     void *maps[5];
                     size_t lens[5];
-                    float *x = before_guard((size_t)(M * K) * sizeof(float), &maps[0], &lens[0]);
-                    float *wf = before_guard((size_t)(GM_N * K) * sizeof(float), &maps[1], &lens[1]);
-                    float *wide = before_guard((size_t)(GM_N * K) * sizeof(float), &maps[2], &lens[2]);
-                    uint16_t *w16 = before_guard((size_t)(GM_N * K) * sizeof(uint16_t), &maps[3], &lens[3]);
-                    float *many = before_guard((size_t)(M * GM_N) * sizeof(float), &maps[4], &lens[4]);
+                    float *x = tu_before_guard((size_t)(M * K) * sizeof(float), &maps[0], &lens[0]);
+                    float *wf = tu_before_guard((size_t)(GM_N * K) * sizeof(float), &maps[1], &lens[1]);
+                    float *wide = tu_before_guard((size_t)(GM_N * K) * sizeof(float), &maps[2], &lens[2]);
+                    uint16_t *w16 = tu_before_guard((size_t)(GM_N * K) * sizeof(uint16_t), &maps[3], &lens[3]);
+                    float *many = tu_before_guard((size_t)(M * GM_N) * sizeof(float), &maps[4], &lens[4]);
                     tu_fill(x, M * K, &rng);
                     tu_fill(wf, GM_N * K, &rng);
                     for (int64_t i = 0; i < GM_N * K; i++)

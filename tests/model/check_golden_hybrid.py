@@ -182,14 +182,25 @@ def run_golden(args):
         rlx = cg.Rlx(args.rlx, path, model.vocab, args.rlx_args, args.timeout,
                      os.path.join(workdir, "out", os.path.basename(path)))
         weights, moe_layers = rlx.plan(len(case.sequence))
-        tol, checked = args.tol, None
+        tol, checked, exact_note = args.tol, None, ""
         if weights or moe_layers:
-            # BF16 activations: the exact reference's bound, ids only while no near-tie
-            tol = max(tol, cg.BF16_TOL_EXACT)
+            # BF16 activations: judged against the BF16 oracle (the reference rounding the same
+            # matmul inputs) on the same prompt, ids only while the oracle has no near-tie. The
+            # recurrent layers carry the rounding from token to token, so the distance from the
+            # exact reference is reported, not bounded: it grows with the sequence (a logit
+            # moved by 1.9 at position 15 of 21 on qwen35-untied-mtp, identically on oneDNN's
+            # BF16 matmuls and on AMX tiles).
+            exact = case
+            case = condition(ref.set_bf16_activations(ref.load(path), weights, moe_layers), case.prompt,
+                             len(case.generated))
+            tol = max(tol, cg.BF16_TOL_ORACLE)
             margins = np.diff(np.sort(case.step_logits(), axis=-1)[:, -2:], axis=-1)[:, 0]
             bound = 2 * tol * max(1.0, float(np.abs(case.logits).max()))
             checked = next((i for i, m in enumerate(margins) if m <= bound), len(margins))
-        summary = check(rlx, case, tol, checked)
+            exact_note = (f"; bf16-act on {len(weights)} matmuls and {len(moe_layers)} MoE layers, against the "
+                          f"BF16 oracle; the exact reference's logits differ by at most "
+                          f"{float(np.abs(case.logits - exact.logits).max()):.2g}")
+        summary = check(rlx, case, tol, checked) + exact_note
     except (Failure, OSError, ValueError, KeyError) as e:
         print(f"{name}: FAIL: {e}")
         return 1

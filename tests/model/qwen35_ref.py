@@ -115,6 +115,9 @@ class Model:
         c = outer["text_config"] if self.nested else outer
         self.config = c
         self.prefix = "model.language_model." if self.nested else "model."
+        # checkpoint names of weights whose matmul inputs are rounded to BF16, and MLP prefixes
+        # of MoE blocks whose experts' inputs are (set_bf16_activations): the BF16 oracle
+        self.act_bf16, self.act_bf16_moe = frozenset(), frozenset()
         # Qwen3_5Config (the outer one) declares tie_word_embeddings itself, default False;
         # a nested config without it falls back to the text config's.
         if self.nested:
@@ -300,8 +303,49 @@ def softplus(x):
     return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
 
 
+# rlx's parts of Qwen3-Next's fused linear-attention input projections
+FUSED_PROJ = {"in_proj_qkv": "in_proj_qkvz", "in_proj_z": "in_proj_qkvz", "in_proj_b": "in_proj_ba",
+              "in_proj_a": "in_proj_ba"}
+
+
+def set_bf16_activations(model, weights=(), moe_layers=()):
+    """Makes matmuls with these weights (checkpoint names) round their inputs to BF16, nearest
+    even, as backends declaring bf16-act do, and the experts (not the router) of the MoE blocks
+    of these layers likewise; returns the model, now the BF16 oracle."""
+    def in_checkpoint(name):
+        # rlx names text weights model.*, whatever the checkpoint's nesting, the halves of a
+        # weight it splits NAME[part] (q_proj's queries and output gate), and Qwen3-Next's fused
+        # in_proj_qkvz and in_proj_ba by the parts it cuts them into: each part reads the same x
+        name = name.split("[", 1)[0]
+        if name not in model.ckpt and name.startswith("model."):
+            name = model.prefix + name[len("model."):]
+        for part, fused in FUSED_PROJ.items():
+            if name not in model.ckpt and name.endswith(f".{part}.weight"):
+                name = name[:-len(f"{part}.weight")] + f"{fused}.weight"
+        return name
+
+    names = [in_checkpoint(n) for n in weights]
+    unknown = sorted(n for n in names if n not in model.ckpt)
+    if unknown:
+        raise ValueError(f"no such weights: {', '.join(unknown[:4])}")
+    model.act_bf16 = frozenset(names)
+    model.act_bf16_moe = frozenset(f"{model.prefix}layers.{i}.mlp." for i in moe_layers)
+    return model
+
+
+def round_bf16(x):
+    """x rounded to the nearest BF16 value (ties to even) from its float32 value, in x's dtype."""
+    x = np.asarray(x)
+    return st.bf16_bits_to_f32(st.f32_to_bf16_bits(x)).reshape(x.shape).astype(x.dtype)
+
+
+def mm(model, x, rel):
+    """x @ w(rel).T, x rounded to BF16 first where the oracle says so."""
+    return (round_bf16(x) if model.prefix + rel in model.act_bf16 else x) @ model.w(rel).T
+
+
 def linear(model, x, rel, bias=False):
-    y = x @ model.w(rel + ".weight").T
+    y = mm(model, x, rel + ".weight")
     return y + model.w(rel + ".bias") if bias else y
 
 
@@ -463,10 +507,10 @@ def gated_delta_net(model, i, h, state, mode, chunk_size):
     if model.family == "qwen3_next":
         mixed, z, b, a = qkvz_ba(model, h, p)
     else:
-        mixed = h @ model.w(p + "in_proj_qkv.weight").T  # [T, conv_dim]
-        z = (h @ model.w(p + "in_proj_z.weight").T).reshape(T, Hv, Dv)
-        b = h @ model.w(p + "in_proj_b.weight").T
-        a = h @ model.w(p + "in_proj_a.weight").T
+        mixed = mm(model, h, p + "in_proj_qkv.weight")  # [T, conv_dim]
+        z = mm(model, h, p + "in_proj_z.weight").reshape(T, Hv, Dv)
+        b = mm(model, h, p + "in_proj_b.weight")
+        a = mm(model, h, p + "in_proj_a.weight")
     mixed, state.conv[i] = causal_conv(mixed, model.w(p + "conv1d.weight"), state.conv[i])
     q = mixed[:, :Hk * Dk].reshape(T, Hk, Dk)
     k = mixed[:, Hk * Dk:2 * Hk * Dk].reshape(T, Hk, Dk)
@@ -483,7 +527,7 @@ def gated_delta_net(model, i, h, state, mode, chunk_size):
     else:
         raise ValueError(f"delta rule mode {mode!r} is not recurrent or chunked")
     o = rms_norm_gated(o, z, model.w(p + "norm.weight"), model.eps).reshape(T, Hv * Dv)
-    return o @ model.w(p + "out_proj.weight").T
+    return mm(model, o, p + "out_proj.weight")
 
 
 def qkvz_ba(model, h, p):
@@ -493,8 +537,8 @@ def qkvz_ba(model, h, p):
     z [T, Hv, Dv], b [T, Hv], a [T, Hv])."""
     T, Hk, Hv, Dk, Dv = h.shape[0], model.k_heads, model.v_heads, model.dk, model.dv
     r = Hv // Hk
-    qkvz = (h @ model.w(p + "in_proj_qkvz.weight").T).reshape(T, Hk, 2 * Dk + 2 * r * Dv)
-    ba = (h @ model.w(p + "in_proj_ba.weight").T).reshape(T, Hk, 2 * r)
+    qkvz = mm(model, h, p + "in_proj_qkvz.weight").reshape(T, Hk, 2 * Dk + 2 * r * Dv)
+    ba = mm(model, h, p + "in_proj_ba.weight").reshape(T, Hk, 2 * r)
     q, k = qkvz[..., :Dk], qkvz[..., Dk:2 * Dk]
     v, z = qkvz[..., 2 * Dk:2 * Dk + r * Dv], qkvz[..., 2 * Dk + r * Dv:]
     mixed = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], axis=-1)
@@ -517,18 +561,20 @@ def expert_weights(model, p, e):
 
 def sparse_moe(model, x, p):
     """The sparse MoE block (router, top-k experts, gated shared expert) over rows x [T, H]."""
-    logits = x @ model.w(p + "gate.weight").T
+    logits = x @ model.w(p + "gate.weight").T  # the router stays exact
     probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
     out = np.zeros_like(x)
+    xe = round_bf16(x) if model.prefix + p in model.act_bf16_moe else x
     for t in range(x.shape[0]):
         top = np.argsort(-probs[t], kind="stable")[:model.top_k]  # torch.topk: the largest
         weights = probs[t, top] / (probs[t, top].sum() if model.norm_topk else 1.0)
         for e, wgt in zip(top, weights):
             gate, up, down = expert_weights(model, p, int(e))
-            out[t] += wgt * ((silu(x[t] @ gate.T) * (x[t] @ up.T)) @ down.T)
+            act = silu(xe[t] @ gate.T) * (xe[t] @ up.T)
+            out[t] += wgt * ((round_bf16(act) if xe is not x else act) @ down.T)
     shared = swiglu_mlp(model, x, p + "shared_expert.")
-    return out + sigmoid(x @ model.w(p + "shared_expert_gate.weight").T) * shared
+    return out + sigmoid(mm(model, x, p + "shared_expert_gate.weight")) * shared
 
 
 def mlp(model, i, x):
@@ -548,6 +594,7 @@ def lm_head(model, x):
     checkpoint's lm_head.weight sits outside the language_model prefix."""
     head = model.name("embed_tokens.weight") if model.tied else "lm_head.weight"
     rows = model.ckpt.shape(head)[0]
+    x = round_bf16(x) if head in model.act_bf16 else x
     return np.concatenate([x @ model.ckpt.rows(head, slice(r, r + LM_HEAD_ROWS)).astype(model.dtype).T
                            for r in range(0, rows, LM_HEAD_ROWS)], axis=-1)
 
@@ -604,7 +651,7 @@ def mtp_forward(model, ids, hidden, state=None):
     g = rms_norm_1p(np.asarray(hidden, dtype=model.dtype), mtp.w("pre_fc_norm_hidden.weight"), model.eps)
     if g.shape != e.shape:
         raise ValueError(f"{len(e)} ids need hidden rows of shape {e.shape}, got {g.shape}")
-    x = np.concatenate([e, g], axis=-1) @ mtp.w("fc.weight").T  # vLLM: cat([embeds, hidden])
+    x = mm(mtp, np.concatenate([e, g], axis=-1), "fc.weight")  # vLLM: cat([embeds, hidden])
     positions = np.arange(state.pos, state.pos + len(x))
     x = decoder_layer(mtp, 0, "full_attention", x, state, positions)
     state.pos += len(x)
