@@ -5,10 +5,13 @@
  * each calling single-threaded OpenBLAS or a kernel of the library on its rows:
  *   - F32 weights: cblas_sgemv for one token, the GEMV kernels up to 8 tokens, the library's
  *     GEMM up to gemv_m tokens (12), cblas_sgemm above;
- *   - BF16/F16 weights are used as stored: the GEMV kernels widen them on the fly up to 8
- *     tokens; above that a thread widens a tile of rows into its scratch (a chunk of up to
- *     256 KiB of F32 for the library's GEMM up to gemv_m tokens; 1.5 MiB for cblas_sgemm
- *     above), so no whole-model F32 copy ever exists;
+ *   - BF16 weights (MATMUL and MOE experts), at the kernel levels avx512_bf16 and amx: on the
+ *     CPU's BF16 dot products, activations rounded to BF16, from a copy made at prepare_weight
+ *     in place of the mapped pages (kern_bf16.h);
+ *   - BF16 weights below those levels, and F16 weights, are used as stored: the GEMV kernels
+ *     widen them on the fly up to 8 tokens; above that a thread widens a tile of rows into its
+ *     scratch (a chunk of up to 256 KiB of F32 for the library's GEMM up to gemv_m tokens;
+ *     1.5 MiB for cblas_sgemm above), so no whole-model F32 copy ever exists;
  *   - block-quantized weights (GGUF Q4_0 ... Q6_K): the library quantizes the activations to
  *     int8 blocks as llama.cpp does and runs integer dot products (RLX_PRECISION_Q8_ACT), for
  *     MATMUL and MOE experts alike. A weight of a type with a repacked form (kern_qrp.h) is
@@ -215,11 +218,17 @@ static bool cpu_blas_mm_tiled(const cpu_blas *s, int64_t M, int wdt);
  * dequantized tiles in F32, as MOE experts may, whose rows per expert are known only at run
  * time, so a MOE declares the looser bound. Everything else is F32 arithmetic on exactly
  * widened weights. */
-/* Whether a node is a matmul the BF16 levels run on BF16 dot products (kern_bf16.h): a 2-D BF16
- * weight. */
+/* Whether a weight of this dtype and shape is one the BF16 levels multiply on BF16 dot products
+ * (kern_bf16.h): a 2-D BF16 one. */
+static bool cpu_blas_bf16_weight(const cpu_blas *s, const rlx_tensor *w) {
+    return s->kern.isa >= PLUGIN_ISA_AVX512_BF16 && w->n_dims == 2 && w->dtype == RLX_DTYPE_BF16;
+}
+
+/* Whether a node multiplies on them: a MATMUL of such a weight, or a MOE whose experts are
+ * (the router stays exact). */
 static bool cpu_blas_bf16(const cpu_blas *s, const rlx_node_view *n) {
-    return s->kern.isa >= PLUGIN_ISA_AVX512_BF16 && n->op == RLX_OP_MATMUL && n->inputs[1].n_dims == 2 &&
-           n->inputs[1].dtype == RLX_DTYPE_BF16;
+    return (n->op == RLX_OP_MATMUL && cpu_blas_bf16_weight(s, &n->inputs[1])) ||
+           (n->op == RLX_OP_MOE && n->n_inputs > 2 && cpu_blas_bf16_weight(s, &n->inputs[2]));
 }
 
 static uint32_t cpu_blas_precision(void *self, const rlx_node_view *node) {
@@ -362,7 +371,7 @@ static int cpu_blas_matmul(cpu_blas *s, const rlx_node_view *n) {
     const rlx_tensor *x = &n->inputs[0], *w = &n->inputs[1];
     const float *bias;
     const int rc = kern_op_bias(&s->kern, n, &bias);
-    if (rc >= 0 && cpu_blas_bf16(s, n))
+    if (rc >= 0 && cpu_blas_bf16_weight(s, w))
         return kern_bf16_matmul(&s->kern, x->data, rlx_iface_rows(x), w, kern_as_bf16(kern_prepared(&s->kern, n, 1)),
                                 bias, n->output->data);
     return rc < 0 ? rc
@@ -375,7 +384,9 @@ static int cpu_blas_matmul(cpu_blas *s, const rlx_node_view *n) {
 
 static int cpu_blas_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
                            float *y, bool exact) {
-    (void)exact; /* every matmul here is exact */
+    cpu_blas *s = self;
+    if (!exact && cpu_blas_bf16_weight(s, w))
+        return kern_bf16_matmul(&s->kern, x, M, w, kern_as_bf16(prepared), NULL, y);
     return cpu_blas_mm_run(self, x, M, w->shape[1], w->data, (int)w->dtype, w->shape[0], kern_as_qrp(prepared), NULL,
                            y);
 }
@@ -455,7 +466,7 @@ static bool cpu_blas_reads(const rlx_node_view *nd, uint32_t i, uint32_t k, uint
  * its bias F32 or prepared (a span reads several vectors at once, and the library's conversion
  * buffer holds one). */
 static bool cpu_blas_span_mm(const cpu_blas *s, const rlx_node_view *n) {
-    return n->op == RLX_OP_MATMUL && !cpu_blas_bf16(s, n) &&
+    return n->op == RLX_OP_MATMUL && !cpu_blas_bf16_weight(s, &n->inputs[1]) &&
            !cpu_blas_mm_tiled(s, rlx_iface_rows(&n->inputs[0]), (int)n->inputs[1].dtype) &&
            (n->n_inputs < 3 || !kern_vec_needs_copy(&s->kern, n, 2));
 }

@@ -205,7 +205,7 @@ void kern_release_qrp(const kern_ctx *c, void *handle);
  * them would fault them back (a table no matmul reads is never copied: its rows are few). */
 const kern_qrp_weight *kern_qrp_find(const kern_ctx *c, const rlx_tensor *t);
 /* Whether a weight use is one the BF16 levels (PLUGIN_ISA_AVX512_BF16 and up) run on BF16 dot
- * products (kern_bf16.h): a 2-D BF16 MATMUL w (MOE experts keep the exact F32 path). */
+ * products (kern_bf16.h): a 2-D BF16 MATMUL w or MOE expert weight (the router stays exact). */
 bool kern_bf16_use(const kern_ctx *c, const rlx_weight_info *w);
 /* prepare_weight for such a use: a KERN_WEIGHT_BF16 handle, made and shared as kern_prepare_qrp's
  * (pieces, dropped pages, one copy per tensor). */

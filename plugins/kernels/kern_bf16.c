@@ -238,8 +238,8 @@ KD_TARGET void kern_bf16_part_dp(const uint16_t *copy, int64_t K, const uint16_t
 #define KERN_BF16_DP_ROWS 4
 
 bool kern_bf16_use(const kern_ctx *c, const rlx_weight_info *w) {
-    return c->isa >= PLUGIN_ISA_AVX512_BF16 && w->op == RLX_OP_MATMUL && w->input == 1 && w->tensor->n_dims == 2 &&
-           w->tensor->dtype == RLX_DTYPE_BF16;
+    const bool matmul_w = (w->op == RLX_OP_MATMUL && w->input == 1) || (w->op == RLX_OP_MOE && w->input >= 2);
+    return c->isa >= PLUGIN_ISA_AVX512_BF16 && matmul_w && w->tensor->n_dims == 2 && w->tensor->dtype == RLX_DTYPE_BF16;
 }
 
 typedef struct kern_bf16_job {

@@ -203,7 +203,7 @@ static void test_bf16_rows_do_not_depend_on_the_batch(void **state) {
 }
 
 /* The copy is the same bytes made at once or group by group, pads with zeros, and is shared by
- * the uses of one tensor; a use that is not a 2-D BF16 MATMUL weight is not the level's. */
+ * the uses of one tensor; a use that is not a 2-D BF16 MATMUL or expert weight is not the level's. */
 static void test_bf16_copy_is_made_in_pieces_and_shared(void **state) {
     (void)state;
     bf16_case c;
@@ -240,8 +240,11 @@ static void test_bf16_copy_is_made_in_pieces_and_shared(void **state) {
         assert_ptr_equal(a, b);
         kern_release_qrp(&k, a);
         kern_release_qrp(&k, b);
-        wi.op = RLX_OP_MOE;
+        wi.op = RLX_OP_MOE; /* input 1, the router: exact */
         assert_false(kern_bf16_use(&k, &wi));
+        wi.input = 2; /* an expert's weight */
+        assert_true(kern_bf16_use(&k, &wi));
+        wi.input = 1;
         wi.op = RLX_OP_MATMUL;
         c.t.dtype = RLX_DTYPE_F16;
         assert_false(kern_bf16_use(&k, &wi));
