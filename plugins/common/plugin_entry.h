@@ -1,6 +1,6 @@
-/* The descriptor and the one exported function of an in-tree backend plugin, written once: each
- * backend gives its name, version, summary and table, and its rlx_plugin_entry returns
- * plugin_entry(host, &desc). Linked statically into each plugin, hidden from its exports. */
+/* The one exported function of an in-tree plugin, written once: each plugin's rlx_plugin_entry
+ * returns plugin_entry(host, &desc), and a backend builds its desc with PLUGIN_BACKEND_DESC.
+ * Linked statically into each plugin, hidden from its exports. */
 #ifndef RLX_PLUGINS_PLUGIN_ENTRY_H
 #define RLX_PLUGINS_PLUGIN_ENTRY_H
 

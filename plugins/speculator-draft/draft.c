@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plugin_entry.h"
 #include "rlx/rlx.h"
 #include "rlx/speculator_iface.h"
 
@@ -247,11 +248,4 @@ static const rlx_plugin draft_plugin = {
     .iface = &draft_iface,
 };
 
-RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) {
-    if (!host || host->abi_major != RLX_ABI_MAJOR) {
-        if (host && host->error)
-            host->error(RLX_E_ABI, "built for ABI %d, host has %u", RLX_ABI_MAJOR, host->abi_major);
-        return NULL;
-    }
-    return &draft_plugin;
-}
+RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) { return plugin_entry(host, &draft_plugin); }

@@ -53,6 +53,7 @@
 #include <openssl/x509_vfy.h>
 
 #include "grpc_internal.h"
+#include "plugin_entry.h"
 
 static const char *const grpct_tls_keys[GRPCT_TLS_N] = {"tls_ca", "tls_cert", "tls_key"};
 
@@ -659,11 +660,4 @@ static const rlx_plugin grpct_plugin = {
     .iface = &grpct_iface,
 };
 
-RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) {
-    if (!host || host->abi_major != RLX_ABI_MAJOR) {
-        if (host && host->error)
-            host->error(RLX_E_ABI, "grpc: built for ABI %d, host has %u", RLX_ABI_MAJOR, host->abi_major);
-        return NULL;
-    }
-    return &grpct_plugin;
-}
+RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) { return plugin_entry(host, &grpct_plugin); }

@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "plugin_entry.h"
 #include "rlx/transport_iface.h"
 
 #define RLXM_ALIGN 64
@@ -839,11 +840,4 @@ static const rlx_plugin rlxm_plugin = {
     .iface = &rlxm_iface,
 };
 
-RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) {
-    if (!host || host->abi_major != RLX_ABI_MAJOR) {
-        if (host && host->error)
-            host->error(RLX_E_ABI, "mpi: built for ABI %d, host has %u", RLX_ABI_MAJOR, host->abi_major);
-        return NULL;
-    }
-    return &rlxm_plugin;
-}
+RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) { return plugin_entry(host, &rlxm_plugin); }

@@ -33,6 +33,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include "plugin_entry.h"
 #include "tcp_internal.h"
 
 // ---- small helpers ----
@@ -537,11 +538,4 @@ static const rlx_plugin tcp_plugin = {
     .iface = &tcp_iface,
 };
 
-RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) {
-    if (!host || host->abi_major != RLX_ABI_MAJOR) {
-        if (host && host->error)
-            host->error(RLX_E_ABI, "tcp: built for ABI %d, host has %u", RLX_ABI_MAJOR, host->abi_major);
-        return NULL;
-    }
-    return &tcp_plugin;
-}
+RLX_PLUGIN_EXPORT const rlx_plugin *rlx_plugin_entry(const rlx_host *host) { return plugin_entry(host, &tcp_plugin); }
