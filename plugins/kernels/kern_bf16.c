@@ -44,10 +44,9 @@ typedef struct kern_amx_cfg {
 /* Rows of x one pass over a strip of weight groups covers: their BF16 tiles (about 64 KiB per
  * 1024 values of K) stay in L2 while the strip passes over them. */
 #define KA_PANEL 128
-/* Weight tiles a strip prefetches ahead of the one it multiplies. */
-#ifndef KA_AHEAD
+/* Weight tiles a strip prefetches ahead of the one it multiplies (decode ran at half speed on
+ * the hardware prefetchers alone: a tile load waits for all of its 16 lines). */
 #define KA_AHEAD 8
-#endif
 
 /* Result tile of rows [m, m + 16) and weight rows [n, n + 16) out of the 16 x 16 F32 sums in
  * tmp: only the rows below M and the columns below n1 exist in y. */
@@ -83,8 +82,6 @@ kern_amx_block(bool two_m, bool two_n, const uint16_t *tiles, int64_t Kp, const 
     _tile_zero(2);
     _tile_zero(3);
     for (int64_t q = 0; q < nq; q++) {
-        /* a tile load waits for its 16 lines: without these the weights of decode arrive from
-         * DRAM a line at a time */
         for (int l = 0; l < 16; l++) {
             _mm_prefetch((const char *)(b0 + (q + KA_AHEAD) * tile) + 64 * l, _MM_HINT_T0);
             if (two_n)

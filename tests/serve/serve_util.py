@@ -67,6 +67,10 @@ class Server:
                 self.proc.wait()
         self.stderr += self.proc.stderr.read()
         self.proc.stderr.close()
+        if self.proc.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL):
+            # a server that died by itself (a crash, an AddressSanitizer report) shows in the
+            # test's output even when the checks only saw a dropped connection
+            print(f"note: rlx serve exited with status {self.proc.returncode}; its stderr ends:\n{self.stderr[-3000:]}")
 
     def url(self):
         return f"http://127.0.0.1:{self.port}"

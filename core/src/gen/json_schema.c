@@ -382,6 +382,8 @@ static void make_rule(conv *cv, const char *tag, sbuf *expr, sbuf *out) {
     size_t r = new_rule(cv, hint);
     if (cv->err)
         return;
+    if (!expr->len) /* matches the empty text only (a pattern "^$", say): GBNF needs an expression */
+        puts_(cv, expr, "\"\"");
     cv->rules[r].body = *expr;
     *expr = (sbuf){0};
     puts_(cv, out, cv->rules[r].name);
@@ -1412,11 +1414,7 @@ static int check_keywords(conv *cv, const cJSON *s) {
             if (!is_schema(e))
                 fail(cv, RLX_E_INVALID, "'additionalProperties' must be a schema");
         } else if (strcmp(k, "items") == 0) {
-            if (cJSON_IsArray(e))
-                fail(cv, RLX_E_UNSUPPORTED,
-                     "unsupported 'items' as an array (the tuples of drafts before 2020-12; "
-                     "use prefixItems)");
-            else if (!is_schema(e))
+            if (!is_schema(e))
                 fail(cv, RLX_E_INVALID, "'items' must be a schema");
         } else if (strcmp(k, "prefixItems") == 0 || strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0 ||
                    strcmp(k, "allOf") == 0) {
@@ -2898,6 +2896,51 @@ static int check_duplicates(conv *cv, const cJSON *v, int depth) {
     return cv->err;
 }
 
+/* The schema-valued members of a schema whose tuples draft07_tuples rewrites: the positions the
+ * converter reads (and $defs/definitions, where $ref leads). */
+static int schema_map_key(const char *k) {
+    return !strcmp(k, "properties") || !strcmp(k, "$defs") || !strcmp(k, "definitions");
+}
+static int schema_list_key(const char *k) {
+    return !strcmp(k, "prefixItems") || !strcmp(k, "anyOf") || !strcmp(k, "oneOf") || !strcmp(k, "allOf");
+}
+
+/* Moves item, a member of object s, to the key `to`, its value unchanged. */
+static int rename_member(conv *cv, cJSON *s, cJSON *item, const char *to) {
+    cJSON_DetachItemViaPointer(s, item);
+    if (!cJSON_AddItemToObject(s, to, item)) {
+        cJSON_Delete(item);
+        return nomem(cv);
+    }
+    return 0;
+}
+
+/* Draft-07's (and earlier drafts') tuples, `items: [A, B]` with `additionalItems: C`, are draft
+ * 2020-12's `prefixItems: [A, B]` with `items: C`: rewritten so in place, everywhere the converter
+ * reads a schema, before conversion; an `additionalItems` beside a single `items` schema means
+ * nothing in draft-07 and goes. A $ref into such a tuple ("#/items/0") is not rewritten. */
+static int draft07_tuples(conv *cv, cJSON *s, int depth) {
+    if (!cJSON_IsObject(s) || depth > CJSON_NESTING_LIMIT + 1 || cv->err)
+        return cv->err;
+    cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
+    cJSON *more = cJSON_GetObjectItemCaseSensitive(s, "additionalItems");
+    if (cJSON_IsArray(items)) {
+        if (cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
+            return fail(cv, RLX_E_INVALID, "'prefixItems' beside 'items' as an array (a draft-07 tuple): use one");
+        if (rename_member(cv, s, items, "prefixItems") < 0 || (more && rename_member(cv, s, more, "items") < 0))
+            return cv->err;
+    } else if (more) {
+        cJSON_Delete(cJSON_DetachItemViaPointer(s, more));
+    }
+    for (cJSON *c = s->child; c && !cv->err; c = c->next)
+        if ((schema_map_key(c->string) && cJSON_IsObject(c)) || (schema_list_key(c->string) && cJSON_IsArray(c)))
+            for (cJSON *m = c->child; m && !cv->err; m = m->next)
+                draft07_tuples(cv, m, depth + 2);
+        else if (!strcmp(c->string, "items") || !strcmp(c->string, "additionalProperties"))
+            draft07_tuples(cv, c, depth + 1);
+    return cv->err;
+}
+
 RLX_API rlx_status rlx_json_schema_to_gbnf(const char *schema, size_t len, const rlx_json_schema_options *opts,
                                            char **gbnf, size_t *gbnf_len) {
     if (gbnf)
@@ -2943,7 +2986,7 @@ RLX_API rlx_status rlx_json_schema_to_gbnf(const char *schema, size_t len, const
         }
     conv cv = {.doc = doc, .prefix = prefix};
     sbuf text = {0};
-    if (check_duplicates(&cv, doc, 0) < 0)
+    if (check_duplicates(&cv, doc, 0) < 0 || draft07_tuples(&cv, doc, 0) < 0)
         goto done;
     /* the root is the first $ref target, so "#" names it */
     size_t root = new_rule(&cv, "root");
