@@ -213,24 +213,19 @@ static int cpu_blas_supports(void *self, const rlx_node_view *node) {
 
 static bool cpu_blas_mm_tiled(const cpu_blas *s, int64_t M, int wdt);
 
-/* Matmuls on block-quantized weights quantize their activations to int8 blocks (kern_quant.h):
+/* Whether a node multiplies on BF16 dot products (kern_bf16.h): a MATMUL of a weight the level
+ * takes, or a MOE whose experts are such weights (the router stays exact). */
+static bool cpu_blas_bf16(const cpu_blas *s, const rlx_node_view *n) {
+    return (n->op == RLX_OP_MATMUL && kern_bf16_weight(&s->kern, &n->inputs[1])) ||
+           (n->op == RLX_OP_MOE && n->n_inputs > 2 && kern_bf16_weight(&s->kern, &n->inputs[2]));
+}
+
+/* BF16 weights at the avx512_bf16 and amx levels round the activations to BF16 (cpu_blas_bf16).
+ * Matmuls on block-quantized weights quantize their activations to int8 blocks (kern_quant.h):
  * for every M on a type with a repacked form, else up to gemv_m rows, longer ones multiplying
  * dequantized tiles in F32, as MOE experts may, whose rows per expert are known only at run
  * time, so a MOE declares the looser bound. Everything else is F32 arithmetic on exactly
  * widened weights. */
-/* Whether a weight of this dtype and shape is one the BF16 levels multiply on BF16 dot products
- * (kern_bf16.h): a 2-D BF16 one. */
-static bool cpu_blas_bf16_weight(const cpu_blas *s, const rlx_tensor *w) {
-    return s->kern.isa >= PLUGIN_ISA_AVX512_BF16 && w->n_dims == 2 && w->dtype == RLX_DTYPE_BF16;
-}
-
-/* Whether a node multiplies on them: a MATMUL of such a weight, or a MOE whose experts are
- * (the router stays exact). */
-static bool cpu_blas_bf16(const cpu_blas *s, const rlx_node_view *n) {
-    return (n->op == RLX_OP_MATMUL && cpu_blas_bf16_weight(s, &n->inputs[1])) ||
-           (n->op == RLX_OP_MOE && n->n_inputs > 2 && cpu_blas_bf16_weight(s, &n->inputs[2]));
-}
-
 static uint32_t cpu_blas_precision(void *self, const rlx_node_view *node) {
     if (cpu_blas_bf16(self, node))
         return RLX_PRECISION_BF16_ACT;
@@ -371,7 +366,7 @@ static int cpu_blas_matmul(cpu_blas *s, const rlx_node_view *n) {
     const rlx_tensor *x = &n->inputs[0], *w = &n->inputs[1];
     const float *bias;
     const int rc = kern_op_bias(&s->kern, n, &bias);
-    if (rc >= 0 && cpu_blas_bf16_weight(s, w))
+    if (rc >= 0 && kern_bf16_weight(&s->kern, w))
         return kern_bf16_matmul(&s->kern, x->data, rlx_iface_rows(x), w, kern_as_bf16(kern_prepared(&s->kern, n, 1)),
                                 bias, n->output->data);
     return rc < 0 ? rc
@@ -385,7 +380,7 @@ static int cpu_blas_matmul(cpu_blas *s, const rlx_node_view *n) {
 static int cpu_blas_moe_mm(void *self, const float *x, int64_t M, const rlx_tensor *w, const kern_weight *prepared,
                            float *y, bool exact) {
     cpu_blas *s = self;
-    if (!exact && cpu_blas_bf16_weight(s, w))
+    if (!exact && kern_bf16_weight(&s->kern, w))
         return kern_bf16_matmul(&s->kern, x, M, w, kern_as_bf16(prepared), NULL, y);
     return cpu_blas_mm_run(self, x, M, w->shape[1], w->data, (int)w->dtype, w->shape[0], kern_as_qrp(prepared), NULL,
                            y);
@@ -466,7 +461,7 @@ static bool cpu_blas_reads(const rlx_node_view *nd, uint32_t i, uint32_t k, uint
  * its bias F32 or prepared (a span reads several vectors at once, and the library's conversion
  * buffer holds one). */
 static bool cpu_blas_span_mm(const cpu_blas *s, const rlx_node_view *n) {
-    return n->op == RLX_OP_MATMUL && !cpu_blas_bf16_weight(s, &n->inputs[1]) &&
+    return n->op == RLX_OP_MATMUL && !kern_bf16_weight(&s->kern, &n->inputs[1]) &&
            !cpu_blas_mm_tiled(s, rlx_iface_rows(&n->inputs[0]), (int)n->inputs[1].dtype) &&
            (n->n_inputs < 3 || !kern_vec_needs_copy(&s->kern, n, 2));
 }

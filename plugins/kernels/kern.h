@@ -190,8 +190,11 @@ static inline const kern_qrp_weight *kern_as_bf16(const kern_weight *h) {
  * [data, data + bytes): they hold nothing but file contents, so any later read (the EMBED rows
  * of a tied table, say) faults them back from the file. Only for such mappings. */
 void kern_drop_pages(const void *data, size_t bytes);
-/* Whether a weight use is one the repacked kernels serve: a MATMUL's w or a MOE's expert
- * weight, 2-D, of a type kern_qrp_supported, whole blocks per row. */
+/* Whether a weight use is a matmul's weight: a MATMUL's w or a MOE's expert weight (not its
+ * router), 2-D. */
+bool kern_matmul_weight_use(const rlx_weight_info *w);
+/* Whether a weight use is one the repacked kernels serve: a matmul's weight of a type
+ * kern_qrp_supported, whole blocks per row. */
 bool kern_qrp_use(const rlx_weight_info *w);
 /* prepare_weight for such a use: a KERN_WEIGHT_QRP handle, packed in pieces of KERN_QRP_PIECE
  * bytes, each piece's source pages dropped right after it when drop (the caller says so only
@@ -204,8 +207,10 @@ void kern_release_qrp(const kern_ctx *c, void *handle);
  * output MATMUL's copy: the table's mapped pages were dropped for it, and gathering rows from
  * them would fault them back (a table no matmul reads is never copied: its rows are few). */
 const kern_qrp_weight *kern_qrp_find(const kern_ctx *c, const rlx_tensor *t);
-/* Whether a weight use is one the BF16 levels (PLUGIN_ISA_AVX512_BF16 and up) run on BF16 dot
- * products (kern_bf16.h): a 2-D BF16 MATMUL w or MOE expert weight (the router stays exact). */
+/* Whether c's level (PLUGIN_ISA_AVX512_BF16 and up) multiplies the weight w on BF16 dot products
+ * (kern_bf16.h): a 2-D BF16 one. */
+bool kern_bf16_weight(const kern_ctx *c, const rlx_tensor *w);
+/* Whether a weight use is one of those: a matmul's weight (the MOE router stays exact). */
 bool kern_bf16_use(const kern_ctx *c, const rlx_weight_info *w);
 /* prepare_weight for such a use: a KERN_WEIGHT_BF16 handle, made and shared as kern_prepare_qrp's
  * (pieces, dropped pages, one copy per tensor). */

@@ -234,9 +234,12 @@ KD_TARGET void kern_bf16_part_dp(const uint16_t *copy, int64_t K, const uint16_t
  * against 164 and 32 at 197 against 575. */
 #define KERN_BF16_DP_ROWS 4
 
+bool kern_bf16_weight(const kern_ctx *c, const rlx_tensor *w) {
+    return c->isa >= PLUGIN_ISA_AVX512_BF16 && w->n_dims == 2 && w->dtype == RLX_DTYPE_BF16;
+}
+
 bool kern_bf16_use(const kern_ctx *c, const rlx_weight_info *w) {
-    const bool matmul_w = (w->op == RLX_OP_MATMUL && w->input == 1) || (w->op == RLX_OP_MOE && w->input >= 2);
-    return c->isa >= PLUGIN_ISA_AVX512_BF16 && matmul_w && w->tensor->n_dims == 2 && w->tensor->dtype == RLX_DTYPE_BF16;
+    return kern_matmul_weight_use(w) && kern_bf16_weight(c, w->tensor);
 }
 
 typedef struct kern_bf16_job {

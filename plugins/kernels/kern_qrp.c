@@ -44,9 +44,13 @@ void kern_drop_pages(const void *data, size_t bytes) {
     madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
+bool kern_matmul_weight_use(const rlx_weight_info *w) {
+    return ((w->op == RLX_OP_MATMUL && w->input == 1) || (w->op == RLX_OP_MOE && w->input >= 2)) &&
+           w->tensor->n_dims == 2;
+}
+
 bool kern_qrp_use(const rlx_weight_info *w) {
-    const bool matmul_w = (w->op == RLX_OP_MATMUL && w->input == 1) || (w->op == RLX_OP_MOE && w->input >= 2);
-    return matmul_w && w->tensor->n_dims == 2 && kern_qrp_supported((int)w->tensor->dtype) &&
+    return kern_matmul_weight_use(w) && kern_qrp_supported((int)w->tensor->dtype) &&
            rlx_iface_row_bytes(w->tensor->dtype, w->tensor->shape[1]) != 0;
 }
 
@@ -79,10 +83,10 @@ void kern_qrp_shared_deinit(kern_ctx *c) {
 static kern_qrp_weight *kern_qrp_make(const kern_ctx *c, const rlx_weight_info *w, uint32_t kind, bool drop) {
     const rlx_tensor *t = w->tensor;
     const int dt = (int)t->dtype;
-    const bool amx = kind == KERN_WEIGHT_BF16;
+    const bool bf16 = kind == KERN_WEIGHT_BF16;
     const int64_t N = t->shape[0], K = t->shape[1];
     const size_t src_bytes = rlx_iface_tensor_bytes(t), row_bytes = rlx_iface_row_bytes(t->dtype, K);
-    const size_t bytes = amx ? kern_bf16_bytes(N, K) : src_bytes;
+    const size_t bytes = bf16 ? kern_bf16_bytes(N, K) : src_bytes;
     kern_qrp_weight *h = c->host->alloc(sizeof *h, KERN_ALIGN);
     void *data = c->host->alloc(bytes ? bytes : 1, KERN_ALIGN);
     if (!h || !data) {
@@ -93,8 +97,8 @@ static kern_qrp_weight *kern_qrp_make(const kern_ctx *c, const rlx_weight_info *
         return NULL;
     }
     *h = (kern_qrp_weight){.base = {.kind = kind},
-                           .ops = amx ? NULL : kern_qrp_ops_at(c->isa, dt),
-                           .q = amx ? NULL : c->q,
+                           .ops = bf16 ? NULL : kern_qrp_ops_at(c->isa, dt),
+                           .q = bf16 ? NULL : c->q,
                            .dt = dt,
                            .N = N,
                            .K = K,
@@ -105,13 +109,13 @@ static kern_qrp_weight *kern_qrp_make(const kern_ctx *c, const rlx_weight_info *
      * of one piece go as soon as its copy exists, so the weight is never resident twice. The
      * tile copy pads its last group with zero rows; the repacked one keeps the rows after its
      * last whole group native. */
-    const int64_t rows = amx ? KERN_BF16_ROWS : KERN_QRP_ROWS, G = amx ? kern_bf16_groups(N) : N / KERN_QRP_ROWS;
+    const int64_t rows = bf16 ? KERN_BF16_ROWS : KERN_QRP_ROWS, G = bf16 ? kern_bf16_groups(N) : N / KERN_QRP_ROWS;
     const int64_t group_bytes = (int64_t)(rows * row_bytes);
     int64_t per = KERN_QRP_PIECE / group_bytes;
     per = per < 1 ? 1 : per;
     for (int64_t g0 = 0; g0 < G; g0 += per) {
         const int64_t g1 = g0 + per < G ? g0 + per : G;
-        if (amx)
+        if (bf16)
             kern_bf16_pack(t->data, N, K, g0, g1, data);
         else
             kern_qrp_pack(dt, t->data, K, g0, g1, data);
@@ -120,7 +124,7 @@ static kern_qrp_weight *kern_qrp_make(const kern_ctx *c, const rlx_weight_info *
             kern_drop_pages((const char *)t->data + g0 * group_bytes, (size_t)((r1 - g0 * rows) * (int64_t)row_bytes));
         }
     }
-    if (!amx) {
+    if (!bf16) {
         const size_t tail = (size_t)G * (size_t)group_bytes;
         memcpy((char *)data + tail, (const char *)t->data + tail, src_bytes - tail);
         if (drop)

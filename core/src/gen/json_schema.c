@@ -1303,6 +1303,15 @@ static int gen_pattern(conv *cv, const char *pattern, sbuf *out) {
 
 // --- keywords
 
+/* The members of a schema that hold schemas: by name (properties, and $defs/definitions where $ref
+ * leads) and in a list (prefixItems and the combinators). */
+static int schema_map_key(const char *k) {
+    return !strcmp(k, "properties") || !strcmp(k, "$defs") || !strcmp(k, "definitions");
+}
+static int schema_list_key(const char *k) {
+    return !strcmp(k, "prefixItems") || !strcmp(k, "anyOf") || !strcmp(k, "oneOf") || !strcmp(k, "allOf");
+}
+
 static const char *const handled_keywords[] = {
     "type",    "enum",        "const",    "properties", "required",         "additionalProperties",
     "items",   "prefixItems", "minItems", "maxItems",   "minLength",        "maxLength",
@@ -1416,8 +1425,7 @@ static int check_keywords(conv *cv, const cJSON *s) {
         } else if (strcmp(k, "items") == 0) {
             if (!is_schema(e))
                 fail(cv, RLX_E_INVALID, "'items' must be a schema");
-        } else if (strcmp(k, "prefixItems") == 0 || strcmp(k, "anyOf") == 0 || strcmp(k, "oneOf") == 0 ||
-                   strcmp(k, "allOf") == 0) {
+        } else if (schema_list_key(k)) {
             schema_array(cv, e, k);
         } else if (strcmp(k, "minItems") == 0 || strcmp(k, "maxItems") == 0 || strcmp(k, "minLength") == 0 ||
                    strcmp(k, "maxLength") == 0 || strcmp(k, "minProperties") == 0) {
@@ -2894,15 +2902,6 @@ static int check_duplicates(conv *cv, const cJSON *v, int depth) {
     for (const cJSON *c = v->child; c && !cv->err; c = c->next)
         check_duplicates(cv, c, depth + 1);
     return cv->err;
-}
-
-/* The schema-valued members of a schema whose tuples draft07_tuples rewrites: the positions the
- * converter reads (and $defs/definitions, where $ref leads). */
-static int schema_map_key(const char *k) {
-    return !strcmp(k, "properties") || !strcmp(k, "$defs") || !strcmp(k, "definitions");
-}
-static int schema_list_key(const char *k) {
-    return !strcmp(k, "prefixItems") || !strcmp(k, "anyOf") || !strcmp(k, "oneOf") || !strcmp(k, "allOf");
 }
 
 /* Moves item, a member of object s, to the key `to`, its value unchanged. */
