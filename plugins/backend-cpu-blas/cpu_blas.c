@@ -190,12 +190,14 @@ static int cpu_blas_open(const rlx_host *host, const rlx_backend_options *opts, 
         rc = host->error(rc, "cpu-blas: cannot start %d worker threads", s->n_threads - 1);
         goto fail;
     }
-    snprintf(s->describe, sizeof s->describe, "%s kernels, %d thread%s%s, OpenBLAS core %s (%s), %s", s->kern.k->isa,
+    snprintf(s->describe, sizeof s->describe,
+             "%s kernels, %d thread%s%s, quantized matmuls on %s kernels, OpenBLAS core %s (%s), %s", s->kern.k->isa,
              s->n_threads, s->n_threads == 1 ? "" : "s",
              s->kern.isa == PLUGIN_ISA_AMX           ? ", BF16 matmuls on AMX tiles (BF16 activations)"
              : s->kern.isa == PLUGIN_ISA_AVX512_BF16 ? ", BF16 matmuls on AVX512-BF16 dot products (BF16 activations)"
                                                      : "",
-             cpu_blas_ob->get_corename(), cpu_blas_ob->origin, cpu_blas_ob->get_config());
+             kern_qrp_ops_at(s->kern.isa, RLX_DTYPE_Q8_0)->isa, cpu_blas_ob->get_corename(), cpu_blas_ob->origin,
+             cpu_blas_ob->get_config());
     host->log(RLX_LOG_DEBUG, "cpu-blas: %s, %zu KiB tiles", s->describe, s->tile_bytes / 1024);
     *self = s;
     return RLX_OK;

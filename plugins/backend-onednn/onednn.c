@@ -341,8 +341,10 @@ static int onednn_open(const rlx_host *host, const rlx_backend_options *opts, vo
     }
     s->bf16 = s->bf16 && onednn_has_bf16(s);
     const dnnl_version_t *v = dnnl_version();
-    snprintf(s->describe, sizeof s->describe, "oneDNN %d.%d.%d on %s, %s kernels, BF16 weights %s, %d thread%s",
+    snprintf(s->describe, sizeof s->describe,
+             "oneDNN %d.%d.%d on %s, %s kernels, quantized matmuls on %s kernels, BF16 weights %s, %d thread%s",
              v->major, v->minor, v->patch, onednn_isa_name(dnnl_get_effective_cpu_isa()), s->kern.k->isa,
+             kern_qrp_ops_at(s->kern.isa, RLX_DTYPE_Q8_0)->isa,
              s->bf16 ? "packed (BF16 activations)" : "widened to F32", s->n_threads, s->n_threads == 1 ? "" : "s");
     host->log(RLX_LOG_DEBUG, "onednn: %s", s->describe);
     *self = s;

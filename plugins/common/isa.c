@@ -18,11 +18,12 @@ static const char *const names[PLUGIN_ISA_COUNT] = {"c", "avx2", "avx512", "avx5
 static bool amx_ok;
 static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
 
-/* CPUID.(7,0):EDX bit 22 is AMX-BF16 and bit 24 AMX-TILE; the kernel then has to grant the
- * process the tile data state, once for all its threads. */
+/* CPUID.(7,0):EDX bit 22 is AMX-BF16, bit 24 AMX-TILE and bit 25 AMX-INT8 (the level multiplies
+ * BF16 and quantized weights on tiles); the kernel then has to grant the process the tile data
+ * state, once for all its threads. */
 static void amx_probe(void) {
     unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)))
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 22)) || !(d & (1u << 24)) || !(d & (1u << 25)))
         return;
     amx_ok = syscall(SYS_arch_prctl, ISA_ARCH_REQ_XCOMP_PERM, ISA_XFEATURE_XTILEDATA) == 0;
 }

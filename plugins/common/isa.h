@@ -10,8 +10,9 @@
 
 /* The two levels above AVX-512 add BF16 matmuls with BF16 dot products, activations rounded to
  * BF16 (kern_bf16.h; cpu-blas uses them): PLUGIN_ISA_AVX512_BF16 on AVX512-BF16's VDPBF16PS
- * (AMD Zen 4 and 5, Intel Xeon), PLUGIN_ISA_AMX on Intel's AMX tiles (Xeon from Sapphire Rapids on). Every
- * other kernel of both is the AVX-512 level's. */
+ * (AMD Zen 4 and 5, Intel Xeon), PLUGIN_ISA_AMX on Intel's AMX tiles (Xeon from Sapphire Rapids on),
+ * which also take the integer sums of the 32-value quantized types' prefill (kern_qrp32.c, the
+ * same bits as AVX-512). Every other kernel of both is the AVX-512 level's. */
 typedef enum plugin_isa {
     PLUGIN_ISA_C = 0,
     PLUGIN_ISA_AVX2 = 1,
@@ -22,8 +23,8 @@ typedef enum plugin_isa {
 } plugin_isa;
 
 /* The best level this CPU runs: AVX-512 needs F, BW and VL (plus FMA and F16C), AVX2 needs
- * FMA and F16C; AVX512-BF16 needs AVX-512 and AVX512_BF16; AMX needs AVX512-BF16 plus AMX-TILE
- * and AMX-BF16 and the kernel's leave to use the tile state (Linux grants it per process on
+ * FMA and F16C; AVX512-BF16 needs AVX-512 and AVX512_BF16; AMX needs AVX512-BF16 plus AMX-TILE,
+ * AMX-BF16 and AMX-INT8 and the kernel's leave to use the tile state (Linux grants it per process on
  * request: a CPU listing AMX in a VM whose host withholds the state is refused here, not met
  * with SIGILL later). */
 plugin_isa plugin_isa_best(void);

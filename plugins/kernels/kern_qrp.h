@@ -40,7 +40,7 @@ typedef void (*kern_qrp_matmul_fn)(const void *wp, int64_t K, const void *x, siz
                                    int64_t g1, float *y, int64_t ldy);
 
 typedef struct kern_qrp_ops {
-    const char *isa; /* the level that runs: "c", "avx2", "avx512", "avx512-vnni" */
+    const char *isa; /* the level that runs: "c", "avx2", "avx512", "avx512-vnni", "amx" */
     kern_qrp_matmul_fn matmul;
 } kern_qrp_ops;
 

