@@ -14,9 +14,9 @@ its scores (F32 file, F32 activations on both: 1e-4) and its order, and refuse a
 
 The checkpoint: tests/model/make_model.py's Qwen3 in tests/llamacpp's Brown shape, untied, with
 the Brown tokenizer whose unused byte tokens 0xC0 and 0xC1 are renamed "yes" and "no" (as
-check_embeddings.py does). Skips (77) when the llama.cpp checkout or its build is absent: CI
-builds no llama.cpp, so this is a plain skip there too (tests/ci_skip.py's rule for what CI is
-not meant to have).
+check_embeddings.py does). Skips (77) when the llama.cpp checkout or its build is absent, or the
+torch its converter imports: CI builds no llama.cpp, so this is a plain skip there too
+(tests/ci_skip.py's rule for what CI is not meant to have).
 
   check_rerank_gguf.py --rlx BIN --workdir DIR [--llama-cpp DIR] [--llama-bin DIR]
 """
@@ -120,6 +120,9 @@ def main():
     server_bin = os.path.join(args.llama_bin, "llama-server")
     if not os.path.isfile(os.path.join(args.llama_cpp, "convert_hf_to_gguf.py")) or not os.access(server_bin, os.X_OK):
         print(f"SKIPPED: no llama.cpp checkout at {args.llama_cpp} or llama-server in {args.llama_bin}")
+        return SKIP
+    if subprocess.run([sys.executable, "-c", "import torch"], capture_output=True, timeout=120).returncode != 0:
+        print(f"SKIPPED: llama.cpp's converter needs torch, which {sys.executable} lacks (Debian: python3-torch)")
         return SKIP
     os.makedirs(args.workdir, exist_ok=True)
     c = Checks()
