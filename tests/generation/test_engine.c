@@ -2,7 +2,9 @@
  * gives it, however many run beside it and whatever its slot; a shared prefix is reused and
  * changes nothing; a full queue refuses at once; cancel and drain end requests with one DONE
  * each; bad requests are refused naming the field; log-probabilities are the log-softmax of the
- * session's logits; and threads submitting and cancelling at once lose nothing.
+ * session's logits; n choices of one prompt each give their solo tokens from one prompt pass, and
+ * are queued or refused whole; and threads submitting (requests or groups of choices) and
+ * cancelling at once lose nothing.
  *
  * RLX_BACKEND names the backend (cpu-blas by default, "ref" for the reference kernels),
  * RLX_TEST_KV=f16 puts both the engine's and the sessions' caches in F16, and the model is the
@@ -463,9 +465,12 @@ static void test_logprobs_are_the_log_softmax(void **state) {
 }
 
 /* Four threads submit 40 requests each and cancel every third at once; every accepted request
- * gets exactly one DONE, the refused ones none, and the engine ends idle. */
+ * gets exactly one DONE, the refused ones none, and the engine ends idle. With choices, the 40
+ * go as groups of 1 to 3 choices of the thread's prompt (rlx_engine_submit_choices), the last
+ * of every other group cancelled: a group is accepted or refused whole. */
 typedef struct stress_arg {
     rlx_engine *e;
+    int choices;
     int32_t prompt[64];
     uint32_t n;
     tu_events r[40];
@@ -474,26 +479,32 @@ typedef struct stress_arg {
 
 static void *stress_thread(void *p) {
     stress_arg *a = p;
-    for (int i = 0; i < 40; i++) {
-        rlx_request q = greedy_request(a->prompt, a->n, 2 + (uint32_t)i % 3, &a->r[i]);
-        uint64_t id;
-        rlx_status rc = rlx_engine_submit(a->e, &q, &id);
-        a->accepted[i] = rc == RLX_OK;
-        if (rc == RLX_OK && i % 3 == 0)
-            rlx_engine_cancel(a->e, id);
+    for (int i = 0, g = 0; i < 40; g++) {
+        const int k = a->choices ? (g % 3 + 1 < 40 - i ? g % 3 + 1 : 40 - i) : 1;
+        rlx_request q[3];
+        uint64_t ids[3];
+        for (int c = 0; c < k; c++)
+            q[c] = greedy_request(a->prompt, a->n, 2 + (uint32_t)(i + c) % 3, &a->r[i + c]);
+        const rlx_status rc =
+            a->choices ? rlx_engine_submit_choices(a->e, q, (uint32_t)k, ids) : rlx_engine_submit(a->e, q, ids);
+        for (int c = 0; c < k; c++)
+            a->accepted[i + c] = rc == RLX_OK;
+        if (rc == RLX_OK && (a->choices ? g % 2 == 0 : i % 3 == 0))
+            rlx_engine_cancel(a->e, ids[k - 1]);
         if (rc != RLX_OK && rc != RLX_E_BUSY)
             return "unexpected status";
+        i += k;
     }
     return NULL;
 }
 
-static void test_stress_submit_and_cancel(void **state) {
-    (void)state;
+static void stress_submit_and_cancel(int choices) {
     rlx_engine *e = new_engine(4, 64, 8, 32);
     static stress_arg args[4]; /* 160 collectors: too large for the stack */
     pthread_t th[4];
     for (int t = 0; t < 4; t++) {
         args[t].e = e;
+        args[t].choices = choices;
         args[t].n = make_prompt(t, 6, args[t].prompt);
         for (int i = 0; i < 40; i++)
             tu_events_init(&args[t].r[i]);
@@ -522,6 +533,84 @@ static void test_stress_submit_and_cancel(void **state) {
             assert_int_equal(args[t].r[i].events_after_done, 0);
             tu_events_destroy(&args[t].r[i]);
         }
+}
+
+static void test_stress_submit_and_cancel(void **state) {
+    (void)state;
+    stress_submit_and_cancel(0);
+}
+
+static void test_stress_submit_choices_and_cancel(void **state) {
+    (void)state;
+    stress_submit_and_cancel(1);
+}
+
+/* n choices of one prompt: each gives the tokens a session alone gives (greedy, so all alike)
+ * from one prompt pass (the copies count the whole prompt as cached); a group of none, of more
+ * than the slots or whose prompts differ is refused naming why, and one the engine has no room
+ * for is refused whole (BUSY, every choice counted refused, none gets an event). */
+static void test_choices_share_one_prompt_pass(void **state) {
+    (void)state;
+    enum { C = 3 };
+    rlx_engine *e = new_engine(C, 96, 1, 64);
+    int32_t prompt[64], other[64], blocker[64];
+    const uint32_t n = make_prompt(5, 0, prompt), n_blocker = make_prompt(6, 0, blocker);
+    memcpy(other, prompt, sizeof prompt);
+    other[n - 1] = (int32_t)((other[n - 1] + 1) % vocab);
+    tu_events r[C + 2];
+    rlx_request q[C + 2];
+    uint64_t ids[C + 2];
+    for (int i = 0; i < C + 2; i++) {
+        tu_events_init(&r[i]);
+        q[i] = greedy_request(prompt, n, 10, &r[i]);
+    }
+    assert_int_equal(rlx_engine_submit_choices(e, q, 0, ids), RLX_E_INVALID);
+    assert_int_equal(rlx_engine_submit_choices(e, q, C + 1, ids), RLX_E_INVALID);
+    assert_error_mentions("choices");
+    q[1].prompt = other;
+    assert_int_equal(rlx_engine_submit_choices(e, q, C, ids), RLX_E_INVALID);
+    assert_error_mentions("differs");
+    q[1].prompt = prompt;
+    /* one request held running (its worker blocked) and one queued leave room for C - 1 more
+     * (C slots, a queue of 1): the group of C is refused whole */
+    q[C] = greedy_request(blocker, n_blocker, 10, &r[C]); /* another prompt: no prefix to reuse */
+    q[C + 1] = greedy_request(blocker, n_blocker, 10, &r[C + 1]);
+    r[C].hold[0] = 1;
+    assert_ok(rlx_engine_submit(e, &q[C], &ids[C]));
+    assert_true(tu_wait_holding(&r[C], 1, TU_WAIT_MS));
+    assert_ok(rlx_engine_submit(e, &q[C + 1], &ids[C + 1]));
+    assert_int_equal(rlx_engine_submit_choices(e, q, C, ids), RLX_E_BUSY);
+    assert_error_mentions("busy");
+    for (int i = 0; i < C; i++)
+        assert_int_equal(ids[i], 0);
+    rlx_engine_cancel(e, ids[C]);
+    rlx_engine_cancel(e, ids[C + 1]);
+    tu_release(&r[C]);
+    wait_done(&r[C]);
+    wait_done(&r[C + 1]);
+    assert_ok(rlx_engine_submit_choices(e, q, C, ids));
+    for (int i = 0; i < C; i++) {
+        assert_true(ids[i] > 0);
+        for (int j = 0; j < i; j++)
+            assert_true(ids[i] != ids[j]);
+    }
+    for (int i = 0; i < C; i++)
+        wait_done(&r[i]);
+    for (int i = 0; i < C; i++) {
+        expect_solo(prompt, n, 10, &r[i]);
+        assert_int_equal(r[i].done.usage.n_cached, i ? n : 0);
+    }
+    rlx_engine_stats st;
+    rlx_engine_stats_of(e, &st);
+    assert_int_equal(st.requests_refused, C);
+    assert_int_equal(st.requests_done, C);
+    assert_int_equal(st.requests_cancelled, 2);
+    rlx_engine_destroy(e);
+    for (int i = 0; i < C + 2; i++) {
+        assert_int_equal(r[i].n_done, 1);
+        assert_int_equal(r[i].events_after_done, 0);
+        tu_events_destroy(&r[i]);
+    }
 }
 
 /* Over an lm (here a session; a pipeline driver or a speculator in the server) requests take
@@ -602,6 +691,8 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_bad_requests_are_refused),
         cmocka_unit_test(test_logprobs_are_the_log_softmax),
         cmocka_unit_test(test_stress_submit_and_cancel),
+        cmocka_unit_test(test_choices_share_one_prompt_pass),
+        cmocka_unit_test(test_stress_submit_choices_and_cancel),
         cmocka_unit_test(test_engine_over_an_lm),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
