@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kern.h"
+#include "kern_amx.h"
 
 void kern_bf16_pack(const uint16_t *w, int64_t N, int64_t K, int64_t g0, int64_t g1, uint16_t *dst) {
     const int64_t Kp = kern_bf16_kp(K);
@@ -32,14 +33,6 @@ void kern_bf16_pack(const uint16_t *w, int64_t N, int64_t K, int64_t g0, int64_t
 // AMX
 
 #define KA_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f")))
-
-/* ldtilecfg's operand: palette 1, every tile register 16 rows of 64 bytes. */
-typedef struct kern_amx_cfg {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} kern_amx_cfg;
 
 /* Rows of x one pass over a strip of weight groups covers: their BF16 tiles (about 64 KiB per
  * 1024 values of K) stay in L2 while the strip passes over them. */
@@ -115,16 +108,13 @@ kern_amx_block(bool two_m, bool two_n, const uint16_t *tiles, int64_t Kp, const 
 
 KA_TARGET void kern_bf16_part_amx(const uint16_t *tiles, int64_t K, const uint16_t *xb, int64_t M, int64_t n0,
                                   int64_t n1, float *y, int64_t ldy) {
-    _Alignas(64) kern_amx_cfg cfg = {.palette = 1};
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
+    static const uint8_t rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
+    static const uint16_t colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64}; /* every tile 16 rows of 64 bytes */
     _Alignas(64) float tmp[16 * 16];
     const int64_t Kp = kern_bf16_kp(K), g0 = n0 / KERN_BF16_ROWS, g1 = (n1 + KERN_BF16_ROWS - 1) / KERN_BF16_ROWS;
     /* the tile loads are asm without memory operands: x's conversion must be complete in memory */
     __asm__ volatile("" ::: "memory");
-    _tile_loadconfig(&cfg);
+    kern_amx_config(rows, colsb);
     for (int64_t p0 = 0; p0 < M; p0 += KA_PANEL) {
         const int64_t p1 = M - p0 < KA_PANEL ? M : p0 + KA_PANEL;
         for (int64_t g = g0; g < g1; g += 2) {

@@ -21,6 +21,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "kern_amx.h"
 #include "kern_qblock.h"
 #include "kern_qrp.h"
 
@@ -69,23 +70,13 @@ static inline KQA_AI __m512i kqa_join(__m256i lo, __m256i hi) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-/* ldtilecfg's operand, palette 1. */
-typedef struct kqa_cfg {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} kqa_cfg;
-
 /* Tiles 0-3 the sums (rows of x by 16 int32), 4-5 x (rows by sub bytes), 6-7 weights (sub / 4
  * rows of 64 bytes). */
 static inline KQA_TARGET void kqa_config(int rows, int sub) {
-    _Alignas(64) kqa_cfg cfg = {.palette = 1};
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = (uint16_t)(t == 4 || t == 5 ? sub : 64);
-        cfg.rows[t] = (uint8_t)(t < 6 ? rows : sub / 4);
-    }
-    _tile_loadconfig(&cfg);
+    const uint8_t r = (uint8_t)rows, w = (uint8_t)(sub / 4);
+    const uint8_t tile_rows[8] = {r, r, r, r, r, r, w, w};
+    const uint16_t colsb[8] = {64, 64, 64, 64, (uint16_t)sub, (uint16_t)sub, 64, 64};
+    kern_amx_config(tile_rows, colsb);
 }
 
 /* Tile TC gets the sums of staged tile t for the rows of x at xa (xs bytes apart). */

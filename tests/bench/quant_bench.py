@@ -124,10 +124,11 @@ def read_file_stats(path):
 
 
 def run_llama(llama_bench, path, args, log, name="llama.cpp", extra=()):
-    """One llama-bench run (llama.cpp's or ik_llama.cpp's, whose -d only a depth needs)."""
+    """One llama-bench run, llama.cpp's or ik_llama.cpp's (-d, which only a depth needs, is left
+    out at depth 0: both default to it)."""
     cmd = [llama_bench, "-m", path, "-p", str(args.prompt), "-n", str(args.decode), "-r", str(args.reps),
            "-t", str(args.threads), "-ctk", args.cache_type, "-ctv", args.cache_type]
-    cmd += (["-d", str(args.depth)] if args.depth or name == "llama.cpp" else []) + list(extra) + ["-o", "json"]
+    cmd += (["-d", str(args.depth)] if args.depth else []) + list(extra) + ["-o", "json"]
     stdout, wall, wait4_rss, others = run(cmd, args.timeout)
     try:
         tests = json.loads(stdout)
@@ -171,8 +172,9 @@ def summarize(types, plugins, files, rlx_runs, peer_runs, read_gbps):
         f = files[qtype]
         ceiling = read_gbps * 1e9 / f["bytes_per_token"]
         lp, lt = peer("llama_cpp", qtype, "pp_tps"), peer("llama_cpp", qtype, "tg_tps")
-        ik_pp = [v for v in (peer("ik_llama_cpp", qtype, "pp_tps"), peer("ik_rtr", qtype, "pp_tps")) if v]
-        ik_tg = [v for v in (peer("ik_llama_cpp", qtype, "tg_tps"), peer("ik_rtr", qtype, "tg_tps")) if v]
+        ik = {key: (peer(key, qtype, "pp_tps"), peer(key, qtype, "tg_tps")) for key in ("ik_llama_cpp", "ik_rtr")}
+        ik_pp = [pp for pp, _ in ik.values() if pp]
+        ik_tg = [tg for _, tg in ik.values() if tg]
         for plugin in plugins:
             runs = rlx_runs[(qtype, plugin)]
             pp, tg = med(r["pp_tps"] for r in runs), med(r["tg_tps"] for r in runs)
@@ -181,8 +183,8 @@ def summarize(types, plugins, files, rlx_runs, peer_runs, read_gbps):
                 "type": qtype, "plugin": plugin, "file_mib": f["file_bytes"] / 1048576,
                 "bytes_per_token": f["bytes_per_token"], "ceiling_tps": ceiling,
                 "rlx_pp": pp, "rlx_tg": tg, "llama_pp": lp, "llama_tg": lt,
-                "ik_pp": peer("ik_llama_cpp", qtype, "pp_tps"), "ik_tg": peer("ik_llama_cpp", qtype, "tg_tps"),
-                "ik_rtr_pp": peer("ik_rtr", qtype, "pp_tps"), "ik_rtr_tg": peer("ik_rtr", qtype, "tg_tps"),
+                "ik_pp": ik["ik_llama_cpp"][0], "ik_tg": ik["ik_llama_cpp"][1],
+                "ik_rtr_pp": ik["ik_rtr"][0], "ik_rtr_tg": ik["ik_rtr"][1],
                 "pp_vs_llama": ratio(pp, lp), "tg_vs_llama": ratio(tg, lt),
                 "pp_vs_ik": ratio(pp, max(ik_pp)) if ik_pp else None,
                 "tg_vs_ik": ratio(tg, max(ik_tg)) if ik_tg else None,
